@@ -1,0 +1,44 @@
+# advm: two commands. Both install what they need on a fresh Debian machine.
+#   make demo   every capability on its built-in workload against its baseline, one table
+#   make test   fmt check, clippy -D warnings, all tests
+
+CARGO ?= cargo
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT_PACKAGES := build-essential pkg-config qemu-utils python3 python3-pip python3-venv
+
+.PHONY: demo test deps deps-system deps-rust build release fmt clippy
+
+deps: deps-system deps-rust
+
+# Debian packages the tests and demo use; installed only when missing.
+deps-system:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
+	fi
+
+# A stable Rust toolchain with rustfmt and clippy (rustup when cargo is absent).
+deps-rust:
+	@command -v $(CARGO) >/dev/null 2>&1 || { \
+		echo "installing rust via rustup"; \
+		curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component rustfmt,clippy; }
+	@$(CARGO) fmt --version >/dev/null 2>&1 || rustup component add rustfmt
+	@$(CARGO) clippy --version >/dev/null 2>&1 || rustup component add clippy
+
+release: deps
+	$(CARGO) build --release --workspace
+
+demo: release
+	./target/release/advm doctor
+	@echo
+	./target/release/advm demo
+
+fmt:
+	$(CARGO) fmt --all -- --check
+
+clippy:
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+test: deps fmt clippy
+	$(CARGO) test --workspace

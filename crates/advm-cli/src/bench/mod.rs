@@ -1,0 +1,319 @@
+//! `advm bench`: each paper's experiment re-run here, one file per benchmark.
+//!
+//! Every benchmark fills the same [`Report`] shape: name, configuration, rows of
+//! figures (each with its runs, median, min and max, and unit), notes, and the machine
+//! facts from `advm doctor`. To add one: write `bench/<name>.rs` with a type that
+//! implements [`Bench`], and list it in [`all`].
+
+mod stat;
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::CliError;
+
+/// How a benchmark is asked to run.
+#[derive(Debug, Clone)]
+pub struct BenchOpts {
+    /// Finish in seconds (for tests): small sizes, few runs.
+    pub quick: bool,
+    /// Repetitions per measured point.
+    pub runs: usize,
+    /// Show progress on the terminal.
+    pub progress: bool,
+}
+
+impl BenchOpts {
+    /// A progress bar over `len` steps: drawn on a terminal, hidden in pipes and JSON runs.
+    pub fn progress_bar(&self, len: u64, what: &str) -> indicatif::ProgressBar {
+        if !self.progress {
+            return indicatif::ProgressBar::hidden();
+        }
+        let bar = indicatif::ProgressBar::new(len);
+        if let Ok(style) = indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} {elapsed}") {
+            bar.set_style(style);
+        }
+        bar.set_message(what.to_string());
+        bar
+    }
+}
+
+/// One measured quantity at one configuration.
+#[derive(Debug, Clone, Serialize)]
+pub struct Figure {
+    /// What was measured, e.g. "copy time".
+    pub name: String,
+    /// Unit, e.g. "ms", "pages", "x".
+    pub unit: String,
+    /// Every run's value.
+    pub runs: Vec<f64>,
+    /// Median of the runs.
+    pub median: f64,
+    /// Smallest run.
+    pub min: f64,
+    /// Largest run.
+    pub max: f64,
+}
+
+impl Figure {
+    /// A figure from its runs (at least one).
+    pub fn new(name: impl Into<String>, unit: impl Into<String>, runs: Vec<f64>) -> Self {
+        let mut sorted = runs.clone();
+        sorted.sort_by(|a, b| a.total_cmp(b));
+        let n = sorted.len();
+        let median = match n {
+            0 => f64::NAN,
+            _ if n % 2 == 1 => sorted[n / 2],
+            _ => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+        };
+        Self {
+            name: name.into(),
+            unit: unit.into(),
+            min: sorted.first().copied().unwrap_or(f64::NAN),
+            max: sorted.last().copied().unwrap_or(f64::NAN),
+            median,
+            runs,
+        }
+    }
+
+    /// A figure measured once.
+    pub fn single(name: impl Into<String>, unit: impl Into<String>, value: f64) -> Self {
+        Self::new(name, unit, vec![value])
+    }
+}
+
+/// One configuration (e.g. "engine=uffd-move, size=2 MiB") and its figures.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Row {
+    /// Configuration, in column order.
+    pub config: Vec<(String, String)>,
+    /// Figures, in column order.
+    pub figures: Vec<Figure>,
+}
+
+impl Row {
+    /// An empty row.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Adds a configuration column.
+    pub fn with(mut self, key: impl Into<String>, value: impl ToString) -> Self {
+        self.config.push((key.into(), value.to_string()));
+        self
+    }
+    /// Adds a figure.
+    pub fn figure(mut self, f: Figure) -> Self {
+        self.figures.push(f);
+        self
+    }
+}
+
+/// A benchmark's whole result.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Benchmark name.
+    pub name: String,
+    /// One line on what it measures.
+    pub description: String,
+    /// Whether this was a `--quick` run.
+    pub quick: bool,
+    /// Repetitions per point.
+    pub runs: usize,
+    /// Benchmark-wide settings.
+    pub configuration: BTreeMap<String, serde_json::Value>,
+    /// The figures.
+    pub rows: Vec<Row>,
+    /// Observations worth a sentence (fallbacks, skipped baselines and why).
+    pub notes: Vec<String>,
+    /// Machine facts from `advm doctor`.
+    pub machine: advm::probe::Facts,
+    /// Wall time of the whole benchmark.
+    pub elapsed_s: f64,
+}
+
+/// A row of the `advm demo` table: one capability against its baseline.
+#[derive(Debug, Clone, Serialize)]
+pub struct DemoRow {
+    /// Capability name.
+    pub capability: String,
+    /// The workload in a few words.
+    pub workload: String,
+    /// What advm achieved.
+    pub advm: String,
+    /// What the baseline achieved.
+    pub baseline: String,
+    /// The ratio or difference that matters.
+    pub gain: String,
+}
+
+/// A benchmark.
+pub trait Bench {
+    /// `advm bench <name>`.
+    fn name(&self) -> &'static str;
+    /// One line on what it measures.
+    fn description(&self) -> &'static str;
+    /// Runs it, filling `report.rows`, `report.configuration` and `report.notes`.
+    fn run(&self, opts: &BenchOpts, report: &mut Report) -> Result<(), CliError>;
+    /// The rows this capability adds to `advm demo` (its built-in default workload).
+    fn demo(&self) -> Result<Vec<DemoRow>, CliError>;
+}
+
+/// Every benchmark, in demo order.
+pub fn all() -> Vec<Box<dyn Bench>> {
+    vec![Box::new(stat::StatBench)]
+}
+
+/// Runs benchmark `name`.
+pub fn run(name: &str, opts: &BenchOpts) -> Result<Report, CliError> {
+    let benches = all();
+    let bench = benches.iter().find(|b| b.name() == name).ok_or_else(|| {
+        let names: Vec<_> = benches.iter().map(|b| b.name()).collect();
+        CliError::Usage(format!("no benchmark named {name:?}; available: {}", names.join(", ")))
+    })?;
+    let started = Instant::now();
+    let mut report = Report {
+        name: name.to_string(),
+        description: bench.description().to_string(),
+        quick: opts.quick,
+        runs: opts.runs,
+        configuration: BTreeMap::new(),
+        rows: Vec::new(),
+        notes: Vec::new(),
+        machine: advm::probe::facts().clone(),
+        elapsed_s: 0.0,
+    };
+    bench.run(opts, &mut report)?;
+    report.elapsed_s = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// Times `f` `runs` times, in milliseconds.
+pub fn time_ms(runs: usize, mut f: impl FnMut() -> Result<(), CliError>) -> Result<Vec<f64>, CliError> {
+    let mut out = Vec::with_capacity(runs);
+    for _ in 0..runs.max(1) {
+        let t = Instant::now();
+        f()?;
+        out.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(out)
+}
+
+/// Formats a number with a sensible precision for a table.
+pub fn fmt_num(x: f64) -> String {
+    if !x.is_finite() {
+        return "-".into();
+    }
+    let a = x.abs();
+    if x.fract() == 0.0 && a < 1e15 {
+        format!("{x:.0}")
+    } else if a >= 1e6 || (a > 0.0 && a < 1e-3) {
+        format!("{x:.3e}")
+    } else if a >= 100.0 {
+        format!("{x:.0}")
+    } else if a >= 1.0 {
+        format!("{x:.2}")
+    } else {
+        format!("{x:.4}")
+    }
+}
+
+/// Renders rows as an aligned text table (medians; min-max shown when runs differ).
+pub fn render_table(rows: &[Row]) -> String {
+    let mut header: Vec<String> = Vec::new();
+    for r in rows {
+        for (k, _) in &r.config {
+            if !header.contains(k) {
+                header.push(k.clone());
+            }
+        }
+    }
+    let n_config = header.len();
+    for r in rows {
+        for f in &r.figures {
+            let h = format!("{} ({})", f.name, f.unit);
+            if !header.contains(&h) {
+                header.push(h);
+            }
+        }
+    }
+    let mut cells: Vec<Vec<String>> = vec![header.clone()];
+    for r in rows {
+        let mut line = vec![String::new(); header.len()];
+        for (k, v) in &r.config {
+            let i = header.iter().position(|h| h == k).expect("header has every key");
+            line[i] = v.clone();
+        }
+        for f in &r.figures {
+            let h = format!("{} ({})", f.name, f.unit);
+            let i = header[n_config..].iter().position(|x| *x == h).expect("header has every figure") + n_config;
+            line[i] = if f.runs.len() > 1 && f.min != f.max {
+                format!("{} [{}..{}]", fmt_num(f.median), fmt_num(f.min), fmt_num(f.max))
+            } else {
+                fmt_num(f.median)
+            };
+        }
+        cells.push(line);
+    }
+    render_cells(&cells)
+}
+
+/// Aligns a grid of cells into columns separated by two spaces; first row is the header.
+pub fn render_cells(cells: &[Vec<String>]) -> String {
+    let cols = cells.iter().map(|r| r.len()).max().unwrap_or(0);
+    let widths: Vec<usize> =
+        (0..cols).map(|c| cells.iter().map(|r| r.get(c).map_or(0, |s| s.chars().count())).max().unwrap_or(0)).collect();
+    let mut out = String::new();
+    for (i, row) in cells.iter().enumerate() {
+        let line: Vec<String> = row.iter().enumerate().map(|(c, s)| format!("{s:<w$}", w = widths[c])).collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+        if i == 0 {
+            out.push_str(&widths.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>().join("  "));
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Human-readable byte size ("64 KiB", "1 GiB").
+pub fn fmt_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if v.fract() == 0.0 {
+        format!("{v:.0} {}", UNITS[u])
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn figure_statistics() {
+        let f = Figure::new("t", "ms", vec![3.0, 1.0, 2.0, 10.0]);
+        assert_eq!((f.median, f.min, f.max), (2.5, 1.0, 10.0));
+        assert_eq!(Figure::single("x", "x", 4.0).median, 4.0);
+    }
+
+    #[test]
+    fn table_aligns_columns() {
+        let rows = vec![
+            Row::new().with("size", "4 KiB").figure(Figure::single("time", "ms", 1.5)),
+            Row::new().with("size", "1 GiB").figure(Figure::new("time", "ms", vec![100.0, 120.0, 110.0])),
+        ];
+        let t = render_table(&rows);
+        assert_eq!(t.lines().next().unwrap(), "size   time (ms)");
+        assert!(t.contains("1 GiB  110 [100..120]"), "{t}");
+        assert_eq!(fmt_bytes(64 * 1024), "64 KiB");
+        assert_eq!(fmt_bytes(1536), "1.5 KiB");
+    }
+}

@@ -1,0 +1,177 @@
+//! `advm`: application-directed virtual memory from the command line.
+
+mod bench;
+mod stat_cmd;
+mod testproc;
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// The command's one error type.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// From the library.
+    #[error(transparent)]
+    Advm(#[from] advm::Error),
+    /// A raw call failed.
+    #[error(transparent)]
+    Sys(#[from] advm::sys::SysError),
+    /// Bad usage.
+    #[error("{0}")]
+    Usage(String),
+    /// I/O on something named.
+    #[error("{0}: {1}")]
+    Io(String, #[source] std::io::Error),
+}
+
+#[derive(Parser)]
+#[command(name = "advm", version, about = "application-directed virtual memory for stock Linux")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// What this kernel offers advm, and what each capability will use.
+    Doctor {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Physical memory of processes: distinct physical pages, RSS, PSS, USS, KSM.
+    Stat(stat_cmd::StatArgs),
+    /// Run a benchmark (`advm bench list` lists them).
+    Bench {
+        /// Benchmark name, or `list`.
+        name: String,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Small sizes and few runs: finishes in seconds.
+        #[arg(long)]
+        quick: bool,
+        /// Repetitions per point (default: 5, or 3 with --quick).
+        #[arg(long)]
+        runs: Option<usize>,
+        /// Also write the JSON report to this file.
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+    },
+    /// Every capability on its built-in workload against its baseline, one table.
+    Demo {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Test processes with a known memory layout (used by tests and the demo).
+    #[command(hide = true, subcommand)]
+    Testproc(testproc::TestProc),
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string_pretty(v).expect("reports serialize")
+}
+
+fn doctor(json: bool) {
+    let checks = advm::probe::report();
+    if json {
+        println!("{}", to_json(&serde_json::json!({ "facts": advm::probe::facts(), "checks": checks })));
+        return;
+    }
+    let mut cells = vec![vec!["feature".to_string(), "status".into(), "seen".into(), "consequence".into()]];
+    for c in &checks {
+        let status = match c.status {
+            advm::probe::Status::Ok => "OK",
+            advm::probe::Status::Degraded => "degraded",
+            advm::probe::Status::Missing => "missing",
+        };
+        cells.push(vec![c.name.to_string(), status.into(), c.value.clone(), c.consequence.clone()]);
+    }
+    print!("{}", bench::render_cells(&cells));
+}
+
+fn demo(json: bool) -> Result<(), CliError> {
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    for b in bench::all() {
+        match b.demo() {
+            Ok(r) => rows.extend(r),
+            Err(e) => failures.push(format!("{}: {e}", b.name())),
+        }
+    }
+    if json {
+        println!("{}", to_json(&serde_json::json!({ "rows": rows, "failures": failures })));
+    } else {
+        let mut cells =
+            vec![vec!["capability".to_string(), "workload".into(), "advm".into(), "baseline".into(), "gain".into()]];
+        for r in &rows {
+            cells.push(vec![
+                r.capability.clone(),
+                r.workload.clone(),
+                r.advm.clone(),
+                r.baseline.clone(),
+                r.gain.clone(),
+            ]);
+        }
+        print!("{}", bench::render_cells(&cells));
+        for f in &failures {
+            eprintln!("demo row failed: {f}");
+        }
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(CliError::Usage(format!("{} demo row(s) failed", failures.len())))
+    }
+}
+
+fn run(cli: Cli) -> Result<(), CliError> {
+    match cli.command {
+        Command::Doctor { json } => doctor(json),
+        Command::Stat(args) => stat_cmd::run(args)?,
+        Command::Bench { name, json, quick, runs, out } => {
+            if name == "list" {
+                for b in bench::all() {
+                    println!("{:<10} {}", b.name(), b.description());
+                }
+                return Ok(());
+            }
+            let opts = bench::BenchOpts {
+                quick,
+                runs: runs.unwrap_or(if quick { 3 } else { 5 }),
+                progress: std::io::stderr().is_terminal() && !json,
+            };
+            let report = bench::run(&name, &opts)?;
+            let text = to_json(&report);
+            if let Some(path) = out {
+                std::fs::write(&path, &text).map_err(|e| CliError::Io(path.display().to_string(), e))?;
+            }
+            if json {
+                println!("{text}");
+            } else {
+                println!("{}: {}", report.name, report.description);
+                print!("{}", bench::render_table(&report.rows));
+                for n in &report.notes {
+                    println!("note: {n}");
+                }
+                println!("({} runs per point, {:.1} s)", report.runs, report.elapsed_s);
+            }
+        }
+        Command::Demo { json } => demo(json)?,
+        Command::Testproc(which) => testproc::run(which)?,
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("advm: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

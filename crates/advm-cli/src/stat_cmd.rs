@@ -1,0 +1,154 @@
+//! `advm stat PID...`.
+
+use std::time::Duration;
+
+use advm::stats::{self, Meter, Options, Sample};
+
+use crate::bench::{fmt_bytes, render_cells};
+use crate::CliError;
+
+/// Arguments of `advm stat`.
+#[derive(Debug, clap::Args)]
+pub struct StatArgs {
+    /// Process ids (or `self`); a page shared among them counts once.
+    #[arg(required = true)]
+    pids: Vec<String>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    /// Sample for SECS seconds and report mean and max (0: until the processes exit).
+    #[arg(long, value_name = "SECS")]
+    watch: Option<f64>,
+    /// Sampling interval with --watch, milliseconds (the paper samples each second).
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    interval: u64,
+    /// Ignore PFNs and report the PSS fallback, as a process without CAP_SYS_ADMIN sees.
+    #[arg(long)]
+    hide_pfns: bool,
+}
+
+fn parse_pid(s: &str) -> Result<i32, CliError> {
+    if s == "self" {
+        return Ok(std::process::id() as i32);
+    }
+    s.parse::<i32>()
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| CliError::Usage(format!("invalid pid {s:?}: expected a positive number or `self`")))
+}
+
+fn human(s: &Sample) -> String {
+    let ps = s.page_size_bytes;
+    let pids: Vec<String> = s.processes.iter().map(|p| format!("{} ({})", p.pid, p.comm)).collect();
+    let mut rows = vec![vec!["processes".to_string(), pids.join(", ")]];
+    rows.push(vec![
+        "physical memory".into(),
+        match s.distinct {
+            Some(d) => format!(
+                "{} = {} distinct physical pages (anon {}, shmem {}, file {})",
+                fmt_bytes(s.physical_bytes),
+                d.total,
+                d.anon,
+                d.shmem,
+                d.file
+            ),
+            None => format!("{} = PSS (PFNs hidden: run as root for distinct pages)", fmt_bytes(s.physical_bytes)),
+        },
+    ]);
+    rows.push(vec![
+        "mapped pages".into(),
+        format!(
+            "{} (each mapping counted, as RSS does); zero-page mappings {}; swapped {}",
+            s.mapped_pages, s.zero_page_mappings, s.swapped_pages
+        ),
+    ]);
+    rows.push(vec![
+        "RSS / PSS / USS".into(),
+        format!("{} / {} / {}", fmt_bytes(s.rss_bytes), fmt_bytes(s.pss_bytes), fmt_bytes(s.uss_bytes)),
+    ]);
+    if let Some(k) = &s.ksm {
+        rows.push(vec![
+            "KSM (system)".into(),
+            format!(
+                "run={} pages_shared={} pages_sharing={} general_profit={}",
+                k.run,
+                k.pages_shared,
+                k.pages_sharing,
+                k.general_profit.map_or("-".into(), |g| fmt_bytes(g.max(0) as u64))
+            ),
+        ]);
+    }
+    for p in &s.processes {
+        if let Some(m) = p.ksm_stat.get("ksm_merging_pages") {
+            rows.push(vec![
+                format!("KSM pid {}", p.pid),
+                format!(
+                    "merging pages {m}, profit {}",
+                    fmt_bytes(p.ksm_stat.get("ksm_process_profit").copied().unwrap_or(0).max(0) as u64)
+                ),
+            ]);
+        }
+    }
+    rows.push(vec!["ksmd CPU".into(), s.ksmd_cpu_seconds.map_or("-".into(), |c| format!("{c:.2} s"))]);
+    rows.push(vec!["measured in".into(), format!("{:.1} ms ({} pages of {} bytes)", s.measure_ms, s.mapped_pages, ps)]);
+    let mut out = String::new();
+    for r in &rows {
+        out.push_str(&format!("{:<16} {}\n", r[0], r[1]));
+    }
+    out
+}
+
+/// Runs `advm stat`.
+pub fn run(args: StatArgs) -> Result<(), CliError> {
+    let pids = args.pids.iter().map(|p| parse_pid(p)).collect::<Result<Vec<_>, _>>()?;
+    let mut meter = Meter::new(&pids, Options { hide_pfns: args.hide_pfns, ..Default::default() })?;
+    let Some(secs) = args.watch else {
+        let s = meter.sample()?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&s).expect("serializes"));
+        } else {
+            print!("{}", human(&s));
+        }
+        return Ok(());
+    };
+    if args.interval == 0 {
+        return Err(CliError::Usage("--interval must be at least 1 ms".into()));
+    }
+    let duration = (secs > 0.0).then(|| Duration::from_secs_f64(secs));
+    let mut header = !args.json;
+    let summary = stats::watch(&mut meter, duration, Duration::from_millis(args.interval), |s| {
+        if args.json {
+            return;
+        }
+        if header {
+            println!("{:>10}  {:>12}  {:>12}  {:>12}  {:>10}", "t", "physical", "RSS", "PSS", "ksmd CPU");
+            header = false;
+        }
+        println!(
+            "{:>10}  {:>12}  {:>12}  {:>12}  {:>10}",
+            format!("{:.1} ms", s.measure_ms),
+            fmt_bytes(s.physical_bytes),
+            fmt_bytes(s.rss_bytes),
+            fmt_bytes(s.pss_bytes),
+            s.ksmd_cpu_seconds.map_or("-".into(), |c| format!("{c:.2} s"))
+        );
+    })?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summary).expect("serializes"));
+        return Ok(());
+    }
+    let agg = |a: stats::Aggregate| format!("mean {}  max {}", fmt_bytes(a.mean as u64), fmt_bytes(a.max as u64));
+    let mut cells =
+        vec![vec!["over the run".to_string(), format!("{} samples in {:.1} s", summary.samples, summary.duration_s)]];
+    cells.push(vec!["physical".into(), agg(summary.physical_bytes)]);
+    cells.push(vec!["RSS".into(), agg(summary.rss_bytes)]);
+    cells.push(vec!["PSS".into(), agg(summary.pss_bytes)]);
+    if let Some(k) = summary.ksmd_cpu_seconds {
+        cells.push(vec!["ksmd CPU spent".into(), format!("{k:.2} s")]);
+    }
+    if let Some(why) = &summary.ended_early {
+        cells.push(vec!["ended early".into(), why.clone()]);
+    }
+    print!("{}", render_cells(&cells));
+    Ok(())
+}

@@ -1,0 +1,70 @@
+//! The crate's one error type.
+
+use std::path::PathBuf;
+
+use crate::sys::SysError;
+
+/// Everything advm can fail with. Messages chain their cause so one line tells the
+/// whole story.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A system call failed.
+    #[error(transparent)]
+    Sys(#[from] SysError),
+    /// A file could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The process does not exist (or was never visible to us).
+    #[error("process {pid} does not exist")]
+    NoSuchProcess {
+        /// The pid asked for.
+        pid: i32,
+    },
+    /// The process went away while it was being measured.
+    #[error("process {pid} exited during measurement")]
+    ProcessExited {
+        /// The pid.
+        pid: i32,
+    },
+    /// We may not look at the process.
+    #[error("process {pid}: permission denied reading {what} (run as root or as the process's owner)")]
+    PermissionDenied {
+        /// The pid.
+        pid: i32,
+        /// The file refused.
+        what: String,
+    },
+    /// An argument is out of its domain.
+    #[error("invalid {what}: {why}")]
+    InvalidArgument {
+        /// Which argument.
+        what: &'static str,
+        /// Why it is refused, naming the limit.
+        why: String,
+    },
+    /// The kernel lacks something this operation needs.
+    #[error("{what} is not available on this kernel: {why}")]
+    Unsupported {
+        /// The feature.
+        what: &'static str,
+        /// What the probe saw.
+        why: String,
+    },
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// An [`Error::Io`] for `path`.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Self::Io { path: path.into(), source }
+    }
+}

@@ -1,0 +1,307 @@
+//! What this kernel offers advm, probed once: the facts capabilities decide on, and the
+//! report `advm doctor` prints (one line per feature: OK / degraded / missing, and what
+//! that means for advm).
+
+use std::sync::OnceLock;
+
+use serde::Serialize;
+
+use crate::sys::{self, ksm, uffd::feature, uffd::Userfaultfd};
+
+/// How well a feature is there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Present and usable.
+    Ok,
+    /// Present with limits, or advm works around it at a cost.
+    Degraded,
+    /// Not there.
+    Missing,
+}
+
+/// One line of the doctor's report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    /// Feature name.
+    pub name: &'static str,
+    /// OK / degraded / missing.
+    pub status: Status,
+    /// What was seen.
+    pub value: String,
+    /// What it means for advm.
+    pub consequence: String,
+}
+
+/// The facts capabilities decide on, and benchmarks print beside their figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct Facts {
+    /// `uname -r`.
+    pub kernel_release: String,
+    /// (major, minor) parsed from the release.
+    pub kernel_version: (u32, u32),
+    /// Base page size.
+    pub page_size_bytes: u64,
+    /// Online CPUs.
+    pub cpus: usize,
+    /// MemTotal.
+    pub mem_total_bytes: u64,
+    /// Supported userfaultfd features (None: no userfaultfd).
+    pub uffd_features: Option<u64>,
+    /// How userfaultfd is obtained.
+    pub uffd_source: Option<sys::uffd::Source>,
+    /// memfd_create works.
+    pub memfd: bool,
+    /// mremap(MREMAP_DONTUNMAP) works.
+    pub mremap_dontunmap: bool,
+    /// KSM present.
+    pub ksm: bool,
+    /// PFNs visible in pagemap.
+    pub pfn_visible: bool,
+    /// PAGEMAP_SCAN available.
+    pub pagemap_scan: bool,
+    /// vm.max_map_count.
+    pub max_map_count: u64,
+    /// THP mode for anonymous memory (the bracketed word).
+    pub thp_enabled: String,
+    /// Effective uid is 0.
+    pub root: bool,
+}
+
+impl Facts {
+    /// True when UFFDIO_MOVE is available.
+    pub fn uffd_move(&self) -> bool {
+        self.uffd_features.is_some_and(|f| f & feature::MOVE != 0)
+    }
+    /// True when userfaultfd write protection of anonymous memory is available.
+    pub fn uffd_wp(&self) -> bool {
+        self.uffd_features.is_some_and(|f| f & feature::PAGEFAULT_FLAG_WP != 0)
+    }
+}
+
+fn read_trim(path: &str) -> Option<String> {
+    std::fs::read_to_string(path).ok().map(|s| s.trim().to_string())
+}
+
+/// The bracketed choice of a sysfs selector like `always [madvise] never`.
+fn bracketed(s: &str) -> String {
+    s.split_whitespace()
+        .find(|w| w.starts_with('['))
+        .map(|w| w.trim_matches(['[', ']']).to_string())
+        .unwrap_or_else(|| s.to_string())
+}
+
+fn parse_version(release: &str) -> (u32, u32) {
+    let mut it = release.split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty()).map(|s| s.parse().unwrap_or(0));
+    (it.next().unwrap_or(0), it.next().unwrap_or(0))
+}
+
+fn mem_total_bytes() -> u64 {
+    read_trim("/proc/meminfo")
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map(|kb| kb * 1024)
+        .unwrap_or(0)
+}
+
+/// The facts, probed on first use and cached for the process.
+pub fn facts() -> &'static Facts {
+    static FACTS: OnceLock<Facts> = OnceLock::new();
+    FACTS.get_or_init(|| {
+        let release = sys::kernel_release();
+        let uffd = Userfaultfd::probe().ok();
+        Facts {
+            kernel_version: parse_version(&release),
+            kernel_release: release,
+            page_size_bytes: sys::page_size() as u64,
+            cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            mem_total_bytes: mem_total_bytes(),
+            uffd_features: uffd.map(|u| u.features),
+            uffd_source: uffd.map(|u| u.source),
+            memfd: sys::memfd::create("advm-probe").is_ok(),
+            mremap_dontunmap: sys::mman::dontunmap_available().is_ok(),
+            ksm: ksm::available(),
+            pfn_visible: sys::pagemap::pfns_visible().unwrap_or(false),
+            pagemap_scan: sys::pagemap::scan_available(),
+            max_map_count: read_trim("/proc/sys/vm/max_map_count").and_then(|s| s.parse().ok()).unwrap_or(65530),
+            thp_enabled: read_trim("/sys/kernel/mm/transparent_hugepage/enabled")
+                .map(|s| bracketed(&s))
+                .unwrap_or_else(|| "absent".into()),
+            root: sys::is_root(),
+        }
+    })
+}
+
+fn check(name: &'static str, status: Status, value: impl Into<String>, consequence: impl Into<String>) -> Check {
+    Check { name, status, value: value.into(), consequence: consequence.into() }
+}
+
+/// The doctor's report: one [`Check`] per feature.
+pub fn report() -> Vec<Check> {
+    let f = facts();
+    let mut out = Vec::new();
+    let (maj, min) = f.kernel_version;
+    out.push(if (maj, min) >= (6, 8) {
+        check("kernel", Status::Ok, &f.kernel_release, "6.8 or newer: every advm capability can run")
+    } else {
+        check(
+            "kernel",
+            Status::Degraded,
+            &f.kernel_release,
+            "older than 6.8: no UFFDIO_MOVE, remap uses mremap and memmove only",
+        )
+    });
+
+    let unpriv = read_trim("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_else(|| "?".into());
+    out.push(match (f.uffd_features, f.uffd_source) {
+        (Some(_), Some(src)) => {
+            let how = match src {
+                sys::uffd::Source::Syscall => "userfaultfd(2)",
+                sys::uffd::Source::Device => "/dev/userfaultfd",
+                sys::uffd::Source::SyscallUserModeOnly => "userfaultfd(2), user-mode faults only",
+            };
+            let status = if src == sys::uffd::Source::SyscallUserModeOnly { Status::Degraded } else { Status::Ok };
+            check(
+                "userfaultfd",
+                status,
+                format!("via {how} (vm.unprivileged_userfaultfd={unpriv})"),
+                "pager and UFFDIO_MOVE engine available",
+            )
+        }
+        _ => check(
+            "userfaultfd",
+            Status::Missing,
+            format!("no access (vm.unprivileged_userfaultfd={unpriv})"),
+            "no user-level pager; remap falls back to mremap/memmove",
+        ),
+    });
+    let feat = |bit| f.uffd_features.is_some_and(|x| x & bit != 0);
+    let uffd_lines: [(&'static str, u64, &str, &str); 5] = [
+        (
+            "uffd MOVE",
+            feature::MOVE,
+            "zero-copy moves without VMA splits (remap engine uffd-move)",
+            "remap uses mremap, which splits VMAs on scattered moves",
+        ),
+        (
+            "uffd WP",
+            feature::PAGEFAULT_FLAG_WP,
+            "write tracking for the pager and image dumps",
+            "dirty tracking falls back to soft-dirty bits",
+        ),
+        (
+            "uffd WP_ASYNC",
+            feature::WP_ASYNC,
+            "kernel-resolved write protection: cheap dirty tracking",
+            "dirty tracking needs a fault handler thread",
+        ),
+        ("uffd SIGBUS", feature::SIGBUS, "faults can raise SIGBUS instead of blocking", "pager cannot use SIGBUS mode"),
+        (
+            "uffd MINOR_SHMEM",
+            feature::MINOR_SHMEM,
+            "pager can map page-cache pages of memfds on demand",
+            "memfd-backed pager pages must be copied in",
+        ),
+    ];
+    for (name, bit, ok, missing) in uffd_lines {
+        out.push(if feat(bit) {
+            check(name, Status::Ok, "yes", ok)
+        } else {
+            check(name, Status::Missing, "no", missing)
+        });
+    }
+    out.push(if f.memfd {
+        check("memfd", Status::Ok, "memfd_create works", "virtual-copy arena available")
+    } else {
+        check("memfd", Status::Missing, "memfd_create failed", "no virtual copies: vcopy falls back to memcpy")
+    });
+    out.push(if f.mremap_dontunmap {
+        check("mremap DONTUNMAP", Status::Ok, "yes", "moves can keep the source mapped")
+    } else {
+        check("mremap DONTUNMAP", Status::Missing, "no", "moves unmap their source")
+    });
+    out.push(if f.ksm {
+        let run = ksm::read("run").unwrap_or(0);
+        let value = format!(
+            "run={run} pages_to_scan={} sleep_millisecs={} max_page_sharing={} use_zero_pages={} advisor={}",
+            ksm::read("pages_to_scan").unwrap_or(0),
+            ksm::read("sleep_millisecs").unwrap_or(0),
+            ksm::read("max_page_sharing").unwrap_or(0),
+            ksm::read("use_zero_pages").unwrap_or(0),
+            ksm::read_text("advisor_mode").unwrap_or_else(|| "none".into()),
+        );
+        let consequence = if run == 1 {
+            "KSM running: baselines available; it also merges other processes now"
+        } else {
+            "KSM present, stopped: benchmarks start it for their KSM baselines"
+        };
+        check("ksm", Status::Ok, value, consequence)
+    } else {
+        check("ksm", Status::Missing, "no /sys/kernel/mm/ksm", "KSM baselines are skipped")
+    });
+    out.push(if f.pfn_visible {
+        check("pagemap PFNs", Status::Ok, "visible", "advm stat counts distinct physical pages")
+    } else {
+        check("pagemap PFNs", Status::Degraded, "hidden (needs CAP_SYS_ADMIN)", "advm stat falls back to PSS")
+    });
+    out.push(if f.pagemap_scan {
+        check("PAGEMAP_SCAN", Status::Ok, "yes", "advm stat reads pagemap only where pages are present")
+    } else {
+        check("PAGEMAP_SCAN", Status::Degraded, "no (before 6.7)", "advm stat reads pagemap for every mapped page")
+    });
+    out.push(check(
+        "max_map_count",
+        if f.max_map_count >= 65530 { Status::Ok } else { Status::Degraded },
+        f.max_map_count.to_string(),
+        format!("VMA budget for advm plans: {} mappings (half the limit)", f.max_map_count / 2),
+    ));
+    let shmem_thp = read_trim("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+        .map(|s| bracketed(&s))
+        .unwrap_or_else(|| "absent".into());
+    out.push(check(
+        "THP",
+        Status::Ok,
+        format!("anon={} shmem={shmem_thp}", f.thp_enabled),
+        "2 MiB-aligned moves can move whole page tables; THP splits on partial moves",
+    ));
+    let swaps = read_trim("/proc/swaps").map(|s| s.lines().skip(1).count()).unwrap_or(0);
+    out.push(if swaps > 0 {
+        check("swap", Status::Ok, format!("{swaps} device(s)"), "kernel-swap baselines can run")
+    } else {
+        check("swap", Status::Degraded, "none", "pager benchmarks create their own swap file for the kernel baseline")
+    });
+    let v2_memory =
+        read_trim("/sys/fs/cgroup/cgroup.controllers").is_some_and(|c| c.split_whitespace().any(|w| w == "memory"));
+    let v1_memory = std::path::Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists();
+    out.push(match (v1_memory, v2_memory) {
+        (_, true) => check("cgroup memory", Status::Ok, "v2", "memory-limit experiments use cgroup v2"),
+        (true, false) => check("cgroup memory", Status::Ok, "v1", "memory-limit experiments use cgroup v1"),
+        _ => check("cgroup memory", Status::Missing, "no memory controller", "memory-limit experiments are skipped"),
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_versions_and_selectors() {
+        assert_eq!(parse_version("6.18.44-fc-v782"), (6, 18));
+        assert_eq!(parse_version("5.10.0-28-amd64"), (5, 10));
+        assert_eq!(bracketed("always [madvise] never"), "madvise");
+    }
+
+    #[test]
+    fn report_names_each_feature_once() {
+        let r = report();
+        let mut names: Vec<_> = r.iter().map(|c| c.name).collect();
+        let n = names.len();
+        names.dedup();
+        assert_eq!(names.len(), n);
+        assert!(names.contains(&"uffd MOVE") && names.contains(&"pagemap PFNs"));
+    }
+}

@@ -1,0 +1,409 @@
+//! Physical memory accounting, the way the mmapcopy paper measures it (section 5.2).
+//!
+//! RSS counts a page once per mapping, so a page shared at many addresses (a virtual
+//! copy, a KSM-merged page) is counted many times. This module reads the
+//! virtual-to-physical map of each process from /proc/PID/pagemap and counts
+//! **distinct physical pages**: a page mapped at several addresses, or in several of the
+//! measured processes, counts once. It also reports RSS, PSS and USS from
+//! /proc/PID/smaps_rollup, the KSM counters and ksmd's CPU time.
+//!
+//! Without CAP_SYS_ADMIN the kernel hides PFNs (they read as 0); the sample then says
+//! so (`pfn_visible: false`) and `physical_bytes` falls back to PSS.
+
+mod proc_files;
+mod watch;
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use procfs::process::{MMapPath, Process};
+use serde::Serialize;
+
+use crate::sys::pagemap::{category, Entry, Pagemap, Region};
+use crate::{Error, Result};
+
+pub use proc_files::{ksm_system, ksmd_cpu_seconds, KsmSystem};
+pub use watch::{watch, Aggregate, WatchSummary};
+
+/// How to measure.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Pretend PFNs are hidden, as they are without CAP_SYS_ADMIN (for tests and for
+    /// comparing the fallback with the real count).
+    pub hide_pfns: bool,
+    /// Read whole VMAs from pagemap instead of asking `PAGEMAP_SCAN` for present runs
+    /// first (for comparison and for kernels before 6.7, where it is automatic).
+    pub no_scan: bool,
+}
+
+/// Distinct physical pages by kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PageCounts {
+    /// All distinct pages (anon + shmem + file).
+    pub total: u64,
+    /// Private anonymous pages (including KSM-merged and copy-on-write copies).
+    pub anon: u64,
+    /// Shared memory pages: memfd, shared anonymous, SysV.
+    pub shmem: u64,
+    /// Page-cache pages of regular files.
+    pub file: u64,
+}
+
+/// Per-process figures of one sample.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProcessFigures {
+    /// The pid.
+    pub pid: i32,
+    /// Short command name.
+    pub comm: String,
+    /// Number of VMAs (lines of /proc/PID/maps).
+    pub vmas: u64,
+    /// Present pages counted once per mapping (what RSS counts), from pagemap.
+    pub mapped_pages: u64,
+    /// Distinct physical pages of this process alone (None when PFNs are hidden).
+    pub distinct_pages: Option<u64>,
+    /// RSS from smaps_rollup.
+    pub rss_bytes: u64,
+    /// PSS from smaps_rollup.
+    pub pss_bytes: u64,
+    /// USS (Private_Clean + Private_Dirty) from smaps_rollup.
+    pub uss_bytes: u64,
+    /// Swapped out, from smaps_rollup.
+    pub swap_bytes: u64,
+    /// /proc/PID/ksm_stat, when the kernel has it.
+    pub ksm_stat: BTreeMap<String, i64>,
+}
+
+/// One measurement of one or more processes.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sample {
+    /// Base page size.
+    pub page_size_bytes: u64,
+    /// False when PFNs read as 0 (no CAP_SYS_ADMIN) or were hidden on request.
+    pub pfn_visible: bool,
+    /// Distinct physical pages across all listed processes (None when PFNs hidden).
+    pub distinct: Option<PageCounts>,
+    /// Best figure of physical memory: distinct pages x page size, or the summed PSS
+    /// when PFNs are hidden.
+    pub physical_bytes: u64,
+    /// Which figure `physical_bytes` is: "distinct_pfns" or "pss".
+    pub physical_source: &'static str,
+    /// Present pages summed over mappings and processes (RSS in pages, from pagemap).
+    pub mapped_pages: u64,
+    /// Mappings of the shared zero page (not counted as distinct pages).
+    pub zero_page_mappings: u64,
+    /// Pages in swap.
+    pub swapped_pages: u64,
+    /// Sum of RSS.
+    pub rss_bytes: u64,
+    /// Sum of PSS.
+    pub pss_bytes: u64,
+    /// Sum of USS.
+    pub uss_bytes: u64,
+    /// Each process.
+    pub processes: Vec<ProcessFigures>,
+    /// System-wide KSM counters (None without KSM).
+    pub ksm: Option<KsmSystem>,
+    /// ksmd's total CPU time (user + system), seconds.
+    pub ksmd_cpu_seconds: Option<f64>,
+    /// How long this sample took to take.
+    pub measure_ms: f64,
+}
+
+struct Target {
+    pid: i32,
+    process: Process,
+    pagemap: Pagemap,
+}
+
+/// A reusable measurer of a fixed set of processes. Buffers are kept between samples,
+/// and each process is pinned by a /proc/PID directory fd so a recycled pid is never
+/// measured by mistake.
+pub struct Meter {
+    targets: Vec<Target>,
+    options: Options,
+    zero_pfn: Option<u64>,
+    scan_works: bool,
+    entries: Vec<u64>,
+    regions: Vec<Region>,
+    /// (pfn << 2 | kind) of every present page of the current sample.
+    pfns: Vec<u64>,
+}
+
+const CHUNK_PAGES: usize = 64 * 1024;
+const KIND_ANON: u64 = 0;
+const KIND_SHMEM: u64 = 1;
+const KIND_FILE: u64 = 2;
+
+fn open_error(pid: i32, what: &str, e: procfs::ProcError) -> Error {
+    match e {
+        procfs::ProcError::NotFound(_) => Error::NoSuchProcess { pid },
+        procfs::ProcError::PermissionDenied(_) => Error::PermissionDenied { pid, what: what.to_string() },
+        procfs::ProcError::Io(e, _) if e.raw_os_error() == Some(libc::ESRCH) => Error::NoSuchProcess { pid },
+        other => Error::io(format!("/proc/{pid}/{what}"), std::io::Error::other(other.to_string())),
+    }
+}
+
+impl Meter {
+    /// Opens the processes `pids` for measurement.
+    pub fn new(pids: &[i32], options: Options) -> Result<Self> {
+        if pids.is_empty() {
+            return Err(Error::InvalidArgument { what: "pid list", why: "no process given".into() });
+        }
+        let mut targets = Vec::with_capacity(pids.len());
+        for &pid in pids {
+            if pid <= 0 {
+                return Err(Error::NoSuchProcess { pid });
+            }
+            let process = Process::new(pid).map_err(|e| open_error(pid, "", e))?;
+            let file = process.open_relative("pagemap").map_err(|e| open_error(pid, "pagemap", e))?;
+            targets.push(Target { pid, process, pagemap: Pagemap::from_file(file) });
+        }
+        Ok(Self {
+            targets,
+            zero_pfn: crate::sys::pagemap::zero_pfn(),
+            scan_works: !options.no_scan,
+            options,
+            entries: vec![0; CHUNK_PAGES],
+            regions: vec![Region::default(); 4096],
+            pfns: Vec::new(),
+        })
+    }
+
+    /// Opens the calling process.
+    pub fn for_self(options: Options) -> Result<Self> {
+        Self::new(&[std::process::id() as i32], options)
+    }
+
+    /// The pids measured.
+    pub fn pids(&self) -> Vec<i32> {
+        self.targets.iter().map(|t| t.pid).collect()
+    }
+
+    /// Takes one sample of all processes.
+    pub fn sample(&mut self) -> Result<Sample> {
+        let started = Instant::now();
+        let ps = crate::sys::page_size() as u64;
+        self.pfns.clear();
+        let mut totals = Tally { pfn_visible: true, ..Default::default() };
+        let mut processes = Vec::with_capacity(self.targets.len());
+        for i in 0..self.targets.len() {
+            let first = self.pfns.len();
+            let t = self.walk_target(i)?;
+            let pid = self.targets[i].pid;
+            let process = &self.targets[i].process;
+            let exited = |e| if process.is_alive() { e } else { Error::ProcessExited { pid } };
+            let rollup = proc_files::smaps_rollup(process).map_err(exited)?;
+            let own = &mut self.pfns[first..];
+            own.sort_unstable();
+            let own_distinct = dedup_count(own).total;
+            processes.push(ProcessFigures {
+                pid,
+                comm: process.stat().map(|s| s.comm).unwrap_or_default(),
+                vmas: t.vmas,
+                mapped_pages: t.mapped,
+                distinct_pages: t.pfn_visible.then_some(own_distinct),
+                rss_bytes: rollup.rss_bytes,
+                pss_bytes: rollup.pss_bytes,
+                uss_bytes: rollup.uss_bytes,
+                swap_bytes: rollup.swap_bytes,
+                ksm_stat: proc_files::ksm_stat(process),
+            });
+            totals.add(&t);
+        }
+        self.pfns.sort_unstable();
+        let counts = dedup_count(&self.pfns);
+        let pss: u64 = processes.iter().map(|p| p.pss_bytes).sum();
+        let visible = totals.pfn_visible && !self.options.hide_pfns;
+        Ok(Sample {
+            page_size_bytes: ps,
+            pfn_visible: visible,
+            distinct: visible.then_some(counts),
+            physical_bytes: if visible { counts.total * ps } else { pss },
+            physical_source: if visible { "distinct_pfns" } else { "pss" },
+            mapped_pages: totals.mapped,
+            zero_page_mappings: totals.zero,
+            swapped_pages: totals.swapped,
+            rss_bytes: processes.iter().map(|p| p.rss_bytes).sum(),
+            pss_bytes: pss,
+            uss_bytes: processes.iter().map(|p| p.uss_bytes).sum(),
+            processes,
+            ksm: ksm_system(),
+            ksmd_cpu_seconds: ksmd_cpu_seconds(),
+            measure_ms: started.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+
+    /// Walks every VMA of target `i`, appending its present PFNs to `self.pfns`.
+    fn walk_target(&mut self, i: usize) -> Result<Tally> {
+        let pid = self.targets[i].pid;
+        let alive_or_exited =
+            |process: &Process, e: Error| if process.is_alive() { e } else { Error::ProcessExited { pid } };
+        let maps = {
+            let process = &self.targets[i].process;
+            process.maps().map_err(|e| alive_or_exited(process, open_error(pid, "maps", e)))?
+        };
+        let ps = crate::sys::page_size() as u64;
+        let mut tally = Tally { pfn_visible: true, ..Default::default() };
+        let mut any_present = false;
+        let mut any_pfn = false;
+        for vma in maps.iter() {
+            tally.vmas += 1;
+            if matches!(vma.pathname, MMapPath::Vsyscall) {
+                continue;
+            }
+            let kind_if_shared = match &vma.pathname {
+                MMapPath::Path(p) if !is_shmem_path(&p.to_string_lossy()) => KIND_FILE,
+                _ => KIND_SHMEM,
+            };
+            let (start, end) = vma.address;
+            let mut runs = Vec::new();
+            if self.scan_works {
+                match self.present_runs(i, start, end, &mut runs) {
+                    Ok(()) => {}
+                    Err(e) if e.errno == rustix::io::Errno::NOTTY || e.errno == rustix::io::Errno::INVAL => {
+                        self.scan_works = false;
+                        runs.clear();
+                        runs.push(Region { start, end, categories: 0 });
+                    }
+                    Err(e) => return Err(alive_or_exited(&self.targets[i].process, e.into())),
+                }
+            } else {
+                runs.push(Region { start, end, categories: 0 });
+            }
+            for run in runs {
+                let mut vpn = run.start / ps;
+                let end_vpn = run.end / ps;
+                while vpn < end_vpn {
+                    let want = ((end_vpn - vpn) as usize).min(CHUNK_PAGES);
+                    let got = self.targets[i]
+                        .pagemap
+                        .read(vpn, &mut self.entries[..want])
+                        .map_err(|e| alive_or_exited(&self.targets[i].process, e.into()))?;
+                    if got == 0 {
+                        // The mm is gone: the process exited (or became a zombie).
+                        let process = &self.targets[i].process;
+                        return Err(alive_or_exited(process, Error::ProcessExited { pid }));
+                    }
+                    for &raw in &self.entries[..got] {
+                        let e = Entry(raw);
+                        if e.swapped() {
+                            tally.swapped += 1;
+                        }
+                        let Some(pfn) = e.pfn() else { continue };
+                        any_present = true;
+                        if Some(pfn) == self.zero_pfn && pfn != 0 {
+                            tally.zero += 1;
+                            continue;
+                        }
+                        tally.mapped += 1;
+                        if pfn != 0 {
+                            any_pfn = true;
+                        }
+                        let kind = if e.file_or_shared() { kind_if_shared } else { KIND_ANON };
+                        self.pfns.push(pfn << 2 | kind);
+                    }
+                    vpn += got as u64;
+                }
+            }
+        }
+        tally.pfn_visible = any_pfn || !any_present;
+        Ok(tally)
+    }
+
+    /// Fills `runs` with the runs of present pages in `[start, end)` via PAGEMAP_SCAN.
+    fn present_runs(&mut self, i: usize, start: u64, end: u64, runs: &mut Vec<Region>) -> crate::sys::SysResult<()> {
+        let mut at = start;
+        while at < end {
+            let (n, walk_end) = self.targets[i].pagemap.scan(
+                at,
+                end,
+                category::PRESENT | category::SWAPPED,
+                category::PRESENT | category::SWAPPED,
+                &mut self.regions,
+            )?;
+            runs.extend_from_slice(&self.regions[..n]);
+            if walk_end <= at {
+                break;
+            }
+            at = walk_end;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Default)]
+struct Tally {
+    vmas: u64,
+    mapped: u64,
+    zero: u64,
+    swapped: u64,
+    pfn_visible: bool,
+}
+
+impl Tally {
+    fn add(&mut self, other: &Tally) {
+        self.vmas += other.vmas;
+        self.mapped += other.mapped;
+        self.zero += other.zero;
+        self.swapped += other.swapped;
+        self.pfn_visible &= other.pfn_visible;
+    }
+}
+
+/// memfd, shared anonymous (`/dev/zero (deleted)`) and SysV segments are shmem.
+fn is_shmem_path(p: &str) -> bool {
+    p.starts_with("/memfd:") || p.starts_with("/dev/zero") || p.starts_with("/SYSV") || p.starts_with("/dev/shm/")
+}
+
+/// Counts distinct PFNs in a sorted slice of `pfn << 2 | kind`; a page's kind is taken
+/// from its first occurrence.
+fn dedup_count(sorted: &[u64]) -> PageCounts {
+    let mut c = PageCounts::default();
+    let mut last = None;
+    for &v in sorted {
+        let pfn = v >> 2;
+        if last == Some(pfn) {
+            continue;
+        }
+        last = Some(pfn);
+        c.total += 1;
+        match v & 3 {
+            KIND_ANON => c.anon += 1,
+            KIND_SHMEM => c.shmem += 1,
+            _ => c.file += 1,
+        }
+    }
+    c
+}
+
+/// Measures `pids` once.
+pub fn measure(pids: &[i32], options: Options) -> Result<Sample> {
+    Meter::new(pids, options)?.sample()
+}
+
+/// Measures the calling process once.
+pub fn measure_self() -> Result<Sample> {
+    Meter::for_self(Options::default())?.sample()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dedup_counts_each_pfn_once_by_kind() {
+        let mut v =
+            vec![5 << 2 | KIND_ANON, 7 << 2 | KIND_SHMEM, 5 << 2 | KIND_ANON, 9 << 2 | KIND_FILE, 7 << 2 | KIND_SHMEM];
+        v.sort_unstable();
+        assert_eq!(dedup_count(&v), PageCounts { total: 3, anon: 1, shmem: 1, file: 1 });
+        assert_eq!(dedup_count(&[]), PageCounts::default());
+    }
+
+    #[test]
+    fn shmem_paths() {
+        assert!(is_shmem_path("/memfd:advm-arena (deleted)"));
+        assert!(is_shmem_path("/dev/zero (deleted)"));
+        assert!(!is_shmem_path("/usr/lib/x86_64-linux-gnu/libc.so.6"));
+    }
+}

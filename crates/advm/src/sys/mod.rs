@@ -1,0 +1,71 @@
+//! The only home of raw syscalls and `unsafe` in advm.
+//!
+//! One submodule per kernel call family, each a thin typed wrapper. Every wrapper
+//! returns [`SysError`], which names the call and keeps the raw errno (unknown kernel
+//! values stay representable through [`Errno`]).
+#![allow(unsafe_code)]
+
+pub mod ksm;
+pub mod memfd;
+pub mod mman;
+pub mod pagemap;
+pub mod uffd;
+
+use std::fmt;
+
+pub use rustix::io::Errno;
+
+/// A failed system call: which call, and the errno the kernel returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{call}: {}", describe(*.errno))]
+pub struct SysError {
+    /// The call, e.g. `"mremap"` or `"ioctl(UFFDIO_MOVE)"`.
+    pub call: &'static str,
+    /// The errno the kernel returned.
+    pub errno: Errno,
+}
+
+impl SysError {
+    /// Builds an error for `call` from `errno`.
+    pub fn new(call: &'static str, errno: Errno) -> Self {
+        Self { call, errno }
+    }
+
+    /// Builds an error for `call` from the calling thread's current `errno`.
+    pub fn last(call: &'static str) -> Self {
+        Self::new(call, Errno::from_io_error(&std::io::Error::last_os_error()).unwrap_or(Errno::IO))
+    }
+
+    /// Builds an error for `call` from a std I/O error (errno `EIO` if it carries none).
+    pub fn from_io(call: &'static str, e: &std::io::Error) -> Self {
+        Self::new(call, Errno::from_io_error(e).unwrap_or(Errno::IO))
+    }
+
+    /// The raw errno number.
+    pub fn raw_errno(&self) -> i32 {
+        self.errno.raw_os_error()
+    }
+}
+
+/// The kernel's description of an errno, e.g. "Cannot allocate memory (os error 12)".
+fn describe(errno: Errno) -> impl fmt::Display {
+    std::io::Error::from_raw_os_error(errno.raw_os_error())
+}
+
+/// Result of a raw call.
+pub type SysResult<T> = Result<T, SysError>;
+
+/// The base page size of this machine, read once.
+pub fn page_size() -> usize {
+    rustix::param::page_size()
+}
+
+/// Kernel release string (`uname -r`).
+pub fn kernel_release() -> String {
+    rustix::system::uname().release().to_string_lossy().into_owned()
+}
+
+/// True when the process has an effective uid of 0.
+pub fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
