@@ -40,5 +40,7 @@ fmt:
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
+# cargo test builds only rlibs; the C tests need libadvm.so from cargo build.
 test: deps fmt clippy
+	$(CARGO) build --workspace
 	$(CARGO) test --workspace

@@ -1,0 +1,38 @@
+//! The C API of advm (`include/advm.h`): `libadvm.so` and `libadvm.a`.
+//!
+//! This crate is an FFI boundary: its `unsafe` is limited to taking raw pointers from C
+//! and handing them to the library's raw-address APIs (no syscalls here; those stay in
+//! `advm::sys`). Functions return 0 or a negative errno, as the header documents, and
+//! never unwind into C.
+#![allow(unsafe_code)]
+
+use std::ffi::c_char;
+
+/// Converts an advm error into a negative errno for C.
+pub fn errno_of(e: &advm::Error) -> i32 {
+    let raw = match e {
+        advm::Error::Sys(s) => s.raw_errno(),
+        advm::Error::InvalidArgument { .. } => libc::EINVAL,
+        advm::Error::Unsupported { .. } => libc::ENOSYS,
+        advm::Error::NoSuchProcess { .. } | advm::Error::ProcessExited { .. } => libc::ESRCH,
+        advm::Error::PermissionDenied { .. } => libc::EPERM,
+        advm::Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+        _ => libc::EIO,
+    };
+    -raw.abs()
+}
+
+/// Runs `f`, turning a panic into `-EIO` so it never unwinds across the C boundary.
+pub fn guard(f: impl FnOnce() -> Result<i32, advm::Error>) -> i32 {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => errno_of(&e),
+        Err(_) => -libc::EIO,
+    }
+}
+
+/// `const char *advm_version(void)`: the library version, a static string.
+#[no_mangle]
+pub extern "C" fn advm_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
