@@ -43,7 +43,7 @@ fn c_programs_pass() {
     // cargo test links tests against the rlib only; the C library comes from
     // `cargo build` (make test runs it first). A stale one would test old code.
     let so = libdir.join("libadvm.so");
-    let rlib = libdir.join("libadvm.rlib");
+    let rlib = libdir.join("libadvm.rlib"); // the library crate the C API wraps
     let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
     assert!(so.exists(), "{} missing: run `cargo build -p advm-capi` first (make test does)", so.display());
     assert!(mtime(&so) >= mtime(&rlib), "{} is older than the rlib: run `cargo build -p advm-capi`", so.display());
