@@ -271,7 +271,7 @@ pub fn report() -> Vec<Check> {
     out.push(if swaps > 0 {
         check("swap", Status::Ok, format!("{swaps} device(s)"), "kernel-swap baselines can run")
     } else {
-        check("swap", Status::Degraded, "none", "pager benchmarks create their own swap file for the kernel baseline")
+        check("swap", Status::Degraded, "none", "kernel-swap baselines need a swap file (swapon works here as root)")
     });
     let v2_memory =
         read_trim("/sys/fs/cgroup/cgroup.controllers").is_some_and(|c| c.split_whitespace().any(|w| w == "memory"));
