@@ -62,12 +62,16 @@ pub fn run(cmd: ImageCmd) -> Result<(), CliError> {
             let img = Image::open(&image)?;
             let info = img.info();
             if json {
-                println!("{}", to_json(&serde_json::json!({ "virtual_size_bytes": img.virtual_size(), "layers": info })));
+                println!(
+                    "{}",
+                    to_json(&serde_json::json!({ "virtual_size_bytes": img.virtual_size(), "layers": info }))
+                );
                 return Ok(());
             }
-            let mut cells = vec![["depth", "file", "format", "virtual size", "file size", "cluster", "backing", "notes"]
-                .map(String::from)
-                .to_vec()];
+            let mut cells =
+                vec![["depth", "file", "format", "virtual size", "file size", "cluster", "backing", "notes"]
+                    .map(String::from)
+                    .to_vec()];
             for l in &info {
                 let mut notes = Vec::new();
                 if l.crypt_method != 0 {
@@ -142,7 +146,7 @@ pub fn run(cmd: ImageCmd) -> Result<(), CliError> {
             };
             let space = ImageSpace::map(&image, &options)?;
             let length = length.unwrap_or(space.size().saturating_sub(offset));
-            if offset.checked_add(length).is_none_or(|end| end > space.size()) {
+            if offset.checked_add(length).map_or(true, |end| end > space.size()) {
                 return Err(CliError::Usage(format!(
                     "--offset {offset} --length {length} runs past the {}-byte virtual size of {}",
                     space.size(),

@@ -32,9 +32,6 @@ impl Dir {
         fs::create_dir_all(&d).unwrap();
         Dir(d)
     }
-    fn p(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
 }
 
 impl Drop for Dir {
@@ -256,8 +253,21 @@ fn raw_base_and_shorter_backing() {
     run(d, "qemu-img", &["create", "-q", "-f", "raw", "base.raw", "1M"]);
     qemu_io(d, "base.raw", &["write -P 0x11 0 256k".into(), "write -P 0x12 640k 100k".into()]);
     // Overlay 3 MiB on a 1 MiB base; a middle qcow2 of 2 MiB.
-    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-o", "cluster_size=4k", "-b", "base.raw", "-F", "raw", "mid.qcow2", "2M"]);
-    qemu_io(d, "mid.qcow2", &["write -P 0x22 64k 8k".into(), "write -z 128k 8k".into(), "write -c -P 0x33 512k 4k".into(), "discard 16k 4k".into()]);
+    run(
+        d,
+        "qemu-img",
+        &["create", "-q", "-f", "qcow2", "-o", "cluster_size=4k", "-b", "base.raw", "-F", "raw", "mid.qcow2", "2M"],
+    );
+    qemu_io(
+        d,
+        "mid.qcow2",
+        &[
+            "write -P 0x22 64k 8k".into(),
+            "write -z 128k 8k".into(),
+            "write -c -P 0x33 512k 4k".into(),
+            "discard 16k 4k".into(),
+        ],
+    );
     run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "mid.qcow2", "-F", "qcow2", "top.qcow2", "3M"]);
     qemu_io(d, "top.qcow2", &["write -P 0x44 1536k 4k".into(), "write -P 0x45 2900k 4k".into()]);
     check_map(d, "top.qcow2");
@@ -424,7 +434,11 @@ fn bad_images_give_clear_errors() {
     patch(&p, u64::from_be_bytes(b), &((1u64 << 63) | (1 << 30)).to_be_bytes());
     assert_eq!(
         open_err(&p),
-        format!("{}: L2 table at 0x40000000 is past the end of the file ({} bytes)", p.display(), fs::metadata(&p).unwrap().len())
+        format!(
+            "{}: L2 table at 0x40000000 is past the end of the file ({} bytes)",
+            p.display(),
+            fs::metadata(&p).unwrap().len()
+        )
     );
     // Unknown incompatible feature.
     let p = good("feature.qcow2");
@@ -469,7 +483,17 @@ fn bad_images_give_clear_errors() {
     run(
         d,
         "qemu-img",
-        &["convert", "--object", secret, "-O", "qcow2", "-o", "encrypt.format=luks,encrypt.key-secret=sec0,encrypt.iter-time=10", "plain.raw", "enc.qcow2"],
+        &[
+            "convert",
+            "--object",
+            secret,
+            "-O",
+            "qcow2",
+            "-o",
+            "encrypt.format=luks,encrypt.key-secret=sec0,encrypt.iter-time=10",
+            "plain.raw",
+            "enc.qcow2",
+        ],
     );
     let p = d.join("enc.qcow2");
     let map = Image::open(&p).unwrap().extent_map().unwrap();
@@ -493,7 +517,11 @@ fn extended_l2_subclusters() {
     let d = &dir.0;
     // 2 MiB clusters: 64 KiB subclusters, page-sized or larger: mapped like clusters.
     run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-o", "cluster_size=2M,extended_l2=on", "big.qcow2", "8M"]);
-    qemu_io(d, "big.qcow2", &["write -P 0x31 64k 128k".into(), "write -P 0x32 3M 64k".into(), "write -z 4M 64k".into()]);
+    qemu_io(
+        d,
+        "big.qcow2",
+        &["write -P 0x31 64k 128k".into(), "write -P 0x32 3M 64k".into(), "write -z 4M 64k".into()],
+    );
     check_map(d, "big.qcow2");
     check_bytes(d, "big.qcow2", &MapOptions::default());
     // 64 KiB clusters: 2 KiB subclusters; a cluster with mixed states is unsupported.

@@ -104,6 +104,10 @@ impl ReadAt for &[u8] {
 /// chains built by mistake).
 pub const MAX_CHAIN_DEPTH: usize = 64;
 
+/// The most extents a map may hold (a crafted image could otherwise describe
+/// billions of one-cluster runs and exhaust memory).
+pub const MAX_EXTENTS: usize = 1 << 24;
+
 /// A layer's format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -219,14 +223,16 @@ impl Layer {
             Driver::Qcow2(q) => {
                 let (a, len) = q.shallow(&self.file, cache, guest, max).map_err(|why| self.err(why))?;
                 let a = match a {
-                    Shallow::Data(_) | Shallow::Compressed { .. } if q.crypt_method != 0 => Shallow::Unsupported(format!(
-                        "layer is encrypted ({}); decryption is not supported",
-                        match q.crypt_method {
-                            1 => "AES",
-                            2 => "LUKS",
-                            _ => "unknown method",
-                        }
-                    )),
+                    Shallow::Data(_) | Shallow::Compressed { .. } if q.crypt_method != 0 => {
+                        Shallow::Unsupported(format!(
+                            "layer is encrypted ({}); decryption is not supported",
+                            match q.crypt_method {
+                                1 => "AES",
+                                2 => "LUKS",
+                                _ => "unknown method",
+                            }
+                        ))
+                    }
                     a => a,
                 };
                 (a, len)
@@ -240,7 +246,8 @@ impl Layer {
                     let data = crate::sys::seek::next_data(&self.file, guest).map_err(|e| self.err(e.to_string()))?;
                     match data {
                         Some(d) if d <= guest => {
-                            let hole = crate::sys::seek::next_hole(&self.file, guest).map_err(|e| self.err(e.to_string()))?;
+                            let hole =
+                                crate::sys::seek::next_hole(&self.file, guest).map_err(|e| self.err(e.to_string()))?;
                             (Shallow::Data(guest), max.min(hole.saturating_sub(guest).max(1)))
                         }
                         Some(d) => (Shallow::Zero, max.min(d - guest)),
@@ -250,7 +257,9 @@ impl Layer {
             }
         };
         if len == 0 || len > max {
-            return Err(self.err(format!("internal: driver answered {len} bytes for a {max}-byte request at {guest:#x}")));
+            return Err(
+                self.err(format!("internal: driver answered {len} bytes for a {max}-byte request at {guest:#x}"))
+            );
         }
         Ok((answer, len))
     }
@@ -365,7 +374,7 @@ pub struct Image {
 
 fn sniff(file: &File, path: &Path) -> Result<bool> {
     let mut magic = [0u8; 4];
-    let n = (&*file).take(4).read(&mut magic).map_err(|e| Error::io(path, e))?;
+    let n = file.take(4).read(&mut magic).map_err(|e| Error::io(path, e))?;
     Ok(n == 4 && magic == qcow2::MAGIC)
 }
 
@@ -402,16 +411,17 @@ impl Image {
             let name_path = Path::new(std::ffi::OsStr::from_bytes(name));
             let text = name_path.display().to_string();
             if text.contains(':') && !name_path.exists() && text.split(':').next().is_some_and(|p| !p.contains('/')) {
-                return Err(last.err(format!("backing file {text:?} uses a protocol prefix; only local files are supported")));
+                return Err(
+                    last.err(format!("backing file {text:?} uses a protocol prefix; only local files are supported"))
+                );
             }
             let resolved = if name_path.is_absolute() {
                 name_path.to_path_buf()
             } else {
                 last.path.parent().unwrap_or(Path::new(".")).join(name_path)
             };
-            let canon = std::fs::canonicalize(&resolved).map_err(|e| {
-                last.err(format!("backing file {text:?} (resolved to {}): {e}", resolved.display()))
-            })?;
+            let canon = std::fs::canonicalize(&resolved)
+                .map_err(|e| last.err(format!("backing file {text:?} (resolved to {}): {e}", resolved.display())))?;
             if let Some(i) = seen.iter().position(|s| *s == canon) {
                 let chain: Vec<String> = layers.iter().map(|l| l.path.display().to_string()).collect();
                 return Err(last.err(format!(
@@ -469,7 +479,9 @@ impl Image {
                 use qcow2::Shallow;
                 match answer {
                     Shallow::Below => depth += 1,
-                    Shallow::Eof => break (ExtentKind::Zero { reason: ZeroReason::BeyondBacking }, depth.saturating_sub(1)),
+                    Shallow::Eof => {
+                        break (ExtentKind::Zero { reason: ZeroReason::BeyondBacking }, depth.saturating_sub(1))
+                    }
                     Shallow::Zero => {
                         let reason = match self.layers[depth].driver {
                             Driver::Raw => ZeroReason::Hole,
@@ -487,6 +499,11 @@ impl Image {
             };
             let e = Extent { start: GuestOffset(at), len: max, depth: answered, kind };
             if !out.last_mut().is_some_and(|last| last.absorb(&e)) {
+                if out.len() == MAX_EXTENTS {
+                    return Err(self.layers[0].err(format!(
+                        "more than {MAX_EXTENTS} extents before guest {at:#x}; refusing to map so fragmented an image"
+                    )));
+                }
                 out.push(e);
             }
             at += max;
@@ -500,11 +517,7 @@ impl Image {
         let end = guest.checked_add(buf.len() as u64).filter(|e| e.0 <= self.virtual_size()).ok_or_else(|| {
             Error::InvalidArgument {
                 what: "image read",
-                why: format!(
-                    "{} bytes at {guest} run past the {}-byte virtual size",
-                    buf.len(),
-                    self.virtual_size()
-                ),
+                why: format!("{} bytes at {guest} run past the {}-byte virtual size", buf.len(), self.virtual_size()),
             }
         })?;
         let mut cluster: Option<(usize, u64, Vec<u8>)> = None;
@@ -512,14 +525,13 @@ impl Image {
             let dst = &mut buf[(e.start.0 - guest.0) as usize..(e.end() - guest.0) as usize];
             let layer = &self.layers[e.depth];
             match &e.kind {
-                ExtentKind::Data { offset } => {
-                    FileExt::read_exact_at(&layer.file, dst, offset.0).map_err(|err| layer.err(format!("reading {offset}: {err}")))?
-                }
+                ExtentKind::Data { offset } => FileExt::read_exact_at(&layer.file, dst, offset.0)
+                    .map_err(|err| layer.err(format!("reading {offset}: {err}")))?,
                 ExtentKind::Zero { .. } => dst.fill(0),
                 ExtentKind::Compressed { offset, stored_len } => {
                     let Driver::Qcow2(q) = &layer.driver else { unreachable!("only qcow2 compresses") };
                     let cs = q.cluster_size();
-                    if cluster.as_ref().is_none_or(|(d, o, _)| (*d, *o) != (e.depth, offset.0)) {
+                    if cluster.as_ref().map_or(true, |(d, o, _)| (*d, *o) != (e.depth, offset.0)) {
                         cluster = Some((e.depth, offset.0, layer.decompress(q, *offset, *stored_len)?));
                     }
                     let data = &cluster.as_ref().expect("just filled").2;
@@ -540,7 +552,8 @@ impl Layer {
     fn decompress(&self, q: &qcow2::Qcow2, offset: LayerOffset, stored_len: u64) -> Result<Vec<u8>> {
         let avail = stored_len.min(self.file_len.saturating_sub(offset.0));
         let mut input = vec![0u8; avail as usize];
-        FileExt::read_exact_at(&self.file, &mut input, offset.0).map_err(|e| self.err(format!("reading {offset}: {e}")))?;
+        FileExt::read_exact_at(&self.file, &mut input, offset.0)
+            .map_err(|e| self.err(format!("reading {offset}: {e}")))?;
         decompress_cluster(q.compression, &input, q.cluster_size() as usize)
             .map_err(|why| self.err(format!("compressed cluster at {offset}: {why}")))
     }
@@ -563,8 +576,11 @@ fn decompress_cluster(c: Compression, input: &[u8], cluster_size: usize) -> Resu
             }
         }
         Compression::Zstd => {
-            let mut dec = ruzstd::decoding::StreamingDecoder::new(input).map_err(|e| format!("zstd: {e}"))?;
-            dec.read_exact(&mut out).map_err(|e| format!("zstd stream shorter than the {cluster_size}-byte cluster: {e}"))?;
+            // One frame; the sector padding after it is not a second frame.
+            let mut dec =
+                zstd::stream::read::Decoder::with_buffer(input).map_err(|e| format!("zstd: {e}"))?.single_frame();
+            dec.read_exact(&mut out)
+                .map_err(|e| format!("zstd stream shorter than the {cluster_size}-byte cluster: {e}"))?;
         }
     }
     Ok(out)
@@ -593,4 +609,119 @@ pub fn parse_layer_bytes(bytes: &[u8], max_runs: usize) -> Result<Vec<(u64, u64,
         at += len;
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A small valid qcow2 v3 image in memory: 4 KiB clusters, 64 KiB virtual, one
+    /// data cluster, one zero cluster, one compressed cluster (garbage payload).
+    fn tiny_qcow2() -> Vec<u8> {
+        let cs = 4096usize;
+        let mut f = vec![0u8; 6 * cs];
+        f[0..4].copy_from_slice(&qcow2::MAGIC);
+        f[4..8].copy_from_slice(&3u32.to_be_bytes());
+        f[20..24].copy_from_slice(&12u32.to_be_bytes());
+        f[24..32].copy_from_slice(&(64u64 * 1024).to_be_bytes());
+        f[36..40].copy_from_slice(&1u32.to_be_bytes());
+        f[40..48].copy_from_slice(&(cs as u64).to_be_bytes());
+        f[96..100].copy_from_slice(&4u32.to_be_bytes());
+        f[100..104].copy_from_slice(&104u32.to_be_bytes());
+        // L1 -> L2 at cluster 2.
+        f[cs..cs + 8].copy_from_slice(&((2 * cs) as u64 | 1 << 63).to_be_bytes());
+        let l2 = 2 * cs;
+        f[l2..l2 + 8].copy_from_slice(&((3 * cs) as u64).to_be_bytes());
+        f[l2 + 8..l2 + 16].copy_from_slice(&1u64.to_be_bytes());
+        let x = 62 - (12 - 8);
+        let compressed = (1u64 << 62) | (1u64 << x) | (4 * cs) as u64;
+        f[l2 + 16..l2 + 24].copy_from_slice(&compressed.to_be_bytes());
+        f[3 * cs..4 * cs].fill(0xa5);
+        f
+    }
+
+    #[test]
+    fn tiny_image_parses() {
+        let runs = parse_layer_bytes(&tiny_qcow2(), 100).unwrap();
+        let kinds: Vec<&str> = runs.iter().map(|r| r.2.as_str()).collect();
+        assert_eq!(kinds[..3], ["Data(12288)", "Zero", "Compressed { offset: 16384, stored_len: 1024 }"]);
+        assert_eq!(runs[3], (12288, 53248, "Below".into()));
+    }
+
+    #[test]
+    fn garbage_header_fields_are_named() {
+        let mut f = tiny_qcow2();
+        f[20..24].copy_from_slice(&30u32.to_be_bytes());
+        assert_eq!(
+            parse_layer_bytes(&f, 10).unwrap_err().to_string(),
+            "<memory>: cluster_bits 30 out of range (9..=21: 512 B to 2 MiB clusters)"
+        );
+        let mut f = tiny_qcow2();
+        f[36..40].copy_from_slice(&0u32.to_be_bytes());
+        assert_eq!(
+            parse_layer_bytes(&f, 10).unwrap_err().to_string(),
+            "<memory>: L1 table of 0 entries is too small for the 65536-byte virtual size (1 needed)"
+        );
+        assert_eq!(
+            parse_layer_bytes(b"QFI", 10).unwrap_err().to_string(),
+            "<memory>: truncated qcow2 header: file is 3 bytes, a header needs at least 72"
+        );
+        let mut f = tiny_qcow2();
+        f[4096..4104].copy_from_slice(&((1u64 << 20) | 1 << 63).to_be_bytes());
+        assert_eq!(
+            parse_layer_bytes(&f, 10).unwrap_err().to_string(),
+            "<memory>: L2 table at 0x100000 is past the end of the file (24576 bytes)"
+        );
+    }
+
+    #[test]
+    fn decompression_rejects_short_and_garbage_streams() {
+        let e = decompress_cluster(Compression::Deflate, &[0xa5; 100], 4096).unwrap_err();
+        assert!(e.starts_with("deflate"), "{e}");
+        assert!(decompress_cluster(Compression::Zstd, &[0xa5; 100], 4096).unwrap_err().starts_with("zstd"));
+        // A valid deflate stream of the wrong length is refused too.
+        let mut c = flate2::Compress::new(flate2::Compression::fast(), false);
+        let mut out = vec![0u8; 256];
+        c.compress(&[7u8; 100], &mut out, flate2::FlushCompress::Finish).unwrap();
+        let n = c.total_out() as usize;
+        let e = decompress_cluster(Compression::Deflate, &out[..n], 4096).unwrap_err();
+        assert!(e.contains("gave 100 bytes, not the 4096-byte cluster"), "{e}");
+        let mut c = flate2::Compress::new(flate2::Compression::fast(), false);
+        c.compress(&[7u8; 4096], &mut out, flate2::FlushCompress::Finish).unwrap();
+        let n = c.total_out() as usize;
+        assert_eq!(decompress_cluster(Compression::Deflate, &out[..n], 4096).unwrap(), vec![7u8; 4096]);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+
+        /// Random bytes never panic the parser.
+        #[test]
+        fn random_bytes_never_panic(mut bytes in proptest::collection::vec(any::<u8>(), 0..2048), magic in any::<bool>()) {
+            if magic && bytes.len() >= 8 {
+                // Past the magic check, so the header fields themselves are garbage.
+                bytes[..8].copy_from_slice(b"QFI\xfb\0\0\0\x03");
+            }
+            let _ = parse_layer_bytes(&bytes, 1000);
+        }
+
+        /// A valid image with random bytes overwritten (header, L1, L2, payloads)
+        /// either parses to runs that tile the disk, or fails with an error.
+        #[test]
+        fn mutated_images_never_panic(edits in proptest::collection::vec((0usize..5 * 4096, any::<u8>()), 1..16)) {
+            let mut f = tiny_qcow2();
+            for (at, b) in edits {
+                f[at] = b;
+            }
+            if let Ok(runs) = parse_layer_bytes(&f, 100_000) {
+                let mut at = 0;
+                for (start, len, _) in &runs {
+                    prop_assert_eq!(*start, at);
+                    prop_assert!(*len > 0);
+                    at += len;
+                }
+            }
+        }
+    }
 }

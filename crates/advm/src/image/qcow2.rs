@@ -192,9 +192,11 @@ impl Qcow2 {
         }
         if l1_size > 0 {
             if l1_offset % cluster_size != 0 {
-                return Err(format!("L1 table offset {l1_offset:#x} is not aligned to the {cluster_size}-byte cluster"));
+                return Err(format!(
+                    "L1 table offset {l1_offset:#x} is not aligned to the {cluster_size}-byte cluster"
+                ));
             }
-            if l1_offset.checked_add(l1_size * 8).is_none_or(|end| end > file_len) {
+            if l1_offset.checked_add(l1_size * 8).map_or(true, |end| end > file_len) {
                 return Err(format!(
                     "L1 table at {l1_offset:#x} ({l1_size} entries) is past the end of the file ({file_len} bytes)"
                 ));
@@ -208,7 +210,7 @@ impl Qcow2 {
             if backing_len > MAX_BACKING_NAME {
                 return Err(format!("backing file name of {backing_len} bytes is longer than {MAX_BACKING_NAME}"));
             }
-            if backing_offset.checked_add(u64::from(backing_len)).is_none_or(|end| end > file_len.min(cluster_size)) {
+            if backing_offset.checked_add(u64::from(backing_len)).map_or(true, |end| end > file_len.min(cluster_size)) {
                 return Err(format!(
                     "backing file name at {backing_offset:#x} ({backing_len} bytes) lies outside the first cluster"
                 ));
@@ -256,14 +258,12 @@ impl Qcow2 {
             if offset % cs != 0 {
                 return Err(format!("L2 table offset {offset:#x} is not aligned to the {cs}-byte cluster"));
             }
-            if offset.checked_add(cs).is_none_or(|end| end > self.file_len) {
-                return Err(format!(
-                    "L2 table at {offset:#x} is past the end of the file ({} bytes)",
-                    self.file_len
-                ));
+            if offset.checked_add(cs).map_or(true, |end| end > self.file_len) {
+                return Err(format!("L2 table at {offset:#x} is past the end of the file ({} bytes)", self.file_len));
             }
             cache.table.resize(cs as usize, 0);
-            file.read_exact_at(&mut cache.table, offset).map_err(|e| format!("reading the L2 table at {offset:#x}: {e}"))?;
+            file.read_exact_at(&mut cache.table, offset)
+                .map_err(|e| format!("reading the L2 table at {offset:#x}: {e}"))?;
             cache.offset = offset;
         }
         Ok(&cache.table)
@@ -271,7 +271,13 @@ impl Qcow2 {
 
     /// What this layer holds at `guest`, and for how many bytes (at least 1, at most
     /// `max`) the answer holds unchanged (data contiguous in the file).
-    pub fn shallow(&self, file: &dyn ReadAt, cache: &mut L2Cache, guest: u64, max: u64) -> Result<(Shallow, u64), String> {
+    pub fn shallow(
+        &self,
+        file: &dyn ReadAt,
+        cache: &mut L2Cache,
+        guest: u64,
+        max: u64,
+    ) -> Result<(Shallow, u64), String> {
         if guest >= self.size {
             return Ok((Shallow::Eof, max));
         }

@@ -71,7 +71,10 @@ pub struct MapStats {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Source {
     /// Layer `depth` at file offset.
-    File { depth: usize, offset: u64 },
+    File {
+        depth: usize,
+        offset: u64,
+    },
     Anon,
     /// The memfd, at offset = guest offset.
     Memfd,
@@ -317,7 +320,7 @@ impl ImageSpace {
     /// Copies `buf.len()` bytes at `guest` out of the mapping.
     pub fn read(&self, guest: GuestOffset, buf: &mut [u8]) -> Result<()> {
         let end = guest.0.checked_add(buf.len() as u64);
-        if end.is_none_or(|e| e > self.size()) {
+        if end.map_or(true, |e| e > self.size()) {
             return Err(Error::InvalidArgument {
                 what: "image read",
                 why: format!("{} bytes at {guest} run past the {}-byte virtual size", buf.len(), self.size()),

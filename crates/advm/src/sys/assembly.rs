@@ -31,7 +31,14 @@ impl Assembly {
     /// Maps `backing` over `[offset, offset+len)` of the reservation (`MAP_FIXED`),
     /// replacing what was there. Offsets and lengths must be page aligned and inside
     /// the reservation (`EINVAL` otherwise, before any call).
-    pub fn place(&mut self, offset: usize, len: usize, prot: Prot, share: Share, backing: Backing<'_>) -> SysResult<()> {
+    pub fn place(
+        &mut self,
+        offset: usize,
+        len: usize,
+        prot: Prot,
+        share: Share,
+        backing: Backing<'_>,
+    ) -> SysResult<()> {
         let ps = super::page_size();
         let inside = offset.checked_add(len).is_some_and(|end| end <= self.range.len());
         if len == 0 || offset % ps != 0 || len % ps != 0 || !inside {
