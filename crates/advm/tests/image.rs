@@ -538,3 +538,64 @@ fn extended_l2_subclusters() {
         )
     );
 }
+
+#[test]
+fn writes_through_a_writable_mapping_stay_private() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = Dir::new("writable");
+    let d = &dir.0;
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-o", "cluster_size=4k", "w.qcow2", "256k"]);
+    qemu_io(d, "w.qcow2", &["write -P 0x5e 0 64k".into()]);
+    let before = fs::read(d.join("w.qcow2")).unwrap();
+    let space = ImageSpace::map(d.join("w.qcow2"), &MapOptions { writable: true, ..Default::default() }).unwrap();
+    let other = ImageSpace::map(d.join("w.qcow2"), &MapOptions::default()).unwrap();
+    // SAFETY: the mapping is writable, at least 64 KiB long, and nothing else in this
+    // test references its first page.
+    unsafe { std::ptr::write_bytes(space.addr() as *mut u8, 0x99, 16) };
+    let mut b = [0u8; 32];
+    space.read(GuestOffset(0), &mut b).unwrap();
+    assert_eq!((b[0], b[15], b[16]), (0x99, 0x99, 0x5e));
+    other.read(GuestOffset(0), &mut b).unwrap();
+    assert_eq!(b[0], 0x5e, "another mapping of the image does not see the write");
+    assert!(fs::read(d.join("w.qcow2")).unwrap() == before, "the layer file is unchanged");
+}
+
+#[test]
+fn two_mappings_share_the_page_cache() {
+    if !have_qemu() {
+        return;
+    }
+    if !advm::probe::facts().pfn_visible {
+        eprintln!("skipping: PFNs hidden in /proc/self/pagemap (needs CAP_SYS_ADMIN)");
+        return;
+    }
+    let dir = Dir::new("share");
+    let d = &dir.0;
+    let top = build_chain(d, 2, 64 * K, 2 * M, 3);
+    let a = ImageSpace::map(d.join(&top), &MapOptions::default()).unwrap();
+    let b = ImageSpace::map(d.join(&top), &MapOptions::default()).unwrap();
+    a.read_all().unwrap();
+    b.read_all().unwrap();
+    let pm = advm::sys::pagemap::Pagemap::open("self").unwrap();
+    let ps = advm::addr::page_size() as u64;
+    let pages = (2 * M / ps) as usize;
+    let (mut pa, mut pb) = (vec![0u64; pages], vec![0u64; pages]);
+    pm.read(a.addr() as u64 / ps, &mut pa).unwrap();
+    pm.read(b.addr() as u64 / ps, &mut pb).unwrap();
+    let map = a.extent_map();
+    let mut shared = 0;
+    for p in 0..pages {
+        let e = map.find(GuestOffset(p as u64 * ps)).unwrap();
+        let (ea, eb) = (advm::sys::pagemap::Entry(pa[p]), advm::sys::pagemap::Entry(pb[p]));
+        assert!(ea.present() && eb.present(), "page {p} not faulted in");
+        if let ExtentKind::Data { .. } = e.kind {
+            if e.start.0 % ps == 0 && e.len >= ps {
+                assert_eq!(ea.pfn(), eb.pfn(), "data page {p} ({e:?}) has two copies");
+                shared += 1;
+            }
+        }
+    }
+    assert!(shared > 0, "no data page in the chain");
+}

@@ -43,7 +43,9 @@ pub struct MapOptions {
     pub max_mappings: Option<usize>,
     /// Policy beyond the budget.
     pub over_budget: OverBudget,
-    /// Map read-write (`MAP_PRIVATE`: writes make private copies, never reach a layer).
+    /// Map read-write, for callers that write through [`ImageSpace::addr`] (a VMM
+    /// handing the range to a guest). `MAP_PRIVATE` over read-only layer files: a
+    /// write copies the page into this process and never reaches a layer.
     pub writable: bool,
 }
 

@@ -7,8 +7,6 @@
 //! caller asks for one, and [`Assembly::copy_out`] copies bytes out instead of lending a
 //! slice that another process could change through a shared file.
 
-use std::os::fd::BorrowedFd;
-
 use super::mman::{self, Backing, Mapping, Prot, Share};
 use super::{SysError, SysResult};
 
@@ -116,10 +114,4 @@ impl Assembly {
         }
         Ok(sum)
     }
-}
-
-/// Maps `len` bytes of `fd` from `offset` read-only and private, at a place the kernel
-/// picks: a convenience for callers that map a single file.
-pub fn map_file_readonly(fd: BorrowedFd<'_>, offset: u64, len: usize) -> SysResult<Mapping> {
-    Mapping::new(len, Prot::READ, Share::Private, Backing::File { fd, offset })
 }
