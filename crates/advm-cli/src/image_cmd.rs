@@ -123,7 +123,7 @@ pub fn run(cmd: ImageCmd) -> Result<(), CliError> {
             for e in &map.extents {
                 let (kind, offset) = match &e.kind {
                     ExtentKind::Data { offset } => ("data".to_string(), offset.to_string()),
-                    ExtentKind::Zero { reason } => (format!("zero ({reason:?})"), "-".into()),
+                    ExtentKind::Zero { reason } => (format!("zero ({reason})"), "-".into()),
                     ExtentKind::Compressed { offset, .. } => ("compressed".into(), offset.to_string()),
                     ExtentKind::Unsupported { reason } => (format!("unsupported: {reason}"), "-".into()),
                     _ => ("other".into(), "-".into()),

@@ -268,6 +268,7 @@ impl Layer {
 /// Why a range reads as zeros.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum ZeroReason {
     /// No layer of the chain allocates it.
     Unallocated,
@@ -279,6 +280,18 @@ pub enum ZeroReason {
     BeyondBacking,
     /// The tail of a data cluster past the end of its layer file.
     PastEndOfFile,
+}
+
+impl fmt::Display for ZeroReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Unallocated => "unallocated",
+            Self::ZeroFlag => "zero-flag",
+            Self::Hole => "hole",
+            Self::BeyondBacking => "beyond-backing",
+            Self::PastEndOfFile => "past-end-of-file",
+        })
+    }
 }
 
 /// What a range of the virtual disk is.
@@ -315,7 +328,8 @@ pub enum ExtentKind {
 pub struct Extent {
     /// First byte.
     pub start: GuestOffset,
-    /// Length in bytes.
+    /// Length in bytes (`length` in JSON, as `qemu-img map` says).
+    #[serde(rename = "length")]
     pub len: u64,
     /// The layer that answered (0 = top). For unallocated zeros, the lowest layer
     /// that covers the range, as `qemu-img map` reports it.
