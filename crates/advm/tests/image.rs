@@ -599,3 +599,48 @@ fn two_mappings_share_the_page_cache() {
     }
     assert!(shared > 0, "no data page in the chain");
 }
+
+#[test]
+fn mutated_qemu_images_never_panic_or_map_garbage() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = Dir::new("mutate");
+    let d = &dir.0;
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-o", "cluster_size=4k", "base.qcow2", "256k"]);
+    qemu_io(
+        d,
+        "base.qcow2",
+        &["write -c -P 0x21 0 4k".into(), "write -P 0x22 64k 32k".into(), "write -z 128k 8k".into()],
+    );
+    let original = fs::read(d.join("base.qcow2")).unwrap();
+    let mut r = Lcg(42);
+    let (mut mapped, mut refused) = (0, 0);
+    for _ in 0..300 {
+        let mut bytes = original.clone();
+        for _ in 0..1 + r.below(4) {
+            // Mostly metadata: the header cluster, then the L1/L2/refcount clusters.
+            let at = if r.below(2) == 0 { r.below(112) } else { r.below(bytes.len() as u64) } as usize;
+            bytes[at] = r.next() as u8;
+        }
+        let p = d.join("m.qcow2");
+        fs::write(&p, &bytes).unwrap();
+        match ImageSpace::map(&p, &MapOptions::default()) {
+            Ok(space) => {
+                // Whatever mapped must read back in full, equal to read_at.
+                let mut a = vec![0u8; space.size().min(1 << 20) as usize];
+                space.read(GuestOffset(0), &mut a).unwrap();
+                let mut b = vec![0u8; a.len()];
+                Image::open(&p).unwrap().read_at(GuestOffset(0), &mut b).unwrap();
+                assert!(a == b, "mapping and read_at disagree");
+                mapped += 1;
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                assert!(msg.starts_with(&p.display().to_string()), "{msg}");
+                refused += 1;
+            }
+        }
+    }
+    assert!(mapped > 0 && refused > 0, "mapped {mapped}, refused {refused}");
+}

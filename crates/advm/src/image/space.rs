@@ -252,8 +252,8 @@ impl ImageSpace {
         // Materialise the memfd pieces.
         let needs_memfd = pieces.iter().any(|p| p.source == Source::Memfd);
         let memfd = if needs_memfd {
-            let fd = memfd::create("advm-image")?;
-            memfd::set_len(&fd, total as u64)?;
+            let fd = memfd::create("advm-image").map_err(|e| err(format!("materialising pages: {e}")))?;
+            memfd::set_len(&fd, total as u64).map_err(|e| err(format!("materialising pages: {e}")))?;
             for p in pieces.iter().filter(|p| p.source == Source::Memfd) {
                 fill(image, &fd, p.start, p.end.min(map.size))?;
             }
@@ -262,7 +262,8 @@ impl ImageSpace {
             None
         };
         let prot = if options.writable { Prot::READ | Prot::WRITE } else { Prot::READ };
-        let mut assembly = Assembly::reserve(total)?;
+        let mut assembly = Assembly::reserve(total)
+            .map_err(|e| err(format!("reserving {total} bytes of address space for the virtual disk: {e}")))?;
         let mut stats = MapStats {
             size_bytes: map.size,
             extents: map.extents.len(),
@@ -353,7 +354,10 @@ fn fill(image: &Image, fd: &OwnedFd, start: u64, end: u64) -> Result<()> {
         if buf[..n].iter().any(|&b| b != 0) {
             let mut done = 0;
             while done < n {
-                done += memfd::pwrite(fd, &buf[done..n], at + done as u64)?;
+                done += memfd::pwrite(fd, &buf[done..n], at + done as u64).map_err(|e| Error::Image {
+                    path: image.layers()[0].path().to_path_buf(),
+                    why: format!("materialising guest {:#x}: {e}", at + done as u64),
+                })?;
             }
         }
         at += n as u64;
