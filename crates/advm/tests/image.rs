@@ -155,7 +155,12 @@ fn check_map(dir: &Path, image: &str) -> usize {
             let e = ours.find(GuestOffset(g)).unwrap();
             let piece = (q.start + q.len).min(e.end()) - g;
             let ctx = format!("{image}: guest {g:#x}+{piece}: ours {e:?}, qemu {q:?}");
-            assert_eq!(e.depth, q.depth, "{ctx}");
+            // qemu sees a raw layer in 512-byte sectors: the zeros after an odd-sized
+            // raw base up to the next sector it attributes to the base itself.
+            let sector_tail = e.kind == ExtentKind::Zero { reason: advm::image::ZeroReason::BeyondBacking }
+                && q.depth == e.depth + 1
+                && piece < 512;
+            assert!(e.depth == q.depth || sector_tail, "{ctx}");
             let qoff = q.offset.map(|o| o + (g - q.start));
             match &e.kind {
                 ExtentKind::Data { offset } => {
@@ -279,6 +284,14 @@ fn raw_base_and_shorter_backing() {
     assert_eq!((hole.depth, &hole.kind), (2, &ExtentKind::Zero { reason: advm::image::ZeroReason::Hole }));
     // A raw image alone is a chain of one.
     check_bytes(d, "base.raw", &MapOptions::default());
+    // A raw base whose size is not a multiple of the page (nor of 512).
+    let odd: Vec<u8> = (0..1_000_001u32).map(|i| (i / 4096 + 1) as u8).collect();
+    fs::write(d.join("odd.raw"), odd).unwrap();
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "odd.raw", "-F", "raw", "over.qcow2", "2M"]);
+    qemu_io(d, "over.qcow2", &["write -P 0x55 8k 4k".into()]);
+    check_map(d, "over.qcow2");
+    let stats = check_bytes(d, "over.qcow2", &MapOptions::default());
+    assert!(stats.memfd_bytes >= 4096, "the partial last page of odd.raw is materialised: {stats:?}");
 }
 
 #[test]
