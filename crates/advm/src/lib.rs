@@ -8,6 +8,7 @@
 
 pub mod addr;
 pub mod error;
+pub mod image;
 pub mod probe;
 pub mod stats;
 pub mod sys;

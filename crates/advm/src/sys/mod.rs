@@ -5,10 +5,12 @@
 //! values stay representable through [`Errno`]).
 #![allow(unsafe_code)]
 
+pub mod assembly;
 pub mod ksm;
 pub mod memfd;
 pub mod mman;
 pub mod pagemap;
+pub mod seek;
 pub mod uffd;
 
 use std::fmt;
