@@ -9,6 +9,7 @@
 pub mod addr;
 pub mod error;
 pub mod probe;
+pub mod remap;
 pub mod stats;
 pub mod sys;
 

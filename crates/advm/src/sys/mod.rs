@@ -5,10 +5,12 @@
 //! values stay representable through [`Errno`]).
 #![allow(unsafe_code)]
 
+pub mod grant;
 pub mod ksm;
 pub mod memfd;
 pub mod mman;
 pub mod pagemap;
+pub mod procmap;
 pub mod uffd;
 
 use std::fmt;
