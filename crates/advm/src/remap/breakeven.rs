@@ -93,9 +93,19 @@ pub fn break_even() -> BreakEven {
 fn machine_key() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_default();
-    format!("kernel={} cpu={} page={} cpus={}", crate::sys::kernel_release(), cpu, page_size(), crate::probe::facts().cpus)
+    format!(
+        "kernel={} cpu={} page={} cpus={}",
+        crate::sys::kernel_release(),
+        cpu,
+        page_size(),
+        crate::probe::facts().cpus
+    )
 }
 
 /// The cache file's path.

@@ -11,9 +11,9 @@
 //! - [`Engine::Mremap`]: `mremap(MREMAP_MAYMOVE|MREMAP_FIXED)` moves whole page tables
 //!   when source, destination and length are 2 MiB aligned, so it is used for large
 //!   aligned moves. It splits VMAs (at most 2 more per move), so advm stops using it
-//!   when the process's VMA count nears half of `vm.max_map_count`.
-//!   (`MREMAP_DONTUNMAP` would keep the source mapped, but some kernels refuse it:
-//!   advm maps fresh anonymous memory at the source instead, one more call.)
+//!   when the process's VMA count nears half of `vm.max_map_count`. The source stays
+//!   mapped: with `MREMAP_DONTUNMAP` where the kernel allows it (probed once; some
+//!   kernels refuse it with `EINVAL`), else by mapping fresh anonymous memory there.
 //! - [`Engine::Memmove`]: plain `memmove` (or a byte swap), for operations shorter than
 //!   the **break-even**, which is measured on this machine at first use and cached
 //!   (see [`break_even`]).
@@ -25,7 +25,7 @@
 //!   (those not overwritten by the destination) are unspecified: zero where pages were
 //!   moved (the pages are gone; the next touch faults in a zero page), the old bytes
 //!   where memmove copied them. [`Outcome`] says how many bytes each engine handled.
-//!   After the mremap engine the vacated source is fresh anonymous memory (zeros).
+//!   After the mremap engine the vacated source is empty anonymous memory (zeros).
 //! - **Swap**: both ranges keep their mappings and exchange contents. Swap ranges must
 //!   not overlap (an overlapping swap is an error); a slide within one region is a
 //!   move with overlapping ranges, done with O(n+δ) page-table work (see [`Batch`]).
@@ -374,6 +374,7 @@ pub fn swap_pages_with(mem: &mut Grant<'_>, a: usize, b: usize, len: usize, opts
 struct Step {
     op: Op,
     engine: Engine,
+    class: Class,
 }
 
 fn validate(mem: &Grant<'_>, op: &Op, seen: &mut Vec<Vma>) -> Result<Class> {
@@ -494,7 +495,7 @@ fn execute(mem: &mut Grant<'_>, ops: &[Op], opts: &Options) -> Result<Outcome> {
     let be_pages = opts.break_even_pages.unwrap_or_else(|| break_even().pages);
     let mut steps = Vec::with_capacity(merged.len());
     for (op, class) in &merged {
-        steps.push(Step { op: *op, engine: choose(op, *class, opts, be_pages)? });
+        steps.push(Step { op: *op, engine: choose(op, *class, opts, be_pages)?, class: *class });
     }
     // 3. Plan which destinations to empty: up front (one vectored call) where no
     // earlier step touched them, just in time where an earlier step wrote there, and
@@ -556,7 +557,11 @@ fn run_step(mem: &mut Grant<'_>, st: &Step, out: &mut Outcome) -> Result<()> {
             out.memmove_bytes += len;
         }
         (Kind::Move, Engine::Mremap) => {
-            match mem.mremap_move(x, y, len, Prot::READ | Prot::WRITE) {
+            // MREMAP_DONTUNMAP (where the kernel allows it) keeps the source VMA as it
+            // was; on file-backed views it would keep showing the file, so those get
+            // fresh anonymous memory instead.
+            let dont_unmap = st.class == Class::AnonPrivate && crate::probe::facts().mremap_dontunmap;
+            match mem.mremap_move(x, y, len, Prot::READ | Prot::WRITE, dont_unmap) {
                 Ok(calls) => {
                     out.syscalls += calls;
                     out.mremap_bytes += len;
@@ -657,6 +662,23 @@ fn move_or_copy_from(
                 done += d;
                 match error.errno {
                     Errno::AGAIN if retries < 16 => retries += 1,
+                    // Something faulted a destination page back in (a concurrent
+                    // reader maps the zero page): empty it again and retry.
+                    Errno::EXIST if retries < 16 => {
+                        retries += 1;
+                        let rest: Vec<(usize, usize)> = match &src {
+                            Src::Same => {
+                                let mut own = IntervalSet::default();
+                                own.insert(s + done, s + n);
+                                own.subtract_from(dst + done, dst + n)
+                            }
+                            Src::Other(_) => vec![(dst + done, dst + n)],
+                        };
+                        let rest: Vec<_> = rest.into_iter().map(|(a, e)| (a, e - a)).collect();
+                        if !rest.is_empty() {
+                            out.syscalls += dst_g.zap(&rest)?;
+                        }
+                    }
                     // The destination's mapping is not registered yet: register it
                     // (once) and retry.
                     Errno::INVAL if !registered && register_around(dst_g, dst, n, out) => registered = true,

@@ -141,9 +141,11 @@ impl Grant<'_> {
 
     /// Moves the mapping of `[src, src+len)` to `[dst, dst+len)` with
     /// `mremap(MREMAP_MAYMOVE|MREMAP_FIXED)` (whole page tables when both are 2 MiB
-    /// aligned), then maps fresh private anonymous memory with `prot` at `src` so the
-    /// source stays mapped and reads as zeros. Returns the number of syscalls made.
-    pub fn mremap_move(&mut self, dst: usize, src: usize, len: usize, prot: Prot) -> SysResult<u32> {
+    /// aligned), leaving the source mapped and reading as zeros: with `dont_unmap`
+    /// through `MREMAP_DONTUNMAP` (one call; private anonymous memory only), else by
+    /// mapping fresh private anonymous memory with `prot` at `src` (a second call).
+    /// Returns the number of syscalls made.
+    pub fn mremap_move(&mut self, dst: usize, src: usize, len: usize, prot: Prot, dont_unmap: bool) -> SysResult<u32> {
         self.check("mremap", dst, len)?;
         self.check("mremap", src, len)?;
         if dst < src + len && src < dst + len {
@@ -151,7 +153,10 @@ impl Grant<'_> {
         }
         // SAFETY: both ranges are the grant's and do not overlap; the old contents of
         // dst are replaced, which is what a move asks for.
-        unsafe { mman::mremap_fixed(src as *mut u8, len, dst as *mut u8, false) }?;
+        unsafe { mman::mremap_fixed(src as *mut u8, len, dst as *mut u8, dont_unmap) }?;
+        if dont_unmap {
+            return Ok(1);
+        }
         // SAFETY: `src` is now a hole inside the grant; nothing else can have mapped it
         // (the grant owner owns the span).
         unsafe { mman::map_fixed(src as *mut u8, len, prot, Share::Private, Backing::Anonymous) }?;
@@ -175,7 +180,14 @@ impl Grant<'_> {
                 // SAFETY: every range lies in the grant; DONTNEED empties them, which the
                 // caller asked for. The iovec array is live for the call.
                 let r = unsafe {
-                    libc::syscall(libc::SYS_process_madvise, pidfd_raw(pidfd), iov.as_ptr(), iov.len(), libc::MADV_DONTNEED, 0)
+                    libc::syscall(
+                        libc::SYS_process_madvise,
+                        pidfd_raw(pidfd),
+                        iov.as_ptr(),
+                        iov.len(),
+                        libc::MADV_DONTNEED,
+                        0,
+                    )
                 };
                 calls += 1;
                 if r < 0 || r as usize != want {

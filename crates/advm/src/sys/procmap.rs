@@ -93,7 +93,11 @@ pub fn query(addr: usize) -> SysResult<Option<Vma>> {
 }
 
 fn query_ioctl(file: &File, addr: usize) -> Result<Vma, Errno> {
-    let mut q = ProcmapQuery { size: std::mem::size_of::<ProcmapQuery>() as u64, query_addr: addr as u64, ..Default::default() };
+    let mut q = ProcmapQuery {
+        size: std::mem::size_of::<ProcmapQuery>() as u64,
+        query_addr: addr as u64,
+        ..Default::default()
+    };
     // SAFETY: `q` is a live, correctly sized procmap_query; the kernel writes only into
     // it (name and build-id buffers are not requested: their sizes are 0).
     let r = unsafe { libc::ioctl(file.as_raw_fd(), PROCMAP_QUERY as _, &mut q as *mut ProcmapQuery) };
@@ -113,7 +117,8 @@ fn query_ioctl(file: &File, addr: usize) -> Result<Vma, Errno> {
 
 /// Parses `/proc/self/maps` for kernels without PROCMAP_QUERY.
 fn query_text(addr: usize) -> SysResult<Option<Vma>> {
-    let text = std::fs::read_to_string("/proc/self/maps").map_err(|e| SysError::from_io("read(/proc/self/maps)", &e))?;
+    let text =
+        std::fs::read_to_string("/proc/self/maps").map_err(|e| SysError::from_io("read(/proc/self/maps)", &e))?;
     Ok(text.lines().find_map(|l| parse_line(l).filter(|v| v.start <= addr && addr < v.end)))
 }
 
