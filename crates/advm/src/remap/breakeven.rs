@@ -42,22 +42,30 @@ pub enum BreakEvenSource {
     Default,
 }
 
-/// One size of the measured curve.
+/// One size of the measured curve (medians, microseconds per operation).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct CurvePoint {
     /// Pages per operation.
     pub pages: usize,
-    /// Median time of memmove, microseconds.
+    /// memmove into a destination that holds (dead) data.
     pub memmove_us: f64,
-    /// Median time of emptying the destination and UFFDIO_MOVE, microseconds.
+    /// UFFDIO_MOVE into an empty destination (vacated by an earlier move, as in
+    /// compaction).
     pub uffd_move_us: f64,
+    /// `move_pages` forced to UFFDIO_MOVE into a destination that holds data: the
+    /// attempt finds it populated, empties it (`MADV_DONTNEED` frees its pages), moves.
+    pub uffd_move_populated_us: f64,
 }
 
 /// The break-even and how it was obtained.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BreakEven {
-    /// Operations of fewer pages are copied.
+    /// Moves of fewer pages are copied without trying the kernel (break-even against an
+    /// empty destination).
     pub pages: usize,
+    /// When the destination turns out to hold pages, moves of fewer pages are copied
+    /// instead of freeing them (break-even against a populated destination).
+    pub pages_populated: usize,
     /// Where the value came from.
     pub source: BreakEvenSource,
     /// The measured curve (empty unless measured or cached).
@@ -81,10 +89,10 @@ pub fn set_break_even_pages(pages: Option<usize>) {
 pub fn break_even() -> BreakEven {
     let api = API_OVERRIDE.load(Ordering::Relaxed);
     if api > 0 {
-        return BreakEven { pages: api - 1, source: BreakEvenSource::Api, curve: Vec::new() };
+        return BreakEven { pages: api - 1, pages_populated: api - 1, source: BreakEvenSource::Api, curve: Vec::new() };
     }
     if let Some(p) = std::env::var(ENV_BREAK_EVEN).ok().and_then(|v| v.trim().parse().ok()) {
-        return BreakEven { pages: p, source: BreakEvenSource::Env, curve: Vec::new() };
+        return BreakEven { pages: p, pages_populated: p, source: BreakEvenSource::Env, curve: Vec::new() };
     }
     static MEASURED: OnceLock<BreakEven> = OnceLock::new();
     MEASURED.get_or_init(load_or_measure).clone()
@@ -119,7 +127,8 @@ pub fn cache_path() -> Option<PathBuf> {
 
 fn load_or_measure() -> BreakEven {
     if !uffd_move_available() {
-        return BreakEven { pages: PMD_SIZE / page_size(), source: BreakEvenSource::Default, curve: Vec::new() };
+        let p = PMD_SIZE / page_size();
+        return BreakEven { pages: p, pages_populated: p, source: BreakEvenSource::Default, curve: Vec::new() };
     }
     let key = machine_key();
     if let Some(path) = cache_path() {
@@ -144,7 +153,7 @@ fn load_or_measure() -> BreakEven {
             }
             m
         }
-        Err(_) => BreakEven { pages: 16, source: BreakEvenSource::Default, curve: Vec::new() },
+        Err(_) => BreakEven { pages: 16, pages_populated: 64, source: BreakEvenSource::Default, curve: Vec::new() },
     }
 }
 
@@ -158,18 +167,18 @@ fn median(v: &mut [f64]) -> f64 {
     }
 }
 
-/// Measures memmove against UFFDIO_MOVE (destination populated, so it is emptied
-/// first, as in compaction) for 1..64 pages, `reps` times each, and returns the
-/// smallest size from which the page move is at least as fast for it and the next
-/// size. `cold`: every operation uses memory last touched tens of MiB ago (larger
-/// than the last-level cache); otherwise source and destination are touched first.
+/// Measures memmove against UFFDIO_MOVE for 1..64 pages, `reps` times each, into an
+/// empty destination and into a populated one, and returns for each the smallest size
+/// from which the page move is at least as fast for it and the next size. `cold`:
+/// every operation uses memory last touched tens of MiB ago (more than the last-level
+/// cache; the kernel's own code and data stay warm, as in a compaction loop);
+/// otherwise source and destination are touched right before.
 pub fn measure_break_even(cold: bool, reps: usize) -> Result<BreakEven> {
     let ps = page_size();
     let reps = reps.max(1);
-    let per_size: usize = GRID.iter().sum::<usize>() * ps * 2;
+    let per_size: usize = GRID.iter().sum::<usize>() * ps * 2 * 3;
     // Used slots, plus 64 MiB written after them so they have left a 32 MiB L3.
-    let used = per_size * reps * 2;
-    let pool_len = used + (64 << 20);
+    let pool_len = per_size * reps + (64 << 20);
     let mut pool = RwMapping::new(pool_len, PMD_SIZE, false)?;
     pool.bytes_mut().fill(0x5a);
     let base = pool.addr();
@@ -179,43 +188,57 @@ pub fn measure_break_even(cold: bool, reps: usize) -> Result<BreakEven> {
     let mut curve = Vec::with_capacity(GRID.len());
     for &k in &GRID {
         let len = k * ps;
-        let (mut mm, mut uf) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
+        let mut t: [Vec<f64>; 3] = Default::default();
         for _ in 0..reps {
-            for engine in [Engine::Memmove, Engine::UffdMove] {
+            for (which, ts) in t.iter_mut().enumerate() {
                 let (src, dst) = (cursor, cursor + len);
                 cursor += 2 * len;
+                if which == 1 {
+                    g.zap(&[(dst, len)])?; // vacated by an earlier move
+                }
                 if !cold {
                     g.touch(src, len, 64)?;
-                    g.fill(dst, len, 1)?;
-                }
-                let t = Instant::now();
-                match engine {
-                    Engine::Memmove => g.memmove(dst, src, len)?,
-                    _ => {
-                        move_pages_with(&mut g, dst, src, len, &uffd_opts)?;
+                    if which != 1 {
+                        g.fill(dst, len, 1)?;
                     }
                 }
-                let us = t.elapsed().as_secs_f64() * 1e6;
-                if engine == Engine::Memmove {
-                    mm.push(us)
+                let start = Instant::now();
+                if which == 0 {
+                    g.memmove(dst, src, len)?;
                 } else {
-                    uf.push(us)
+                    move_pages_with(&mut g, dst, src, len, &uffd_opts)?;
                 }
+                ts.push(start.elapsed().as_secs_f64() * 1e6);
             }
         }
-        curve.push(CurvePoint { pages: k, memmove_us: median(&mut mm), uffd_move_us: median(&mut uf) });
+        let [mm, ue, up] = &mut t;
+        curve.push(CurvePoint {
+            pages: k,
+            memmove_us: median(mm),
+            uffd_move_us: median(ue),
+            uffd_move_populated_us: median(up),
+        });
     }
-    Ok(BreakEven { pages: crossing(&curve), source: BreakEvenSource::Measured, curve })
+    let empty: Vec<(usize, f64, f64)> = curve.iter().map(|c| (c.pages, c.memmove_us, c.uffd_move_us)).collect();
+    let full: Vec<(usize, f64, f64)> =
+        curve.iter().map(|c| (c.pages, c.memmove_us, c.uffd_move_populated_us)).collect();
+    Ok(BreakEven {
+        pages: crossing(&empty),
+        pages_populated: crossing(&full),
+        source: BreakEvenSource::Measured,
+        curve,
+    })
 }
 
 /// Smallest size where the page move wins there and at the next size (one noisy point
 /// does not decide); one past the grid when it never does.
-pub(crate) fn crossing(curve: &[CurvePoint]) -> usize {
-    let wins: Vec<bool> = curve.iter().map(|c| c.uffd_move_us <= c.memmove_us).collect();
+/// `curve`: (pages, memmove time, page-move time).
+pub(crate) fn crossing(curve: &[(usize, f64, f64)]) -> usize {
+    let wins: Vec<bool> = curve.iter().map(|c| c.2 <= c.1).collect();
     for i in 0..curve.len() {
         if wins[i] && wins.get(i + 1).copied().unwrap_or(true) {
-            return curve[i].pages;
+            return curve[i].0;
         }
     }
-    curve.last().map_or(GRID[GRID.len() - 1], |c| c.pages) + 1
+    curve.last().map_or(GRID[GRID.len() - 1], |c| c.0) + 1
 }

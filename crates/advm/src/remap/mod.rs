@@ -497,6 +497,19 @@ fn execute(mem: &mut Grant<'_>, ops: &[Op], opts: &Options) -> Result<Outcome> {
     for (op, class) in &merged {
         steps.push(Step { op: *op, engine: choose(op, *class, opts, be_pages)?, class: *class });
     }
+    // A single move does not empty its destination first: it tries the move (free
+    // when the destination is empty, as after an earlier move vacated it) and only
+    // empties it, or copies instead, when the kernel finds pages there.
+    if let [st] = steps.as_slice() {
+        if st.op.kind == Kind::Move && st.engine == Engine::UffdMove {
+            let copy_below = match opts.engine {
+                Choice::Auto => opts.break_even_pages.unwrap_or_else(|| break_even().pages_populated),
+                Choice::Only(_) => 0,
+            };
+            run_step(mem, st, DstState::Unknown { copy_below }, &mut out)?;
+            return Ok(out);
+        }
+    }
     // 3. Plan which destinations to empty: up front (one vectored call) where no
     // earlier step touched them, just in time where an earlier step wrote there, and
     // not at all where an earlier page move left them empty.
@@ -540,12 +553,12 @@ fn execute(mem: &mut Grant<'_>, ops: &[Op], opts: &Options) -> Result<Outcome> {
         if !jit[i].is_empty() {
             out.syscalls += mem.zap(&lens(&jit[i]))?;
         }
-        run_step(mem, st, &mut out)?;
+        run_step(mem, st, DstState::Empty, &mut out)?;
     }
     Ok(out)
 }
 
-fn run_step(mem: &mut Grant<'_>, st: &Step, out: &mut Outcome) -> Result<()> {
+fn run_step(mem: &mut Grant<'_>, st: &Step, dst_state: DstState, out: &mut Outcome) -> Result<()> {
     let Op { kind, x, y, len } = st.op;
     match (kind, st.engine) {
         (Kind::Move, Engine::Memmove) => {
@@ -572,8 +585,7 @@ fn run_step(mem: &mut Grant<'_>, st: &Step, out: &mut Outcome) -> Result<()> {
                     // VMAs): fall back to moving entries, or copying.
                     out.syscalls += 1;
                     if uffd_move_available() {
-                        out.syscalls += mem.zap(&[(x, len)])?;
-                        move_or_copy(mem, x, y, len, out)?;
+                        move_or_copy(mem, x, y, len, DstState::Unknown { copy_below: 0 }, out)?;
                     } else {
                         mem.memmove(x, y, len)?;
                         out.memmove_bytes += len;
@@ -591,13 +603,13 @@ fn run_step(mem: &mut Grant<'_>, st: &Step, out: &mut Outcome) -> Result<()> {
                 let mut end = len;
                 while end > 0 {
                     let start = end.saturating_sub(delta);
-                    move_or_copy(mem, x + start, y + start, end - start, out)?;
+                    move_or_copy(mem, x + start, y + start, end - start, dst_state, out)?;
                     end = start;
                 }
             } else {
                 // Disjoint, or sliding down: one forward pass; each destination page
                 // is empty by the time the pass reaches it.
-                move_or_copy(mem, x, y, len, out)?;
+                move_or_copy(mem, x, y, len, dst_state, out)?;
             }
         }
         (Kind::Swap, Engine::UffdMove) => swap_via_scratch(mem, x, y, len, out)?,
@@ -614,12 +626,30 @@ enum Src<'s, 'a> {
     Other(&'s mut Grant<'a>),
 }
 
-fn uffd_once(dst_g: &mut Grant<'_>, src: &mut Src<'_, '_>, dst: usize, s: usize, n: usize) -> Result<usize, Partial> {
+fn uffd_once(
+    dst_g: &mut Grant<'_>,
+    src: &mut Src<'_, '_>,
+    dst: usize,
+    s: usize,
+    n: usize,
+    holes: bool,
+) -> Result<usize, Partial> {
     let k = kernel().uffd.as_ref().expect("uffd engine chosen only when available");
     match src {
-        Src::Same => dst_g.uffd_move(k, dst, s, n),
-        Src::Other(g) => grant::uffd_move_across(k, dst_g, dst, g, s, n),
+        Src::Same => dst_g.uffd_move(k, dst, s, n, holes),
+        Src::Other(g) => grant::uffd_move_across(k, dst_g, dst, g, s, n, holes),
     }
+}
+
+/// What is known about a move's destination before the first UFFDIO_MOVE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DstState {
+    /// Emptied (or vacated) by the planner.
+    Empty,
+    /// Not known: try moving without emptying it (free when it is empty, as when it was
+    /// vacated by an earlier move); if it holds pages, copy instead when the move is
+    /// shorter than `copy_below` pages, else empty it and move.
+    Unknown { copy_below: usize },
 }
 
 /// Registers the mapping around `dst` for UFFDIO_MOVE (whole VMA, so it is not split).
@@ -637,22 +667,35 @@ fn register_around(mem: &mut Grant<'_>, dst: usize, len: usize, out: &mut Outcom
     mem.register_for_move(k, s, e - s).is_ok()
 }
 
-/// Moves page-table entries `dst <- src` (dst empty), finishing by copying whatever the
-/// kernel refuses, and emptying the copied source so it reads like a moved one.
+/// Moves page-table entries `dst <- src`, finishing by copying whatever the kernel
+/// refuses, and emptying the copied source so it reads like a moved one.
 fn move_or_copy_from(
     dst_g: &mut Grant<'_>,
     mut src: Src<'_, '_>,
     dst: usize,
     s: usize,
     n: usize,
+    state: DstState,
     out: &mut Outcome,
 ) -> Result<()> {
     let mut done = 0;
     let mut retries = 0;
     let mut registered = false;
+    // Holes in the source may be skipped only over an empty destination.
+    let mut holes = state == DstState::Empty;
+    let same = matches!(src, Src::Same);
+    // The not-yet-moved destination minus the not-yet-moved source (a slide's overlap
+    // must not be emptied), as (start, len) for zap.
+    let dst_rest = |done: usize| -> Vec<(usize, usize)> {
+        let mut own = IntervalSet::default();
+        if same {
+            own.insert(s + done, s + n);
+        }
+        own.subtract_from(dst + done, dst + n).into_iter().map(|(a, e)| (a, e - a)).collect()
+    };
     while done < n {
         out.syscalls += 1;
-        match uffd_once(dst_g, &mut src, dst + done, s + done, n - done) {
+        match uffd_once(dst_g, &mut src, dst + done, s + done, n - done, holes) {
             Ok(m) => {
                 out.uffd_move_bytes += m.min(n - done);
                 done = n;
@@ -662,22 +705,26 @@ fn move_or_copy_from(
                 done += d;
                 match error.errno {
                     Errno::AGAIN if retries < 16 => retries += 1,
-                    // Something faulted a destination page back in (a concurrent
-                    // reader maps the zero page): empty it again and retry.
-                    Errno::EXIST if retries < 16 => {
-                        retries += 1;
-                        let rest: Vec<(usize, usize)> = match &src {
-                            Src::Same => {
-                                let mut own = IntervalSet::default();
-                                own.insert(s + done, s + n);
-                                own.subtract_from(dst + done, dst + n)
+                    // The destination holds pages. Untouched and short: copying is
+                    // cheaper than freeing them. Otherwise (or when a concurrent reader
+                    // faulted a page back in) empty it and retry.
+                    Errno::EXIST | Errno::NOENT if retries < 16 => {
+                        if let DstState::Unknown { copy_below } = state {
+                            if done == 0 && error.errno == Errno::EXIST && n / page_size() < copy_below {
+                                match &mut src {
+                                    Src::Same => dst_g.memmove(dst, s, n)?,
+                                    Src::Other(g) => grant::copy_across(dst_g, dst, g, s, n)?,
+                                }
+                                out.memmove_bytes += n;
+                                return Ok(());
                             }
-                            Src::Other(_) => vec![(dst + done, dst + n)],
-                        };
-                        let rest: Vec<_> = rest.into_iter().map(|(a, e)| (a, e - a)).collect();
+                        }
+                        retries += 1;
+                        let rest = dst_rest(done);
                         if !rest.is_empty() {
                             out.syscalls += dst_g.zap(&rest)?;
                         }
+                        holes = true;
                     }
                     // The destination's mapping is not registered yet: register it
                     // (once) and retry.
@@ -715,8 +762,15 @@ fn move_or_copy_from(
     Ok(())
 }
 
-fn move_or_copy(mem: &mut Grant<'_>, dst: usize, src: usize, n: usize, out: &mut Outcome) -> Result<()> {
-    move_or_copy_from(mem, Src::Same, dst, src, n, out)
+fn move_or_copy(
+    mem: &mut Grant<'_>,
+    dst: usize,
+    src: usize,
+    n: usize,
+    state: DstState,
+    out: &mut Outcome,
+) -> Result<()> {
+    move_or_copy_from(mem, Src::Same, dst, src, n, state, out)
 }
 
 /// Moves `dst <- src` where dst is in the scratch grant.
@@ -728,7 +782,7 @@ fn move_into_scratch(
     n: usize,
     out: &mut Outcome,
 ) -> Result<()> {
-    move_or_copy_from(sg, Src::Other(mem), sdst, src, n, out)
+    move_or_copy_from(sg, Src::Other(mem), sdst, src, n, DstState::Empty, out)
 }
 
 /// Swap with three entry moves through an empty, registered scratch area:
@@ -752,8 +806,8 @@ fn swap_via_scratch(mem: &mut Grant<'_>, a: usize, b: usize, len: usize, out: &m
         let n = (len - off).min(SCRATCH_LEN);
         let before = out.fallback_bytes;
         move_into_scratch(&mut sg, sbase, mem, a + off, n, out)?;
-        move_or_copy(mem, a + off, b + off, n, out)?;
-        move_or_copy_from(mem, Src::Other(&mut sg), b + off, sbase, n, out)?;
+        move_or_copy(mem, a + off, b + off, n, DstState::Empty, out)?;
+        move_or_copy_from(mem, Src::Other(&mut sg), b + off, sbase, n, DstState::Empty, out)?;
         if out.fallback_bytes != before {
             // Keep the scratch area empty for the next swap.
             out.syscalls += sg.zap(&[(sbase, n)])?;
@@ -827,6 +881,12 @@ impl Region {
     /// A grant over the region, for [`move_pages`], [`swap_pages`] and [`Batch`].
     pub fn grant(&mut self) -> Grant<'_> {
         self.map.grant()
+    }
+
+    /// A grant over the region whose operations check their ranges with the kernel
+    /// (PROCMAP_QUERY) as raw-address callers' do: for measuring that cost.
+    pub fn grant_as_raw(&mut self) -> Grant<'_> {
+        self.map.grant_as_raw()
     }
 
     fn abs(&self, what: &'static str, off: usize, len: usize) -> Result<usize> {

@@ -120,14 +120,24 @@ impl Grant<'_> {
     }
 
     /// `UFFDIO_MOVE` of `[src, src+len)` to `[dst, dst+len)` (dst must be empty and in a
-    /// range registered on `uffd`). Returns bytes moved, or how far it got.
-    pub fn uffd_move(&mut self, uffd: &Userfaultfd, dst: usize, src: usize, len: usize) -> Result<usize, Partial> {
+    /// range registered on `uffd`). With `allow_src_holes`, holes in the source are
+    /// skipped (the destination page there is left as it is, so it must be empty);
+    /// without, a hole stops the move with `ENOENT`. Returns bytes moved, or how far
+    /// it got.
+    pub fn uffd_move(
+        &mut self,
+        uffd: &Userfaultfd,
+        dst: usize,
+        src: usize,
+        len: usize,
+        allow_src_holes: bool,
+    ) -> Result<usize, Partial> {
         let bad = |e: SysError| Partial { done: 0, error: e };
         self.check("ioctl(UFFDIO_MOVE)", dst, len).map_err(bad)?;
         self.check("ioctl(UFFDIO_MOVE)", src, len).map_err(bad)?;
         // SAFETY: both ranges are the grant's; the page-table entries move within our
         // own address space, and holes in the source stay holes.
-        unsafe { uffd.move_pages(dst as *mut u8, src as *mut u8, len, uffd::MOVE_MODE_ALLOW_SRC_HOLES) }
+        unsafe { uffd.move_pages(dst as *mut u8, src as *mut u8, len, holes_mode(allow_src_holes)) }
     }
 
     /// Registers `[addr, addr+len)` on `uffd` in write-protect mode only: UFFDIO_MOVE
@@ -217,13 +227,22 @@ pub fn uffd_move_across(
     src_g: &mut Grant<'_>,
     src: usize,
     len: usize,
+    allow_src_holes: bool,
 ) -> Result<usize, Partial> {
     let bad = |e: SysError| Partial { done: 0, error: e };
     dst_g.check("ioctl(UFFDIO_MOVE)", dst, len).map_err(bad)?;
     src_g.check("ioctl(UFFDIO_MOVE)", src, len).map_err(bad)?;
     // SAFETY: each range lies in a grant we hold mutably; entries move within our own
     // address space.
-    unsafe { uffd.move_pages(dst as *mut u8, src as *mut u8, len, uffd::MOVE_MODE_ALLOW_SRC_HOLES) }
+    unsafe { uffd.move_pages(dst as *mut u8, src as *mut u8, len, holes_mode(allow_src_holes)) }
+}
+
+fn holes_mode(allow: bool) -> u64 {
+    if allow {
+        uffd::MOVE_MODE_ALLOW_SRC_HOLES
+    } else {
+        0
+    }
 }
 
 /// Copies bytes from one grant to another (`memmove`).
@@ -333,6 +352,11 @@ impl RwMapping {
     /// A grant over the whole mapping, for as long as `self` is borrowed.
     pub fn grant(&mut self) -> Grant<'_> {
         Grant { start: self.addr(), end: self.addr() + self.len(), known: Known::PrivateAnonRw, _mem: PhantomData }
+    }
+    /// As [`RwMapping::grant`], but the operations check the memory with the kernel as
+    /// they do for raw addresses (to measure what raw-address callers pay).
+    pub fn grant_as_raw(&mut self) -> Grant<'_> {
+        Grant { known: Known::Unchecked, ..self.grant() }
     }
 }
 
