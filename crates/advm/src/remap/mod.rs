@@ -11,9 +11,13 @@
 //! - [`Engine::Mremap`]: `mremap(MREMAP_MAYMOVE|MREMAP_FIXED)` moves whole page tables
 //!   when source, destination and length are 2 MiB aligned, so it is used for large
 //!   aligned moves. It splits VMAs (at most 2 more per move), so advm stops using it
-//!   when the process's VMA count nears half of `vm.max_map_count`. The source stays
-//!   mapped: with `MREMAP_DONTUNMAP` where the kernel allows it (probed once; some
-//!   kernels refuse it with `EINVAL`), else by mapping fresh anonymous memory there.
+//!   when the process's VMA count nears half of `vm.max_map_count`. Where the kernel
+//!   allows `MREMAP_DONTUNMAP` (probed once; some kernels refuse it with `EINVAL`),
+//!   private anonymous memory is *exchanged*: three remaps through a scratch area give
+//!   the destination the source's page tables and the source the destination's old
+//!   ones, so nothing is freed on the critical path (freeing a populated destination
+//!   costs about as much as copying it). Without DONTUNMAP the destination's pages are
+//!   freed and fresh anonymous memory is mapped at the source.
 //! - [`Engine::Memmove`]: plain `memmove` (or a byte swap), for operations shorter than
 //!   the **break-even**, which is measured on this machine at first use and cached
 //!   (see [`break_even`]).
@@ -25,7 +29,8 @@
 //!   (those not overwritten by the destination) are unspecified: zero where pages were
 //!   moved (the pages are gone; the next touch faults in a zero page), the old bytes
 //!   where memmove copied them. [`Outcome`] says how many bytes each engine handled.
-//!   After the mremap engine the vacated source is empty anonymous memory (zeros).
+//!   After an mremap exchange the vacated source holds the destination's old bytes
+//!   (the paper's SwapVA used as a move); after a plain mremap it reads as zeros.
 //! - **Swap**: both ranges keep their mappings and exchange contents. Swap ranges must
 //!   not overlap (an overlapping swap is an error); a slide within one region is a
 //!   move with overlapping ranges, done with O(n+δ) page-table work (see [`Batch`]).
@@ -175,6 +180,8 @@ impl Outcome {
 struct Kernel {
     uffd: Option<Userfaultfd>,
     scratch: Mutex<Option<RwMapping>>,
+    /// 2 MiB-aligned scratch address space for mremap exchanges (grown on demand).
+    remap_scratch: Mutex<Option<RwMapping>>,
 }
 
 /// Bytes of scratch used per swap step (swaps of more are done in steps).
@@ -188,7 +195,7 @@ fn kernel() -> &'static Kernel {
             .ok()
             .filter(|i| i.features & want == want)
             .and_then(|_| Userfaultfd::new(want, true).ok());
-        Kernel { uffd, scratch: Mutex::new(None) }
+        Kernel { uffd, scratch: Mutex::new(None), remap_scratch: Mutex::new(None) }
     })
 }
 
@@ -570,17 +577,23 @@ fn run_step(mem: &mut Grant<'_>, st: &Step, dst_state: DstState, out: &mut Outco
             out.memmove_bytes += len;
         }
         (Kind::Move, Engine::Mremap) => {
-            // MREMAP_DONTUNMAP (where the kernel allows it) keeps the source VMA as it
-            // was; on file-backed views it would keep showing the file, so those get
-            // fresh anonymous memory instead.
-            let dont_unmap = st.class == Class::AnonPrivate && crate::probe::facts().mremap_dontunmap;
-            match mem.mremap_move(x, y, len, Prot::READ | Prot::WRITE, dont_unmap) {
+            // MREMAP_DONTUNMAP (where the kernel allows it) lets private anonymous
+            // memory exchange page tables with the destination instead of freeing the
+            // destination's pages; file-backed views (which DONTUNMAP would leave
+            // showing the file) get fresh anonymous memory at the source instead.
+            let exchange = st.class == Class::AnonPrivate && grant::dontunmap_fixed_available();
+            let r = if exchange {
+                mremap_exchange_via_scratch(mem, x, y, len)
+            } else {
+                mem.mremap_move(x, y, len, Prot::READ | Prot::WRITE, false).map_err(Error::from)
+            };
+            match r {
                 Ok(calls) => {
                     out.syscalls += calls;
                     out.mremap_bytes += len;
                     MREMAPS_SINCE_COUNT.fetch_add(1, Ordering::Relaxed);
                 }
-                Err(e) if e.call == "mremap" => {
+                Err(Error::Sys(e)) if e.call == "mremap" => {
                     // Refused before anything moved (e.g. the source spans several
                     // VMAs): fall back to moving entries, or copying.
                     out.syscalls += 1;
@@ -592,7 +605,7 @@ fn run_step(mem: &mut Grant<'_>, st: &Step, dst_state: DstState, out: &mut Outco
                         out.fallback_bytes += len;
                     }
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(e),
             }
         }
         (Kind::Move, Engine::UffdMove) => {
@@ -616,6 +629,18 @@ fn run_step(mem: &mut Grant<'_>, st: &Step, dst_state: DstState, out: &mut Outco
         (Kind::Swap, Engine::Mremap) => unreachable!("choose() never picks mremap for a swap"),
     }
     Ok(())
+}
+
+/// [`grant::mremap_exchange`] through the process's mremap scratch area.
+fn mremap_exchange_via_scratch(mem: &mut Grant<'_>, dst: usize, src: usize, len: usize) -> Result<u32> {
+    let mut guard = kernel().remap_scratch.lock().unwrap_or_else(|p| p.into_inner());
+    if guard.as_ref().is_none_or(|m| m.len() < len) {
+        *guard = None; // unmap the smaller one first
+        *guard = Some(RwMapping::new(len.div_ceil(PMD_SIZE) * PMD_SIZE, PMD_SIZE, false)?);
+    }
+    let scratch = guard.as_mut().expect("just created");
+    let s = scratch.addr();
+    Ok(grant::mremap_exchange(mem, dst, src, &mut scratch.grant(), s, len)?)
 }
 
 /// Where the source of a move lies.

@@ -203,9 +203,8 @@ fn engines_are_chosen_by_size_and_alignment_and_reported() {
     assert_eq!(small.engine(), Some(Engine::Memmove));
     let large = r.move_pages_with(4 * PMD_SIZE, 0, 2 * PMD_SIZE, &opts).unwrap();
     assert_eq!(large.engine(), Some(Engine::Mremap));
-    // mremap(MREMAP_DONTUNMAP) keeps the source mapped in one call; without it, a
-    // second call maps fresh memory there.
-    assert_eq!(large.syscalls, if crate::probe::facts().mremap_dontunmap { 1 } else { 2 });
+    // With MREMAP_DONTUNMAP: an exchange in three remaps; without: a remap and a map.
+    assert_eq!(large.syscalls, if grant::dontunmap_fixed_available() { 3 } else { 2 });
     if uffd_move_available() {
         let mid = r.move_pages_with(ps, PMD_SIZE + 3 * ps, 64 * ps, &opts).unwrap();
         assert_eq!(mid.engine(), Some(Engine::UffdMove));
@@ -222,17 +221,21 @@ fn what_a_move_leaves_at_the_source() {
     r.move_pages_with(32 * ps, 0, 4 * ps, &Options { engine: Choice::Only(Engine::Memmove), ..Options::default() })
         .unwrap();
     assert!(r.bytes()[..4 * ps].iter().all(|&b| b == 7));
-    // Page engines: the source stays mapped and reads as zeros.
+    // UFFDIO_MOVE: the source stays mapped and reads as zeros. mremap: an exchange
+    // (with MREMAP_DONTUNMAP) leaves the destination's old bytes there, a plain remap
+    // leaves zeros.
     for engine in [Engine::UffdMove, Engine::Mremap] {
         if engine == Engine::UffdMove && !uffd_move_available() {
             continue;
         }
         r.bytes_mut().fill(7);
+        r.bytes_mut()[32 * ps..40 * ps].fill(9);
         let out = r
             .move_pages_with(32 * ps, 8 * ps, 8 * ps, &Options { engine: Choice::Only(engine), ..Options::default() })
             .unwrap();
         assert_eq!(out.engine(), Some(engine));
-        assert!(r.bytes()[8 * ps..16 * ps].iter().all(|&b| b == 0), "{engine}");
+        let left = if engine == Engine::Mremap && grant::dontunmap_fixed_available() { 9 } else { 0 };
+        assert!(r.bytes()[8 * ps..16 * ps].iter().all(|&b| b == left), "{engine}");
         assert!(r.bytes()[32 * ps..40 * ps].iter().all(|&b| b == 7), "{engine}");
         r.bytes_mut()[8 * ps] = 1; // still mapped and writable
     }

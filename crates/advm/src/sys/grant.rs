@@ -237,6 +237,56 @@ pub fn uffd_move_across(
     unsafe { uffd.move_pages(dst as *mut u8, src as *mut u8, len, holes_mode(allow_src_holes)) }
 }
 
+/// Exchanges mappings so that `[dst, dst+len)` gets the pages of `[src, src+len)`
+/// and `src` gets the destination's old pages, with three
+/// `mremap(MREMAP_MAYMOVE|MREMAP_FIXED|MREMAP_DONTUNMAP)` calls through `[scratch,
+/// scratch+len)`: dst -> scratch, src -> dst, scratch -> src. Nothing is freed and no
+/// range is ever unmapped (DONTUNMAP leaves each vacated range mapped and empty), and
+/// with 2 MiB-aligned addresses each call moves whole page tables. On failure the
+/// mappings are put back as they were. Returns the number of syscalls made.
+pub fn mremap_exchange(
+    mem: &mut Grant<'_>,
+    dst: usize,
+    src: usize,
+    scratch_g: &mut Grant<'_>,
+    scratch: usize,
+    len: usize,
+) -> SysResult<u32> {
+    mem.check("mremap", dst, len)?;
+    mem.check("mremap", src, len)?;
+    scratch_g.check("mremap", scratch, len)?;
+    if dst < src + len && src < dst + len {
+        return Err(SysError::new("mremap", Errno::INVAL));
+    }
+    let mv = |from: usize, to: usize| {
+        // SAFETY: every range is inside a grant held mutably (the two user ranges and
+        // the scratch area are disjoint); DONTUNMAP leaves `from` mapped and empty.
+        unsafe { mman::mremap_fixed(from as *mut u8, len, to as *mut u8, true) }
+    };
+    mv(dst, scratch)?;
+    if let Err(e) = mv(src, dst) {
+        // Put the destination's pages back where they were.
+        mv(scratch, dst)?;
+        return Err(e);
+    }
+    // The move is done; if the last leg fails the source is simply left empty.
+    Ok(if mv(scratch, src).is_ok() { 3 } else { 2 })
+}
+
+/// Whether `mremap(MREMAP_MAYMOVE|MREMAP_FIXED|MREMAP_DONTUNMAP)` works here, probed
+/// once on two pages of our own. (Some kernels refuse DONTUNMAP without MREMAP_FIXED
+/// but accept it with, so the kernel-chooses-the-address probe is not enough.)
+pub fn dontunmap_fixed_available() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        let ps = super::page_size();
+        let (Ok(a), Ok(b)) = (Mapping::anonymous(ps), Mapping::anonymous(ps)) else { return false };
+        // SAFETY: both one-page mappings are ours and unused; b is replaced by a's
+        // (empty) page and a stays mapped.
+        unsafe { mman::mremap_fixed(a.as_ptr(), ps, b.as_ptr(), true) }.is_ok()
+    })
+}
+
 fn holes_mode(allow: bool) -> u64 {
     if allow {
         uffd::MOVE_MODE_ALLOW_SRC_HOLES
