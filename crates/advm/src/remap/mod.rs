@@ -634,7 +634,7 @@ fn run_step(mem: &mut Grant<'_>, st: &Step, dst_state: DstState, out: &mut Outco
 /// [`grant::mremap_exchange`] through the process's mremap scratch area.
 fn mremap_exchange_via_scratch(mem: &mut Grant<'_>, dst: usize, src: usize, len: usize) -> Result<u32> {
     let mut guard = kernel().remap_scratch.lock().unwrap_or_else(|p| p.into_inner());
-    if guard.as_ref().is_none_or(|m| m.len() < len) {
+    if !guard.as_ref().is_some_and(|m| m.len() >= len) {
         *guard = None; // unmap the smaller one first
         *guard = Some(RwMapping::new(len.div_ceil(PMD_SIZE) * PMD_SIZE, PMD_SIZE, false)?);
     }
