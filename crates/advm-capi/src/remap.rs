@@ -86,8 +86,11 @@ pub extern "C" fn advm_move(dst: *mut u8, src: *const u8, len: usize) -> i32 {
 }
 
 /// `int advm_move_stats(void *dst, const void *src, size_t len, advm_remap_stats *out)`.
+///
+/// # Safety
+/// `out` is NULL or points to writable memory for one `advm_remap_stats`.
 #[no_mangle]
-pub extern "C" fn advm_move_stats(dst: *mut u8, src: *const u8, len: usize, out: *mut advm_remap_stats) -> i32 {
+pub unsafe extern "C" fn advm_move_stats(dst: *mut u8, src: *const u8, len: usize, out: *mut advm_remap_stats) -> i32 {
     run_one(false, dst as usize, src as usize, len, out)
 }
 
@@ -129,21 +132,30 @@ fn push(b: *mut advm_batch, swap: bool, x: usize, y: usize, len: usize) -> i32 {
 }
 
 /// `int advm_batch_move(advm_batch *b, void *dst, const void *src, size_t len)`.
+///
+/// # Safety
+/// `b` is NULL or a live batch from `advm_batch_new`, not used by another thread.
 #[no_mangle]
-pub extern "C" fn advm_batch_move(b: *mut advm_batch, dst: *mut u8, src: *const u8, len: usize) -> i32 {
+pub unsafe extern "C" fn advm_batch_move(b: *mut advm_batch, dst: *mut u8, src: *const u8, len: usize) -> i32 {
     push(b, false, dst as usize, src as usize, len)
 }
 
 /// `int advm_batch_swap(advm_batch *b, void *x, void *y, size_t len)`.
+///
+/// # Safety
+/// As [`advm_batch_move`].
 #[no_mangle]
-pub extern "C" fn advm_batch_swap(b: *mut advm_batch, x: *mut u8, y: *mut u8, len: usize) -> i32 {
+pub unsafe extern "C" fn advm_batch_swap(b: *mut advm_batch, x: *mut u8, y: *mut u8, len: usize) -> i32 {
     push(b, true, x as usize, y as usize, len)
 }
 
 /// `int advm_batch_run(advm_batch *b, advm_remap_stats *out)`: runs and empties the
 /// batch (also when it fails: nothing ran then).
+///
+/// # Safety
+/// As [`advm_batch_move`]; `out` is NULL or writable for one `advm_remap_stats`.
 #[no_mangle]
-pub extern "C" fn advm_batch_run(b: *mut advm_batch, out: *mut advm_remap_stats) -> i32 {
+pub unsafe extern "C" fn advm_batch_run(b: *mut advm_batch, out: *mut advm_remap_stats) -> i32 {
     with_batch(b, |b| {
         let r = if b.batch.is_empty() {
             Ok(remap::Outcome::default())
@@ -159,8 +171,11 @@ pub extern "C" fn advm_batch_run(b: *mut advm_batch, out: *mut advm_remap_stats)
 }
 
 /// `void advm_batch_free(advm_batch *b)`.
+///
+/// # Safety
+/// `b` is NULL or a live batch from `advm_batch_new`, freed once.
 #[no_mangle]
-pub extern "C" fn advm_batch_free(b: *mut advm_batch) {
+pub unsafe extern "C" fn advm_batch_free(b: *mut advm_batch) {
     if !b.is_null() {
         // SAFETY: from advm_batch_new, freed once (header).
         drop(unsafe { Box::from_raw(b) });

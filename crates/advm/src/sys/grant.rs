@@ -142,10 +142,16 @@ impl Grant<'_> {
 
     /// Registers `[addr, addr+len)` on `uffd` in write-protect mode only: UFFDIO_MOVE
     /// may then target it, and since advm never write-protects a page, no fault is ever
-    /// reported to the fd (missing pages fault in as zeros as usual).
+    /// reported to the fd (missing pages fault in as zeros as usual). The range may
+    /// extend past the grant (to a whole VMA, so registering does not split it): it
+    /// changes VMA flags, never contents. (The kernel refuses with `EBUSY` a range that
+    /// another userfaultfd already registered.)
     pub fn register_for_move(&mut self, uffd: &Userfaultfd, addr: usize, len: usize) -> SysResult<()> {
-        self.check("ioctl(UFFDIO_REGISTER)", addr, len)?;
-        // SAFETY: WP mode without UFFDIO_WRITEPROTECT never blocks a fault.
+        if addr.checked_add(len).is_none() {
+            return Err(SysError::new("ioctl(UFFDIO_REGISTER)", Errno::INVAL));
+        }
+        // SAFETY: WP mode without UFFDIO_WRITEPROTECT never blocks a fault and changes
+        // no memory contents, so registering memory beyond the grant is harmless.
         unsafe { uffd.register(addr as *mut u8, len, uffd::mode::WP) }.map(|_| ())
     }
 
