@@ -684,6 +684,20 @@ enum DstState {
     Unknown { copy_below: usize },
 }
 
+/// Bytes from `addr` to the end of its VMA (0 when unmapped).
+fn vma_room(addr: usize) -> usize {
+    match procmap::query(addr) {
+        Ok(Some(v)) => v.end - addr,
+        _ => 0,
+    }
+}
+
+/// True when `[dst, dst+n)` or `[src, src+n)` spans more than one VMA.
+fn crosses_vmas(dst: usize, src: usize, n: usize) -> bool {
+    let (a, b) = (vma_room(dst), vma_room(src));
+    a > 0 && b > 0 && (a < n || b < n)
+}
+
 /// Registers the mapping around `dst` for UFFDIO_MOVE (whole VMA, so it is not split).
 fn register_around(mem: &mut Grant<'_>, dst: usize, len: usize, out: &mut Outcome) -> bool {
     let Some(k) = kernel().uffd.as_ref() else { return false };
@@ -712,7 +726,6 @@ fn move_or_copy_from(
 ) -> Result<()> {
     let mut done = 0;
     let mut retries = 0;
-    let mut registered = false;
     // Holes in the source may be skipped only over an empty destination.
     let mut holes = state == DstState::Empty;
     let same = matches!(src, Src::Same);
@@ -725,12 +738,17 @@ fn move_or_copy_from(
         }
         own.subtract_from(dst + done, dst + n).into_iter().map(|(a, e)| (a, e - a)).collect()
     };
+    // UFFDIO_MOVE wants each range inside one VMA; after mremap moves split a region,
+    // a move may have to be cut at VMA boundaries.
+    let mut split = false;
     while done < n {
+        let step =
+            if split { vma_room(dst + done).min(vma_room(s + done)).min(n - done).max(page_size()) } else { n - done };
         out.syscalls += 1;
-        match uffd_once(dst_g, &mut src, dst + done, s + done, n - done, holes) {
+        match uffd_once(dst_g, &mut src, dst + done, s + done, step, holes) {
             Ok(m) => {
-                out.uffd_move_bytes += m.min(n - done);
-                done = n;
+                out.uffd_move_bytes += m.min(step);
+                done += step;
             }
             Err(Partial { done: d, error }) => {
                 out.uffd_move_bytes += d;
@@ -758,9 +776,19 @@ fn move_or_copy_from(
                         }
                         holes = true;
                     }
-                    // The destination's mapping is not registered yet: register it
-                    // (once) and retry.
-                    Errno::INVAL if !registered && register_around(dst_g, dst, n, out) => registered = true,
+                    // The move spans several VMAs (cut it at their boundaries), or the
+                    // destination's mapping is not registered yet (register it): retry.
+                    Errno::INVAL
+                        if retries < 16
+                            && if !split && crosses_vmas(dst + done, s + done, n - done) {
+                                split = true;
+                                true
+                            } else {
+                                register_around(dst_g, dst + done, n - done, out)
+                            } =>
+                    {
+                        retries += 1
+                    }
                     _ => {
                         let rest = n - done;
                         match &mut src {

@@ -363,3 +363,27 @@ fn break_even_crossing_and_overrides() {
     set_break_even_pages(None);
     assert_ne!(break_even().source, BreakEvenSource::Api);
 }
+
+#[test]
+fn moves_across_vmas_split_by_mremap_are_cut_at_the_boundaries() {
+    if !uffd_move_available() {
+        eprintln!("skipped: UFFDIO_MOVE not available here");
+        return;
+    }
+    let ps = ps();
+    let mut r = Region::new(8 * PMD_SIZE).unwrap();
+    let mut model = tag_pages(&mut r);
+    let opts = Options { break_even_pages: Some(1), ..Options::default() };
+    // Aligned 2 MiB moves go through mremap and leave the region in several VMAs.
+    r.move_pages_with(4 * PMD_SIZE, 0, PMD_SIZE, &opts).unwrap();
+    oracle_move(&mut model, 4 * PMD_SIZE / ps, 0, PMD_SIZE / ps);
+    r.move_pages_with(PMD_SIZE, 6 * PMD_SIZE, PMD_SIZE, &opts).unwrap();
+    oracle_move(&mut model, PMD_SIZE / ps, 6 * PMD_SIZE / ps, PMD_SIZE / ps);
+    // An unaligned move spanning those pieces still moves entries, chunk by chunk.
+    let (d, s, n) = (PMD_SIZE / 2, 4 * PMD_SIZE - PMD_SIZE / 2, PMD_SIZE + 3 * ps);
+    let out = r.move_pages_with(d, s, n, &opts).unwrap();
+    oracle_move(&mut model, d / ps, s / ps, n / ps);
+    check(&r, &model).unwrap();
+    assert_eq!((out.uffd_move_bytes, out.fallback_bytes), (n, 0), "{out:?}");
+    assert!(out.syscalls >= 3, "one call per VMA piece: {out:?}");
+}
