@@ -32,7 +32,7 @@ const char *advm_version(void);
  * are unspecified (zeros where pages moved, stale bytes where they were copied, the
  * destination's old bytes after a 2 MiB-aligned exchange). Errors (-errno, memory
  * unchanged): -EINVAL for unaligned or wrapping ranges, overlapping swap ranges, or
- * ranges not mapped read-write; -ENOSYS when a forced engine is unavailable.
+ * ranges not mapped read-write.
  */
 
 /* Totals of a call: bytes per engine and system calls made. */

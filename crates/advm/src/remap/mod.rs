@@ -45,6 +45,8 @@
 //!   (page-table entries are swapped under the page-table lock); a thread reading a
 //!   destination during a move sees, per page, the old bytes, zeros, or the new bytes,
 //!   never a mix within one page, and never faults. Readers of a source may see zeros.
+//! - **fork**: a child inherits advm's userfaultfd, whose ioctls act on the parent's
+//!   memory; a child therefore never uses it (mremap or memmove instead).
 //! - **Errors**: arguments are checked before anything changes (alignment, wrap-around,
 //!   mapped and read-write, overlapping swaps); a page move the kernel refuses midway
 //!   is completed by copying, so an operation either completes or fails unchanged.
@@ -181,6 +183,9 @@ impl Outcome {
 /// scratch area for swaps.
 struct Kernel {
     uffd: Option<Userfaultfd>,
+    /// The process that opened `uffd`. A forked child inherits the fd, but its ioctls
+    /// would act on the parent's memory, so a child does not use it.
+    pid: u32,
     scratch: Mutex<Option<RwMapping>>,
     /// 2 MiB-aligned scratch address space for mremap exchanges (grown on demand).
     remap_scratch: Mutex<Option<RwMapping>>,
@@ -197,13 +202,21 @@ fn kernel() -> &'static Kernel {
             .ok()
             .filter(|i| i.features & want == want)
             .and_then(|_| Userfaultfd::new(want, true).ok());
-        Kernel { uffd, scratch: Mutex::new(None), remap_scratch: Mutex::new(None) }
+        Kernel { uffd, pid: std::process::id(), scratch: Mutex::new(None), remap_scratch: Mutex::new(None) }
     })
 }
 
-/// True when UFFDIO_MOVE can be used here (Linux 6.8+ with userfaultfd write-protect).
+/// The process's userfaultfd, unless this is a forked child of the process that
+/// opened it.
+fn uffd() -> Option<&'static Userfaultfd> {
+    let k = kernel();
+    k.uffd.as_ref().filter(|_| k.pid == std::process::id())
+}
+
+/// True when UFFDIO_MOVE can be used here (Linux 6.8+ with userfaultfd write-protect;
+/// not in a forked child of a process that already used it).
 pub fn uffd_move_available() -> bool {
-    kernel().uffd.is_some()
+    uffd().is_some()
 }
 
 /// Estimated VMA count of this process, refreshed every few mremap moves.
@@ -666,7 +679,7 @@ fn uffd_once(
     n: usize,
     holes: bool,
 ) -> Result<usize, Partial> {
-    let k = kernel().uffd.as_ref().expect("uffd engine chosen only when available");
+    let k = uffd().expect("uffd engine chosen only when available");
     match src {
         Src::Same => dst_g.uffd_move(k, dst, s, n, holes),
         Src::Other(g) => grant::uffd_move_across(k, dst_g, dst, g, s, n, holes),
@@ -700,7 +713,7 @@ fn crosses_vmas(dst: usize, src: usize, n: usize) -> bool {
 
 /// Registers the mapping around `dst` for UFFDIO_MOVE (whole VMA, so it is not split).
 fn register_around(mem: &mut Grant<'_>, dst: usize, len: usize, out: &mut Outcome) -> bool {
-    let Some(k) = kernel().uffd.as_ref() else { return false };
+    let Some(k) = uffd() else { return false };
     let (s, e) = if mem.known() == Known::PrivateAnonRw {
         (mem.start(), mem.end())
     } else {
@@ -853,7 +866,7 @@ fn with_uffd_scratch<T>(
     let mut guard = kernel().scratch.lock().unwrap_or_else(|p| p.into_inner());
     if guard.is_none() {
         let mut m = RwMapping::new(SCRATCH_LEN, PMD_SIZE, false)?;
-        let k = kernel().uffd.as_ref().expect("uffd engine chosen only when available");
+        let k = uffd().expect("uffd engine chosen only when available");
         let (s, l) = (m.addr(), m.len());
         m.grant().register_for_move(k, s, l)?;
         out.syscalls += 1;
@@ -957,7 +970,7 @@ impl Region {
         // whole PUD entries (one per GiB) rather than PMDs.
         let align = if len >= PUD_SIZE { PUD_SIZE } else { PMD_SIZE };
         let mut map = RwMapping::new(len, align, huge)?;
-        if let Some(k) = kernel().uffd.as_ref() {
+        if let Some(k) = uffd() {
             let (s, l) = (map.addr(), map.len());
             // Registering now, whole, keeps later moves from splitting the VMA.
             if let Err(e) = map.grant().register_for_move(k, s, l) {
