@@ -47,6 +47,7 @@ class Panel:
         if self.xmax == self.xmin:
             self.xmax += 1
         self.out = []
+        self.legend_bottom = False
 
     def px(self, v):
         return self.x0 + 50 + (self.fx(v) - self.xmin) / (self.xmax - self.xmin) * (PANEL_W - 60)
@@ -79,6 +80,8 @@ class Panel:
         for x, y in pts:
             self.out.append(f'<circle cx="{self.px(x):.1f}" cy="{self.py(y):.1f}" r="2.5" fill="{color}"/>')
         ly = TOP + 8 + 14 * legend_i
+        if self.legend_bottom:
+            ly = TOP + PANEL_H - 40 + 14 * legend_i
         lx = self.x0 + 58
         self.out.append(f'<line x1="{lx}" y1="{ly}" x2="{lx + 16}" y2="{ly}" stroke="{color}" stroke-width="2"{da}/>')
         self.out.append(f'<text x="{lx + 20}" y="{ly + 4}" font-size="10">{esc(label)}</text>')
@@ -156,6 +159,7 @@ def main():
     if bl:
         ys = [y for l in bl.values() for _, y in l]
         p3 = Panel(800, "10-page objects: single vs batched (Fig. 6)", "calls", "microseconds per object", [1, 5], ys, xlog=False, ylog=False)
+        p3.legend_bottom = True
         step = max(1, int(p3.ymax / 5))
         p3.frame([(i + 1, m.replace("batch of ", "b=").replace("one call each", "single")) for i, m in enumerate(modes)], [(v, str(v)) for v in range(0, int(p3.ymax) + 1, step)])
         for i, (name, pts) in enumerate(sorted(bl.items())):
