@@ -4,13 +4,15 @@
 //! operation and reported in the [`Outcome`]:
 //!
 //! - [`Engine::UffdMove`]: `UFFDIO_MOVE` (Linux 6.8+) moves page-table entries of
-//!   private anonymous memory. It leaves VMAs alone. The destination must be empty, so
-//!   advm empties it first (`MADV_DONTNEED`, one vectored `process_madvise` per batch).
+//!   private anonymous memory. It leaves VMAs alone. The destination must be empty: a
+//!   single move first just tries (free when an earlier move vacated it) and empties it
+//!   (`MADV_DONTNEED`) or copies instead only when the kernel finds pages there; a
+//!   batch empties all its destinations with one vectored `process_madvise`.
 //!   The kernel refuses pages shared with another mapping (copy-on-write after fork,
 //!   KSM: `EBUSY`); advm then copies those bytes instead.
 //! - [`Engine::Mremap`]: `mremap(MREMAP_MAYMOVE|MREMAP_FIXED)` moves whole page tables
 //!   when source, destination and length are 2 MiB aligned, so it is used for large
-//!   aligned moves. It splits VMAs (at most 2 more per move), so advm stops using it
+//!   aligned moves. It splits VMAs (a few per move), so advm stops using it
 //!   when the process's VMA count nears half of `vm.max_map_count`. Where the kernel
 //!   allows `MREMAP_DONTUNMAP` (probed once; some kernels refuse it with `EINVAL`),
 //!   private anonymous memory is *exchanged*: three remaps through a scratch area give
@@ -55,8 +57,9 @@
 //!
 //! The UFFDIO_MOVE and memmove engines never change the VMA count (registering a range
 //! for UFFDIO_MOVE is done once per whole mapping, which does not split it). Only the
-//! mremap engine adds VMAs, at most 2 per move, and advm stops choosing it when the
-//! count reaches half of `vm.max_map_count`.
+//! mremap engine adds VMAs (each of its remaps can split the mapping it lands in: at
+//! most 6 per exchange), and advm stops choosing it when the count could reach half of
+//! `vm.max_map_count` (re-counted from /proc/self/maps every 32 mremap moves).
 
 mod breakeven;
 mod intervals;
@@ -235,7 +238,8 @@ fn mremap_budget_ok() -> bool {
         }
         MREMAPS_SINCE_COUNT.store(0, Ordering::Relaxed);
     }
-    let worst = VMA_ESTIMATE.load(Ordering::Relaxed) + 2 * MREMAPS_SINCE_COUNT.load(Ordering::Relaxed) + 2;
+    // Each move is up to three remaps, each of which can split the VMA it lands in.
+    let worst = VMA_ESTIMATE.load(Ordering::Relaxed) + 6 * (MREMAPS_SINCE_COUNT.load(Ordering::Relaxed) + 1);
     worst < vma_budget()
 }
 
@@ -321,8 +325,9 @@ struct Op {
 ///   emptied at all (the compaction pattern: each object moves into the space the
 ///   previous one left);
 /// - then one UFFDIO_MOVE (or mremap) per remaining operation. A move whose ranges
-///   overlap (a slide by δ pages) costs one call when sliding down, and n/δ calls
-///   sliding up, with O(n+δ) page-table work either way: never a bounce copy.
+///   overlap (a slide by δ pages) costs one call when sliding down; sliding up, n/δ
+///   calls when n/δ ≤ 4, else two calls per 16 MiB through a scratch area (2n entry
+///   moves). Page-table work is O(n+δ) either way: never a bounce copy of bytes.
 ///
 /// The result is as if the operations ran one after another.
 #[derive(Debug, Clone, Default)]
