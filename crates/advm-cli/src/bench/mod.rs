@@ -6,6 +6,7 @@
 //! implements [`Bench`], and list it in [`all`].
 
 mod image;
+mod remap;
 mod stat;
 
 use std::collections::BTreeMap;
@@ -163,7 +164,7 @@ pub trait Bench {
 
 /// Every benchmark, in demo order.
 pub fn all() -> Vec<Box<dyn Bench>> {
-    vec![Box::new(stat::StatBench), Box::new(image::ImageBench)]
+    vec![Box::new(stat::StatBench), Box::new(remap::RemapBench), Box::new(image::ImageBench)]
 }
 
 /// Runs benchmark `name`.

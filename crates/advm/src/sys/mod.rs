@@ -6,11 +6,13 @@
 #![allow(unsafe_code)]
 
 pub mod assembly;
+pub mod grant;
 pub mod ksm;
 pub mod memfd;
 pub mod mman;
 pub mod pagemap;
 pub mod seek;
+pub mod procmap;
 pub mod uffd;
 
 use std::fmt;
