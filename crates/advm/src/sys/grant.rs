@@ -279,19 +279,7 @@ pub fn mremap_exchange(
     Ok(if mv(scratch, src).is_ok() { 3 } else { 2 })
 }
 
-/// Whether `mremap(MREMAP_MAYMOVE|MREMAP_FIXED|MREMAP_DONTUNMAP)` works here, probed
-/// once on two pages of our own. (Some kernels refuse DONTUNMAP without MREMAP_FIXED
-/// but accept it with, so the kernel-chooses-the-address probe is not enough.)
-pub fn dontunmap_fixed_available() -> bool {
-    static OK: OnceLock<bool> = OnceLock::new();
-    *OK.get_or_init(|| {
-        let ps = super::page_size();
-        let (Ok(a), Ok(b)) = (Mapping::anonymous(ps), Mapping::anonymous(ps)) else { return false };
-        // SAFETY: both one-page mappings are ours and unused; b is replaced by a's
-        // (empty) page and a stays mapped.
-        unsafe { mman::mremap_fixed(a.as_ptr(), ps, b.as_ptr(), true) }.is_ok()
-    })
-}
+pub use mman::dontunmap_fixed_available;
 
 fn holes_mode(allow: bool) -> u64 {
     if allow {

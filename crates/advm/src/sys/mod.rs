@@ -11,8 +11,8 @@ pub mod ksm;
 pub mod memfd;
 pub mod mman;
 pub mod pagemap;
-pub mod seek;
 pub mod procmap;
+pub mod seek;
 pub mod uffd;
 
 use std::fmt;
