@@ -5,6 +5,8 @@
 //! values stay representable through [`Errno`]).
 #![allow(unsafe_code)]
 
+pub mod arena;
+pub mod fork;
 pub mod ksm;
 pub mod memfd;
 pub mod mman;
