@@ -8,6 +8,8 @@
 
 use std::ffi::c_char;
 
+pub mod cow;
+
 /// Converts an advm error into a negative errno for C.
 pub fn errno_of(e: &advm::Error) -> i32 {
     let raw = match e {
