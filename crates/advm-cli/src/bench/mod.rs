@@ -6,6 +6,7 @@
 //! implements [`Bench`], and list it in [`all`].
 
 mod stat;
+mod vcopy;
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -162,7 +163,7 @@ pub trait Bench {
 
 /// Every benchmark, in demo order.
 pub fn all() -> Vec<Box<dyn Bench>> {
-    vec![Box::new(stat::StatBench)]
+    vec![Box::new(stat::StatBench), Box::new(vcopy::VcopyBench)]
 }
 
 /// Runs benchmark `name`.

@@ -175,6 +175,8 @@ struct Inner {
     budget: usize,
     small: usize,
     stats: Stats,
+    /// /proc/self/pagemap and the pid it was opened by (a forked child reopens it).
+    pagemap: Option<(u32, Pagemap)>,
 }
 
 pub(crate) struct Shared {
@@ -286,6 +288,7 @@ impl Arena {
             budget,
             small,
             stats: Stats { vma_budget: budget as u64, small_block_pages: small as u64, ..Default::default() },
+            pagemap: None,
         };
         let shared = Arc::new(Shared { inner: Mutex::new(inner) });
         fork::register(&shared)?;
@@ -753,13 +756,18 @@ impl Inner {
 
     /// Which of `n` private frames from block page `first` hold their own (written,
     /// anonymous) copy rather than the memfd page.
-    fn written_pages(&self, first: usize, frames: &[Frame]) -> Result<Vec<bool>> {
+    fn written_pages(&mut self, first: usize, frames: &[Frame]) -> Result<Vec<bool>> {
         let mut out = vec![false; frames.len()];
         if !frames.iter().any(|f| f.private) {
             return Ok(out);
         }
-        // Opened per call: after a fork an inherited fd would read the parent.
-        let pm = Pagemap::open("self")?;
+        // Kept open (opening costs more than a small copy), but reopened after a fork:
+        // an inherited fd reads the parent's page tables.
+        let pid = std::process::id();
+        if self.pagemap.as_ref().map_or(true, |(p, _)| *p != pid) {
+            self.pagemap = Some((pid, Pagemap::open("self")?));
+        }
+        let pm = &self.pagemap.as_ref().expect("opened above").1;
         let vpn0 = (self.res.base() / self.ps + first) as u64;
         let mut buf = vec![0u64; frames.len().min(64 * 1024)];
         let mut done = 0;
