@@ -245,6 +245,30 @@ fn threads_copy_and_free_concurrently() {
 }
 
 #[test]
+fn trim_releases_pages_every_sharer_rewrote() {
+    let a = arena();
+    let len = 16 * ps();
+    let src = a.alloc(len).unwrap();
+    a.fill(src, 1, len).unwrap();
+    let dst = a.dup(src, len).unwrap();
+    a.prepare_write(src, len).unwrap();
+    a.prepare_write(dst, 8 * ps()).unwrap(); // dst rewrites only its first half
+    let before = a.stats().memfd_resident_bytes;
+    assert_eq!(before, len as u64, "the shared pages are still held");
+    assert_eq!(a.trim().unwrap(), 8, "pages 0..8 are rewritten by both sides");
+    assert_eq!(a.stats().memfd_resident_bytes, 8 * ps() as u64);
+    assert_eq!(read(&a, dst, len), vec![1; len]);
+    assert_eq!(read(&a, src, len), vec![1; len]);
+    // a later copy of the trimmed block still works (its written pages are re-homed)
+    let c = a.dup(dst, len).unwrap();
+    assert_eq!(read(&a, c, len), vec![1; len]);
+    for p in [src, dst, c] {
+        a.free(p).unwrap();
+    }
+    assert_eq!(a.stats().memfd_resident_bytes, 0);
+}
+
+#[test]
 fn prepare_write_breaks_sharing_without_changing_contents() {
     let a = arena();
     let len = 8 * ps();

@@ -136,8 +136,9 @@ pub struct Stats {
 /// One block page: which memfd page it shows, and how.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Frame {
-    file: u32,
     page: u32,
+    /// Index into `Inner::files` (a new memfd per fork: 65536 is plenty).
+    file: u16,
     private: bool,
 }
 
@@ -170,7 +171,7 @@ struct Inner {
     blocks: BTreeMap<usize, Block>,
     va: Extents,
     files: Vec<Option<MemFile>>,
-    active: Option<u32>,
+    active: Option<u16>,
     run_vmas: usize,
     budget: usize,
     small: usize,
@@ -357,6 +358,17 @@ impl Arena {
         Ok(())
     }
 
+    /// Returns to the kernel the memfd pages that every block sharing them has since
+    /// rewritten (each holds its own copy, so nobody reads the shared page any more).
+    /// Without this, a source and a copy that are both rewritten entirely hold three
+    /// pages per page until one is freed or copied again. Costs one pagemap read of
+    /// every private page. Returns the number of pages released.
+    pub fn trim(&self) -> Result<u64> {
+        let _gate = fork::gate();
+        let mut g = lock(&self.shared);
+        g.trim()
+    }
+
     /// Copies `data` into the arena at `dst` (inside one block).
     pub fn write(&self, dst: *mut u8, data: &[u8]) -> Result<()> {
         let g = lock(&self.shared);
@@ -479,12 +491,12 @@ impl Inner {
         self.run_vmas + self.blocks.len() + 1
     }
 
-    fn file(&mut self, id: u32) -> &mut MemFile {
+    fn file(&mut self, id: u16) -> &mut MemFile {
         self.files[id as usize].as_mut().expect("frames only name open files")
     }
 
     /// The memfd new pages come from (a fresh one after a fork retired the last).
-    fn active_file(&mut self) -> Result<u32> {
+    fn active_file(&mut self) -> Result<u16> {
         if let Some(id) = self.active {
             return Ok(id);
         }
@@ -495,11 +507,17 @@ impl Inner {
         let id = match self.files.iter().position(|f| f.is_none()) {
             Some(i) => {
                 self.files[i] = Some(f);
-                i as u32
+                i as u16
+            }
+            None if self.files.len() < u16::MAX as usize => {
+                self.files.push(Some(f));
+                (self.files.len() - 1) as u16
             }
             None => {
-                self.files.push(Some(f));
-                (self.files.len() - 1) as u32
+                return Err(Error::Unsupported {
+                    what: "another arena memfd",
+                    why: format!("the arena already has {} memfds (one per fork still mapped)", self.files.len()),
+                })
             }
         };
         self.active = Some(id);
@@ -540,7 +558,7 @@ impl Inner {
     /// Drops one reference to each frame's page; pages left unused are punched and
     /// reused (or, in a retired memfd, just forgotten until the file closes).
     fn decref(&mut self, frames: &[Frame]) -> Result<()> {
-        let mut dead: Vec<(u32, u32)> = Vec::new();
+        let mut dead: Vec<(u16, u32)> = Vec::new();
         for fr in frames {
             let f = self.file(fr.file);
             let r = &mut f.refs[fr.page as usize];
@@ -912,12 +930,38 @@ impl Inner {
         Ok(shared)
     }
 
+    fn trim(&mut self) -> Result<u64> {
+        // (file, page) -> views that still read the memfd page
+        let mut clean: BTreeMap<(u16, u32), u32> = BTreeMap::new();
+        let keys: Vec<usize> = self.blocks.keys().copied().collect();
+        for key in keys {
+            let frames = self.blocks[&key].frames.clone();
+            let written = self.written_pages(key, &frames)?;
+            for (fr, w) in frames.iter().zip(written) {
+                if fr.private {
+                    *clean.entry((fr.file, fr.page)).or_insert(0) += u32::from(!w);
+                }
+            }
+        }
+        let ps = self.ps as u64;
+        let mut released = 0;
+        for ((file, page), n) in clean {
+            let f = self.file(file);
+            // retired pages may still be read by the other side of a fork
+            if n == 0 && !f.retired {
+                crate::sys::memfd::punch_hole(&f.fd, page as u64 * ps, ps)?;
+                released += 1;
+            }
+        }
+        Ok(released)
+    }
+
     /// Before a fork: every shared frame becomes private (neighbouring blocks with
     /// contiguous pages in one `mmap`), and the memfds are retired.
     fn freeze_for_fork(&mut self) {
         let ps = self.ps;
         // (first reservation page, file, first file page, pages)
-        let mut runs: Vec<(usize, u32, u32, usize)> = Vec::new();
+        let mut runs: Vec<(usize, u16, u32, usize)> = Vec::new();
         for (&key, block) in &self.blocks {
             for (i, fr) in block.frames.iter().enumerate() {
                 if fr.private {
