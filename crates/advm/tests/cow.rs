@@ -146,7 +146,7 @@ fn bad_arguments_give_clear_errors() {
     let dst = a.alloc(4 * ps).unwrap();
     let e = a.vcopy_pages(dst, src, ps + 1).unwrap_err().to_string();
     assert_eq!(e, format!("invalid src: length {} is not a multiple of the {ps}-byte page size", ps + 1));
-    let outside = vec![0u8; 64];
+    let outside = [0u8; 64];
     let e = a.vcopy(dst, outside.as_ptr(), 64).unwrap_err().to_string();
     assert_eq!(
         e,
@@ -178,7 +178,10 @@ fn bad_arguments_give_clear_errors() {
         )
     );
     let e = a.free(src.wrapping_add(ps)).unwrap_err().to_string();
-    assert_eq!(e, format!("invalid ptr: {:#x} is inside the block at {:#x}, not at its start", src as usize + ps, src as usize));
+    assert_eq!(
+        e,
+        format!("invalid ptr: {:#x} is inside the block at {:#x}, not at its start", src as usize + ps, src as usize)
+    );
     assert_eq!(a.alloc(0).unwrap_err().to_string(), "invalid len: 0: a block needs at least one byte");
     a.free(src).unwrap();
     assert!(a.free(src).unwrap_err().to_string().contains("is not inside a live block"), "double free is refused");
@@ -204,6 +207,36 @@ fn vma_budget_falls_back_to_memcpy() {
     let s = a.stats();
     assert_eq!(s.fallback_vma_budget, 1);
     assert!(s.vmas <= 12, "{s:?}");
+}
+
+#[test]
+fn dup_falls_back_to_copying_into_a_fresh_block() {
+    // dup builds its block without pages and shares into it; every fallback must
+    // still give it real pages: unaligned source, odd length, VMA budget.
+    let a = Arena::with_config(Config { reserve_bytes: 1 << 30, vma_budget: Some(12), ..Default::default() }).unwrap();
+    let len = 16 * ps();
+    let src = a.alloc(len).unwrap();
+    let data = pattern(len, 7);
+    a.write(src, &data).unwrap();
+    let d = a.dup(src.wrapping_add(3), len - 3).unwrap();
+    assert_eq!(read(&a, d, len - 3), data[3..].to_vec());
+    let e = a.dup(src, 5 * ps() + 10).unwrap();
+    assert_eq!(read(&a, e, 5 * ps() + 10), data[..5 * ps() + 10].to_vec());
+    assert_eq!(a.block_len(e).unwrap(), 6 * ps());
+    let c1 = a.dup(src, len).unwrap();
+    for p in (0..16).step_by(2) {
+        a.write(c1.wrapping_add(p * ps()), &[1]).unwrap();
+    }
+    let want = read(&a, c1, len);
+    let before = a.stats().fallback_vma_budget;
+    let c2 = a.dup(c1, len).unwrap();
+    assert_eq!(a.stats().fallback_vma_budget, before + 1);
+    assert_eq!(read(&a, c2, len), want);
+    a.write(c2, b"ok").unwrap();
+    for p in [src, d, e, c1, c2] {
+        a.free(p).unwrap();
+    }
+    assert_eq!(a.stats().memfd_pages_live, 0);
 }
 
 #[test]
@@ -300,8 +333,13 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         (0..3usize, 0..6usize, any::<u8>()).prop_map(|(block, page, byte)| Op::Write { block, page, byte }),
-        (0..3usize, 0..3usize, 0..6usize, 0..7usize, 0..3usize)
-            .prop_map(|(dst, src, page, pages, shift)| Op::Copy { dst, src, page, pages, shift }),
+        (0..3usize, 0..3usize, 0..6usize, 0..7usize, 0..3usize).prop_map(|(dst, src, page, pages, shift)| Op::Copy {
+            dst,
+            src,
+            page,
+            pages,
+            shift
+        }),
     ]
 }
 

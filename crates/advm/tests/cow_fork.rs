@@ -15,7 +15,7 @@ fn parent_and_child_do_not_see_each_others_writes() {
     let solo = a.alloc(len).unwrap();
     a.fill(solo, 2, len).unwrap();
     let rd = unsafe_pipe();
-    // SAFETY (test): fork; the child only uses the arena and exits with _exit.
+    // SAFETY: fork; the child only uses the arena and exits with _exit.
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0, "fork failed");
     if pid == 0 {
@@ -48,12 +48,18 @@ fn parent_and_child_do_not_see_each_others_writes() {
     a.free(fresh).unwrap();
     signal_byte(rd.1);
     let mut status = 0;
-    // SAFETY (test): waiting for our own child.
+    // SAFETY: waiting for our own child.
     assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child saw the parent's writes (status {status})");
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "child saw the parent's writes (status {status})"
+    );
     let mut b = vec![0u8; len];
     a.read(solo, &mut b).unwrap();
-    assert!(b[..2 * ps].iter().all(|&x| x == 0xa) && b[2 * ps..].iter().all(|&x| x == 2), "parent saw the child's writes");
+    assert!(
+        b[..2 * ps].iter().all(|&x| x == 0xa) && b[2 * ps..].iter().all(|&x| x == 2),
+        "parent saw the child's writes"
+    );
     a.read(copy, &mut b).unwrap();
     assert!(b.iter().all(|&x| x == 1), "parent saw the child's writes to the copy");
     assert_eq!(a.stats().forks, 1);
@@ -65,18 +71,18 @@ fn parent_and_child_do_not_see_each_others_writes() {
 
 fn unsafe_pipe() -> (i32, i32) {
     let mut fds = [0; 2];
-    // SAFETY (test): pipe writes two fds into the array.
+    // SAFETY: pipe writes two fds into the array.
     assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
     (fds[0], fds[1])
 }
 
 fn wait_byte(fd: i32) {
     let mut b = [0u8; 1];
-    // SAFETY (test): reads one byte into a live buffer.
+    // SAFETY: reads one byte into a live buffer.
     unsafe { libc::read(fd, b.as_mut_ptr().cast(), 1) };
 }
 
 fn signal_byte(fd: i32) {
-    // SAFETY (test): writes one byte from a live buffer.
+    // SAFETY: writes one byte from a live buffer.
     unsafe { libc::write(fd, b"x".as_ptr().cast(), 1) };
 }

@@ -97,8 +97,10 @@ struct KsmRestore {
 
 impl KsmRestore {
     fn save() -> Self {
-        let saved =
-            ["run", "pages_to_scan", "sleep_millisecs"].iter().filter_map(|k| Some((*k, advm::sys::ksm::read(k)?))).collect();
+        let saved = ["run", "pages_to_scan", "sleep_millisecs"]
+            .iter()
+            .filter_map(|k| Some((*k, advm::sys::ksm::read(k)?)))
+            .collect();
         Self { saved }
     }
 }
@@ -126,7 +128,11 @@ fn merged_fraction(pm: &advm::sys::pagemap::Pagemap, src: usize, dst: usize, len
         pm.read((src / ps + done) as u64, &mut a[..k])?;
         pm.read((dst / ps + done) as u64, &mut b[..k])?;
         use advm::sys::pagemap::Entry;
-        same += a[..k].iter().zip(&b[..k]).filter(|(x, y)| Entry(**x).pfn().is_some_and(|p| p != 0 && Some(p) == Entry(**y).pfn())).count();
+        same += a[..k]
+            .iter()
+            .zip(&b[..k])
+            .filter(|(x, y)| Entry(**x).pfn().is_some_and(|p| p != 0 && Some(p) == Entry(**y).pfn()))
+            .count();
         done += k;
     }
     Ok(same as f64 / n as f64)
@@ -278,11 +284,13 @@ impl VcopyBench {
         let src = arena.alloc(len)?;
         fill_distinct(src, len);
         arena.free(arena.dup(src, len)?)?;
-        let again = super::time_ms(runs, || {
+        let mut again = Vec::new();
+        for _ in 0..runs {
+            let t = Instant::now();
             let d = arena.dup(src, len)?;
+            again.push(ms(t.elapsed()));
             arena.free(d)?;
-            Ok(())
-        })?;
+        }
         arena.free(src)?;
         report.rows.push(
             Row::new()
@@ -555,7 +563,11 @@ impl Bench for VcopyBench {
             workload: format!("copy a {} block", fmt_bytes(len as u64)),
             advm: format!("{vcopy_ms:.2} ms, +{:.1}% pages", (advm_pages - n) as f64 * 100.0 / n as f64),
             baseline: format!("memcpy {memcpy_ms:.0} ms, +{:.0}% pages", (memcpy_pages - n) as f64 * 100.0 / n as f64),
-            gain: format!("{:.0}x faster, {:.1}x less memory", memcpy_ms / vcopy_ms, memcpy_pages as f64 / advm_pages as f64),
+            gain: format!(
+                "{:.0}x faster, {:.1}x less memory",
+                memcpy_ms / vcopy_ms,
+                memcpy_pages as f64 / advm_pages as f64
+            ),
         }])
     }
 }

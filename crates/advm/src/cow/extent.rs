@@ -113,13 +113,13 @@ mod tests {
             for (n, free_one) in ops {
                 if free_one && !held.is_empty() {
                     for (s, l) in held.remove(0) {
-                        for p in s..s + l { prop_assert!(used[p]); used[p] = false; }
+                        for u in &mut used[s..s + l] { prop_assert!(*u); *u = false; }
                         e.free(s, l);
                     }
                 } else if let Some(runs) = e.alloc_any(n) {
                     prop_assert_eq!(runs.iter().map(|r| r.1).sum::<usize>(), n);
                     for &(s, l) in &runs {
-                        for p in s..s + l { prop_assert!(!used[p]); used[p] = true; }
+                        for u in &mut used[s..s + l] { prop_assert!(!*u); *u = true; }
                     }
                     held.push(runs);
                 } else {

@@ -143,6 +143,14 @@ struct Frame {
 }
 
 impl Frame {
+    /// A page of a block being made by `dup`, not yet given its copy: unmapped
+    /// (`PROT_NONE`), owns no memfd page. Never outlives the `dup` call.
+    const UNBACKED: Frame = Frame { page: u32::MAX, file: u16::MAX, private: false };
+
+    fn unbacked(&self) -> bool {
+        self.file == u16::MAX
+    }
+
     fn follows(&self, prev: &Frame) -> bool {
         self.file == prev.file && self.private == prev.private && prev.page.checked_add(1) == Some(self.page)
     }
@@ -227,10 +235,22 @@ fn invalid(what: &'static str, why: String) -> Error {
 
 /// Number of maximal runs (one `mmap` / VMA each) in `frames`.
 fn count_runs(frames: &[Frame]) -> usize {
-    if frames.is_empty() {
-        return 0;
+    // an unbacked frame is in no run, and the frame after it starts one
+    (0..frames.len()).filter(|&i| !frames[i].unbacked() && (i == 0 || !frames[i].follows(&frames[i - 1]))).count()
+}
+
+/// [`count_runs`] of the frames `get(0..len)`.
+fn count_runs_by(len: usize, get: impl Fn(usize) -> Frame) -> usize {
+    let mut runs = 0;
+    let mut prev: Option<Frame> = None;
+    for i in 0..len {
+        let f = get(i);
+        if !f.unbacked() && !prev.is_some_and(|p| f.follows(&p)) {
+            runs += 1;
+        }
+        prev = Some(f);
     }
-    1 + frames.windows(2).filter(|w| !w[1].follows(&w[0])).count()
+    runs
 }
 
 /// Maximal runs `(first index, len)` of `frames[from..to]` whose pages satisfy `pick`.
@@ -546,7 +566,7 @@ impl Inner {
     }
 
     fn incref(&mut self, frames: &[Frame]) {
-        for fr in frames {
+        for fr in frames.iter().filter(|f| !f.unbacked()) {
             let f = self.file(fr.file);
             if f.refs[fr.page as usize] == 0 {
                 f.live += 1;
@@ -559,7 +579,7 @@ impl Inner {
     /// reused (or, in a retired memfd, just forgotten until the file closes).
     fn decref(&mut self, frames: &[Frame]) -> Result<()> {
         let mut dead: Vec<(u16, u32)> = Vec::new();
-        for fr in frames {
+        for fr in frames.iter().filter(|f| !f.unbacked()) {
             let f = self.file(fr.file);
             let r = &mut f.refs[fr.page as usize];
             *r -= 1;
@@ -568,7 +588,11 @@ impl Inner {
                 dead.push((fr.file, fr.page));
             }
         }
-        dead.sort_unstable();
+        // frames usually name ascending pages already; sorting 262144 entries per GiB
+        // would cost milliseconds
+        if !dead.windows(2).all(|w| w[0] <= w[1]) {
+            dead.sort_unstable();
+        }
         let mut i = 0;
         let mut first_err = None;
         while i < dead.len() {
@@ -602,7 +626,8 @@ impl Inner {
         }
     }
 
-    /// Maps `frames[from..to]` of the block at page `key` (runs only where `pick`).
+    /// Maps the `runs` (indices into `frames`) of frames that start at reservation
+    /// page `key`.
     fn map_frames(&self, key: usize, frames: &[Frame], runs: &[(usize, usize)]) -> Result<(), (usize, Error)> {
         for (k, &(i, n)) in runs.iter().enumerate() {
             let fr = frames[i];
@@ -626,10 +651,7 @@ impl Inner {
         self.va.alloc_contig(pages).ok_or_else(|| {
             invalid(
                 "len",
-                format!(
-                    "{len} bytes do not fit in the free space of the arena's {}-byte reservation",
-                    self.res.len()
-                ),
+                format!("{len} bytes do not fit in the free space of the arena's {}-byte reservation", self.res.len()),
             )
         })
     }
@@ -660,7 +682,41 @@ impl Inner {
     /// pages too (so that a failed copy still leaves a valid block), but they are
     /// never written before the copy replaces them, so the kernel allocates nothing.
     fn alloc_unbacked(&mut self, len: usize) -> Result<usize> {
-        self.alloc(len).map(|p| p as usize)
+        let key = self.place(len)?;
+        let pages = len.div_ceil(self.ps);
+        self.blocks.insert(key, Block { frames: vec![Frame::UNBACKED; pages], runs: 0 });
+        Ok(self.res.base() + key * self.ps)
+    }
+
+    /// Gives the unbacked pages of `[addr, addr+len)` fresh memfd pages, mapped, so
+    /// that bytes can be copied there.
+    fn back(&mut self, addr: usize, len: usize) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let (key, first) = self.find("dst", addr, len)?;
+        let last = (addr + len - 1 - self.res.base()) / self.ps - key;
+        let missing: Vec<usize> = (first..=last).filter(|&i| self.blocks[&key].frames[i].unbacked()).collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let fresh = self.new_frames(missing.len())?;
+        let mut frames = self.blocks[&key].frames.clone();
+        for (&i, f) in missing.iter().zip(&fresh) {
+            frames[i] = *f;
+        }
+        let set: std::collections::HashSet<usize> = missing.iter().copied().collect();
+        let runs = runs_where(&frames, first, last + 1, |i| set.contains(&i));
+        if let Err((_, e)) = self.map_frames(key, &frames, &runs) {
+            self.decref(&fresh)?;
+            return Err(e);
+        }
+        let block = self.blocks.get_mut(&key).expect("found above");
+        block.frames = frames;
+        let runs = count_runs(&block.frames);
+        self.run_vmas = self.run_vmas - block.runs + runs;
+        block.runs = runs;
+        Ok(())
     }
 
     fn free(&mut self, addr: usize) -> Result<()> {
@@ -689,7 +745,10 @@ impl Inner {
     fn find(&self, what: &'static str, addr: usize, len: usize) -> Result<(usize, usize)> {
         let base = self.res.base();
         let outside = || {
-            invalid(what, format!("{addr:#x} is not inside a live block of this arena (advm_alloc/Arena::alloc memory)"))
+            invalid(
+                what,
+                format!("{addr:#x} is not inside a live block of this arena (advm_alloc/Arena::alloc memory)"),
+            )
         };
         if addr < base || addr >= base + self.res.len() {
             return Err(outside());
@@ -723,6 +782,7 @@ impl Inner {
     }
 
     fn memcpy(&mut self, dst: usize, src: usize, len: usize) -> Result<()> {
+        self.back(dst, len)?;
         let base = self.res.base();
         self.res.copy(src - base, dst - base, len)?;
         self.stats.bytes_copied += len as u64;
@@ -826,22 +886,22 @@ impl Inner {
         }
 
         // VMA budget: the runs both blocks would have afterwards.
-        let runs_after = |frames: &[Frame], at: usize| {
-            let mut v = frames.to_vec();
-            v[at..at + n].copy_from_slice(&new_src);
-            count_runs(&v)
+        // (counted in place: cloning a GiB block's frames costs more than the mmaps)
+        let runs_after = |frames: &[Frame], windows: &[usize]| {
+            count_runs_by(frames.len(), |i| match windows.iter().find(|&&at| (at..at + n).contains(&i)) {
+                Some(&at) => new_src[i - at],
+                None => frames[i],
+            })
         };
         let src_block = &self.blocks[&skey];
-        let mut after = self.vma_estimate() - src_block.runs + runs_after(&src_block.frames, sidx);
-        if dkey != skey {
+        let after = if dkey != skey {
             let dst_block = &self.blocks[&dkey];
-            after = after - dst_block.runs + runs_after(&dst_block.frames, didx);
+            self.vma_estimate() - src_block.runs - dst_block.runs
+                + runs_after(&src_block.frames, &[sidx])
+                + runs_after(&dst_block.frames, &[didx])
         } else {
-            let mut v = src_block.frames.clone();
-            v[sidx..sidx + n].copy_from_slice(&new_src);
-            v[didx..didx + n].copy_from_slice(&new_src);
-            after = self.vma_estimate() - src_block.runs + count_runs(&v);
-        }
+            self.vma_estimate() - src_block.runs + runs_after(&src_block.frames, &[sidx, didx])
+        };
         if after > self.budget {
             let rehomed: Vec<Frame> = new_src.iter().zip(&written).filter(|(_, w)| **w).map(|(f, _)| *f).collect();
             self.decref(&rehomed)?;
@@ -854,8 +914,7 @@ impl Inner {
             let fr = new_src[i];
             let fd = self.files[fr.file as usize].as_ref().expect("open").fd.as_fd();
             if let Err(e) = self.res.write_to_file((skey + sidx + i) * ps, len * ps, fd, fr.page as u64 * ps as u64) {
-                let rehomed: Vec<Frame> =
-                    new_src.iter().zip(&written).filter(|(_, w)| **w).map(|(f, _)| *f).collect();
+                let rehomed: Vec<Frame> = new_src.iter().zip(&written).filter(|(_, w)| **w).map(|(f, _)| *f).collect();
                 self.decref(&rehomed)?;
                 return Err(e.into());
             }
@@ -865,10 +924,7 @@ impl Inner {
         // after, so a failure part way leaves the source intact).
         let changed: Vec<bool> = (0..n).map(|i| new_src[i] != old_src[i]).collect();
         let src_runs = runs_where(&new_src, 0, n, |i| changed[i]);
-        let shifted: Vec<(usize, usize)> = src_runs.iter().map(|&(i, l)| (i + sidx, l)).collect();
-        let mut padded = self.blocks[&skey].frames.clone();
-        padded[sidx..sidx + n].copy_from_slice(&new_src);
-        let src_result = self.map_frames(skey, &padded, &shifted);
+        let src_result = self.map_frames(skey + sidx, &new_src, &src_runs);
         let src_done = match &src_result {
             Ok(()) => src_runs.len(),
             Err((k, _)) => *k,
@@ -905,9 +961,7 @@ impl Inner {
         let dst_runs = runs_where(&new_src, 0, n, |_| true);
         let mut shared = 0;
         for &(i, l) in &dst_runs {
-            let mut view = self.blocks[&dkey].frames.clone();
-            view[didx + i..didx + i + l].copy_from_slice(&new_src[i..i + l]);
-            match self.map_frames(dkey, &view, &[(didx + i, l)]) {
+            match self.map_frames(dkey + didx, &new_src, &[(i, l)]) {
                 Ok(()) => {
                     self.incref(&new_src[i..i + l]);
                     let old: Vec<Frame> = self.blocks[&dkey].frames[didx + i..didx + i + l].to_vec();
@@ -964,7 +1018,7 @@ impl Inner {
         let mut runs: Vec<(usize, u16, u32, usize)> = Vec::new();
         for (&key, block) in &self.blocks {
             for (i, fr) in block.frames.iter().enumerate() {
-                if fr.private {
+                if fr.private || fr.unbacked() {
                     continue;
                 }
                 match runs.last_mut() {
@@ -1009,7 +1063,7 @@ impl Inner {
 mod tests {
     use super::*;
 
-    fn frame(file: u32, page: u32, private: bool) -> Frame {
+    fn frame(file: u16, page: u32, private: bool) -> Frame {
         Frame { file, page, private }
     }
 
@@ -1020,5 +1074,9 @@ mod tests {
         assert_eq!(runs_where(&f, 0, 5, |_| true), vec![(0, 2), (2, 1), (3, 1), (4, 1)]);
         assert_eq!(runs_where(&f, 0, 5, |i| i != 1), vec![(0, 1), (2, 1), (3, 1), (4, 1)]);
         assert_eq!(count_runs(&[]), 0);
+        // unbacked frames are in no run and break runs
+        let g = [frame(0, 1, true), Frame::UNBACKED, frame(0, 3, true), frame(0, 4, true)];
+        assert_eq!(count_runs(&g), 2);
+        assert_eq!(count_runs_by(4, |i| g[i]), 2);
     }
 }
