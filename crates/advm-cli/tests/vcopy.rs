@@ -29,7 +29,8 @@ fn quick_bench_reports_all_methods_and_restores_ksm() {
     for method in ["memcpy", "advm vcopy"] {
         for w in ["0%", "1%", "10%", "100%"] {
             assert!(
-                rows.iter().any(|r| cell(r, "method").as_deref() == Some(method) && cell(r, "written").as_deref() == Some(w)),
+                rows.iter()
+                    .any(|r| cell(r, "method").as_deref() == Some(method) && cell(r, "written").as_deref() == Some(w)),
                 "no {method} row at {w}"
             );
         }

@@ -186,6 +186,8 @@ struct Inner {
     stats: Stats,
     /// /proc/self/pagemap and the pid it was opened by (a forked child reopens it).
     pagemap: Option<(u32, Pagemap)>,
+    /// False once `PAGEMAP_SCAN` failed (kernels before 6.7): whole reads instead.
+    scan_works: bool,
 }
 
 pub(crate) struct Shared {
@@ -310,6 +312,7 @@ impl Arena {
             small,
             stats: Stats { vma_budget: budget as u64, small_block_pages: small as u64, ..Default::default() },
             pagemap: None,
+            scan_works: true,
         };
         let shared = Arc::new(Shared { inner: Mutex::new(inner) });
         fork::register(&shared)?;
@@ -846,7 +849,56 @@ impl Inner {
             self.pagemap = Some((pid, Pagemap::open("self")?));
         }
         let pm = &self.pagemap.as_ref().expect("opened above").1;
-        let vpn0 = (self.res.base() / self.ps + first) as u64;
+        let ps = self.ps as u64;
+        let start = self.res.base() as u64 + first as u64 * ps;
+        let end = start + frames.len() as u64 * ps;
+        // PAGEMAP_SCAN (Linux 6.7+) reports runs, so a source nobody wrote costs
+        // almost nothing; written pages are present and not file pages, or swapped.
+        if self.scan_works {
+            use crate::sys::pagemap::{category, Region};
+            let mut regions = [Region::default(); 512];
+            let mut at = start;
+            let mut ok = true;
+            while at < end {
+                match pm.scan(
+                    at,
+                    end,
+                    category::PRESENT | category::SWAPPED,
+                    category::PRESENT | category::SWAPPED | category::FILE | category::PFNZERO,
+                    &mut regions,
+                ) {
+                    Ok((k, walk_end)) => {
+                        for r in &regions[..k] {
+                            let c = r.categories;
+                            // the shared zero page is nobody's write
+                            let anon = (c & category::SWAPPED != 0)
+                                || (c & category::PRESENT != 0 && c & (category::FILE | category::PFNZERO) == 0);
+                            if anon {
+                                for v in (r.start.max(start)..r.end.min(end)).step_by(ps as usize) {
+                                    let i = ((v - start) / ps) as usize;
+                                    out[i] = frames[i].private;
+                                }
+                            }
+                        }
+                        if walk_end <= at {
+                            break;
+                        }
+                        at = walk_end;
+                    }
+                    Err(_) => {
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+            if ok {
+                return Ok(out);
+            }
+            self.scan_works = false;
+            out.iter_mut().for_each(|w| *w = false);
+        }
+        let pm = &self.pagemap.as_ref().expect("opened above").1;
+        let vpn0 = start / ps;
         let mut buf = vec![0u64; frames.len().min(64 * 1024)];
         let mut done = 0;
         while done < frames.len() {
@@ -885,8 +937,10 @@ impl Inner {
             fr.private = true;
         }
 
-        // VMA budget: the runs both blocks would have afterwards.
-        // (counted in place: cloning a GiB block's frames costs more than the mmaps)
+        // VMA budget: the runs both blocks would have afterwards. Each block gains at
+        // most the copy's runs plus two splits; only near the budget are they counted
+        // exactly (in place: cloning a GiB block's frames costs more than the mmaps).
+        let all_runs = runs_where(&new_src, 0, n, |_| true);
         let runs_after = |frames: &[Frame], windows: &[usize]| {
             count_runs_by(frames.len(), |i| match windows.iter().find(|&&at| (at..at + n).contains(&i)) {
                 Some(&at) => new_src[i - at],
@@ -894,7 +948,9 @@ impl Inner {
             })
         };
         let src_block = &self.blocks[&skey];
-        let after = if dkey != skey {
+        let after = if self.vma_estimate() + 2 * all_runs.len() + 4 <= self.budget {
+            0
+        } else if dkey != skey {
             let dst_block = &self.blocks[&dkey];
             self.vma_estimate() - src_block.runs - dst_block.runs
                 + runs_after(&src_block.frames, &[sidx])
@@ -922,8 +978,7 @@ impl Inner {
 
         // Remap the source where its frames change (content is the same before and
         // after, so a failure part way leaves the source intact).
-        let changed: Vec<bool> = (0..n).map(|i| new_src[i] != old_src[i]).collect();
-        let src_runs = runs_where(&new_src, 0, n, |i| changed[i]);
+        let src_runs = runs_where(&new_src, 0, n, |i| new_src[i] != old_src[i]);
         let src_result = self.map_frames(skey + sidx, &new_src, &src_runs);
         let src_done = match &src_result {
             Ok(()) => src_runs.len(),
@@ -958,16 +1013,17 @@ impl Inner {
         }
 
         // Map the destination as private views of the source's pages, run by run.
-        let dst_runs = runs_where(&new_src, 0, n, |_| true);
         let mut shared = 0;
-        for &(i, l) in &dst_runs {
+        for &(i, l) in &all_runs {
             match self.map_frames(dkey + didx, &new_src, &[(i, l)]) {
                 Ok(()) => {
                     self.incref(&new_src[i..i + l]);
-                    let old: Vec<Frame> = self.blocks[&dkey].frames[didx + i..didx + i + l].to_vec();
-                    let block = self.blocks.get_mut(&dkey).expect("dst block");
-                    block.frames[didx + i..didx + i + l].copy_from_slice(&new_src[i..i + l]);
-                    self.decref(&old)?;
+                    // the old frames are dropped in place (no copy of a GiB's frames)
+                    let mut frames = std::mem::take(&mut self.blocks.get_mut(&dkey).expect("dst block").frames);
+                    let dropped = self.decref(&frames[didx + i..didx + i + l]);
+                    frames[didx + i..didx + i + l].copy_from_slice(&new_src[i..i + l]);
+                    self.blocks.get_mut(&dkey).expect("dst block").frames = frames;
+                    dropped?;
                     shared += l;
                 }
                 Err(_) => {
