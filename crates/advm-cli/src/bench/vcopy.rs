@@ -560,7 +560,7 @@ impl Bench for VcopyBench {
         arena.free(a)?;
         Ok(vec![DemoRow {
             capability: "vcopy".into(),
-            workload: format!("copy a {} block", fmt_bytes(len as u64)),
+            workload: format!("first copy of a just-written {} block", fmt_bytes(len as u64)),
             advm: format!("{vcopy_ms:.2} ms, +{:.1}% pages", (advm_pages - n) as f64 * 100.0 / n as f64),
             baseline: format!("memcpy {memcpy_ms:.0} ms, +{:.0}% pages", (memcpy_pages - n) as f64 * 100.0 / n as f64),
             gain: format!(

@@ -48,10 +48,12 @@ use crate::sys::pagemap::{Entry, Pagemap};
 use crate::{Error, Result};
 use extent::Extents;
 
-/// Default copy size, in whole pages, under which a copy is done by memcpy: at 1
-/// page the two `mmap` calls of a virtual copy cost more than copying 4 KiB, from 2
-/// pages on sharing wins (measured by `advm bench vcopy`, see docs/vcopy.md; the
-/// paper also chose 2 pages).
+/// Default copy size, in whole pages, under which a copy is done by memcpy (the
+/// paper's choice). Measured by `advm bench vcopy` (docs/vcopy.md): duplicating into
+/// a new block by sharing beats memcpy from 1 page on (the new block's pages would
+/// fault in anyway); copying into an existing, already written block beats memcpy in
+/// time only from about 64 pages, but from 2 pages on it saves the destination's
+/// memory, which is what a virtual copy is for.
 pub const DEFAULT_SMALL_BLOCK_PAGES: usize = 2;
 
 /// Arena settings.
