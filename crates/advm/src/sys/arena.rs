@@ -8,6 +8,10 @@
 //! and `free`). Every method checks that its range lies inside the reservation and is
 //! page aligned, and refuses (`EINVAL`) otherwise, so no call can touch memory the
 //! reservation does not own.
+//!
+//! The byte-copying methods (`copy`, `fill`, `write`, `read`, `write_to_file`) are
+//! memcpy: the owner must keep the bytes mapped read-write and must not let two
+//! threads write the same bytes at once (the arena calls them under its lock).
 
 use std::os::fd::{AsFd, BorrowedFd};
 
