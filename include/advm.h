@@ -46,6 +46,57 @@ struct advm_vcopy_stats {
 /* Fills *out; 0 or -errno. */
 int advm_vcopy_stats(struct advm_vcopy_stats *out);
 /* ---- end virtual copy ---- */
+/* ---- Zero-copy move and swap of page ranges (advm::remap) ----------------------
+ *
+ * Addresses and lengths must be page aligned. The caller must own every range it
+ * passes: no other thread may use them during the call, except to read them (a
+ * reader then sees, per page, the old bytes, zeros, or the new bytes). advm checks
+ * that each range is mapped read-write before it changes anything.
+ *
+ * Engine per request: memmove below the break-even (measured on this machine at
+ * first use, cached in $XDG_CACHE_HOME/advm or ~/.cache/advm, overridable with
+ * ADVM_REMAP_BREAK_EVEN_PAGES or advm_remap_set_break_even_pages), else UFFDIO_MOVE
+ * (private anonymous memory, VMAs untouched), or mremap for 2 MiB-aligned moves of
+ * 2 MiB or more. MAP_SHARED memory is always copied.
+ *
+ * After a move, dst holds src's old bytes; src stays mapped and its vacated bytes
+ * are unspecified (zeros where pages moved, stale bytes where they were copied, the
+ * destination's old bytes after a 2 MiB-aligned exchange). Errors (-errno, memory
+ * unchanged): -EINVAL for unaligned or wrapping ranges, overlapping swap ranges, or
+ * ranges not mapped read-write.
+ */
+
+/* Totals of a call: bytes per engine and system calls made. */
+typedef struct advm_remap_stats {
+    size_t uffd_move_bytes;
+    size_t mremap_bytes;
+    size_t memmove_bytes;
+    size_t fallback_bytes; /* page moves the kernel refused (shared/COW pages), copied */
+    unsigned int syscalls;
+} advm_remap_stats;
+
+/* Moves len bytes from src to dst (the ranges may overlap: a slide). */
+int advm_move(void *dst, const void *src, size_t len);
+/* As advm_move, and fills *out (when not NULL). */
+int advm_move_stats(void *dst, const void *src, size_t len, advm_remap_stats *out);
+/* Swaps the contents of [a, a+len) and [b, b+len) (disjoint). */
+int advm_swap(void *a, void *b, size_t len);
+
+/* Many moves and swaps run in order with as few kernel calls as the kernel allows:
+ * continuing operations merge, destinations are emptied with one vectored call. */
+typedef struct advm_batch advm_batch;
+advm_batch *advm_batch_new(void);
+int advm_batch_move(advm_batch *b, void *dst, const void *src, size_t len);
+int advm_batch_swap(advm_batch *b, void *x, void *y, size_t len);
+/* Runs the queued operations (all arguments are checked first: on error nothing
+ * ran) and empties the batch. *out (when not NULL) gets the totals. */
+int advm_batch_run(advm_batch *b, advm_remap_stats *out);
+void advm_batch_free(advm_batch *b);
+
+/* Moves shorter than this many pages are copied. */
+size_t advm_remap_break_even_pages(void);
+/* Overrides the break-even for this process; 0 restores the measured value. */
+void advm_remap_set_break_even_pages(size_t pages);
 
 #ifdef __cplusplus
 }

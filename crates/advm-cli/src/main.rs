@@ -1,6 +1,7 @@
 //! `advm`: application-directed virtual memory from the command line.
 
 mod bench;
+mod image_cmd;
 mod stat_cmd;
 mod testproc;
 
@@ -43,6 +44,9 @@ enum Command {
     },
     /// Physical memory of processes: distinct physical pages, RSS, PSS, USS, KSM.
     Stat(stat_cmd::StatArgs),
+    /// Layered disk images: a qcow2 chain's layers, its extent map, bytes read through the mapping.
+    #[command(subcommand)]
+    Image(image_cmd::ImageCmd),
     /// Run a benchmark (`advm bench list` lists them).
     Bench {
         /// Benchmark name, or `list`.
@@ -132,6 +136,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Doctor { json } => doctor(json),
         Command::Stat(args) => stat_cmd::run(args)?,
+        Command::Image(cmd) => image_cmd::run(cmd)?,
         Command::Bench { name, json, quick, runs, out } => {
             if name == "list" {
                 for b in bench::all() {

@@ -57,6 +57,14 @@ pub enum Error {
         /// What the probe saw.
         why: String,
     },
+    /// A disk image (or one layer of its chain) is malformed or unsupported.
+    #[error("{}: {why}", path.display())]
+    Image {
+        /// The image or layer file.
+        path: PathBuf,
+        /// What is wrong, naming the field and the limit.
+        why: String,
+    },
 }
 
 /// `Result` with [`Error`].

@@ -9,7 +9,9 @@
 pub mod addr;
 pub mod cow;
 pub mod error;
+pub mod image;
 pub mod probe;
+pub mod remap;
 pub mod stats;
 pub mod sys;
 

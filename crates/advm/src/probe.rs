@@ -52,8 +52,10 @@ pub struct Facts {
     pub uffd_source: Option<sys::uffd::Source>,
     /// memfd_create works.
     pub memfd: bool,
-    /// mremap(MREMAP_DONTUNMAP) works.
+    /// mremap(MREMAP_FIXED|MREMAP_DONTUNMAP) works (what advm uses).
     pub mremap_dontunmap: bool,
+    /// mremap(MREMAP_DONTUNMAP) to a kernel-chosen address works.
+    pub mremap_dontunmap_anywhere: bool,
     /// KSM present.
     pub ksm: bool,
     /// PFNs visible in pagemap.
@@ -122,7 +124,8 @@ pub fn facts() -> &'static Facts {
             uffd_features: uffd.map(|u| u.features),
             uffd_source: uffd.map(|u| u.source),
             memfd: sys::memfd::create("advm-probe").is_ok(),
-            mremap_dontunmap: sys::mman::dontunmap_available().is_ok(),
+            mremap_dontunmap: sys::mman::dontunmap_fixed_available(),
+            mremap_dontunmap_anywhere: sys::mman::dontunmap_available().is_ok(),
             ksm: ksm::available(),
             pfn_visible: sys::pagemap::pfns_visible().unwrap_or(false),
             pagemap_scan: sys::pagemap::scan_available(),
@@ -219,7 +222,13 @@ pub fn report() -> Vec<Check> {
         check("memfd", Status::Missing, "memfd_create failed", "no virtual copies: vcopy falls back to memcpy")
     });
     out.push(if f.mremap_dontunmap {
-        check("mremap DONTUNMAP", Status::Ok, "yes", "moves can keep the source mapped")
+        let value = if f.mremap_dontunmap_anywhere { "yes" } else { "with MREMAP_FIXED only (EINVAL without)" };
+        check(
+            "mremap DONTUNMAP",
+            Status::Ok,
+            value,
+            "large aligned moves exchange page tables and keep the source mapped",
+        )
     } else {
         check("mremap DONTUNMAP", Status::Missing, "no", "moves unmap their source")
     });
@@ -271,7 +280,7 @@ pub fn report() -> Vec<Check> {
     out.push(if swaps > 0 {
         check("swap", Status::Ok, format!("{swaps} device(s)"), "kernel-swap baselines can run")
     } else {
-        check("swap", Status::Degraded, "none", "pager benchmarks create their own swap file for the kernel baseline")
+        check("swap", Status::Degraded, "none", "kernel-swap baselines need a swap file (swapon works here as root)")
     });
     let v2_memory =
         read_trim("/sys/fs/cgroup/cgroup.controllers").is_some_and(|c| c.split_whitespace().any(|w| w == "memory"));

@@ -5,6 +5,8 @@
 //! facts from `advm doctor`. To add one: write `bench/<name>.rs` with a type that
 //! implements [`Bench`], and list it in [`all`].
 
+mod image;
+mod remap;
 mod stat;
 mod vcopy;
 
@@ -163,7 +165,12 @@ pub trait Bench {
 
 /// Every benchmark, in demo order.
 pub fn all() -> Vec<Box<dyn Bench>> {
-    vec![Box::new(stat::StatBench), Box::new(vcopy::VcopyBench)]
+    vec![
+        Box::new(stat::StatBench),
+        Box::new(vcopy::VcopyBench),
+        Box::new(remap::RemapBench),
+        Box::new(image::ImageBench),
+    ]
 }
 
 /// Runs benchmark `name`.

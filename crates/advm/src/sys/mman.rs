@@ -245,7 +245,9 @@ pub unsafe fn mprotect(addr: *mut u8, len: usize, prot: Prot) -> SysResult<()> {
     unsafe { rustix::mm::mprotect(addr.cast(), len, flags) }.map_err(|e| SysError::new("mprotect", e))
 }
 
-/// Whether `mremap(MREMAP_DONTUNMAP)` works here (Linux 5.7+, any mapping since 5.13).
+/// Whether `mremap(MREMAP_MAYMOVE|MREMAP_DONTUNMAP)` to an address the kernel picks
+/// works here (Linux 5.7+, any mapping since 5.13). Some kernels (6.18 here) refuse this
+/// form with EINVAL yet accept it with `MREMAP_FIXED`: see [`dontunmap_fixed_available`].
 pub fn dontunmap_available() -> SysResult<()> {
     let m = Mapping::anonymous(super::page_size())?;
     // SAFETY: the mapping is ours and unused; the moved-to range is unmapped right away.
@@ -253,6 +255,19 @@ pub fn dontunmap_available() -> SysResult<()> {
         let new = mremap_dontunmap(m.as_ptr(), m.len())?;
         munmap(new, m.len())
     }
+}
+
+/// Whether `mremap(MREMAP_MAYMOVE|MREMAP_FIXED|MREMAP_DONTUNMAP)` works here, probed
+/// once on two pages of our own.
+pub fn dontunmap_fixed_available() -> bool {
+    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OK.get_or_init(|| {
+        let ps = super::page_size();
+        let (Ok(a), Ok(b)) = (Mapping::anonymous(ps), Mapping::anonymous(ps)) else { return false };
+        // SAFETY: both one-page mappings are ours and unused; b is replaced by a's
+        // (empty) page and a stays mapped.
+        unsafe { mremap_fixed(a.as_ptr(), ps, b.as_ptr(), true) }.is_ok()
+    })
 }
 
 #[cfg(test)]

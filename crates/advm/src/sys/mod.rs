@@ -6,11 +6,15 @@
 #![allow(unsafe_code)]
 
 pub mod arena;
+pub mod assembly;
 pub mod fork;
+pub mod grant;
 pub mod ksm;
 pub mod memfd;
 pub mod mman;
 pub mod pagemap;
+pub mod procmap;
+pub mod seek;
 pub mod uffd;
 
 use std::fmt;

@@ -1,0 +1,231 @@
+//! `advm bench image`: the FlexMem experiment on one machine. N processes (the VMs)
+//! each read a whole layered qcow2 image. Mapped through `ImageSpace` (MAP_PRIVATE of
+//! the layer files), they share one page-cache copy; reading it into private memory
+//! (as a block device does), each keeps its own. Memory is distinct physical pages
+//! across all N processes (`advm::stats`).
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Instant;
+
+use advm::stats::Options;
+
+use super::{fmt_bytes, Bench, BenchOpts, DemoRow, Figure, Report, Row};
+use crate::CliError;
+
+/// See the module doc.
+pub struct ImageBench;
+
+/// A scratch directory, removed on drop.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn sh(dir: &Path, prog: &str, args: &[String]) -> Result<(), CliError> {
+    let out = Command::new(prog)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .map_err(|e| CliError::Io(format!("{prog} (install qemu-utils)"), e))?;
+    if !out.status.success() {
+        return Err(CliError::Usage(format!(
+            "{prog} {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    Ok(())
+}
+
+/// Builds a three-layer chain of `mib` MiB: a base full of data, a middle layer that
+/// rewrites an eighth and zeroes some, a top layer with new data and a few compressed
+/// clusters. Returns the top image.
+fn build_chain(dir: &Path, mib: u64) -> Result<PathBuf, CliError> {
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    let size = format!("{mib}M");
+    sh(dir, "qemu-img", &s(&["create", "-q", "-f", "qcow2", "base.qcow2", &size]))?;
+    let mut cmds = Vec::new();
+    for m in 0..mib {
+        cmds.push("-c".to_string());
+        cmds.push(format!("write -P {} {}M 1M", 1 + m % 250, m));
+    }
+    cmds.push("base.qcow2".into());
+    sh(dir, "qemu-io", &cmds)?;
+    sh(dir, "qemu-img", &s(&["create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "mid.qcow2"]))?;
+    let mut cmds = Vec::new();
+    for m in (0..mib).step_by(8) {
+        cmds.extend(["-c".to_string(), format!("write -P 0xee {}M 256k", m)]);
+        cmds.extend(["-c".to_string(), format!("write -z {}k 128k", m * 1024 + 512)]);
+    }
+    cmds.push("mid.qcow2".into());
+    sh(dir, "qemu-io", &cmds)?;
+    sh(dir, "qemu-img", &s(&["create", "-q", "-f", "qcow2", "-b", "mid.qcow2", "-F", "qcow2", "top.qcow2"]))?;
+    let mut cmds = Vec::new();
+    for m in (4..mib).step_by(16) {
+        cmds.extend(["-c".to_string(), format!("write -c -P 0x5c {}M 64k", m)]);
+        cmds.extend(["-c".to_string(), format!("write -P 0x7d {}k 192k", m * 1024 + 256)]);
+    }
+    cmds.push("top.qcow2".into());
+    sh(dir, "qemu-io", &cmds)?;
+    Ok(dir.join("top.qcow2"))
+}
+
+/// `n` children holding the image (mapped, or read into private memory), all ready.
+struct Holders(Vec<Child>);
+
+impl Holders {
+    fn spawn(image: &Path, n: usize, private: bool) -> Result<Self, CliError> {
+        let exe = std::env::current_exe().map_err(|e| CliError::Io("current_exe".into(), e))?;
+        let mut holders = Holders(Vec::new());
+        for _ in 0..n {
+            let mut cmd = Command::new(&exe);
+            cmd.args(["image", "hold"]).arg(image);
+            if private {
+                cmd.arg("--private");
+            }
+            let child = cmd
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .map_err(|e| CliError::Io("spawn advm image hold".into(), e))?;
+            holders.0.push(child);
+        }
+        for c in &mut holders.0 {
+            let mut line = String::new();
+            let out = c.stdout.take().expect("piped");
+            std::io::BufReader::new(out).read_line(&mut line).map_err(|e| CliError::Io("holder stdout".into(), e))?;
+            if line.trim() != "ready" {
+                return Err(CliError::Usage(format!("advm image hold {} did not get ready", image.display())));
+            }
+        }
+        Ok(holders)
+    }
+
+    fn pids(&self) -> Vec<i32> {
+        self.0.iter().map(|c| c.id() as i32).collect()
+    }
+}
+
+impl Drop for Holders {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+struct Point {
+    distinct: u64,
+    file: u64,
+    anon_shmem: u64,
+    setup_ms: f64,
+}
+
+fn measure(image: &Path, n: usize, private: bool) -> Result<Point, CliError> {
+    let t = Instant::now();
+    let holders = Holders::spawn(image, n, private)?;
+    let setup_ms = t.elapsed().as_secs_f64() * 1e3;
+    let s = advm::stats::measure(&holders.pids(), Options::default())?;
+    let d = s.distinct.unwrap_or_default();
+    let distinct = if s.pfn_visible { d.total } else { s.pss_bytes / s.page_size_bytes };
+    Ok(Point { distinct, file: d.file, anon_shmem: d.anon + d.shmem, setup_ms })
+}
+
+fn scratch() -> Result<Scratch, CliError> {
+    let dir = std::env::temp_dir().join(format!("advm-bench-image-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| CliError::Io(dir.display().to_string(), e))?;
+    Ok(Scratch(dir))
+}
+
+impl Bench for ImageBench {
+    fn name(&self) -> &'static str {
+        "image"
+    }
+
+    fn description(&self) -> &'static str {
+        "N processes reading one 3-layer qcow2 chain: distinct physical pages when mapped (shared page cache) vs read into private memory"
+    }
+
+    fn run(&self, opts: &BenchOpts, report: &mut Report) -> Result<(), CliError> {
+        let (mib, ns): (u64, &[usize]) = if opts.quick { (16, &[1, 2, 4]) } else { (256, &[1, 2, 4, 8, 16]) };
+        let dir = scratch()?;
+        let image = build_chain(&dir.0, mib)?;
+        let img = advm::image::Image::open(&image)?;
+        let map = img.extent_map()?;
+        let ps = advm::addr::page_size() as u64;
+        let image_pages = mib * 1024 * 1024 / ps;
+        report.configuration.insert("image_mib".into(), serde_json::json!(mib));
+        report.configuration.insert("layers".into(), serde_json::json!(img.layers().len()));
+        report.configuration.insert("extents".into(), serde_json::json!(map.extents.len()));
+        report.configuration.insert("processes".into(), serde_json::json!(ns));
+        let bar = opts.progress_bar(2 * ns.len() as u64, "image");
+        for &n in ns {
+            for (mode, private) in [("mapped", false), ("private read", true)] {
+                bar.inc(1);
+                let mut distinct = Vec::new();
+                let mut setup = Vec::new();
+                let mut last = None;
+                for _ in 0..opts.runs.max(1) {
+                    let p = measure(&image, n, private)?;
+                    distinct.push(p.distinct as f64);
+                    setup.push(p.setup_ms);
+                    last = Some(p);
+                }
+                let p = last.expect("at least one run");
+                let per_image: Vec<f64> = distinct.iter().map(|d| d / image_pages as f64).collect();
+                report.rows.push(
+                    Row::new()
+                        .with("processes", n)
+                        .with("reader", mode)
+                        .figure(Figure::new("distinct pages", "pages", distinct))
+                        .figure(Figure::new("images' worth", "x", per_image))
+                        .figure(Figure::single("file pages", "pages", p.file as f64))
+                        .figure(Figure::single("anon+shmem pages", "pages", p.anon_shmem as f64))
+                        .figure(Figure::new("setup+read", "ms", setup)),
+                );
+            }
+        }
+        bar.finish_and_clear();
+        report.notes.push(format!(
+            "image: {} virtual, {} pages; {} extents over {} layers",
+            fmt_bytes(mib << 20),
+            image_pages,
+            map.extents.len(),
+            img.layers().len()
+        ));
+        report.notes.push(
+            "distinct pages count what the processes map; private readers also leave one page-cache copy behind, unmapped and not counted".into(),
+        );
+        report.notes.push(
+            "compressed clusters are decompressed into a memfd per process (a daemon would share it): part of the mapped anon+shmem pages".into(),
+        );
+        if !advm::probe::facts().pfn_visible {
+            report.notes.push("PFNs hidden: distinct pages fall back to PSS".into());
+        }
+        Ok(())
+    }
+
+    fn demo(&self) -> Result<Vec<DemoRow>, CliError> {
+        let (mib, n) = (64, 4);
+        let dir = scratch()?;
+        let image = build_chain(&dir.0, mib)?;
+        let mapped = measure(&image, n, false)?;
+        let private = measure(&image, n, true)?;
+        let ps = advm::addr::page_size() as u64;
+        Ok(vec![DemoRow {
+            capability: "image".into(),
+            workload: format!("{n} processes read a {mib} MiB 3-layer qcow2 chain"),
+            advm: format!("{} distinct pages ({})", mapped.distinct, fmt_bytes(mapped.distinct * ps)),
+            baseline: format!("private reads: {} pages ({})", private.distinct, fmt_bytes(private.distinct * ps)),
+            gain: format!("{:.1}x less memory", private.distinct as f64 / mapped.distinct.max(1) as f64),
+        }])
+    }
+}

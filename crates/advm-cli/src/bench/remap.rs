@@ -1,0 +1,564 @@
+//! `advm bench remap`: zero-copy move and swap of page ranges (SwapVA) against memmove.
+//!
+//! Sections, all in one run: a size sweep (1 page .. 1 GiB, memmove vs each engine,
+//! cache-cold source as in GC compaction), the break-even (cold and hot source, one
+//! and two threads), one thread vs two (TLB shootdowns), 2 MiB aligned vs unaligned,
+//! single calls vs batches of 1/10/100/1000 ten-page objects (the paper's Fig. 6),
+//! and overlapping slides. The report's notes check the three targets.
+
+use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use advm::remap::{self, Batch, Choice, Engine, Options, Region, PMD_SIZE};
+
+use super::{fmt_bytes, Bench, BenchOpts, DemoRow, Figure, Report, Row};
+use crate::CliError;
+
+/// See the module doc.
+pub struct RemapBench;
+
+/// Reading this much memory evicts a 32 MiB last-level cache.
+const EVICT_BYTES: usize = 64 << 20;
+
+fn ps() -> usize {
+    advm::addr::page_size()
+}
+
+/// Whether the source (and destination) are in the cache when the operation starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cache {
+    Cold,
+    Hot,
+}
+
+impl Cache {
+    fn name(self) -> &'static str {
+        match self {
+            Cache::Cold => "cold",
+            Cache::Hot => "hot",
+        }
+    }
+}
+
+/// Evicts the caches by reading a large buffer (reads allocate cache lines; a memset
+/// could stream past the cache).
+struct Evictor {
+    buf: Region,
+}
+
+impl Evictor {
+    fn new() -> Result<Self, CliError> {
+        let mut buf = Region::new(EVICT_BYTES)?;
+        buf.bytes_mut().fill(1);
+        Ok(Self { buf })
+    }
+    fn evict(&self) {
+        let b = self.buf.bytes();
+        let mut s = 0u64;
+        for i in (0..b.len()).step_by(64) {
+            s = s.wrapping_add(b[i] as u64);
+        }
+        black_box(s);
+    }
+}
+
+/// A second thread of the process, reading its own memory in a loop: while it runs on
+/// the other CPU, every page-table change of the process needs a TLB shootdown there.
+struct Toucher {
+    stop: Arc<AtomicBool>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Toucher {
+    fn start(threads: usize) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let handle = (threads > 1).then(|| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let buf = vec![1u8; 256 << 10];
+                let mut s = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for i in (0..buf.len()).step_by(64) {
+                        s = s.wrapping_add(black_box(buf[i]) as u64);
+                    }
+                }
+                black_box(s);
+            })
+        });
+        Self { stop, handle }
+    }
+}
+
+impl Drop for Toucher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn forced(engine: Option<Engine>) -> Options {
+    match engine {
+        Some(e) => Options { engine: Choice::Only(e), break_even_pages: Some(0), ..Options::default() },
+        None => Options::default(),
+    }
+}
+
+fn median(v: &[f64]) -> f64 {
+    Figure::new("", "", v.to_vec()).median
+}
+
+/// Times one move of `len` bytes from offset `src` to offset `dst` of `r`, after
+/// filling the source with data and the destination with dead data. Returns
+/// (microseconds, engine that did most of it).
+fn time_move(
+    r: &mut Region,
+    ev: &Evictor,
+    engine: Option<Engine>,
+    dst: usize,
+    src: usize,
+    len: usize,
+    cache: Cache,
+) -> Result<(f64, Option<Engine>), CliError> {
+    r.bytes_mut()[src..src + len].fill(0xab);
+    r.bytes_mut()[dst..dst + len].fill(0x01);
+    match cache {
+        Cache::Cold if len < EVICT_BYTES => ev.evict(),
+        Cache::Cold => {}
+        Cache::Hot => {
+            let b = r.bytes();
+            black_box(b[src..src + len].iter().step_by(64).fold(0u64, |a, &x| a.wrapping_add(x as u64)));
+        }
+    }
+    let t = Instant::now();
+    let out = r.move_pages_with(dst, src, len, &forced(engine))?;
+    let us = t.elapsed().as_secs_f64() * 1e6;
+    let b = r.bytes();
+    if b[dst] != 0xab || b[dst + len - 1] != 0xab {
+        return Err(CliError::Usage(format!("remap bench: a {len}-byte move left wrong bytes at the destination")));
+    }
+    Ok((us, out.engine()))
+}
+
+fn speed_figures(runs: Vec<f64>, pages: usize, baseline_us: Option<f64>) -> Vec<Figure> {
+    let pps: Vec<f64> = runs.iter().map(|us| pages as f64 / (us / 1e6)).collect();
+    let med = median(&runs);
+    let mut v = vec![Figure::new("time per op", "us", runs), Figure::new("pages/s", "pages/s", pps)];
+    if let Some(b) = baseline_us {
+        v.push(Figure::single("vs memmove", "x", b / med));
+    }
+    v
+}
+
+impl RemapBench {
+    fn size_sweep(&self, opts: &BenchOpts, report: &mut Report, ev: &Evictor) -> Result<Option<f64>, CliError> {
+        let ps = ps();
+        let sizes: &[usize] = if opts.quick {
+            &[1, 4, 16, 64, 512, 4096]
+        } else {
+            &[1, 2, 4, 8, 16, 32, 64, 256, 512, 8192, 65536, 262144]
+        };
+        let uffd = remap::uffd_move_available();
+        // (label, engine, destination vacated by an earlier move)
+        let mut engines = vec![("memmove", Some(Engine::Memmove), false)];
+        if uffd {
+            engines.push(("uffd-move", Some(Engine::UffdMove), false));
+            engines.push(("uffd-move, vacated dst", Some(Engine::UffdMove), true));
+        }
+        engines.push(("mremap", Some(Engine::Mremap), false));
+        engines.push(("auto", None, false));
+        let bar = opts.progress_bar(sizes.len() as u64, "remap: sizes");
+        let mut gib_gain = None;
+        for &pages in sizes {
+            bar.inc(1);
+            let len = pages * ps;
+            let span = len.div_ceil(PMD_SIZE) * PMD_SIZE;
+            let runs = if len >= 64 << 20 { opts.runs.min(3) } else { opts.runs };
+            // Small sizes: one pool with a fresh (source, destination) pair of 2 MiB
+            // aligned slots per operation, filled once and then evicted, so the data is
+            // cold while the kernel's code stays warm, as in a compaction loop. Large
+            // sizes (2 MiB and up): one pair, refilled and evicted before each run.
+            let pooled = len < PMD_SIZE;
+            let pairs = if pooled { runs * engines.len() } else { 1 };
+            let mut r = Region::new(2 * span * pairs)?;
+            if pooled {
+                r.bytes_mut().fill(0x01);
+                ev.evict();
+            }
+            let mut pair = 0;
+            let mut base_us = None;
+            let mut best_page_us = f64::INFINITY;
+            for &(label, engine, vacated) in &engines {
+                let mut times = Vec::new();
+                let mut used = None;
+                for _ in 0..runs {
+                    let (dst, src) = (2 * span * pair, 2 * span * pair + span);
+                    if pooled {
+                        pair += 1;
+                    } else {
+                        r.bytes_mut()[src..src + len].fill(0xab);
+                        r.bytes_mut()[dst..dst + len].fill(0x01);
+                        ev.evict();
+                    }
+                    if vacated {
+                        let a = r.addr() + dst;
+                        r.grant().zap(&[(a, len)])?;
+                    }
+                    let t = Instant::now();
+                    let out = r.move_pages_with(dst, src, len, &forced(engine))?;
+                    times.push(t.elapsed().as_secs_f64() * 1e6);
+                    used = out.engine();
+                }
+                let med = median(&times);
+                let name = match engine {
+                    Some(_) => label.to_string(),
+                    None => format!("auto ({})", used.map_or("-", |e| e.name())),
+                };
+                if engine.is_some_and(|e| e != Engine::Memmove) {
+                    best_page_us = best_page_us.min(med);
+                }
+                let mut row =
+                    Row::new().with("section", "size").with("size", fmt_bytes(len as u64)).with("engine", name);
+                for f in speed_figures(times, pages, base_us) {
+                    row = row.figure(f);
+                }
+                report.rows.push(row);
+                if engine == Some(Engine::Memmove) {
+                    base_us = Some(med);
+                }
+            }
+            if pages == 262144 {
+                gib_gain = base_us.map(|b| b / best_page_us);
+            }
+        }
+        bar.finish_and_clear();
+        Ok(gib_gain)
+    }
+
+    fn break_evens(&self, opts: &BenchOpts, report: &mut Report) -> Result<Option<usize>, CliError> {
+        if !remap::uffd_move_available() {
+            report.notes.push("UFFDIO_MOVE unavailable: no break-even to measure".into());
+            return Ok(None);
+        }
+        let reps = if opts.quick { 3 } else { 7 };
+        let mut cold_1 = None;
+        let mut curves = serde_json::Map::new();
+        for threads in [1, 2] {
+            for cache in [Cache::Cold, Cache::Hot] {
+                let _t = Toucher::start(threads);
+                let be = remap::measure_break_even(cache == Cache::Cold, reps)?;
+                if threads == 1 && cache == Cache::Cold {
+                    cold_1 = Some(be.pages);
+                }
+                curves.insert(
+                    format!("{}-{}t", cache.name(), threads),
+                    serde_json::to_value(&be.curve).unwrap_or_default(),
+                );
+                report.rows.push(
+                    Row::new()
+                        .with("section", "break-even")
+                        .with("cache", cache.name())
+                        .with("threads", threads)
+                        .figure(Figure::single("break-even", "pages", be.pages as f64)),
+                );
+            }
+        }
+        report.configuration.insert("break_even_curves".into(), serde_json::Value::Object(curves));
+        let b = remap::break_even();
+        report.notes.push(format!(
+            "break-even in use by this process: {} pages ({:?}; cache file {})",
+            b.pages,
+            b.source,
+            remap::cache_path().map_or("-".into(), |p| p.display().to_string())
+        ));
+        Ok(cold_1)
+    }
+
+    fn threads(&self, opts: &BenchOpts, report: &mut Report, ev: &Evictor) -> Result<(), CliError> {
+        let ps = ps();
+        let sizes: &[usize] = if opts.quick { &[16, 512] } else { &[16, 512, 8192] };
+        for &pages in sizes {
+            let len = pages * ps;
+            let span = len.div_ceil(PMD_SIZE) * PMD_SIZE;
+            let mut r = Region::new(2 * span)?;
+            for engine in [Engine::Memmove, Engine::UffdMove, Engine::Mremap] {
+                if engine == Engine::UffdMove && !remap::uffd_move_available() {
+                    continue;
+                }
+                for threads in [1, 2] {
+                    let _t = Toucher::start(threads);
+                    let mut times = Vec::new();
+                    for _ in 0..opts.runs {
+                        times.push(time_move(&mut r, ev, Some(engine), 0, span, len, Cache::Cold)?.0);
+                    }
+                    let mut row = Row::new()
+                        .with("section", "threads")
+                        .with("size", fmt_bytes(len as u64))
+                        .with("engine", engine.name())
+                        .with("threads", threads);
+                    for f in speed_figures(times, pages, None) {
+                        row = row.figure(f);
+                    }
+                    report.rows.push(row);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn alignment(&self, opts: &BenchOpts, report: &mut Report, ev: &Evictor) -> Result<(), CliError> {
+        let ps = ps();
+        let sizes: &[usize] =
+            if opts.quick { &[PMD_SIZE, 4 * PMD_SIZE] } else { &[PMD_SIZE, 16 * PMD_SIZE, 64 * PMD_SIZE] };
+        for &len in sizes {
+            let mut r = Region::new(2 * len + 2 * PMD_SIZE)?;
+            for (label, dst) in [("2 MiB aligned", 0), ("unaligned (+1 page)", ps)] {
+                for engine in [Some(Engine::Memmove), None] {
+                    let mut times = Vec::new();
+                    let mut used = None;
+                    for _ in 0..opts.runs {
+                        let (us, e) = time_move(&mut r, ev, engine, dst, len + PMD_SIZE, len, Cache::Cold)?;
+                        times.push(us);
+                        used = e;
+                    }
+                    let name = match engine {
+                        Some(e) => e.name().to_string(),
+                        None => format!("auto ({})", used.map_or("-", |e| e.name())),
+                    };
+                    let mut row = Row::new()
+                        .with("section", "alignment")
+                        .with("size", fmt_bytes(len as u64))
+                        .with("layout", label)
+                        .with("engine", name);
+                    for f in speed_figures(times, len / ps, None) {
+                        row = row.figure(f);
+                    }
+                    report.rows.push(row);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves `n` ten-page objects: "scatter" into a separate, populated area (every
+    /// destination must be emptied), or "compaction" sliding them down over 2-page gaps
+    /// into the space the previous objects left. Returns per-object microseconds.
+    fn batch_once(
+        r: &mut Region,
+        ev: &Evictor,
+        n: usize,
+        pattern: &str,
+        mode: &str,
+        per_batch: usize,
+    ) -> Result<f64, CliError> {
+        let ps = ps();
+        let obj = 10 * ps;
+        let base = r.addr();
+        let scatter = pattern == "scatter";
+        let src_of = |i: usize| if scatter { i * 12 * ps } else { (2 + i * 12) * ps };
+        let dst_of = |i: usize| if scatter { (n * 12 + i * 11) * ps } else { i * 10 * ps };
+        r.bytes_mut().fill(0x01);
+        for i in 0..n {
+            r.bytes_mut()[src_of(i)..src_of(i) + obj].fill((i % 250) as u8 + 2);
+        }
+        ev.evict();
+        let opts = Options { engine: Choice::Only(Engine::UffdMove), break_even_pages: Some(0), coalesce: true };
+        let t = Instant::now();
+        match mode {
+            "memmove" => {
+                for i in 0..n {
+                    r.bytes_mut().copy_within(src_of(i)..src_of(i) + obj, dst_of(i));
+                }
+            }
+            "one call each" => {
+                for i in 0..n {
+                    remap::move_pages_with(&mut r.grant(), base + dst_of(i), base + src_of(i), obj, &opts)?;
+                }
+            }
+            "one call each, raw" => {
+                for i in 0..n {
+                    remap::move_pages_with(&mut r.grant_as_raw(), base + dst_of(i), base + src_of(i), obj, &opts)?;
+                }
+            }
+            _ => {
+                let mut b = Batch::with_options(opts);
+                for chunk in (0..n).collect::<Vec<_>>().chunks(per_batch) {
+                    b.clear();
+                    for &i in chunk {
+                        b.push_move(base + dst_of(i), base + src_of(i), obj);
+                    }
+                    b.execute(&mut r.grant())?;
+                }
+            }
+        }
+        let us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+        for i in [0, n / 2, n - 1] {
+            if r.bytes()[dst_of(i)] != (i % 250) as u8 + 2 {
+                return Err(CliError::Usage(format!("remap bench: object {i} did not arrive ({pattern}, {mode})")));
+            }
+        }
+        Ok(us)
+    }
+
+    fn batches(&self, opts: &BenchOpts, report: &mut Report, ev: &Evictor) -> Result<Vec<(String, f64)>, CliError> {
+        if !remap::uffd_move_available() {
+            report.notes.push("UFFDIO_MOVE unavailable: batch section skipped".into());
+            return Ok(Vec::new());
+        }
+        let ps = ps();
+        let n = if opts.quick { 200 } else { 1000 };
+        let mut gains = Vec::new();
+        for pattern in ["scatter", "compaction"] {
+            let mut r = Region::new((n * 23 + 16) * ps)?;
+            let mut single = None;
+            let mut modes: Vec<(String, usize)> =
+                vec![("memmove".into(), 0), ("one call each".into(), 0), ("one call each, raw".into(), 0)];
+            for b in [1, 10, 100, 1000] {
+                if b <= n {
+                    modes.push((format!("batch of {b}"), b));
+                }
+            }
+            for (mode, per) in &modes {
+                let mut times = Vec::new();
+                for _ in 0..opts.runs {
+                    times.push(Self::batch_once(&mut r, ev, n, pattern, mode, *per)?);
+                }
+                let med = median(&times);
+                if mode == "one call each" {
+                    single = Some(med);
+                }
+                let mut row = Row::new()
+                    .with("section", "batch")
+                    .with("size", "10 pages")
+                    .with("layout", pattern)
+                    .with("engine", if mode == "memmove" { "memmove" } else { "uffd-move" })
+                    .with("calls", mode)
+                    .figure(Figure::new("time per op", "us", times.clone()))
+                    .figure(Figure::new("pages/s", "pages/s", times.iter().map(|us| 10.0 / (us / 1e6)).collect()));
+                if let Some(s) = single {
+                    row = row.figure(Figure::single("vs one call each", "x", s / med));
+                    if *per == 100 {
+                        gains.push((pattern.to_string(), s / med));
+                    }
+                }
+                report.rows.push(row);
+            }
+        }
+        Ok(gains)
+    }
+
+    fn slides(&self, opts: &BenchOpts, report: &mut Report, ev: &Evictor) -> Result<(), CliError> {
+        let ps = ps();
+        let blocks: &[usize] = if opts.quick { &[64, 1024] } else { &[64, 4096, 65536] };
+        for &pages in blocks {
+            let mut r = Region::new((pages + 512) * ps)?;
+            for delta in [1usize, 16, 256] {
+                if delta >= pages {
+                    continue;
+                }
+                for (dir, dst, src) in [("down", 0, delta), ("up", delta, 0)] {
+                    for engine in [Engine::Memmove, Engine::UffdMove] {
+                        if engine == Engine::UffdMove && !remap::uffd_move_available() {
+                            continue;
+                        }
+                        let mut times = Vec::new();
+                        for _ in 0..opts.runs {
+                            let len = pages * ps;
+                            r.bytes_mut()[..(pages + delta) * ps].fill(0x01);
+                            r.bytes_mut()[src * ps..src * ps + len].fill(0xab);
+                            ev.evict();
+                            let t = Instant::now();
+                            r.move_pages_with(dst * ps, src * ps, len, &forced(Some(engine)))?;
+                            times.push(t.elapsed().as_secs_f64() * 1e6);
+                            if r.bytes()[dst * ps] != 0xab || r.bytes()[dst * ps + len - 1] != 0xab {
+                                return Err(CliError::Usage("remap bench: a slide left wrong bytes".into()));
+                            }
+                        }
+                        let mut row = Row::new()
+                            .with("section", "slide")
+                            .with("size", fmt_bytes((pages * ps) as u64))
+                            .with("layout", format!("{dir} by {delta} pages"))
+                            .with("engine", engine.name());
+                        for f in speed_figures(times, pages, None) {
+                            row = row.figure(f);
+                        }
+                        report.rows.push(row);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Bench for RemapBench {
+    fn name(&self) -> &'static str {
+        "remap"
+    }
+
+    fn description(&self) -> &'static str {
+        "move pages by page table (UFFDIO_MOVE, mremap) vs memmove: sizes 1 page..1 GiB, break-even, threads, alignment, batches, slides"
+    }
+
+    fn run(&self, opts: &BenchOpts, report: &mut Report) -> Result<(), CliError> {
+        let ev = Evictor::new()?;
+        report.configuration.insert("uffd_move".into(), serde_json::json!(remap::uffd_move_available()));
+        report.configuration.insert("evict_bytes".into(), serde_json::json!(EVICT_BYTES));
+        let be = self.break_evens(opts, report)?;
+        let gib = self.size_sweep(opts, report, &ev)?;
+        self.threads(opts, report, &ev)?;
+        self.alignment(opts, report, &ev)?;
+        let gains = self.batches(opts, report, &ev)?;
+        self.slides(opts, report, &ev)?;
+        let met = |ok: bool| if ok { "MET" } else { "NOT MET" };
+        let mut targets = serde_json::Map::new();
+        if let Some(p) = be {
+            report.notes.push(format!("target: cold single-thread break-even < 10 pages: {p} pages, {}", met(p < 10)));
+            targets.insert("break_even_cold_1t_pages".into(), serde_json::json!(p));
+        }
+        match gib {
+            Some(g) => {
+                report
+                    .notes
+                    .push(format!("target: 1 GiB move >= 1000x faster than memmove: {g:.0}x, {}", met(g >= 1000.0)));
+                targets.insert("gib_move_vs_memmove_x".into(), serde_json::json!(g));
+            }
+            None => report.notes.push("target: 1 GiB move not measured in --quick".into()),
+        }
+        for (pattern, g) in &gains {
+            report.notes.push(format!(
+                "target: batches of 100 ten-page objects >= 3x faster than one call each ({pattern}): {g:.2}x, {}",
+                met(*g >= 3.0)
+            ));
+            targets.insert(format!("batch100_vs_single_{pattern}_x"), serde_json::json!(g));
+        }
+        report.configuration.insert("targets".into(), serde_json::Value::Object(targets));
+        Ok(())
+    }
+
+    fn demo(&self) -> Result<Vec<DemoRow>, CliError> {
+        let ev = Evictor::new()?;
+        let len = 256 << 20;
+        let mut r = Region::new(2 * len)?;
+        let mut page = Vec::new();
+        let mut copy = Vec::new();
+        let mut used = None;
+        for _ in 0..3 {
+            let (us, e) = time_move(&mut r, &ev, None, 0, len, len, Cache::Cold)?;
+            page.push(us);
+            used = e;
+            copy.push(time_move(&mut r, &ev, Some(Engine::Memmove), 0, len, len, Cache::Cold)?.0);
+        }
+        let (p, c) = (median(&page), median(&copy));
+        Ok(vec![DemoRow {
+            capability: "remap".into(),
+            workload: "move 256 MiB (2 MiB aligned) within a heap".into(),
+            advm: format!("{:.0} us ({})", p, used.map_or("-", |e| e.name())),
+            baseline: format!("memmove {:.1} ms", c / 1e3),
+            gain: format!("{:.0}x faster", c / p),
+        }])
+    }
+}

@@ -1,0 +1,198 @@
+//! `advm image info|map|cat`: a qcow2 chain's layers, its extent map, and bytes read
+//! through the mapping.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+
+use advm::image::{ExtentKind, GuestOffset, Image, ImageSpace, MapOptions, OverBudget};
+
+use crate::bench::render_cells;
+use crate::{to_json, CliError};
+
+/// `advm image ...`.
+#[derive(Debug, clap::Subcommand)]
+pub enum ImageCmd {
+    /// The layers of the backing chain: format, sizes, cluster size, backing names.
+    Info {
+        /// The image (qcow2 or raw).
+        image: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The extent map: per run of the virtual disk, where its bytes come from.
+    Map {
+        /// The image.
+        image: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Writes bytes of the virtual disk to stdout, read through the mapping.
+    Cat {
+        /// The image.
+        image: PathBuf,
+        /// First byte.
+        #[arg(long, default_value_t = 0)]
+        offset: u64,
+        /// Number of bytes (default: to the end of the disk).
+        #[arg(long)]
+        length: Option<u64>,
+        /// Read small runs into memory when the image needs more mappings than the
+        /// VMA budget allows (default: fail).
+        #[arg(long)]
+        copy_over_budget: bool,
+    },
+    /// Maps the image (or reads it into private memory), reads all of it, says `ready`,
+    /// and waits for stdin to close (used by `advm bench image`).
+    #[command(hide = true)]
+    Hold {
+        /// The image.
+        image: PathBuf,
+        /// Read into private memory instead of mapping.
+        #[arg(long)]
+        private: bool,
+    },
+}
+
+/// Runs an `advm image` command.
+pub fn run(cmd: ImageCmd) -> Result<(), CliError> {
+    match cmd {
+        ImageCmd::Info { image, json } => {
+            let img = Image::open(&image)?;
+            let info = img.info();
+            if json {
+                println!(
+                    "{}",
+                    to_json(&serde_json::json!({ "virtual_size_bytes": img.virtual_size(), "layers": info }))
+                );
+                return Ok(());
+            }
+            let mut cells =
+                vec![["depth", "file", "format", "virtual size", "file size", "cluster", "backing", "notes"]
+                    .map(String::from)
+                    .to_vec()];
+            for l in &info {
+                let mut notes = Vec::new();
+                if l.crypt_method != 0 {
+                    notes.push(format!("encrypted (method {})", l.crypt_method));
+                }
+                if let Some(c) = l.compression {
+                    if c != advm::image::Compression::Deflate {
+                        notes.push(format!("{c:?} compression"));
+                    }
+                }
+                if l.extended_l2 {
+                    notes.push("extended L2".into());
+                }
+                cells.push(vec![
+                    l.depth.to_string(),
+                    l.path.display().to_string(),
+                    format!("{:?}", l.format).to_lowercase(),
+                    l.virtual_size_bytes.to_string(),
+                    l.file_size_bytes.to_string(),
+                    l.cluster_size_bytes.map_or("-".into(), |c| c.to_string()),
+                    match (&l.backing_name, &l.backing_format) {
+                        (Some(n), Some(f)) => format!("{n} ({f})"),
+                        (Some(n), None) => n.clone(),
+                        _ => "-".into(),
+                    },
+                    notes.join(", "),
+                ]);
+            }
+            print!("{}", render_cells(&cells));
+        }
+        ImageCmd::Map { image, json } => {
+            let img = Image::open(&image)?;
+            let map = img.extent_map()?;
+            let files: Vec<String> = img.layers().iter().map(|l| l.path().display().to_string()).collect();
+            if json {
+                let extents: Vec<serde_json::Value> = map
+                    .extents
+                    .iter()
+                    .map(|e| {
+                        let mut v = serde_json::to_value(e).expect("extents serialize");
+                        v["file"] = serde_json::json!(files[e.depth]);
+                        v
+                    })
+                    .collect();
+                println!("{}", to_json(&serde_json::json!({ "size": map.size, "extents": extents })));
+                return Ok(());
+            }
+            let mut cells = vec![["start", "length", "kind", "depth", "file", "offset"].map(String::from).to_vec()];
+            for e in &map.extents {
+                let (kind, offset) = match &e.kind {
+                    ExtentKind::Data { offset } => ("data".to_string(), offset.to_string()),
+                    ExtentKind::Zero { reason } => (format!("zero ({reason})"), "-".into()),
+                    ExtentKind::Compressed { offset, .. } => ("compressed".into(), offset.to_string()),
+                    ExtentKind::Unsupported { reason } => (format!("unsupported: {reason}"), "-".into()),
+                    _ => ("other".into(), "-".into()),
+                };
+                cells.push(vec![
+                    e.start.to_string(),
+                    e.len.to_string(),
+                    kind,
+                    e.depth.to_string(),
+                    files[e.depth].clone(),
+                    offset,
+                ]);
+            }
+            print!("{}", render_cells(&cells));
+        }
+        ImageCmd::Cat { image, offset, length, copy_over_budget } => {
+            let options = MapOptions {
+                over_budget: if copy_over_budget { OverBudget::CopySmallRuns } else { OverBudget::Fail },
+                ..Default::default()
+            };
+            let space = ImageSpace::map(&image, &options)?;
+            let length = length.unwrap_or(space.size().saturating_sub(offset));
+            if offset.checked_add(length).map_or(true, |end| end > space.size()) {
+                return Err(CliError::Usage(format!(
+                    "--offset {offset} --length {length} runs past the {}-byte virtual size of {}",
+                    space.size(),
+                    image.display()
+                )));
+            }
+            let mut out = std::io::stdout().lock();
+            let mut buf = vec![0u8; 1 << 20];
+            let mut at = offset;
+            while at < offset + length {
+                let n = buf.len().min((offset + length - at) as usize);
+                space.read(GuestOffset(at), &mut buf[..n])?;
+                out.write_all(&buf[..n]).map_err(|e| CliError::Io("stdout".into(), e))?;
+                at += n as u64;
+            }
+            out.flush().map_err(|e| CliError::Io("stdout".into(), e))?;
+        }
+        ImageCmd::Hold { image, private } => {
+            let keep: Box<dyn std::any::Any> = if private {
+                let img = Image::open(&image)?;
+                let mut buf = vec![0u8; img.virtual_size() as usize];
+                fill_private(&img, &mut buf)?;
+                Box::new(buf)
+            } else {
+                let space = ImageSpace::map(&image, &MapOptions::default())?;
+                space.read_all()?;
+                Box::new(space)
+            };
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "ready").and_then(|_| out.flush()).map_err(|e| CliError::Io("stdout".into(), e))?;
+            drop(out);
+            let mut line = String::new();
+            while std::io::stdin().lock().read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
+                line.clear();
+            }
+            drop(keep);
+        }
+    }
+    Ok(())
+}
+
+/// Reads the whole disk into private heap memory, as a VM with a block device keeps
+/// its own copy of what it read.
+fn fill_private(img: &Image, dst: &mut [u8]) -> Result<(), CliError> {
+    for (i, chunk) in dst.chunks_mut(1 << 20).enumerate() {
+        img.read_at(GuestOffset((i as u64) << 20), chunk)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,244 @@
+//! The break-even: the size (in pages) from which moving page-table entries beats
+//! copying bytes. Measured on this machine at first use with a cache-cold source (as
+//! in GC compaction), cached on disk, and overridable.
+//!
+//! Order of precedence: [`set_break_even_pages`] (API), the `ADVM_REMAP_BREAK_EVEN_PAGES`
+//! environment variable, the cache file (`$XDG_CACHE_HOME/advm/remap-break-even.json`
+//! or `~/.cache/advm/...`, valid for the same kernel, CPU and page size), a fresh
+//! measurement (about a tenth of a second), and a fixed default when UFFDIO_MOVE is
+//! not available (then only 2 MiB-aligned moves use pages, through mremap).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::{move_pages_with, uffd_move_available, Choice, Engine, Options, PMD_SIZE};
+use crate::addr::page_size;
+use crate::sys::grant::RwMapping;
+use crate::Result;
+
+/// Environment variable that overrides the measured break-even (in pages).
+pub const ENV_BREAK_EVEN: &str = "ADVM_REMAP_BREAK_EVEN_PAGES";
+
+/// Page counts the measurement tries.
+const GRID: [usize; 12] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64];
+
+/// Where the break-even came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BreakEvenSource {
+    /// [`set_break_even_pages`].
+    Api,
+    /// The environment variable.
+    Env,
+    /// The cache file.
+    Cache,
+    /// Measured by this process (and written to the cache).
+    Measured,
+    /// No page engine for small moves here: a fixed value.
+    Default,
+}
+
+/// One size of the measured curve (medians, microseconds per operation).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CurvePoint {
+    /// Pages per operation.
+    pub pages: usize,
+    /// memmove into a destination that holds (dead) data.
+    pub memmove_us: f64,
+    /// UFFDIO_MOVE into an empty destination (vacated by an earlier move, as in
+    /// compaction).
+    pub uffd_move_us: f64,
+    /// `move_pages` forced to UFFDIO_MOVE into a destination that holds data: the
+    /// attempt finds it populated, empties it (`MADV_DONTNEED` frees its pages), moves.
+    pub uffd_move_populated_us: f64,
+}
+
+/// The break-even and how it was obtained.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BreakEven {
+    /// Moves of fewer pages are copied without trying the kernel (break-even against an
+    /// empty destination).
+    pub pages: usize,
+    /// When the destination turns out to hold pages, moves of fewer pages are copied
+    /// instead of freeing them (break-even against a populated destination).
+    pub pages_populated: usize,
+    /// Where the value came from.
+    pub source: BreakEvenSource,
+    /// The measured curve (empty unless measured or cached).
+    pub curve: Vec<CurvePoint>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct CacheFile {
+    key: String,
+    measured: BreakEven,
+}
+
+static API_OVERRIDE: AtomicUsize = AtomicUsize::new(0);
+
+/// Overrides the break-even for this process (`None` restores the measured value).
+pub fn set_break_even_pages(pages: Option<usize>) {
+    API_OVERRIDE.store(pages.map_or(0, |p| p.saturating_add(1)), Ordering::Relaxed);
+}
+
+/// The break-even this process uses.
+pub fn break_even() -> BreakEven {
+    let api = API_OVERRIDE.load(Ordering::Relaxed);
+    if api > 0 {
+        return BreakEven { pages: api - 1, pages_populated: api - 1, source: BreakEvenSource::Api, curve: Vec::new() };
+    }
+    if let Some(p) = std::env::var(ENV_BREAK_EVEN).ok().and_then(|v| v.trim().parse().ok()) {
+        return BreakEven { pages: p, pages_populated: p, source: BreakEvenSource::Env, curve: Vec::new() };
+    }
+    static MEASURED: OnceLock<BreakEven> = OnceLock::new();
+    MEASURED.get_or_init(load_or_measure).clone()
+}
+
+fn machine_key() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default();
+    format!(
+        "kernel={} cpu={} page={} cpus={}",
+        crate::sys::kernel_release(),
+        cpu,
+        page_size(),
+        crate::probe::facts().cpus
+    )
+}
+
+/// The cache file's path.
+pub fn cache_path() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("advm").join("remap-break-even.json"))
+}
+
+fn load_or_measure() -> BreakEven {
+    if !uffd_move_available() {
+        let p = PMD_SIZE / page_size();
+        return BreakEven { pages: p, pages_populated: p, source: BreakEvenSource::Default, curve: Vec::new() };
+    }
+    let key = machine_key();
+    if let Some(path) = cache_path() {
+        if let Some(c) = std::fs::read(&path).ok().and_then(|b| serde_json::from_slice::<CacheFile>(&b).ok()) {
+            if c.key == key {
+                return BreakEven { source: BreakEvenSource::Cache, ..c.measured };
+            }
+        }
+    }
+    match measure_break_even(true, 5) {
+        Ok(m) => {
+            if let Some(path) = cache_path() {
+                let file = CacheFile { key, measured: m.clone() };
+                if let Some(dir) = path.parent() {
+                    let _ = std::fs::create_dir_all(dir);
+                }
+                // Write then rename, so a concurrent reader never sees half a file.
+                let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+                if std::fs::write(&tmp, serde_json::to_vec_pretty(&file).unwrap_or_default()).is_ok() {
+                    let _ = std::fs::rename(&tmp, &path);
+                }
+            }
+            m
+        }
+        Err(_) => BreakEven { pages: 16, pages_populated: 64, source: BreakEvenSource::Default, curve: Vec::new() },
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Measures memmove against UFFDIO_MOVE for 1..64 pages, `reps` times each, into an
+/// empty destination and into a populated one, and returns for each the smallest size
+/// from which the page move is at least as fast for it and the next size. `cold`:
+/// every operation uses memory last touched tens of MiB ago (more than the last-level
+/// cache; the kernel's own code and data stay warm, as in a compaction loop);
+/// otherwise source and destination are touched right before.
+pub fn measure_break_even(cold: bool, reps: usize) -> Result<BreakEven> {
+    let ps = page_size();
+    let reps = reps.max(1);
+    let per_size: usize = GRID.iter().sum::<usize>() * ps * 2 * 3;
+    // Used slots, plus 64 MiB written after them so they have left a 32 MiB L3.
+    let pool_len = per_size * reps + (64 << 20);
+    let mut pool = RwMapping::new(pool_len, PMD_SIZE, false)?;
+    pool.bytes_mut().fill(0x5a);
+    let base = pool.addr();
+    let mut g = pool.grant();
+    let uffd_opts = Options { engine: Choice::Only(Engine::UffdMove), break_even_pages: Some(0), coalesce: false };
+    let mut cursor = base;
+    let mut curve = Vec::with_capacity(GRID.len());
+    for &k in &GRID {
+        let len = k * ps;
+        let mut t: [Vec<f64>; 3] = Default::default();
+        for _ in 0..reps {
+            for (which, ts) in t.iter_mut().enumerate() {
+                let (src, dst) = (cursor, cursor + len);
+                cursor += 2 * len;
+                if which == 1 {
+                    g.zap(&[(dst, len)])?; // vacated by an earlier move
+                }
+                if !cold {
+                    g.touch(src, len, 64)?;
+                    if which != 1 {
+                        g.fill(dst, len, 1)?;
+                    }
+                }
+                let start = Instant::now();
+                if which == 0 {
+                    g.memmove(dst, src, len)?;
+                } else {
+                    move_pages_with(&mut g, dst, src, len, &uffd_opts)?;
+                }
+                ts.push(start.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        let [mm, ue, up] = &mut t;
+        curve.push(CurvePoint {
+            pages: k,
+            memmove_us: median(mm),
+            uffd_move_us: median(ue),
+            uffd_move_populated_us: median(up),
+        });
+    }
+    let empty: Vec<(usize, f64, f64)> = curve.iter().map(|c| (c.pages, c.memmove_us, c.uffd_move_us)).collect();
+    let full: Vec<(usize, f64, f64)> =
+        curve.iter().map(|c| (c.pages, c.memmove_us, c.uffd_move_populated_us)).collect();
+    Ok(BreakEven {
+        pages: crossing(&empty),
+        pages_populated: crossing(&full),
+        source: BreakEvenSource::Measured,
+        curve,
+    })
+}
+
+/// Smallest size where the page move wins there and at the next size (one noisy point
+/// does not decide); one past the grid when it never does.
+/// `curve`: (pages, memmove time, page-move time).
+pub(crate) fn crossing(curve: &[(usize, f64, f64)]) -> usize {
+    let wins: Vec<bool> = curve.iter().map(|c| c.2 <= c.1).collect();
+    for i in 0..curve.len() {
+        if wins[i] && wins.get(i + 1).copied().unwrap_or(true) {
+            return curve[i].0;
+        }
+    }
+    curve.last().map_or(GRID[GRID.len() - 1], |c| c.0) + 1
+}

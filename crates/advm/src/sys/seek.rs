@@ -1,0 +1,22 @@
+//! `lseek(SEEK_DATA / SEEK_HOLE)`: where a sparse file holds data.
+
+use std::os::fd::AsFd;
+
+use rustix::fs::SeekFrom;
+
+use super::{SysError, SysResult};
+
+/// The first offset at or after `from` that holds data, or `None` when only a hole
+/// follows up to the end of the file (`ENXIO`).
+pub fn next_data(fd: impl AsFd, from: u64) -> SysResult<Option<u64>> {
+    match rustix::fs::seek(fd, SeekFrom::Data(from)) {
+        Ok(at) => Ok(Some(at)),
+        Err(rustix::io::Errno::NXIO) => Ok(None),
+        Err(e) => Err(SysError::new("lseek(SEEK_DATA)", e)),
+    }
+}
+
+/// The first offset at or after `from` in a hole (the end of the file counts as one).
+pub fn next_hole(fd: impl AsFd, from: u64) -> SysResult<u64> {
+    rustix::fs::seek(fd, SeekFrom::Hole(from)).map_err(|e| SysError::new("lseek(SEEK_HOLE)", e))
+}

@@ -1,0 +1,659 @@
+//! advm::image against qemu-img: extent maps agree with `qemu-img map`, bytes read
+//! through the mapping equal `qemu-img convert -O raw`, and bad images give clear
+//! errors. Images are built by qemu-img / qemu-io (Debian qemu-utils); without them
+//! the tests print why and skip.
+
+use std::fs;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use advm::image::{ExtentKind, GuestOffset, Image, ImageSpace, MapOptions, OverBudget};
+
+const K: u64 = 1024;
+const M: u64 = 1024 * 1024;
+
+fn have_qemu() -> bool {
+    let ok = Command::new("qemu-img").arg("--version").output().is_ok_and(|o| o.status.success())
+        && Command::new("qemu-io").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("skipping: qemu-img/qemu-io not found (Debian package qemu-utils)");
+    }
+    ok
+}
+
+/// A scratch directory, removed on drop.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Dir {
+        let d = std::env::temp_dir().join(format!("advm-image-{}-{name}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        Dir(d)
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn run(dir: &Path, prog: &str, args: &[&str]) -> String {
+    let out = Command::new(prog).args(args).current_dir(dir).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{prog} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn qemu_io(dir: &Path, image: &str, cmds: &[String]) {
+    let mut args = vec![];
+    for c in cmds {
+        args.push("-c");
+        args.push(c.as_str());
+    }
+    args.push(image);
+    run(dir, "qemu-io", &args);
+}
+
+/// A tiny deterministic generator (so failures reproduce).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Writes, zero writes, discards and compressed writes into `image` (one layer).
+fn scribble(dir: &Path, image: &str, size: u64, cs: u64, seed: u64) {
+    let mut r = Lcg(seed);
+    let clusters = size / cs;
+    // The compressed write comes first: qemu compresses only into unallocated clusters.
+    let c = r.below(clusters);
+    let mut cmds = vec![format!("write -c -P {} {} {cs}", 1 + r.below(250), c * cs)];
+    for _ in 0..4 {
+        let off = r.below(size / 512) * 512;
+        let len = (1 + r.below(3 * cs.min(64 * K) / 512)) * 512;
+        let len = len.min(size - off);
+        cmds.push(format!("write -P {} {off} {len}", 1 + r.below(250)));
+    }
+    let c = r.below(clusters);
+    cmds.push(format!("write -z {} {}", c * cs, cs.min(size - c * cs)));
+    let c = r.below(clusters);
+    cmds.push(format!("discard {} {}", c * cs, cs));
+    qemu_io(dir, image, &cmds);
+}
+
+#[derive(Debug)]
+struct QemuExtent {
+    start: u64,
+    len: u64,
+    depth: usize,
+    data: bool,
+    zero: bool,
+    offset: Option<u64>,
+}
+
+fn qemu_map(dir: &Path, image: &str) -> Vec<QemuExtent> {
+    let out = run(dir, "qemu-img", &["map", "--output=json", image]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|e| QemuExtent {
+            start: e["start"].as_u64().unwrap(),
+            len: e["length"].as_u64().unwrap(),
+            depth: e["depth"].as_u64().unwrap() as usize,
+            data: e["data"].as_bool().unwrap(),
+            zero: e["zero"].as_bool().unwrap(),
+            offset: e["offset"].as_u64(),
+        })
+        .collect()
+}
+
+/// The chain's file names by depth, from `qemu-img info --backing-chain`.
+fn qemu_chain(dir: &Path, image: &str) -> Vec<String> {
+    let out = run(dir, "qemu-img", &["info", "--backing-chain", "--output=json", image]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|l| Path::new(l["filename"].as_str().unwrap()).file_name().unwrap().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// Our extent map against qemu's, range by range; returns the number of extents.
+fn check_map(dir: &Path, image: &str) -> usize {
+    let img = Image::open(dir.join(image)).unwrap();
+    let ours = img.extent_map().unwrap();
+    let names: Vec<String> =
+        img.layers().iter().map(|l| l.path().file_name().unwrap().to_string_lossy().into_owned()).collect();
+    assert_eq!(names, qemu_chain(dir, image), "{image}: chain");
+    let theirs = qemu_map(dir, image);
+    assert_eq!(ours.size, theirs.iter().map(|e| e.len).sum::<u64>(), "{image}: size");
+    // Extents are sorted and cover the disk without gaps.
+    let mut at = 0;
+    for e in &ours.extents {
+        assert_eq!(e.start.0, at, "{image}: gap or overlap at {at:#x}");
+        assert!(e.len > 0);
+        at = e.end();
+    }
+    assert_eq!(at, ours.size);
+    for q in &theirs {
+        let mut g = q.start;
+        while g < q.start + q.len {
+            let e = ours.find(GuestOffset(g)).unwrap();
+            let piece = (q.start + q.len).min(e.end()) - g;
+            let ctx = format!("{image}: guest {g:#x}+{piece}: ours {e:?}, qemu {q:?}");
+            // qemu sees a raw layer in 512-byte sectors: the zeros after an odd-sized
+            // raw base up to the next sector it attributes to the base itself.
+            let sector_tail = e.kind == ExtentKind::Zero { reason: advm::image::ZeroReason::BeyondBacking }
+                && q.depth == e.depth + 1
+                && piece < 512;
+            assert!(e.depth == q.depth || sector_tail, "{ctx}");
+            let qoff = q.offset.map(|o| o + (g - q.start));
+            match &e.kind {
+                ExtentKind::Data { offset } => {
+                    // qemu says zero for holes it finds in the file; we map those too.
+                    assert!(q.data || q.zero, "{ctx}");
+                    assert_eq!(Some(offset.0 + (g - e.start.0)), qoff, "{ctx}");
+                }
+                ExtentKind::Compressed { .. } => assert!(q.data && q.offset.is_none(), "{ctx}"),
+                ExtentKind::Zero { .. } => assert!(q.zero && !q.data, "{ctx}"),
+                other => panic!("{ctx}: unexpected {other:?}"),
+            }
+            g += piece;
+        }
+    }
+    ours.extents.len()
+}
+
+/// Every byte through the mapping (and through `read_at`) equals qemu's raw output.
+fn check_bytes(dir: &Path, image: &str, options: &MapOptions) -> advm::image::MapStats {
+    run(dir, "qemu-img", &["convert", "-O", "raw", image, "expect.raw"]);
+    let expect = fs::read(dir.join("expect.raw")).unwrap();
+    let space = ImageSpace::map(dir.join(image), options).unwrap();
+    assert_eq!(space.size(), expect.len() as u64);
+    let mut got = vec![0u8; expect.len()];
+    space.read(GuestOffset(0), &mut got).unwrap();
+    if let Some(i) = (0..got.len()).find(|&i| got[i] != expect[i]) {
+        panic!("{image}: mapping differs from qemu-img convert at byte {i:#x}: {} vs {}", got[i], expect[i]);
+    }
+    let img = Image::open(dir.join(image)).unwrap();
+    let mut read = vec![0u8; expect.len()];
+    img.read_at(GuestOffset(0), &mut read).unwrap();
+    assert!(read == expect, "{image}: read_at differs from qemu-img convert");
+    space.stats().clone()
+}
+
+/// A chain of `depth` qcow2 layers with `cs`-byte clusters, each layer scribbled on.
+fn build_chain(dir: &Path, depth: usize, cs: u64, size: u64, seed: u64) -> String {
+    let mut below: Option<String> = None;
+    for i in 0..depth {
+        let name = format!("l{i}.qcow2");
+        let mut args = vec!["create".to_string(), "-q".into(), "-f".into(), "qcow2".into()];
+        args.push("-o".into());
+        args.push(format!("cluster_size={cs}"));
+        if let Some(b) = &below {
+            args.extend(["-b".into(), b.clone(), "-F".into(), "qcow2".into()]);
+        }
+        args.push(name.clone());
+        args.push(size.to_string());
+        let a: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+        run(dir, "qemu-img", &a);
+        scribble(dir, &name, size, cs, seed * 100 + i as u64);
+        below = Some(name);
+    }
+    below.unwrap()
+}
+
+#[test]
+fn chains_match_qemu_across_cluster_sizes_and_depths() {
+    if !have_qemu() {
+        return;
+    }
+    let mut compressed_total = 0;
+    for (cs, size, depths) in [
+        (4 * K, 2 * M, &[1usize, 2, 8][..]),
+        (64 * K, 4 * M, &[1, 3, 5, 8][..]),
+        (2 * M, 8 * M, &[1, 4][..]),
+        (512, 512 * K, &[2][..]),
+    ] {
+        for &depth in depths {
+            let dir = Dir::new(&format!("chain-{cs}-{depth}"));
+            let top = build_chain(&dir.0, depth, cs, size, cs + depth as u64);
+            let n = check_map(&dir.0, &top);
+            let stats = check_bytes(&dir.0, &top, &MapOptions::default());
+            assert!(stats.mappings <= n + 2 * depth + 2, "cs {cs} depth {depth}: {stats:?} for {n} extents");
+            let map = Image::open(dir.0.join(&top)).unwrap().extent_map().unwrap();
+            let compressed: u64 =
+                map.extents.iter().filter(|e| matches!(e.kind, ExtentKind::Compressed { .. })).map(|e| e.len).sum();
+            assert!(stats.memfd_bytes >= compressed, "compressed clusters are materialised: {stats:?}");
+            compressed_total += compressed;
+            if cs >= 4 * K {
+                assert!(stats.file_bytes > 0, "data is mapped from layer files: {stats:?}");
+            }
+        }
+    }
+    assert!(compressed_total > 0, "the matrix had no compressed cluster left");
+}
+
+#[test]
+fn raw_base_and_shorter_backing() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = Dir::new("raw-short");
+    let d = &dir.0;
+    run(d, "qemu-img", &["create", "-q", "-f", "raw", "base.raw", "1M"]);
+    qemu_io(d, "base.raw", &["write -P 0x11 0 256k".into(), "write -P 0x12 640k 100k".into()]);
+    // Overlay 3 MiB on a 1 MiB base; a middle qcow2 of 2 MiB.
+    run(
+        d,
+        "qemu-img",
+        &["create", "-q", "-f", "qcow2", "-o", "cluster_size=4k", "-b", "base.raw", "-F", "raw", "mid.qcow2", "2M"],
+    );
+    qemu_io(
+        d,
+        "mid.qcow2",
+        &[
+            "write -P 0x22 64k 8k".into(),
+            "write -z 128k 8k".into(),
+            "write -c -P 0x33 512k 4k".into(),
+            "discard 16k 4k".into(),
+        ],
+    );
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "mid.qcow2", "-F", "qcow2", "top.qcow2", "3M"]);
+    qemu_io(d, "top.qcow2", &["write -P 0x44 1536k 4k".into(), "write -P 0x45 2900k 4k".into()]);
+    check_map(d, "top.qcow2");
+    check_bytes(d, "top.qcow2", &MapOptions::default());
+    let map = Image::open(d.join("top.qcow2")).unwrap().extent_map().unwrap();
+    let beyond = map.find(GuestOffset(2 * M + 4096)).unwrap();
+    assert_eq!(beyond.kind, ExtentKind::Zero { reason: advm::image::ZeroReason::BeyondBacking });
+    let hole = map.find(GuestOffset(300 * K)).unwrap();
+    assert_eq!((hole.depth, &hole.kind), (2, &ExtentKind::Zero { reason: advm::image::ZeroReason::Hole }));
+    // A raw image alone is a chain of one.
+    check_bytes(d, "base.raw", &MapOptions::default());
+    // A raw base whose size is not a multiple of the page (nor of 512).
+    let odd: Vec<u8> = (0..1_000_001u32).map(|i| (i / 4096 + 1) as u8).collect();
+    fs::write(d.join("odd.raw"), odd).unwrap();
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "odd.raw", "-F", "raw", "over.qcow2", "2M"]);
+    qemu_io(d, "over.qcow2", &["write -P 0x55 8k 4k".into()]);
+    check_map(d, "over.qcow2");
+    let stats = check_bytes(d, "over.qcow2", &MapOptions::default());
+    assert!(stats.memfd_bytes >= 4096, "the partial last page of odd.raw is materialised: {stats:?}");
+}
+
+#[test]
+fn compressed_images_deflate_and_zstd() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = Dir::new("compressed");
+    let d = &dir.0;
+    run(d, "qemu-img", &["create", "-q", "-f", "raw", "src.raw", "3M"]);
+    qemu_io(d, "src.raw", &["write -P 0x5a 0 1M".into(), "write -P 0x17 1500k 300k".into()]);
+    run(d, "qemu-img", &["convert", "-c", "-O", "qcow2", "src.raw", "deflate.qcow2"]);
+    run(d, "qemu-img", &["convert", "-c", "-O", "qcow2", "-o", "compression_type=zstd", "src.raw", "zstd.qcow2"]);
+    for image in ["deflate.qcow2", "zstd.qcow2"] {
+        check_map(d, image);
+        let stats = check_bytes(d, image, &MapOptions::default());
+        assert!(stats.memfd_bytes >= M, "{image}: {stats:?}");
+    }
+}
+
+#[test]
+fn vma_budget_fails_clearly_or_copies_small_runs() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = Dir::new("budget");
+    let d = &dir.0;
+    let top = build_chain(d, 3, 64 * K, 4 * M, 7);
+    let img = Image::open(d.join(&top)).unwrap();
+    let natural = ImageSpace::map_image(&img, &MapOptions::default()).unwrap().stats().mappings;
+    assert!(natural > 4, "{natural}");
+    let e = ImageSpace::map_image(&img, &MapOptions { max_mappings: Some(4), ..Default::default() }).unwrap_err();
+    let msg = e.to_string();
+    let max = advm::probe::facts().max_map_count;
+    assert!(
+        msg.starts_with(&format!("{}: needs {natural} mappings (", d.join(&top).display()))
+            && msg.ends_with(&format!(
+                "but the budget is 4 (vm.max_map_count {max}); map with OverBudget::CopySmallRuns to read small runs into memory"
+            )),
+        "{msg}"
+    );
+    let options = MapOptions { max_mappings: Some(4), over_budget: OverBudget::CopySmallRuns, ..Default::default() };
+    let stats = check_bytes(d, &top, &options);
+    assert!(stats.mappings <= 4 && stats.over_budget_bytes > 0, "{stats:?}");
+}
+
+/// Writes a qcow2 v3 file by hand: `clusters` 4 KiB clusters whose even clusters all
+/// point at one data cluster (so no two are contiguous) and odd ones are unallocated.
+/// qemu-io could build the same map only with hundreds of thousands of commands.
+fn fragmented_qcow2(path: &Path, clusters: u64) {
+    let cs = 4096u64;
+    let l2_entries = cs / 8;
+    let l1_size = clusters.div_ceil(l2_entries);
+    let l1_clusters = (l1_size * 8).div_ceil(cs);
+    let refcount_table = cs; // cluster 1: an empty refcount table
+    let l1_off = 2 * cs;
+    let data_off = l1_off + l1_clusters * cs;
+    let l2_first = data_off + cs;
+    let mut h = vec![0u8; cs as usize];
+    h[0..4].copy_from_slice(b"QFI\xfb");
+    h[4..8].copy_from_slice(&3u32.to_be_bytes());
+    h[20..24].copy_from_slice(&12u32.to_be_bytes());
+    h[24..32].copy_from_slice(&(clusters * cs).to_be_bytes());
+    h[36..40].copy_from_slice(&(l1_size as u32).to_be_bytes());
+    h[40..48].copy_from_slice(&l1_off.to_be_bytes());
+    h[48..56].copy_from_slice(&refcount_table.to_be_bytes());
+    h[56..60].copy_from_slice(&1u32.to_be_bytes());
+    h[96..100].copy_from_slice(&4u32.to_be_bytes());
+    h[100..104].copy_from_slice(&104u32.to_be_bytes());
+    let f = fs::File::create(path).unwrap();
+    f.write_all_at(&h, 0).unwrap();
+    let l1: Vec<u8> = (0..l1_size).flat_map(|i| ((l2_first + i * cs) | 1 << 63).to_be_bytes()).collect();
+    f.write_all_at(&l1, l1_off).unwrap();
+    f.write_all_at(&vec![0xc3u8; cs as usize], data_off).unwrap();
+    let l2: Vec<u8> = (0..l1_size * l2_entries)
+        .flat_map(|c| if c % 2 == 0 && c < clusters { data_off.to_be_bytes() } else { [0u8; 8] })
+        .collect();
+    f.write_all_at(&l2, l2_first).unwrap();
+}
+
+#[test]
+fn hundreds_of_thousands_of_runs_exceed_the_vma_budget() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = Dir::new("runs");
+    let d = &dir.0;
+    let clusters = 200_000;
+    fragmented_qcow2(&d.join("frag.qcow2"), clusters);
+    let n = check_map(d, "frag.qcow2");
+    assert_eq!(n, clusters as usize);
+    let msg = ImageSpace::map(d.join("frag.qcow2"), &MapOptions::default()).unwrap_err().to_string();
+    assert!(msg.contains(&format!("needs {clusters} mappings ({clusters} extents after coalescing)")), "{msg}");
+    let options = MapOptions { over_budget: OverBudget::CopySmallRuns, ..Default::default() };
+    let space = ImageSpace::map(d.join("frag.qcow2"), &options).unwrap();
+    assert!(space.stats().mappings <= space.stats().budget, "{:?}", space.stats());
+    let mut buf = vec![0u8; 8192];
+    for c in [0u64, 1, 2, 77_777, 199_998] {
+        space.read(GuestOffset(c * 4096), &mut buf[..4096]).unwrap();
+        let want = if c % 2 == 0 { 0xc3 } else { 0 };
+        assert!(buf[..4096].iter().all(|&b| b == want), "cluster {c}");
+    }
+}
+
+fn open_err(path: &Path) -> String {
+    match Image::open(path).and_then(|i| i.extent_map()) {
+        Ok(_) => panic!("{} opened", path.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn patch(path: &Path, at: u64, bytes: &[u8]) {
+    fs::OpenOptions::new().write(true).open(path).unwrap().write_all_at(bytes, at).unwrap();
+}
+
+#[test]
+fn bad_images_give_clear_errors() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = Dir::new("bad");
+    let d = &dir.0;
+    let good = |name: &str| -> PathBuf {
+        run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-o", "cluster_size=4k", name, "1M"]);
+        qemu_io(d, name, &["write -P 0x66 0 64k".into()]);
+        d.join(name)
+    };
+    // Truncated header.
+    let p = good("trunc.qcow2");
+    fs::OpenOptions::new().write(true).open(&p).unwrap().set_len(50).unwrap();
+    assert_eq!(
+        open_err(&p),
+        format!("{}: truncated qcow2 header: file is 50 bytes, a header needs at least 72", p.display())
+    );
+    // L1 table past EOF.
+    let p = good("l1.qcow2");
+    patch(&p, 40, &(1u64 << 40).to_be_bytes());
+    let mut n = [0u8; 4];
+    fs::File::open(&p).unwrap().read_exact_at(&mut n, 36).unwrap();
+    assert_eq!(
+        open_err(&p),
+        format!(
+            "{}: L1 table at 0x10000000000 ({} entries) is past the end of the file ({} bytes)",
+            p.display(),
+            u32::from_be_bytes(n),
+            fs::metadata(&p).unwrap().len()
+        )
+    );
+    // L2 table past EOF.
+    let p = good("l2.qcow2");
+    let mut b = [0u8; 8];
+    fs::File::open(&p).unwrap().read_exact_at(&mut b, 40).unwrap();
+    patch(&p, u64::from_be_bytes(b), &((1u64 << 63) | (1 << 30)).to_be_bytes());
+    assert_eq!(
+        open_err(&p),
+        format!(
+            "{}: L2 table at 0x40000000 is past the end of the file ({} bytes)",
+            p.display(),
+            fs::metadata(&p).unwrap().len()
+        )
+    );
+    // Unknown incompatible feature.
+    let p = good("feature.qcow2");
+    patch(&p, 72, &(1u64 << 5).to_be_bytes());
+    assert_eq!(open_err(&p), format!("{}: unknown incompatible feature bit 5 (known bits: 0-4)", p.display()));
+    // Marked corrupt.
+    let p = good("corrupt.qcow2");
+    patch(&p, 72, &2u64.to_be_bytes());
+    assert!(open_err(&p).ends_with("image is marked corrupt (incompatible bit 1); run `qemu-img check -r all` first"));
+    // Missing backing file.
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "gone.qcow2", "1M"]);
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "gone.qcow2", "-F", "qcow2", "orphan.qcow2"]);
+    fs::remove_file(d.join("gone.qcow2")).unwrap();
+    let p = d.join("orphan.qcow2");
+    assert_eq!(
+        open_err(&p),
+        format!(
+            "{}: backing file \"gone.qcow2\" (resolved to {}): No such file or directory (os error 2)",
+            p.display(),
+            d.join("gone.qcow2").display()
+        )
+    );
+    // Backing loop: a -> b -> a.
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "a.qcow2", "1M"]);
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "a.qcow2", "-F", "qcow2", "b.qcow2"]);
+    run(d, "qemu-img", &["rebase", "-u", "-b", "b.qcow2", "-F", "qcow2", "a.qcow2"]);
+    let msg = open_err(&d.join("a.qcow2"));
+    assert_eq!(
+        msg,
+        format!(
+            "{}: backing loop: {} -> {} -> {} (already layer 0)",
+            d.join("b.qcow2").display(),
+            d.join("a.qcow2").display(),
+            d.join("b.qcow2").display(),
+            d.join("a.qcow2").display()
+        )
+    );
+    // Encrypted (LUKS): opens and maps as "unsupported", mapping refuses.
+    let secret = "secret,id=sec0,data=advm";
+    run(d, "qemu-img", &["create", "-q", "-f", "raw", "plain.raw", "1M"]);
+    qemu_io(d, "plain.raw", &["write -P 0x77 0 64k".into()]);
+    run(
+        d,
+        "qemu-img",
+        &[
+            "convert",
+            "--object",
+            secret,
+            "-O",
+            "qcow2",
+            "-o",
+            "encrypt.format=luks,encrypt.key-secret=sec0,encrypt.iter-time=10",
+            "plain.raw",
+            "enc.qcow2",
+        ],
+    );
+    let p = d.join("enc.qcow2");
+    let map = Image::open(&p).unwrap().extent_map().unwrap();
+    assert!(map.extents.iter().any(|e| matches!(&e.kind, ExtentKind::Unsupported { reason } if reason == "layer is encrypted (LUKS); decryption is not supported")));
+    let msg = ImageSpace::map(&p, &MapOptions::default()).unwrap_err().to_string();
+    assert!(
+        msg.starts_with(&format!("{}: cannot map guest 0x0+", p.display()))
+            && msg.ends_with("(layer 0): layer is encrypted (LUKS); decryption is not supported"),
+        "{msg}"
+    );
+    // Not an image at all, and a directory.
+    assert!(open_err(d).ends_with("not a regular file"));
+}
+
+#[test]
+fn extended_l2_subclusters() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = Dir::new("subclusters");
+    let d = &dir.0;
+    // 2 MiB clusters: 64 KiB subclusters, page-sized or larger: mapped like clusters.
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-o", "cluster_size=2M,extended_l2=on", "big.qcow2", "8M"]);
+    qemu_io(
+        d,
+        "big.qcow2",
+        &["write -P 0x31 64k 128k".into(), "write -P 0x32 3M 64k".into(), "write -z 4M 64k".into()],
+    );
+    check_map(d, "big.qcow2");
+    check_bytes(d, "big.qcow2", &MapOptions::default());
+    // 64 KiB clusters: 2 KiB subclusters; a cluster with mixed states is unsupported.
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-o", "cluster_size=64k,extended_l2=on", "small.qcow2", "1M"]);
+    qemu_io(d, "small.qcow2", &["write -P 0x33 2k 2k".into()]);
+    let p = d.join("small.qcow2");
+    let msg = ImageSpace::map(&p, &MapOptions::default()).unwrap_err().to_string();
+    assert_eq!(
+        msg,
+        format!(
+            "{}: cannot map guest 0x0+65536 (layer 0): cluster mixes subcluster states and its 2048-byte subclusters are smaller than the {}-byte page",
+            p.display(),
+            advm::addr::page_size()
+        )
+    );
+}
+
+#[test]
+fn writes_through_a_writable_mapping_stay_private() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = Dir::new("writable");
+    let d = &dir.0;
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-o", "cluster_size=4k", "w.qcow2", "256k"]);
+    qemu_io(d, "w.qcow2", &["write -P 0x5e 0 64k".into()]);
+    let before = fs::read(d.join("w.qcow2")).unwrap();
+    let space = ImageSpace::map(d.join("w.qcow2"), &MapOptions { writable: true, ..Default::default() }).unwrap();
+    let other = ImageSpace::map(d.join("w.qcow2"), &MapOptions::default()).unwrap();
+    // SAFETY: the mapping is writable, at least 64 KiB long, and nothing else in this
+    // test references its first page.
+    unsafe { std::ptr::write_bytes(space.addr() as *mut u8, 0x99, 16) };
+    let mut b = [0u8; 32];
+    space.read(GuestOffset(0), &mut b).unwrap();
+    assert_eq!((b[0], b[15], b[16]), (0x99, 0x99, 0x5e));
+    other.read(GuestOffset(0), &mut b).unwrap();
+    assert_eq!(b[0], 0x5e, "another mapping of the image does not see the write");
+    assert!(fs::read(d.join("w.qcow2")).unwrap() == before, "the layer file is unchanged");
+}
+
+#[test]
+fn two_mappings_share_the_page_cache() {
+    if !have_qemu() {
+        return;
+    }
+    if !advm::probe::facts().pfn_visible {
+        eprintln!("skipping: PFNs hidden in /proc/self/pagemap (needs CAP_SYS_ADMIN)");
+        return;
+    }
+    let dir = Dir::new("share");
+    let d = &dir.0;
+    let top = build_chain(d, 2, 64 * K, 2 * M, 3);
+    let a = ImageSpace::map(d.join(&top), &MapOptions::default()).unwrap();
+    let b = ImageSpace::map(d.join(&top), &MapOptions::default()).unwrap();
+    a.read_all().unwrap();
+    b.read_all().unwrap();
+    let pm = advm::sys::pagemap::Pagemap::open("self").unwrap();
+    let ps = advm::addr::page_size() as u64;
+    let pages = (2 * M / ps) as usize;
+    let (mut pa, mut pb) = (vec![0u64; pages], vec![0u64; pages]);
+    pm.read(a.addr() as u64 / ps, &mut pa).unwrap();
+    pm.read(b.addr() as u64 / ps, &mut pb).unwrap();
+    let map = a.extent_map();
+    let mut shared = 0;
+    for p in 0..pages {
+        let e = map.find(GuestOffset(p as u64 * ps)).unwrap();
+        let (ea, eb) = (advm::sys::pagemap::Entry(pa[p]), advm::sys::pagemap::Entry(pb[p]));
+        assert!(ea.present() && eb.present(), "page {p} not faulted in");
+        if let ExtentKind::Data { .. } = e.kind {
+            if e.start.0 % ps == 0 && e.len >= ps {
+                assert_eq!(ea.pfn(), eb.pfn(), "data page {p} ({e:?}) has two copies");
+                shared += 1;
+            }
+        }
+    }
+    assert!(shared > 0, "no data page in the chain");
+}
+
+#[test]
+fn mutated_qemu_images_never_panic_or_map_garbage() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = Dir::new("mutate");
+    let d = &dir.0;
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-o", "cluster_size=4k", "base.qcow2", "256k"]);
+    qemu_io(
+        d,
+        "base.qcow2",
+        &["write -c -P 0x21 0 4k".into(), "write -P 0x22 64k 32k".into(), "write -z 128k 8k".into()],
+    );
+    let original = fs::read(d.join("base.qcow2")).unwrap();
+    let mut r = Lcg(42);
+    let (mut mapped, mut refused) = (0, 0);
+    for _ in 0..300 {
+        let mut bytes = original.clone();
+        for _ in 0..1 + r.below(4) {
+            // Mostly metadata: the header cluster, then the L1/L2/refcount clusters.
+            let at = if r.below(2) == 0 { r.below(112) } else { r.below(bytes.len() as u64) } as usize;
+            bytes[at] = r.next() as u8;
+        }
+        let p = d.join("m.qcow2");
+        fs::write(&p, &bytes).unwrap();
+        match ImageSpace::map(&p, &MapOptions::default()) {
+            Ok(space) => {
+                // Whatever mapped must read back in full, equal to read_at.
+                let mut a = vec![0u8; space.size().min(1 << 20) as usize];
+                space.read(GuestOffset(0), &mut a).unwrap();
+                let mut b = vec![0u8; a.len()];
+                Image::open(&p).unwrap().read_at(GuestOffset(0), &mut b).unwrap();
+                assert!(a == b, "mapping and read_at disagree");
+                mapped += 1;
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                assert!(msg.starts_with(&p.display().to_string()), "{msg}");
+                refused += 1;
+            }
+        }
+    }
+    assert!(mapped > 0 && refused > 0, "mapped {mapped}, refused {refused}");
+}
