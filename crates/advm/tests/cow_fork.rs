@@ -14,6 +14,12 @@ fn parent_and_child_do_not_see_each_others_writes() {
     let copy = a.dup(owned, len).unwrap(); // now both private views
     let solo = a.alloc(len).unwrap();
     a.fill(solo, 2, len).unwrap();
+    // a large copy right before the fork leaves a moved-aside mapping for the reaper;
+    // the fork handler unmaps it itself
+    let big_len = 4 << 20;
+    let big = a.alloc(big_len).unwrap();
+    a.fill(big, 3, big_len).unwrap();
+    let big_copy = a.dup(big, big_len).unwrap();
     let rd = unsafe_pipe();
     // SAFETY: fork; the child only uses the arena and exits with _exit.
     let pid = unsafe { libc::fork() };
@@ -35,7 +41,11 @@ fn parent_and_child_do_not_see_each_others_writes() {
             let owned_ok = b.iter().all(|&x| x == 1);
             a.read(copy, &mut b)?;
             let copy_ok = b[..ps].iter().all(|&x| x == 0xc) && b[ps..].iter().all(|&x| x == 1);
-            Ok(solo_ok && owned_ok && copy_ok)
+            a.fill(big_copy, 0xc, ps)?;
+            let mut bb = vec![0u8; big_len];
+            a.read(big, &mut bb)?;
+            let big_ok = bb.iter().all(|&x| x == 3);
+            Ok(solo_ok && owned_ok && copy_ok && big_ok)
         })();
         // SAFETY: leaving the child without running the parent's destructors.
         unsafe { libc::_exit(if matches!(ok, Ok(true)) { 0 } else { 1 }) };
@@ -63,7 +73,11 @@ fn parent_and_child_do_not_see_each_others_writes() {
     a.read(copy, &mut b).unwrap();
     assert!(b.iter().all(|&x| x == 1), "parent saw the child's writes to the copy");
     assert_eq!(a.stats().forks, 1);
-    for p in [owned, copy, solo] {
+    let mut bb = vec![0u8; big_len];
+    a.read(big_copy, &mut bb).unwrap();
+    assert!(bb.iter().all(|&x| x == 3), "parent saw the child's writes to the large copy");
+    assert_eq!(a.stats().deferred_pending, 0, "the fork handler unmapped the moved-aside mapping");
+    for p in [owned, copy, solo, big, big_copy] {
         a.free(p).unwrap();
     }
     assert_eq!(a.stats().memfds, 1, "the retired memfd closes once the parent maps none of it; the new one stays");

@@ -29,6 +29,22 @@ impl Extents {
         Some(start)
     }
 
+    /// First run of `n` free pages starting at an index `s` with `s % align == phase`.
+    pub fn alloc_aligned(&mut self, n: usize, align: usize, phase: usize) -> Option<usize> {
+        let (start, len, s) = self.free.iter().find_map(|(&start, &len)| {
+            let s = start + (phase + align - start % align) % align;
+            (s + n <= start + len).then_some((start, len, s))
+        })?;
+        self.free.remove(&start);
+        if s > start {
+            self.free.insert(start, s - start);
+        }
+        if start + len > s + n {
+            self.free.insert(s + n, start + len - s - n);
+        }
+        Some(s)
+    }
+
     /// `n` pages in as few runs as first fit gives: one run when one fits, else
     /// pieces in address order. `None` (nothing taken) when fewer than `n` are free.
     pub fn alloc_any(&mut self, n: usize) -> Option<Vec<(usize, usize)>> {
@@ -99,6 +115,12 @@ mod tests {
         e.free(4, 4);
         assert_eq!(e.free_pages(), 10);
         assert_eq!(e.alloc_contig(10), Some(0));
+        e.free(0, 10);
+        assert_eq!(e.alloc_aligned(3, 4, 1), Some(1));
+        assert_eq!(e.alloc_aligned(3, 4, 1), Some(5));
+        assert_eq!(e.alloc_contig(1), Some(0));
+        assert_eq!(e.alloc_aligned(2, 4, 0), Some(8));
+        assert_eq!(e.free_pages(), 1);
     }
 
     proptest! {

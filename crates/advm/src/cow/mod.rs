@@ -37,7 +37,8 @@ mod fork;
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::Duration;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -66,11 +67,19 @@ pub struct Config {
     pub vma_budget: Option<usize>,
     /// Copies of fewer whole pages than this are done by memcpy.
     pub small_block_pages: usize,
+    /// Move a copied source's old page tables aside and unmap them in a background
+    /// thread (true), or unmap them in place during the copy (false).
+    pub background_unmap: bool,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Self { reserve_bytes: 256 << 30, vma_budget: None, small_block_pages: DEFAULT_SMALL_BLOCK_PAGES }
+        Self {
+            reserve_bytes: 256 << 30,
+            vma_budget: None,
+            small_block_pages: DEFAULT_SMALL_BLOCK_PAGES,
+            background_unmap: true,
+        }
     }
 }
 
@@ -126,6 +135,11 @@ pub struct Stats {
     pub fallback_vma_budget: u64,
     /// Forks this arena was frozen for.
     pub forks: u64,
+    /// Time the reaper thread spent unmapping the old mappings of copied sources:
+    /// CPU moved off the copy's critical path, not saved (cumulative).
+    pub deferred_unmap_ms: f64,
+    /// Old mappings still waiting for the reaper.
+    pub deferred_pending: u64,
     /// Memfds still open (the active one plus retired ones still mapped).
     pub memfds: u64,
     /// Small-block threshold in pages.
@@ -175,7 +189,7 @@ struct MemFile {
 }
 
 struct Inner {
-    res: Reservation,
+    res: Arc<Reservation>,
     ps: usize,
     /// Live blocks by first page index in the reservation: the sorted region table.
     blocks: BTreeMap<usize, Block>,
@@ -190,10 +204,26 @@ struct Inner {
     pagemap: Option<(u32, Pagemap)>,
     /// False once `PAGEMAP_SCAN` failed (kernels before 6.7): whole reads instead.
     scan_works: bool,
+    /// Old source mappings whose page tables a copy moved aside, waiting for the
+    /// reaper thread to unmap them: (first reservation page, pages).
+    pending: Vec<(usize, usize)>,
+    /// The pid whose reaper thread runs (a forked child starts its own).
+    reaper_pid: Option<u32>,
+    /// False once moving page tables aside failed (kernels that refuse
+    /// `MREMAP_DONTUNMAP` here): sources are unmapped in place.
+    move_aside: bool,
+    me: Weak<Shared>,
 }
+
+/// Source runs of at least this many pages (2 MiB) have their old page tables moved
+/// aside and unmapped in the background when a copy turns them private; shorter runs
+/// are unmapped in place. Blocks this large start on a 2 MiB boundary so whole page
+/// tables move.
+const DEFER_MIN_PAGES: usize = 512;
 
 pub(crate) struct Shared {
     inner: Mutex<Inner>,
+    wake: Condvar,
 }
 
 /// An arena of virtually copyable blocks. Cheap to clone (a handle); `Send + Sync`.
@@ -300,7 +330,7 @@ impl Arena {
                 max.saturating_sub(process_vmas()) / 2
             }
         };
-        let res = Reservation::new(reserve)?;
+        let res = Arc::new(Reservation::new(reserve)?);
         let small = config.small_block_pages.max(1);
         let inner = Inner {
             ps,
@@ -315,8 +345,16 @@ impl Arena {
             stats: Stats { vma_budget: budget as u64, small_block_pages: small as u64, ..Default::default() },
             pagemap: None,
             scan_works: true,
+            pending: Vec::new(),
+            reaper_pid: None,
+            move_aside: config.background_unmap,
+            me: Weak::new(),
         };
-        let shared = Arc::new(Shared { inner: Mutex::new(inner) });
+        let shared = Arc::new_cyclic(|me| {
+            let mut inner = inner;
+            inner.me = me.clone();
+            Shared { inner: Mutex::new(inner), wake: Condvar::new() }
+        });
         fork::register(&shared)?;
         Ok(Self { shared })
     }
@@ -434,6 +472,7 @@ impl Arena {
         s.blocks = g.blocks.len() as u64;
         s.block_bytes = g.blocks.values().map(|b| (b.frames.len() * g.ps) as u64).sum();
         s.vmas = g.vma_estimate() as u64;
+        s.deferred_pending = g.pending.len() as u64;
         let files = g.files.iter().flatten();
         s.memfds = files.clone().count() as u64;
         s.memfd_pages_live = files.clone().map(|f| f.live as u64).sum();
@@ -512,8 +551,72 @@ impl Arena {
 
 impl Inner {
     fn vma_estimate(&self) -> usize {
-        // each block's runs, plus the reserved gaps around blocks
-        self.run_vmas + self.blocks.len() + 1
+        // each block's runs, plus the reserved gaps around blocks and moved-aside maps
+        self.run_vmas + self.blocks.len() + 1 + 2 * self.pending.len()
+    }
+
+    /// Maps `n` pages at reservation page `page` onto `file` from `file_page`. With
+    /// `move_aside`, a long run's old page tables are first moved to a scratch range
+    /// (cheap, nothing unmapped) that the reaper thread unmaps later: a copy does not
+    /// wait for a GiB of page-table entries to be torn down.
+    fn remap(
+        &mut self,
+        page: usize,
+        n: usize,
+        share: Share,
+        file: u16,
+        file_page: u32,
+        move_aside: bool,
+    ) -> Result<()> {
+        let ps = self.ps;
+        if move_aside && self.move_aside && n >= DEFER_MIN_PAGES {
+            if let Some(scratch) = self.va.alloc_aligned(n, DEFER_MIN_PAGES, page % DEFER_MIN_PAGES) {
+                match self.res.move_tables(page * ps, scratch * ps, n * ps) {
+                    Ok(()) => {
+                        self.pending.push((scratch, n));
+                        self.wake_reaper();
+                    }
+                    Err(e) => {
+                        self.va.free(scratch, n);
+                        // EINVAL: the kernel refuses the move here at all; other errors
+                        // (a run spanning two VMAs) only this time
+                        if e.errno == crate::sys::Errno::INVAL {
+                            self.move_aside = false;
+                        }
+                    }
+                }
+            }
+        }
+        let fd = self.files[file as usize].as_ref().expect("open file").fd.as_fd();
+        Ok(self.res.map_file(page * ps, n * ps, share, fd, file_page as u64 * ps as u64)?)
+    }
+
+    /// Makes sure this process's reaper thread runs, and wakes it.
+    fn wake_reaper(&mut self) {
+        let pid = std::process::id();
+        if self.reaper_pid != Some(pid) {
+            let me = self.me.clone();
+            let res = Arc::clone(&self.res);
+            match std::thread::Builder::new().name("advm-reaper".into()).spawn(move || reaper(me, res)) {
+                Ok(_) => self.reaper_pid = Some(pid),
+                // no thread: unmap now
+                Err(_) => return self.reap_all(),
+            }
+        }
+        if let Some(shared) = self.me.upgrade() {
+            shared.wake.notify_one();
+        }
+    }
+
+    /// Unmaps every moved-aside mapping now (before a fork, or without a thread).
+    fn reap_all(&mut self) {
+        for (page, n) in std::mem::take(&mut self.pending) {
+            let t = Instant::now();
+            if self.res.release(page * self.ps, n * self.ps).is_ok() {
+                self.va.free(page, n);
+            }
+            self.stats.deferred_unmap_ms += t.elapsed().as_secs_f64() * 1e3;
+        }
     }
 
     fn file(&mut self, id: u16) -> &mut MemFile {
@@ -633,14 +736,17 @@ impl Inner {
 
     /// Maps the `runs` (indices into `frames`) of frames that start at reservation
     /// page `key`.
-    fn map_frames(&self, key: usize, frames: &[Frame], runs: &[(usize, usize)]) -> Result<(), (usize, Error)> {
+    fn map_frames(
+        &mut self,
+        key: usize,
+        frames: &[Frame],
+        runs: &[(usize, usize)],
+        move_aside: bool,
+    ) -> Result<(), (usize, Error)> {
         for (k, &(i, n)) in runs.iter().enumerate() {
             let fr = frames[i];
-            let f = self.files[fr.file as usize].as_ref().expect("open file");
             let share = if fr.private { Share::Private } else { Share::Shared };
-            self.res
-                .map_file((key + i) * self.ps, n * self.ps, share, f.fd.as_fd(), fr.page as u64 * self.ps as u64)
-                .map_err(|e| (k, e.into()))?;
+            self.remap(key + i, n, share, fr.file, fr.page, move_aside).map_err(|e| (k, e))?;
         }
         Ok(())
     }
@@ -653,7 +759,9 @@ impl Inner {
         let pages = crate::addr::page_align_up(len)
             .ok_or_else(|| invalid("len", format!("{len} overflows when rounded up to pages")))?
             / self.ps;
-        self.va.alloc_contig(pages).ok_or_else(|| {
+        // large blocks start on 2 MiB so their page tables can move whole
+        let aligned = if pages >= DEFER_MIN_PAGES { self.va.alloc_aligned(pages, DEFER_MIN_PAGES, 0) } else { None };
+        aligned.or_else(|| self.va.alloc_contig(pages)).ok_or_else(|| {
             invalid(
                 "len",
                 format!("{len} bytes do not fit in the free space of the arena's {}-byte reservation", self.res.len()),
@@ -672,7 +780,7 @@ impl Inner {
             }
         };
         let runs = runs_where(&frames, 0, pages, |_| true);
-        if let Err((_, e)) = self.map_frames(key, &frames, &runs) {
+        if let Err((_, e)) = self.map_frames(key, &frames, &runs, false) {
             let _ = self.res.release(key * self.ps, pages * self.ps);
             self.va.free(key, pages);
             self.decref(&frames)?;
@@ -712,7 +820,7 @@ impl Inner {
         }
         let set: std::collections::HashSet<usize> = missing.iter().copied().collect();
         let runs = runs_where(&frames, first, last + 1, |i| set.contains(&i));
-        if let Err((_, e)) = self.map_frames(key, &frames, &runs) {
+        if let Err((_, e)) = self.map_frames(key, &frames, &runs, false) {
             self.decref(&fresh)?;
             return Err(e);
         }
@@ -981,7 +1089,7 @@ impl Inner {
         // Remap the source where its frames change (content is the same before and
         // after, so a failure part way leaves the source intact).
         let src_runs = runs_where(&new_src, 0, n, |i| new_src[i] != old_src[i]);
-        let src_result = self.map_frames(skey + sidx, &new_src, &src_runs);
+        let src_result = self.map_frames(skey + sidx, &new_src, &src_runs, true);
         let src_done = match &src_result {
             Ok(()) => src_runs.len(),
             Err((k, _)) => *k,
@@ -1017,7 +1125,7 @@ impl Inner {
         // Map the destination as private views of the source's pages, run by run.
         let mut shared = 0;
         for &(i, l) in &all_runs {
-            match self.map_frames(dkey + didx, &new_src, &[(i, l)]) {
+            match self.map_frames(dkey + didx, &new_src, &[(i, l)], false) {
                 Ok(()) => {
                     self.incref(&new_src[i..i + l]);
                     // the old frames are dropped in place (no copy of a GiB's frames)
@@ -1071,6 +1179,8 @@ impl Inner {
     /// Before a fork: every shared frame becomes private (neighbouring blocks with
     /// contiguous pages in one `mmap`), and the memfds are retired.
     fn freeze_for_fork(&mut self) {
+        // the child would have no reaper thread: unmap moved-aside mappings now
+        self.reap_all();
         let ps = self.ps;
         // (first reservation page, file, first file page, pages)
         let mut runs: Vec<(usize, u16, u32, usize)> = Vec::new();
@@ -1114,6 +1224,44 @@ impl Inner {
         });
         self.active = None;
         self.stats.forks += 1;
+    }
+}
+
+/// The reaper thread: unmaps the old mappings copies moved aside, outside the arena
+/// lock. Holds the arena weakly (exits once it is gone) and the reservation strongly
+/// (the ranges it unmaps stay the arena's while it works).
+fn reaper(me: Weak<Shared>, res: Arc<Reservation>) {
+    let ps = crate::addr::page_size();
+    loop {
+        let Some(shared) = me.upgrade() else { return };
+        {
+            let g = lock(&shared);
+            if g.pending.is_empty() {
+                drop(shared.wake.wait_timeout(g, Duration::from_millis(200)));
+            }
+        }
+        // The gate keeps a fork (whose prepare handler unmaps pending ranges itself)
+        // from running between picking a range and unmapping it.
+        let _gate = fork::gate();
+        let Some((page, n)) = lock(&shared).pending.last().copied() else { continue };
+        let t = Instant::now();
+        // Tear the page tables down under the shared mmap lock, 16 MiB at a time, so
+        // a copy waiting to map (exclusive lock) waits for one chunk at most; then
+        // re-reserve the empty range.
+        const CHUNK: usize = 4096;
+        for at in (page..page + n).step_by(CHUNK) {
+            let _ = res.discard(at * ps, CHUNK.min(page + n - at) * ps);
+        }
+        let ok = res.release(page * ps, n * ps).is_ok();
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        let mut g = lock(&shared);
+        if let Some(i) = g.pending.iter().position(|&j| j == (page, n)) {
+            g.pending.swap_remove(i);
+            if ok {
+                g.va.free(page, n);
+            }
+        }
+        g.stats.deferred_unmap_ms += ms;
     }
 }
 

@@ -68,6 +68,32 @@ impl Reservation {
         unsafe { mman::map_fixed(addr, len, Prot::READ | Prot::WRITE, share, Backing::File { fd, offset: file_off }) }
     }
 
+    /// Moves the page tables of `[from, from+len)` to `[to, to+len)` inside the
+    /// reservation (`mremap` with `MREMAP_DONTUNMAP | MREMAP_FIXED`): `to` then maps what
+    /// `from` mapped, with its pages present, and `from` keeps its mapping but empty
+    /// (pages fault in again from the backing). No page is unmapped, and no moment
+    /// leaves a hole another thread's `mmap` could take. Whole page tables move when
+    /// both ranges are 2 MiB aligned.
+    pub fn move_tables(&self, from: usize, to: usize, len: usize) -> SysResult<()> {
+        let a = self.range("mremap(DONTUNMAP)", from, len)?;
+        let b = self.range("mremap(DONTUNMAP)", to, len)?;
+        if from < to + len && to < from + len {
+            return Err(SysError::new("mremap(DONTUNMAP)", Errno::INVAL));
+        }
+        // SAFETY: both ranges lie inside the reservation and do not overlap; `to` is
+        // replaced (the owner reserved it for this), `from` stays mapped.
+        unsafe { mman::mremap_fixed(a, len, b, true) }
+    }
+
+    /// Drops the page-table entries of `[off, off+len)` (`MADV_DONTNEED`): file pages
+    /// stay in their file, private copies are freed, the mapping stays. Runs under the
+    /// kernel's shared mmap lock, so other threads' faults and mappings go on meanwhile.
+    pub fn discard(&self, off: usize, len: usize) -> SysResult<()> {
+        let addr = self.range("madvise(DONTNEED)", off, len)?;
+        // SAFETY: the range is the owner's; it holds nothing the owner still needs.
+        unsafe { mman::madvise(addr, len, Advice::LinuxDontNeed) }
+    }
+
     /// Returns `[off, off+len)` to the reserved state (`PROT_NONE`, no memory); any
     /// private copies of pages mapped there are freed.
     pub fn release(&self, off: usize, len: usize) -> SysResult<()> {
