@@ -234,6 +234,7 @@ impl VcopyBench {
     fn advm_rows(
         &self,
         arena: &Arena,
+        name: &str,
         len: usize,
         runs: usize,
         pages: &mut Pages,
@@ -273,7 +274,7 @@ impl VcopyBench {
                     arena.free(src)?;
                 }
                 let background = settle(arena, unmap0) / runs as f64;
-                let method = if prepare { "advm vcopy + prepare_write" } else { "advm vcopy" };
+                let method = if prepare { format!("{name} + prepare_write") } else { name.to_string() };
                 let mut row = Row::new()
                     .with("size", &size)
                     .with("written", label)
@@ -292,6 +293,9 @@ impl VcopyBench {
                     out.push((median(&copy), median(&write)));
                 }
             }
+        }
+        if name != "advm vcopy" {
+            return Ok(out);
         }
         // Copying a source again (already private from an earlier copy): no pages to
         // unmap from it, only the copy's own mappings.
@@ -471,6 +475,10 @@ impl Bench for VcopyBench {
         }
         let _restore = ksm_ok.then(KsmRestore::save);
         let arena = Arena::with_config(Config { reserve_bytes: 8 << 30, ..Default::default() })?;
+        // the same without the reaper thread: the source's old page tables are torn
+        // down during the copy (no background work to disturb the writes after it)
+        let inline =
+            Arena::with_config(Config { reserve_bytes: 8 << 30, background_unmap: false, ..Default::default() })?;
         let mut pages = Pages::new()?;
         if !advm::probe::facts().pfn_visible {
             report.notes.push("PFNs hidden: memory is PSS, not distinct pages".into());
@@ -483,7 +491,8 @@ impl Bench for VcopyBench {
             let runs = if len >= 256 << 20 { opts.runs.min(3) } else { opts.runs }.max(1);
             let reference = self.memcpy_rows(len, runs, &mut pages, report)?;
             bar.inc(1);
-            let advm = self.advm_rows(&arena, len, runs, &mut pages, &reference, report)?;
+            let advm = self.advm_rows(&arena, "advm vcopy", len, runs, &mut pages, &reference, report)?;
+            self.advm_rows(&inline, "advm vcopy, inline unmap", len, runs, &mut pages, &reference, report)?;
             bar.inc(1);
             if ksm_ok {
                 for scan in [100, 1000] {
