@@ -8,6 +8,7 @@
 
 use std::ffi::c_char;
 
+pub mod cow;
 pub mod remap;
 
 /// Converts an advm error into a negative errno for C.

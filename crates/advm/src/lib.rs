@@ -7,6 +7,7 @@
 #![deny(unsafe_code)]
 
 pub mod addr;
+pub mod cow;
 pub mod error;
 pub mod image;
 pub mod probe;

@@ -8,6 +8,7 @@
 mod image;
 mod remap;
 mod stat;
+mod vcopy;
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -164,7 +165,12 @@ pub trait Bench {
 
 /// Every benchmark, in demo order.
 pub fn all() -> Vec<Box<dyn Bench>> {
-    vec![Box::new(stat::StatBench), Box::new(remap::RemapBench), Box::new(image::ImageBench)]
+    vec![
+        Box::new(stat::StatBench),
+        Box::new(vcopy::VcopyBench),
+        Box::new(remap::RemapBench),
+        Box::new(image::ImageBench),
+    ]
 }
 
 /// Runs benchmark `name`.

@@ -5,7 +5,9 @@
 //! values stay representable through [`Errno`]).
 #![allow(unsafe_code)]
 
+pub mod arena;
 pub mod assembly;
+pub mod fork;
 pub mod grant;
 pub mod ksm;
 pub mod memfd;

@@ -1,0 +1,129 @@
+//! Virtual copy for C: `advm_alloc`, `advm_free`, `advm_dup`, `advm_vcopy` and
+//! `advm_vcopy_stats` over one process-wide arena, made on first use.
+
+use std::ffi::c_void;
+use std::sync::OnceLock;
+
+use advm::cow::{Arena, Config};
+
+use crate::{errno_of, guard};
+
+fn arena() -> Result<&'static Arena, advm::Error> {
+    static ARENA: OnceLock<Result<Arena, String>> = OnceLock::new();
+    match ARENA.get_or_init(|| Arena::with_config(Config::default()).map_err(|e| e.to_string())) {
+        Ok(a) => Ok(a),
+        Err(why) => Err(advm::Error::Unsupported { what: "the advm arena", why: why.clone() }),
+    }
+}
+
+fn set_errno(e: i32) {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() = e.abs() };
+}
+
+/// `void *advm_alloc(size_t len)`: a zeroed, page-aligned block of `len` bytes, or NULL
+/// with errno set.
+#[no_mangle]
+pub extern "C" fn advm_alloc(len: usize) -> *mut c_void {
+    let mut out = std::ptr::null_mut();
+    let r = guard(|| {
+        out = arena()?.alloc(len)?.cast();
+        Ok(0)
+    });
+    if r < 0 {
+        set_errno(r);
+    }
+    out
+}
+
+/// `void advm_free(void *p)`: frees a block from `advm_alloc`/`advm_dup` (NULL: no-op).
+/// A pointer that is not a block start is left alone, with errno set to EINVAL.
+#[no_mangle]
+pub extern "C" fn advm_free(p: *mut c_void) {
+    if p.is_null() {
+        return;
+    }
+    let r = guard(|| arena()?.free(p.cast()).map(|_| 0));
+    if r < 0 {
+        set_errno(r);
+    }
+}
+
+/// `void *advm_dup(const void *p, size_t len)`: a new block, a virtual copy of
+/// `[p, p+len)` (which must lie in one block), or NULL with errno set.
+#[no_mangle]
+pub extern "C" fn advm_dup(p: *const c_void, len: usize) -> *mut c_void {
+    let mut out = std::ptr::null_mut();
+    let r = guard(|| {
+        out = arena()?.dup(p.cast(), len)?.cast();
+        Ok(0)
+    });
+    if r < 0 {
+        set_errno(r);
+    }
+    out
+}
+
+/// `int advm_vcopy(void *dst, const void *src, size_t len)`: memcpy semantics through
+/// page sharing; 0 or -errno (-EINVAL: outside the arena, past a block, overlapping).
+#[no_mangle]
+pub extern "C" fn advm_vcopy(dst: *mut c_void, src: *const c_void, len: usize) -> i32 {
+    guard(|| arena()?.vcopy(dst.cast(), src.cast(), len).map(|_| 0))
+}
+
+/// Counters of `struct advm_vcopy_stats` (see include/advm.h).
+#[repr(C)]
+pub struct AdvmVcopyStats {
+    /// Live blocks.
+    pub blocks: u64,
+    /// Distinct memfd pages in use.
+    pub memfd_pages_live: u64,
+    /// Bytes the arena's memfds hold.
+    pub memfd_resident_bytes: u64,
+    /// Pages shared by copies (cumulative).
+    pub pages_shared: u64,
+    /// Bytes copied by memcpy (cumulative).
+    pub bytes_copied: u64,
+    /// Written pages re-homed (cumulative).
+    pub pages_rehomed: u64,
+    /// memcpy fallbacks: unaligned, small, VMA budget.
+    pub fallback_unaligned: u64,
+    /// See above.
+    pub fallback_small: u64,
+    /// See above.
+    pub fallback_vma_budget: u64,
+    /// VMAs the arena's mappings make (upper bound).
+    pub vmas: u64,
+}
+
+/// `int advm_vcopy_stats(struct advm_vcopy_stats *out)`: 0 or -errno.
+///
+/// # Safety
+/// `out` must be NULL (-EINVAL) or point to a writable `struct advm_vcopy_stats`.
+#[no_mangle]
+pub unsafe extern "C" fn advm_vcopy_stats(out: *mut AdvmVcopyStats) -> i32 {
+    if out.is_null() {
+        return -libc::EINVAL;
+    }
+    match arena() {
+        Ok(a) => {
+            let s = a.stats();
+            let v = AdvmVcopyStats {
+                blocks: s.blocks,
+                memfd_pages_live: s.memfd_pages_live,
+                memfd_resident_bytes: s.memfd_resident_bytes,
+                pages_shared: s.pages_shared,
+                bytes_copied: s.bytes_copied,
+                pages_rehomed: s.pages_rehomed,
+                fallback_unaligned: s.fallback_unaligned,
+                fallback_small: s.fallback_small,
+                fallback_vma_budget: s.fallback_vma_budget,
+                vmas: s.vmas,
+            };
+            // SAFETY: the caller guarantees `out` is writable.
+            unsafe { out.write(v) };
+            0
+        }
+        Err(e) => errno_of(&e),
+    }
+}
