@@ -5,6 +5,7 @@
 //! facts from `advm doctor`. To add one: write `bench/<name>.rs` with a type that
 //! implements [`Bench`], and list it in [`all`].
 
+mod r;
 mod stat;
 
 use std::collections::BTreeMap;
@@ -162,7 +163,7 @@ pub trait Bench {
 
 /// Every benchmark, in demo order.
 pub fn all() -> Vec<Box<dyn Bench>> {
-    vec![Box::new(stat::StatBench)]
+    vec![Box::new(stat::StatBench), Box::new(r::RBench)]
 }
 
 /// Runs benchmark `name`.
