@@ -218,8 +218,9 @@ pub fn render_stats(mode: Mode, stats: &BTreeMap<String, u64>, processes: usize)
         processes
     );
     out += &format!(
-        "  arena blocks         {} ({} allocated, peak live {}); {} allocations left to glibc\n",
+        "  arena blocks         {} ({} reused from the free cache; {} allocated, peak live {}); {} allocations left to glibc\n",
         g("blocks_allocated"),
+        g("blocks_reused_from_free_cache"),
         fb(g("block_bytes_allocated")),
         fb(g("peak_live_bytes")),
         g("alloc_fallbacks_to_glibc")

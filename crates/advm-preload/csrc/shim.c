@@ -97,6 +97,14 @@ static struct {
     const char *stats_dir;
 } A;
 
+/* Recently freed single-owner blocks, their memory already returned (hole-punched or
+ * MADV_DONTNEED) but their mapping kept, so that the next allocation of about the same
+ * size costs no mmap and no VMA split: what makes the arena's malloc/free as cheap as
+ * glibc's recycling while still giving memory back at once. */
+#define CACHE_SLOTS 64
+static struct extent cache[CACHE_SLOTS];
+static int cache_n;
+
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int state; /* 0 none, 1 initialising, 2 ready, 3 disabled */
 static uintptr_t arena_lo, arena_len; /* 0 until ready: in_arena() is false */
@@ -109,7 +117,7 @@ enum counter {
     S_COPIES_SEEN, S_COPIES_VIRTUAL, S_PAGES_SHARED, S_BYTES_PARTIAL, S_PAGES_MOVED,
     S_FB_NOT_ARENA, S_FB_OFFSET, S_FB_OVERLAP, S_FB_SHORT, S_FB_BUDGET, S_FB_ANON,
     S_FB_ERROR, S_FB_BYTES, S_REALLOC_INPLACE, S_REALLOC_MREMAP, S_REALLOC_SHRINK,
-    S_FORKS, S_GENS_EXHAUSTED, S_NSTATS
+    S_FORKS, S_GENS_EXHAUSTED, S_CACHE_HITS, S_NSTATS
 };
 static const char *const stat_names[S_NSTATS] = {
     "blocks_allocated", "block_bytes_allocated", "live_bytes", "peak_live_bytes",
@@ -119,7 +127,7 @@ static const char *const stat_names[S_NSTATS] = {
     "fallback_not_both_in_arena", "fallback_page_offsets_differ", "fallback_overlap",
     "fallback_no_whole_page", "fallback_vma_budget", "fallback_anonymous_block",
     "fallback_syscall_error", "fallback_bytes_copied", "realloc_in_place", "realloc_mremap",
-    "realloc_shrink", "forks", "generations_exhausted"};
+    "realloc_shrink", "forks", "generations_exhausted", "blocks_reused_from_free_cache"};
 static uint64_t stats[S_NSTATS];
 
 static inline void st_add(enum counter s, uint64_t v) { __atomic_fetch_add(&stats[s], v, __ATOMIC_RELAXED); }
@@ -417,6 +425,8 @@ static void unmap_pages(uint64_t v, uint64_t n) {
     seg_mapped(v, n);
 }
 
+static off_t off_of(uint64_t m) { return (off_t)((m & VM_FPAGE_MASK) << A.pshift); }
+
 static void set_head(uint64_t v, uint64_t n) {
     A.vmeta[v] = (A.vmeta[v] & ~VM_NPAGES_MASK) | VM_HEAD | (n << VM_NPAGES_SHIFT);
 }
@@ -427,9 +437,38 @@ static void live_add(int64_t bytes) {
     if (bytes > 0 && now > stats[S_PEAK_BYTES]) stats[S_PEAK_BYTES] = now;
 }
 
+/* Length of the run of pages starting at v (at most max) that one mmap could map:
+ * the same kind, generation and sharing, consecutive memfd pages. */
+static uint64_t run_len(uint64_t v, uint64_t max) {
+    uint64_t m = A.vmeta[v] & ~(VM_HEAD | VM_NPAGES_MASK);
+    uint64_t k = 1;
+    while (k < max) {
+        uint64_t mk = A.vmeta[v + k] & ~(VM_HEAD | VM_NPAGES_MASK);
+        uint64_t want = (m & VM_ANON) ? m : m + k;
+        if (mk != want) break;
+        k++;
+    }
+    return k;
+}
+
+
 static void *block_alloc(size_t size) {
     uint64_t n = (size + A.ps - 1) >> A.pshift;
-    if (n == 0 || n >= (1ull << 26) || !budget_ok()) return NULL;
+    if (n == 0 || n >= (1ull << 26)) return NULL;
+    for (int i = cache_n - 1; i >= 0; i--) {
+        /* a cached block up to 1/8 bigger will do: its extra pages hold no memory */
+        if (cache[i].len < n || cache[i].len > n + n / 8) continue;
+        uint64_t v = cache[i].start, got = cache[i].len;
+        for (int j = i; j + 1 < cache_n; j++) cache[j] = cache[j + 1];
+        cache_n--;
+        set_head(v, got);
+        st_add(S_BLOCKS, 1);
+        st_add(S_CACHE_HITS, 1);
+        st_add(S_BLOCK_BYTES, got << A.pshift);
+        live_add((int64_t)(got << A.pshift));
+        return page_addr(v);
+    }
+    if (!budget_ok()) return NULL;
     int64_t v = ext_alloc(&A.va, (uint32_t)n);
     if (v < 0) return NULL;
     if (map_fresh((uint64_t)v, n) != 0) {
@@ -457,30 +496,42 @@ static void bad_pointer(const char *what) {
     abort();
 }
 
-static void block_free(void *p) {
-    int64_t v = block_of(p);
-    if (v < 0) bad_pointer("free");
-    uint64_t n = head_pages((uint64_t)v);
-    unmap_pages((uint64_t)v, n);
+static void release_block(uint64_t v, uint64_t n) {
+    unmap_pages(v, n);
     ext_free(&A.va, (uint32_t)v, (uint32_t)n);
+}
+
+static void cache_flush(void) {
+    for (int i = 0; i < cache_n; i++) release_block(cache[i].start, cache[i].len);
+    cache_n = 0;
+}
+
+static void block_free(void *p) {
+    int64_t sv = block_of(p);
+    if (sv < 0) bad_pointer("free");
+    uint64_t v = (uint64_t)sv, n = head_pages(v), m = A.vmeta[v];
     live_add(-(int64_t)(n << A.pshift));
-}
-
-/* Length of the run of pages starting at v (at most max) that one mmap could map:
- * the same kind, generation and sharing, consecutive memfd pages. */
-static uint64_t run_len(uint64_t v, uint64_t max) {
-    uint64_t m = A.vmeta[v] & ~(VM_HEAD | VM_NPAGES_MASK);
-    uint64_t k = 1;
-    while (k < max) {
-        uint64_t mk = A.vmeta[v + k] & ~(VM_HEAD | VM_NPAGES_MASK);
-        uint64_t want = (m & VM_ANON) ? m : m + k;
-        if (mk != want) break;
-        k++;
+    /* one owner, one mapping: give the memory back but keep the mapping for reuse */
+    if (run_len(v, n) == n && ((m & VM_ANON) || !(m & VM_PRIV))) {
+        int r = (m & VM_ANON) ? madvise(p, n << A.pshift, MADV_DONTNEED)
+                              : fallocate(A.gen_fd[(m & VM_GEN_MASK) >> VM_GEN_SHIFT],
+                                          FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_of(m),
+                                          (off_t)(n << A.pshift));
+        if (r == 0) {
+            A.vmeta[v] &= ~(VM_HEAD | VM_NPAGES_MASK);
+            if (cache_n == CACHE_SLOTS) {
+                release_block(cache[0].start, cache[0].len);
+                for (int j = 0; j + 1 < cache_n; j++) cache[j] = cache[j + 1];
+                cache_n--;
+            }
+            cache[cache_n].start = (uint32_t)v;
+            cache[cache_n].len = (uint32_t)n;
+            cache_n++;
+            return;
+        }
     }
-    return k;
+    release_block(v, n);
 }
-
-static off_t off_of(uint64_t m) { return (off_t)((m & VM_FPAGE_MASK) << A.pshift); }
 
 /* Moves the pages of block [v, v+old) to [nv, nv+old), run by run, with mremap. */
 static int move_pages(uint64_t v, uint64_t nv, uint64_t old) {
@@ -726,6 +777,7 @@ static void fork_prepare(void) {
     pthread_mutex_lock(&lock);
     if (state != 2) return;
     int saved = errno;
+    cache_flush(); /* cached blocks are shared mappings of the generation being frozen */
     uint64_t v = 0;
     while (v < A.va_high) {
         uint64_t m = A.vmeta[v];

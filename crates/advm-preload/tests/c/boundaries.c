@@ -2,7 +2,27 @@
  * page aligned and zeroed by calloc even when the pages are reused. */
 #include "t.h"
 
+static long resident_pages(void) {
+    long size = 0, res = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    CHECK(f && fscanf(f, "%ld %ld", &size, &res) == 2);
+    fclose(f);
+    return res;
+}
+
 int main(void) {
+    /* freed memory goes back to the system at once (punched or MADV_DONTNEED), also
+     * when the block's mapping is kept for reuse */
+    long before = resident_pages();
+    unsigned char *m = malloc(4096 * PS);
+    memset(m, 7, 4096 * PS);
+    CHECK(resident_pages() - before >= 4000);
+    free(m);
+    CHECK(resident_pages() - before < 200);
+    m = malloc(4096 * PS); /* the same mapping again: zero, and memory only once touched */
+    CHECK(m[0] == 0 && m[4096 * PS - 1] == 0 && resident_pages() - before < 250);
+    free(m);
+
     void *small = malloc(2 * PS - 1);
     CHECK(small && !in_arena(small, 2 * PS - 1));
     void *big = malloc(2 * PS);
