@@ -33,6 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h> /* memset only: the shim does not replace it */
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -97,13 +98,27 @@ static struct {
     const char *stats_dir;
 } A;
 
-/* Recently freed single-owner blocks, their memory already returned (hole-punched or
- * MADV_DONTNEED) but their mapping kept, so that the next allocation of about the same
- * size costs no mmap and no VMA split: what makes the arena's malloc/free as cheap as
- * glibc's recycling while still giving memory back at once. */
-#define CACHE_SLOTS 64
+/* Recently freed single-owner blocks whose mapping is kept, so that the next
+ * allocation of about the same size costs no mmap and no VMA split. Most have their
+ * memory returned at once (hole-punched or MADV_DONTNEED); the newest few, up to
+ * ADVM_DIRTY_CACHE_KIB (default 4 MiB), keep their pages, so that a program that frees
+ * and allocates vectors in a loop (R between collections) does not fault every page in
+ * again: the small, bounded version of what glibc does with all freed memory. */
+#define CACHE_SLOTS 256
 static struct extent cache[CACHE_SLOTS];
+static uint8_t cache_dirty[CACHE_SLOTS]; /* kept with its contents (not yet returned) */
 static int cache_n;
+/* Blocks of up to SMALL_MAX pages are kept per exact size (LIFO stacks), since programs
+ * free and allocate thousands of them between two collections; bigger ones in `cache`. */
+#define SMALL_MAX 64
+#define BIN_CAP 512
+#define CACHED_MAX 4096 /* cached blocks keep their VMAs: stay well inside the budget */
+static uint32_t bin[SMALL_MAX + 1][BIN_CAP];
+static uint8_t bin_dirty[SMALL_MAX + 1][BIN_CAP];
+static uint16_t bin_n[SMALL_MAX + 1];
+static uint32_t cached_blocks;
+static uint64_t dirty_pages, dirty_cap_pages;
+static uint64_t populate_max; /* bytes: malloc'd blocks up to this are pre-faulted */
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int state; /* 0 none, 1 initialising, 2 ready, 3 disabled */
@@ -452,15 +467,37 @@ static uint64_t run_len(uint64_t v, uint64_t max) {
 }
 
 
-static void *block_alloc(size_t size) {
+static void cache_remove(int i) {
+    if (cache_dirty[i]) dirty_pages -= cache[i].len;
+    for (int j = i; j + 1 < cache_n; j++) cache[j] = cache[j + 1], cache_dirty[j] = cache_dirty[j + 1];
+    cache_n--;
+    cached_blocks--;
+}
+
+/* Returns a block of at least size bytes; *dirty says whether it may hold old bytes. */
+static void *block_alloc(size_t size, int *dirty) {
     uint64_t n = (size + A.ps - 1) >> A.pshift;
+    *dirty = 0;
     if (n == 0 || n >= (1ull << 26)) return NULL;
+    if (n <= SMALL_MAX && bin_n[n]) {
+        int i = --bin_n[n];
+        uint64_t v = bin[n][i];
+        *dirty = bin_dirty[n][i];
+        if (*dirty) dirty_pages -= n;
+        cached_blocks--;
+        set_head(v, n);
+        st_add(S_BLOCKS, 1);
+        st_add(S_CACHE_HITS, 1);
+        st_add(S_BLOCK_BYTES, n << A.pshift);
+        live_add((int64_t)(n << A.pshift));
+        return page_addr(v);
+    }
     for (int i = cache_n - 1; i >= 0; i--) {
-        /* a cached block up to 1/8 bigger will do: its extra pages hold no memory */
+        /* a cached block up to 1/8 bigger will do */
         if (cache[i].len < n || cache[i].len > n + n / 8) continue;
         uint64_t v = cache[i].start, got = cache[i].len;
-        for (int j = i; j + 1 < cache_n; j++) cache[j] = cache[j + 1];
-        cache_n--;
+        *dirty = cache_dirty[i];
+        cache_remove(i);
         set_head(v, got);
         st_add(S_BLOCKS, 1);
         st_add(S_CACHE_HITS, 1);
@@ -504,6 +541,20 @@ static void release_block(uint64_t v, uint64_t n) {
 static void cache_flush(void) {
     for (int i = 0; i < cache_n; i++) release_block(cache[i].start, cache[i].len);
     cache_n = 0;
+    for (int n = 1; n <= SMALL_MAX; n++) {
+        for (int i = 0; i < bin_n[n]; i++) release_block(bin[n][i], (uint64_t)n);
+        bin_n[n] = 0;
+    }
+    cached_blocks = 0;
+    dirty_pages = 0;
+}
+
+/* Returns the memory of a single-owner block whose mapping stays. */
+static int give_back(uint64_t v, uint64_t n) {
+    uint64_t m = A.vmeta[v];
+    if (m & VM_ANON) return madvise(page_addr(v), n << A.pshift, MADV_DONTNEED);
+    return fallocate(A.gen_fd[(m & VM_GEN_MASK) >> VM_GEN_SHIFT], FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                     off_of(m), (off_t)(n << A.pshift));
 }
 
 static void block_free(void *p) {
@@ -511,22 +562,38 @@ static void block_free(void *p) {
     if (sv < 0) bad_pointer("free");
     uint64_t v = (uint64_t)sv, n = head_pages(v), m = A.vmeta[v];
     live_add(-(int64_t)(n << A.pshift));
-    /* one owner, one mapping: give the memory back but keep the mapping for reuse */
-    if (run_len(v, n) == n && ((m & VM_ANON) || !(m & VM_PRIV))) {
-        int r = (m & VM_ANON) ? madvise(p, n << A.pshift, MADV_DONTNEED)
-                              : fallocate(A.gen_fd[(m & VM_GEN_MASK) >> VM_GEN_SHIFT],
-                                          FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_of(m),
-                                          (off_t)(n << A.pshift));
-        if (r == 0) {
+    /* one owner, one mapping: keep the mapping for reuse */
+    if (cached_blocks < CACHED_MAX && run_len(v, n) == n && ((m & VM_ANON) || !(m & VM_PRIV))) {
+        if (n <= SMALL_MAX && bin_n[n] < BIN_CAP) {
+            int dirty = dirty_pages + n <= dirty_cap_pages;
+            if (dirty || give_back(v, n) == 0) {
+                A.vmeta[v] &= ~(VM_HEAD | VM_NPAGES_MASK);
+                bin[n][bin_n[n]] = (uint32_t)v;
+                bin_dirty[n][bin_n[n]++] = (uint8_t)dirty;
+                dirty_pages += dirty ? n : 0;
+                cached_blocks++;
+                return;
+            }
+        }
+        /* make room among the dirty ones by returning the oldest dirty memory */
+        for (int i = 0; i < cache_n && dirty_pages + n > dirty_cap_pages; i++)
+            if (cache_dirty[i] && give_back(cache[i].start, cache[i].len) == 0) {
+                cache_dirty[i] = 0;
+                dirty_pages -= cache[i].len;
+            }
+        int dirty = dirty_pages + n <= dirty_cap_pages;
+        if (n > SMALL_MAX && (dirty || give_back(v, n) == 0)) {
             A.vmeta[v] &= ~(VM_HEAD | VM_NPAGES_MASK);
             if (cache_n == CACHE_SLOTS) {
                 release_block(cache[0].start, cache[0].len);
-                for (int j = 0; j + 1 < cache_n; j++) cache[j] = cache[j + 1];
-                cache_n--;
+                cache_remove(0);
             }
             cache[cache_n].start = (uint32_t)v;
             cache[cache_n].len = (uint32_t)n;
+            cache_dirty[cache_n] = (uint8_t)dirty;
+            dirty_pages += dirty ? n : 0;
             cache_n++;
+            cached_blocks++;
             return;
         }
     }
@@ -863,6 +930,8 @@ static void init_locked(void) {
     uint64_t tp = parse_u64(env("ADVM_THRESHOLD_PAGES"), 2);
     A.threshold = (tp ? tp : 1) << A.pshift;
     A.stats_dir = env("ADVM_STATS_DIR");
+    populate_max = parse_u64(env("ADVM_POPULATE_KIB"), 256) << 10;
+    dirty_cap_pages = (parse_u64(env("ADVM_DIRTY_CACHE_KIB"), 4096) << 10) >> A.pshift;
     A.pagemap_fd = -1;
     A.pid = getpid();
     for (int g = 0; g < MAX_GENS; g++) A.gen_fd[g] = -1;
@@ -958,13 +1027,31 @@ __attribute__((destructor)) static void advm_preload_fini(void) {
 
 /* ---- the hooks ------------------------------------------------------------------- */
 
-static void *arena_alloc(size_t n) {
+static void *arena_alloc_dirty(size_t n, int *dirty) {
     int saved = errno;
     pthread_mutex_lock(&lock);
-    void *p = block_alloc(n);
+    void *p = block_alloc(n, dirty);
     pthread_mutex_unlock(&lock);
     errno = saved;
     if (!p) st_add(S_ALLOC_FALLBACK, 1);
+    return p;
+}
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+/* For malloc (not calloc: its pages may stay untouched and cost nothing) a small block
+ * is about to be written whole; one MADV_POPULATE_WRITE is much cheaper than a page
+ * fault per page. */
+static void *arena_alloc(size_t n) {
+    int dirty;
+    void *p = arena_alloc_dirty(n, &dirty);
+    if (p && !dirty && n <= populate_max) {
+        int saved = errno;
+        madvise(p, n, MADV_POPULATE_WRITE);
+        errno = saved;
+    }
     return p;
 }
 
@@ -983,7 +1070,9 @@ EXPORT void *calloc(size_t nmemb, size_t size) {
         return NULL;
     }
     if (n >= A.threshold && A.threshold && ready()) {
-        void *p = arena_alloc(n); /* fresh arena pages are zero */
+        int dirty;
+        void *p = arena_alloc_dirty(n, &dirty); /* fresh or returned pages are zero */
+        if (p && dirty) memset(p, 0, n);
         if (p) return p;
     }
     return __libc_calloc(nmemb, size);

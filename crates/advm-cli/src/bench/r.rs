@@ -221,6 +221,57 @@ pub fn measure(
     Ok(Measured { mean_pages, samples, cpu_s, wall_s, ksmd_s, stdout, shim })
 }
 
+const THRESHOLD_PROBE: &str = include_str!("../../../advm-preload/bench/threshold.c");
+
+/// Runs the threshold probe (crates/advm-preload/bench/threshold.c) untouched and under
+/// the shim with a 1-page threshold: ns per "allocate, fill, copy, write a byte, free"
+/// cycle by block size. Returns rows and the smallest size where cow is not slower.
+fn threshold_probe(dir: &Path, iters: u32) -> Result<(Vec<Row>, Option<u64>), CliError> {
+    let src = dir.join("threshold.c");
+    let exe = dir.join("threshold");
+    std::fs::write(&src, THRESHOLD_PROBE).map_err(|e| CliError::Io(src.display().to_string(), e))?;
+    let st = Command::new("cc")
+        .args(["-O2", "-fno-builtin", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .map_err(|e| CliError::Io("cc (threshold probe)".into(), e))?;
+    if !st.success() {
+        return Err(CliError::Usage(format!("compiling the threshold probe failed ({st})")));
+    }
+    let mut by_mode = Vec::new();
+    for mode in [Mode::Off, Mode::Alloc, Mode::Cow] {
+        let mut p = run_cmd::prepare(mode, 1, &exe.display().to_string(), &[iters.to_string()], false)?;
+        let out = p.command.output().map_err(|e| CliError::Io("threshold probe".into(), e))?;
+        if !out.status.success() {
+            return Err(CliError::Usage(format!("threshold probe under {} failed ({})", mode.name(), out.status)));
+        }
+        let points: Vec<(u64, f64)> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| {
+                let mut it = l.split_whitespace();
+                Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+            })
+            .collect();
+        by_mode.push((mode, points));
+    }
+    let mut rows = Vec::new();
+    for (mode, points) in &by_mode {
+        for (pages, ns) in points {
+            rows.push(
+                Row::new()
+                    .with("workload", format!("threshold probe, {pages} page block"))
+                    .with("mode", mode.name())
+                    .figure(Figure::single("cycle time", "us", ns / 1e3)),
+            );
+        }
+    }
+    let off = &by_mode[0].1;
+    let cow = &by_mode[2].1;
+    let crossover = off.iter().zip(cow).find(|((_, o), (_, c))| c <= o).map(|((p, _), _)| *p);
+    Ok((rows, crossover))
+}
+
 fn geomean(xs: &[f64]) -> f64 {
     let xs: Vec<f64> = xs.iter().copied().filter(|x| x.is_finite() && *x > 0.0).collect();
     if xs.is_empty() {
@@ -331,6 +382,19 @@ impl Bench for RBench {
             }
         }
         bar.finish_and_clear();
+        match threshold_probe(&dir, if opts.quick { 50 } else { 1000 }) {
+            Ok((rows, crossover)) => {
+                report.rows.extend(rows);
+                report.notes.push(match crossover {
+                    Some(p) => format!(
+                        "threshold probe: from {p}-page blocks on, allocate+copy+write+free under cow is not slower \
+                         than glibc (the shim's threshold is 2 pages, as the paper's)"
+                    ),
+                    None => "threshold probe: cow was slower than glibc at every size up to 64 pages".into(),
+                });
+            }
+            Err(e) => report.notes.push(format!("threshold probe skipped: {e}")),
+        }
         for (mi, &mode) in modes.iter().enumerate() {
             if mem_ratio[mi].is_empty() {
                 continue;
