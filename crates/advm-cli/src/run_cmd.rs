@@ -243,7 +243,6 @@ pub fn render_stats(mode: Mode, stats: &BTreeMap<String, u64>, processes: usize)
         ("fallback_overlap", "overlapping"),
         ("fallback_no_whole_page", "no whole page"),
         ("fallback_vma_budget", "VMA budget"),
-        ("fallback_anonymous_block", "anonymous block"),
         ("fallback_syscall_error", "syscall error"),
     ];
     let total: u64 = reasons.iter().map(|(k, _)| g(k)).sum();

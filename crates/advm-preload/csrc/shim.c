@@ -118,7 +118,11 @@ static uint8_t bin_dirty[SMALL_MAX + 1][BIN_CAP];
 static uint16_t bin_n[SMALL_MAX + 1];
 static uint32_t cached_blocks;
 static uint64_t dirty_pages, dirty_cap_pages;
-static uint64_t populate_max; /* bytes: malloc'd blocks up to this are pre-faulted */
+static uint64_t populate_max;
+/* cow: a new block is anonymous until it is first copied (default), or a shared memfd
+ * mapping from the start (ADVM_COW_FRESH=memfd: copies cost no byte, but every
+ * allocation pays shmem faults and hole punching) */
+static int cow_fresh_memfd; /* bytes: malloc'd blocks up to this are pre-faulted */
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int state; /* 0 none, 1 initialising, 2 ready, 3 disabled */
@@ -130,7 +134,7 @@ static size_t copy_min = SIZE_MAX;    /* copies at least this big are looked at 
 enum counter {
     S_BLOCKS, S_BLOCK_BYTES, S_LIVE_BYTES, S_PEAK_BYTES, S_ALLOC_FALLBACK,
     S_COPIES_SEEN, S_COPIES_VIRTUAL, S_PAGES_SHARED, S_BYTES_PARTIAL, S_PAGES_MOVED,
-    S_FB_NOT_ARENA, S_FB_OFFSET, S_FB_OVERLAP, S_FB_SHORT, S_FB_BUDGET, S_FB_ANON,
+    S_FB_NOT_ARENA, S_FB_OFFSET, S_FB_OVERLAP, S_FB_SHORT, S_FB_BUDGET,
     S_FB_ERROR, S_FB_BYTES, S_REALLOC_INPLACE, S_REALLOC_MREMAP, S_REALLOC_SHRINK,
     S_FORKS, S_GENS_EXHAUSTED, S_CACHE_HITS, S_NSTATS
 };
@@ -140,7 +144,7 @@ static const char *const stat_names[S_NSTATS] = {
     "large_copies_seen", "copies_virtual", "pages_shared", "bytes_copied_partial_pages",
     "dirty_pages_moved_to_memfd",
     "fallback_not_both_in_arena", "fallback_page_offsets_differ", "fallback_overlap",
-    "fallback_no_whole_page", "fallback_vma_budget", "fallback_anonymous_block",
+    "fallback_no_whole_page", "fallback_vma_budget",
     "fallback_syscall_error", "fallback_bytes_copied", "realloc_in_place", "realloc_mremap",
     "realloc_shrink", "forks", "generations_exhausted", "blocks_reused_from_free_cache"};
 static uint64_t stats[S_NSTATS];
@@ -404,7 +408,7 @@ static void unref_pages(uint64_t v, uint64_t n) {
 static int map_fresh(uint64_t v, uint64_t n) {
     void *a = page_addr(v);
     size_t len = n << A.pshift;
-    int fd = A.mode == MODE_COW ? cur_fd() : -1;
+    int fd = A.mode == MODE_COW && cow_fresh_memfd ? cur_fd() : -1;
     if (fd >= 0) {
         int64_t f = ext_alloc(&A.fd, (uint32_t)n);
         if (f < 0) fd = -1;
@@ -421,7 +425,7 @@ static int map_fresh(uint64_t v, uint64_t n) {
         }
     }
     if (fd < 0) {
-        if (A.mode == MODE_COW) st_add(S_GENS_EXHAUSTED, 1);
+        if (A.mode == MODE_COW && cow_fresh_memfd) st_add(S_GENS_EXHAUSTED, 1);
         if (mmap(a, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED)
             return -1;
         if (A.mode == MODE_KSM) madvise(a, len, MADV_MERGEABLE);
@@ -723,6 +727,48 @@ static uint64_t prepare_source(uint64_t v, uint64_t k) {
     while (i < k) {
         uint64_t m = A.vmeta[v + i];
         uint64_t r = run_len(v + i, k - i);
+        if (m & VM_ANON) {
+            /* nobody shares this block yet: its present pages are written once into fresh
+             * memfd pages (the others stay holes, which read as zero), then the run is
+             * mapped private onto them */
+            int fd = cur_fd();
+            int64_t f = fd < 0 ? -1 : ext_alloc(&A.fd, (uint32_t)r);
+            if (f < 0) return i;
+            uint64_t done = 0, moved = 0;
+            int ok = 1;
+            while (ok && done < r) {
+                uint64_t chunk = r - done < 512 ? r - done : 512;
+                int pfd = pagemap_fd();
+                off_t off = (off_t)(((uintptr_t)page_addr(v + i + done) >> A.pshift) * 8);
+                if (pfd < 0 || pread(pfd, pm, chunk * 8, off) != (ssize_t)(chunk * 8)) {
+                    ok = 0;
+                    break;
+                }
+                uint64_t j = 0;
+                while (ok && j < chunk) {
+                    if (!((pm[j] >> 63 | pm[j] >> 62) & 1)) {
+                        j++;
+                        continue;
+                    }
+                    uint64_t a = j;
+                    while (j < chunk && ((pm[j] >> 63 | pm[j] >> 62) & 1)) j++;
+                    uint64_t at = done + a, cnt = j - a;
+                    ok = write_all(fd, page_addr(v + i + at), cnt << A.pshift,
+                                   (off_t)(((uint64_t)f + at) << A.pshift)) == 0;
+                    moved += cnt;
+                }
+                done += chunk;
+            }
+            if (!ok || remap_private(v + i, r, A.gen, (uint64_t)f) != 0) {
+                fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)((uint64_t)f << A.pshift),
+                          (off_t)(r << A.pshift));
+                ext_free(&A.fd, (uint32_t)f, (uint32_t)r);
+                return i;
+            }
+            st_add(S_PAGES_MOVED, moved);
+            i += r;
+            continue;
+        }
         if (!(m & VM_PRIV)) {
             if (remap_private(v + i, r, (int)((m & VM_GEN_MASK) >> VM_GEN_SHIFT), m & VM_FPAGE_MASK) != 0) return i;
             i += r;
@@ -794,11 +840,8 @@ static void *big_copy(void *d, const void *s, size_t n, copy_fn plain) {
     pthread_mutex_lock(&lock);
     uint64_t shared = 0;
     why = S_NSTATS;
-    for (uint64_t i = 0; i < k && why == S_NSTATS; i++) {
-        uint64_t ms = A.vmeta[sv + i], md = A.vmeta[dv + i];
-        if (!(ms & VM_MAPPED) || !(md & VM_MAPPED)) why = S_FB_NOT_ARENA;
-        else if ((ms | md) & VM_ANON) why = S_FB_ANON;
-    }
+    for (uint64_t i = 0; i < k && why == S_NSTATS; i++)
+        if (!(A.vmeta[sv + i] & VM_MAPPED) || !(A.vmeta[dv + i] & VM_MAPPED)) why = S_FB_NOT_ARENA;
     if (why == S_NSTATS) {
         if (!budget_ok()) why = S_FB_BUDGET;
         else {
@@ -930,6 +973,8 @@ static void init_locked(void) {
     uint64_t tp = parse_u64(env("ADVM_THRESHOLD_PAGES"), 2);
     A.threshold = (tp ? tp : 1) << A.pshift;
     A.stats_dir = env("ADVM_STATS_DIR");
+    const char *fresh = env("ADVM_COW_FRESH");
+    cow_fresh_memfd = fresh && str_eq(fresh, "memfd");
     populate_max = parse_u64(env("ADVM_POPULATE_KIB"), 256) << 10;
     dirty_cap_pages = (parse_u64(env("ADVM_DIRTY_CACHE_KIB"), 4096) << 10) >> A.pshift;
     A.pagemap_fd = -1;

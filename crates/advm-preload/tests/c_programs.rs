@@ -1,6 +1,7 @@
 //! Compiles every C program in `tests/c/` and runs it under the shim in each of the
-//! shim's modes (cow, alloc, ksm); a program exits 0 when all its checks passed. In cow
-//! mode the copy test must also have made virtual copies (read from the shim's stats).
+//! shim's modes (cow, cow with memfd-backed fresh blocks, alloc, ksm); a program exits 0
+//! when all its checks passed. In cow mode the copy test must also have made virtual
+//! copies (read from the shim's stats).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -58,20 +59,23 @@ fn c_programs_pass_under_the_shim() {
     assert!(sources.len() >= 7, "C tests missing: {sources:?}");
     for src in &sources {
         let exe = compile(src, &dir);
-        for mode in ["cow", "alloc", "ksm"] {
-            let stats_dir = dir.join(format!("stats-{}-{mode}", src.file_stem().unwrap().to_string_lossy()));
+        for variant in ["cow", "cow-memfd", "alloc", "ksm"] {
+            let mode = variant.trim_end_matches("-memfd");
+            let fresh = if variant.ends_with("-memfd") { "memfd" } else { "anon" };
+            let stats_dir = dir.join(format!("stats-{}-{variant}", src.file_stem().unwrap().to_string_lossy()));
             let _ = std::fs::remove_dir_all(&stats_dir);
             std::fs::create_dir_all(&stats_dir).unwrap();
             let out = Command::new(&exe)
                 .env("LD_PRELOAD", &shim)
                 .env("ADVM_MODE", mode)
+                .env("ADVM_COW_FRESH", fresh)
                 .env("ADVM_STATS_DIR", &stats_dir)
                 .output()
                 .unwrap();
             let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-            assert!(out.status.success(), "{} under mode {mode} failed ({}):\n{text}", src.display(), out.status);
+            assert!(out.status.success(), "{} under mode {variant} failed ({}):\n{text}", src.display(), out.status);
             let s = stats(&stats_dir);
-            assert!(s.get("blocks_allocated").copied().unwrap_or(0) > 0, "{}: no arena block in {mode}: {s:?}", src.display());
+            assert!(s.get("blocks_allocated").copied().unwrap_or(0) > 0, "{}: no arena block in {variant}: {s:?}", src.display());
             if mode == "cow" && src.ends_with("copy.c") {
                 assert!(s["copies_virtual"] >= 6, "{s:?}");
                 assert!(s["pages_shared"] >= 6 * 60, "{s:?}");
@@ -80,7 +84,7 @@ fn c_programs_pass_under_the_shim() {
             if mode == "alloc" {
                 assert_eq!(s.get("copies_virtual").copied().unwrap_or(0), 0, "alloc mode made virtual copies: {s:?}");
             }
-            eprintln!("{} [{mode}]: {}", src.display(), text.trim());
+            eprintln!("{} [{variant}]: {}", src.display(), text.trim());
         }
     }
 }

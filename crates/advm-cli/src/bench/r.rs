@@ -90,6 +90,8 @@ pub struct Measured {
     pub stdout: Vec<u8>,
     /// The shim's counters (empty for `off`).
     pub shim: std::collections::BTreeMap<String, u64>,
+    /// KSM was already running (started by someone else) in a mode that does not use it.
+    pub foreign_ksm: bool,
 }
 
 /// Finds a tool, or installs the Debian packages that provide it when running as root.
@@ -163,6 +165,7 @@ pub fn measure(
     let open = |p: &PathBuf| std::fs::File::create(p).map_err(|e| CliError::Io(p.display().to_string(), e));
     prepared.command.envs(env.iter().map(|(k, v)| (*k, v.as_str())));
     prepared.command.stdin(Stdio::null()).stdout(open(&out_path)?).stderr(open(&err_path)?);
+    let foreign_ksm = mode.ksm_pages_to_scan().is_none() && advm::sys::ksm::read("run") == Some(1);
     let ksmd_before = advm::stats::ksmd_cpu_seconds();
     let started = Instant::now();
     let mut child = prepared.command.spawn().map_err(|e| CliError::Io(format!("running {program}"), e))?;
@@ -218,7 +221,7 @@ pub fn measure(
     let shim = prepared.stats_dir.as_deref().map(|d| run_cmd::read_stats(d).0).unwrap_or_default();
     let samples = pages.len();
     let mean_pages = if samples == 0 { f64::NAN } else { pages.iter().sum::<f64>() / samples as f64 };
-    Ok(Measured { mean_pages, samples, cpu_s, wall_s, ksmd_s, stdout, shim })
+    Ok(Measured { mean_pages, samples, cpu_s, wall_s, ksmd_s, stdout, shim, foreign_ksm })
 }
 
 const THRESHOLD_PROBE: &str = include_str!("../../../advm-preload/bench/threshold.c");
@@ -351,6 +354,13 @@ impl Bench for RBench {
                         continue;
                     }
                 };
+                if m.foreign_ksm {
+                    report.notes.push(format!(
+                        "{} {}: KSM was already running (started outside this benchmark); its ksmd CPU is not ours",
+                        w.file,
+                        mode.name()
+                    ));
+                }
                 let ps_mib = advm::addr::page_size() as f64 / (1 << 20) as f64;
                 let b = base.get_or_insert_with(|| m.clone());
                 if m.stdout != b.stdout {
