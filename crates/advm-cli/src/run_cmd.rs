@@ -96,8 +96,7 @@ impl KsmGuard {
             saved.push((knob, v));
         }
         let guard = Self { saved };
-        for (knob, v) in [("pages_to_scan", pages.to_string()), ("sleep_millisecs", "20".into()), ("run", "1".into())]
-        {
+        for (knob, v) in [("pages_to_scan", pages.to_string()), ("sleep_millisecs", "20".into()), ("run", "1".into())] {
             ksm::write(knob, &v)?;
         }
         Ok(guard)
@@ -134,8 +133,8 @@ impl Drop for Prepared {
 fn fresh_stats_dir() -> Result<PathBuf, CliError> {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
-    let dir = std::env::temp_dir()
-        .join(format!("advm-run-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+    let dir =
+        std::env::temp_dir().join(format!("advm-run-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| CliError::Io(dir.display().to_string(), e))?;
     Ok(dir)
@@ -144,7 +143,8 @@ fn fresh_stats_dir() -> Result<PathBuf, CliError> {
 /// The installed shim (written once per content hash into the cache directory).
 pub fn shim_path() -> Result<PathBuf, CliError> {
     let dir = advm_preload::default_cache_dir();
-    advm_preload::install(&dir).map_err(|e| CliError::Io(format!("installing the preload shim into {}", dir.display()), e))
+    advm_preload::install(&dir)
+        .map_err(|e| CliError::Io(format!("installing the preload shim into {}", dir.display()), e))
 }
 
 /// Prepares `program args` to run under `mode`; with `stats`, the shim reports into a
@@ -225,18 +225,17 @@ pub fn render_stats(mode: Mode, stats: &BTreeMap<String, u64>, processes: usize)
         fb(g("peak_live_bytes")),
         g("alloc_fallbacks_to_glibc")
     );
-    out += &format!(
-        "  large copies         {} seen, {} made virtual\n",
-        g("large_copies_seen"),
-        g("copies_virtual")
-    );
+    out += &format!("  large copies         {} seen, {} made virtual\n", g("large_copies_seen"), g("copies_virtual"));
     out += &format!(
         "  bytes not copied     {} ({} pages shared); {} of partial pages copied\n",
         fb(g("pages_shared") * ps),
         g("pages_shared"),
         fb(g("bytes_copied_partial_pages"))
     );
-    out += &format!("  dirty pages moved    {} (written once into the memfd to be shared)\n", g("dirty_pages_moved_to_memfd"));
+    out += &format!(
+        "  dirty pages moved    {} (written once into the memfd to be shared)\n",
+        g("dirty_pages_moved_to_memfd")
+    );
     let reasons = [
         ("fallback_not_both_in_arena", "not both in the arena"),
         ("fallback_page_offsets_differ", "page offsets differ"),
@@ -262,7 +261,10 @@ pub fn render_stats(mode: Mode, stats: &BTreeMap<String, u64>, processes: usize)
     );
     out += &format!("  forks                {} (arena frozen to private at each)\n", g("forks"));
     if g("generations_exhausted") > 0 {
-        out += &format!("  anonymous blocks     {} (memfd generations exhausted after forks)\n", g("generations_exhausted"));
+        out += &format!(
+            "  anonymous blocks     {} (memfd generations exhausted after forks)\n",
+            g("generations_exhausted")
+        );
     }
     out
 }

@@ -137,10 +137,13 @@ fn bench_r_quick_runs_all_five_modes() {
         .filter(|r| r["config"][0][1] == "b25_sort.R")
         .map(|r| r["config"][1][1].as_str().unwrap())
         .collect();
-    let expected = if modes.len() == 5 { vec!["off", "alloc", "ksm", "ksm-aggr", "cow"] } else { vec!["off", "alloc", "cow"] };
+    let expected =
+        if modes.len() == 5 { vec!["off", "alloc", "ksm", "ksm-aggr", "cow"] } else { vec!["off", "alloc", "cow"] };
     assert_eq!(modes, expected);
     let cow = rows.iter().find(|r| r["config"][0][1] == "b25_sort.R" && r["config"][1][1] == "cow").unwrap();
-    let fig = |name: &str| cow["figures"].as_array().unwrap().iter().find(|f| f["name"] == name).unwrap()["median"].as_f64().unwrap();
+    let fig = |name: &str| {
+        cow["figures"].as_array().unwrap().iter().find(|f| f["name"] == name).unwrap()["median"].as_f64().unwrap()
+    };
     assert!(fig("virtual copies") >= 1.0, "{cow}");
     assert!(fig("samples") >= 1.0, "{cow}");
     let notes = v["notes"].as_array().unwrap();

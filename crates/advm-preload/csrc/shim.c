@@ -1001,7 +1001,9 @@ static void init_locked(void) {
     if (pthread_atfork(fork_prepare, fork_parent, fork_child) != 0) return;
     arena_lo = A.base;
     arena_len = len;
-    if (A.mode == MODE_COW) copy_min = A.threshold;
+    /* copies may use a higher threshold than allocations (ADVM_COPY_MIN_PAGES) */
+    uint64_t cp = parse_u64(env("ADVM_COPY_MIN_PAGES"), 0) << A.pshift;
+    if (A.mode == MODE_COW) copy_min = cp > A.threshold ? cp : A.threshold;
     __atomic_store_n(&state, 2, __ATOMIC_RELEASE);
 }
 

@@ -18,7 +18,17 @@ fn compile(src: &Path, out_dir: &Path) -> PathBuf {
     // -fno-builtin: every memcpy/malloc must be a real call, as in a normal build of a
     // program that copies sizes unknown at compile time.
     let out = Command::new("cc")
-        .args(["-std=gnu11", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-Wno-alloc-size-larger-than", "-fno-builtin", "-pthread"])
+        .args([
+            "-std=gnu11",
+            "-O1",
+            "-g",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-Wno-alloc-size-larger-than",
+            "-fno-builtin",
+            "-pthread",
+        ])
         .arg(src)
         .arg("-o")
         .arg(&exe)
@@ -75,7 +85,11 @@ fn c_programs_pass_under_the_shim() {
             let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
             assert!(out.status.success(), "{} under mode {variant} failed ({}):\n{text}", src.display(), out.status);
             let s = stats(&stats_dir);
-            assert!(s.get("blocks_allocated").copied().unwrap_or(0) > 0, "{}: no arena block in {variant}: {s:?}", src.display());
+            assert!(
+                s.get("blocks_allocated").copied().unwrap_or(0) > 0,
+                "{}: no arena block in {variant}: {s:?}",
+                src.display()
+            );
             if mode == "cow" && src.ends_with("copy.c") {
                 assert!(s["copies_virtual"] >= 6, "{s:?}");
                 assert!(s["pages_shared"] >= 6 * 60, "{s:?}");

@@ -96,7 +96,9 @@ pub struct Measured {
 
 /// Finds a tool, or installs the Debian packages that provide it when running as root.
 fn ensure_tool(tool: &str, check: &[&str], packages: &[&str]) -> Result<(), CliError> {
-    let ok = || Command::new(tool).args(check).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+    let ok = || {
+        Command::new(tool).args(check).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+    };
     if ok() {
         return Ok(());
     }
@@ -271,7 +273,9 @@ fn threshold_probe(dir: &Path, iters: u32) -> Result<(Vec<Row>, Option<u64>), Cl
     }
     let off = &by_mode[0].1;
     let cow = &by_mode[2].1;
-    let crossover = off.iter().zip(cow).find(|((_, o), (_, c))| c <= o).map(|((p, _), _)| *p);
+    // the smallest size from which cow is never slower, at that size and every bigger one
+    let pairs: Vec<(u64, bool)> = off.iter().zip(cow).map(|((p, o), (_, c))| (*p, c <= o)).collect();
+    let crossover = (0..pairs.len()).find(|&i| pairs[i..].iter().all(|(_, ok)| *ok)).map(|i| pairs[i].0);
     Ok((rows, crossover))
 }
 
@@ -327,7 +331,8 @@ impl Bench for RBench {
         if !ksm_ok {
             report.notes.push("ksm and ksm-aggr skipped: KSM needs root and /sys/kernel/mm/ksm".into());
         }
-        let modes: Vec<Mode> = Mode::ALL.iter().copied().filter(|m| ksm_ok || m.ksm_pages_to_scan().is_none()).collect();
+        let modes: Vec<Mode> =
+            Mode::ALL.iter().copied().filter(|m| ksm_ok || m.ksm_pages_to_scan().is_none()).collect();
         let bar = opts.progress_bar((workloads.len() * modes.len()) as u64, "bench r");
         // ratios per mode over the R workloads, for the geometric means
         let mut mem_ratio: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
@@ -335,7 +340,8 @@ impl Bench for RBench {
         let mut ksmd_ratio: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
         for w in &workloads {
             let (program, args) = invocation(w, &dir);
-            if w.python && !Command::new(&program).args(["-c", "import numpy, pandas"]).status().is_ok_and(|s| s.success())
+            if w.python
+                && !Command::new(&program).args(["-c", "import numpy, pandas"]).status().is_ok_and(|s| s.success())
             {
                 report.notes.push(format!("{} skipped: {program} cannot import numpy and pandas", w.file));
                 continue;
@@ -397,10 +403,13 @@ impl Bench for RBench {
                 report.rows.extend(rows);
                 report.notes.push(match crossover {
                     Some(p) => format!(
-                        "threshold probe: from {p}-page blocks on, allocate+copy+write+free under cow is not slower \
-                         than glibc (the shim's threshold is 2 pages, as the paper's)"
+                        "threshold probe: from {p}-page blocks on, allocate+fill+copy+write+free under cow is not \
+                         slower than glibc (the shim's threshold stays 2 pages, the paper's, for memory)"
                     ),
-                    None => "threshold probe: cow was slower than glibc at every size up to 64 pages".into(),
+                    None => "threshold probe: for a block copied right after it was written and freed at once, cow \
+                             is slower than glibc at some size up to 64 pages (the first copy writes the block into \
+                             the memfd; the saving is memory, later copies are the cheap ones)"
+                        .into(),
                 });
             }
             Err(e) => report.notes.push(format!("threshold probe skipped: {e}")),
