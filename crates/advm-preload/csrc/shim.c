@@ -14,8 +14,9 @@
  * mmap'd tables, calls glibc's own entry points (__libc_malloc, dlsym'd memcpy) for the
  * plain path, and is written in C with no library besides libc.
  *
- * Modes (ADVM_MODE): cow = memfd-backed arena with virtual copies; alloc = anonymous
- * arena (the paper's orig+alloc); ksm = alloc + MADV_MERGEABLE on arena blocks.
+ * Modes (ADVM_MODE): cow = virtual copies (a block is anonymous until it is first
+ * copied, then private mappings of memfd pages); alloc = anonymous arena only (the
+ * paper's orig+alloc); ksm = alloc + MADV_MERGEABLE on arena blocks.
  *
  * Layout (see DESIGN.md): a 64 GiB reservation at a high fixed hint; vmeta[v] says
  * what arena page v maps (memfd generation, memfd page, private or shared, block
