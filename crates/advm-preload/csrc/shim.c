@@ -123,7 +123,12 @@ static uint64_t populate_max;
 /* cow: a new block is anonymous until it is first copied (default), or a shared memfd
  * mapping from the start (ADVM_COW_FRESH=memfd: copies cost no byte, but every
  * allocation pays shmem faults and hole punching) */
-static int cow_fresh_memfd; /* bytes: malloc'd blocks up to this are pre-faulted */
+static int cow_fresh_memfd;
+/* Anonymous blocks of at least this size (ADVM_THP_MIN_KIB, default 2 MiB; 0 = never)
+ * ask for transparent huge pages: one fault per 2 MiB instead of 512. Not in ksm mode,
+ * where KSM must split huge pages before it can merge them. Measured: system time of
+ * b25_matrix.R 0.77 s -> 0.55 s, b25_vector.R 0.50 s -> 0.33 s, memory not higher. */
+static uint64_t thp_min; /* bytes: malloc'd blocks up to this are pre-faulted */
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int state; /* 0 none, 1 initialising, 2 ready, 3 disabled */
@@ -430,6 +435,7 @@ static int map_fresh(uint64_t v, uint64_t n) {
         if (mmap(a, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED)
             return -1;
         if (A.mode == MODE_KSM) madvise(a, len, MADV_MERGEABLE);
+        else if (thp_min && len >= thp_min) madvise(a, len, MADV_HUGEPAGE);
         for (uint64_t i = 0; i < n; i++) A.vmeta[v + i] = VM_MAPPED | VM_ANON;
     }
     seg_mapped(v, n);
@@ -974,6 +980,7 @@ static void init_locked(void) {
     uint64_t tp = parse_u64(env("ADVM_THRESHOLD_PAGES"), 2);
     A.threshold = (tp ? tp : 1) << A.pshift;
     A.stats_dir = env("ADVM_STATS_DIR");
+    thp_min = parse_u64(env("ADVM_THP_MIN_KIB"), 2048) << 10;
     const char *fresh = env("ADVM_COW_FRESH");
     cow_fresh_memfd = fresh && str_eq(fresh, "memfd");
     populate_max = parse_u64(env("ADVM_POPULATE_KIB"), 256) << 10;
