@@ -105,7 +105,7 @@ impl KsmGuard {
 
 impl Drop for KsmGuard {
     fn drop(&mut self) {
-        // run last: stop scanning before the rate goes back.
+        // reverse order: `run` goes back first, so scanning stops before the rate changes.
         for (knob, v) in self.saved.iter().rev() {
             let _ = ksm::write(knob, v);
         }
