@@ -2,6 +2,7 @@
 
 mod bench;
 mod image_cmd;
+mod run_cmd;
 mod stat_cmd;
 mod testproc;
 
@@ -64,6 +65,8 @@ enum Command {
         #[arg(long)]
         out: Option<std::path::PathBuf>,
     },
+    /// Run a program with the preload shim: virtual copies for unmodified programs.
+    Run(run_cmd::RunArgs),
     /// Every capability on its built-in workload against its baseline, one table.
     Demo {
         /// Print JSON.
@@ -166,6 +169,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             }
         }
         Command::Demo { json } => demo(json)?,
+        Command::Run(args) => run_cmd::run(args)?,
         Command::Testproc(which) => testproc::run(which)?,
     }
     Ok(())

@@ -7,6 +7,7 @@
 
 mod image;
 mod remap;
+mod r;
 mod stat;
 mod vcopy;
 
@@ -170,6 +171,7 @@ pub fn all() -> Vec<Box<dyn Bench>> {
         Box::new(vcopy::VcopyBench),
         Box::new(remap::RemapBench),
         Box::new(image::ImageBench),
+        Box::new(r::RBench),
     ]
 }
 

@@ -1,0 +1,151 @@
+//! `advm run`: unmodified R and Python produce byte-identical output under every mode
+//! (scripts that copy, modify, sort, subset and fork via parallel::mclapply), `--stats`
+//! reports virtual copies, the exit status is the program's, and `advm bench r --quick`
+//! produces its table.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Mutex;
+
+const ADVM: &str = env!("CARGO_BIN_EXE_advm");
+
+/// KSM settings are global: tests that change them take turns.
+static KSM: Mutex<()> = Mutex::new(());
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("run advm");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn have(program: &str, args: &[&str]) -> bool {
+    Command::new(program).args(args).output().is_ok_and(|o| o.status.success())
+}
+
+fn modes() -> Vec<&'static str> {
+    let root = advm::probe::facts().root;
+    if root && advm::sys::ksm::available() {
+        vec!["off", "alloc", "ksm", "ksm-aggr", "cow"]
+    } else {
+        eprintln!("ksm and ksm-aggr modes skipped: they need root and KSM (/sys/kernel/mm/ksm)");
+        vec!["off", "alloc", "cow"]
+    }
+}
+
+/// Runs `program args` under every mode and asserts the same stdout as `off`.
+fn same_output_everywhere(program: &str, args: &[String], scale: &str) {
+    let _guard = KSM.lock().unwrap_or_else(|e| e.into_inner());
+    let mut reference: Option<Vec<u8>> = None;
+    for mode in modes() {
+        let out = ok(Command::new(ADVM)
+            .args(["run", "--mode", mode, "--"])
+            .arg(program)
+            .args(args)
+            .env("ADVM_BENCH_SCALE", scale)
+            .env("ADVM_BENCH_DIR", repo().join("bench/r")));
+        assert!(!out.stdout.is_empty(), "{program} {args:?} printed nothing under {mode}");
+        match &reference {
+            None => reference = Some(out.stdout),
+            Some(r) => assert_eq!(
+                String::from_utf8_lossy(r),
+                String::from_utf8_lossy(&out.stdout),
+                "{args:?}: output under mode {mode} differs from the untouched program"
+            ),
+        }
+    }
+}
+
+#[test]
+fn r_scripts_give_identical_output_in_every_mode() {
+    if !have("Rscript", &["--version"]) {
+        eprintln!("skipped: Rscript not found (install r-base-core; make deps-system does)");
+        return;
+    }
+    for script in ["fork_mclapply.R", "b25_sort.R", "b25_matrix.R", "b25_vector.R", "ml_knn.R", "ml_rpart.R"] {
+        let path = repo().join("bench/r").join(script).display().to_string();
+        same_output_everywhere("Rscript", &["--vanilla".into(), path], "0.02");
+    }
+}
+
+#[test]
+fn python_numpy_pandas_gives_identical_output_in_every_mode() {
+    if !have("/usr/bin/python3", &["-c", "import numpy, pandas"]) {
+        eprintln!("skipped: /usr/bin/python3 cannot import numpy and pandas (install python3-numpy python3-pandas)");
+        return;
+    }
+    let path = repo().join("bench/python/numpy_copy.py").display().to_string();
+    same_output_everywhere("/usr/bin/python3", &[path], "0.05");
+}
+
+#[test]
+fn stats_report_virtual_copies_on_stderr_only() {
+    if !have("/usr/bin/python3", &["-c", "import numpy"]) {
+        eprintln!("skipped: /usr/bin/python3 cannot import numpy");
+        return;
+    }
+    let prog = "import numpy as np\na = np.arange(1 << 20, dtype=np.float64)\nb = a.copy()\nb[5] = -1\nprint(a[5], b[5], int(b.sum()))";
+    let out = ok(Command::new(ADVM).args(["run", "--stats", "--", "/usr/bin/python3", "-c", prog]));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "5.0 -1.0 549755289594\n");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("advm run: mode cow, threshold 8192 bytes"), "{err}");
+    let line = err.lines().find(|l| l.contains("large copies")).expect("copies line");
+    let made: u64 = line.split_whitespace().rev().nth(2).unwrap().parse().unwrap();
+    assert!(made >= 1, "no virtual copy reported: {err}");
+    assert!(err.contains("bytes not copied"), "{err}");
+}
+
+#[test]
+fn exit_status_and_bad_usage() {
+    let st = Command::new(ADVM).args(["run", "--", "sh", "-c", "exit 7"]).status().unwrap();
+    assert_eq!(st.code(), Some(7));
+    let out = Command::new(ADVM).args(["run", "--mode", "bogus", "--", "true"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid value 'bogus' for '--mode <MODE>'"));
+    let out = Command::new(ADVM).args(["run", "--", "/nonexistent/prog"]).output().unwrap();
+    assert!(!out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        "advm: running /nonexistent/prog: No such file or directory (os error 2)"
+    );
+    let out = Command::new(ADVM).args(["run", "--stats", "--mode", "off", "--", "true"]).output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("mode off: the shim was not loaded"));
+}
+
+#[test]
+fn bench_r_quick_runs_all_five_modes() {
+    if !have("Rscript", &["--version"]) {
+        eprintln!("skipped: Rscript not found");
+        return;
+    }
+    let _guard = KSM.lock().unwrap_or_else(|e| e.into_inner());
+    let out = ok(Command::new(ADVM).args(["bench", "r", "--quick", "--json"]));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    let modes: Vec<&str> = rows
+        .iter()
+        .filter(|r| r["config"][0][1] == "b25_sort.R")
+        .map(|r| r["config"][1][1].as_str().unwrap())
+        .collect();
+    let expected =
+        if modes.len() == 5 { vec!["off", "alloc", "ksm", "ksm-aggr", "cow"] } else { vec!["off", "alloc", "cow"] };
+    assert_eq!(modes, expected);
+    let cow = rows.iter().find(|r| r["config"][0][1] == "b25_sort.R" && r["config"][1][1] == "cow").unwrap();
+    let fig = |name: &str| {
+        cow["figures"].as_array().unwrap().iter().find(|f| f["name"] == name).unwrap()["median"].as_f64().unwrap()
+    };
+    assert!(fig("virtual copies") >= 1.0, "{cow}");
+    assert!(fig("samples") >= 1.0, "{cow}");
+    let notes = v["notes"].as_array().unwrap();
+    assert!(!notes.iter().any(|n| n.as_str().unwrap().contains("differs")), "{notes:?}");
+}

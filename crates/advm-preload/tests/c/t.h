@@ -1,0 +1,56 @@
+/* Helpers for the shim's C tests: each program runs under LD_PRELOAD=libadvm-preload
+ * (ADVM_MODE from the runner) and exits 0 when every check passed. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <malloc.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define PS 4096u
+#define CHECK(c)                                                                     \
+    do {                                                                             \
+        if (!(c)) {                                                                  \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);    \
+            exit(1);                                                                 \
+        }                                                                            \
+    } while (0)
+
+static inline int cow_mode(void) {
+    const char *m = getenv("ADVM_MODE");
+    return !m || strcmp(m, "cow") == 0;
+}
+
+/* Physical frame of the page at p, read first so that it is present (0 when PFNs
+ * are hidden). */
+static inline uint64_t pfn(const void *p) {
+    static int fd = -1;
+    (void)*(const volatile unsigned char *)p;
+    if (fd < 0) fd = open("/proc/self/pagemap", O_RDONLY);
+    uint64_t e = 0;
+    if (pread(fd, &e, 8, (off_t)((uintptr_t)p / PS * 8)) != 8) return 0;
+    return (e >> 63) ? (e & ((1ull << 55) - 1)) : 0;
+}
+
+/* True when PFNs are visible (root): sharing can then be checked directly. */
+static inline int pfns_visible(void) {
+    static volatile char probe[PS * 2];
+    probe[PS] = 1;
+    return pfn((const void *)&probe[PS]) != 0;
+}
+
+static inline void fill(unsigned char *p, size_t n, unsigned seed) {
+    for (size_t i = 0; i < n; i++) p[i] = (unsigned char)(i * 31 + seed + i / PS);
+}
+static inline int same(const unsigned char *p, size_t n, unsigned seed) {
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != (unsigned char)(i * 31 + seed + i / PS)) return 0;
+    return 1;
+}
+/* An arena block: page aligned, usable size rounded up to whole pages. */
+static inline int in_arena(void *p, size_t n) {
+    return ((uintptr_t)p % PS) == 0 && malloc_usable_size(p) == (n + PS - 1) / PS * PS;
+}
