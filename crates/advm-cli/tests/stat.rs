@@ -243,3 +243,31 @@ fn bench_quick_json_has_the_shared_shape() {
     let out = Command::new(ADVM).args(["bench", "nosuch"]).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("no benchmark named \"nosuch\"; available: stat"));
 }
+
+#[test]
+fn a_process_that_execs_is_followed_into_its_new_image() {
+    // Rscript and many launchers exec: the pagemap opened before pins the old mm.
+    let script = format!("read line; exec {ADVM} testproc anon --mib 8");
+    let mut child =
+        Command::new("/bin/sh").args(["-c", &script]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let pid = child.id() as i32;
+    let mut meter = advm::stats::Meter::new(&[pid], Default::default()).unwrap();
+    let before = meter.sample().unwrap();
+    use std::io::Write;
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "go").unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    let after = meter.sample().unwrap();
+    assert!(
+        after.rss_bytes >= 8 << 20 && after.rss_bytes > before.rss_bytes,
+        "{} -> {}",
+        before.rss_bytes,
+        after.rss_bytes
+    );
+    assert_eq!(after.processes[0].comm, "advm");
+    drop(stdin);
+    let _ = child.kill();
+    let _ = child.wait();
+}

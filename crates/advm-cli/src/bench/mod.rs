@@ -6,8 +6,8 @@
 //! implements [`Bench`], and list it in [`all`].
 
 mod image;
-mod remap;
 mod r;
+mod remap;
 mod stat;
 mod vcopy;
 

@@ -187,8 +187,8 @@ pub fn measure(
             _ => {}
         }
         if Instant::now() >= next {
-            // /proc/PID/pagemap opened before an exec reads the old image (ESRCH after
-            // it): the meter is opened at the first sample and again after any error.
+            // The meter follows the launcher's exec into R by itself; it is opened at the
+            // first sample and again after an error (e.g. a sample racing the exit).
             if meter.is_none() {
                 meter = Meter::new(&[pid as i32], Options::default()).ok();
             }

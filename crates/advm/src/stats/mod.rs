@@ -20,6 +20,7 @@ use procfs::process::{MMapPath, Process};
 use serde::Serialize;
 
 use crate::sys::pagemap::{category, Entry, Pagemap, Region};
+use crate::sys::SysError;
 use crate::{Error, Result};
 
 pub use proc_files::{ksm_system, ksmd_cpu_seconds, KsmSystem};
@@ -189,7 +190,18 @@ impl Meter {
         let mut processes = Vec::with_capacity(self.targets.len());
         for i in 0..self.targets.len() {
             let first = self.pfns.len();
-            let t = self.walk_target(i)?;
+            let t = match self.walk_target(i) {
+                Err(Error::Sys(e)) if e.errno == rustix::io::Errno::SRCH && self.targets[i].process.is_alive() => {
+                    // The process exec'd: its old mm, which the pagemap fd pins, is gone.
+                    self.pfns.truncate(first);
+                    let pid = self.targets[i].pid;
+                    let file =
+                        self.targets[i].process.open_relative("pagemap").map_err(|e| open_error(pid, "pagemap", e))?;
+                    self.targets[i].pagemap = Pagemap::from_file(file);
+                    self.walk_target(i)?
+                }
+                r => r?,
+            };
             let pid = self.targets[i].pid;
             let process = &self.targets[i].process;
             let exited = |e| if process.is_alive() { e } else { Error::ProcessExited { pid } };
@@ -281,9 +293,10 @@ impl Meter {
                         .read(vpn, &mut self.entries[..want])
                         .map_err(|e| alive_or_exited(&self.targets[i].process, e.into()))?;
                     if got == 0 {
-                        // The mm is gone: the process exited (or became a zombie).
-                        let process = &self.targets[i].process;
-                        return Err(alive_or_exited(process, Error::ProcessExited { pid }));
+                        // The mm our pagemap fd pins is gone: the process exited, or it
+                        // is alive and exec'd (sample() then reopens pagemap).
+                        let gone = SysError::new("pread(/proc/PID/pagemap)", rustix::io::Errno::SRCH);
+                        return Err(alive_or_exited(&self.targets[i].process, gone.into()));
                     }
                     for &raw in &self.entries[..got] {
                         let e = Entry(raw);
