@@ -273,7 +273,12 @@ pub fn render_stats(mode: Mode, stats: &BTreeMap<String, u64>, processes: usize)
 pub fn run(args: RunArgs) -> Result<(), CliError> {
     let (program, rest) = args.command.split_first().ok_or_else(|| CliError::Usage("no command given".into()))?;
     let mut prepared = prepare(args.mode, args.threshold_pages, program, rest, args.stats)?;
-    let status = prepared.command.status().map_err(|e| CliError::Io(format!("running {program}"), e))?;
+    let mut child = prepared.command.spawn().map_err(|e| CliError::Io(format!("running {program}"), e))?;
+    // Ctrl-C and kill must end the program, not advm: advm still has to restore KSM
+    // settings and report.
+    let signals = advm::sys::signal::ChildSignals::install(child.id() as i32)?;
+    let status = child.wait().map_err(|e| CliError::Io(format!("waiting for {program}"), e))?;
+    drop(signals);
     if args.stats {
         match &prepared.stats_dir {
             Some(d) => {

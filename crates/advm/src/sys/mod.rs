@@ -15,6 +15,7 @@ pub mod mman;
 pub mod pagemap;
 pub mod procmap;
 pub mod seek;
+pub mod signal;
 pub mod uffd;
 
 use std::fmt;

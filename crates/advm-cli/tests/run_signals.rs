@@ -1,0 +1,35 @@
+//! `advm run` killed mid-run still restores the KSM settings it changed.
+//! (Its own test binary: test binaries run one at a time, so no other KSM user races it.)
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const ADVM: &str = env!("CARGO_BIN_EXE_advm");
+
+fn ksm(knob: &str) -> Option<String> {
+    std::fs::read_to_string(format!("/sys/kernel/mm/ksm/{knob}")).ok().map(|s| s.trim().to_string())
+}
+
+#[test]
+fn sigterm_ends_the_program_and_ksm_settings_come_back() {
+    if !advm::sys::is_root() || ksm("run").is_none() {
+        eprintln!("skipped: needs root and KSM to change KSM settings");
+        return;
+    }
+    let before = (ksm("run"), ksm("pages_to_scan"), ksm("sleep_millisecs"));
+    let mut child = Command::new(ADVM).args(["run", "--mode", "ksm-aggr", "--", "sleep", "30"]).spawn().unwrap();
+    // Wait until advm has switched KSM to 1000 pages per wake-up.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ksm("pages_to_scan").as_deref() != Some("1000") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(ksm("pages_to_scan").as_deref(), Some("1000"), "advm run never set KSM");
+    std::thread::sleep(Duration::from_millis(200));
+    let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let started = Instant::now();
+    let exit = child.wait().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5), "sleep was not ended by the forwarded SIGTERM");
+    assert_eq!(exit.code(), Some(128 + 15), "advm exits with the program's status");
+    assert_eq!((ksm("run"), ksm("pages_to_scan"), ksm("sleep_millisecs")), before);
+}

@@ -1,0 +1,64 @@
+//! Signal dispositions for a parent that waits on a child and must clean up after it
+//! (e.g. `advm run` restoring KSM settings): interactive signals are ignored, as
+//! `system(3)` does, since the terminal delivers them to the child too; SIGTERM and
+//! SIGHUP are forwarded to the child, so the parent lives to clean up.
+
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use super::{SysError, SysResult};
+
+static CHILD: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn forward(sig: libc::c_int) {
+    let pid = CHILD.load(Ordering::Relaxed);
+    if pid > 0 {
+        // SAFETY: kill(2) is async-signal-safe and takes no pointers.
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+const IGNORED: [libc::c_int; 2] = [libc::SIGINT, libc::SIGQUIT];
+const FORWARDED: [libc::c_int; 2] = [libc::SIGTERM, libc::SIGHUP];
+
+/// While alive, SIGINT/SIGQUIT are ignored and SIGTERM/SIGHUP go to `child`; the old
+/// dispositions come back on drop. One at a time per process.
+pub struct ChildSignals {
+    old: Vec<(libc::c_int, libc::sigaction)>,
+}
+
+impl ChildSignals {
+    /// Installs the dispositions for `child`.
+    pub fn install(child: i32) -> SysResult<Self> {
+        CHILD.store(child, Ordering::Relaxed);
+        let mut guard = Self { old: Vec::new() };
+        for (sig, handler) in IGNORED
+            .iter()
+            .map(|&s| (s, libc::SIG_IGN))
+            .chain(FORWARDED.iter().map(|&s| (s, forward as extern "C" fn(libc::c_int) as libc::sighandler_t)))
+        {
+            // SAFETY: sigaction structs are plain data; zeroed is a valid empty mask.
+            let mut new: libc::sigaction = unsafe { std::mem::zeroed() };
+            new.sa_sigaction = handler;
+            new.sa_flags = libc::SA_RESTART;
+            // SAFETY: zeroed is a valid sigaction to receive the old disposition.
+            let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+            // SAFETY: both pointers are to live sigaction structs; the handler is
+            // async-signal-safe (one atomic load and kill).
+            if unsafe { libc::sigaction(sig, &new, &mut old) } < 0 {
+                return Err(SysError::last("sigaction"));
+            }
+            guard.old.push((sig, old));
+        }
+        Ok(guard)
+    }
+}
+
+impl Drop for ChildSignals {
+    fn drop(&mut self) {
+        for (sig, old) in &self.old {
+            // SAFETY: restores a disposition sigaction gave us.
+            unsafe { libc::sigaction(*sig, old, std::ptr::null_mut()) };
+        }
+        CHILD.store(0, Ordering::Relaxed);
+    }
+}
