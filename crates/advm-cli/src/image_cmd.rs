@@ -1,7 +1,7 @@
 //! `advm image info|map|cat`: a qcow2 chain's layers, its extent map, and bytes read
 //! through the mapping.
 
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::path::PathBuf;
 
 use advm::image::{ExtentKind, GuestOffset, Image, ImageSpace, MapOptions, OverBudget};
@@ -175,13 +175,7 @@ pub fn run(cmd: ImageCmd) -> Result<(), CliError> {
                 space.read_all()?;
                 Box::new(space)
             };
-            let mut out = std::io::stdout().lock();
-            writeln!(out, "ready").and_then(|_| out.flush()).map_err(|e| CliError::Io("stdout".into(), e))?;
-            drop(out);
-            let mut line = String::new();
-            while std::io::stdin().lock().read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
-                line.clear();
-            }
+            crate::testproc::ready_and_wait()?;
             drop(keep);
         }
     }

@@ -74,6 +74,14 @@ pub fn run(which: TestProc) -> Result<(), CliError> {
             }
         }
     }
+    ready_and_wait()?;
+    drop(keep);
+    Ok(())
+}
+
+/// Says `ready` on stdout, then blocks until stdin closes: the protocol of every
+/// helper process the tests and benchmarks spawn.
+pub fn ready_and_wait() -> Result<(), CliError> {
     let mut out = std::io::stdout().lock();
     writeln!(out, "ready").and_then(|_| out.flush()).map_err(|e| CliError::Io("stdout".into(), e))?;
     drop(out);
@@ -81,7 +89,6 @@ pub fn run(which: TestProc) -> Result<(), CliError> {
     while std::io::stdin().lock().read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
         line.clear();
     }
-    drop(keep);
     Ok(())
 }
 
