@@ -6,8 +6,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use advm::sys::ksm;
-
 use crate::CliError;
 
 /// The paper's five configurations (section 5.1).
@@ -78,40 +76,6 @@ pub struct RunArgs {
     pub command: Vec<String>,
 }
 
-/// KSM settings changed for a run, restored when dropped.
-pub struct KsmGuard {
-    saved: Vec<(&'static str, String)>,
-}
-
-impl KsmGuard {
-    /// Starts ksmd scanning `pages` pages every 20 ms (root only).
-    pub fn start(pages: u32) -> Result<Self, CliError> {
-        if !ksm::available() {
-            return Err(CliError::Usage(format!("KSM is not available: {}/run does not exist", ksm::SYSFS_DIR)));
-        }
-        let mut saved = Vec::new();
-        for knob in ["pages_to_scan", "sleep_millisecs", "run"] {
-            let v = ksm::read_text(knob)
-                .ok_or_else(|| CliError::Usage(format!("cannot read {}/{knob}", ksm::SYSFS_DIR)))?;
-            saved.push((knob, v));
-        }
-        let guard = Self { saved };
-        for (knob, v) in [("pages_to_scan", pages.to_string()), ("sleep_millisecs", "20".into()), ("run", "1".into())] {
-            ksm::write(knob, &v)?;
-        }
-        Ok(guard)
-    }
-}
-
-impl Drop for KsmGuard {
-    fn drop(&mut self) {
-        // reverse order: `run` goes back first, so scanning stops before the rate changes.
-        for (knob, v) in self.saved.iter().rev() {
-            let _ = ksm::write(knob, v);
-        }
-    }
-}
-
 /// A command prepared to run under a mode. Keep it alive while the program runs: it
 /// holds the KSM settings and the statistics directory.
 pub struct Prepared {
@@ -119,7 +83,7 @@ pub struct Prepared {
     pub command: Command,
     /// Where the shim's processes write their statistics.
     pub stats_dir: Option<PathBuf>,
-    _ksm: Option<KsmGuard>,
+    _ksm: Option<advm::ksm::Session>,
 }
 
 impl Drop for Prepared {
@@ -175,7 +139,7 @@ pub fn prepare(
             stats_dir = Some(d);
         }
     }
-    let ksm = mode.ksm_pages_to_scan().map(KsmGuard::start).transpose()?;
+    let ksm = mode.ksm_pages_to_scan().map(|pages| advm::ksm::Session::start(pages, 20)).transpose()?;
     Ok(Prepared { command, stats_dir, _ksm: ksm })
 }
 

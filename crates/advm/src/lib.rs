@@ -10,6 +10,7 @@ pub mod addr;
 pub mod cow;
 pub mod error;
 pub mod image;
+pub mod ksm;
 pub mod probe;
 pub mod remap;
 pub mod stats;

@@ -101,30 +101,6 @@ fn median(v: &[f64]) -> f64 {
     Figure::new("", "", v.to_vec()).median
 }
 
-/// KSM knobs saved at the start and written back when dropped.
-struct KsmRestore {
-    saved: Vec<(&'static str, i64)>,
-}
-
-impl KsmRestore {
-    fn save() -> Self {
-        let saved = ["run", "pages_to_scan", "sleep_millisecs"]
-            .iter()
-            .filter_map(|k| Some((*k, advm::sys::ksm::read(k)?)))
-            .collect();
-        Self { saved }
-    }
-}
-
-impl Drop for KsmRestore {
-    fn drop(&mut self) {
-        // run last, so ksmd never runs with our settings after we are gone
-        for (k, v) in self.saved.iter().rev() {
-            let _ = advm::sys::ksm::write(k, &v.to_string());
-        }
-    }
-}
-
 /// Fraction of the pages of `dst` that share their physical page with the same page
 /// of `src` (KSM merged them): PFNs from pagemap (KSM needs root, so they are visible).
 fn merged_fraction(pm: &advm::sys::pagemap::Pagemap, src: usize, dst: usize, len: usize) -> Result<f64, CliError> {
@@ -349,9 +325,7 @@ impl VcopyBench {
         }
         let pm = advm::sys::pagemap::Pagemap::open("self")?;
         let cpu0 = advm::stats::ksmd_cpu_seconds().unwrap_or(0.0);
-        advm::sys::ksm::write("sleep_millisecs", "20")?;
-        advm::sys::ksm::write("pages_to_scan", &pages_to_scan.to_string())?;
-        advm::sys::ksm::write("run", "1")?;
+        let session = advm::ksm::Session::start(pages_to_scan, 20)?;
         let t = Instant::now();
         let mut merged = 0.0;
         while t.elapsed() < timeout {
@@ -363,7 +337,7 @@ impl VcopyBench {
         }
         let merge_s = t.elapsed().as_secs_f64();
         // stop scanning (merged pages stay merged) so the writes are timed alone
-        advm::sys::ksm::write("run", "0")?;
+        session.set_scanning(false)?;
         let cpu = advm::stats::ksmd_cpu_seconds().unwrap_or(0.0) - cpu0;
         let mut written_ms = 0.0;
         let mut done_step = 0usize;
@@ -473,7 +447,6 @@ impl Bench for VcopyBench {
         if !ksm_ok {
             report.notes.push("KSM rows skipped: KSM needs root and /sys/kernel/mm/ksm".into());
         }
-        let _restore = ksm_ok.then(KsmRestore::save);
         let arena = Arena::with_config(Config { reserve_bytes: 8 << 30, ..Default::default() })?;
         // the same without the reaper thread: the source's old page tables are torn
         // down during the copy (no background work to disturb the writes after it)

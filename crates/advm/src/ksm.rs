@@ -1,0 +1,166 @@
+//! KSM as a baseline. The KSM knobs are system-wide, and several users may change them
+//! at once (benchmarks, `advm run --mode ksm`, parallel tests). A [`Session`] takes
+//! part in a small shared state file under an exclusive `flock`: the first session
+//! saves the original settings, every session registers itself, and the last one to end
+//! (or the next one to start after all holders died) writes the originals back. Saving
+//! and restoring per session would leave KSM on whenever two sessions overlap.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+use crate::sys::ksm;
+use crate::{Error, Result};
+
+const KNOBS: [&str; 3] = ["pages_to_scan", "sleep_millisecs", "run"];
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct State {
+    /// The settings before the first live session, knob by knob.
+    saved: Vec<(String, String)>,
+    /// Live sessions as "pid:n".
+    holders: Vec<String>,
+}
+
+fn state_dir() -> PathBuf {
+    let run = PathBuf::from("/run/advm");
+    if std::fs::create_dir_all(&run).is_ok() {
+        return run;
+    }
+    let tmp = std::env::temp_dir().join("advm");
+    let _ = std::fs::create_dir_all(&tmp);
+    tmp
+}
+
+/// The locked state file; the lock is released when this is dropped.
+struct Locked {
+    file: File,
+    path: PathBuf,
+}
+
+impl Locked {
+    fn open() -> Result<Self> {
+        let path = state_dir().join("ksm-sessions.json");
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| Error::io(&path, e))?;
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| crate::sys::SysError::new("flock", e))?;
+        Ok(Self { file, path })
+    }
+
+    fn read(&mut self) -> State {
+        let mut text = String::new();
+        let _ = self.file.read_to_string(&mut text);
+        serde_json::from_str(&text).unwrap_or_default()
+    }
+
+    fn write(&mut self, state: &State) -> Result<()> {
+        let text = serde_json::to_string(state).expect("state serializes");
+        self.file
+            .set_len(0)
+            .and_then(|_| self.file.seek(SeekFrom::Start(0)))
+            .and_then(|_| self.file.write_all(text.as_bytes()))
+            .map_err(|e| Error::io(&self.path, e))
+    }
+}
+
+fn alive(holder: &str) -> bool {
+    holder.split(':').next().is_some_and(|pid| std::path::Path::new("/proc").join(pid).exists())
+}
+
+fn restore(saved: &[(String, String)]) {
+    // `run` is last in KNOBS: scanning stops before the rate changes back.
+    for (knob, value) in saved {
+        let _ = ksm::write(knob, value);
+    }
+}
+
+/// A user of KSM's system-wide settings; see the module doc.
+#[derive(Debug)]
+pub struct Session {
+    token: String,
+}
+
+impl Session {
+    /// Starts ksmd scanning `pages_to_scan` pages every `sleep_millisecs` (root only).
+    pub fn start(pages_to_scan: u32, sleep_millisecs: u32) -> Result<Self> {
+        if !ksm::available() {
+            return Err(Error::Unsupported { what: "KSM", why: format!("{}/run does not exist", ksm::SYSFS_DIR) });
+        }
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let token = format!("{}:{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+        let mut locked = Locked::open()?;
+        let mut state = locked.read();
+        state.holders.retain(|h| alive(h));
+        if state.holders.is_empty() {
+            // Either nobody held KSM, or every holder died without ending: put back what
+            // the first of them saved, then save afresh.
+            restore(&state.saved);
+            state.saved = KNOBS.iter().filter_map(|k| Some((k.to_string(), ksm::read_text(k)?))).collect();
+        }
+        state.holders.push(token.clone());
+        locked.write(&state)?;
+        let session = Self { token };
+        ksm::write("sleep_millisecs", &sleep_millisecs.to_string())?;
+        ksm::write("pages_to_scan", &pages_to_scan.to_string())?;
+        ksm::write("run", "1")?;
+        Ok(session)
+    }
+
+    /// Pauses (`false`) or resumes (`true`) scanning; merged pages stay merged.
+    pub fn set_scanning(&self, on: bool) -> Result<()> {
+        Ok(ksm::write("run", if on { "1" } else { "0" })?)
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let Ok(mut locked) = Locked::open() else { return };
+        let mut state = locked.read();
+        state.holders.retain(|h| h != &self.token && alive(h));
+        if state.holders.is_empty() {
+            restore(&state.saved);
+            state.saved.clear();
+        }
+        let _ = locked.write(&state);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn knobs() -> Vec<Option<String>> {
+        KNOBS.iter().map(|k| ksm::read_text(k)).collect()
+    }
+
+    #[test]
+    fn overlapping_sessions_restore_the_original_settings() {
+        if !crate::sys::is_root() || !ksm::available() {
+            eprintln!("skipped: needs root and KSM");
+            return;
+        }
+        let before = knobs();
+        let a = Session::start(1000, 20).unwrap();
+        let b = Session::start(100, 20).unwrap();
+        assert_eq!(ksm::read("run"), Some(1));
+        drop(a);
+        assert_eq!(ksm::read("run"), Some(1), "b still holds KSM");
+        drop(b);
+        assert_eq!(knobs(), before);
+    }
+
+    #[test]
+    fn dead_holders_are_pruned_and_their_settings_undone() {
+        assert!(!alive("999999999:0"));
+        assert!(alive(&format!("{}:3", std::process::id())));
+    }
+}
