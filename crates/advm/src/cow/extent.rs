@@ -331,4 +331,106 @@ mod tests {
             }
         }
     }
+
+    /// A run label for tests: page `k` further is `base + k`; `flat` labels stay
+    /// the same along a run (like a reference count).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    struct Lab {
+        base: u32,
+        flat: bool,
+    }
+
+    impl Run for Lab {
+        fn advance(self, k: usize) -> Self {
+            if self.flat {
+                self
+            } else {
+                Lab { base: self.base + k as u32, ..self }
+            }
+        }
+        fn counted(&self) -> bool {
+            self.base % 5 != 0
+        }
+    }
+
+    fn lab() -> impl Strategy<Value = Lab> {
+        (0u32..12, any::<bool>()).prop_map(|(base, flat)| Lab { base, flat })
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Set(usize, usize, Lab),
+        Clear(usize, usize),
+        /// +1 / -1 on a flat label's base, unlabelled when it reaches 0 (refcounts).
+        Count(usize, usize, bool),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0usize..40, 0usize..12, lab()).prop_map(|(s, l, v)| Op::Set(s, l, v)),
+            (0usize..40, 0usize..12).prop_map(|(s, l)| Op::Clear(s, l)),
+            (0usize..40, 0usize..12, any::<bool>()).prop_map(|(s, l, up)| Op::Count(s, l, up)),
+        ]
+    }
+
+    proptest! {
+        /// Against a per-page model (one label per page): same label on every page,
+        /// one extent per maximal run, counted runs as the model counts them.
+        #[test]
+        fn runmap_matches_per_page_model(ops in proptest::collection::vec(op(), 1..40)) {
+            let total = 52;
+            let mut m: RunMap<Lab> = RunMap::new();
+            let mut model: Vec<Option<Lab>> = vec![None; total];
+            for op in ops {
+                match op {
+                    Op::Set(s, l, v) => {
+                        m.set(s, l, v);
+                        for k in 0..l { model[s + k] = Some(v.advance(k)); }
+                    }
+                    Op::Clear(s, l) => {
+                        m.clear(s, l);
+                        for p in &mut model[s..s + l] { *p = None; }
+                    }
+                    Op::Count(s, l, up) => {
+                        let step = |v: Option<Lab>| match (v, up) {
+                            (None, true) => Some(Lab { base: 1, flat: true }),
+                            (None, false) => None,
+                            (Some(x), true) => Some(Lab { base: x.base + 1, flat: true }),
+                            (Some(x), false) if x.base > 1 => Some(Lab { base: x.base - 1, flat: true }),
+                            (Some(_), false) => None,
+                        };
+                        // counts only make sense on flat labels: make the range flat first
+                        for (ps, pl, v) in m.pieces(s, s + l) {
+                            if !v.flat {
+                                m.set(ps, pl, Lab { base: 1, flat: true });
+                                for p in &mut model[ps..ps + pl] { *p = Some(Lab { base: 1, flat: true }); }
+                            }
+                        }
+                        m.update(s, l, |_, _, v| step(v));
+                        for p in &mut model[s..s + l] { *p = step(*p); }
+                    }
+                }
+                for (i, want) in model.iter().enumerate() {
+                    prop_assert_eq!(m.get(i), *want, "page {}", i);
+                }
+                // maximal runs of the model
+                let mut runs = 0;
+                let mut counted = 0;
+                for i in 0..total {
+                    let Some(v) = model[i] else { continue };
+                    let continues = i > 0 && model[i - 1].is_some_and(|p| p.advance(1) == v);
+                    if !continues {
+                        runs += 1;
+                        counted += usize::from(v.counted());
+                    }
+                }
+                prop_assert_eq!(m.extents(), runs);
+                prop_assert_eq!(m.runs(), counted);
+                // pieces cover exactly the labelled pages of any window
+                let (a, b) = (7, 31);
+                let covered: usize = m.pieces(a, b).iter().map(|p| p.1).sum();
+                prop_assert_eq!(covered, model[a..b].iter().filter(|p| p.is_some()).count());
+            }
+        }
+    }
 }

@@ -1431,4 +1431,90 @@ mod tests {
         assert_eq!(count_runs(&g), 2);
         assert_eq!(count_runs_by(4, |i| g[i]), 2);
     }
+
+    proptest::proptest! {
+        /// Block frames per extent against the per-page frame table they replace:
+        /// every page's frame, and the run (VMA) count `count_runs` gives.
+        #[test]
+        fn frames_per_extent_match_per_page_table(
+            ops in proptest::collection::vec((0usize..48, 1usize..16, 0u16..3, 0u32..40, proptest::bool::ANY), 1..30)
+        ) {
+            let total = 64;
+            let mut m: RunMap<Frame> = RunMap::new();
+            m.set(0, total, Frame::UNBACKED);
+            let mut table = vec![Frame::UNBACKED; total];
+            for (s, l, file, page, private) in ops {
+                let l = l.min(total - s);
+                // file 2 stands for "unbacked again"
+                let f = if file == 2 { Frame::UNBACKED } else { frame(file, page, private) };
+                m.set(s, l, f);
+                for k in 0..l {
+                    table[s + k] = f.advance(k);
+                }
+                for (i, want) in table.iter().enumerate() {
+                    proptest::prop_assert_eq!(m.get(i), Some(*want));
+                }
+                proptest::prop_assert_eq!(m.runs(), count_runs(&table));
+                let backed: Vec<(usize, usize)> =
+                    m.iter().filter(|p| !p.2.unbacked()).map(|(i, l, _)| (i, l)).collect();
+                let want: Vec<(usize, usize)> = runs_where(&table, 0, total, |i| !table[i].unbacked());
+                proptest::prop_assert_eq!(backed, want);
+            }
+        }
+
+        /// lay_out, intersect and subtract against per-page sets.
+        #[test]
+        fn run_helpers_match_per_page_sets(
+            a in proptest::collection::vec(proptest::bool::ANY, 40),
+            b in proptest::collection::vec(proptest::bool::ANY, 40),
+            cuts in proptest::collection::vec(1usize..7, 1..12),
+        ) {
+            let runs = |v: &[bool]| {
+                let mut out: Vec<(usize, usize)> = Vec::new();
+                for (i, _) in v.iter().enumerate().filter(|p| *p.1) {
+                    match out.last_mut() {
+                        Some((s, l)) if *s + *l == i => *l += 1,
+                        _ => out.push((i, 1)),
+                    }
+                }
+                out
+            };
+            let (ra, rb) = (runs(&a), runs(&b));
+            let both: Vec<bool> = a.iter().zip(&b).map(|(x, y)| *x && *y).collect();
+            proptest::prop_assert_eq!(intersect(&ra, &rb), runs(&both));
+            let only: Vec<bool> = (0..40).map(|i| (5..33).contains(&i) && !b[i]).collect();
+            proptest::prop_assert_eq!(subtract((5, 28), &rb), runs(&only));
+            // fresh runs of total length = pages in `a`, laid out in order
+            let need: usize = ra.iter().map(|r| r.1).sum();
+            let mut fresh = Vec::new();
+            let (mut left, mut page, mut k) = (need, 100u32, 0);
+            while left > 0 {
+                let l = cuts[k % cuts.len()].min(left);
+                fresh.push((frame(0, page, false), l));
+                page += l as u32 + (k % 2) as u32;
+                left -= l;
+                k += 1;
+            }
+            let mut per_page = Vec::new();
+            for &(f, l) in &fresh {
+                per_page.extend((0..l).map(|k| f.advance(k)));
+            }
+            let laid = lay_out(&ra, &fresh);
+            let mut got = vec![None; 40];
+            for &(i, l, f) in &laid {
+                for k in 0..l {
+                    got[i + k] = Some(f.advance(k));
+                }
+            }
+            let mut want = vec![None; 40];
+            for (idx, f) in a.iter().enumerate().filter(|p| *p.1).map(|p| p.0).zip(per_page) {
+                want[idx] = Some(f);
+            }
+            proptest::prop_assert_eq!(got, want);
+            // maximal: no run continues the one before it
+            for w in laid.windows(2) {
+                proptest::prop_assert!(!(w[0].0 + w[0].1 == w[1].0 && w[0].2.advance(w[0].1) == w[1].2));
+            }
+        }
+    }
 }
