@@ -1,4 +1,4 @@
-//! The two 1 GiB figures of `advm bench vcopy` that per-page bookkeeping decided,
+//! The two 1 GiB figures of `advm bench vcopy` that the arena's bookkeeping decides,
 //! measured alone (seconds instead of minutes, so before/after runs can alternate
 //! in the same time window): the first virtual copy of a just-written block against
 //! memcpy into a fresh mapping, and the distinct physical pages of source and copy

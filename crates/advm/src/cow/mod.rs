@@ -10,8 +10,10 @@
 //!   anonymous copy (a copy-on-write fault) and nobody else sees it.
 //!
 //! A virtual copy turns source and destination frames into private views of the same
-//! memfd pages: one `mmap` per run of contiguous pages, no byte copied. Per-page
-//! reference counts say when a memfd page is unused; it is then hole-punched.
+//! memfd pages: one `mmap` per run of contiguous pages, no byte copied. Reference
+//! counts say when a memfd page is unused; it is then hole-punched. Frames and counts
+//! are kept per extent (maximal runs in sorted maps, `extent::RunMap`), so the cost
+//! of every call grows with the runs it touches, not with the pages.
 //!
 //! Copying a block that is itself a modified copy: its written (anonymous) pages are
 //! found in `/proc/self/pagemap` and *re-homed* once into fresh memfd pages (one
