@@ -1519,4 +1519,130 @@ mod tests {
             }
         }
     }
+
+    impl Inner {
+        /// Test oracle: every block's frames expanded page by page, reference counts
+        /// recounted page by page from them, runs counted page by page; all must
+        /// agree with the per-extent state.
+        fn check_per_page(&self) -> std::result::Result<(), String> {
+            let mut counts: BTreeMap<(u16, u32), u32> = BTreeMap::new();
+            let mut runs = 0;
+            for (&key, b) in &self.blocks {
+                let mut table = Vec::new();
+                for (i, l, f) in b.frames.iter() {
+                    if i != table.len() {
+                        return Err(format!("block {key}: extent at {i} leaves a gap at {}", table.len()));
+                    }
+                    table.extend((0..l).map(|k| f.advance(k)));
+                }
+                if table.len() != b.pages {
+                    return Err(format!("block {key}: {} frames for {} pages", table.len(), b.pages));
+                }
+                if b.frames.runs() != count_runs(&table) {
+                    return Err(format!("block {key}: {} runs, per page {}", b.frames.runs(), count_runs(&table)));
+                }
+                runs += count_runs(&table);
+                for f in table.iter().filter(|f| !f.unbacked()) {
+                    *counts.entry((f.file, f.page)).or_insert(0) += 1;
+                }
+            }
+            if runs != self.run_vmas {
+                return Err(format!("run_vmas {} but blocks have {runs} runs", self.run_vmas));
+            }
+            for (id, f) in self.files.iter().enumerate() {
+                let Some(f) = f else { continue };
+                let mut live = 0;
+                for (s, l, c) in f.refs.iter() {
+                    live += l;
+                    for p in s..s + l {
+                        let want = counts.remove(&(id as u16, p as u32)).unwrap_or(0);
+                        if want != c.0 {
+                            return Err(format!("memfd {id} page {p}: refcount {} but {want} frames show it", c.0));
+                        }
+                    }
+                }
+                if live != f.live {
+                    return Err(format!("memfd {id}: live {} but {live} pages referenced", f.live));
+                }
+            }
+            match counts.into_iter().next() {
+                Some(((id, p), n)) => Err(format!("memfd {id} page {p}: shown by {n} frames, no refcount")),
+                None => Ok(()),
+            }
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum ArenaOp {
+        Alloc(usize),
+        Dup(usize, usize, usize),
+        Vcopy(usize, usize, usize, usize, usize),
+        Write(usize, usize, usize),
+        Free(usize),
+    }
+
+    fn arena_op() -> impl proptest::strategy::Strategy<Value = ArenaOp> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (1usize..24).prop_map(ArenaOp::Alloc),
+            (0usize..8, 0usize..24, 1usize..24).prop_map(|(b, o, n)| ArenaOp::Dup(b, o, n)),
+            (0usize..8, 0usize..8, 0usize..24, 0usize..24, 1usize..24)
+                .prop_map(|(d, s, dof, sof, n)| ArenaOp::Vcopy(d, s, dof, sof, n)),
+            (0usize..8, 0usize..24, 1usize..8).prop_map(|(b, o, n)| ArenaOp::Write(b, o, n)),
+            (0usize..8).prop_map(ArenaOp::Free),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 32, ..Default::default() })]
+        /// Random alloc/dup/vcopy/writes/free (writes make copied pages anonymous, so
+        /// later copies re-home them): after every call the per-extent frames,
+        /// reference counts, live pages and run counts equal their per-page recount.
+        #[test]
+        fn arena_bookkeeping_matches_per_page_recount(ops in proptest::collection::vec(arena_op(), 1..24)) {
+            let ps = crate::addr::page_size();
+            let arena = Arena::with_config(Config { reserve_bytes: 16 << 20, ..Default::default() }).unwrap();
+            let mut blocks: Vec<(*mut u8, usize)> = Vec::new();
+            for op in ops {
+                match op {
+                    ArenaOp::Alloc(n) => blocks.push((arena.alloc(n * ps).unwrap(), n)),
+                    ArenaOp::Dup(b, o, n) if !blocks.is_empty() => {
+                        let (p, len) = blocks[b % blocks.len()];
+                        let o = o % len;
+                        let n = n.min(len - o);
+                        let src = p.wrapping_add(o * ps);
+                        blocks.push((arena.dup(src, n * ps).unwrap(), n));
+                    }
+                    ArenaOp::Vcopy(d, s, dof, sof, n) if !blocks.is_empty() => {
+                        let (dp, dl) = blocks[d % blocks.len()];
+                        let (sp, sl) = blocks[s % blocks.len()];
+                        let (dof, sof) = (dof % dl, sof % sl);
+                        let n = n.min(dl - dof).min(sl - sof);
+                        let (dst, src) = (dp.wrapping_add(dof * ps), sp.wrapping_add(sof * ps));
+                        // overlapping ranges are refused (an error, nothing changed)
+                        let _ = arena.vcopy(dst, src, n * ps);
+                    }
+                    ArenaOp::Write(b, o, n) if !blocks.is_empty() => {
+                        let (p, len) = blocks[b % blocks.len()];
+                        let o = o % len;
+                        let n = n.min(len - o);
+                        arena.fill(p.wrapping_add(o * ps), 0x5a, n * ps).unwrap();
+                    }
+                    ArenaOp::Free(b) if !blocks.is_empty() => {
+                        let (p, _) = blocks.remove(b % blocks.len());
+                        arena.free(p).unwrap();
+                    }
+                    _ => {}
+                }
+                let g = lock(&arena.shared);
+                let checked = g.check_per_page();
+                drop(g);
+                proptest::prop_assert!(checked.is_ok(), "{}", checked.unwrap_err());
+            }
+            for (p, _) in blocks {
+                arena.free(p).unwrap();
+            }
+            proptest::prop_assert_eq!(arena.stats().memfd_pages_live, 0);
+        }
+    }
 }
