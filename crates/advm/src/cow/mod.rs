@@ -10,8 +10,10 @@
 //!   anonymous copy (a copy-on-write fault) and nobody else sees it.
 //!
 //! A virtual copy turns source and destination frames into private views of the same
-//! memfd pages: one `mmap` per run of contiguous pages, no byte copied. Per-page
-//! reference counts say when a memfd page is unused; it is then hole-punched.
+//! memfd pages: one `mmap` per run of contiguous pages, no byte copied. Reference
+//! counts say when a memfd page is unused; it is then hole-punched. Frames and counts
+//! are kept per extent (maximal runs in sorted maps, `extent::RunMap`), so the cost
+//! of every call grows with the runs it touches, not with the pages.
 //!
 //! Copying a block that is itself a modified copy: its written (anonymous) pages are
 //! found in `/proc/self/pagemap` and *re-homed* once into fresh memfd pages (one
@@ -47,7 +49,7 @@ use crate::sys::arena::Reservation;
 use crate::sys::mman::Share;
 use crate::sys::pagemap::{Entry, Pagemap};
 use crate::{Error, Result};
-use extent::Extents;
+use extent::{Count, Extents, Run, RunMap};
 
 /// Default copy size, in whole pages, under which a copy is done by memcpy (the
 /// paper's choice). Measured by `advm bench vcopy` (docs/vcopy.md): duplicating into
@@ -149,7 +151,8 @@ pub struct Stats {
     pub crossover_write_fraction: Option<f64>,
 }
 
-/// One block page: which memfd page it shows, and how.
+/// One block page: which memfd page it shows, and how. In a [`RunMap`] it labels a
+/// run: page `k` further on shows memfd page `page + k` of the same file, same way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Frame {
     page: u32,
@@ -167,21 +170,40 @@ impl Frame {
         self.file == u16::MAX
     }
 
+    #[cfg(test)]
     fn follows(&self, prev: &Frame) -> bool {
         self.file == prev.file && self.private == prev.private && prev.page.checked_add(1) == Some(self.page)
     }
 }
 
+impl Run for Frame {
+    fn advance(self, k: usize) -> Self {
+        if self.unbacked() {
+            self
+        } else {
+            Frame { page: self.page.wrapping_add(k as u32), ..self }
+        }
+    }
+
+    /// An unbacked run is no mapping (it lies in the reservation's `PROT_NONE`).
+    fn counted(&self) -> bool {
+        !self.unbacked()
+    }
+}
+
+/// A block: its frames per extent (one entry per mapping, whatever its length).
 #[derive(Debug)]
 struct Block {
-    frames: Vec<Frame>,
-    runs: usize,
+    frames: RunMap<Frame>,
+    pages: usize,
 }
 
 #[derive(Debug)]
 struct MemFile {
     fd: OwnedFd,
-    refs: Vec<u32>,
+    /// Reference counts per run of pages with the same count; unreferenced pages
+    /// are absent.
+    refs: RunMap<Count>,
     free: Extents,
     live: usize,
     /// Retired by a fork: never punched, never reused, closed when unused.
@@ -267,13 +289,90 @@ fn invalid(what: &'static str, why: String) -> Error {
     Error::InvalidArgument { what, why }
 }
 
+/// A run of block pages: (first index, pages, frame of the first page).
+type Piece = (usize, usize, Frame);
+
+/// Appends `p` to `runs`, merged into the last run when it directly continues it.
+fn push_run(runs: &mut Vec<Piece>, p: Piece) {
+    if let Some((s, l, f)) = runs.last_mut() {
+        if *s + *l == p.0 && f.advance(*l) == p.2 {
+            *l += p.1;
+            return;
+        }
+    }
+    runs.push(p);
+}
+
+/// Lays the frame runs `fresh` out, in order, over the index `spans` (as many pages
+/// in all): maximal runs `(index, len, frame)`.
+fn lay_out(spans: &[(usize, usize)], fresh: &[(Frame, usize)]) -> Vec<Piece> {
+    let mut out = Vec::new();
+    let mut src = fresh.iter().copied();
+    let mut cur: Option<(Frame, usize)> = None;
+    for &(i, l) in spans {
+        let mut at = i;
+        while at < i + l {
+            let (f, fl) = match cur.take() {
+                Some(c) => c,
+                None => src.next().expect("as many fresh pages as span pages"),
+            };
+            let take = fl.min(i + l - at);
+            push_run(&mut out, (at, take, f));
+            if fl > take {
+                cur = Some((f.advance(take), fl - take));
+            }
+            at += take;
+        }
+    }
+    out
+}
+
+/// Pages in both sorted, disjoint run lists `a` and `b`.
+fn intersect(a: &[(usize, usize)], b: &[(usize, usize)]) -> Vec<(usize, usize)> {
+    let (mut x, mut y) = (0, 0);
+    let mut out = Vec::new();
+    while x < a.len() && y < b.len() {
+        let (s, e) = (a[x].0.max(b[y].0), (a[x].0 + a[x].1).min(b[y].0 + b[y].1));
+        if s < e {
+            out.push((s, e - s));
+        }
+        if a[x].0 + a[x].1 < b[y].0 + b[y].1 {
+            x += 1;
+        } else {
+            y += 1;
+        }
+    }
+    out
+}
+
+/// The pages of `run` in none of the sorted, disjoint `minus` runs.
+fn subtract(run: (usize, usize), minus: &[(usize, usize)]) -> Vec<(usize, usize)> {
+    let (mut at, end) = (run.0, run.0 + run.1);
+    let mut out = Vec::new();
+    for &(s, l) in minus {
+        if s + l <= at || s >= end {
+            continue;
+        }
+        if s > at {
+            out.push((at, s - at));
+        }
+        at = at.max(s + l);
+    }
+    if at < end {
+        out.push((at, end - at));
+    }
+    out
+}
+
 /// Number of maximal runs (one `mmap` / VMA each) in `frames`.
+#[cfg(test)]
 fn count_runs(frames: &[Frame]) -> usize {
     // an unbacked frame is in no run, and the frame after it starts one
     (0..frames.len()).filter(|&i| !frames[i].unbacked() && (i == 0 || !frames[i].follows(&frames[i - 1]))).count()
 }
 
 /// [`count_runs`] of the frames `get(0..len)`.
+#[cfg(test)]
 fn count_runs_by(len: usize, get: impl Fn(usize) -> Frame) -> usize {
     let mut runs = 0;
     let mut prev: Option<Frame> = None;
@@ -288,6 +387,7 @@ fn count_runs_by(len: usize, get: impl Fn(usize) -> Frame) -> usize {
 }
 
 /// Maximal runs `(first index, len)` of `frames[from..to]` whose pages satisfy `pick`.
+#[cfg(test)]
 fn runs_where(frames: &[Frame], from: usize, to: usize, pick: impl Fn(usize) -> bool) -> Vec<(usize, usize)> {
     let mut out: Vec<(usize, usize)> = Vec::new();
     for i in from..to {
@@ -457,7 +557,7 @@ impl Arena {
     pub fn block_len(&self, ptr: *const u8) -> Result<usize> {
         let g = lock(&self.shared);
         let key = g.block_start("ptr", ptr as usize)?;
-        Ok(g.blocks[&key].frames.len() * g.ps)
+        Ok(g.blocks[&key].pages * g.ps)
     }
 
     /// True when `ptr` lies inside a live block of this arena.
@@ -470,7 +570,7 @@ impl Arena {
         let g = lock(&self.shared);
         let mut s = g.stats.clone();
         s.blocks = g.blocks.len() as u64;
-        s.block_bytes = g.blocks.values().map(|b| (b.frames.len() * g.ps) as u64).sum();
+        s.block_bytes = g.blocks.values().map(|b| (b.pages * g.ps) as u64).sum();
         s.vmas = g.vma_estimate() as u64;
         s.deferred_pending = g.pending.len() as u64;
         let files = g.files.iter().flatten();
@@ -631,7 +731,7 @@ impl Inner {
         let fd = crate::sys::memfd::create("advm-arena")?;
         crate::sys::memfd::set_len(&fd, self.res.len() as u64)?;
         let pages = self.res.len() / self.ps;
-        let f = MemFile { fd, refs: Vec::new(), free: Extents::new(pages), live: 0, retired: false };
+        let f = MemFile { fd, refs: RunMap::new(), free: Extents::new(pages), live: 0, retired: false };
         let id = match self.files.iter().position(|f| f.is_none()) {
             Some(i) => {
                 self.files[i] = Some(f);
@@ -652,75 +752,82 @@ impl Inner {
         Ok(id)
     }
 
-    /// `n` fresh memfd pages (reference count 1 each), as shared frames.
-    fn new_frames(&mut self, n: usize) -> Result<Vec<Frame>> {
+    /// `n` fresh memfd pages (reference count 1 each), as runs of shared frames.
+    fn new_frames(&mut self, n: usize) -> Result<Vec<(Frame, usize)>> {
         let id = self.active_file()?;
         let f = self.file(id);
         let runs = f.free.alloc_any(n).ok_or_else(|| {
             invalid("len", format!("{n} pages do not fit in the arena's memfd (all its pages are in use)"))
         })?;
-        let mut out = Vec::with_capacity(n);
+        let mut out = Vec::with_capacity(runs.len());
         for (s, l) in runs {
-            if f.refs.len() < s + l {
-                f.refs.resize(s + l, 0);
-            }
-            for p in s..s + l {
-                f.refs[p] = 1;
-                out.push(Frame { file: id, page: p as u32, private: false });
-            }
+            f.refs.set(s, l, Count(1));
+            out.push((Frame { file: id, page: s as u32, private: false }, l));
         }
         f.live += n;
         Ok(out)
     }
 
-    fn incref(&mut self, frames: &[Frame]) {
-        for fr in frames.iter().filter(|f| !f.unbacked()) {
+    /// Adds one reference to each page of each run.
+    fn incref(&mut self, runs: &[(Frame, usize)]) {
+        for &(fr, n) in runs.iter().filter(|r| !r.0.unbacked()) {
             let f = self.file(fr.file);
-            if f.refs[fr.page as usize] == 0 {
-                f.live += 1;
-            }
-            f.refs[fr.page as usize] += 1;
+            let mut born = 0;
+            f.refs.update(fr.page as usize, n, |_, l, c| match c {
+                Some(Count(c)) => Some(Count(c + 1)),
+                None => {
+                    born += l;
+                    Some(Count(1))
+                }
+            });
+            f.live += born;
         }
     }
 
-    /// Drops one reference to each frame's page; pages left unused are punched and
-    /// reused (or, in a retired memfd, just forgotten until the file closes).
-    fn decref(&mut self, frames: &[Frame]) -> Result<()> {
-        let mut dead: Vec<(u16, u32)> = Vec::new();
-        for fr in frames.iter().filter(|f| !f.unbacked()) {
+    /// Drops one reference to each page of each run; pages left unused are punched
+    /// and reused (or, in a retired memfd, just forgotten until the file closes).
+    fn decref(&mut self, runs: &[(Frame, usize)]) -> Result<()> {
+        let mut dead: Vec<(u16, usize, usize)> = Vec::new();
+        for &(fr, n) in runs.iter().filter(|r| !r.0.unbacked()) {
             let f = self.file(fr.file);
-            let r = &mut f.refs[fr.page as usize];
-            *r -= 1;
-            if *r == 0 {
-                f.live -= 1;
-                dead.push((fr.file, fr.page));
-            }
+            let mut gone = 0;
+            f.refs.update(fr.page as usize, n, |s, l, c| match c {
+                Some(Count(c)) if c > 1 => Some(Count(c - 1)),
+                Some(_) => {
+                    gone += l;
+                    dead.push((fr.file, s, l));
+                    None
+                }
+                None => {
+                    debug_assert!(false, "decref of unreferenced pages {s}..{} of memfd {}", s + l, fr.file);
+                    None
+                }
+            });
+            f.live -= gone;
         }
-        // frames usually name ascending pages already; sorting 262144 entries per GiB
-        // would cost milliseconds
         if !dead.windows(2).all(|w| w[0] <= w[1]) {
             dead.sort_unstable();
         }
-        let mut i = 0;
-        let mut first_err = None;
-        while i < dead.len() {
-            let (file, start) = dead[i];
-            let mut j = i + 1;
-            while j < dead.len() && dead[j].0 == file && dead[j].1 == start + (j - i) as u32 {
-                j += 1;
+        // one punch per run of contiguous dead pages
+        let mut merged: Vec<(u16, usize, usize)> = Vec::with_capacity(dead.len());
+        for (file, s, l) in dead {
+            match merged.last_mut() {
+                Some((f, ms, ml)) if *f == file && *ms + *ml == s => *ml += l,
+                _ => merged.push((file, s, l)),
             }
-            let n = j - i;
-            let ps = self.ps;
+        }
+        let ps = self.ps;
+        let mut first_err = None;
+        for (file, start, n) in merged {
             let f = self.file(file);
             if !f.retired {
-                match crate::sys::memfd::punch_hole(&f.fd, start as u64 * ps as u64, (n * ps) as u64) {
-                    Ok(()) => f.free.free(start as usize, n),
+                match crate::sys::memfd::punch_hole(&f.fd, (start * ps) as u64, (n * ps) as u64) {
+                    Ok(()) => f.free.free(start, n),
                     // The pages stay allocated and are not reused; the memory is freed
                     // when the file closes.
                     Err(e) => first_err = first_err.or(Some(e)),
                 }
             }
-            i = j;
         }
         // Retired memfds nobody here maps any more are closed.
         for slot in self.files.iter_mut() {
@@ -734,21 +841,24 @@ impl Inner {
         }
     }
 
-    /// Maps the `runs` (indices into `frames`) of frames that start at reservation
-    /// page `key`.
-    fn map_frames(
-        &mut self,
-        key: usize,
-        frames: &[Frame],
-        runs: &[(usize, usize)],
-        move_aside: bool,
-    ) -> Result<(), (usize, Error)> {
-        for (k, &(i, n)) in runs.iter().enumerate() {
-            let fr = frames[i];
+    /// Maps the `runs` (`(index from key, len, frame)`) at reservation page `key`.
+    fn map_frames(&mut self, key: usize, runs: &[Piece], move_aside: bool) -> Result<(), (usize, Error)> {
+        for (k, &(i, n, fr)) in runs.iter().enumerate() {
             let share = if fr.private { Share::Private } else { Share::Shared };
             self.remap(key + i, n, share, fr.file, fr.page, move_aside).map_err(|e| (k, e))?;
         }
         Ok(())
+    }
+
+    /// Sets `runs` (`(index, len, frame)`) into block `key`'s frames, keeping the
+    /// arena's run count.
+    fn set_frames(&mut self, key: usize, runs: &[Piece]) {
+        let block = self.blocks.get_mut(&key).expect("live block");
+        let before = block.frames.runs();
+        for &(i, l, f) in runs {
+            block.frames.set(i, l, f);
+        }
+        self.run_vmas = self.run_vmas - before + block.frames.runs();
     }
 
     /// Place for a block of `len` bytes, with frames not yet chosen (all PROT_NONE).
@@ -772,32 +882,38 @@ impl Inner {
     fn alloc(&mut self, len: usize) -> Result<*mut u8> {
         let key = self.place(len)?;
         let pages = len.div_ceil(self.ps);
-        let frames = match self.new_frames(pages) {
+        let fresh = match self.new_frames(pages) {
             Ok(f) => f,
             Err(e) => {
                 self.va.free(key, pages);
                 return Err(e);
             }
         };
-        let runs = runs_where(&frames, 0, pages, |_| true);
-        if let Err((_, e)) = self.map_frames(key, &frames, &runs, false) {
+        let runs = lay_out(&[(0, pages)], &fresh);
+        if let Err((_, e)) = self.map_frames(key, &runs, false) {
             let _ = self.res.release(key * self.ps, pages * self.ps);
             self.va.free(key, pages);
-            self.decref(&frames)?;
+            self.decref(&fresh)?;
             return Err(e);
         }
-        self.run_vmas += runs.len();
-        self.blocks.insert(key, Block { runs: runs.len(), frames });
+        let mut frames = RunMap::new();
+        for &(i, l, f) in &runs {
+            frames.set(i, l, f);
+        }
+        self.run_vmas += frames.runs();
+        self.blocks.insert(key, Block { frames, pages });
         Ok((self.res.base() + key * self.ps) as *mut u8)
     }
 
-    /// A block whose frames will all be replaced by a copy right away: it gets fresh
-    /// pages too (so that a failed copy still leaves a valid block), but they are
-    /// never written before the copy replaces them, so the kernel allocates nothing.
+    /// A block whose frames will all be replaced by a copy right away: unbacked
+    /// (`PROT_NONE`, no memfd page) until then; whatever the copy does not share gets
+    /// fresh pages when bytes are copied there.
     fn alloc_unbacked(&mut self, len: usize) -> Result<usize> {
         let key = self.place(len)?;
         let pages = len.div_ceil(self.ps);
-        self.blocks.insert(key, Block { frames: vec![Frame::UNBACKED; pages], runs: 0 });
+        let mut frames = RunMap::new();
+        frames.set(0, pages, Frame::UNBACKED);
+        self.blocks.insert(key, Block { frames, pages });
         Ok(self.res.base() + key * self.ps)
     }
 
@@ -809,37 +925,34 @@ impl Inner {
         }
         let (key, first) = self.find("dst", addr, len)?;
         let last = (addr + len - 1 - self.res.base()) / self.ps - key;
-        let missing: Vec<usize> = (first..=last).filter(|&i| self.blocks[&key].frames[i].unbacked()).collect();
+        let missing: Vec<(usize, usize)> = self.blocks[&key]
+            .frames
+            .pieces(first, last + 1)
+            .into_iter()
+            .filter(|p| p.2.unbacked())
+            .map(|(i, l, _)| (i, l))
+            .collect();
         if missing.is_empty() {
             return Ok(());
         }
-        let fresh = self.new_frames(missing.len())?;
-        let mut frames = self.blocks[&key].frames.clone();
-        for (&i, f) in missing.iter().zip(&fresh) {
-            frames[i] = *f;
-        }
-        let set: std::collections::HashSet<usize> = missing.iter().copied().collect();
-        let runs = runs_where(&frames, first, last + 1, |i| set.contains(&i));
-        if let Err((_, e)) = self.map_frames(key, &frames, &runs, false) {
+        let fresh = self.new_frames(missing.iter().map(|m| m.1).sum())?;
+        let runs = lay_out(&missing, &fresh);
+        if let Err((_, e)) = self.map_frames(key, &runs, false) {
             self.decref(&fresh)?;
             return Err(e);
         }
-        let block = self.blocks.get_mut(&key).expect("found above");
-        block.frames = frames;
-        let runs = count_runs(&block.frames);
-        self.run_vmas = self.run_vmas - block.runs + runs;
-        block.runs = runs;
+        self.set_frames(key, &runs);
         Ok(())
     }
 
     fn free(&mut self, addr: usize) -> Result<()> {
         let key = self.block_start("ptr", addr)?;
         let block = self.blocks.remove(&key).expect("block_start found it");
-        let pages = block.frames.len();
-        self.run_vmas -= block.runs;
-        self.res.release(key * self.ps, pages * self.ps)?;
-        self.va.free(key, pages);
-        self.decref(&block.frames)
+        self.run_vmas -= block.frames.runs();
+        self.res.release(key * self.ps, block.pages * self.ps)?;
+        self.va.free(key, block.pages);
+        let runs: Vec<(Frame, usize)> = block.frames.iter().map(|(_, l, f)| (f, l)).collect();
+        self.decref(&runs)
     }
 
     /// The key of the block that starts exactly at `addr`.
@@ -868,7 +981,7 @@ impl Inner {
         }
         let page = (addr - base) / self.ps;
         let (&key, block) = self.blocks.range(..=page).next_back().ok_or_else(outside)?;
-        let pages = block.frames.len();
+        let pages = block.pages;
         if page >= key + pages {
             return Err(outside());
         }
@@ -945,13 +1058,13 @@ impl Inner {
         Ok(CopyHow::Shared { pages: shared, copied_bytes: head + tail })
     }
 
-    /// Which of `n` private frames from block page `first` hold their own (written,
-    /// anonymous) copy rather than the memfd page.
-    fn written_pages(&mut self, first: usize, frames: &[Frame]) -> Result<Vec<bool>> {
-        let mut out = vec![false; frames.len()];
-        if !frames.iter().any(|f| f.private) {
-            return Ok(out);
-        }
+    /// Which pages of the private `pieces` (`(index from reservation page first, len,
+    /// frame)`, in order) hold their own (written, anonymous) copy rather than the
+    /// memfd page: sorted, disjoint `(index, len)` runs.
+    fn written_runs(&mut self, first: usize, pieces: &[Piece]) -> Result<Vec<(usize, usize)>> {
+        let private: Vec<(usize, usize)> = pieces.iter().filter(|p| p.2.private).map(|&(i, l, _)| (i, l)).collect();
+        let Some(&(li, ll)) = private.last() else { return Ok(Vec::new()) };
+        let n = li + ll;
         // Kept open (opening costs more than a small copy), but reopened after a fork:
         // an inherited fd reads the parent's page tables.
         let pid = std::process::id();
@@ -961,7 +1074,12 @@ impl Inner {
         let pm = &self.pagemap.as_ref().expect("opened above").1;
         let ps = self.ps as u64;
         let start = self.res.base() as u64 + first as u64 * ps;
-        let end = start + frames.len() as u64 * ps;
+        let end = start + n as u64 * ps;
+        let mut anon: Vec<(usize, usize)> = Vec::new();
+        let push = |anon: &mut Vec<(usize, usize)>, i: usize, l: usize| match anon.last_mut() {
+            Some((s, sl)) if *s + *sl == i => *sl += l,
+            _ => anon.push((i, l)),
+        };
         // PAGEMAP_SCAN (Linux 6.7+) reports runs, so a source nobody wrote costs
         // almost nothing; written pages are present and not file pages, or swapped.
         if self.scan_works {
@@ -981,13 +1099,11 @@ impl Inner {
                         for r in &regions[..k] {
                             let c = r.categories;
                             // the shared zero page is nobody's write
-                            let anon = (c & category::SWAPPED != 0)
+                            let is_anon = (c & category::SWAPPED != 0)
                                 || (c & category::PRESENT != 0 && c & (category::FILE | category::PFNZERO) == 0);
-                            if anon {
-                                for v in (r.start.max(start)..r.end.min(end)).step_by(ps as usize) {
-                                    let i = ((v - start) / ps) as usize;
-                                    out[i] = frames[i].private;
-                                }
+                            let (a, b) = (r.start.max(start), r.end.min(end));
+                            if is_anon && b > a {
+                                push(&mut anon, ((a - start) / ps) as usize, ((b - a) / ps) as usize);
                             }
                         }
                         if walk_end <= at {
@@ -1002,29 +1118,30 @@ impl Inner {
                 }
             }
             if ok {
-                return Ok(out);
+                return Ok(intersect(&anon, &private));
             }
             self.scan_works = false;
-            out.iter_mut().for_each(|w| *w = false);
+            anon.clear();
         }
         let pm = &self.pagemap.as_ref().expect("opened above").1;
         let vpn0 = start / ps;
-        let mut buf = vec![0u64; frames.len().min(64 * 1024)];
+        let mut buf = vec![0u64; n.min(64 * 1024)];
         let mut done = 0;
-        while done < frames.len() {
-            let want = (frames.len() - done).min(buf.len());
+        while done < n {
+            let want = (n - done).min(buf.len());
             let got = pm.read(vpn0 + done as u64, &mut buf[..want])?;
             if got == 0 {
                 break;
             }
             for (k, &e) in buf[..got].iter().enumerate() {
                 let e = Entry(e);
-                let anon = (e.present() && !e.file_or_shared()) || e.swapped();
-                out[done + k] = frames[done + k].private && anon;
+                if (e.present() && !e.file_or_shared()) || e.swapped() {
+                    push(&mut anon, done + k, 1);
+                }
             }
             done += got;
         }
-        Ok(out)
+        Ok(intersect(&anon, &private))
     }
 
     /// Shares `n` pages of block `skey` from page `sidx` into block `dkey` from page
@@ -1033,88 +1150,112 @@ impl Inner {
     fn share_pages(&mut self, dkey: usize, didx: usize, skey: usize, sidx: usize, n: usize) -> Result<usize> {
         let ps = self.ps;
         let base = self.res.base();
-        let old_src: Vec<Frame> = self.blocks[&skey].frames[sidx..sidx + n].to_vec();
-        let written = self.written_pages(skey + sidx, &old_src)?;
-        let n_written = written.iter().filter(|w| **w).count();
+        let old: Vec<Piece> =
+            self.blocks[&skey].frames.pieces(sidx, sidx + n).into_iter().map(|(i, l, f)| (i - sidx, l, f)).collect();
+        let written = self.written_runs(skey + sidx, &old)?;
+        let n_written: usize = written.iter().map(|w| w.1).sum();
 
-        // Plan: the source's frames become private; written ones move to fresh pages.
-        let mut fresh = if n_written > 0 { self.new_frames(n_written)? } else { Vec::new() }.into_iter();
-        let mut new_src = old_src.clone();
-        for (i, fr) in new_src.iter_mut().enumerate() {
-            if written[i] {
-                *fr = fresh.next().expect("one fresh frame per written page");
+        // Plan, per piece: the source's frames become private; written ones move to
+        // fresh pages. parts: (index, len, old frame, new frame, written).
+        let fresh = if n_written > 0 { self.new_frames(n_written)? } else { Vec::new() };
+        let rehomed_at = lay_out(&written, &fresh);
+        let mut parts: Vec<(usize, usize, Frame, Frame, bool)> = Vec::new();
+        let mut w = rehomed_at.iter().peekable();
+        for &(i, l, f) in &old {
+            let mut at = i;
+            while at < i + l {
+                while w.peek().is_some_and(|r| r.0 + r.1 <= at) {
+                    w.next();
+                }
+                let oldf = f.advance(at - i);
+                match w.peek() {
+                    Some(&&(ws, wl, wf)) if ws <= at => {
+                        let upto = (ws + wl).min(i + l);
+                        parts.push((at, upto - at, oldf, Frame { private: true, ..wf.advance(at - ws) }, true));
+                        at = upto;
+                    }
+                    next => {
+                        let upto = next.map_or(i + l, |r| r.0.min(i + l));
+                        parts.push((at, upto - at, oldf, Frame { private: true, ..oldf }, false));
+                        at = upto;
+                    }
+                }
             }
-            fr.private = true;
+        }
+        let mut all_runs = Vec::new();
+        let mut src_runs = Vec::new();
+        let mut rehome = Vec::new();
+        for &(i, l, o, nf, wr) in &parts {
+            push_run(&mut all_runs, (i, l, nf));
+            if nf != o {
+                push_run(&mut src_runs, (i, l, nf));
+            }
+            if wr {
+                push_run(&mut rehome, (i, l, nf));
+            }
         }
 
         // VMA budget: the runs both blocks would have afterwards. Each block gains at
         // most the copy's runs plus two splits; only near the budget are they counted
-        // exactly (in place: cloning a GiB block's frames costs more than the mmaps).
-        let all_runs = runs_where(&new_src, 0, n, |_| true);
-        let runs_after = |frames: &[Frame], windows: &[usize]| {
-            count_runs_by(frames.len(), |i| match windows.iter().find(|&&at| (at..at + n).contains(&i)) {
-                Some(&at) => new_src[i - at],
-                None => frames[i],
-            })
-        };
-        let src_block = &self.blocks[&skey];
-        let after = if self.vma_estimate() + 2 * all_runs.len() + 4 <= self.budget {
+        // exactly (on copies of the blocks' extent maps).
+        let est = self.vma_estimate();
+        let after = if est + 2 * all_runs.len() + 4 <= self.budget {
             0
-        } else if dkey != skey {
-            let dst_block = &self.blocks[&dkey];
-            self.vma_estimate() - src_block.runs - dst_block.runs
-                + runs_after(&src_block.frames, &[sidx])
-                + runs_after(&dst_block.frames, &[didx])
         } else {
-            self.vma_estimate() - src_block.runs + runs_after(&src_block.frames, &[sidx, didx])
+            let src_map = &self.blocks[&skey].frames;
+            let mut s = src_map.clone();
+            for &(i, l, f) in &all_runs {
+                s.set(sidx + i, l, f);
+            }
+            if dkey != skey {
+                let dst_map = &self.blocks[&dkey].frames;
+                let mut d = dst_map.clone();
+                for &(i, l, f) in &all_runs {
+                    d.set(didx + i, l, f);
+                }
+                est - src_map.runs() - dst_map.runs() + s.runs() + d.runs()
+            } else {
+                for &(i, l, f) in &all_runs {
+                    s.set(didx + i, l, f);
+                }
+                est - src_map.runs() + s.runs()
+            }
         };
         if after > self.budget {
-            let rehomed: Vec<Frame> = new_src.iter().zip(&written).filter(|(_, w)| **w).map(|(f, _)| *f).collect();
-            self.decref(&rehomed)?;
+            self.decref(&fresh)?;
             self.memcpy(base + (dkey + didx) * ps, base + (skey + sidx) * ps, n * ps)?;
             return Ok(0);
         }
 
         // Re-home written pages: their bytes go into the fresh memfd pages.
-        for &(i, len) in &runs_where(&new_src, 0, n, |i| written[i]) {
-            let fr = new_src[i];
+        for &(i, len, fr) in &rehome {
             let fd = self.files[fr.file as usize].as_ref().expect("open").fd.as_fd();
             if let Err(e) = self.res.write_to_file((skey + sidx + i) * ps, len * ps, fd, fr.page as u64 * ps as u64) {
-                let rehomed: Vec<Frame> = new_src.iter().zip(&written).filter(|(_, w)| **w).map(|(f, _)| *f).collect();
-                self.decref(&rehomed)?;
+                self.decref(&fresh)?;
                 return Err(e.into());
             }
         }
 
         // Remap the source where its frames change (content is the same before and
         // after, so a failure part way leaves the source intact).
-        let src_runs = runs_where(&new_src, 0, n, |i| new_src[i] != old_src[i]);
-        let src_result = self.map_frames(skey + sidx, &new_src, &src_runs, true);
+        let src_result = self.map_frames(skey + sidx, &src_runs, true);
         let src_done = match &src_result {
             Ok(()) => src_runs.len(),
             Err((k, _)) => *k,
         };
         // Apply what was mapped: frames of remapped runs take their new value.
+        let done_end = src_runs.get(src_done).map_or(usize::MAX, |r| r.0);
         let mut dropped = Vec::new();
         let mut unused = Vec::new();
-        {
-            let block = self.blocks.get_mut(&skey).expect("src block");
-            for (k, &(i, l)) in src_runs.iter().enumerate() {
-                for j in i..i + l {
-                    if k < src_done {
-                        if written[j] {
-                            dropped.push(old_src[j]);
-                        }
-                        block.frames[sidx + j] = new_src[j];
-                    } else if written[j] {
-                        unused.push(new_src[j]);
-                    }
-                }
+        for &(i, l, o, nf, _) in parts.iter().filter(|p| p.4) {
+            if i < done_end {
+                dropped.push((o, l));
+            } else {
+                unused.push((nf, l));
             }
-            let runs = count_runs(&block.frames);
-            self.run_vmas = self.run_vmas - block.runs + runs;
-            block.runs = runs;
         }
+        let applied: Vec<Piece> = src_runs[..src_done].iter().map(|&(i, l, f)| (sidx + i, l, f)).collect();
+        self.set_frames(skey, &applied);
         self.decref(&dropped)?;
         self.decref(&unused)?;
         if src_done < src_runs.len() {
@@ -1124,16 +1265,18 @@ impl Inner {
 
         // Map the destination as private views of the source's pages, run by run.
         let mut shared = 0;
-        for &(i, l) in &all_runs {
-            match self.map_frames(dkey + didx, &new_src, &[(i, l)], false) {
+        for &(i, l, f) in &all_runs {
+            match self.map_frames(dkey + didx, &[(i, l, f)], false) {
                 Ok(()) => {
-                    self.incref(&new_src[i..i + l]);
-                    // the old frames are dropped in place (no copy of a GiB's frames)
-                    let mut frames = std::mem::take(&mut self.blocks.get_mut(&dkey).expect("dst block").frames);
-                    let dropped = self.decref(&frames[didx + i..didx + i + l]);
-                    frames[didx + i..didx + i + l].copy_from_slice(&new_src[i..i + l]);
-                    self.blocks.get_mut(&dkey).expect("dst block").frames = frames;
-                    dropped?;
+                    self.incref(&[(f, l)]);
+                    let old_dst: Vec<(Frame, usize)> = self.blocks[&dkey]
+                        .frames
+                        .pieces(didx + i, didx + i + l)
+                        .into_iter()
+                        .map(|(_, l, f)| (f, l))
+                        .collect();
+                    self.set_frames(dkey, &[(didx + i, l, f)]);
+                    self.decref(&old_dst)?;
                     shared += l;
                 }
                 Err(_) => {
@@ -1141,36 +1284,39 @@ impl Inner {
                 }
             }
         }
-        let block = self.blocks.get_mut(&dkey).expect("dst block");
-        let runs = count_runs(&block.frames);
-        self.run_vmas = self.run_vmas - block.runs + runs;
-        block.runs = runs;
         self.stats.pages_shared += shared as u64;
         self.stats.pages_rehomed += n_written as u64;
         Ok(shared)
     }
 
     fn trim(&mut self) -> Result<u64> {
-        // (file, page) -> views that still read the memfd page
-        let mut clean: BTreeMap<(u16, u32), u32> = BTreeMap::new();
+        // per memfd: pages some view still reads (shared frames, unwritten private ones)
+        let mut read: Vec<RunMap<Count>> = vec![RunMap::new(); self.files.len()];
         let keys: Vec<usize> = self.blocks.keys().copied().collect();
         for key in keys {
-            let frames = self.blocks[&key].frames.clone();
-            let written = self.written_pages(key, &frames)?;
-            for (fr, w) in frames.iter().zip(written) {
-                if fr.private {
-                    *clean.entry((fr.file, fr.page)).or_insert(0) += u32::from(!w);
+            let pieces: Vec<Piece> = self.blocks[&key].frames.iter().filter(|p| !p.2.unbacked()).collect();
+            let written = self.written_runs(key, &pieces)?;
+            for &(i, l, f) in &pieces {
+                for (s, sl) in subtract((i, l), &written) {
+                    read[f.file as usize].update(f.page as usize + (s - i), sl, |_, _, _| Some(Count(1)));
                 }
             }
         }
-        let ps = self.ps as u64;
+        let ps = self.ps;
         let mut released = 0;
-        for ((file, page), n) in clean {
-            let f = self.file(file);
+        for (id, reading) in read.iter().enumerate() {
+            let Some(f) = self.files[id].as_ref() else { continue };
             // retired pages may still be read by the other side of a fork
-            if n == 0 && !f.retired {
-                crate::sys::memfd::punch_hole(&f.fd, page as u64 * ps, ps)?;
-                released += 1;
+            if f.retired {
+                continue;
+            }
+            for (s, l, _) in f.refs.iter() {
+                let covered: Vec<(usize, usize)> =
+                    reading.pieces(s, s + l).into_iter().map(|(a, b, _)| (a, b)).collect();
+                for (a, b) in subtract((s, l), &covered) {
+                    crate::sys::memfd::punch_hole(&f.fd, (a * ps) as u64, (b * ps) as u64)?;
+                    released += b as u64;
+                }
             }
         }
         Ok(released)
@@ -1185,7 +1331,7 @@ impl Inner {
         // (first reservation page, file, first file page, pages)
         let mut runs: Vec<(usize, u16, u32, usize)> = Vec::new();
         for (&key, block) in &self.blocks {
-            for (i, fr) in block.frames.iter().enumerate() {
+            for (i, l, fr) in block.frames.iter() {
                 if fr.private || fr.unbacked() {
                     continue;
                 }
@@ -1193,9 +1339,9 @@ impl Inner {
                     Some((va, file, page, len))
                         if *va + *len == key + i && *file == fr.file && *page as usize + *len == fr.page as usize =>
                     {
-                        *len += 1
+                        *len += l
                     }
-                    _ => runs.push((key + i, fr.file, fr.page, 1)),
+                    _ => runs.push((key + i, fr.file, fr.page, l)),
                 }
             }
         }
@@ -1206,13 +1352,15 @@ impl Inner {
             // page stays shared only in that (unlikely, ENOMEM) case.
             let _ = self.res.map_file(va * ps, len * ps, Share::Private, f.fd.as_fd(), page as u64 * ps as u64);
         }
-        for block in self.blocks.values_mut() {
-            for fr in &mut block.frames {
-                fr.private = true;
-            }
-            let runs = count_runs(&block.frames);
-            self.run_vmas = self.run_vmas - block.runs + runs;
-            block.runs = runs;
+        let keys: Vec<usize> = self.blocks.keys().copied().collect();
+        for key in keys {
+            let now: Vec<Piece> = self.blocks[&key]
+                .frames
+                .iter()
+                .filter(|p| !p.2.private && !p.2.unbacked())
+                .map(|(i, l, f)| (i, l, Frame { private: true, ..f }))
+                .collect();
+            self.set_frames(key, &now);
         }
         for f in self.files.iter_mut().flatten() {
             f.retired = true;
@@ -1284,5 +1432,217 @@ mod tests {
         let g = [frame(0, 1, true), Frame::UNBACKED, frame(0, 3, true), frame(0, 4, true)];
         assert_eq!(count_runs(&g), 2);
         assert_eq!(count_runs_by(4, |i| g[i]), 2);
+    }
+
+    proptest::proptest! {
+        /// Block frames per extent against the per-page frame table they replace:
+        /// every page's frame, and the run (VMA) count `count_runs` gives.
+        #[test]
+        fn frames_per_extent_match_per_page_table(
+            ops in proptest::collection::vec((0usize..48, 1usize..16, 0u16..3, 0u32..40, proptest::bool::ANY), 1..30)
+        ) {
+            let total = 64;
+            let mut m: RunMap<Frame> = RunMap::new();
+            m.set(0, total, Frame::UNBACKED);
+            let mut table = vec![Frame::UNBACKED; total];
+            for (s, l, file, page, private) in ops {
+                let l = l.min(total - s);
+                // file 2 stands for "unbacked again"
+                let f = if file == 2 { Frame::UNBACKED } else { frame(file, page, private) };
+                m.set(s, l, f);
+                for k in 0..l {
+                    table[s + k] = f.advance(k);
+                }
+                for (i, want) in table.iter().enumerate() {
+                    proptest::prop_assert_eq!(m.get(i), Some(*want));
+                }
+                proptest::prop_assert_eq!(m.runs(), count_runs(&table));
+                let backed: Vec<(usize, usize)> =
+                    m.iter().filter(|p| !p.2.unbacked()).map(|(i, l, _)| (i, l)).collect();
+                let want: Vec<(usize, usize)> = runs_where(&table, 0, total, |i| !table[i].unbacked());
+                proptest::prop_assert_eq!(backed, want);
+            }
+        }
+
+        /// lay_out, intersect and subtract against per-page sets.
+        #[test]
+        fn run_helpers_match_per_page_sets(
+            a in proptest::collection::vec(proptest::bool::ANY, 40),
+            b in proptest::collection::vec(proptest::bool::ANY, 40),
+            cuts in proptest::collection::vec(1usize..7, 1..12),
+        ) {
+            let runs = |v: &[bool]| {
+                let mut out: Vec<(usize, usize)> = Vec::new();
+                for (i, _) in v.iter().enumerate().filter(|p| *p.1) {
+                    match out.last_mut() {
+                        Some((s, l)) if *s + *l == i => *l += 1,
+                        _ => out.push((i, 1)),
+                    }
+                }
+                out
+            };
+            let (ra, rb) = (runs(&a), runs(&b));
+            let both: Vec<bool> = a.iter().zip(&b).map(|(x, y)| *x && *y).collect();
+            proptest::prop_assert_eq!(intersect(&ra, &rb), runs(&both));
+            let only: Vec<bool> = (0..40).map(|i| (5..33).contains(&i) && !b[i]).collect();
+            proptest::prop_assert_eq!(subtract((5, 28), &rb), runs(&only));
+            // fresh runs of total length = pages in `a`, laid out in order
+            let need: usize = ra.iter().map(|r| r.1).sum();
+            let mut fresh = Vec::new();
+            let (mut left, mut page, mut k) = (need, 100u32, 0);
+            while left > 0 {
+                let l = cuts[k % cuts.len()].min(left);
+                fresh.push((frame(0, page, false), l));
+                page += l as u32 + (k % 2) as u32;
+                left -= l;
+                k += 1;
+            }
+            let mut per_page = Vec::new();
+            for &(f, l) in &fresh {
+                per_page.extend((0..l).map(|k| f.advance(k)));
+            }
+            let laid = lay_out(&ra, &fresh);
+            let mut got = vec![None; 40];
+            for &(i, l, f) in &laid {
+                for k in 0..l {
+                    got[i + k] = Some(f.advance(k));
+                }
+            }
+            let mut want = vec![None; 40];
+            for (idx, f) in a.iter().enumerate().filter(|p| *p.1).map(|p| p.0).zip(per_page) {
+                want[idx] = Some(f);
+            }
+            proptest::prop_assert_eq!(got, want);
+            // maximal: no run continues the one before it
+            for w in laid.windows(2) {
+                proptest::prop_assert!(!(w[0].0 + w[0].1 == w[1].0 && w[0].2.advance(w[0].1) == w[1].2));
+            }
+        }
+    }
+
+    impl Inner {
+        /// Test oracle: every block's frames expanded page by page, reference counts
+        /// recounted page by page from them, runs counted page by page; all must
+        /// agree with the per-extent state.
+        fn check_per_page(&self) -> std::result::Result<(), String> {
+            let mut counts: BTreeMap<(u16, u32), u32> = BTreeMap::new();
+            let mut runs = 0;
+            for (&key, b) in &self.blocks {
+                let mut table = Vec::new();
+                for (i, l, f) in b.frames.iter() {
+                    if i != table.len() {
+                        return Err(format!("block {key}: extent at {i} leaves a gap at {}", table.len()));
+                    }
+                    table.extend((0..l).map(|k| f.advance(k)));
+                }
+                if table.len() != b.pages {
+                    return Err(format!("block {key}: {} frames for {} pages", table.len(), b.pages));
+                }
+                if b.frames.runs() != count_runs(&table) {
+                    return Err(format!("block {key}: {} runs, per page {}", b.frames.runs(), count_runs(&table)));
+                }
+                runs += count_runs(&table);
+                for f in table.iter().filter(|f| !f.unbacked()) {
+                    *counts.entry((f.file, f.page)).or_insert(0) += 1;
+                }
+            }
+            if runs != self.run_vmas {
+                return Err(format!("run_vmas {} but blocks have {runs} runs", self.run_vmas));
+            }
+            for (id, f) in self.files.iter().enumerate() {
+                let Some(f) = f else { continue };
+                let mut live = 0;
+                for (s, l, c) in f.refs.iter() {
+                    live += l;
+                    for p in s..s + l {
+                        let want = counts.remove(&(id as u16, p as u32)).unwrap_or(0);
+                        if want != c.0 {
+                            return Err(format!("memfd {id} page {p}: refcount {} but {want} frames show it", c.0));
+                        }
+                    }
+                }
+                if live != f.live {
+                    return Err(format!("memfd {id}: live {} but {live} pages referenced", f.live));
+                }
+            }
+            match counts.into_iter().next() {
+                Some(((id, p), n)) => Err(format!("memfd {id} page {p}: shown by {n} frames, no refcount")),
+                None => Ok(()),
+            }
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum ArenaOp {
+        Alloc(usize),
+        Dup(usize, usize, usize),
+        Vcopy(usize, usize, usize, usize, usize),
+        Write(usize, usize, usize),
+        Free(usize),
+    }
+
+    fn arena_op() -> impl proptest::strategy::Strategy<Value = ArenaOp> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (1usize..24).prop_map(ArenaOp::Alloc),
+            (0usize..8, 0usize..24, 1usize..24).prop_map(|(b, o, n)| ArenaOp::Dup(b, o, n)),
+            (0usize..8, 0usize..8, 0usize..24, 0usize..24, 1usize..24)
+                .prop_map(|(d, s, dof, sof, n)| ArenaOp::Vcopy(d, s, dof, sof, n)),
+            (0usize..8, 0usize..24, 1usize..8).prop_map(|(b, o, n)| ArenaOp::Write(b, o, n)),
+            (0usize..8).prop_map(ArenaOp::Free),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 32, ..Default::default() })]
+        /// Random alloc/dup/vcopy/writes/free (writes make copied pages anonymous, so
+        /// later copies re-home them): after every call the per-extent frames,
+        /// reference counts, live pages and run counts equal their per-page recount.
+        #[test]
+        fn arena_bookkeeping_matches_per_page_recount(ops in proptest::collection::vec(arena_op(), 1..24)) {
+            let ps = crate::addr::page_size();
+            let arena = Arena::with_config(Config { reserve_bytes: 16 << 20, ..Default::default() }).unwrap();
+            let mut blocks: Vec<(*mut u8, usize)> = Vec::new();
+            for op in ops {
+                match op {
+                    ArenaOp::Alloc(n) => blocks.push((arena.alloc(n * ps).unwrap(), n)),
+                    ArenaOp::Dup(b, o, n) if !blocks.is_empty() => {
+                        let (p, len) = blocks[b % blocks.len()];
+                        let o = o % len;
+                        let n = n.min(len - o);
+                        let src = p.wrapping_add(o * ps);
+                        blocks.push((arena.dup(src, n * ps).unwrap(), n));
+                    }
+                    ArenaOp::Vcopy(d, s, dof, sof, n) if !blocks.is_empty() => {
+                        let (dp, dl) = blocks[d % blocks.len()];
+                        let (sp, sl) = blocks[s % blocks.len()];
+                        let (dof, sof) = (dof % dl, sof % sl);
+                        let n = n.min(dl - dof).min(sl - sof);
+                        let (dst, src) = (dp.wrapping_add(dof * ps), sp.wrapping_add(sof * ps));
+                        // overlapping ranges are refused (an error, nothing changed)
+                        let _ = arena.vcopy(dst, src, n * ps);
+                    }
+                    ArenaOp::Write(b, o, n) if !blocks.is_empty() => {
+                        let (p, len) = blocks[b % blocks.len()];
+                        let o = o % len;
+                        let n = n.min(len - o);
+                        arena.fill(p.wrapping_add(o * ps), 0x5a, n * ps).unwrap();
+                    }
+                    ArenaOp::Free(b) if !blocks.is_empty() => {
+                        let (p, _) = blocks.remove(b % blocks.len());
+                        arena.free(p).unwrap();
+                    }
+                    _ => {}
+                }
+                let g = lock(&arena.shared);
+                let checked = g.check_per_page();
+                drop(g);
+                proptest::prop_assert!(checked.is_ok(), "{}", checked.unwrap_err());
+            }
+            for (p, _) in blocks {
+                arena.free(p).unwrap();
+            }
+            proptest::prop_assert_eq!(arena.stats().memfd_pages_live, 0);
+        }
     }
 }
