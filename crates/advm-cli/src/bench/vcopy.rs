@@ -97,6 +97,16 @@ fn settle(arena: &Arena, since: f64) -> f64 {
 }
 
 /// Median of a slice (NaN when empty).
+/// The baseline: a fresh anonymous mapping and a memcpy of `src` into it, timed (ms;
+/// the destination's page faults included, as a program's copy pays them).
+fn timed_memcpy(src: &Mapping) -> Result<(Mapping, f64), CliError> {
+    let dst = Mapping::anonymous(src.len())?;
+    let t = Instant::now();
+    // SAFETY: two distinct live mappings of the same length.
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_ptr(), src.len()) };
+    Ok((dst, ms(t.elapsed())))
+}
+
 fn median(v: &[f64]) -> f64 {
     Figure::new("", "", v.to_vec()).median
 }
@@ -163,11 +173,8 @@ impl VcopyBench {
             let (mut copy, mut write, mut fault) = (Vec::new(), Vec::new(), Vec::new());
             let mut distinct = 0;
             for run in 0..runs {
-                let dst = Mapping::anonymous(len)?;
-                let t = Instant::now();
-                // SAFETY: two distinct live mappings of len bytes.
-                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_ptr(), len) };
-                copy.push(ms(t.elapsed()));
+                let (dst, copy_ms) = timed_memcpy(&src)?;
+                copy.push(copy_ms);
                 let t = Instant::now();
                 store_pages(dst.as_ptr(), len, step);
                 write.push(ms(t.elapsed()));
@@ -314,11 +321,7 @@ impl VcopyBench {
         let base = pages.now()?;
         let src = Mapping::anonymous(len)?;
         fill_distinct(src.as_ptr(), len);
-        let dst = Mapping::anonymous(len)?;
-        let t = Instant::now();
-        // SAFETY: two distinct live mappings of len bytes.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_ptr(), len) };
-        let copy_ms = ms(t.elapsed());
+        let (dst, copy_ms) = timed_memcpy(&src)?;
         for m in [&src, &dst] {
             // SAFETY: advice only; contents do not change.
             unsafe { mman::madvise(m.as_ptr(), len, Advice::LinuxMergeable)? };
@@ -536,11 +539,7 @@ impl Bench for VcopyBench {
         let base = pages.now()?;
         let src = Mapping::anonymous(len)?;
         fill_distinct(src.as_ptr(), len);
-        let dst = Mapping::anonymous(len)?;
-        let t = Instant::now();
-        // SAFETY: two distinct live mappings of len bytes.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_ptr(), len) };
-        let memcpy_ms = ms(t.elapsed());
+        let (dst, memcpy_ms) = timed_memcpy(&src)?;
         let memcpy_pages = pages.now()? - base;
         drop((src, dst));
         let base = pages.now()?;
