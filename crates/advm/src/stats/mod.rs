@@ -145,6 +145,12 @@ fn open_error(pid: i32, what: &str, e: procfs::ProcError) -> Error {
     }
 }
 
+/// Opens the pagemap of the mm `process` has now (relative to its /proc/PID fd).
+fn open_pagemap(pid: i32, process: &Process) -> Result<Pagemap> {
+    let file = process.open_relative("pagemap").map_err(|e| open_error(pid, "pagemap", e))?;
+    Ok(Pagemap::from_file(file))
+}
+
 impl Meter {
     /// Opens the processes `pids` for measurement.
     pub fn new(pids: &[i32], options: Options) -> Result<Self> {
@@ -157,8 +163,8 @@ impl Meter {
                 return Err(Error::NoSuchProcess { pid });
             }
             let process = Process::new(pid).map_err(|e| open_error(pid, "", e))?;
-            let file = process.open_relative("pagemap").map_err(|e| open_error(pid, "pagemap", e))?;
-            targets.push(Target { pid, process, pagemap: Pagemap::from_file(file) });
+            let pagemap = open_pagemap(pid, &process)?;
+            targets.push(Target { pid, process, pagemap });
         }
         Ok(Self {
             targets,
@@ -194,10 +200,8 @@ impl Meter {
                 Err(Error::Sys(e)) if e.errno == rustix::io::Errno::SRCH && self.targets[i].process.is_alive() => {
                     // The process exec'd: its old mm, which the pagemap fd pins, is gone.
                     self.pfns.truncate(first);
-                    let pid = self.targets[i].pid;
-                    let file =
-                        self.targets[i].process.open_relative("pagemap").map_err(|e| open_error(pid, "pagemap", e))?;
-                    self.targets[i].pagemap = Pagemap::from_file(file);
+                    let target = &mut self.targets[i];
+                    target.pagemap = open_pagemap(target.pid, &target.process)?;
                     self.walk_target(i)?
                 }
                 r => r?,
