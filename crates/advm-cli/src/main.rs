@@ -149,7 +149,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             }
             let opts = bench::BenchOpts {
                 quick,
-                runs: runs.unwrap_or(if quick { 3 } else { 5 }),
+                runs: runs.unwrap_or_else(|| if quick { 3 } else { bench::default_runs(&name) }),
                 progress: std::io::stderr().is_terminal() && !json,
             };
             let report = bench::run(&name, &opts)?;

@@ -71,6 +71,10 @@ pub struct RunArgs {
     /// Allocations and copies of at least this many pages use the arena.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub threshold_pages: u64,
+    /// In cow mode, copies of at least this many pages become virtual (default 16,
+    /// measured with `advm bench r`; never below --threshold-pages).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub copy_min_pages: Option<u64>,
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -182,9 +186,10 @@ pub fn render_stats(mode: Mode, stats: &BTreeMap<String, u64>, processes: usize)
         processes
     );
     out += &format!(
-        "  arena blocks         {} ({} reused from the free cache; {} allocated, peak live {}); {} allocations left to glibc\n",
+        "  arena blocks         {} ({} reused from the free cache, {} of them with their pages; {} allocated, peak live {}); {} allocations left to glibc\n",
         g("blocks_allocated"),
         g("blocks_reused_from_free_cache"),
+        g("blocks_reused_with_pages"),
         fb(g("block_bytes_allocated")),
         fb(g("peak_live_bytes")),
         g("alloc_fallbacks_to_glibc")
@@ -237,6 +242,9 @@ pub fn render_stats(mode: Mode, stats: &BTreeMap<String, u64>, processes: usize)
 pub fn run(args: RunArgs) -> Result<(), CliError> {
     let (program, rest) = args.command.split_first().ok_or_else(|| CliError::Usage("no command given".into()))?;
     let mut prepared = prepare(args.mode, args.threshold_pages, program, rest, args.stats)?;
+    if let Some(p) = args.copy_min_pages {
+        prepared.command.env(advm_preload::env::COPY_MIN_PAGES, p.to_string());
+    }
     let mut child = prepared.command.spawn().map_err(|e| CliError::Io(format!("running {program}"), e))?;
     // Ctrl-C and kill must end the program, not advm: advm still has to restore KSM
     // settings and report.

@@ -129,7 +129,7 @@ fn bench_r_quick_runs_all_five_modes() {
         return;
     }
     let _guard = KSM.lock().unwrap_or_else(|e| e.into_inner());
-    let out = ok(Command::new(ADVM).args(["bench", "r", "--quick", "--json"]));
+    let out = ok(Command::new(ADVM).args(["bench", "r", "--quick", "--runs", "2", "--json"]));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let rows = v["rows"].as_array().unwrap();
     let modes: Vec<&str> = rows

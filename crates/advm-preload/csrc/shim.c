@@ -37,6 +37,7 @@
 #include <string.h> /* memset only: the shim does not replace it */
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
@@ -105,9 +106,10 @@ static struct {
  * ADVM_DIRTY_CACHE_KIB (default 4 MiB), keep their pages, so that a program that frees
  * and allocates vectors in a loop (R between collections) does not fault every page in
  * again: the small, bounded version of what glibc does with all freed memory. */
-#define CACHE_SLOTS 256
+#define CACHE_SLOTS 1024
 static struct extent cache[CACHE_SLOTS];
 static uint8_t cache_dirty[CACHE_SLOTS]; /* kept with its contents (not yet returned) */
+static uint32_t cache_time[CACHE_SLOTS];  /* when it was freed, ms (for the decay) */
 static int cache_n;
 /* Blocks of up to SMALL_MAX pages are kept per exact size (LIFO stacks), since programs
  * free and allocate thousands of them between two collections; bigger ones in `cache`. */
@@ -116,9 +118,10 @@ static int cache_n;
 #define CACHED_MAX 4096 /* cached blocks keep their VMAs: stay well inside the budget */
 static uint32_t bin[SMALL_MAX + 1][BIN_CAP];
 static uint8_t bin_dirty[SMALL_MAX + 1][BIN_CAP];
+static uint32_t bin_time[SMALL_MAX + 1][BIN_CAP];
 static uint16_t bin_n[SMALL_MAX + 1];
 static uint32_t cached_blocks;
-static uint64_t dirty_pages, dirty_cap_pages;
+static uint64_t dirty_pages, dirty_floor_pages, dirty_live_pct;
 static uint64_t populate_max;
 /* cow: a new block is anonymous until it is first copied (default), or a shared memfd
  * mapping from the start (ADVM_COW_FRESH=memfd: copies cost no byte, but every
@@ -142,7 +145,7 @@ enum counter {
     S_COPIES_SEEN, S_COPIES_VIRTUAL, S_PAGES_SHARED, S_BYTES_PARTIAL, S_PAGES_MOVED,
     S_FB_NOT_ARENA, S_FB_OFFSET, S_FB_OVERLAP, S_FB_SHORT, S_FB_BUDGET,
     S_FB_ERROR, S_FB_BYTES, S_REALLOC_INPLACE, S_REALLOC_MREMAP, S_REALLOC_SHRINK,
-    S_FORKS, S_GENS_EXHAUSTED, S_CACHE_HITS, S_NSTATS
+    S_FORKS, S_GENS_EXHAUSTED, S_CACHE_HITS, S_DIRTY_HITS, S_NSTATS
 };
 static const char *const stat_names[S_NSTATS] = {
     "blocks_allocated", "block_bytes_allocated", "live_bytes", "peak_live_bytes",
@@ -152,8 +155,19 @@ static const char *const stat_names[S_NSTATS] = {
     "fallback_not_both_in_arena", "fallback_page_offsets_differ", "fallback_overlap",
     "fallback_no_whole_page", "fallback_vma_budget",
     "fallback_syscall_error", "fallback_bytes_copied", "realloc_in_place", "realloc_mremap",
-    "realloc_shrink", "forks", "generations_exhausted", "blocks_reused_from_free_cache"};
+    "realloc_shrink", "forks", "generations_exhausted", "blocks_reused_from_free_cache",
+    "blocks_reused_with_pages"};
 static uint64_t stats[S_NSTATS];
+
+/* Freed memory kept with its pages: up to dirty_live_pct of the live arena bytes, at
+ * least the floor. glibc keeps all freed memory below its heap top; a fixed cap made
+ * programs that free and reallocate more than it between collections (R) fault and
+ * zero every page again (ml_lssvm.R: 3.7x glibc's page faults at 4 MiB). */
+static uint64_t dirty_cap(void) {
+    uint64_t live = __atomic_load_n(&stats[S_LIVE_BYTES], __ATOMIC_RELAXED) >> A.pshift;
+    uint64_t c = live / 100 * dirty_live_pct;
+    return c > dirty_floor_pages ? c : dirty_floor_pages;
+}
 
 static inline void st_add(enum counter s, uint64_t v) { __atomic_fetch_add(&stats[s], v, __ATOMIC_RELAXED); }
 
@@ -233,6 +247,13 @@ static void say(const char *msg) {
     while (msg[n]) n++;
     ssize_t r = write(2, msg, n);
     (void)r;
+}
+
+/* Milliseconds of a coarse monotonic clock (vDSO: no syscall, no allocation). */
+static uint32_t now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
+    return (uint32_t)((uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000);
 }
 
 static void *page_addr(uint64_t v) { return (void *)(A.base + (v << A.pshift)); }
@@ -480,13 +501,17 @@ static uint64_t run_len(uint64_t v, uint64_t max) {
 
 static void cache_remove(int i) {
     if (cache_dirty[i]) dirty_pages -= cache[i].len;
-    for (int j = i; j + 1 < cache_n; j++) cache[j] = cache[j + 1], cache_dirty[j] = cache_dirty[j + 1];
+    for (int j = i; j + 1 < cache_n; j++)
+        cache[j] = cache[j + 1], cache_dirty[j] = cache_dirty[j + 1], cache_time[j] = cache_time[j + 1];
     cache_n--;
     cached_blocks--;
 }
 
+static void decay(void);
+
 /* Returns a block of at least size bytes; *dirty says whether it may hold old bytes. */
 static void *block_alloc(size_t size, int *dirty) {
+    decay();
     uint64_t n = (size + A.ps - 1) >> A.pshift;
     *dirty = 0;
     if (n == 0 || n >= (1ull << 26)) return NULL;
@@ -499,19 +524,38 @@ static void *block_alloc(size_t size, int *dirty) {
         set_head(v, n);
         st_add(S_BLOCKS, 1);
         st_add(S_CACHE_HITS, 1);
+        if (*dirty) st_add(S_DIRTY_HITS, 1);
         st_add(S_BLOCK_BYTES, n << A.pshift);
         live_add((int64_t)(n << A.pshift));
         return page_addr(v);
     }
+    /* Best fit among the bigger cached blocks, those still holding their pages first
+     * (reusing them costs no fault and no zeroing, which is what glibc's heap gets). A
+     * block much bigger than asked for is carved: its first n pages are taken and the rest
+     * stays cached (one mapping, so only the bookkeeping changes). */
+    int best = -1;
     for (int i = cache_n - 1; i >= 0; i--) {
-        /* a cached block up to 1/8 bigger will do */
-        if (cache[i].len < n || cache[i].len > n + n / 8) continue;
+        if (cache[i].len < n) continue;
+        if (best < 0 || cache_dirty[i] > cache_dirty[best] ||
+            (cache_dirty[i] == cache_dirty[best] && cache[i].len < cache[best].len))
+            best = i;
+    }
+    if (best >= 0) {
+        int i = best;
         uint64_t v = cache[i].start, got = cache[i].len;
         *dirty = cache_dirty[i];
-        cache_remove(i);
+        if (got - n > n / 8) {
+            got = n;
+            cache[i].start += (uint32_t)n;
+            cache[i].len -= (uint32_t)n;
+            if (*dirty) dirty_pages -= n;
+        } else {
+            cache_remove(i);
+        }
         set_head(v, got);
         st_add(S_BLOCKS, 1);
         st_add(S_CACHE_HITS, 1);
+        if (*dirty) st_add(S_DIRTY_HITS, 1);
         st_add(S_BLOCK_BYTES, got << A.pshift);
         live_add((int64_t)(got << A.pshift));
         return page_addr(v);
@@ -568,7 +612,31 @@ static int give_back(uint64_t v, uint64_t n) {
                      off_of(m), (off_t)(n << A.pshift));
 }
 
+/* Freed memory not reused within ADVM_DIRTY_DECAY_MS (default 1000; 0 = kept until the
+ * cap pushes it out) is given back: a program that stops allocating does not sit on
+ * garbage, while one that frees and allocates in a loop keeps reusing warm pages.
+ * Checked on arena calls only (no thread of our own), at most every decay/4. */
+static uint32_t decay_ms = 1000, last_sweep;
+static void decay(void) {
+    if (!decay_ms || !dirty_pages) return;
+    uint32_t now = now_ms();
+    if (now - last_sweep < decay_ms / 4 + 1) return;
+    last_sweep = now;
+    for (int i = 0; i < cache_n; i++)
+        if (cache_dirty[i] && now - cache_time[i] >= decay_ms && give_back(cache[i].start, cache[i].len) == 0) {
+            cache_dirty[i] = 0;
+            dirty_pages -= cache[i].len;
+        }
+    for (uint64_t n = 1; n <= SMALL_MAX; n++)
+        for (int i = 0; i < bin_n[n]; i++)
+            if (bin_dirty[n][i] && now - bin_time[n][i] >= decay_ms && give_back(bin[n][i], n) == 0) {
+                bin_dirty[n][i] = 0;
+                dirty_pages -= n;
+            }
+}
+
 static void block_free(void *p) {
+    decay();
     int64_t sv = block_of(p);
     if (sv < 0) bad_pointer("free");
     uint64_t v = (uint64_t)sv, n = head_pages(v), m = A.vmeta[v];
@@ -576,23 +644,24 @@ static void block_free(void *p) {
     /* one owner, one mapping: keep the mapping for reuse */
     if (cached_blocks < CACHED_MAX && run_len(v, n) == n && ((m & VM_ANON) || !(m & VM_PRIV))) {
         if (n <= SMALL_MAX && bin_n[n] < BIN_CAP) {
-            int dirty = dirty_pages + n <= dirty_cap_pages;
+            int dirty = dirty_pages + n <= dirty_cap();
             if (dirty || give_back(v, n) == 0) {
                 A.vmeta[v] &= ~(VM_HEAD | VM_NPAGES_MASK);
                 bin[n][bin_n[n]] = (uint32_t)v;
-                bin_dirty[n][bin_n[n]++] = (uint8_t)dirty;
+                bin_dirty[n][bin_n[n]] = (uint8_t)dirty;
+                bin_time[n][bin_n[n]++] = now_ms();
                 dirty_pages += dirty ? n : 0;
                 cached_blocks++;
                 return;
             }
         }
         /* make room among the dirty ones by returning the oldest dirty memory */
-        for (int i = 0; i < cache_n && dirty_pages + n > dirty_cap_pages; i++)
+        for (int i = 0; i < cache_n && dirty_pages + n > dirty_cap(); i++)
             if (cache_dirty[i] && give_back(cache[i].start, cache[i].len) == 0) {
                 cache_dirty[i] = 0;
                 dirty_pages -= cache[i].len;
             }
-        int dirty = dirty_pages + n <= dirty_cap_pages;
+        int dirty = dirty_pages + n <= dirty_cap();
         if (n > SMALL_MAX && (dirty || give_back(v, n) == 0)) {
             A.vmeta[v] &= ~(VM_HEAD | VM_NPAGES_MASK);
             if (cache_n == CACHE_SLOTS) {
@@ -602,6 +671,7 @@ static void block_free(void *p) {
             cache[cache_n].start = (uint32_t)v;
             cache[cache_n].len = (uint32_t)n;
             cache_dirty[cache_n] = (uint8_t)dirty;
+            cache_time[cache_n] = now_ms();
             dirty_pages += dirty ? n : 0;
             cache_n++;
             cached_blocks++;
@@ -984,7 +1054,9 @@ static void init_locked(void) {
     const char *fresh = env("ADVM_COW_FRESH");
     cow_fresh_memfd = fresh && str_eq(fresh, "memfd");
     populate_max = parse_u64(env("ADVM_POPULATE_KIB"), 256) << 10;
-    dirty_cap_pages = (parse_u64(env("ADVM_DIRTY_CACHE_KIB"), 4096) << 10) >> A.pshift;
+    dirty_floor_pages = (parse_u64(env("ADVM_DIRTY_CACHE_KIB"), 4096) << 10) >> A.pshift;
+    dirty_live_pct = parse_u64(env("ADVM_DIRTY_CACHE_PCT"), 100);
+    decay_ms = (uint32_t)parse_u64(env("ADVM_DIRTY_DECAY_MS"), 1000);
     A.pagemap_fd = -1;
     A.pid = getpid();
     for (int g = 0; g < MAX_GENS; g++) A.gen_fd[g] = -1;
@@ -1010,7 +1082,7 @@ static void init_locked(void) {
     arena_lo = A.base;
     arena_len = len;
     /* copies may use a higher threshold than allocations (ADVM_COPY_MIN_PAGES) */
-    uint64_t cp = parse_u64(env("ADVM_COPY_MIN_PAGES"), 0) << A.pshift;
+    uint64_t cp = parse_u64(env("ADVM_COPY_MIN_PAGES"), 16) << A.pshift;
     if (A.mode == MODE_COW) copy_min = cp > A.threshold ? cp : A.threshold;
     __atomic_store_n(&state, 2, __ATOMIC_RELEASE);
 }

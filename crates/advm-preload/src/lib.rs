@@ -19,6 +19,9 @@ pub mod env {
     pub const MODE: &str = "ADVM_MODE";
     /// Allocations and copies of at least this many pages use the arena (default 2).
     pub const THRESHOLD_PAGES: &str = "ADVM_THRESHOLD_PAGES";
+    /// Copies of at least this many pages (and at least the threshold) become virtual
+    /// (default 16: smaller copies cost more system time than they save memory).
+    pub const COPY_MIN_PAGES: &str = "ADVM_COPY_MIN_PAGES";
     /// Directory where each process writes `<pid>.stats` at exit.
     pub const STATS_DIR: &str = "ADVM_STATS_DIR";
 }

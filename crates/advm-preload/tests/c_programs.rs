@@ -79,6 +79,8 @@ fn c_programs_pass_under_the_shim() {
                 .env("LD_PRELOAD", &shim)
                 .env("ADVM_MODE", mode)
                 .env("ADVM_COW_FRESH", fresh)
+                // the mechanism is tested at the paper's 2 pages, below the default
+                .env("ADVM_COPY_MIN_PAGES", "2")
                 .env("ADVM_STATS_DIR", &stats_dir)
                 .output()
                 .unwrap();
@@ -101,4 +103,47 @@ fn c_programs_pass_under_the_shim() {
             eprintln!("{} [{variant}]: {}", src.display(), text.trim());
         }
     }
+}
+
+/// Runs `exe args` under the shim in cow mode with `env`; returns the summed stats.
+fn run_cow(exe: &Path, args: &[&str], env: &[(&str, &str)], stats_dir: &Path) -> BTreeMap<String, u64> {
+    let _ = std::fs::remove_dir_all(stats_dir);
+    std::fs::create_dir_all(stats_dir).unwrap();
+    let shim = advm_preload::install(&work_dir()).unwrap();
+    let out = Command::new(exe)
+        .args(args)
+        .env("LD_PRELOAD", &shim)
+        .env("ADVM_MODE", "cow")
+        .env("ADVM_STATS_DIR", stats_dir)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{} {args:?} {env:?} failed ({}): {}", exe.display(), out.status, String::from_utf8_lossy(&out.stderr));
+    stats(stats_dir)
+}
+
+/// The defaults `advm run` relies on: copies below 16 pages stay plain copies, bigger
+/// ones become virtual; freed blocks keep their pages up to the live arena size
+/// (ADVM_DIRTY_CACHE_PCT=100), and only the 4 MiB floor when that is turned off.
+#[test]
+fn copy_threshold_and_retention_defaults() {
+    if Command::new("cc").arg("--version").output().is_err() {
+        eprintln!("skipped: no C compiler (cc) on PATH");
+        return;
+    }
+    let dir = work_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = compile(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/retention.c"), &dir);
+    let sd = dir.join("stats-retention");
+    let small = run_cow(&exe, &["8", "1", "1"], &[], &sd);
+    assert_eq!(small.get("copies_virtual").copied().unwrap_or(0), 0, "8-page copy made virtual: {small:?}");
+    let big = run_cow(&exe, &["32", "1", "1"], &[], &sd);
+    assert_eq!(big["copies_virtual"], 1, "32-page copy not virtual: {big:?}");
+    assert_eq!(big["pages_shared"], 32, "{big:?}");
+    // 64 MiB live, 32 blocks of 8 MiB in turn: each reuses the last one's pages
+    let kept = run_cow(&exe, &["8", "64", "8"], &[], &sd);
+    assert!(kept["blocks_reused_with_pages"] >= 31, "{kept:?}");
+    let floor = run_cow(&exe, &["8", "64", "8"], &[("ADVM_DIRTY_CACHE_PCT", "0")], &sd);
+    assert!(floor["blocks_reused_from_free_cache"] >= 31, "{floor:?}");
+    assert!(floor.get("blocks_reused_with_pages").copied().unwrap_or(0) <= 1, "{floor:?}");
 }

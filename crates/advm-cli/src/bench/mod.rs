@@ -162,6 +162,15 @@ pub trait Bench {
     fn run(&self, opts: &BenchOpts, report: &mut Report) -> Result<(), CliError>;
     /// The rows this capability adds to `advm demo` (its built-in default workload).
     fn demo(&self) -> Result<Vec<DemoRow>, CliError>;
+    /// Repetitions per point when `--runs` is not given (and not `--quick`).
+    fn default_runs(&self) -> usize {
+        5
+    }
+}
+
+/// The default repetitions of the named benchmark (5 for an unknown name).
+pub fn default_runs(name: &str) -> usize {
+    all().iter().find(|b| b.name() == name).map_or(5, |b| b.default_runs())
 }
 
 /// Every benchmark, in demo order.

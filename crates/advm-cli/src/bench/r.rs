@@ -247,6 +247,8 @@ fn threshold_probe(dir: &Path, iters: u32) -> Result<(Vec<Row>, Option<u64>), Cl
     let mut by_mode = Vec::new();
     for mode in [Mode::Off, Mode::Alloc, Mode::Cow] {
         let mut p = run_cmd::prepare(mode, 1, &exe.display().to_string(), &[iters.to_string()], false)?;
+        // every size, also those below the default copy threshold
+        p.command.env(advm_preload::env::COPY_MIN_PAGES, "1");
         let out = p.command.output().map_err(|e| CliError::Io("threshold probe".into(), e))?;
         if !out.status.success() {
             return Err(CliError::Usage(format!("threshold probe under {} failed ({})", mode.name(), out.status)));
@@ -320,84 +322,133 @@ impl Bench for RBench {
         report.configuration.insert("scale".into(), serde_json::json!(scale));
         report.configuration.insert("sample_interval_ms".into(), serde_json::json!(interval.as_millis() as u64));
         report.configuration.insert("threshold_pages".into(), serde_json::json!(2));
-        report.configuration.insert("runs_per_point".into(), serde_json::json!(1));
-        report.notes.push(
-            "one run per workload and mode (the whole run must stay under 15 minutes); CPU time is user+system of the \
-             program and its children"
-                .into(),
-        );
+        let runs = opts.runs.max(1);
+        report.configuration.insert("runs_per_point".into(), serde_json::json!(runs));
+        report.notes.push(format!(
+            "{runs} run(s) per workload and mode, interleaved (run 1 of every workload and mode, then run 2, ...) so \
+             that a slow phase of the machine hits every mode alike; figures are medians, ratios are of medians; CPU \
+             time is user+system of the program and its children"
+        ));
         let env = vec![("ADVM_BENCH_SCALE", scale.to_string()), ("ADVM_BENCH_DIR", dir.display().to_string())];
         let ksm_ok = advm::sys::ksm::available() && advm::probe::facts().root;
         if !ksm_ok {
             report.notes.push("ksm and ksm-aggr skipped: KSM needs root and /sys/kernel/mm/ksm".into());
         }
-        let modes: Vec<Mode> =
-            Mode::ALL.iter().copied().filter(|m| ksm_ok || m.ksm_pages_to_scan().is_none()).collect();
-        let bar = opts.progress_bar((workloads.len() * modes.len()) as u64, "bench r");
-        // ratios per mode over the R workloads, for the geometric means
-        let mut mem_ratio: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
-        let mut cpu_ratio: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
-        let mut ksmd_ratio: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
-        for w in &workloads {
-            let (program, args) = invocation(w, &dir);
+        // ADVM_BENCH_R_MODES / ADVM_BENCH_R_WORKLOADS (comma lists) narrow the run for
+        // experiments; `off` is always run, it is the baseline.
+        let wanted = |var: &str, name: &str| {
+            std::env::var(var).map_or(true, |l| l.split(',').any(|x| !x.is_empty() && name.starts_with(x.trim())))
+        };
+        let modes: Vec<Mode> = Mode::ALL
+            .iter()
+            .copied()
+            .filter(|m| ksm_ok || m.ksm_pages_to_scan().is_none())
+            .filter(|m| *m == Mode::Off || wanted("ADVM_BENCH_R_MODES", m.name()))
+            .collect();
+        let workloads: Vec<Workload> =
+            workloads.into_iter().filter(|w| wanted("ADVM_BENCH_R_WORKLOADS", w.file)).collect();
+        let mut skipped = vec![false; workloads.len()];
+        for (wi, w) in workloads.iter().enumerate() {
+            let (program, _) = invocation(w, &dir);
             if w.python
                 && !Command::new(&program).args(["-c", "import numpy, pandas"]).status().is_ok_and(|s| s.success())
             {
                 report.notes.push(format!("{} skipped: {program} cannot import numpy and pandas", w.file));
-                continue;
+                skipped[wi] = true;
             }
-            let mut base: Option<Measured> = None;
-            for (mi, &mode) in modes.iter().enumerate() {
-                bar.set_message(format!("{} {}", w.file, mode.name()));
-                bar.inc(1);
-                let m = match measure(mode, &program, &args, &env, interval) {
-                    Ok(m) => m,
-                    Err(e) => {
-                        report.notes.push(format!("{} {}: {e}", w.file, mode.name()));
-                        if mode == Mode::Off {
-                            break;
+        }
+        let bar = opts.progress_bar((runs * workloads.len() * modes.len()) as u64, "bench r");
+        // measured[workload][mode] = one entry per run
+        let mut measured: Vec<Vec<Vec<Measured>>> = vec![vec![Vec::new(); modes.len()]; workloads.len()];
+        for run in 0..runs {
+            for (wi, w) in workloads.iter().enumerate() {
+                if skipped[wi] {
+                    continue;
+                }
+                let (program, args) = invocation(w, &dir);
+                for (mi, &mode) in modes.iter().enumerate() {
+                    bar.set_message(format!("run {} {} {}", run + 1, w.file, mode.name()));
+                    bar.inc(1);
+                    match measure(mode, &program, &args, &env, interval) {
+                        Ok(m) => {
+                            if m.foreign_ksm && run == 0 {
+                                report.notes.push(format!(
+                                    "{} {}: KSM was already running (started outside this benchmark); its ksmd CPU \
+                                     is not ours",
+                                    w.file,
+                                    mode.name()
+                                ));
+                            }
+                            if let Some(b) = measured[wi][0].get(run) {
+                                if mode != Mode::Off && m.stdout != b.stdout {
+                                    report.notes.push(format!(
+                                        "{} {} (run {}): output differs from the untouched program",
+                                        w.file,
+                                        mode.name(),
+                                        run + 1
+                                    ));
+                                }
+                            }
+                            measured[wi][mi].push(m);
                         }
-                        continue;
+                        Err(e) => {
+                            report.notes.push(format!("{} {} (run {}): {e}", w.file, mode.name(), run + 1));
+                            if mode == Mode::Off {
+                                skipped[wi] = true;
+                                break;
+                            }
+                        }
                     }
-                };
-                if m.foreign_ksm {
-                    report.notes.push(format!(
-                        "{} {}: KSM was already running (started outside this benchmark); its ksmd CPU is not ours",
-                        w.file,
-                        mode.name()
-                    ));
                 }
-                let ps_mib = advm::addr::page_size() as f64 / (1 << 20) as f64;
-                let b = base.get_or_insert_with(|| m.clone());
-                if m.stdout != b.stdout {
-                    report.notes.push(format!("{} {}: output differs from the untouched program", w.file, mode.name()));
+            }
+        }
+        bar.finish_and_clear();
+        // ratios per mode over the R workloads, for the geometric means
+        let mut mem_ratio: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
+        let mut cpu_ratio: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
+        let mut ksmd_ratio: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
+        let ps_mib = advm::addr::page_size() as f64 / (1 << 20) as f64;
+        for (wi, w) in workloads.iter().enumerate() {
+            let Some(base) = measured[wi].first().filter(|b| !b.is_empty()) else { continue };
+            let base_pages = Figure::new("", "", base.iter().map(|m| m.mean_pages).collect()).median;
+            let base_cpu = Figure::new("", "", base.iter().map(|m| m.cpu_s).collect()).median;
+            for (mi, &mode) in modes.iter().enumerate() {
+                let ms = &measured[wi][mi];
+                if ms.is_empty() {
+                    continue;
                 }
-                let mem_pct = 100.0 * m.mean_pages / b.mean_pages;
-                let cpu_pct = 100.0 * m.cpu_s / b.cpu_s;
-                let ksmd_pct = 100.0 * m.ksmd_s / m.cpu_s.max(1e-9);
+                let pages = Figure::new("memory", "MiB", ms.iter().map(|m| m.mean_pages * ps_mib).collect());
+                let cpu = Figure::new("cpu", "s", ms.iter().map(|m| m.cpu_s).collect());
+                let ksmd = Figure::new(
+                    "ksmd cpu",
+                    "% of cpu",
+                    ms.iter().map(|m| 100.0 * m.ksmd_s / m.cpu_s.max(1e-9)).collect(),
+                );
+                let mem_pct = 100.0 * pages.median / (base_pages * ps_mib);
+                let cpu_pct = 100.0 * cpu.median / base_cpu;
                 if !w.python {
                     mem_ratio[mi].push(mem_pct);
                     cpu_ratio[mi].push(cpu_pct);
-                    ksmd_ratio[mi].push(ksmd_pct);
+                    ksmd_ratio[mi].push(ksmd.median);
                 }
-                let g = |k: &str| m.shim.get(k).copied().unwrap_or(0) as f64;
+                let last = ms.last().expect("non-empty");
+                let g = |k: &str| last.shim.get(k).copied().unwrap_or(0) as f64;
                 report.rows.push(
                     Row::new()
                         .with("workload", w.file)
                         .with("mode", mode.name())
-                        .figure(Figure::single("memory", "MiB", m.mean_pages * ps_mib))
+                        .figure(pages)
                         .figure(Figure::single("memory vs off", "%", mem_pct))
-                        .figure(Figure::single("cpu", "s", m.cpu_s))
+                        .figure(cpu)
                         .figure(Figure::single("cpu vs off", "%", cpu_pct))
-                        .figure(Figure::single("wall", "s", m.wall_s))
-                        .figure(Figure::single("ksmd cpu", "% of cpu", ksmd_pct))
+                        .figure(Figure::new("wall", "s", ms.iter().map(|m| m.wall_s).collect()))
+                        .figure(ksmd)
                         .figure(Figure::single("virtual copies", "n", g("copies_virtual")))
                         .figure(Figure::single("not copied", "MiB", g("pages_shared") * ps_mib))
-                        .figure(Figure::single("samples", "n", m.samples as f64)),
+                        .figure(Figure::new("samples", "n", ms.iter().map(|m| m.samples as f64).collect())),
                 );
             }
         }
-        bar.finish_and_clear();
         match threshold_probe(&dir, if opts.quick { 50 } else { 1000 }) {
             Ok((rows, crossover)) => {
                 report.rows.extend(rows);
@@ -438,6 +489,11 @@ impl Bench for RBench {
         }
         let _ = std::fs::remove_dir_all(&dir);
         Ok(())
+    }
+
+    /// Three runs of every workload and mode: a full run takes about 20 minutes here.
+    fn default_runs(&self) -> usize {
+        3
     }
 
     fn demo(&self) -> Result<Vec<DemoRow>, CliError> {
