@@ -180,10 +180,11 @@ static int dead_pages(int i, struct iovec *iov) {
 		}
 	return k;
 }
-enum { TRY_FIRST, ZAP_FIRST, BATCH, ZAP_ONLY, N_WAYS };
+enum { TRY_FIRST, ZAP_FIRST, MINCORE_FIRST, BATCH, ZAP_ONLY, N_WAYS };
 static const char *way_name[] = {
     "one call each: move, on EEXIST empty the rest, move again (advm's single call)",
     "one call each: empty the dead pages (known in advance), then one move",
+    "one call each: mincore, empty the resident pages, then one move",
     "batch of 100: one process_madvise, then one move per object (advm's Batch)",
     "  of which the process_madvise alone",
 };
@@ -192,9 +193,28 @@ static double run(int way) {
 	size_t obj = 10 * PS;
 	int err;
 	double t0 = now();
-	if (way == TRY_FIRST || way == ZAP_FIRST) {
+	if (way == TRY_FIRST || way == ZAP_FIRST || way == MINCORE_FIRST) {
 		for (int i = 0; i < n; i++) {
 			char *d = R + dst_of(i), *s = R + src_of(i);
+			if (way == MINCORE_FIRST) {
+				/* resident runs of the destination, not the object's own pages */
+				unsigned char vec[10];
+				if (mincore(d, obj, vec)) die("mincore", i);
+				for (int p = 0; p < 10;) {
+					char *a = d + p * PS;
+					if (!(vec[p] & 1) || (a >= s && a < s + obj)) {
+						p++;
+						continue;
+					}
+					int q = p;
+					while (q < 10 && (vec[q] & 1) && !(d + q * PS >= s && d + q * PS < s + obj)) q++;
+					madvise(a, (q - p) * PS, MADV_DONTNEED);
+					p = q;
+				}
+				umove(d, s, obj, MODE_HOLES, &err);
+				if (err) die("UFFDIO_MOVE", i);
+				continue;
+			}
 			if (way == ZAP_FIRST) {
 				struct iovec iov[4];
 				int k = dead_pages(i, iov);
