@@ -4,7 +4,7 @@
  * replayed with bare system calls. Evidence for docs/remap.md ("Why batches stay
  * under 3x"); not part of the build.
  *
- *   cc -O2 -pthread -o /tmp/uffd_floor bench/remap/uffd_floor.c && /tmp/uffd_floor [n] [reps]
+ *   cc -O2 -o /tmp/uffd_floor bench/remap/uffd_floor.c && /tmp/uffd_floor [n] [reps]
  *
  * Linux 6.8+ (UFFDIO_MOVE), root or vm.unprivileged_userfaultfd=1. Times are medians
  * of `reps` runs in microseconds. "cold" = a 64 MiB buffer was read just before, so
