@@ -5,7 +5,8 @@ usage: plot.py REPORT.json OUT.svg
 
 Three panels: time per move against size (log-log) for memmove and each engine; the
 break-even curves (cold source, one thread) with the paper's 10-page threshold; and
-per-object time for single calls against batches (the paper's Fig. 6 experiment).
+per-object time for single calls against batches (the paper's Fig. 6 experiment), with
+the aggregation bound (the same pages moved by one call, which the kernel cannot do) dashed.
 """
 import json
 import math
@@ -25,6 +26,9 @@ COLORS = {
     "scatter": "#9467bd",
     "compaction": "#2ca02c",
 }
+
+
+BOUND = "bound: 1 call for all pages"
 
 
 def esc(s):
@@ -48,6 +52,7 @@ class Panel:
             self.xmax += 1
         self.out = []
         self.legend_bottom = False
+        self.legend_right = False
 
     def px(self, v):
         return self.x0 + 50 + (self.fx(v) - self.xmin) / (self.xmax - self.xmin) * (PANEL_W - 60)
@@ -83,6 +88,8 @@ class Panel:
         if self.legend_bottom:
             ly = TOP + PANEL_H - 40 + 14 * legend_i
         lx = self.x0 + 58
+        if self.legend_right:
+            lx = self.x0 + PANEL_W - 150
         self.out.append(f'<line x1="{lx}" y1="{ly}" x2="{lx + 16}" y2="{ly}" stroke="{color}" stroke-width="2"{da}/>')
         self.out.append(f'<text x="{lx + 20}" y="{ly + 4}" font-size="10">{esc(label)}</text>')
 
@@ -159,11 +166,18 @@ def main():
     if bl:
         ys = [y for l in bl.values() for _, y in l]
         p3 = Panel(800, "10-page objects: single vs batched (Fig. 6)", "calls", "microseconds per object", [1, 5], ys, xlog=False, ylog=False)
-        p3.legend_bottom = True
+        p3.legend_right = True
         step = max(1, int(p3.ymax / 5))
         p3.frame([(i + 1, m.replace("batch of ", "b=").replace("one call each", "single")) for i, m in enumerate(modes)], [(v, str(v)) for v in range(0, int(p3.ymax) + 1, step)])
         for i, (name, pts) in enumerate(sorted(bl.items())):
             p3.line(sorted(pts), COLORS.get(name, "#000"), name, i)
+        # The aggregation bound: the same pages in one UFFDIO_MOVE (no such call exists).
+        j = len(bl)
+        for r in rows:
+            if cfg(r, "section") == "batch" and cfg(r, "calls") == BOUND and cfg(r, "layout") in bl:
+                y = fig(r, "time per op")
+                p3.line([(1, y), (5, y)], COLORS.get(cfg(r, "layout"), "#000"), f"{cfg(r, 'layout')}: bound (1 call)", j, dash="5,3")
+                j += 1
         parts += p3.out
 
     svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',

@@ -39,41 +39,49 @@ impl IntervalSet {
         if i >= j {
             return;
         }
-        let mut keep = Vec::with_capacity(2);
-        if self.v[i].0 < s {
-            keep.push((self.v[i].0, s));
-        }
-        if self.v[j - 1].1 > e {
-            keep.push((e, self.v[j - 1].1));
-        }
-        self.v.splice(i..j, keep);
+        // What survives of the first and last overlapped intervals (no allocation).
+        let head = (self.v[i].0 < s).then(|| (self.v[i].0, s));
+        let tail = (self.v[j - 1].1 > e).then(|| (e, self.v[j - 1].1));
+        self.v.splice(i..j, head.into_iter().chain(tail));
     }
 
-    /// The parts of `[s, e)` inside the set.
-    pub(crate) fn intersect(&self, s: usize, e: usize) -> Vec<(usize, usize)> {
-        let mut out = Vec::new();
-        let mut i = self.first_ending_after(s);
-        while i < self.v.len() && self.v[i].0 < e {
-            out.push((self.v[i].0.max(s), self.v[i].1.min(e)));
-            i += 1;
-        }
-        out
+    /// The parts of `[s, e)` inside the set, in order, without allocating.
+    pub(crate) fn inside(&self, s: usize, e: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.v[self.first_ending_after(s)..]
+            .iter()
+            .take_while(move |&&(is, _)| is < e)
+            .map(move |&(is, ie)| (is.max(s), ie.min(e)))
+            .filter(|&(a, b)| a < b)
+    }
+
+    /// The parts of `[s, e)` outside the set, in order, without allocating.
+    pub(crate) fn outside(&self, s: usize, e: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
+        let mut cur = s;
+        let mut inner = self.inside(s, e);
+        std::iter::from_fn(move || {
+            while cur < e {
+                match inner.next() {
+                    Some((is, ie)) => {
+                        let gap = (cur < is).then_some((cur, is));
+                        cur = ie;
+                        if gap.is_some() {
+                            return gap;
+                        }
+                    }
+                    None => {
+                        let gap = (cur, e);
+                        cur = e;
+                        return Some(gap);
+                    }
+                }
+            }
+            None
+        })
     }
 
     /// The parts of `[s, e)` outside the set.
     pub(crate) fn subtract_from(&self, s: usize, e: usize) -> Vec<(usize, usize)> {
-        let mut out = Vec::new();
-        let mut cur = s;
-        for (is, ie) in self.intersect(s, e) {
-            if is > cur {
-                out.push((cur, is));
-            }
-            cur = ie;
-        }
-        if cur < e {
-            out.push((cur, e));
-        }
-        out
+        self.outside(s, e).collect()
     }
 
     #[cfg(test)]
@@ -104,8 +112,15 @@ mod tests {
                 prop_assert_eq!(w.iter().any(|&(s, e)| s <= x && x < e), bit);
             }
             let (s, e) = (q.0.min(q.1), q.0.max(q.1));
-            let inside: usize = set.intersect(s, e).iter().map(|r| r.1 - r.0).sum();
-            let outside: usize = set.subtract_from(s, e).iter().map(|r| r.1 - r.0).sum();
+            for (a, b) in set.inside(s, e) {
+                prop_assert!(s <= a && a < b && b <= e && bits[a..b].iter().all(|&x| x));
+            }
+            for (a, b) in set.outside(s, e) {
+                prop_assert!(s <= a && a < b && b <= e && bits[a..b].iter().all(|&x| !x));
+            }
+            let inside: usize = set.inside(s, e).map(|r| r.1 - r.0).sum();
+            let outside: usize = set.outside(s, e).map(|r| r.1 - r.0).sum();
+            prop_assert_eq!(set.subtract_from(s, e), set.outside(s, e).collect::<Vec<_>>());
             prop_assert_eq!(inside, bits[s..e].iter().filter(|&&b| b).count());
             prop_assert_eq!(inside + outside, e - s);
         }

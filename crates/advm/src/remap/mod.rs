@@ -459,9 +459,9 @@ fn mergeable(a: &Op, b: &Op) -> bool {
     }
 }
 
-fn choose(op: &Op, class: Class, opts: &Options, be_pages: usize) -> Result<Engine> {
+fn choose(op: &Op, class: Class, opts: &Options, be_pages: usize, have_uffd: bool) -> Result<Engine> {
     let overlap = op.x < op.y + op.len && op.y < op.x + op.len;
-    let uffd = uffd_move_available() && class == Class::AnonPrivate;
+    let uffd = have_uffd && class == Class::AnonPrivate;
     let aligned = op.x % PMD_SIZE == 0 && op.y % PMD_SIZE == 0 && op.len % PMD_SIZE == 0 && op.len > 0;
     let mremap_ok = op.kind == Kind::Move && !overlap && class != Class::Shared;
     match opts.engine {
@@ -469,7 +469,7 @@ fn choose(op: &Op, class: Class, opts: &Options, be_pages: usize) -> Result<Engi
         Choice::Only(Engine::UffdMove) if uffd => Ok(Engine::UffdMove),
         Choice::Only(Engine::UffdMove) => Err(Error::Unsupported {
             what: "UFFDIO_MOVE",
-            why: if uffd_move_available() {
+            why: if have_uffd {
                 "it moves only private anonymous memory".into()
             } else {
                 "needs Linux 6.8+ with userfaultfd (and write-protect) available to this process".into()
@@ -519,10 +519,12 @@ fn execute(mem: &mut Grant<'_>, ops: &[Op], opts: &Options) -> Result<Outcome> {
         merged.push((*op, class));
     }
     out.merged_ops = merged.len();
+    // Looked up once per call: the check costs a getpid.
+    let k = uffd();
     let be_pages = opts.break_even_pages.unwrap_or_else(|| break_even().pages);
     let mut steps = Vec::with_capacity(merged.len());
     for (op, class) in &merged {
-        steps.push(Step { op: *op, engine: choose(op, *class, opts, be_pages)?, class: *class });
+        steps.push(Step { op: *op, engine: choose(op, *class, opts, be_pages, k.is_some())?, class: *class });
     }
     // A single move does not empty its destination first: it tries the move (free
     // when the destination is empty, as after an earlier move vacated it) and only
@@ -533,7 +535,7 @@ fn execute(mem: &mut Grant<'_>, ops: &[Op], opts: &Options) -> Result<Outcome> {
                 Choice::Auto => opts.break_even_pages.unwrap_or_else(|| break_even().pages_populated),
                 Choice::Only(_) => 0,
             };
-            run_step(mem, st, DstState::Unknown { copy_below }, &mut out)?;
+            run_step(k, mem, st, DstState::Unknown { copy_below }, &mut out)?;
             return Ok(out);
         }
     }
@@ -543,18 +545,23 @@ fn execute(mem: &mut Grant<'_>, ops: &[Op], opts: &Options) -> Result<Outcome> {
     let mut touched = IntervalSet::default();
     let mut emptied = IntervalSet::default();
     let mut upfront: Vec<(usize, usize)> = Vec::new();
-    let mut jit: Vec<Vec<(usize, usize)>> = vec![Vec::new(); steps.len()];
+    // (step, start, end), in step order: flat, so a batch costs no allocation per step.
+    let mut jit: Vec<(usize, usize, usize)> = Vec::new();
     for (i, st) in steps.iter().enumerate() {
         let Op { kind, x, y, len } = st.op;
         if kind == Kind::Move && st.engine == Engine::UffdMove {
-            // The part of the destination not covered by its own source.
-            let mut own = IntervalSet::default();
-            own.insert(y, y + len);
-            for (s, e) in own.subtract_from(x, x + len) {
-                upfront.extend(touched.subtract_from(s, e));
-                for (ts, te) in touched.intersect(s, e) {
-                    jit[i].extend(emptied.subtract_from(ts, te));
-                }
+            // The part of the destination not covered by its own source (the ranges
+            // have equal lengths, so it is one interval).
+            let (s, e) = if y <= x && x < y + len {
+                (y + len, x + len)
+            } else if x < y && y < x + len {
+                (x, y)
+            } else {
+                (x, x + len)
+            };
+            upfront.extend(touched.outside(s, e));
+            for (ts, te) in touched.inside(s, e) {
+                jit.extend(emptied.outside(ts, te).map(|(a, b)| (i, a, b)));
             }
         }
         touched.insert(x, x + len);
@@ -570,23 +577,36 @@ fn execute(mem: &mut Grant<'_>, ops: &[Op], opts: &Options) -> Result<Outcome> {
             }
         }
     }
-    // 4. Run.
-    // Intervals are (start, end); zap takes (start, len).
-    let lens = |v: &[(usize, usize)]| v.iter().map(|&(s, e)| (s, e - s)).collect::<Vec<_>>();
+    // 4. Run. Intervals are (start, end); zap takes (start, len).
     if !upfront.is_empty() {
-        out.syscalls += mem.zap(&lens(&upfront))?;
+        let ranges: Vec<_> = upfront.iter().map(|&(s, e)| (s, e - s)).collect();
+        out.syscalls += mem.zap(&ranges)?;
     }
+    let mut jit = jit.into_iter().peekable();
+    let mut now: Vec<(usize, usize)> = Vec::new();
     for (i, st) in steps.iter().enumerate() {
-        if !jit[i].is_empty() {
-            out.syscalls += mem.zap(&lens(&jit[i]))?;
+        now.clear();
+        while let Some(&(_, s, e)) = jit.peek().filter(|j| j.0 == i) {
+            now.push((s, e - s));
+            jit.next();
         }
-        run_step(mem, st, DstState::Empty, &mut out)?;
+        if !now.is_empty() {
+            out.syscalls += mem.zap(&now)?;
+        }
+        run_step(k, mem, st, DstState::Empty, &mut out)?;
     }
     Ok(out)
 }
 
-fn run_step(mem: &mut Grant<'_>, st: &Step, dst_state: DstState, out: &mut Outcome) -> Result<()> {
+fn run_step(
+    k: Option<&Userfaultfd>,
+    mem: &mut Grant<'_>,
+    st: &Step,
+    dst_state: DstState,
+    out: &mut Outcome,
+) -> Result<()> {
     let Op { kind, x, y, len } = st.op;
+    let need = || k.expect("uffd engine chosen only when available");
     match (kind, st.engine) {
         (Kind::Move, Engine::Memmove) => {
             mem.memmove(x, y, len)?;
@@ -617,8 +637,8 @@ fn run_step(mem: &mut Grant<'_>, st: &Step, dst_state: DstState, out: &mut Outco
                     // Refused before anything moved (e.g. the source spans several
                     // VMAs): fall back to moving entries, or copying.
                     out.syscalls += 1;
-                    if uffd_move_available() {
-                        move_or_copy(mem, x, y, len, DstState::Unknown { copy_below: 0 }, out)?;
+                    if let Some(k) = k {
+                        move_or_copy(k, mem, x, y, len, DstState::Unknown { copy_below: 0 }, out)?;
                     } else {
                         mem.memmove(x, y, len)?;
                         out.memmove_bytes += len;
@@ -631,7 +651,7 @@ fn run_step(mem: &mut Grant<'_>, st: &Step, dst_state: DstState, out: &mut Outco
         (Kind::Move, Engine::UffdMove) => {
             if x > y && x < y + len && len / (x - y) > 4 {
                 // Sliding up by a small δ: through the scratch area.
-                slide_up_via_scratch(mem, x, y, len, dst_state, out)?;
+                slide_up_via_scratch(need(), mem, x, y, len, dst_state, out)?;
             } else if x > y && x < y + len {
                 // Sliding up by δ: chunks of δ from the end, each into the space the
                 // previous chunk vacated.
@@ -639,16 +659,16 @@ fn run_step(mem: &mut Grant<'_>, st: &Step, dst_state: DstState, out: &mut Outco
                 let mut end = len;
                 while end > 0 {
                     let start = end.saturating_sub(delta);
-                    move_or_copy(mem, x + start, y + start, end - start, dst_state, out)?;
+                    move_or_copy(need(), mem, x + start, y + start, end - start, dst_state, out)?;
                     end = start;
                 }
             } else {
                 // Disjoint, or sliding down: one forward pass; each destination page
                 // is empty by the time the pass reaches it.
-                move_or_copy(mem, x, y, len, dst_state, out)?;
+                move_or_copy(need(), mem, x, y, len, dst_state, out)?;
             }
         }
-        (Kind::Swap, Engine::UffdMove) => swap_via_scratch(mem, x, y, len, out)?,
+        (Kind::Swap, Engine::UffdMove) => swap_via_scratch(need(), mem, x, y, len, out)?,
         (Kind::Swap, Engine::Mremap) => unreachable!("choose() never picks mremap for a swap"),
     }
     Ok(())
@@ -677,6 +697,7 @@ enum Src<'s, 'a> {
 }
 
 fn uffd_once(
+    k: &Userfaultfd,
     dst_g: &mut Grant<'_>,
     src: &mut Src<'_, '_>,
     dst: usize,
@@ -684,7 +705,6 @@ fn uffd_once(
     n: usize,
     holes: bool,
 ) -> Result<usize, Partial> {
-    let k = uffd().expect("uffd engine chosen only when available");
     match src {
         Src::Same => dst_g.uffd_move(k, dst, s, n, holes),
         Src::Other(g) => grant::uffd_move_across(k, dst_g, dst, g, s, n, holes),
@@ -717,8 +737,7 @@ fn crosses_vmas(dst: usize, src: usize, n: usize) -> bool {
 }
 
 /// Registers the mapping around `dst` for UFFDIO_MOVE (whole VMA, so it is not split).
-fn register_around(mem: &mut Grant<'_>, dst: usize, len: usize, out: &mut Outcome) -> bool {
-    let Some(k) = uffd() else { return false };
+fn register_around(k: &Userfaultfd, mem: &mut Grant<'_>, dst: usize, len: usize, out: &mut Outcome) -> bool {
     let (s, e) = if mem.known() == Known::PrivateAnonRw {
         (mem.start(), mem.end())
     } else {
@@ -733,7 +752,10 @@ fn register_around(mem: &mut Grant<'_>, dst: usize, len: usize, out: &mut Outcom
 
 /// Moves page-table entries `dst <- src`, finishing by copying whatever the kernel
 /// refuses, and emptying the copied source so it reads like a moved one.
+// The one planner primitive: every argument is a separate fact about the move.
+#[allow(clippy::too_many_arguments)]
 fn move_or_copy_from(
+    k: &Userfaultfd,
     dst_g: &mut Grant<'_>,
     mut src: Src<'_, '_>,
     dst: usize,
@@ -763,7 +785,7 @@ fn move_or_copy_from(
         let step =
             if split { vma_room(dst + done).min(vma_room(s + done)).min(n - done).max(page_size()) } else { n - done };
         out.syscalls += 1;
-        match uffd_once(dst_g, &mut src, dst + done, s + done, step, holes) {
+        match uffd_once(k, dst_g, &mut src, dst + done, s + done, step, holes) {
             Ok(m) => {
                 out.uffd_move_bytes += m.min(step);
                 done += step;
@@ -802,7 +824,7 @@ fn move_or_copy_from(
                                 split = true;
                                 true
                             } else {
-                                register_around(dst_g, dst + done, n - done, out)
+                                register_around(k, dst_g, dst + done, n - done, out)
                             } =>
                     {
                         retries += 1
@@ -841,6 +863,7 @@ fn move_or_copy_from(
 }
 
 fn move_or_copy(
+    k: &Userfaultfd,
     mem: &mut Grant<'_>,
     dst: usize,
     src: usize,
@@ -848,11 +871,12 @@ fn move_or_copy(
     state: DstState,
     out: &mut Outcome,
 ) -> Result<()> {
-    move_or_copy_from(mem, Src::Same, dst, src, n, state, out)
+    move_or_copy_from(k, mem, Src::Same, dst, src, n, state, out)
 }
 
 /// Moves `dst <- src` where dst is in the scratch grant.
 fn move_into_scratch(
+    k: &Userfaultfd,
     sg: &mut Grant<'_>,
     sdst: usize,
     mem: &mut Grant<'_>,
@@ -860,18 +884,18 @@ fn move_into_scratch(
     n: usize,
     out: &mut Outcome,
 ) -> Result<()> {
-    move_or_copy_from(sg, Src::Other(mem), sdst, src, n, DstState::Empty, out)
+    move_or_copy_from(k, sg, Src::Other(mem), sdst, src, n, DstState::Empty, out)
 }
 
 /// Runs `f` with the process's UFFDIO_MOVE scratch area (empty, registered).
 fn with_uffd_scratch<T>(
+    k: &Userfaultfd,
     out: &mut Outcome,
     f: impl FnOnce(&mut Grant<'_>, usize, &mut Outcome) -> Result<T>,
 ) -> Result<T> {
     let mut guard = kernel().scratch.lock().unwrap_or_else(|p| p.into_inner());
     if guard.is_none() {
         let mut m = RwMapping::new(SCRATCH_LEN, PMD_SIZE, false)?;
-        let k = uffd().expect("uffd engine chosen only when available");
         let (s, l) = (m.addr(), m.len());
         m.grant().register_for_move(k, s, l)?;
         out.syscalls += 1;
@@ -890,15 +914,22 @@ fn with_uffd_scratch<T>(
 
 /// Swap with three entry moves through the scratch area: a -> scratch, b -> a,
 /// scratch -> b.
-fn swap_via_scratch(mem: &mut Grant<'_>, a: usize, b: usize, len: usize, out: &mut Outcome) -> Result<()> {
+fn swap_via_scratch(
+    k: &Userfaultfd,
+    mem: &mut Grant<'_>,
+    a: usize,
+    b: usize,
+    len: usize,
+    out: &mut Outcome,
+) -> Result<()> {
     let (u0, c0, f0) = (out.uffd_move_bytes, out.memmove_bytes, out.fallback_bytes);
-    with_uffd_scratch(out, |sg, sbase, out| {
+    with_uffd_scratch(k, out, |sg, sbase, out| {
         let mut off = 0;
         while off < len {
             let n = (len - off).min(SCRATCH_LEN);
-            move_into_scratch(sg, sbase, mem, a + off, n, out)?;
-            move_or_copy(mem, a + off, b + off, n, DstState::Empty, out)?;
-            move_or_copy_from(mem, Src::Other(sg), b + off, sbase, n, DstState::Empty, out)?;
+            move_into_scratch(k, sg, sbase, mem, a + off, n, out)?;
+            move_or_copy(k, mem, a + off, b + off, n, DstState::Empty, out)?;
+            move_or_copy_from(k, mem, Src::Other(sg), b + off, sbase, n, DstState::Empty, out)?;
             off += n;
         }
         Ok(())
@@ -915,6 +946,7 @@ fn swap_via_scratch(mem: &mut Grant<'_>, a: usize, b: usize, len: usize, out: &m
 /// it just vacated and whose top δ pages the previous chunk vacated (or were emptied).
 /// Two calls per 16 MiB and 2n entry moves, instead of n/δ calls.
 fn slide_up_via_scratch(
+    k: &Userfaultfd,
     mem: &mut Grant<'_>,
     dst: usize,
     src: usize,
@@ -928,13 +960,13 @@ fn slide_up_via_scratch(
     if state != DstState::Empty {
         out.syscalls += mem.zap(&[(src + len, delta)])?;
     }
-    with_uffd_scratch(out, |sg, sbase, out| {
+    with_uffd_scratch(k, out, |sg, sbase, out| {
         let mut end = len;
         while end > 0 {
             let start = end.saturating_sub(SCRATCH_LEN);
             let n = end - start;
-            move_into_scratch(sg, sbase, mem, src + start, n, out)?;
-            move_or_copy_from(mem, Src::Other(sg), dst + start, sbase, n, DstState::Empty, out)?;
+            move_into_scratch(k, sg, sbase, mem, src + start, n, out)?;
+            move_or_copy_from(k, mem, Src::Other(sg), dst + start, sbase, n, DstState::Empty, out)?;
             end = start;
         }
         Ok(())

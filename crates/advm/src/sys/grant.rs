@@ -181,13 +181,15 @@ impl Grant<'_> {
 
     /// Drops the pages of `ranges` (`MADV_DONTNEED`): afterwards they are empty and read
     /// as zeros. One `process_madvise` per 1024 ranges when the kernel allows it on
-    /// ourselves (one TLB flush per call), else one `madvise` each. Returns syscalls made.
+    /// ourselves (one TLB flush per call), else one `madvise` each. A single range is one
+    /// `madvise`: `process_madvise` first looks the process up through its pidfd, which
+    /// costs ~0.4 µs more per call here. Returns syscalls made.
     pub fn zap(&mut self, ranges: &[(usize, usize)]) -> SysResult<u32> {
         for &(a, l) in ranges {
             self.check("madvise(DONTNEED)", a, l)?;
         }
         let mut calls = 0;
-        if let Some(pidfd) = self_pidfd() {
+        if let Some(pidfd) = self_pidfd().filter(|_| ranges.len() > 1) {
             let mut ok = true;
             for chunk in ranges.chunks(1024) {
                 let iov: Vec<libc::iovec> =
