@@ -101,15 +101,17 @@ static struct {
 } A;
 
 /* Recently freed single-owner blocks whose mapping is kept, so that the next
- * allocation of about the same size costs no mmap and no VMA split. Most have their
- * memory returned at once (hole-punched or MADV_DONTNEED); the newest few, up to
- * ADVM_DIRTY_CACHE_KIB (default 4 MiB), keep their pages, so that a program that frees
- * and allocates vectors in a loop (R between collections) does not fault every page in
- * again: the small, bounded version of what glibc does with all freed memory. */
+ * allocation costs no mmap and no VMA split. The newest keep their pages (see
+ * dirty_cap and decay), so that a program that frees and allocates vectors in a loop
+ * (R between collections) does not fault and zero every page again, as glibc's heap
+ * does not; the rest have their memory returned (hole-punched or MADV_DONTNEED). */
 #define CACHE_SLOTS 1024
 static struct extent cache[CACHE_SLOTS];
 static uint8_t cache_dirty[CACHE_SLOTS]; /* kept with its contents (not yet returned) */
 static uint32_t cache_time[CACHE_SLOTS];  /* when it was freed, ms (for the decay) */
+/* its mapping asks for transparent huge pages: never carved for a small block, whose
+ * first touch would then fault a whole 2 MiB page */
+static uint8_t cache_huge[CACHE_SLOTS];
 static int cache_n;
 /* Blocks of up to SMALL_MAX pages are kept per exact size (LIFO stacks), since programs
  * free and allocate thousands of them between two collections; bigger ones in `cache`. */
@@ -502,7 +504,8 @@ static uint64_t run_len(uint64_t v, uint64_t max) {
 static void cache_remove(int i) {
     if (cache_dirty[i]) dirty_pages -= cache[i].len;
     for (int j = i; j + 1 < cache_n; j++)
-        cache[j] = cache[j + 1], cache_dirty[j] = cache_dirty[j + 1], cache_time[j] = cache_time[j + 1];
+        cache[j] = cache[j + 1], cache_dirty[j] = cache_dirty[j + 1], cache_time[j] = cache_time[j + 1],
+        cache_huge[j] = cache_huge[j + 1];
     cache_n--;
     cached_blocks--;
 }
@@ -535,7 +538,7 @@ static void *block_alloc(size_t size, int *dirty) {
      * stays cached (one mapping, so only the bookkeeping changes). */
     int best = -1;
     for (int i = cache_n - 1; i >= 0; i--) {
-        if (cache[i].len < n) continue;
+        if (cache[i].len < n || (cache_huge[i] && (n << A.pshift) < thp_min)) continue;
         if (best < 0 || cache_dirty[i] > cache_dirty[best] ||
             (cache_dirty[i] == cache_dirty[best] && cache[i].len < cache[best].len))
             best = i;
@@ -672,6 +675,7 @@ static void block_free(void *p) {
             cache[cache_n].len = (uint32_t)n;
             cache_dirty[cache_n] = (uint8_t)dirty;
             cache_time[cache_n] = now_ms();
+            cache_huge[cache_n] = (m & VM_ANON) && A.mode != MODE_KSM && thp_min && (n << A.pshift) >= thp_min;
             dirty_pages += dirty ? n : 0;
             cache_n++;
             cached_blocks++;

@@ -118,7 +118,13 @@ fn run_cow(exe: &Path, args: &[&str], env: &[(&str, &str)], stats_dir: &Path) ->
         .envs(env.iter().copied())
         .output()
         .unwrap();
-    assert!(out.status.success(), "{} {args:?} {env:?} failed ({}): {}", exe.display(), out.status, String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{} {args:?} {env:?} failed ({}): {}",
+        exe.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
     stats(stats_dir)
 }
 
@@ -146,4 +152,35 @@ fn copy_threshold_and_retention_defaults() {
     let floor = run_cow(&exe, &["8", "64", "8"], &[("ADVM_DIRTY_CACHE_PCT", "0")], &sd);
     assert!(floor["blocks_reused_from_free_cache"] >= 31, "{floor:?}");
     assert!(floor.get("blocks_reused_with_pages").copied().unwrap_or(0) <= 1, "{floor:?}");
+}
+
+/// Freed memory kept for reuse goes back to the system once it stays unused for
+/// ADVM_DIRTY_DECAY_MS, on the next arena call; with the decay off it stays.
+#[test]
+fn kept_memory_decays() {
+    if Command::new("cc").arg("--version").output().is_err() {
+        eprintln!("skipped: no C compiler (cc) on PATH");
+        return;
+    }
+    let dir = work_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = compile(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/decay.c"), &dir);
+    let shim = advm_preload::install(&dir).unwrap();
+    let returned_kib = |decay_ms: &str, wait_ms: &str| -> i64 {
+        let out = Command::new(&exe)
+            .arg(wait_ms)
+            .env("LD_PRELOAD", &shim)
+            .env("ADVM_MODE", "cow")
+            .env("ADVM_DIRTY_DECAY_MS", decay_ms)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "decay.c failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    };
+    let decayed = returned_kib("200", "600");
+    assert!(decayed >= 15 * 1024, "16 MiB kept after 600 ms with a 200 ms decay: {decayed} KiB returned");
+    let fresh = returned_kib("5000", "0");
+    assert!(fresh < 1024, "memory returned before its decay time: {fresh} KiB");
+    let off = returned_kib("0", "600");
+    assert!(off < 1024, "memory returned with the decay off: {off} KiB");
 }
