@@ -161,13 +161,15 @@ static const char *const stat_names[S_NSTATS] = {
     "blocks_reused_with_pages"};
 static uint64_t stats[S_NSTATS];
 
-/* Freed memory kept with its pages: up to dirty_live_pct of the live arena bytes, at
- * least the floor. glibc keeps all freed memory below its heap top; a fixed cap made
+/* Freed memory kept with its pages: up to dirty_live_pct of the peak live arena bytes,
+ * at least the floor. glibc keeps all freed memory below its heap top; a fixed cap made
  * programs that free and reallocate more than it between collections (R) fault and
- * zero every page again (ml_lssvm.R: 3.7x glibc's page faults at 4 MiB). */
+ * zero every page again (ml_lssvm.R: 3.7x glibc's page faults at 4 MiB). The peak, not
+ * the current live size: a collection frees most of the heap at once, right before the
+ * program allocates it again. What stays unused is returned by the decay. */
 static uint64_t dirty_cap(void) {
-    uint64_t live = __atomic_load_n(&stats[S_LIVE_BYTES], __ATOMIC_RELAXED) >> A.pshift;
-    uint64_t c = live / 100 * dirty_live_pct;
+    uint64_t peak = __atomic_load_n(&stats[S_PEAK_BYTES], __ATOMIC_RELAXED) >> A.pshift;
+    uint64_t c = peak / 100 * dirty_live_pct;
     return c > dirty_floor_pages ? c : dirty_floor_pages;
 }
 
