@@ -162,7 +162,10 @@ pub fn read_stats(dir: &Path) -> (BTreeMap<String, u64>, usize) {
                 if let Ok(n) = v.parse::<u64>() {
                     let slot = sum.entry(k.to_string()).or_insert(0);
                     // sizes that are per-process levels are reported as the largest
-                    *slot = if matches!(k, "threshold_bytes" | "peak_live_bytes" | "live_bytes" | "vma_segments") {
+                    *slot = if matches!(
+                        k,
+                        "threshold_bytes" | "copy_min_bytes" | "peak_live_bytes" | "live_bytes" | "vma_segments"
+                    ) {
                         (*slot).max(n)
                     } else {
                         *slot + n
@@ -180,9 +183,13 @@ pub fn render_stats(mode: Mode, stats: &BTreeMap<String, u64>, processes: usize)
     let ps = advm::addr::page_size() as u64;
     let fb = crate::bench::fmt_bytes;
     let mut out = format!(
-        "advm run: mode {}, threshold {} bytes, {} process(es) reported\n",
+        "advm run: mode {}, threshold {} bytes{}, {} process(es) reported\n",
         mode.name(),
         g("threshold_bytes"),
+        match g("copy_min_bytes") {
+            0 => String::new(),
+            c => format!(", copies from {c} bytes"),
+        },
         processes
     );
     out += &format!(

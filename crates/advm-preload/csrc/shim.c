@@ -1142,6 +1142,8 @@ __attribute__((destructor)) static void advm_preload_fini(void) {
     p = put_str(p, A.mode == MODE_COW ? "cow" : A.mode == MODE_KSM ? "ksm" : "alloc");
     p = put_str(p, "\nthreshold_bytes ");
     p = put_u64(p, A.threshold);
+    p = put_str(p, "\ncopy_min_bytes ");
+    p = put_u64(p, copy_min == SIZE_MAX ? 0 : copy_min);
     p = put_str(p, "\nvma_segments ");
     p = put_u64(p, A.segs);
     p = put_str(p, "\n");

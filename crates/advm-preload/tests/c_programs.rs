@@ -129,7 +129,7 @@ fn run_cow(exe: &Path, args: &[&str], env: &[(&str, &str)], stats_dir: &Path) ->
 }
 
 /// The defaults `advm run` relies on: copies below 16 pages stay plain copies, bigger
-/// ones become virtual; freed blocks keep their pages up to the live arena size
+/// ones become virtual; freed blocks keep their pages up to the peak live arena size
 /// (ADVM_DIRTY_CACHE_PCT=100), and only the 4 MiB floor when that is turned off.
 #[test]
 fn copy_threshold_and_retention_defaults() {

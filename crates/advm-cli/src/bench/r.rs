@@ -405,6 +405,9 @@ impl Bench for RBench {
         bar.finish_and_clear();
         // ratios per mode over the R workloads, for the geometric means
         let mut mem_ratio: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
+        // per pass k: the mode's CPU time over untouched R's in the same pass, per workload
+        // (the two ran minutes apart at most, so a slow phase of the machine cancels out)
+        let mut paired_cpu: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); runs]; modes.len()];
         let mut cpu_ratio: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
         let mut ksmd_ratio: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
         let ps_mib = advm::addr::page_size() as f64 / (1 << 20) as f64;
@@ -428,6 +431,11 @@ impl Bench for RBench {
                 let cpu_pct = 100.0 * cpu.median / base_cpu;
                 if !w.python {
                     mem_ratio[mi].push(mem_pct);
+                    if ms.len() == runs && base.len() == runs {
+                        for k in 0..runs {
+                            paired_cpu[mi][k].push(100.0 * ms[k].cpu_s / base[k].cpu_s);
+                        }
+                    }
                     cpu_ratio[mi].push(cpu_pct);
                     ksmd_ratio[mi].push(ksmd.median);
                 }
@@ -477,6 +485,11 @@ impl Bench for RBench {
                     .with("mode", mode.name())
                     .figure(Figure::single("memory vs off", "%", geomean(&mem_ratio[mi])))
                     .figure(Figure::single("cpu vs off", "%", geomean(&cpu_ratio[mi])))
+                    .figure(Figure::new(
+                        "cpu vs off per pass",
+                        "%",
+                        paired_cpu[mi].iter().filter(|p| !p.is_empty()).map(|p| geomean(p)).collect(),
+                    ))
                     .figure(Figure::single(
                         "ksmd cpu",
                         "% of cpu",
