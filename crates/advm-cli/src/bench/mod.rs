@@ -64,27 +64,26 @@ pub struct Figure {
 impl Figure {
     /// A figure from its runs (at least one).
     pub fn new(name: impl Into<String>, unit: impl Into<String>, runs: Vec<f64>) -> Self {
-        let mut sorted = runs.clone();
-        sorted.sort_by(|a, b| a.total_cmp(b));
-        let n = sorted.len();
-        let median = match n {
-            0 => f64::NAN,
-            _ if n % 2 == 1 => sorted[n / 2],
-            _ => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
-        };
-        Self {
-            name: name.into(),
-            unit: unit.into(),
-            min: sorted.first().copied().unwrap_or(f64::NAN),
-            max: sorted.last().copied().unwrap_or(f64::NAN),
-            median,
-            runs,
-        }
+        let min = runs.iter().copied().min_by(f64::total_cmp).unwrap_or(f64::NAN);
+        let max = runs.iter().copied().max_by(f64::total_cmp).unwrap_or(f64::NAN);
+        Self { name: name.into(), unit: unit.into(), min, max, median: median(&runs), runs }
     }
 
     /// A figure measured once.
     pub fn single(name: impl Into<String>, unit: impl Into<String>, value: f64) -> Self {
         Self::new(name, unit, vec![value])
+    }
+}
+
+/// The median of `v` (the mean of the middle two for an even count; NaN when empty).
+pub fn median(v: &[f64]) -> f64 {
+    let mut sorted = v.to_vec();
+    sorted.sort_by(|a, b| a.total_cmp(b));
+    let n = sorted.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => sorted[n / 2],
+        _ => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
     }
 }
 

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{Bench, BenchOpts, DemoRow, Figure, Report, Row};
+use super::{median, Bench, BenchOpts, DemoRow, Figure, Report, Row};
 use crate::run_cmd::{self, Mode};
 use crate::CliError;
 use advm::stats::{Meter, Options};
@@ -413,8 +413,8 @@ impl Bench for RBench {
         let ps_mib = advm::addr::page_size() as f64 / (1 << 20) as f64;
         for (wi, w) in workloads.iter().enumerate() {
             let Some(base) = measured[wi].first().filter(|b| !b.is_empty()) else { continue };
-            let base_pages = Figure::new("", "", base.iter().map(|m| m.mean_pages).collect()).median;
-            let base_cpu = Figure::new("", "", base.iter().map(|m| m.cpu_s).collect()).median;
+            let base_pages = median(&base.iter().map(|m| m.mean_pages).collect::<Vec<_>>());
+            let base_cpu = median(&base.iter().map(|m| m.cpu_s).collect::<Vec<_>>());
             for (mi, &mode) in modes.iter().enumerate() {
                 let ms = &measured[wi][mi];
                 if ms.is_empty() {

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use advm::remap::{self, Batch, Choice, Engine, Options, Region, PMD_SIZE};
 
-use super::{fmt_bytes, Bench, BenchOpts, DemoRow, Figure, Report, Row};
+use super::{fmt_bytes, median, Bench, BenchOpts, DemoRow, Figure, Report, Row};
 use crate::CliError;
 
 /// See the module doc.
@@ -110,10 +110,6 @@ fn forced(engine: Option<Engine>) -> Options {
         Some(e) => Options { engine: Choice::Only(e), break_even_pages: Some(0), ..Options::default() },
         None => Options::default(),
     }
-}
-
-fn median(v: &[f64]) -> f64 {
-    Figure::new("", "", v.to_vec()).median
 }
 
 /// Times one move of `len` bytes from offset `src` to offset `dst` of `r`, after

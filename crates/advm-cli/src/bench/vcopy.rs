@@ -12,7 +12,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{fmt_bytes, Bench, BenchOpts, DemoRow, Figure, Report, Row};
+use super::{fmt_bytes, median, Bench, BenchOpts, DemoRow, Figure, Report, Row};
 use crate::CliError;
 use advm::cow::{Arena, Config};
 use advm::stats::{Meter, Options};
@@ -105,10 +105,6 @@ fn timed_memcpy(src: &Mapping) -> Result<(Mapping, f64), CliError> {
     // SAFETY: two distinct live mappings of the same length.
     unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_ptr(), src.len()) };
     Ok((dst, ms(t.elapsed())))
-}
-
-fn median(v: &[f64]) -> f64 {
-    Figure::new("", "", v.to_vec()).median
 }
 
 /// Fraction of the pages of `dst` that share their physical page with the same page
