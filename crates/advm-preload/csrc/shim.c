@@ -514,6 +514,17 @@ static void cache_remove(int i) {
 
 static void decay(void);
 
+/* Makes [v, v+n) a live block and counts it (reused: it came from the free cache). */
+static void *hand_out(uint64_t v, uint64_t n, int reused, int dirty) {
+    set_head(v, n);
+    st_add(S_BLOCKS, 1);
+    if (reused) st_add(S_CACHE_HITS, 1);
+    if (dirty) st_add(S_DIRTY_HITS, 1);
+    st_add(S_BLOCK_BYTES, n << A.pshift);
+    live_add((int64_t)(n << A.pshift));
+    return page_addr(v);
+}
+
 /* Returns a block of at least size bytes; *dirty says whether it may hold old bytes. */
 static void *block_alloc(size_t size, int *dirty) {
     decay();
@@ -526,13 +537,7 @@ static void *block_alloc(size_t size, int *dirty) {
         *dirty = bin_dirty[n][i];
         if (*dirty) dirty_pages -= n;
         cached_blocks--;
-        set_head(v, n);
-        st_add(S_BLOCKS, 1);
-        st_add(S_CACHE_HITS, 1);
-        if (*dirty) st_add(S_DIRTY_HITS, 1);
-        st_add(S_BLOCK_BYTES, n << A.pshift);
-        live_add((int64_t)(n << A.pshift));
-        return page_addr(v);
+        return hand_out(v, n, 1, *dirty);
     }
     /* Best fit among the bigger cached blocks, those still holding their pages first
      * (reusing them costs no fault and no zeroing, which is what glibc's heap gets). A
@@ -557,13 +562,7 @@ static void *block_alloc(size_t size, int *dirty) {
         } else {
             cache_remove(i);
         }
-        set_head(v, got);
-        st_add(S_BLOCKS, 1);
-        st_add(S_CACHE_HITS, 1);
-        if (*dirty) st_add(S_DIRTY_HITS, 1);
-        st_add(S_BLOCK_BYTES, got << A.pshift);
-        live_add((int64_t)(got << A.pshift));
-        return page_addr(v);
+        return hand_out(v, got, 1, *dirty);
     }
     if (!budget_ok()) return NULL;
     int64_t v = ext_alloc(&A.va, (uint32_t)n);
@@ -572,11 +571,7 @@ static void *block_alloc(size_t size, int *dirty) {
         ext_free(&A.va, (uint32_t)v, (uint32_t)n);
         return NULL;
     }
-    set_head((uint64_t)v, n);
-    st_add(S_BLOCKS, 1);
-    st_add(S_BLOCK_BYTES, n << A.pshift);
-    live_add((int64_t)(n << A.pshift));
-    return page_addr((uint64_t)v);
+    return hand_out((uint64_t)v, n, 0, 0);
 }
 
 /* The block whose head is p, or -1 (a pointer into the arena that is not a block). */
@@ -622,16 +617,22 @@ static int give_back(uint64_t v, uint64_t n) {
  * garbage, while one that frees and allocates in a loop keeps reusing warm pages.
  * Checked on arena calls only (no thread of our own), at most every decay/4. */
 static uint32_t decay_ms = 1000, last_sweep;
+
+/* Returns the memory of kept cache entry i; its mapping stays cached. */
+static void cache_give_back(int i) {
+    if (cache_dirty[i] && give_back(cache[i].start, cache[i].len) == 0) {
+        cache_dirty[i] = 0;
+        dirty_pages -= cache[i].len;
+    }
+}
+
 static void decay(void) {
     if (!decay_ms || !dirty_pages) return;
     uint32_t now = now_ms();
     if (now - last_sweep < decay_ms / 4 + 1) return;
     last_sweep = now;
     for (int i = 0; i < cache_n; i++)
-        if (cache_dirty[i] && now - cache_time[i] >= decay_ms && give_back(cache[i].start, cache[i].len) == 0) {
-            cache_dirty[i] = 0;
-            dirty_pages -= cache[i].len;
-        }
+        if (now - cache_time[i] >= decay_ms) cache_give_back(i);
     for (uint64_t n = 1; n <= SMALL_MAX; n++)
         for (int i = 0; i < bin_n[n]; i++)
             if (bin_dirty[n][i] && now - bin_time[n][i] >= decay_ms && give_back(bin[n][i], n) == 0) {
@@ -648,8 +649,9 @@ static void block_free(void *p) {
     live_add(-(int64_t)(n << A.pshift));
     /* one owner, one mapping: keep the mapping for reuse */
     if (cached_blocks < CACHED_MAX && run_len(v, n) == n && ((m & VM_ANON) || !(m & VM_PRIV))) {
+        uint64_t cap = dirty_cap();
         if (n <= SMALL_MAX && bin_n[n] < BIN_CAP) {
-            int dirty = dirty_pages + n <= dirty_cap();
+            int dirty = dirty_pages + n <= cap;
             if (dirty || give_back(v, n) == 0) {
                 A.vmeta[v] &= ~(VM_HEAD | VM_NPAGES_MASK);
                 bin[n][bin_n[n]] = (uint32_t)v;
@@ -661,12 +663,8 @@ static void block_free(void *p) {
             }
         }
         /* make room among the dirty ones by returning the oldest dirty memory */
-        for (int i = 0; i < cache_n && dirty_pages + n > dirty_cap(); i++)
-            if (cache_dirty[i] && give_back(cache[i].start, cache[i].len) == 0) {
-                cache_dirty[i] = 0;
-                dirty_pages -= cache[i].len;
-            }
-        int dirty = dirty_pages + n <= dirty_cap();
+        for (int i = 0; i < cache_n && dirty_pages + n > cap; i++) cache_give_back(i);
+        int dirty = dirty_pages + n <= cap;
         if (n > SMALL_MAX && (dirty || give_back(v, n) == 0)) {
             A.vmeta[v] &= ~(VM_HEAD | VM_NPAGES_MASK);
             if (cache_n == CACHE_SLOTS) {
