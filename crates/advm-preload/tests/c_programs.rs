@@ -105,16 +105,24 @@ fn c_programs_pass_under_the_shim() {
     }
 }
 
-/// Runs `exe args` under the shim in cow mode with `env`; returns the summed stats.
-fn run_cow(exe: &Path, args: &[&str], env: &[(&str, &str)], stats_dir: &Path) -> BTreeMap<String, u64> {
-    let _ = std::fs::remove_dir_all(stats_dir);
-    std::fs::create_dir_all(stats_dir).unwrap();
+/// Compiles `tests/<file>` into the work directory; None (reason printed) without cc.
+fn compiled(file: &str) -> Option<PathBuf> {
+    if Command::new("cc").arg("--version").output().is_err() {
+        eprintln!("skipped: no C compiler (cc) on PATH");
+        return None;
+    }
+    let dir = work_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    Some(compile(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join(file), &dir))
+}
+
+/// Runs `exe args` under the shim in cow mode with `env`; asserts it succeeded.
+fn run_cow(exe: &Path, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     let shim = advm_preload::install(&work_dir()).unwrap();
     let out = Command::new(exe)
         .args(args)
         .env("LD_PRELOAD", &shim)
         .env("ADVM_MODE", "cow")
-        .env("ADVM_STATS_DIR", stats_dir)
         .envs(env.iter().copied())
         .output()
         .unwrap();
@@ -125,6 +133,15 @@ fn run_cow(exe: &Path, args: &[&str], env: &[(&str, &str)], stats_dir: &Path) ->
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
+    out
+}
+
+/// [`run_cow`] with the shim's statistics written to a fresh `stats_dir`; returns them summed.
+fn cow_stats(exe: &Path, args: &[&str], env: &[(&str, &str)], stats_dir: &Path) -> BTreeMap<String, u64> {
+    let _ = std::fs::remove_dir_all(stats_dir);
+    std::fs::create_dir_all(stats_dir).unwrap();
+    let dir = stats_dir.to_str().unwrap();
+    run_cow(exe, args, &[env, &[("ADVM_STATS_DIR", dir)]].concat());
     stats(stats_dir)
 }
 
@@ -133,23 +150,17 @@ fn run_cow(exe: &Path, args: &[&str], env: &[(&str, &str)], stats_dir: &Path) ->
 /// (ADVM_DIRTY_CACHE_PCT=100), and only the 4 MiB floor when that is turned off.
 #[test]
 fn copy_threshold_and_retention_defaults() {
-    if Command::new("cc").arg("--version").output().is_err() {
-        eprintln!("skipped: no C compiler (cc) on PATH");
-        return;
-    }
-    let dir = work_dir();
-    std::fs::create_dir_all(&dir).unwrap();
-    let exe = compile(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/retention.c"), &dir);
-    let sd = dir.join("stats-retention");
-    let small = run_cow(&exe, &["8", "1", "1"], &[], &sd);
+    let Some(exe) = compiled("retention.c") else { return };
+    let sd = work_dir().join("stats-retention");
+    let small = cow_stats(&exe, &["8", "1", "1"], &[], &sd);
     assert_eq!(small.get("copies_virtual").copied().unwrap_or(0), 0, "8-page copy made virtual: {small:?}");
-    let big = run_cow(&exe, &["32", "1", "1"], &[], &sd);
+    let big = cow_stats(&exe, &["32", "1", "1"], &[], &sd);
     assert_eq!(big["copies_virtual"], 1, "32-page copy not virtual: {big:?}");
     assert_eq!(big["pages_shared"], 32, "{big:?}");
     // 64 MiB live, 32 blocks of 8 MiB in turn: each reuses the last one's pages
-    let kept = run_cow(&exe, &["8", "64", "8"], &[], &sd);
+    let kept = cow_stats(&exe, &["8", "64", "8"], &[], &sd);
     assert!(kept["blocks_reused_with_pages"] >= 31, "{kept:?}");
-    let floor = run_cow(&exe, &["8", "64", "8"], &[("ADVM_DIRTY_CACHE_PCT", "0")], &sd);
+    let floor = cow_stats(&exe, &["8", "64", "8"], &[("ADVM_DIRTY_CACHE_PCT", "0")], &sd);
     assert!(floor["blocks_reused_from_free_cache"] >= 31, "{floor:?}");
     assert!(floor.get("blocks_reused_with_pages").copied().unwrap_or(0) <= 1, "{floor:?}");
 }
@@ -158,23 +169,9 @@ fn copy_threshold_and_retention_defaults() {
 /// ADVM_DIRTY_DECAY_MS, on the next arena call; with the decay off it stays.
 #[test]
 fn kept_memory_decays() {
-    if Command::new("cc").arg("--version").output().is_err() {
-        eprintln!("skipped: no C compiler (cc) on PATH");
-        return;
-    }
-    let dir = work_dir();
-    std::fs::create_dir_all(&dir).unwrap();
-    let exe = compile(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/decay.c"), &dir);
-    let shim = advm_preload::install(&dir).unwrap();
+    let Some(exe) = compiled("decay.c") else { return };
     let returned_kib = |decay_ms: &str, wait_ms: &str| -> i64 {
-        let out = Command::new(&exe)
-            .arg(wait_ms)
-            .env("LD_PRELOAD", &shim)
-            .env("ADVM_MODE", "cow")
-            .env("ADVM_DIRTY_DECAY_MS", decay_ms)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "decay.c failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
+        let out = run_cow(&exe, &[wait_ms], &[("ADVM_DIRTY_DECAY_MS", decay_ms)]);
         String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
     };
     let decayed = returned_kib("200", "600");
