@@ -212,6 +212,12 @@ pub fn render_stats(mode: Mode, stats: &BTreeMap<String, u64>, processes: usize)
         "  dirty pages moved    {} (written once into the memfd to be shared)\n",
         g("dirty_pages_moved_to_memfd")
     );
+    out += &format!(
+        "  page reuse           {} pages mapped fresh, {} kept pages returned; {} pages kept from under copies\n",
+        g("pages_mapped_fresh"),
+        g("kept_pages_returned"),
+        g("pages_kept_from_copied_over")
+    );
     let reasons = [
         ("fallback_not_both_in_arena", "not both in the arena"),
         ("fallback_page_offsets_differ", "page offsets differ"),

@@ -118,6 +118,7 @@ static int cache_n;
 #define SMALL_MAX 64
 #define BIN_CAP 512
 #define CACHED_MAX 4096 /* cached blocks keep their VMAs: stay well inside the budget */
+#define SALVAGE_MIN_PAGES 16 /* below this, moving pages costs more than faulting them again */
 static uint32_t bin[SMALL_MAX + 1][BIN_CAP];
 static uint8_t bin_dirty[SMALL_MAX + 1][BIN_CAP];
 static uint32_t bin_time[SMALL_MAX + 1][BIN_CAP];
@@ -147,7 +148,7 @@ enum counter {
     S_COPIES_SEEN, S_COPIES_VIRTUAL, S_PAGES_SHARED, S_BYTES_PARTIAL, S_PAGES_MOVED,
     S_FB_NOT_ARENA, S_FB_OFFSET, S_FB_OVERLAP, S_FB_SHORT, S_FB_BUDGET,
     S_FB_ERROR, S_FB_BYTES, S_REALLOC_INPLACE, S_REALLOC_MREMAP, S_REALLOC_SHRINK,
-    S_FORKS, S_GENS_EXHAUSTED, S_CACHE_HITS, S_DIRTY_HITS, S_NSTATS
+    S_FORKS, S_GENS_EXHAUSTED, S_CACHE_HITS, S_DIRTY_HITS, S_PAGES_SALVAGED, S_PAGES_FRESH, S_PAGES_RETURNED, S_NSTATS
 };
 static const char *const stat_names[S_NSTATS] = {
     "blocks_allocated", "block_bytes_allocated", "live_bytes", "peak_live_bytes",
@@ -158,7 +159,8 @@ static const char *const stat_names[S_NSTATS] = {
     "fallback_no_whole_page", "fallback_vma_budget",
     "fallback_syscall_error", "fallback_bytes_copied", "realloc_in_place", "realloc_mremap",
     "realloc_shrink", "forks", "generations_exhausted", "blocks_reused_from_free_cache",
-    "blocks_reused_with_pages"};
+    "blocks_reused_with_pages", "pages_kept_from_copied_over", "pages_mapped_fresh",
+    "kept_pages_returned"};
 static uint64_t stats[S_NSTATS];
 
 /* Freed memory kept with its pages: up to dirty_live_pct of the peak live arena bytes,
@@ -465,6 +467,7 @@ static int map_fresh(uint64_t v, uint64_t n) {
     }
     seg_mapped(v, n);
     if (v + n > A.va_high) A.va_high = v + n;
+    st_add(S_PAGES_FRESH, n);
     return 0;
 }
 
@@ -604,12 +607,31 @@ static void cache_flush(void) {
     dirty_pages = 0;
 }
 
-/* Returns the memory of a single-owner block whose mapping stays. */
+/* Returns the memory of a single-owner block whose mapping stays (run by run: a freed
+ * copy is shared memfd pages between anonymous partial first and last pages). */
 static int give_back(uint64_t v, uint64_t n) {
-    uint64_t m = A.vmeta[v];
-    if (m & VM_ANON) return madvise(page_addr(v), n << A.pshift, MADV_DONTNEED);
-    return fallocate(A.gen_fd[(m & VM_GEN_MASK) >> VM_GEN_SHIFT], FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                     off_of(m), (off_t)(n << A.pshift));
+    uint64_t i = 0;
+    while (i < n) {
+        uint64_t m = A.vmeta[v + i], r = run_len(v + i, n - i);
+        int rc = (m & VM_ANON) ? madvise(page_addr(v + i), r << A.pshift, MADV_DONTNEED)
+                               : fallocate(A.gen_fd[(m & VM_GEN_MASK) >> VM_GEN_SHIFT],
+                                           FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_of(m),
+                                           (off_t)(r << A.pshift));
+        if (rc != 0) return rc;
+        i += r;
+    }
+    st_add(S_PAGES_RETURNED, n);
+    return 0;
+}
+
+/* Whether [v, v+n) has one owner: every page anonymous or a shared mapping (a shared
+ * memfd page is only ever mapped by the block that owns it). */
+static int single_owner(uint64_t v, uint64_t n) {
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t m = A.vmeta[v + i];
+        if (!(m & VM_MAPPED) || ((m & VM_PRIV) && !(m & VM_ANON))) return 0;
+    }
+    return 1;
 }
 
 /* Freed memory not reused within ADVM_DIRTY_DECAY_MS (default 1000; 0 = kept until the
@@ -641,45 +663,52 @@ static void decay(void) {
             }
 }
 
+/* Caches the free single-owner range [v, v+n) with its mapping; dirty: it keeps its
+ * pages (the caller counted them within the cap), else they were given back. Returns 0
+ * when there is no room. */
+static int cache_put(uint64_t v, uint64_t n, int dirty, int huge) {
+    if (cached_blocks >= CACHED_MAX) return -1;
+    if (n <= SMALL_MAX) {
+        if (bin_n[n] == BIN_CAP) return -1;
+        bin[n][bin_n[n]] = (uint32_t)v;
+        bin_dirty[n][bin_n[n]] = (uint8_t)dirty;
+        bin_time[n][bin_n[n]++] = now_ms();
+    } else {
+        if (cache_n == CACHE_SLOTS) {
+            release_block(cache[0].start, cache[0].len);
+            cache_remove(0);
+        }
+        cache[cache_n].start = (uint32_t)v;
+        cache[cache_n].len = (uint32_t)n;
+        cache_dirty[cache_n] = (uint8_t)dirty;
+        cache_time[cache_n] = now_ms();
+        cache_huge[cache_n] = (uint8_t)huge;
+        cache_n++;
+    }
+    dirty_pages += dirty ? n : 0;
+    cached_blocks++;
+    return 0;
+}
+
 static void block_free(void *p) {
     decay();
     int64_t sv = block_of(p);
     if (sv < 0) bad_pointer("free");
     uint64_t v = (uint64_t)sv, n = head_pages(v), m = A.vmeta[v];
     live_add(-(int64_t)(n << A.pshift));
-    /* one owner, one mapping: keep the mapping for reuse */
-    if (cached_blocks < CACHED_MAX && run_len(v, n) == n && ((m & VM_ANON) || !(m & VM_PRIV))) {
+    /* one owner: keep the mapping (and up to the cap, the pages) for reuse */
+    if (cached_blocks < CACHED_MAX && (n > SMALL_MAX || bin_n[n] < BIN_CAP) &&
+        single_owner(v, n)) {
         uint64_t cap = dirty_cap();
-        if (n <= SMALL_MAX && bin_n[n] < BIN_CAP) {
-            int dirty = dirty_pages + n <= cap;
-            if (dirty || give_back(v, n) == 0) {
-                A.vmeta[v] &= ~(VM_HEAD | VM_NPAGES_MASK);
-                bin[n][bin_n[n]] = (uint32_t)v;
-                bin_dirty[n][bin_n[n]] = (uint8_t)dirty;
-                bin_time[n][bin_n[n]++] = now_ms();
-                dirty_pages += dirty ? n : 0;
-                cached_blocks++;
-                return;
-            }
-        }
         /* make room among the dirty ones by returning the oldest dirty memory */
-        for (int i = 0; i < cache_n && dirty_pages + n > cap; i++) cache_give_back(i);
+        if (n > SMALL_MAX)
+            for (int i = 0; i < cache_n && dirty_pages + n > cap; i++) cache_give_back(i);
         int dirty = dirty_pages + n <= cap;
-        if (n > SMALL_MAX && (dirty || give_back(v, n) == 0)) {
+        if (dirty || give_back(v, n) == 0) {
             A.vmeta[v] &= ~(VM_HEAD | VM_NPAGES_MASK);
-            if (cache_n == CACHE_SLOTS) {
-                release_block(cache[0].start, cache[0].len);
-                cache_remove(0);
-            }
-            cache[cache_n].start = (uint32_t)v;
-            cache[cache_n].len = (uint32_t)n;
-            cache_dirty[cache_n] = (uint8_t)dirty;
-            cache_time[cache_n] = now_ms();
-            cache_huge[cache_n] = (m & VM_ANON) && A.mode != MODE_KSM && thp_min && (n << A.pshift) >= thp_min;
-            dirty_pages += dirty ? n : 0;
-            cache_n++;
-            cached_blocks++;
-            return;
+            int huge = (m & VM_ANON) && run_len(v, n) == n && A.mode != MODE_KSM && thp_min &&
+                       (n << A.pshift) >= thp_min;
+            if (cache_put(v, n, dirty, huge) == 0) return;
         }
     }
     release_block(v, n);
@@ -779,13 +808,98 @@ static int write_all(int fd, const void *buf, size_t len, off_t off) {
     return 0;
 }
 
+/* Keeping the pages a copy maps over. A virtual copy maps memfd pages over both sides,
+ * and the pages the program had just written there (the source's, before they went to
+ * the memfd; the destination's, from its last use) were thrown away, so the next
+ * allocations faulted and zeroed as many again (b25_matrix.R: twice glibc's page
+ * allocations). Instead they are moved (mremap: page tables only) into a new range the
+ * size of the block they belong to, so that the next allocation of that size (a program
+ * copying a vector allocates the same size again) takes them, and that range is cached
+ * as a freed block with its pages. */
+struct salvage {
+    int64_t base; /* the new range, -1 when nothing was kept */
+    uint64_t len, off; /* its pages; where the moved pages start in it */
+};
+
+/* Moves the pages of [v, v+k) away; [v, v+k) is then a hole the caller maps over. */
+static struct salvage salvage_begin(uint64_t v, uint64_t k) {
+    struct salvage sv = {-1, k, 0};
+    /* the block around [v, v+k): a copy skips only its partial first and last pages */
+    for (uint64_t h = v; h + 4 > v && h < A.va_high; h--) {
+        if ((A.vmeta[h] & VM_HEAD) && h + head_pages(h) >= v + k && h + head_pages(h) <= v + k + 4) {
+            sv.len = head_pages(h);
+            sv.off = v - h;
+            break;
+        }
+        if (h == 0) break;
+    }
+    uint64_t n = sv.len;
+    if (k < SALVAGE_MIN_PAGES || cached_blocks >= CACHED_MAX || (n > SMALL_MAX && cache_n == CACHE_SLOTS) ||
+        (n <= SMALL_MAX && bin_n[n] == BIN_CAP) || dirty_pages + k > dirty_cap() || !single_owner(v, k) ||
+        !budget_ok())
+        return sv;
+    int64_t r = ext_alloc(&A.va, (uint32_t)n);
+    if (r < 0) return sv;
+    if (n > k && map_fresh((uint64_t)r, n) != 0) {
+        ext_free(&A.va, (uint32_t)r, (uint32_t)n);
+        return sv;
+    }
+    uint64_t to = (uint64_t)r + sv.off;
+    if (mremap(page_addr(v), k << A.pshift, k << A.pshift, MREMAP_MAYMOVE | MREMAP_FIXED, page_addr(to)) ==
+        MAP_FAILED) {
+        if (n > k) unmap_pages((uint64_t)r, n);
+        ext_free(&A.va, (uint32_t)r, (uint32_t)n);
+        return sv;
+    }
+    for (uint64_t j = 0; j < k; j++) {
+        A.vmeta[to + j] = A.vmeta[v + j] & ~(VM_HEAD | VM_NPAGES_MASK);
+        A.vmeta[v + j] &= VM_HEAD | VM_NPAGES_MASK;
+    }
+    seg_mapped(to, k);
+    if ((uint64_t)r + n > A.va_high) A.va_high = (uint64_t)r + n;
+    sv.base = r;
+    return sv;
+}
+
+/* After the mapping over [v, v+k): caches the kept range, or on failure (ok == 0)
+ * moves the pages back. */
+static void salvage_end(uint64_t v, uint64_t k, struct salvage sv, int ok) {
+    if (sv.base < 0) return;
+    uint64_t r = (uint64_t)sv.base, n = sv.len, from = r + sv.off;
+    if (!ok) {
+        mremap(page_addr(from), k << A.pshift, k << A.pshift, MREMAP_MAYMOVE | MREMAP_FIXED, page_addr(v));
+        for (uint64_t j = 0; j < k; j++) {
+            A.vmeta[v + j] = (A.vmeta[v + j] & (VM_HEAD | VM_NPAGES_MASK)) | A.vmeta[from + j];
+            A.vmeta[from + j] = VM_MAPPED | VM_ANON; /* a hole now; released below */
+        }
+        release_block(r, n);
+        return;
+    }
+    /* huge: the moved mapping kept its THP advice */
+    int huge = (A.vmeta[from] & VM_ANON) && A.mode != MODE_KSM && thp_min && (n << A.pshift) >= thp_min;
+    if (cache_put(r, n, 1, huge) != 0) release_block(r, n);
+    else st_add(S_PAGES_SALVAGED, k);
+}
+
 /* Remaps [v, v+k) privately onto memfd page (gen g, page f..): takes the new references
  * first, then drops the old ones, so a page mapped on both sides is never punched. */
 static int remap_private(uint64_t v, uint64_t k, int g, uint64_t f) {
     if (!budget_ok()) return -1;
+    /* a source's shared run is remapped onto its own pages: nothing to keep */
+    int same = 0;
+    for (uint64_t i = 0; i < k && !same; i++) {
+        uint64_t m = A.vmeta[v + i];
+        same = !(m & VM_ANON) && (m & VM_MAPPED) && (int)((m & VM_GEN_MASK) >> VM_GEN_SHIFT) == g &&
+               (m & VM_FPAGE_MASK) == f + i;
+    }
+    struct salvage kept = {-1, 0, 0};
+    if (!same) kept = salvage_begin(v, k);
     if (mmap(page_addr(v), k << A.pshift, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, A.gen_fd[g],
-             (off_t)(f << A.pshift)) == MAP_FAILED)
+             (off_t)(f << A.pshift)) == MAP_FAILED) {
+        salvage_end(v, k, kept, 0);
         return -1;
+    }
+    salvage_end(v, k, kept, 1);
     if (g == A.gen)
         for (uint64_t i = 0; i < k; i++) A.fref[f + i]++;
     A.gen_refs[g] += k;
