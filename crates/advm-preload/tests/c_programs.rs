@@ -181,3 +181,28 @@ fn kept_memory_decays() {
     let off = returned_kib("0", "600");
     assert!(off < 1024, "memory returned with the decay off: {off} KiB");
 }
+
+/// Freed neighbours merge in the free table, and the pages a virtual copy maps over are
+/// kept for the next block of that size: neither allocation grows resident memory, and
+/// no write to one of the three blocks shows in another (also when blocks start as
+/// shared memfd mappings, where the copy keeps using the source's own pages).
+#[test]
+fn freed_neighbours_and_copied_over_pages_are_reused() {
+    let Some(exe) = compiled("reuse.c") else { return };
+    for fresh in ["anon", "memfd"] {
+        let sd = work_dir().join(format!("stats-reuse-{fresh}"));
+        let _ = std::fs::remove_dir_all(&sd);
+        std::fs::create_dir_all(&sd).unwrap();
+        let out = run_cow(&exe, &[], &[("ADVM_COW_FRESH", fresh), ("ADVM_STATS_DIR", sd.to_str().unwrap())]);
+        let s = stats(&sd);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let growth: Vec<i64> = text.split_whitespace().map(|x| x.parse().unwrap()).collect();
+        assert_eq!(s["copies_virtual"], 1, "{fresh}: {s:?}");
+        // shared memfd blocks (ADVM_COW_FRESH=memfd) are not merged: only isolation there
+        if fresh == "anon" {
+            assert!(growth[0] <= 4, "a 64-page block after 16 freed 4-page ones grew RSS by {} pages", growth[0]);
+            assert!(s["pages_kept_from_copied_over"] >= 63, "{fresh}: {s:?}");
+            assert!(growth[1] <= 4, "{fresh}: a block after the copy grew RSS by {} pages: {s:?}", growth[1]);
+        }
+    }
+}

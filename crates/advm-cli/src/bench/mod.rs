@@ -111,6 +111,14 @@ impl Row {
         self.figures.push(f);
         self
     }
+    /// Adds a figure when `cond` holds (a figure some rows of a table do not have).
+    pub fn figure_if(self, cond: bool, f: Figure) -> Self {
+        if cond {
+            self.figure(f)
+        } else {
+            self
+        }
+    }
 }
 
 /// A benchmark's whole result.

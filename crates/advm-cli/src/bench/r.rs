@@ -160,7 +160,10 @@ pub fn measure(
     interval: Duration,
 ) -> Result<Measured, CliError> {
     let mut prepared = run_cmd::prepare(mode, 2, program, args, true)?;
-    let out_dir = std::env::temp_dir().join(format!("advm-bench-r-out-{}", std::process::id()));
+    // unique per call: the paired runs measure two programs at once
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let out_dir = std::env::temp_dir().join(format!("advm-bench-r-out-{}-{call}", std::process::id()));
     std::fs::create_dir_all(&out_dir).map_err(|e| CliError::Io(out_dir.display().to_string(), e))?;
     let out_path = out_dir.join("stdout");
     let err_path = out_dir.join("stderr");
@@ -403,6 +406,66 @@ impl Bench for RBench {
             }
         }
         bar.finish_and_clear();
+        // Concurrent pairs: the untouched program and one mode at the same time, one on
+        // each core, so that the machine's speed changes (up to ±20% over minutes on this
+        // VM) hit both alike. Not for the KSM modes, whose ksmd would take a core.
+        let pair_modes: Vec<usize> =
+            (0..modes.len()).filter(|&mi| modes[mi] != Mode::Off && modes[mi].ksm_pages_to_scan().is_none()).collect();
+        let pairs = if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+            report.notes.push("concurrent pairs skipped: they need two CPUs".into());
+            0
+        } else {
+            std::env::var("ADVM_BENCH_R_PAIRS").ok().and_then(|v| v.parse().ok()).unwrap_or(if opts.quick {
+                1
+            } else {
+                4
+            })
+        };
+        // paired[workload][mode] = CPU ratios (%) of the concurrent pairs
+        let mut paired: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); modes.len()]; workloads.len()];
+        let bar = opts.progress_bar((pairs * workloads.len() * pair_modes.len()) as u64, "bench r pairs");
+        for round in 0..pairs {
+            for (wi, w) in workloads.iter().enumerate() {
+                if skipped[wi] {
+                    continue;
+                }
+                let (program, args) = invocation(w, &dir);
+                for &mi in &pair_modes {
+                    bar.set_message(format!("pair {} {} {}", round + 1, w.file, modes[mi].name()));
+                    bar.inc(1);
+                    // who starts first alternates between rounds
+                    let run = |mode| measure(mode, &program, &args, &env, interval);
+                    let run = &run;
+                    let (off, other) = std::thread::scope(|s| {
+                        if round % 2 == 0 {
+                            let a = s.spawn(|| run(Mode::Off));
+                            let b = s.spawn(|| run(modes[mi]));
+                            (a.join(), b.join())
+                        } else {
+                            let b = s.spawn(|| run(modes[mi]));
+                            let a = s.spawn(|| run(Mode::Off));
+                            (a.join(), b.join())
+                        }
+                    });
+                    match (off, other) {
+                        (Ok(Ok(a)), Ok(Ok(b))) => paired[wi][mi].push(100.0 * b.cpu_s / a.cpu_s.max(1e-9)),
+                        (Ok(Err(e)), _) | (_, Ok(Err(e))) => {
+                            report.notes.push(format!("{} pair {} {}: {e}", w.file, round + 1, modes[mi].name()))
+                        }
+                        _ => report.notes.push(format!("{} pair {}: a measuring thread panicked", w.file, round + 1)),
+                    }
+                }
+            }
+        }
+        bar.finish_and_clear();
+        if pairs > 0 {
+            report.notes.push(format!(
+                "cpu vs off, pairs: {pairs} round(s) per workload in which the untouched program and the mode ran \
+                 at the same time, one per core (who starts first alternates); each figure is that pair's CPU time \
+                 ratio, the geomean row is the geomean over workloads of each workload's geomean"
+            ));
+        }
+        let mut pair_ratio: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
         // ratios per mode over the R workloads, for the geometric means
         let mut mem_ratio: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
         // per pass k: the mode's CPU time over untouched R's in the same pass, per workload
@@ -439,6 +502,10 @@ impl Bench for RBench {
                     cpu_ratio[mi].push(cpu_pct);
                     ksmd_ratio[mi].push(ksmd.median);
                 }
+                let pairs = Figure::new("cpu vs off, pairs", "%", paired[wi][mi].clone());
+                if !w.python && !paired[wi][mi].is_empty() {
+                    pair_ratio[mi].push(geomean(&paired[wi][mi]));
+                }
                 let last = ms.last().expect("non-empty");
                 let g = |k: &str| last.shim.get(k).copied().unwrap_or(0) as f64;
                 report.rows.push(
@@ -449,6 +516,7 @@ impl Bench for RBench {
                         .figure(Figure::single("memory vs off", "%", mem_pct))
                         .figure(cpu)
                         .figure(Figure::single("cpu vs off", "%", cpu_pct))
+                        .figure_if(!pairs.runs.is_empty(), pairs)
                         .figure(Figure::new("wall", "s", ms.iter().map(|m| m.wall_s).collect()))
                         .figure(ksmd)
                         .figure(Figure::single("virtual copies", "n", g("copies_virtual")))
@@ -490,6 +558,7 @@ impl Bench for RBench {
                         "%",
                         paired_cpu[mi].iter().filter(|p| !p.is_empty()).map(|p| geomean(p)).collect(),
                     ))
+                    .figure(Figure::single("cpu vs off, pairs", "%", geomean(&pair_ratio[mi])))
                     .figure(Figure::single(
                         "ksmd cpu",
                         "% of cpu",
