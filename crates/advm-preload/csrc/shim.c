@@ -1178,7 +1178,7 @@ static void init_locked(void) {
     cow_fresh_memfd = fresh && str_eq(fresh, "memfd");
     populate_max = parse_u64(env("ADVM_POPULATE_KIB"), 256) << 10;
     dirty_floor_pages = (parse_u64(env("ADVM_DIRTY_CACHE_KIB"), 4096) << 10) >> A.pshift;
-    dirty_live_pct = parse_u64(env("ADVM_DIRTY_CACHE_PCT"), 50);
+    dirty_live_pct = parse_u64(env("ADVM_DIRTY_CACHE_PCT"), 100);
     decay_ms = (uint32_t)parse_u64(env("ADVM_DIRTY_DECAY_MS"), 1000);
     A.pagemap_fd = -1;
     A.pid = getpid();
