@@ -193,7 +193,7 @@ pub fn render_stats(mode: Mode, stats: &BTreeMap<String, u64>, processes: usize)
         processes
     );
     out += &format!(
-        "  arena blocks         {} ({} reused from the free cache, {} of them with their pages; {} allocated, peak live {}); {} allocations left to glibc\n",
+        "  arena blocks         {} ({} reused from the free table, {} of them with their pages; {} allocated, peak live {}); {} allocations left to glibc\n",
         g("blocks_allocated"),
         g("blocks_reused_from_free_cache"),
         g("blocks_reused_with_pages"),

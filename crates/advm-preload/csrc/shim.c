@@ -464,7 +464,6 @@ static int map_fresh(uint64_t v, uint64_t n) {
     }
     seg_mapped(v, n);
     if (v + n > A.va_high) A.va_high = v + n;
-    st_add(S_PAGES_FRESH, n);
     return 0;
 }
 
@@ -506,7 +505,7 @@ static uint64_t run_len(uint64_t v, uint64_t max) {
 static void decay(void);
 static int fb_take(uint64_t n, int *dirty, uint64_t *v);
 
-/* Makes [v, v+n) a live block and counts it (reused: it came from the free cache). */
+/* Makes [v, v+n) a live block and counts it (reused: it came from the free table). */
 static void *hand_out(uint64_t v, uint64_t n, int reused, int dirty) {
     set_head(v, n);
     st_add(S_BLOCKS, 1);
@@ -532,6 +531,7 @@ static void *block_alloc(size_t size, int *dirty) {
         ext_free(&A.va, (uint32_t)nv, (uint32_t)n);
         return NULL;
     }
+    st_add(S_PAGES_FRESH, n);
     return hand_out((uint64_t)nv, n, 0, 0);
 }
 
@@ -770,6 +770,7 @@ static void *block_realloc(void *p, size_t size) {
             ext_free(&A.va, (uint32_t)(v + old), (uint32_t)(n - old));
             return NULL;
         }
+        st_add(S_PAGES_FRESH, n - old);
         set_head(v, n);
         st_add(S_REALLOC_INPLACE, 1);
         live_add((int64_t)((n - old) << A.pshift));
@@ -786,6 +787,7 @@ static void *block_realloc(void *p, size_t size) {
         ext_free(&A.va, (uint32_t)nv, (uint32_t)n);
         return NULL;
     }
+    st_add(S_PAGES_FRESH, n - old);
     ext_free(&A.va, (uint32_t)v, (uint32_t)old);
     set_head((uint64_t)nv, n);
     st_add(S_REALLOC_MREMAP, 1);
@@ -859,6 +861,7 @@ static struct salvage salvage_begin(uint64_t v, uint64_t k) {
     }
     seg_mapped(to, k);
     if ((uint64_t)r + n > A.va_high) A.va_high = (uint64_t)r + n;
+    st_add(S_PAGES_FRESH, n - k); /* the partial first and last pages around the kept ones */
     sv.base = r;
     return sv;
 }
