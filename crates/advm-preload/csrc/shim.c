@@ -131,7 +131,10 @@ static int cow_fresh_memfd;
  * ask for transparent huge pages: one fault per 2 MiB instead of 512. Not in ksm mode,
  * where KSM must split huge pages before it can merge them. Measured: system time of
  * b25_matrix.R 0.77 s -> 0.55 s, b25_vector.R 0.50 s -> 0.33 s, memory not higher. */
-static uint64_t thp_min; /* bytes: malloc'd blocks up to this are pre-faulted */
+static uint64_t thp_min; /* bytes: anonymous blocks at least this big ask for THP */
+
+/* Whether an anonymous block of n pages asks for transparent huge pages. */
+static int thp_wanted(uint64_t n) { return A.mode != MODE_KSM && thp_min && (n << A.pshift) >= thp_min; }
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int state; /* 0 none, 1 initialising, 2 ready, 3 disabled */
@@ -459,7 +462,7 @@ static int map_fresh(uint64_t v, uint64_t n) {
         if (mmap(a, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED)
             return -1;
         if (A.mode == MODE_KSM) madvise(a, len, MADV_MERGEABLE);
-        else if (thp_min && len >= thp_min) madvise(a, len, MADV_HUGEPAGE);
+        else if (thp_wanted(n)) madvise(a, len, MADV_HUGEPAGE);
         for (uint64_t i = 0; i < n; i++) A.vmeta[v + i] = VM_MAPPED | VM_ANON;
     }
     seg_mapped(v, n);
@@ -616,6 +619,15 @@ static int fb_merge(int i) {
     return i;
 }
 
+/* The table entry for the free single-owner range [v, v+n), now (its head bits may be
+ * set or not: run_len ignores them). */
+static struct freeblk fb_entry(uint64_t v, uint64_t n, int dirty) {
+    int plain = run_len(v, n) == n && (A.vmeta[v] & VM_ANON);
+    struct freeblk e = {(uint32_t)v, (uint32_t)n, now_ms(), (uint8_t)dirty, (uint8_t)(plain && thp_wanted(n)),
+                        (uint8_t)!plain};
+    return e;
+}
+
 /* Caches the free single-owner range e (its pages counted as kept when e.dirty);
  * -1 when the table is full. */
 static int fb_insert(struct freeblk e) {
@@ -638,7 +650,7 @@ static int fb_insert(struct freeblk e) {
  * no zeroing: what glibc's heap gets), else among those without, of the same THP
  * kind. A bigger entry is carved: its first n pages are taken, the rest stays. */
 static int fb_take(uint64_t n, int *dirty, uint64_t *v) {
-    uint8_t huge = A.mode != MODE_KSM && thp_min && (n << A.pshift) >= thp_min;
+    uint8_t huge = (uint8_t)thp_wanted(n);
     int best = -1;
     for (int i = 0; i < fb_n; i++) {
         if (fb[i].len < n || (!fb[i].dirty && fb[i].huge != huge)) continue;
@@ -697,7 +709,7 @@ static void block_free(void *p) {
     decay();
     int64_t sv = block_of(p);
     if (sv < 0) bad_pointer("free");
-    uint64_t v = (uint64_t)sv, n = head_pages(v), m = A.vmeta[v];
+    uint64_t v = (uint64_t)sv, n = head_pages(v);
     live_add(-(int64_t)(n << A.pshift));
     /* one owner: keep the mapping (and within the cap, the pages) for reuse */
     if (fb_n < FREE_SLOTS && single_owner(v, n)) {
@@ -706,12 +718,8 @@ static void block_free(void *p) {
         }
         int dirty = dirty_pages + n <= cap;
         if (dirty || give_back(v, n) == 0) {
-            int plain = run_len(v, n) == n && (m & VM_ANON);
-            struct freeblk e = {(uint32_t)v, (uint32_t)n, now_ms(), (uint8_t)dirty,
-                                (uint8_t)(plain && A.mode != MODE_KSM && thp_min && (n << A.pshift) >= thp_min),
-                                (uint8_t)!plain};
             A.vmeta[v] &= ~(VM_HEAD | VM_NPAGES_MASK);
-            if (fb_insert(e) == 0) return;
+            if (fb_insert(fb_entry(v, n, dirty)) == 0) return;
         }
     }
     release_block(v, n);
@@ -880,12 +888,8 @@ static void salvage_end(uint64_t v, uint64_t k, struct salvage sv, int ok) {
         release_block(r, n);
         return;
     }
-    /* huge: the moved mapping kept its THP advice */
-    int plain = run_len(r, n) == n && (A.vmeta[r] & VM_ANON);
-    struct freeblk e = {(uint32_t)r, (uint32_t)n, now_ms(), 1,
-                        (uint8_t)(plain && A.mode != MODE_KSM && thp_min && (n << A.pshift) >= thp_min),
-                        (uint8_t)!plain};
-    if (fb_insert(e) != 0) release_block(r, n);
+    /* huge when its size asks for it: the moved mapping kept its THP advice */
+    if (fb_insert(fb_entry(r, n, 1)) != 0) release_block(r, n);
     else st_add(S_PAGES_SALVAGED, k);
 }
 

@@ -470,7 +470,7 @@ impl Bench for RBench {
         let mut mem_ratio: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
         // per pass k: the mode's CPU time over untouched R's in the same pass, per workload
         // (the two ran minutes apart at most, so a slow phase of the machine cancels out)
-        let mut paired_cpu: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); runs]; modes.len()];
+        let mut per_pass_cpu: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); runs]; modes.len()];
         let mut cpu_ratio: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
         let mut ksmd_ratio: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
         let ps_mib = advm::addr::page_size() as f64 / (1 << 20) as f64;
@@ -496,7 +496,7 @@ impl Bench for RBench {
                     mem_ratio[mi].push(mem_pct);
                     if ms.len() == runs && base.len() == runs {
                         for k in 0..runs {
-                            paired_cpu[mi][k].push(100.0 * ms[k].cpu_s / base[k].cpu_s);
+                            per_pass_cpu[mi][k].push(100.0 * ms[k].cpu_s / base[k].cpu_s);
                         }
                     }
                     cpu_ratio[mi].push(cpu_pct);
@@ -556,7 +556,7 @@ impl Bench for RBench {
                     .figure(Figure::new(
                         "cpu vs off per pass",
                         "%",
-                        paired_cpu[mi].iter().filter(|p| !p.is_empty()).map(|p| geomean(p)).collect(),
+                        per_pass_cpu[mi].iter().filter(|p| !p.is_empty()).map(|p| geomean(p)).collect(),
                     ))
                     .figure(Figure::single("cpu vs off, pairs", "%", geomean(&pair_ratio[mi])))
                     .figure(Figure::single(
