@@ -136,13 +136,24 @@ fn run_cow(exe: &Path, args: &[&str], env: &[(&str, &str)]) -> std::process::Out
     out
 }
 
-/// [`run_cow`] with the shim's statistics written to a fresh `stats_dir`; returns them summed.
-fn cow_stats(exe: &Path, args: &[&str], env: &[(&str, &str)], stats_dir: &Path) -> BTreeMap<String, u64> {
+/// [`run_cow`] with the shim's statistics written to a fresh `stats_dir`; returns the
+/// output and the statistics summed.
+fn run_cow_stats(
+    exe: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    stats_dir: &Path,
+) -> (std::process::Output, BTreeMap<String, u64>) {
     let _ = std::fs::remove_dir_all(stats_dir);
     std::fs::create_dir_all(stats_dir).unwrap();
     let dir = stats_dir.to_str().unwrap();
-    run_cow(exe, args, &[env, &[("ADVM_STATS_DIR", dir)]].concat());
-    stats(stats_dir)
+    let out = run_cow(exe, args, &[env, &[("ADVM_STATS_DIR", dir)]].concat());
+    (out, stats(stats_dir))
+}
+
+/// [`run_cow_stats`], the statistics only.
+fn cow_stats(exe: &Path, args: &[&str], env: &[(&str, &str)], stats_dir: &Path) -> BTreeMap<String, u64> {
+    run_cow_stats(exe, args, env, stats_dir).1
 }
 
 /// The defaults `advm run` relies on: copies below 16 pages stay plain copies, bigger
@@ -191,10 +202,7 @@ fn freed_neighbours_and_copied_over_pages_are_reused() {
     let Some(exe) = compiled("reuse.c") else { return };
     for fresh in ["anon", "memfd"] {
         let sd = work_dir().join(format!("stats-reuse-{fresh}"));
-        let _ = std::fs::remove_dir_all(&sd);
-        std::fs::create_dir_all(&sd).unwrap();
-        let out = run_cow(&exe, &[], &[("ADVM_COW_FRESH", fresh), ("ADVM_STATS_DIR", sd.to_str().unwrap())]);
-        let s = stats(&sd);
+        let (out, s) = run_cow_stats(&exe, &[], &[("ADVM_COW_FRESH", fresh)], &sd);
         let text = String::from_utf8_lossy(&out.stdout);
         let growth: Vec<i64> = text.split_whitespace().map(|x| x.parse().unwrap()).collect();
         assert_eq!(s["copies_virtual"], 1, "{fresh}: {s:?}");
