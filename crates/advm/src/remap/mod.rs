@@ -622,30 +622,41 @@ fn run_step(
             // destination's pages; file-backed views (which DONTUNMAP would leave
             // showing the file) get fresh anonymous memory at the source instead.
             let exchange = st.class == Class::AnonPrivate && grant::dontunmap_fixed_available();
-            let r = if exchange {
-                mremap_exchange_via_scratch(mem, x, y, len)
+            // Only ranges inside one VMA each. Kernels from 6.17 move a range that spans
+            // several VMAs one VMA at a time, and an exchange out of such a range lost
+            // the pages of its first VMA here (the property test's saved case: a move
+            // out of a range that an earlier move had made a VMA of its own).
+            let refused = if crosses_vmas(x, y, len) {
+                true
             } else {
-                mem.mremap_move(x, y, len, Prot::READ | Prot::WRITE, false).map_err(Error::from)
-            };
-            match r {
-                Ok(calls) => {
-                    out.syscalls += calls;
-                    out.mremap_bytes += len;
-                    MREMAPS_SINCE_COUNT.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(Error::Sys(e)) if e.call == "mremap" => {
-                    // Refused before anything moved (e.g. the source spans several
-                    // VMAs): fall back to moving entries, or copying.
-                    out.syscalls += 1;
-                    if let Some(k) = k {
-                        move_or_copy(k, mem, x, y, len, DstState::Unknown { copy_below: 0 }, out)?;
-                    } else {
-                        mem.memmove(x, y, len)?;
-                        out.memmove_bytes += len;
-                        out.fallback_bytes += len;
+                let r = if exchange {
+                    mremap_exchange_via_scratch(mem, x, y, len)
+                } else {
+                    mem.mremap_move(x, y, len, Prot::READ | Prot::WRITE, false).map_err(Error::from)
+                };
+                match r {
+                    Ok(calls) => {
+                        out.syscalls += calls;
+                        out.mremap_bytes += len;
+                        MREMAPS_SINCE_COUNT.fetch_add(1, Ordering::Relaxed);
+                        false
                     }
+                    Err(Error::Sys(e)) if e.call == "mremap" => {
+                        out.syscalls += 1;
+                        true
+                    }
+                    Err(e) => return Err(e),
                 }
-                Err(e) => return Err(e),
+            };
+            if refused {
+                // Refused before anything moved: fall back to moving entries, or copying.
+                if let Some(k) = k {
+                    move_or_copy(k, mem, x, y, len, DstState::Unknown { copy_below: 0 }, out)?;
+                } else {
+                    mem.memmove(x, y, len)?;
+                    out.memmove_bytes += len;
+                    out.fallback_bytes += len;
+                }
             }
         }
         (Kind::Move, Engine::UffdMove) => {
