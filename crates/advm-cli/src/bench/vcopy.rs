@@ -567,6 +567,10 @@ impl Bench for VcopyBench {
     }
 
     fn demo(&self) -> Result<Vec<DemoRow>, CliError> {
+        // The whole cost of a copy, not only the call: the source's old page tables
+        // torn down later by the reaper thread, and the faults both sides take when
+        // they are next read. memcpy pays its whole cost in the call; its reads after
+        // are counted the same way for a fair sum.
         let len = 256 << 20;
         let n = (len / ps()) as i64;
         let mut pages = Pages::new()?;
@@ -574,28 +578,47 @@ impl Bench for VcopyBench {
         let src = Mapping::anonymous(len)?;
         fill_distinct(src.as_ptr(), len);
         let (dst, memcpy_ms) = timed_memcpy(&src)?;
+        let t = Instant::now();
+        read_pages(src.as_ptr(), len);
+        read_pages(dst.as_ptr(), len);
+        let memcpy_total_ms = memcpy_ms + ms(t.elapsed());
         let memcpy_pages = pages.now()? - base;
         drop((src, dst));
         let base = pages.now()?;
         let arena = Arena::with_config(Config { reserve_bytes: 1 << 30, ..Default::default() })?;
         let a = arena.alloc(len)?;
         fill_distinct(a, len);
+        let unmap_before = arena.stats().deferred_unmap_ms;
         let t = Instant::now();
         let b = arena.dup(a, len)?;
         let vcopy_ms = ms(t.elapsed());
+        let teardown_ms = settle(&arena, unmap_before);
+        let t = Instant::now();
         read_pages(a, len);
         read_pages(b, len);
+        let refault_ms = ms(t.elapsed());
+        let advm_total_ms = vcopy_ms + teardown_ms + refault_ms;
         let advm_pages = pages.now()? - base;
         arena.free(b)?;
         arena.free(a)?;
         Ok(vec![DemoRow {
             capability: "vcopy".into(),
-            workload: format!("first copy of a just-written {} block", fmt_bytes(len as u64)),
-            advm: format!("{vcopy_ms:.2} ms, +{:.1}% pages", (advm_pages - n) as f64 * 100.0 / n as f64),
-            baseline: format!("memcpy {memcpy_ms:.0} ms, +{:.0}% pages", (memcpy_pages - n) as f64 * 100.0 / n as f64),
+            workload: format!(
+                "first copy of a just-written {} block, then both sides read (whole cost)",
+                fmt_bytes(len as u64)
+            ),
+            advm: format!(
+                "{advm_total_ms:.1} ms (call {vcopy_ms:.2} + deferred unmap {teardown_ms:.1} + refaults {refault_ms:.1}), \
+                 +{:.1}% pages",
+                (advm_pages - n) as f64 * 100.0 / n as f64
+            ),
+            baseline: format!(
+                "{memcpy_total_ms:.0} ms (memcpy {memcpy_ms:.0} + reads), +{:.0}% pages",
+                (memcpy_pages - n) as f64 * 100.0 / n as f64
+            ),
             gain: format!(
-                "{:.0}x faster, {:.1}x less memory",
-                memcpy_ms / vcopy_ms,
+                "{:.1}x faster, {:.1}x less memory",
+                memcpy_total_ms / advm_total_ms,
                 memcpy_pages as f64 / advm_pages as f64
             ),
         }])
