@@ -72,6 +72,9 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Only these capabilities' rows (comma separated, as in `advm bench list`).
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
     },
     /// Test processes with a known memory layout (used by tests and the demo).
     #[command(hide = true, subcommand)]
@@ -100,10 +103,14 @@ fn doctor(json: bool) {
     print!("{}", bench::render_cells(&cells));
 }
 
-fn demo(json: bool) -> Result<(), CliError> {
+fn demo(json: bool, only: &[String]) -> Result<(), CliError> {
+    let names: Vec<&str> = bench::all().iter().map(|b| b.name()).collect();
+    if let Some(bad) = only.iter().find(|o| !names.contains(&o.as_str())) {
+        return Err(CliError::Usage(format!("demo --only: no capability '{bad}' (one of: {})", names.join(", "))));
+    }
     let mut rows = Vec::new();
     let mut failures = Vec::new();
-    for b in bench::all() {
+    for b in bench::all().into_iter().filter(|b| only.is_empty() || only.iter().any(|o| o == b.name())) {
         match b.demo() {
             Ok(r) => rows.extend(r),
             Err(e) => failures.push(format!("{}: {e}", b.name())),
@@ -168,7 +175,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 println!("({} runs per point, {:.1} s)", report.runs, report.elapsed_s);
             }
         }
-        Command::Demo { json } => demo(json)?,
+        Command::Demo { json, only } => demo(json, &only)?,
         Command::Run(args) => run_cmd::run(args)?,
         Command::Testproc(which) => testproc::run(which)?,
     }

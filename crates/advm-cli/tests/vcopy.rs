@@ -52,3 +52,32 @@ fn quick_bench_reports_all_methods_and_restores_ksm() {
     assert!(fig(at("advm vcopy"), "copy time").unwrap() < fig(at("memcpy"), "copy time").unwrap());
     assert!(v["configuration"]["crossover_write_fraction"].as_f64().is_some());
 }
+
+/// The demo's headline is the whole cost of a copy: the call, the source's page
+/// tables torn down later by the reaper, and the refaults both sides pay when read.
+#[test]
+fn demo_vcopy_row_counts_deferred_unmap_and_refaults() {
+    let out = Command::new(ADVM).args(["demo", "--only", "vcopy", "--json"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{v}");
+    let advm = rows[0]["advm"].as_str().unwrap();
+    // "T ms (call C + deferred unmap U + refaults R), +P% pages"
+    let nums: Vec<f64> = advm
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .filter(|s| !s.is_empty() && *s != ".")
+        .map(|s| s.parse().unwrap())
+        .collect();
+    assert!(advm.contains("deferred unmap") && advm.contains("refaults"), "{advm}");
+    let (total, call, unmap, refault) = (nums[0], nums[1], nums[2], nums[3]);
+    assert!((total - (call + unmap + refault)).abs() <= 0.2, "total is not the sum: {advm}");
+    assert!(refault > 0.0 && total > call, "{advm}");
+
+    let out = Command::new(ADVM).args(["demo", "--only", "nosuch"]).output().unwrap();
+    assert!(!out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        "advm: demo --only: no capability 'nosuch' (one of: stat, vcopy, remap, image, r)"
+    );
+}
