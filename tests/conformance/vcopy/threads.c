@@ -36,9 +36,9 @@ static void *worker(void *arg) {
     }
     for (int it = 0; it < ITER; it++) {
         int s = (int)rnd(&rs, NSRC), d = (int)rnd(&rs, OWN);
-        if (rnd(&rs, 4) == 0) {
+        if (rnd(&rs, 3) == 0) {
             VC_CHECK(pthread_rwlock_wrlock(&src[s].lock) == 0);
-            if (rnd(&rs, 2) == 0) {
+            if (rnd(&rs, 3) != 0) {
                 /* a new block in place of the source: its first copy takes its freshly
                  * written pages, the case where a backend moves them */
                 vc_free(src[s].p);
