@@ -4,10 +4,28 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use advm::image::{ExtentKind, GuestOffset, Image, ImageSpace, MapOptions, OverBudget};
+use advm::image::{ExtentKind, GuestOffset, Image, ImageOptions, ImageSpace, MapOptions, OverBudget};
 
 use crate::bench::render_cells;
 use crate::{to_json, CliError};
+
+/// What a backing chain may lead to (see docs/image.md).
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct ChainArgs {
+    /// Follow backing files outside the directory tree of the image (absolute names,
+    /// `..`, symlinks leading out).
+    #[arg(long)]
+    allow_backing_outside: bool,
+    /// Read a backing file that has no backing format and is not qcow2 as raw.
+    #[arg(long)]
+    allow_probed_raw: bool,
+}
+
+impl ChainArgs {
+    fn options(self) -> ImageOptions {
+        ImageOptions { allow_backing_outside: self.allow_backing_outside, allow_probed_raw: self.allow_probed_raw }
+    }
+}
 
 /// `advm image ...`.
 #[derive(Debug, clap::Subcommand)]
@@ -19,6 +37,8 @@ pub enum ImageCmd {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        chain: ChainArgs,
     },
     /// The extent map: per run of the virtual disk, where its bytes come from.
     Map {
@@ -27,6 +47,8 @@ pub enum ImageCmd {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        chain: ChainArgs,
     },
     /// Writes bytes of the virtual disk to stdout, read through the mapping.
     Cat {
@@ -42,6 +64,11 @@ pub enum ImageCmd {
         /// VMA budget allows (default: fail).
         #[arg(long)]
         copy_over_budget: bool,
+        /// Most bytes to decompress or copy into memory for the mapping (default 256 MiB).
+        #[arg(long, value_name = "BYTES")]
+        max_materialised: Option<u64>,
+        #[command(flatten)]
+        chain: ChainArgs,
     },
     /// Maps the image (or reads it into private memory), reads all of it, says `ready`,
     /// and waits for stdin to close (used by `advm bench image`).
@@ -58,8 +85,8 @@ pub enum ImageCmd {
 /// Runs an `advm image` command.
 pub fn run(cmd: ImageCmd) -> Result<(), CliError> {
     match cmd {
-        ImageCmd::Info { image, json } => {
-            let img = Image::open(&image)?;
+        ImageCmd::Info { image, json, chain } => {
+            let img = Image::open_with(&image, &chain.options())?;
             let info = img.info();
             if json {
                 println!(
@@ -102,8 +129,8 @@ pub fn run(cmd: ImageCmd) -> Result<(), CliError> {
             }
             print!("{}", render_cells(&cells));
         }
-        ImageCmd::Map { image, json } => {
-            let img = Image::open(&image)?;
+        ImageCmd::Map { image, json, chain } => {
+            let img = Image::open_with(&image, &chain.options())?;
             let map = img.extent_map()?;
             let files: Vec<String> = img.layers().iter().map(|l| l.path().display().to_string()).collect();
             if json {
@@ -139,9 +166,11 @@ pub fn run(cmd: ImageCmd) -> Result<(), CliError> {
             }
             print!("{}", render_cells(&cells));
         }
-        ImageCmd::Cat { image, offset, length, copy_over_budget } => {
+        ImageCmd::Cat { image, offset, length, copy_over_budget, max_materialised, chain } => {
             let options = MapOptions {
                 over_budget: if copy_over_budget { OverBudget::CopySmallRuns } else { OverBudget::Fail },
+                max_materialised_bytes: max_materialised,
+                image: chain.options(),
                 ..Default::default()
             };
             let space = ImageSpace::map(&image, &options)?;
@@ -158,6 +187,7 @@ pub fn run(cmd: ImageCmd) -> Result<(), CliError> {
             let mut at = offset;
             while at < offset + length {
                 let n = buf.len().min((offset + length - at) as usize);
+                // Checks, before each chunk, that no layer shrank or is being written.
                 space.read(GuestOffset(at), &mut buf[..n])?;
                 out.write_all(&buf[..n]).map_err(|e| CliError::Io("stdout".into(), e))?;
                 at += n as u64;

@@ -1,5 +1,6 @@
 //! `advm image info|map|cat` and `advm bench image --quick` end to end.
 
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -131,4 +132,197 @@ fn bench_image_quick_shares_pages() {
     assert!(mapped4 - mapped1 < 3.0 * own + 0.25 * image, "mapped: {mapped1} -> {mapped4} pages (own {own})");
     let (private1, private4) = (figure("1", "private read", 0), figure("4", "private read", 0));
     assert!(private4 - private1 > 3.0 * image * 0.95, "private: {private1} -> {private4} pages");
+}
+
+fn be64(b: &[u8], at: usize) -> u64 {
+    u64::from_be_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+/// Runs `advm` in `dir`, killing it if it runs longer than 10 s (a hang fails the
+/// test instead of hanging it).
+fn advm_within_10s(dir: &Path, args: &[&str]) -> std::process::Output {
+    use std::process::Stdio;
+    let mut child =
+        Command::new(ADVM).args(args).current_dir(dir).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed().as_secs() >= 10 {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("advm {args:?} still running after 10 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn fails_with(out: &std::process::Output, stderr: &str) {
+    assert!(!out.status.success(), "succeeded: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stderr), stderr);
+}
+
+#[test]
+fn cat_stops_at_the_materialise_limit() {
+    if !have_qemu() {
+        return;
+    }
+    let d = dir("materialise");
+    let d = &d.0;
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-o", "cluster_size=64k", "c.qcow2", "300M"]);
+    run(d, "qemu-io", &["-c", "write -c -P 0x5a 0 64k", "c.qcow2"]);
+    // 4200 copies of that compressed cluster at distinct offsets, each named by one
+    // L2 entry: 2 MiB of file, 275 MB once decompressed.
+    let p = d.join("c.qcow2");
+    let bytes = std::fs::read(&p).unwrap();
+    let l2 = (be64(&bytes, be64(&bytes, 40) as usize) & 0x00ff_ffff_ffff_fe00) as usize;
+    let e = be64(&bytes, l2);
+    let (off, sectors) = (e & ((1 << 54) - 1), ((e >> 54) & 0xff) + 1);
+    let stream = &bytes[off as usize..bytes.len().min((off + sectors * 512) as usize)];
+    let base = (bytes.len() as u64).div_ceil(512) * 512;
+    let stride = (sectors + 1) * 512;
+    let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+    for i in 0..4200u64 {
+        let at = base + i * stride + (off & 511);
+        f.write_all_at(stream, at).unwrap();
+        f.write_all_at(&((1u64 << 62) | (sectors - 1) << 54 | at).to_be_bytes(), l2 as u64 + 8 * i).unwrap();
+    }
+    let out = Command::new(ADVM).args(["image", "cat", "c.qcow2", "--length", "16"]).current_dir(d).output().unwrap();
+    fails_with(
+        &out,
+        "advm: c.qcow2: mapping it would materialise 275251200 bytes in memory (decompressed clusters, partial \
+         pages, runs copied over the budget), over the 268435456-byte limit; raise it with --max-materialised \
+         (MapOptions::max_materialised_bytes)\n",
+    );
+    let out = run(d, ADVM, &["image", "cat", "c.qcow2", "--length", "16", "--max-materialised", "300000000"]);
+    assert_eq!(out, [0x5a; 16]);
+}
+
+/// Removes the backing-format extension of a qcow2 made by qemu-img (its type becomes
+/// one nobody knows), as images written without `-F` have none.
+fn strip_backing_format(path: &Path) {
+    let bytes = std::fs::read(path).unwrap();
+    let mut at = u32::from_be_bytes(bytes[100..104].try_into().unwrap()) as usize;
+    loop {
+        let ty = u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap());
+        let len = u32::from_be_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
+        assert_ne!(ty, 0, "no backing format extension in {}", path.display());
+        if ty == 0xe279_2aca {
+            let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+            f.write_all_at(&0x0bad_0bad_u32.to_be_bytes(), at as u64).unwrap();
+            return;
+        }
+        at += 8 + len.div_ceil(8) * 8;
+    }
+}
+
+#[test]
+fn backing_files_outside_the_image_directory_or_probed_raw_are_refused() {
+    if !have_qemu() {
+        return;
+    }
+    let d = dir("confine");
+    let d = std::fs::canonicalize(&d.0).unwrap();
+    let inner = d.join("inner");
+    std::fs::create_dir(&inner).unwrap();
+    std::fs::write(d.join("secret.raw"), b"root:x:0:0:root:/root:/bin/bash\n").unwrap();
+    run(
+        &inner,
+        "qemu-img",
+        &["create", "-q", "-f", "qcow2", "-u", "-b", "../secret.raw", "-F", "raw", "top.qcow2", "1M"],
+    );
+    strip_backing_format(&inner.join("top.qcow2"));
+    let outside = format!(
+        "advm: top.qcow2: backing file \"../secret.raw\" resolves to {}, outside {}, the directory of the image \
+         opened; refusing to follow it (allow with --allow-backing-outside, ImageOptions::allow_backing_outside)\n",
+        d.join("secret.raw").display(),
+        inner.display()
+    );
+    for cmd in ["info", "map", "cat"] {
+        fails_with(&advm_within_10s(&inner, &["image", cmd, "top.qcow2"]), &outside);
+    }
+    let probed = format!(
+        "advm: top.qcow2: backing file \"../secret.raw\" ({}) has no backing format and is not qcow2; refusing to \
+         probe it as raw (allow with --allow-probed-raw, ImageOptions::allow_probed_raw, or record the format: \
+         qemu-img rebase -u -b ../secret.raw -F raw)\n",
+        d.join("secret.raw").display()
+    );
+    fails_with(&advm_within_10s(&inner, &["image", "cat", "top.qcow2", "--allow-backing-outside"]), &probed);
+    let out = run(
+        &inner,
+        ADVM,
+        &["image", "cat", "top.qcow2", "--length", "9", "--allow-backing-outside", "--allow-probed-raw"],
+    );
+    assert_eq!(out, b"root:x:0:");
+}
+
+#[test]
+fn a_fifo_backing_file_is_refused_without_hanging() {
+    if !have_qemu() {
+        return;
+    }
+    let d = dir("fifo");
+    let d = &d.0;
+    run(d, "mkfifo", &["pipe"]);
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-u", "-b", "pipe", "-F", "raw", "top.qcow2", "1M"]);
+    let msg = "advm: pipe: is a FIFO; image layers must be regular files or block devices\n";
+    for cmd in ["info", "map", "cat"] {
+        fails_with(&advm_within_10s(d, &["image", cmd, "top.qcow2"]), msg);
+    }
+    fails_with(
+        &advm_within_10s(d, &["image", "cat", "pipe"]),
+        "advm: pipe: is a FIFO; image layers must be regular files or block devices\n",
+    );
+}
+
+#[test]
+fn cat_of_a_layer_truncated_while_mapped_fails_clearly() {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::process::Stdio;
+    if !have_qemu() {
+        return;
+    }
+    let d = dir("shrink");
+    let d = &d.0;
+    let base = d.join("base.raw");
+    std::fs::write(&base, vec![0x11u8; 8 << 20]).unwrap();
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "base.raw", "-F", "raw", "top.qcow2"]);
+    // Starts `advm image cat`, waits until it mapped the image and is writing the first
+    // MiB into the (full) pipe, runs `meddle`, then reads everything and its exit.
+    let cat = |meddle: &dyn Fn()| {
+        let mut child = Command::new(ADVM)
+            .args(["image", "cat", "top.qcow2"])
+            .current_dir(d)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = child.stdout.take().unwrap();
+        let mut first = [0u8; 1];
+        stdout.read_exact(&mut first).unwrap();
+        meddle();
+        let mut rest = Vec::new();
+        stdout.read_to_end(&mut rest).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(rest.len() < 8 << 20, "read all of it");
+        out
+    };
+    // A writer opening the layer breaks the read lease cat holds: cat stops.
+    let out = cat(&|| {
+        let open = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&base);
+        assert_eq!(open.unwrap_err().kind(), std::io::ErrorKind::WouldBlock, "cat holds no read lease");
+    });
+    fails_with(
+        &out,
+        "advm: base.raw: opened for writing or truncated by another process while mapped (read lease broken); \
+         refusing to read through the mapping\n",
+    );
+    // A writer that had it open already (no lease possible) truncates it: cat sees the
+    // size before it reads, rather than dying of SIGBUS.
+    let writer = std::fs::OpenOptions::new().write(true).open(&base).unwrap();
+    let out = cat(&|| writer.set_len(1 << 20).unwrap());
+    fails_with(
+        &out,
+        "advm: base.raw: shrank from 8388608 to 1048576 bytes while mapped; refusing to read through the mapping\n",
+    );
 }

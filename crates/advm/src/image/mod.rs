@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 pub use qcow2::Compression;
-pub use space::{ImageSpace, MapOptions, MapStats, OverBudget};
+pub use space::{ImageSpace, MapOptions, MapStats, OverBudget, DEFAULT_MAX_MATERIALISED};
 
 use crate::{Error, Result};
 
@@ -124,6 +124,19 @@ enum Driver {
     Raw,
 }
 
+/// What [`Image::open_with`] may follow. The defaults are what a careful VMM does with
+/// an image it did not write itself: a header names files, and advm often runs as root.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ImageOptions {
+    /// Follow backing files outside the directory tree of the image opened (an
+    /// absolute name, `..`, or a symlink leading out). Default: refused.
+    pub allow_backing_outside: bool,
+    /// Read a backing file that has no backing-format extension and no qcow2 magic as
+    /// raw. Default: refused (qemu requires the format for the same reason: probing
+    /// turns any file a header names into disk contents).
+    pub allow_probed_raw: bool,
+}
+
 /// One layer of a chain: its file, opened read-only, and what its header says.
 #[derive(Debug)]
 pub struct Layer {
@@ -188,6 +201,30 @@ impl Layer {
 
     pub(crate) fn file(&self) -> &File {
         &self.file
+    }
+
+    /// The file's length when it was opened.
+    pub(crate) fn file_len(&self) -> u64 {
+        self.file_len
+    }
+
+    /// The qcow2 cluster size, `None` for raw.
+    pub(crate) fn cluster_size(&self) -> Option<u64> {
+        match &self.driver {
+            Driver::Qcow2(q) => Some(q.cluster_size()),
+            Driver::Raw => None,
+        }
+    }
+
+    /// `pread` of exactly `buf.len()` bytes; a file that got shorter since it was
+    /// opened is named as such rather than as a bare short read.
+    fn read_exact_at(&self, buf: &mut [u8], offset: LayerOffset) -> Result<()> {
+        FileExt::read_exact_at(&self.file, buf, offset.0).map_err(|e| match current_len(&self.file) {
+            Ok(now) if now < self.file_len => {
+                self.err(format!("shrank from {} to {now} bytes since it was opened", self.file_len))
+            }
+            _ => self.err(format!("reading {offset}: {e}")),
+        })
     }
 
     fn info(&self, depth: usize) -> LayerInfo {
@@ -392,14 +429,54 @@ fn sniff(file: &File, path: &Path) -> Result<bool> {
     Ok(n == 4 && magic == qcow2::MAGIC)
 }
 
+/// The length of a regular file or block device (whose `st_size` is 0).
+pub(crate) fn current_len(file: &File) -> std::io::Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    use std::os::unix::fs::FileTypeExt;
+    let meta = file.metadata()?;
+    if meta.file_type().is_block_device() {
+        // `&File` seeks the open file description; layers are read with pread only.
+        let mut f = file;
+        f.seek(SeekFrom::End(0))
+    } else {
+        Ok(meta.len())
+    }
+}
+
+/// Why a file of this type cannot be a layer, or `None` if it can.
+fn unfit_type(t: std::fs::FileType) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_file() || t.is_block_device() {
+        None
+    } else if t.is_dir() {
+        Some("a directory")
+    } else if t.is_fifo() {
+        Some("a FIFO")
+    } else if t.is_char_device() {
+        Some("a character device")
+    } else if t.is_socket() {
+        Some("a socket")
+    } else {
+        Some("not a regular file")
+    }
+}
+
 fn open_layer(path: &Path, format: Option<&str>) -> Result<Layer> {
     let err = |why: String| Error::Image { path: path.to_path_buf(), why };
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
-    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
-    if !meta.is_file() {
-        return Err(err("not a regular file".into()));
+    let unfit = |what: &str| err(format!("is {what}; image layers must be regular files or block devices"));
+    // The type is checked before opening (opening a device can have effects of its
+    // own), and again on the descriptor, in case the path changed in between; the
+    // open does not block, so a FIFO cannot hang it.
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if let Some(what) = unfit_type(meta.file_type()) {
+        return Err(unfit(what));
     }
-    let file_len = meta.len();
+    let file = crate::sys::layerfile::open_read_nonblocking(path).map_err(|e| Error::io(path, e))?;
+    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    if let Some(what) = unfit_type(meta.file_type()) {
+        return Err(unfit(what));
+    }
+    let file_len = current_len(&file).map_err(|e| Error::io(path, e))?;
     let is_qcow2 = sniff(&file, path)?;
     let driver = match format {
         Some("qcow2") | None if is_qcow2 => Driver::Qcow2(qcow2::Qcow2::parse(&file, file_len).map_err(err)?),
@@ -411,13 +488,24 @@ fn open_layer(path: &Path, format: Option<&str>) -> Result<Layer> {
 }
 
 impl Image {
-    /// Opens `path` and every backing file below it. Backing names are resolved
-    /// relative to the directory of the file that names them, as qemu does; the
-    /// backing-format extension is honoured, and without it the format is probed.
+    /// Opens `path` and every backing file below it, with the default (strict)
+    /// [`ImageOptions`].
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_with(path, &ImageOptions::default())
+    }
+
+    /// Opens `path` and every backing file below it. Backing names are resolved
+    /// relative to the directory of the file that names them, as qemu does, and must
+    /// stay inside the directory tree of `path` (after symlinks) unless
+    /// `allow_backing_outside`. The backing-format extension is honoured; without it
+    /// a qcow2 backing file is recognised by its magic, and anything else is refused
+    /// unless `allow_probed_raw`. Every layer must be a regular file or block device.
+    pub fn open_with(path: impl AsRef<Path>, options: &ImageOptions) -> Result<Self> {
         let path = path.as_ref();
         let mut layers = vec![open_layer(path, None)?];
         let mut seen = vec![std::fs::canonicalize(path).map_err(|e| Error::io(path, e))?];
+        let top_dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let tree = std::fs::canonicalize(top_dir).map_err(|e| Error::io(top_dir, e))?;
         loop {
             let last = layers.last().expect("at least the top layer");
             let Driver::Qcow2(q) = &last.driver else { break };
@@ -444,11 +532,27 @@ impl Image {
                     resolved.display()
                 )));
             }
+            if !options.allow_backing_outside && !canon.starts_with(&tree) {
+                return Err(last.err(format!(
+                    "backing file {text:?} resolves to {}, outside {}, the directory of the image opened; \
+                     refusing to follow it (allow with --allow-backing-outside, ImageOptions::allow_backing_outside)",
+                    canon.display(),
+                    tree.display()
+                )));
+            }
             if layers.len() >= MAX_CHAIN_DEPTH {
                 return Err(last.err(format!("backing chain deeper than {MAX_CHAIN_DEPTH} layers")));
             }
             let format = q.backing_format.clone();
             let layer = open_layer(&resolved, format.as_deref())?;
+            if format.is_none() && layer.format() == LayerFormat::Raw && !options.allow_probed_raw {
+                return Err(last.err(format!(
+                    "backing file {text:?} ({}) has no backing format and is not qcow2; refusing to probe it as raw \
+                     (allow with --allow-probed-raw, ImageOptions::allow_probed_raw, or record the format: \
+                     qemu-img rebase -u -b {text} -F raw)",
+                    canon.display()
+                )));
+            }
             seen.push(canon);
             layers.push(layer);
         }
@@ -534,13 +638,23 @@ impl Image {
                 why: format!("{} bytes at {guest} run past the {}-byte virtual size", buf.len(), self.virtual_size()),
             }
         })?;
+        // A raw layer cut short would otherwise read as a hole (zeros); a cut during
+        // the read shows as a short pread, named the same way.
+        for l in &self.layers {
+            match current_len(&l.file) {
+                Ok(now) if now < l.file_len => {
+                    return Err(l.err(format!("shrank from {} to {now} bytes since it was opened", l.file_len)))
+                }
+                Ok(_) => {}
+                Err(e) => return Err(Error::io(&l.path, e)),
+            }
+        }
         let mut cluster: Option<(usize, u64, Vec<u8>)> = None;
         for e in self.extents(guest.0, end.0)? {
             let dst = &mut buf[(e.start.0 - guest.0) as usize..(e.end() - guest.0) as usize];
             let layer = &self.layers[e.depth];
             match &e.kind {
-                ExtentKind::Data { offset } => FileExt::read_exact_at(&layer.file, dst, offset.0)
-                    .map_err(|err| layer.err(format!("reading {offset}: {err}")))?,
+                ExtentKind::Data { offset } => layer.read_exact_at(dst, *offset)?,
                 ExtentKind::Zero { .. } => dst.fill(0),
                 ExtentKind::Compressed { offset, stored_len } => {
                     let Driver::Qcow2(q) = &layer.driver else { unreachable!("only qcow2 compresses") };
@@ -562,12 +676,20 @@ impl Image {
 }
 
 impl Layer {
+    /// Decompresses one cluster of this qcow2 layer stored at `offset` (at most
+    /// `stored_len` bytes).
+    pub(crate) fn decompressed(&self, offset: LayerOffset, stored_len: u64) -> Result<Vec<u8>> {
+        match &self.driver {
+            Driver::Qcow2(q) => self.decompress(q, offset, stored_len),
+            Driver::Raw => Err(self.err(format!("internal: a compressed cluster at {offset} of a raw layer"))),
+        }
+    }
+
     /// Decompresses one cluster stored at `offset` (at most `stored_len` bytes).
     fn decompress(&self, q: &qcow2::Qcow2, offset: LayerOffset, stored_len: u64) -> Result<Vec<u8>> {
         let avail = stored_len.min(self.file_len.saturating_sub(offset.0));
         let mut input = vec![0u8; avail as usize];
-        FileExt::read_exact_at(&self.file, &mut input, offset.0)
-            .map_err(|e| self.err(format!("reading {offset}: {e}")))?;
+        self.read_exact_at(&mut input, offset)?;
         decompress_cluster(q.compression, &input, q.cluster_size() as usize)
             .map_err(|why| self.err(format!("compressed cluster at {offset}: {why}")))
     }

@@ -204,7 +204,19 @@ impl Qcow2 {
         }
         let mut raw = vec![0u8; (l1_size * 8) as usize];
         file.read_exact_at(&mut raw, l1_offset).map_err(|e| format!("reading the L1 table: {e}"))?;
-        let l1 = raw.chunks_exact(8).map(|c| be64(c, 0)).collect();
+        let l1: Vec<u64> = raw.chunks_exact(8).map(|c| be64(c, 0)).collect();
+        // Two L1 entries naming one L2 table would let a few bytes of file describe
+        // the same runs again and again (a table per entry of a 32 MiB L1); qemu never
+        // writes that into the active table (it is a refcount error to `qemu-img check`).
+        let mut named: Vec<(u64, usize)> =
+            l1.iter().enumerate().map(|(i, e)| (e & OFFSET_MASK, i)).filter(|(o, _)| *o != 0).collect();
+        named.sort_unstable();
+        if let Some(w) = named.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(format!(
+                "L1 entries {} and {} both name the L2 table at {:#x}; an active L1 table names each L2 table once",
+                w[0].1, w[1].1, w[0].0
+            ));
+        }
         // Backing file name.
         let backing = if backing_offset != 0 && backing_len != 0 {
             if backing_len > MAX_BACKING_NAME {

@@ -4,23 +4,37 @@
 //! - a data extent maps its layer file `MAP_PRIVATE` (read-only open, so writes stay
 //!   private and every process reading the same layer shares the page cache);
 //! - a zero extent maps anonymous memory (reads hit the shared zero page);
-//! - compressed clusters, and pages that no single extent covers whole (sub-page
-//!   clusters, a file offset not page aligned, the partial last page), are
-//!   materialised into one sparse memfd at memfd offset = guest offset, so adjacent
-//!   such pages always form one mapping (and a daemon can later share that memfd).
+//! - a compressed cluster of at least a page is decompressed once into a slot of a
+//!   memfd, however many L2 entries name it (slots follow the guest order of first
+//!   use, so clusters compressed one after the other still form one mapping);
+//! - pages that no single extent covers whole (sub-page clusters, a file offset not
+//!   page aligned, the partial last page) are materialised into the same sparse memfd
+//!   at memfd offset = guest offset, so adjacent such pages always form one mapping
+//!   (and a daemon can later share that memfd).
+//!
+//! Materialising is bounded by [`MapOptions::max_materialised_bytes`], checked on the
+//! plan before any byte is decompressed.
 //!
 //! Adjacent pieces that continue each other coalesce. The number of pieces is the
 //! number of mappings; when it exceeds the VMA budget the map either fails with the
 //! counts, or ([`OverBudget::CopySmallRuns`]) reads the smallest runs into the memfd
 //! until it fits: the large runs stay shared, the small ones become private copies.
+//!
+//! Reads through [`ImageSpace::read`] first check that no mapped layer file shrank
+//! and that the read lease on it (when one could be taken) still holds, so a layer
+//! truncated by someone else gives an error instead of SIGBUS.
 
+use std::collections::HashMap;
+use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::Serialize;
 
-use super::{ExtentKind, ExtentMap, GuestOffset, Image};
+use super::{current_len, ExtentKind, ExtentMap, GuestOffset, Image, ImageOptions, LayerOffset};
 use crate::sys::assembly::Assembly;
+use crate::sys::layerfile::{self, LeaseState};
 use crate::sys::memfd;
 use crate::sys::mman::{Backing, Prot, Share};
 use crate::{Error, Result};
@@ -35,6 +49,9 @@ pub enum OverBudget {
     CopySmallRuns,
 }
 
+/// The default of [`MapOptions::max_materialised_bytes`]: 256 MiB.
+pub const DEFAULT_MAX_MATERIALISED: u64 = 256 << 20;
+
 /// How to map.
 #[derive(Debug, Clone, Default)]
 pub struct MapOptions {
@@ -47,6 +64,12 @@ pub struct MapOptions {
     /// handing the range to a guest). `MAP_PRIVATE` over read-only layer files: a
     /// write copies the page into this process and never reaches a layer.
     pub writable: bool,
+    /// Most bytes to materialise in memory (decompressed clusters, partial pages, runs
+    /// copied over the budget); default [`DEFAULT_MAX_MATERIALISED`]. A few KiB of
+    /// compressed clusters can stand for gigabytes of disk.
+    pub max_materialised_bytes: Option<u64>,
+    /// What [`ImageSpace::map`] may follow when it opens the chain.
+    pub image: ImageOptions,
 }
 
 /// What a mapping did.
@@ -64,8 +87,11 @@ pub struct MapStats {
     pub file_bytes: u64,
     /// Bytes mapped as anonymous zeros.
     pub zero_bytes: u64,
-    /// Bytes materialised in the memfd (compressed, unaligned, or over budget).
+    /// Bytes of the disk mapped from the memfd (compressed, unaligned, or over budget).
     pub memfd_bytes: u64,
+    /// Bytes materialised into the memfd: each compressed cluster once, however often
+    /// it is mapped, plus the pages materialised at their guest offset.
+    pub materialised_bytes: u64,
     /// Bytes moved to the memfd only to meet the budget.
     pub over_budget_bytes: u64,
 }
@@ -80,6 +106,21 @@ enum Source {
     Anon,
     /// The memfd, at offset = guest offset.
     Memfd,
+    /// The memfd's compressed-cluster slots, at this memfd offset.
+    Slot {
+        offset: u64,
+    },
+}
+
+/// One decompressed cluster in the memfd.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    depth: usize,
+    offset: LayerOffset,
+    stored_len: u64,
+    /// Where in the memfd, and how long (the layer's cluster size).
+    at: u64,
+    len: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -98,6 +139,7 @@ impl Piece {
             (Source::File { depth: a, offset: o }, Source::File { depth: b, offset: p }) => {
                 a == b && o + (self.end - self.start) == p
             }
+            (Source::Slot { offset: o }, Source::Slot { offset: p }) => o + (self.end - self.start) == p,
             (Source::Anon, Source::Anon) | (Source::Memfd, Source::Memfd) => true,
             _ => false,
         }
@@ -123,11 +165,15 @@ fn push(pieces: &mut Vec<Piece>, p: Piece) {
     pieces.push(p);
 }
 
-/// Page-granular pieces covering `[0, page_align_up(size))`.
-fn plan(map: &ExtentMap, page: u64, path: &Path) -> Result<Vec<Piece>> {
+/// Page-granular pieces covering `[0, page_align_up(size))`, and the compressed
+/// clusters they use, with slots from memfd offset `slot_base` on.
+fn plan(map: &ExtentMap, page: u64, image: &Image, slot_base: u64) -> Result<(Vec<Piece>, Vec<Slot>)> {
+    let path = image.layers()[0].path();
     let down = |x: u64| x / page * page;
     let up = |x: u64| x.div_ceil(page) * page;
     let mut pieces = Vec::new();
+    let mut slots: Vec<Slot> = Vec::new();
+    let mut slot_of: HashMap<(usize, u64), usize> = HashMap::new();
     for e in &map.extents {
         let (s, t) = (e.start.0, e.end());
         let direct = match &e.kind {
@@ -140,7 +186,19 @@ fn plan(map: &ExtentMap, page: u64, path: &Path) -> Result<Vec<Piece>> {
                 }
             }
             ExtentKind::Zero { .. } => Some(Source::Anon),
-            ExtentKind::Compressed { .. } => None,
+            ExtentKind::Compressed { offset, stored_len } => match image.layers()[e.depth].cluster_size() {
+                Some(cs) if cs >= page => {
+                    let i = *slot_of.entry((e.depth, offset.0)).or_insert_with(|| {
+                        let at = slots.last().map_or(slot_base, |s| s.at + s.len);
+                        slots.push(Slot { depth: e.depth, offset: *offset, stored_len: *stored_len, at, len: cs });
+                        slots.len() - 1
+                    });
+                    // The extent may start inside its cluster (below a layer with
+                    // smaller clusters); `first` is page aligned and so is the slot.
+                    Some(Source::Slot { offset: slots[i].at + (up(s) - s / cs * cs) })
+                }
+                _ => None,
+            },
             ExtentKind::Unsupported { reason } => {
                 return Err(Error::Image {
                     path: path.to_path_buf(),
@@ -160,7 +218,23 @@ fn plan(map: &ExtentMap, page: u64, path: &Path) -> Result<Vec<Piece>> {
             _ => push(&mut pieces, Piece { start: down(s), end: up(t), source: Source::Memfd }),
         }
     }
-    Ok(pieces)
+    Ok((pieces, slots))
+}
+
+/// Marks the slots that pieces still map (some may have been copied over budget).
+fn slots_in_use(pieces: &[Piece], slots: &[Slot]) -> Vec<bool> {
+    let mut used = vec![false; slots.len()];
+    for p in pieces {
+        if let Source::Slot { offset } = p.source {
+            let end = offset + (p.end - p.start);
+            let mut i = slots.partition_point(|s| s.at + s.len <= offset);
+            while i < slots.len() && slots[i].at < end {
+                used[i] = true;
+                i += 1;
+            }
+        }
+    }
+    used
 }
 
 /// How many pieces remain if every non-memfd piece of at most `threshold` bytes
@@ -185,6 +259,61 @@ fn default_budget() -> usize {
     max.saturating_sub(used) / 2
 }
 
+/// A layer file some mapping reads from, watched for truncation.
+#[derive(Debug)]
+struct Watch {
+    path: PathBuf,
+    /// An open file description of our own (so the lease ends with this `Watch`).
+    file: File,
+    /// The length when the image was opened.
+    len: u64,
+    /// A read lease was taken on `file`.
+    leased: bool,
+    /// The lease was seen broken: reads stay refused.
+    broken: AtomicBool,
+}
+
+impl Watch {
+    fn new(path: &Path, layer_file: &File, len: u64) -> Result<Self> {
+        let (file, leased) = match layerfile::reopen_read(layer_file) {
+            // No lease when we may not take one (not the owner, or a writer has the
+            // file open, or the filesystem has no leases): the size check remains.
+            Ok(f) => {
+                let leased = layerfile::take_read_lease(&f).is_ok();
+                (f, leased)
+            }
+            Err(_) => (layer_file.try_clone().map_err(|e| crate::Error::io(path, e))?, false),
+        };
+        Ok(Self { path: path.to_path_buf(), file, len, leased, broken: AtomicBool::new(false) })
+    }
+
+    fn check(&self) -> Result<()> {
+        let err = |why: String| Error::Image { path: self.path.clone(), why };
+        let broken = || {
+            err("opened for writing or truncated by another process while mapped (read lease broken); \
+                 refusing to read through the mapping"
+                .into())
+        };
+        if self.broken.load(Ordering::Relaxed) {
+            return Err(broken());
+        }
+        let now = current_len(&self.file).map_err(|e| crate::Error::io(&self.path, e))?;
+        if now < self.len {
+            return Err(err(format!(
+                "shrank from {} to {now} bytes while mapped; refusing to read through the mapping",
+                self.len
+            )));
+        }
+        if self.leased && layerfile::lease_state(&self.file)? == LeaseState::Broken {
+            self.broken.store(true, Ordering::Relaxed);
+            // The writer need not wait out lease-break-time: we stop reading.
+            layerfile::release_lease(&self.file)?;
+            return Err(broken());
+        }
+        Ok(())
+    }
+}
+
 /// An image's virtual disk mapped at one contiguous range of this process.
 #[derive(Debug)]
 pub struct ImageSpace {
@@ -192,14 +321,16 @@ pub struct ImageSpace {
     // (the kernel keeps its own references anyway).
     assembly: Assembly,
     _memfd: Option<OwnedFd>,
+    watches: Vec<Watch>,
     stats: MapStats,
     map: ExtentMap,
 }
 
 impl ImageSpace {
-    /// Opens `path` with its backing chain and maps its virtual disk.
+    /// Opens `path` with its backing chain (under `options.image`) and maps its
+    /// virtual disk.
     pub fn map(path: impl AsRef<Path>, options: &MapOptions) -> Result<Self> {
-        let image = Image::open(path)?;
+        let image = Image::open_with(path, &options.image)?;
         Self::map_image(&image, options)
     }
 
@@ -214,7 +345,7 @@ impl ImageSpace {
         }
         let total = usize::try_from(map.size.div_ceil(page) * page)
             .map_err(|_| err(format!("virtual size {} does not fit in the address space", map.size)))?;
-        let mut pieces = plan(&map, page, &path)?;
+        let (mut pieces, slots) = plan(&map, page, image, total as u64)?;
         let budget = options.max_mappings.unwrap_or_else(default_budget).max(1);
         let mut over_budget_bytes = 0;
         if pieces.len() > budget {
@@ -249,13 +380,28 @@ impl ImageSpace {
                 }
             }
         }
-        // Materialise the memfd pieces.
-        let needs_memfd = pieces.iter().any(|p| p.source == Source::Memfd);
-        let memfd = if needs_memfd {
+        // What materialising costs, checked before any of it is done.
+        let used = slots_in_use(&pieces, &slots);
+        let materialised = pieces.iter().filter(|p| p.source == Source::Memfd).map(|p| p.end - p.start).sum::<u64>()
+            + slots.iter().zip(&used).filter(|(_, u)| **u).map(|(s, _)| s.len).sum::<u64>();
+        let limit = options.max_materialised_bytes.unwrap_or(DEFAULT_MAX_MATERIALISED);
+        if materialised > limit {
+            return Err(err(format!(
+                "mapping it would materialise {materialised} bytes in memory (decompressed clusters, partial pages, \
+                 runs copied over the budget), over the {limit}-byte limit; raise it with --max-materialised \
+                 (MapOptions::max_materialised_bytes)"
+            )));
+        }
+        let memfd = if materialised > 0 {
             let fd = memfd::create("advm-image").map_err(|e| err(format!("materialising pages: {e}")))?;
-            memfd::set_len(&fd, total as u64).map_err(|e| err(format!("materialising pages: {e}")))?;
+            let len = slots.last().map_or(total as u64, |s| s.at + s.len);
+            memfd::set_len(&fd, len).map_err(|e| err(format!("materialising pages: {e}")))?;
             for p in pieces.iter().filter(|p| p.source == Source::Memfd) {
                 fill(image, &fd, p.start, p.end.min(map.size))?;
+            }
+            for s in slots.iter().zip(&used).filter(|(_, u)| **u).map(|(s, _)| s) {
+                let data = image.layers()[s.depth].decompressed(s.offset, s.stored_len)?;
+                write_nonzero(image, &fd, &data, s.at)?;
             }
             Some(fd)
         } else {
@@ -269,35 +415,57 @@ impl ImageSpace {
             extents: map.extents.len(),
             budget,
             over_budget_bytes,
+            materialised_bytes: materialised,
             ..Default::default()
         };
+        let mut watched = vec![false; image.layers().len()];
         for p in &pieces {
             let len = (p.end - p.start) as usize;
             let backing = match p.source {
                 Source::File { depth, offset } => {
                     stats.file_bytes += len as u64;
+                    watched[depth] = true;
                     Backing::File { fd: image.layers()[depth].file().as_fd(), offset }
                 }
                 Source::Anon => {
                     stats.zero_bytes += len as u64;
                     Backing::Anonymous
                 }
-                Source::Memfd => {
+                Source::Memfd | Source::Slot { .. } => {
                     stats.memfd_bytes += len as u64;
-                    Backing::File { fd: memfd.as_ref().expect("created above").as_fd(), offset: p.start }
+                    let offset = if let Source::Slot { offset } = p.source { offset } else { p.start };
+                    Backing::File { fd: memfd.as_ref().expect("created above").as_fd(), offset }
                 }
             };
             assembly.place(p.start as usize, len, prot, Share::Private, backing).map_err(|e| {
                 let what = match p.source {
                     Source::File { depth, .. } => format!("layer {}", image.layers()[depth].path().display()),
                     Source::Anon => "zeros".into(),
-                    Source::Memfd => "materialised pages".into(),
+                    Source::Memfd | Source::Slot { .. } => "materialised pages".into(),
                 };
                 err(format!("mapping {what} at guest {:#x}+{len}: {e}", p.start))
             })?;
         }
         stats.mappings = assembly.placed();
-        Ok(Self { assembly, _memfd: memfd, stats, map })
+        let watches = image
+            .layers()
+            .iter()
+            .zip(&watched)
+            .filter(|(_, w)| **w)
+            .map(|(l, _)| Watch::new(l.path(), l.file(), l.file_len()))
+            .collect::<Result<Vec<_>>>()?;
+        let space = Self { assembly, _memfd: memfd, watches, stats, map };
+        // A layer truncated between opening and leasing is caught here.
+        space.check()?;
+        Ok(space)
+    }
+
+    /// Fails if a layer file this mapping reads from shrank, or if another process
+    /// opened it for writing or truncated it (seen when a read lease could be taken).
+    /// [`read`](Self::read) checks first; a caller touching the range through
+    /// [`addr`](Self::addr) itself must check, or guarantee no layer changes.
+    pub fn check(&self) -> Result<()> {
+        self.watches.iter().try_for_each(Watch::check)
     }
 
     /// The virtual disk size in bytes.
@@ -320,7 +488,9 @@ impl ImageSpace {
         &self.map
     }
 
-    /// Copies `buf.len()` bytes at `guest` out of the mapping.
+    /// Copies `buf.len()` bytes at `guest` out of the mapping, after [`check`](Self::check).
+    /// With the read lease held, a writer or truncate waits for the lease to be let go,
+    /// so the copy cannot fault on a truncated file.
     pub fn read(&self, guest: GuestOffset, buf: &mut [u8]) -> Result<()> {
         let end = guest.0.checked_add(buf.len() as u64);
         if end.map_or(true, |e| e > self.size()) {
@@ -329,13 +499,24 @@ impl ImageSpace {
                 why: format!("{} bytes at {guest} run past the {}-byte virtual size", buf.len(), self.size()),
             });
         }
+        self.check()?;
         Ok(self.assembly.copy_out(guest.0 as usize, buf)?)
     }
 
     /// Reads every byte of the disk through the mapping (faulting every page in, as a
     /// VM reading its whole disk would); returns a checksum of the bytes.
     pub fn read_all(&self) -> Result<u64> {
-        Ok(self.assembly.read_all(0, self.size() as usize)?)
+        let mut buf = vec![0u8; 1 << 20];
+        let mut sum = 0u64;
+        let mut at = 0;
+        while at < self.size() {
+            let n = buf.len().min((self.size() - at) as usize);
+            self.read(GuestOffset(at), &mut buf[..n])?;
+            // The sum keeps the reads from being optimised out.
+            sum = buf[..n].iter().fold(sum, |s, &b| s.wrapping_add(u64::from(b)));
+            at += n as u64;
+        }
+        Ok(sum)
     }
 }
 
@@ -351,16 +532,28 @@ fn fill(image: &Image, fd: &OwnedFd, start: u64, end: u64) -> Result<()> {
         let next = ((at / CHUNK) + 1) * CHUNK;
         let n = (next.min(end) - at) as usize;
         image.read_at(GuestOffset(at), &mut buf[..n])?;
-        if buf[..n].iter().any(|&b| b != 0) {
-            let mut done = 0;
-            while done < n {
-                done += memfd::pwrite(fd, &buf[done..n], at + done as u64).map_err(|e| Error::Image {
-                    path: image.layers()[0].path().to_path_buf(),
-                    why: format!("materialising guest {:#x}: {e}", at + done as u64),
-                })?;
-            }
-        }
+        write_nonzero(image, fd, &buf[..n], at)?;
         at += n as u64;
+    }
+    Ok(())
+}
+
+/// Writes `buf` at memfd offset `at` (page aligned), skipping all-zero pages so the
+/// memfd stays sparse.
+fn write_nonzero(image: &Image, fd: &OwnedFd, buf: &[u8], at: u64) -> Result<()> {
+    let page = crate::addr::page_size();
+    for (i, chunk) in buf.chunks(page).enumerate() {
+        if chunk.iter().all(|&b| b == 0) {
+            continue;
+        }
+        let mut done = 0;
+        let start = at + (i * page) as u64;
+        while done < chunk.len() {
+            done += memfd::pwrite(fd, &chunk[done..], start + done as u64).map_err(|e| Error::Image {
+                path: image.layers()[0].path().to_path_buf(),
+                why: format!("materialising memfd offset {:#x}: {e}", start + done as u64),
+            })?;
+        }
     }
     Ok(())
 }

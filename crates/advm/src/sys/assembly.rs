@@ -84,8 +84,10 @@ impl Assembly {
     /// Copies `buf.len()` bytes starting at `offset` out of the range. Every byte must
     /// lie in a readable piece (`EFAULT`-like `EINVAL` when outside the range).
     ///
-    /// A piece mapped from a file reads what the file holds; if the file is truncated
-    /// by someone else meanwhile the kernel raises SIGBUS, as for any file mapping.
+    /// A piece mapped from a file reads what the file holds; if the file was truncated
+    /// below the piece the kernel raises SIGBUS, as for any file mapping: the caller
+    /// must make sure it was not (`advm::image::ImageSpace::read` checks sizes and
+    /// holds a read lease first).
     pub fn copy_out(&self, offset: usize, buf: &mut [u8]) -> SysResult<()> {
         let inside = offset.checked_add(buf.len()).is_some_and(|end| end <= self.range.len());
         if !inside {
@@ -97,21 +99,5 @@ impl Assembly {
         // file can only give torn contents, never an invalid value.
         unsafe { std::ptr::copy_nonoverlapping(self.range.as_ptr().add(offset), buf.as_mut_ptr(), buf.len()) };
         Ok(())
-    }
-
-    /// Sums every byte of `[offset, offset+len)` read through the mapping (touches each
-    /// page the way a reader would; the sum keeps the reads from being optimised out).
-    pub fn read_all(&self, offset: usize, len: usize) -> SysResult<u64> {
-        let mut buf = vec![0u8; 1 << 20];
-        let mut sum = 0u64;
-        let mut at = offset;
-        let end = offset.checked_add(len).ok_or(SysError::new("copy_out", rustix::io::Errno::INVAL))?;
-        while at < end {
-            let n = (end - at).min(buf.len());
-            self.copy_out(at, &mut buf[..n])?;
-            sum = buf[..n].iter().fold(sum, |s, &b| s.wrapping_add(u64::from(b)));
-            at += n;
-        }
-        Ok(sum)
     }
 }

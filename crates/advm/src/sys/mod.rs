@@ -10,6 +10,7 @@ pub mod assembly;
 pub mod fork;
 pub mod grant;
 pub mod ksm;
+pub mod layerfile;
 pub mod memfd;
 pub mod mman;
 pub mod pagemap;
