@@ -218,8 +218,13 @@ fn freed_neighbours_and_copied_over_pages_are_reused() {
 
 /// The shim's variants a program is run under: (name, ADVM_MODE, ADVM_COW_FRESH);
 /// "off" runs without the shim.
-const VARIANTS: [(&str, &str, &str); 5] =
-    [("cow", "cow", "anon"), ("cow-memfd", "cow", "memfd"), ("alloc", "alloc", "anon"), ("ksm", "ksm", "anon"), ("off", "", "")];
+const VARIANTS: [(&str, &str, &str); 5] = [
+    ("cow", "cow", "anon"),
+    ("cow-memfd", "cow", "memfd"),
+    ("alloc", "alloc", "anon"),
+    ("ksm", "ksm", "anon"),
+    ("off", "", ""),
+];
 
 /// Runs `exe args` under `variant` (one of [`VARIANTS`]), killing it after `limit`;
 /// returns whether it exited 0, and its stdout and stderr (with the reason it failed).
@@ -229,9 +234,7 @@ fn run_variant(exe: &Path, args: &[&str], variant: &str, limit: std::time::Durat
     let name = exe.file_name().unwrap().to_string_lossy().to_string();
     let (out_path, err_path) = (dir.join(format!("{name}-{variant}.out")), dir.join(format!("{name}-{variant}.err")));
     let mut cmd = Command::new(exe);
-    cmd.args(args)
-        .stdout(std::fs::File::create(&out_path).unwrap())
-        .stderr(std::fs::File::create(&err_path).unwrap());
+    cmd.args(args).stdout(std::fs::File::create(&out_path).unwrap()).stderr(std::fs::File::create(&err_path).unwrap());
     if !mode.is_empty() {
         cmd.env("LD_PRELOAD", advm_preload::install(&dir).unwrap())
             .env("ADVM_MODE", mode)
