@@ -40,6 +40,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#ifndef MREMAP_DONTUNMAP
+#define MREMAP_DONTUNMAP 4
+#endif
+
 #define EXPORT __attribute__((visibility("default")))
 #define UNLIKELY(x) __builtin_expect(!!(x), 0)
 
@@ -66,7 +70,8 @@ extern char **environ;
 #define VM_ANON (1ull << 35)
 #define VM_MAPPED (1ull << 36)
 #define VM_NPAGES_SHIFT 37
-#define VM_NPAGES_MASK (((1ull << 26) - 1) << VM_NPAGES_SHIFT)
+#define MAX_BLOCK_PAGES (1ull << 26) /* blocks are shorter: their length fits VM_NPAGES */
+#define VM_NPAGES_MASK ((MAX_BLOCK_PAGES - 1) << VM_NPAGES_SHIFT)
 #define VM_HEAD (1ull << 63)
 
 enum mode { MODE_COW, MODE_ALLOC, MODE_KSM };
@@ -137,6 +142,23 @@ static uint64_t thp_min; /* bytes: anonymous blocks at least this big ask for TH
 static int thp_wanted(uint64_t n) { return A.mode != MODE_KSM && thp_min && (n << A.pshift) >= thp_min; }
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+/* Set while this thread holds the lock or is taking it. memcpy is async-signal-safe: a
+ * signal handler that copies while its thread is inside the shim must not wait for the
+ * lock that thread holds (a deadlock), so such a copy is a plain one. Set before the
+ * lock is taken and cleared after it is released, so a handler never sees it clear
+ * while the lock is this thread's. Initial-exec TLS: no allocation on first use. */
+static __thread volatile int lock_mine __attribute__((tls_model("initial-exec")));
+
+static void lock_take(void) {
+    lock_mine = 1;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    pthread_mutex_lock(&lock);
+}
+static void lock_drop(void) {
+    pthread_mutex_unlock(&lock);
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    lock_mine = 0;
+}
 static int state; /* 0 none, 1 initialising, 2 ready, 3 disabled */
 static uintptr_t arena_lo, arena_len; /* 0 until ready: in_arena() is false */
 static size_t copy_min = SIZE_MAX;    /* copies at least this big are looked at */
@@ -148,7 +170,7 @@ enum counter {
     S_COPIES_SEEN, S_COPIES_VIRTUAL, S_PAGES_SHARED, S_BYTES_PARTIAL, S_PAGES_MOVED,
     S_FB_NOT_ARENA, S_FB_OFFSET, S_FB_OVERLAP, S_FB_SHORT, S_FB_BUDGET,
     S_FB_ERROR, S_FB_BYTES, S_REALLOC_INPLACE, S_REALLOC_MREMAP, S_REALLOC_SHRINK,
-    S_FORKS, S_GENS_EXHAUSTED, S_CACHE_HITS, S_DIRTY_HITS, S_PAGES_SALVAGED, S_PAGES_FRESH, S_PAGES_RETURNED, S_NSTATS
+    S_FB_REENTRANT, S_FORKS, S_GENS_EXHAUSTED, S_CACHE_HITS, S_DIRTY_HITS, S_PAGES_SALVAGED, S_PAGES_FRESH, S_PAGES_RETURNED, S_NSTATS
 };
 static const char *const stat_names[S_NSTATS] = {
     "blocks_allocated", "block_bytes_allocated", "live_bytes", "peak_live_bytes",
@@ -158,7 +180,7 @@ static const char *const stat_names[S_NSTATS] = {
     "fallback_not_both_in_arena", "fallback_page_offsets_differ", "fallback_overlap",
     "fallback_no_whole_page", "fallback_vma_budget",
     "fallback_syscall_error", "fallback_bytes_copied", "realloc_in_place", "realloc_mremap",
-    "realloc_shrink", "forks", "generations_exhausted", "blocks_reused_from_free_cache",
+    "realloc_shrink", "fallback_copy_inside_shim", "forks", "generations_exhausted", "blocks_reused_from_free_cache",
     "blocks_reused_with_pages", "pages_kept_from_copied_over", "pages_mapped_fresh",
     "kept_pages_returned"};
 static uint64_t stats[S_NSTATS];
@@ -505,6 +527,14 @@ static uint64_t run_len(uint64_t v, uint64_t max) {
 }
 
 
+/* Pages needed for size bytes; at least MAX_BLOCK_PAGES (which every caller refuses)
+ * when rounding up would overflow: realloc(p, SIZE_MAX) once wrapped to 0 pages and was
+ * taken for a shrink. */
+static uint64_t pages_for(size_t size) {
+    if (size > SIZE_MAX - (A.ps - 1)) return MAX_BLOCK_PAGES;
+    return (size + A.ps - 1) >> A.pshift;
+}
+
 static void decay(void);
 static int fb_take(uint64_t n, int *dirty, uint64_t *v);
 
@@ -522,9 +552,9 @@ static void *hand_out(uint64_t v, uint64_t n, int reused, int dirty) {
 /* Returns a block of at least size bytes; *dirty says whether it may hold old bytes. */
 static void *block_alloc(size_t size, int *dirty) {
     decay();
-    uint64_t n = (size + A.ps - 1) >> A.pshift;
+    uint64_t n = pages_for(size);
     *dirty = 0;
-    if (n == 0 || n >= (1ull << 26)) return NULL;
+    if (n == 0 || n >= MAX_BLOCK_PAGES) return NULL;
     uint64_t v;
     if (fb_take(n, dirty, &v) == 0) return hand_out(v, n, 1, *dirty);
     if (!budget_ok()) return NULL;
@@ -592,7 +622,7 @@ static int single_owner(uint64_t v, uint64_t n) {
 
 static int fb_mergeable(const struct freeblk *a, const struct freeblk *b) {
     return a->start + a->len == b->start && a->dirty == b->dirty && a->huge == b->huge && !a->mixed && !b->mixed &&
-           (uint64_t)a->len + b->len < (1ull << 26);
+           (uint64_t)a->len + b->len < MAX_BLOCK_PAGES;
 }
 
 static void fb_remove(int i) {
@@ -762,7 +792,7 @@ static int move_pages(uint64_t v, uint64_t nv, uint64_t old) {
 static void *block_realloc(void *p, size_t size) {
     int64_t sv = block_of(p);
     if (sv < 0) bad_pointer("realloc");
-    uint64_t v = (uint64_t)sv, old = head_pages(v), n = (size + A.ps - 1) >> A.pshift;
+    uint64_t v = (uint64_t)sv, old = head_pages(v), n = pages_for(size);
     if (n == old) return p;
     if (n < old) {
         unmap_pages(v + n, old - n);
@@ -772,7 +802,7 @@ static void *block_realloc(void *p, size_t size) {
         live_add(-(int64_t)((old - n) << A.pshift));
         return p;
     }
-    if (n >= (1ull << 26) || !budget_ok()) return NULL;
+    if (n >= MAX_BLOCK_PAGES || !budget_ok()) return NULL;
     if (ext_claim(&A.va, (uint32_t)(v + old), (uint32_t)(n - old))) {
         if (map_fresh(v + old, n - old) != 0) {
             ext_free(&A.va, (uint32_t)(v + old), (uint32_t)(n - old));
@@ -821,20 +851,27 @@ static int write_all(int fd, const void *buf, size_t len, off_t off) {
     return 0;
 }
 
-/* Keeping the pages a copy maps over. A virtual copy maps memfd pages over both sides,
- * and the pages the program had just written there (the source's, before they went to
- * the memfd; the destination's, from its last use) were thrown away, so the next
- * allocations faulted and zeroed as many again (b25_matrix.R: twice glibc's page
- * allocations). Instead they are moved (mremap: page tables only) into a new range the
- * size of the block they belong to, so that the next allocation of that size (a program
- * copying a vector allocates the same size again) takes them, and that range is cached
- * as a freed block with its pages. */
+/* Keeping the pages a copy maps over. A virtual copy maps memfd pages over its
+ * destination, and the pages the program had last written there were thrown away, so
+ * the next allocations faulted and zeroed as many again (b25_matrix.R: twice glibc's
+ * page allocations). Instead they are moved (mremap: page tables only) into a new range
+ * the size of the block they belong to, so that the next allocation of that size (a
+ * program copying a vector allocates the same size again) takes them, and that range
+ * is cached as a freed block with its pages.
+ *
+ * Only the destination's: its whole pages are being overwritten by the copy, and the
+ * move leaves them mapped (MREMAP_DONTUNMAP: empty until the memfd mapping replaces
+ * them), so no access there ever faults. The source must keep its bytes readable
+ * throughout (another thread may read it: legal C), so it is never moved: the memfd
+ * mapping replaces it in one mmap, and a reader sees the old page or the new one, with
+ * the same bytes. */
 struct salvage {
     int64_t base; /* the new range, -1 when nothing was kept */
     uint64_t len, off; /* its pages; where the moved pages start in it */
 };
 
-/* Moves the pages of [v, v+k) away; [v, v+k) is then a hole the caller maps over. */
+/* Moves the pages of [v, v+k) away; [v, v+k) stays mapped, empty, for the caller to map
+ * over. */
 static struct salvage salvage_begin(uint64_t v, uint64_t k) {
     struct salvage sv = {-1, k, 0};
     /* the block around [v, v+k): a copy skips only its partial first and last pages */
@@ -857,8 +894,8 @@ static struct salvage salvage_begin(uint64_t v, uint64_t k) {
         return sv;
     }
     uint64_t to = (uint64_t)r + sv.off;
-    if (mremap(page_addr(v), k << A.pshift, k << A.pshift, MREMAP_MAYMOVE | MREMAP_FIXED, page_addr(to)) ==
-        MAP_FAILED) {
+    if (mremap(page_addr(v), k << A.pshift, k << A.pshift, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP,
+               page_addr(to)) == MAP_FAILED) {
         if (n > k) unmap_pages((uint64_t)r, n);
         ext_free(&A.va, (uint32_t)r, (uint32_t)n);
         return sv;
@@ -894,8 +931,9 @@ static void salvage_end(uint64_t v, uint64_t k, struct salvage sv, int ok) {
 }
 
 /* Remaps [v, v+k) privately onto memfd page (gen g, page f..): takes the new references
- * first, then drops the old ones, so a page mapped on both sides is never punched. */
-static int remap_private(uint64_t v, uint64_t k, int g, uint64_t f) {
+ * first, then drops the old ones, so a page mapped on both sides is never punched.
+ * keep: [v, v+k) is a copy's destination, whose pages may be kept (see salvage). */
+static int remap_private(uint64_t v, uint64_t k, int g, uint64_t f, int keep) {
     if (!budget_ok()) return -1;
     /* a source's shared run is remapped onto its own pages: nothing to keep */
     int same = 0;
@@ -905,7 +943,7 @@ static int remap_private(uint64_t v, uint64_t k, int g, uint64_t f) {
                (m & VM_FPAGE_MASK) == f + i;
     }
     struct salvage kept = {-1, 0, 0};
-    if (!same) kept = salvage_begin(v, k);
+    if (keep && !same) kept = salvage_begin(v, k);
     if (mmap(page_addr(v), k << A.pshift, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, A.gen_fd[g],
              (off_t)(f << A.pshift)) == MAP_FAILED) {
         salvage_end(v, k, kept, 0);
@@ -966,7 +1004,7 @@ static uint64_t prepare_source(uint64_t v, uint64_t k) {
                 }
                 done += chunk;
             }
-            if (!ok || remap_private(v + i, r, A.gen, (uint64_t)f) != 0) {
+            if (!ok || remap_private(v + i, r, A.gen, (uint64_t)f, 0) != 0) {
                 fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)((uint64_t)f << A.pshift),
                           (off_t)(r << A.pshift));
                 ext_free(&A.fd, (uint32_t)f, (uint32_t)r);
@@ -977,7 +1015,8 @@ static uint64_t prepare_source(uint64_t v, uint64_t k) {
             continue;
         }
         if (!(m & VM_PRIV)) {
-            if (remap_private(v + i, r, (int)((m & VM_GEN_MASK) >> VM_GEN_SHIFT), m & VM_FPAGE_MASK) != 0) return i;
+            if (remap_private(v + i, r, (int)((m & VM_GEN_MASK) >> VM_GEN_SHIFT), m & VM_FPAGE_MASK, 0) != 0)
+                return i;
             i += r;
             continue;
         }
@@ -1002,7 +1041,7 @@ static uint64_t prepare_source(uint64_t v, uint64_t k) {
                 int64_t f = fd < 0 ? -1 : ext_alloc(&A.fd, (uint32_t)cnt);
                 if (f < 0) return i + done + a;
                 if (write_all(fd, page_addr(pv), cnt << A.pshift, (off_t)((uint64_t)f << A.pshift)) != 0 ||
-                    remap_private(pv, cnt, A.gen, (uint64_t)f) != 0) {
+                    remap_private(pv, cnt, A.gen, (uint64_t)f, 0) != 0) {
                     fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)((uint64_t)f << A.pshift),
                               (off_t)(cnt << A.pshift));
                     ext_free(&A.fd, (uint32_t)f, (uint32_t)cnt);
@@ -1040,11 +1079,16 @@ static void *big_copy(void *d, const void *s, size_t n, copy_fn plain) {
         st_add(S_FB_BYTES, n);
         return plain(d, s, n);
     }
+    if (lock_mine) { /* a signal handler interrupted this thread inside the shim */
+        st_add(S_FB_REENTRANT, 1);
+        st_add(S_FB_BYTES, n);
+        return plain(d, s, n);
+    }
     uint64_t k = (n - head) >> A.pshift;
     size_t tail = n - head - (k << A.pshift);
     uint64_t dv = page_of((char *)d + head), sv = page_of((const char *)s + head);
     int saved = errno;
-    pthread_mutex_lock(&lock);
+    lock_take();
     uint64_t shared = 0;
     why = S_NSTATS;
     for (uint64_t i = 0; i < k && why == S_NSTATS; i++)
@@ -1057,14 +1101,15 @@ static void *big_copy(void *d, const void *s, size_t n, copy_fn plain) {
             while (i < ready) {
                 uint64_t m = A.vmeta[sv + i];
                 uint64_t r = run_len(sv + i, ready - i);
-                if (remap_private(dv + i, r, (int)((m & VM_GEN_MASK) >> VM_GEN_SHIFT), m & VM_FPAGE_MASK) != 0) break;
+                if (remap_private(dv + i, r, (int)((m & VM_GEN_MASK) >> VM_GEN_SHIFT), m & VM_FPAGE_MASK, 1) != 0)
+                    break;
                 i += r;
             }
             shared = i;
             if (shared < k) why = budget_ok() ? S_FB_ERROR : S_FB_BUDGET;
         }
     }
-    pthread_mutex_unlock(&lock);
+    lock_drop();
     errno = saved;
     if (shared == 0 && why != S_NSTATS) {
         st_add(why, 1);
@@ -1091,7 +1136,7 @@ static void *big_copy(void *d, const void *s, size_t n, copy_fn plain) {
  * see each other's writes. Every shared run becomes a private mapping of the same
  * memfd pages (contents unchanged: they are the memfd's). */
 static void fork_prepare(void) {
-    pthread_mutex_lock(&lock);
+    lock_take();
     if (state != 2) return;
     int saved = errno;
     cache_flush(); /* cached blocks are shared mappings of the generation being frozen */
@@ -1143,7 +1188,7 @@ static void fork_parent(void) {
         new_generation();
         st_add(S_FORKS, 1);
     }
-    pthread_mutex_unlock(&lock);
+    lock_drop();
 }
 
 static void fork_child(void) {
@@ -1155,7 +1200,7 @@ static void fork_child(void) {
             if (i != S_LIVE_BYTES) stats[i] = 0;
         A.pid = getpid();
     }
-    pthread_mutex_unlock(&lock);
+    lock_drop();
 }
 
 /* ---- initialisation and exit ----------------------------------------------------- */
@@ -1227,10 +1272,10 @@ static int ready(void) {
     if (!__atomic_compare_exchange_n(&state, &zero, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return 0;
     int saved = errno;
     resolve();
-    pthread_mutex_lock(&lock);
+    lock_take();
     init_locked();
     if (state != 2) __atomic_store_n(&state, 3, __ATOMIC_RELEASE);
-    pthread_mutex_unlock(&lock);
+    lock_drop();
     errno = saved;
     return state == 2;
 }
@@ -1288,9 +1333,9 @@ __attribute__((destructor)) static void advm_preload_fini(void) {
 
 static void *arena_alloc_dirty(size_t n, int *dirty) {
     int saved = errno;
-    pthread_mutex_lock(&lock);
+    lock_take();
     void *p = block_alloc(n, dirty);
-    pthread_mutex_unlock(&lock);
+    lock_drop();
     errno = saved;
     if (!p) st_add(S_ALLOC_FALLBACK, 1);
     return p;
@@ -1340,9 +1385,9 @@ EXPORT void *calloc(size_t nmemb, size_t size) {
 EXPORT void free(void *p) {
     if (UNLIKELY(in_arena(p))) {
         int saved = errno;
-        pthread_mutex_lock(&lock);
+        lock_take();
         block_free(p);
-        pthread_mutex_unlock(&lock);
+        lock_drop();
         errno = saved;
         return;
     }
@@ -1359,12 +1404,12 @@ EXPORT void *realloc(void *p, size_t n) {
         return NULL;
     }
     int saved = errno;
-    pthread_mutex_lock(&lock);
+    lock_take();
     int64_t v = block_of(p);
     if (v < 0) bad_pointer("realloc");
     size_t old = head_pages((uint64_t)v) << A.pshift;
     void *q = n >= A.threshold ? block_realloc(p, n) : NULL;
-    pthread_mutex_unlock(&lock);
+    lock_drop();
     errno = saved;
     if (q) return q;
     /* below the threshold, or the arena could not grow it: allocate and copy */
@@ -1438,10 +1483,10 @@ EXPORT void *pvalloc(size_t n) {
 
 EXPORT size_t malloc_usable_size(void *p) {
     if (in_arena(p)) {
-        pthread_mutex_lock(&lock);
+        lock_take();
         int64_t v = block_of(p);
         size_t n = v < 0 ? 0 : head_pages((uint64_t)v) << A.pshift;
-        pthread_mutex_unlock(&lock);
+        lock_drop();
         return n;
     }
     resolve();

@@ -1,8 +1,8 @@
 /* Reuse of freed and copied-over pages by the shim (run by tests/c_programs.rs).
  * 1. Sixteen adjacent 4-page blocks are written and freed; one 64-page block must take
  *    their pages (the free table merges neighbours): resident memory must not grow.
- * 2. A 64-page block is copied into another (a virtual copy); the pages the copy maps
- *    over are kept, so a third block of that size written whole must not grow resident
+ * 2. A 64-page block is copied into another (a virtual copy); the destination's pages
+ *    the copy maps over are kept, so a third block of that size written whole must not grow resident
  *    memory either, and writing it, or either side of the copy, must leave the others
  *    as they were. Prints the two growths in pages; exits non-zero on a wrong byte. */
 #include <stdio.h>

@@ -8,6 +8,7 @@
 mod image;
 mod r;
 mod remap;
+mod shim_stress;
 mod stat;
 mod vcopy;
 
@@ -188,6 +189,7 @@ pub fn all() -> Vec<Box<dyn Bench>> {
         Box::new(remap::RemapBench),
         Box::new(image::ImageBench),
         Box::new(r::RBench),
+        Box::new(shim_stress::ShimStressBench),
     ]
 }
 
