@@ -23,13 +23,7 @@ use std::time::{Duration, Instant};
 /// Runs that fail on today's code because of known defects being fixed elsewhere:
 /// (program, variant, defect). Printed as KNOWN FAILING whether they fail or not;
 /// remove an entry once its fix is merged (the run then has to pass).
-const KNOWN_FAILING: &[(&str, &str, &str)] = &[(
-    "threads",
-    "shim",
-    "a reader of a source gets SIGSEGV while another thread's memcpy makes the source's \
-     freshly written pages shareable (salvage_begin mremaps them away before the memfd \
-     pages are mapped over the hole); fails in about 40-80% of runs here, so a pass proves nothing",
-)];
+const KNOWN_FAILING: &[(&str, &str, &str)] = &[];
 
 const VARIANTS: &[&str] = &["capi", "shim", "shim-memfd"];
 const TIME_LIMIT: Duration = Duration::from_secs(30);
