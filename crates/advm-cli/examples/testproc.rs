@@ -1,17 +1,16 @@
-//! `advm testproc`: small processes with a known memory layout, for tests and the demo.
-//! Each prints `ready` on stdout once its memory is in place, then waits until its
-//! stdin closes (or it is killed).
+//! `testproc`: a small process with a known memory layout, for the tests of `advm stat`.
+//! It prints `ready` on stdout once its memory is in place, then waits until its stdin
+//! closes (or it is killed). A test binary, not part of the `advm` command: `cargo test`
+//! builds it into `target/<profile>/examples/`.
 
 use std::io::{BufRead, Write};
 
-use advm::sys::memfd;
-use advm::sys::mman::{Backing, Mapping, Prot, Share};
-
-use crate::CliError;
+use advm::mem::{Access, Assembly, Backing, Extent, Memfd, Region, Reservation, Share};
+use clap::Parser;
 
 /// The layouts.
-#[derive(Debug, Clone, clap::Subcommand)]
-pub enum TestProc {
+#[derive(Debug, Clone, Parser)]
+enum TestProc {
     /// One memfd of PAGES pages, filled with distinct bytes, mapped shared at TIMES
     /// addresses and faulted in: RSS counts it TIMES times, distinct pages once.
     SharedPages {
@@ -33,14 +32,13 @@ pub enum TestProc {
     },
 }
 
-/// Builds the layout, says `ready`, and waits for stdin to close.
-pub fn run(which: TestProc) -> Result<(), CliError> {
-    let ps = advm::addr::page_size();
-    let mut keep = Vec::new();
-    match which {
+/// Builds the layout; what it returns holds the memory until dropped.
+fn build(which: TestProc) -> advm::Result<Box<dyn std::any::Any>> {
+    let ps = advm::mem::page_size();
+    Ok(match which {
         TestProc::SharedPages { pages, times } => {
-            let fd = memfd::create("advm-testproc")?;
-            memfd::set_len(&fd, (pages * ps) as u64)?;
+            let memfd = Memfd::create("advm-testproc")?;
+            memfd.set_len((pages * ps) as u64)?;
             // Every page gets different bytes, so nothing could merge them by content.
             let chunk_pages = 256;
             let mut buf = vec![0u8; chunk_pages * ps];
@@ -49,84 +47,37 @@ pub fn run(which: TestProc) -> Result<(), CliError> {
                 for (i, b) in buf[..n * ps].iter_mut().enumerate() {
                     *b = ((first * ps + i) / ps * 31 + i) as u8;
                 }
-                let mut done = 0;
-                while done < n * ps {
-                    done += memfd::pwrite(&fd, &buf[done..n * ps], (first * ps + done) as u64)?;
-                }
+                memfd.write_all_at(&buf[..n * ps], (first * ps) as u64)?;
             }
+            let mut maps = Vec::with_capacity(times);
             for _ in 0..times {
-                let m = Mapping::new(
-                    pages * ps,
-                    Prot::READ,
-                    Share::Shared,
-                    Backing::File { fd: std::os::fd::AsFd::as_fd(&fd), offset: 0 },
-                )?;
-                m.populate(false)?;
-                keep.push(m);
+                let mut m = Assembly::reserve(pages * ps)?;
+                let whole = Extent { offset: 0, len: pages * ps, backing: Backing::Memfd { memfd: &memfd, offset: 0 } };
+                m.place(whole, Access::Read, Share::Shared)?;
+                m.populate_read(0, pages * ps)?;
+                maps.push(m);
             }
+            Box::new(maps)
         }
         TestProc::Anon { mib, reserve_gib } => {
-            let m = Mapping::anonymous(mib << 20)?;
-            m.populate(true)?;
-            keep.push(m);
-            if reserve_gib > 0 {
-                keep.push(Mapping::reserve(reserve_gib << 30)?);
-            }
+            let region = Region::new(mib << 20)?;
+            region.populate(true)?;
+            let reserved = if reserve_gib > 0 { Some(Reservation::new(reserve_gib << 30)?) } else { None };
+            Box::new((region, reserved))
         }
-    }
-    ready_and_wait()?;
-    drop(keep);
-    Ok(())
+    })
 }
 
-/// Says `ready` on stdout, then blocks until stdin closes: the protocol of every
-/// helper process the tests and benchmarks spawn.
-pub fn ready_and_wait() -> Result<(), CliError> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let keep = build(TestProc::parse())?;
     let mut out = std::io::stdout().lock();
-    writeln!(out, "ready").and_then(|_| out.flush()).map_err(|e| CliError::Io("stdout".into(), e))?;
+    writeln!(out, "ready")?;
+    out.flush()?;
     drop(out);
     let mut line = String::new();
     while std::io::stdin().lock().read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
         line.clear();
     }
+    drop(keep);
     Ok(())
-}
-
-/// A running testproc child, killed on drop.
-pub struct Child {
-    child: std::process::Child,
-}
-
-impl Child {
-    /// Spawns `advm testproc ARGS` from this very binary and waits for `ready`.
-    pub fn spawn(args: &[&str]) -> Result<Self, CliError> {
-        let exe = std::env::current_exe().map_err(|e| CliError::Io("current_exe".into(), e))?;
-        let mut child = std::process::Command::new(exe)
-            .arg("testproc")
-            .args(args)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .map_err(|e| CliError::Io("spawn advm testproc".into(), e))?;
-        let mut line = String::new();
-        let stdout = child.stdout.take().expect("piped");
-        std::io::BufReader::new(stdout).read_line(&mut line).map_err(|e| CliError::Io("testproc stdout".into(), e))?;
-        if line.trim() != "ready" {
-            let _ = child.kill();
-            return Err(CliError::Usage(format!("advm testproc {} did not get ready", args.join(" "))));
-        }
-        Ok(Self { child })
-    }
-
-    /// Its pid.
-    pub fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-}
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }

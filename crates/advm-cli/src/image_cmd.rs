@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use advm::image::{ExtentKind, GuestOffset, Image, ImageSpace, MapOptions, OverBudget};
 
-use crate::bench::render_cells;
 use crate::{to_json, CliError};
+use advm_bench::render_cells;
 
 /// `advm image ...`.
 #[derive(Debug, clap::Subcommand)]
@@ -42,16 +42,6 @@ pub enum ImageCmd {
         /// VMA budget allows (default: fail).
         #[arg(long)]
         copy_over_budget: bool,
-    },
-    /// Maps the image (or reads it into private memory), reads all of it, says `ready`,
-    /// and waits for stdin to close (used by `advm bench image`).
-    #[command(hide = true)]
-    Hold {
-        /// The image.
-        image: PathBuf,
-        /// Read into private memory instead of mapping.
-        #[arg(long)]
-        private: bool,
     },
 }
 
@@ -164,29 +154,6 @@ pub fn run(cmd: ImageCmd) -> Result<(), CliError> {
             }
             out.flush().map_err(|e| CliError::Io("stdout".into(), e))?;
         }
-        ImageCmd::Hold { image, private } => {
-            let keep: Box<dyn std::any::Any> = if private {
-                let img = Image::open(&image)?;
-                let mut buf = vec![0u8; img.virtual_size() as usize];
-                fill_private(&img, &mut buf)?;
-                Box::new(buf)
-            } else {
-                let space = ImageSpace::map(&image, &MapOptions::default())?;
-                space.read_all()?;
-                Box::new(space)
-            };
-            crate::testproc::ready_and_wait()?;
-            drop(keep);
-        }
-    }
-    Ok(())
-}
-
-/// Reads the whole disk into private heap memory, as a VM with a block device keeps
-/// its own copy of what it read.
-fn fill_private(img: &Image, dst: &mut [u8]) -> Result<(), CliError> {
-    for (i, chunk) in dst.chunks_mut(1 << 20).enumerate() {
-        img.read_at(GuestOffset((i as u64) << 20), chunk)?;
     }
     Ok(())
 }
