@@ -23,11 +23,7 @@ pub struct Workload {
 /// The R workload `bench/run/<name>`.
 macro_rules! r_script {
     ($name:literal) => {
-        $crate::workloads::Workload {
-            file: $name,
-            text: $crate::workloads::bench_file!("run/", $name),
-            python: false,
-        }
+        $crate::workloads::Workload { file: $name, text: $crate::workloads::bench_file!("run/", $name), python: false }
     };
 }
 pub(crate) use r_script;
