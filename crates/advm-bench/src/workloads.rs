@@ -31,7 +31,8 @@ pub(crate) use r_script;
 /// Sourced by every R workload.
 pub const COMMON_R: &str = bench_file!("run/common.R");
 
-/// The test-only R script that forks (parallel::mclapply); used by the output tests.
+/// The R script that forks (parallel::mclapply), written beside the workloads; the
+/// output tests run it from bench/run.
 pub const FORK_SCRIPT: &str = bench_file!("run/fork_mclapply.R");
 
 /// The copy-threshold probe (C): ns per allocate, fill, copy, write, free cycle by size.
