@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use advm::image::{ExtentKind, GuestOffset, Image, ImageOptions, ImageSpace, MapOptions, OverBudget};
 
-use crate::bench::render_cells;
 use crate::{to_json, CliError};
+use advm_bench::render_cells;
 
 /// What a backing chain may lead to (see docs/image.md).
 #[derive(Debug, Clone, Copy, clap::Args)]
@@ -69,16 +69,6 @@ pub enum ImageCmd {
         max_materialised: Option<u64>,
         #[command(flatten)]
         chain: ChainArgs,
-    },
-    /// Maps the image (or reads it into private memory), reads all of it, says `ready`,
-    /// and waits for stdin to close (used by `advm bench image`).
-    #[command(hide = true)]
-    Hold {
-        /// The image.
-        image: PathBuf,
-        /// Read into private memory instead of mapping.
-        #[arg(long)]
-        private: bool,
     },
 }
 
@@ -194,29 +184,6 @@ pub fn run(cmd: ImageCmd) -> Result<(), CliError> {
             }
             out.flush().map_err(|e| CliError::Io("stdout".into(), e))?;
         }
-        ImageCmd::Hold { image, private } => {
-            let keep: Box<dyn std::any::Any> = if private {
-                let img = Image::open(&image)?;
-                let mut buf = vec![0u8; img.virtual_size() as usize];
-                fill_private(&img, &mut buf)?;
-                Box::new(buf)
-            } else {
-                let space = ImageSpace::map(&image, &MapOptions::default())?;
-                space.read_all()?;
-                Box::new(space)
-            };
-            crate::testproc::ready_and_wait()?;
-            drop(keep);
-        }
-    }
-    Ok(())
-}
-
-/// Reads the whole disk into private heap memory, as a VM with a block device keeps
-/// its own copy of what it read.
-fn fill_private(img: &Image, dst: &mut [u8]) -> Result<(), CliError> {
-    for (i, chunk) in dst.chunks_mut(1 << 20).enumerate() {
-        img.read_at(GuestOffset((i as u64) << 20), chunk)?;
     }
     Ok(())
 }

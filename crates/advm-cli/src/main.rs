@@ -1,14 +1,13 @@
 //! `advm`: application-directed virtual memory from the command line.
 
-mod bench;
 mod image_cmd;
 mod run_cmd;
 mod stat_cmd;
-mod testproc;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
+use advm_bench::{self as bench, render_cells, render_table};
 use clap::{Parser, Subcommand};
 
 /// The command's one error type.
@@ -17,9 +16,12 @@ pub enum CliError {
     /// From the library.
     #[error(transparent)]
     Advm(#[from] advm::Error),
-    /// A raw call failed.
+    /// From a benchmark or a demo row.
     #[error(transparent)]
-    Sys(#[from] advm::sys::SysError),
+    Bench(#[from] bench::BenchError),
+    /// Starting a program under the preload shim.
+    #[error(transparent)]
+    Launch(#[from] advm_preload::launch::Error),
     /// Bad usage.
     #[error("{0}")]
     Usage(String),
@@ -76,9 +78,6 @@ enum Command {
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
     },
-    /// Test processes with a known memory layout (used by tests and the demo).
-    #[command(hide = true, subcommand)]
-    Testproc(testproc::TestProc),
 }
 
 fn to_json<T: serde::Serialize>(v: &T) -> String {
@@ -100,7 +99,7 @@ fn doctor(json: bool) {
         };
         cells.push(vec![c.name.to_string(), status.into(), c.value.clone(), c.consequence.clone()]);
     }
-    print!("{}", bench::render_cells(&cells));
+    print!("{}", render_cells(&cells));
 }
 
 fn demo(json: bool, only: &[String]) -> Result<(), CliError> {
@@ -130,7 +129,7 @@ fn demo(json: bool, only: &[String]) -> Result<(), CliError> {
                 r.gain.clone(),
             ]);
         }
-        print!("{}", bench::render_cells(&cells));
+        print!("{}", render_cells(&cells));
         for f in &failures {
             eprintln!("demo row failed: {f}");
         }
@@ -168,7 +167,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 println!("{text}");
             } else {
                 println!("{}: {}", report.name, report.description);
-                print!("{}", bench::render_table(&report.rows));
+                print!("{}", render_table(&report.rows));
                 for n in &report.notes {
                     println!("note: {n}");
                 }
@@ -177,7 +176,6 @@ fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Demo { json, only } => demo(json, &only)?,
         Command::Run(args) => run_cmd::run(args)?,
-        Command::Testproc(which) => testproc::run(which)?,
     }
     Ok(())
 }

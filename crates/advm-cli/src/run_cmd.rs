@@ -1,69 +1,30 @@
 //! `advm run [--mode cow|alloc|ksm|ksm-aggr|off] [--stats] -- CMD ARGS...`: runs an
 //! unmodified program with the advm preload shim (crates/advm-preload), in one of the
-//! mmapcopy paper's five configurations.
+//! mmapcopy paper's five configurations. Launching is `advm_preload::launch`'s; this
+//! file parses the arguments and prints.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+
+use advm_bench::fmt_bytes;
+use advm_preload::launch::{self, Mode};
 
 use crate::CliError;
 
-/// The paper's five configurations (section 5.1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Mode {
-    /// Virtual copies: large blocks in a memfd arena, large copies become copy-on-write.
-    Cow,
-    /// Only large blocks moved to an anonymous page-aligned arena (the paper's orig+alloc).
-    Alloc,
-    /// alloc + arena marked mergeable, KSM scanning 100 pages per 20 ms.
-    Ksm,
-    /// alloc + arena marked mergeable, KSM scanning 1000 pages per 20 ms.
-    #[value(name = "ksm-aggr")]
-    KsmAggr,
-    /// The untouched program: no shim.
-    Off,
-}
-
-impl Mode {
-    /// All five, in the paper's order (baseline first).
-    pub const ALL: [Mode; 5] = [Mode::Off, Mode::Alloc, Mode::Ksm, Mode::KsmAggr, Mode::Cow];
-
-    /// The name used on the command line and in tables.
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Cow => "cow",
-            Mode::Alloc => "alloc",
-            Mode::Ksm => "ksm",
-            Mode::KsmAggr => "ksm-aggr",
-            Mode::Off => "off",
-        }
-    }
-
-    /// KSM pages scanned per 20 ms wake-up, for the KSM modes.
-    pub fn ksm_pages_to_scan(self) -> Option<u32> {
-        match self {
-            Mode::Ksm => Some(100),
-            Mode::KsmAggr => Some(1000),
-            _ => None,
-        }
-    }
-
-    /// What the shim is told (ADVM_MODE); None when the shim is not loaded.
-    fn shim_mode(self) -> Option<&'static str> {
-        match self {
-            Mode::Cow => Some("cow"),
-            Mode::Alloc => Some("alloc"),
-            Mode::Ksm | Mode::KsmAggr => Some("ksm"),
-            Mode::Off => None,
-        }
-    }
+/// `--mode`: the launch modes by name, each with its one-line help, in the order the
+/// help lists them.
+fn mode_parser() -> impl clap::builder::TypedValueParser<Value = Mode> {
+    use clap::builder::TypedValueParser;
+    let values = [Mode::Cow, Mode::Alloc, Mode::Ksm, Mode::KsmAggr, Mode::Off]
+        .map(|m| clap::builder::PossibleValue::new(m.name()).help(m.about()));
+    clap::builder::PossibleValuesParser::new(values)
+        .map(|name| Mode::ALL.into_iter().find(|m| m.name() == name).expect("parser admits only mode names"))
 }
 
 /// Arguments of `advm run`.
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
     /// Configuration: cow (virtual copies), alloc, ksm, ksm-aggr, off.
-    #[arg(long, value_enum, default_value = "cow")]
+    #[arg(long, value_parser = mode_parser(), default_value = "cow")]
     pub mode: Mode,
     /// At exit, print on stderr the copies made virtual, bytes not copied and fallbacks.
     #[arg(long)]
@@ -80,108 +41,11 @@ pub struct RunArgs {
     pub command: Vec<String>,
 }
 
-/// A command prepared to run under a mode. Keep it alive while the program runs: it
-/// holds the KSM settings and the statistics directory.
-pub struct Prepared {
-    /// The command, with LD_PRELOAD and the shim's variables set.
-    pub command: Command,
-    /// Where the shim's processes write their statistics.
-    pub stats_dir: Option<PathBuf>,
-    _ksm: Option<advm::ksm::Session>,
-}
-
-impl Drop for Prepared {
-    fn drop(&mut self) {
-        if let Some(d) = &self.stats_dir {
-            let _ = std::fs::remove_dir_all(d);
-        }
-    }
-}
-
-fn fresh_stats_dir() -> Result<PathBuf, CliError> {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static N: AtomicU32 = AtomicU32::new(0);
-    let dir =
-        std::env::temp_dir().join(format!("advm-run-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|e| CliError::Io(dir.display().to_string(), e))?;
-    Ok(dir)
-}
-
-/// The installed shim (written once per content hash into the cache directory).
-pub fn shim_path() -> Result<PathBuf, CliError> {
-    let dir = advm_preload::default_cache_dir();
-    advm_preload::install(&dir)
-        .map_err(|e| CliError::Io(format!("installing the preload shim into {}", dir.display()), e))
-}
-
-/// Prepares `program args` to run under `mode`; with `stats`, the shim reports into a
-/// fresh directory.
-pub fn prepare(
-    mode: Mode,
-    threshold_pages: u64,
-    program: &str,
-    args: &[String],
-    stats: bool,
-) -> Result<Prepared, CliError> {
-    let mut command = Command::new(program);
-    command.args(args);
-    let mut stats_dir = None;
-    if let Some(shim_mode) = mode.shim_mode() {
-        let so = shim_path()?;
-        let mut preload = so.display().to_string();
-        if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
-            preload = format!("{preload}:{}", old.to_string_lossy());
-        }
-        command
-            .env("LD_PRELOAD", preload)
-            .env(advm_preload::env::MODE, shim_mode)
-            .env(advm_preload::env::THRESHOLD_PAGES, threshold_pages.to_string());
-        if stats {
-            let d = fresh_stats_dir()?;
-            command.env(advm_preload::env::STATS_DIR, &d);
-            stats_dir = Some(d);
-        }
-    }
-    let ksm = mode.ksm_pages_to_scan().map(|pages| advm::ksm::Session::start(pages, 20)).transpose()?;
-    Ok(Prepared { command, stats_dir, _ksm: ksm })
-}
-
-/// The shim's counters summed over every process that wrote `<pid>.stats`, and how many
-/// did. Forked children that end with `_exit` write nothing (their copies are not counted).
-pub fn read_stats(dir: &Path) -> (BTreeMap<String, u64>, usize) {
-    let mut sum = BTreeMap::new();
-    let mut files = 0;
-    let Ok(entries) = std::fs::read_dir(dir) else { return (sum, 0) };
-    for e in entries.flatten() {
-        let Ok(text) = std::fs::read_to_string(e.path()) else { continue };
-        files += 1;
-        for line in text.lines() {
-            let mut it = line.split_whitespace();
-            if let (Some(k), Some(v)) = (it.next(), it.next()) {
-                if let Ok(n) = v.parse::<u64>() {
-                    let slot = sum.entry(k.to_string()).or_insert(0);
-                    // sizes that are per-process levels are reported as the largest
-                    *slot = if matches!(
-                        k,
-                        "threshold_bytes" | "copy_min_bytes" | "peak_live_bytes" | "live_bytes" | "vma_segments"
-                    ) {
-                        (*slot).max(n)
-                    } else {
-                        *slot + n
-                    };
-                }
-            }
-        }
-    }
-    (sum, files)
-}
-
 /// Renders the counters for `--stats`.
 pub fn render_stats(mode: Mode, stats: &BTreeMap<String, u64>, processes: usize) -> String {
     let g = |k: &str| stats.get(k).copied().unwrap_or(0);
     let ps = advm::addr::page_size() as u64;
-    let fb = crate::bench::fmt_bytes;
+    let fb = fmt_bytes;
     let mut out = format!(
         "advm run: mode {}, threshold {} bytes{}, {} process(es) reported\n",
         mode.name(),
@@ -254,20 +118,20 @@ pub fn render_stats(mode: Mode, stats: &BTreeMap<String, u64>, processes: usize)
 /// `advm run`: runs the program, then exits with its status.
 pub fn run(args: RunArgs) -> Result<(), CliError> {
     let (program, rest) = args.command.split_first().ok_or_else(|| CliError::Usage("no command given".into()))?;
-    let mut prepared = prepare(args.mode, args.threshold_pages, program, rest, args.stats)?;
+    let mut prepared = launch::prepare(args.mode, args.threshold_pages, program, rest, args.stats)?;
     if let Some(p) = args.copy_min_pages {
         prepared.command.env(advm_preload::env::COPY_MIN_PAGES, p.to_string());
     }
     let mut child = prepared.command.spawn().map_err(|e| CliError::Io(format!("running {program}"), e))?;
     // Ctrl-C and kill must end the program, not advm: advm still has to restore KSM
     // settings and report.
-    let signals = advm::sys::signal::ChildSignals::install(child.id() as i32)?;
+    let signals = advm::process::ForwardSignals::to(child.id())?;
     let status = child.wait().map_err(|e| CliError::Io(format!("waiting for {program}"), e))?;
     drop(signals);
     if args.stats {
         match &prepared.stats_dir {
             Some(d) => {
-                let (stats, n) = read_stats(d);
+                let (stats, n) = launch::read_stats(d);
                 eprint!("{}", render_stats(args.mode, &stats, n));
             }
             None => eprintln!("advm run: mode off: the shim was not loaded, nothing to report"),

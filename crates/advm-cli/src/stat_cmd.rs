@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use advm::stats::{self, Meter, Options, Sample};
 
-use crate::bench::{fmt_bytes, render_cells};
 use crate::CliError;
+use advm_bench::{fmt_bytes, render_cells};
 
 /// Arguments of `advm stat`.
 #[derive(Debug, clap::Args)]

@@ -109,7 +109,7 @@ fn bench_image_quick_shares_pages() {
     let out = Command::new(ADVM).args(["bench", "image", "--quick", "--json", "--runs", "1"]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    // Figure `fig` (0: distinct pages, 3: anon+shmem pages) of the row for n processes.
+    // Figure `fig` (0: distinct pages, 3: anon+shmem pages) of the row for n readers.
     let figure = |n: &str, reader: &str, fig: usize| -> f64 {
         let row = r["rows"]
             .as_array()
@@ -123,8 +123,8 @@ fn bench_image_quick_shares_pages() {
         eprintln!("PFNs hidden (not root): checking only that the bench ran");
         return;
     }
-    // The image is 16 MiB = 4096 pages. Going from 1 to 4 mapping processes adds each
-    // new process's own memory (its anon+shmem pages) but no second copy of the image;
+    // The image is 16 MiB = 4096 pages. Going from 1 to 4 mapping readers adds each
+    // new reader's own memory (its anon+shmem pages) but no second copy of the image;
     // going from 1 to 4 private readers adds three images.
     let image = 4096.0;
     let (mapped1, mapped4) = (figure("1", "mapped", 0), figure("4", "mapped", 0));

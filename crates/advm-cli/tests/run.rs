@@ -53,7 +53,7 @@ fn need_numpy() -> bool {
 
 fn modes() -> Vec<&'static str> {
     let root = advm::probe::facts().root;
-    if root && advm::sys::ksm::available() {
+    if root && advm::ksm::available() {
         vec!["off", "alloc", "ksm", "ksm-aggr", "cow"]
     } else {
         eprintln!("ksm and ksm-aggr modes skipped: they need root and KSM (/sys/kernel/mm/ksm)");
@@ -71,7 +71,7 @@ fn same_output_everywhere(program: &str, args: &[String], scale: &str) {
             .arg(program)
             .args(args)
             .env("ADVM_BENCH_SCALE", scale)
-            .env("ADVM_BENCH_DIR", repo().join("bench/r")));
+            .env("ADVM_BENCH_DIR", repo().join("bench/run")));
         assert!(!out.stdout.is_empty(), "{program} {args:?} printed nothing under {mode}");
         match &reference {
             None => reference = Some(out.stdout),
@@ -90,7 +90,7 @@ fn r_scripts_give_identical_output_in_every_mode() {
         return;
     }
     for script in ["fork_mclapply.R", "b25_sort.R", "b25_matrix.R", "b25_vector.R", "ml_knn.R", "ml_rpart.R"] {
-        let path = repo().join("bench/r").join(script).display().to_string();
+        let path = repo().join("bench/run").join(script).display().to_string();
         same_output_everywhere("Rscript", &["--vanilla".into(), path], "0.02");
     }
 }
@@ -100,7 +100,7 @@ fn python_numpy_pandas_gives_identical_output_in_every_mode() {
     if !need_numpy() {
         return;
     }
-    let path = repo().join("bench/python/numpy_copy.py").display().to_string();
+    let path = repo().join("bench/run/numpy_copy.py").display().to_string();
     same_output_everywhere("/usr/bin/python3", &[path], "0.05");
 }
 

@@ -12,7 +12,7 @@ fn ksm(knob: &str) -> Option<String> {
 
 #[test]
 fn sigterm_ends_the_program_and_ksm_settings_come_back() {
-    if !advm::sys::is_root() || ksm("run").is_none() {
+    if !advm::process::is_root() || ksm("run").is_none() {
         eprintln!("skipped: needs root and KSM to change KSM settings");
         return;
     }

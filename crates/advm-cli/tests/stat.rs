@@ -3,22 +3,38 @@
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 const ADVM: &str = env!("CARGO_BIN_EXE_advm");
+
+/// The `testproc` example (examples/testproc.rs), a process with a known memory
+/// layout: `cargo test -p advm-cli` builds it into target/<profile>/examples/, the
+/// directory above this test binary's.
+fn testproc() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let profile = exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>");
+    let path = profile.join("examples").join("testproc");
+    assert!(
+        path.exists(),
+        "{} is missing: `cargo test -p advm-cli` builds it (a run with only `--test stat` does not; \
+         `cargo build -p advm-cli --examples` then)",
+        path.display()
+    );
+    path
+}
 
 /// A testproc child, killed on drop.
 struct Proc(Child);
 
 impl Proc {
     fn spawn(args: &[&str]) -> Proc {
-        let mut child = Command::new(ADVM)
-            .arg("testproc")
+        let mut child = Command::new(testproc())
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
-            .expect("spawn advm testproc");
+            .expect("spawn testproc");
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
         assert_eq!(line.trim(), "ready");
@@ -174,7 +190,7 @@ fn hidden_pfns_fall_back_to_pss() {
 
 #[test]
 fn unprivileged_user_sees_the_pss_fallback() {
-    if !advm::sys::is_root() {
+    if !advm::process::is_root() {
         eprintln!("skipped: needs root to switch to an unprivileged uid");
         return;
     }
@@ -247,7 +263,7 @@ fn bench_quick_json_has_the_shared_shape() {
 #[test]
 fn a_process_that_execs_is_followed_into_its_new_image() {
     // Rscript and many launchers exec: the pagemap opened before pins the old mm.
-    let script = format!("read line; exec {ADVM} testproc anon --mib 8");
+    let script = format!("read line; exec {} anon --mib 8", testproc().display());
     let mut child =
         Command::new("/bin/sh").args(["-c", &script]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
     let pid = child.id() as i32;
@@ -266,7 +282,7 @@ fn a_process_that_execs_is_followed_into_its_new_image() {
         before.rss_bytes,
         after.rss_bytes
     );
-    assert_eq!(after.processes[0].comm, "advm");
+    assert_eq!(after.processes[0].comm, "testproc");
     drop(stdin);
     let _ = child.kill();
     let _ = child.wait();

@@ -1,6 +1,7 @@
 //! The advm LD_PRELOAD shim, compiled from `csrc/shim.c` by `build.rs` and embedded here
 //! so that the `advm` binary is self-contained: [`install`] writes it once to a
-//! content-named file that `advm run` puts in `LD_PRELOAD`.
+//! content-named file that `advm run` puts in `LD_PRELOAD`. [`launch`] starts a program
+//! under one of the five configurations (shim mode, statistics, KSM settings).
 //!
 //! The shim is C, not Rust, because it replaces malloc and memcpy: it may not
 //! allocate, recurse or depend on a runtime, and must work before `main` and after exit
@@ -9,6 +10,8 @@
 #![deny(unsafe_code)]
 
 use std::path::{Path, PathBuf};
+
+pub mod launch;
 
 /// The shared object's bytes.
 pub const SHIM_SO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libadvm_preload.so"));

@@ -113,7 +113,14 @@ fn compiled(file: &str) -> Option<PathBuf> {
     }
     let dir = work_dir();
     std::fs::create_dir_all(&dir).unwrap();
-    Some(compile(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join(file), &dir))
+    // the stress program is also `advm bench shim-stress`'s workload: it lives in bench/run
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let src = if file == "stress.c" {
+        manifest.join("../../bench/run").join(file)
+    } else {
+        manifest.join("tests").join(file)
+    };
+    Some(compile(&src, &dir))
 }
 
 /// Runs `exe args` under the shim in cow mode with `env`; asserts it succeeded.

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::sys::SysError;
+pub use crate::sys::{Errno, SysError};
 
 /// Everything advm can fail with. Messages chain their cause so one line tells the
 /// whole story.

@@ -134,6 +134,19 @@ impl Drop for Session {
     }
 }
 
+/// True when this kernel has KSM (`/sys/kernel/mm/ksm`).
+pub fn available() -> bool {
+    ksm::available()
+}
+
+/// A KSM knob's value (`run`, `pages_to_scan`, `pages_shared`, ...), when readable.
+pub fn knob(name: &str) -> Option<i64> {
+    ksm::read(name)
+}
+
+/// The system-wide KSM counters (same as [`crate::stats::ksm_system`]).
+pub use crate::stats::{ksm_system as system, KsmSystem as System};
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,14 +6,20 @@
 //! observes from the outside.
 #![deny(unsafe_code)]
 
-pub mod addr;
 pub mod cow;
 pub mod error;
 pub mod image;
 pub mod ksm;
+pub mod mem;
 pub mod probe;
+pub mod process;
 pub mod remap;
 pub mod stats;
 pub mod sys;
 
 pub use error::{Error, Result};
+
+/// Addresses and page ranges; moved to [`mem`] (the memory vocabulary).
+pub mod addr {
+    pub use crate::mem::{is_page_aligned, page_align_up, page_size, HostAddr, PageRange};
+}

@@ -404,6 +404,24 @@ pub fn measure_self() -> Result<Sample> {
     Meter::for_self(Options::default())?.sample()
 }
 
+/// The physical frame of each page of `range` in this process: `Some(pfn)` for a
+/// present page, `None` for one not in memory (or when the kernel hides PFNs: see
+/// [`crate::probe::Facts::pfn_visible`]). Reads pagemap only; faults nothing in.
+pub fn page_frames(range: crate::mem::PageRange) -> Result<Vec<Option<u64>>> {
+    let ps = crate::mem::page_size();
+    let pm = Pagemap::open("self")?;
+    let mut raw = vec![0u64; range.pages()];
+    let mut done = 0;
+    while done < raw.len() {
+        let n = pm.read((range.start().0 / ps + done) as u64, &mut raw[done..])?;
+        if n == 0 {
+            break;
+        }
+        done += n;
+    }
+    Ok(raw.into_iter().map(|e| Entry(e).pfn().filter(|&p| p != 0)).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

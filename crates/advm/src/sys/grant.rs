@@ -395,6 +395,16 @@ impl RwMapping {
         // SAFETY: as above, and `&mut self` gives exclusive access.
         unsafe { self.map.as_mut_slice() }
     }
+    /// `MADV_MERGEABLE` (or `UNMERGEABLE`) over the whole mapping.
+    pub fn set_mergeable(&self, on: bool) -> SysResult<()> {
+        let advice = if on { mman::Advice::LinuxMergeable } else { mman::Advice::LinuxUnmergeable };
+        // SAFETY: KSM advice never changes what the pages read as.
+        unsafe { mman::madvise(self.map.as_ptr(), self.map.len(), advice) }
+    }
+    /// Faults every page in (contents unchanged).
+    pub fn populate(&self, write: bool) -> SysResult<()> {
+        self.map.populate(write)
+    }
     /// A grant over the whole mapping, for as long as `self` is borrowed.
     pub fn grant(&mut self) -> Grant<'_> {
         Grant { start: self.addr(), end: self.addr() + self.len(), known: Known::PrivateAnonRw, _mem: PhantomData }

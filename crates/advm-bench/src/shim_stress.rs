@@ -1,5 +1,5 @@
 //! `advm bench shim-stress`: the preload shim's stress program
-//! (crates/advm-preload/tests/stress.c) under every `advm run` mode. Threads copy between
+//! (bench/run/stress.c) under every `advm run` mode. Threads copy between
 //! large malloc'd blocks, read blocks others are copying from, write, realloc, free and
 //! fork at once, every read checked against a shadow copy. Reports per mode the
 //! operations done, checks made and failures (wrong bytes, a crashed or hung process).
@@ -9,13 +9,13 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::{Bench, BenchOpts, DemoRow, Figure, Report, Row};
-use crate::run_cmd::{self, Mode};
-use crate::CliError;
+use crate::BenchError;
+use advm_preload::launch::{self, Mode};
 
 /// See the module doc.
 pub struct ShimStressBench;
 
-const STRESS_C: &str = include_str!("../../../advm-preload/tests/stress.c");
+const STRESS_C: &str = crate::workloads::bench_file!("run/stress.c");
 const THREADS: u32 = 4;
 
 /// Seconds per run: `ADVM_BENCH_STRESS_SECONDS`, else 30 (1 with `--quick`).
@@ -27,20 +27,20 @@ fn seconds(quick: bool) -> f64 {
     })
 }
 
-fn compile(dir: &Path) -> Result<std::path::PathBuf, CliError> {
-    std::fs::create_dir_all(dir).map_err(|e| CliError::Io(dir.display().to_string(), e))?;
+fn compile(dir: &Path) -> Result<std::path::PathBuf, BenchError> {
+    std::fs::create_dir_all(dir).map_err(|e| BenchError::Io(dir.display().to_string(), e))?;
     let src = dir.join("stress.c");
     let exe = dir.join("stress");
-    std::fs::write(&src, STRESS_C).map_err(|e| CliError::Io(src.display().to_string(), e))?;
+    std::fs::write(&src, STRESS_C).map_err(|e| BenchError::Io(src.display().to_string(), e))?;
     // -fno-builtin: every memcpy and malloc is a call the shim sees
     let st = Command::new("cc")
         .args(["-std=gnu11", "-O2", "-fno-builtin", "-pthread", "-o"])
         .arg(&exe)
         .arg(&src)
         .status()
-        .map_err(|e| CliError::Io("cc (shim stress program)".into(), e))?;
+        .map_err(|e| BenchError::Io("cc (shim stress program)".into(), e))?;
     if !st.success() {
-        return Err(CliError::Usage(format!("compiling {} failed ({st})", src.display())));
+        return Err(BenchError::Usage(format!("compiling {} failed ({st})", src.display())));
     }
     Ok(exe)
 }
@@ -62,7 +62,7 @@ fn parse(stdout: &str) -> Option<Counts> {
 
 /// Runs the program once under `mode` for `secs`; kills it when it overruns by far.
 fn run_once(exe: &Path, mode: Mode, secs: f64, dir: &Path) -> Result<(Counts, f64), String> {
-    let mut p = run_cmd::prepare(mode, 2, &exe.display().to_string(), &[secs.to_string(), THREADS.to_string()], false)
+    let mut p = launch::prepare(mode, 2, &exe.display().to_string(), &[secs.to_string(), THREADS.to_string()], false)
         .map_err(|e| e.to_string())?;
     let err_path = dir.join(format!("stress-{}.err", mode.name()));
     let err_file = std::fs::File::create(&err_path).map_err(|e| format!("{}: {e}", err_path.display()))?;
@@ -117,7 +117,7 @@ impl Bench for ShimStressBench {
         1
     }
 
-    fn run(&self, opts: &BenchOpts, report: &mut Report) -> Result<(), CliError> {
+    fn run(&self, opts: &BenchOpts, report: &mut Report) -> Result<(), BenchError> {
         let secs = seconds(opts.quick);
         let runs = if opts.quick { 1 } else { opts.runs.max(1) };
         report.runs = runs;
@@ -165,12 +165,12 @@ impl Bench for ShimStressBench {
         if failed.is_empty() {
             Ok(())
         } else {
-            Err(CliError::Usage(format!("shim stress failed: {}", failed.join(" | "))))
+            Err(BenchError::Usage(format!("shim stress failed: {}", failed.join(" | "))))
         }
     }
 
     /// A correctness stress, not a capability: no row in `advm demo`.
-    fn demo(&self) -> Result<Vec<DemoRow>, CliError> {
+    fn demo(&self) -> Result<Vec<DemoRow>, BenchError> {
         Ok(Vec::new())
     }
 }

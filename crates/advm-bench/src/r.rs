@@ -1,7 +1,7 @@
 //! `advm bench r`: the mmapcopy paper's evaluation (section 5) on Debian's unmodified R,
 //! with virtual copies supplied by the preload shim instead of a patched interpreter.
 //!
-//! Each workload (bench/r/*.R, embedded here, and bench/python/numpy_copy.py) runs under
+//! Each workload (bench/run/*.R and bench/run/numpy_copy.py, embedded) runs under
 //! the paper's five configurations: off (untouched), alloc (large blocks in a page-aligned
 //! anonymous arena), ksm and ksm-aggr (alloc + KSM at 100 / 1000 pages per 20 ms), cow
 //! (virtual copies). Memory is the mean of distinct physical pages sampled once a second
@@ -13,51 +13,13 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::{median, Bench, BenchOpts, DemoRow, Figure, Report, Row};
-use crate::run_cmd::{self, Mode};
-use crate::CliError;
+use crate::workloads::{python_workload, r_script, r_workloads, Workload, COMMON_R, FORK_SCRIPT, THRESHOLD_PROBE};
+use crate::BenchError;
 use advm::stats::{Meter, Options};
+use advm_preload::launch::{self, Mode};
 
 /// See the module doc.
 pub struct RBench;
-
-/// One workload: file name, contents, and whether it is R or Python.
-struct Workload {
-    file: &'static str,
-    text: &'static str,
-    python: bool,
-}
-
-macro_rules! r_script {
-    ($name:literal) => {
-        Workload { file: $name, text: include_str!(concat!("../../../../bench/r/", $name)), python: false }
-    };
-}
-
-const COMMON_R: &str = include_str!("../../../../bench/r/common.R");
-
-/// The R workloads of the full run: a subset of R-benchmark-25 and eight ML scripts.
-fn r_workloads() -> Vec<Workload> {
-    vec![
-        r_script!("b25_matrix.R"),
-        r_script!("b25_sort.R"),
-        r_script!("b25_vector.R"),
-        r_script!("ml_randomforest.R"),
-        r_script!("ml_lssvm.R"),
-        r_script!("ml_svm.R"),
-        r_script!("ml_rpart.R"),
-        r_script!("ml_nnet.R"),
-        r_script!("ml_gbm.R"),
-        r_script!("ml_knn.R"),
-        r_script!("ml_glmnet.R"),
-    ]
-}
-
-fn python_workload() -> Workload {
-    Workload { file: "numpy_copy.py", text: include_str!("../../../../bench/python/numpy_copy.py"), python: true }
-}
-
-/// The test-only R script that forks (parallel::mclapply); used by the output tests.
-pub const FORK_SCRIPT: &str = include_str!("../../../../bench/r/fork_mclapply.R");
 
 /// The paper's figures (Korb et al., SAC 2016, section 5.3-5.4), geometric means over its
 /// 14 R benchmarks, relative to unmodified R. Runtime for ksm and mmcp is derived from
@@ -95,7 +57,7 @@ pub struct Measured {
 }
 
 /// Finds a tool, or installs the Debian packages that provide it when running as root.
-fn ensure_tool(tool: &str, check: &[&str], packages: &[&str]) -> Result<(), CliError> {
+fn ensure_tool(tool: &str, check: &[&str], packages: &[&str]) -> Result<(), BenchError> {
     let ok = || {
         Command::new(tool).args(check).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
     };
@@ -109,7 +71,7 @@ fn ensure_tool(tool: &str, check: &[&str], packages: &[&str]) -> Result<(), CliE
             return Ok(());
         }
     }
-    Err(CliError::Usage(format!(
+    Err(BenchError::Usage(format!(
         "{tool} is not usable; install the Debian packages {} (make deps-system does)",
         packages.join(" ")
     )))
@@ -129,13 +91,13 @@ pub const R_PACKAGES: &[&str] = &[
 ];
 
 /// Writes the embedded workloads into a fresh directory.
-fn write_workloads(dir: &Path, workloads: &[Workload]) -> Result<(), CliError> {
-    std::fs::create_dir_all(dir).map_err(|e| CliError::Io(dir.display().to_string(), e))?;
+fn write_workloads(dir: &Path, workloads: &[Workload]) -> Result<(), BenchError> {
+    std::fs::create_dir_all(dir).map_err(|e| BenchError::Io(dir.display().to_string(), e))?;
     let mut files = vec![("common.R", COMMON_R), ("fork_mclapply.R", FORK_SCRIPT)];
     files.extend(workloads.iter().map(|w| (w.file, w.text)));
     for (name, text) in files {
         let p = dir.join(name);
-        std::fs::write(&p, text).map_err(|e| CliError::Io(p.display().to_string(), e))?;
+        std::fs::write(&p, text).map_err(|e| BenchError::Io(p.display().to_string(), e))?;
     }
     Ok(())
 }
@@ -158,22 +120,22 @@ pub fn measure(
     args: &[String],
     env: &[(&str, String)],
     interval: Duration,
-) -> Result<Measured, CliError> {
-    let mut prepared = run_cmd::prepare(mode, 2, program, args, true)?;
+) -> Result<Measured, BenchError> {
+    let mut prepared = launch::prepare(mode, 2, program, args, true)?;
     // unique per call: the paired runs measure two programs at once
     static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let out_dir = std::env::temp_dir().join(format!("advm-bench-r-out-{}-{call}", std::process::id()));
-    std::fs::create_dir_all(&out_dir).map_err(|e| CliError::Io(out_dir.display().to_string(), e))?;
+    std::fs::create_dir_all(&out_dir).map_err(|e| BenchError::Io(out_dir.display().to_string(), e))?;
     let out_path = out_dir.join("stdout");
     let err_path = out_dir.join("stderr");
-    let open = |p: &PathBuf| std::fs::File::create(p).map_err(|e| CliError::Io(p.display().to_string(), e));
+    let open = |p: &PathBuf| std::fs::File::create(p).map_err(|e| BenchError::Io(p.display().to_string(), e));
     prepared.command.envs(env.iter().map(|(k, v)| (*k, v.as_str())));
     prepared.command.stdin(Stdio::null()).stdout(open(&out_path)?).stderr(open(&err_path)?);
-    let foreign_ksm = mode.ksm_pages_to_scan().is_none() && advm::sys::ksm::read("run") == Some(1);
+    let foreign_ksm = mode.ksm_pages_to_scan().is_none() && advm::ksm::knob("run") == Some(1);
     let ksmd_before = advm::stats::ksmd_cpu_seconds();
     let started = Instant::now();
-    let mut child = prepared.command.spawn().map_err(|e| CliError::Io(format!("running {program}"), e))?;
+    let mut child = prepared.command.spawn().map_err(|e| BenchError::Io(format!("running {program}"), e))?;
     let pid = child.id();
     let mut meter: Option<Meter> = None;
     let mut pages = Vec::new();
@@ -206,7 +168,7 @@ pub fn measure(
         std::thread::sleep(Duration::from_millis(20));
     }
     let wall_s = started.elapsed().as_secs_f64();
-    let status = child.wait().map_err(|e| CliError::Io(format!("waiting for {program}"), e))?;
+    let status = child.wait().map_err(|e| BenchError::Io(format!("waiting for {program}"), e))?;
     let ksmd_s = match (ksmd_before, advm::stats::ksmd_cpu_seconds()) {
         (Some(a), Some(b)) => b - a,
         _ => 0.0,
@@ -216,45 +178,43 @@ pub fn measure(
     let _ = std::fs::remove_dir_all(&out_dir);
     if !status.success() {
         let tail: Vec<&str> = stderr.lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect();
-        return Err(CliError::Usage(format!(
+        return Err(BenchError::Usage(format!(
             "{program} {} under mode {} failed ({status}): {}",
             args.join(" "),
             mode.name(),
             tail.join(" | ")
         )));
     }
-    let shim = prepared.stats_dir.as_deref().map(|d| run_cmd::read_stats(d).0).unwrap_or_default();
+    let shim = prepared.stats_dir.as_deref().map(|d| launch::read_stats(d).0).unwrap_or_default();
     let samples = pages.len();
     let mean_pages = if samples == 0 { f64::NAN } else { pages.iter().sum::<f64>() / samples as f64 };
     Ok(Measured { mean_pages, samples, cpu_s, wall_s, ksmd_s, stdout, shim, foreign_ksm })
 }
 
-const THRESHOLD_PROBE: &str = include_str!("../../../advm-preload/bench/threshold.c");
-
-/// Runs the threshold probe (crates/advm-preload/bench/threshold.c) untouched and under
+/// Runs the threshold probe (bench/run/threshold.c) untouched and under
 /// the shim with a 1-page threshold: ns per "allocate, fill, copy, write a byte, free"
 /// cycle by block size. Returns rows and the smallest size where cow is not slower.
-fn threshold_probe(dir: &Path, iters: u32) -> Result<(Vec<Row>, Option<u64>), CliError> {
+fn threshold_probe(dir: &Path, iters: u32) -> Result<(Vec<Row>, Option<u64>), BenchError> {
     let src = dir.join("threshold.c");
     let exe = dir.join("threshold");
-    std::fs::write(&src, THRESHOLD_PROBE).map_err(|e| CliError::Io(src.display().to_string(), e))?;
+    std::fs::write(&src, THRESHOLD_PROBE).map_err(|e| BenchError::Io(src.display().to_string(), e))?;
     let st = Command::new("cc")
         .args(["-O2", "-fno-builtin", "-o"])
         .arg(&exe)
         .arg(&src)
         .status()
-        .map_err(|e| CliError::Io("cc (threshold probe)".into(), e))?;
+        .map_err(|e| BenchError::Io("cc (threshold probe)".into(), e))?;
     if !st.success() {
-        return Err(CliError::Usage(format!("compiling the threshold probe failed ({st})")));
+        return Err(BenchError::Usage(format!("compiling the threshold probe failed ({st})")));
     }
     let mut by_mode = Vec::new();
     for mode in [Mode::Off, Mode::Alloc, Mode::Cow] {
-        let mut p = run_cmd::prepare(mode, 1, &exe.display().to_string(), &[iters.to_string()], false)?;
+        let mut p = launch::prepare(mode, 1, &exe.display().to_string(), &[iters.to_string()], false)?;
         // every size, also those below the default copy threshold
         p.command.env(advm_preload::env::COPY_MIN_PAGES, "1");
-        let out = p.command.output().map_err(|e| CliError::Io("threshold probe".into(), e))?;
+        let out = p.command.output().map_err(|e| BenchError::Io("threshold probe".into(), e))?;
         if !out.status.success() {
-            return Err(CliError::Usage(format!("threshold probe under {} failed ({})", mode.name(), out.status)));
+            return Err(BenchError::Usage(format!("threshold probe under {} failed ({})", mode.name(), out.status)));
         }
         let points: Vec<(u64, f64)> = String::from_utf8_lossy(&out.stdout)
             .lines()
@@ -311,7 +271,7 @@ impl Bench for RBench {
         "mmapcopy paper section 5 on unmodified R (and NumPy): memory, CPU time, ksmd CPU under off/alloc/ksm/ksm-aggr/cow"
     }
 
-    fn run(&self, opts: &BenchOpts, report: &mut Report) -> Result<(), CliError> {
+    fn run(&self, opts: &BenchOpts, report: &mut Report) -> Result<(), BenchError> {
         ensure_tool("Rscript", &["--version"], R_PACKAGES)?;
         let (workloads, scale, interval) = if opts.quick {
             (vec![r_script!("b25_sort.R")], 0.03, Duration::from_millis(100))
@@ -333,7 +293,7 @@ impl Bench for RBench {
              time is user+system of the program and its children"
         ));
         let env = vec![("ADVM_BENCH_SCALE", scale.to_string()), ("ADVM_BENCH_DIR", dir.display().to_string())];
-        let ksm_ok = advm::sys::ksm::available() && advm::probe::facts().root;
+        let ksm_ok = advm::ksm::available() && advm::probe::facts().root;
         if !ksm_ok {
             report.notes.push("ksm and ksm-aggr skipped: KSM needs root and /sys/kernel/mm/ksm".into());
         }
@@ -578,7 +538,7 @@ impl Bench for RBench {
         3
     }
 
-    fn demo(&self) -> Result<Vec<DemoRow>, CliError> {
+    fn demo(&self) -> Result<Vec<DemoRow>, BenchError> {
         ensure_tool("Rscript", &["--version"], R_PACKAGES)?;
         let dir = std::env::temp_dir().join(format!("advm-demo-r-{}", std::process::id()));
         let w = r_script!("b25_sort.R");

@@ -1,13 +1,45 @@
 //! `advm bench stat`: how fast `advm stat` measures a process, and the demo row that
-//! shows why distinct pages differ from RSS.
+//! shows why distinct pages differ from RSS. Both build their memory layout in this
+//! process (advm::mem) and measure this process.
 
 use super::{fmt_bytes, time_ms, Bench, BenchOpts, DemoRow, Figure, Report, Row};
-use crate::testproc;
-use crate::CliError;
+use crate::BenchError;
+use advm::mem::{Access, Assembly, Backing, Extent, Memfd, Region, Reservation, Share};
 use advm::stats::{Meter, Options};
 
 /// See the module doc.
 pub struct StatBench;
+
+/// `mib` MiB of private anonymous memory, written (distinct pages), and `reserve_gib`
+/// GiB of empty reserved address space, as arenas reserve it.
+fn anon_layout(mib: usize, reserve_gib: usize) -> Result<(Region, Option<Reservation>), BenchError> {
+    let region = Region::new(mib << 20)?;
+    region.populate(true)?;
+    let reserved = if reserve_gib > 0 { Some(Reservation::new(reserve_gib << 30)?) } else { None };
+    Ok((region, reserved))
+}
+
+/// One memfd page with non-zero bytes, mapped shared and read-only at `times`
+/// addresses and faulted in: RSS counts it `times` times, distinct pages once.
+fn shared_page_layout(times: usize) -> Result<Vec<Assembly>, BenchError> {
+    let ps = advm::mem::page_size();
+    let memfd = Memfd::create("advm-bench-stat")?;
+    memfd.set_len(ps as u64)?;
+    let bytes: Vec<u8> = (0..ps).map(|i| (i * 31 + 7) as u8).collect();
+    memfd.write_all_at(&bytes, 0)?;
+    let mut maps = Vec::with_capacity(times);
+    for _ in 0..times {
+        let mut a = Assembly::reserve(ps)?;
+        a.place(
+            Extent { offset: 0, len: ps, backing: Backing::Memfd { memfd: &memfd, offset: 0 } },
+            Access::Read,
+            Share::Shared,
+        )?;
+        a.populate_read(0, ps)?;
+        maps.push(a);
+    }
+    Ok(maps)
+}
 
 impl Bench for StatBench {
     fn name(&self) -> &'static str {
@@ -18,7 +50,7 @@ impl Bench for StatBench {
         "time to count distinct physical pages of a process of growing size, PAGEMAP_SCAN vs whole-VMA pagemap reads"
     }
 
-    fn run(&self, opts: &BenchOpts, report: &mut Report) -> Result<(), CliError> {
+    fn run(&self, opts: &BenchOpts, report: &mut Report) -> Result<(), BenchError> {
         // (populated MiB, empty reserved GiB): dense processes, and a sparse one that
         // reserves address space the way arenas do.
         let cases: &[(usize, usize)] =
@@ -27,15 +59,9 @@ impl Bench for StatBench {
         let bar = opts.progress_bar(cases.len() as u64, "stat");
         for &(mib, reserve_gib) in cases {
             bar.inc(1);
-            let child = testproc::Child::spawn(&[
-                "anon",
-                "--mib",
-                &mib.to_string(),
-                "--reserve-gib",
-                &reserve_gib.to_string(),
-            ])?;
+            let layout = anon_layout(mib, reserve_gib)?;
             for (mode, no_scan) in [("pagemap-scan", false), ("full-read", true)] {
-                let mut meter = Meter::new(&[child.pid()], Options { no_scan, ..Default::default() })?;
+                let mut meter = Meter::for_self(Options { no_scan, ..Default::default() })?;
                 let mut distinct = 0;
                 let runs = time_ms(opts.runs, || {
                     let s = meter.sample()?;
@@ -53,6 +79,7 @@ impl Bench for StatBench {
                         .figure(Figure::single("distinct pages", "pages", distinct as f64)),
                 );
             }
+            drop(layout);
         }
         bar.finish_and_clear();
         if !advm::probe::facts().pfn_visible {
@@ -61,10 +88,11 @@ impl Bench for StatBench {
         Ok(())
     }
 
-    fn demo(&self) -> Result<Vec<DemoRow>, CliError> {
+    fn demo(&self) -> Result<Vec<DemoRow>, BenchError> {
         let times = 10_000;
-        let child = testproc::Child::spawn(&["shared-pages", "--pages", "1", "--times", &times.to_string()])?;
-        let s = advm::stats::measure(&[child.pid()], Options::default())?;
+        let layout = shared_page_layout(times)?;
+        let s = Meter::for_self(Options::default())?.sample()?;
+        drop(layout);
         let ps = s.page_size_bytes;
         let advm = match s.distinct {
             Some(d) => format!("{} distinct pages ({})", d.total, fmt_bytes(d.total * ps)),

@@ -1,23 +1,29 @@
-//! `advm bench`: each paper's experiment re-run here, one file per benchmark.
+//! `advm bench` and `advm demo`: each paper's experiment re-run here, one file per
+//! benchmark.
 //!
 //! Every benchmark fills the same [`Report`] shape: name, configuration, rows of
 //! figures (each with its runs, median, min and max, and unit), notes, and the machine
-//! facts from `advm doctor`. To add one: write `bench/<name>.rs` with a type that
-//! implements [`Bench`], and list it in [`all`].
+//! facts from `advm doctor`. To add one: write `src/<name>.rs` with a type that
+//! implements [`Bench`], and list it in [`all`]. [`table`] formats reports (and the
+//! advm command's other tables); `workloads.rs` embeds the programs under `bench/`.
 
+mod error;
 mod image;
 mod r;
 mod remap;
 mod shim_stress;
 mod stat;
+pub mod table;
 mod vcopy;
+mod workloads;
+
+pub use error::BenchError;
+pub use table::{fmt_bytes, fmt_num, render_cells, render_table};
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
 use serde::Serialize;
-
-use crate::CliError;
 
 /// How a benchmark is asked to run.
 #[derive(Debug, Clone)]
@@ -167,9 +173,9 @@ pub trait Bench {
     /// One line on what it measures.
     fn description(&self) -> &'static str;
     /// Runs it, filling `report.rows`, `report.configuration` and `report.notes`.
-    fn run(&self, opts: &BenchOpts, report: &mut Report) -> Result<(), CliError>;
+    fn run(&self, opts: &BenchOpts, report: &mut Report) -> Result<(), BenchError>;
     /// The rows this capability adds to `advm demo` (its built-in default workload).
-    fn demo(&self) -> Result<Vec<DemoRow>, CliError>;
+    fn demo(&self) -> Result<Vec<DemoRow>, BenchError>;
     /// Repetitions per point when `--runs` is not given (and not `--quick`).
     fn default_runs(&self) -> usize {
         5
@@ -194,11 +200,11 @@ pub fn all() -> Vec<Box<dyn Bench>> {
 }
 
 /// Runs benchmark `name`.
-pub fn run(name: &str, opts: &BenchOpts) -> Result<Report, CliError> {
+pub fn run(name: &str, opts: &BenchOpts) -> Result<Report, BenchError> {
     let benches = all();
     let bench = benches.iter().find(|b| b.name() == name).ok_or_else(|| {
         let names: Vec<_> = benches.iter().map(|b| b.name()).collect();
-        CliError::Usage(format!("no benchmark named {name:?}; available: {}", names.join(", ")))
+        BenchError::Usage(format!("no benchmark named {name:?}; available: {}", names.join(", ")))
     })?;
     let started = Instant::now();
     let mut report = Report {
@@ -218,7 +224,7 @@ pub fn run(name: &str, opts: &BenchOpts) -> Result<Report, CliError> {
 }
 
 /// Times `f` `runs` times, in milliseconds.
-pub fn time_ms(runs: usize, mut f: impl FnMut() -> Result<(), CliError>) -> Result<Vec<f64>, CliError> {
+pub fn time_ms(runs: usize, mut f: impl FnMut() -> Result<(), BenchError>) -> Result<Vec<f64>, BenchError> {
     let mut out = Vec::with_capacity(runs);
     for _ in 0..runs.max(1) {
         let t = Instant::now();
@@ -226,99 +232,6 @@ pub fn time_ms(runs: usize, mut f: impl FnMut() -> Result<(), CliError>) -> Resu
         out.push(t.elapsed().as_secs_f64() * 1e3);
     }
     Ok(out)
-}
-
-/// Formats a number with a sensible precision for a table.
-pub fn fmt_num(x: f64) -> String {
-    if !x.is_finite() {
-        return "-".into();
-    }
-    let a = x.abs();
-    if x.fract() == 0.0 && a < 1e15 {
-        format!("{x:.0}")
-    } else if a >= 1e6 || (a > 0.0 && a < 1e-3) {
-        format!("{x:.3e}")
-    } else if a >= 100.0 {
-        format!("{x:.0}")
-    } else if a >= 1.0 {
-        format!("{x:.2}")
-    } else {
-        format!("{x:.4}")
-    }
-}
-
-/// Renders rows as an aligned text table (medians; min-max shown when runs differ).
-pub fn render_table(rows: &[Row]) -> String {
-    let mut header: Vec<String> = Vec::new();
-    for r in rows {
-        for (k, _) in &r.config {
-            if !header.contains(k) {
-                header.push(k.clone());
-            }
-        }
-    }
-    let n_config = header.len();
-    for r in rows {
-        for f in &r.figures {
-            let h = format!("{} ({})", f.name, f.unit);
-            if !header.contains(&h) {
-                header.push(h);
-            }
-        }
-    }
-    let mut cells: Vec<Vec<String>> = vec![header.clone()];
-    for r in rows {
-        let mut line = vec![String::new(); header.len()];
-        for (k, v) in &r.config {
-            let i = header.iter().position(|h| h == k).expect("header has every key");
-            line[i] = v.clone();
-        }
-        for f in &r.figures {
-            let h = format!("{} ({})", f.name, f.unit);
-            let i = header[n_config..].iter().position(|x| *x == h).expect("header has every figure") + n_config;
-            line[i] = if f.runs.len() > 1 && f.min != f.max {
-                format!("{} [{}..{}]", fmt_num(f.median), fmt_num(f.min), fmt_num(f.max))
-            } else {
-                fmt_num(f.median)
-            };
-        }
-        cells.push(line);
-    }
-    render_cells(&cells)
-}
-
-/// Aligns a grid of cells into columns separated by two spaces; first row is the header.
-pub fn render_cells(cells: &[Vec<String>]) -> String {
-    let cols = cells.iter().map(|r| r.len()).max().unwrap_or(0);
-    let widths: Vec<usize> =
-        (0..cols).map(|c| cells.iter().map(|r| r.get(c).map_or(0, |s| s.chars().count())).max().unwrap_or(0)).collect();
-    let mut out = String::new();
-    for (i, row) in cells.iter().enumerate() {
-        let line: Vec<String> = row.iter().enumerate().map(|(c, s)| format!("{s:<w$}", w = widths[c])).collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-        if i == 0 {
-            out.push_str(&widths.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>().join("  "));
-            out.push('\n');
-        }
-    }
-    out
-}
-
-/// Human-readable byte size ("64 KiB", "1 GiB").
-pub fn fmt_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if v.fract() == 0.0 {
-        format!("{v:.0} {}", UNITS[u])
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
 }
 
 #[cfg(test)]
@@ -330,18 +243,5 @@ mod tests {
         let f = Figure::new("t", "ms", vec![3.0, 1.0, 2.0, 10.0]);
         assert_eq!((f.median, f.min, f.max), (2.5, 1.0, 10.0));
         assert_eq!(Figure::single("x", "x", 4.0).median, 4.0);
-    }
-
-    #[test]
-    fn table_aligns_columns() {
-        let rows = vec![
-            Row::new().with("size", "4 KiB").figure(Figure::single("time", "ms", 1.5)),
-            Row::new().with("size", "1 GiB").figure(Figure::new("time", "ms", vec![100.0, 120.0, 110.0])),
-        ];
-        let t = render_table(&rows);
-        assert_eq!(t.lines().next().unwrap(), "size   time (ms)");
-        assert!(t.contains("1 GiB  110 [100..120]"), "{t}");
-        assert_eq!(fmt_bytes(64 * 1024), "64 KiB");
-        assert_eq!(fmt_bytes(1536), "1.5 KiB");
     }
 }

@@ -1,18 +1,19 @@
-//! `advm bench image`: the FlexMem experiment on one machine. N processes (the VMs)
+//! `advm bench image`: the FlexMem experiment on one machine. N readers (the VMs)
 //! each read a whole layered qcow2 image. Mapped through `ImageSpace` (MAP_PRIVATE of
 //! the layer files), they share one page-cache copy; reading it into private memory
-//! (as a block device does), each keeps its own. Memory is distinct physical pages
-//! across all N processes (`advm::stats`).
+//! (as a block device does), each keeps its own. The readers live in this process;
+//! memory is the distinct physical pages they add to it (`advm::stats`), so the
+//! figures hold no per-process overhead.
 
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Instant;
 
-use advm::stats::Options;
+use advm::image::{GuestOffset, Image, ImageSpace, MapOptions};
+use advm::stats::{Meter, Options};
 
 use super::{fmt_bytes, Bench, BenchOpts, DemoRow, Figure, Report, Row};
-use crate::CliError;
+use crate::BenchError;
 
 /// See the module doc.
 pub struct ImageBench;
@@ -26,14 +27,14 @@ impl Drop for Scratch {
     }
 }
 
-fn sh(dir: &Path, prog: &str, args: &[String]) -> Result<(), CliError> {
+fn sh(dir: &Path, prog: &str, args: &[String]) -> Result<(), BenchError> {
     let out = Command::new(prog)
         .args(args)
         .current_dir(dir)
         .output()
-        .map_err(|e| CliError::Io(format!("{prog} (install qemu-utils)"), e))?;
+        .map_err(|e| BenchError::Io(format!("{prog} (install qemu-utils)"), e))?;
     if !out.status.success() {
-        return Err(CliError::Usage(format!(
+        return Err(BenchError::Usage(format!(
             "{prog} {}: {}{}",
             args.join(" "),
             String::from_utf8_lossy(&out.stdout),
@@ -46,7 +47,7 @@ fn sh(dir: &Path, prog: &str, args: &[String]) -> Result<(), CliError> {
 /// Builds a three-layer chain of `mib` MiB: a base full of data, a middle layer that
 /// rewrites an eighth and zeroes some, a top layer with new data and a few compressed
 /// clusters. Returns the top image.
-fn build_chain(dir: &Path, mib: u64) -> Result<PathBuf, CliError> {
+fn build_chain(dir: &Path, mib: u64) -> Result<PathBuf, BenchError> {
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     let size = format!("{mib}M");
     sh(dir, "qemu-img", &s(&["create", "-q", "-f", "qcow2", "base.qcow2", &size]))?;
@@ -76,48 +77,21 @@ fn build_chain(dir: &Path, mib: u64) -> Result<PathBuf, CliError> {
     Ok(dir.join("top.qcow2"))
 }
 
-/// `n` children holding the image (mapped, or read into private memory), all ready.
-struct Holders(Vec<Child>);
-
-impl Holders {
-    fn spawn(image: &Path, n: usize, private: bool) -> Result<Self, CliError> {
-        let exe = std::env::current_exe().map_err(|e| CliError::Io("current_exe".into(), e))?;
-        let mut holders = Holders(Vec::new());
-        for _ in 0..n {
-            let mut cmd = Command::new(&exe);
-            cmd.args(["image", "hold"]).arg(image);
-            if private {
-                cmd.arg("--private");
-            }
-            let child = cmd
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .spawn()
-                .map_err(|e| CliError::Io("spawn advm image hold".into(), e))?;
-            holders.0.push(child);
+/// One reader's hold on the whole image, kept until dropped: mapped (sharing the page
+/// cache), or read into its own heap memory (as a VM with a block device keeps its own
+/// copy of what it read).
+fn hold(image: &Path, private: bool) -> Result<Box<dyn std::any::Any>, BenchError> {
+    if private {
+        let img = Image::open(image)?;
+        let mut buf = vec![0u8; img.virtual_size() as usize];
+        for (i, chunk) in buf.chunks_mut(1 << 20).enumerate() {
+            img.read_at(GuestOffset((i as u64) << 20), chunk)?;
         }
-        for c in &mut holders.0 {
-            let mut line = String::new();
-            let out = c.stdout.take().expect("piped");
-            std::io::BufReader::new(out).read_line(&mut line).map_err(|e| CliError::Io("holder stdout".into(), e))?;
-            if line.trim() != "ready" {
-                return Err(CliError::Usage(format!("advm image hold {} did not get ready", image.display())));
-            }
-        }
-        Ok(holders)
-    }
-
-    fn pids(&self) -> Vec<i32> {
-        self.0.iter().map(|c| c.id() as i32).collect()
-    }
-}
-
-impl Drop for Holders {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        Ok(Box::new(buf))
+    } else {
+        let space = ImageSpace::map(image, &MapOptions::default())?;
+        space.read_all()?;
+        Ok(Box::new(space))
     }
 }
 
@@ -128,20 +102,35 @@ struct Point {
     setup_ms: f64,
 }
 
-fn measure(image: &Path, n: usize, private: bool) -> Result<Point, CliError> {
-    let t = Instant::now();
-    let holders = Holders::spawn(image, n, private)?;
-    let setup_ms = t.elapsed().as_secs_f64() * 1e3;
-    let s = advm::stats::measure(&holders.pids(), Options::default())?;
+/// This process's distinct pages: (all, file, anon + shmem); PSS pages when PFNs are hidden.
+fn pages_now() -> Result<(u64, u64, u64), BenchError> {
+    let s = Meter::for_self(Options::default())?.sample()?;
     let d = s.distinct.unwrap_or_default();
     let distinct = if s.pfn_visible { d.total } else { s.pss_bytes / s.page_size_bytes };
-    Ok(Point { distinct, file: d.file, anon_shmem: d.anon + d.shmem, setup_ms })
+    Ok((distinct, d.file, d.anon + d.shmem))
 }
 
-fn scratch() -> Result<Scratch, CliError> {
+/// `n` readers holding the image at once, in this process: the pages they add to it.
+fn measure(image: &Path, n: usize, private: bool) -> Result<Point, BenchError> {
+    let before = pages_now()?;
+    let t = Instant::now();
+    let holds = (0..n).map(|_| hold(image, private)).collect::<Result<Vec<_>, _>>()?;
+    let setup_ms = t.elapsed().as_secs_f64() * 1e3;
+    let after = pages_now()?;
+    drop(holds);
+    let added = |a: u64, b: u64| a.saturating_sub(b);
+    Ok(Point {
+        distinct: added(after.0, before.0),
+        file: added(after.1, before.1),
+        anon_shmem: added(after.2, before.2),
+        setup_ms,
+    })
+}
+
+fn scratch() -> Result<Scratch, BenchError> {
     let dir = std::env::temp_dir().join(format!("advm-bench-image-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|e| CliError::Io(dir.display().to_string(), e))?;
+    std::fs::create_dir_all(&dir).map_err(|e| BenchError::Io(dir.display().to_string(), e))?;
     Ok(Scratch(dir))
 }
 
@@ -151,21 +140,21 @@ impl Bench for ImageBench {
     }
 
     fn description(&self) -> &'static str {
-        "N processes reading one 3-layer qcow2 chain: distinct physical pages when mapped (shared page cache) vs read into private memory"
+        "N readers of one 3-layer qcow2 chain: distinct physical pages when mapped (shared page cache) vs read into private memory"
     }
 
-    fn run(&self, opts: &BenchOpts, report: &mut Report) -> Result<(), CliError> {
+    fn run(&self, opts: &BenchOpts, report: &mut Report) -> Result<(), BenchError> {
         let (mib, ns): (u64, &[usize]) = if opts.quick { (16, &[1, 2, 4]) } else { (256, &[1, 2, 4, 8, 16]) };
         let dir = scratch()?;
         let image = build_chain(&dir.0, mib)?;
-        let img = advm::image::Image::open(&image)?;
+        let img = Image::open(&image)?;
         let map = img.extent_map()?;
         let ps = advm::addr::page_size() as u64;
         let image_pages = mib * 1024 * 1024 / ps;
         report.configuration.insert("image_mib".into(), serde_json::json!(mib));
         report.configuration.insert("layers".into(), serde_json::json!(img.layers().len()));
         report.configuration.insert("extents".into(), serde_json::json!(map.extents.len()));
-        report.configuration.insert("processes".into(), serde_json::json!(ns));
+        report.configuration.insert("readers".into(), serde_json::json!(ns));
         let bar = opts.progress_bar(2 * ns.len() as u64, "image");
         for &n in ns {
             for (mode, private) in [("mapped", false), ("private read", true)] {
@@ -183,7 +172,7 @@ impl Bench for ImageBench {
                 let per_image: Vec<f64> = distinct.iter().map(|d| d / image_pages as f64).collect();
                 report.rows.push(
                     Row::new()
-                        .with("processes", n)
+                        .with("readers", n)
                         .with("reader", mode)
                         .figure(Figure::new("distinct pages", "pages", distinct))
                         .figure(Figure::new("images' worth", "x", per_image))
@@ -202,10 +191,10 @@ impl Bench for ImageBench {
             img.layers().len()
         ));
         report.notes.push(
-            "distinct pages count what the processes map; private readers also leave one page-cache copy behind, unmapped and not counted".into(),
+            "distinct pages count what the readers add to this process; private readers also leave one page-cache copy behind, unmapped and not counted".into(),
         );
         report.notes.push(
-            "compressed clusters are decompressed into a memfd per process (a daemon would share it): part of the mapped anon+shmem pages".into(),
+            "compressed clusters are decompressed into a memfd per reader (a daemon would share it): part of the mapped anon+shmem pages".into(),
         );
         if !advm::probe::facts().pfn_visible {
             report.notes.push("PFNs hidden: distinct pages fall back to PSS".into());
@@ -213,7 +202,7 @@ impl Bench for ImageBench {
         Ok(())
     }
 
-    fn demo(&self) -> Result<Vec<DemoRow>, CliError> {
+    fn demo(&self) -> Result<Vec<DemoRow>, BenchError> {
         let (mib, n) = (64, 4);
         let dir = scratch()?;
         let image = build_chain(&dir.0, mib)?;
@@ -222,7 +211,7 @@ impl Bench for ImageBench {
         let ps = advm::addr::page_size() as u64;
         Ok(vec![DemoRow {
             capability: "image".into(),
-            workload: format!("{n} processes read a {mib} MiB 3-layer qcow2 chain"),
+            workload: format!("{n} readers of a {mib} MiB 3-layer qcow2 chain"),
             advm: format!("{} distinct pages ({})", mapped.distinct, fmt_bytes(mapped.distinct * ps)),
             baseline: format!("private reads: {} pages ({})", private.distinct, fmt_bytes(private.distinct * ps)),
             gain: format!("{:.1}x less memory", private.distinct as f64 / mapped.distinct.max(1) as f64),

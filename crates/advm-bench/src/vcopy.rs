@@ -13,10 +13,10 @@
 use std::time::{Duration, Instant};
 
 use super::{fmt_bytes, median, Bench, BenchOpts, DemoRow, Figure, Report, Row};
-use crate::CliError;
+use crate::BenchError;
 use advm::cow::{Arena, Config};
+use advm::mem::Region;
 use advm::stats::{Meter, Options};
-use advm::sys::mman::{self, Advice, Mapping};
 
 /// See the module doc.
 pub struct VcopyBench;
@@ -72,11 +72,11 @@ struct Pages {
 }
 
 impl Pages {
-    fn new() -> Result<Self, CliError> {
+    fn new() -> Result<Self, BenchError> {
         Ok(Self { meter: Meter::for_self(Options::default())? })
     }
     /// Distinct physical pages of this process (PSS pages when PFNs are hidden).
-    fn now(&mut self) -> Result<i64, CliError> {
+    fn now(&mut self) -> Result<i64, BenchError> {
         let s = self.meter.sample()?;
         Ok(match s.distinct {
             Some(d) => d.total as i64,
@@ -96,39 +96,21 @@ fn settle(arena: &Arena, since: f64) -> f64 {
     arena.stats().deferred_unmap_ms - since
 }
 
-/// Median of a slice (NaN when empty).
 /// The baseline: a fresh anonymous mapping and a memcpy of `src` into it, timed (ms;
 /// the destination's page faults included, as a program's copy pays them).
-fn timed_memcpy(src: &Mapping) -> Result<(Mapping, f64), CliError> {
-    let dst = Mapping::anonymous(src.len())?;
+fn timed_memcpy(src: &Region) -> Result<(Region, f64), BenchError> {
+    let mut dst = Region::new(src.len())?;
     let t = Instant::now();
-    // SAFETY: two distinct live mappings of the same length.
-    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_ptr(), src.len()) };
+    dst.bytes_mut().copy_from_slice(src.bytes());
     Ok((dst, ms(t.elapsed())))
 }
 
 /// Fraction of the pages of `dst` that share their physical page with the same page
 /// of `src` (KSM merged them): PFNs from pagemap (KSM needs root, so they are visible).
-fn merged_fraction(pm: &advm::sys::pagemap::Pagemap, src: usize, dst: usize, len: usize) -> Result<f64, CliError> {
-    let ps = ps();
-    let n = len / ps;
-    let chunk = 64 * 1024;
-    let (mut a, mut b) = (vec![0u64; chunk.min(n)], vec![0u64; chunk.min(n)]);
-    let mut same = 0usize;
-    let mut done = 0;
-    while done < n {
-        let k = (n - done).min(chunk);
-        pm.read((src / ps + done) as u64, &mut a[..k])?;
-        pm.read((dst / ps + done) as u64, &mut b[..k])?;
-        use advm::sys::pagemap::Entry;
-        same += a[..k]
-            .iter()
-            .zip(&b[..k])
-            .filter(|(x, y)| Entry(**x).pfn().is_some_and(|p| p != 0 && Some(p) == Entry(**y).pfn()))
-            .count();
-        done += k;
-    }
-    Ok(same as f64 / n as f64)
+fn merged_fraction(src: &Region, dst: &Region) -> Result<f64, BenchError> {
+    let (a, b) = (advm::stats::page_frames(src.range())?, advm::stats::page_frames(dst.range())?);
+    let same = a.iter().zip(&b).filter(|(x, y)| x.is_some() && x == y).count();
+    Ok(same as f64 / a.len() as f64)
 }
 
 /// The configuration of a run.
@@ -158,30 +140,30 @@ impl VcopyBench {
         runs: usize,
         pages: &mut Pages,
         report: &mut Report,
-    ) -> Result<Vec<(f64, f64)>, CliError> {
+    ) -> Result<Vec<(f64, f64)>, BenchError> {
         let n = (len / ps()) as f64;
         let size = fmt_bytes(len as u64);
         let mut out = Vec::new();
         for (label, step) in FRACTIONS {
             let base = pages.now()?;
-            let src = Mapping::anonymous(len)?;
-            fill_distinct(src.as_ptr(), len);
+            let mut src = Region::new(len)?;
+            fill_distinct(src.bytes_mut().as_mut_ptr(), len);
             let (mut copy, mut write, mut fault) = (Vec::new(), Vec::new(), Vec::new());
             let mut distinct = 0;
             for run in 0..runs {
-                let (dst, copy_ms) = timed_memcpy(&src)?;
+                let (mut dst, copy_ms) = timed_memcpy(&src)?;
                 copy.push(copy_ms);
                 let t = Instant::now();
-                store_pages(dst.as_ptr(), len, step);
+                store_pages(dst.bytes_mut().as_mut_ptr(), len, step);
                 write.push(ms(t.elapsed()));
                 if run == runs - 1 {
-                    read_pages(src.as_ptr(), len);
-                    read_pages(dst.as_ptr(), len);
+                    read_pages(src.bytes().as_ptr(), len);
+                    read_pages(dst.bytes().as_ptr(), len);
                     distinct = pages.now()? - base;
                 }
-                let fresh = Mapping::anonymous(len)?;
+                let mut fresh = Region::new(len)?;
                 let t = Instant::now();
-                store_pages(fresh.as_ptr(), len, step);
+                store_pages(fresh.bytes_mut().as_mut_ptr(), len, step);
                 fault.push(ms(t.elapsed()));
             }
             report.rows.push(
@@ -219,7 +201,7 @@ impl VcopyBench {
         pages: &mut Pages,
         reference: &[(f64, f64)],
         report: &mut Report,
-    ) -> Result<Vec<(f64, f64)>, CliError> {
+    ) -> Result<Vec<(f64, f64)>, BenchError> {
         let n = (len / ps()) as f64;
         let size = fmt_bytes(len as u64);
         let mut out = Vec::new();
@@ -348,25 +330,23 @@ impl VcopyBench {
         timeout: Duration,
         pages: &mut Pages,
         report: &mut Report,
-    ) -> Result<(), CliError> {
+    ) -> Result<(), BenchError> {
         let n = len / ps();
         let size = fmt_bytes(len as u64);
         let method = format!("memcpy + KSM {pages_to_scan}/20ms");
         let base = pages.now()?;
-        let src = Mapping::anonymous(len)?;
-        fill_distinct(src.as_ptr(), len);
-        let (dst, copy_ms) = timed_memcpy(&src)?;
+        let mut src = Region::new(len)?;
+        fill_distinct(src.bytes_mut().as_mut_ptr(), len);
+        let (mut dst, copy_ms) = timed_memcpy(&src)?;
         for m in [&src, &dst] {
-            // SAFETY: advice only; contents do not change.
-            unsafe { mman::madvise(m.as_ptr(), len, Advice::LinuxMergeable)? };
+            m.set_mergeable(true)?;
         }
-        let pm = advm::sys::pagemap::Pagemap::open("self")?;
         let cpu0 = advm::stats::ksmd_cpu_seconds().unwrap_or(0.0);
         let session = advm::ksm::Session::start(pages_to_scan, 20)?;
         let t = Instant::now();
         let mut merged = 0.0;
         while t.elapsed() < timeout {
-            merged = merged_fraction(&pm, src.addr(), dst.addr(), len)?;
+            merged = merged_fraction(&src, &dst)?;
             if merged >= 0.99 {
                 break;
             }
@@ -382,18 +362,19 @@ impl VcopyBench {
             if step != 0 {
                 // pages of this fraction not written by a smaller one
                 let t = Instant::now();
+                let d = dst.bytes_mut().as_mut_ptr();
                 for i in (0..n).step_by(step) {
                     if done_step != 0 && i % done_step == 0 {
                         continue;
                     }
-                    // SAFETY: inside the live mapping `dst`.
-                    unsafe { std::ptr::write_volatile(dst.as_ptr().add(i * ps() + 8), 0xa5) };
+                    // SAFETY: inside the live region `dst`, borrowed mutably for the loop.
+                    unsafe { std::ptr::write_volatile(d.add(i * ps() + 8), 0xa5) };
                 }
                 written_ms += ms(t.elapsed());
                 done_step = step;
             }
-            read_pages(src.as_ptr(), len);
-            read_pages(dst.as_ptr(), len);
+            read_pages(src.bytes().as_ptr(), len);
+            read_pages(dst.bytes().as_ptr(), len);
             let distinct = pages.now()? - base;
             let mut row = Row::new()
                 .with("size", &size)
@@ -416,7 +397,7 @@ impl VcopyBench {
     /// Small blocks, two ways: duplicating (new block + copy + free) and copying into
     /// an existing, already written block; each by memcpy and by sharing. Returns the
     /// smallest page count where sharing wins, for each way.
-    fn threshold_rows(&self, ops: usize, report: &mut Report) -> Result<[Option<usize>; 2], CliError> {
+    fn threshold_rows(&self, ops: usize, report: &mut Report) -> Result<[Option<usize>; 2], BenchError> {
         let share = Arena::with_config(Config { reserve_bytes: 1 << 30, small_block_pages: 1, ..Default::default() })?;
         let copy =
             Arena::with_config(Config { reserve_bytes: 1 << 30, small_block_pages: usize::MAX, ..Default::default() })?;
@@ -475,12 +456,12 @@ impl Bench for VcopyBench {
         "virtual copy (advm arena) vs memcpy vs memcpy+KSM (100 and 1000 pages/20ms): copy time, distinct pages, write cost at 0/1/10/100% written"
     }
 
-    fn run(&self, opts: &BenchOpts, report: &mut Report) -> Result<(), CliError> {
+    fn run(&self, opts: &BenchOpts, report: &mut Report) -> Result<(), BenchError> {
         let plan = Self::plan(opts);
         report.configuration.insert("sizes_bytes".into(), serde_json::json!(plan.sizes));
         report.configuration.insert("write_fractions".into(), serde_json::json!(["0%", "1%", "10%", "100%"]));
         report.configuration.insert("ksm_timeout_s".into(), serde_json::json!(plan.ksm_timeout.as_secs()));
-        let ksm_ok = advm::sys::ksm::available() && advm::sys::is_root();
+        let ksm_ok = advm::ksm::available() && advm::process::is_root();
         if !ksm_ok {
             report.notes.push("KSM rows skipped: KSM needs root and /sys/kernel/mm/ksm".into());
         }
@@ -566,7 +547,7 @@ impl Bench for VcopyBench {
         Ok(())
     }
 
-    fn demo(&self) -> Result<Vec<DemoRow>, CliError> {
+    fn demo(&self) -> Result<Vec<DemoRow>, BenchError> {
         // The whole cost of a copy, not only the call: the source's old page tables
         // torn down later by the reaper thread, and the faults both sides take when
         // they are next read. memcpy pays its whole cost in the call; its reads after
@@ -575,12 +556,12 @@ impl Bench for VcopyBench {
         let n = (len / ps()) as i64;
         let mut pages = Pages::new()?;
         let base = pages.now()?;
-        let src = Mapping::anonymous(len)?;
-        fill_distinct(src.as_ptr(), len);
+        let mut src = Region::new(len)?;
+        fill_distinct(src.bytes_mut().as_mut_ptr(), len);
         let (dst, memcpy_ms) = timed_memcpy(&src)?;
         let t = Instant::now();
-        read_pages(src.as_ptr(), len);
-        read_pages(dst.as_ptr(), len);
+        read_pages(src.bytes().as_ptr(), len);
+        read_pages(dst.bytes().as_ptr(), len);
         let memcpy_total_ms = memcpy_ms + ms(t.elapsed());
         let memcpy_pages = pages.now()? - base;
         drop((src, dst));

@@ -14,7 +14,7 @@ use std::time::Instant;
 use advm::remap::{self, Batch, Choice, Engine, Options, Region, PMD_SIZE};
 
 use super::{fmt_bytes, median, Bench, BenchOpts, DemoRow, Figure, Report, Row};
-use crate::CliError;
+use crate::BenchError;
 
 /// See the module doc.
 pub struct RemapBench;
@@ -54,7 +54,7 @@ struct Evictor {
 }
 
 impl Evictor {
-    fn new() -> Result<Self, CliError> {
+    fn new() -> Result<Self, BenchError> {
         let mut buf = Region::new(EVICT_BYTES)?;
         buf.bytes_mut().fill(1);
         Ok(Self { buf })
@@ -123,7 +123,7 @@ fn time_move(
     src: usize,
     len: usize,
     cache: Cache,
-) -> Result<(f64, Option<Engine>), CliError> {
+) -> Result<(f64, Option<Engine>), BenchError> {
     r.bytes_mut()[src..src + len].fill(0xab);
     r.bytes_mut()[dst..dst + len].fill(0x01);
     match cache {
@@ -139,7 +139,7 @@ fn time_move(
     let us = t.elapsed().as_secs_f64() * 1e6;
     let b = r.bytes();
     if b[dst] != 0xab || b[dst + len - 1] != 0xab {
-        return Err(CliError::Usage(format!("remap bench: a {len}-byte move left wrong bytes at the destination")));
+        return Err(BenchError::Usage(format!("remap bench: a {len}-byte move left wrong bytes at the destination")));
     }
     Ok((us, out.engine()))
 }
@@ -155,7 +155,7 @@ fn speed_figures(runs: Vec<f64>, pages: usize, baseline_us: Option<f64>) -> Vec<
 }
 
 impl RemapBench {
-    fn size_sweep(&self, opts: &BenchOpts, report: &mut Report, ev: &Evictor) -> Result<Option<f64>, CliError> {
+    fn size_sweep(&self, opts: &BenchOpts, report: &mut Report, ev: &Evictor) -> Result<Option<f64>, BenchError> {
         let ps = ps();
         let sizes: &[usize] = if opts.quick {
             &[1, 4, 16, 64, 512, 4096]
@@ -239,7 +239,7 @@ impl RemapBench {
         Ok(gib_gain)
     }
 
-    fn break_evens(&self, opts: &BenchOpts, report: &mut Report) -> Result<Option<usize>, CliError> {
+    fn break_evens(&self, opts: &BenchOpts, report: &mut Report) -> Result<Option<usize>, BenchError> {
         if !remap::uffd_move_available() {
             report.notes.push("UFFDIO_MOVE unavailable: no break-even to measure".into());
             return Ok(None);
@@ -278,7 +278,7 @@ impl RemapBench {
         Ok(cold_1)
     }
 
-    fn threads(&self, opts: &BenchOpts, report: &mut Report, ev: &Evictor) -> Result<(), CliError> {
+    fn threads(&self, opts: &BenchOpts, report: &mut Report, ev: &Evictor) -> Result<(), BenchError> {
         let ps = ps();
         let sizes: &[usize] = if opts.quick { &[16, 512] } else { &[16, 512, 8192] };
         for &pages in sizes {
@@ -310,7 +310,7 @@ impl RemapBench {
         Ok(())
     }
 
-    fn alignment(&self, opts: &BenchOpts, report: &mut Report, ev: &Evictor) -> Result<(), CliError> {
+    fn alignment(&self, opts: &BenchOpts, report: &mut Report, ev: &Evictor) -> Result<(), BenchError> {
         let ps = ps();
         let sizes: &[usize] =
             if opts.quick { &[PMD_SIZE, 4 * PMD_SIZE] } else { &[PMD_SIZE, 16 * PMD_SIZE, 64 * PMD_SIZE] };
@@ -362,7 +362,7 @@ impl RemapBench {
         pattern: &str,
         mode: &str,
         per_batch: usize,
-    ) -> Result<(f64, Option<Engine>), CliError> {
+    ) -> Result<(f64, Option<Engine>), BenchError> {
         let ps = ps();
         let obj = 10 * ps;
         let base = r.addr();
@@ -427,13 +427,13 @@ impl RemapBench {
         if mode == BOUND {
             let b = bound.bytes();
             if b[all] != 0xcd || b[2 * all - 1] != 0xcd {
-                return Err(CliError::Usage("remap bench: the bound's contiguous move left wrong bytes".into()));
+                return Err(BenchError::Usage("remap bench: the bound's contiguous move left wrong bytes".into()));
             }
             return Ok((us, used));
         }
         for i in [0, n / 2, n - 1] {
             if r.bytes()[dst_of(i)] != (i % 250) as u8 + 2 {
-                return Err(CliError::Usage(format!("remap bench: object {i} did not arrive ({pattern}, {mode})")));
+                return Err(BenchError::Usage(format!("remap bench: object {i} did not arrive ({pattern}, {mode})")));
             }
         }
         Ok((us, used))
@@ -444,7 +444,7 @@ impl RemapBench {
         opts: &BenchOpts,
         report: &mut Report,
         ev: &Evictor,
-    ) -> Result<Vec<(String, f64, Option<f64>)>, CliError> {
+    ) -> Result<Vec<(String, f64, Option<f64>)>, BenchError> {
         if !remap::uffd_move_available() {
             report.notes.push("UFFDIO_MOVE unavailable: batch section skipped".into());
             return Ok(Vec::new());
@@ -510,7 +510,7 @@ impl RemapBench {
         Ok(gains)
     }
 
-    fn slides(&self, opts: &BenchOpts, report: &mut Report, ev: &Evictor) -> Result<(), CliError> {
+    fn slides(&self, opts: &BenchOpts, report: &mut Report, ev: &Evictor) -> Result<(), BenchError> {
         let ps = ps();
         let blocks: &[usize] = if opts.quick { &[64, 1024] } else { &[64, 4096, 65536] };
         for &pages in blocks {
@@ -534,7 +534,7 @@ impl RemapBench {
                             r.move_pages_with(dst * ps, src * ps, len, &forced(Some(engine)))?;
                             times.push(t.elapsed().as_secs_f64() * 1e6);
                             if r.bytes()[dst * ps] != 0xab || r.bytes()[dst * ps + len - 1] != 0xab {
-                                return Err(CliError::Usage("remap bench: a slide left wrong bytes".into()));
+                                return Err(BenchError::Usage("remap bench: a slide left wrong bytes".into()));
                             }
                         }
                         let mut row = Row::new()
@@ -563,7 +563,7 @@ impl Bench for RemapBench {
         "move pages by page table (UFFDIO_MOVE, mremap) vs memmove: sizes 1 page..1 GiB, break-even, threads, alignment, batches, slides"
     }
 
-    fn run(&self, opts: &BenchOpts, report: &mut Report) -> Result<(), CliError> {
+    fn run(&self, opts: &BenchOpts, report: &mut Report) -> Result<(), BenchError> {
         let ev = Evictor::new()?;
         report.configuration.insert("uffd_move".into(), serde_json::json!(remap::uffd_move_available()));
         report.configuration.insert("evict_bytes".into(), serde_json::json!(EVICT_BYTES));
@@ -606,7 +606,7 @@ impl Bench for RemapBench {
         Ok(())
     }
 
-    fn demo(&self) -> Result<Vec<DemoRow>, CliError> {
+    fn demo(&self) -> Result<Vec<DemoRow>, BenchError> {
         let ev = Evictor::new()?;
         let len = 256 << 20;
         let mut r = Region::new(2 * len)?;

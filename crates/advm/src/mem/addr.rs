@@ -79,6 +79,13 @@ impl PageRange {
         }
         Ok(Self { start: HostAddr(start), len })
     }
+    /// A range the caller knows to be page aligned and non-wrapping (it came from the
+    /// kernel or from another range).
+    pub(crate) fn from_parts(start: HostAddr, len: usize) -> Self {
+        debug_assert!(start.0 % page_size() == 0 && len % page_size() == 0 && start.0.checked_add(len).is_some());
+        Self { start, len }
+    }
+
     /// First address.
     pub fn start(&self) -> HostAddr {
         self.start

@@ -1,0 +1,176 @@
+//! Starting a program under one of the mmapcopy paper's five configurations: the shim
+//! in `LD_PRELOAD` with its variables, a statistics directory, and the KSM settings a
+//! mode needs for as long as the program runs. `advm run` and `advm bench r` both
+//! launch through here.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// What launching can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// From the library (KSM settings).
+    #[error(transparent)]
+    Advm(#[from] advm::Error),
+    /// I/O on something named.
+    #[error("{0}: {1}")]
+    Io(String, #[source] std::io::Error),
+}
+
+/// The paper's five configurations (section 5.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Virtual copies: large blocks in a memfd arena, large copies become copy-on-write.
+    Cow,
+    /// Only large blocks moved to an anonymous page-aligned arena (the paper's orig+alloc).
+    Alloc,
+    /// alloc + arena marked mergeable, KSM scanning 100 pages per 20 ms.
+    Ksm,
+    /// alloc + arena marked mergeable, KSM scanning 1000 pages per 20 ms.
+    KsmAggr,
+    /// The untouched program: no shim.
+    Off,
+}
+
+impl Mode {
+    /// All five, in the paper's order (baseline first).
+    pub const ALL: [Mode; 5] = [Mode::Off, Mode::Alloc, Mode::Ksm, Mode::KsmAggr, Mode::Cow];
+
+    /// The name used on the command line and in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Cow => "cow",
+            Mode::Alloc => "alloc",
+            Mode::Ksm => "ksm",
+            Mode::KsmAggr => "ksm-aggr",
+            Mode::Off => "off",
+        }
+    }
+
+    /// One line on what the mode does (the variant's doc, for `--help`).
+    pub fn about(self) -> &'static str {
+        match self {
+            Mode::Cow => "Virtual copies: large blocks in a memfd arena, large copies become copy-on-write",
+            Mode::Alloc => "Only large blocks moved to an anonymous page-aligned arena (the paper's orig+alloc)",
+            Mode::Ksm => "alloc + arena marked mergeable, KSM scanning 100 pages per 20 ms",
+            Mode::KsmAggr => "alloc + arena marked mergeable, KSM scanning 1000 pages per 20 ms",
+            Mode::Off => "The untouched program: no shim",
+        }
+    }
+
+    /// KSM pages scanned per 20 ms wake-up, for the KSM modes.
+    pub fn ksm_pages_to_scan(self) -> Option<u32> {
+        match self {
+            Mode::Ksm => Some(100),
+            Mode::KsmAggr => Some(1000),
+            _ => None,
+        }
+    }
+
+    /// What the shim is told (ADVM_MODE); None when the shim is not loaded.
+    fn shim_mode(self) -> Option<&'static str> {
+        match self {
+            Mode::Cow => Some("cow"),
+            Mode::Alloc => Some("alloc"),
+            Mode::Ksm | Mode::KsmAggr => Some("ksm"),
+            Mode::Off => None,
+        }
+    }
+}
+
+/// A command prepared to run under a mode. Keep it alive while the program runs: it
+/// holds the KSM settings and the statistics directory.
+pub struct Prepared {
+    /// The command, with LD_PRELOAD and the shim's variables set.
+    pub command: Command,
+    /// Where the shim's processes write their statistics.
+    pub stats_dir: Option<PathBuf>,
+    _ksm: Option<advm::ksm::Session>,
+}
+
+impl Drop for Prepared {
+    fn drop(&mut self) {
+        if let Some(d) = &self.stats_dir {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+fn fresh_stats_dir() -> Result<PathBuf, Error> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir =
+        std::env::temp_dir().join(format!("advm-run-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| Error::Io(dir.display().to_string(), e))?;
+    Ok(dir)
+}
+
+/// The installed shim (written once per content hash into the cache directory).
+pub fn shim_path() -> Result<PathBuf, Error> {
+    let dir = crate::default_cache_dir();
+    crate::install(&dir).map_err(|e| Error::Io(format!("installing the preload shim into {}", dir.display()), e))
+}
+
+/// Prepares `program args` to run under `mode`; with `stats`, the shim reports into a
+/// fresh directory.
+pub fn prepare(
+    mode: Mode,
+    threshold_pages: u64,
+    program: &str,
+    args: &[String],
+    stats: bool,
+) -> Result<Prepared, Error> {
+    let mut command = Command::new(program);
+    command.args(args);
+    let mut stats_dir = None;
+    if let Some(shim_mode) = mode.shim_mode() {
+        let so = shim_path()?;
+        let mut preload = so.display().to_string();
+        if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
+            preload = format!("{preload}:{}", old.to_string_lossy());
+        }
+        command
+            .env("LD_PRELOAD", preload)
+            .env(crate::env::MODE, shim_mode)
+            .env(crate::env::THRESHOLD_PAGES, threshold_pages.to_string());
+        if stats {
+            let d = fresh_stats_dir()?;
+            command.env(crate::env::STATS_DIR, &d);
+            stats_dir = Some(d);
+        }
+    }
+    let ksm = mode.ksm_pages_to_scan().map(|pages| advm::ksm::Session::start(pages, 20)).transpose()?;
+    Ok(Prepared { command, stats_dir, _ksm: ksm })
+}
+
+/// The shim's counters summed over every process that wrote `<pid>.stats`, and how many
+/// did. Forked children that end with `_exit` write nothing (their copies are not counted).
+pub fn read_stats(dir: &Path) -> (BTreeMap<String, u64>, usize) {
+    let mut sum = BTreeMap::new();
+    let mut files = 0;
+    let Ok(entries) = std::fs::read_dir(dir) else { return (sum, 0) };
+    for e in entries.flatten() {
+        let Ok(text) = std::fs::read_to_string(e.path()) else { continue };
+        files += 1;
+        for line in text.lines() {
+            let mut it = line.split_whitespace();
+            if let (Some(k), Some(v)) = (it.next(), it.next()) {
+                if let Ok(n) = v.parse::<u64>() {
+                    let slot = sum.entry(k.to_string()).or_insert(0);
+                    // sizes that are per-process levels are reported as the largest
+                    *slot = if matches!(
+                        k,
+                        "threshold_bytes" | "copy_min_bytes" | "peak_live_bytes" | "live_bytes" | "vma_segments"
+                    ) {
+                        (*slot).max(n)
+                    } else {
+                        *slot + n
+                    };
+                }
+            }
+        }
+    }
+    (sum, files)
+}

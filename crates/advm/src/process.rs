@@ -1,0 +1,26 @@
+//! Process-level helpers front ends need around a child they run.
+
+use crate::sys::signal;
+use crate::Result;
+
+/// While alive, SIGINT and SIGQUIT are ignored (the terminal delivers them to the
+/// child too, as `system(3)` does) and SIGTERM and SIGHUP are forwarded to `child`, so
+/// the parent lives to clean up after it; the old dispositions come back on drop. One
+/// at a time per process.
+pub struct ForwardSignals {
+    _inner: signal::ChildSignals,
+}
+
+impl ForwardSignals {
+    /// Installs the dispositions for the child with pid `child`.
+    pub fn to(child: u32) -> Result<Self> {
+        let pid = i32::try_from(child)
+            .map_err(|_| crate::Error::InvalidArgument { what: "child", why: format!("pid {child} out of range") })?;
+        Ok(Self { _inner: signal::ChildSignals::install(pid)? })
+    }
+}
+
+/// True when this process runs with effective uid 0.
+pub fn is_root() -> bool {
+    crate::sys::is_root()
+}
