@@ -27,7 +27,9 @@ thread_local! {
 }
 
 /// The read side of the fork gate: no `fork()` runs while it is held. Held by every
-/// arena call around its use of the arena's lock; may be nested on one thread.
+/// arena call around its use of the arena's lock; may be nested on one thread. Code
+/// that keeps its own lock around arenas (the C API's once-only arena) holds it too,
+/// so a forked child never finds that lock held either.
 #[must_use]
 pub struct ForkGate {
     _read: Option<RwLockReadGuard<'static, ()>>,

@@ -592,7 +592,8 @@ impl Arena {
         Ok(g.blocks[&key].pages * g.ps)
     }
 
-    /// True when `ptr` lies inside a live block of this arena.
+    /// True when `ptr` lies inside a live block of this arena (false for every
+    /// pointer after a panic inside the arena).
     pub fn contains(&self, ptr: *const u8) -> bool {
         lock(&self.shared).is_ok_and(|g| g.find("ptr", ptr as usize, 0).is_ok())
     }
