@@ -17,14 +17,26 @@ const char *advm_version(void);
 
 /* ---- virtual copy (docs/vcopy.md) ------------------------------------------
  * Blocks live in one process-wide arena of memfd pages. A virtual copy shares the
- * source's pages copy-on-write: only pages written later are duplicated. */
+ * source's pages copy-on-write: only pages written later are duplicated.
+ *
+ * Every function may be called from any thread, and in the child of a fork() made
+ * while other threads were calling them. A reader of a block sees its bytes
+ * unchanged while the block is copied (advm_dup/advm_vcopy source).
+ *
+ * After a panic inside the library (a bug) the call that met it fails with EIO and
+ * the arena, whose state may be half updated, refuses every later call with
+ * ENOTRECOVERABLE (blocks stay mapped, so their bytes can still be saved). */
 
-/* A zero-filled, page-aligned block of len bytes; NULL with errno set on failure. */
+/* A zero-filled, page-aligned block of len bytes (rounded up to whole pages); NULL
+ * with errno set on failure: ENOMEM when len does not fit (e.g. SIZE_MAX, or more
+ * than the arena's free 256 GiB of address space). advm_alloc(0) returns a unique
+ * one-page block, to be freed like any other (as glibc's malloc(0)). */
 void *advm_alloc(size_t len);
 /* Frees a block from advm_alloc/advm_dup (NULL: no-op; a non-block pointer sets errno
  * to EINVAL and is left alone). */
 void advm_free(void *p);
-/* A new block that is a virtual copy of [p, p+len) (inside one block); NULL + errno. */
+/* A new block that is a virtual copy of [p, p+len) (inside one block); NULL + errno
+ * (EINVAL for len 0 or a range outside a block, ENOMEM when it does not fit). */
 void *advm_dup(const void *p, size_t len);
 /* memcpy(dst, src, len) by page sharing when dst - src is a multiple of the page size
  * (partial first/last pages copied), by memcpy otherwise. Both ranges must lie inside

@@ -4,13 +4,19 @@
 use std::ffi::c_void;
 use std::sync::OnceLock;
 
-use advm::cow::{Arena, Config};
+use advm::cow::{Arena, Config, ForkGate};
 
-use crate::{errno_of, guard};
+use crate::guard;
 
 fn arena() -> Result<&'static Arena, advm::Error> {
     static ARENA: OnceLock<Result<Arena, String>> = OnceLock::new();
-    match ARENA.get_or_init(|| Arena::with_config(Config::default()).map_err(|e| e.to_string())) {
+    // Made under the fork gate: a fork during the first call would leave the child's
+    // copy of the once-lock "being made" forever.
+    let made = ARENA.get().unwrap_or_else(|| {
+        let _gate = ForkGate::hold();
+        ARENA.get_or_init(|| Arena::with_config(Config::default()).map_err(|e| e.to_string()))
+    });
+    match made {
         Ok(a) => Ok(a),
         Err(why) => Err(advm::Error::Unsupported { what: "the advm arena", why: why.clone() }),
     }
@@ -22,12 +28,13 @@ fn set_errno(e: i32) {
 }
 
 /// `void *advm_alloc(size_t len)`: a zeroed, page-aligned block of `len` bytes, or NULL
-/// with errno set.
+/// with errno set (ENOMEM when it does not fit). `len` 0 gives a unique one-page block,
+/// as glibc's `malloc(0)` gives a unique pointer that `free` takes.
 #[no_mangle]
 pub extern "C" fn advm_alloc(len: usize) -> *mut c_void {
     let mut out = std::ptr::null_mut();
     let r = guard(|| {
-        out = arena()?.alloc(len)?.cast();
+        out = arena()?.alloc(len.max(1))?.cast();
         Ok(0)
     });
     if r < 0 {
@@ -105,25 +112,34 @@ pub unsafe extern "C" fn advm_vcopy_stats(out: *mut AdvmVcopyStats) -> i32 {
     if out.is_null() {
         return -libc::EINVAL;
     }
-    match arena() {
-        Ok(a) => {
-            let s = a.stats();
-            let v = AdvmVcopyStats {
-                blocks: s.blocks,
-                memfd_pages_live: s.memfd_pages_live,
-                memfd_resident_bytes: s.memfd_resident_bytes,
-                pages_shared: s.pages_shared,
-                bytes_copied: s.bytes_copied,
-                pages_rehomed: s.pages_rehomed,
-                fallback_unaligned: s.fallback_unaligned,
-                fallback_small: s.fallback_small,
-                fallback_vma_budget: s.fallback_vma_budget,
-                vmas: s.vmas,
-            };
-            // SAFETY: the caller guarantees `out` is writable.
-            unsafe { out.write(v) };
-            0
-        }
-        Err(e) => errno_of(&e),
-    }
+    guard(|| {
+        let s = arena()?.try_stats()?;
+        let v = AdvmVcopyStats {
+            blocks: s.blocks,
+            memfd_pages_live: s.memfd_pages_live,
+            memfd_resident_bytes: s.memfd_resident_bytes,
+            pages_shared: s.pages_shared,
+            bytes_copied: s.bytes_copied,
+            pages_rehomed: s.pages_rehomed,
+            fallback_unaligned: s.fallback_unaligned,
+            fallback_small: s.fallback_small,
+            fallback_vma_budget: s.fallback_vma_budget,
+            vmas: s.vmas,
+        };
+        // SAFETY: the caller guarantees `out` is writable.
+        unsafe { out.write(v) };
+        Ok(0)
+    })
+}
+
+/// `int advm_vcopy_test_inject_panic(void)`: testing only (fault injection, not in
+/// advm.h, never for use): the arena panics while holding its lock, as a bug would;
+/// returns -EIO, and every later call fails with ENOTRECOVERABLE.
+#[doc(hidden)]
+#[no_mangle]
+pub extern "C" fn advm_vcopy_test_inject_panic() -> i32 {
+    guard(|| {
+        arena()?.test_inject_panic();
+        Ok(0)
+    })
 }

@@ -16,6 +16,8 @@ pub fn errno_of(e: &advm::Error) -> i32 {
     let raw = match e {
         advm::Error::Sys(s) => s.raw_errno(),
         advm::Error::InvalidArgument { .. } => libc::EINVAL,
+        advm::Error::OutOfMemory { .. } => libc::ENOMEM,
+        advm::Error::Unrecoverable { .. } => libc::ENOTRECOVERABLE,
         advm::Error::Unsupported { .. } => libc::ENOSYS,
         advm::Error::NoSuchProcess { .. } | advm::Error::ProcessExited { .. } => libc::ESRCH,
         advm::Error::PermissionDenied { .. } => libc::EPERM,
@@ -25,7 +27,8 @@ pub fn errno_of(e: &advm::Error) -> i32 {
     -raw.abs()
 }
 
-/// Runs `f`, turning a panic into `-EIO` so it never unwinds across the C boundary.
+/// Runs `f`, turning a panic into `-EIO` so it never unwinds across the C boundary
+/// (an arena that panicked then refuses every later call: `-ENOTRECOVERABLE`).
 pub fn guard(f: impl FnOnce() -> Result<i32, advm::Error>) -> i32 {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(Ok(v)) => v,

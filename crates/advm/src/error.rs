@@ -49,6 +49,23 @@ pub enum Error {
         /// Why it is refused, naming the limit.
         why: String,
     },
+    /// A request needs more memory or address space than is left.
+    #[error("out of memory: {what}: {why}")]
+    OutOfMemory {
+        /// What was asked for.
+        what: &'static str,
+        /// The size and the limit it exceeds.
+        why: String,
+    },
+    /// An earlier call panicked part way through changing this object's state, which
+    /// may therefore be inconsistent: it refuses all further work.
+    #[error("{what} is unusable: {why}")]
+    Unrecoverable {
+        /// The object.
+        what: &'static str,
+        /// What happened to it.
+        why: String,
+    },
     /// The kernel lacks something this operation needs.
     #[error("{what} is not available on this kernel: {why}")]
     Unsupported {

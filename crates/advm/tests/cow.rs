@@ -408,3 +408,62 @@ proptest! {
         prop_assert_eq!((s.memfd_pages_live, s.memfd_resident_bytes), (0, 0));
     }
 }
+
+/// Sizes that cannot fit are out of memory (ENOMEM in C), naming the limit; before,
+/// they were invalid arguments (EINVAL).
+#[test]
+fn alloc_sizes_that_cannot_fit_are_out_of_memory() {
+    let a = arena(); // 1 GiB reservation
+    for len in [usize::MAX, usize::MAX - 4095, usize::MAX - ps() + 1, (1 << 30) + 1, 1 << 40] {
+        match a.alloc(len) {
+            Err(advm::Error::OutOfMemory { why, .. }) => {
+                assert!(why.contains(&len.to_string()), "{len}: the message names the size: {why}")
+            }
+            other => panic!("alloc({len}): {other:?}, want OutOfMemory"),
+        }
+    }
+    let e = a.alloc(2 << 30).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        format!(
+            "out of memory: an arena block: {} bytes do not fit in the free space of the arena's {}-byte reservation",
+            2u64 << 30,
+            1u64 << 30
+        )
+    );
+    // the whole reservation still fits
+    let all = a.alloc(1 << 30).unwrap();
+    a.free(all).unwrap();
+}
+
+/// A panic inside the arena (a bug, injected here) leaves its state possibly half
+/// updated: every later call refuses with `Error::Unrecoverable` instead of running on
+/// it. Before, the poisoned lock was ignored and later calls went on.
+#[test]
+fn a_panic_inside_the_arena_makes_it_refuse_further_work() {
+    let a = arena();
+    let len = 8 * ps();
+    let src = a.alloc(len).unwrap();
+    a.fill(src, 7, len).unwrap();
+    let hit = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| a.test_inject_panic()));
+    assert!(hit.is_err(), "the hook panics");
+    let unrecoverable = |r: advm::Result<()>, call: &str| match r {
+        Err(e @ advm::Error::Unrecoverable { .. }) => {
+            assert!(e.to_string().starts_with("the advm arena is unusable: an earlier call panicked"), "{e}")
+        }
+        other => panic!("{call} after a panic: {other:?}, want Unrecoverable"),
+    };
+    unrecoverable(a.alloc(len).map(drop), "alloc");
+    unrecoverable(a.dup(src, len).map(drop), "dup");
+    unrecoverable(a.vcopy(src.wrapping_add(4 * ps()), src, 4 * ps()).map(drop), "vcopy");
+    unrecoverable(a.fill(src, 1, 1), "fill");
+    unrecoverable(a.read(src, &mut [0u8; 4]), "read");
+    unrecoverable(a.free(src), "free");
+    unrecoverable(a.trim().map(drop), "trim");
+    unrecoverable(a.try_stats().map(drop), "try_stats");
+    assert!(!a.contains(src));
+    // the counters stay readable, and the block's bytes stay mapped
+    assert_eq!(a.stats().blocks, 1);
+    // SAFETY: the block is still mapped (the arena never freed it).
+    assert_eq!(unsafe { *src.add(len - 1) }, 7);
+}

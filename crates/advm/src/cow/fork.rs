@@ -1,8 +1,13 @@
 //! Fork isolation: a process-wide gate that every arena call holds for reading, and
 //! `pthread_atfork` handlers that take it for writing around `fork()`, so no arena is
 //! half way through a call when the address space is duplicated.
+//!
+//! The gate is what makes the arena usable in a forked child: the child has only the
+//! forking thread, so a lock another thread held at the fork would stay held forever.
+//! Every lock of the arena (its state mutex, the list of arenas, the C API's
+//! once-only arena creation) is therefore only taken with the gate held.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::{Arc, Mutex, Once, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 use super::Shared;
@@ -16,11 +21,35 @@ thread_local! {
     /// The write side of the gate, held by the forking thread from `prepare` until
     /// the parent/child handler (the same thread runs all three).
     static HELD: RefCell<Option<RwLockWriteGuard<'static, ()>>> = const { RefCell::new(None) };
+    /// Gates this thread holds: only the outermost takes the read lock. A nested read
+    /// of the lock would wait behind a forking thread waiting for the outer one.
+    static DEPTH: Cell<usize> = const { Cell::new(0) };
 }
 
-/// Held for the duration of every arena call that maps or reads arena state.
-pub(super) fn gate() -> RwLockReadGuard<'static, ()> {
-    GATE.read().unwrap_or_else(|e| e.into_inner())
+/// The read side of the fork gate: no `fork()` runs while it is held. Held by every
+/// arena call around its use of the arena's lock; may be nested on one thread. Code
+/// that keeps its own lock around arenas (the C API's once-only arena) holds it too,
+/// so a forked child never finds that lock held either.
+#[must_use]
+pub struct ForkGate {
+    _read: Option<RwLockReadGuard<'static, ()>>,
+}
+
+impl ForkGate {
+    /// Waits for a fork in progress, then keeps forks out until dropped.
+    pub fn hold() -> Self {
+        let outer = DEPTH.with(|d| {
+            d.set(d.get() + 1);
+            d.get() == 1
+        });
+        Self { _read: outer.then(|| GATE.read().unwrap_or_else(|e| e.into_inner())) }
+    }
+}
+
+impl Drop for ForkGate {
+    fn drop(&mut self) {
+        DEPTH.with(|d| d.set(d.get() - 1));
+    }
 }
 
 /// Registers an arena for freezing at fork (and the handlers, once per process).
@@ -32,6 +61,7 @@ pub(super) fn register(shared: &Arc<Shared>) -> Result<()> {
     if let Some(e) = err {
         return Err(e.into());
     }
+    let _gate = ForkGate::hold();
     let mut list = ARENAS.lock().unwrap_or_else(|e| e.into_inner());
     list.retain(|w| w.strong_count() > 0);
     list.push(Arc::downgrade(shared));
@@ -45,7 +75,12 @@ extern "C" fn prepare() {
         list.iter().filter_map(Weak::upgrade).collect()
     };
     for a in &arenas {
-        super::lock(a).freeze_for_fork();
+        // A handler cannot return an error and must not unwind into C: a panic while
+        // freezing poisons that arena (its later calls refuse) and the fork goes on.
+        // An arena already poisoned is still frozen as well as its state allows.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            a.inner.lock().unwrap_or_else(|e| e.into_inner()).freeze_for_fork();
+        }));
     }
     // Arenas dropped here would run their Drop with the gate held: keep them alive
     // until the handler after the fork.

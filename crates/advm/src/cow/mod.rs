@@ -32,14 +32,19 @@
 //! - copies of fewer than [`Config::small_block_pages`] whole pages, and copies whose
 //!   source and destination are not page-congruent, are done by memcpy and counted.
 //!
-//! All state sits behind one mutex; every call is safe from any thread.
+//! All state sits behind one mutex; every call is safe from any thread, and takes
+//! that mutex only inside the fork gate (`fork.rs`), so a forked child never finds it
+//! held by a thread the child does not have. A panic inside a call (a bug) leaves the
+//! mutex poisoned and the state possibly half updated: every later call then fails
+//! with [`Error::Unrecoverable`] instead of running on it.
 
 mod extent;
 mod fork;
 
 use std::collections::BTreeMap;
+use std::ops::{Deref, DerefMut};
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 use std::time::Instant;
 
@@ -50,6 +55,7 @@ use crate::sys::mman::Share;
 use crate::sys::pagemap::{Entry, Pagemap};
 use crate::{Error, Result};
 use extent::{Count, Extents, Run, RunMap};
+pub use fork::ForkGate;
 
 /// Default copy size, in whole pages, under which a copy is done by memcpy (the
 /// paper's choice). Measured by `advm bench vcopy` (docs/vcopy.md): duplicating into
@@ -229,8 +235,8 @@ struct Inner {
     /// Old source mappings whose page tables a copy moved aside, waiting for the
     /// reaper thread to unmap them: (first reservation page, pages).
     pending: Vec<(usize, usize)>,
-    /// The pid whose reaper thread runs (a forked child starts its own).
-    reaper_pid: Option<u32>,
+    /// The reaper thread and the pid it runs in (a forked child starts its own).
+    reaper: Option<(u32, std::thread::Thread)>,
     /// False once moving page tables aside failed (kernels that refuse
     /// `MREMAP_DONTUNMAP` here): sources are unmapped in place.
     move_aside: bool,
@@ -245,7 +251,6 @@ const DEFER_MIN_PAGES: usize = 512;
 
 pub(crate) struct Shared {
     inner: Mutex<Inner>,
-    wake: Condvar,
 }
 
 /// An arena of virtually copyable blocks. Cheap to clone (a handle); `Send + Sync`.
@@ -279,10 +284,43 @@ pub struct Calibration {
     pub crossover_write_fraction: f64,
 }
 
-fn lock(shared: &Shared) -> MutexGuard<'_, Inner> {
-    // A panic inside a previous call leaves the state as consistent as the last
-    // completed step: keep going rather than poisoning every later call.
-    shared.inner.lock().unwrap_or_else(|e| e.into_inner())
+/// The arena state, locked, with the fork gate held (released in this order).
+struct Locked<'a> {
+    inner: MutexGuard<'a, Inner>,
+    _gate: ForkGate,
+}
+
+impl Deref for Locked<'_> {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.inner
+    }
+}
+
+impl DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Inner {
+        &mut self.inner
+    }
+}
+
+/// Locks the arena state for a call. A panic inside an earlier call may have left
+/// it half updated (reference counts of a copy, frames of a block): refuse.
+fn lock(shared: &Shared) -> Result<Locked<'_>> {
+    let gate = ForkGate::hold();
+    match shared.inner.lock() {
+        Ok(inner) => Ok(Locked { inner, _gate: gate }),
+        Err(_) => Err(Error::Unrecoverable {
+            what: "the advm arena",
+            why: "an earlier call panicked while changing it; its blocks stay mapped but it takes no further calls"
+                .into(),
+        }),
+    }
+}
+
+/// Locks the arena state to read counters, poisoned or not.
+fn lock_any(shared: &Shared) -> Locked<'_> {
+    let gate = ForkGate::hold();
+    Locked { inner: shared.inner.lock().unwrap_or_else(|e| e.into_inner()), _gate: gate }
 }
 
 fn invalid(what: &'static str, why: String) -> Error {
@@ -446,14 +484,14 @@ impl Arena {
             pagemap: None,
             scan_works: true,
             pending: Vec::new(),
-            reaper_pid: None,
+            reaper: None,
             move_aside: config.background_unmap,
             me: Weak::new(),
         };
         let shared = Arc::new_cyclic(|me| {
             let mut inner = inner;
             inner.me = me.clone();
-            Shared { inner: Mutex::new(inner), wake: Condvar::new() }
+            Shared { inner: Mutex::new(inner) }
         });
         fork::register(&shared)?;
         Ok(Self { shared })
@@ -462,23 +500,20 @@ impl Arena {
     /// Allocates a block of `len` bytes (rounded up to whole pages), zero-filled,
     /// page aligned. Memory is allocated by the kernel only as pages are written.
     pub fn alloc(&self, len: usize) -> Result<*mut u8> {
-        let _gate = fork::gate();
-        let mut g = lock(&self.shared);
+        let mut g = lock(&self.shared)?;
         g.alloc(len)
     }
 
     /// Frees the block starting at `ptr`. Pages no other block shares are returned
     /// to the kernel (hole-punched) now.
     pub fn free(&self, ptr: *const u8) -> Result<()> {
-        let _gate = fork::gate();
-        let mut g = lock(&self.shared);
+        let mut g = lock(&self.shared)?;
         g.free(ptr as usize)
     }
 
     /// A new block of `len` bytes that is a virtual copy of `[src, src+len)`.
     pub fn dup(&self, src: *const u8, len: usize) -> Result<*mut u8> {
-        let _gate = fork::gate();
-        let mut g = lock(&self.shared);
+        let mut g = lock(&self.shared)?;
         g.find("src", src as usize, len)?;
         let dst = g.alloc_unbacked(len)?;
         match g.vcopy(dst, src as usize, len) {
@@ -495,8 +530,7 @@ impl Arena {
     /// last pages are copied) and copying otherwise. Both ranges must lie inside live
     /// blocks of this arena and must not overlap.
     pub fn vcopy(&self, dst: *mut u8, src: *const u8, len: usize) -> Result<CopyHow> {
-        let _gate = fork::gate();
-        let mut g = lock(&self.shared);
+        let mut g = lock(&self.shared)?;
         g.vcopy(dst as usize, src as usize, len)
     }
 
@@ -512,8 +546,7 @@ impl Arena {
     /// Says that `[ptr, ptr+len)` is about to be written: breaks copy-on-write for
     /// all its pages in one call instead of one fault per page.
     pub fn prepare_write(&self, ptr: *mut u8, len: usize) -> Result<()> {
-        let _gate = fork::gate();
-        let g = lock(&self.shared);
+        let g = lock(&self.shared)?;
         let (start, end) = g.page_span("ptr", ptr as usize, len)?;
         if end > start {
             g.res.populate_write(start, end - start)?;
@@ -527,47 +560,66 @@ impl Arena {
     /// pages per page until one is freed or copied again. Costs one pagemap read of
     /// every private page. Returns the number of pages released.
     pub fn trim(&self) -> Result<u64> {
-        let _gate = fork::gate();
-        let mut g = lock(&self.shared);
+        let mut g = lock(&self.shared)?;
         g.trim()
     }
 
     /// Copies `data` into the arena at `dst` (inside one block).
     pub fn write(&self, dst: *mut u8, data: &[u8]) -> Result<()> {
-        let g = lock(&self.shared);
+        let g = lock(&self.shared)?;
         g.find("dst", dst as usize, data.len())?;
         Ok(g.res.write(dst as usize - g.res.base(), data)?)
     }
 
     /// Fills `[dst, dst+len)` (inside one block) with `byte`.
     pub fn fill(&self, dst: *mut u8, byte: u8, len: usize) -> Result<()> {
-        let g = lock(&self.shared);
+        let g = lock(&self.shared)?;
         g.find("dst", dst as usize, len)?;
         Ok(g.res.fill(dst as usize - g.res.base(), len, byte)?)
     }
 
     /// Copies `[src, src+buf.len())` (inside one block) into `buf`.
     pub fn read(&self, src: *const u8, buf: &mut [u8]) -> Result<()> {
-        let g = lock(&self.shared);
+        let g = lock(&self.shared)?;
         g.find("src", src as usize, buf.len())?;
         Ok(g.res.read(src as usize - g.res.base(), buf)?)
     }
 
     /// The length in bytes of the block that starts at `ptr`.
     pub fn block_len(&self, ptr: *const u8) -> Result<usize> {
-        let g = lock(&self.shared);
+        let g = lock(&self.shared)?;
         let key = g.block_start("ptr", ptr as usize)?;
         Ok(g.blocks[&key].pages * g.ps)
     }
 
-    /// True when `ptr` lies inside a live block of this arena.
+    /// True when `ptr` lies inside a live block of this arena (false for every
+    /// pointer after a panic inside the arena).
     pub fn contains(&self, ptr: *const u8) -> bool {
-        lock(&self.shared).find("ptr", ptr as usize, 0).is_ok()
+        lock(&self.shared).is_ok_and(|g| g.find("ptr", ptr as usize, 0).is_ok())
     }
 
-    /// Current statistics.
+    /// Testing only (fault injection, never for use): panics while holding the arena's
+    /// lock, as a bug part way through a call would. Every later call then fails
+    /// with [`Error::Unrecoverable`]. The C API's `advm_vcopy_test_inject_panic`
+    /// calls it.
+    #[doc(hidden)]
+    pub fn test_inject_panic(&self) {
+        let _g = lock_any(&self.shared);
+        panic!("advm arena: panic injected by test_inject_panic");
+    }
+
+    /// Current statistics. After a panic inside the arena ([`Error::Unrecoverable`]
+    /// from every other call) they are the counters as the panic left them.
     pub fn stats(&self) -> Stats {
-        let g = lock(&self.shared);
+        Self::stats_of(&lock_any(&self.shared))
+    }
+
+    /// Current statistics, or [`Error::Unrecoverable`] after a panic inside the arena.
+    pub fn try_stats(&self) -> Result<Stats> {
+        Ok(Self::stats_of(&*lock(&self.shared)?))
+    }
+
+    fn stats_of(g: &Inner) -> Stats {
         let mut s = g.stats.clone();
         s.blocks = g.blocks.len() as u64;
         s.block_bytes = g.blocks.values().map(|b| (b.pages * g.ps) as u64).sum();
@@ -599,7 +651,7 @@ impl Arena {
                 let dst = self.alloc(len)?;
                 let t = Instant::now();
                 {
-                    let g = lock(&self.shared);
+                    let g = lock(&self.shared)?;
                     let base = g.res.base();
                     g.res.copy(src as usize - base, dst as usize - base, len)?;
                 }
@@ -634,13 +686,13 @@ impl Arena {
         })();
         self.free(src)?;
         let cal = result?;
-        lock(&self.shared).stats.crossover_write_fraction = Some(cal.crossover_write_fraction);
+        lock(&self.shared)?.stats.crossover_write_fraction = Some(cal.crossover_write_fraction);
         Ok(cal)
     }
 
     /// Writes one byte in each of the first `pages` pages at `ptr`.
     fn touch_pages(&self, ptr: *mut u8, pages: usize) -> Result<()> {
-        let g = lock(&self.shared);
+        let g = lock(&self.shared)?;
         let off = ptr as usize - g.res.base();
         for i in 0..pages {
             g.res.fill(off + i * g.ps, 1, 0xa5)?;
@@ -659,6 +711,14 @@ impl Inner {
     /// `move_aside`, a long run's old page tables are first moved to a scratch range
     /// (cheap, nothing unmapped) that the reaper thread unmaps later: a copy does not
     /// wait for a GiB of page-table entries to be torn down.
+    ///
+    /// Between the move and the new mapping the old mapping stays in place with
+    /// empty page tables, and a reader faults its pages in again from the old
+    /// mapping's file pages. So `move_aside` is only for a run whose old view is a
+    /// shared (`MAP_SHARED`) view of the same memfd pages as the new one: the file
+    /// pages are then the bytes the block holds. Any other run (one with private
+    /// written pages, whose file pages are stale) is replaced by one `MAP_FIXED`
+    /// mmap, which readers see switch at once.
     fn remap(
         &mut self,
         page: usize,
@@ -691,20 +751,21 @@ impl Inner {
         Ok(self.res.map_file(page * ps, n * ps, share, fd, file_page as u64 * ps as u64)?)
     }
 
-    /// Makes sure this process's reaper thread runs, and wakes it.
+    /// Makes sure this process's reaper thread runs, and wakes it. Waking is an
+    /// unpark, which takes no lock a forked child could find held.
     fn wake_reaper(&mut self) {
         let pid = std::process::id();
-        if self.reaper_pid != Some(pid) {
-            let me = self.me.clone();
-            let res = Arc::clone(&self.res);
-            match std::thread::Builder::new().name("advm-reaper".into()).spawn(move || reaper(me, res)) {
-                Ok(_) => self.reaper_pid = Some(pid),
-                // no thread: unmap now
-                Err(_) => return self.reap_all(),
+        match &self.reaper {
+            Some((p, thread)) if *p == pid => thread.unpark(),
+            _ => {
+                let me = self.me.clone();
+                let res = Arc::clone(&self.res);
+                match std::thread::Builder::new().name("advm-reaper".into()).spawn(move || reaper(me, res)) {
+                    Ok(h) => self.reaper = Some((pid, h.thread().clone())),
+                    // no thread: unmap now
+                    Err(_) => self.reap_all(),
+                }
             }
-        }
-        if let Some(shared) = self.me.upgrade() {
-            shared.wake.notify_one();
         }
     }
 
@@ -756,8 +817,9 @@ impl Inner {
     fn new_frames(&mut self, n: usize) -> Result<Vec<(Frame, usize)>> {
         let id = self.active_file()?;
         let f = self.file(id);
-        let runs = f.free.alloc_any(n).ok_or_else(|| {
-            invalid("len", format!("{n} pages do not fit in the arena's memfd (all its pages are in use)"))
+        let runs = f.free.alloc_any(n).ok_or_else(|| Error::OutOfMemory {
+            what: "arena memfd pages",
+            why: format!("{n} pages do not fit in the arena's memfd (all its pages are in use)"),
         })?;
         let mut out = Vec::with_capacity(runs.len());
         for (s, l) in runs {
@@ -842,10 +904,11 @@ impl Inner {
     }
 
     /// Maps the `runs` (`(index from key, len, frame)`) at reservation page `key`.
-    fn map_frames(&mut self, key: usize, runs: &[Piece], move_aside: bool) -> Result<(), (usize, Error)> {
-        for (k, &(i, n, fr)) in runs.iter().enumerate() {
+    /// Nothing is moved aside: these are fresh mappings or a copy's destination.
+    fn map_frames(&mut self, key: usize, runs: &[Piece]) -> Result<()> {
+        for &(i, n, fr) in runs {
             let share = if fr.private { Share::Private } else { Share::Shared };
-            self.remap(key + i, n, share, fr.file, fr.page, move_aside).map_err(|e| (k, e))?;
+            self.remap(key + i, n, share, fr.file, fr.page, false)?;
         }
         Ok(())
     }
@@ -866,16 +929,14 @@ impl Inner {
         if len == 0 {
             return Err(invalid("len", "0: a block needs at least one byte".into()));
         }
+        let oom = |why: String| Error::OutOfMemory { what: "an arena block", why };
         let pages = crate::addr::page_align_up(len)
-            .ok_or_else(|| invalid("len", format!("{len} overflows when rounded up to pages")))?
+            .ok_or_else(|| oom(format!("{len} bytes overflow the address space when rounded up to pages")))?
             / self.ps;
         // large blocks start on 2 MiB so their page tables can move whole
         let aligned = if pages >= DEFER_MIN_PAGES { self.va.alloc_aligned(pages, DEFER_MIN_PAGES, 0) } else { None };
         aligned.or_else(|| self.va.alloc_contig(pages)).ok_or_else(|| {
-            invalid(
-                "len",
-                format!("{len} bytes do not fit in the free space of the arena's {}-byte reservation", self.res.len()),
-            )
+            oom(format!("{len} bytes do not fit in the free space of the arena's {}-byte reservation", self.res.len()))
         })
     }
 
@@ -890,7 +951,7 @@ impl Inner {
             }
         };
         let runs = lay_out(&[(0, pages)], &fresh);
-        if let Err((_, e)) = self.map_frames(key, &runs, false) {
+        if let Err(e) = self.map_frames(key, &runs) {
             let _ = self.res.release(key * self.ps, pages * self.ps);
             self.va.free(key, pages);
             self.decref(&fresh)?;
@@ -937,7 +998,7 @@ impl Inner {
         }
         let fresh = self.new_frames(missing.iter().map(|m| m.1).sum())?;
         let runs = lay_out(&missing, &fresh);
-        if let Err((_, e)) = self.map_frames(key, &runs, false) {
+        if let Err(e) = self.map_frames(key, &runs) {
             self.decref(&fresh)?;
             return Err(e);
         }
@@ -1183,12 +1244,19 @@ impl Inner {
             }
         }
         let mut all_runs = Vec::new();
-        let mut src_runs = Vec::new();
+        // The source runs whose frames change: shared pages turning private (same
+        // memfd page, same bytes) and re-homed ones (a new memfd page). Kept apart:
+        // only the first may have their old view emptied before the new one is
+        // mapped (see `remap`).
+        let mut src_runs: Vec<(Piece, bool)> = Vec::new();
         let mut rehome = Vec::new();
         for &(i, l, o, nf, wr) in &parts {
             push_run(&mut all_runs, (i, l, nf));
             if nf != o {
-                push_run(&mut src_runs, (i, l, nf));
+                match src_runs.last_mut() {
+                    Some(((s, sl, f), k)) if *k == wr && *s + *sl == i && f.advance(*sl) == nf => *sl += l,
+                    _ => src_runs.push(((i, l, nf), wr)),
+                }
             }
             if wr {
                 push_run(&mut rehome, (i, l, nf));
@@ -1237,14 +1305,17 @@ impl Inner {
         }
 
         // Remap the source where its frames change (content is the same before and
-        // after, so a failure part way leaves the source intact).
-        let src_result = self.map_frames(skey + sidx, &src_runs, true);
-        let src_done = match &src_result {
-            Ok(()) => src_runs.len(),
-            Err((k, _)) => *k,
-        };
+        // after, so a failure part way leaves the source intact). A re-homed run
+        // switches in one mmap: its old view reads other bytes than it holds.
+        let mut src_done = 0;
+        for &((i, l, f), rehomed) in &src_runs {
+            if self.remap(skey + sidx + i, l, Share::Private, f.file, f.page, !rehomed).is_err() {
+                break;
+            }
+            src_done += 1;
+        }
         // Apply what was mapped: frames of remapped runs take their new value.
-        let done_end = src_runs.get(src_done).map_or(usize::MAX, |r| r.0);
+        let done_end = src_runs.get(src_done).map_or(usize::MAX, |r| r.0 .0);
         let mut dropped = Vec::new();
         let mut unused = Vec::new();
         for &(i, l, o, nf, _) in parts.iter().filter(|p| p.4) {
@@ -1254,7 +1325,7 @@ impl Inner {
                 unused.push((nf, l));
             }
         }
-        let applied: Vec<Piece> = src_runs[..src_done].iter().map(|&(i, l, f)| (sidx + i, l, f)).collect();
+        let applied: Vec<Piece> = src_runs[..src_done].iter().map(|&((i, l, f), _)| (sidx + i, l, f)).collect();
         self.set_frames(skey, &applied);
         self.decref(&dropped)?;
         self.decref(&unused)?;
@@ -1266,7 +1337,7 @@ impl Inner {
         // Map the destination as private views of the source's pages, run by run.
         let mut shared = 0;
         for &(i, l, f) in &all_runs {
-            match self.map_frames(dkey + didx, &[(i, l, f)], false) {
+            match self.map_frames(dkey + didx, &[(i, l, f)]) {
                 Ok(()) => {
                     self.incref(&[(f, l)]);
                     let old_dst: Vec<(Frame, usize)> = self.blocks[&dkey]
@@ -1382,16 +1453,20 @@ fn reaper(me: Weak<Shared>, res: Arc<Reservation>) {
     let ps = crate::addr::page_size();
     loop {
         let Some(shared) = me.upgrade() else { return };
-        {
-            let g = lock(&shared);
-            if g.pending.is_empty() {
-                drop(shared.wake.wait_timeout(g, Duration::from_millis(200)));
-            }
-        }
-        // The gate keeps a fork (whose prepare handler unmaps pending ranges itself)
-        // from running between picking a range and unmapping it.
-        let _gate = fork::gate();
-        let Some((page, n)) = lock(&shared).pending.last().copied() else { continue };
+        // The fork gate, held from picking a range to unmapping it, keeps a fork
+        // (whose prepare handler unmaps pending ranges itself) out meanwhile; taken
+        // with every lock of the arena state, so a fork never copies that lock held.
+        let gate = ForkGate::hold();
+        // a poisoned arena takes no further work, the reaper's included
+        let Ok(g) = lock(&shared) else { return };
+        let Some((page, n)) = g.pending.last().copied() else {
+            drop(g);
+            drop(gate);
+            drop(shared); // the arena may go meanwhile
+            std::thread::park_timeout(Duration::from_millis(200));
+            continue;
+        };
+        drop(g);
         let t = Instant::now();
         // Tear the page tables down under the shared mmap lock, 16 MiB at a time, so
         // a copy waiting to map (exclusive lock) waits for one chunk at most; then
@@ -1402,7 +1477,7 @@ fn reaper(me: Weak<Shared>, res: Arc<Reservation>) {
         }
         let ok = res.release(page * ps, n * ps).is_ok();
         let ms = t.elapsed().as_secs_f64() * 1e3;
-        let mut g = lock(&shared);
+        let Ok(mut g) = lock(&shared) else { return };
         if let Some(i) = g.pending.iter().position(|&j| j == (page, n)) {
             g.pending.swap_remove(i);
             if ok {
@@ -1410,6 +1485,7 @@ fn reaper(me: Weak<Shared>, res: Arc<Reservation>) {
             }
         }
         g.stats.deferred_unmap_ms += ms;
+        drop((g, gate));
     }
 }
 
@@ -1634,7 +1710,7 @@ mod tests {
                     }
                     _ => {}
                 }
-                let g = lock(&arena.shared);
+                let g = lock(&arena.shared).unwrap();
                 let checked = g.check_per_page();
                 drop(g);
                 proptest::prop_assert!(checked.is_ok(), "{}", checked.unwrap_err());
