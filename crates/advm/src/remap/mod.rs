@@ -168,6 +168,8 @@ pub struct Outcome {
     pub fallback_bytes: usize,
     /// System calls made (moves, remaps, zaps, registrations).
     pub syscalls: u32,
+    /// Operations (as queued) that ran completely: all of them on success.
+    pub completed_ops: usize,
 }
 
 impl Outcome {
@@ -190,8 +192,6 @@ struct Kernel {
     /// would act on the parent's memory, so a child does not use it.
     pid: u32,
     scratch: Mutex<Option<RwMapping>>,
-    /// 2 MiB-aligned scratch address space for mremap exchanges (grown on demand).
-    remap_scratch: Mutex<Option<RwMapping>>,
 }
 
 /// Bytes of scratch used per swap step (swaps of more are done in steps).
@@ -205,7 +205,7 @@ fn kernel() -> &'static Kernel {
             .ok()
             .filter(|i| i.features & want == want)
             .and_then(|_| Userfaultfd::new(want, true).ok());
-        Kernel { uffd, pid: std::process::id(), scratch: Mutex::new(None), remap_scratch: Mutex::new(None) }
+        Kernel { uffd, pid: std::process::id(), scratch: Mutex::new(None) }
     })
 }
 
@@ -238,8 +238,9 @@ fn mremap_budget_ok() -> bool {
         }
         MREMAPS_SINCE_COUNT.store(0, Ordering::Relaxed);
     }
-    // Each move is up to three remaps, each of which can split the VMA it lands in.
-    let worst = VMA_ESTIMATE.load(Ordering::Relaxed) + 6 * (MREMAPS_SINCE_COUNT.load(Ordering::Relaxed) + 1);
+    // A move can split the destination's VMA (two more) and the source's around the
+    // vacated range (two more).
+    let worst = VMA_ESTIMATE.load(Ordering::Relaxed) + 4 * (MREMAPS_SINCE_COUNT.load(Ordering::Relaxed) + 1);
     worst < vma_budget()
 }
 
@@ -312,6 +313,8 @@ struct Op {
     x: usize,
     y: usize,
     len: usize,
+    /// Copy bytes (memmove engine) whatever the options say.
+    copy: bool,
 }
 
 /// Many moves and swaps executed together, in order, with as few kernel calls as the
@@ -348,12 +351,24 @@ impl Batch {
     }
     /// Queues a move of `len` bytes from `src` to `dst` (ranges may overlap).
     pub fn push_move(&mut self, dst: usize, src: usize, len: usize) -> &mut Self {
-        self.ops.push(Op { kind: Kind::Move, x: dst, y: src, len });
+        self.ops.push(Op { kind: Kind::Move, x: dst, y: src, len, copy: false });
         self
     }
     /// Queues a swap of `len` bytes between `a` and `b` (ranges must not overlap).
     pub fn push_swap(&mut self, a: usize, b: usize, len: usize) -> &mut Self {
-        self.ops.push(Op { kind: Kind::Swap, x: a, y: b, len });
+        self.ops.push(Op { kind: Kind::Swap, x: a, y: b, len, copy: false });
+        self
+    }
+    /// As [`Batch::push_move`], but always done by copying bytes (memory whose mappings
+    /// someone else keeps records of, such as a virtual-copy arena's blocks: see the
+    /// module doc's *Memory owned by an allocator*).
+    pub fn push_move_by_copy(&mut self, dst: usize, src: usize, len: usize) -> &mut Self {
+        self.ops.push(Op { kind: Kind::Move, x: dst, y: src, len, copy: true });
+        self
+    }
+    /// As [`Batch::push_swap`], but always done by swapping bytes.
+    pub fn push_swap_by_copy(&mut self, a: usize, b: usize, len: usize) -> &mut Self {
+        self.ops.push(Op { kind: Kind::Swap, x: a, y: b, len, copy: true });
         self
     }
     /// Queued operations.
@@ -372,6 +387,11 @@ impl Batch {
     /// Runs the queued operations on memory `mem` grants. Nothing changes unless every
     /// operation's arguments are valid.
     pub fn execute(&self, mem: &mut Grant<'_>) -> Result<Outcome> {
+        execute(mem, &self.ops, &self.options).map_err(|i| i.error)
+    }
+
+    /// As [`Batch::execute`], and on error says how far the batch got ([`Incomplete`]).
+    pub fn execute_with_progress(&self, mem: &mut Grant<'_>) -> std::result::Result<Outcome, Incomplete> {
         execute(mem, &self.ops, &self.options)
     }
 }
@@ -383,7 +403,7 @@ pub fn move_pages(mem: &mut Grant<'_>, dst: usize, src: usize, len: usize) -> Re
 
 /// [`move_pages`] with explicit options.
 pub fn move_pages_with(mem: &mut Grant<'_>, dst: usize, src: usize, len: usize, opts: &Options) -> Result<Outcome> {
-    execute(mem, &[Op { kind: Kind::Move, x: dst, y: src, len }], opts)
+    execute(mem, &[Op { kind: Kind::Move, x: dst, y: src, len, copy: false }], opts).map_err(|i| i.error)
 }
 
 /// Swaps the contents of `[a, a+len)` and `[b, b+len)` (page aligned, disjoint).
@@ -393,7 +413,7 @@ pub fn swap_pages(mem: &mut Grant<'_>, a: usize, b: usize, len: usize) -> Result
 
 /// [`swap_pages`] with explicit options.
 pub fn swap_pages_with(mem: &mut Grant<'_>, a: usize, b: usize, len: usize, opts: &Options) -> Result<Outcome> {
-    execute(mem, &[Op { kind: Kind::Swap, x: a, y: b, len }], opts)
+    execute(mem, &[Op { kind: Kind::Swap, x: a, y: b, len, copy: false }], opts).map_err(|i| i.error)
 }
 
 /// A step of a plan: an operation (possibly merged) with its engine.
@@ -402,6 +422,8 @@ struct Step {
     op: Op,
     engine: Engine,
     class: Class,
+    /// Index after the last queued operation this step does.
+    end: usize,
 }
 
 fn validate(mem: &Grant<'_>, op: &Op, seen: &mut Vec<Vma>) -> Result<Class> {
@@ -446,7 +468,11 @@ fn validate(mem: &Grant<'_>, op: &Op, seen: &mut Vec<Vma>) -> Result<Class> {
 /// True when `b` continues `a` on both ends and running them merged equals running
 /// them in order.
 fn mergeable(a: &Op, b: &Op) -> bool {
-    if a.kind != b.kind || a.x.checked_add(a.len) != Some(b.x) || a.y.checked_add(a.len) != Some(b.y) {
+    if a.kind != b.kind
+        || a.copy != b.copy
+        || a.x.checked_add(a.len) != Some(b.x)
+        || a.y.checked_add(a.len) != Some(b.y)
+    {
         return false;
     }
     match a.kind {
@@ -464,6 +490,9 @@ fn choose(op: &Op, class: Class, opts: &Options, be_pages: usize, have_uffd: boo
     let uffd = have_uffd && class == Class::AnonPrivate;
     let aligned = op.x % PMD_SIZE == 0 && op.y % PMD_SIZE == 0 && op.len % PMD_SIZE == 0 && op.len > 0;
     let mremap_ok = op.kind == Kind::Move && !overlap && class != Class::Shared;
+    if op.copy {
+        return Ok(Engine::Memmove);
+    }
     match opts.engine {
         Choice::Only(Engine::Memmove) => Ok(Engine::Memmove),
         Choice::Only(Engine::UffdMove) if uffd => Ok(Engine::UffdMove),
@@ -495,37 +524,119 @@ fn choose(op: &Op, class: Class, opts: &Options, be_pages: usize, have_uffd: boo
     }
 }
 
-fn execute(mem: &mut Grant<'_>, ops: &[Op], opts: &Options) -> Result<Outcome> {
+/// A batch that stopped with an error: how far it got.
+#[derive(Debug)]
+pub struct Incomplete {
+    /// The error.
+    pub error: Error,
+    /// Operations (as queued, counted from the first) that ran completely. The
+    /// operation at this index may be partly done (a move: each page is at its source
+    /// or at its destination; a swap: parts may be swapped); later ones did not run.
+    pub completed_ops: usize,
+    /// False when the batch stopped before changing any memory (arguments, scratch
+    /// areas): then nothing ran and memory is as it was. True when a kernel call failed
+    /// after the first change; besides the partly done operation, destinations of later
+    /// moves may then already have been emptied (they read as zeros).
+    pub memory_changed: bool,
+    /// What was done up to the error.
+    pub outcome: Outcome,
+}
+
+impl std::fmt::Display for Incomplete {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (after {} of {} operations)", self.error, self.completed_ops, self.outcome.ops)
+    }
+}
+
+impl std::error::Error for Incomplete {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+/// True when a UFFDIO_MOVE move slides up by a small δ, through the scratch area.
+fn slides_up_via_scratch(op: &Op) -> bool {
+    op.kind == Kind::Move && op.x > op.y && op.x < op.y + op.len && op.len / (op.x - op.y) > 4
+}
+
+fn execute(mem: &mut Grant<'_>, ops: &[Op], opts: &Options) -> std::result::Result<Outcome, Incomplete> {
     let mut out = Outcome { ops: ops.len(), ..Default::default() };
+    match plan(mem, ops, opts, &mut out) {
+        Ok(steps) => run_plan(mem, ops.len(), &steps, opts, &mut out).map(|_| out),
+        Err(error) => Err(Incomplete { error, completed_ops: 0, memory_changed: false, outcome: out }),
+    }
+}
+
+/// The planned steps of a batch, with what they need made; nothing changed yet.
+struct Plan {
+    steps: Vec<Step>,
+    k: Option<&'static Userfaultfd>,
+}
+
+/// Checks every operation, merges, chooses engines and makes what the steps need
+/// (scratch area) before the first change, so that arguments and resources can only
+/// fail here.
+fn plan(mem: &Grant<'_>, ops: &[Op], opts: &Options, out: &mut Outcome) -> Result<Plan> {
     // 1. Check everything before changing anything.
     let mut seen = Vec::new();
     let mut classes = Vec::with_capacity(ops.len());
     for op in ops {
         classes.push(validate(mem, op, &mut seen)?);
     }
-    // 2. Merge continuing operations.
-    let mut merged: Vec<(Op, Class)> = Vec::with_capacity(ops.len());
-    for (op, class) in ops.iter().zip(classes) {
+    // 2. Merge continuing operations; each keeps the index after its last queued op.
+    let mut merged: Vec<(Op, Class, usize)> = Vec::with_capacity(ops.len());
+    for (i, (op, class)) in ops.iter().zip(classes).enumerate() {
         if op.len == 0 {
             continue;
         }
-        if let Some((last, lc)) = merged.last_mut() {
+        if let Some((last, lc, end)) = merged.last_mut() {
             if opts.coalesce && mergeable(last, op) {
                 last.len += op.len;
                 *lc = (*lc).max(class);
+                *end = i + 1;
                 continue;
             }
         }
-        merged.push((*op, class));
+        merged.push((*op, class, i + 1));
     }
     out.merged_ops = merged.len();
     // Looked up once per call: the check costs a getpid.
     let k = uffd();
     let be_pages = opts.break_even_pages.unwrap_or_else(|| break_even().pages);
     let mut steps = Vec::with_capacity(merged.len());
-    for (op, class) in &merged {
-        steps.push(Step { op: *op, engine: choose(op, *class, opts, be_pages, k.is_some())?, class: *class });
+    for (op, class, end) in &merged {
+        steps.push(Step {
+            op: *op,
+            engine: choose(op, *class, opts, be_pages, k.is_some())?,
+            class: *class,
+            end: *end,
+        });
     }
+    if let Some(k) = k {
+        if steps
+            .iter()
+            .any(|st| st.engine == Engine::UffdMove && (st.op.kind == Kind::Swap || slides_up_via_scratch(&st.op)))
+        {
+            uffd_scratch_ready(k, out)?;
+        }
+    }
+    Ok(Plan { steps, k })
+}
+
+fn run_plan(
+    mem: &mut Grant<'_>,
+    n_ops: usize,
+    plan: &Plan,
+    opts: &Options,
+    out: &mut Outcome,
+) -> std::result::Result<(), Incomplete> {
+    let (steps, k) = (&plan.steps, plan.k);
+    let stopped = |error: Error, completed_ops: usize, out: &Outcome| Incomplete {
+        error,
+        completed_ops,
+        memory_changed: true,
+        outcome: *out,
+    };
     // A single move does not empty its destination first: it tries the move (free
     // when the destination is empty, as after an earlier move vacated it) and only
     // empties it, or copies instead, when the kernel finds pages there.
@@ -535,8 +646,9 @@ fn execute(mem: &mut Grant<'_>, ops: &[Op], opts: &Options) -> Result<Outcome> {
                 Choice::Auto => opts.break_even_pages.unwrap_or_else(|| break_even().pages_populated),
                 Choice::Only(_) => 0,
             };
-            run_step(k, mem, st, DstState::Unknown { copy_below }, &mut out)?;
-            return Ok(out);
+            run_step(k, mem, st, DstState::Unknown { copy_below }, out).map_err(|e| stopped(e, 0, out))?;
+            out.completed_ops = n_ops;
+            return Ok(());
         }
     }
     // 3. Plan which destinations to empty: up front (one vectored call) where no
@@ -548,7 +660,7 @@ fn execute(mem: &mut Grant<'_>, ops: &[Op], opts: &Options) -> Result<Outcome> {
     // (step, start, end), in step order: flat, so a batch costs no allocation per step.
     let mut jit: Vec<(usize, usize, usize)> = Vec::new();
     for (i, st) in steps.iter().enumerate() {
-        let Op { kind, x, y, len } = st.op;
+        let Op { kind, x, y, len, .. } = st.op;
         if kind == Kind::Move && st.engine == Engine::UffdMove {
             // The part of the destination not covered by its own source (the ranges
             // have equal lengths, so it is one interval).
@@ -580,7 +692,7 @@ fn execute(mem: &mut Grant<'_>, ops: &[Op], opts: &Options) -> Result<Outcome> {
     // 4. Run. Intervals are (start, end); zap takes (start, len).
     if !upfront.is_empty() {
         let ranges: Vec<_> = upfront.iter().map(|&(s, e)| (s, e - s)).collect();
-        out.syscalls += mem.zap(&ranges)?;
+        out.syscalls += mem.zap(&ranges).map_err(|e| stopped(e.into(), 0, out))?;
     }
     let mut jit = jit.into_iter().peekable();
     let mut now: Vec<(usize, usize)> = Vec::new();
@@ -590,12 +702,12 @@ fn execute(mem: &mut Grant<'_>, ops: &[Op], opts: &Options) -> Result<Outcome> {
             now.push((s, e - s));
             jit.next();
         }
-        if !now.is_empty() {
-            out.syscalls += mem.zap(&now)?;
-        }
-        run_step(k, mem, st, DstState::Empty, &mut out)?;
+        let r = if now.is_empty() { Ok(()) } else { mem.zap(&now).map(|c| out.syscalls += c).map_err(Error::from) };
+        r.and_then(|_| run_step(k, mem, st, DstState::Empty, out)).map_err(|e| stopped(e, out.completed_ops, out))?;
+        out.completed_ops = st.end;
     }
-    Ok(out)
+    out.completed_ops = n_ops;
+    Ok(())
 }
 
 fn run_step(
@@ -605,7 +717,7 @@ fn run_step(
     dst_state: DstState,
     out: &mut Outcome,
 ) -> Result<()> {
-    let Op { kind, x, y, len } = st.op;
+    let Op { kind, x, y, len, .. } = st.op;
     let need = || k.expect("uffd engine chosen only when available");
     match (kind, st.engine) {
         (Kind::Move, Engine::Memmove) => {
@@ -617,35 +729,27 @@ fn run_step(
             out.memmove_bytes += len;
         }
         (Kind::Move, Engine::Mremap) => {
-            // MREMAP_DONTUNMAP (where the kernel allows it) lets private anonymous
-            // memory exchange page tables with the destination instead of freeing the
-            // destination's pages; file-backed views (which DONTUNMAP would leave
-            // showing the file) get fresh anonymous memory at the source instead.
-            let exchange = st.class == Class::AnonPrivate && grant::dontunmap_fixed_available();
             // Only ranges inside one VMA each. Kernels from 6.17 move a range that spans
-            // several VMAs one VMA at a time, and an exchange out of such a range lost
-            // the pages of its first VMA here (the property test's saved case: a move
-            // out of a range that an earlier move had made a VMA of its own).
+            // several VMAs one VMA at a time, and a DONTUNMAP remap out of such a range
+            // lost the pages of its first VMA here (the property test's saved case: a
+            // move out of a range that an earlier move had made a VMA of its own).
             let refused = if crosses_vmas(x, y, len) {
                 true
             } else {
-                let r = if exchange {
-                    mremap_exchange_via_scratch(mem, x, y, len)
-                } else {
-                    mem.mremap_move(x, y, len, Prot::READ | Prot::WRITE, false).map_err(Error::from)
-                };
-                match r {
+                // One remap; a file-backed view's vacated source gets fresh anonymous
+                // memory (else it would show the file's bytes again).
+                match mem.mremap_move(x, y, len, Prot::READ | Prot::WRITE, st.class != Class::AnonPrivate) {
                     Ok(calls) => {
                         out.syscalls += calls;
                         out.mremap_bytes += len;
                         MREMAPS_SINCE_COUNT.fetch_add(1, Ordering::Relaxed);
                         false
                     }
-                    Err(Error::Sys(e)) if e.call == "mremap" => {
+                    Err(e) if e.call == "mremap" => {
                         out.syscalls += 1;
                         true
                     }
-                    Err(e) => return Err(e),
+                    Err(e) => return Err(e.into()),
                 }
             };
             if refused {
@@ -660,7 +764,7 @@ fn run_step(
             }
         }
         (Kind::Move, Engine::UffdMove) => {
-            if x > y && x < y + len && len / (x - y) > 4 {
+            if slides_up_via_scratch(&st.op) {
                 // Sliding up by a small δ: through the scratch area.
                 slide_up_via_scratch(need(), mem, x, y, len, dst_state, out)?;
             } else if x > y && x < y + len {
@@ -683,20 +787,6 @@ fn run_step(
         (Kind::Swap, Engine::Mremap) => unreachable!("choose() never picks mremap for a swap"),
     }
     Ok(())
-}
-
-/// [`grant::mremap_exchange`] through the process's mremap scratch area.
-fn mremap_exchange_via_scratch(mem: &mut Grant<'_>, dst: usize, src: usize, len: usize) -> Result<u32> {
-    let mut guard = kernel().remap_scratch.lock().unwrap_or_else(|p| p.into_inner());
-    if !guard.as_ref().is_some_and(|m| m.len() >= len) {
-        *guard = None; // unmap the smaller one first
-                       // Aligned like the moves it serves, so its legs move PUDs where theirs can.
-        let align = if len >= PUD_SIZE { PUD_SIZE } else { PMD_SIZE };
-        *guard = Some(RwMapping::new(len.div_ceil(align) * align, align, false)?);
-    }
-    let scratch = guard.as_mut().expect("just created");
-    let s = scratch.addr();
-    Ok(grant::mremap_exchange(mem, dst, src, &mut scratch.grant(), s, len)?)
 }
 
 /// Where the source of a move lies.
@@ -898,6 +988,25 @@ fn move_into_scratch(
     move_or_copy_from(k, sg, Src::Other(mem), sdst, src, n, DstState::Empty, out)
 }
 
+/// A new scratch area for UFFDIO_MOVE, registered.
+fn make_uffd_scratch(k: &Userfaultfd, out: &mut Outcome) -> Result<RwMapping> {
+    let mut m = RwMapping::new(SCRATCH_LEN, PMD_SIZE, false)?;
+    let (s, l) = (m.addr(), m.len());
+    m.grant().register_for_move(k, s, l)?;
+    out.syscalls += 1;
+    Ok(m)
+}
+
+/// Makes the process's UFFDIO_MOVE scratch area now (it is kept for the process's
+/// life), so that a batch needing it cannot fail for want of it after changing memory.
+fn uffd_scratch_ready(k: &Userfaultfd, out: &mut Outcome) -> Result<()> {
+    let mut guard = kernel().scratch.lock().unwrap_or_else(|p| p.into_inner());
+    if guard.is_none() {
+        *guard = Some(make_uffd_scratch(k, out)?);
+    }
+    Ok(())
+}
+
 /// Runs `f` with the process's UFFDIO_MOVE scratch area (empty, registered).
 fn with_uffd_scratch<T>(
     k: &Userfaultfd,
@@ -906,11 +1015,7 @@ fn with_uffd_scratch<T>(
 ) -> Result<T> {
     let mut guard = kernel().scratch.lock().unwrap_or_else(|p| p.into_inner());
     if guard.is_none() {
-        let mut m = RwMapping::new(SCRATCH_LEN, PMD_SIZE, false)?;
-        let (s, l) = (m.addr(), m.len());
-        m.grant().register_for_move(k, s, l)?;
-        out.syscalls += 1;
-        *guard = Some(m);
+        *guard = Some(make_uffd_scratch(k, out)?);
     }
     let scratch = guard.as_mut().expect("just created");
     let sbase = scratch.addr();

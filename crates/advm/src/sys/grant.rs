@@ -157,26 +157,53 @@ impl Grant<'_> {
 
     /// Moves the mapping of `[src, src+len)` to `[dst, dst+len)` with
     /// `mremap(MREMAP_MAYMOVE|MREMAP_FIXED)` (whole page tables when both are 2 MiB
-    /// aligned), leaving the source mapped and reading as zeros: with `dont_unmap`
-    /// through `MREMAP_DONTUNMAP` (one call; private anonymous memory only), else by
-    /// mapping fresh private anonymous memory with `prot` at `src` (a second call).
-    /// Returns the number of syscalls made.
-    pub fn mremap_move(&mut self, dst: usize, src: usize, len: usize, prot: Prot, dont_unmap: bool) -> SysResult<u32> {
+    /// aligned; the destination's old pages are freed), leaving the source mapped with
+    /// the same protection:
+    ///
+    /// - where the kernel allows `MREMAP_DONTUNMAP` with `MREMAP_FIXED`: one call, and
+    ///   the source keeps its mapping with empty page tables (private anonymous memory
+    ///   reads as zeros; a private file view shows the file again, so with
+    ///   `fresh_source` fresh anonymous memory is then mapped over it, best effort: if
+    ///   that second call fails the source stays mapped, showing the file);
+    /// - else a plain remap and fresh private anonymous memory with `prot` at `src` (two
+    ///   calls; if the second fails the source is left unmapped: `Err`, call `mmap`).
+    ///
+    /// Returns the number of syscalls made. An `Err` whose call is `mremap` means
+    /// nothing changed.
+    pub fn mremap_move(
+        &mut self,
+        dst: usize,
+        src: usize,
+        len: usize,
+        prot: Prot,
+        fresh_source: bool,
+    ) -> SysResult<u32> {
         self.check("mremap", dst, len)?;
         self.check("mremap", src, len)?;
         if dst < src + len && src < dst + len {
             return Err(SysError::new("mremap", Errno::INVAL));
         }
+        let dont_unmap = mman::dontunmap_fixed_available();
+        injected_failure("mremap")?;
         // SAFETY: both ranges are the grant's and do not overlap; the old contents of
         // dst are replaced, which is what a move asks for.
         unsafe { mman::mremap_fixed(src as *mut u8, len, dst as *mut u8, dont_unmap) }?;
-        if dont_unmap {
+        if dont_unmap && !fresh_source {
             return Ok(1);
         }
-        // SAFETY: `src` is now a hole inside the grant; nothing else can have mapped it
-        // (the grant owner owns the span).
-        unsafe { mman::map_fixed(src as *mut u8, len, prot, Share::Private, Backing::Anonymous) }?;
-        Ok(2)
+        let fresh = match injected_failure("mmap") {
+            // SAFETY: `src` is inside the grant, now a hole or a range whose old contents
+            // moved away; nothing else can have mapped it (the grant owner owns the span).
+            Ok(()) => unsafe { mman::map_fixed(src as *mut u8, len, prot, Share::Private, Backing::Anonymous) },
+            Err(e) => Err(e),
+        };
+        match fresh {
+            // With DONTUNMAP the source is still mapped (it shows the file): a move's
+            // vacated bytes are unspecified, so that is a completed move too.
+            Err(_) if dont_unmap => Ok(2),
+            Err(e) => Err(e),
+            Ok(()) => Ok(2),
+        }
     }
 
     /// Drops the pages of `ranges` (`MADV_DONTNEED`): afterwards they are empty and read
@@ -188,6 +215,7 @@ impl Grant<'_> {
         for &(a, l) in ranges {
             self.check("madvise(DONTNEED)", a, l)?;
         }
+        injected_failure("madvise(DONTNEED)")?;
         let mut calls = 0;
         if let Some(pidfd) = self_pidfd().filter(|_| ranges.len() > 1) {
             let mut ok = true;
@@ -245,43 +273,46 @@ pub fn uffd_move_across(
     unsafe { uffd.move_pages(dst as *mut u8, src as *mut u8, len, holes_mode(allow_src_holes)) }
 }
 
-/// Exchanges mappings so that `[dst, dst+len)` gets the pages of `[src, src+len)`
-/// and `src` gets the destination's old pages, with three
-/// `mremap(MREMAP_MAYMOVE|MREMAP_FIXED|MREMAP_DONTUNMAP)` calls through `[scratch,
-/// scratch+len)`: dst -> scratch, src -> dst, scratch -> src. Nothing is freed and no
-/// range is ever unmapped (DONTUNMAP leaves each vacated range mapped and empty), and
-/// with 2 MiB-aligned addresses each call moves whole page tables. On failure the
-/// mappings are put back as they were. Returns the number of syscalls made.
-pub fn mremap_exchange(
-    mem: &mut Grant<'_>,
-    dst: usize,
-    src: usize,
-    scratch_g: &mut Grant<'_>,
-    scratch: usize,
-    len: usize,
-) -> SysResult<u32> {
-    mem.check("mremap", dst, len)?;
-    mem.check("mremap", src, len)?;
-    scratch_g.check("mremap", scratch, len)?;
-    if dst < src + len && src < dst + len {
-        return Err(SysError::new("mremap", Errno::INVAL));
+pub use mman::dontunmap_fixed_available;
+
+/// Fault injection for tests: [`fail_call`] makes the `n`th call (from 1) that changes
+/// memory (`mremap`, the `mmap` after it, `madvise`) on this thread fail with `ENOMEM`
+/// before it does anything, as a kernel out of VMAs or memory would.
+#[cfg(test)]
+mod inject {
+    use std::cell::Cell;
+
+    thread_local! {
+        pub(super) static COUNTDOWN: Cell<u32> = const { Cell::new(0) };
     }
-    let mv = |from: usize, to: usize| {
-        // SAFETY: every range is inside a grant held mutably (the two user ranges and
-        // the scratch area are disjoint); DONTUNMAP leaves `from` mapped and empty.
-        unsafe { mman::mremap_fixed(from as *mut u8, len, to as *mut u8, true) }
-    };
-    mv(dst, scratch)?;
-    if let Err(e) = mv(src, dst) {
-        // Put the destination's pages back where they were.
-        mv(scratch, dst)?;
-        return Err(e);
-    }
-    // The move is done; if the last leg fails the source is simply left empty.
-    Ok(if mv(scratch, src).is_ok() { 3 } else { 2 })
 }
 
-pub use mman::dontunmap_fixed_available;
+/// See [`mod@inject`]: `0` turns injection off.
+#[cfg(test)]
+pub fn fail_call(n: u32) {
+    inject::COUNTDOWN.with(|c| c.set(n));
+}
+
+#[cfg(test)]
+fn injected_failure(call: &'static str) -> SysResult<()> {
+    inject::COUNTDOWN.with(|c| match c.get() {
+        0 => Ok(()),
+        1 => {
+            c.set(0);
+            Err(SysError::new(call, Errno::NOMEM))
+        }
+        n => {
+            c.set(n - 1);
+            Ok(())
+        }
+    })
+}
+
+#[cfg(not(test))]
+#[inline(always)]
+fn injected_failure(_call: &'static str) -> SysResult<()> {
+    Ok(())
+}
 
 fn holes_mode(allow: bool) -> u64 {
     if allow {
