@@ -13,13 +13,11 @@
 //! - [`Engine::Mremap`]: `mremap(MREMAP_MAYMOVE|MREMAP_FIXED)` moves whole page tables
 //!   when source, destination and length are 2 MiB aligned, so it is used for large
 //!   aligned moves. It splits VMAs (a few per move), so advm stops using it
-//!   when the process's VMA count nears half of `vm.max_map_count`. Where the kernel
-//!   allows `MREMAP_DONTUNMAP` (probed once; some kernels refuse it with `EINVAL`),
-//!   private anonymous memory is *exchanged*: three remaps through a scratch area give
-//!   the destination the source's page tables and the source the destination's old
-//!   ones, so nothing is freed on the critical path (freeing a populated destination
-//!   costs about as much as copying it). Without DONTUNMAP the destination's pages are
-//!   freed and fresh anonymous memory is mapped at the source.
+//!   when the process's VMA count nears half of `vm.max_map_count`. A move is one
+//!   `mremap` with `MREMAP_DONTUNMAP` where the kernel allows it with `MREMAP_FIXED`
+//!   (probed once; any mapping since Linux 5.13): the source keeps its mapping with
+//!   empty page tables. Without it, a plain remap and fresh anonymous memory mapped
+//!   at the source (two calls). Either way the destination's old pages are freed.
 //! - [`Engine::Memmove`]: plain `memmove` (or a byte swap), for operations shorter than
 //!   the **break-even**, which is measured on this machine at first use and cached
 //!   (see [`break_even`]).
@@ -31,8 +29,8 @@
 //!   (those not overwritten by the destination) are unspecified: zero where pages were
 //!   moved (the pages are gone; the next touch faults in a zero page), the old bytes
 //!   where memmove copied them. [`Outcome`] says how many bytes each engine handled.
-//!   After an mremap exchange the vacated source holds the destination's old bytes
-//!   (the paper's SwapVA used as a move); after a plain mremap it reads as zeros.
+//!   After an mremap move it reads as zeros too (a file-backed view's source gets
+//!   fresh anonymous memory).
 //! - **Swap**: both ranges keep their mappings and exchange contents. Swap ranges must
 //!   not overlap (an overlapping swap is an error); a slide within one region is a
 //!   move with overlapping ranges, done with O(n+δ) page-table work (see [`Batch`]).
@@ -43,22 +41,34 @@
 //!   the file, so for `MAP_SHARED` mappings advm always copies bytes (other sharers see
 //!   the change). `MAP_PRIVATE` file mappings (e.g. virtual-copy views of a memfd) are
 //!   moved with mremap: pages not yet written keep sharing the file's page cache.
+//! - **Memory owned by an allocator**: a grant over memory whose mappings someone else
+//!   keeps records of, such as the blocks of a virtual-copy arena ([`crate::cow`]),
+//!   breaks the promise [`Grant::new`] asks for: a page engine would remap a block's
+//!   view behind the arena's back (its later frees and copies would read the wrong
+//!   pages). Such ranges may only be copied: [`Choice::Only`]`(`[`Engine::Memmove`]`)`,
+//!   [`Batch::push_move_by_copy`], [`Batch::push_swap_by_copy`]; between two blocks of
+//!   one arena, `Arena::vcopy` keeps the pages shared. The C API does this itself: it
+//!   recognises arena mappings and routes them (see `include/advm.h`).
 //! - **Concurrent readers**: each page switches atomically from old to new content
 //!   (page-table entries are swapped under the page-table lock); a thread reading a
 //!   destination during a move sees, per page, the old bytes, zeros, or the new bytes,
 //!   never a mix within one page, and never faults. Readers of a source may see zeros.
 //! - **fork**: a child inherits advm's userfaultfd, whose ioctls act on the parent's
 //!   memory; a child therefore never uses it (mremap or memmove instead).
-//! - **Errors**: arguments are checked before anything changes (alignment, wrap-around,
-//!   mapped and read-write, overlapping swaps); a page move the kernel refuses midway
-//!   is completed by copying, so an operation either completes or fails unchanged.
+//! - **Errors**: arguments are checked, and the scratch area swaps need is made, before
+//!   anything changes (alignment, wrap-around, mapped and read-write, overlapping
+//!   swaps); a page move the kernel refuses midway is completed by copying. Only a
+//!   failing `madvise` (emptying destinations) or, without DONTUNMAP, the `mmap` after
+//!   a remap can stop an operation after it changed memory; nothing is rolled back
+//!   then, and [`Batch::execute_with_progress`] says how far the batch got
+//!   ([`Incomplete`]).
 //!
 //! # VMA count
 //!
 //! The UFFDIO_MOVE and memmove engines never change the VMA count (registering a range
 //! for UFFDIO_MOVE is done once per whole mapping, which does not split it). Only the
 //! mremap engine adds VMAs (each of its remaps can split the mapping it lands in: at
-//! most 6 per exchange), and advm stops choosing it when the count could reach half of
+//! most 4 per move), and advm stops choosing it when the count could reach half of
 //! `vm.max_map_count` (re-counted from /proc/self/maps every 32 mremap moves).
 
 mod breakeven;
@@ -166,7 +176,8 @@ pub struct Outcome {
     /// Of the copied bytes, those a page engine was asked to move but the kernel refused
     /// (shared or copy-on-write pages, incompatible mappings).
     pub fallback_bytes: usize,
-    /// System calls made (moves, remaps, zaps, registrations).
+    /// System calls made that move, remap, empty or register memory (not the
+    /// read-only one-page `mincore` samples of an mremap move's destination).
     pub syscalls: u32,
     /// Operations (as queued) that ran completely: all of them on success.
     pub completed_ops: usize,
@@ -192,6 +203,8 @@ struct Kernel {
     /// would act on the parent's memory, so a child does not use it.
     pid: u32,
     scratch: Mutex<Option<RwMapping>>,
+    /// 2 MiB-aligned scratch address space for mremap exchanges (grown on demand).
+    remap_scratch: Mutex<Option<RwMapping>>,
 }
 
 /// Bytes of scratch used per swap step (swaps of more are done in steps).
@@ -205,7 +218,7 @@ fn kernel() -> &'static Kernel {
             .ok()
             .filter(|i| i.features & want == want)
             .and_then(|_| Userfaultfd::new(want, true).ok());
-        Kernel { uffd, pid: std::process::id(), scratch: Mutex::new(None) }
+        Kernel { uffd, pid: std::process::id(), scratch: Mutex::new(None), remap_scratch: Mutex::new(None) }
     })
 }
 
@@ -736,20 +749,36 @@ fn run_step(
             let refused = if crosses_vmas(x, y, len) {
                 true
             } else {
-                // One remap; a file-backed view's vacated source gets fresh anonymous
-                // memory (else it would show the file's bytes again).
-                match mem.mremap_move(x, y, len, Prot::READ | Prot::WRITE, st.class != Class::AnonPrivate) {
+                // Into a destination holding pages (its first or last page resident),
+                // private anonymous memory is exchanged: freeing a populated range costs
+                // about as much as copying it. Else one remap; a file-backed view's
+                // vacated source gets fresh anonymous memory (else it would show the
+                // file's bytes again).
+                let anon = st.class == Class::AnonPrivate && grant::dontunmap_fixed_available();
+                let populated = anon && (mem.page_resident(x)? || mem.page_resident(x + len - page_size())?);
+                let r = match populated.then(|| mremap_exchange_via_scratch(mem, x, y, len)) {
+                    // No scratch area (out of address space; the exchange's own calls
+                    // are `mremap`): a plain move still works.
+                    Some(Err(Error::Sys(e))) if e.call != "mremap" => mem
+                        .mremap_move(x, y, len, Prot::READ | Prot::WRITE, st.class != Class::AnonPrivate)
+                        .map_err(Error::from),
+                    None => mem
+                        .mremap_move(x, y, len, Prot::READ | Prot::WRITE, st.class != Class::AnonPrivate)
+                        .map_err(Error::from),
+                    Some(r) => r,
+                };
+                match r {
                     Ok(calls) => {
                         out.syscalls += calls;
                         out.mremap_bytes += len;
                         MREMAPS_SINCE_COUNT.fetch_add(1, Ordering::Relaxed);
                         false
                     }
-                    Err(e) if e.call == "mremap" => {
+                    Err(Error::Sys(e)) if e.call == "mremap" => {
                         out.syscalls += 1;
                         true
                     }
-                    Err(e) => return Err(e.into()),
+                    Err(e) => return Err(e),
                 }
             };
             if refused {
@@ -787,6 +816,20 @@ fn run_step(
         (Kind::Swap, Engine::Mremap) => unreachable!("choose() never picks mremap for a swap"),
     }
     Ok(())
+}
+
+/// [`grant::mremap_exchange`] through the process's mremap scratch area.
+fn mremap_exchange_via_scratch(mem: &mut Grant<'_>, dst: usize, src: usize, len: usize) -> Result<u32> {
+    let mut guard = kernel().remap_scratch.lock().unwrap_or_else(|p| p.into_inner());
+    if !guard.as_ref().is_some_and(|m| m.len() >= len) {
+        *guard = None; // unmap the smaller one first
+                       // Aligned like the moves it serves, so its legs move PUDs where theirs can.
+        let align = if len >= PUD_SIZE { PUD_SIZE } else { PMD_SIZE };
+        *guard = Some(RwMapping::new(len.div_ceil(align) * align, align, false)?);
+    }
+    let scratch = guard.as_mut().expect("just created");
+    let s = scratch.addr();
+    Ok(grant::mremap_exchange(mem, dst, src, &mut scratch.grant(), s, len)?)
 }
 
 /// Where the source of a move lies.

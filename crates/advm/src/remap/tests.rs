@@ -203,8 +203,9 @@ fn engines_are_chosen_by_size_and_alignment_and_reported() {
     assert_eq!(small.engine(), Some(Engine::Memmove));
     let large = r.move_pages_with(4 * PMD_SIZE, 0, 2 * PMD_SIZE, &opts).unwrap();
     assert_eq!(large.engine(), Some(Engine::Mremap));
-    // With MREMAP_DONTUNMAP: one remap; without: a remap and a map.
-    assert_eq!(large.syscalls, if grant::dontunmap_fixed_available() { 1 } else { 2 });
+    // Into a populated destination, with MREMAP_DONTUNMAP: an exchange in three remaps;
+    // without: a remap and a map.
+    assert_eq!(large.syscalls, if grant::dontunmap_fixed_available() { 3 } else { 2 });
     if uffd_move_available() {
         let mid = r.move_pages_with(ps, PMD_SIZE + 3 * ps, 64 * ps, &opts).unwrap();
         assert_eq!(mid.engine(), Some(Engine::UffdMove));
@@ -221,8 +222,9 @@ fn what_a_move_leaves_at_the_source() {
     r.move_pages_with(32 * ps, 0, 4 * ps, &Options { engine: Choice::Only(Engine::Memmove), ..Options::default() })
         .unwrap();
     assert!(r.bytes()[..4 * ps].iter().all(|&b| b == 7));
-    // UFFDIO_MOVE and mremap: the source stays mapped and reads as zeros (the
-    // destination's old pages are freed).
+    // UFFDIO_MOVE: the source stays mapped and reads as zeros. mremap into this
+    // populated destination: an exchange (with MREMAP_DONTUNMAP) leaves the
+    // destination's old bytes there, a plain remap leaves zeros.
     for engine in [Engine::UffdMove, Engine::Mremap] {
         if engine == Engine::UffdMove && !uffd_move_available() {
             continue;
@@ -233,7 +235,8 @@ fn what_a_move_leaves_at_the_source() {
             .move_pages_with(32 * ps, 8 * ps, 8 * ps, &Options { engine: Choice::Only(engine), ..Options::default() })
             .unwrap();
         assert_eq!(out.engine(), Some(engine));
-        assert!(r.bytes()[8 * ps..16 * ps].iter().all(|&b| b == 0), "{engine}");
+        let left = if engine == Engine::Mremap && grant::dontunmap_fixed_available() { 9 } else { 0 };
+        assert!(r.bytes()[8 * ps..16 * ps].iter().all(|&b| b == left), "{engine}");
         assert!(r.bytes()[32 * ps..40 * ps].iter().all(|&b| b == 7), "{engine}");
         r.bytes_mut()[8 * ps] = 1; // still mapped and writable
     }
@@ -387,24 +390,19 @@ fn moves_across_vmas_split_by_mremap_are_cut_at_the_boundaries() {
 }
 
 #[test]
-fn a_large_aligned_move_is_one_kernel_call_and_leaves_the_source_mapped_and_zero() {
+fn a_large_aligned_move_into_an_empty_destination_is_one_remap_and_leaves_the_source_mapped_and_zero() {
     if !grant::dontunmap_fixed_available() {
         eprintln!("skipped: MREMAP_DONTUNMAP with MREMAP_FIXED refused here (a move is a remap and a map)");
         return;
     }
     let mut r = Region::new(8 * PMD_SIZE).unwrap();
-    r.bytes_mut().fill(4);
     r.bytes_mut()[..2 * PMD_SIZE].fill(6);
+    // An empty destination (mapped, never written): one remap.
     let out = r.move_pages_with(4 * PMD_SIZE, 0, 2 * PMD_SIZE, &Options::default()).unwrap();
     assert_eq!((out.engine(), out.syscalls, out.mremap_bytes), (Some(Engine::Mremap), 1, 2 * PMD_SIZE), "{out:?}");
     assert!(r.bytes()[4 * PMD_SIZE..6 * PMD_SIZE].iter().all(|&b| b == 6));
     assert!(r.bytes()[..2 * PMD_SIZE].iter().all(|&b| b == 0));
     r.bytes_mut()[..2 * PMD_SIZE].fill(1); // still mapped and writable
-}
-
-/// Tags of the pages of `r`, as the oracle's model.
-fn model_of(r: &Region) -> Vec<Option<u8>> {
-    r.bytes().chunks(ps()).map(|p| Some(p[0])).collect()
 }
 
 #[test]
@@ -446,7 +444,6 @@ fn a_batch_stopped_by_a_kernel_call_reports_exactly_how_far_it_got() {
         }
         // The failed call changed nothing, so the rest did not run at all.
         check(&r, &model).unwrap();
-        assert_eq!(model_of(&r).len(), model.len());
     }
     // A failure before any change: memory as it was.
     let mut r = Region::new(PAGES * ps).unwrap();

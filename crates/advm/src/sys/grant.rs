@@ -44,9 +44,13 @@ impl Grant<'static> {
     /// reference may point into it and no other thread may use it except as the raw-
     /// address operations on it document (page engines change which physical pages
     /// back the addresses). The parts of the span that operations are asked to touch
-    /// must be mapped read-write. (`advm::remap` checks this with PROCMAP_QUERY and
-    /// refuses unmapped or read-only ranges with an error before it changes anything,
-    /// but that check is a courtesy: another thread could unmap memory in between.)
+    /// must be mapped read-write. Page engines may replace the span's mappings, so no
+    /// one else may keep records of them: memory of a virtual-copy arena
+    /// (`advm::cow`) may be granted only to operations that copy bytes (see
+    /// `advm::remap`'s *Memory owned by an allocator*). (`advm::remap` checks the
+    /// mappings with PROCMAP_QUERY and refuses unmapped or read-only ranges with an
+    /// error before it changes anything, but that check is a courtesy: another thread
+    /// could unmap memory in between.)
     pub unsafe fn new(start: usize, len: usize) -> SysResult<Self> {
         let end = start.checked_add(len).ok_or(SysError::new("grant", Errno::INVAL))?;
         Ok(Grant { start, end, known: Known::Unchecked, _mem: PhantomData })
@@ -206,6 +210,37 @@ impl Grant<'_> {
         }
     }
 
+    /// One plain `mremap(MREMAP_MAYMOVE|MREMAP_FIXED)` of `[src, src+len)` to
+    /// `[dst, dst+len)`, leaving the source unmapped: the kernel's bare move, for
+    /// measuring what a move costs at least. Map the source again with
+    /// [`Grant::map_fresh`] before using it.
+    pub fn mremap_unmapping_source(&mut self, dst: usize, src: usize, len: usize) -> SysResult<()> {
+        self.check("mremap", dst, len)?;
+        self.check("mremap", src, len)?;
+        if dst < src + len && src < dst + len {
+            return Err(SysError::new("mremap", Errno::INVAL));
+        }
+        // SAFETY: both ranges are the grant's and do not overlap; dst's old contents are
+        // replaced and src becomes a hole inside the grant, which only its owner maps.
+        unsafe { mman::mremap_fixed(src as *mut u8, len, dst as *mut u8, false) }
+    }
+
+    /// Maps fresh private anonymous read-write memory over `[addr, addr+len)`
+    /// (`MAP_FIXED`): its old contents are gone, and it reads as zeros.
+    pub fn map_fresh(&mut self, addr: usize, len: usize) -> SysResult<()> {
+        self.check("mmap", addr, len)?;
+        // SAFETY: the range is the grant's (a hole or memory whose contents the caller
+        // gives up); nothing else maps into a grant.
+        unsafe { mman::map_fixed(addr as *mut u8, len, Prot::READ | Prot::WRITE, Share::Private, Backing::Anonymous) }
+    }
+
+    /// True when the page at `addr` is resident (`mincore` of one page): a constant-cost
+    /// sample of whether a range holds pages.
+    pub fn page_resident(&self, addr: usize) -> SysResult<bool> {
+        self.check("mincore", addr, super::page_size())?;
+        mman::page_resident(addr as *const u8)
+    }
+
     /// Drops the pages of `ranges` (`MADV_DONTNEED`): afterwards they are empty and read
     /// as zeros. One `process_madvise` per 1024 ranges when the kernel allows it on
     /// ourselves (one TLB flush per call), else one `madvise` each. A single range is one
@@ -271,6 +306,43 @@ pub fn uffd_move_across(
     // SAFETY: each range lies in a grant we hold mutably; entries move within our own
     // address space.
     unsafe { uffd.move_pages(dst as *mut u8, src as *mut u8, len, holes_mode(allow_src_holes)) }
+}
+
+/// Exchanges mappings so that `[dst, dst+len)` gets the pages of `[src, src+len)`
+/// and `src` gets the destination's old pages, with three
+/// `mremap(MREMAP_MAYMOVE|MREMAP_FIXED|MREMAP_DONTUNMAP)` calls through `[scratch,
+/// scratch+len)`: dst -> scratch, src -> dst, scratch -> src. Nothing is freed and no
+/// range is ever unmapped (DONTUNMAP leaves each vacated range mapped and empty), and
+/// with 2 MiB-aligned addresses each call moves whole page tables. On failure the
+/// mappings are put back as they were. Returns the number of syscalls made.
+pub fn mremap_exchange(
+    mem: &mut Grant<'_>,
+    dst: usize,
+    src: usize,
+    scratch_g: &mut Grant<'_>,
+    scratch: usize,
+    len: usize,
+) -> SysResult<u32> {
+    mem.check("mremap", dst, len)?;
+    mem.check("mremap", src, len)?;
+    scratch_g.check("mremap", scratch, len)?;
+    if dst < src + len && src < dst + len {
+        return Err(SysError::new("mremap", Errno::INVAL));
+    }
+    let mv = |from: usize, to: usize| {
+        // SAFETY: every range is inside a grant held mutably (the two user ranges and
+        // the scratch area are disjoint); DONTUNMAP leaves `from` mapped and empty.
+        unsafe { mman::mremap_fixed(from as *mut u8, len, to as *mut u8, true) }
+    };
+    injected_failure("mremap")?;
+    mv(dst, scratch)?;
+    if let Err(e) = mv(src, dst) {
+        // Put the destination's pages back where they were.
+        mv(scratch, dst)?;
+        return Err(e);
+    }
+    // The move is done; if the last leg fails the source is simply left empty.
+    Ok(if mv(scratch, src).is_ok() { 3 } else { 2 })
 }
 
 pub use mman::dontunmap_fixed_available;
