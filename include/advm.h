@@ -57,8 +57,8 @@ int advm_vcopy_stats(struct advm_vcopy_stats *out);
  * first use, cached in $XDG_CACHE_HOME/advm or ~/.cache/advm, overridable with
  * ADVM_REMAP_BREAK_EVEN_PAGES or advm_remap_set_break_even_pages), else UFFDIO_MOVE
  * (private anonymous memory, VMAs untouched), or mremap for 2 MiB-aligned moves of
- * 2 MiB or more (one mremap call: the destination's old pages are freed). MAP_SHARED
- * memory is always copied.
+ * 2 MiB or more (one mremap call into an empty destination; into one holding pages,
+ * an exchange of page tables that frees nothing). MAP_SHARED memory is always copied.
  *
  * Arena memory (advm_alloc/advm_dup blocks, any advm arena's mappings) is never
  * remapped: an operation with a range that touches it copies bytes instead (memmove,
@@ -66,7 +66,8 @@ int advm_vcopy_stats(struct advm_vcopy_stats *out);
  * done by advm_vcopy (pages stay shared). stats.arena_vcopy_bytes counts those.
  *
  * After a move, dst holds src's old bytes; src stays mapped and its vacated bytes
- * are unspecified (zeros where pages moved, stale bytes where they were copied).
+ * are unspecified (zeros where pages moved, stale bytes where they were copied, the
+ * destination's old bytes after a 2 MiB-aligned exchange).
  * Errors (-errno, memory unchanged): -EINVAL for unaligned or wrapping ranges,
  * overlapping swap ranges, or ranges not mapped read-write; -ENOMEM when the scratch
  * area a swap needs cannot be made.

@@ -275,12 +275,12 @@ pub unsafe extern "C" fn advm_batch_run(b: *mut advm_batch, out: *mut advm_remap
         } else {
             match span_grant(lo, hi) {
                 Ok(mut g) => batch.execute_with_progress(&mut g),
-                Err(error) => Err(Incomplete {
+                Err(error) => Err(Box::new(Incomplete {
                     error,
                     completed_ops: 0,
                     memory_changed: false,
                     outcome: remap::Outcome { ops: ops.len(), ..Default::default() },
-                }),
+                })),
             }
         };
         match r {

@@ -13,11 +13,15 @@
 //! - [`Engine::Mremap`]: `mremap(MREMAP_MAYMOVE|MREMAP_FIXED)` moves whole page tables
 //!   when source, destination and length are 2 MiB aligned, so it is used for large
 //!   aligned moves. It splits VMAs (a few per move), so advm stops using it
-//!   when the process's VMA count nears half of `vm.max_map_count`. A move is one
-//!   `mremap` with `MREMAP_DONTUNMAP` where the kernel allows it with `MREMAP_FIXED`
-//!   (probed once; any mapping since Linux 5.13): the source keeps its mapping with
-//!   empty page tables. Without it, a plain remap and fresh anonymous memory mapped
-//!   at the source (two calls). Either way the destination's old pages are freed.
+//!   when the process's VMA count nears half of `vm.max_map_count`. Into an empty
+//!   destination (its first page sampled with `mincore`) a move is one `mremap` with
+//!   `MREMAP_DONTUNMAP` where the kernel allows it with `MREMAP_FIXED` (probed once;
+//!   any mapping since Linux 5.13): the source keeps its mapping with empty page
+//!   tables. Into a destination holding pages, private anonymous memory is
+//!   *exchanged* (three DONTUNMAP remaps through a scratch area: the source gets the
+//!   destination's old page tables), since freeing a populated range costs about as
+//!   much as copying it. Without DONTUNMAP: a plain remap and fresh anonymous memory
+//!   mapped at the source (two calls).
 //! - [`Engine::Memmove`]: plain `memmove` (or a byte swap), for operations shorter than
 //!   the **break-even**, which is measured on this machine at first use and cached
 //!   (see [`break_even`]).
@@ -29,8 +33,9 @@
 //!   (those not overwritten by the destination) are unspecified: zero where pages were
 //!   moved (the pages are gone; the next touch faults in a zero page), the old bytes
 //!   where memmove copied them. [`Outcome`] says how many bytes each engine handled.
-//!   After an mremap move it reads as zeros too (a file-backed view's source gets
-//!   fresh anonymous memory).
+//!   After an mremap move into an empty destination it reads as zeros too (a
+//!   file-backed view's source gets fresh anonymous memory); after an exchange it
+//!   holds the destination's old bytes.
 //! - **Swap**: both ranges keep their mappings and exchange contents. Swap ranges must
 //!   not overlap (an overlapping swap is an error); a slide within one region is a
 //!   move with overlapping ranges, done with O(n+δ) page-table work (see [`Batch`]).
@@ -68,7 +73,7 @@
 //! The UFFDIO_MOVE and memmove engines never change the VMA count (registering a range
 //! for UFFDIO_MOVE is done once per whole mapping, which does not split it). Only the
 //! mremap engine adds VMAs (each of its remaps can split the mapping it lands in: at
-//! most 4 per move), and advm stops choosing it when the count could reach half of
+//! most 6 per exchange), and advm stops choosing it when the count could reach half of
 //! `vm.max_map_count` (re-counted from /proc/self/maps every 32 mremap moves).
 
 mod breakeven;
@@ -177,7 +182,7 @@ pub struct Outcome {
     /// (shared or copy-on-write pages, incompatible mappings).
     pub fallback_bytes: usize,
     /// System calls made that move, remap, empty or register memory (not the
-    /// read-only one-page `mincore` samples of an mremap move's destination).
+    /// read-only one-page `mincore` sample of an mremap move's destination).
     pub syscalls: u32,
     /// Operations (as queued) that ran completely: all of them on success.
     pub completed_ops: usize,
@@ -251,9 +256,9 @@ fn mremap_budget_ok() -> bool {
         }
         MREMAPS_SINCE_COUNT.store(0, Ordering::Relaxed);
     }
-    // A move can split the destination's VMA (two more) and the source's around the
-    // vacated range (two more).
-    let worst = VMA_ESTIMATE.load(Ordering::Relaxed) + 4 * (MREMAPS_SINCE_COUNT.load(Ordering::Relaxed) + 1);
+    // A move is up to three remaps (an exchange), each of which can split the VMA it
+    // lands in.
+    let worst = VMA_ESTIMATE.load(Ordering::Relaxed) + 6 * (MREMAPS_SINCE_COUNT.load(Ordering::Relaxed) + 1);
     worst < vma_budget()
 }
 
@@ -404,7 +409,7 @@ impl Batch {
     }
 
     /// As [`Batch::execute`], and on error says how far the batch got ([`Incomplete`]).
-    pub fn execute_with_progress(&self, mem: &mut Grant<'_>) -> std::result::Result<Outcome, Incomplete> {
+    pub fn execute_with_progress(&self, mem: &mut Grant<'_>) -> std::result::Result<Outcome, Box<Incomplete>> {
         execute(mem, &self.ops, &self.options)
     }
 }
@@ -437,6 +442,9 @@ struct Step {
     class: Class,
     /// Index after the last queued operation this step does.
     end: usize,
+    /// Whether both ranges lie inside one VMA each, when validation already learnt it
+    /// (a lone operation: in a batch, earlier steps may split VMAs).
+    one_vma_each: Option<bool>,
 }
 
 fn validate(mem: &Grant<'_>, op: &Op, seen: &mut Vec<Vma>) -> Result<Class> {
@@ -572,11 +580,11 @@ fn slides_up_via_scratch(op: &Op) -> bool {
     op.kind == Kind::Move && op.x > op.y && op.x < op.y + op.len && op.len / (op.x - op.y) > 4
 }
 
-fn execute(mem: &mut Grant<'_>, ops: &[Op], opts: &Options) -> std::result::Result<Outcome, Incomplete> {
+fn execute(mem: &mut Grant<'_>, ops: &[Op], opts: &Options) -> std::result::Result<Outcome, Box<Incomplete>> {
     let mut out = Outcome { ops: ops.len(), ..Default::default() };
     match plan(mem, ops, opts, &mut out) {
         Ok(steps) => run_plan(mem, ops.len(), &steps, opts, &mut out).map(|_| out),
-        Err(error) => Err(Incomplete { error, completed_ops: 0, memory_changed: false, outcome: out }),
+        Err(error) => Err(Box::new(Incomplete { error, completed_ops: 0, memory_changed: false, outcome: out })),
     }
 }
 
@@ -618,12 +626,14 @@ fn plan(mem: &Grant<'_>, ops: &[Op], opts: &Options, out: &mut Outcome) -> Resul
     let be_pages = opts.break_even_pages.unwrap_or_else(|| break_even().pages);
     let mut steps = Vec::with_capacity(merged.len());
     for (op, class, end) in &merged {
-        steps.push(Step {
-            op: *op,
-            engine: choose(op, *class, opts, be_pages, k.is_some())?,
-            class: *class,
-            end: *end,
-        });
+        let engine = choose(op, *class, opts, be_pages, k.is_some())?;
+        steps.push(Step { op: *op, engine, class: *class, end: *end, one_vma_each: None });
+    }
+    if let [st] = steps.as_mut_slice() {
+        if !seen.is_empty() {
+            let inside_one = |a: usize| seen.iter().any(|v| v.start <= a && a + st.op.len <= v.end);
+            st.one_vma_each = Some(inside_one(st.op.x) && inside_one(st.op.y));
+        }
     }
     if let Some(k) = k {
         if steps
@@ -642,13 +652,10 @@ fn run_plan(
     plan: &Plan,
     opts: &Options,
     out: &mut Outcome,
-) -> std::result::Result<(), Incomplete> {
+) -> std::result::Result<(), Box<Incomplete>> {
     let (steps, k) = (&plan.steps, plan.k);
-    let stopped = |error: Error, completed_ops: usize, out: &Outcome| Incomplete {
-        error,
-        completed_ops,
-        memory_changed: true,
-        outcome: *out,
+    let stopped = |error: Error, completed_ops: usize, out: &Outcome| {
+        Box::new(Incomplete { error, completed_ops, memory_changed: true, outcome: *out })
     };
     // A single move does not empty its destination first: it tries the move (free
     // when the destination is empty, as after an earlier move vacated it) and only
@@ -746,16 +753,16 @@ fn run_step(
             // several VMAs one VMA at a time, and a DONTUNMAP remap out of such a range
             // lost the pages of its first VMA here (the property test's saved case: a
             // move out of a range that an earlier move had made a VMA of its own).
-            let refused = if crosses_vmas(x, y, len) {
+            let refused = if st.one_vma_each.map_or_else(|| crosses_vmas(x, y, len), |one| !one) {
                 true
             } else {
-                // Into a destination holding pages (its first or last page resident),
+                // Into a destination holding pages (sampled: its first page resident),
                 // private anonymous memory is exchanged: freeing a populated range costs
                 // about as much as copying it. Else one remap; a file-backed view's
                 // vacated source gets fresh anonymous memory (else it would show the
                 // file's bytes again).
                 let anon = st.class == Class::AnonPrivate && grant::dontunmap_fixed_available();
-                let populated = anon && (mem.page_resident(x)? || mem.page_resident(x + len - page_size())?);
+                let populated = anon && mem.page_resident(x)?;
                 let r = match populated.then(|| mremap_exchange_via_scratch(mem, x, y, len)) {
                     // No scratch area (out of address space; the exchange's own calls
                     // are `mremap`): a plain move still works.
