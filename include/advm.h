@@ -69,13 +69,20 @@ int advm_vcopy_stats(struct advm_vcopy_stats *out);
  * first use, cached in $XDG_CACHE_HOME/advm or ~/.cache/advm, overridable with
  * ADVM_REMAP_BREAK_EVEN_PAGES or advm_remap_set_break_even_pages), else UFFDIO_MOVE
  * (private anonymous memory, VMAs untouched), or mremap for 2 MiB-aligned moves of
- * 2 MiB or more. MAP_SHARED memory is always copied.
+ * 2 MiB or more (one mremap call into an empty destination; into one holding pages,
+ * an exchange of page tables that frees nothing). MAP_SHARED memory is always copied.
+ *
+ * Arena memory (advm_alloc/advm_dup blocks, any advm arena's mappings) is never
+ * remapped: an operation with a range that touches it copies bytes instead (memmove,
+ * byte swap), except that advm_move between two blocks of the advm_alloc arena is
+ * done by advm_vcopy (pages stay shared). stats.arena_vcopy_bytes counts those.
  *
  * After a move, dst holds src's old bytes; src stays mapped and its vacated bytes
  * are unspecified (zeros where pages moved, stale bytes where they were copied, the
- * destination's old bytes after a 2 MiB-aligned exchange). Errors (-errno, memory
- * unchanged): -EINVAL for unaligned or wrapping ranges, overlapping swap ranges, or
- * ranges not mapped read-write.
+ * destination's old bytes after a 2 MiB-aligned exchange).
+ * Errors (-errno, memory unchanged): -EINVAL for unaligned or wrapping ranges,
+ * overlapping swap ranges, or ranges not mapped read-write; -ENOMEM when the scratch
+ * area a swap needs cannot be made.
  */
 
 /* Totals of a call: bytes per engine and system calls made. */
@@ -85,6 +92,9 @@ typedef struct advm_remap_stats {
     size_t memmove_bytes;
     size_t fallback_bytes; /* page moves the kernel refused (shared/COW pages), copied */
     unsigned int syscalls;
+    size_t arena_vcopy_bytes; /* arena blocks copied by advm_vcopy (pages shared) */
+    size_t completed_ops;     /* operations that ran completely (all, on success) */
+    int memory_changed;       /* on error: 0 nothing changed, 1 see advm_batch_run */
 } advm_remap_stats;
 
 /* Moves len bytes from src to dst (the ranges may overlap: a slide). */
@@ -100,8 +110,15 @@ typedef struct advm_batch advm_batch;
 advm_batch *advm_batch_new(void);
 int advm_batch_move(advm_batch *b, void *dst, const void *src, size_t len);
 int advm_batch_swap(advm_batch *b, void *x, void *y, size_t len);
-/* Runs the queued operations (all arguments are checked first: on error nothing
- * ran) and empties the batch. *out (when not NULL) gets the totals. */
+/* Runs the queued operations and empties the batch; *out (when not NULL) gets the
+ * totals, also on error. Everything that can be checked or made beforehand is
+ * (arguments, mappings, the swap scratch area): such an error returns with
+ * memory_changed = 0, nothing ran and memory is unchanged. A kernel call that fails
+ * after the first change (in practice madvise or mmap refusing under a memory or
+ * VMA limit) stops the batch with memory_changed = 1: operations [0, completed_ops)
+ * ran completely, operation completed_ops may be partly done (a move: each page is at
+ * its source or its destination), later ones did not run, though destinations of
+ * later moves may already read as zeros. */
 int advm_batch_run(advm_batch *b, advm_remap_stats *out);
 void advm_batch_free(advm_batch *b);
 

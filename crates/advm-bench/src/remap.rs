@@ -344,6 +344,64 @@ impl RemapBench {
         Ok(())
     }
 
+    /// One advm move against the kernel's bare move of the same range: 2 MiB aligned,
+    /// populated source, destination mapped and empty. Interleaved runs; the ratio is
+    /// of the medians. A third column maps fresh memory over the vacated source after
+    /// the bare move (the other way to keep the source mapped, against DONTUNMAP's one
+    /// call). Returns (size, ratio) pairs.
+    fn versus_raw(&self, opts: &BenchOpts, report: &mut Report) -> Result<Vec<(usize, f64)>, CliError> {
+        let sizes: &[usize] = if opts.quick { &[16 << 20] } else { &[256 << 20, 1 << 30] };
+        let runs = if opts.quick { 3 } else { 9 };
+        let mut ratios = Vec::new();
+        for &len in sizes {
+            let mut r = Region::new(2 * len)?;
+            let (dst, src) = (r.addr(), r.addr() + len);
+            let (mut advm_us, mut raw_us, mut raw_map_us) = (Vec::new(), Vec::new(), Vec::new());
+            for i in 0..3 * runs {
+                r.bytes_mut()[len..].fill(0xab);
+                r.grant().zap(&[(dst, len)])?;
+                let t = Instant::now();
+                match i % 3 {
+                    0 => {
+                        let out = r.move_pages(0, len, len)?;
+                        advm_us.push(t.elapsed().as_secs_f64() * 1e6);
+                        if out.engine() != Some(Engine::Mremap) {
+                            return Err(CliError::Usage(format!("remap bench: the move used {:?}", out.engine())));
+                        }
+                    }
+                    1 => {
+                        r.grant().mremap_unmapping_source(dst, src, len)?;
+                        raw_us.push(t.elapsed().as_secs_f64() * 1e6);
+                        r.grant().map_fresh(src, len)?;
+                    }
+                    _ => {
+                        let mut g = r.grant();
+                        g.mremap_unmapping_source(dst, src, len)?;
+                        g.map_fresh(src, len)?;
+                        raw_map_us.push(t.elapsed().as_secs_f64() * 1e6);
+                    }
+                }
+                if r.bytes()[0] != 0xab || r.bytes()[len - 1] != 0xab {
+                    return Err(CliError::Usage("remap bench: a move left wrong bytes at the destination".into()));
+                }
+            }
+            let ratio = median(&advm_us) / median(&raw_us);
+            let map_ratio = median(&raw_map_us) / median(&raw_us);
+            report.rows.push(
+                Row::new()
+                    .with("section", "vs raw mremap")
+                    .with("size", fmt_bytes(len as u64))
+                    .figure(Figure::new("advm_move", "us", advm_us))
+                    .figure(Figure::new("raw mremap", "us", raw_us))
+                    .figure(Figure::new("raw mremap + mmap", "us", raw_map_us))
+                    .figure(Figure::single("advm_move / raw mremap", "x", ratio))
+                    .figure(Figure::single("(mremap + mmap) / raw mremap", "x", map_ratio)),
+            );
+            ratios.push((len, ratio));
+        }
+        Ok(ratios)
+    }
+
     /// Moves `n` ten-page objects: "scatter" into a separate, populated area (every
     /// destination must be emptied), or "compaction" sliding them down over 2-page gaps
     /// into the space the previous objects left. Returns per-object microseconds and
@@ -573,6 +631,7 @@ impl Bench for RemapBench {
         self.alignment(opts, report, &ev)?;
         let gains = self.batches(opts, report, &ev)?;
         self.slides(opts, report, &ev)?;
+        let raw = self.versus_raw(opts, report)?;
         let met = |ok: bool| if ok { "MET" } else { "NOT MET" };
         let mut targets = serde_json::Map::new();
         if let Some(p) = be {
@@ -601,6 +660,14 @@ impl Bench for RemapBench {
                 ));
                 targets.insert(format!("bound_vectored_vs_single_{pattern}_x"), serde_json::json!(b));
             }
+        }
+        for (len, ratio) in raw {
+            report.notes.push(format!(
+                "target: a {} move costs at most 1.25x one raw mremap: {ratio:.2}x (median of interleaved runs), {}",
+                fmt_bytes(len as u64),
+                met(ratio <= 1.25)
+            ));
+            targets.insert(format!("move_vs_raw_mremap_{}_x", fmt_bytes(len as u64)), serde_json::json!(ratio));
         }
         report.configuration.insert("targets".into(), serde_json::Value::Object(targets));
         Ok(())

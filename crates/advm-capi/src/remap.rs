@@ -2,9 +2,17 @@
 //!
 //! The caller's raw addresses become one `Grant` spanning all ranges of a call; the
 //! header states the promise that makes that sound (the caller owns the ranges).
+//!
+//! Ranges inside a virtual-copy arena (`advm_alloc`/`advm_dup` blocks, or any advm
+//! arena's memfd mappings) are never remapped: the arena keeps records of which file
+//! page each of its pages maps, which a page move would make false. Such operations
+//! copy bytes instead (the arena's pages are written by ordinary stores anyway), and a
+//! move between two blocks of the C arena is a virtual copy (`advm_vcopy`), which keeps
+//! the pages shared.
 
-use advm::remap::{self, Batch};
+use advm::remap::{self, Batch, Choice, Engine, Incomplete, Options};
 use advm::sys::grant::Grant;
+use advm::sys::procmap::{self, Vma};
 
 use crate::guard;
 
@@ -23,6 +31,12 @@ pub struct advm_remap_stats {
     pub fallback_bytes: usize,
     /// System calls made.
     pub syscalls: u32,
+    /// Bytes of arena blocks copied by the arena's virtual copy (pages shared).
+    pub arena_vcopy_bytes: usize,
+    /// Operations that ran completely (all of them on success).
+    pub completed_ops: usize,
+    /// On error: 0 when nothing changed, 1 when the error came after memory changed.
+    pub memory_changed: i32,
 }
 
 impl From<remap::Outcome> for advm_remap_stats {
@@ -33,16 +47,26 @@ impl From<remap::Outcome> for advm_remap_stats {
             memmove_bytes: o.memmove_bytes,
             fallback_bytes: o.fallback_bytes,
             syscalls: o.syscalls,
+            arena_vcopy_bytes: 0,
+            completed_ops: o.completed_ops,
+            memory_changed: 0,
         }
     }
+}
+
+/// One queued operation of a C batch.
+#[derive(Debug, Clone, Copy)]
+struct Queued {
+    swap: bool,
+    x: usize,
+    y: usize,
+    len: usize,
 }
 
 /// An opaque batch of moves and swaps.
 #[allow(non_camel_case_types)] // the C name
 pub struct advm_batch {
-    batch: Batch,
-    lo: usize,
-    hi: usize,
+    ops: Vec<Queued>,
 }
 
 /// A grant over `[lo, hi)`, or EINVAL-like error when the span wraps.
@@ -60,11 +84,78 @@ fn span(ranges: &[(usize, usize)]) -> (usize, usize) {
     (lo, hi)
 }
 
-fn write_stats(out: *mut advm_remap_stats, o: remap::Outcome) {
+fn write_stats(out: *mut advm_remap_stats, st: advm_remap_stats) {
     if !out.is_null() {
         // SAFETY: a non-null `out` points to a caller-owned advm_remap_stats (header).
-        unsafe { out.write(o.into()) };
+        unsafe { out.write(st) };
     }
+}
+
+/// Finds which ranges touch an advm arena's mappings. Mappings are looked up once per
+/// call (PROCMAP_QUERY); only file-backed ones can be arena memory, and only for those
+/// are the names in /proc/self/maps read. Unmapped or wrapping ranges count as not
+/// arena memory: the planner refuses them with its own message.
+struct ArenaProbe {
+    seen: Vec<Vma>,
+    /// Starts of the arena's mappings, read on the first file-backed mapping.
+    arena_starts: Option<Vec<usize>>,
+}
+
+/// How an advm arena's memfd shows in /proc/self/maps (`advm::cow` names it so).
+const ARENA_MAPPING_NAME: &str = "/memfd:advm-arena";
+
+impl ArenaProbe {
+    fn new() -> Self {
+        Self { seen: Vec::new(), arena_starts: None }
+    }
+
+    fn vma(&mut self, at: usize) -> Option<Vma> {
+        if let Some(v) = self.seen.iter().find(|v| v.start <= at && at < v.end) {
+            return Some(*v);
+        }
+        let v = procmap::query(at).ok().flatten()?;
+        self.seen.push(v);
+        Some(v)
+    }
+
+    fn is_arena(&mut self, v: &Vma) -> bool {
+        if !v.file_backed {
+            return false;
+        }
+        let starts = self.arena_starts.get_or_insert_with(|| {
+            let text = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+            text.lines()
+                .filter(|l| l.contains(ARENA_MAPPING_NAME))
+                .filter_map(|l| l.split_once('-').and_then(|(s, _)| usize::from_str_radix(s, 16).ok()))
+                .collect()
+        });
+        starts.contains(&v.start)
+    }
+
+    /// True when some page of `[addr, addr+len)` is arena memory.
+    fn touches(&mut self, addr: usize, len: usize) -> bool {
+        let Some(end) = addr.checked_add(len) else { return false };
+        let mut at = addr;
+        while at < end {
+            let Some(v) = self.vma(at) else { return false };
+            if self.is_arena(&v) {
+                return true;
+            }
+            at = v.end;
+        }
+        false
+    }
+}
+
+fn copy_only() -> Options {
+    Options { engine: Choice::Only(Engine::Memmove), ..Options::default() }
+}
+
+/// A move between two blocks of the C arena, as a virtual copy; `None` when the arena
+/// does not take it (not both in its live blocks, overlapping), to be copied instead.
+fn arena_vcopy(dst: usize, src: usize, len: usize) -> Option<advm_remap_stats> {
+    let r = crate::cow::advm_vcopy(dst as *mut _, src as *const _, len);
+    (r == 0).then(|| advm_remap_stats { arena_vcopy_bytes: len, completed_ops: 1, ..Default::default() })
 }
 
 fn run_one(swap: bool, x: usize, y: usize, len: usize, out: *mut advm_remap_stats) -> i32 {
@@ -73,8 +164,23 @@ fn run_one(swap: bool, x: usize, y: usize, len: usize, out: *mut advm_remap_stat
         // A wrapping range is reported by the planner, with its message; the grant
         // then only needs to cover what does not wrap.
         let mut g = span_grant(lo, hi)?;
-        let o = if swap { remap::swap_pages(&mut g, x, y, len)? } else { remap::move_pages(&mut g, x, y, len)? };
-        write_stats(out, o);
+        let mut probe = ArenaProbe::new();
+        let arena = (probe.touches(x, len), probe.touches(y, len));
+        let opts = if arena.0 || arena.1 { copy_only() } else { Options::default() };
+        if !swap && arena.0 && arena.1 && len > 0 {
+            advm::addr::PageRange::new("dst", x, len)?;
+            advm::addr::PageRange::new("src", y, len)?;
+            if let Some(st) = arena_vcopy(x, y, len) {
+                write_stats(out, st);
+                return Ok(0);
+            }
+        }
+        let o = if swap {
+            remap::swap_pages_with(&mut g, x, y, len, &opts)?
+        } else {
+            remap::move_pages_with(&mut g, x, y, len, &opts)?
+        };
+        write_stats(out, o.into());
         Ok(0)
     })
 }
@@ -103,8 +209,7 @@ pub extern "C" fn advm_swap(a: *mut u8, b: *mut u8, len: usize) -> i32 {
 /// `advm_batch *advm_batch_new(void)`: NULL only when out of memory.
 #[no_mangle]
 pub extern "C" fn advm_batch_new() -> *mut advm_batch {
-    std::panic::catch_unwind(|| Box::into_raw(Box::new(advm_batch { batch: Batch::new(), lo: usize::MAX, hi: 0 })))
-        .unwrap_or(std::ptr::null_mut())
+    std::panic::catch_unwind(|| Box::into_raw(Box::new(advm_batch { ops: Vec::new() }))).unwrap_or(std::ptr::null_mut())
 }
 
 fn with_batch(b: *mut advm_batch, f: impl FnOnce(&mut advm_batch) -> Result<i32, advm::Error>) -> i32 {
@@ -119,14 +224,7 @@ fn with_batch(b: *mut advm_batch, f: impl FnOnce(&mut advm_batch) -> Result<i32,
 
 fn push(b: *mut advm_batch, swap: bool, x: usize, y: usize, len: usize) -> i32 {
     with_batch(b, |b| {
-        let (lo, hi) = span(&[(x, len), (y, len)]);
-        b.lo = b.lo.min(lo);
-        b.hi = b.hi.max(hi);
-        if swap {
-            b.batch.push_swap(x, y, len);
-        } else {
-            b.batch.push_move(x, y, len);
-        }
+        b.ops.push(Queued { swap, x, y, len });
         Ok(0)
     })
 }
@@ -150,23 +248,54 @@ pub unsafe extern "C" fn advm_batch_swap(b: *mut advm_batch, x: *mut u8, y: *mut
 }
 
 /// `int advm_batch_run(advm_batch *b, advm_remap_stats *out)`: runs and empties the
-/// batch (also when it fails: nothing ran then).
+/// batch (also when it fails; `out->completed_ops` then says how far it got).
 ///
 /// # Safety
 /// As [`advm_batch_move`]; `out` is NULL or writable for one `advm_remap_stats`.
 #[no_mangle]
 pub unsafe extern "C" fn advm_batch_run(b: *mut advm_batch, out: *mut advm_remap_stats) -> i32 {
     with_batch(b, |b| {
-        let r = if b.batch.is_empty() {
+        let ops = std::mem::take(&mut b.ops);
+        // Operations touching an arena are queued as copies (see the module doc).
+        let mut probe = ArenaProbe::new();
+        let mut batch = Batch::new();
+        for q in &ops {
+            let by_copy = probe.touches(q.x, q.len) || probe.touches(q.y, q.len);
+            match (q.swap, by_copy) {
+                (false, false) => batch.push_move(q.x, q.y, q.len),
+                (false, true) => batch.push_move_by_copy(q.x, q.y, q.len),
+                (true, false) => batch.push_swap(q.x, q.y, q.len),
+                (true, true) => batch.push_swap_by_copy(q.x, q.y, q.len),
+            };
+        }
+        let ranges: Vec<_> = ops.iter().flat_map(|q| [(q.x, q.len), (q.y, q.len)]).collect();
+        let (lo, hi) = span(&ranges);
+        let r = if batch.is_empty() {
             Ok(remap::Outcome::default())
         } else {
-            span_grant(b.lo, b.hi).and_then(|mut g| b.batch.execute(&mut g))
+            match span_grant(lo, hi) {
+                Ok(mut g) => batch.execute_with_progress(&mut g),
+                Err(error) => Err(Box::new(Incomplete {
+                    error,
+                    completed_ops: 0,
+                    memory_changed: false,
+                    outcome: remap::Outcome { ops: ops.len(), ..Default::default() },
+                })),
+            }
         };
-        b.batch.clear();
-        b.lo = usize::MAX;
-        b.hi = 0;
-        write_stats(out, r?);
-        Ok(0)
+        match r {
+            Ok(o) => {
+                write_stats(out, o.into());
+                Ok(0)
+            }
+            Err(i) => {
+                let mut st = advm_remap_stats::from(i.outcome);
+                st.completed_ops = i.completed_ops;
+                st.memory_changed = i.memory_changed as i32;
+                write_stats(out, st);
+                Err(i.error)
+            }
+        }
     })
 }
 

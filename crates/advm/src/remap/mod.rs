@@ -13,13 +13,15 @@
 //! - [`Engine::Mremap`]: `mremap(MREMAP_MAYMOVE|MREMAP_FIXED)` moves whole page tables
 //!   when source, destination and length are 2 MiB aligned, so it is used for large
 //!   aligned moves. It splits VMAs (a few per move), so advm stops using it
-//!   when the process's VMA count nears half of `vm.max_map_count`. Where the kernel
-//!   allows `MREMAP_DONTUNMAP` (probed once; some kernels refuse it with `EINVAL`),
-//!   private anonymous memory is *exchanged*: three remaps through a scratch area give
-//!   the destination the source's page tables and the source the destination's old
-//!   ones, so nothing is freed on the critical path (freeing a populated destination
-//!   costs about as much as copying it). Without DONTUNMAP the destination's pages are
-//!   freed and fresh anonymous memory is mapped at the source.
+//!   when the process's VMA count nears half of `vm.max_map_count`. Into an empty
+//!   destination (its first page sampled with `mincore`) a move is one `mremap` with
+//!   `MREMAP_DONTUNMAP` where the kernel allows it with `MREMAP_FIXED` (probed once;
+//!   any mapping since Linux 5.13): the source keeps its mapping with empty page
+//!   tables. Into a destination holding pages, private anonymous memory is
+//!   *exchanged* (three DONTUNMAP remaps through a scratch area: the source gets the
+//!   destination's old page tables), since freeing a populated range costs about as
+//!   much as copying it. Without DONTUNMAP: a plain remap and fresh anonymous memory
+//!   mapped at the source (two calls).
 //! - [`Engine::Memmove`]: plain `memmove` (or a byte swap), for operations shorter than
 //!   the **break-even**, which is measured on this machine at first use and cached
 //!   (see [`break_even`]).
@@ -31,8 +33,9 @@
 //!   (those not overwritten by the destination) are unspecified: zero where pages were
 //!   moved (the pages are gone; the next touch faults in a zero page), the old bytes
 //!   where memmove copied them. [`Outcome`] says how many bytes each engine handled.
-//!   After an mremap exchange the vacated source holds the destination's old bytes
-//!   (the paper's SwapVA used as a move); after a plain mremap it reads as zeros.
+//!   After an mremap move into an empty destination it reads as zeros too (a
+//!   file-backed view's source gets fresh anonymous memory); after an exchange it
+//!   holds the destination's old bytes.
 //! - **Swap**: both ranges keep their mappings and exchange contents. Swap ranges must
 //!   not overlap (an overlapping swap is an error); a slide within one region is a
 //!   move with overlapping ranges, done with O(n+δ) page-table work (see [`Batch`]).
@@ -43,15 +46,27 @@
 //!   the file, so for `MAP_SHARED` mappings advm always copies bytes (other sharers see
 //!   the change). `MAP_PRIVATE` file mappings (e.g. virtual-copy views of a memfd) are
 //!   moved with mremap: pages not yet written keep sharing the file's page cache.
+//! - **Memory owned by an allocator**: a grant over memory whose mappings someone else
+//!   keeps records of, such as the blocks of a virtual-copy arena ([`crate::cow`]),
+//!   breaks the promise [`Grant::new`] asks for: a page engine would remap a block's
+//!   view behind the arena's back (its later frees and copies would read the wrong
+//!   pages). Such ranges may only be copied: [`Choice::Only`]`(`[`Engine::Memmove`]`)`,
+//!   [`Batch::push_move_by_copy`], [`Batch::push_swap_by_copy`]; between two blocks of
+//!   one arena, `Arena::vcopy` keeps the pages shared. The C API does this itself: it
+//!   recognises arena mappings and routes them (see `include/advm.h`).
 //! - **Concurrent readers**: each page switches atomically from old to new content
 //!   (page-table entries are swapped under the page-table lock); a thread reading a
 //!   destination during a move sees, per page, the old bytes, zeros, or the new bytes,
 //!   never a mix within one page, and never faults. Readers of a source may see zeros.
 //! - **fork**: a child inherits advm's userfaultfd, whose ioctls act on the parent's
 //!   memory; a child therefore never uses it (mremap or memmove instead).
-//! - **Errors**: arguments are checked before anything changes (alignment, wrap-around,
-//!   mapped and read-write, overlapping swaps); a page move the kernel refuses midway
-//!   is completed by copying, so an operation either completes or fails unchanged.
+//! - **Errors**: arguments are checked, and the scratch area swaps need is made, before
+//!   anything changes (alignment, wrap-around, mapped and read-write, overlapping
+//!   swaps); a page move the kernel refuses midway is completed by copying. Only a
+//!   failing `madvise` (emptying destinations) or, without DONTUNMAP, the `mmap` after
+//!   a remap can stop an operation after it changed memory; nothing is rolled back
+//!   then, and [`Batch::execute_with_progress`] says how far the batch got
+//!   ([`Incomplete`]).
 //!
 //! # VMA count
 //!
@@ -166,8 +181,11 @@ pub struct Outcome {
     /// Of the copied bytes, those a page engine was asked to move but the kernel refused
     /// (shared or copy-on-write pages, incompatible mappings).
     pub fallback_bytes: usize,
-    /// System calls made (moves, remaps, zaps, registrations).
+    /// System calls made that move, remap, empty or register memory (not the
+    /// read-only one-page `mincore` sample of an mremap move's destination).
     pub syscalls: u32,
+    /// Operations (as queued) that ran completely: all of them on success.
+    pub completed_ops: usize,
 }
 
 impl Outcome {
@@ -238,7 +256,8 @@ fn mremap_budget_ok() -> bool {
         }
         MREMAPS_SINCE_COUNT.store(0, Ordering::Relaxed);
     }
-    // Each move is up to three remaps, each of which can split the VMA it lands in.
+    // A move is up to three remaps (an exchange), each of which can split the VMA it
+    // lands in.
     let worst = VMA_ESTIMATE.load(Ordering::Relaxed) + 6 * (MREMAPS_SINCE_COUNT.load(Ordering::Relaxed) + 1);
     worst < vma_budget()
 }
@@ -312,6 +331,8 @@ struct Op {
     x: usize,
     y: usize,
     len: usize,
+    /// Copy bytes (memmove engine) whatever the options say.
+    copy: bool,
 }
 
 /// Many moves and swaps executed together, in order, with as few kernel calls as the
@@ -348,12 +369,24 @@ impl Batch {
     }
     /// Queues a move of `len` bytes from `src` to `dst` (ranges may overlap).
     pub fn push_move(&mut self, dst: usize, src: usize, len: usize) -> &mut Self {
-        self.ops.push(Op { kind: Kind::Move, x: dst, y: src, len });
+        self.ops.push(Op { kind: Kind::Move, x: dst, y: src, len, copy: false });
         self
     }
     /// Queues a swap of `len` bytes between `a` and `b` (ranges must not overlap).
     pub fn push_swap(&mut self, a: usize, b: usize, len: usize) -> &mut Self {
-        self.ops.push(Op { kind: Kind::Swap, x: a, y: b, len });
+        self.ops.push(Op { kind: Kind::Swap, x: a, y: b, len, copy: false });
+        self
+    }
+    /// As [`Batch::push_move`], but always done by copying bytes (memory whose mappings
+    /// someone else keeps records of, such as a virtual-copy arena's blocks: see the
+    /// module doc's *Memory owned by an allocator*).
+    pub fn push_move_by_copy(&mut self, dst: usize, src: usize, len: usize) -> &mut Self {
+        self.ops.push(Op { kind: Kind::Move, x: dst, y: src, len, copy: true });
+        self
+    }
+    /// As [`Batch::push_swap`], but always done by swapping bytes.
+    pub fn push_swap_by_copy(&mut self, a: usize, b: usize, len: usize) -> &mut Self {
+        self.ops.push(Op { kind: Kind::Swap, x: a, y: b, len, copy: true });
         self
     }
     /// Queued operations.
@@ -372,6 +405,11 @@ impl Batch {
     /// Runs the queued operations on memory `mem` grants. Nothing changes unless every
     /// operation's arguments are valid.
     pub fn execute(&self, mem: &mut Grant<'_>) -> Result<Outcome> {
+        execute(mem, &self.ops, &self.options).map_err(|i| i.error)
+    }
+
+    /// As [`Batch::execute`], and on error says how far the batch got ([`Incomplete`]).
+    pub fn execute_with_progress(&self, mem: &mut Grant<'_>) -> std::result::Result<Outcome, Box<Incomplete>> {
         execute(mem, &self.ops, &self.options)
     }
 }
@@ -383,7 +421,7 @@ pub fn move_pages(mem: &mut Grant<'_>, dst: usize, src: usize, len: usize) -> Re
 
 /// [`move_pages`] with explicit options.
 pub fn move_pages_with(mem: &mut Grant<'_>, dst: usize, src: usize, len: usize, opts: &Options) -> Result<Outcome> {
-    execute(mem, &[Op { kind: Kind::Move, x: dst, y: src, len }], opts)
+    execute(mem, &[Op { kind: Kind::Move, x: dst, y: src, len, copy: false }], opts).map_err(|i| i.error)
 }
 
 /// Swaps the contents of `[a, a+len)` and `[b, b+len)` (page aligned, disjoint).
@@ -393,7 +431,7 @@ pub fn swap_pages(mem: &mut Grant<'_>, a: usize, b: usize, len: usize) -> Result
 
 /// [`swap_pages`] with explicit options.
 pub fn swap_pages_with(mem: &mut Grant<'_>, a: usize, b: usize, len: usize, opts: &Options) -> Result<Outcome> {
-    execute(mem, &[Op { kind: Kind::Swap, x: a, y: b, len }], opts)
+    execute(mem, &[Op { kind: Kind::Swap, x: a, y: b, len, copy: false }], opts).map_err(|i| i.error)
 }
 
 /// A step of a plan: an operation (possibly merged) with its engine.
@@ -402,6 +440,11 @@ struct Step {
     op: Op,
     engine: Engine,
     class: Class,
+    /// Index after the last queued operation this step does.
+    end: usize,
+    /// Whether both ranges lie inside one VMA each, when validation already learnt it
+    /// (a lone operation: in a batch, earlier steps may split VMAs).
+    one_vma_each: Option<bool>,
 }
 
 fn validate(mem: &Grant<'_>, op: &Op, seen: &mut Vec<Vma>) -> Result<Class> {
@@ -446,7 +489,11 @@ fn validate(mem: &Grant<'_>, op: &Op, seen: &mut Vec<Vma>) -> Result<Class> {
 /// True when `b` continues `a` on both ends and running them merged equals running
 /// them in order.
 fn mergeable(a: &Op, b: &Op) -> bool {
-    if a.kind != b.kind || a.x.checked_add(a.len) != Some(b.x) || a.y.checked_add(a.len) != Some(b.y) {
+    if a.kind != b.kind
+        || a.copy != b.copy
+        || a.x.checked_add(a.len) != Some(b.x)
+        || a.y.checked_add(a.len) != Some(b.y)
+    {
         return false;
     }
     match a.kind {
@@ -464,6 +511,9 @@ fn choose(op: &Op, class: Class, opts: &Options, be_pages: usize, have_uffd: boo
     let uffd = have_uffd && class == Class::AnonPrivate;
     let aligned = op.x % PMD_SIZE == 0 && op.y % PMD_SIZE == 0 && op.len % PMD_SIZE == 0 && op.len > 0;
     let mremap_ok = op.kind == Kind::Move && !overlap && class != Class::Shared;
+    if op.copy {
+        return Ok(Engine::Memmove);
+    }
     match opts.engine {
         Choice::Only(Engine::Memmove) => Ok(Engine::Memmove),
         Choice::Only(Engine::UffdMove) if uffd => Ok(Engine::UffdMove),
@@ -495,37 +545,118 @@ fn choose(op: &Op, class: Class, opts: &Options, be_pages: usize, have_uffd: boo
     }
 }
 
-fn execute(mem: &mut Grant<'_>, ops: &[Op], opts: &Options) -> Result<Outcome> {
+/// A batch that stopped with an error: how far it got.
+#[derive(Debug)]
+pub struct Incomplete {
+    /// The error.
+    pub error: Error,
+    /// Operations (as queued, counted from the first) that ran completely. The
+    /// operation at this index may be partly done (a move: each page is at its source
+    /// or at its destination; a swap: parts may be swapped); later ones did not run.
+    pub completed_ops: usize,
+    /// False when the batch stopped before changing any memory (arguments, scratch
+    /// areas): then nothing ran and memory is as it was. True when a kernel call failed
+    /// after the first change; besides the partly done operation, destinations of later
+    /// moves may then already have been emptied (they read as zeros).
+    pub memory_changed: bool,
+    /// What was done up to the error.
+    pub outcome: Outcome,
+}
+
+impl std::fmt::Display for Incomplete {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (after {} of {} operations)", self.error, self.completed_ops, self.outcome.ops)
+    }
+}
+
+impl std::error::Error for Incomplete {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+/// True when a UFFDIO_MOVE move slides up by a small δ, through the scratch area.
+fn slides_up_via_scratch(op: &Op) -> bool {
+    op.kind == Kind::Move && op.x > op.y && op.x < op.y + op.len && op.len / (op.x - op.y) > 4
+}
+
+fn execute(mem: &mut Grant<'_>, ops: &[Op], opts: &Options) -> std::result::Result<Outcome, Box<Incomplete>> {
     let mut out = Outcome { ops: ops.len(), ..Default::default() };
+    match plan(mem, ops, opts, &mut out) {
+        Ok(steps) => run_plan(mem, ops.len(), &steps, opts, &mut out).map(|_| out),
+        Err(error) => Err(Box::new(Incomplete { error, completed_ops: 0, memory_changed: false, outcome: out })),
+    }
+}
+
+/// The planned steps of a batch, with what they need made; nothing changed yet.
+struct Plan {
+    steps: Vec<Step>,
+    k: Option<&'static Userfaultfd>,
+}
+
+/// Checks every operation, merges, chooses engines and makes what the steps need
+/// (scratch area) before the first change, so that arguments and resources can only
+/// fail here.
+fn plan(mem: &Grant<'_>, ops: &[Op], opts: &Options, out: &mut Outcome) -> Result<Plan> {
     // 1. Check everything before changing anything.
     let mut seen = Vec::new();
     let mut classes = Vec::with_capacity(ops.len());
     for op in ops {
         classes.push(validate(mem, op, &mut seen)?);
     }
-    // 2. Merge continuing operations.
-    let mut merged: Vec<(Op, Class)> = Vec::with_capacity(ops.len());
-    for (op, class) in ops.iter().zip(classes) {
+    // 2. Merge continuing operations; each keeps the index after its last queued op.
+    let mut merged: Vec<(Op, Class, usize)> = Vec::with_capacity(ops.len());
+    for (i, (op, class)) in ops.iter().zip(classes).enumerate() {
         if op.len == 0 {
             continue;
         }
-        if let Some((last, lc)) = merged.last_mut() {
+        if let Some((last, lc, end)) = merged.last_mut() {
             if opts.coalesce && mergeable(last, op) {
                 last.len += op.len;
                 *lc = (*lc).max(class);
+                *end = i + 1;
                 continue;
             }
         }
-        merged.push((*op, class));
+        merged.push((*op, class, i + 1));
     }
     out.merged_ops = merged.len();
     // Looked up once per call: the check costs a getpid.
     let k = uffd();
     let be_pages = opts.break_even_pages.unwrap_or_else(|| break_even().pages);
     let mut steps = Vec::with_capacity(merged.len());
-    for (op, class) in &merged {
-        steps.push(Step { op: *op, engine: choose(op, *class, opts, be_pages, k.is_some())?, class: *class });
+    for (op, class, end) in &merged {
+        let engine = choose(op, *class, opts, be_pages, k.is_some())?;
+        steps.push(Step { op: *op, engine, class: *class, end: *end, one_vma_each: None });
     }
+    if let [st] = steps.as_mut_slice() {
+        if !seen.is_empty() {
+            let inside_one = |a: usize| seen.iter().any(|v| v.start <= a && a + st.op.len <= v.end);
+            st.one_vma_each = Some(inside_one(st.op.x) && inside_one(st.op.y));
+        }
+    }
+    if let Some(k) = k {
+        if steps
+            .iter()
+            .any(|st| st.engine == Engine::UffdMove && (st.op.kind == Kind::Swap || slides_up_via_scratch(&st.op)))
+        {
+            uffd_scratch_ready(k, out)?;
+        }
+    }
+    Ok(Plan { steps, k })
+}
+
+fn run_plan(
+    mem: &mut Grant<'_>,
+    n_ops: usize,
+    plan: &Plan,
+    opts: &Options,
+    out: &mut Outcome,
+) -> std::result::Result<(), Box<Incomplete>> {
+    let (steps, k) = (&plan.steps, plan.k);
+    let stopped = |error: Error, completed_ops: usize, out: &Outcome| {
+        Box::new(Incomplete { error, completed_ops, memory_changed: true, outcome: *out })
+    };
     // A single move does not empty its destination first: it tries the move (free
     // when the destination is empty, as after an earlier move vacated it) and only
     // empties it, or copies instead, when the kernel finds pages there.
@@ -535,8 +666,9 @@ fn execute(mem: &mut Grant<'_>, ops: &[Op], opts: &Options) -> Result<Outcome> {
                 Choice::Auto => opts.break_even_pages.unwrap_or_else(|| break_even().pages_populated),
                 Choice::Only(_) => 0,
             };
-            run_step(k, mem, st, DstState::Unknown { copy_below }, &mut out)?;
-            return Ok(out);
+            run_step(k, mem, st, DstState::Unknown { copy_below }, out).map_err(|e| stopped(e, 0, out))?;
+            out.completed_ops = n_ops;
+            return Ok(());
         }
     }
     // 3. Plan which destinations to empty: up front (one vectored call) where no
@@ -548,7 +680,7 @@ fn execute(mem: &mut Grant<'_>, ops: &[Op], opts: &Options) -> Result<Outcome> {
     // (step, start, end), in step order: flat, so a batch costs no allocation per step.
     let mut jit: Vec<(usize, usize, usize)> = Vec::new();
     for (i, st) in steps.iter().enumerate() {
-        let Op { kind, x, y, len } = st.op;
+        let Op { kind, x, y, len, .. } = st.op;
         if kind == Kind::Move && st.engine == Engine::UffdMove {
             // The part of the destination not covered by its own source (the ranges
             // have equal lengths, so it is one interval).
@@ -580,7 +712,7 @@ fn execute(mem: &mut Grant<'_>, ops: &[Op], opts: &Options) -> Result<Outcome> {
     // 4. Run. Intervals are (start, end); zap takes (start, len).
     if !upfront.is_empty() {
         let ranges: Vec<_> = upfront.iter().map(|&(s, e)| (s, e - s)).collect();
-        out.syscalls += mem.zap(&ranges)?;
+        out.syscalls += mem.zap(&ranges).map_err(|e| stopped(e.into(), 0, out))?;
     }
     let mut jit = jit.into_iter().peekable();
     let mut now: Vec<(usize, usize)> = Vec::new();
@@ -590,12 +722,12 @@ fn execute(mem: &mut Grant<'_>, ops: &[Op], opts: &Options) -> Result<Outcome> {
             now.push((s, e - s));
             jit.next();
         }
-        if !now.is_empty() {
-            out.syscalls += mem.zap(&now)?;
-        }
-        run_step(k, mem, st, DstState::Empty, &mut out)?;
+        let r = if now.is_empty() { Ok(()) } else { mem.zap(&now).map(|c| out.syscalls += c).map_err(Error::from) };
+        r.and_then(|_| run_step(k, mem, st, DstState::Empty, out)).map_err(|e| stopped(e, out.completed_ops, out))?;
+        out.completed_ops = st.end;
     }
-    Ok(out)
+    out.completed_ops = n_ops;
+    Ok(())
 }
 
 fn run_step(
@@ -605,7 +737,7 @@ fn run_step(
     dst_state: DstState,
     out: &mut Outcome,
 ) -> Result<()> {
-    let Op { kind, x, y, len } = st.op;
+    let Op { kind, x, y, len, .. } = st.op;
     let need = || k.expect("uffd engine chosen only when available");
     match (kind, st.engine) {
         (Kind::Move, Engine::Memmove) => {
@@ -617,22 +749,30 @@ fn run_step(
             out.memmove_bytes += len;
         }
         (Kind::Move, Engine::Mremap) => {
-            // MREMAP_DONTUNMAP (where the kernel allows it) lets private anonymous
-            // memory exchange page tables with the destination instead of freeing the
-            // destination's pages; file-backed views (which DONTUNMAP would leave
-            // showing the file) get fresh anonymous memory at the source instead.
-            let exchange = st.class == Class::AnonPrivate && grant::dontunmap_fixed_available();
             // Only ranges inside one VMA each. Kernels from 6.17 move a range that spans
-            // several VMAs one VMA at a time, and an exchange out of such a range lost
-            // the pages of its first VMA here (the property test's saved case: a move
-            // out of a range that an earlier move had made a VMA of its own).
-            let refused = if crosses_vmas(x, y, len) {
+            // several VMAs one VMA at a time, and a DONTUNMAP remap out of such a range
+            // lost the pages of its first VMA here (the property test's saved case: a
+            // move out of a range that an earlier move had made a VMA of its own).
+            let refused = if st.one_vma_each.map_or_else(|| crosses_vmas(x, y, len), |one| !one) {
                 true
             } else {
-                let r = if exchange {
-                    mremap_exchange_via_scratch(mem, x, y, len)
-                } else {
-                    mem.mremap_move(x, y, len, Prot::READ | Prot::WRITE, false).map_err(Error::from)
+                // Into a destination holding pages (sampled: its first page resident),
+                // private anonymous memory is exchanged: freeing a populated range costs
+                // about as much as copying it. Else one remap; a file-backed view's
+                // vacated source gets fresh anonymous memory (else it would show the
+                // file's bytes again).
+                let anon = st.class == Class::AnonPrivate && grant::dontunmap_fixed_available();
+                let populated = anon && mem.page_resident(x)?;
+                let r = match populated.then(|| mremap_exchange_via_scratch(mem, x, y, len)) {
+                    // No scratch area (out of address space; the exchange's own calls
+                    // are `mremap`): a plain move still works.
+                    Some(Err(Error::Sys(e))) if e.call != "mremap" => mem
+                        .mremap_move(x, y, len, Prot::READ | Prot::WRITE, st.class != Class::AnonPrivate)
+                        .map_err(Error::from),
+                    None => mem
+                        .mremap_move(x, y, len, Prot::READ | Prot::WRITE, st.class != Class::AnonPrivate)
+                        .map_err(Error::from),
+                    Some(r) => r,
                 };
                 match r {
                     Ok(calls) => {
@@ -660,7 +800,7 @@ fn run_step(
             }
         }
         (Kind::Move, Engine::UffdMove) => {
-            if x > y && x < y + len && len / (x - y) > 4 {
+            if slides_up_via_scratch(&st.op) {
                 // Sliding up by a small δ: through the scratch area.
                 slide_up_via_scratch(need(), mem, x, y, len, dst_state, out)?;
             } else if x > y && x < y + len {
@@ -898,6 +1038,25 @@ fn move_into_scratch(
     move_or_copy_from(k, sg, Src::Other(mem), sdst, src, n, DstState::Empty, out)
 }
 
+/// A new scratch area for UFFDIO_MOVE, registered.
+fn make_uffd_scratch(k: &Userfaultfd, out: &mut Outcome) -> Result<RwMapping> {
+    let mut m = RwMapping::new(SCRATCH_LEN, PMD_SIZE, false)?;
+    let (s, l) = (m.addr(), m.len());
+    m.grant().register_for_move(k, s, l)?;
+    out.syscalls += 1;
+    Ok(m)
+}
+
+/// Makes the process's UFFDIO_MOVE scratch area now (it is kept for the process's
+/// life), so that a batch needing it cannot fail for want of it after changing memory.
+fn uffd_scratch_ready(k: &Userfaultfd, out: &mut Outcome) -> Result<()> {
+    let mut guard = kernel().scratch.lock().unwrap_or_else(|p| p.into_inner());
+    if guard.is_none() {
+        *guard = Some(make_uffd_scratch(k, out)?);
+    }
+    Ok(())
+}
+
 /// Runs `f` with the process's UFFDIO_MOVE scratch area (empty, registered).
 fn with_uffd_scratch<T>(
     k: &Userfaultfd,
@@ -906,11 +1065,7 @@ fn with_uffd_scratch<T>(
 ) -> Result<T> {
     let mut guard = kernel().scratch.lock().unwrap_or_else(|p| p.into_inner());
     if guard.is_none() {
-        let mut m = RwMapping::new(SCRATCH_LEN, PMD_SIZE, false)?;
-        let (s, l) = (m.addr(), m.len());
-        m.grant().register_for_move(k, s, l)?;
-        out.syscalls += 1;
-        *guard = Some(m);
+        *guard = Some(make_uffd_scratch(k, out)?);
     }
     let scratch = guard.as_mut().expect("just created");
     let sbase = scratch.addr();

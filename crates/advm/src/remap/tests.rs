@@ -203,7 +203,8 @@ fn engines_are_chosen_by_size_and_alignment_and_reported() {
     assert_eq!(small.engine(), Some(Engine::Memmove));
     let large = r.move_pages_with(4 * PMD_SIZE, 0, 2 * PMD_SIZE, &opts).unwrap();
     assert_eq!(large.engine(), Some(Engine::Mremap));
-    // With MREMAP_DONTUNMAP: an exchange in three remaps; without: a remap and a map.
+    // Into a populated destination, with MREMAP_DONTUNMAP: an exchange in three remaps;
+    // without: a remap and a map.
     assert_eq!(large.syscalls, if grant::dontunmap_fixed_available() { 3 } else { 2 });
     if uffd_move_available() {
         let mid = r.move_pages_with(ps, PMD_SIZE + 3 * ps, 64 * ps, &opts).unwrap();
@@ -221,9 +222,9 @@ fn what_a_move_leaves_at_the_source() {
     r.move_pages_with(32 * ps, 0, 4 * ps, &Options { engine: Choice::Only(Engine::Memmove), ..Options::default() })
         .unwrap();
     assert!(r.bytes()[..4 * ps].iter().all(|&b| b == 7));
-    // UFFDIO_MOVE: the source stays mapped and reads as zeros. mremap: an exchange
-    // (with MREMAP_DONTUNMAP) leaves the destination's old bytes there, a plain remap
-    // leaves zeros.
+    // UFFDIO_MOVE: the source stays mapped and reads as zeros. mremap into this
+    // populated destination: an exchange (with MREMAP_DONTUNMAP) leaves the
+    // destination's old bytes there, a plain remap leaves zeros.
     for engine in [Engine::UffdMove, Engine::Mremap] {
         if engine == Engine::UffdMove && !uffd_move_available() {
             continue;
@@ -386,4 +387,72 @@ fn moves_across_vmas_split_by_mremap_are_cut_at_the_boundaries() {
     check(&r, &model).unwrap();
     assert_eq!((out.uffd_move_bytes, out.fallback_bytes), (n, 0), "{out:?}");
     assert!(out.syscalls >= 3, "one call per VMA piece: {out:?}");
+}
+
+#[test]
+fn a_large_aligned_move_into_an_empty_destination_is_one_remap_and_leaves_the_source_mapped_and_zero() {
+    if !grant::dontunmap_fixed_available() {
+        eprintln!("skipped: MREMAP_DONTUNMAP with MREMAP_FIXED refused here (a move is a remap and a map)");
+        return;
+    }
+    let mut r = Region::new(8 * PMD_SIZE).unwrap();
+    r.bytes_mut()[..2 * PMD_SIZE].fill(6);
+    // An empty destination (mapped, never written): one remap.
+    let out = r.move_pages_with(4 * PMD_SIZE, 0, 2 * PMD_SIZE, &Options::default()).unwrap();
+    assert_eq!((out.engine(), out.syscalls, out.mremap_bytes), (Some(Engine::Mremap), 1, 2 * PMD_SIZE), "{out:?}");
+    assert!(r.bytes()[4 * PMD_SIZE..6 * PMD_SIZE].iter().all(|&b| b == 6));
+    assert!(r.bytes()[..2 * PMD_SIZE].iter().all(|&b| b == 0));
+    r.bytes_mut()[..2 * PMD_SIZE].fill(1); // still mapped and writable
+}
+
+#[test]
+fn a_batch_stopped_by_a_kernel_call_reports_exactly_how_far_it_got() {
+    if !uffd_move_available() {
+        eprintln!("skipped: UFFDIO_MOVE not available here");
+        return;
+    }
+    let ps = ps();
+    // Each swap writes both ranges, so the move after it must empty its destination
+    // just before its turn: one madvise per move, which is the call made to fail.
+    let ops = [
+        TOp::Swap { a: 0, b: 4, n: 2 },
+        TOp::Move { dst: 0, src: 8, n: 2 },
+        TOp::Swap { a: 16, b: 20, n: 2 },
+        TOp::Move { dst: 16, src: 24, n: 2 },
+    ];
+    let opts = Options { engine: Choice::Only(Engine::UffdMove), break_even_pages: Some(0), coalesce: true };
+    for (fail_at, completed) in [(1, 1), (2, 3)] {
+        let mut r = Region::new(PAGES * ps).unwrap();
+        let mut model = tag_pages(&mut r);
+        let mut batch = Batch::with_options(opts);
+        for op in &ops {
+            match *op {
+                TOp::Move { dst, src, n } => batch.push_move(r.addr() + dst * ps, r.addr() + src * ps, n * ps),
+                TOp::Swap { a, b, n } => batch.push_swap(r.addr() + a * ps, r.addr() + b * ps, n * ps),
+            };
+        }
+        grant::fail_call(fail_at);
+        let e = batch.execute_with_progress(&mut r.grant()).unwrap_err();
+        grant::fail_call(0);
+        assert_eq!((e.completed_ops, e.memory_changed), (completed, true), "{e}");
+        assert!(e.to_string().contains(&format!("after {completed} of 4 operations")), "{e}");
+        for op in &ops[..completed] {
+            match *op {
+                TOp::Move { dst, src, n } => oracle_move(&mut model, dst, src, n),
+                TOp::Swap { a, b, n } => oracle_swap(&mut model, a, b, n),
+            }
+        }
+        // The failed call changed nothing, so the rest did not run at all.
+        check(&r, &model).unwrap();
+    }
+    // A failure before any change: memory as it was.
+    let mut r = Region::new(PAGES * ps).unwrap();
+    let model = tag_pages(&mut r);
+    let mut batch = Batch::with_options(opts);
+    batch.push_move(r.addr(), r.addr() + 8 * ps, 2 * ps).push_move(r.addr() + 16 * ps, r.addr() + 24 * ps, 2 * ps);
+    grant::fail_call(1); // the up-front vectored empty of both destinations
+    let e = batch.execute_with_progress(&mut r.grant()).unwrap_err();
+    grant::fail_call(0);
+    assert_eq!(e.completed_ops, 0, "{e}");
+    check(&r, &model).unwrap();
 }

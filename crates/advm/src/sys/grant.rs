@@ -44,9 +44,13 @@ impl Grant<'static> {
     /// reference may point into it and no other thread may use it except as the raw-
     /// address operations on it document (page engines change which physical pages
     /// back the addresses). The parts of the span that operations are asked to touch
-    /// must be mapped read-write. (`advm::remap` checks this with PROCMAP_QUERY and
-    /// refuses unmapped or read-only ranges with an error before it changes anything,
-    /// but that check is a courtesy: another thread could unmap memory in between.)
+    /// must be mapped read-write. Page engines may replace the span's mappings, so no
+    /// one else may keep records of them: memory of a virtual-copy arena
+    /// (`advm::cow`) may be granted only to operations that copy bytes (see
+    /// `advm::remap`'s *Memory owned by an allocator*). (`advm::remap` checks the
+    /// mappings with PROCMAP_QUERY and refuses unmapped or read-only ranges with an
+    /// error before it changes anything, but that check is a courtesy: another thread
+    /// could unmap memory in between.)
     pub unsafe fn new(start: usize, len: usize) -> SysResult<Self> {
         let end = start.checked_add(len).ok_or(SysError::new("grant", Errno::INVAL))?;
         Ok(Grant { start, end, known: Known::Unchecked, _mem: PhantomData })
@@ -157,26 +161,84 @@ impl Grant<'_> {
 
     /// Moves the mapping of `[src, src+len)` to `[dst, dst+len)` with
     /// `mremap(MREMAP_MAYMOVE|MREMAP_FIXED)` (whole page tables when both are 2 MiB
-    /// aligned), leaving the source mapped and reading as zeros: with `dont_unmap`
-    /// through `MREMAP_DONTUNMAP` (one call; private anonymous memory only), else by
-    /// mapping fresh private anonymous memory with `prot` at `src` (a second call).
-    /// Returns the number of syscalls made.
-    pub fn mremap_move(&mut self, dst: usize, src: usize, len: usize, prot: Prot, dont_unmap: bool) -> SysResult<u32> {
+    /// aligned; the destination's old pages are freed), leaving the source mapped with
+    /// the same protection:
+    ///
+    /// - where the kernel allows `MREMAP_DONTUNMAP` with `MREMAP_FIXED`: one call, and
+    ///   the source keeps its mapping with empty page tables (private anonymous memory
+    ///   reads as zeros; a private file view shows the file again, so with
+    ///   `fresh_source` fresh anonymous memory is then mapped over it, best effort: if
+    ///   that second call fails the source stays mapped, showing the file);
+    /// - else a plain remap and fresh private anonymous memory with `prot` at `src` (two
+    ///   calls; if the second fails the source is left unmapped: `Err`, call `mmap`).
+    ///
+    /// Returns the number of syscalls made. An `Err` whose call is `mremap` means
+    /// nothing changed.
+    pub fn mremap_move(
+        &mut self,
+        dst: usize,
+        src: usize,
+        len: usize,
+        prot: Prot,
+        fresh_source: bool,
+    ) -> SysResult<u32> {
         self.check("mremap", dst, len)?;
         self.check("mremap", src, len)?;
         if dst < src + len && src < dst + len {
             return Err(SysError::new("mremap", Errno::INVAL));
         }
+        let dont_unmap = mman::dontunmap_fixed_available();
+        injected_failure("mremap")?;
         // SAFETY: both ranges are the grant's and do not overlap; the old contents of
         // dst are replaced, which is what a move asks for.
         unsafe { mman::mremap_fixed(src as *mut u8, len, dst as *mut u8, dont_unmap) }?;
-        if dont_unmap {
+        if dont_unmap && !fresh_source {
             return Ok(1);
         }
-        // SAFETY: `src` is now a hole inside the grant; nothing else can have mapped it
-        // (the grant owner owns the span).
-        unsafe { mman::map_fixed(src as *mut u8, len, prot, Share::Private, Backing::Anonymous) }?;
-        Ok(2)
+        let fresh = match injected_failure("mmap") {
+            // SAFETY: `src` is inside the grant, now a hole or a range whose old contents
+            // moved away; nothing else can have mapped it (the grant owner owns the span).
+            Ok(()) => unsafe { mman::map_fixed(src as *mut u8, len, prot, Share::Private, Backing::Anonymous) },
+            Err(e) => Err(e),
+        };
+        match fresh {
+            // With DONTUNMAP the source is still mapped (it shows the file): a move's
+            // vacated bytes are unspecified, so that is a completed move too.
+            Err(_) if dont_unmap => Ok(2),
+            Err(e) => Err(e),
+            Ok(()) => Ok(2),
+        }
+    }
+
+    /// One plain `mremap(MREMAP_MAYMOVE|MREMAP_FIXED)` of `[src, src+len)` to
+    /// `[dst, dst+len)`, leaving the source unmapped: the kernel's bare move, for
+    /// measuring what a move costs at least. Map the source again with
+    /// [`Grant::map_fresh`] before using it.
+    pub fn mremap_unmapping_source(&mut self, dst: usize, src: usize, len: usize) -> SysResult<()> {
+        self.check("mremap", dst, len)?;
+        self.check("mremap", src, len)?;
+        if dst < src + len && src < dst + len {
+            return Err(SysError::new("mremap", Errno::INVAL));
+        }
+        // SAFETY: both ranges are the grant's and do not overlap; dst's old contents are
+        // replaced and src becomes a hole inside the grant, which only its owner maps.
+        unsafe { mman::mremap_fixed(src as *mut u8, len, dst as *mut u8, false) }
+    }
+
+    /// Maps fresh private anonymous read-write memory over `[addr, addr+len)`
+    /// (`MAP_FIXED`): its old contents are gone, and it reads as zeros.
+    pub fn map_fresh(&mut self, addr: usize, len: usize) -> SysResult<()> {
+        self.check("mmap", addr, len)?;
+        // SAFETY: the range is the grant's (a hole or memory whose contents the caller
+        // gives up); nothing else maps into a grant.
+        unsafe { mman::map_fixed(addr as *mut u8, len, Prot::READ | Prot::WRITE, Share::Private, Backing::Anonymous) }
+    }
+
+    /// True when the page at `addr` is resident (`mincore` of one page): a constant-cost
+    /// sample of whether a range holds pages.
+    pub fn page_resident(&self, addr: usize) -> SysResult<bool> {
+        self.check("mincore", addr, super::page_size())?;
+        mman::page_resident(addr as *const u8)
     }
 
     /// Drops the pages of `ranges` (`MADV_DONTNEED`): afterwards they are empty and read
@@ -188,6 +250,7 @@ impl Grant<'_> {
         for &(a, l) in ranges {
             self.check("madvise(DONTNEED)", a, l)?;
         }
+        injected_failure("madvise(DONTNEED)")?;
         let mut calls = 0;
         if let Some(pidfd) = self_pidfd().filter(|_| ranges.len() > 1) {
             let mut ok = true;
@@ -271,6 +334,7 @@ pub fn mremap_exchange(
         // the scratch area are disjoint); DONTUNMAP leaves `from` mapped and empty.
         unsafe { mman::mremap_fixed(from as *mut u8, len, to as *mut u8, true) }
     };
+    injected_failure("mremap")?;
     mv(dst, scratch)?;
     if let Err(e) = mv(src, dst) {
         // Put the destination's pages back where they were.
@@ -282,6 +346,45 @@ pub fn mremap_exchange(
 }
 
 pub use mman::dontunmap_fixed_available;
+
+/// Fault injection for tests: [`fail_call`] makes the `n`th call (from 1) that changes
+/// memory (`mremap`, the `mmap` after it, `madvise`) on this thread fail with `ENOMEM`
+/// before it does anything, as a kernel out of VMAs or memory would.
+#[cfg(test)]
+mod inject {
+    use std::cell::Cell;
+
+    thread_local! {
+        pub(super) static COUNTDOWN: Cell<u32> = const { Cell::new(0) };
+    }
+}
+
+/// See [`mod@inject`]: `0` turns injection off.
+#[cfg(test)]
+pub fn fail_call(n: u32) {
+    inject::COUNTDOWN.with(|c| c.set(n));
+}
+
+#[cfg(test)]
+fn injected_failure(call: &'static str) -> SysResult<()> {
+    inject::COUNTDOWN.with(|c| match c.get() {
+        0 => Ok(()),
+        1 => {
+            c.set(0);
+            Err(SysError::new(call, Errno::NOMEM))
+        }
+        n => {
+            c.set(n - 1);
+            Ok(())
+        }
+    })
+}
+
+#[cfg(not(test))]
+#[inline(always)]
+fn injected_failure(_call: &'static str) -> SysResult<()> {
+    Ok(())
+}
 
 fn holes_mode(allow: bool) -> u64 {
     if allow {

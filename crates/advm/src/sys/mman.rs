@@ -225,6 +225,19 @@ pub unsafe fn mremap_dontunmap(old: *mut u8, len: usize) -> SysResult<*mut u8> {
         .map_err(|e| SysError::new("mremap(DONTUNMAP)", e))
 }
 
+/// Whether the page at `addr` (page aligned, mapped) is resident (`mincore`).
+pub fn page_resident(addr: *const u8) -> SysResult<bool> {
+    let mut v = 0u8;
+    // SAFETY: mincore only reads page tables and writes one byte into `v`, which is
+    // live for the call.
+    let r = unsafe { libc::mincore(addr as *mut libc::c_void, super::page_size(), &mut v) };
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(SysError::new("mincore", super::Errno::from_io_error(&e).unwrap_or(super::Errno::IO)));
+    }
+    Ok(v & 1 != 0)
+}
+
 /// Gives the kernel advice about `[addr, addr+len)`.
 ///
 /// # Safety
