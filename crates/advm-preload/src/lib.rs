@@ -1,4 +1,4 @@
-//! The advm LD_PRELOAD shim, compiled from `csrc/shim.c` by `build.rs` and embedded here
+//! The advm LD_PRELOAD shim, compiled from `csrc/*.c` by `build.rs` and embedded here
 //! so that the `advm` binary is self-contained: [`install`] writes it once to a
 //! content-named file that `advm run` puts in `LD_PRELOAD`. [`launch`] starts a program
 //! under one of the five configurations (shim mode, statistics, KSM settings).

@@ -1,0 +1,375 @@
+/* arena.c: the reservation and its tables (vmeta, fref, extents, VMA budget), memfd
+ * generations and runs, and blocks: allocation, realloc (in place or by mremap). */
+#include "shim.h"
+
+struct arena A;
+int cow_fresh_memfd;
+uint64_t thp_min;
+
+static void say(const char *msg) {
+    size_t n = 0;
+    while (msg[n]) n++;
+    ssize_t r = write(2, msg, n);
+    (void)r;
+}
+
+void *map_table(size_t bytes) {
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+/* ---- extent allocator over a page index space (free list in a fixed table) ------ */
+
+static void ext_shift(struct extents *e, uint32_t at, int by) {
+    if (by > 0)
+        for (uint32_t i = e->n; i > at; i--) e->v[i] = e->v[i - 1];
+    else
+        for (uint32_t i = at; i + 1 < e->n; i++) e->v[i] = e->v[i + 1];
+    e->n = (uint32_t)((int)e->n + by);
+}
+
+int64_t ext_alloc(struct extents *e, uint32_t len) {
+    for (uint32_t i = 0; i < e->n; i++) {
+        if (e->v[i].len < len) continue;
+        uint32_t s = e->v[i].start;
+        e->v[i].start += len;
+        e->v[i].len -= len;
+        if (e->v[i].len == 0) ext_shift(e, i, -1);
+        return s;
+    }
+    return -1;
+}
+
+/* Claims [start, start+len) if it is free (realloc growing in place). */
+static int ext_claim(struct extents *e, uint32_t start, uint32_t len) {
+    for (uint32_t i = 0; i < e->n; i++) {
+        struct extent *x = &e->v[i];
+        if (x->start > start) return 0;
+        if (x->start + x->len < start + len) continue;
+        if (x->start == start) {
+            x->start += len;
+            x->len -= len;
+            if (x->len == 0) ext_shift(e, i, -1);
+            return 1;
+        }
+        if (x->start + x->len == start + len) {
+            x->len -= len;
+            return 1;
+        }
+        if (e->n == MAX_EXTENTS) return 0;
+        ext_shift(e, i + 1, 1);
+        e->v[i + 1].start = start + len;
+        e->v[i + 1].len = x->start + x->len - (start + len);
+        x->len = start - x->start;
+        return 1;
+    }
+    return 0;
+}
+
+void ext_free(struct extents *e, uint32_t start, uint32_t len) {
+    uint32_t lo = 0, hi = e->n;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) / 2;
+        if (e->v[mid].start < start) lo = mid + 1; else hi = mid;
+    }
+    int prev = lo > 0 && e->v[lo - 1].start + e->v[lo - 1].len == start;
+    int next = lo < e->n && start + len == e->v[lo].start;
+    if (prev && next) {
+        e->v[lo - 1].len += len + e->v[lo].len;
+        ext_shift(e, lo, -1);
+    } else if (prev) {
+        e->v[lo - 1].len += len;
+    } else if (next) {
+        e->v[lo].start = start;
+        e->v[lo].len += len;
+    } else if (e->n < MAX_EXTENTS) {
+        ext_shift(e, lo, 1);
+        e->v[lo].start = start;
+        e->v[lo].len = len;
+    } /* else: the table is full and the range is leaked (address space only) */
+}
+
+int ext_init(struct extents *e) {
+    e->v = map_table(sizeof(struct extent) * (MAX_EXTENTS + 1));
+    if (!e->v) return -1;
+    e->n = 1;
+    e->v[0].start = 0;
+    e->v[0].len = (uint32_t)ARENA_PAGES;
+    return 0;
+}
+
+/* ---- VMA budget: a bit marks a page where a mapping may begin ------------------ */
+
+static void seg_set(uint64_t v) {
+    if (v >= ARENA_PAGES) return;
+    uint64_t m = 1ull << (v & 63);
+    if (!(A.segbits[v >> 6] & m)) A.segbits[v >> 6] |= m, A.segs++;
+}
+static void seg_clear(uint64_t v) {
+    uint64_t m = 1ull << (v & 63);
+    if (A.segbits[v >> 6] & m) A.segbits[v >> 6] &= ~m, A.segs--;
+}
+/* One mmap/mremap over [v, v+n): one mapping there, maybe split neighbours. */
+void seg_mapped(uint64_t v, uint64_t n) {
+    seg_set(v);
+    for (uint64_t i = v + 1; i < v + n; i++) seg_clear(i);
+    seg_set(v + n);
+}
+int budget_ok(void) { return A.segs + 8 < A.seg_budget; }
+
+/* ---- memfd generations ----------------------------------------------------------- */
+
+int cur_fd(void) {
+    if (A.gen < 0) return -1;
+    if (A.gen_fd[A.gen] < 0) {
+        int fd = memfd_create("advm-arena", MFD_CLOEXEC);
+        if (fd < 0) return -1;
+        if (ftruncate(fd, (off_t)(ARENA_PAGES << A.pshift)) != 0) {
+            close(fd);
+            return -1;
+        }
+        A.gen_fd[A.gen] = fd;
+    }
+    return A.gen_fd[A.gen];
+}
+
+static void gen_unref(int g, uint64_t n) {
+    A.gen_refs[g] -= n;
+    if (A.gen_refs[g] == 0 && g != A.gen && A.gen_fd[g] >= 0) {
+        close(A.gen_fd[g]);
+        A.gen_fd[g] = -1;
+    }
+}
+
+/* Drops the references of [v, v+n) (already unmapped or remapped) and punches memfd
+ * pages of the current generation nobody maps any more. */
+void unref_pages(uint64_t v, uint64_t n) {
+    uint64_t i = 0;
+    while (i < n) {
+        uint64_t m = A.vmeta[v + i];
+        if (!(m & VM_MAPPED) || (m & VM_ANON)) {
+            i++;
+            continue;
+        }
+        int g = (int)((m & VM_GEN_MASK) >> VM_GEN_SHIFT);
+        uint64_t f = m & VM_FPAGE_MASK;
+        if (g != A.gen) {
+            gen_unref(g, 1);
+            i++;
+            continue;
+        }
+        /* a run of consecutive memfd pages that all drop to zero is punched at once */
+        uint64_t k = 0;
+        while (i + k < n) {
+            uint64_t mk = A.vmeta[v + i + k];
+            if (!(mk & VM_MAPPED) || (mk & VM_ANON) || (int)((mk & VM_GEN_MASK) >> VM_GEN_SHIFT) != g ||
+                (mk & VM_FPAGE_MASK) != f + k || A.fref[f + k] != 1)
+                break;
+            k++;
+        }
+        if (k == 0) { /* still mapped elsewhere */
+            A.fref[f]--;
+            A.gen_refs[g]--;
+            i++;
+            continue;
+        }
+        for (uint64_t j = 0; j < k; j++) A.fref[f + j] = 0;
+        A.gen_refs[g] -= k;
+        fallocate(A.gen_fd[g], FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(f << A.pshift),
+                  (off_t)(k << A.pshift));
+        ext_free(&A.fd, (uint32_t)f, (uint32_t)k);
+        i += k;
+    }
+}
+
+/* ---- blocks ----------------------------------------------------------------------- */
+
+/* Maps fresh zeroed memory at [v, v+n) (a new block or a grown tail). */
+int map_fresh(uint64_t v, uint64_t n) {
+    void *a = page_addr(v);
+    size_t len = n << A.pshift;
+    int fd = A.mode == MODE_COW && cow_fresh_memfd ? cur_fd() : -1;
+    if (fd >= 0) {
+        int64_t f = ext_alloc(&A.fd, (uint32_t)n);
+        if (f < 0) fd = -1;
+        else if (mmap(a, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, (off_t)((uint64_t)f << A.pshift)) ==
+                 MAP_FAILED) {
+            ext_free(&A.fd, (uint32_t)f, (uint32_t)n);
+            return -1;
+        } else {
+            for (uint64_t i = 0; i < n; i++) {
+                A.vmeta[v + i] = VM_MAPPED | ((uint64_t)A.gen << VM_GEN_SHIFT) | ((uint64_t)f + i);
+                A.fref[f + i] = 1;
+            }
+            A.gen_refs[A.gen] += n;
+        }
+    }
+    if (fd < 0) {
+        if (A.mode == MODE_COW && cow_fresh_memfd) st_add(S_GENS_EXHAUSTED, 1);
+        if (mmap(a, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED)
+            return -1;
+        if (A.mode == MODE_KSM) madvise(a, len, MADV_MERGEABLE);
+        else if (thp_wanted(n)) madvise(a, len, MADV_HUGEPAGE);
+        for (uint64_t i = 0; i < n; i++) A.vmeta[v + i] = VM_MAPPED | VM_ANON;
+    }
+    seg_mapped(v, n);
+    if (v + n > A.va_high) A.va_high = v + n;
+    return 0;
+}
+
+/* Gives [v, v+n) back to the reservation (PROT_NONE) and drops its pages. */
+void unmap_pages(uint64_t v, uint64_t n) {
+    mmap(page_addr(v), n << A.pshift, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    unref_pages(v, n);
+    for (uint64_t i = 0; i < n; i++) A.vmeta[v + i] = 0;
+    seg_mapped(v, n);
+}
+
+/* Length of the run of pages starting at v (at most max) that one mmap could map:
+ * the same kind, generation and sharing, consecutive memfd pages. */
+uint64_t run_len(uint64_t v, uint64_t max) {
+    uint64_t m = A.vmeta[v] & ~(VM_HEAD | VM_NPAGES_MASK);
+    uint64_t k = 1;
+    while (k < max) {
+        uint64_t mk = A.vmeta[v + k] & ~(VM_HEAD | VM_NPAGES_MASK);
+        uint64_t want = (m & VM_ANON) ? m : m + k;
+        if (mk != want) break;
+        k++;
+    }
+    return k;
+}
+
+/* Pages needed for size bytes; at least MAX_BLOCK_PAGES (which every caller refuses)
+ * when rounding up would overflow: realloc(p, SIZE_MAX) once wrapped to 0 pages and was
+ * taken for a shrink. */
+static uint64_t pages_for(size_t size) {
+    if (size > SIZE_MAX - (A.ps - 1)) return MAX_BLOCK_PAGES;
+    return (size + A.ps - 1) >> A.pshift;
+}
+
+/* Makes [v, v+n) a live block and counts it (reused: it came from the free table). */
+static void *hand_out(uint64_t v, uint64_t n, int reused, int dirty) {
+    set_head(v, n);
+    st_add(S_BLOCKS, 1);
+    if (reused) st_add(S_CACHE_HITS, 1);
+    if (dirty) st_add(S_DIRTY_HITS, 1);
+    st_add(S_BLOCK_BYTES, n << A.pshift);
+    live_add((int64_t)(n << A.pshift));
+    return page_addr(v);
+}
+
+/* Returns a block of at least size bytes; *dirty says whether it may hold old bytes. */
+void *block_alloc(size_t size, int *dirty) {
+    decay();
+    uint64_t n = pages_for(size);
+    *dirty = 0;
+    if (n == 0 || n >= MAX_BLOCK_PAGES) return NULL;
+    uint64_t v;
+    if (fb_take(n, dirty, &v) == 0) return hand_out(v, n, 1, *dirty);
+    if (!budget_ok()) return NULL;
+    int64_t nv = ext_alloc(&A.va, (uint32_t)n);
+    if (nv < 0) return NULL;
+    if (map_fresh((uint64_t)nv, n) != 0) {
+        ext_free(&A.va, (uint32_t)nv, (uint32_t)n);
+        return NULL;
+    }
+    st_add(S_PAGES_FRESH, n);
+    return hand_out((uint64_t)nv, n, 0, 0);
+}
+
+/* The block whose head is p, or -1 (a pointer into the arena that is not a block). */
+int64_t block_of(const void *p) {
+    if (((uintptr_t)p & (A.ps - 1)) != 0) return -1;
+    uint64_t v = page_of(p);
+    return (A.vmeta[v] & VM_HEAD) ? (int64_t)v : -1;
+}
+
+void bad_pointer(const char *what) {
+    say("advm-preload: ");
+    say(what);
+    say(": pointer inside the arena is not the start of a live block\n");
+    abort();
+}
+
+void release_block(uint64_t v, uint64_t n) {
+    unmap_pages(v, n);
+    ext_free(&A.va, (uint32_t)v, (uint32_t)n);
+}
+
+/* Moves the pages of block [v, v+old) to [nv, nv+old), run by run, with mremap. */
+static int move_pages(uint64_t v, uint64_t nv, uint64_t old) {
+    uint64_t i = 0;
+    while (i < old) {
+        uint64_t k = run_len(v + i, old - i);
+        if (!budget_ok() || mremap(page_addr(v + i), k << A.pshift, k << A.pshift, MREMAP_MAYMOVE | MREMAP_FIXED,
+                                   page_addr(nv + i)) == MAP_FAILED) {
+            /* put back what moved; the caller copies instead */
+            uint64_t j = 0;
+            while (j < i) {
+                uint64_t kj = run_len(v + j, i - j);
+                mremap(page_addr(nv + j), kj << A.pshift, kj << A.pshift, MREMAP_MAYMOVE | MREMAP_FIXED,
+                       page_addr(v + j));
+                j += kj;
+            }
+            if (i) mmap(page_addr(nv), i << A.pshift, PROT_NONE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+            return -1;
+        }
+        seg_mapped(nv + i, k);
+        i += k;
+    }
+    /* the old range is a hole now: reserve it again at once */
+    mmap(page_addr(v), old << A.pshift, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    for (uint64_t j = 0; j < old; j++) {
+        A.vmeta[nv + j] = A.vmeta[v + j] & ~(VM_HEAD | VM_NPAGES_MASK);
+        A.vmeta[v + j] = 0;
+    }
+    seg_mapped(v, old);
+    if (nv + old > A.va_high) A.va_high = nv + old;
+    return 0;
+}
+
+/* realloc of an arena block; NULL when the caller must allocate and copy. */
+void *block_realloc(void *p, size_t size) {
+    int64_t sv = block_of(p);
+    if (sv < 0) bad_pointer("realloc");
+    uint64_t v = (uint64_t)sv, old = head_pages(v), n = pages_for(size);
+    if (n == old) return p;
+    if (n < old) {
+        unmap_pages(v + n, old - n);
+        ext_free(&A.va, (uint32_t)(v + n), (uint32_t)(old - n));
+        set_head(v, n);
+        st_add(S_REALLOC_SHRINK, 1);
+        live_add(-(int64_t)((old - n) << A.pshift));
+        return p;
+    }
+    if (n >= MAX_BLOCK_PAGES || !budget_ok()) return NULL;
+    if (ext_claim(&A.va, (uint32_t)(v + old), (uint32_t)(n - old))) {
+        if (map_fresh(v + old, n - old) != 0) {
+            ext_free(&A.va, (uint32_t)(v + old), (uint32_t)(n - old));
+            return NULL;
+        }
+        st_add(S_PAGES_FRESH, n - old);
+        set_head(v, n);
+        st_add(S_REALLOC_INPLACE, 1);
+        live_add((int64_t)((n - old) << A.pshift));
+        return p;
+    }
+    int64_t nv = ext_alloc(&A.va, (uint32_t)n);
+    if (nv < 0) return NULL;
+    if (map_fresh((uint64_t)nv + old, n - old) != 0) {
+        ext_free(&A.va, (uint32_t)nv, (uint32_t)n);
+        return NULL;
+    }
+    if (move_pages(v, (uint64_t)nv, old) != 0) {
+        unmap_pages((uint64_t)nv + old, n - old);
+        ext_free(&A.va, (uint32_t)nv, (uint32_t)n);
+        return NULL;
+    }
+    st_add(S_PAGES_FRESH, n - old);
+    ext_free(&A.va, (uint32_t)v, (uint32_t)old);
+    set_head((uint64_t)nv, n);
+    st_add(S_REALLOC_MREMAP, 1);
+    live_add((int64_t)((n - old) << A.pshift));
+    return page_addr((uint64_t)nv);
+}

@@ -1,0 +1,301 @@
+/* copy.c: virtual copies. A large copy between arena blocks maps the source's memfd pages
+ * privately at the destination (prepare_source, remap_private), keeping the pages it maps
+ * over (salvage). */
+#include "shim.h"
+
+#define SALVAGE_MIN_PAGES 16 /* below this, moving pages costs more than faulting them again */
+
+static int pagemap_fd(void) {
+    if (A.pagemap_fd < 0) A.pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    return A.pagemap_fd;
+}
+
+static int write_all(int fd, const void *buf, size_t len, off_t off) {
+    const char *b = buf;
+    while (len) {
+        ssize_t w = pwrite(fd, b, len, off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return -1;
+        b += w, len -= (size_t)w, off += w;
+    }
+    return 0;
+}
+
+/* Keeping the pages a copy maps over. A virtual copy maps memfd pages over its
+ * destination, and the pages the program had last written there were thrown away, so
+ * the next allocations faulted and zeroed as many again (b25_matrix.R: twice glibc's
+ * page allocations). Instead they are moved (mremap: page tables only) into a new range
+ * the size of the block they belong to, so that the next allocation of that size (a
+ * program copying a vector allocates the same size again) takes them, and that range
+ * is cached as a freed block with its pages.
+ *
+ * Only the destination's: its whole pages are being overwritten by the copy, and the
+ * move leaves them mapped (MREMAP_DONTUNMAP: empty until the memfd mapping replaces
+ * them), so no access there ever faults. The source must keep its bytes readable
+ * throughout (another thread may read it: legal C), so it is never moved: the memfd
+ * mapping replaces it in one mmap, and a reader sees the old page or the new one, with
+ * the same bytes. */
+struct salvage {
+    int64_t base; /* the new range, -1 when nothing was kept */
+    uint64_t len, off; /* its pages; where the moved pages start in it */
+};
+
+/* Moves the pages of [v, v+k) away; [v, v+k) stays mapped, empty, for the caller to map
+ * over. */
+static struct salvage salvage_begin(uint64_t v, uint64_t k) {
+    struct salvage sv = {-1, k, 0};
+    /* the block around [v, v+k): a copy skips only its partial first and last pages */
+    for (uint64_t h = v; h + 4 > v && h < A.va_high; h--) {
+        if ((A.vmeta[h] & VM_HEAD) && h + head_pages(h) >= v + k && h + head_pages(h) <= v + k + 4) {
+            sv.len = head_pages(h);
+            sv.off = v - h;
+            break;
+        }
+        if (h == 0) break;
+    }
+    uint64_t n = sv.len;
+    if (k < SALVAGE_MIN_PAGES || fb_n == FREE_SLOTS || dirty_pages + k > dirty_cap() || !single_owner(v, k) ||
+        !budget_ok())
+        return sv;
+    int64_t r = ext_alloc(&A.va, (uint32_t)n);
+    if (r < 0) return sv;
+    if (n > k && map_fresh((uint64_t)r, n) != 0) {
+        ext_free(&A.va, (uint32_t)r, (uint32_t)n);
+        return sv;
+    }
+    uint64_t to = (uint64_t)r + sv.off;
+    if (mremap(page_addr(v), k << A.pshift, k << A.pshift, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP,
+               page_addr(to)) == MAP_FAILED) {
+        if (n > k) unmap_pages((uint64_t)r, n);
+        ext_free(&A.va, (uint32_t)r, (uint32_t)n);
+        return sv;
+    }
+    for (uint64_t j = 0; j < k; j++) {
+        A.vmeta[to + j] = A.vmeta[v + j] & ~(VM_HEAD | VM_NPAGES_MASK);
+        A.vmeta[v + j] &= VM_HEAD | VM_NPAGES_MASK;
+    }
+    seg_mapped(to, k);
+    if ((uint64_t)r + n > A.va_high) A.va_high = (uint64_t)r + n;
+    st_add(S_PAGES_FRESH, n - k); /* the partial first and last pages around the kept ones */
+    sv.base = r;
+    return sv;
+}
+
+/* After the mapping over [v, v+k): caches the kept range, or on failure (ok == 0)
+ * moves the pages back. */
+static void salvage_end(uint64_t v, uint64_t k, struct salvage sv, int ok) {
+    if (sv.base < 0) return;
+    uint64_t r = (uint64_t)sv.base, n = sv.len, from = r + sv.off;
+    if (!ok) {
+        mremap(page_addr(from), k << A.pshift, k << A.pshift, MREMAP_MAYMOVE | MREMAP_FIXED, page_addr(v));
+        for (uint64_t j = 0; j < k; j++) {
+            A.vmeta[v + j] = (A.vmeta[v + j] & (VM_HEAD | VM_NPAGES_MASK)) | A.vmeta[from + j];
+            A.vmeta[from + j] = VM_MAPPED | VM_ANON; /* a hole now; released below */
+        }
+        release_block(r, n);
+        return;
+    }
+    /* huge when its size asks for it: the moved mapping kept its THP advice */
+    if (fb_insert(fb_entry(r, n, 1)) != 0) release_block(r, n);
+    else st_add(S_PAGES_SALVAGED, k);
+}
+
+/* Remaps [v, v+k) privately onto memfd page (gen g, page f..): takes the new references
+ * first, then drops the old ones, so a page mapped on both sides is never punched.
+ * keep: [v, v+k) is a copy's destination, whose pages may be kept (see salvage). */
+static int remap_private(uint64_t v, uint64_t k, int g, uint64_t f, int keep) {
+    if (!budget_ok()) return -1;
+    /* a source's shared run is remapped onto its own pages: nothing to keep */
+    int same = 0;
+    for (uint64_t i = 0; i < k && !same; i++) {
+        uint64_t m = A.vmeta[v + i];
+        same = !(m & VM_ANON) && (m & VM_MAPPED) && (int)((m & VM_GEN_MASK) >> VM_GEN_SHIFT) == g &&
+               (m & VM_FPAGE_MASK) == f + i;
+    }
+    struct salvage kept = {-1, 0, 0};
+    if (keep && !same) kept = salvage_begin(v, k);
+    if (mmap(page_addr(v), k << A.pshift, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, A.gen_fd[g],
+             (off_t)(f << A.pshift)) == MAP_FAILED) {
+        salvage_end(v, k, kept, 0);
+        return -1;
+    }
+    salvage_end(v, k, kept, 1);
+    if (g == A.gen)
+        for (uint64_t i = 0; i < k; i++) A.fref[f + i]++;
+    A.gen_refs[g] += k;
+    unref_pages(v, k);
+    for (uint64_t i = 0; i < k; i++) {
+        uint64_t keep = A.vmeta[v + i] & (VM_HEAD | VM_NPAGES_MASK);
+        A.vmeta[v + i] = keep | VM_MAPPED | VM_PRIV | ((uint64_t)g << VM_GEN_SHIFT) | (f + i);
+    }
+    seg_mapped(v, k);
+    return 0;
+}
+
+/* Makes [v, v+k) of the source shareable: every page becomes a private mapping of a
+ * memfd page holding its current contents. Shared runs are only remapped private;
+ * pages already copied-on-write (anonymous, seen in pagemap) are written once into
+ * fresh memfd pages so that the copy shares them too. Returns how many pages are ready. */
+static uint64_t prepare_source(uint64_t v, uint64_t k) {
+    uint64_t i = 0;
+    uint64_t pm[512];
+    while (i < k) {
+        uint64_t m = A.vmeta[v + i];
+        uint64_t r = run_len(v + i, k - i);
+        if (m & VM_ANON) {
+            /* nobody shares this block yet: its present pages are written once into fresh
+             * memfd pages (the others stay holes, which read as zero), then the run is
+             * mapped private onto them */
+            int fd = cur_fd();
+            int64_t f = fd < 0 ? -1 : ext_alloc(&A.fd, (uint32_t)r);
+            if (f < 0) return i;
+            uint64_t done = 0, moved = 0;
+            int ok = 1;
+            while (ok && done < r) {
+                uint64_t chunk = r - done < 512 ? r - done : 512;
+                int pfd = pagemap_fd();
+                off_t off = (off_t)(((uintptr_t)page_addr(v + i + done) >> A.pshift) * 8);
+                if (pfd < 0 || pread(pfd, pm, chunk * 8, off) != (ssize_t)(chunk * 8)) {
+                    ok = 0;
+                    break;
+                }
+                uint64_t j = 0;
+                while (ok && j < chunk) {
+                    if (!((pm[j] >> 63 | pm[j] >> 62) & 1)) {
+                        j++;
+                        continue;
+                    }
+                    uint64_t a = j;
+                    while (j < chunk && ((pm[j] >> 63 | pm[j] >> 62) & 1)) j++;
+                    uint64_t at = done + a, cnt = j - a;
+                    ok = write_all(fd, page_addr(v + i + at), cnt << A.pshift,
+                                   (off_t)(((uint64_t)f + at) << A.pshift)) == 0;
+                    moved += cnt;
+                }
+                done += chunk;
+            }
+            if (!ok || remap_private(v + i, r, A.gen, (uint64_t)f, 0) != 0) {
+                fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)((uint64_t)f << A.pshift),
+                          (off_t)(r << A.pshift));
+                ext_free(&A.fd, (uint32_t)f, (uint32_t)r);
+                return i;
+            }
+            st_add(S_PAGES_MOVED, moved);
+            i += r;
+            continue;
+        }
+        if (!(m & VM_PRIV)) {
+            if (remap_private(v + i, r, (int)((m & VM_GEN_MASK) >> VM_GEN_SHIFT), m & VM_FPAGE_MASK, 0) != 0)
+                return i;
+            i += r;
+            continue;
+        }
+        /* private: look for pages that were written since they were shared */
+        uint64_t done = 0;
+        while (done < r) {
+            uint64_t chunk = r - done < 512 ? r - done : 512;
+            int pfd = pagemap_fd();
+            off_t off = (off_t)(((uintptr_t)page_addr(v + i + done) >> A.pshift) * 8);
+            if (pfd < 0 || pread(pfd, pm, chunk * 8, off) != (ssize_t)(chunk * 8)) return i + done;
+            uint64_t j = 0;
+            while (j < chunk) {
+                int anon = (pm[j] >> 63 | pm[j] >> 62) & 1 && !((pm[j] >> 61) & 1);
+                if (!anon) {
+                    j++;
+                    continue;
+                }
+                uint64_t a = j;
+                while (j < chunk && ((pm[j] >> 63 | pm[j] >> 62) & 1) && !((pm[j] >> 61) & 1)) j++;
+                uint64_t pv = v + i + done + a, cnt = j - a;
+                int fd = cur_fd();
+                int64_t f = fd < 0 ? -1 : ext_alloc(&A.fd, (uint32_t)cnt);
+                if (f < 0) return i + done + a;
+                if (write_all(fd, page_addr(pv), cnt << A.pshift, (off_t)((uint64_t)f << A.pshift)) != 0 ||
+                    remap_private(pv, cnt, A.gen, (uint64_t)f, 0) != 0) {
+                    fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)((uint64_t)f << A.pshift),
+                              (off_t)(cnt << A.pshift));
+                    ext_free(&A.fd, (uint32_t)f, (uint32_t)cnt);
+                    return i + done + a;
+                }
+                /* remap_private took the source's reference to the fresh pages */
+                st_add(S_PAGES_MOVED, cnt);
+            }
+            done += chunk;
+        }
+        i += r;
+    }
+    return k;
+}
+
+/* A large copy between arena addresses. Returns d; falls back to glibc where it must. */
+void *big_copy(void *d, const void *s, size_t n, copy_fn plain) {
+    st_add(S_COPIES_SEEN, 1);
+    uintptr_t du = (uintptr_t)d, su = (uintptr_t)s;
+    enum counter why;
+    if (!in_arena(d) || !in_arena(s) || !in_arena((const char *)d + n - 1) || !in_arena((const char *)s + n - 1))
+        why = S_FB_NOT_ARENA;
+    else if (((du - su) & (A.ps - 1)) != 0)
+        why = S_FB_OFFSET;
+    else if ((du < su ? su - du : du - su) < n)
+        why = S_FB_OVERLAP;
+    else if (A.mode != MODE_COW)
+        return plain(d, s, n);
+    else
+        why = S_NSTATS;
+    size_t head = (A.ps - (du & (A.ps - 1))) & (A.ps - 1);
+    if (why == S_NSTATS && (head >= n || ((n - head) >> A.pshift) == 0)) why = S_FB_SHORT;
+    if (why != S_NSTATS) {
+        st_add(why, 1);
+        st_add(S_FB_BYTES, n);
+        return plain(d, s, n);
+    }
+    if (lock_mine) { /* a signal handler interrupted this thread inside the shim */
+        st_add(S_FB_REENTRANT, 1);
+        st_add(S_FB_BYTES, n);
+        return plain(d, s, n);
+    }
+    uint64_t k = (n - head) >> A.pshift;
+    size_t tail = n - head - (k << A.pshift);
+    uint64_t dv = page_of((char *)d + head), sv = page_of((const char *)s + head);
+    int saved = errno;
+    lock_take();
+    uint64_t shared = 0;
+    why = S_NSTATS;
+    for (uint64_t i = 0; i < k && why == S_NSTATS; i++)
+        if (!(A.vmeta[sv + i] & VM_MAPPED) || !(A.vmeta[dv + i] & VM_MAPPED)) why = S_FB_NOT_ARENA;
+    if (why == S_NSTATS) {
+        if (!budget_ok()) why = S_FB_BUDGET;
+        else {
+            uint64_t ready = prepare_source(sv, k);
+            uint64_t i = 0;
+            while (i < ready) {
+                uint64_t m = A.vmeta[sv + i];
+                uint64_t r = run_len(sv + i, ready - i);
+                if (remap_private(dv + i, r, (int)((m & VM_GEN_MASK) >> VM_GEN_SHIFT), m & VM_FPAGE_MASK, 1) != 0)
+                    break;
+                i += r;
+            }
+            shared = i;
+            if (shared < k) why = budget_ok() ? S_FB_ERROR : S_FB_BUDGET;
+        }
+    }
+    lock_drop();
+    errno = saved;
+    if (shared == 0 && why != S_NSTATS) {
+        st_add(why, 1);
+        st_add(S_FB_BYTES, n);
+        return plain(d, s, n);
+    }
+    if (head) real_memcpy(d, s, head);
+    size_t rest = (k - shared) << A.pshift;
+    if (rest + tail)
+        real_memcpy((char *)d + head + (shared << A.pshift), (const char *)s + head + (shared << A.pshift), rest + tail);
+    st_add(S_COPIES_VIRTUAL, 1);
+    st_add(S_PAGES_SHARED, shared);
+    st_add(S_BYTES_PARTIAL, head + tail);
+    if (shared < k) {
+        st_add(why, 1);
+        st_add(S_FB_BYTES, rest);
+    }
+    return d;
+}

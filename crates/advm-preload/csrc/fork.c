@@ -1,0 +1,74 @@
+/* fork.c: the atfork handlers. Shared mappings are frozen private before fork, and both
+ * processes start a new memfd generation after it. */
+#include "shim.h"
+
+/* Before fork: no page may stay a writable shared mapping, or parent and child would
+ * see each other's writes. Every shared run becomes a private mapping of the same
+ * memfd pages (contents unchanged: they are the memfd's). */
+void fork_prepare(void) {
+    lock_take();
+    if (state != 2) return;
+    int saved = errno;
+    cache_flush(); /* cached blocks are shared mappings of the generation being frozen */
+    uint64_t v = 0;
+    while (v < A.va_high) {
+        uint64_t m = A.vmeta[v];
+        if (!(m & VM_MAPPED)) {
+            v++;
+            continue;
+        }
+        uint64_t r = run_len(v, A.va_high - v);
+        if (!(m & (VM_ANON | VM_PRIV))) {
+            int g = (int)((m & VM_GEN_MASK) >> VM_GEN_SHIFT);
+            if (mmap(page_addr(v), r << A.pshift, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, A.gen_fd[g],
+                     off_of(m)) != MAP_FAILED) {
+                for (uint64_t i = 0; i < r; i++) A.vmeta[v + i] |= VM_PRIV;
+                seg_mapped(v, r);
+            }
+        }
+        v += r;
+    }
+    errno = saved;
+}
+
+/* After fork, in both processes: the generation in use is frozen (never written or
+ * punched again: the other process may map its pages) and a new one starts. */
+static void new_generation(void) {
+    int old = A.gen;
+    A.gen = -1;
+    for (int g = 0; g < MAX_GENS; g++)
+        if (A.gen_fd[g] < 0 && A.gen_refs[g] == 0 && g != old) {
+            A.gen = g;
+            break;
+        }
+    if (old >= 0 && A.gen_refs[old] == 0 && A.gen_fd[old] >= 0) {
+        close(A.gen_fd[old]);
+        A.gen_fd[old] = -1;
+    }
+    /* the new generation starts with no references and the whole memfd free */
+    mmap(A.fref, sizeof(uint32_t) * ARENA_PAGES, PROT_READ | PROT_WRITE,
+         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    A.fd.n = 1;
+    A.fd.v[0].start = 0;
+    A.fd.v[0].len = (uint32_t)ARENA_PAGES;
+}
+
+void fork_parent(void) {
+    if (state == 2) {
+        new_generation();
+        st_add(S_FORKS, 1);
+    }
+    lock_drop();
+}
+
+void fork_child(void) {
+    if (state == 2) {
+        new_generation();
+        if (A.pagemap_fd >= 0) close(A.pagemap_fd); /* it reads the parent's pagemap */
+        A.pagemap_fd = -1;
+        for (int i = 0; i < S_NSTATS; i++)
+            if (i != S_LIVE_BYTES) stats[i] = 0;
+        A.pid = getpid();
+    }
+    lock_drop();
+}

@@ -1,0 +1,219 @@
+/*
+ * shim.h: what the C files of the advm preload shim share (internal: not installed).
+ * Which file owns what: DESIGN.md, "Source files".
+ *
+ * advm-preload: an LD_PRELOAD shim that gives unmodified programs virtual copies.
+ *
+ * Large allocations (>= ADVM_THRESHOLD_PAGES pages, default 2, as in the mmapcopy
+ * paper) are served from a page-aligned arena; large memcpy/memmove between arena
+ * blocks whose addresses have equal page offsets become copy-on-write mappings of the
+ * same memfd pages (partial first/last pages are copied); realloc of arena blocks moves
+ * page tables (mremap) instead of bytes. Everything else goes to glibc untouched.
+ *
+ * Why its own arena and not the Rust one in crates/advm: this code runs inside malloc,
+ * free and memcpy of any process, before main() and after exit handlers. It must never
+ * allocate (the allocator is what it replaces), never recurse into itself, never unwind
+ * and never depend on a runtime being initialised. So it keeps all metadata in fixed
+ * mmap'd tables, calls glibc's own entry points (__libc_malloc, dlsym'd memcpy) for the
+ * plain path, and is written in C with no library besides libc.
+ *
+ * Modes (ADVM_MODE): cow = virtual copies (a block is anonymous until it is first
+ * copied, then private mappings of memfd pages); alloc = anonymous arena only (the
+ * paper's orig+alloc); ksm = alloc + MADV_MERGEABLE on arena blocks.
+ *
+ * Layout (see DESIGN.md): a 64 GiB reservation at a high fixed hint; vmeta[v] says
+ * what arena page v maps (memfd generation, memfd page, private or shared, block
+ * head and length); fref[f] counts the arena pages mapping memfd page f of the current
+ * generation (a page is hole-punched when it drops to 0). fork() freezes every shared
+ * mapping to private and starts a new memfd generation in parent and child, so neither
+ * ever writes or punches a memfd page the other may map.
+ */
+
+#ifndef ADVM_SHIM_H
+#define ADVM_SHIM_H
+
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h> /* memset only: the shim does not replace it */
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef MREMAP_DONTUNMAP
+#define MREMAP_DONTUNMAP 4
+#endif
+
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+extern char **environ;
+
+/* ---- arena geometry and tables ------------------------------------------------ */
+
+#define ARENA_PAGES (1ull << 24) /* 64 GiB of 4 KiB pages */
+#define MAX_GENS 64
+#define MAX_EXTENTS (1u << 16)
+
+/* vmeta bits */
+#define VM_FPAGE_MASK ((1ull << 28) - 1)
+#define VM_GEN_SHIFT 28
+#define VM_GEN_MASK (63ull << VM_GEN_SHIFT)
+#define VM_PRIV (1ull << 34)
+#define VM_ANON (1ull << 35)
+#define VM_MAPPED (1ull << 36)
+#define VM_NPAGES_SHIFT 37
+#define MAX_BLOCK_PAGES (1ull << 26) /* blocks are shorter: their length fits VM_NPAGES */
+#define VM_NPAGES_MASK ((MAX_BLOCK_PAGES - 1) << VM_NPAGES_SHIFT)
+#define VM_HEAD (1ull << 63)
+
+enum mode { MODE_COW, MODE_ALLOC, MODE_KSM };
+
+struct extent {
+    uint32_t start, len;
+};
+
+struct extents {
+    struct extent *v; /* sorted, non-overlapping, coalesced free extents */
+    uint32_t n;
+};
+
+struct arena {
+    enum mode mode;
+    size_t ps;
+    unsigned pshift;
+    uintptr_t base;
+    size_t threshold; /* bytes: allocations and copies at least this big are ours */
+    uint64_t *vmeta;
+    uint32_t *fref;
+    uint64_t *segbits; /* upper bound on VMAs: a bit where a mapping may begin */
+    uint64_t segs, seg_budget;
+    struct extents va, fd;
+    uint64_t va_high; /* pages below this may be in use (bounds fork scans) */
+    int gen;          /* current memfd generation, -1 when none is free */
+    int gen_fd[MAX_GENS];
+    uint64_t gen_refs[MAX_GENS];
+    int pagemap_fd;
+    pid_t pid;
+    const char *stats_dir;
+};
+extern struct arena A;
+
+#define FREE_SLOTS 4096
+struct freeblk {
+    uint32_t start, len;
+    uint32_t time; /* when it was last freed, ms (for the decay) */
+    uint8_t dirty; /* keeps its pages */
+    /* its mapping asks for transparent huge pages: while it holds no pages, never carved
+     * for a small block (whose first touch would fault a whole 2 MiB page) */
+    uint8_t huge;
+    uint8_t mixed; /* has shared memfd runs: never merged (run bookkeeping stays simple) */
+};
+extern int fb_n;              /* entries in the free table (freecache.c) */
+extern uint64_t dirty_pages; /* pages the free table keeps */
+
+/* Configuration, set once by init_locked from the ADVM_* variables (see init.c). */
+extern uint64_t dirty_floor_pages, dirty_live_pct; /* the kept-pages cap (dirty_cap) */
+extern uint32_t decay_ms;                          /* kept pages unused this long are returned */
+extern uint64_t populate_max;                      /* malloc pre-faults blocks up to this size */
+/* cow: a new block is anonymous until it is first copied (default), or a shared memfd
+ * mapping from the start (ADVM_COW_FRESH=memfd: copies cost no byte, but every
+ * allocation pays shmem faults and hole punching) */
+extern int cow_fresh_memfd;
+/* Anonymous blocks of at least this size (ADVM_THP_MIN_KIB, default 2 MiB; 0 = never)
+ * ask for transparent huge pages: one fault per 2 MiB instead of 512. Not in ksm mode,
+ * where KSM must split huge pages before it can merge them. Measured: system time of
+ * b25_matrix.R 0.77 s -> 0.55 s, b25_vector.R 0.50 s -> 0.33 s, memory not higher. */
+extern uint64_t thp_min; /* bytes: anonymous blocks at least this big ask for THP */
+
+/* Whether an anonymous block of n pages asks for transparent huge pages. */
+static inline int thp_wanted(uint64_t n) { return A.mode != MODE_KSM && thp_min && (n << A.pshift) >= thp_min; }
+
+/* Set while this thread holds the lock or is taking it. memcpy is async-signal-safe: a
+ * signal handler that copies while its thread is inside the shim must not wait for the
+ * lock that thread holds (a deadlock), so such a copy is a plain one. Set before the
+ * lock is taken and cleared after it is released, so a handler never sees it clear
+ * while the lock is this thread's. Initial-exec TLS: no allocation on first use. */
+extern __thread volatile int lock_mine __attribute__((tls_model("initial-exec")));
+void lock_take(void);
+void lock_drop(void);
+extern int state; /* 0 none, 1 initialising, 2 ready, 3 disabled */
+extern uintptr_t arena_lo, arena_len; /* 0 until ready: in_arena() is false */
+extern size_t copy_min;               /* copies at least this big are looked at */
+
+/* ---- statistics ------------------------------------------------------------------ */
+
+enum counter {
+    S_BLOCKS, S_BLOCK_BYTES, S_LIVE_BYTES, S_PEAK_BYTES, S_ALLOC_FALLBACK,
+    S_COPIES_SEEN, S_COPIES_VIRTUAL, S_PAGES_SHARED, S_BYTES_PARTIAL, S_PAGES_MOVED,
+    S_FB_NOT_ARENA, S_FB_OFFSET, S_FB_OVERLAP, S_FB_SHORT, S_FB_BUDGET,
+    S_FB_ERROR, S_FB_BYTES, S_REALLOC_INPLACE, S_REALLOC_MREMAP, S_REALLOC_SHRINK,
+    S_FB_REENTRANT, S_FORKS, S_GENS_EXHAUSTED, S_CACHE_HITS, S_DIRTY_HITS, S_PAGES_SALVAGED, S_PAGES_FRESH, S_PAGES_RETURNED, S_NSTATS
+};
+extern uint64_t stats[S_NSTATS];
+
+static inline void st_add(enum counter s, uint64_t v) { __atomic_fetch_add(&stats[s], v, __ATOMIC_RELAXED); }
+
+static inline void live_add(int64_t bytes) {
+    uint64_t now = __atomic_add_fetch(&stats[S_LIVE_BYTES], (uint64_t)bytes, __ATOMIC_RELAXED);
+    if (bytes > 0 && now > stats[S_PEAK_BYTES]) stats[S_PEAK_BYTES] = now;
+}
+
+typedef void *(*copy_fn)(void *, const void *, size_t);
+extern copy_fn real_memcpy;
+
+static inline void *page_addr(uint64_t v) { return (void *)(A.base + (v << A.pshift)); }
+static inline uint64_t page_of(const void *p) { return ((uintptr_t)p - A.base) >> A.pshift; }
+static inline int in_arena(const void *p) { return (uintptr_t)p - arena_lo < arena_len; }
+static inline off_t off_of(uint64_t m) { return (off_t)((m & VM_FPAGE_MASK) << A.pshift); }
+static inline void set_head(uint64_t v, uint64_t n) {
+    A.vmeta[v] = (A.vmeta[v] & ~VM_NPAGES_MASK) | VM_HEAD | (n << VM_NPAGES_SHIFT);
+}
+static inline uint64_t head_pages(uint64_t v) { return (A.vmeta[v] & VM_NPAGES_MASK) >> VM_NPAGES_SHIFT; }
+
+/* arena.c: the reservation's tables, extents, VMA budget, memfd generations, blocks */
+void *map_table(size_t bytes);
+int ext_init(struct extents *e);
+int64_t ext_alloc(struct extents *e, uint32_t len);
+void ext_free(struct extents *e, uint32_t start, uint32_t len);
+void seg_mapped(uint64_t v, uint64_t n);
+int budget_ok(void);
+int cur_fd(void);
+void unref_pages(uint64_t v, uint64_t n);
+int map_fresh(uint64_t v, uint64_t n);
+void unmap_pages(uint64_t v, uint64_t n);
+uint64_t run_len(uint64_t v, uint64_t max);
+void *block_alloc(size_t size, int *dirty);
+int64_t block_of(const void *p);
+void bad_pointer(const char *what);
+void release_block(uint64_t v, uint64_t n);
+void *block_realloc(void *p, size_t size);
+
+/* freecache.c: freed blocks kept with their mapping (and pages) for reuse */
+uint64_t dirty_cap(void);
+void cache_flush(void);
+int single_owner(uint64_t v, uint64_t n);
+struct freeblk fb_entry(uint64_t v, uint64_t n, int dirty);
+int fb_insert(struct freeblk e);
+int fb_take(uint64_t n, int *dirty, uint64_t *v);
+void decay(void);
+void block_free(void *p);
+
+/* copy.c: virtual copies between arena blocks */
+void *big_copy(void *d, const void *s, size_t n, copy_fn plain);
+
+/* fork.c: the pthread_atfork handlers */
+void fork_prepare(void);
+void fork_parent(void);
+void fork_child(void);
+
+/* init.c: reads the environment and sets the arena up (lock held) */
+void init_locked(void);
+
+#endif
