@@ -80,6 +80,7 @@ impl ReadAt for &[u8] {
 /// A layer's format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum LayerFormat {
     /// qcow2 (version 2 or 3).
     Qcow2,
