@@ -44,6 +44,7 @@ const MAX_BACKING_NAME: u32 = 1023;
 /// Compression algorithm of compressed clusters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Compression {
     /// Raw deflate (zlib stream without header), qcow2's default.
     Deflate,

@@ -26,21 +26,20 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::Serialize;
 
 use super::{current_len, ExtentKind, ExtentMap, GuestOffset, Image, ImageOptions, LayerOffset};
-use crate::sys::assembly::Assembly;
+use crate::mem::{self, Access, Assembly, Backing, Memfd, PageRange, Share};
 use crate::sys::layerfile::{self, LeaseState};
-use crate::sys::memfd;
-use crate::sys::mman::{Backing, Prot, Share};
 use crate::{Error, Result};
 
 /// What to do when the image needs more mappings than the budget allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum OverBudget {
     /// Fail with an error naming the mappings needed and the budget.
     #[default]
@@ -320,7 +319,7 @@ pub struct ImageSpace {
     // Field order matters: the mappings go before the memfd and files they map
     // (the kernel keeps its own references anyway).
     assembly: Assembly,
-    _memfd: Option<OwnedFd>,
+    _memfd: Option<Memfd>,
     watches: Vec<Watch>,
     stats: MapStats,
     map: ExtentMap,
@@ -338,7 +337,7 @@ impl ImageSpace {
     pub fn map_image(image: &Image, options: &MapOptions) -> Result<Self> {
         let path = image.layers()[0].path().to_path_buf();
         let err = |why: String| Error::Image { path: path.clone(), why };
-        let page = crate::addr::page_size() as u64;
+        let page = mem::page_size() as u64;
         let map = image.extent_map()?;
         if map.size == 0 {
             return Err(err("cannot map an image of virtual size 0".into()));
@@ -393,9 +392,9 @@ impl ImageSpace {
             )));
         }
         let memfd = if materialised > 0 {
-            let fd = memfd::create("advm-image").map_err(|e| err(format!("materialising pages: {e}")))?;
+            let fd = Memfd::create("advm-image").map_err(|e| err(format!("materialising pages: {e}")))?;
             let len = slots.last().map_or(total as u64, |s| s.at + s.len);
-            memfd::set_len(&fd, len).map_err(|e| err(format!("materialising pages: {e}")))?;
+            fd.set_len(len).map_err(|e| err(format!("materialising pages: {e}")))?;
             for p in pieces.iter().filter(|p| p.source == Source::Memfd) {
                 fill(image, &fd, p.start, p.end.min(map.size))?;
             }
@@ -407,7 +406,7 @@ impl ImageSpace {
         } else {
             None
         };
-        let prot = if options.writable { Prot::READ | Prot::WRITE } else { Prot::READ };
+        let access = if options.writable { Access::ReadWrite } else { Access::Read };
         let mut assembly = Assembly::reserve(total)
             .map_err(|e| err(format!("reserving {total} bytes of address space for the virtual disk: {e}")))?;
         let mut stats = MapStats {
@@ -434,17 +433,19 @@ impl ImageSpace {
                 Source::Memfd | Source::Slot { .. } => {
                     stats.memfd_bytes += len as u64;
                     let offset = if let Source::Slot { offset } = p.source { offset } else { p.start };
-                    Backing::File { fd: memfd.as_ref().expect("created above").as_fd(), offset }
+                    Backing::Memfd { memfd: memfd.as_ref().expect("created above"), offset }
                 }
             };
-            assembly.place(p.start as usize, len, prot, Share::Private, backing).map_err(|e| {
-                let what = match p.source {
-                    Source::File { depth, .. } => format!("layer {}", image.layers()[depth].path().display()),
-                    Source::Anon => "zeros".into(),
-                    Source::Memfd | Source::Slot { .. } => "materialised pages".into(),
-                };
-                err(format!("mapping {what} at guest {:#x}+{len}: {e}", p.start))
-            })?;
+            assembly.place(mem::Extent { offset: p.start as usize, len, backing }, access, Share::Private).map_err(
+                |e| {
+                    let what = match p.source {
+                        Source::File { depth, .. } => format!("layer {}", image.layers()[depth].path().display()),
+                        Source::Anon => "zeros".into(),
+                        Source::Memfd | Source::Slot { .. } => "materialised pages".into(),
+                    };
+                    err(format!("mapping {what} at guest {:#x}+{len}: {e}", p.start))
+                },
+            )?;
         }
         stats.mappings = assembly.placed();
         let watches = image
@@ -475,7 +476,12 @@ impl ImageSpace {
 
     /// Start address of the mapping (the virtual disk's byte 0).
     pub fn addr(&self) -> usize {
-        self.assembly.addr()
+        self.assembly.range().start().0
+    }
+
+    /// The addresses of the mapping (for reports and `/proc/PID/maps`).
+    pub fn range(&self) -> PageRange {
+        self.assembly.range()
     }
 
     /// What the mapping did.
@@ -500,7 +506,7 @@ impl ImageSpace {
             });
         }
         self.check()?;
-        Ok(self.assembly.copy_out(guest.0 as usize, buf)?)
+        self.assembly.copy_out(guest.0 as usize, buf)
     }
 
     /// Reads every byte of the disk through the mapping (faulting every page in, as a
@@ -522,7 +528,7 @@ impl ImageSpace {
 
 /// Writes the disk's bytes `[start, end)` into the memfd at the same offsets,
 /// skipping all-zero chunks so the memfd stays sparse.
-fn fill(image: &Image, fd: &OwnedFd, start: u64, end: u64) -> Result<()> {
+fn fill(image: &Image, fd: &Memfd, start: u64, end: u64) -> Result<()> {
     // 2 MiB chunks aligned to 2 MiB never split a cluster (clusters are at most 2 MiB
     // and aligned to their size), so each compressed cluster is decompressed once.
     const CHUNK: u64 = 2 << 20;
@@ -540,20 +546,17 @@ fn fill(image: &Image, fd: &OwnedFd, start: u64, end: u64) -> Result<()> {
 
 /// Writes `buf` at memfd offset `at` (page aligned), skipping all-zero pages so the
 /// memfd stays sparse.
-fn write_nonzero(image: &Image, fd: &OwnedFd, buf: &[u8], at: u64) -> Result<()> {
-    let page = crate::addr::page_size();
+fn write_nonzero(image: &Image, fd: &Memfd, buf: &[u8], at: u64) -> Result<()> {
+    let page = mem::page_size();
     for (i, chunk) in buf.chunks(page).enumerate() {
         if chunk.iter().all(|&b| b == 0) {
             continue;
         }
-        let mut done = 0;
         let start = at + (i * page) as u64;
-        while done < chunk.len() {
-            done += memfd::pwrite(fd, &chunk[done..], start + done as u64).map_err(|e| Error::Image {
-                path: image.layers()[0].path().to_path_buf(),
-                why: format!("materialising memfd offset {:#x}: {e}", start + done as u64),
-            })?;
-        }
+        fd.write_all_at(chunk, start).map_err(|e| Error::Image {
+            path: image.layers()[0].path().to_path_buf(),
+            why: format!("materialising memfd offset {start:#x}: {e}"),
+        })?;
     }
     Ok(())
 }

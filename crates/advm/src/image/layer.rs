@@ -1,0 +1,312 @@
+//! Opening a chain: each layer file (type checks, format sniffing), and the policy on
+//! which backing files a header may name ([`ImageOptions`]).
+
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::qcow2;
+use super::{Compression, LayerFormat, LayerOffset};
+use crate::{Error, Result};
+
+/// The most layers a chain may have (qemu has no fixed limit; this stops runaway
+/// chains built by mistake).
+pub const MAX_CHAIN_DEPTH: usize = 64;
+
+#[derive(Debug)]
+pub(super) enum Driver {
+    Qcow2(qcow2::Qcow2),
+    Raw,
+}
+
+/// What [`Image::open_with`] may follow. The defaults are what a careful VMM does with
+/// an image it did not write itself: a header names files, and advm often runs as root.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ImageOptions {
+    /// Follow backing files outside the directory tree of the image opened (an
+    /// absolute name, `..`, or a symlink leading out). Default: refused.
+    pub allow_backing_outside: bool,
+    /// Read a backing file that has no backing-format extension and no qcow2 magic as
+    /// raw. Default: refused (qemu requires the format for the same reason: probing
+    /// turns any file a header names into disk contents).
+    pub allow_probed_raw: bool,
+}
+
+/// One layer of a chain: its file, opened read-only, and what its header says.
+#[derive(Debug)]
+pub struct Layer {
+    pub(super) path: PathBuf,
+    pub(super) file: File,
+    pub(super) file_len: u64,
+    pub(super) driver: Driver,
+}
+
+/// What `advm image info` shows about a layer.
+#[derive(Debug, Clone, Serialize)]
+pub struct LayerInfo {
+    /// Depth in the chain (0 = the image opened).
+    pub depth: usize,
+    /// The layer file.
+    pub path: PathBuf,
+    /// Its format.
+    pub format: LayerFormat,
+    /// Its virtual size in bytes.
+    pub virtual_size_bytes: u64,
+    /// Its file size in bytes.
+    pub file_size_bytes: u64,
+    /// qcow2 cluster size in bytes.
+    pub cluster_size_bytes: Option<u64>,
+    /// qcow2 version.
+    pub version: Option<u32>,
+    /// The backing file name as written in the header.
+    pub backing_name: Option<String>,
+    /// The backing format extension, when present.
+    pub backing_format: Option<String>,
+    /// Encryption method (0 none, 1 AES, 2 LUKS).
+    pub crypt_method: u32,
+    /// Compression of compressed clusters.
+    pub compression: Option<Compression>,
+    /// Extended L2 entries (subclusters).
+    pub extended_l2: bool,
+    /// Incompatible feature bits.
+    pub incompatible_features: u64,
+}
+
+impl Layer {
+    /// The layer file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The layer's format.
+    pub fn format(&self) -> LayerFormat {
+        match self.driver {
+            Driver::Qcow2(_) => LayerFormat::Qcow2,
+            Driver::Raw => LayerFormat::Raw,
+        }
+    }
+
+    /// Its virtual size.
+    pub fn virtual_size(&self) -> u64 {
+        match &self.driver {
+            Driver::Qcow2(q) => q.size,
+            Driver::Raw => self.file_len,
+        }
+    }
+
+    pub(crate) fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// The file's length when it was opened.
+    pub(crate) fn file_len(&self) -> u64 {
+        self.file_len
+    }
+
+    /// The qcow2 cluster size, `None` for raw.
+    pub(crate) fn cluster_size(&self) -> Option<u64> {
+        match &self.driver {
+            Driver::Qcow2(q) => Some(q.cluster_size()),
+            Driver::Raw => None,
+        }
+    }
+
+    /// `pread` of exactly `buf.len()` bytes; a file that got shorter since it was
+    /// opened is named as such rather than as a bare short read.
+    pub(super) fn read_exact_at(&self, buf: &mut [u8], offset: LayerOffset) -> Result<()> {
+        FileExt::read_exact_at(&self.file, buf, offset.0).map_err(|e| match current_len(&self.file) {
+            Ok(now) if now < self.file_len => {
+                self.err(format!("shrank from {} to {now} bytes since it was opened", self.file_len))
+            }
+            _ => self.err(format!("reading {offset}: {e}")),
+        })
+    }
+
+    fn info(&self, depth: usize) -> LayerInfo {
+        let q = match &self.driver {
+            Driver::Qcow2(q) => Some(q),
+            Driver::Raw => None,
+        };
+        LayerInfo {
+            depth,
+            path: self.path.clone(),
+            format: self.format(),
+            virtual_size_bytes: self.virtual_size(),
+            file_size_bytes: self.file_len,
+            cluster_size_bytes: q.map(|q| q.cluster_size()),
+            version: q.map(|q| q.version),
+            backing_name: q.and_then(|q| q.backing.as_ref()).map(|b| String::from_utf8_lossy(b).into_owned()),
+            backing_format: q.and_then(|q| q.backing_format.clone()),
+            crypt_method: q.map_or(0, |q| q.crypt_method),
+            compression: q.map(|q| q.compression),
+            extended_l2: q.is_some_and(|q| q.extended_l2),
+            incompatible_features: q.map_or(0, |q| q.incompatible),
+        }
+    }
+
+    pub(super) fn err(&self, why: impl Into<String>) -> Error {
+        Error::Image { path: self.path.clone(), why: why.into() }
+    }
+}
+
+/// A qcow2 or raw image with its whole backing chain, every layer open read-only.
+#[derive(Debug)]
+pub struct Image {
+    pub(super) layers: Vec<Layer>,
+}
+
+fn sniff(file: &File, path: &Path) -> Result<bool> {
+    let mut magic = [0u8; 4];
+    let n = file.take(4).read(&mut magic).map_err(|e| Error::io(path, e))?;
+    Ok(n == 4 && magic == qcow2::MAGIC)
+}
+
+/// The length of a regular file or block device (whose `st_size` is 0).
+pub(crate) fn current_len(file: &File) -> std::io::Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    use std::os::unix::fs::FileTypeExt;
+    let meta = file.metadata()?;
+    if meta.file_type().is_block_device() {
+        // `&File` seeks the open file description; layers are read with pread only.
+        let mut f = file;
+        f.seek(SeekFrom::End(0))
+    } else {
+        Ok(meta.len())
+    }
+}
+
+/// Why a file of this type cannot be a layer, or `None` if it can.
+fn unfit_type(t: std::fs::FileType) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_file() || t.is_block_device() {
+        None
+    } else if t.is_dir() {
+        Some("a directory")
+    } else if t.is_fifo() {
+        Some("a FIFO")
+    } else if t.is_char_device() {
+        Some("a character device")
+    } else if t.is_socket() {
+        Some("a socket")
+    } else {
+        Some("not a regular file")
+    }
+}
+
+fn open_layer(path: &Path, format: Option<&str>) -> Result<Layer> {
+    let err = |why: String| Error::Image { path: path.to_path_buf(), why };
+    let unfit = |what: &str| err(format!("is {what}; image layers must be regular files or block devices"));
+    // The type is checked before opening (opening a device can have effects of its
+    // own), and again on the descriptor, in case the path changed in between; the
+    // open does not block, so a FIFO cannot hang it.
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if let Some(what) = unfit_type(meta.file_type()) {
+        return Err(unfit(what));
+    }
+    let file = crate::sys::layerfile::open_read_nonblocking(path).map_err(|e| Error::io(path, e))?;
+    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    if let Some(what) = unfit_type(meta.file_type()) {
+        return Err(unfit(what));
+    }
+    let file_len = current_len(&file).map_err(|e| Error::io(path, e))?;
+    let is_qcow2 = sniff(&file, path)?;
+    let driver = match format {
+        Some("qcow2") | None if is_qcow2 => Driver::Qcow2(qcow2::Qcow2::parse(&file, file_len).map_err(err)?),
+        Some("qcow2") => return Err(err("backing format says qcow2 but the file has no qcow2 magic".into())),
+        Some("raw") | None => Driver::Raw,
+        Some(other) => return Err(err(format!("unsupported layer format {other:?} (supported: qcow2, raw)"))),
+    };
+    Ok(Layer { path: path.to_path_buf(), file, file_len, driver })
+}
+
+impl Image {
+    /// Opens `path` and every backing file below it, with the default (strict)
+    /// [`ImageOptions`].
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_with(path, &ImageOptions::default())
+    }
+
+    /// Opens `path` and every backing file below it. Backing names are resolved
+    /// relative to the directory of the file that names them, as qemu does, and must
+    /// stay inside the directory tree of `path` (after symlinks) unless
+    /// `allow_backing_outside`. The backing-format extension is honoured; without it
+    /// a qcow2 backing file is recognised by its magic, and anything else is refused
+    /// unless `allow_probed_raw`. Every layer must be a regular file or block device.
+    pub fn open_with(path: impl AsRef<Path>, options: &ImageOptions) -> Result<Self> {
+        let path = path.as_ref();
+        let mut layers = vec![open_layer(path, None)?];
+        let mut seen = vec![std::fs::canonicalize(path).map_err(|e| Error::io(path, e))?];
+        let top_dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let tree = std::fs::canonicalize(top_dir).map_err(|e| Error::io(top_dir, e))?;
+        loop {
+            let last = layers.last().expect("at least the top layer");
+            let Driver::Qcow2(q) = &last.driver else { break };
+            let Some(name) = &q.backing else { break };
+            let name_path = Path::new(std::ffi::OsStr::from_bytes(name));
+            let text = name_path.display().to_string();
+            if text.contains(':') && !name_path.exists() && text.split(':').next().is_some_and(|p| !p.contains('/')) {
+                return Err(
+                    last.err(format!("backing file {text:?} uses a protocol prefix; only local files are supported"))
+                );
+            }
+            let resolved = if name_path.is_absolute() {
+                name_path.to_path_buf()
+            } else {
+                last.path.parent().unwrap_or(Path::new(".")).join(name_path)
+            };
+            let canon = std::fs::canonicalize(&resolved)
+                .map_err(|e| last.err(format!("backing file {text:?} (resolved to {}): {e}", resolved.display())))?;
+            if let Some(i) = seen.iter().position(|s| *s == canon) {
+                let chain: Vec<String> = layers.iter().map(|l| l.path.display().to_string()).collect();
+                return Err(last.err(format!(
+                    "backing loop: {} -> {} (already layer {i})",
+                    chain.join(" -> "),
+                    resolved.display()
+                )));
+            }
+            if !options.allow_backing_outside && !canon.starts_with(&tree) {
+                return Err(last.err(format!(
+                    "backing file {text:?} resolves to {}, outside {}, the directory of the image opened; \
+                     refusing to follow it (allow with --allow-backing-outside, ImageOptions::allow_backing_outside)",
+                    canon.display(),
+                    tree.display()
+                )));
+            }
+            if layers.len() >= MAX_CHAIN_DEPTH {
+                return Err(last.err(format!("backing chain deeper than {MAX_CHAIN_DEPTH} layers")));
+            }
+            let format = q.backing_format.clone();
+            let layer = open_layer(&resolved, format.as_deref())?;
+            if format.is_none() && layer.format() == LayerFormat::Raw && !options.allow_probed_raw {
+                return Err(last.err(format!(
+                    "backing file {text:?} ({}) has no backing format and is not qcow2; refusing to probe it as raw \
+                     (allow with --allow-probed-raw, ImageOptions::allow_probed_raw, or record the format: \
+                     qemu-img rebase -u -b {text} -F raw)",
+                    canon.display()
+                )));
+            }
+            seen.push(canon);
+            layers.push(layer);
+        }
+        Ok(Self { layers })
+    }
+
+    /// The layers, top (the opened file) first.
+    pub fn layers(&self) -> &[Layer] {
+        &self.layers
+    }
+
+    /// Per-layer facts for `advm image info`.
+    pub fn info(&self) -> Vec<LayerInfo> {
+        self.layers.iter().enumerate().map(|(i, l)| l.info(i)).collect()
+    }
+
+    /// The virtual disk size (the top layer's).
+    pub fn virtual_size(&self) -> u64 {
+        self.layers[0].virtual_size()
+    }
+}
