@@ -349,7 +349,7 @@ impl RemapBench {
     /// of the medians. A third column maps fresh memory over the vacated source after
     /// the bare move (the other way to keep the source mapped, against DONTUNMAP's one
     /// call). Returns (size, ratio) pairs.
-    fn versus_raw(&self, opts: &BenchOpts, report: &mut Report) -> Result<Vec<(usize, f64)>, CliError> {
+    fn versus_raw(&self, opts: &BenchOpts, report: &mut Report) -> Result<Vec<(usize, f64)>, BenchError> {
         let sizes: &[usize] = if opts.quick { &[16 << 20] } else { &[256 << 20, 1 << 30] };
         let runs = if opts.quick { 3 } else { 9 };
         let mut ratios = Vec::new();
@@ -366,7 +366,7 @@ impl RemapBench {
                         let out = r.move_pages(0, len, len)?;
                         advm_us.push(t.elapsed().as_secs_f64() * 1e6);
                         if out.engine() != Some(Engine::Mremap) {
-                            return Err(CliError::Usage(format!("remap bench: the move used {:?}", out.engine())));
+                            return Err(BenchError::Usage(format!("remap bench: the move used {:?}", out.engine())));
                         }
                     }
                     1 => {
@@ -382,7 +382,7 @@ impl RemapBench {
                     }
                 }
                 if r.bytes()[0] != 0xab || r.bytes()[len - 1] != 0xab {
-                    return Err(CliError::Usage("remap bench: a move left wrong bytes at the destination".into()));
+                    return Err(BenchError::Usage("remap bench: a move left wrong bytes at the destination".into()));
                 }
             }
             let ratio = median(&advm_us) / median(&raw_us);
