@@ -2,11 +2,25 @@
  *
  * Link with -ladvm (libadvm.so or libadvm.a from `cargo build -p advm-capi`).
  * Functions returning int return 0 on success or a negative errno.
+ *
+ * Naming: functions are advm_<verb> or advm_<capability>_<verb> (advm_dup,
+ * advm_vcopy_get_stats, advm_batch_run). Types are `struct advm_<name>`, always
+ * written with `struct`: no typedefs, and no type shares its name with a function
+ * (the deprecated advm_vcopy_stats() aside).
+ * Opaque handles are incomplete structs (struct advm_batch). A renamed name stays for
+ * one release as a deprecated alias (ADVM_DEPRECATED): it compiles with a warning
+ * that names its replacement and behaves exactly as the new name.
  */
 #ifndef ADVM_H
 #define ADVM_H
 
 #include <stddef.h>
+
+#if defined(__GNUC__) || defined(__clang__)
+#define ADVM_DEPRECATED(msg) __attribute__((deprecated(msg)))
+#else
+#define ADVM_DEPRECATED(msg)
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -56,7 +70,9 @@ struct advm_vcopy_stats {
     unsigned long long vmas;                 /* VMAs of the arena (upper bound) */
 };
 /* Fills *out; 0 or -errno. */
-int advm_vcopy_stats(struct advm_vcopy_stats *out);
+int advm_vcopy_get_stats(struct advm_vcopy_stats *out);
+/* Deprecated alias of advm_vcopy_get_stats (the old name, which the struct shares). */
+int advm_vcopy_stats(struct advm_vcopy_stats *out) ADVM_DEPRECATED("use advm_vcopy_get_stats");
 /* ---- end virtual copy ---- */
 /* ---- Zero-copy move and swap of page ranges (advm::remap) ----------------------
  *
@@ -86,7 +102,7 @@ int advm_vcopy_stats(struct advm_vcopy_stats *out);
  */
 
 /* Totals of a call: bytes per engine and system calls made. */
-typedef struct advm_remap_stats {
+struct advm_remap_stats {
     size_t uffd_move_bytes;
     size_t mremap_bytes;
     size_t memmove_bytes;
@@ -95,21 +111,21 @@ typedef struct advm_remap_stats {
     size_t arena_vcopy_bytes; /* arena blocks copied by advm_vcopy (pages shared) */
     size_t completed_ops;     /* operations that ran completely (all, on success) */
     int memory_changed;       /* on error: 0 nothing changed, 1 see advm_batch_run */
-} advm_remap_stats;
+};
 
 /* Moves len bytes from src to dst (the ranges may overlap: a slide). */
 int advm_move(void *dst, const void *src, size_t len);
 /* As advm_move, and fills *out (when not NULL). */
-int advm_move_stats(void *dst, const void *src, size_t len, advm_remap_stats *out);
+int advm_move_stats(void *dst, const void *src, size_t len, struct advm_remap_stats *out);
 /* Swaps the contents of [a, a+len) and [b, b+len) (disjoint). */
 int advm_swap(void *a, void *b, size_t len);
 
 /* Many moves and swaps run in order with as few kernel calls as the kernel allows:
  * continuing operations merge, destinations are emptied with one vectored call. */
-typedef struct advm_batch advm_batch;
-advm_batch *advm_batch_new(void);
-int advm_batch_move(advm_batch *b, void *dst, const void *src, size_t len);
-int advm_batch_swap(advm_batch *b, void *x, void *y, size_t len);
+struct advm_batch; /* opaque */
+struct advm_batch *advm_batch_new(void);
+int advm_batch_move(struct advm_batch *b, void *dst, const void *src, size_t len);
+int advm_batch_swap(struct advm_batch *b, void *x, void *y, size_t len);
 /* Runs the queued operations and empties the batch; *out (when not NULL) gets the
  * totals, also on error. Everything that can be checked or made beforehand is
  * (arguments, mappings, the swap scratch area): such an error returns with
@@ -119,13 +135,17 @@ int advm_batch_swap(advm_batch *b, void *x, void *y, size_t len);
  * ran completely, operation completed_ops may be partly done (a move: each page is at
  * its source or its destination), later ones did not run, though destinations of
  * later moves may already read as zeros. */
-int advm_batch_run(advm_batch *b, advm_remap_stats *out);
-void advm_batch_free(advm_batch *b);
+int advm_batch_run(struct advm_batch *b, struct advm_remap_stats *out);
+void advm_batch_free(struct advm_batch *b);
 
 /* Moves shorter than this many pages are copied. */
 size_t advm_remap_break_even_pages(void);
 /* Overrides the break-even for this process; 0 restores the measured value. */
 void advm_remap_set_break_even_pages(size_t pages);
+
+/* Deprecated typedef aliases of the remap structs (the old spelling). */
+typedef struct advm_remap_stats advm_remap_stats ADVM_DEPRECATED("use struct advm_remap_stats");
+typedef struct advm_batch advm_batch ADVM_DEPRECATED("use struct advm_batch");
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,5 @@
 //! Virtual copy for C: `advm_alloc`, `advm_free`, `advm_dup`, `advm_vcopy` and
-//! `advm_vcopy_stats` over one process-wide arena, made on first use.
+//! `advm_vcopy_get_stats` over one process-wide arena, made on first use.
 
 use std::ffi::c_void;
 use std::sync::OnceLock;
@@ -103,12 +103,12 @@ pub struct AdvmVcopyStats {
     pub vmas: u64,
 }
 
-/// `int advm_vcopy_stats(struct advm_vcopy_stats *out)`: 0 or -errno.
+/// `int advm_vcopy_get_stats(struct advm_vcopy_stats *out)`: 0 or -errno.
 ///
 /// # Safety
 /// `out` must be NULL (-EINVAL) or point to a writable `struct advm_vcopy_stats`.
 #[no_mangle]
-pub unsafe extern "C" fn advm_vcopy_stats(out: *mut AdvmVcopyStats) -> i32 {
+pub unsafe extern "C" fn advm_vcopy_get_stats(out: *mut AdvmVcopyStats) -> i32 {
     if out.is_null() {
         return -libc::EINVAL;
     }
@@ -130,6 +130,17 @@ pub unsafe extern "C" fn advm_vcopy_stats(out: *mut AdvmVcopyStats) -> i32 {
         unsafe { out.write(v) };
         Ok(0)
     })
+}
+
+/// `int advm_vcopy_stats(struct advm_vcopy_stats *out)`: the deprecated name of
+/// [`advm_vcopy_get_stats`] (it shared its name with the struct), kept for one release.
+///
+/// # Safety
+/// As [`advm_vcopy_get_stats`].
+#[no_mangle]
+pub unsafe extern "C" fn advm_vcopy_stats(out: *mut AdvmVcopyStats) -> i32 {
+    // SAFETY: the caller's promise on `out` is the one advm_vcopy_get_stats needs.
+    unsafe { advm_vcopy_get_stats(out) }
 }
 
 /// `int advm_vcopy_test_inject_panic(void)`: testing only (fault injection, not in

@@ -16,7 +16,7 @@ use advm::sys::procmap::{self, Vma};
 
 use crate::guard;
 
-/// Totals of a move, swap or batch, filled by the `_stats` functions.
+/// `struct advm_remap_stats`: totals of a move, swap or batch, filled by the `_stats` functions.
 #[allow(non_camel_case_types)] // the C name
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy)]
@@ -63,7 +63,7 @@ struct Queued {
     len: usize,
 }
 
-/// An opaque batch of moves and swaps.
+/// `struct advm_batch`: an opaque batch of moves and swaps.
 #[allow(non_camel_case_types)] // the C name
 pub struct advm_batch {
     ops: Vec<Queued>,
@@ -191,7 +191,7 @@ pub extern "C" fn advm_move(dst: *mut u8, src: *const u8, len: usize) -> i32 {
     run_one(false, dst as usize, src as usize, len, std::ptr::null_mut())
 }
 
-/// `int advm_move_stats(void *dst, const void *src, size_t len, advm_remap_stats *out)`.
+/// `int advm_move_stats(void *dst, const void *src, size_t len, struct advm_remap_stats *out)`.
 ///
 /// # Safety
 /// `out` is NULL or points to writable memory for one `advm_remap_stats`.
@@ -206,7 +206,7 @@ pub extern "C" fn advm_swap(a: *mut u8, b: *mut u8, len: usize) -> i32 {
     run_one(true, a as usize, b as usize, len, std::ptr::null_mut())
 }
 
-/// `advm_batch *advm_batch_new(void)`: NULL only when out of memory.
+/// `struct advm_batch *advm_batch_new(void)`: NULL only when out of memory.
 #[no_mangle]
 pub extern "C" fn advm_batch_new() -> *mut advm_batch {
     std::panic::catch_unwind(|| Box::into_raw(Box::new(advm_batch { ops: Vec::new() }))).unwrap_or(std::ptr::null_mut())
@@ -229,7 +229,7 @@ fn push(b: *mut advm_batch, swap: bool, x: usize, y: usize, len: usize) -> i32 {
     })
 }
 
-/// `int advm_batch_move(advm_batch *b, void *dst, const void *src, size_t len)`.
+/// `int advm_batch_move(struct advm_batch *b, void *dst, const void *src, size_t len)`.
 ///
 /// # Safety
 /// `b` is NULL or a live batch from `advm_batch_new`, not used by another thread.
@@ -238,7 +238,7 @@ pub unsafe extern "C" fn advm_batch_move(b: *mut advm_batch, dst: *mut u8, src: 
     push(b, false, dst as usize, src as usize, len)
 }
 
-/// `int advm_batch_swap(advm_batch *b, void *x, void *y, size_t len)`.
+/// `int advm_batch_swap(struct advm_batch *b, void *x, void *y, size_t len)`.
 ///
 /// # Safety
 /// As [`advm_batch_move`].
@@ -247,7 +247,7 @@ pub unsafe extern "C" fn advm_batch_swap(b: *mut advm_batch, x: *mut u8, y: *mut
     push(b, true, x as usize, y as usize, len)
 }
 
-/// `int advm_batch_run(advm_batch *b, advm_remap_stats *out)`: runs and empties the
+/// `int advm_batch_run(struct advm_batch *b, struct advm_remap_stats *out)`: runs and empties the
 /// batch (also when it fails; `out->completed_ops` then says how far it got).
 ///
 /// # Safety
@@ -299,7 +299,7 @@ pub unsafe extern "C" fn advm_batch_run(b: *mut advm_batch, out: *mut advm_remap
     })
 }
 
-/// `void advm_batch_free(advm_batch *b)`.
+/// `void advm_batch_free(struct advm_batch *b)`.
 ///
 /// # Safety
 /// `b` is NULL or a live batch from `advm_batch_new`, freed once.

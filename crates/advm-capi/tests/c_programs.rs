@@ -1,5 +1,8 @@
 //! Compiles every C program in `tests/c/` against `include/advm.h` and `libadvm.so`,
-//! runs it, and expects exit status 0. A program prints what it checked.
+//! with `-Werror`, runs it, and expects exit status 0. A program prints what it checked.
+//! Programs named `deprecated_*.c` use the header's deprecated aliases on purpose and
+//! are built with `-Wno-deprecated-declarations`; every other one uses current names
+//! only (a deprecated name there fails the build).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -10,32 +13,45 @@ fn target_dir() -> PathBuf {
     exe.parent().unwrap().parent().unwrap().to_path_buf()
 }
 
-fn compile_and_run(src: &Path, libdir: &Path, include: &Path, out_dir: &Path) {
-    let exe = out_dir.join(src.file_stem().unwrap());
-    let status = Command::new("cc")
+/// Whether `src` exercises the deprecated aliases (built without deprecation errors).
+fn uses_deprecated_names(src: &Path) -> bool {
+    src.file_name().unwrap().to_string_lossy().starts_with("deprecated_")
+}
+
+/// `cc` with the flags every program gets (`-Werror` included), plus `extra`.
+fn cc(src: &Path, exe: &Path, libdir: &Path, include: &Path, extra: &[&str]) -> std::process::Output {
+    Command::new("cc")
         .args(["-std=gnu11", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-pthread"])
+        .args(extra)
         .arg("-I")
         .arg(include)
         .arg(src)
         .arg("-o")
-        .arg(&exe)
+        .arg(exe)
         .arg(format!("-L{}", libdir.display()))
         .arg(format!("-Wl,-rpath,{}", libdir.display()))
         .arg("-ladvm")
-        .status()
-        .expect("run cc");
-    assert!(status.success(), "compiling {} failed", src.display());
+        .output()
+        .expect("run cc")
+}
+
+fn compile_and_run(src: &Path, libdir: &Path, include: &Path, out_dir: &Path) {
+    let exe = out_dir.join(src.file_stem().unwrap());
+    let extra: &[&str] = if uses_deprecated_names(src) { &["-Wno-deprecated-declarations"] } else { &[] };
+    let built = cc(src, &exe, libdir, include, extra);
+    assert!(built.status.success(), "compiling {} failed:\n{}", src.display(), String::from_utf8_lossy(&built.stderr));
     let out = Command::new(&exe).output().expect("run C test");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{} failed ({}):\n{text}", src.display(), out.status);
     eprintln!("{}: ok\n{text}", src.display());
 }
 
-#[test]
-fn c_programs_pass() {
+/// The include directory, the directory of a fresh `libadvm.so`, and where programs
+/// are built; None (reason printed) without a C compiler.
+fn setup() -> Option<(PathBuf, PathBuf, PathBuf)> {
     if Command::new("cc").arg("--version").output().is_err() {
         eprintln!("skipped: no C compiler (cc) on PATH");
-        return;
+        return None;
     }
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let include = manifest.join("../../include");
@@ -49,6 +65,13 @@ fn c_programs_pass() {
     assert!(mtime(&so) >= mtime(&rlib), "{} is older than the rlib: run `cargo build -p advm-capi`", so.display());
     let out_dir = libdir.join("c-tests");
     std::fs::create_dir_all(&out_dir).unwrap();
+    Some((include, libdir, out_dir))
+}
+
+#[test]
+fn c_programs_pass() {
+    let Some((include, libdir, out_dir)) = setup() else { return };
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut sources: Vec<_> = std::fs::read_dir(manifest.join("tests/c"))
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -58,5 +81,19 @@ fn c_programs_pass() {
     assert!(!sources.is_empty(), "no C programs in tests/c");
     for src in &sources {
         compile_and_run(src, &libdir, &include, &out_dir);
+    }
+}
+
+/// The old names are marked deprecated in the header: the program that uses them on
+/// purpose fails to build under `-Werror`, with a message naming the replacement.
+#[test]
+fn deprecated_c_names_warn_with_their_replacement() {
+    let Some((include, libdir, out_dir)) = setup() else { return };
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/deprecated_names.c");
+    let built = cc(&src, &out_dir.join("deprecated_names-werror"), &libdir, &include, &[]);
+    let err = String::from_utf8_lossy(&built.stderr);
+    assert!(!built.status.success(), "the deprecated names built without a warning under -Werror");
+    for replacement in ["use advm_vcopy_get_stats", "use struct advm_remap_stats", "use struct advm_batch"] {
+        assert!(err.contains(replacement), "no deprecation naming `{replacement}`:\n{err}");
     }
 }

@@ -35,7 +35,7 @@ static inline void *vc_dup(const void *p, size_t len) { return advm_dup(p, len);
 /* Pages shared by copies so far (-1: the runner reads them from the shim's stats). */
 static inline long long vc_pages_shared(void) {
     struct advm_vcopy_stats st;
-    return advm_vcopy_stats(&st) == 0 ? (long long)st.pages_shared : -1;
+    return advm_vcopy_get_stats(&st) == 0 ? (long long)st.pages_shared : -1;
 }
 #elif defined(VC_BACKEND_SHIM)
 #define VC_BACKEND "shim"

@@ -31,7 +31,7 @@ int main(void) {
     /* Force page engines for any size, then move 8 pages: dst gets src's bytes. */
     advm_remap_set_break_even_pages(1);
     CHECK(advm_remap_break_even_pages() == 1);
-    advm_remap_stats st;
+    struct advm_remap_stats st;
     CHECK(advm_move_stats(m + 32 * ps, m, 8 * ps, &st) == 0);
     for (size_t i = 0; i < 8; i++) CHECK(all(m + (32 + i) * ps, ps, (unsigned char)(i + 1)));
     CHECK(st.uffd_move_bytes + st.mremap_bytes + st.memmove_bytes == 8 * ps);
@@ -62,7 +62,7 @@ int main(void) {
     CHECK(all(m, 8 * ps, 7));
 
     /* A batch: three objects compacted to the front, then a swap. */
-    advm_batch *b = advm_batch_new();
+    struct advm_batch *b = advm_batch_new();
     CHECK(b != NULL);
     for (size_t i = 0; i < 3; i++) memset(m + (20 + 3 * i) * ps, (int)(50 + i), 2 * ps);
     for (size_t i = 0; i < 3; i++) CHECK(advm_batch_move(b, m + 2 * i * ps, m + (20 + 3 * i) * ps, 2 * ps) == 0);

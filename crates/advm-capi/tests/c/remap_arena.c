@@ -34,9 +34,9 @@ static int run(int how, size_t len) {
     memset(e, 0xe5, len);
     unsigned char *b = advm_dup(a, len), *c = advm_dup(e, len);
     CHECK(b && c);
-    advm_remap_stats st;
+    struct advm_remap_stats st;
     memset(&st, 0, sizeof st);
-    advm_batch *bt = advm_batch_new();
+    struct advm_batch *bt = advm_batch_new();
     CHECK(bt != NULL);
     switch (how) {
     case MOVE: CHECK(advm_move_stats(c, b, len, &st) == 0); break;

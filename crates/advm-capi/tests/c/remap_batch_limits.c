@@ -41,7 +41,7 @@ int main(void) {
     CHECK(m != MAP_FAILED);
     advm_remap_set_break_even_pages(1);
     /* Warm up: userfaultfd, registration, vectored zap (no swap: no scratch area yet). */
-    advm_batch *b = advm_batch_new();
+    struct advm_batch *b = advm_batch_new();
     CHECK(b != NULL);
     CHECK(advm_batch_move(b, m + 48 * ps, m + 56 * ps, 2 * ps) == 0);
     CHECK(advm_batch_move(b, m + 52 * ps, m + 60 * ps, 2 * ps) == 0);
@@ -53,7 +53,7 @@ int main(void) {
     CHECK(setrlimit(RLIMIT_AS, &rl) == 0);
     CHECK(advm_batch_move(b, m, m + 16 * ps, 8 * ps) == 0);
     CHECK(advm_batch_swap(b, m + 32 * ps, m + 40 * ps, 4 * ps) == 0);
-    advm_remap_stats st;
+    struct advm_remap_stats st;
     memset(&st, 0xff, sizeof st);
     int r = advm_batch_run(b, &st);
     rl.rlim_cur = RLIM_INFINITY;

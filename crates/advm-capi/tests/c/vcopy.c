@@ -35,7 +35,7 @@ int main(void) {
     ps = (size_t)sysconf(_SC_PAGESIZE);
     size_t len = 64 * ps;
     struct advm_vcopy_stats st;
-    CHECK(advm_vcopy_stats(&st) == 0);
+    CHECK(advm_vcopy_get_stats(&st) == 0);
     unsigned long long base_pages = st.memfd_pages_live;
 
     unsigned char *src = advm_alloc(len);
@@ -43,7 +43,7 @@ int main(void) {
     for (size_t i = 0; i < len; i++) src[i] = (unsigned char)(i * 7);
     unsigned char *dst = advm_dup(src, len);
     CHECK(dst != NULL && memcmp(src, dst, len) == 0);
-    CHECK(advm_vcopy_stats(&st) == 0);
+    CHECK(advm_vcopy_get_stats(&st) == 0);
     CHECK(st.pages_shared >= 64 && st.memfd_pages_live == base_pages + 64);
 
     /* isolation both ways */
@@ -54,7 +54,7 @@ int main(void) {
     /* copy of a modified copy */
     unsigned char *dst2 = advm_dup(dst, len);
     CHECK(dst2 != NULL && memcmp(dst2, dst, len) == 0 && dst2[10] == 1);
-    CHECK(advm_vcopy_stats(&st) == 0 && st.pages_rehomed >= 1);
+    CHECK(advm_vcopy_get_stats(&st) == 0 && st.pages_rehomed >= 1);
 
     /* advm_vcopy into an existing block, at a page-congruent unaligned offset */
     unsigned char *third = advm_alloc(len);
@@ -96,7 +96,7 @@ int main(void) {
     advm_free(dst2);
     advm_free(dst);
     advm_free(third);
-    CHECK(advm_vcopy_stats(&st) == 0);
+    CHECK(advm_vcopy_get_stats(&st) == 0);
     CHECK(st.blocks == 0);
     printf("vcopy: shared %llu pages, rehomed %llu, copied %llu bytes, fallbacks unaligned=%llu small=%llu vma=%llu\n",
            st.pages_shared, st.pages_rehomed, st.bytes_copied, st.fallback_unaligned, st.fallback_small,

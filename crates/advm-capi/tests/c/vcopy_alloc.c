@@ -37,7 +37,7 @@ int main(void) {
     advm_free(z2);
     CHECK(errno == 0);
     struct advm_vcopy_stats st;
-    CHECK(advm_vcopy_stats(&st) == 0 && st.blocks == 0);
+    CHECK(advm_vcopy_get_stats(&st) == 0 && st.blocks == 0);
     printf("vcopy_alloc: SIZE_MAX, SIZE_MAX-4095, 1 TiB, 256 GiB+1: ENOMEM; advm_alloc(0): unique page\n");
     return 0;
 }

@@ -1,6 +1,6 @@
 /* Fork while another thread keeps calling into the arena: the child must never find
  * the arena's lock held by a thread that does not exist in it. Two threads loop on
- * advm_vcopy_stats while the main thread forks up to 500 times; each child calls
+ * advm_vcopy_get_stats while the main thread forks up to 500 times; each child calls
  * advm_dup and exits. A child still running after 5 s is a deadlock: killed, and the test
  * fails. */
 #include <advm.h>
@@ -22,7 +22,7 @@ static atomic_int stop;
 static void *stats_loop(void *arg) {
     (void)arg;
     struct advm_vcopy_stats st;
-    while (!atomic_load(&stop)) CHECK(advm_vcopy_stats(&st) == 0);
+    while (!atomic_load(&stop)) CHECK(advm_vcopy_get_stats(&st) == 0);
     return NULL;
 }
 

@@ -25,7 +25,7 @@ int main(void) {
     errno = 0;
     CHECK(advm_dup(a, 4 * ps) == NULL && errno == ENOTRECOVERABLE);
     struct advm_vcopy_stats st;
-    CHECK(advm_vcopy_stats(&st) == -ENOTRECOVERABLE);
+    CHECK(advm_vcopy_get_stats(&st) == -ENOTRECOVERABLE);
     CHECK(advm_vcopy(a + 2 * ps, a, 2 * ps) == -ENOTRECOVERABLE);
     errno = 0;
     advm_free(a);
