@@ -30,7 +30,7 @@ fn paper(mode: Mode) -> (Option<f64>, Option<f64>, Option<f64>) {
         Mode::Alloc => (Some(74.7), Some(106.5), None),
         Mode::Ksm => (Some(67.4), Some(107.0), Some(6.7)),
         Mode::KsmAggr => (Some(60.1), None, Some(40.2)),
-        Mode::Cow => (Some(64.6), Some(103.6), None),
+        Mode::Vcopy => (Some(64.6), Some(103.6), None),
         Mode::Off => (Some(100.0), Some(100.0), None),
     }
 }
@@ -208,7 +208,7 @@ fn threshold_probe(dir: &Path, iters: u32) -> Result<(Vec<Row>, Option<u64>), Be
         return Err(BenchError::Usage(format!("compiling the threshold probe failed ({st})")));
     }
     let mut by_mode = Vec::new();
-    for mode in [Mode::Off, Mode::Alloc, Mode::Cow] {
+    for mode in [Mode::Off, Mode::Alloc, Mode::Vcopy] {
         let mut p = launch::prepare(mode, 1, &exe.display().to_string(), &[iters.to_string()], false)?;
         // every size, also those below the default copy threshold
         p.command.env(advm_preload::env::COPY_MIN_PAGES, "1");
@@ -231,7 +231,7 @@ fn threshold_probe(dir: &Path, iters: u32) -> Result<(Vec<Row>, Option<u64>), Be
             rows.push(
                 Row::new()
                     .with("workload", format!("threshold probe, {pages} page block"))
-                    .with("mode", mode.name())
+                    .with("mode", mode.result_name())
                     .figure(Figure::single("cycle time", "us", ns / 1e3)),
             );
         }
@@ -471,7 +471,7 @@ impl Bench for RBench {
                 report.rows.push(
                     Row::new()
                         .with("workload", w.file)
-                        .with("mode", mode.name())
+                        .with("mode", mode.result_name())
                         .figure(pages)
                         .figure(Figure::single("memory vs off", "%", mem_pct))
                         .figure(cpu)
@@ -510,7 +510,7 @@ impl Bench for RBench {
             report.rows.push(
                 Row::new()
                     .with("workload", format!("geomean of {} R workloads", mem_ratio[mi].len()))
-                    .with("mode", mode.name())
+                    .with("mode", mode.result_name())
                     .figure(Figure::single("memory vs off", "%", geomean(&mem_ratio[mi])))
                     .figure(Figure::single("cpu vs off", "%", geomean(&cpu_ratio[mi])))
                     .figure(Figure::new(
@@ -547,7 +547,7 @@ impl Bench for RBench {
         let (program, args) = invocation(&w, &dir);
         let interval = Duration::from_millis(250);
         let off = measure(Mode::Off, &program, &args, &env, interval)?;
-        let cow = measure(Mode::Cow, &program, &args, &env, interval)?;
+        let cow = measure(Mode::Vcopy, &program, &args, &env, interval)?;
         let _ = std::fs::remove_dir_all(&dir);
         let mib = |p: f64| p * advm::addr::page_size() as f64 / (1 << 20) as f64;
         Ok(vec![DemoRow {

@@ -148,7 +148,7 @@ impl Bench for ShimStressBench {
             }
             report.rows.push(
                 Row::new()
-                    .with("mode", mode.name())
+                    .with("mode", mode.result_name())
                     .figure(Figure::new("ops", "ops", ops))
                     .figure(Figure::new("checks", "checks", checks))
                     .figure(Figure::new("failed runs or checks", "failures", failures))

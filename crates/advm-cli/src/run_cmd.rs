@@ -1,4 +1,4 @@
-//! `advm run [--mode cow|alloc|ksm|ksm-aggr|off] [--stats] -- CMD ARGS...`: runs an
+//! `advm run [--mode vcopy|alloc|ksm|ksm-aggr|off] [--stats] -- CMD ARGS...`: runs an
 //! unmodified program with the advm preload shim (crates/advm-preload), in one of the
 //! mmapcopy paper's five configurations. Launching is `advm_preload::launch`'s; this
 //! file parses the arguments and prints.
@@ -11,20 +11,28 @@ use advm_preload::launch::{self, Mode};
 use crate::CliError;
 
 /// `--mode`: the launch modes by name, each with its one-line help, in the order the
-/// help lists them.
+/// help lists them; a deprecated name is accepted as an alias and named in the help.
 fn mode_parser() -> impl clap::builder::TypedValueParser<Value = Mode> {
-    use clap::builder::TypedValueParser;
-    let values = [Mode::Cow, Mode::Alloc, Mode::Ksm, Mode::KsmAggr, Mode::Off]
-        .map(|m| clap::builder::PossibleValue::new(m.name()).help(m.about()));
+    use clap::builder::{PossibleValue, TypedValueParser};
+    let values = [Mode::Vcopy, Mode::Alloc, Mode::Ksm, Mode::KsmAggr, Mode::Off].map(|m| {
+        let old: Vec<&str> = Mode::DEPRECATED_NAMES.iter().filter(|(_, to)| *to == m).map(|(old, _)| *old).collect();
+        let value = PossibleValue::new(m.name()).aliases(old.iter().copied());
+        if old.is_empty() {
+            value.help(m.about())
+        } else {
+            value.help(format!("{} (`{}`: deprecated name, still accepted)", m.about(), old.join("`, `")))
+        }
+    });
     clap::builder::PossibleValuesParser::new(values)
-        .map(|name| Mode::ALL.into_iter().find(|m| m.name() == name).expect("parser admits only mode names"))
+        .map(|name| Mode::from_name(&name).expect("parser admits only mode names"))
 }
 
 /// Arguments of `advm run`.
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    /// Configuration: cow (virtual copies), alloc, ksm, ksm-aggr, off.
-    #[arg(long, value_parser = mode_parser(), default_value = "cow")]
+    /// Configuration: vcopy (virtual copies; `cow` is its deprecated name), alloc, ksm,
+    /// ksm-aggr, off.
+    #[arg(long, value_parser = mode_parser(), default_value = "vcopy")]
     pub mode: Mode,
     /// At exit, print on stderr the copies made virtual, bytes not copied and fallbacks.
     #[arg(long)]
@@ -32,7 +40,7 @@ pub struct RunArgs {
     /// Allocations and copies of at least this many pages use the arena.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub threshold_pages: u64,
-    /// In cow mode, copies of at least this many pages become virtual (default 16,
+    /// In vcopy mode, copies of at least this many pages become virtual (default 16,
     /// measured with `advm bench r`; never below --threshold-pages).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub copy_min_pages: Option<u64>,

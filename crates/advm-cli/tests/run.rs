@@ -54,10 +54,10 @@ fn need_numpy() -> bool {
 fn modes() -> Vec<&'static str> {
     let root = advm::probe::facts().root;
     if root && advm::ksm::available() {
-        vec!["off", "alloc", "ksm", "ksm-aggr", "cow"]
+        vec!["off", "alloc", "ksm", "ksm-aggr", "vcopy"]
     } else {
         eprintln!("ksm and ksm-aggr modes skipped: they need root and KSM (/sys/kernel/mm/ksm)");
-        vec!["off", "alloc", "cow"]
+        vec!["off", "alloc", "vcopy"]
     }
 }
 
@@ -113,11 +113,43 @@ fn stats_report_virtual_copies_on_stderr_only() {
     let out = ok(Command::new(ADVM).args(["run", "--stats", "--", "/usr/bin/python3", "-c", prog]));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "5.0 -1.0 549755289594\n");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("advm run: mode cow, threshold 8192 bytes"), "{err}");
+    assert!(err.contains("advm run: mode vcopy, threshold 8192 bytes"), "{err}");
     let line = err.lines().find(|l| l.contains("large copies")).expect("copies line");
     let made: u64 = line.split_whitespace().rev().nth(2).unwrap().parse().unwrap();
     assert!(made >= 1, "no virtual copy reported: {err}");
     assert!(err.contains("bytes not copied"), "{err}");
+}
+
+/// `--mode cow`, the name before `vcopy`, still selects virtual copies for one release;
+/// `--stats` reports the current name and `--help` says which name is deprecated.
+#[test]
+fn deprecated_mode_name_cow_runs_vcopy() {
+    // a 64 KiB block copied with memcpy: a virtual copy in vcopy mode, none in alloc
+    let c = "#include <stdlib.h>\n#include <string.h>\nint main(void){char*a=malloc(1<<16),*b=malloc(1<<16);\n\
+             memset(a,1,1<<16);memcpy(b,a,1<<16);return b[100]!=1;}\n";
+    let dir = std::env::temp_dir().join(format!("advm-run-alias-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (src, exe) = (dir.join("copy.c"), dir.join("copy"));
+    std::fs::write(&src, c).unwrap();
+    let built = Command::new("cc").args(["-O1", "-fno-builtin", "-o"]).arg(&exe).arg(&src).status();
+    if !built.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: no C compiler (cc) on PATH");
+        return;
+    }
+    let exe = exe.display().to_string();
+    for mode in ["cow", "vcopy"] {
+        let out = ok(Command::new(ADVM).args(["run", "--stats", "--mode", mode, "--", &exe]));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("advm run: mode vcopy,"), "--mode {mode}: {err}");
+        assert!(err.contains("1 seen, 1 made virtual"), "--mode {mode} made no virtual copy: {err}");
+    }
+    let out = ok(Command::new(ADVM).args(["run", "--stats", "--mode", "alloc", "--", &exe]));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("0 made virtual"));
+    let help = ok(Command::new(ADVM).args(["run", "--help"]));
+    let help = String::from_utf8_lossy(&help.stdout);
+    let line = help.lines().find(|l| l.trim_start().starts_with("- vcopy:")).expect("vcopy in --help");
+    assert!(line.contains("`cow`: deprecated name"), "{help}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -38,7 +38,8 @@ static uint64_t read_number(const char *path, uint64_t dflt) {
 
 void init_locked(void) {
     const char *m = env("ADVM_MODE");
-    A.mode = !m || str_eq(m, "cow") ? MODE_COW : str_eq(m, "ksm") ? MODE_KSM : MODE_ALLOC;
+    /* "cow" is the deprecated name of "vcopy", kept for one release */
+    A.mode = !m || str_eq(m, "vcopy") || str_eq(m, "cow") ? MODE_COW : str_eq(m, "ksm") ? MODE_KSM : MODE_ALLOC;
     if (m && str_eq(m, "off")) return; /* stays disabled: everything goes to glibc */
     A.ps = (size_t)sysconf(_SC_PAGESIZE);
     A.pshift = (unsigned)__builtin_ctzl(A.ps);
@@ -46,7 +47,8 @@ void init_locked(void) {
     A.threshold = (tp ? tp : 1) << A.pshift;
     A.stats_dir = env("ADVM_STATS_DIR");
     thp_min = parse_u64(env("ADVM_THP_MIN_KIB"), 2048) << 10;
-    const char *fresh = env("ADVM_COW_FRESH");
+    const char *fresh = env("ADVM_VCOPY_FRESH");
+    if (!fresh) fresh = env("ADVM_COW_FRESH"); /* the deprecated name, for one release */
     cow_fresh_memfd = fresh && str_eq(fresh, "memfd");
     populate_max = parse_u64(env("ADVM_POPULATE_KIB"), 256) << 10;
     dirty_floor_pages = (parse_u64(env("ADVM_DIRTY_CACHE_KIB"), 4096) << 10) >> A.pshift;

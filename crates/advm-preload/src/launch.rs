@@ -22,7 +22,7 @@ pub enum Error {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// Virtual copies: large blocks in a memfd arena, large copies become copy-on-write.
-    Cow,
+    Vcopy,
     /// Only large blocks moved to an anonymous page-aligned arena (the paper's orig+alloc).
     Alloc,
     /// alloc + arena marked mergeable, KSM scanning 100 pages per 20 ms.
@@ -35,12 +35,16 @@ pub enum Mode {
 
 impl Mode {
     /// All five, in the paper's order (baseline first).
-    pub const ALL: [Mode; 5] = [Mode::Off, Mode::Alloc, Mode::Ksm, Mode::KsmAggr, Mode::Cow];
+    pub const ALL: [Mode; 5] = [Mode::Off, Mode::Alloc, Mode::Ksm, Mode::KsmAggr, Mode::Vcopy];
 
-    /// The name used on the command line and in tables.
+    /// Old names still accepted on the command line, for one release, and the mode each
+    /// stands for.
+    pub const DEPRECATED_NAMES: [(&'static str, Mode); 1] = [("cow", Mode::Vcopy)];
+
+    /// The name used on the command line, in `--stats` and in tables.
     pub fn name(self) -> &'static str {
         match self {
-            Mode::Cow => "cow",
+            Mode::Vcopy => "vcopy",
             Mode::Alloc => "alloc",
             Mode::Ksm => "ksm",
             Mode::KsmAggr => "ksm-aggr",
@@ -48,10 +52,27 @@ impl Mode {
         }
     }
 
+    /// The mode called `name`, by its name or a deprecated one.
+    pub fn from_name(name: &str) -> Option<Mode> {
+        Mode::ALL
+            .into_iter()
+            .find(|m| m.name() == name)
+            .or_else(|| Mode::DEPRECATED_NAMES.iter().find(|(old, _)| *old == name).map(|(_, m)| *m))
+    }
+
+    /// The name in benchmark results (`advm bench r` JSON, `bench/run/results/`): the
+    /// names recorded before the rename, so that old and new results compare.
+    pub fn result_name(self) -> &'static str {
+        match self {
+            Mode::Vcopy => "cow",
+            other => other.name(),
+        }
+    }
+
     /// One line on what the mode does (the variant's doc, for `--help`).
     pub fn about(self) -> &'static str {
         match self {
-            Mode::Cow => "Virtual copies: large blocks in a memfd arena, large copies become copy-on-write",
+            Mode::Vcopy => "Virtual copies: large blocks in a memfd arena, large copies become copy-on-write",
             Mode::Alloc => "Only large blocks moved to an anonymous page-aligned arena (the paper's orig+alloc)",
             Mode::Ksm => "alloc + arena marked mergeable, KSM scanning 100 pages per 20 ms",
             Mode::KsmAggr => "alloc + arena marked mergeable, KSM scanning 1000 pages per 20 ms",
@@ -71,7 +92,7 @@ impl Mode {
     /// What the shim is told (ADVM_MODE); None when the shim is not loaded.
     fn shim_mode(self) -> Option<&'static str> {
         match self {
-            Mode::Cow => Some("cow"),
+            Mode::Vcopy => Some("vcopy"),
             Mode::Alloc => Some("alloc"),
             Mode::Ksm | Mode::KsmAggr => Some("ksm"),
             Mode::Off => None,

@@ -18,8 +18,13 @@ pub const SHIM_SO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libadvm_pre
 
 /// Environment variables the shim reads.
 pub mod env {
-    /// `cow`, `alloc` or `ksm` (`off` disables the shim even when preloaded).
+    /// `vcopy`, `alloc` or `ksm` (`off` disables the shim even when preloaded); `cow`
+    /// is the deprecated name of `vcopy`, accepted for one release.
     pub const MODE: &str = "ADVM_MODE";
+    /// `anon` (default) or `memfd`: how a new block of vcopy mode starts (memfd: shared
+    /// memfd pages from the start). `ADVM_COW_FRESH` is its deprecated name, read when
+    /// this one is unset.
+    pub const VCOPY_FRESH: &str = "ADVM_VCOPY_FRESH";
     /// Allocations and copies of at least this many pages use the arena (default 2).
     pub const THRESHOLD_PAGES: &str = "ADVM_THRESHOLD_PAGES";
     /// Copies of at least this many pages (and at least the threshold) become virtual

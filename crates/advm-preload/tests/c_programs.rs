@@ -1,6 +1,6 @@
 //! Compiles every C program in `tests/c/` and runs it under the shim in each of the
-//! shim's modes (cow, cow with memfd-backed fresh blocks, alloc, ksm); a program exits 0
-//! when all its checks passed. In cow mode the copy test must also have made virtual
+//! shim's modes (vcopy, vcopy with memfd-backed fresh blocks, alloc, ksm); a program exits 0
+//! when all its checks passed. In vcopy mode the copy test must also have made virtual
 //! copies (read from the shim's stats).
 
 use std::collections::BTreeMap;
@@ -69,7 +69,7 @@ fn c_programs_pass_under_the_shim() {
     assert!(sources.len() >= 7, "C tests missing: {sources:?}");
     for src in &sources {
         let exe = compile(src, &dir);
-        for variant in ["cow", "cow-memfd", "alloc", "ksm"] {
+        for variant in ["vcopy", "vcopy-memfd", "alloc", "ksm"] {
             let mode = variant.trim_end_matches("-memfd");
             let fresh = if variant.ends_with("-memfd") { "memfd" } else { "anon" };
             let stats_dir = dir.join(format!("stats-{}-{variant}", src.file_stem().unwrap().to_string_lossy()));
@@ -78,7 +78,7 @@ fn c_programs_pass_under_the_shim() {
             let out = Command::new(&exe)
                 .env("LD_PRELOAD", &shim)
                 .env("ADVM_MODE", mode)
-                .env("ADVM_COW_FRESH", fresh)
+                .env("ADVM_VCOPY_FRESH", fresh)
                 // the mechanism is tested at the paper's 2 pages, below the default
                 .env("ADVM_COPY_MIN_PAGES", "2")
                 .env("ADVM_STATS_DIR", &stats_dir)
@@ -92,7 +92,7 @@ fn c_programs_pass_under_the_shim() {
                 "{}: no arena block in {variant}: {s:?}",
                 src.display()
             );
-            if mode == "cow" && src.ends_with("copy.c") {
+            if mode == "vcopy" && src.ends_with("copy.c") {
                 assert!(s["copies_virtual"] >= 6, "{s:?}");
                 assert!(s["pages_shared"] >= 6 * 60, "{s:?}");
                 assert!(s["fallback_page_offsets_differ"] >= 1 && s["fallback_overlap"] >= 1, "{s:?}");
@@ -123,13 +123,13 @@ fn compiled(file: &str) -> Option<PathBuf> {
     Some(compile(&src, &dir))
 }
 
-/// Runs `exe args` under the shim in cow mode with `env`; asserts it succeeded.
-fn run_cow(exe: &Path, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+/// Runs `exe args` under the shim in vcopy mode with `env`; asserts it succeeded.
+fn run_vcopy(exe: &Path, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     let shim = advm_preload::install(&work_dir()).unwrap();
     let out = Command::new(exe)
         .args(args)
         .env("LD_PRELOAD", &shim)
-        .env("ADVM_MODE", "cow")
+        .env("ADVM_MODE", "vcopy")
         .envs(env.iter().copied())
         .output()
         .unwrap();
@@ -143,9 +143,9 @@ fn run_cow(exe: &Path, args: &[&str], env: &[(&str, &str)]) -> std::process::Out
     out
 }
 
-/// [`run_cow`] with the shim's statistics written to a fresh `stats_dir`; returns the
+/// [`run_vcopy`] with the shim's statistics written to a fresh `stats_dir`; returns the
 /// output and the statistics summed.
-fn run_cow_stats(
+fn run_vcopy_stats(
     exe: &Path,
     args: &[&str],
     env: &[(&str, &str)],
@@ -154,13 +154,13 @@ fn run_cow_stats(
     let _ = std::fs::remove_dir_all(stats_dir);
     std::fs::create_dir_all(stats_dir).unwrap();
     let dir = stats_dir.to_str().unwrap();
-    let out = run_cow(exe, args, &[env, &[("ADVM_STATS_DIR", dir)]].concat());
+    let out = run_vcopy(exe, args, &[env, &[("ADVM_STATS_DIR", dir)]].concat());
     (out, stats(stats_dir))
 }
 
-/// [`run_cow_stats`], the statistics only.
-fn cow_stats(exe: &Path, args: &[&str], env: &[(&str, &str)], stats_dir: &Path) -> BTreeMap<String, u64> {
-    run_cow_stats(exe, args, env, stats_dir).1
+/// [`run_vcopy_stats`], the statistics only.
+fn vcopy_stats(exe: &Path, args: &[&str], env: &[(&str, &str)], stats_dir: &Path) -> BTreeMap<String, u64> {
+    run_vcopy_stats(exe, args, env, stats_dir).1
 }
 
 /// The defaults `advm run` relies on: copies below 16 pages stay plain copies, bigger
@@ -170,15 +170,15 @@ fn cow_stats(exe: &Path, args: &[&str], env: &[(&str, &str)], stats_dir: &Path) 
 fn copy_threshold_and_retention_defaults() {
     let Some(exe) = compiled("retention.c") else { return };
     let sd = work_dir().join("stats-retention");
-    let small = cow_stats(&exe, &["8", "1", "1"], &[], &sd);
+    let small = vcopy_stats(&exe, &["8", "1", "1"], &[], &sd);
     assert_eq!(small.get("copies_virtual").copied().unwrap_or(0), 0, "8-page copy made virtual: {small:?}");
-    let big = cow_stats(&exe, &["32", "1", "1"], &[], &sd);
+    let big = vcopy_stats(&exe, &["32", "1", "1"], &[], &sd);
     assert_eq!(big["copies_virtual"], 1, "32-page copy not virtual: {big:?}");
     assert_eq!(big["pages_shared"], 32, "{big:?}");
     // 64 MiB live, 32 blocks of 8 MiB in turn: each reuses the last one's pages
-    let kept = cow_stats(&exe, &["8", "64", "8"], &[], &sd);
+    let kept = vcopy_stats(&exe, &["8", "64", "8"], &[], &sd);
     assert!(kept["blocks_reused_with_pages"] >= 31, "{kept:?}");
-    let floor = cow_stats(&exe, &["8", "64", "8"], &[("ADVM_DIRTY_CACHE_PCT", "0")], &sd);
+    let floor = vcopy_stats(&exe, &["8", "64", "8"], &[("ADVM_DIRTY_CACHE_PCT", "0")], &sd);
     assert!(floor["blocks_reused_from_free_cache"] >= 31, "{floor:?}");
     assert!(floor.get("blocks_reused_with_pages").copied().unwrap_or(0) <= 1, "{floor:?}");
 }
@@ -189,7 +189,7 @@ fn copy_threshold_and_retention_defaults() {
 fn kept_memory_decays() {
     let Some(exe) = compiled("decay.c") else { return };
     let returned_kib = |decay_ms: &str, wait_ms: &str| -> i64 {
-        let out = run_cow(&exe, &[wait_ms], &[("ADVM_DIRTY_DECAY_MS", decay_ms)]);
+        let out = run_vcopy(&exe, &[wait_ms], &[("ADVM_DIRTY_DECAY_MS", decay_ms)]);
         String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
     };
     let decayed = returned_kib("200", "600");
@@ -209,11 +209,11 @@ fn freed_neighbours_and_copied_over_pages_are_reused() {
     let Some(exe) = compiled("reuse.c") else { return };
     for fresh in ["anon", "memfd"] {
         let sd = work_dir().join(format!("stats-reuse-{fresh}"));
-        let (out, s) = run_cow_stats(&exe, &[], &[("ADVM_COW_FRESH", fresh)], &sd);
+        let (out, s) = run_vcopy_stats(&exe, &[], &[("ADVM_VCOPY_FRESH", fresh)], &sd);
         let text = String::from_utf8_lossy(&out.stdout);
         let growth: Vec<i64> = text.split_whitespace().map(|x| x.parse().unwrap()).collect();
         assert_eq!(s["copies_virtual"], 1, "{fresh}: {s:?}");
-        // shared memfd blocks (ADVM_COW_FRESH=memfd) are not merged: only isolation there
+        // shared memfd blocks (ADVM_VCOPY_FRESH=memfd) are not merged: only isolation there
         if fresh == "anon" {
             assert!(growth[0] <= 4, "a 64-page block after 16 freed 4-page ones grew RSS by {} pages", growth[0]);
             // the destination's 62 whole pages (the source's stay mapped: see copy_reader.c)
@@ -223,11 +223,11 @@ fn freed_neighbours_and_copied_over_pages_are_reused() {
     }
 }
 
-/// The shim's variants a program is run under: (name, ADVM_MODE, ADVM_COW_FRESH);
+/// The shim's variants a program is run under: (name, ADVM_MODE, ADVM_VCOPY_FRESH);
 /// "off" runs without the shim.
 const VARIANTS: [(&str, &str, &str); 5] = [
-    ("cow", "cow", "anon"),
-    ("cow-memfd", "cow", "memfd"),
+    ("vcopy", "vcopy", "anon"),
+    ("vcopy-memfd", "vcopy", "memfd"),
     ("alloc", "alloc", "anon"),
     ("ksm", "ksm", "anon"),
     ("off", "", ""),
@@ -245,7 +245,7 @@ fn run_variant(exe: &Path, args: &[&str], variant: &str, limit: std::time::Durat
     if !mode.is_empty() {
         cmd.env("LD_PRELOAD", advm_preload::install(&dir).unwrap())
             .env("ADVM_MODE", mode)
-            .env("ADVM_COW_FRESH", fresh)
+            .env("ADVM_VCOPY_FRESH", fresh)
             .env("ADVM_COPY_MIN_PAGES", "2");
     }
     let mut child = cmd.spawn().unwrap();
@@ -314,4 +314,33 @@ fn memcpy_in_a_signal_handler_during_a_large_copy_does_not_deadlock() {
 #[test]
 fn stress_threads_copy_read_write_realloc_fork_in_every_variant() {
     passes_in_every_variant("stress.c", &["2", "4"], 60);
+}
+
+/// The knobs' current names and their deprecated ones: `ADVM_MODE=vcopy` or `cow`
+/// selects virtual copies, and `ADVM_VCOPY_FRESH=memfd` (or, when it is unset,
+/// `ADVM_COW_FRESH=memfd`) starts new blocks on the arena's memfd; the current name
+/// wins when both are set.
+#[test]
+fn vcopy_knobs_and_their_deprecated_names_select_the_same_behaviour() {
+    let Some(exe) = compiled("fresh_backing.c") else { return };
+    let shim = advm_preload::install(&work_dir()).unwrap();
+    let memfd_mappings = |env: &[(&str, &str)]| -> u32 {
+        let out = Command::new(&exe)
+            .env("LD_PRELOAD", &shim)
+            .env_remove("ADVM_VCOPY_FRESH")
+            .env_remove("ADVM_COW_FRESH")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{env:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    };
+    let fresh = advm_preload::env::VCOPY_FRESH;
+    assert_eq!(memfd_mappings(&[("ADVM_MODE", "vcopy"), (fresh, "anon")]), 0);
+    assert!(memfd_mappings(&[("ADVM_MODE", "vcopy"), (fresh, "memfd")]) >= 1);
+    assert!(memfd_mappings(&[("ADVM_MODE", "cow"), ("ADVM_COW_FRESH", "memfd")]) >= 1, "deprecated names");
+    assert!(memfd_mappings(&[("ADVM_MODE", "vcopy"), ("ADVM_COW_FRESH", "memfd")]) >= 1, "deprecated fresh name");
+    assert_eq!(memfd_mappings(&[("ADVM_MODE", "vcopy"), (fresh, "anon"), ("ADVM_COW_FRESH", "memfd")]), 0);
+    // memfd blocks exist only in vcopy mode
+    assert_eq!(memfd_mappings(&[("ADVM_MODE", "alloc"), (fresh, "memfd")]), 0);
 }

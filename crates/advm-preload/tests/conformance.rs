@@ -3,8 +3,8 @@
 //! with the same oracle (shadow copies kept by the program itself):
 //!
 //! - `capi`: the Rust arena through `include/advm.h` and `libadvm.so`;
-//! - `shim`: plain malloc/free/memcpy under the LD_PRELOAD shim, mode cow;
-//! - `shim-memfd`: the same binary, mode cow with `ADVM_COW_FRESH=memfd`.
+//! - `shim`: plain malloc/free/memcpy under the LD_PRELOAD shim, mode vcopy;
+//! - `shim-memfd`: the same binary, mode vcopy with `ADVM_VCOPY_FRESH=memfd`.
 //!
 //! A run passes when the program exits 0 within its time limit and made virtual
 //! copies (pages shared > 0: a suite that only ever fell back to memcpy proves nothing).
@@ -108,8 +108,8 @@ fn run(exe: &Path, variant: &str, shim: &Path, work: &Path) -> Result<String, St
     cmd.stdin(Stdio::null()).stdout(out.try_clone().unwrap()).stderr(out);
     if variant != "capi" {
         cmd.env("LD_PRELOAD", shim)
-            .env("ADVM_MODE", "cow")
-            .env("ADVM_COW_FRESH", if variant == "shim-memfd" { "memfd" } else { "anon" })
+            .env("ADVM_MODE", "vcopy")
+            .env("ADVM_VCOPY_FRESH", if variant == "shim-memfd" { "memfd" } else { "anon" })
             // copies from 2 pages on are virtual (the capi's default), not from 16
             .env("ADVM_COPY_MIN_PAGES", "2")
             .env("ADVM_STATS_DIR", &stats);

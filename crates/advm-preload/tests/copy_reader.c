@@ -1,6 +1,6 @@
 /* A copy never makes its source unreadable or wrong (run by tests/c_programs.rs).
  * Thread A copies a freshly written 1 MiB block into another (memcpy between two
- * malloc'd blocks: a virtual copy under cow, whose source is anonymous each round, or
+ * malloc'd blocks: a virtual copy in vcopy mode, whose source is anonymous each round, or
  * copied-on-write pages of an earlier copy every other round) while thread B only reads
  * the source, one word per page round and round, then whole. Legal C: B never writes.
  * Exits 0 when B saw the source's bytes at every read and the copies are right. */

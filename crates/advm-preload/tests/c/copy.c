@@ -8,7 +8,7 @@ extern void *__memcpy_chk(void *, const void *, size_t, size_t);
 extern void *__memmove_chk(void *, const void *, size_t, size_t);
 
 int main(void) {
-    int check_pfn = cow_mode() && pfns_visible();
+    int check_pfn = vcopy_mode() && pfns_visible();
     unsigned char *a = malloc(N), *b = malloc(N), *c = malloc(N);
     fill(a, N, 1);
     memcpy(b, a, N);
@@ -73,6 +73,6 @@ int main(void) {
     free(b);
     free(x);
     free(y);
-    printf("copy: ok (pfn checks %s)\n", check_pfn ? "on" : "off: PFNs hidden or not cow mode");
+    printf("copy: ok (pfn checks %s)\n", check_pfn ? "on" : "off: PFNs hidden or not vcopy mode");
     return 0;
 }

@@ -31,7 +31,7 @@ int main(void) {
     b[7 * PS] ^= 1;
     b[40 * PS] ^= 1;
     CHECK(same(b, 64 * PS, 10) && same(a, 64 * PS, 10));
-    for (size_t i = 64 * PS; i < 200 * PS; i++) CHECK(b[i] == 0 || !cow_mode());
+    for (size_t i = 64 * PS; i < 200 * PS; i++) CHECK(b[i] == 0 || !vcopy_mode());
     unsigned char *r = realloc(NULL, 3 * PS);
     CHECK(r && in_arena(r, 3 * PS));
     CHECK(realloc(r, 0) == NULL);

@@ -19,9 +19,10 @@
         }                                                                            \
     } while (0)
 
-static inline int cow_mode(void) {
+/* vcopy mode, by its name or its deprecated name cow (the shim's default) */
+static inline int vcopy_mode(void) {
     const char *m = getenv("ADVM_MODE");
-    return !m || strcmp(m, "cow") == 0;
+    return !m || strcmp(m, "vcopy") == 0 || strcmp(m, "cow") == 0;
 }
 
 /* Physical frame of the page at p, read first so that it is present (0 when PFNs
