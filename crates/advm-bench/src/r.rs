@@ -133,7 +133,7 @@ pub fn measure(
     prepared.command.envs(env.iter().map(|(k, v)| (*k, v.as_str())));
     prepared.command.stdin(Stdio::null()).stdout(open(&out_path)?).stderr(open(&err_path)?);
     let foreign_ksm = mode.ksm_pages_to_scan().is_none() && advm::ksm::knob("run") == Some(1);
-    let ksmd_before = advm::stats::ksmd_cpu_seconds();
+    let ksmd_before = advm::ksm::ksmd_cpu_seconds();
     let started = Instant::now();
     let mut child = prepared.command.spawn().map_err(|e| BenchError::Io(format!("running {program}"), e))?;
     let pid = child.id();
@@ -169,7 +169,7 @@ pub fn measure(
     }
     let wall_s = started.elapsed().as_secs_f64();
     let status = child.wait().map_err(|e| BenchError::Io(format!("waiting for {program}"), e))?;
-    let ksmd_s = match (ksmd_before, advm::stats::ksmd_cpu_seconds()) {
+    let ksmd_s = match (ksmd_before, advm::ksm::ksmd_cpu_seconds()) {
         (Some(a), Some(b)) => b - a,
         _ => 0.0,
     };

@@ -341,7 +341,7 @@ impl VcopyBench {
         for m in [&src, &dst] {
             m.set_mergeable(true)?;
         }
-        let cpu0 = advm::stats::ksmd_cpu_seconds().unwrap_or(0.0);
+        let cpu0 = advm::ksm::ksmd_cpu_seconds().unwrap_or(0.0);
         let session = advm::ksm::Session::start(pages_to_scan, 20)?;
         let t = Instant::now();
         let mut merged = 0.0;
@@ -355,7 +355,7 @@ impl VcopyBench {
         let merge_s = t.elapsed().as_secs_f64();
         // stop scanning (merged pages stay merged) so the writes are timed alone
         session.set_scanning(false)?;
-        let cpu = advm::stats::ksmd_cpu_seconds().unwrap_or(0.0) - cpu0;
+        let cpu = advm::ksm::ksmd_cpu_seconds().unwrap_or(0.0) - cpu0;
         let mut written_ms = 0.0;
         let mut done_step = 0usize;
         for (label, step) in FRACTIONS {

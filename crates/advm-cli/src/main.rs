@@ -92,12 +92,7 @@ fn doctor(json: bool) {
     }
     let mut cells = vec![vec!["feature".to_string(), "status".into(), "seen".into(), "consequence".into()]];
     for c in &checks {
-        let status = match c.status {
-            advm::probe::Status::Ok => "OK",
-            advm::probe::Status::Degraded => "degraded",
-            advm::probe::Status::Missing => "missing",
-        };
-        cells.push(vec![c.name.to_string(), status.into(), c.value.clone(), c.consequence.clone()]);
+        cells.push(vec![c.name.to_string(), c.status.label().into(), c.value.clone(), c.consequence.clone()]);
     }
     print!("{}", render_cells(&cells));
 }

@@ -1,15 +1,21 @@
-//! KSM as a baseline. The KSM knobs are system-wide, and several users may change them
-//! at once (benchmarks, `advm run --mode ksm`, parallel tests). A [`Session`] takes
-//! part in a small shared state file under an exclusive `flock`: the first session
-//! saves the original settings, every session registers itself, and the last one to end
-//! (or the next one to start after all holders died) writes the originals back. Saving
-//! and restoring per session would leave KSM on whenever two sessions overlap.
+//! KSM as a baseline, and the one place for it: sessions that change the knobs, a
+//! knob's value ([`knob`]), the system-wide counters ([`system`]) and ksmd's CPU time
+//! ([`ksmd_cpu_seconds`]); `stats` reads its KSM figures from here.
+//!
+//! The KSM knobs are system-wide, and several users may change them at once
+//! (benchmarks, `advm run --mode ksm`, parallel tests). A [`Session`] takes part in a
+//! small shared state file under an exclusive `flock`: the first session saves the
+//! original settings, every session registers itself, and the last one to end (or the
+//! next one to start after all holders died) writes the originals back. Saving and
+//! restoring per session would leave KSM on whenever two sessions overlap.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 
+use procfs::process::Process;
 use serde::{Deserialize, Serialize};
 
 use crate::sys::ksm;
@@ -144,8 +150,64 @@ pub fn knob(name: &str) -> Option<i64> {
     ksm::read(name)
 }
 
-/// The system-wide KSM counters (same as [`crate::stats::ksm_system`]).
-pub use crate::stats::{ksm_system as system, KsmSystem as System};
+/// System-wide KSM state and counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct System {
+    /// 0 stopped, 1 running, 2 unmerge all.
+    pub run: i64,
+    /// Pages scanned per wake-up.
+    pub pages_to_scan: i64,
+    /// Sleep between wake-ups.
+    pub sleep_millisecs: i64,
+    /// Shared KSM pages in use.
+    pub pages_shared: i64,
+    /// Additional mappings of shared pages (the saving).
+    pub pages_sharing: i64,
+    /// Pages checked but unique.
+    pub pages_unshared: i64,
+    /// Pages changing too fast to merge.
+    pub pages_volatile: i64,
+    /// Full scans completed.
+    pub full_scans: i64,
+    /// Bytes saved minus KSM's own metadata (Linux 6.1+).
+    pub general_profit: Option<i64>,
+    /// Empty pages merged with the kernel zero page (Linux 6.10+).
+    pub ksm_zero_pages: Option<i64>,
+}
+
+/// Reads the KSM counters; `None` when the kernel has no KSM.
+pub fn system() -> Option<System> {
+    if !ksm::available() {
+        return None;
+    }
+    let r = |n| ksm::read(n).unwrap_or(0);
+    Some(System {
+        run: r("run"),
+        pages_to_scan: r("pages_to_scan"),
+        sleep_millisecs: r("sleep_millisecs"),
+        pages_shared: r("pages_shared"),
+        pages_sharing: r("pages_sharing"),
+        pages_unshared: r("pages_unshared"),
+        pages_volatile: r("pages_volatile"),
+        full_scans: r("full_scans"),
+        general_profit: ksm::read("general_profit"),
+        ksm_zero_pages: ksm::read("ksm_zero_pages"),
+    })
+}
+
+fn ksmd_process() -> Option<&'static Process> {
+    static KSMD: OnceLock<Option<Process>> = OnceLock::new();
+    KSMD.get_or_init(|| {
+        procfs::process::all_processes().ok()?.flatten().find(|p| p.stat().map(|s| s.comm == "ksmd").unwrap_or(false))
+    })
+    .as_ref()
+}
+
+/// ksmd's CPU time (user + system) so far, in seconds; `None` without ksmd.
+pub fn ksmd_cpu_seconds() -> Option<f64> {
+    let stat = ksmd_process()?.stat().ok()?;
+    Some((stat.utime + stat.stime) as f64 / procfs::ticks_per_second() as f64)
+}
 
 #[cfg(test)]
 mod tests {

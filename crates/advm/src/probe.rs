@@ -8,9 +8,10 @@ use serde::Serialize;
 
 use crate::sys::{self, ksm, uffd::feature, uffd::Userfaultfd};
 
-/// How well a feature is there.
+/// How well a feature is there (non-exhaustive: a probe may learn finer states).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Status {
     /// Present and usable.
     Ok,
@@ -18,6 +19,17 @@ pub enum Status {
     Degraded,
     /// Not there.
     Missing,
+}
+
+impl Status {
+    /// The word for a report: `OK`, `degraded` or `missing`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Status::Ok => "OK",
+            Status::Degraded => "degraded",
+            Status::Missing => "missing",
+        }
+    }
 }
 
 /// One line of the doctor's report.

@@ -5,7 +5,7 @@
 //! virtual-to-physical map of each process from /proc/PID/pagemap and counts
 //! **distinct physical pages**: a page mapped at several addresses, or in several of the
 //! measured processes, counts once. It also reports RSS, PSS and USS from
-//! /proc/PID/smaps_rollup, the KSM counters and ksmd's CPU time.
+//! /proc/PID/smaps_rollup, and the KSM counters and ksmd's CPU time (from `crate::ksm`).
 //!
 //! Without CAP_SYS_ADMIN the kernel hides PFNs (they read as 0); the sample then says
 //! so (`pfn_visible: false`) and `physical_bytes` falls back to PSS.
@@ -23,7 +23,7 @@ use crate::sys::pagemap::{category, Entry, Pagemap, Region};
 use crate::sys::SysError;
 use crate::{Error, Result};
 
-pub use proc_files::{ksm_system, ksmd_cpu_seconds, KsmSystem};
+use crate::ksm::{self, ksmd_cpu_seconds};
 pub use watch::{watch, Aggregate, WatchSummary};
 
 /// How to measure.
@@ -104,7 +104,7 @@ pub struct Sample {
     /// Each process.
     pub processes: Vec<ProcessFigures>,
     /// System-wide KSM counters (None without KSM).
-    pub ksm: Option<KsmSystem>,
+    pub ksm: Option<ksm::System>,
     /// ksmd's total CPU time (user + system), seconds.
     pub ksmd_cpu_seconds: Option<f64>,
     /// How long this sample took to take.
@@ -244,7 +244,7 @@ impl Meter {
             pss_bytes: pss,
             uss_bytes: processes.iter().map(|p| p.uss_bytes).sum(),
             processes,
-            ksm: ksm_system(),
+            ksm: ksm::system(),
             ksmd_cpu_seconds: ksmd_cpu_seconds(),
             measure_ms: started.elapsed().as_secs_f64() * 1e3,
         })

@@ -1,14 +1,11 @@
-//! Small /proc and /sys readers for the accounting: smaps_rollup, ksm_stat, KSM
-//! counters, ksmd's CPU time.
+//! Small /proc readers for the accounting: smaps_rollup and ksm_stat (the system-wide
+//! KSM counters and ksmd's CPU time are `crate::ksm`'s).
 
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::sync::OnceLock;
 
 use procfs::process::Process;
-use serde::Serialize;
 
-use crate::sys::ksm;
 use crate::{Error, Result};
 
 /// RSS/PSS/USS/Swap of one process.
@@ -63,65 +60,6 @@ pub(super) fn smaps_rollup(process: &Process) -> Result<Rollup> {
 /// /proc/PID/ksm_stat (Linux 6.1+); empty when absent.
 pub(super) fn ksm_stat(process: &Process) -> BTreeMap<String, i64> {
     read_relative(process, "ksm_stat").map(|t| parse_key_values(&t)).unwrap_or_default()
-}
-
-/// System-wide KSM state and counters.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct KsmSystem {
-    /// 0 stopped, 1 running, 2 unmerge all.
-    pub run: i64,
-    /// Pages scanned per wake-up.
-    pub pages_to_scan: i64,
-    /// Sleep between wake-ups.
-    pub sleep_millisecs: i64,
-    /// Shared KSM pages in use.
-    pub pages_shared: i64,
-    /// Additional mappings of shared pages (the saving).
-    pub pages_sharing: i64,
-    /// Pages checked but unique.
-    pub pages_unshared: i64,
-    /// Pages changing too fast to merge.
-    pub pages_volatile: i64,
-    /// Full scans completed.
-    pub full_scans: i64,
-    /// Bytes saved minus KSM's own metadata (Linux 6.1+).
-    pub general_profit: Option<i64>,
-    /// Empty pages merged with the kernel zero page (Linux 6.10+).
-    pub ksm_zero_pages: Option<i64>,
-}
-
-/// Reads the KSM counters; `None` when the kernel has no KSM.
-pub fn ksm_system() -> Option<KsmSystem> {
-    if !ksm::available() {
-        return None;
-    }
-    let r = |n| ksm::read(n).unwrap_or(0);
-    Some(KsmSystem {
-        run: r("run"),
-        pages_to_scan: r("pages_to_scan"),
-        sleep_millisecs: r("sleep_millisecs"),
-        pages_shared: r("pages_shared"),
-        pages_sharing: r("pages_sharing"),
-        pages_unshared: r("pages_unshared"),
-        pages_volatile: r("pages_volatile"),
-        full_scans: r("full_scans"),
-        general_profit: ksm::read("general_profit"),
-        ksm_zero_pages: ksm::read("ksm_zero_pages"),
-    })
-}
-
-fn ksmd_process() -> Option<&'static Process> {
-    static KSMD: OnceLock<Option<Process>> = OnceLock::new();
-    KSMD.get_or_init(|| {
-        procfs::process::all_processes().ok()?.flatten().find(|p| p.stat().map(|s| s.comm == "ksmd").unwrap_or(false))
-    })
-    .as_ref()
-}
-
-/// ksmd's CPU time (user + system) so far, in seconds; `None` without ksmd.
-pub fn ksmd_cpu_seconds() -> Option<f64> {
-    let stat = ksmd_process()?.stat().ok()?;
-    Some((stat.utime + stat.stime) as f64 / procfs::ticks_per_second() as f64)
 }
 
 #[cfg(test)]
