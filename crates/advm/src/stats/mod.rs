@@ -27,8 +27,8 @@ use serde::Serialize;
 
 use crate::sys::pagemap::{category, Entry, Pagemap, Region};
 use crate::sys::{procfd, SysError};
-use held::Objects;
 use crate::{Error, Result};
+use held::Objects;
 
 pub use proc_files::{ksm_system, ksmd_cpu_seconds, KsmSystem};
 pub use watch::{watch, Aggregate, WatchSummary};
@@ -308,7 +308,11 @@ impl Meter {
             shmem_objects_unread: held.unread,
             physical_bytes: if visible { (counts.total + held.held) * ps } else { pss + held.held * ps },
             physical_source: if visible { "distinct_pfns" } else { "pss" },
-            anon_shmem_bytes: if visible { (counts.anon + counts.shmem + held.held) * ps } else { uss + held.held * ps },
+            anon_shmem_bytes: if visible {
+                (counts.anon + counts.shmem + held.held) * ps
+            } else {
+                uss + held.held * ps
+            },
             mapped_pages: totals.mapped,
             zero_page_mappings: totals.zero,
             swapped_pages: totals.swapped,
@@ -346,9 +350,8 @@ impl Meter {
         let id = if self.options.mapped_only {
             None
         } else {
-            self.objects.note(i, dev, vma.inode, &link, false, || {
-                procfd::stat_link(dir, &link).map(|f| f.size).unwrap_or(0)
-            })
+            self.objects
+                .note(i, dev, vma.inode, &link, false, || procfd::stat_link(dir, &link).map(|f| f.size).unwrap_or(0))
         };
         (KIND_SHMEM, id)
     }
