@@ -243,8 +243,6 @@ impl Meter {
         self.objects.clear();
         let mut totals = Tally { pfn_visible: true, ..Default::default() };
         let mut processes = Vec::with_capacity(self.targets.len());
-        // Where each target's mapped shmem offsets sit in the objects' list.
-        let mut offset_spans = Vec::with_capacity(self.targets.len());
         for i in 0..self.targets.len() {
             let first = self.pfns.len();
             let (offsets_mark, held_mark) = (self.objects.mark(), self.objects.held_mark());
@@ -267,7 +265,7 @@ impl Meter {
                     .scan_fds(i, self.targets[i].dir.as_fd())
                     .map_err(|e| exited(permission_or(pid, "fd", e)))?;
             }
-            offset_spans.push((offsets_mark, self.objects.mark()));
+            self.objects.end_target(i, offsets_mark, held_mark);
             let rollup = proc_files::smaps_rollup(process).map_err(exited)?;
             let own = &mut self.pfns[first..];
             own.sort_unstable();
@@ -289,8 +287,8 @@ impl Meter {
         }
         let dirs: Vec<BorrowedFd<'_>> = self.targets.iter().map(|t| t.dir.as_fd()).collect();
         self.objects.measure(&dirs, &mut self.cachestat_works);
-        for (i, (p, &(from, to))) in processes.iter_mut().zip(&offset_spans).enumerate() {
-            p.held_pages = self.objects.target_held(i, from, to);
+        for (i, p) in processes.iter_mut().enumerate() {
+            p.held_pages = self.objects.target_held(i);
         }
         let held = self.objects.totals();
         self.pfns.sort_unstable();

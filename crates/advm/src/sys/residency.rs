@@ -38,10 +38,11 @@ pub struct Residency {
     pub swapped: u64,
 }
 
-/// `cachestat(fd, whole file)`. `ENOSYS` on kernels before 6.5, `EOPNOTSUPP` on
-/// hugetlbfs.
-pub fn cachestat(fd: impl AsFd) -> SysResult<Residency> {
-    let range = CachestatRange { off: 0, len: 0 };
+/// `cachestat` of `len` bytes from `off` (`len` 0: to the end of the file). `ENOSYS`
+/// on kernels before 6.5, `EOPNOTSUPP` on hugetlbfs. Costs about one page-cache
+/// lookup per page of the range.
+pub fn cachestat(fd: impl AsFd, off: u64, len: u64) -> SysResult<Residency> {
+    let range = CachestatRange { off, len };
     let mut cs = Cachestat::default();
     // SAFETY: `range` and `cs` are live structs of the kernel's layout for the call; the
     // kernel only reads `range` and writes `cs`.
@@ -103,8 +104,11 @@ mod tests {
         }
         let by_mincore = mincore_resident(&fd, (64 * ps) as u64).unwrap();
         assert_eq!(by_mincore, Residency { resident: 4, swapped: 0 });
-        match cachestat(&fd) {
-            Ok(r) => assert_eq!(r, Residency { resident: 4, swapped: 0 }),
+        match cachestat(&fd, 0, 0) {
+            Ok(r) => {
+                assert_eq!(r, Residency { resident: 4, swapped: 0 });
+                assert_eq!(cachestat(&fd, (5 * ps) as u64, (58 * ps) as u64).unwrap().resident, 2);
+            }
             Err(e) if e.errno == Errno::NOSYS => eprintln!("cachestat: not on this kernel"),
             Err(e) => panic!("{e}"),
         }
