@@ -72,9 +72,9 @@ pub(super) struct Objects {
     held_by: Vec<(usize, u32)>,
     /// `(target, object, distinct pages the target maps)`, from [`Objects::end_target`].
     own_mapped: Vec<(usize, u32, u64)>,
-    /// `st_dev` -> on tmpfs/shmem, kept across samples (a device's filesystem does not
-    /// change while it is mounted).
-    shmem_devs: HashMap<u64, bool>,
+    /// `st_dev` -> on tmpfs/shmem (None: not ours to ask), kept across samples (a
+    /// device's filesystem does not change while it is mounted).
+    shmem_devs: HashMap<u64, Option<bool>>,
     /// Per object, filled by [`Objects::measure`]; None when it could not be read.
     counted: Vec<Option<Counted>>,
 }
@@ -93,12 +93,21 @@ impl Objects {
     /// Whether device `dev` is tmpfs/shmem, asking the file behind `link` the first
     /// time; `None` when that cannot be asked (no permission for map_files).
     pub fn is_shmem_dev(&mut self, dir: BorrowedFd<'_>, dev: u64, link: &str) -> Option<bool> {
-        if let Some(&known) = self.shmem_devs.get(&dev) {
-            return Some(known);
+        match self.shmem_devs.get(&dev) {
+            Some(&Some(known)) => return Some(known),
+            // Refused through map_files; an fd link may still be asked.
+            Some(None) if !link.starts_with("fd/") => return None,
+            _ => {}
         }
-        let on = procfd::on_shmem(dir, link).ok()?;
+        let on = match procfd::on_shmem(dir, link) {
+            Ok(on) => Some(on),
+            // Refused (map_files without CAP_SYS_ADMIN): do not ask again.
+            Err(e) if e.errno == Errno::PERM || e.errno == Errno::ACCESS => None,
+            // Gone since the listing: ask again next time.
+            Err(_) => return None,
+        };
         self.shmem_devs.insert(dev, on);
-        Some(on)
+        on
     }
 
     /// Notes that target `target` opened or mapped object `(dev, ino)`, reachable via
