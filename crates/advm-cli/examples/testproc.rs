@@ -5,6 +5,8 @@
 
 use std::io::{BufRead, Write};
 
+use std::os::fd::AsFd;
+
 use advm::mem::{Access, Assembly, Backing, Extent, Memfd, Region, Reservation, Share};
 use clap::Parser;
 
@@ -30,10 +32,48 @@ enum TestProc {
         #[arg(long, default_value_t = 0)]
         reserve_gib: usize,
     },
+    /// A memfd of SIZE_MIB, mapped shared, its first WRITTEN_MIB written through the
+    /// mapping; then all but the first MAPPED_MIB is unmapped. The fd stays open, so
+    /// the written pages past MAPPED_MIB are held but not mapped.
+    Memfd {
+        /// Size of the memfd in MiB.
+        #[arg(long)]
+        size_mib: usize,
+        /// MiB written from the start (default: all of it).
+        #[arg(long)]
+        written_mib: Option<usize>,
+        /// MiB left mapped from the start.
+        #[arg(long, default_value_t = 0)]
+        mapped_mib: usize,
+    },
+    /// Opens PATH read-only and keeps it open (e.g. /proc/PID/fd/N of another
+    /// process's memfd: the same object, held by two processes).
+    Hold {
+        /// The file to open.
+        #[arg(long)]
+        path: std::path::PathBuf,
+    },
+    /// Writes MIB mebibytes to the regular file PATH, maps it shared read-only and
+    /// reads every page: page cache, mapped and open, that is not shmem.
+    FileCache {
+        /// The file to create (replaced if it exists).
+        #[arg(long)]
+        path: std::path::PathBuf,
+        /// Size in MiB.
+        #[arg(long)]
+        mib: usize,
+    },
+    /// An advm arena block of MIB mebibytes, written, then duplicated by virtual copy;
+    /// neither view is touched again, so its pages live only in the arena's memfd.
+    Vcopy {
+        /// Size in MiB.
+        #[arg(long)]
+        mib: usize,
+    },
 }
 
 /// Builds the layout; what it returns holds the memory until dropped.
-fn build(which: TestProc) -> advm::Result<Box<dyn std::any::Any>> {
+fn build(which: TestProc) -> Result<Box<dyn std::any::Any>, Box<dyn std::error::Error>> {
     let ps = advm::mem::page_size();
     Ok(match which {
         TestProc::SharedPages { pages, times } => {
@@ -64,6 +104,39 @@ fn build(which: TestProc) -> advm::Result<Box<dyn std::any::Any>> {
             region.populate(true)?;
             let reserved = if reserve_gib > 0 { Some(Reservation::new(reserve_gib << 30)?) } else { None };
             Box::new((region, reserved))
+        }
+        TestProc::Memfd { size_mib, written_mib, mapped_mib } => {
+            let (size, written, mapped) = (size_mib << 20, written_mib.unwrap_or(size_mib) << 20, mapped_mib << 20);
+            let memfd = Memfd::create("advm-testproc")?;
+            memfd.set_len(size as u64)?;
+            let view = Reservation::new(size)?;
+            view.map(0, size, Share::Shared, Backing::Memfd { memfd: &memfd, offset: 0 })?;
+            view.populate_write(0, written)?;
+            if mapped < size {
+                view.release(mapped, size - mapped)?;
+            }
+            Box::new((memfd, view))
+        }
+        TestProc::Hold { path } => Box::new(std::fs::File::open(path)?),
+        TestProc::FileCache { path, mib } => {
+            let len = mib << 20;
+            let bytes: Vec<u8> = (0..len).map(|i| (i / ps * 7 + i) as u8).collect();
+            std::fs::write(&path, bytes)?;
+            let file = std::fs::File::open(&path)?;
+            let mut m = Assembly::reserve(len)?;
+            let whole = Extent { offset: 0, len, backing: Backing::File { fd: file.as_fd(), offset: 0 } };
+            m.place(whole, Access::Read, Share::Shared)?;
+            m.populate_read(0, len)?;
+            Box::new((file, m))
+        }
+        TestProc::Vcopy { mib } => {
+            // Unmap the source's old page tables before `ready`, not in the background.
+            let config = advm::cow::Config { background_unmap: false, ..Default::default() };
+            let arena = advm::cow::Arena::with_config(config)?;
+            let block = arena.alloc(mib << 20)?;
+            arena.fill(block, 0x5a, mib << 20)?;
+            let copy = arena.dup(block, mib << 20)?;
+            Box::new((arena, block as usize, copy as usize))
         }
     })
 }

@@ -41,19 +41,39 @@ fn human(s: &Sample) -> String {
     let ps = s.page_size_bytes;
     let pids: Vec<String> = s.processes.iter().map(|p| format!("{} ({})", p.pid, p.comm)).collect();
     let mut rows = vec![vec!["processes".to_string(), pids.join(", ")]];
+    let held = if s.held_pages > 0 { format!(" + {} held pages", s.held_pages) } else { String::new() };
     rows.push(vec![
         "physical memory".into(),
         match s.distinct {
             Some(d) => format!(
-                "{} = {} distinct physical pages (anon {}, shmem {}, file {})",
+                "{} = {} distinct mapped pages (anon {}, shmem {}, file {}){held}",
                 fmt_bytes(s.physical_bytes),
                 d.total,
                 d.anon,
                 d.shmem,
                 d.file
             ),
-            None => format!("{} = PSS (PFNs hidden: run as root for distinct pages)", fmt_bytes(s.physical_bytes)),
+            None => {
+                format!("{} = PSS{held} (PFNs hidden: run as root for distinct pages)", fmt_bytes(s.physical_bytes))
+            }
         },
+    ]);
+    let mut held_line = format!(
+        "{} = {} pages of {} shmem objects open or mapped, not mapped now",
+        fmt_bytes(s.held_pages * ps),
+        s.held_pages,
+        s.shmem_objects
+    );
+    if s.held_swapped_pages > 0 {
+        held_line.push_str(&format!("; {} more in swap (not counted)", s.held_swapped_pages));
+    }
+    if s.shmem_objects_unread > 0 {
+        held_line.push_str(&format!("; {} objects could not be read (run as root)", s.shmem_objects_unread));
+    }
+    rows.push(vec!["held, not mapped".into(), held_line]);
+    rows.push(vec![
+        "anon + shmem".into(),
+        format!("{} (physical memory without page cache of regular files)", fmt_bytes(s.anon_shmem_bytes)),
     ]);
     rows.push(vec![
         "mapped pages".into(),
@@ -121,13 +141,18 @@ pub fn run(args: StatArgs) -> Result<(), CliError> {
             return;
         }
         if header {
-            println!("{:>10}  {:>12}  {:>12}  {:>12}  {:>10}", "t", "physical", "RSS", "PSS", "ksmd CPU");
+            println!(
+                "{:>10}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>10}",
+                "t", "physical", "held", "anon+shmem", "RSS", "PSS", "ksmd CPU"
+            );
             header = false;
         }
         println!(
-            "{:>10}  {:>12}  {:>12}  {:>12}  {:>10}",
+            "{:>10}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>10}",
             format!("{:.1} ms", s.measure_ms),
             fmt_bytes(s.physical_bytes),
+            fmt_bytes(s.held_pages * s.page_size_bytes),
+            fmt_bytes(s.anon_shmem_bytes),
             fmt_bytes(s.rss_bytes),
             fmt_bytes(s.pss_bytes),
             s.ksmd_cpu_seconds.map_or("-".into(), |c| format!("{c:.2} s"))
@@ -141,6 +166,8 @@ pub fn run(args: StatArgs) -> Result<(), CliError> {
     let mut cells =
         vec![vec!["over the run".to_string(), format!("{} samples in {:.1} s", summary.samples, summary.duration_s)]];
     cells.push(vec!["physical".into(), agg(summary.physical_bytes)]);
+    cells.push(vec!["held, not mapped".into(), agg(summary.held_bytes)]);
+    cells.push(vec!["anon + shmem".into(), agg(summary.anon_shmem_bytes)]);
     cells.push(vec!["RSS".into(), agg(summary.rss_bytes)]);
     cells.push(vec!["PSS".into(), agg(summary.pss_bytes)]);
     if let Some(k) = summary.ksmd_cpu_seconds {

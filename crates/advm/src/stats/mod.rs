@@ -1,27 +1,34 @@
-//! Physical memory accounting, the way the mmapcopy paper measures it (section 5.2).
+//! Physical memory accounting: every page the measured processes hold, each once.
 //!
 //! RSS counts a page once per mapping, so a page shared at many addresses (a virtual
 //! copy, a KSM-merged page) is counted many times. This module reads the
 //! virtual-to-physical map of each process from /proc/PID/pagemap and counts
 //! **distinct physical pages**: a page mapped at several addresses, or in several of the
-//! measured processes, counts once. It also reports RSS, PSS and USS from
-//! /proc/PID/smaps_rollup, and the KSM counters and ksmd's CPU time (from `crate::ksm`).
+//! measured processes, counts once (the mmapcopy paper's meter, section 5.2). To those
+//! it adds the pages **held, not mapped**: resident pages of shmem objects (memfds,
+//! tmpfs files) the processes have open or mapped but do not map at the moment, such
+//! as an arena's memfd pages after a virtual copy tore the page tables down (see
+//! `held.rs`). It also reports RSS, PSS and USS from /proc/PID/smaps_rollup, the KSM
+//! counters and ksmd's CPU time (from `crate::ksm`).
 //!
 //! Without CAP_SYS_ADMIN the kernel hides PFNs (they read as 0); the sample then says
-//! so (`pfn_visible: false`) and `physical_bytes` falls back to PSS.
+//! so (`pfn_visible: false`) and `physical_bytes` falls back to PSS (plus held pages).
 
+mod held;
 mod proc_files;
 mod watch;
 
 use std::collections::BTreeMap;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::Instant;
 
 use procfs::process::{MMapPath, Process};
 use serde::Serialize;
 
 use crate::sys::pagemap::{category, Entry, Pagemap, Region};
-use crate::sys::SysError;
+use crate::sys::{procfd, SysError};
 use crate::{Error, Result};
+use held::Objects;
 
 use crate::ksm::{self, ksmd_cpu_seconds};
 pub use watch::{watch, Aggregate, WatchSummary};
@@ -35,6 +42,12 @@ pub struct Options {
     /// Read whole VMAs from pagemap instead of asking `PAGEMAP_SCAN` for present runs
     /// first (for comparison and for kernels before 6.7, where it is automatic).
     pub no_scan: bool,
+    /// Count mapped pages only, as the mmapcopy paper does: skip the pages of shmem
+    /// objects held but not mapped (and the walk of /proc/PID/fd that finds them).
+    pub mapped_only: bool,
+    /// Count resident pages of held objects with `mincore` instead of `cachestat`
+    /// (for comparison, and what kernels before 6.5 get automatically).
+    pub no_cachestat: bool,
 }
 
 /// Distinct physical pages by kind.
@@ -63,6 +76,8 @@ pub struct ProcessFigures {
     pub mapped_pages: u64,
     /// Distinct physical pages of this process alone (None when PFNs are hidden).
     pub distinct_pages: Option<u64>,
+    /// Pages of shmem objects this process alone holds (open or mapped) but does not map.
+    pub held_pages: u64,
     /// RSS from smaps_rollup.
     pub rss_bytes: u64,
     /// PSS from smaps_rollup.
@@ -82,13 +97,30 @@ pub struct Sample {
     pub page_size_bytes: u64,
     /// False when PFNs read as 0 (no CAP_SYS_ADMIN) or were hidden on request.
     pub pfn_visible: bool,
-    /// Distinct physical pages across all listed processes (None when PFNs hidden).
+    /// Distinct mapped physical pages across all listed processes (None when PFNs
+    /// hidden): the mmapcopy paper's figure.
     pub distinct: Option<PageCounts>,
-    /// Best figure of physical memory: distinct pages x page size, or the summed PSS
-    /// when PFNs are hidden.
+    /// Resident pages of shmem objects (memfd, tmpfs, shared anonymous, SysV) the
+    /// processes have open or mapped that no listed process maps now, each counted
+    /// once ("held, not mapped").
+    pub held_pages: u64,
+    /// Pages of those shmem objects in swap (not in `physical_bytes`; 0 when only
+    /// mincore could be asked, which cannot see swap).
+    pub held_swapped_pages: u64,
+    /// Distinct shmem objects the processes have open or mapped.
+    pub shmem_objects: u64,
+    /// Of those, objects that could not be reopened to count their pages (no
+    /// permission, or closed mid-sample): their held pages are missing.
+    pub shmem_objects_unread: u64,
+    /// Best figure of physical memory: (distinct mapped pages + held pages) x page
+    /// size, or the summed PSS plus held pages when PFNs are hidden.
     pub physical_bytes: u64,
     /// Which figure `physical_bytes` is: "distinct_pfns" or "pss".
     pub physical_source: &'static str,
+    /// The anonymous and shmem part of `physical_bytes`: distinct anon and shmem
+    /// pages plus held pages, without page cache of regular files (what a memory
+    /// cgroup charges as anon + shmem). With hidden PFNs, USS plus held pages.
+    pub anon_shmem_bytes: u64,
     /// Present pages summed over mappings and processes (RSS in pages, from pagemap).
     pub mapped_pages: u64,
     /// Mappings of the shared zero page (not counted as distinct pages).
@@ -114,6 +146,8 @@ pub struct Sample {
 struct Target {
     pid: i32,
     process: Process,
+    /// The /proc/PID directory, for the fd/ and map_files/ links.
+    dir: OwnedFd,
     pagemap: Pagemap,
 }
 
@@ -129,6 +163,9 @@ pub struct Meter {
     regions: Vec<Region>,
     /// (pfn << 2 | kind) of every present page of the current sample.
     pfns: Vec<u64>,
+    /// Shmem objects of the current sample.
+    objects: Objects,
+    cachestat_works: bool,
 }
 
 const CHUNK_PAGES: usize = 64 * 1024;
@@ -142,6 +179,14 @@ fn open_error(pid: i32, what: &str, e: procfs::ProcError) -> Error {
         procfs::ProcError::PermissionDenied(_) => Error::PermissionDenied { pid, what: what.to_string() },
         procfs::ProcError::Io(e, _) if e.raw_os_error() == Some(libc::ESRCH) => Error::NoSuchProcess { pid },
         other => Error::io(format!("/proc/{pid}/{what}"), std::io::Error::other(other.to_string())),
+    }
+}
+
+/// A refused /proc/PID/`what` as [`Error::PermissionDenied`], other failures as they are.
+fn permission_or(pid: i32, what: &str, e: SysError) -> Error {
+    match e.errno {
+        rustix::io::Errno::ACCESS | rustix::io::Errno::PERM => Error::PermissionDenied { pid, what: what.to_string() },
+        _ => e.into(),
     }
 }
 
@@ -164,12 +209,15 @@ impl Meter {
             }
             let process = Process::new(pid).map_err(|e| open_error(pid, "", e))?;
             let pagemap = open_pagemap(pid, &process)?;
-            targets.push(Target { pid, process, pagemap });
+            let dir = process.open_relative(".").map_err(|e| open_error(pid, "", e))?.into();
+            targets.push(Target { pid, process, dir, pagemap });
         }
         Ok(Self {
             targets,
             zero_pfn: crate::sys::pagemap::zero_pfn(),
             scan_works: !options.no_scan,
+            cachestat_works: !options.no_cachestat,
+            objects: Objects::default(),
             options,
             entries: vec![0; CHUNK_PAGES],
             regions: vec![Region::default(); 4096],
@@ -192,14 +240,17 @@ impl Meter {
         let started = Instant::now();
         let ps = crate::sys::page_size() as u64;
         self.pfns.clear();
+        self.objects.clear();
         let mut totals = Tally { pfn_visible: true, ..Default::default() };
         let mut processes = Vec::with_capacity(self.targets.len());
         for i in 0..self.targets.len() {
             let first = self.pfns.len();
+            let (offsets_mark, held_mark) = (self.objects.mark(), self.objects.held_mark());
             let t = match self.walk_target(i) {
                 Err(Error::Sys(e)) if e.errno == rustix::io::Errno::SRCH && self.targets[i].process.is_alive() => {
                     // The process exec'd: its old mm, which the pagemap fd pins, is gone.
                     self.pfns.truncate(first);
+                    self.objects.truncate(offsets_mark, held_mark);
                     let target = &mut self.targets[i];
                     target.pagemap = open_pagemap(target.pid, &target.process)?;
                     self.walk_target(i)?
@@ -209,6 +260,12 @@ impl Meter {
             let pid = self.targets[i].pid;
             let process = &self.targets[i].process;
             let exited = |e| if process.is_alive() { e } else { Error::ProcessExited { pid } };
+            if !self.options.mapped_only {
+                self.objects
+                    .scan_fds(i, self.targets[i].dir.as_fd())
+                    .map_err(|e| exited(permission_or(pid, "fd", e)))?;
+            }
+            self.objects.end_target(i, offsets_mark, held_mark);
             let rollup = proc_files::smaps_rollup(process).map_err(exited)?;
             let own = &mut self.pfns[first..];
             own.sort_unstable();
@@ -219,6 +276,7 @@ impl Meter {
                 vmas: t.vmas,
                 mapped_pages: t.mapped,
                 distinct_pages: t.pfn_visible.then_some(own_distinct),
+                held_pages: 0,
                 rss_bytes: rollup.rss_bytes,
                 pss_bytes: rollup.pss_bytes,
                 uss_bytes: rollup.uss_bytes,
@@ -227,27 +285,73 @@ impl Meter {
             });
             totals.add(&t);
         }
+        let dirs: Vec<BorrowedFd<'_>> = self.targets.iter().map(|t| t.dir.as_fd()).collect();
+        self.objects.measure(&dirs, &mut self.cachestat_works);
+        for (i, p) in processes.iter_mut().enumerate() {
+            p.held_pages = self.objects.target_held(i);
+        }
+        let held = self.objects.totals();
         self.pfns.sort_unstable();
         let counts = dedup_count(&self.pfns);
         let pss: u64 = processes.iter().map(|p| p.pss_bytes).sum();
+        let uss: u64 = processes.iter().map(|p| p.uss_bytes).sum();
         let visible = totals.pfn_visible && !self.options.hide_pfns;
         Ok(Sample {
             page_size_bytes: ps,
             pfn_visible: visible,
             distinct: visible.then_some(counts),
-            physical_bytes: if visible { counts.total * ps } else { pss },
+            held_pages: held.held,
+            held_swapped_pages: held.swapped,
+            shmem_objects: held.objects,
+            shmem_objects_unread: held.unread,
+            physical_bytes: if visible { (counts.total + held.held) * ps } else { pss + held.held * ps },
             physical_source: if visible { "distinct_pfns" } else { "pss" },
+            anon_shmem_bytes: if visible {
+                (counts.anon + counts.shmem + held.held) * ps
+            } else {
+                uss + held.held * ps
+            },
             mapped_pages: totals.mapped,
             zero_page_mappings: totals.zero,
             swapped_pages: totals.swapped,
             rss_bytes: processes.iter().map(|p| p.rss_bytes).sum(),
             pss_bytes: pss,
-            uss_bytes: processes.iter().map(|p| p.uss_bytes).sum(),
+            uss_bytes: uss,
             processes,
             ksm: ksm::system(),
             ksmd_cpu_seconds: ksmd_cpu_seconds(),
             measure_ms: started.elapsed().as_secs_f64() * 1e3,
         })
+    }
+
+    /// Which kind the file-or-shared pages of `vma` are, and the shmem object it maps
+    /// (noted for target `i`), if it maps one.
+    fn vma_kind(&mut self, i: usize, vma: &procfs::process::MemoryMap) -> (u64, Option<u32>) {
+        if vma.inode == 0 {
+            // vdso, vvar and the like: kernel pages, nobody's memory.
+            return (KIND_FILE, None);
+        }
+        let (start, end) = vma.address;
+        let link = format!("map_files/{start:x}-{end:x}");
+        let dev = procfd::dev_of(vma.dev.0 as u32, vma.dev.1 as u32);
+        let dir = self.targets[i].dir.as_fd();
+        let shmem = match (&vma.pathname, self.objects.is_shmem_dev(dir, dev, &link)) {
+            (_, Some(known)) => known,
+            // map_files needs CAP_SYS_ADMIN: without it, judge by the name.
+            (MMapPath::Path(p), None) => is_shmem_path(&p.to_string_lossy()),
+            (MMapPath::Vsys(_), None) => true,
+            _ => false,
+        };
+        if !shmem {
+            return (KIND_FILE, None);
+        }
+        let id = if self.options.mapped_only {
+            None
+        } else {
+            self.objects
+                .note(i, dev, vma.inode, &link, false, || procfd::stat_link(dir, &link).map(|f| f.size).unwrap_or(0))
+        };
+        (KIND_SHMEM, id)
     }
 
     /// Walks every VMA of target `i`, appending its present PFNs to `self.pfns`.
@@ -268,11 +372,11 @@ impl Meter {
             if matches!(vma.pathname, MMapPath::Vsyscall) {
                 continue;
             }
-            let kind_if_shared = match &vma.pathname {
-                MMapPath::Path(p) if !is_shmem_path(&p.to_string_lossy()) => KIND_FILE,
-                _ => KIND_SHMEM,
-            };
+            let (kind_if_shared, object) = self.vma_kind(i, vma);
             let (start, end) = vma.address;
+            // Page offset in the object of the page at virtual page 0 (may wrap; only
+            // differences within the VMA are used).
+            let page_base = (vma.offset / ps).wrapping_sub(start / ps);
             let mut runs = Vec::new();
             if self.scan_works {
                 match self.present_runs(i, start, end, &mut runs) {
@@ -302,7 +406,7 @@ impl Meter {
                         let gone = SysError::new("pread(/proc/PID/pagemap)", rustix::io::Errno::SRCH);
                         return Err(alive_or_exited(&self.targets[i].process, gone.into()));
                     }
-                    for &raw in &self.entries[..got] {
+                    for (k, &raw) in self.entries[..got].iter().enumerate() {
                         let e = Entry(raw);
                         if e.swapped() {
                             tally.swapped += 1;
@@ -319,6 +423,11 @@ impl Meter {
                         }
                         let kind = if e.file_or_shared() { kind_if_shared } else { KIND_ANON };
                         self.pfns.push(pfn << 2 | kind);
+                        if let (Some(id), true) = (object, e.file_or_shared()) {
+                            // The object's own page (a private copy would not have the
+                            // file/shared bit): counted here, not as held.
+                            self.objects.mapped(id, page_base.wrapping_add(vpn + k as u64));
+                        }
                     }
                     vpn += got as u64;
                 }

@@ -39,7 +39,11 @@ pub struct WatchSummary {
     pub interval_ms: u64,
     /// Physical memory (distinct pages, or PSS when PFNs are hidden), bytes.
     pub physical_bytes: Aggregate,
-    /// Distinct pages, when PFNs are visible.
+    /// Pages of shmem objects held but not mapped, bytes (part of `physical_bytes`).
+    pub held_bytes: Aggregate,
+    /// The anon + shmem part of `physical_bytes` (no page cache), bytes.
+    pub anon_shmem_bytes: Aggregate,
+    /// Distinct mapped pages, when PFNs are visible.
     pub distinct_pages: Option<Aggregate>,
     /// Summed RSS, bytes.
     pub rss_bytes: Aggregate,
@@ -66,6 +70,7 @@ pub fn watch(
     let start = Instant::now();
     let ksmd_start = super::ksmd_cpu_seconds();
     let (mut phys, mut distinct, mut rss, mut pss) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut held, mut anon_shmem) = (Vec::new(), Vec::new());
     let mut last = None;
     let mut ended_early = None;
     let mut next = start;
@@ -73,6 +78,8 @@ pub fn watch(
         match meter.sample() {
             Ok(s) => {
                 phys.push(s.physical_bytes as f64);
+                held.push((s.held_pages * s.page_size_bytes) as f64);
+                anon_shmem.push(s.anon_shmem_bytes as f64);
                 if let Some(d) = s.distinct {
                     distinct.push(d.total as f64);
                 }
@@ -103,6 +110,8 @@ pub fn watch(
         duration_s: start.elapsed().as_secs_f64(),
         interval_ms: interval.as_millis() as u64,
         physical_bytes: Aggregate::of(&phys),
+        held_bytes: Aggregate::of(&held),
+        anon_shmem_bytes: Aggregate::of(&anon_shmem),
         distinct_pages: (!distinct.is_empty() && distinct.len() == phys.len()).then(|| Aggregate::of(&distinct)),
         rss_bytes: Aggregate::of(&rss),
         pss_bytes: Aggregate::of(&pss),
