@@ -14,6 +14,7 @@ pub mod layerfile;
 pub mod memfd;
 pub mod mman;
 pub mod pagemap;
+pub mod process;
 pub mod procmap;
 pub mod seek;
 pub mod signal;
