@@ -129,7 +129,7 @@ fn drop_page_cache(image: &Path) -> Result<(), BenchError> {
     let dir = image.parent().unwrap_or(Path::new("."));
     for layer in ["base.qcow2", "mid.qcow2", "top.qcow2"] {
         let f = dir.join(layer).display().to_string();
-        sh(dir, "sync", &[f.clone()])?;
+        sh(dir, "sync", std::slice::from_ref(&f))?;
         sh(dir, "dd", &[format!("if={f}"), "iflag=nocache".into(), "count=0".into(), "status=none".into()])?;
     }
     Ok(())
@@ -227,11 +227,19 @@ impl Bench for ImageBench {
                         .figure(Figure::single("anon+shmem pages", "pages", p.anon_shmem as f64))
                         .figure_if(
                             p.cgroup.is_some(),
-                            Figure::single("cgroup anon+shmem pages", "pages", p.cgroup.map_or(0, |c| c.anon_shmem) as f64),
+                            Figure::single(
+                                "cgroup anon+shmem pages",
+                                "pages",
+                                p.cgroup.map_or(0, |c| c.anon_shmem) as f64,
+                            ),
                         )
                         .figure_if(
                             p.cgroup.is_some(),
-                            Figure::single("cgroup page cache pages", "pages", p.cgroup.map_or(0, |c| c.page_cache) as f64),
+                            Figure::single(
+                                "cgroup page cache pages",
+                                "pages",
+                                p.cgroup.map_or(0, |c| c.page_cache) as f64,
+                            ),
                         )
                         .figure(Figure::new("setup+read", "ms", setup)),
                 );
@@ -278,13 +286,20 @@ impl Bench for ImageBench {
             return Err(BenchError::Usage(disagreements.join("; ")));
         }
         // the cgroup's whole charge: anon+shmem and the page cache the readers brought in
-        let charged = |p: &Point| p.cgroup.map_or(String::new(), |c| {
-            format!("; cgroup {} with page cache", fmt_bytes((c.anon_shmem + c.page_cache) * ps))
-        });
+        let charged = |p: &Point| {
+            p.cgroup.map_or(String::new(), |c| {
+                format!("; cgroup {} with page cache", fmt_bytes((c.anon_shmem + c.page_cache) * ps))
+            })
+        };
         Ok(vec![DemoRow {
             capability: "image".into(),
             workload: format!("{n} readers of a {mib} MiB 3-layer qcow2 chain"),
-            advm: format!("{} distinct pages ({}){}", mapped.distinct, fmt_bytes(mapped.distinct * ps), charged(&mapped)),
+            advm: format!(
+                "{} distinct pages ({}){}",
+                mapped.distinct,
+                fmt_bytes(mapped.distinct * ps),
+                charged(&mapped)
+            ),
             baseline: format!(
                 "private reads: {} pages ({}){}",
                 private.distinct,

@@ -15,8 +15,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::{median, Bench, BenchOpts, DemoRow, Figure, Report, Row};
-use crate::workloads::{python_workload, r_script, r_workloads, Workload, COMMON_R, FORK_SCRIPT, THRESHOLD_PROBE};
 use crate::meters;
+use crate::workloads::{python_workload, r_script, r_workloads, Workload, COMMON_R, FORK_SCRIPT, THRESHOLD_PROBE};
 use crate::BenchError;
 use advm::stats::cgroup::{self, Group};
 use advm::stats::{Meter, Options};
@@ -179,7 +179,8 @@ pub fn measure(
             match meter.as_mut().map(|m| m.sample()) {
                 Some(Ok(s)) => {
                     let at_once = group.as_ref().map(|g| g.usage());
-                    pages.push(s.distinct.map_or(s.physical_bytes / advm::addr::page_size() as u64, |d| d.total) as f64);
+                    pages
+                        .push(s.distinct.map_or(s.physical_bytes / advm::addr::page_size() as u64, |d| d.total) as f64);
                     anon_shmem.push(meters::distinct_anon_shmem(&s) as f64);
                     if let Some(Ok(u)) = at_once {
                         paired.push(u.anon_shmem_bytes() as f64);
@@ -482,7 +483,9 @@ impl Bench for RBench {
             let base_pages = median(&base.iter().map(|m| m.mean_pages).collect::<Vec<_>>());
             let base_cpu = median(&base.iter().map(|m| m.cpu_s).collect::<Vec<_>>());
             let cgroup_mean = |ms: &[Measured]| {
-                median(&ms.iter().filter_map(|m| m.cgroup.as_ref().map(|c| c.anon_shmem_bytes.mean)).collect::<Vec<_>>())
+                median(
+                    &ms.iter().filter_map(|m| m.cgroup.as_ref().map(|c| c.anon_shmem_bytes.mean)).collect::<Vec<_>>(),
+                )
             };
             let base_cg = cgroup_mean(base);
             for (mi, &mode) in modes.iter().enumerate() {
@@ -515,11 +518,8 @@ impl Bench for RBench {
                 }
                 let last = ms.last().expect("non-empty");
                 let mib = |b: f64| b / (1 << 20) as f64;
-                let distinct_as = Figure::new(
-                    "distinct anon+shmem",
-                    "MiB",
-                    ms.iter().map(|m| mib(m.distinct_anon_shmem)).collect(),
-                );
+                let distinct_as =
+                    Figure::new("distinct anon+shmem", "MiB", ms.iter().map(|m| mib(m.distinct_anon_shmem)).collect());
                 let cgroup_of = |f: fn(&cgroup::Summary) -> f64| -> Vec<f64> {
                     ms.iter().filter_map(|m| m.cgroup.as_ref()).map(|c| mib(f(c))).collect()
                 };
@@ -591,7 +591,10 @@ impl Bench for RBench {
                     .with("workload", format!("geomean of {} R workloads", mem_ratio[mi].len()))
                     .with("mode", mode.name())
                     .figure(Figure::single("memory vs off", "%", geomean(&mem_ratio[mi])))
-                    .figure_if(!cg_ratio[mi].is_empty(), Figure::single("cgroup memory vs off", "%", geomean(&cg_ratio[mi])))
+                    .figure_if(
+                        !cg_ratio[mi].is_empty(),
+                        Figure::single("cgroup memory vs off", "%", geomean(&cg_ratio[mi])),
+                    )
                     .figure(Figure::single("cpu vs off", "%", geomean(&cpu_ratio[mi])))
                     .figure(Figure::new(
                         "cpu vs off per pass",
@@ -643,7 +646,9 @@ impl Bench for RBench {
             })
         };
         let cg_gain = match (&cow.cgroup, &off.cgroup) {
-            (Some(c), Some(o)) => format!(" ({:.1}% by the cgroup)", 100.0 * c.anon_shmem_bytes.mean / o.anon_shmem_bytes.mean),
+            (Some(c), Some(o)) => {
+                format!(" ({:.1}% by the cgroup)", 100.0 * c.anon_shmem_bytes.mean / o.anon_shmem_bytes.mean)
+            }
             _ => String::new(),
         };
         Ok(vec![DemoRow {

@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use super::{fmt_bytes, median, Bench, BenchOpts, DemoRow, Figure, Report, Row};
 use crate::meters::{self, in_group, Both};
 use crate::BenchError;
-use advm::stats::cgroup::Group;
 use advm::cow::{Arena, Config};
 use advm::mem::Region;
+use advm::stats::cgroup::Group;
 use advm::stats::{Meter, Options};
 
 /// See the module doc.
@@ -494,7 +494,7 @@ impl Bench for VcopyBench {
         // they are next read. memcpy pays its whole cost in the call; its reads after
         // are counted the same way for a fair sum.
         let mut unavailable = None;
-        let (row, disagreements) = in_group("demo-vcopy", &mut unavailable, |group| Self::demo_measured(group))?;
+        let (row, disagreements) = in_group("demo-vcopy", &mut unavailable, Self::demo_measured)?;
         if !disagreements.is_empty() {
             return Err(BenchError::Usage(format!("vcopy demo: {}", disagreements.join("; "))));
         }

@@ -125,7 +125,8 @@ pub fn render_stats(mode: Mode, stats: &BTreeMap<String, u64>, processes: usize)
 
 /// Renders the cgroup meter's report for `--cgroup`.
 pub fn render_cgroup(s: &cgroup::Summary) -> String {
-    let agg = |a: advm::stats::Aggregate| format!("mean {}, peak {}", fmt_bytes(a.mean as u64), fmt_bytes(a.max as u64));
+    let agg =
+        |a: advm::stats::Aggregate| format!("mean {}, peak {}", fmt_bytes(a.mean as u64), fmt_bytes(a.max as u64));
     format!(
         "advm run: memory cgroup {} ({:?}), {} samples every {} ms\n  anon+shmem   {}\n  page cache   {}\n",
         s.group.display(),

@@ -153,7 +153,10 @@ fn run_cgroup(args: &StatArgs, path: &std::path::Path) -> Result<(), CliError> {
         print!(
             "{}",
             render_cells(&[
-                vec!["over the run".to_string(), format!("{} samples in {:.1} s", s.samples, start.elapsed().as_secs_f64())],
+                vec![
+                    "over the run".to_string(),
+                    format!("{} samples in {:.1} s", s.samples, start.elapsed().as_secs_f64())
+                ],
                 vec!["anon+shmem".into(), agg(s.anon_shmem_bytes)],
                 vec!["page cache".into(), agg(s.page_cache_bytes)],
             ])

@@ -46,7 +46,8 @@ fn run_cgroup_passes_on_the_exit_status_and_leaves_no_group() {
         eprintln!("skipped: {why}");
         return;
     }
-    let out = Command::new(ADVM).args(["run", "--mode", "off", "--cgroup", "--", "sh", "-c", "exit 5"]).output().unwrap();
+    let out =
+        Command::new(ADVM).args(["run", "--mode", "off", "--cgroup", "--", "sh", "-c", "exit 5"]).output().unwrap();
     assert_eq!(out.status.code(), Some(5));
     let text = String::from_utf8_lossy(&out.stderr);
     let line = text.lines().find(|l| l.contains("memory cgroup")).unwrap_or_else(|| panic!("{text}"));

@@ -93,7 +93,11 @@ fn page_cache_of_a_file_written_is_reported_apart_from_anon_and_shmem() {
     let u = g.usage().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
     assert!(u.page_cache_bytes >= 31 * MIB, "page cache {} bytes after writing 32 MiB", u.page_cache_bytes);
-    assert!(u.anon_shmem_bytes() < 8 * MIB, "anon+shmem {} bytes: page cache counted as anon/shmem?", u.anon_shmem_bytes());
+    assert!(
+        u.anon_shmem_bytes() < 8 * MIB,
+        "anon+shmem {} bytes: page cache counted as anon/shmem?",
+        u.anon_shmem_bytes()
+    );
     g.remove().unwrap();
 }
 

@@ -81,7 +81,10 @@ impl Usage {
             return Some((Version::V1, usage));
         }
         let (anon, shmem, file) = (get("anon")?, get("shmem")?, get("file")?);
-        Some((Version::V2, Usage { anon_bytes: anon, shmem_bytes: shmem, page_cache_bytes: file.saturating_sub(shmem) }))
+        Some((
+            Version::V2,
+            Usage { anon_bytes: anon, shmem_bytes: shmem, page_cache_bytes: file.saturating_sub(shmem) },
+        ))
     }
 }
 
@@ -116,8 +119,8 @@ pub struct Group {
 /// The directory of the caller's own memory cgroup, and the interface it is under.
 fn own_memory_cgroup() -> Result<(PathBuf, Version)> {
     let unavailable = |why: String| Error::Unsupported { what: "memory cgroup", why };
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| Error::io("/proc/self/mountinfo", e))?;
+    let mountinfo =
+        std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| Error::io("/proc/self/mountinfo", e))?;
     let own = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| Error::io("/proc/self/cgroup", e))?;
     // mountinfo: ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTS
     let mounts: Vec<(String, String, String, String)> = mountinfo
@@ -126,7 +129,12 @@ fn own_memory_cgroup() -> Result<(PathBuf, Version)> {
             let (pre, post) = l.split_once(" - ")?;
             let pre: Vec<&str> = pre.split(' ').collect();
             let post: Vec<&str> = post.split(' ').collect();
-            Some((pre.get(3)?.to_string(), pre.get(4)?.to_string(), post.first()?.to_string(), post.get(2)?.to_string()))
+            Some((
+                pre.get(3)?.to_string(),
+                pre.get(4)?.to_string(),
+                post.first()?.to_string(),
+                post.get(2)?.to_string(),
+            ))
         })
         .collect();
     let join = |mount: &str, root: &str, own_path: &str| {
@@ -178,7 +186,8 @@ impl Group {
         check_name(name)?;
         let (own, version) = own_memory_cgroup()?;
         if !crate::process::is_root() {
-            let why = format!("creating a memory cgroup needs root (running as uid {})", rustix::process::geteuid().as_raw());
+            let why =
+                format!("creating a memory cgroup needs root (running as uid {})", rustix::process::geteuid().as_raw());
             return Err(Error::io(own.join("advm"), std::io::Error::new(std::io::ErrorKind::PermissionDenied, why)));
         }
         let parent = own.join("advm");
@@ -391,9 +400,9 @@ impl Sampler {
     /// Stops sampling and returns mean and peak.
     pub fn stop(self) -> Result<Summary> {
         self.stop.store(true, Ordering::Release);
-        self.thread.join().unwrap_or_else(|_| {
-            Err(Error::Unrecoverable { what: "cgroup sampler", why: "its thread panicked".into() })
-        })
+        self.thread
+            .join()
+            .unwrap_or_else(|_| Err(Error::Unrecoverable { what: "cgroup sampler", why: "its thread panicked".into() }))
     }
 }
 
