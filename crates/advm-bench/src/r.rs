@@ -48,9 +48,12 @@ pub struct Measured {
     pub samples: usize,
     /// Mean anon+shmem by the distinct-page meter at its samples, bytes.
     pub distinct_anon_shmem: f64,
-    /// Mean anon+shmem charged to the program's cgroup, read at the same instants
-    /// (None without cgroups).
-    pub cgroup_paired: Option<f64>,
+    /// The two meters compared: mean anon+shmem (bytes) by the distinct meter and by
+    /// the cgroup over the samples during which the cgroup's figure moved by less than
+    /// 2% (read just before and just after the distinct sample: a program allocating
+    /// or freeing fast changes under a sample), with how many samples that was. None
+    /// without cgroups or without a steady sample.
+    pub compared: Option<(f64, f64, usize)>,
     /// The cgroup meter sampled every 50 ms over the whole run.
     pub cgroup: Option<cgroup::Summary>,
     /// CPU time of the program and its reaped children, seconds.
@@ -151,7 +154,7 @@ pub fn measure(
         g.join_at_exec(&mut prepared.command)?;
     }
     let sampler = group.as_ref().map(|g| g.sample_every(cgroup::DEFAULT_INTERVAL));
-    let (mut anon_shmem, mut paired) = (Vec::new(), Vec::new());
+    let (mut anon_shmem, mut steady) = (Vec::new(), Vec::new());
     let ksmd_before = advm::stats::ksmd_cpu_seconds();
     let started = Instant::now();
     let mut child = prepared.command.spawn().map_err(|e| BenchError::Io(format!("running {program}"), e))?;
@@ -176,14 +179,19 @@ pub fn measure(
             if meter.is_none() {
                 meter = Meter::new(&[pid as i32], Options::default()).ok();
             }
+            let cgroup_before = group.as_ref().and_then(|g| g.usage().ok());
             match meter.as_mut().map(|m| m.sample()) {
                 Some(Ok(s)) => {
-                    let at_once = group.as_ref().map(|g| g.usage());
+                    let cgroup_after = group.as_ref().and_then(|g| g.usage().ok());
                     pages
                         .push(s.distinct.map_or(s.physical_bytes / advm::addr::page_size() as u64, |d| d.total) as f64);
-                    anon_shmem.push(meters::distinct_anon_shmem(&s) as f64);
-                    if let Some(Ok(u)) = at_once {
-                        paired.push(u.anon_shmem_bytes() as f64);
+                    let distinct = meters::distinct_anon_shmem(&s) as f64;
+                    anon_shmem.push(distinct);
+                    if let (Some(b), Some(a)) = (cgroup_before, cgroup_after) {
+                        let (b, a) = (b.anon_shmem_bytes() as f64, a.anon_shmem_bytes() as f64);
+                        if (a - b).abs() <= 0.02 * a.max(b) {
+                            steady.push((distinct, (a + b) / 2.0));
+                        }
                     }
                 }
                 _ => meter = None,
@@ -218,12 +226,15 @@ pub fn measure(
     let samples = pages.len();
     let mean_pages = if samples == 0 { f64::NAN } else { pages.iter().sum::<f64>() / samples as f64 };
     let mean = |v: &[f64]| if v.is_empty() { f64::NAN } else { v.iter().sum::<f64>() / v.len() as f64 };
-    let cgroup_paired = (cgroup.is_some() && paired.len() == anon_shmem.len()).then(|| mean(&paired));
+    let compared = (!steady.is_empty()).then(|| {
+        let (d, c): (Vec<f64>, Vec<f64>) = steady.iter().copied().unzip();
+        (mean(&d), mean(&c), steady.len())
+    });
     Ok(Measured {
         mean_pages,
         samples,
         distinct_anon_shmem: mean(&anon_shmem),
-        cgroup_paired,
+        compared,
         cgroup,
         cpu_s,
         wall_s,
@@ -526,14 +537,14 @@ impl Bench for RBench {
                 let cg_mean = Figure::new("cgroup anon+shmem mean", "MiB", cgroup_of(|c| c.anon_shmem_bytes.mean));
                 let cg_peak = Figure::new("cgroup anon+shmem peak", "MiB", cgroup_of(|c| c.anon_shmem_bytes.max));
                 let cg_cache = Figure::new("cgroup page cache mean", "MiB", cgroup_of(|c| c.page_cache_bytes.mean));
-                let paired_cg: Vec<f64> = ms.iter().filter_map(|m| m.cgroup_paired).collect();
-                if paired_cg.len() == ms.len() {
-                    let both = ms.iter().map(|m| m.distinct_anon_shmem).collect::<Vec<_>>();
+                let compared: Vec<(f64, f64, usize)> = ms.iter().filter_map(|m| m.compared).collect();
+                if !compared.is_empty() {
+                    let n: usize = compared.iter().map(|c| c.2).sum();
                     meters::check(
                         &mut report.meter_disagreements,
-                        &format!("bench r {} {} (mean at the distinct meter's samples)", w.file, mode.name()),
-                        median(&both),
-                        Some(median(&paired_cg)),
+                        &format!("bench r {} {} (mean over {n} steady samples)", w.file, mode.name()),
+                        median(&compared.iter().map(|c| c.0).collect::<Vec<_>>()),
+                        Some(median(&compared.iter().map(|c| c.1).collect::<Vec<_>>())),
                     );
                 }
                 let has_cgroup = !cg_mean.runs.is_empty();
@@ -635,7 +646,9 @@ impl Bench for RBench {
         let mib = |p: f64| p * advm::addr::page_size() as f64 / (1 << 20) as f64;
         let mut disagreements = Vec::new();
         for (what, m) in [("R demo, cow", &cow), ("R demo, untouched", &off)] {
-            meters::check(&mut disagreements, what, m.distinct_anon_shmem, m.cgroup_paired);
+            if let Some((d, c, _)) = m.compared {
+                meters::check(&mut disagreements, what, d, Some(c));
+            }
         }
         if !disagreements.is_empty() {
             return Err(BenchError::Usage(disagreements.join("; ")));
