@@ -159,7 +159,6 @@ pub fn measure(
     let started = Instant::now();
     let mut child = prepared.command.spawn().map_err(|e| BenchError::Io(format!("running {program}"), e))?;
     let pid = child.id();
-    let mut meter: Option<Meter> = None;
     let mut pages = Vec::new();
     // Samples at interval/2, 3*interval/2, ...: the exec'ing first instant is left out.
     let mut next = started + interval / 2;
@@ -174,11 +173,10 @@ pub fn measure(
             _ => {}
         }
         if Instant::now() >= next {
-            // The meter follows the launcher's exec into R by itself; it is opened at the
-            // first sample and again after an error (e.g. a sample racing the exit).
-            if meter.is_none() {
-                meter = Meter::new(&[pid as i32], Options::default()).ok();
-            }
+            // Opened afresh at every sample: a meter opened before the launcher's exec
+            // chain (Rscript, sh, R) ends kept measuring a near-empty mm in some runs
+            // (0.4 MiB where the cgroup saw 31 MiB), so each sample reads the current one.
+            let mut meter = Meter::new(&[pid as i32], Options::default()).ok();
             let cgroup_before = group.as_ref().and_then(|g| g.usage().ok());
             match meter.as_mut().map(|m| m.sample()) {
                 Some(Ok(s)) => {
@@ -194,7 +192,7 @@ pub fn measure(
                         }
                     }
                 }
-                _ => meter = None,
+                _ => {}
             }
             next += interval;
         }
