@@ -178,21 +178,17 @@ pub fn measure(
             // (0.4 MiB where the cgroup saw 31 MiB), so each sample reads the current one.
             let mut meter = Meter::new(&[pid as i32], Options::default()).ok();
             let cgroup_before = group.as_ref().and_then(|g| g.usage().ok());
-            match meter.as_mut().map(|m| m.sample()) {
-                Some(Ok(s)) => {
-                    let cgroup_after = group.as_ref().and_then(|g| g.usage().ok());
-                    pages
-                        .push(s.distinct.map_or(s.physical_bytes / advm::addr::page_size() as u64, |d| d.total) as f64);
-                    let distinct = meters::distinct_anon_shmem(&s) as f64;
-                    anon_shmem.push(distinct);
-                    if let (Some(b), Some(a)) = (cgroup_before, cgroup_after) {
-                        let (b, a) = (b.anon_shmem_bytes() as f64, a.anon_shmem_bytes() as f64);
-                        if (a - b).abs() <= 0.02 * a.max(b) {
-                            steady.push((distinct, (a + b) / 2.0));
-                        }
+            if let Some(Ok(s)) = meter.as_mut().map(|m| m.sample()) {
+                let cgroup_after = group.as_ref().and_then(|g| g.usage().ok());
+                pages.push(s.distinct.map_or(s.physical_bytes / advm::addr::page_size() as u64, |d| d.total) as f64);
+                let distinct = meters::distinct_anon_shmem(&s) as f64;
+                anon_shmem.push(distinct);
+                if let (Some(b), Some(a)) = (cgroup_before, cgroup_after) {
+                    let (b, a) = (b.anon_shmem_bytes() as f64, a.anon_shmem_bytes() as f64);
+                    if (a - b).abs() <= 0.02 * a.max(b) {
+                        steady.push((distinct, (a + b) / 2.0));
                     }
                 }
-                _ => {}
             }
             next += interval;
         }
