@@ -9,6 +9,7 @@
 
 mod error;
 mod image;
+pub mod meters;
 mod r;
 mod remap;
 mod shim_stress;
@@ -23,7 +24,7 @@ pub use table::{fmt_bytes, fmt_num, render_cells, render_table};
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// How a benchmark is asked to run.
 #[derive(Debug, Clone)]
@@ -52,19 +53,23 @@ impl BenchOpts {
 }
 
 /// One measured quantity at one configuration.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Figure {
     /// What was measured, e.g. "copy time".
     pub name: String,
     /// Unit, e.g. "ms", "pages", "x".
     pub unit: String,
     /// Every run's value.
+    #[serde(deserialize_with = "nan_for_null_each")]
     pub runs: Vec<f64>,
     /// Median of the runs.
+    #[serde(deserialize_with = "nan_for_null")]
     pub median: f64,
     /// Smallest run.
+    #[serde(deserialize_with = "nan_for_null")]
     pub min: f64,
     /// Largest run.
+    #[serde(deserialize_with = "nan_for_null")]
     pub max: f64,
 }
 
@@ -82,6 +87,15 @@ impl Figure {
     }
 }
 
+/// JSON writes a NaN as null: read it back as NaN (figures cross from a measured child).
+fn nan_for_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
+fn nan_for_null_each<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
+    Ok(Vec::<Option<f64>>::deserialize(d)?.into_iter().map(|v| v.unwrap_or(f64::NAN)).collect())
+}
+
 /// The median of `v` (the mean of the middle two for an even count; NaN when empty).
 pub fn median(v: &[f64]) -> f64 {
     let mut sorted = v.to_vec();
@@ -95,7 +109,7 @@ pub fn median(v: &[f64]) -> f64 {
 }
 
 /// One configuration (e.g. "engine=uffd-move, size=2 MiB") and its figures.
-#[derive(Debug, Clone, Serialize, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct Row {
     /// Configuration, in column order.
     pub config: Vec<(String, String)>,
@@ -145,6 +159,9 @@ pub struct Report {
     pub rows: Vec<Row>,
     /// Observations worth a sentence (fallbacks, skipped baselines and why).
     pub notes: Vec<String>,
+    /// Memory figures on which the two meters (distinct pages, cgroup) disagree by more
+    /// than [`meters::TOLERANCE`] on anon + shmem: the benchmark fails when any.
+    pub meter_disagreements: Vec<String>,
     /// Machine facts from `advm doctor`.
     pub machine: advm::probe::Facts,
     /// Wall time of the whole benchmark.
@@ -152,7 +169,7 @@ pub struct Report {
 }
 
 /// A row of the `advm demo` table: one capability against its baseline.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DemoRow {
     /// Capability name.
     pub capability: String,
@@ -215,12 +232,33 @@ pub fn run(name: &str, opts: &BenchOpts) -> Result<Report, BenchError> {
         configuration: BTreeMap::new(),
         rows: Vec::new(),
         notes: Vec::new(),
+        meter_disagreements: Vec::new(),
         machine: advm::probe::facts().clone(),
         elapsed_s: 0.0,
     };
     bench.run(opts, &mut report)?;
     report.elapsed_s = started.elapsed().as_secs_f64();
     Ok(report)
+}
+
+impl Report {
+    /// The rows, notes, configuration and disagreements, to be merged into another report.
+    pub fn into_part(self) -> meters::Part {
+        meters::Part {
+            rows: self.rows,
+            notes: self.notes,
+            configuration: self.configuration,
+            disagreements: self.meter_disagreements,
+        }
+    }
+
+    /// Adds the rows, notes, configuration and disagreements of a part run elsewhere.
+    pub fn merge(&mut self, part: meters::Part) {
+        self.rows.extend(part.rows);
+        self.notes.extend(part.notes);
+        self.configuration.extend(part.configuration);
+        self.meter_disagreements.extend(part.disagreements);
+    }
 }
 
 /// Times `f` `runs` times, in milliseconds.

@@ -5,7 +5,9 @@
 //! the paper's five configurations: off (untouched), alloc (large blocks in a page-aligned
 //! anonymous arena), ksm and ksm-aggr (alloc + KSM at 100 / 1000 pages per 20 ms), cow
 //! (virtual copies). Memory is the mean of distinct physical pages sampled once a second
-//! (`advm::stats`), time is the program's CPU time (user + system, children included) and
+//! (`advm::stats`, the paper's meter) next to the anon+shmem charged to the program's own
+//! memory cgroup (`advm::stats::cgroup`, sampled every 50 ms, and read at the distinct
+//! meter's instants to compare the two), time is the program's CPU time (user + system, children included) and
 //! wall time, and ksmd's CPU time is read before and after.
 
 use std::path::{Path, PathBuf};
@@ -13,8 +15,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::{median, Bench, BenchOpts, DemoRow, Figure, Report, Row};
+use crate::meters;
 use crate::workloads::{python_workload, r_script, r_workloads, Workload, COMMON_R, FORK_SCRIPT, THRESHOLD_PROBE};
 use crate::BenchError;
+use advm::stats::cgroup::{self, Group};
 use advm::stats::{Meter, Options};
 use advm_preload::launch::{self, Mode};
 
@@ -42,6 +46,16 @@ pub struct Measured {
     pub mean_pages: f64,
     /// Number of samples.
     pub samples: usize,
+    /// Mean anon+shmem by the distinct-page meter at its samples, bytes.
+    pub distinct_anon_shmem: f64,
+    /// The two meters compared: mean anon+shmem (bytes) by the distinct meter and by
+    /// the cgroup over the samples during which the cgroup's figure moved by less than
+    /// 2% (read just before and just after the distinct sample: a program allocating
+    /// or freeing fast changes under a sample), with how many samples that was. None
+    /// without cgroups or without a steady sample.
+    pub compared: Option<(f64, f64, usize)>,
+    /// The cgroup meter sampled every 50 ms over the whole run.
+    pub cgroup: Option<cgroup::Summary>,
     /// CPU time of the program and its reaped children, seconds.
     pub cpu_s: f64,
     /// Wall time, seconds.
@@ -133,11 +147,18 @@ pub fn measure(
     prepared.command.envs(env.iter().map(|(k, v)| (*k, v.as_str())));
     prepared.command.stdin(Stdio::null()).stdout(open(&out_path)?).stderr(open(&err_path)?);
     let foreign_ksm = mode.ksm_pages_to_scan().is_none() && advm::ksm::knob("run") == Some(1);
+    // its own memory cgroup, joined before exec: every page the program and its
+    // children charge lands there
+    let group = Group::create("bench-r").ok();
+    if let Some(g) = &group {
+        g.join_at_exec(&mut prepared.command)?;
+    }
+    let sampler = group.as_ref().map(|g| g.sample_every(cgroup::DEFAULT_INTERVAL));
+    let (mut anon_shmem, mut steady) = (Vec::new(), Vec::new());
     let ksmd_before = advm::ksm::ksmd_cpu_seconds();
     let started = Instant::now();
     let mut child = prepared.command.spawn().map_err(|e| BenchError::Io(format!("running {program}"), e))?;
     let pid = child.id();
-    let mut meter: Option<Meter> = None;
     let mut pages = Vec::new();
     // Samples at interval/2, 3*interval/2, ...: the exec'ing first instant is left out.
     let mut next = started + interval / 2;
@@ -152,16 +173,22 @@ pub fn measure(
             _ => {}
         }
         if Instant::now() >= next {
-            // The meter follows the launcher's exec into R by itself; it is opened at the
-            // first sample and again after an error (e.g. a sample racing the exit).
-            if meter.is_none() {
-                meter = Meter::new(&[pid as i32], Options::default()).ok();
-            }
-            match meter.as_mut().map(|m| m.sample()) {
-                Some(Ok(s)) => {
-                    pages.push(s.distinct.map_or(s.physical_bytes / advm::addr::page_size() as u64, |d| d.total) as f64)
+            // Opened afresh at every sample: a meter opened before the launcher's exec
+            // chain (Rscript, sh, R) ends kept measuring a near-empty mm in some runs
+            // (0.4 MiB where the cgroup saw 31 MiB), so each sample reads the current one.
+            let mut meter = Meter::new(&[pid as i32], Options::default()).ok();
+            let cgroup_before = group.as_ref().and_then(|g| g.usage().ok());
+            if let Some(Ok(s)) = meter.as_mut().map(|m| m.sample()) {
+                let cgroup_after = group.as_ref().and_then(|g| g.usage().ok());
+                pages.push(s.distinct.map_or(s.physical_bytes / advm::addr::page_size() as u64, |d| d.total) as f64);
+                let distinct = meters::distinct_anon_shmem(&s) as f64;
+                anon_shmem.push(distinct);
+                if let (Some(b), Some(a)) = (cgroup_before, cgroup_after) {
+                    let (b, a) = (b.anon_shmem_bytes() as f64, a.anon_shmem_bytes() as f64);
+                    if (a - b).abs() <= 0.02 * a.max(b) {
+                        steady.push((distinct, (a + b) / 2.0));
+                    }
                 }
-                _ => meter = None,
             }
             next += interval;
         }
@@ -169,6 +196,10 @@ pub fn measure(
     }
     let wall_s = started.elapsed().as_secs_f64();
     let status = child.wait().map_err(|e| BenchError::Io(format!("waiting for {program}"), e))?;
+    let cgroup = sampler.map(|s| s.stop()).transpose()?;
+    if let Some(g) = group {
+        g.remove()?;
+    }
     let ksmd_s = match (ksmd_before, advm::ksm::ksmd_cpu_seconds()) {
         (Some(a), Some(b)) => b - a,
         _ => 0.0,
@@ -188,7 +219,24 @@ pub fn measure(
     let shim = prepared.stats_dir.as_deref().map(|d| launch::read_stats(d).0).unwrap_or_default();
     let samples = pages.len();
     let mean_pages = if samples == 0 { f64::NAN } else { pages.iter().sum::<f64>() / samples as f64 };
-    Ok(Measured { mean_pages, samples, cpu_s, wall_s, ksmd_s, stdout, shim, foreign_ksm })
+    let mean = |v: &[f64]| if v.is_empty() { f64::NAN } else { v.iter().sum::<f64>() / v.len() as f64 };
+    let compared = (!steady.is_empty()).then(|| {
+        let (d, c): (Vec<f64>, Vec<f64>) = steady.iter().copied().unzip();
+        (mean(&d), mean(&c), steady.len())
+    });
+    Ok(Measured {
+        mean_pages,
+        samples,
+        distinct_anon_shmem: mean(&anon_shmem),
+        compared,
+        cgroup,
+        cpu_s,
+        wall_s,
+        ksmd_s,
+        stdout,
+        shim,
+        foreign_ksm,
+    })
 }
 
 /// Runs the threshold probe (bench/run/threshold.c) untouched and under
@@ -433,11 +481,18 @@ impl Bench for RBench {
         let mut per_pass_cpu: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); runs]; modes.len()];
         let mut cpu_ratio: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
         let mut ksmd_ratio: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
+        let mut cg_ratio: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
         let ps_mib = advm::addr::page_size() as f64 / (1 << 20) as f64;
         for (wi, w) in workloads.iter().enumerate() {
             let Some(base) = measured[wi].first().filter(|b| !b.is_empty()) else { continue };
             let base_pages = median(&base.iter().map(|m| m.mean_pages).collect::<Vec<_>>());
             let base_cpu = median(&base.iter().map(|m| m.cpu_s).collect::<Vec<_>>());
+            let cgroup_mean = |ms: &[Measured]| {
+                median(
+                    &ms.iter().filter_map(|m| m.cgroup.as_ref().map(|c| c.anon_shmem_bytes.mean)).collect::<Vec<_>>(),
+                )
+            };
+            let base_cg = cgroup_mean(base);
             for (mi, &mode) in modes.iter().enumerate() {
                 let ms = &measured[wi][mi];
                 if ms.is_empty() {
@@ -467,6 +522,30 @@ impl Bench for RBench {
                     pair_ratio[mi].push(geomean(&paired[wi][mi]));
                 }
                 let last = ms.last().expect("non-empty");
+                let mib = |b: f64| b / (1 << 20) as f64;
+                let distinct_as =
+                    Figure::new("distinct anon+shmem", "MiB", ms.iter().map(|m| mib(m.distinct_anon_shmem)).collect());
+                let cgroup_of = |f: fn(&cgroup::Summary) -> f64| -> Vec<f64> {
+                    ms.iter().filter_map(|m| m.cgroup.as_ref()).map(|c| mib(f(c))).collect()
+                };
+                let cg_mean = Figure::new("cgroup anon+shmem mean", "MiB", cgroup_of(|c| c.anon_shmem_bytes.mean));
+                let cg_peak = Figure::new("cgroup anon+shmem peak", "MiB", cgroup_of(|c| c.anon_shmem_bytes.max));
+                let cg_cache = Figure::new("cgroup page cache mean", "MiB", cgroup_of(|c| c.page_cache_bytes.mean));
+                let compared: Vec<(f64, f64, usize)> = ms.iter().filter_map(|m| m.compared).collect();
+                if !compared.is_empty() {
+                    let n: usize = compared.iter().map(|c| c.2).sum();
+                    meters::check(
+                        &mut report.meter_disagreements,
+                        &format!("bench r {} {} (mean over {n} steady samples)", w.file, mode.name()),
+                        median(&compared.iter().map(|c| c.0).collect::<Vec<_>>()),
+                        Some(median(&compared.iter().map(|c| c.1).collect::<Vec<_>>())),
+                    );
+                }
+                let has_cgroup = !cg_mean.runs.is_empty();
+                let cg_pct = 100.0 * cgroup_mean(ms) / base_cg;
+                if !w.python && has_cgroup {
+                    cg_ratio[mi].push(cg_pct);
+                }
                 let g = |k: &str| last.shim.get(k).copied().unwrap_or(0) as f64;
                 report.rows.push(
                     Row::new()
@@ -474,6 +553,11 @@ impl Bench for RBench {
                         .with("mode", mode.result_name())
                         .figure(pages)
                         .figure(Figure::single("memory vs off", "%", mem_pct))
+                        .figure(distinct_as)
+                        .figure_if(has_cgroup, cg_mean)
+                        .figure_if(has_cgroup, cg_peak)
+                        .figure_if(has_cgroup, cg_cache)
+                        .figure_if(has_cgroup, Figure::single("cgroup memory vs off", "%", cg_pct))
                         .figure(cpu)
                         .figure(Figure::single("cpu vs off", "%", cpu_pct))
                         .figure_if(!pairs.runs.is_empty(), pairs)
@@ -512,6 +596,10 @@ impl Bench for RBench {
                     .with("workload", format!("geomean of {} R workloads", mem_ratio[mi].len()))
                     .with("mode", mode.result_name())
                     .figure(Figure::single("memory vs off", "%", geomean(&mem_ratio[mi])))
+                    .figure_if(
+                        !cg_ratio[mi].is_empty(),
+                        Figure::single("cgroup memory vs off", "%", geomean(&cg_ratio[mi])),
+                    )
                     .figure(Figure::single("cpu vs off", "%", geomean(&cpu_ratio[mi])))
                     .figure(Figure::new(
                         "cpu vs off per pass",
@@ -550,12 +638,32 @@ impl Bench for RBench {
         let cow = measure(Mode::Vcopy, &program, &args, &env, interval)?;
         let _ = std::fs::remove_dir_all(&dir);
         let mib = |p: f64| p * advm::addr::page_size() as f64 / (1 << 20) as f64;
+        let mut disagreements = Vec::new();
+        for (what, m) in [("R demo, cow", &cow), ("R demo, untouched", &off)] {
+            if let Some((d, c, _)) = m.compared {
+                meters::check(&mut disagreements, what, d, Some(c));
+            }
+        }
+        if !disagreements.is_empty() {
+            return Err(BenchError::Usage(disagreements.join("; ")));
+        }
+        let cg = |m: &Measured| {
+            m.cgroup.as_ref().map_or(String::new(), |c| {
+                format!(" (cgroup anon+shmem {:.0} MiB)", c.anon_shmem_bytes.mean / (1 << 20) as f64)
+            })
+        };
+        let cg_gain = match (&cow.cgroup, &off.cgroup) {
+            (Some(c), Some(o)) => {
+                format!(" ({:.1}% by the cgroup)", 100.0 * c.anon_shmem_bytes.mean / o.anon_shmem_bytes.mean)
+            }
+            _ => String::new(),
+        };
         Ok(vec![DemoRow {
             capability: "run (virtual copy, unmodified R)".into(),
             workload: "R sort/copy loop (b25_sort, 1.5 M doubles), mean distinct pages".into(),
-            advm: format!("{:.0} MiB, cpu {:.2} s", mib(cow.mean_pages), cow.cpu_s),
-            baseline: format!("{:.0} MiB, cpu {:.2} s (untouched R)", mib(off.mean_pages), off.cpu_s),
-            gain: format!("{:.1}% of the memory", 100.0 * cow.mean_pages / off.mean_pages),
+            advm: format!("{:.0} MiB{}, cpu {:.2} s", mib(cow.mean_pages), cg(&cow), cow.cpu_s),
+            baseline: format!("{:.0} MiB{}, cpu {:.2} s (untouched R)", mib(off.mean_pages), cg(&off), off.cpu_s),
+            gain: format!("{:.1}% of the memory{cg_gain}", 100.0 * cow.mean_pages / off.mean_pages),
         }])
     }
 }

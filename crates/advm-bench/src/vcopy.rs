@@ -13,9 +13,11 @@
 use std::time::{Duration, Instant};
 
 use super::{fmt_bytes, median, Bench, BenchOpts, DemoRow, Figure, Report, Row};
+use crate::meters::{self, in_group, Both};
 use crate::BenchError;
 use advm::cow::{Arena, Config};
 use advm::mem::Region;
+use advm::stats::cgroup::Group;
 use advm::stats::{Meter, Options};
 
 /// See the module doc.
@@ -67,22 +69,35 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-struct Pages {
+/// Both meters on this process: distinct anon+shmem frames (PSS when PFNs are
+/// hidden) and, in a measured child, its cgroup's anon+shmem.
+struct Pages<'g> {
     meter: Meter,
+    group: Option<&'g Group>,
 }
 
-impl Pages {
-    fn new() -> Result<Self, BenchError> {
-        Ok(Self { meter: Meter::for_self(Options::default())? })
+impl<'g> Pages<'g> {
+    fn new(group: Option<&'g Group>) -> Result<Self, BenchError> {
+        Ok(Self { meter: Meter::for_self(Options::default())?, group })
     }
-    /// Distinct physical pages of this process (PSS pages when PFNs are hidden).
-    fn now(&mut self) -> Result<i64, BenchError> {
-        let s = self.meter.sample()?;
-        Ok(match s.distinct {
-            Some(d) => d.total as i64,
-            None => (s.pss_bytes / s.page_size_bytes) as i64,
-        })
+    fn now(&mut self) -> Result<Both, BenchError> {
+        Both::read(&self.meter.sample()?, self.group)
     }
+}
+
+/// Pages in `bytes`.
+fn pages_in(bytes: u64) -> f64 {
+    (bytes / ps() as u64) as f64
+}
+
+/// The row's memory figures from what a trial added: the paper's distinct pages and,
+/// with a group, the cgroup's pages; a disagreement between them goes to `report`.
+fn with_memory(row: Row, added: &Both, n: f64, what: String, report: &mut Report) -> Row {
+    let distinct = pages_in(added.distinct);
+    meters::check(&mut report.meter_disagreements, &what, added.distinct as f64, added.cgroup.map(|c| c as f64));
+    row.figure(Figure::single("distinct pages", "pages", distinct))
+        .figure(Figure::single("memory / source", "x", distinct / n))
+        .figure_if(added.cgroup.is_some(), Figure::single("cgroup pages", "pages", pages_in(added.cgroup.unwrap_or(0))))
 }
 
 /// Waits (up to 10 s) until the arena's reaper has unmapped every moved-aside
@@ -149,7 +164,7 @@ impl VcopyBench {
             let mut src = Region::new(len)?;
             fill_distinct(src.bytes_mut().as_mut_ptr(), len);
             let (mut copy, mut write, mut fault) = (Vec::new(), Vec::new(), Vec::new());
-            let mut distinct = 0;
+            let mut added = Both::default();
             for run in 0..runs {
                 let (mut dst, copy_ms) = timed_memcpy(&src)?;
                 copy.push(copy_ms);
@@ -159,23 +174,21 @@ impl VcopyBench {
                 if run == runs - 1 {
                     read_pages(src.bytes().as_ptr(), len);
                     read_pages(dst.bytes().as_ptr(), len);
-                    distinct = pages.now()? - base;
+                    added = pages.now()?.since(&base);
                 }
                 let mut fresh = Region::new(len)?;
                 let t = Instant::now();
                 store_pages(fresh.bytes_mut().as_mut_ptr(), len, step);
                 fault.push(ms(t.elapsed()));
             }
-            report.rows.push(
-                Row::new()
-                    .with("size", &size)
-                    .with("written", label)
-                    .with("method", "memcpy")
-                    .figure(Figure::new("copy time", "ms", copy.clone()))
-                    .figure(Figure::new("write time", "ms", write.clone()))
-                    .figure(Figure::single("distinct pages", "pages", distinct as f64))
-                    .figure(Figure::single("memory / source", "x", distinct as f64 / n)),
-            );
+            let row = Row::new()
+                .with("size", &size)
+                .with("written", label)
+                .with("method", "memcpy")
+                .figure(Figure::new("copy time", "ms", copy.clone()))
+                .figure(Figure::new("write time", "ms", write.clone()));
+            let row = with_memory(row, &added, n, format!("vcopy {size} {label} memcpy"), report);
+            report.rows.push(row);
             if step != 0 {
                 report.rows.push(
                     Row::new()
@@ -211,7 +224,7 @@ impl VcopyBench {
                 let base = pages.now()?;
                 let unmap0 = arena.stats().deferred_unmap_ms;
                 let (mut copy, mut write) = (Vec::new(), Vec::new());
-                let mut distinct = 0;
+                let mut added = Both::default();
                 for run in 0..runs {
                     // a freshly written source each run: its first copy is the one that
                     // pays for turning its pages private
@@ -229,21 +242,20 @@ impl VcopyBench {
                     if run == runs - 1 {
                         read_pages(src, len);
                         read_pages(dst, len);
-                        distinct = pages.now()? - base;
+                        added = pages.now()?.since(&base);
                     }
                     arena.free(dst)?;
                     arena.free(src)?;
                 }
                 let background = settle(arena, unmap0) / runs as f64;
                 let method = if prepare { format!("{name} + prepare_write") } else { name.to_string() };
-                let mut row = Row::new()
+                let row = Row::new()
                     .with("size", &size)
                     .with("written", label)
-                    .with("method", method)
+                    .with("method", &method)
                     .figure(Figure::new("copy time", "ms", copy.clone()))
-                    .figure(Figure::new("write time", "ms", write.clone()))
-                    .figure(Figure::single("distinct pages", "pages", distinct as f64))
-                    .figure(Figure::single("memory / source", "x", distinct as f64 / n))
+                    .figure(Figure::new("write time", "ms", write.clone()));
+                let mut row = with_memory(row, &added, n, format!("vcopy {size} {label} {method}"), report)
                     .figure(Figure::single("speedup vs memcpy", "x", reference[k].0 / median(&copy)))
                     .figure(Figure::single("background unmap", "ms", background));
                 if *step != 0 {
@@ -375,14 +387,13 @@ impl VcopyBench {
             }
             read_pages(src.bytes().as_ptr(), len);
             read_pages(dst.bytes().as_ptr(), len);
-            let distinct = pages.now()? - base;
-            let mut row = Row::new()
+            let added = pages.now()?.since(&base);
+            let row = Row::new()
                 .with("size", &size)
                 .with("written", label)
                 .with("method", &method)
-                .figure(Figure::single("copy time", "ms", copy_ms))
-                .figure(Figure::single("distinct pages", "pages", distinct as f64))
-                .figure(Figure::single("memory / source", "x", distinct as f64 / n as f64))
+                .figure(Figure::single("copy time", "ms", copy_ms));
+            let mut row = with_memory(row, &added, n as f64, format!("vcopy {size} {label} {method}"), report)
                 .figure(Figure::single("merge time", "s", merge_s))
                 .figure(Figure::single("merged", "%", merged * 100.0))
                 .figure(Figure::single("ksmd CPU", "s", cpu));
@@ -457,6 +468,115 @@ impl Bench for VcopyBench {
     }
 
     fn run(&self, opts: &BenchOpts, report: &mut Report) -> Result<(), BenchError> {
+        // Measured in a child in its own memory cgroup: the cgroup meter sees the
+        // trials alone, next to the distinct-page meter on the same child.
+        let template = report.clone();
+        let mut unavailable = None;
+        let part = in_group("bench-vcopy", &mut unavailable, |group| {
+            let mut r = template;
+            self.run_measured(opts, &mut r, group)?;
+            Ok(r.into_part())
+        })?;
+        report.merge(part);
+        report.notes.extend(unavailable);
+        report.notes.push(
+            "memory: \"distinct pages\" is the mmapcopy paper's meter (distinct anon+shmem frames mapped by the \
+             measuring process), \"cgroup pages\" the anon+shmem charged to its memory cgroup; both are what the \
+             trial added above the baseline taken before its source existed"
+                .into(),
+        );
+        Ok(())
+    }
+
+    fn demo(&self) -> Result<Vec<DemoRow>, BenchError> {
+        // The whole cost of a copy, not only the call: the source's old page tables
+        // torn down later by the reaper thread, and the faults both sides take when
+        // they are next read. memcpy pays its whole cost in the call; its reads after
+        // are counted the same way for a fair sum.
+        let mut unavailable = None;
+        let (row, disagreements) = in_group("demo-vcopy", &mut unavailable, Self::demo_measured)?;
+        if !disagreements.is_empty() {
+            return Err(BenchError::Usage(format!("vcopy demo: {}", disagreements.join("; "))));
+        }
+        Ok(vec![row])
+    }
+}
+
+impl VcopyBench {
+    /// The demo row, measured in this process (`group` is its memory cgroup), and the
+    /// figures on which the meters disagree.
+    fn demo_measured(group: Option<&Group>) -> Result<(DemoRow, Vec<String>), BenchError> {
+        let len = 256 << 20;
+        let n = (len / ps()) as f64;
+        let mut pages = Pages::new(group)?;
+        let base = pages.now()?;
+        let mut src = Region::new(len)?;
+        fill_distinct(src.bytes_mut().as_mut_ptr(), len);
+        let (dst, memcpy_ms) = timed_memcpy(&src)?;
+        let t = Instant::now();
+        read_pages(src.bytes().as_ptr(), len);
+        read_pages(dst.bytes().as_ptr(), len);
+        let memcpy_total_ms = memcpy_ms + ms(t.elapsed());
+        let memcpy_added = pages.now()?.since(&base);
+        drop((src, dst));
+        let base = pages.now()?;
+        let arena = Arena::with_config(Config { reserve_bytes: 1 << 30, ..Default::default() })?;
+        let a = arena.alloc(len)?;
+        fill_distinct(a, len);
+        let unmap_before = arena.stats().deferred_unmap_ms;
+        let t = Instant::now();
+        let b = arena.dup(a, len)?;
+        let vcopy_ms = ms(t.elapsed());
+        let teardown_ms = settle(&arena, unmap_before);
+        let t = Instant::now();
+        read_pages(a, len);
+        read_pages(b, len);
+        let refault_ms = ms(t.elapsed());
+        let advm_total_ms = vcopy_ms + teardown_ms + refault_ms;
+        let advm_added = pages.now()?.since(&base);
+        arena.free(b)?;
+        arena.free(a)?;
+        // extra pages over the source's, each meter
+        let extra = |b: u64| 100.0 * (pages_in(b) - n) / n;
+        let cgroup = |added: &Both| added.cgroup.map_or(String::new(), |c| format!(" (cgroup +{:.1}%)", extra(c)));
+        let mut disagreements = Vec::new();
+        for (what, added) in [("vcopy demo, advm", &advm_added), ("vcopy demo, memcpy", &memcpy_added)] {
+            meters::check(&mut disagreements, what, added.distinct as f64, added.cgroup.map(|c| c as f64));
+        }
+        let memory_gain = match (memcpy_added.cgroup, advm_added.cgroup) {
+            (Some(m), Some(a)) => format!(" (cgroup {:.1}x)", m as f64 / a.max(1) as f64),
+            _ => String::new(),
+        };
+        let row = DemoRow {
+            capability: "vcopy".into(),
+            workload: format!(
+                "first copy of a just-written {} block, then both sides read (whole cost)",
+                fmt_bytes(len as u64)
+            ),
+            advm: format!(
+                "{advm_total_ms:.1} ms (call {vcopy_ms:.2} + deferred unmap {teardown_ms:.1} + refaults {refault_ms:.1}), \
+                 +{:.1}% pages{}",
+                extra(advm_added.distinct),
+                cgroup(&advm_added)
+            ),
+            baseline: format!(
+                "{memcpy_total_ms:.0} ms (memcpy {memcpy_ms:.0} + reads), +{:.0}% pages{}",
+                extra(memcpy_added.distinct),
+                cgroup(&memcpy_added)
+            ),
+            gain: format!(
+                "{:.1}x faster, {:.1}x less memory{memory_gain}",
+                memcpy_total_ms / advm_total_ms,
+                memcpy_added.distinct as f64 / advm_added.distinct.max(1) as f64
+            ),
+        };
+        Ok((row, disagreements))
+    }
+}
+
+impl VcopyBench {
+    /// The benchmark proper, in the measured process; `group` is its memory cgroup.
+    fn run_measured(&self, opts: &BenchOpts, report: &mut Report, group: Option<&Group>) -> Result<(), BenchError> {
         let plan = Self::plan(opts);
         report.configuration.insert("sizes_bytes".into(), serde_json::json!(plan.sizes));
         report.configuration.insert("write_fractions".into(), serde_json::json!(["0%", "1%", "10%", "100%"]));
@@ -470,7 +590,7 @@ impl Bench for VcopyBench {
         // down during the copy (no background work to disturb the writes after it)
         let inline =
             Arena::with_config(Config { reserve_bytes: 8 << 30, background_unmap: false, ..Default::default() })?;
-        let mut pages = Pages::new()?;
+        let mut pages = Pages::new(group)?;
         if !advm::probe::facts().pfn_visible {
             report.notes.push("PFNs hidden: memory is PSS, not distinct pages".into());
         }
@@ -545,63 +665,5 @@ impl Bench for VcopyBench {
             s.pages_shared, s.pages_rehomed, s.fallback_unaligned, s.fallback_small, s.fallback_vma_budget
         ));
         Ok(())
-    }
-
-    fn demo(&self) -> Result<Vec<DemoRow>, BenchError> {
-        // The whole cost of a copy, not only the call: the source's old page tables
-        // torn down later by the reaper thread, and the faults both sides take when
-        // they are next read. memcpy pays its whole cost in the call; its reads after
-        // are counted the same way for a fair sum.
-        let len = 256 << 20;
-        let n = (len / ps()) as i64;
-        let mut pages = Pages::new()?;
-        let base = pages.now()?;
-        let mut src = Region::new(len)?;
-        fill_distinct(src.bytes_mut().as_mut_ptr(), len);
-        let (dst, memcpy_ms) = timed_memcpy(&src)?;
-        let t = Instant::now();
-        read_pages(src.bytes().as_ptr(), len);
-        read_pages(dst.bytes().as_ptr(), len);
-        let memcpy_total_ms = memcpy_ms + ms(t.elapsed());
-        let memcpy_pages = pages.now()? - base;
-        drop((src, dst));
-        let base = pages.now()?;
-        let arena = Arena::with_config(Config { reserve_bytes: 1 << 30, ..Default::default() })?;
-        let a = arena.alloc(len)?;
-        fill_distinct(a, len);
-        let unmap_before = arena.stats().deferred_unmap_ms;
-        let t = Instant::now();
-        let b = arena.dup(a, len)?;
-        let vcopy_ms = ms(t.elapsed());
-        let teardown_ms = settle(&arena, unmap_before);
-        let t = Instant::now();
-        read_pages(a, len);
-        read_pages(b, len);
-        let refault_ms = ms(t.elapsed());
-        let advm_total_ms = vcopy_ms + teardown_ms + refault_ms;
-        let advm_pages = pages.now()? - base;
-        arena.free(b)?;
-        arena.free(a)?;
-        Ok(vec![DemoRow {
-            capability: "vcopy".into(),
-            workload: format!(
-                "first copy of a just-written {} block, then both sides read (whole cost)",
-                fmt_bytes(len as u64)
-            ),
-            advm: format!(
-                "{advm_total_ms:.1} ms (call {vcopy_ms:.2} + deferred unmap {teardown_ms:.1} + refaults {refault_ms:.1}), \
-                 +{:.1}% pages",
-                (advm_pages - n) as f64 * 100.0 / n as f64
-            ),
-            baseline: format!(
-                "{memcpy_total_ms:.0} ms (memcpy {memcpy_ms:.0} + reads), +{:.0}% pages",
-                (memcpy_pages - n) as f64 * 100.0 / n as f64
-            ),
-            gain: format!(
-                "{:.1}x faster, {:.1}x less memory",
-                memcpy_total_ms / advm_total_ms,
-                memcpy_pages as f64 / advm_pages as f64
-            ),
-        }])
     }
 }

@@ -168,6 +168,17 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 }
                 println!("({} runs per point, {:.1} s)", report.runs, report.elapsed_s);
             }
+            if !report.meter_disagreements.is_empty() {
+                for d in &report.meter_disagreements {
+                    eprintln!("meters disagree: {d}");
+                }
+                return Err(CliError::Usage(format!(
+                    "bench {name}: the distinct-page and cgroup meters disagree by more than {:.0}% on {} memory \
+                     figure(s) (listed above)",
+                    bench::meters::TOLERANCE * 100.0,
+                    report.meter_disagreements.len()
+                )));
+            }
         }
         Command::Demo { json, only } => demo(json, &only)?,
         Command::Run(args) => run_cmd::run(args)?,

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use advm::stats::cgroup::{self, Group, DEFAULT_INTERVAL};
 use advm_bench::fmt_bytes;
 use advm_preload::launch::{self, Mode};
 
@@ -44,6 +45,13 @@ pub struct RunArgs {
     /// measured with `advm bench r`; never below --threshold-pages).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub copy_min_pages: Option<u64>,
+    /// Run the program in its own memory cgroup and, after it exits, print on stderr
+    /// the anon+shmem and page cache charged to it (mean and peak, sampled every 50 ms).
+    #[arg(long)]
+    pub cgroup: bool,
+    /// With --cgroup: print that report as JSON (on stderr, after the program's output).
+    #[arg(long, requires = "cgroup")]
+    pub json: bool,
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -123,6 +131,21 @@ pub fn render_stats(mode: Mode, stats: &BTreeMap<String, u64>, processes: usize)
     out
 }
 
+/// Renders the cgroup meter's report for `--cgroup`.
+pub fn render_cgroup(s: &cgroup::Summary) -> String {
+    let agg =
+        |a: advm::stats::Aggregate| format!("mean {}, peak {}", fmt_bytes(a.mean as u64), fmt_bytes(a.max as u64));
+    format!(
+        "advm run: memory cgroup {} ({:?}), {} samples every {} ms\n  anon+shmem   {}\n  page cache   {}\n",
+        s.group.display(),
+        s.version,
+        s.samples,
+        s.interval_ms,
+        agg(s.anon_shmem_bytes),
+        agg(s.page_cache_bytes)
+    )
+}
+
 /// `advm run`: runs the program, then exits with its status.
 pub fn run(args: RunArgs) -> Result<(), CliError> {
     let (program, rest) = args.command.split_first().ok_or_else(|| CliError::Usage("no command given".into()))?;
@@ -130,12 +153,26 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     if let Some(p) = args.copy_min_pages {
         prepared.command.env(advm_preload::env::COPY_MIN_PAGES, p.to_string());
     }
+    let group = if args.cgroup { Some(Group::create("run")?) } else { None };
+    if let Some(g) = &group {
+        g.join_at_exec(&mut prepared.command)?;
+    }
+    let sampler = group.as_ref().map(|g| g.sample_every(DEFAULT_INTERVAL));
     let mut child = prepared.command.spawn().map_err(|e| CliError::Io(format!("running {program}"), e))?;
     // Ctrl-C and kill must end the program, not advm: advm still has to restore KSM
     // settings and report.
     let signals = advm::process::ForwardSignals::to(child.id())?;
     let status = child.wait().map_err(|e| CliError::Io(format!("waiting for {program}"), e))?;
     drop(signals);
+    if let (Some(g), Some(sampler)) = (group, sampler) {
+        let summary = sampler.stop()?;
+        g.remove()?;
+        if args.json {
+            eprintln!("{}", serde_json::to_string_pretty(&summary).expect("serializes"));
+        } else {
+            eprint!("{}", render_cgroup(&summary));
+        }
+    }
     if args.stats {
         match &prepared.stats_dir {
             Some(d) => {

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use advm::stats::cgroup::{Group, Usage};
 use advm::stats::{self, Meter, Options, Sample};
 
 use crate::CliError;
@@ -11,8 +12,12 @@ use advm_bench::{fmt_bytes, render_cells};
 #[derive(Debug, clap::Args)]
 pub struct StatArgs {
     /// Process ids (or `self`); a page shared among them counts once.
-    #[arg(required = true)]
+    #[arg(required_unless_present = "cgroup", conflicts_with = "cgroup")]
     pids: Vec<String>,
+    /// Read an existing memory cgroup instead (its directory, e.g.
+    /// /sys/fs/cgroup/memory/foo): anon+shmem and page cache charged to it.
+    #[arg(long, value_name = "PATH")]
+    cgroup: Option<std::path::PathBuf>,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -118,8 +123,73 @@ fn human(s: &Sample) -> String {
     out
 }
 
+fn human_usage(g: &Group, u: &Usage) -> String {
+    format!(
+        "{:<16} {} ({:?})\n{:<16} {} (anon {}, shmem {})\n{:<16} {}\n",
+        "memory cgroup",
+        g.path().display(),
+        g.version(),
+        "anon+shmem",
+        fmt_bytes(u.anon_shmem_bytes()),
+        fmt_bytes(u.anon_bytes),
+        fmt_bytes(u.shmem_bytes),
+        "page cache",
+        fmt_bytes(u.page_cache_bytes)
+    )
+}
+
+/// `advm stat --cgroup PATH`: once, or sampled with --watch.
+fn run_cgroup(args: &StatArgs, path: &std::path::Path) -> Result<(), CliError> {
+    let g = Group::open(path)?;
+    let Some(secs) = args.watch else {
+        let u = g.usage()?;
+        if args.json {
+            let v = serde_json::json!({ "group": g.path(), "version": g.version(), "usage": u,
+                "anon_shmem_bytes": u.anon_shmem_bytes() });
+            println!("{}", serde_json::to_string_pretty(&v).expect("serializes"));
+        } else {
+            print!("{}", human_usage(&g, &u));
+        }
+        return Ok(());
+    };
+    if args.interval == 0 {
+        return Err(CliError::Usage("--interval must be at least 1 ms".into()));
+    }
+    let sampler = g.sample_every(Duration::from_millis(args.interval));
+    let start = std::time::Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(args.interval.min(100)));
+        let done = if secs > 0.0 { start.elapsed().as_secs_f64() >= secs } else { g.pids()?.is_empty() };
+        if done {
+            break;
+        }
+    }
+    let s = sampler.stop()?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&s).expect("serializes"));
+    } else {
+        print!("{}", human_usage(&g, &s.last));
+        let agg = |a: stats::Aggregate| format!("mean {}  max {}", fmt_bytes(a.mean as u64), fmt_bytes(a.max as u64));
+        print!(
+            "{}",
+            render_cells(&[
+                vec![
+                    "over the run".to_string(),
+                    format!("{} samples in {:.1} s", s.samples, start.elapsed().as_secs_f64())
+                ],
+                vec!["anon+shmem".into(), agg(s.anon_shmem_bytes)],
+                vec!["page cache".into(), agg(s.page_cache_bytes)],
+            ])
+        );
+    }
+    Ok(())
+}
+
 /// Runs `advm stat`.
 pub fn run(args: StatArgs) -> Result<(), CliError> {
+    if let Some(path) = &args.cgroup {
+        return run_cgroup(&args, path);
+    }
     let pids = args.pids.iter().map(|p| parse_pid(p)).collect::<Result<Vec<_>, _>>()?;
     let mut meter = Meter::new(&pids, Options { hide_pfns: args.hide_pfns, ..Default::default() })?;
     let Some(secs) = args.watch else {

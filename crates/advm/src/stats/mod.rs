@@ -14,6 +14,7 @@
 //! Without CAP_SYS_ADMIN the kernel hides PFNs (they read as 0); the sample then says
 //! so (`pfn_visible: false`) and `physical_bytes` falls back to PSS (plus held pages).
 
+pub mod cgroup;
 mod held;
 mod proc_files;
 mod watch;

@@ -15,6 +15,7 @@ pub mod memfd;
 pub mod mman;
 pub mod pagemap;
 pub mod procfd;
+pub mod process;
 pub mod procmap;
 pub mod residency;
 pub mod seek;

@@ -1,0 +1,447 @@
+//! The second memory meter: what the kernel charges to a memory cgroup.
+//!
+//! The distinct-page meter ([`super::Meter`]) counts the frames a process maps; a page
+//! held in a memfd and mapped by nobody, or page cache a reader has dropped, escapes
+//! it. The kernel's memory controller charges every page to the group of the process
+//! that first touched it, mapped or not, so a group made for one measured run sees all
+//! of it. This module makes such a group (a child of the caller's own memory cgroup,
+//! under `advm/`), puts the measured program in it before it runs anything (v1 does
+//! not move charges of a process that changes groups), reads it, samples it on a
+//! thread, and removes it at the end.
+//!
+//! Figures, from `memory.stat`:
+//! - v1: `total_rss` is anonymous memory (swap cache included) and `total_cache` is
+//!   page cache *including* shmem; so anon + shmem = `total_rss + total_shmem` and page
+//!   cache = `total_cache - total_shmem`.
+//! - v2: `anon`, `shmem`, and `file` (which includes shmem); page cache = `file - shmem`.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::Aggregate;
+use crate::{Error, Result};
+
+/// The sampling interval the issue asks for (the paper samples once a second).
+pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(50);
+
+/// How long [`Group::remove`] waits for the group's processes to leave before it
+/// kills them, and then for the kernel to let the directory go.
+const LEAVE_WAIT: Duration = Duration::from_secs(1);
+const REMOVE_WAIT: Duration = Duration::from_secs(5);
+
+/// Which cgroup interface the memory controller is mounted with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Version {
+    /// cgroup v1 (`memory` hierarchy).
+    V1,
+    /// cgroup v2 (unified hierarchy with the memory controller).
+    V2,
+}
+
+/// Memory charged to a group at one instant, bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    /// Anonymous memory (v1 `total_rss`, v2 `anon`).
+    pub anon_bytes: u64,
+    /// Shared memory: memfd, tmpfs, shared anonymous, SysV.
+    pub shmem_bytes: u64,
+    /// Page cache of regular files (shmem excluded).
+    pub page_cache_bytes: u64,
+}
+
+impl Usage {
+    /// Anonymous + shared memory: what the distinct-page meter's anon + shmem counts.
+    pub fn anon_shmem_bytes(&self) -> u64 {
+        self.anon_bytes + self.shmem_bytes
+    }
+
+    /// Parses a `memory.stat` (v1 hierarchical `total_*` keys, or v2 keys).
+    pub fn from_stat(text: &str) -> Option<(Version, Usage)> {
+        let keys: BTreeMap<&str, u64> = text
+            .lines()
+            .filter_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                Some((k, v.trim().parse().ok()?))
+            })
+            .collect();
+        let get = |k: &str| keys.get(k).copied();
+        if let (Some(rss), Some(cache), Some(shmem)) = (get("total_rss"), get("total_cache"), get("total_shmem")) {
+            let usage = Usage { anon_bytes: rss, shmem_bytes: shmem, page_cache_bytes: cache.saturating_sub(shmem) };
+            return Some((Version::V1, usage));
+        }
+        let (anon, shmem, file) = (get("anon")?, get("shmem")?, get("file")?);
+        Some((
+            Version::V2,
+            Usage { anon_bytes: anon, shmem_bytes: shmem, page_cache_bytes: file.saturating_sub(shmem) },
+        ))
+    }
+}
+
+/// What a sampled run came to.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// The group's directory.
+    pub group: PathBuf,
+    /// Its interface.
+    pub version: Version,
+    /// Samples taken.
+    pub samples: usize,
+    /// Sampling interval, milliseconds.
+    pub interval_ms: u64,
+    /// Anonymous + shared memory, bytes: mean and peak over the samples.
+    pub anon_shmem_bytes: Aggregate,
+    /// Page cache, bytes: mean and peak.
+    pub page_cache_bytes: Aggregate,
+    /// The last sample.
+    pub last: Usage,
+}
+
+/// A memory cgroup: one made for a measured run (removed when done), or an existing
+/// one opened to be read.
+#[derive(Debug)]
+pub struct Group {
+    path: PathBuf,
+    version: Version,
+    owned: bool,
+}
+
+/// The directory of the caller's own memory cgroup, and the interface it is under.
+fn own_memory_cgroup() -> Result<(PathBuf, Version)> {
+    let unavailable = |why: String| Error::Unsupported { what: "memory cgroup", why };
+    let mountinfo =
+        std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| Error::io("/proc/self/mountinfo", e))?;
+    let own = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| Error::io("/proc/self/cgroup", e))?;
+    // mountinfo: ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTS
+    let mounts: Vec<(String, String, String, String)> = mountinfo
+        .lines()
+        .filter_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            let pre: Vec<&str> = pre.split(' ').collect();
+            let post: Vec<&str> = post.split(' ').collect();
+            Some((
+                pre.get(3)?.to_string(),
+                pre.get(4)?.to_string(),
+                post.first()?.to_string(),
+                post.get(2)?.to_string(),
+            ))
+        })
+        .collect();
+    let join = |mount: &str, root: &str, own_path: &str| {
+        let rel = own_path.strip_prefix(root).unwrap_or(own_path).trim_start_matches('/');
+        Path::new(mount).join(rel)
+    };
+    if let Some((root, mount, _, _)) =
+        mounts.iter().find(|(_, _, fs, opts)| fs == "cgroup" && opts.split(',').any(|o| o == "memory"))
+    {
+        let line = own
+            .lines()
+            .find(|l| l.split(':').nth(1).is_some_and(|c| c.split(',').any(|c| c == "memory")))
+            .ok_or_else(|| unavailable("/proc/self/cgroup has no memory line".into()))?;
+        let own_path = line.splitn(3, ':').nth(2).unwrap_or("/");
+        return Ok((join(mount, root, own_path), Version::V1));
+    }
+    for (root, mount, fs, _) in &mounts {
+        if fs != "cgroup2" {
+            continue;
+        }
+        let controllers = std::fs::read_to_string(Path::new(mount).join("cgroup.controllers")).unwrap_or_default();
+        if !controllers.split_whitespace().any(|c| c == "memory") {
+            continue;
+        }
+        let own_path = own.lines().find_map(|l| l.strip_prefix("0::")).unwrap_or("/");
+        return Ok((join(mount, root, own_path), Version::V2));
+    }
+    Err(unavailable("no cgroup v1 memory hierarchy and no cgroup2 mount with the memory controller".into()))
+}
+
+/// Group names: letters, digits, '-', '_', at most 64 bytes.
+fn check_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument {
+        what: "cgroup name",
+        why: format!("{name:?}: use 1 to 64 letters, digits, '-' or '_'"),
+    })
+}
+
+impl Group {
+    /// Makes a fresh memory cgroup `advm/<name>-<pid>-<n>` under the caller's own (so
+    /// the limits around the caller still apply). Needs root.
+    pub fn create(name: &str) -> Result<Self> {
+        check_name(name)?;
+        let (own, version) = own_memory_cgroup()?;
+        if !crate::process::is_root() {
+            let why =
+                format!("creating a memory cgroup needs root (running as uid {})", rustix::process::geteuid().as_raw());
+            return Err(Error::io(own.join("advm"), std::io::Error::new(std::io::ErrorKind::PermissionDenied, why)));
+        }
+        let parent = own.join("advm");
+        if version == Version::V2 {
+            // children only get memory.* files when their parent delegates the controller
+            for dir in [&own, &parent] {
+                let _ = std::fs::create_dir(dir);
+                let _ = std::fs::write(dir.join("cgroup.subtree_control"), "+memory");
+            }
+        }
+        std::fs::create_dir_all(&parent).map_err(|e| Error::io(&parent, e))?;
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let path = parent.join(format!("{name}-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
+        std::fs::create_dir(&path).map_err(|e| Error::io(&path, e))?;
+        let group = Self { path, version, owned: true };
+        // a v2 group without the controller has no memory.stat: say so now
+        group.usage()?;
+        Ok(group)
+    }
+
+    /// Opens an existing group (a directory with a `memory.stat`) to read it; it is
+    /// never removed by this handle.
+    pub fn open(path: &Path) -> Result<Self> {
+        let stat = path.join("memory.stat");
+        let text = std::fs::read_to_string(&stat).map_err(|e| Error::io(&stat, e))?;
+        let (version, _) = Usage::from_stat(&text).ok_or_else(|| Error::InvalidArgument {
+            what: "cgroup",
+            why: format!("{}: neither v1 total_rss/total_cache/total_shmem nor v2 anon/shmem/file", stat.display()),
+        })?;
+        Ok(Self { path: path.to_path_buf(), version, owned: false })
+    }
+
+    /// The group's directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Its interface.
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
+    /// What is charged to the group (and its descendants) now.
+    pub fn usage(&self) -> Result<Usage> {
+        let stat = self.path.join("memory.stat");
+        let text = std::fs::read_to_string(&stat).map_err(|e| Error::io(&stat, e))?;
+        Usage::from_stat(&text).map(|(_, u)| u).ok_or_else(|| Error::InvalidArgument {
+            what: "cgroup",
+            why: format!("{}: no anon/shmem/page-cache keys", stat.display()),
+        })
+    }
+
+    /// The processes in the group now.
+    pub fn pids(&self) -> Result<Vec<i32>> {
+        let procs = self.path.join("cgroup.procs");
+        let text = std::fs::read_to_string(&procs).map_err(|e| Error::io(&procs, e))?;
+        Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
+    }
+
+    fn procs_for_writing(&self) -> Result<OwnedFd> {
+        let procs = self.path.join("cgroup.procs");
+        let f = std::fs::OpenOptions::new().write(true).open(&procs).map_err(|e| Error::io(&procs, e))?;
+        Ok(f.into())
+    }
+
+    /// Makes the child `cmd` spawns join this group before it execs, so everything the
+    /// program charges lands here.
+    pub fn join_at_exec(&self, cmd: &mut Command) -> Result<()> {
+        crate::sys::process::join_cgroup_before_exec(cmd, self.procs_for_writing()?);
+        Ok(())
+    }
+
+    /// Runs `work` in a forked child of this process that joins the group first, and
+    /// returns what it returned (its error message as `Err`). For measuring in-process
+    /// work alone: pages the child inherits stay charged where they are, pages it
+    /// touches are charged here.
+    ///
+    /// The child has only the calling thread (see [`crate::sys::process::fork_run`]):
+    /// `work` must not wait for locks other threads may hold (stdio included).
+    pub fn run_in_child(
+        &self,
+        work: impl FnOnce() -> std::result::Result<Vec<u8>, String>,
+    ) -> Result<std::result::Result<Vec<u8>, String>> {
+        let procs = self.procs_for_writing()?;
+        let (mut parent_end, child_end) = UnixStream::pair().map_err(|e| Error::io("socketpair", e))?;
+        let pid = crate::sys::process::fork_run(move || {
+            let mut out = child_end;
+            let joined = rustix::io::write(&procs, b"0");
+            let (tag, body) = match joined {
+                Err(e) => (1u8, format!("joining the cgroup: {e}").into_bytes()),
+                Ok(_) => match work() {
+                    Ok(bytes) => (0, bytes),
+                    Err(msg) => (1, msg.into_bytes()),
+                },
+            };
+            let sent = out.write_all(&[tag]).and_then(|()| out.write_all(&body));
+            i32::from(sent.is_err())
+        })?;
+        // the parent's copy of `child_end` went with the closure: EOF comes when the child exits
+        let mut reply = Vec::new();
+        let read = parent_end.read_to_end(&mut reply);
+        let code = crate::sys::process::wait_child(pid)?;
+        read.map_err(|e| Error::io("reply of the measured child", e))?;
+        match reply.split_first() {
+            Some((0, body)) if code == 0 => Ok(Ok(body.to_vec())),
+            Some((1, msg)) => Ok(Err(String::from_utf8_lossy(msg).into_owned())),
+            _ => Ok(Err(format!("the measured child exited with status {code} without a reply"))),
+        }
+    }
+
+    /// Starts sampling the group every `interval` on a thread.
+    pub fn sample_every(&self, interval: Duration) -> Sampler {
+        Sampler::start(self.path.clone(), self.version, interval)
+    }
+
+    /// Removes a group this handle made: waits for its processes to leave (killing
+    /// those still there after a second: the group belongs to one run), then retries
+    /// the removal while the kernel reports it busy. A no-op for an opened group.
+    pub fn remove(mut self) -> Result<()> {
+        let r = self.remove_now();
+        self.owned = false;
+        r
+    }
+
+    fn remove_now(&self) -> Result<()> {
+        if !self.owned {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let mut killed = false;
+        loop {
+            match std::fs::remove_dir(&self.path) {
+                Ok(()) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) && start.elapsed() < REMOVE_WAIT => {
+                    if !killed && start.elapsed() >= LEAVE_WAIT {
+                        for pid in self.pids().unwrap_or_default() {
+                            if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                            }
+                        }
+                        killed = true;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => return Err(Error::io(&self.path, e)),
+            }
+        }
+        // the shared `advm` parent goes too when this was its last group
+        if let Some(parent) = self.path.parent() {
+            let _ = std::fs::remove_dir(parent);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // on error paths too: a cgroup must never outlive its run
+        let _ = self.remove_now();
+    }
+}
+
+/// Samples a group on a thread until [`Sampler::stop`].
+pub struct Sampler {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<Result<Summary>>,
+}
+
+impl Sampler {
+    fn start(path: PathBuf, version: Version, interval: Duration) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let interval = interval.max(Duration::from_millis(1));
+        let thread = std::thread::spawn(move || {
+            let group = Group { path, version, owned: false };
+            let (mut anon_shmem, mut cache) = (Vec::new(), Vec::new());
+            let mut last;
+            let mut next = Instant::now();
+            loop {
+                // one last sample after the stop request, so even a short run has one
+                let stopping = flag.load(Ordering::Acquire);
+                last = group.usage()?;
+                anon_shmem.push(last.anon_shmem_bytes() as f64);
+                cache.push(last.page_cache_bytes as f64);
+                if stopping {
+                    break;
+                }
+                next += interval;
+                let now = Instant::now();
+                if next > now {
+                    std::thread::sleep(next - now);
+                } else {
+                    next = now;
+                }
+            }
+            Ok(Summary {
+                group: group.path.clone(),
+                version,
+                samples: anon_shmem.len(),
+                interval_ms: interval.as_millis() as u64,
+                anon_shmem_bytes: aggregate(&anon_shmem),
+                page_cache_bytes: aggregate(&cache),
+                last,
+            })
+        });
+        Self { stop, thread }
+    }
+
+    /// Stops sampling and returns mean and peak.
+    pub fn stop(self) -> Result<Summary> {
+        self.stop.store(true, Ordering::Release);
+        self.thread
+            .join()
+            .unwrap_or_else(|_| Err(Error::Unrecoverable { what: "cgroup sampler", why: "its thread panicked".into() }))
+    }
+}
+
+fn aggregate(values: &[f64]) -> Aggregate {
+    if values.is_empty() {
+        return Aggregate::default();
+    }
+    Aggregate {
+        mean: values.iter().sum::<f64>() / values.len() as f64,
+        max: values.iter().copied().fold(f64::MIN, f64::max),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn v1_anon_shmem_is_rss_plus_shmem_and_cache_excludes_shmem() {
+        let text = "cache 100\nrss 7\nshmem 40\ntotal_cache 1000\ntotal_rss 300\ntotal_shmem 400\n";
+        let (v, u) = Usage::from_stat(text).unwrap();
+        assert_eq!(v, Version::V1);
+        assert_eq!(u, Usage { anon_bytes: 300, shmem_bytes: 400, page_cache_bytes: 600 });
+        assert_eq!(u.anon_shmem_bytes(), 700);
+    }
+
+    #[test]
+    fn v2_page_cache_is_file_minus_shmem() {
+        let (v, u) = Usage::from_stat("anon 10\nfile 50\nkernel 3\nshmem 20\n").unwrap();
+        assert_eq!(v, Version::V2);
+        assert_eq!(u, Usage { anon_bytes: 10, shmem_bytes: 20, page_cache_bytes: 30 });
+        assert!(Usage::from_stat("nothing 1\n").is_none());
+    }
+
+    #[test]
+    fn group_names_are_checked() {
+        assert!(check_name("bench-r_1").is_ok());
+        assert!(check_name("").is_err());
+        assert!(check_name("../x").is_err());
+        assert!(check_name(&"a".repeat(65)).is_err());
+    }
+}

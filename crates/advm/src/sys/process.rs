@@ -1,0 +1,62 @@
+//! Starting a process that runs something before anything else: a cgroup join before
+//! `exec`, or a closure in a forked child.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+use super::{Errno, SysError, SysResult};
+
+/// Makes `cmd`'s child write "0" (itself) to `procs` (an open `cgroup.procs`) after the
+/// fork and before `exec`, so every page it ever touches is charged to that group. A
+/// failed write fails the spawn with that error.
+pub fn join_cgroup_before_exec(cmd: &mut Command, procs: OwnedFd) {
+    let hook = move || -> std::io::Result<()> {
+        // Only write(2) here: between fork and exec only async-signal-safe calls are allowed.
+        match rustix::io::write(procs.as_fd(), b"0") {
+            Ok(_) => Ok(()),
+            Err(e) => Err(std::io::Error::from_raw_os_error(e.raw_os_error())),
+        }
+    };
+    // SAFETY: the hook makes one write(2) on an fd it owns: no allocation, no locks,
+    // which is what the child of a fork of a threaded process may do.
+    unsafe { cmd.pre_exec(hook) };
+}
+
+/// Forks; the child runs `child` and exits with the status it returns (101 when it
+/// panics), never returning here. The parent gets the child's pid.
+///
+/// The child has only the calling thread: `child` must not wait for locks other threads
+/// may have held at the fork (stdio, locks of the caller's own). glibc's malloc is safe.
+pub fn fork_run(child: impl FnOnce() -> i32) -> SysResult<i32> {
+    // SAFETY: the child runs `child` and leaves by `_exit`, never returning into the
+    // caller's frames (whose destructors would run twice); the parent only reads the pid.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(SysError::last("fork"));
+    }
+    if pid == 0 {
+        let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)).unwrap_or(101);
+        // SAFETY: _exit ends the child without running the parent's atexit handlers or
+        // flushing stdio buffers that belong to the parent.
+        unsafe { libc::_exit(code) };
+    }
+    Ok(pid)
+}
+
+/// Waits for child `pid`; returns its exit code, or 128 + the signal that killed it.
+pub fn wait_child(pid: i32) -> SysResult<i32> {
+    let mut status = 0;
+    loop {
+        // SAFETY: waitpid writes one int through a valid pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r == pid {
+            break;
+        }
+        let e = SysError::last("waitpid");
+        if e.errno != Errno::INTR {
+            return Err(e);
+        }
+    }
+    Ok(if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) })
+}
