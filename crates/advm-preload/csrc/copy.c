@@ -5,7 +5,7 @@
 
 #define SALVAGE_MIN_PAGES 16 /* below this, moving pages costs more than faulting them again */
 
-static int pagemap_fd(void) {
+int pagemap_fd(void) {
     if (A.pagemap_fd < 0) A.pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
     return A.pagemap_fd;
 }
@@ -70,6 +70,7 @@ static struct salvage salvage_begin(uint64_t v, uint64_t k) {
         ext_free(&A.va, (uint32_t)r, (uint32_t)n);
         return sv;
     }
+    view_moved(v, to, k);
     for (uint64_t j = 0; j < k; j++) {
         A.vmeta[to + j] = A.vmeta[v + j] & ~(VM_HEAD | VM_NPAGES_MASK);
         A.vmeta[v + j] &= VM_HEAD | VM_NPAGES_MASK;
@@ -88,6 +89,7 @@ static void salvage_end(uint64_t v, uint64_t k, struct salvage sv, int ok) {
     uint64_t r = (uint64_t)sv.base, n = sv.len, from = r + sv.off;
     if (!ok) {
         mremap(page_addr(from), k << A.pshift, k << A.pshift, MREMAP_MAYMOVE | MREMAP_FIXED, page_addr(v));
+        view_moved(from, v, k);
         for (uint64_t j = 0; j < k; j++) {
             A.vmeta[v + j] = (A.vmeta[v + j] & (VM_HEAD | VM_NPAGES_MASK)) | A.vmeta[from + j];
             A.vmeta[from + j] = VM_MAPPED | VM_ANON; /* a hole now; released below */
@@ -121,7 +123,7 @@ static int remap_private(uint64_t v, uint64_t k, int g, uint64_t f, int keep) {
     }
     salvage_end(v, k, kept, 1);
     if (g == A.gen)
-        for (uint64_t i = 0; i < k; i++) A.fref[f + i]++;
+        for (uint64_t i = 0; i < k; i++) A.fref[f + i]++, A.fview[f + i] ^= (uint32_t)(v + i);
     A.gen_refs[g] += k;
     unref_pages(v, k);
     for (uint64_t i = 0; i < k; i++) {
@@ -197,15 +199,16 @@ static uint64_t prepare_source(uint64_t v, uint64_t k) {
             int pfd = pagemap_fd();
             off_t off = (off_t)(((uintptr_t)page_addr(v + i + done) >> A.pshift) * 8);
             if (pfd < 0 || pread(pfd, pm, chunk * 8, off) != (ssize_t)(chunk * 8)) return i + done;
+            /* a detached page's memfd offset was released: its bytes are only its own */
+            if (m & VM_DETACHED) for (uint64_t j = 0; j < chunk; j++) pm[j] |= 1ull << 63, pm[j] &= ~(1ull << 61);
             uint64_t j = 0;
             while (j < chunk) {
-                int anon = (pm[j] >> 63 | pm[j] >> 62) & 1 && !((pm[j] >> 61) & 1);
-                if (!anon) {
+                if (!pm_written(pm[j])) {
                     j++;
                     continue;
                 }
                 uint64_t a = j;
-                while (j < chunk && ((pm[j] >> 63 | pm[j] >> 62) & 1) && !((pm[j] >> 61) & 1)) j++;
+                while (j < chunk && pm_written(pm[j])) j++;
                 uint64_t pv = v + i + done + a, cnt = j - a;
                 int fd = cur_fd();
                 int64_t f = fd < 0 ? -1 : ext_alloc(&A.fd, (uint32_t)cnt);
