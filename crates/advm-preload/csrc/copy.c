@@ -3,7 +3,8 @@
  * over (salvage). */
 #include "shim.h"
 
-#define SALVAGE_MIN_PAGES 16 /* below this, moving pages costs more than faulting them again */
+#define SALVAGE_MIN_PAGES 16
+#define REMAP_STEP 2048 /* pages of a first copy written into the memfd between remaps (8 MiB) */ /* below this, moving pages costs more than faulting them again */
 
 int pagemap_fd(void) {
     if (A.pagemap_fd < 0) A.pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
@@ -146,41 +147,49 @@ static uint64_t prepare_source(uint64_t v, uint64_t k) {
         uint64_t r = run_len(v + i, k - i);
         if (m & VM_ANON) {
             /* nobody shares this block yet: its present pages are written once into fresh
-             * memfd pages (the others stay holes, which read as zero), then the run is
-             * mapped private onto them */
+             * memfd pages (the others stay holes, which read as zero), and every
+             * REMAP_STEP pages are mapped private onto them, so that the block is held
+             * twice (its anonymous pages and the memfd's) for one step at a time, not
+             * whole: a first copy of 200 MB peaked at 400 MB */
             int fd = cur_fd();
             int64_t f = fd < 0 ? -1 : ext_alloc(&A.fd, (uint32_t)r);
             if (f < 0) return i;
             uint64_t done = 0, moved = 0;
-            int ok = 1;
-            while (ok && done < r) {
-                uint64_t chunk = r - done < 512 ? r - done : 512;
-                int pfd = pagemap_fd();
-                off_t off = (off_t)(((uintptr_t)page_addr(v + i + done) >> A.pshift) * 8);
-                if (pfd < 0 || pread(pfd, pm, chunk * 8, off) != (ssize_t)(chunk * 8)) {
-                    ok = 0;
-                    break;
-                }
-                uint64_t j = 0;
-                while (ok && j < chunk) {
-                    if (!((pm[j] >> 63 | pm[j] >> 62) & 1)) {
-                        j++;
-                        continue;
+            while (done < r) {
+                uint64_t step = r - done < REMAP_STEP ? r - done : REMAP_STEP, at = done;
+                int ok = 1;
+                while (ok && at < done + step) {
+                    uint64_t chunk = done + step - at < 512 ? done + step - at : 512;
+                    int pfd = pagemap_fd();
+                    off_t off = (off_t)(((uintptr_t)page_addr(v + i + at) >> A.pshift) * 8);
+                    if (pfd < 0 || pread(pfd, pm, chunk * 8, off) != (ssize_t)(chunk * 8)) {
+                        ok = 0;
+                        break;
                     }
-                    uint64_t a = j;
-                    while (j < chunk && ((pm[j] >> 63 | pm[j] >> 62) & 1)) j++;
-                    uint64_t at = done + a, cnt = j - a;
-                    ok = write_all(fd, page_addr(v + i + at), cnt << A.pshift,
-                                   (off_t)(((uint64_t)f + at) << A.pshift)) == 0;
-                    moved += cnt;
+                    uint64_t j = 0;
+                    while (ok && j < chunk) {
+                        if (!((pm[j] >> 63 | pm[j] >> 62) & 1)) {
+                            j++;
+                            continue;
+                        }
+                        uint64_t a = j;
+                        while (j < chunk && ((pm[j] >> 63 | pm[j] >> 62) & 1)) j++;
+                        uint64_t p = at + a, cnt = j - a;
+                        ok = write_all(fd, page_addr(v + i + p), cnt << A.pshift,
+                                       (off_t)(((uint64_t)f + p) << A.pshift)) == 0;
+                        moved += cnt;
+                    }
+                    at += chunk;
                 }
-                done += chunk;
-            }
-            if (!ok || remap_private(v + i, r, A.gen, (uint64_t)f, 0) != 0) {
-                fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)((uint64_t)f << A.pshift),
-                          (off_t)(r << A.pshift));
-                ext_free(&A.fd, (uint32_t)f, (uint32_t)r);
-                return i;
+                if (!ok || remap_private(v + i + done, step, A.gen, (uint64_t)f + done, 0) != 0) {
+                    /* the steps mapped so far are ready; the rest of the memfd range is not used */
+                    fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(((uint64_t)f + done) << A.pshift),
+                              (off_t)((r - done) << A.pshift));
+                    ext_free(&A.fd, (uint32_t)((uint64_t)f + done), (uint32_t)(r - done));
+                    st_add(S_PAGES_MOVED, moved);
+                    return i + done;
+                }
+                done += step;
             }
             st_add(S_PAGES_MOVED, moved);
             i += r;
