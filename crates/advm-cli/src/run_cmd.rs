@@ -89,8 +89,9 @@ pub fn render_stats(mode: Mode, stats: &BTreeMap<String, u64>, processes: usize)
         fb(g("bytes_copied_partial_pages"))
     );
     out += &format!(
-        "  dirty pages moved    {} (written once into the memfd to be shared)\n",
-        g("dirty_pages_moved_to_memfd")
+        "  dirty pages moved    {} (written once into the memfd to be shared); {} memfd pages released under written views\n",
+        g("dirty_pages_moved_to_memfd"),
+        g("memfd_pages_released_under_written_views")
     );
     out += &format!(
         "  page reuse           {} pages mapped fresh, {} kept pages returned; {} pages kept from under copies\n",

@@ -141,13 +141,85 @@ static void gen_unref(int g, uint64_t n) {
     }
 }
 
+static void punch(int g, uint64_t f, uint64_t k) {
+    fallocate(A.gen_fd[g], FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(f << A.pshift),
+              (off_t)(k << A.pshift));
+    ext_free(&A.fd, (uint32_t)f, (uint32_t)k);
+}
+
+/* Memfd page f (current generation) has one view left, arena page w. When w is a private
+ * view the program has written, the memfd page is dead weight (the kernel keeps w's own
+ * copy and nothing else maps f): it is punched and w detached. Consecutive such pages are
+ * gathered into runs (f..f+k at w..w+k) so that pagemap is read once per run. */
+static uint64_t dead_f, dead_w, dead_k;
+
+static void release_dead_run(void) {
+    uint64_t k = dead_k, pm[512];
+    dead_k = 0;
+    int pfd = pagemap_fd();
+    if (pfd < 0) return;
+    for (uint64_t done = 0; done < k;) {
+        uint64_t chunk = k - done < 512 ? k - done : 512;
+        off_t off = (off_t)(((uintptr_t)page_addr(dead_w + done) >> A.pshift) * 8);
+        if (pread(pfd, pm, chunk * 8, off) != (ssize_t)(chunk * 8)) return;
+        /* still the one view of its page: an earlier page of the same unref may have
+         * dropped the page to no view (punched already) */
+        for (uint64_t j = 0; j < chunk; j++) {
+            uint64_t f = dead_f + done + j, w = dead_w + done + j;
+            if (A.fref[f] != 1 || A.fview[f] != w) pm[j] = 0;
+        }
+        uint64_t j = 0;
+        while (j < chunk) {
+            if (!pm_written(pm[j])) {
+                j++;
+                continue;
+            }
+            uint64_t a = j;
+            while (j < chunk && pm_written(pm[j])) j++;
+            uint64_t f = dead_f + done + a, w = dead_w + done + a, cnt = j - a;
+            for (uint64_t i = 0; i < cnt; i++) {
+                A.fref[f + i] = 0;
+                A.fview[f + i] = 0;
+                A.vmeta[w + i] |= VM_DETACHED;
+            }
+            A.gen_refs[A.gen] -= cnt;
+            punch(A.gen, f, cnt);
+            st_add(S_PAGES_DETACHED, cnt);
+        }
+        done += chunk;
+    }
+}
+
+/* Memfd page f of the current generation is left with one view: a candidate (see above). */
+static void one_view_left(uint64_t f) {
+    uint64_t w = A.fview[f], m = A.vmeta[w];
+    if (!(m & VM_PRIV) || (m & VM_FPAGE_MASK) != f) return; /* a shared view writes the memfd page itself */
+    if (dead_k && f == dead_f + dead_k && w == dead_w + dead_k && dead_k < MAX_BLOCK_PAGES) {
+        dead_k++;
+        return;
+    }
+    if (dead_k) release_dead_run();
+    dead_f = f, dead_w = w, dead_k = 1;
+}
+
+/* [from, from+n) now maps at [to, to+n) (its pages moved with mremap; vmeta not yet
+ * moved): the memfd pages it maps get their new view address. */
+void view_moved(uint64_t from, uint64_t to, uint64_t n) {
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t m = A.vmeta[from + i];
+        if ((m & VM_MAPPED) && !(m & (VM_ANON | VM_DETACHED)) && (int)((m & VM_GEN_MASK) >> VM_GEN_SHIFT) == A.gen)
+            A.fview[m & VM_FPAGE_MASK] ^= (uint32_t)((from + i) ^ (to + i));
+    }
+}
+
 /* Drops the references of [v, v+n) (already unmapped or remapped) and punches memfd
- * pages of the current generation nobody maps any more. */
+ * pages of the current generation nobody needs any more: those nobody maps, and those
+ * whose one remaining view has its own copy (release_dead_run). */
 void unref_pages(uint64_t v, uint64_t n) {
     uint64_t i = 0;
     while (i < n) {
         uint64_t m = A.vmeta[v + i];
-        if (!(m & VM_MAPPED) || (m & VM_ANON)) {
+        if (!(m & VM_MAPPED) || (m & (VM_ANON | VM_DETACHED))) {
             i++;
             continue;
         }
@@ -162,24 +234,26 @@ void unref_pages(uint64_t v, uint64_t n) {
         uint64_t k = 0;
         while (i + k < n) {
             uint64_t mk = A.vmeta[v + i + k];
-            if (!(mk & VM_MAPPED) || (mk & VM_ANON) || (int)((mk & VM_GEN_MASK) >> VM_GEN_SHIFT) != g ||
-                (mk & VM_FPAGE_MASK) != f + k || A.fref[f + k] != 1)
+            if (!(mk & VM_MAPPED) || (mk & (VM_ANON | VM_DETACHED)) ||
+                (int)((mk & VM_GEN_MASK) >> VM_GEN_SHIFT) != g || (mk & VM_FPAGE_MASK) != f + k ||
+                A.fref[f + k] != 1)
                 break;
             k++;
         }
         if (k == 0) { /* still mapped elsewhere */
             A.fref[f]--;
+            A.fview[f] ^= (uint32_t)(v + i);
             A.gen_refs[g]--;
+            if (A.fref[f] == 1) one_view_left(f);
             i++;
             continue;
         }
-        for (uint64_t j = 0; j < k; j++) A.fref[f + j] = 0;
+        for (uint64_t j = 0; j < k; j++) A.fref[f + j] = 0, A.fview[f + j] = 0;
         A.gen_refs[g] -= k;
-        fallocate(A.gen_fd[g], FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(f << A.pshift),
-                  (off_t)(k << A.pshift));
-        ext_free(&A.fd, (uint32_t)f, (uint32_t)k);
+        punch(g, f, k);
         i += k;
     }
+    if (dead_k) release_dead_run();
 }
 
 /* ---- blocks ----------------------------------------------------------------------- */
@@ -200,6 +274,7 @@ int map_fresh(uint64_t v, uint64_t n) {
             for (uint64_t i = 0; i < n; i++) {
                 A.vmeta[v + i] = VM_MAPPED | ((uint64_t)A.gen << VM_GEN_SHIFT) | ((uint64_t)f + i);
                 A.fref[f + i] = 1;
+                A.fview[f + i] = (uint32_t)(v + i);
             }
             A.gen_refs[A.gen] += n;
         }
@@ -320,6 +395,7 @@ static int move_pages(uint64_t v, uint64_t nv, uint64_t old) {
     }
     /* the old range is a hole now: reserve it again at once */
     mmap(page_addr(v), old << A.pshift, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    view_moved(v, nv, old);
     for (uint64_t j = 0; j < old; j++) {
         A.vmeta[nv + j] = A.vmeta[v + j] & ~(VM_HEAD | VM_NPAGES_MASK);
         A.vmeta[v + j] = 0;

@@ -3,9 +3,10 @@
  * over (salvage). */
 #include "shim.h"
 
-#define SALVAGE_MIN_PAGES 16 /* below this, moving pages costs more than faulting them again */
+#define SALVAGE_MIN_PAGES 16
+#define REMAP_STEP 2048 /* pages of a first copy written into the memfd between remaps (8 MiB) */ /* below this, moving pages costs more than faulting them again */
 
-static int pagemap_fd(void) {
+int pagemap_fd(void) {
     if (A.pagemap_fd < 0) A.pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
     return A.pagemap_fd;
 }
@@ -70,6 +71,7 @@ static struct salvage salvage_begin(uint64_t v, uint64_t k) {
         ext_free(&A.va, (uint32_t)r, (uint32_t)n);
         return sv;
     }
+    view_moved(v, to, k);
     for (uint64_t j = 0; j < k; j++) {
         A.vmeta[to + j] = A.vmeta[v + j] & ~(VM_HEAD | VM_NPAGES_MASK);
         A.vmeta[v + j] &= VM_HEAD | VM_NPAGES_MASK;
@@ -88,6 +90,7 @@ static void salvage_end(uint64_t v, uint64_t k, struct salvage sv, int ok) {
     uint64_t r = (uint64_t)sv.base, n = sv.len, from = r + sv.off;
     if (!ok) {
         mremap(page_addr(from), k << A.pshift, k << A.pshift, MREMAP_MAYMOVE | MREMAP_FIXED, page_addr(v));
+        view_moved(from, v, k);
         for (uint64_t j = 0; j < k; j++) {
             A.vmeta[v + j] = (A.vmeta[v + j] & (VM_HEAD | VM_NPAGES_MASK)) | A.vmeta[from + j];
             A.vmeta[from + j] = VM_MAPPED | VM_ANON; /* a hole now; released below */
@@ -121,7 +124,7 @@ static int remap_private(uint64_t v, uint64_t k, int g, uint64_t f, int keep) {
     }
     salvage_end(v, k, kept, 1);
     if (g == A.gen)
-        for (uint64_t i = 0; i < k; i++) A.fref[f + i]++;
+        for (uint64_t i = 0; i < k; i++) A.fref[f + i]++, A.fview[f + i] ^= (uint32_t)(v + i);
     A.gen_refs[g] += k;
     unref_pages(v, k);
     for (uint64_t i = 0; i < k; i++) {
@@ -144,41 +147,49 @@ static uint64_t prepare_source(uint64_t v, uint64_t k) {
         uint64_t r = run_len(v + i, k - i);
         if (m & VM_ANON) {
             /* nobody shares this block yet: its present pages are written once into fresh
-             * memfd pages (the others stay holes, which read as zero), then the run is
-             * mapped private onto them */
+             * memfd pages (the others stay holes, which read as zero), and every
+             * REMAP_STEP pages are mapped private onto them, so that the block is held
+             * twice (its anonymous pages and the memfd's) for one step at a time, not
+             * whole: a first copy of 200 MB peaked at 400 MB */
             int fd = cur_fd();
             int64_t f = fd < 0 ? -1 : ext_alloc(&A.fd, (uint32_t)r);
             if (f < 0) return i;
             uint64_t done = 0, moved = 0;
-            int ok = 1;
-            while (ok && done < r) {
-                uint64_t chunk = r - done < 512 ? r - done : 512;
-                int pfd = pagemap_fd();
-                off_t off = (off_t)(((uintptr_t)page_addr(v + i + done) >> A.pshift) * 8);
-                if (pfd < 0 || pread(pfd, pm, chunk * 8, off) != (ssize_t)(chunk * 8)) {
-                    ok = 0;
-                    break;
-                }
-                uint64_t j = 0;
-                while (ok && j < chunk) {
-                    if (!((pm[j] >> 63 | pm[j] >> 62) & 1)) {
-                        j++;
-                        continue;
+            while (done < r) {
+                uint64_t step = r - done < REMAP_STEP ? r - done : REMAP_STEP, at = done;
+                int ok = 1;
+                while (ok && at < done + step) {
+                    uint64_t chunk = done + step - at < 512 ? done + step - at : 512;
+                    int pfd = pagemap_fd();
+                    off_t off = (off_t)(((uintptr_t)page_addr(v + i + at) >> A.pshift) * 8);
+                    if (pfd < 0 || pread(pfd, pm, chunk * 8, off) != (ssize_t)(chunk * 8)) {
+                        ok = 0;
+                        break;
                     }
-                    uint64_t a = j;
-                    while (j < chunk && ((pm[j] >> 63 | pm[j] >> 62) & 1)) j++;
-                    uint64_t at = done + a, cnt = j - a;
-                    ok = write_all(fd, page_addr(v + i + at), cnt << A.pshift,
-                                   (off_t)(((uint64_t)f + at) << A.pshift)) == 0;
-                    moved += cnt;
+                    uint64_t j = 0;
+                    while (ok && j < chunk) {
+                        if (!((pm[j] >> 63 | pm[j] >> 62) & 1)) {
+                            j++;
+                            continue;
+                        }
+                        uint64_t a = j;
+                        while (j < chunk && ((pm[j] >> 63 | pm[j] >> 62) & 1)) j++;
+                        uint64_t p = at + a, cnt = j - a;
+                        ok = write_all(fd, page_addr(v + i + p), cnt << A.pshift,
+                                       (off_t)(((uint64_t)f + p) << A.pshift)) == 0;
+                        moved += cnt;
+                    }
+                    at += chunk;
                 }
-                done += chunk;
-            }
-            if (!ok || remap_private(v + i, r, A.gen, (uint64_t)f, 0) != 0) {
-                fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)((uint64_t)f << A.pshift),
-                          (off_t)(r << A.pshift));
-                ext_free(&A.fd, (uint32_t)f, (uint32_t)r);
-                return i;
+                if (!ok || remap_private(v + i + done, step, A.gen, (uint64_t)f + done, 0) != 0) {
+                    /* the steps mapped so far are ready; the rest of the memfd range is not used */
+                    fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(((uint64_t)f + done) << A.pshift),
+                              (off_t)((r - done) << A.pshift));
+                    ext_free(&A.fd, (uint32_t)((uint64_t)f + done), (uint32_t)(r - done));
+                    st_add(S_PAGES_MOVED, moved);
+                    return i + done;
+                }
+                done += step;
             }
             st_add(S_PAGES_MOVED, moved);
             i += r;
@@ -197,15 +208,16 @@ static uint64_t prepare_source(uint64_t v, uint64_t k) {
             int pfd = pagemap_fd();
             off_t off = (off_t)(((uintptr_t)page_addr(v + i + done) >> A.pshift) * 8);
             if (pfd < 0 || pread(pfd, pm, chunk * 8, off) != (ssize_t)(chunk * 8)) return i + done;
+            /* a detached page's memfd offset was released: its bytes are only its own */
+            if (m & VM_DETACHED) for (uint64_t j = 0; j < chunk; j++) pm[j] |= 1ull << 63, pm[j] &= ~(1ull << 61);
             uint64_t j = 0;
             while (j < chunk) {
-                int anon = (pm[j] >> 63 | pm[j] >> 62) & 1 && !((pm[j] >> 61) & 1);
-                if (!anon) {
+                if (!pm_written(pm[j])) {
                     j++;
                     continue;
                 }
                 uint64_t a = j;
-                while (j < chunk && ((pm[j] >> 63 | pm[j] >> 62) & 1) && !((pm[j] >> 61) & 1)) j++;
+                while (j < chunk && pm_written(pm[j])) j++;
                 uint64_t pv = v + i + done + a, cnt = j - a;
                 int fd = cur_fd();
                 int64_t f = fd < 0 ? -1 : ext_alloc(&A.fd, (uint32_t)cnt);

@@ -48,6 +48,8 @@ static void new_generation(void) {
     /* the new generation starts with no references and the whole memfd free */
     mmap(A.fref, sizeof(uint32_t) * ARENA_PAGES, PROT_READ | PROT_WRITE,
          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    mmap(A.fview, sizeof(uint32_t) * ARENA_PAGES, PROT_READ | PROT_WRITE,
+         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
     A.fd.n = 1;
     A.fd.v[0].start = 0;
     A.fd.v[0].len = (uint32_t)ARENA_PAGES;

@@ -73,8 +73,9 @@ void init_locked(void) {
     A.base = (uintptr_t)base;
     A.vmeta = map_table(sizeof(uint64_t) * ARENA_PAGES);
     A.fref = map_table(sizeof(uint32_t) * ARENA_PAGES);
+    A.fview = map_table(sizeof(uint32_t) * ARENA_PAGES);
     A.segbits = map_table(ARENA_PAGES / 8);
-    if (!A.vmeta || !A.fref || !A.segbits || ext_init(&A.va) || ext_init(&A.fd)) return;
+    if (!A.vmeta || !A.fref || !A.fview || !A.segbits || ext_init(&A.va) || ext_init(&A.fd)) return;
     if (pthread_atfork(fork_prepare, fork_parent, fork_child) != 0) return;
     arena_lo = A.base;
     arena_len = len;

@@ -24,7 +24,8 @@
  * Layout (see DESIGN.md): a 64 GiB reservation at a high fixed hint; vmeta[v] says
  * what arena page v maps (memfd generation, memfd page, private or shared, block
  * head and length); fref[f] counts the arena pages mapping memfd page f of the current
- * generation (a page is hole-punched when it drops to 0). fork() freezes every shared
+ * generation (a page is hole-punched when it drops to 0, or at 1 when the one view left
+ * has its own anonymous copy of it). fork() freezes every shared
  * mapping to private and starts a new memfd generation in parent and child, so neither
  * ever writes or punches a memfd page the other may map.
  */
@@ -62,7 +63,12 @@ extern char **environ;
 #define MAX_EXTENTS (1u << 16)
 
 /* vmeta bits */
-#define VM_FPAGE_MASK ((1ull << 28) - 1)
+#define VM_FPAGE_MASK ((1ull << 27) - 1) /* memfd pages are below ARENA_PAGES */
+/* A private view the program has written: the kernel holds an anonymous copy of the page,
+ * and the memfd page under it was released when no other view needed it (see
+ * release_dead). It holds no reference; the memfd offset is only where its mapping
+ * points. */
+#define VM_DETACHED (1ull << 27)
 #define VM_GEN_SHIFT 28
 #define VM_GEN_MASK (63ull << VM_GEN_SHIFT)
 #define VM_PRIV (1ull << 34)
@@ -92,6 +98,9 @@ struct arena {
     size_t threshold; /* bytes: allocations and copies at least this big are ours */
     uint64_t *vmeta;
     uint32_t *fref;
+    /* XOR of the arena pages mapping memfd page f (current generation): when fref[f] is
+     * 1, the one view left, found without a reverse map */
+    uint32_t *fview;
     uint64_t *segbits; /* upper bound on VMAs: a bit where a mapping may begin */
     uint64_t segs, seg_budget;
     struct extents va, fd;
@@ -154,7 +163,8 @@ enum counter {
     S_COPIES_SEEN, S_COPIES_VIRTUAL, S_PAGES_SHARED, S_BYTES_PARTIAL, S_PAGES_MOVED,
     S_FB_NOT_ARENA, S_FB_OFFSET, S_FB_OVERLAP, S_FB_SHORT, S_FB_BUDGET,
     S_FB_ERROR, S_FB_BYTES, S_REALLOC_INPLACE, S_REALLOC_MREMAP, S_REALLOC_SHRINK,
-    S_FB_REENTRANT, S_FORKS, S_GENS_EXHAUSTED, S_CACHE_HITS, S_DIRTY_HITS, S_PAGES_SALVAGED, S_PAGES_FRESH, S_PAGES_RETURNED, S_NSTATS
+    S_FB_REENTRANT, S_FORKS, S_GENS_EXHAUSTED, S_CACHE_HITS, S_DIRTY_HITS, S_PAGES_SALVAGED, S_PAGES_FRESH, S_PAGES_RETURNED,
+    S_PAGES_DETACHED, S_NSTATS
 };
 extern uint64_t stats[S_NSTATS];
 
@@ -177,6 +187,10 @@ static inline void set_head(uint64_t v, uint64_t n) {
 }
 static inline uint64_t head_pages(uint64_t v) { return (A.vmeta[v] & VM_NPAGES_MASK) >> VM_NPAGES_SHIFT; }
 
+/* Whether pagemap entry e is the process's own anonymous page (present or swapped, not a
+ * page of a file): in a private view of the memfd, a page the program has written. */
+static inline int pm_written(uint64_t e) { return ((e >> 62) & 1) || (((e >> 63) & 1) && !((e >> 61) & 1)); }
+
 /* arena.c: the reservation's tables, extents, VMA budget, memfd generations, blocks */
 void *map_table(size_t bytes);
 int ext_init(struct extents *e);
@@ -186,6 +200,8 @@ void seg_mapped(uint64_t v, uint64_t n);
 int budget_ok(void);
 int cur_fd(void);
 void unref_pages(uint64_t v, uint64_t n);
+void view_moved(uint64_t from, uint64_t to, uint64_t n);
+int pagemap_fd(void);
 int map_fresh(uint64_t v, uint64_t n);
 void unmap_pages(uint64_t v, uint64_t n);
 uint64_t run_len(uint64_t v, uint64_t max);
