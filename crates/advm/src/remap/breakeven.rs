@@ -91,11 +91,36 @@ pub fn break_even() -> BreakEven {
     if api > 0 {
         return BreakEven { pages: api - 1, pages_populated: api - 1, source: BreakEvenSource::Api, curve: Vec::new() };
     }
-    if let Some(p) = std::env::var(ENV_BREAK_EVEN).ok().and_then(|v| v.trim().parse().ok()) {
+    if let Some(p) = env_pages() {
         return BreakEven { pages: p, pages_populated: p, source: BreakEvenSource::Env, curve: Vec::new() };
     }
+    measured().clone()
+}
+
+/// `(pages, pages_populated)` of [`break_even`], without copying its curve: what every
+/// operation asks, so it costs an atomic load and no allocation.
+pub(super) fn break_even_pages() -> (usize, usize) {
+    let api = API_OVERRIDE.load(Ordering::Relaxed);
+    if api > 0 {
+        return (api - 1, api - 1);
+    }
+    if let Some(p) = env_pages() {
+        return (p, p);
+    }
+    let m = measured();
+    (m.pages, m.pages_populated)
+}
+
+/// [`ENV_BREAK_EVEN`], read once: the environment is the process's start-up setting,
+/// and reading it takes the environment lock on every call.
+fn env_pages() -> Option<usize> {
+    static ENV: OnceLock<Option<usize>> = OnceLock::new();
+    *ENV.get_or_init(|| std::env::var(ENV_BREAK_EVEN).ok().and_then(|v| v.trim().parse().ok()))
+}
+
+fn measured() -> &'static BreakEven {
     static MEASURED: OnceLock<BreakEven> = OnceLock::new();
-    MEASURED.get_or_init(load_or_measure).clone()
+    MEASURED.get_or_init(load_or_measure)
 }
 
 fn machine_key() -> String {

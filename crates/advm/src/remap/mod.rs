@@ -79,7 +79,7 @@
 mod breakeven;
 mod intervals;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use serde::Serialize;
@@ -204,9 +204,6 @@ impl Outcome {
 /// scratch area for swaps.
 struct Kernel {
     uffd: Option<Userfaultfd>,
-    /// The process that opened `uffd`. A forked child inherits the fd, but its ioctls
-    /// would act on the parent's memory, so a child does not use it.
-    pid: u32,
     scratch: Mutex<Option<RwMapping>>,
     /// 2 MiB-aligned scratch address space for mremap exchanges (grown on demand).
     remap_scratch: Mutex<Option<RwMapping>>,
@@ -215,6 +212,17 @@ struct Kernel {
 /// Bytes of scratch used per swap step (swaps of more are done in steps).
 const SCRATCH_LEN: usize = 16 << 20;
 
+/// Set in a forked child of the process that opened the userfaultfd: the child inherits
+/// the fd, but its ioctls would act on the parent's memory. A flag set by a fork
+/// handler costs nothing per operation, where comparing process ids costs a `getpid`.
+static FORKED_CHILD: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn fork_nothing() {}
+
+extern "C" fn fork_child() {
+    FORKED_CHILD.store(true, Ordering::Relaxed);
+}
+
 fn kernel() -> &'static Kernel {
     static K: OnceLock<Kernel> = OnceLock::new();
     K.get_or_init(|| {
@@ -222,16 +230,17 @@ fn kernel() -> &'static Kernel {
         let uffd = Userfaultfd::probe()
             .ok()
             .filter(|i| i.features & want == want)
+            // Without the fork handler a child could not tell it is one: no userfaultfd.
+            .filter(|_| crate::sys::fork::at_fork(fork_nothing, fork_nothing, fork_child).is_ok())
             .and_then(|_| Userfaultfd::new(want, true).ok());
-        Kernel { uffd, pid: std::process::id(), scratch: Mutex::new(None), remap_scratch: Mutex::new(None) }
+        Kernel { uffd, scratch: Mutex::new(None), remap_scratch: Mutex::new(None) }
     })
 }
 
 /// The process's userfaultfd, unless this is a forked child of the process that
 /// opened it.
 fn uffd() -> Option<&'static Userfaultfd> {
-    let k = kernel();
-    k.uffd.as_ref().filter(|_| k.pid == std::process::id())
+    kernel().uffd.as_ref().filter(|_| !FORKED_CHILD.load(Ordering::Relaxed))
 }
 
 /// True when UFFDIO_MOVE can be used here (Linux 6.8+ with userfaultfd write-protect;
@@ -621,9 +630,8 @@ fn plan(mem: &Grant<'_>, ops: &[Op], opts: &Options, out: &mut Outcome) -> Resul
         merged.push((*op, class, i + 1));
     }
     out.merged_ops = merged.len();
-    // Looked up once per call: the check costs a getpid.
     let k = uffd();
-    let be_pages = opts.break_even_pages.unwrap_or_else(|| break_even().pages);
+    let be_pages = opts.break_even_pages.unwrap_or_else(|| breakeven::break_even_pages().0);
     let mut steps = Vec::with_capacity(merged.len());
     for (op, class, end) in &merged {
         let engine = choose(op, *class, opts, be_pages, k.is_some())?;
@@ -657,19 +665,24 @@ fn run_plan(
     let stopped = |error: Error, completed_ops: usize, out: &Outcome| {
         Box::new(Incomplete { error, completed_ops, memory_changed: true, outcome: *out })
     };
-    // A single move does not empty its destination first: it tries the move (free
-    // when the destination is empty, as after an earlier move vacated it) and only
-    // empties it, or copies instead, when the kernel finds pages there.
+    // A single operation needs no emptying plan: a UFFDIO_MOVE move does not empty its
+    // destination first (it tries the move, free when the destination is empty, as
+    // after an earlier move vacated it, and only empties it, or copies instead, when
+    // the kernel finds pages there); the other engines replace the destination.
     if let [st] = steps.as_slice() {
-        if st.op.kind == Kind::Move && st.engine == Engine::UffdMove {
-            let copy_below = match opts.engine {
-                Choice::Auto => opts.break_even_pages.unwrap_or_else(|| break_even().pages_populated),
-                Choice::Only(_) => 0,
-            };
-            run_step(k, mem, st, DstState::Unknown { copy_below }, out).map_err(|e| stopped(e, 0, out))?;
-            out.completed_ops = n_ops;
-            return Ok(());
-        }
+        let state = if st.op.kind == Kind::Move && st.engine == Engine::UffdMove {
+            DstState::Unknown {
+                copy_below: match opts.engine {
+                    Choice::Auto => opts.break_even_pages.unwrap_or_else(|| breakeven::break_even_pages().1),
+                    Choice::Only(_) => 0,
+                },
+            }
+        } else {
+            DstState::Empty
+        };
+        run_step(k, mem, st, state, out).map_err(|e| stopped(e, 0, out))?;
+        out.completed_ops = n_ops;
+        return Ok(());
     }
     // 3. Plan which destinations to empty: up front (one vectored call) where no
     // earlier step touched them, just in time where an earlier step wrote there, and
@@ -749,20 +762,27 @@ fn run_step(
             out.memmove_bytes += len;
         }
         (Kind::Move, Engine::Mremap) => {
+            // Into a destination holding pages (sampled: its first page resident),
+            // private anonymous memory is exchanged: freeing a populated range costs
+            // about as much as copying it. Else one remap; a file-backed view's vacated
+            // source gets fresh anonymous memory (else it would show the file's bytes
+            // again).
+            let anon = st.class == Class::AnonPrivate && grant::dontunmap_fixed_available();
+            let populated = anon && mem.page_resident(x)?;
             // Only ranges inside one VMA each. Kernels from 6.17 move a range that spans
             // several VMAs one VMA at a time, and a DONTUNMAP remap out of such a range
             // lost the pages of its first VMA here (the property test's saved case: a
-            // move out of a range that an earlier move had made a VMA of its own).
-            let refused = if st.one_vma_each.map_or_else(|| crosses_vmas(x, y, len), |one| !one) {
+            // move out of a range that an earlier move had made a VMA of its own). A
+            // plain move replaces whatever maps the destination, so only its source
+            // must be one VMA; an exchange also moves the destination away.
+            let one_vma = match st.one_vma_each {
+                Some(one) => one,
+                None if populated => !crosses_vmas(x, y, len),
+                None => vma_room(y) >= len,
+            };
+            let refused = if !one_vma {
                 true
             } else {
-                // Into a destination holding pages (sampled: its first page resident),
-                // private anonymous memory is exchanged: freeing a populated range costs
-                // about as much as copying it. Else one remap; a file-backed view's
-                // vacated source gets fresh anonymous memory (else it would show the
-                // file's bytes again).
-                let anon = st.class == Class::AnonPrivate && grant::dontunmap_fixed_available();
-                let populated = anon && mem.page_resident(x)?;
                 let r = match populated.then(|| mremap_exchange_via_scratch(mem, x, y, len)) {
                     // No scratch area (out of address space; the exchange's own calls
                     // are `mremap`): a plain move still works.
