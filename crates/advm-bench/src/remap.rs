@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use advm::remap::{self, Batch, Choice, Engine, Options, Region, PMD_SIZE};
+use advm::mem::{HostAddr, PageRange, Region};
+use advm::remap::{self, Batch, Choice, Engine, Options, PMD_SIZE};
 
 use super::{fmt_bytes, median, Bench, BenchOpts, DemoRow, Figure, Report, Row};
 use crate::BenchError;
@@ -28,7 +29,12 @@ const AUTO: &str = ", auto engine";
 const EVICT_BYTES: usize = 64 << 20;
 
 fn ps() -> usize {
-    advm::addr::page_size()
+    advm::mem::page_size()
+}
+
+/// The pages `[start, start+len)`.
+fn page_range(start: HostAddr, len: usize) -> Result<PageRange, BenchError> {
+    Ok(PageRange::new("range", start.0, len)?)
 }
 
 /// Whether the source (and destination) are in the cache when the operation starts.
@@ -73,7 +79,7 @@ struct Evictor {
 
 impl Evictor {
     fn new() -> Result<Self, BenchError> {
-        let mut buf = Region::new(EVICT_BYTES)?;
+        let mut buf = Region::for_remap(EVICT_BYTES)?;
         buf.bytes_mut().fill(1);
         Ok(Self { buf })
     }
@@ -202,7 +208,7 @@ impl RemapBench {
             // sizes (2 MiB and up): one pair, refilled and evicted before each run.
             let pooled = len < PMD_SIZE;
             let pairs = if pooled { runs * engines.len() } else { 1 };
-            let mut r = Region::new(2 * span * pairs)?;
+            let mut r = Region::for_remap(2 * span * pairs)?;
             if pooled {
                 r.bytes_mut().fill(0x01);
                 ev.evict();
@@ -224,7 +230,7 @@ impl RemapBench {
                     }
                     if vacated {
                         let a = r.addr() + dst;
-                        r.grant().zap(&[(a, len)])?;
+                        r.grant().discard(&[page_range(a, len)?])?;
                     }
                     let t = Instant::now();
                     let out = r.move_pages_with(dst, src, len, &forced(engine))?;
@@ -302,7 +308,7 @@ impl RemapBench {
         for &pages in sizes {
             let len = pages * ps;
             let span = len.div_ceil(PMD_SIZE) * PMD_SIZE;
-            let mut r = Region::new(2 * span)?;
+            let mut r = Region::for_remap(2 * span)?;
             for engine in [Engine::Memmove, Engine::UffdMove, Engine::Mremap] {
                 if engine == Engine::UffdMove && !remap::uffd_move_available() {
                     continue;
@@ -333,7 +339,7 @@ impl RemapBench {
         let sizes: &[usize] =
             if opts.quick { &[PMD_SIZE, 4 * PMD_SIZE] } else { &[PMD_SIZE, 16 * PMD_SIZE, 64 * PMD_SIZE] };
         for &len in sizes {
-            let mut r = Region::new(2 * len + 2 * PMD_SIZE)?;
+            let mut r = Region::for_remap(2 * len + 2 * PMD_SIZE)?;
             for (label, dst) in [("2 MiB aligned", 0), ("unaligned (+1 page)", ps)] {
                 for engine in [Some(Engine::Memmove), None] {
                     let mut times = Vec::new();
@@ -378,7 +384,7 @@ impl RemapBench {
         let mut ratios = Vec::new();
         for &len in sizes {
             for dest in [Dest::Empty, Dest::Populated] {
-                let mut r = Region::new(2 * len)?;
+                let mut r = Region::for_remap(2 * len)?;
                 let (dst, src) = (r.addr(), r.addr() + len);
                 let mut us = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
                 let (mut ratio_region, mut ratio_raw) = (Vec::new(), Vec::new());
@@ -387,7 +393,7 @@ impl RemapBench {
                         r.bytes_mut()[len..].fill(0xab);
                         match dest {
                             Dest::Empty => {
-                                r.grant().zap(&[(dst, len)])?;
+                                r.grant().discard(&[page_range(dst, len)?])?;
                             }
                             Dest::Populated => r.bytes_mut()[..len].fill(1),
                         }
@@ -410,12 +416,12 @@ impl RemapBench {
                             2 => {
                                 r.grant().mremap_unmapping_source(dst, src, len)?;
                                 times.push(t.elapsed().as_secs_f64() * 1e6);
-                                r.grant().map_fresh(src, len)?;
+                                r.grant().map_fresh(page_range(src, len)?)?;
                             }
                             _ => {
                                 let mut g = r.grant();
                                 g.mremap_unmapping_source(dst, src, len)?;
-                                g.map_fresh(src, len)?;
+                                g.map_fresh(page_range(src, len)?)?;
                                 times.push(t.elapsed().as_secs_f64() * 1e6);
                             }
                         }
@@ -484,7 +490,7 @@ impl RemapBench {
         if mode == BOUND {
             bound.bytes_mut()[..all].fill(0xcd);
             let b = bound.addr();
-            bound.grant().zap(&[(b + all, all)])?;
+            bound.grant().discard(&[page_range(b + all, all)?])?;
         }
         ev.evict();
         let opts = Options { engine: Choice::Only(Engine::UffdMove), break_even_pages: Some(0), coalesce: true };
@@ -500,12 +506,16 @@ impl RemapBench {
             BOUND => {
                 // The populated pages the batch must empty: the whole destination area
                 // (scatter), the 2-page gaps under the destinations (compaction).
-                let zap: Vec<(usize, usize)> = if scatter {
-                    (0..n).map(|i| (base + dst_of(i), obj)).collect()
+                let zap: Vec<PageRange> = if scatter {
+                    (0..n).map(|i| page_range(base + dst_of(i), obj)).collect::<Result<_, _>>()?
                 } else {
-                    (0..).map(|j| 12 * j * ps).take_while(|&g| g < all).map(|g| (base + g, 2 * ps)).collect()
+                    (0..)
+                        .map(|j| 12 * j * ps)
+                        .take_while(|&g| g < all)
+                        .map(|g| page_range(base + g, 2 * ps))
+                        .collect::<Result<_, _>>()?
                 };
-                r.grant().zap(&zap)?;
+                r.grant().discard(&zap)?;
                 bound.move_pages_with(all, 0, all, &opts)?;
             }
             "one call each" => {
@@ -559,9 +569,9 @@ impl RemapBench {
         let ps = ps();
         let n = if opts.quick { 200 } else { 1000 };
         let mut gains = Vec::new();
-        let mut bound = Region::new(2 * n * 10 * ps)?;
+        let mut bound = Region::for_remap(2 * n * 10 * ps)?;
         for pattern in ["scatter", "compaction"] {
-            let mut r = Region::new((n * 23 + 16) * ps)?;
+            let mut r = Region::for_remap((n * 23 + 16) * ps)?;
             let mut single = None;
             let mut modes: Vec<(String, usize)> =
                 vec![("memmove".into(), 0), ("one call each".into(), 0), ("one call each, raw".into(), 0)];
@@ -621,7 +631,7 @@ impl RemapBench {
         let ps = ps();
         let blocks: &[usize] = if opts.quick { &[64, 1024] } else { &[64, 4096, 65536] };
         for &pages in blocks {
-            let mut r = Region::new((pages + 512) * ps)?;
+            let mut r = Region::for_remap((pages + 512) * ps)?;
             for delta in [1usize, 16, 256] {
                 if delta >= pages {
                     continue;
@@ -727,7 +737,7 @@ impl Bench for RemapBench {
     fn demo(&self) -> Result<Vec<DemoRow>, BenchError> {
         let ev = Evictor::new()?;
         let len = 256 << 20;
-        let mut r = Region::new(2 * len)?;
+        let mut r = Region::for_remap(2 * len)?;
         let mut page = Vec::new();
         let mut copy = Vec::new();
         let mut used = None;

@@ -25,5 +25,5 @@ pub use addr::{is_page_aligned, page_align_up, page_size, HostAddr, PageRange};
 pub use assembly::Assembly;
 pub use extent::{Access, Backing, Extent, Share};
 pub use memfd::Memfd;
-pub use region::{Grant, Region};
+pub use region::{Grant, MappingInfo, Region};
 pub use reservation::Reservation;

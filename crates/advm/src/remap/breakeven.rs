@@ -16,7 +16,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::{move_pages_with, uffd_move_available, Choice, Engine, Options, PMD_SIZE};
-use crate::addr::page_size;
+use crate::mem::{page_size, HostAddr};
 use crate::sys::grant::RwMapping;
 use crate::Result;
 
@@ -207,7 +207,7 @@ pub fn measure_break_even(cold: bool, reps: usize) -> Result<BreakEven> {
     let mut pool = RwMapping::new(pool_len, PMD_SIZE, false)?;
     pool.bytes_mut().fill(0x5a);
     let base = pool.addr();
-    let mut g = pool.grant();
+    let mut g = crate::mem::Grant::wrap(pool.grant());
     let uffd_opts = Options { engine: Choice::Only(Engine::UffdMove), break_even_pages: Some(0), coalesce: false };
     let mut cursor = base;
     let mut curve = Vec::with_capacity(GRID.len());
@@ -219,19 +219,19 @@ pub fn measure_break_even(cold: bool, reps: usize) -> Result<BreakEven> {
                 let (src, dst) = (cursor, cursor + len);
                 cursor += 2 * len;
                 if which == 1 {
-                    g.zap(&[(dst, len)])?; // vacated by an earlier move
+                    g.inner.zap(&[(dst, len)])?; // vacated by an earlier move
                 }
                 if !cold {
-                    g.touch(src, len, 64)?;
+                    g.inner.touch(src, len, 64)?;
                     if which != 1 {
-                        g.fill(dst, len, 1)?;
+                        g.inner.fill(dst, len, 1)?;
                     }
                 }
                 let start = Instant::now();
                 if which == 0 {
-                    g.memmove(dst, src, len)?;
+                    g.inner.memmove(dst, src, len)?;
                 } else {
-                    move_pages_with(&mut g, dst, src, len, &uffd_opts)?;
+                    move_pages_with(&mut g, HostAddr(dst), HostAddr(src), len, &uffd_opts)?;
                 }
                 ts.push(start.elapsed().as_secs_f64() * 1e6);
             }
