@@ -343,3 +343,19 @@ fn a_thread_reading_the_destination_sees_old_zero_or_new_per_page_never_garbage(
     );
     assert!(reads.load(Ordering::Relaxed) > 0);
 }
+
+#[test]
+fn a_grant_describes_its_mappings_and_forgets_them_after_a_change() {
+    let ps = ps();
+    let m = Raw::anon(8 * ps);
+    let mut g = m.grant();
+    let v = g.mapping_at(HostAddr(m.addr + ps)).unwrap().expect("mapped");
+    assert!(v.start.0 <= m.addr && v.end.0 >= m.addr + 8 * ps, "{v:?}");
+    assert!(v.readable && v.writable && !v.shared && !v.file_backed, "{v:?}");
+    assert_eq!(g.mapping_at(HostAddr(ps)).unwrap(), None, "page 1 is never mapped");
+    // A change through the grant drops what it looked up: the next lookup sees the
+    // hole the bare remap leaves at its source.
+    g.mremap_unmapping_source(HostAddr(m.addr), HostAddr(m.addr + 4 * ps), 4 * ps).unwrap();
+    assert_eq!(g.mapping_at(HostAddr(m.addr + 4 * ps)).unwrap(), None);
+    g.map_fresh(PageRange::new("src", m.addr + 4 * ps, 4 * ps).unwrap()).unwrap();
+}

@@ -461,3 +461,20 @@ fn a_batch_stopped_by_a_kernel_call_reports_exactly_how_far_it_got() {
     assert_eq!(e.completed_ops, 0, "{e}");
     check(&r, &model).unwrap();
 }
+
+#[test]
+fn an_mremap_move_into_a_destination_of_several_vmas_is_one_remap() {
+    // A plain move replaces whatever maps its destination, so only the source must be
+    // one VMA: a destination that an earlier move split still moves by page table.
+    let mut r = Region::for_remap(12 * PMD_SIZE).unwrap();
+    r.bytes_mut().fill(3);
+    let opts = Options { engine: Choice::Only(Engine::Mremap), ..Options::default() };
+    r.move_pages_with(PMD_SIZE, 3 * PMD_SIZE, PMD_SIZE, &opts).unwrap();
+    // Empty, so the move is a plain remap (a populated one is exchanged, which moves
+    // the destination too and so needs it in one VMA).
+    let dst = PageRange::new("dst", r.addr().0, 2 * PMD_SIZE).unwrap();
+    r.grant().discard(&[dst]).unwrap();
+    let out = r.move_pages_with(0, 8 * PMD_SIZE, 2 * PMD_SIZE, &opts).unwrap();
+    assert_eq!((out.mremap_bytes, out.uffd_move_bytes, out.memmove_bytes), (2 * PMD_SIZE, 0, 0), "{out:?}");
+    assert!(r.bytes()[..2 * PMD_SIZE].iter().all(|&b| b == 3));
+}
