@@ -723,8 +723,8 @@ impl Bench for RemapBench {
         for (len, dest, ratio) in raw {
             let size = fmt_bytes(len as u64);
             report.notes.push(format!(
-                "target: a {size} move into an {} destination costs at most 1.25x one raw mremap: {ratio:.2}x \
-                 (the slower of region and raw addresses; median of interleaved runs), {}",
+                "target: a {size} move into a destination that is {} costs at most 1.25x one raw mremap: \
+                 {ratio:.2}x (the slower of region and raw addresses; median of interleaved runs), {}",
                 dest.name(),
                 met(ratio <= 1.25)
             ));
