@@ -48,8 +48,8 @@
 //!   moved with mremap: pages not yet written keep sharing the file's page cache.
 //! - **Memory owned by an allocator**: a grant over memory whose mappings someone else
 //!   keeps records of, such as the blocks of a virtual-copy arena ([`crate::cow`]),
-//!   breaks the promise [`MemGrant::for_caller_memory`] asks for: a page engine would remap a block's
-//!   view behind the arena's back (its later frees and copies would read the wrong
+//!   breaks the promise [`crate::mem::Grant::for_caller_memory`] asks for: a page
+//!   engine would remap a block's view behind the arena's back (its later frees and copies would read the wrong
 //!   pages). Such ranges may only be copied: [`Choice::Only`]`(`[`Engine::Memmove`]`)`,
 //!   [`Batch::push_move_by_copy`], [`Batch::push_swap_by_copy`]; between two blocks of
 //!   one arena, `Arena::vcopy` keeps the pages shared. The C API does this itself: it
