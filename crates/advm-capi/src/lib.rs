@@ -2,7 +2,7 @@
 //!
 //! This crate is an FFI boundary: its `unsafe` is limited to taking raw pointers from C
 //! and handing them to the library's raw-address APIs (no syscalls here; those stay in
-//! `advm::sys`). Functions return 0 or a negative errno, as the header documents, and
+//! the library, behind its safe `advm::mem` vocabulary and capability modules). Functions return 0 or a negative errno, as the header documents, and
 //! never unwind into C.
 #![allow(unsafe_code)]
 

@@ -10,9 +10,8 @@
 //! move between two blocks of the C arena is a virtual copy (`advm_vcopy`), which keeps
 //! the pages shared.
 
+use advm::mem::{page_size, Grant, HostAddr, MappingInfo, PageRange};
 use advm::remap::{self, Batch, Choice, Engine, Incomplete, Options};
-use advm::sys::grant::Grant;
-use advm::sys::procmap::{self, Vma};
 
 use crate::guard;
 
@@ -69,13 +68,18 @@ pub struct advm_batch {
     ops: Vec<Queued>,
 }
 
-/// A grant over `[lo, hi)`, or EINVAL-like error when the span wraps.
+/// A grant over the pages covering `[lo, hi)`. Rounded out to pages so that an
+/// unaligned argument is reported by the planner, which names it.
 fn span_grant(lo: usize, hi: usize) -> Result<Grant<'static>, advm::Error> {
+    let ps = page_size();
+    let start = lo & !(ps - 1);
+    let end = hi.checked_add(ps - 1).map_or(usize::MAX & !(ps - 1), |e| e & !(ps - 1));
+    let range = PageRange::new("range", start, end.saturating_sub(start))?;
     // SAFETY: the header's contract: the caller owns every range it passes (no other
     // thread uses them during the call, they are not referenced by code that assumes
     // their contents stay put). advm touches only the ranges named in the call, checks
     // they are mapped read-write first, and refuses bad ones before changing anything.
-    Ok(unsafe { Grant::new(lo, hi.saturating_sub(lo)) }?)
+    unsafe { Grant::for_caller_memory(range) }
 }
 
 fn span(ranges: &[(usize, usize)]) -> (usize, usize) {
@@ -91,12 +95,12 @@ fn write_stats(out: *mut advm_remap_stats, st: advm_remap_stats) {
     }
 }
 
-/// Finds which ranges touch an advm arena's mappings. Mappings are looked up once per
-/// call (PROCMAP_QUERY); only file-backed ones can be arena memory, and only for those
+/// Finds which ranges touch an advm arena's mappings. Mappings are looked up through
+/// the call's grant, which keeps them for the planner's own checks (one PROCMAP_QUERY
+/// per mapping per call); only file-backed ones can be arena memory, and only for those
 /// are the names in /proc/self/maps read. Unmapped or wrapping ranges count as not
 /// arena memory: the planner refuses them with its own message.
 struct ArenaProbe {
-    seen: Vec<Vma>,
     /// Starts of the arena's mappings, read on the first file-backed mapping.
     arena_starts: Option<Vec<usize>>,
 }
@@ -106,19 +110,10 @@ const ARENA_MAPPING_NAME: &str = "/memfd:advm-arena";
 
 impl ArenaProbe {
     fn new() -> Self {
-        Self { seen: Vec::new(), arena_starts: None }
+        Self { arena_starts: None }
     }
 
-    fn vma(&mut self, at: usize) -> Option<Vma> {
-        if let Some(v) = self.seen.iter().find(|v| v.start <= at && at < v.end) {
-            return Some(*v);
-        }
-        let v = procmap::query(at).ok().flatten()?;
-        self.seen.push(v);
-        Some(v)
-    }
-
-    fn is_arena(&mut self, v: &Vma) -> bool {
+    fn is_arena(&mut self, v: &MappingInfo) -> bool {
         if !v.file_backed {
             return false;
         }
@@ -129,19 +124,19 @@ impl ArenaProbe {
                 .filter_map(|l| l.split_once('-').and_then(|(s, _)| usize::from_str_radix(s, 16).ok()))
                 .collect()
         });
-        starts.contains(&v.start)
+        starts.contains(&v.start.0)
     }
 
     /// True when some page of `[addr, addr+len)` is arena memory.
-    fn touches(&mut self, addr: usize, len: usize) -> bool {
+    fn touches(&mut self, g: &mut Grant<'_>, addr: usize, len: usize) -> bool {
         let Some(end) = addr.checked_add(len) else { return false };
         let mut at = addr;
         while at < end {
-            let Some(v) = self.vma(at) else { return false };
+            let Ok(Some(v)) = g.mapping_at(HostAddr(at)) else { return false };
             if self.is_arena(&v) {
                 return true;
             }
-            at = v.end;
+            at = v.end.0;
         }
         false
     }
@@ -165,20 +160,20 @@ fn run_one(swap: bool, x: usize, y: usize, len: usize, out: *mut advm_remap_stat
         // then only needs to cover what does not wrap.
         let mut g = span_grant(lo, hi)?;
         let mut probe = ArenaProbe::new();
-        let arena = (probe.touches(x, len), probe.touches(y, len));
+        let arena = (probe.touches(&mut g, x, len), probe.touches(&mut g, y, len));
         let opts = if arena.0 || arena.1 { copy_only() } else { Options::default() };
         if !swap && arena.0 && arena.1 && len > 0 {
-            advm::addr::PageRange::new("dst", x, len)?;
-            advm::addr::PageRange::new("src", y, len)?;
+            PageRange::new("dst", x, len)?;
+            PageRange::new("src", y, len)?;
             if let Some(st) = arena_vcopy(x, y, len) {
                 write_stats(out, st);
                 return Ok(0);
             }
         }
         let o = if swap {
-            remap::swap_pages_with(&mut g, x, y, len, &opts)?
+            remap::swap_pages_with(&mut g, HostAddr(x), HostAddr(y), len, &opts)?
         } else {
-            remap::move_pages_with(&mut g, x, y, len, &opts)?
+            remap::move_pages_with(&mut g, HostAddr(x), HostAddr(y), len, &opts)?
         };
         write_stats(out, o.into());
         Ok(0)
@@ -256,25 +251,28 @@ pub unsafe extern "C" fn advm_batch_swap(b: *mut advm_batch, x: *mut u8, y: *mut
 pub unsafe extern "C" fn advm_batch_run(b: *mut advm_batch, out: *mut advm_remap_stats) -> i32 {
     with_batch(b, |b| {
         let ops = std::mem::take(&mut b.ops);
-        // Operations touching an arena are queued as copies (see the module doc).
-        let mut probe = ArenaProbe::new();
-        let mut batch = Batch::new();
-        for q in &ops {
-            let by_copy = probe.touches(q.x, q.len) || probe.touches(q.y, q.len);
-            match (q.swap, by_copy) {
-                (false, false) => batch.push_move(q.x, q.y, q.len),
-                (false, true) => batch.push_move_by_copy(q.x, q.y, q.len),
-                (true, false) => batch.push_swap(q.x, q.y, q.len),
-                (true, true) => batch.push_swap_by_copy(q.x, q.y, q.len),
-            };
-        }
         let ranges: Vec<_> = ops.iter().flat_map(|q| [(q.x, q.len), (q.y, q.len)]).collect();
         let (lo, hi) = span(&ranges);
-        let r = if batch.is_empty() {
+        let r = if ops.is_empty() {
             Ok(remap::Outcome::default())
         } else {
             match span_grant(lo, hi) {
-                Ok(mut g) => batch.execute_with_progress(&mut g),
+                Ok(mut g) => {
+                    // Operations touching an arena are queued as copies (see the module doc).
+                    let mut probe = ArenaProbe::new();
+                    let mut batch = Batch::new();
+                    for q in &ops {
+                        let by_copy = probe.touches(&mut g, q.x, q.len) || probe.touches(&mut g, q.y, q.len);
+                        let (x, y) = (HostAddr(q.x), HostAddr(q.y));
+                        match (q.swap, by_copy) {
+                            (false, false) => batch.push_move(x, y, q.len),
+                            (false, true) => batch.push_move_by_copy(x, y, q.len),
+                            (true, false) => batch.push_swap(x, y, q.len),
+                            (true, true) => batch.push_swap_by_copy(x, y, q.len),
+                        };
+                    }
+                    batch.execute_with_progress(&mut g)
+                }
                 Err(error) => Err(Box::new(Incomplete {
                     error,
                     completed_ops: 0,

@@ -5,8 +5,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use advm::remap::{self, Choice, Engine, Options, Region, PMD_SIZE};
-use advm::sys::grant::Grant;
+use advm::mem::{Grant, HostAddr, PageRange, Region};
+use advm::remap::{self, Choice, Engine, Options, PMD_SIZE};
 use advm::sys::pagemap::{Entry, Pagemap};
 
 fn ps() -> usize {
@@ -31,7 +31,7 @@ impl Raw {
     }
     fn grant(&self) -> Grant<'static> {
         // SAFETY: the test owns the mapping and reads it only between operations.
-        unsafe { Grant::new(self.addr, self.len) }.unwrap()
+        unsafe { Grant::for_caller_memory(PageRange::new("grant", self.addr, self.len).unwrap()) }.unwrap()
     }
     fn bytes(&self) -> &[u8] {
         // SAFETY: mapped read-write for the test's life; no operation runs meanwhile.
@@ -62,8 +62,8 @@ fn raw_anonymous_memory_moves_by_page_table() {
     m.bytes_mut()[..16 * ps].fill(5);
     let out = remap::move_pages_with(
         &mut m.grant(),
-        m.addr + 32 * ps,
-        m.addr,
+        HostAddr(m.addr + 32 * ps),
+        HostAddr(m.addr),
         16 * ps,
         &Options { break_even_pages: Some(1), ..Options::default() },
     )
@@ -83,7 +83,8 @@ fn read_only_and_unmapped_ranges_are_refused_before_anything_changes() {
     m.bytes_mut().fill(9);
     // SAFETY: our mapping; page 5 becomes read-only.
     assert_eq!(unsafe { libc::mprotect((m.addr + 5 * ps) as *mut libc::c_void, ps, libc::PROT_READ) }, 0);
-    let e = remap::move_pages(&mut m.grant(), m.addr + 4 * ps, m.addr, 2 * ps).unwrap_err().to_string();
+    let e =
+        remap::move_pages(&mut m.grant(), HostAddr(m.addr + 4 * ps), HostAddr(m.addr), 2 * ps).unwrap_err().to_string();
     assert_eq!(
         e,
         format!(
@@ -96,7 +97,8 @@ fn read_only_and_unmapped_ranges_are_refused_before_anything_changes() {
     );
     // SAFETY: our mapping; page 7 goes away.
     assert_eq!(unsafe { libc::munmap((m.addr + 7 * ps) as *mut libc::c_void, ps) }, 0);
-    let e = remap::swap_pages(&mut m.grant(), m.addr, m.addr + 6 * ps, 2 * ps).unwrap_err().to_string();
+    let e =
+        remap::swap_pages(&mut m.grant(), HostAddr(m.addr), HostAddr(m.addr + 6 * ps), 2 * ps).unwrap_err().to_string();
     assert_eq!(
         e,
         format!("invalid b: range {:#x}+{:#x}: address {:#x} is not mapped", m.addr + 6 * ps, 2 * ps, m.addr + 7 * ps)
@@ -124,8 +126,8 @@ fn shared_memfd_memory_is_copied_so_every_sharer_sees_the_move() {
     m.bytes_mut()[..2 * ps].fill(4);
     let out = remap::move_pages_with(
         &mut m.grant(),
-        m.addr + 4 * ps,
-        m.addr,
+        HostAddr(m.addr + 4 * ps),
+        HostAddr(m.addr),
         2 * ps,
         &Options { break_even_pages: Some(0), ..Options::default() },
     )
@@ -135,7 +137,13 @@ fn shared_memfd_memory_is_copied_so_every_sharer_sees_the_move() {
     // SAFETY: reading the file into our buffer.
     assert_eq!(unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), ps, (4 * ps) as i64) }, ps as isize);
     assert!(buf.iter().all(|&b| b == 4), "the file itself holds the moved bytes");
-    let e = remap::move_pages_with(&mut m.grant(), m.addr + 4 * ps, m.addr, 2 * ps, &only(Engine::UffdMove));
+    let e = remap::move_pages_with(
+        &mut m.grant(),
+        HostAddr(m.addr + 4 * ps),
+        HostAddr(m.addr),
+        2 * ps,
+        &only(Engine::UffdMove),
+    );
     assert!(e.unwrap_err().to_string().contains("moves only private anonymous memory"));
     // SAFETY: our fd.
     unsafe { libc::close(fd) };
@@ -160,11 +168,11 @@ fn private_memfd_views_move_with_mremap_and_keep_sharing_the_file_pages() {
     let (lo, hi) = (view.addr.min(dst.addr), (view.addr + view.len).max(dst.addr + dst.len));
     // SAFETY: both mappings are the test's; nothing else lies in between that we touch
     // (operations only touch the ranges they are given).
-    let mut g = unsafe { Grant::new(lo, hi - lo) }.unwrap();
+    let mut g = unsafe { Grant::for_caller_memory(PageRange::new("grant", lo, hi - lo).unwrap()) }.unwrap();
     let out = remap::move_pages_with(
         &mut g,
-        dst.addr,
-        view.addr,
+        HostAddr(dst.addr),
+        HostAddr(view.addr),
         4 * ps,
         &Options { break_even_pages: Some(0), ..Options::default() },
     )
@@ -201,7 +209,13 @@ fn pages_shared_copy_on_write_with_a_child_are_copied_not_lost() {
         }
     }
     assert!(child > 0);
-    let out = remap::move_pages_with(&mut m.grant(), m.addr + 16 * ps, m.addr, 16 * ps, &only(Engine::UffdMove));
+    let out = remap::move_pages_with(
+        &mut m.grant(),
+        HostAddr(m.addr + 16 * ps),
+        HostAddr(m.addr),
+        16 * ps,
+        &only(Engine::UffdMove),
+    );
     // SAFETY: our child.
     unsafe {
         libc::kill(child, libc::SIGKILL);
@@ -239,9 +253,9 @@ fn transparent_huge_pages_move_whole_when_aligned() {
         eprintln!("skipped: THP disabled or UFFDIO_MOVE missing");
         return;
     }
-    let mut r = Region::with_huge_pages(4 * PMD_SIZE).unwrap();
+    let mut r = Region::for_remap_with_huge_pages(4 * PMD_SIZE).unwrap();
     r.bytes_mut()[..PMD_SIZE].fill(2);
-    let (s, e) = (r.addr(), r.addr() + r.len());
+    let (s, e) = (r.addr().0, r.addr().0 + r.len());
     if anon_huge_kib(s, e) == 0 {
         eprintln!("skipped: the kernel gave no huge page (fragmented memory?)");
         return;
@@ -304,7 +318,8 @@ fn a_thread_reading_the_destination_sees_old_zero_or_new_per_page_never_garbage(
                 word(src + p * ps + w).store(NEW, Ordering::Relaxed);
             }
         }
-        let out = remap::move_pages_with(&mut m.grant(), dst, src, pages * ps, &only(Engine::UffdMove));
+        let out =
+            remap::move_pages_with(&mut m.grant(), HostAddr(dst), HostAddr(src), pages * ps, &only(Engine::UffdMove));
         let ok = out.as_ref().is_ok_and(|o| o.uffd_move_bytes + o.memmove_bytes == pages * ps);
         let moved = (0..pages).all(|p| word(dst + p * ps).load(Ordering::Relaxed) == NEW);
         if !ok || !moved {
@@ -327,4 +342,20 @@ fn a_thread_reading_the_destination_sees_old_zero_or_new_per_page_never_garbage(
         bad.load(Ordering::Relaxed)
     );
     assert!(reads.load(Ordering::Relaxed) > 0);
+}
+
+#[test]
+fn a_grant_describes_its_mappings_and_forgets_them_after_a_change() {
+    let ps = ps();
+    let m = Raw::anon(8 * ps);
+    let mut g = m.grant();
+    let v = g.mapping_at(HostAddr(m.addr + ps)).unwrap().expect("mapped");
+    assert!(v.start.0 <= m.addr && v.end.0 >= m.addr + 8 * ps, "{v:?}");
+    assert!(v.readable && v.writable && !v.shared && !v.file_backed, "{v:?}");
+    assert_eq!(g.mapping_at(HostAddr(ps)).unwrap(), None, "page 1 is never mapped");
+    // A change through the grant drops what it looked up: the next lookup sees the
+    // hole the bare remap leaves at its source.
+    g.mremap_unmapping_source(HostAddr(m.addr), HostAddr(m.addr + 4 * ps), 4 * ps).unwrap();
+    assert_eq!(g.mapping_at(HostAddr(m.addr + 4 * ps)).unwrap(), None);
+    g.map_fresh(PageRange::new("src", m.addr + 4 * ps, 4 * ps).unwrap()).unwrap();
 }

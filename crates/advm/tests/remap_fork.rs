@@ -2,7 +2,8 @@
 //! memory: the child must not use it. (Alone in its test binary, so the fork happens
 //! with no other test thread running.)
 
-use advm::remap::{self, Choice, Engine, Options, Region};
+use advm::mem::Region;
+use advm::remap::{self, Choice, Engine, Options};
 
 #[test]
 fn a_forked_child_never_moves_its_parents_pages() {
@@ -11,7 +12,7 @@ fn a_forked_child_never_moves_its_parents_pages() {
         return;
     }
     let ps = advm::addr::page_size();
-    let mut r = Region::new(64 * ps).unwrap();
+    let mut r = Region::for_remap(64 * ps).unwrap();
     r.bytes_mut().fill(1);
     let opts = Options { break_even_pages: Some(1), ..Options::default() };
     r.move_pages_with(32 * ps, 0, 8 * ps, &opts).unwrap(); // the parent uses UFFDIO_MOVE

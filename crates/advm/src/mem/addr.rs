@@ -42,6 +42,15 @@ impl HostAddr {
     }
 }
 
+/// `addr + offset`, for computing addresses inside a range the caller holds (overflow
+/// is a bug there, as for any `usize` sum; use [`HostAddr::checked_add`] on input).
+impl std::ops::Add<usize> for HostAddr {
+    type Output = HostAddr;
+    fn add(self, off: usize) -> HostAddr {
+        HostAddr(self.0 + off)
+    }
+}
+
 impl fmt::Display for HostAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:#x}", self.0)

@@ -7,7 +7,8 @@
 //! - [`Region`]: an owned private read-write region that a capability manages (remap
 //!   moves within it; the pager and the GC heap will live in one). [`Grant`] is the
 //!   right to rewrite the pages of a span: borrowed from a region (safe) or made from
-//!   raw addresses (unsafe, for the C API).
+//!   raw addresses (unsafe, for the C API); [`MappingInfo`] is what a grant reports
+//!   about the mappings under it.
 //! - [`Reservation`]: address space reserved as a whole, filled with mappings by its
 //!   owner (the virtual-copy arena).
 //! - [`Assembly`]: a reservation filled with extents, then read (image mapping).
@@ -25,5 +26,5 @@ pub use addr::{is_page_aligned, page_align_up, page_size, HostAddr, PageRange};
 pub use assembly::Assembly;
 pub use extent::{Access, Backing, Extent, Share};
 pub use memfd::Memfd;
-pub use region::{Grant, Region};
+pub use region::{Grant, MappingInfo, Region};
 pub use reservation::Reservation;

@@ -16,7 +16,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::{move_pages_with, uffd_move_available, Choice, Engine, Options, PMD_SIZE};
-use crate::addr::page_size;
+use crate::mem::{page_size, HostAddr};
 use crate::sys::grant::RwMapping;
 use crate::Result;
 
@@ -91,11 +91,36 @@ pub fn break_even() -> BreakEven {
     if api > 0 {
         return BreakEven { pages: api - 1, pages_populated: api - 1, source: BreakEvenSource::Api, curve: Vec::new() };
     }
-    if let Some(p) = std::env::var(ENV_BREAK_EVEN).ok().and_then(|v| v.trim().parse().ok()) {
+    if let Some(p) = env_pages() {
         return BreakEven { pages: p, pages_populated: p, source: BreakEvenSource::Env, curve: Vec::new() };
     }
+    measured().clone()
+}
+
+/// `(pages, pages_populated)` of [`break_even`], without copying its curve: what every
+/// operation asks, so it costs an atomic load and no allocation.
+pub(super) fn break_even_pages() -> (usize, usize) {
+    let api = API_OVERRIDE.load(Ordering::Relaxed);
+    if api > 0 {
+        return (api - 1, api - 1);
+    }
+    if let Some(p) = env_pages() {
+        return (p, p);
+    }
+    let m = measured();
+    (m.pages, m.pages_populated)
+}
+
+/// [`ENV_BREAK_EVEN`], read once: the environment is the process's start-up setting,
+/// and reading it takes the environment lock on every call.
+fn env_pages() -> Option<usize> {
+    static ENV: OnceLock<Option<usize>> = OnceLock::new();
+    *ENV.get_or_init(|| std::env::var(ENV_BREAK_EVEN).ok().and_then(|v| v.trim().parse().ok()))
+}
+
+fn measured() -> &'static BreakEven {
     static MEASURED: OnceLock<BreakEven> = OnceLock::new();
-    MEASURED.get_or_init(load_or_measure).clone()
+    MEASURED.get_or_init(load_or_measure)
 }
 
 fn machine_key() -> String {
@@ -182,7 +207,7 @@ pub fn measure_break_even(cold: bool, reps: usize) -> Result<BreakEven> {
     let mut pool = RwMapping::new(pool_len, PMD_SIZE, false)?;
     pool.bytes_mut().fill(0x5a);
     let base = pool.addr();
-    let mut g = pool.grant();
+    let mut g = crate::mem::Grant::wrap(pool.grant());
     let uffd_opts = Options { engine: Choice::Only(Engine::UffdMove), break_even_pages: Some(0), coalesce: false };
     let mut cursor = base;
     let mut curve = Vec::with_capacity(GRID.len());
@@ -194,19 +219,19 @@ pub fn measure_break_even(cold: bool, reps: usize) -> Result<BreakEven> {
                 let (src, dst) = (cursor, cursor + len);
                 cursor += 2 * len;
                 if which == 1 {
-                    g.zap(&[(dst, len)])?; // vacated by an earlier move
+                    g.inner.zap(&[(dst, len)])?; // vacated by an earlier move
                 }
                 if !cold {
-                    g.touch(src, len, 64)?;
+                    g.inner.touch(src, len, 64)?;
                     if which != 1 {
-                        g.fill(dst, len, 1)?;
+                        g.inner.fill(dst, len, 1)?;
                     }
                 }
                 let start = Instant::now();
                 if which == 0 {
-                    g.memmove(dst, src, len)?;
+                    g.inner.memmove(dst, src, len)?;
                 } else {
-                    move_pages_with(&mut g, dst, src, len, &uffd_opts)?;
+                    move_pages_with(&mut g, HostAddr(dst), HostAddr(src), len, &uffd_opts)?;
                 }
                 ts.push(start.elapsed().as_secs_f64() * 1e6);
             }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::mem::Region;
 use proptest::prelude::*;
 
 fn ps() -> usize {
@@ -120,7 +121,7 @@ proptest! {
 
     #[test]
     fn single_ops_match_a_byte_array_oracle(ops in proptest::collection::vec((op_strategy(), any::<u8>(), 0usize..6), 1..12)) {
-        let mut r = Region::new(PAGES * ps()).unwrap();
+        let mut r = Region::for_remap(PAGES * ps()).unwrap();
         let mut model = tag_pages(&mut r);
         for (op, sel, be) in &ops {
             let out = apply(&mut r, &mut model, op, &engine_options(*sel, *be)).unwrap();
@@ -132,7 +133,7 @@ proptest! {
     #[test]
     fn batches_match_running_the_ops_in_order(ops in proptest::collection::vec(op_strategy(), 1..16), be in 0usize..6) {
         let ps = ps();
-        let mut r = Region::new(PAGES * ps).unwrap();
+        let mut r = Region::for_remap(PAGES * ps).unwrap();
         let mut model = tag_pages(&mut r);
         let base = r.addr();
         let mut batch = Batch::with_options(Options { break_even_pages: Some(be), ..Options::default() });
@@ -161,7 +162,7 @@ fn adjacent_objects_coalesce_and_vacated_destinations_are_not_emptied_again() {
         return;
     }
     let ps = ps();
-    let mut r = Region::new(256 * ps).unwrap();
+    let mut r = Region::for_remap(256 * ps).unwrap();
     let mut model = tag_pages(&mut r);
     let base = r.addr();
     // A compaction: 10 objects of 10 pages with 2-page gaps slide down to 0, in order.
@@ -196,7 +197,7 @@ fn adjacent_objects_coalesce_and_vacated_destinations_are_not_emptied_again() {
 #[test]
 fn engines_are_chosen_by_size_and_alignment_and_reported() {
     let ps = ps();
-    let mut r = Region::new(8 * PMD_SIZE).unwrap();
+    let mut r = Region::for_remap(8 * PMD_SIZE).unwrap();
     r.bytes_mut().fill(3);
     let opts = Options { break_even_pages: Some(8), ..Options::default() };
     let small = r.move_pages_with(0, 100 * ps, 2 * ps, &opts).unwrap();
@@ -216,7 +217,7 @@ fn engines_are_chosen_by_size_and_alignment_and_reported() {
 #[test]
 fn what_a_move_leaves_at_the_source() {
     let ps = ps();
-    let mut r = Region::new(64 * ps).unwrap();
+    let mut r = Region::for_remap(64 * ps).unwrap();
     r.bytes_mut().fill(7);
     // memmove: the source keeps its bytes.
     r.move_pages_with(32 * ps, 0, 4 * ps, &Options { engine: Choice::Only(Engine::Memmove), ..Options::default() })
@@ -245,9 +246,9 @@ fn what_a_move_leaves_at_the_source() {
 #[test]
 fn misuse_gives_clear_errors_and_changes_nothing() {
     let ps = ps();
-    let mut r = Region::new(16 * ps).unwrap();
+    let mut r = Region::for_remap(16 * ps).unwrap();
     let model = tag_pages(&mut r);
-    let base = r.addr();
+    let base = r.addr().0;
     let err = |e: Error| e.to_string();
     assert_eq!(
         err(r.move_pages(0, 1, ps).unwrap_err()),
@@ -275,7 +276,7 @@ fn misuse_gives_clear_errors_and_changes_nothing() {
     // Raw addresses through the region's grant: outside it, and wrapping around.
     let mut g = r.grant();
     assert_eq!(
-        err(move_pages(&mut g, base, base + 16 * ps, ps).unwrap_err()),
+        err(move_pages(&mut g, HostAddr(base), HostAddr(base + 16 * ps), ps).unwrap_err()),
         format!(
             "invalid src: range {:#x}+{ps:#x} is outside the granted memory {base:#x}-{:#x}",
             base + 16 * ps,
@@ -284,12 +285,16 @@ fn misuse_gives_clear_errors_and_changes_nothing() {
     );
     let top = usize::MAX - ps + 1;
     assert_eq!(
-        err(move_pages(&mut g, base, top, 2 * ps).unwrap_err()),
+        err(move_pages(&mut g, HostAddr(base), HostAddr(top), 2 * ps).unwrap_err()),
         format!("invalid src: range {top:#x}+{} wraps the address space", 2 * ps)
     );
     // A batch with one bad operation does nothing at all.
     let mut batch = Batch::new();
-    batch.push_move(base, base + 8 * ps, 4 * ps).push_swap(base, base + ps, 2 * ps);
+    batch.push_move(HostAddr(base), HostAddr(base + 8 * ps), 4 * ps).push_swap(
+        HostAddr(base),
+        HostAddr(base + ps),
+        2 * ps,
+    );
     assert!(batch.execute(&mut g).is_err());
     check(&r, &model).unwrap();
 }
@@ -301,7 +306,7 @@ fn vma_count_stays_flat_over_100000_random_object_moves() {
     // may grow by the scratch area and its registration (2), nothing else.
     let ps = ps();
     let pages = 4096;
-    let mut r = Region::new(pages * ps).unwrap();
+    let mut r = Region::for_remap(pages * ps).unwrap();
     r.bytes_mut().fill(1);
     let before = procmap::vma_count().unwrap();
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
@@ -337,7 +342,7 @@ fn mremap_engine_vma_growth_is_bounded_by_the_aligned_blocks() {
     // 200 random 2 MiB-aligned moves in a 32 MiB region: each mremap can split off its
     // destination block, so the count is bounded by blocks + 2, not by moves.
     let blocks = 16;
-    let mut r = Region::new(blocks * PMD_SIZE).unwrap();
+    let mut r = Region::for_remap(blocks * PMD_SIZE).unwrap();
     let before = procmap::vma_count().unwrap();
     let mut x = 7usize;
     for _ in 0..200 {
@@ -372,7 +377,7 @@ fn moves_across_vmas_split_by_mremap_are_cut_at_the_boundaries() {
         return;
     }
     let ps = ps();
-    let mut r = Region::new(8 * PMD_SIZE).unwrap();
+    let mut r = Region::for_remap(8 * PMD_SIZE).unwrap();
     let mut model = tag_pages(&mut r);
     let opts = Options { break_even_pages: Some(1), ..Options::default() };
     // Aligned 2 MiB moves go through mremap and leave the region in several VMAs.
@@ -395,7 +400,7 @@ fn a_large_aligned_move_into_an_empty_destination_is_one_remap_and_leaves_the_so
         eprintln!("skipped: MREMAP_DONTUNMAP with MREMAP_FIXED refused here (a move is a remap and a map)");
         return;
     }
-    let mut r = Region::new(8 * PMD_SIZE).unwrap();
+    let mut r = Region::for_remap(8 * PMD_SIZE).unwrap();
     r.bytes_mut()[..2 * PMD_SIZE].fill(6);
     // An empty destination (mapped, never written): one remap.
     let out = r.move_pages_with(4 * PMD_SIZE, 0, 2 * PMD_SIZE, &Options::default()).unwrap();
@@ -422,7 +427,7 @@ fn a_batch_stopped_by_a_kernel_call_reports_exactly_how_far_it_got() {
     ];
     let opts = Options { engine: Choice::Only(Engine::UffdMove), break_even_pages: Some(0), coalesce: true };
     for (fail_at, completed) in [(1, 1), (2, 3)] {
-        let mut r = Region::new(PAGES * ps).unwrap();
+        let mut r = Region::for_remap(PAGES * ps).unwrap();
         let mut model = tag_pages(&mut r);
         let mut batch = Batch::with_options(opts);
         for op in &ops {
@@ -446,7 +451,7 @@ fn a_batch_stopped_by_a_kernel_call_reports_exactly_how_far_it_got() {
         check(&r, &model).unwrap();
     }
     // A failure before any change: memory as it was.
-    let mut r = Region::new(PAGES * ps).unwrap();
+    let mut r = Region::for_remap(PAGES * ps).unwrap();
     let model = tag_pages(&mut r);
     let mut batch = Batch::with_options(opts);
     batch.push_move(r.addr(), r.addr() + 8 * ps, 2 * ps).push_move(r.addr() + 16 * ps, r.addr() + 24 * ps, 2 * ps);
@@ -455,4 +460,21 @@ fn a_batch_stopped_by_a_kernel_call_reports_exactly_how_far_it_got() {
     grant::fail_call(0);
     assert_eq!(e.completed_ops, 0, "{e}");
     check(&r, &model).unwrap();
+}
+
+#[test]
+fn an_mremap_move_into_a_destination_of_several_vmas_is_one_remap() {
+    // A plain move replaces whatever maps its destination, so only the source must be
+    // one VMA: a destination that an earlier move split still moves by page table.
+    let mut r = Region::for_remap(12 * PMD_SIZE).unwrap();
+    r.bytes_mut().fill(3);
+    let opts = Options { engine: Choice::Only(Engine::Mremap), ..Options::default() };
+    r.move_pages_with(PMD_SIZE, 3 * PMD_SIZE, PMD_SIZE, &opts).unwrap();
+    // Empty, so the move is a plain remap (a populated one is exchanged, which moves
+    // the destination too and so needs it in one VMA).
+    let dst = PageRange::new("dst", r.addr().0, 2 * PMD_SIZE).unwrap();
+    r.grant().discard(&[dst]).unwrap();
+    let out = r.move_pages_with(0, 8 * PMD_SIZE, 2 * PMD_SIZE, &opts).unwrap();
+    assert_eq!((out.mremap_bytes, out.uffd_move_bytes, out.memmove_bytes), (2 * PMD_SIZE, 0, 0), "{out:?}");
+    assert!(r.bytes()[..2 * PMD_SIZE].iter().all(|&b| b == 3));
 }
