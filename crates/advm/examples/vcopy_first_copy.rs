@@ -9,8 +9,8 @@
 use std::time::Instant;
 
 use advm::cow::{Arena, Config};
+use advm::mem::Region;
 use advm::stats::{Meter, Options};
-use advm::sys::mman::Mapping;
 
 fn fill_distinct(p: *mut u8, len: usize, ps: usize) {
     for i in 0..len / ps {
@@ -54,20 +54,20 @@ fn main() {
     let mut meter = Meter::for_self(Options::default()).expect("meter");
 
     // memcpy into a fresh mapping, then every page rewritten
-    let src = Mapping::anonymous(len).expect("mmap");
-    fill_distinct(src.as_ptr(), len, ps);
+    let mut src = Region::new(len).expect("mmap");
+    fill_distinct(src.bytes_mut().as_mut_ptr(), len, ps);
     let mut memcpy = Vec::new();
     let mut memcpy_pages = 0;
     for run in 0..runs.div_ceil(2) {
         let base = distinct(&mut meter) - (len / ps) as i64;
-        let dst = Mapping::anonymous(len).expect("mmap");
+        let mut dst = Region::new(len).expect("mmap");
         let t = Instant::now();
         // SAFETY: two distinct live mappings of len bytes.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_ptr(), len) };
+        unsafe { std::ptr::copy_nonoverlapping(src.bytes_mut().as_mut_ptr(), dst.bytes_mut().as_mut_ptr(), len) };
         memcpy.push(t.elapsed().as_secs_f64() * 1e3);
         if run == 0 {
-            touch(dst.as_ptr(), len, ps, true);
-            touch(src.as_ptr(), len, ps, false);
+            touch(dst.bytes_mut().as_mut_ptr(), len, ps, true);
+            touch(src.bytes_mut().as_mut_ptr(), len, ps, false);
             memcpy_pages = distinct(&mut meter) - base;
         }
     }

@@ -15,7 +15,7 @@ pub mod probe;
 pub mod process;
 pub mod remap;
 pub mod stats;
-pub mod sys;
+pub(crate) mod sys;
 
 pub use error::{Error, Result};
 

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use advm::mem::{Grant, HostAddr, PageRange, Region};
 use advm::remap::{self, Choice, Engine, Options, PMD_SIZE};
-use advm::sys::pagemap::{Entry, Pagemap};
 
 fn ps() -> usize {
     advm::addr::page_size()
@@ -149,10 +148,9 @@ fn shared_memfd_memory_is_copied_so_every_sharer_sees_the_move() {
     unsafe { libc::close(fd) };
 }
 
-fn pfn(pm: &Pagemap, addr: usize) -> Option<u64> {
-    let mut e = [0u64; 1];
-    pm.read((addr / ps()) as u64, &mut e).unwrap();
-    Entry(e[0]).pfn()
+fn pfn(addr: usize) -> Option<u64> {
+    let page = PageRange::new("page", addr, ps()).unwrap();
+    advm::stats::page_frames(page).unwrap()[0]
 }
 
 #[test]
@@ -180,12 +178,11 @@ fn private_memfd_views_move_with_mremap_and_keep_sharing_the_file_pages() {
     assert_eq!(out.engine(), Some(Engine::Mremap));
     assert!(dst.bytes().iter().all(|&b| b == 6));
     assert!(view.bytes().iter().all(|&b| b == 0), "the vacated view is fresh anonymous memory");
-    match Pagemap::open("self") {
-        Ok(pm) if advm::probe::facts().pfn_visible => {
-            assert_eq!(pfn(&pm, dst.addr), pfn(&pm, shared.addr), "the moved page still shares the file page");
-            assert!(pfn(&pm, dst.addr).is_some());
-        }
-        _ => eprintln!("skipped the PFN check: PFNs are hidden here (not root)"),
+    if advm::probe::facts().pfn_visible {
+        assert_eq!(pfn(dst.addr), pfn(shared.addr), "the moved page still shares the file page");
+        assert!(pfn(dst.addr).is_some());
+    } else {
+        eprintln!("skipped the PFN check: PFNs are hidden here (not root)");
     }
     // SAFETY: our fd.
     unsafe { libc::close(fd) };

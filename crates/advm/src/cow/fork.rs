@@ -56,7 +56,7 @@ impl Drop for ForkGate {
 pub(super) fn register(shared: &Arc<Shared>) -> Result<()> {
     let mut err = None;
     REGISTER.call_once(|| {
-        err = crate::sys::fork::at_fork(prepare, after, after).err();
+        err = crate::sys::process::at_fork(prepare, after, after).err();
     });
     if let Some(e) = err {
         return Err(e.into());

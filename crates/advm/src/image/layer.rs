@@ -207,7 +207,7 @@ fn open_layer(path: &Path, format: Option<&str>) -> Result<Layer> {
     if let Some(what) = unfit_type(meta.file_type()) {
         return Err(unfit(what));
     }
-    let file = crate::sys::layerfile::open_read_nonblocking(path).map_err(|e| Error::io(path, e))?;
+    let file = crate::sys::fs::layer::open_read_nonblocking(path).map_err(|e| Error::io(path, e))?;
     let meta = file.metadata().map_err(|e| Error::io(path, e))?;
     if let Some(what) = unfit_type(meta.file_type()) {
         return Err(unfit(what));

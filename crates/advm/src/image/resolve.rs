@@ -39,11 +39,11 @@ impl Layer {
                 } else {
                     let max = max.min(self.file_len - guest);
                     // Holes in a sparse raw file read as zeros and need no page cache.
-                    let data = crate::sys::seek::next_data(&self.file, guest).map_err(|e| self.err(e.to_string()))?;
+                    let data = crate::sys::fs::next_data(&self.file, guest).map_err(|e| self.err(e.to_string()))?;
                     match data {
                         Some(d) if d <= guest => {
                             let hole =
-                                crate::sys::seek::next_hole(&self.file, guest).map_err(|e| self.err(e.to_string()))?;
+                                crate::sys::fs::next_hole(&self.file, guest).map_err(|e| self.err(e.to_string()))?;
                             (Shallow::Data(guest), max.min(hole.saturating_sub(guest).max(1)))
                         }
                         Some(d) => (Shallow::Zero, max.min(d - guest)),

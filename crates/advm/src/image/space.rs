@@ -34,7 +34,7 @@ use serde::Serialize;
 
 use super::{current_len, ExtentKind, ExtentMap, GuestOffset, Image, ImageOptions, LayerOffset};
 use crate::mem::{self, Access, Assembly, Backing, Memfd, PageRange, Share};
-use crate::sys::layerfile::{self, LeaseState};
+use crate::sys::fs::layer::{self, LeaseState};
 use crate::{Error, Result};
 
 /// What to do when the image needs more mappings than the budget allows.
@@ -274,11 +274,11 @@ struct Watch {
 
 impl Watch {
     fn new(path: &Path, layer_file: &File, len: u64) -> Result<Self> {
-        let (file, leased) = match layerfile::reopen_read(layer_file) {
+        let (file, leased) = match layer::reopen_read(layer_file) {
             // No lease when we may not take one (not the owner, or a writer has the
             // file open, or the filesystem has no leases): the size check remains.
             Ok(f) => {
-                let leased = layerfile::take_read_lease(&f).is_ok();
+                let leased = layer::take_read_lease(&f).is_ok();
                 (f, leased)
             }
             Err(_) => (layer_file.try_clone().map_err(|e| crate::Error::io(path, e))?, false),
@@ -303,10 +303,10 @@ impl Watch {
                 self.len
             )));
         }
-        if self.leased && layerfile::lease_state(&self.file)? == LeaseState::Broken {
+        if self.leased && layer::lease_state(&self.file)? == LeaseState::Broken {
             self.broken.store(true, Ordering::Relaxed);
             // The writer need not wait out lease-break-time: we stop reading.
-            layerfile::release_lease(&self.file)?;
+            layer::release_lease(&self.file)?;
             return Err(broken());
         }
         Ok(())

@@ -1,7 +1,7 @@
 //! [`Assembly`]: a reservation filled with extents, then read.
 
 use super::{Access, Extent, HostAddr, PageRange, Share};
-use crate::sys::assembly;
+use crate::sys::mman::assembly;
 use crate::Result;
 
 /// Address space assembled extent by extent (image layers, zeros, memfd pieces), then

@@ -2,7 +2,8 @@
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-use crate::sys::{arena, memfd};
+use crate::sys::memfd;
+use crate::sys::mman::reservation;
 use crate::Result;
 
 /// An anonymous file in memory, closed on drop. Its pages are memory charged to the
@@ -45,7 +46,7 @@ impl Memfd {
 
     /// Bytes of memory the file holds (allocated blocks), never faulting anything in.
     pub fn allocated_bytes(&self) -> Result<u64> {
-        Ok(arena::allocated_bytes(&self.fd)?)
+        Ok(reservation::allocated_bytes(&self.fd)?)
     }
 }
 

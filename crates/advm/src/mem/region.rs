@@ -2,7 +2,7 @@
 //! [`Grant`]: the right to rewrite the pages of one span.
 
 use super::{HostAddr, PageRange};
-use crate::sys::grant;
+use crate::sys::mman::grant;
 use crate::sys::procmap::{self, Vma};
 use crate::Result;
 
@@ -108,7 +108,7 @@ impl Grant<'static> {
     /// grant: its pages belong to that capability's records.
     #[allow(unsafe_code)] // forwards the raw-address contract to the caller; no unsafe op here
     pub unsafe fn for_caller_memory(range: PageRange) -> Result<Self> {
-        // SAFETY: the caller's promise above is the one `sys::grant::Grant::new` needs.
+        // SAFETY: the caller's promise above is the one `sys::mman::grant::Grant::new` needs.
         Ok(Grant::wrap(unsafe { grant::Grant::new(range.start().0, range.len()) }?))
     }
 }

@@ -1,7 +1,7 @@
 //! [`Reservation`]: address space reserved as a whole and filled by its owner.
 
 use super::{Backing, HostAddr, PageRange, Share};
-use crate::sys::arena;
+use crate::sys::mman::reservation;
 use crate::Result;
 
 /// A reserved range that is always mapped: `PROT_NONE` (no memory) where nothing is
@@ -11,13 +11,13 @@ use crate::Result;
 /// `write`, `read`) need their bytes mapped read-write; the owner serialises writers.
 #[derive(Debug)]
 pub struct Reservation {
-    inner: arena::Reservation,
+    inner: reservation::Reservation,
 }
 
 impl Reservation {
     /// Reserves `len` bytes (page aligned, non-zero): one VMA, no memory.
     pub fn new(len: usize) -> Result<Self> {
-        Ok(Self { inner: arena::Reservation::new(len)? })
+        Ok(Self { inner: reservation::Reservation::new(len)? })
     }
 
     /// The reserved addresses.

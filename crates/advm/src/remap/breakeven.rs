@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{move_pages_with, uffd_move_available, Choice, Engine, Options, PMD_SIZE};
 use crate::mem::{page_size, HostAddr};
-use crate::sys::grant::RwMapping;
+use crate::sys::mman::grant::RwMapping;
 use crate::Result;
 
 /// Environment variable that overrides the measured break-even (in pages).

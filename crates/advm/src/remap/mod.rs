@@ -97,7 +97,7 @@ use engine::*;
 use intervals::IntervalSet;
 
 use crate::mem::{page_size, Grant as MemGrant, HostAddr, PageRange};
-use crate::sys::grant::{self, Grant, Known, RwMapping};
+use crate::sys::mman::grant::{self, Grant, Known, RwMapping};
 use crate::sys::mman::Prot;
 use crate::sys::procmap::{self, Vma};
 use crate::sys::uffd::{feature, Partial, Userfaultfd};

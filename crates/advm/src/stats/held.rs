@@ -16,8 +16,8 @@
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd};
 
-use crate::sys::procfd;
-use crate::sys::residency::{self, Residency};
+use crate::sys::fs::procfd;
+use crate::sys::fs::residency::{self, Residency};
 use crate::sys::{Errno, SysResult};
 
 /// Low bits of an `offsets` entry: the page offset in the object.

@@ -26,8 +26,9 @@ use std::time::Instant;
 use procfs::process::{MMapPath, Process};
 use serde::Serialize;
 
+use crate::sys::fs::procfd;
 use crate::sys::pagemap::{category, Entry, Pagemap, Region};
-use crate::sys::{procfd, SysError};
+use crate::sys::SysError;
 use crate::{Error, Result};
 use held::Objects;
 

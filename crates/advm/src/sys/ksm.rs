@@ -27,29 +27,3 @@ pub fn write(name: &str, value: &str) -> SysResult<()> {
     std::fs::write(Path::new(SYSFS_DIR).join(name), value)
         .map_err(|e| SysError::from_io("write(/sys/kernel/mm/ksm)", &e))
 }
-
-const PR_SET_MEMORY_MERGE: i32 = 67;
-const PR_GET_MEMORY_MERGE: i32 = 68;
-
-/// Marks every current and future anonymous mapping of this process mergeable
-/// (`prctl(PR_SET_MEMORY_MERGE)`, Linux 6.4+; root only).
-pub fn set_process_merge(enable: bool) -> SysResult<()> {
-    // SAFETY: PR_SET_MEMORY_MERGE takes an integer flag and touches no user memory.
-    let r = unsafe { libc::prctl(PR_SET_MEMORY_MERGE, enable as libc::c_ulong, 0, 0, 0) };
-    if r < 0 {
-        Err(SysError::last("prctl(PR_SET_MEMORY_MERGE)"))
-    } else {
-        Ok(())
-    }
-}
-
-/// Whether this process has whole-process merging enabled (`EINVAL` before Linux 6.4).
-pub fn process_merge() -> SysResult<bool> {
-    // SAFETY: PR_GET_MEMORY_MERGE takes no pointers.
-    let r = unsafe { libc::prctl(PR_GET_MEMORY_MERGE, 0, 0, 0, 0) };
-    if r < 0 {
-        Err(SysError::last("prctl(PR_GET_MEMORY_MERGE)"))
-    } else {
-        Ok(r == 1)
-    }
-}

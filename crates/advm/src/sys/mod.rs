@@ -5,20 +5,13 @@
 //! values stay representable through [`Errno`]).
 #![allow(unsafe_code)]
 
-pub mod arena;
-pub mod assembly;
-pub mod fork;
-pub mod grant;
+pub mod fs;
 pub mod ksm;
-pub mod layerfile;
 pub mod memfd;
 pub mod mman;
 pub mod pagemap;
-pub mod procfd;
 pub mod process;
 pub mod procmap;
-pub mod residency;
-pub mod seek;
 pub mod signal;
 pub mod uffd;
 

@@ -28,18 +28,6 @@ impl Entry {
     pub fn file_or_shared(self) -> bool {
         self.0 >> 61 & 1 == 1
     }
-    /// The pte is write-protected by userfaultfd.
-    pub fn uffd_wp(self) -> bool {
-        self.0 >> 57 & 1 == 1
-    }
-    /// The page is mapped exactly once (Linux 4.2+).
-    pub fn exclusive(self) -> bool {
-        self.0 >> 56 & 1 == 1
-    }
-    /// The pte is soft-dirty.
-    pub fn soft_dirty(self) -> bool {
-        self.0 >> 55 & 1 == 1
-    }
     /// The page frame number, if present. Reads as 0 without CAP_SYS_ADMIN.
     pub fn pfn(self) -> Option<u64> {
         self.present().then_some(self.0 & Self::PFN_MASK)
@@ -122,8 +110,6 @@ pub fn scan_available() -> bool {
 
 /// Page categories of the `PAGEMAP_SCAN` ioctl (`PAGE_IS_*`, Linux 6.7+).
 pub mod category {
-    /// Written since write protection was set.
-    pub const WRITTEN: u64 = 1 << 1;
     /// File-backed or shared memory page.
     pub const FILE: u64 = 1 << 2;
     /// In memory.
@@ -132,8 +118,6 @@ pub mod category {
     pub const SWAPPED: u64 = 1 << 4;
     /// Maps the shared zero page.
     pub const PFNZERO: u64 = 1 << 5;
-    /// Part of a huge page.
-    pub const HUGE: u64 = 1 << 6;
 }
 
 /// One run of pages with the same categories, from [`Pagemap::scan`].
@@ -205,8 +189,8 @@ mod tests {
     #[test]
     fn decodes_flag_bits_and_pfn() {
         let e = Entry((1 << 63) | (1 << 61) | (1 << 56) | 0x1234);
-        assert!(e.present() && e.file_or_shared() && e.exclusive());
-        assert!(!e.swapped() && !e.soft_dirty() && !e.uffd_wp());
+        assert!(e.present() && e.file_or_shared());
+        assert!(!e.swapped());
         assert_eq!(e.pfn(), Some(0x1234));
         let swapped = Entry((1 << 62) | 0x55);
         assert!(swapped.swapped());

@@ -1,5 +1,6 @@
-//! Starting a process that runs something before anything else: a cgroup join before
-//! `exec`, or a closure in a forked child.
+//! Processes: `pthread_atfork` handlers around every `fork()` of this process, and
+//! starting a child that runs something before anything else (a cgroup join before
+//! `exec`, or a closure in a forked child).
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::CommandExt;
@@ -59,4 +60,20 @@ pub fn wait_child(pid: i32) -> SysResult<i32> {
         }
     }
     Ok(if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) })
+}
+
+/// Registers handlers run by `fork()` (not by `vfork`/`posix_spawn`): `prepare` in the
+/// parent before the fork, `parent` in the parent and `child` in the child after it.
+/// Handlers stay registered for the life of the process; register once.
+///
+/// Handlers run with the process in the middle of a fork: in the child only the forking
+/// thread exists, so a handler must not wait for locks other threads might have held.
+pub fn at_fork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern "C" fn()) -> SysResult<()> {
+    // SAFETY: the three are valid `extern "C" fn()` for the life of the process (fn
+    // items are never unloaded from a Rust binary's own text).
+    let r = unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+    if r != 0 {
+        return Err(SysError::new("pthread_atfork", Errno::from_raw_os_error(r)));
+    }
+    Ok(())
 }

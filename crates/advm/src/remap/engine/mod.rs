@@ -41,7 +41,7 @@ pub(crate) fn kernel() -> &'static Kernel {
             .ok()
             .filter(|i| i.features & want == want)
             // Without the fork handler a child could not tell it is one: no userfaultfd.
-            .filter(|_| crate::sys::fork::at_fork(fork_nothing, fork_nothing, fork_child).is_ok())
+            .filter(|_| crate::sys::process::at_fork(fork_nothing, fork_nothing, fork_child).is_ok())
             .and_then(|_| Userfaultfd::new(want, true).ok());
         Kernel { uffd, scratch: Mutex::new(None), remap_scratch: Mutex::new(None) }
     })

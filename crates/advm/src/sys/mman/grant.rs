@@ -14,9 +14,9 @@ use std::sync::OnceLock;
 
 use rustix::io::Errno;
 
-use super::mman::{self, Backing, Mapping, Prot, Share};
-use super::uffd::{self, Partial, Userfaultfd};
-use super::{SysError, SysResult};
+use crate::sys::mman::{self, Backing, Mapping, Prot, Share};
+use crate::sys::uffd::{self, Partial, Userfaultfd};
+use crate::sys::{SysError, SysResult};
 
 /// What is known about the memory of a grant without asking the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -237,7 +237,7 @@ impl Grant<'_> {
     /// True when the page at `addr` is resident (`mincore` of one page): a constant-cost
     /// sample of whether a range holds pages.
     pub fn page_resident(&self, addr: usize) -> SysResult<bool> {
-        self.check("mincore", addr, super::page_size())?;
+        self.check("mincore", addr, crate::sys::page_size())?;
         mman::page_resident(addr as *const u8)
     }
 
@@ -422,18 +422,13 @@ fn self_pidfd() -> Option<&'static OwnedFd> {
         // SAFETY: a fresh fd nobody else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
         // Probe on an empty page of our own.
-        let m = Mapping::anonymous(super::page_size()).ok()?;
+        let m = Mapping::anonymous(crate::sys::page_size()).ok()?;
         let iov = libc::iovec { iov_base: m.as_ptr().cast(), iov_len: m.len() };
         // SAFETY: the page is ours and holds nothing.
         let r = unsafe { libc::syscall(libc::SYS_process_madvise, pidfd_raw(&fd), &iov, 1, libc::MADV_DONTNEED, 0) };
         (r == m.len() as i64).then_some(fd)
     })
     .as_ref()
-}
-
-/// True when destinations can be emptied many ranges per syscall.
-pub fn vectored_zap_available() -> bool {
-    self_pidfd().is_some()
 }
 
 /// An owned private anonymous read-write mapping: the safe home of a [`Grant`].
@@ -446,7 +441,7 @@ impl RwMapping {
     /// Maps `len` bytes (a multiple of the page size) aligned to `align` (a power of two
     /// no smaller than the page size), with `MADV_HUGEPAGE` when `huge`.
     pub fn new(len: usize, align: usize, huge: bool) -> SysResult<Self> {
-        let ps = super::page_size();
+        let ps = crate::sys::page_size();
         if len == 0 || len % ps != 0 || !align.is_power_of_two() || align < ps {
             return Err(SysError::new("mmap", Errno::INVAL));
         }

@@ -9,7 +9,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 
-use super::{SysError, SysResult};
+use crate::sys::{SysError, SysResult};
 
 /// `statfs.f_type` of tmpfs and of the kernel's internal shmem mount (memfd, shared
 /// anonymous memory, SysV segments).

@@ -15,8 +15,8 @@
 
 use std::os::fd::{AsFd, BorrowedFd};
 
-use super::mman::{self, Advice, Backing, Mapping, Prot, Share};
-use super::{Errno, SysError, SysResult};
+use crate::sys::mman::{self, Advice, Backing, Mapping, Prot, Share};
+use crate::sys::{Errno, SysError, SysResult};
 
 /// A reserved address range and the mappings placed inside it.
 #[derive(Debug)]
@@ -28,7 +28,7 @@ impl Reservation {
     /// Reserves `len` bytes (page aligned, nonzero) of address space: one `PROT_NONE`,
     /// `MAP_NORESERVE` VMA that costs no memory.
     pub fn new(len: usize) -> SysResult<Self> {
-        if len == 0 || len % super::page_size() != 0 {
+        if len == 0 || len % crate::sys::page_size() != 0 {
             return Err(SysError::new("mmap(reserve)", Errno::INVAL));
         }
         Ok(Self { map: Mapping::reserve(len)? })
@@ -44,14 +44,9 @@ impl Reservation {
         self.map.len()
     }
 
-    /// Always false: a reservation is never empty.
-    pub fn is_empty(&self) -> bool {
-        false
-    }
-
     /// The address of `[off, off+len)` when it lies inside and is page aligned.
     fn range(&self, call: &'static str, off: usize, len: usize) -> SysResult<*mut u8> {
-        let ps = super::page_size();
+        let ps = crate::sys::page_size();
         let inside = off.checked_add(len).is_some_and(|end| end <= self.len());
         if !inside || off % ps != 0 || len % ps != 0 || len == 0 {
             return Err(SysError::new(call, Errno::INVAL));
@@ -203,10 +198,10 @@ mod tests {
 
     #[test]
     fn refuses_ranges_outside_or_unaligned() {
-        let ps = super::super::page_size();
+        let ps = crate::sys::page_size();
         let r = Reservation::new(4 * ps).unwrap();
-        let fd = super::super::memfd::create("t").unwrap();
-        super::super::memfd::set_len(&fd, 4 * ps as u64).unwrap();
+        let fd = crate::sys::memfd::create("t").unwrap();
+        crate::sys::memfd::set_len(&fd, 4 * ps as u64).unwrap();
         assert_eq!(r.map_file(4 * ps, ps, Share::Shared, fd.as_fd(), 0).unwrap_err().errno, Errno::INVAL);
         assert_eq!(r.map_file(1, ps, Share::Shared, fd.as_fd(), 0).unwrap_err().errno, Errno::INVAL);
         assert_eq!(r.copy(0, 3 * ps + 1, ps).unwrap_err().errno, Errno::INVAL);

@@ -17,7 +17,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-use super::{SysError, SysResult};
+use crate::sys::{SysError, SysResult};
 
 /// Opens `path` read-only, close-on-exec and without blocking (a FIFO with no writer
 /// opens at once), then switches the descriptor back to blocking reads.

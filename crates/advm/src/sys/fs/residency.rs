@@ -5,8 +5,8 @@
 
 use std::os::fd::{AsFd, AsRawFd};
 
-use super::mman::{Backing, Mapping, Prot, Share};
-use super::{Errno, SysError, SysResult};
+use crate::sys::mman::{Backing, Mapping, Prot, Share};
+use crate::sys::{Errno, SysError, SysResult};
 
 /// `__NR_cachestat`: the same number on every architecture (the generic table and
 /// x86-64 agree).
@@ -69,7 +69,7 @@ const MINCORE_CHUNK: u64 = 1 << 30;
 /// fresh `PROT_READ`, `MAP_SHARED` mapping, one gigabyte at a time. Nothing is read
 /// through the mapping, so nothing is faulted in or allocated.
 pub fn mincore_resident(fd: impl AsFd, len: u64) -> SysResult<Residency> {
-    let ps = super::page_size() as u64;
+    let ps = crate::sys::page_size() as u64;
     let mut resident = 0;
     let mut vec = Vec::new();
     let mut at = 0;

@@ -7,8 +7,8 @@
 //! caller asks for one, and [`Assembly::copy_out`] copies bytes out instead of lending a
 //! slice that another process could change through a shared file.
 
-use super::mman::{self, Backing, Mapping, Prot, Share};
-use super::{SysError, SysResult};
+use crate::sys::mman::{self, Backing, Mapping, Prot, Share};
+use crate::sys::{SysError, SysResult};
 
 /// A reservation being filled with mappings; unmapped as a whole on drop.
 #[derive(Debug)]
@@ -20,7 +20,7 @@ pub struct Assembly {
 impl Assembly {
     /// Reserves `len` bytes (page aligned, non-zero) of address space.
     pub fn reserve(len: usize) -> SysResult<Self> {
-        if len == 0 || len % super::page_size() != 0 {
+        if len == 0 || len % crate::sys::page_size() != 0 {
             return Err(SysError::new("mmap(reserve)", rustix::io::Errno::INVAL));
         }
         Ok(Self { range: Mapping::reserve(len)?, placed: 0 })
@@ -37,7 +37,7 @@ impl Assembly {
         share: Share,
         backing: Backing<'_>,
     ) -> SysResult<()> {
-        let ps = super::page_size();
+        let ps = crate::sys::page_size();
         let inside = offset.checked_add(len).is_some_and(|end| end <= self.range.len());
         if len == 0 || offset % ps != 0 || len % ps != 0 || !inside {
             return Err(SysError::new("mmap(MAP_FIXED)", rustix::io::Errno::INVAL));

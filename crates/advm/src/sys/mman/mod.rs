@@ -4,12 +4,16 @@
 //! caller may still reference (`MAP_FIXED`, `munmap`, `mremap`, `madvise(DONTNEED)`)
 //! are `unsafe fn`s; [`map_fixed`] is the one audited door for `MAP_FIXED`.
 
+pub mod assembly;
+pub mod grant;
+pub mod reservation;
+
 use std::ffi::c_void;
 use std::os::fd::BorrowedFd;
 use std::ptr::NonNull;
 
 pub use rustix::mm::{Advice, ProtFlags as Prot};
-use rustix::mm::{MapFlags, MprotectFlags, MremapFlags};
+use rustix::mm::{MapFlags, MremapFlags};
 
 use super::{SysError, SysResult};
 
@@ -246,16 +250,6 @@ pub fn page_resident(addr: *const u8) -> SysResult<bool> {
 pub unsafe fn madvise(addr: *mut u8, len: usize, advice: Advice) -> SysResult<()> {
     // SAFETY: forwarded caller guarantee.
     unsafe { rustix::mm::madvise(addr.cast(), len, advice) }.map_err(|e| SysError::new("madvise", e))
-}
-
-/// Changes the protection of `[addr, addr+len)`.
-///
-/// # Safety
-/// The range must belong to the caller; removing access while references exist is UB.
-pub unsafe fn mprotect(addr: *mut u8, len: usize, prot: Prot) -> SysResult<()> {
-    let flags = MprotectFlags::from_bits_truncate(prot.bits());
-    // SAFETY: forwarded caller guarantee.
-    unsafe { rustix::mm::mprotect(addr.cast(), len, flags) }.map_err(|e| SysError::new("mprotect", e))
 }
 
 /// Whether `mremap(MREMAP_MAYMOVE|MREMAP_DONTUNMAP)` to an address the kernel picks

@@ -1,4 +1,10 @@
-//! `lseek(SEEK_DATA / SEEK_HOLE)`: where a sparse file holds data.
+//! Files: where a sparse file holds data (`lseek(SEEK_DATA / SEEK_HOLE)`, here), opening
+//! untrusted layer files with read leases (`layer`), which pages of a file are in
+//! memory (`residency`), and another process's files through `/proc/PID` (`procfd`).
+
+pub mod layer;
+pub mod procfd;
+pub mod residency;
 
 use std::os::fd::AsFd;
 
