@@ -155,3 +155,23 @@ pub extern "C" fn advm_vcopy_test_inject_panic() -> i32 {
         Ok(0)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arena_touches_follows_the_c_arenas_live_blocks() {
+        let ps = advm::mem::page_size();
+        assert!(!arena_touches(0x10000, ps), "no arena yet: nothing is arena memory, and none is made");
+        assert!(ARENA.get().is_none());
+        let p = advm_alloc(3 * ps) as usize;
+        assert_ne!(p, 0);
+        assert!(arena_touches(p, 1) && arena_touches(p + 3 * ps - 1, 1) && arena_touches(p - ps, ps + 1));
+        assert!(!arena_touches(p + 3 * ps, 0) && !arena_touches(p, 0));
+        let local = [0u8; 16];
+        assert!(!arena_touches(local.as_ptr() as usize, local.len()));
+        advm_free(p as *mut c_void);
+        assert!(!arena_touches(p, 3 * ps), "a freed block");
+    }
+}

@@ -476,3 +476,70 @@ fn a_panic_inside_the_arena_makes_it_refuse_further_work() {
     // SAFETY: the block is still mapped (the arena never freed it).
     assert_eq!(unsafe { *src.as_ptr().add(len - 1) }, 7);
 }
+
+/// `touches` answers "does this range reach a live block" from the block table: the
+/// C API's remap asks it instead of scanning /proc/self/maps.
+#[test]
+fn touches_is_true_exactly_for_ranges_reaching_a_live_block() {
+    let a = arena();
+    let ps = ps();
+    let gap = a.alloc(ps).unwrap(); // keeps a free page before `b` once freed
+    let b = a.alloc(3 * ps).unwrap();
+    let after = a.alloc(ps).unwrap();
+    a.free(gap).unwrap();
+    a.free(after).unwrap();
+    assert!(a.touches(b, 1) && a.touches(at(b, 3 * ps - 1), 1));
+    assert!(a.touches(HostAddr(b.0 - ps), ps + 1), "a range ending in the block's first byte");
+    assert!(a.touches(HostAddr(b.0 - ps), 10 * ps), "a range covering the whole block");
+    assert!(!a.touches(HostAddr(b.0 - ps), ps), "the free page before the block");
+    assert!(!a.touches(at(b, 3 * ps), ps), "the free page after the block");
+    assert!(!a.touches(b, 0), "an empty range");
+    assert!(!a.touches(HostAddr(usize::MAX - 8), 100), "a wrapping range");
+    let outside = [0u8; 64];
+    assert!(!a.touches(HostAddr::of(outside.as_ptr()), 64));
+    a.free(b).unwrap();
+    assert!(!a.touches(b, 3 * ps), "a freed block");
+}
+
+/// Bytes of private (copied-on-write) pages mapped in `[start, start+len)`, from
+/// /proc/self/smaps: a block's own copies, which the memfd does not hold.
+fn anonymous_bytes(start: HostAddr, len: usize) -> u64 {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let (mut inside, mut total) = (false, 0);
+    for line in smaps.lines() {
+        let head = line.split_whitespace().next().unwrap_or("");
+        if let Some((s, e)) = head.split_once('-').filter(|_| !head.ends_with(':')) {
+            let (s, e) = (usize::from_str_radix(s, 16).unwrap(), usize::from_str_radix(e, 16).unwrap());
+            assert!(
+                e <= start.0 || s >= start.0 + len || (s >= start.0 && e <= start.0 + len),
+                "blocks are whole VMAs"
+            );
+            inside = s >= start.0 && e <= start.0 + len;
+        } else if let Some(kb) = line.strip_prefix("Anonymous:").filter(|_| inside) {
+            total += kb.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap() * 1024;
+        }
+    }
+    total
+}
+
+/// Memory release (issue 13): the memfd pages under a copy are punched as soon as
+/// both views are freed, whichever goes first; and a copy whose source is freed
+/// right after holds its pages once (the memfd pages, no private copy besides).
+#[test]
+fn memfd_pages_under_a_copy_are_released_with_its_last_view() {
+    let len = 64 * ps();
+    for free_source_first in [true, false] {
+        let a = arena();
+        let src = a.alloc(len).unwrap();
+        a.fill(src, 0x11, len).unwrap();
+        let dst = a.dup(src, len).unwrap();
+        assert_eq!(a.stats().memfd_resident_bytes, len as u64, "one copy in the memfd, shared by both");
+        let (first, second) = if free_source_first { (src, dst) } else { (dst, src) };
+        a.free(first).unwrap();
+        let held = a.stats().memfd_resident_bytes + anonymous_bytes(second, len);
+        assert_eq!(held, len as u64, "the survivor holds one copy (free source first: {free_source_first})");
+        assert_eq!(read(&a, second, len), vec![0x11; len]);
+        a.free(second).unwrap();
+        assert_eq!(a.stats().memfd_resident_bytes, 0, "no view left: the memfd holds nothing");
+    }
+}
