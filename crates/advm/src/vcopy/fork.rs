@@ -6,6 +6,9 @@
 //! forking thread, so a lock another thread held at the fork would stay held forever.
 //! Every lock of the arena (its state mutex, the list of arenas, the C API's
 //! once-only arena creation) is therefore only taken with the gate held.
+//!
+//! The `prepare` handler freezes every arena (`Inner::freeze_for_fork`): no page
+//! stays shared (`MAP_SHARED`) across the fork, and the memfds are retired.
 
 use std::cell::{Cell, RefCell};
 use std::os::fd::AsFd;

@@ -1,7 +1,9 @@
 //! Virtual copy (the mmapcopy paper) on stock Linux: an arena of memfd-backed blocks.
 //!
 //! An [`Arena`] reserves one large `PROT_NONE` range and places page-aligned blocks in
-//! it. Each block page is a *frame*: one page of a memfd, mapped either
+//! it; its calls take and return [`HostAddr`](crate::mem::HostAddr) and
+//! [`PageRange`](crate::mem::PageRange) (raw pointers only in the C API). Each block
+//! page is a *frame*: one page of a memfd, mapped either
 //!
 //! - **shared** (`MAP_SHARED`): the block is the page's only owner, writes go straight
 //!   to the memfd page, no copy-on-write fault ever; or
