@@ -13,6 +13,7 @@ use crate::Result;
 /// Calibration of this machine: what a virtual copy and its later writes cost
 /// against memcpy, per page.
 #[derive(Debug, Clone, Copy, Serialize)]
+#[non_exhaustive]
 pub struct Calibration {
     /// Pages per measured block.
     pub pages: usize,
