@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 use super::{fmt_bytes, median, Bench, BenchOpts, DemoRow, Figure, Report, Row};
 use crate::meters::{self, in_group, Both};
 use crate::BenchError;
-use advm::cow::{Arena, Config};
 use advm::mem::Region;
 use advm::stats::cgroup::Group;
 use advm::stats::{Meter, Options};
+use advm::vcopy::{Arena, Config};
 
 /// See the module doc.
 pub struct VcopyBench;
@@ -229,7 +229,7 @@ impl VcopyBench {
                     // a freshly written source each run: its first copy is the one that
                     // pays for turning its pages private
                     let src = arena.alloc(len)?;
-                    fill_distinct(src, len);
+                    fill_distinct(src.as_ptr(), len);
                     let t = Instant::now();
                     let dst = arena.dup(src, len)?;
                     copy.push(ms(t.elapsed()));
@@ -237,11 +237,11 @@ impl VcopyBench {
                     if prepare {
                         arena.prepare_write(dst, len)?;
                     }
-                    store_pages(dst, len, *step);
+                    store_pages(dst.as_ptr(), len, *step);
                     write.push(ms(t.elapsed()));
                     if run == runs - 1 {
-                        read_pages(src, len);
-                        read_pages(dst, len);
+                        read_pages(src.as_ptr(), len);
+                        read_pages(dst.as_ptr(), len);
                         added = pages.now()?.since(&base);
                     }
                     arena.free(dst)?;
@@ -273,7 +273,7 @@ impl VcopyBench {
         // Copying a source again (already private from an earlier copy): no pages to
         // unmap from it, only the copy's own mappings.
         let src = arena.alloc(len)?;
-        fill_distinct(src, len);
+        fill_distinct(src.as_ptr(), len);
         arena.free(arena.dup(src, len)?)?;
         settle(arena, 0.0);
         let mut again = Vec::new();
@@ -296,11 +296,11 @@ impl VcopyBench {
         // Its written pages are re-homed once into fresh memfd pages (so the new copy
         // shares them too); its clean pages are shared as they are.
         let src = arena.alloc(len)?;
-        fill_distinct(src, len);
+        fill_distinct(src.as_ptr(), len);
         let (mut rehome, mut rehomed_pages, mut over_budget) = (Vec::new(), 0, false);
         for _ in 0..runs {
             let copy = arena.dup(src, len)?;
-            store_pages(copy, len, 10);
+            store_pages(copy.as_ptr(), len, 10);
             let before = arena.stats();
             let t = Instant::now();
             let again = arena.dup(copy, len)?;
@@ -409,9 +409,8 @@ impl VcopyBench {
     /// an existing, already written block; each by memcpy and by sharing. Returns the
     /// smallest page count where sharing wins, for each way.
     fn threshold_rows(&self, ops: usize, report: &mut Report) -> Result<[Option<usize>; 2], BenchError> {
-        let share = Arena::with_config(Config { reserve_bytes: 1 << 30, small_block_pages: 1, ..Default::default() })?;
-        let copy =
-            Arena::with_config(Config { reserve_bytes: 1 << 30, small_block_pages: usize::MAX, ..Default::default() })?;
+        let share = Arena::with_config(Config::default().reserve_bytes(1 << 30).small_block_pages(1))?;
+        let copy = Arena::with_config(Config::default().reserve_bytes(1 << 30).small_block_pages(usize::MAX))?;
         let mut threshold = [None, None];
         for (w, way) in ["dup+free", "copy into a written block"].iter().enumerate() {
             for pages in [1usize, 2, 4, 8, 16, 64, 256] {
@@ -420,9 +419,9 @@ impl VcopyBench {
                 let mut per_op = Vec::new();
                 for arena in [&copy, &share] {
                     let src = arena.alloc(len)?;
-                    fill_distinct(src, len);
+                    fill_distinct(src.as_ptr(), len);
                     let dst = arena.alloc(len)?;
-                    fill_distinct(dst, len);
+                    fill_distinct(dst.as_ptr(), len);
                     let mut v = Vec::new();
                     for _ in 0..3 {
                         let t = Instant::now();
@@ -520,17 +519,17 @@ impl VcopyBench {
         let memcpy_added = pages.now()?.since(&base);
         drop((src, dst));
         let base = pages.now()?;
-        let arena = Arena::with_config(Config { reserve_bytes: 1 << 30, ..Default::default() })?;
+        let arena = Arena::with_config(Config::default().reserve_bytes(1 << 30))?;
         let a = arena.alloc(len)?;
-        fill_distinct(a, len);
+        fill_distinct(a.as_ptr(), len);
         let unmap_before = arena.stats().deferred_unmap_ms;
         let t = Instant::now();
         let b = arena.dup(a, len)?;
         let vcopy_ms = ms(t.elapsed());
         let teardown_ms = settle(&arena, unmap_before);
         let t = Instant::now();
-        read_pages(a, len);
-        read_pages(b, len);
+        read_pages(a.as_ptr(), len);
+        read_pages(b.as_ptr(), len);
         let refault_ms = ms(t.elapsed());
         let advm_total_ms = vcopy_ms + teardown_ms + refault_ms;
         let advm_added = pages.now()?.since(&base);
@@ -585,11 +584,10 @@ impl VcopyBench {
         if !ksm_ok {
             report.notes.push("KSM rows skipped: KSM needs root and /sys/kernel/mm/ksm".into());
         }
-        let arena = Arena::with_config(Config { reserve_bytes: 8 << 30, ..Default::default() })?;
+        let arena = Arena::with_config(Config::default().reserve_bytes(8 << 30))?;
         // the same without the reaper thread: the source's old page tables are torn
         // down during the copy (no background work to disturb the writes after it)
-        let inline =
-            Arena::with_config(Config { reserve_bytes: 8 << 30, background_unmap: false, ..Default::default() })?;
+        let inline = Arena::with_config(Config::default().reserve_bytes(8 << 30).background_unmap(false))?;
         let mut pages = Pages::new(group)?;
         if !advm::probe::facts().pfn_visible {
             report.notes.push("PFNs hidden: memory is PSS, not distinct pages".into());
@@ -623,7 +621,7 @@ impl VcopyBench {
              (library default threshold {} pages)",
             say(threshold[0]),
             say(threshold[1]),
-            advm::cow::DEFAULT_SMALL_BLOCK_PAGES
+            advm::vcopy::DEFAULT_SMALL_BLOCK_PAGES
         ));
         if let Some((len, reference, advm)) = last {
             // vcopy + f*W_cow(100%) = memcpy + f*W_own(100%), with W the 100 % write times

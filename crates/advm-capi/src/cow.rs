@@ -1,15 +1,19 @@
 //! Virtual copy for C: `advm_alloc`, `advm_free`, `advm_dup`, `advm_vcopy` and
-//! `advm_vcopy_get_stats` over one process-wide arena, made on first use.
+//! `advm_vcopy_get_stats` over one process-wide arena, made on first use. Pointers
+//! become [`HostAddr`] here, at the boundary.
 
 use std::ffi::c_void;
 use std::sync::OnceLock;
 
-use advm::cow::{Arena, Config, ForkGate};
+use advm::mem::HostAddr;
+use advm::vcopy::{Arena, Config, ForkGate};
 
 use crate::guard;
 
+/// The process-wide arena, once made (or the reason it could not be).
+static ARENA: OnceLock<Result<Arena, String>> = OnceLock::new();
+
 fn arena() -> Result<&'static Arena, advm::Error> {
-    static ARENA: OnceLock<Result<Arena, String>> = OnceLock::new();
     // Made under the fork gate: a fork during the first call would leave the child's
     // copy of the once-lock "being made" forever.
     let made = ARENA.get().unwrap_or_else(|| {
@@ -20,6 +24,14 @@ fn arena() -> Result<&'static Arena, advm::Error> {
         Ok(a) => Ok(a),
         Err(why) => Err(advm::Error::Unsupported { what: "the advm arena", why: why.clone() }),
     }
+}
+
+/// True when some byte of `[addr, addr+len)` lies in a live block of the C API's
+/// arena (`advm_alloc`/`advm_dup` memory). One lookup in the arena's block table, no
+/// read of /proc; false when the arena was never made (it is not made here), for
+/// an empty or wrapping range, and after a panic inside the arena.
+pub fn arena_touches(addr: usize, len: usize) -> bool {
+    ARENA.get().is_some_and(|made| made.as_ref().is_ok_and(|a| a.touches(HostAddr(addr), len)))
 }
 
 fn set_errno(e: i32) {
@@ -34,7 +46,7 @@ fn set_errno(e: i32) {
 pub extern "C" fn advm_alloc(len: usize) -> *mut c_void {
     let mut out = std::ptr::null_mut();
     let r = guard(|| {
-        out = arena()?.alloc(len.max(1))?.cast();
+        out = arena()?.alloc(len.max(1))?.as_ptr().cast();
         Ok(0)
     });
     if r < 0 {
@@ -50,7 +62,7 @@ pub extern "C" fn advm_free(p: *mut c_void) {
     if p.is_null() {
         return;
     }
-    let r = guard(|| arena()?.free(p.cast()).map(|_| 0));
+    let r = guard(|| arena()?.free(HostAddr::of(p)).map(|_| 0));
     if r < 0 {
         set_errno(r);
     }
@@ -62,7 +74,7 @@ pub extern "C" fn advm_free(p: *mut c_void) {
 pub extern "C" fn advm_dup(p: *const c_void, len: usize) -> *mut c_void {
     let mut out = std::ptr::null_mut();
     let r = guard(|| {
-        out = arena()?.dup(p.cast(), len)?.cast();
+        out = arena()?.dup(HostAddr::of(p), len)?.as_ptr().cast();
         Ok(0)
     });
     if r < 0 {
@@ -75,7 +87,7 @@ pub extern "C" fn advm_dup(p: *const c_void, len: usize) -> *mut c_void {
 /// page sharing; 0 or -errno (-EINVAL: outside the arena, past a block, overlapping).
 #[no_mangle]
 pub extern "C" fn advm_vcopy(dst: *mut c_void, src: *const c_void, len: usize) -> i32 {
-    guard(|| arena()?.vcopy(dst.cast(), src.cast(), len).map(|_| 0))
+    guard(|| arena()?.vcopy(HostAddr::of(dst), HostAddr::of(src), len).map(|_| 0))
 }
 
 /// Counters of `struct advm_vcopy_stats` (see include/advm.h).
@@ -153,4 +165,24 @@ pub extern "C" fn advm_vcopy_test_inject_panic() -> i32 {
         arena()?.test_inject_panic();
         Ok(0)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arena_touches_follows_the_c_arenas_live_blocks() {
+        let ps = advm::mem::page_size();
+        assert!(!arena_touches(0x10000, ps), "no arena yet: nothing is arena memory, and none is made");
+        assert!(ARENA.get().is_none());
+        let p = advm_alloc(3 * ps) as usize;
+        assert_ne!(p, 0);
+        assert!(arena_touches(p, 1) && arena_touches(p + 3 * ps - 1, 1) && arena_touches(p - ps, ps + 1));
+        assert!(!arena_touches(p + 3 * ps, 0) && !arena_touches(p, 0));
+        let local = [0u8; 16];
+        assert!(!arena_touches(local.as_ptr() as usize, local.len()));
+        advm_free(p as *mut c_void);
+        assert!(!arena_touches(p, 3 * ps), "a freed block");
+    }
 }

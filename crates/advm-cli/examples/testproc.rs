@@ -131,12 +131,12 @@ fn build(which: TestProc) -> Result<Box<dyn std::any::Any>, Box<dyn std::error::
         }
         TestProc::Vcopy { mib } => {
             // Unmap the source's old page tables before `ready`, not in the background.
-            let config = advm::cow::Config { background_unmap: false, ..Default::default() };
-            let arena = advm::cow::Arena::with_config(config)?;
+            let config = advm::vcopy::Config::default().background_unmap(false);
+            let arena = advm::vcopy::Arena::with_config(config)?;
             let block = arena.alloc(mib << 20)?;
             arena.fill(block, 0x5a, mib << 20)?;
             let copy = arena.dup(block, mib << 20)?;
-            Box::new((arena, block as usize, copy as usize))
+            Box::new((arena, block, copy))
         }
     })
 }

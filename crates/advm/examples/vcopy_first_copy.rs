@@ -8,9 +8,9 @@
 
 use std::time::Instant;
 
-use advm::cow::{Arena, Config};
 use advm::mem::Region;
 use advm::stats::{Meter, Options};
+use advm::vcopy::{Arena, Config};
 
 fn fill_distinct(p: *mut u8, len: usize, ps: usize) {
     for i in 0..len / ps {
@@ -54,38 +54,37 @@ fn main() {
     let mut meter = Meter::for_self(Options::default()).expect("meter");
 
     // memcpy into a fresh mapping, then every page rewritten
-    let mut src = Region::new(len).expect("mmap");
-    fill_distinct(src.bytes_mut().as_mut_ptr(), len, ps);
+    let src = Region::new(len).expect("mmap");
+    fill_distinct(src.addr().as_ptr(), len, ps);
     let mut memcpy = Vec::new();
     let mut memcpy_pages = 0;
     for run in 0..runs.div_ceil(2) {
         let base = distinct(&mut meter) - (len / ps) as i64;
         let mut dst = Region::new(len).expect("mmap");
         let t = Instant::now();
-        // SAFETY: two distinct live mappings of len bytes.
-        unsafe { std::ptr::copy_nonoverlapping(src.bytes_mut().as_mut_ptr(), dst.bytes_mut().as_mut_ptr(), len) };
+        dst.bytes_mut().copy_from_slice(src.bytes());
         memcpy.push(t.elapsed().as_secs_f64() * 1e3);
         if run == 0 {
-            touch(dst.bytes_mut().as_mut_ptr(), len, ps, true);
-            touch(src.bytes_mut().as_mut_ptr(), len, ps, false);
+            touch(dst.addr().as_ptr(), len, ps, true);
+            touch(src.addr().as_ptr(), len, ps, false);
             memcpy_pages = distinct(&mut meter) - base;
         }
     }
     drop(src);
 
-    let arena = Arena::with_config(Config { reserve_bytes: 4 * len, ..Default::default() }).expect("arena");
+    let arena = Arena::with_config(Config::default().reserve_bytes(4 * len)).expect("arena");
     let mut vcopy = Vec::new();
     let mut vcopy_pages = 0;
     for run in 0..runs {
         let base = distinct(&mut meter);
         let a = arena.alloc(len).expect("alloc");
-        fill_distinct(a, len, ps);
+        fill_distinct(a.as_ptr(), len, ps);
         let t = Instant::now();
         let b = arena.dup(a, len).expect("dup");
         vcopy.push(t.elapsed().as_secs_f64() * 1e3);
         if run == 0 {
-            touch(b, len, ps, true);
-            touch(a, len, ps, false);
+            touch(b.as_ptr(), len, ps, true);
+            touch(a.as_ptr(), len, ps, false);
             vcopy_pages = distinct(&mut meter) - base;
         }
         arena.free(b).expect("free");

@@ -6,7 +6,6 @@
 //! observes from the outside.
 #![deny(unsafe_code)]
 
-pub mod cow;
 pub mod error;
 pub mod image;
 pub mod ksm;
@@ -16,6 +15,7 @@ pub mod process;
 pub mod remap;
 pub mod stats;
 pub(crate) mod sys;
+pub mod vcopy;
 
 pub use error::{Error, Result};
 

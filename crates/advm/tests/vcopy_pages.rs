@@ -2,8 +2,9 @@
 //! mmapcopy paper's measure) shows sharing after a copy and returns to its baseline
 //! after free. One test in its own binary so other tests' memory does not interfere.
 
-use advm::cow::{Arena, Config};
+use advm::mem::HostAddr;
 use advm::stats::{Meter, Options};
+use advm::vcopy::{Arena, Config};
 
 #[test]
 fn distinct_pages_show_sharing_and_return_to_baseline() {
@@ -14,14 +15,14 @@ fn distinct_pages_show_sharing_and_return_to_baseline() {
     let ps = advm::addr::page_size();
     let pages = 2048; // 8 MiB: far above the test harness's own noise
     let len = pages * ps;
-    let a = Arena::with_config(Config { reserve_bytes: 1 << 30, ..Default::default() }).unwrap();
+    let a = Arena::with_config(Config::default().reserve_bytes(1 << 30)).unwrap();
     let mut meter = Meter::for_self(Options::default()).unwrap();
     let distinct = |m: &mut Meter| m.sample().unwrap().distinct.unwrap().total as i64;
     // one small buffer: reading whole blocks into a big one would add its own pages
     let mut buf = vec![0u8; ps];
-    let read_all = |p: *mut u8, buf: &mut Vec<u8>| {
+    let read_all = |p: HostAddr, buf: &mut Vec<u8>| {
         for i in 0..pages {
-            a.read(p.wrapping_add(i * ps), buf).unwrap();
+            a.read(HostAddr(p.0 + i * ps), buf).unwrap();
         }
     };
     // one warm-up round so that allocator and meter buffers reach their steady size
@@ -49,7 +50,7 @@ fn distinct_pages_show_sharing_and_return_to_baseline() {
 
     // write a tenth of the copy: that tenth is duplicated, nothing more
     for p in (0..pages).step_by(10) {
-        a.fill(dst.wrapping_add(p * ps), 9, 1).unwrap();
+        a.fill(HostAddr(dst.0 + p * ps), 9, 1).unwrap();
     }
     let after_writes = distinct(&mut meter) - base;
     let tenth = pages.div_ceil(10) as i64;

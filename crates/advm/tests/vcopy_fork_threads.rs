@@ -6,12 +6,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use advm::cow::{Arena, Config};
+use advm::mem::HostAddr;
+use advm::vcopy::{Arena, Config};
 
 #[test]
 fn a_forked_child_never_finds_the_arena_locked() {
     let ps = advm::addr::page_size();
-    let a = Arena::with_config(Config { reserve_bytes: 1 << 30, ..Default::default() }).unwrap();
+    let a = Arena::with_config(Config::default().reserve_bytes(1 << 30)).unwrap();
     let len = 4 * ps;
     let src = a.alloc(len).unwrap();
     a.fill(src, 0x3c, len).unwrap();
@@ -20,14 +21,13 @@ fn a_forked_child_never_finds_the_arena_locked() {
     let workers: Vec<_> = (0..2)
         .map(|k| {
             let (a, stop) = (a.clone(), stop.clone());
-            let src = src as usize;
             std::thread::spawn(move || {
                 let mut buf = [0u8; 64];
                 while !stop.load(Ordering::Relaxed) {
-                    let p = src as *mut u8;
+                    let p = src;
                     if k == 0 {
                         a.read(p, &mut buf).unwrap();
-                        a.fill(p.wrapping_add(ps), 0x3c, 64).unwrap();
+                        a.fill(HostAddr(p.0 + ps), 0x3c, 64).unwrap();
                         assert!(a.contains(p));
                         let _ = a.stats();
                     } else {

@@ -6,11 +6,17 @@
 //! forking thread, so a lock another thread held at the fork would stay held forever.
 //! Every lock of the arena (its state mutex, the list of arenas, the C API's
 //! once-only arena creation) is therefore only taken with the gate held.
+//!
+//! The `prepare` handler freezes every arena (`Inner::freeze_for_fork`): no page
+//! stays shared (`MAP_SHARED`) across the fork, and the memfds are retired.
 
 use std::cell::{Cell, RefCell};
+use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex, Once, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
-use super::Shared;
+use super::arena::{Inner, Shared};
+use super::frames::{Frame, Piece};
+use crate::sys::mman::Share;
 use crate::Result;
 
 static GATE: RwLock<()> = RwLock::new(());
@@ -97,4 +103,58 @@ extern "C" fn after() {
     drop(guard);
     let arenas = KEEP.with(|k| std::mem::take(&mut *k.borrow_mut()));
     drop(arenas);
+}
+
+impl Inner {
+    /// Before a fork: every shared frame becomes private (neighbouring blocks with
+    /// contiguous pages in one `mmap`), and the memfds are retired.
+    pub(super) fn freeze_for_fork(&mut self) {
+        // the child would have no reaper thread: unmap moved-aside mappings now
+        self.reap_all();
+        let ps = self.ps;
+        // (first reservation page, file, first file page, pages)
+        let mut runs: Vec<(usize, u16, u32, usize)> = Vec::new();
+        for (&key, block) in &self.blocks {
+            for (i, l, fr) in block.frames.iter() {
+                if fr.private || fr.unbacked() {
+                    continue;
+                }
+                match runs.last_mut() {
+                    Some((va, file, page, len))
+                        if *va + *len == key + i && *file == fr.file && *page as usize + *len == fr.page as usize =>
+                    {
+                        *len += l
+                    }
+                    _ => runs.push((key + i, fr.file, fr.page, l)),
+                }
+            }
+        }
+        for (va, file, page, len) in runs {
+            let f = self.files[file as usize].as_ref().expect("open");
+            // A failure here would leave a page shared across the fork; there is no
+            // way to report from a fork handler, so stop sharing by other means: the
+            // page stays shared only in that (unlikely, ENOMEM) case.
+            let _ = self.res.map_file(va * ps, len * ps, Share::Private, f.fd.as_fd(), page as u64 * ps as u64);
+        }
+        let keys: Vec<usize> = self.blocks.keys().copied().collect();
+        for key in keys {
+            let now: Vec<Piece> = self.blocks[&key]
+                .frames
+                .iter()
+                .filter(|p| !p.2.private && !p.2.unbacked())
+                .map(|(i, l, f)| (i, l, Frame { private: true, ..f }))
+                .collect();
+            self.set_frames(key, &now);
+        }
+        for f in self.files.iter_mut().flatten() {
+            f.retired = true;
+        }
+        self.files.iter_mut().for_each(|slot| {
+            if slot.as_ref().is_some_and(|f| f.live == 0) {
+                *slot = None;
+            }
+        });
+        self.active = None;
+        self.stats.forks += 1;
+    }
 }

@@ -2,12 +2,12 @@
 //! arena blocks, whether a block was shared (single owner) or a virtual copy.
 //! One test in its own binary: fork from a process with few threads.
 
-use advm::cow::{Arena, Config};
+use advm::vcopy::{Arena, Config};
 
 #[test]
 fn parent_and_child_do_not_see_each_others_writes() {
     let ps = advm::addr::page_size();
-    let a = Arena::with_config(Config { reserve_bytes: 1 << 30, ..Default::default() }).unwrap();
+    let a = Arena::with_config(Config::default().reserve_bytes(1 << 30)).unwrap();
     let len = 8 * ps;
     let owned = a.alloc(len).unwrap(); // single owner: MAP_SHARED before the fork
     a.fill(owned, 1, len).unwrap();

@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use advm::cow::{Arena, Config};
+use advm::mem::HostAddr;
+use advm::vcopy::{Arena, Config};
 
 /// A thread reading one byte of every page of the block `target` names, and
 /// counting those that are not `want`.
@@ -51,7 +52,7 @@ impl Reader {
     /// Runs `f` while the thread reads every page of `p` (all bytes `want`) over and
     /// over: it has read all of `p` once before `f` starts, and stops reading `p`
     /// before this returns.
-    fn read_during<T>(&self, p: *mut u8, want: u8, f: impl FnOnce() -> T) -> T {
+    fn read_during<T>(&self, p: HostAddr, want: u8, f: impl FnOnce() -> T) -> T {
         let wait = |n| {
             let seen = self.passes.load(Ordering::Acquire);
             while self.passes.load(Ordering::Acquire) < seen + n {
@@ -59,7 +60,7 @@ impl Reader {
             }
         };
         self.want.store(want as usize, Ordering::Release);
-        self.target.store(p as usize, Ordering::Release);
+        self.target.store(p.0, Ordering::Release);
         wait(2);
         let out = f();
         self.target.store(0, Ordering::Release);
@@ -88,7 +89,7 @@ impl Drop for Reader {
 #[test]
 fn readers_of_a_copied_source_never_see_stale_bytes() {
     let len = 4 << 20; // over the 2 MiB from which old page tables are moved aside
-    let arena = Arena::with_config(Config { reserve_bytes: 1 << 30, ..Default::default() }).unwrap();
+    let arena = Arena::with_config(Config::default().reserve_bytes(1 << 30)).unwrap();
     let reader = Reader::start(len);
     let start = Instant::now();
     let mut rounds = 0;
@@ -97,7 +98,7 @@ fn readers_of_a_copied_source_never_see_stale_bytes() {
         arena.fill(a, 0xaa, len).unwrap();
         let b = reader.read_during(a, 0xaa, || arena.dup(a, len).unwrap());
         // SAFETY: b is a live block of len bytes; only this thread writes it.
-        unsafe { std::ptr::write_bytes(b, 0xbb, len) };
+        unsafe { std::ptr::write_bytes(b.as_ptr(), 0xbb, len) };
         let c = reader.read_during(b, 0xbb, || arena.dup(b, len).unwrap());
         for p in [a, b, c] {
             arena.free(p).unwrap();

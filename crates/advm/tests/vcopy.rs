@@ -1,6 +1,7 @@
 //! Virtual copy arena: contents, isolation, sharing, freeing, threads, budget, errors.
 
-use advm::cow::{Arena, Config, CopyHow};
+use advm::mem::{HostAddr, PageRange};
+use advm::vcopy::{Arena, Config, CopyHow};
 use proptest::prelude::*;
 
 fn ps() -> usize {
@@ -8,14 +9,19 @@ fn ps() -> usize {
 }
 
 fn arena() -> Arena {
-    Arena::with_config(Config { reserve_bytes: 1 << 30, ..Default::default() }).unwrap()
+    Arena::with_config(Config::default().reserve_bytes(1 << 30)).unwrap()
+}
+
+/// `off` bytes past `p`.
+fn at(p: HostAddr, off: usize) -> HostAddr {
+    p.checked_add(off).unwrap()
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
-fn read(a: &Arena, p: *const u8, len: usize) -> Vec<u8> {
+fn read(a: &Arena, p: HostAddr, len: usize) -> Vec<u8> {
     let mut v = vec![0; len];
     a.read(p, &mut v).unwrap();
     v
@@ -35,10 +41,10 @@ fn copy_is_equal_and_isolated_both_ways() {
     assert_eq!(s.memfd_pages_live, 16, "source and copy share 16 memfd pages");
 
     // write to the copy: the source does not see it
-    a.write(dst.wrapping_add(5 * ps() + 7), b"copy").unwrap();
+    a.write(at(dst, 5 * ps() + 7), b"copy").unwrap();
     assert_eq!(read(&a, src, len), data);
     // write to the source: the copy does not see it
-    a.write(src.wrapping_add(9 * ps()), b"source").unwrap();
+    a.write(at(src, 9 * ps()), b"source").unwrap();
     let mut want = data.clone();
     want[5 * ps() + 7..5 * ps() + 11].copy_from_slice(b"copy");
     assert_eq!(read(&a, dst, len), want);
@@ -60,7 +66,7 @@ fn copy_of_a_modified_copy_shares_its_clean_pages_and_rehomes_written_ones() {
     let c1 = a.dup(src, len).unwrap();
     // partial writes to the copy: pages 3 and 4 and 20
     for p in [3, 4, 20] {
-        a.write(c1.wrapping_add(p * ps()), &[0xee; 100]).unwrap();
+        a.write(at(c1, p * ps()), &[0xee; 100]).unwrap();
     }
     let c1_data = read(&a, c1, len);
     let before = a.stats();
@@ -72,12 +78,12 @@ fn copy_of_a_modified_copy_shares_its_clean_pages_and_rehomes_written_ones() {
     assert_eq!(after.memfd_pages_live, 35);
     // copy of the copy is isolated from both
     a.write(c2, b"c2").unwrap();
-    a.write(c1.wrapping_add(3 * ps()), b"c1").unwrap();
+    a.write(at(c1, 3 * ps()), b"c1").unwrap();
     assert_eq!(read(&a, src, len), data);
     assert_eq!(read(&a, c1, 2), c1_data[..2].to_vec());
-    assert_eq!(&read(&a, c1.wrapping_add(3 * ps()), 2), b"c1");
+    assert_eq!(&read(&a, at(c1, 3 * ps()), 2), b"c1");
     assert_eq!(&read(&a, c2, 2), b"c2");
-    assert_eq!(read(&a, c2.wrapping_add(3 * ps()), 100), vec![0xee; 100]);
+    assert_eq!(read(&a, at(c2, 3 * ps()), 100), vec![0xee; 100]);
     // copying it a third time re-homes nothing new (c1's page 3 was just rewritten)
     let c3 = a.dup(c2, len).unwrap();
     assert_eq!(a.stats().pages_rehomed - after.pages_rehomed, 1, "only c2's page 0 was written since");
@@ -123,15 +129,15 @@ fn unaligned_copies_share_congruent_pages_and_copy_the_rest() {
     a.write(src, &data).unwrap();
     // same offset in the page: 100 bytes of page 0, pages 1..8 shared, 50 bytes of page 9
     let n = 100 + 8 * ps() + 50;
-    let how = a.vcopy(dst.wrapping_add(ps() - 100), src.wrapping_add(ps() - 100), n).unwrap();
+    let how = a.vcopy(at(dst, ps() - 100), at(src, ps() - 100), n).unwrap();
     assert_eq!(how, CopyHow::Shared { pages: 8, copied_bytes: 150 });
     let got = read(&a, dst, len);
     assert_eq!(&got[ps() - 100..ps() - 100 + n], &data[ps() - 100..ps() - 100 + n]);
     assert_eq!(&got[..ps() - 100], &vec![0; ps() - 100][..], "bytes before the range untouched");
     // different offsets: memcpy, counted
-    let how = a.vcopy(dst.wrapping_add(1), src, 3 * ps()).unwrap();
+    let how = a.vcopy(at(dst, 1), src, 3 * ps()).unwrap();
     assert_eq!(how, CopyHow::CopiedUnaligned);
-    assert_eq!(read(&a, dst.wrapping_add(1), 3 * ps()), data[..3 * ps()].to_vec());
+    assert_eq!(read(&a, at(dst, 1), 3 * ps()), data[..3 * ps()].to_vec());
     // one page: under the small-block threshold
     assert_eq!(a.vcopy(dst, src, ps()).unwrap(), CopyHow::CopiedSmall);
     let s = a.stats();
@@ -144,10 +150,16 @@ fn bad_arguments_give_clear_errors() {
     let ps = ps();
     let src = a.alloc(4 * ps).unwrap();
     let dst = a.alloc(4 * ps).unwrap();
-    let e = a.vcopy_pages(dst, src, ps + 1).unwrap_err().to_string();
+    let e = PageRange::new("src", src.0, ps + 1).unwrap_err().to_string();
     assert_eq!(e, format!("invalid src: length {} is not a multiple of the {ps}-byte page size", ps + 1));
+    let (d, s) = (PageRange::new("dst", dst.0, 2 * ps).unwrap(), PageRange::new("src", src.0, ps).unwrap());
+    let e = a.vcopy_pages(d, s).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        format!("invalid dst: {} bytes at {dst} for a source of {ps} bytes: a copy needs equal lengths", 2 * ps)
+    );
     let outside = [0u8; 64];
-    let e = a.vcopy(dst, outside.as_ptr(), 64).unwrap_err().to_string();
+    let e = a.vcopy(dst, HostAddr::of(outside.as_ptr()), 64).unwrap_err().to_string();
     assert_eq!(
         e,
         format!(
@@ -155,33 +167,30 @@ fn bad_arguments_give_clear_errors() {
             outside.as_ptr() as usize
         )
     );
-    let e = a.vcopy(src.wrapping_add(ps), src, 2 * ps).unwrap_err().to_string();
+    let e = a.vcopy(at(src, ps), src, 2 * ps).unwrap_err().to_string();
     assert_eq!(
         e,
         format!(
             "invalid dst: range {:#x}+{} overlaps src range {:#x}+{}; a copy needs disjoint ranges",
-            src as usize + ps,
+            src.0 + ps,
             2 * ps,
-            src as usize,
+            src.0,
             2 * ps
         )
     );
-    let e = a.vcopy(dst, src.wrapping_add(2 * ps), 3 * ps).unwrap_err().to_string();
+    let e = a.vcopy(dst, at(src, 2 * ps), 3 * ps).unwrap_err().to_string();
     assert_eq!(
         e,
         format!(
             "invalid src: range {:#x}+{} runs past the end of its block ({:#x}, {} bytes) by {ps} bytes",
-            src as usize + 2 * ps,
+            src.0 + 2 * ps,
             3 * ps,
-            src as usize,
+            src.0,
             4 * ps
         )
     );
-    let e = a.free(src.wrapping_add(ps)).unwrap_err().to_string();
-    assert_eq!(
-        e,
-        format!("invalid ptr: {:#x} is inside the block at {:#x}, not at its start", src as usize + ps, src as usize)
-    );
+    let e = a.free(at(src, ps)).unwrap_err().to_string();
+    assert_eq!(e, format!("invalid block: {:#x} is inside the block at {:#x}, not at its start", src.0 + ps, src.0));
     assert_eq!(a.alloc(0).unwrap_err().to_string(), "invalid len: 0: a block needs at least one byte");
     a.free(src).unwrap();
     assert!(a.free(src).unwrap_err().to_string().contains("is not inside a live block"), "double free is refused");
@@ -191,13 +200,13 @@ fn bad_arguments_give_clear_errors() {
 fn vma_budget_falls_back_to_memcpy() {
     // A budget the arena reaches quickly: every other page of a copy is rewritten, so
     // copying it again would need one mapping per page.
-    let a = Arena::with_config(Config { reserve_bytes: 1 << 30, vma_budget: Some(12), ..Default::default() }).unwrap();
+    let a = Arena::with_config(Config::default().reserve_bytes(1 << 30).vma_budget(Some(12))).unwrap();
     let len = 16 * ps();
     let src = a.alloc(len).unwrap();
     a.write(src, &pattern(len, 5)).unwrap();
     let c1 = a.dup(src, len).unwrap();
     for p in (0..16).step_by(2) {
-        a.write(c1.wrapping_add(p * ps()), &[p as u8; 8]).unwrap();
+        a.write(at(c1, p * ps()), &[p as u8; 8]).unwrap();
     }
     let want = read(&a, c1, len);
     let c2 = a.alloc(len).unwrap();
@@ -213,19 +222,19 @@ fn vma_budget_falls_back_to_memcpy() {
 fn dup_falls_back_to_copying_into_a_fresh_block() {
     // dup builds its block without pages and shares into it; every fallback must
     // still give it real pages: unaligned source, odd length, VMA budget.
-    let a = Arena::with_config(Config { reserve_bytes: 1 << 30, vma_budget: Some(12), ..Default::default() }).unwrap();
+    let a = Arena::with_config(Config::default().reserve_bytes(1 << 30).vma_budget(Some(12))).unwrap();
     let len = 16 * ps();
     let src = a.alloc(len).unwrap();
     let data = pattern(len, 7);
     a.write(src, &data).unwrap();
-    let d = a.dup(src.wrapping_add(3), len - 3).unwrap();
+    let d = a.dup(at(src, 3), len - 3).unwrap();
     assert_eq!(read(&a, d, len - 3), data[3..].to_vec());
     let e = a.dup(src, 5 * ps() + 10).unwrap();
     assert_eq!(read(&a, e, 5 * ps() + 10), data[..5 * ps() + 10].to_vec());
     assert_eq!(a.block_len(e).unwrap(), 6 * ps());
     let c1 = a.dup(src, len).unwrap();
     for p in (0..16).step_by(2) {
-        a.write(c1.wrapping_add(p * ps()), &[1]).unwrap();
+        a.write(at(c1, p * ps()), &[1]).unwrap();
     }
     let want = read(&a, c1, len);
     let before = a.stats().fallback_vma_budget;
@@ -246,10 +255,10 @@ fn large_copies_move_old_page_tables_aside_and_reap_them() {
     let a = arena();
     let len = 4 << 20;
     let src = a.alloc(len).unwrap();
-    assert_eq!(src as usize % (2 << 20), 0, "large blocks start on 2 MiB");
+    assert_eq!(src.0 % (2 << 20), 0, "large blocks start on 2 MiB");
     let data = pattern(len, 8);
     a.write(src, &data).unwrap();
-    let copies: Vec<*mut u8> = (0..3).map(|_| a.dup(src, len).unwrap()).collect();
+    let copies: Vec<HostAddr> = (0..3).map(|_| a.dup(src, len).unwrap()).collect();
     a.write(src, b"src").unwrap();
     a.write(copies[1], b"one").unwrap();
     assert_eq!(read(&a, copies[0], len), data);
@@ -382,19 +391,19 @@ proptest! {
         let a = arena();
         let ps = ps();
         let len = 6 * ps;
-        let blocks: Vec<*mut u8> = (0..3).map(|_| a.alloc(len).unwrap()).collect();
+        let blocks: Vec<HostAddr> = (0..3).map(|_| a.alloc(len).unwrap()).collect();
         let mut model = vec![vec![0u8; len]; 3];
         for op in ops {
             match op {
                 Op::Write { block, page, byte } => {
-                    a.fill(blocks[block].wrapping_add(page * ps + 3), byte, 9).unwrap();
+                    a.fill(at(blocks[block], page * ps + 3), byte, 9).unwrap();
                     model[block][page * ps + 3..page * ps + 12].fill(byte);
                 }
                 Op::Copy { dst, src, page, pages, shift } => {
                     if dst == src { continue; }
                     let off = page * ps + shift * 1000;
                     let n = (pages * ps).min(len - off);
-                    a.vcopy(blocks[dst].wrapping_add(off), blocks[src].wrapping_add(off), n).unwrap();
+                    a.vcopy(at(blocks[dst], off), at(blocks[src], off), n).unwrap();
                     let from = model[src][off..off + n].to_vec();
                     model[dst][off..off + n].copy_from_slice(&from);
                 }
@@ -455,7 +464,7 @@ fn a_panic_inside_the_arena_makes_it_refuse_further_work() {
     };
     unrecoverable(a.alloc(len).map(drop), "alloc");
     unrecoverable(a.dup(src, len).map(drop), "dup");
-    unrecoverable(a.vcopy(src.wrapping_add(4 * ps()), src, 4 * ps()).map(drop), "vcopy");
+    unrecoverable(a.vcopy(at(src, 4 * ps()), src, 4 * ps()).map(drop), "vcopy");
     unrecoverable(a.fill(src, 1, 1), "fill");
     unrecoverable(a.read(src, &mut [0u8; 4]), "read");
     unrecoverable(a.free(src), "free");
@@ -465,5 +474,72 @@ fn a_panic_inside_the_arena_makes_it_refuse_further_work() {
     // the counters stay readable, and the block's bytes stay mapped
     assert_eq!(a.stats().blocks, 1);
     // SAFETY: the block is still mapped (the arena never freed it).
-    assert_eq!(unsafe { *src.add(len - 1) }, 7);
+    assert_eq!(unsafe { *src.as_ptr().add(len - 1) }, 7);
+}
+
+/// `touches` answers "does this range reach a live block" from the block table: the
+/// C API's remap asks it instead of scanning /proc/self/maps.
+#[test]
+fn touches_is_true_exactly_for_ranges_reaching_a_live_block() {
+    let a = arena();
+    let ps = ps();
+    let gap = a.alloc(ps).unwrap(); // keeps a free page before `b` once freed
+    let b = a.alloc(3 * ps).unwrap();
+    let after = a.alloc(ps).unwrap();
+    a.free(gap).unwrap();
+    a.free(after).unwrap();
+    assert!(a.touches(b, 1) && a.touches(at(b, 3 * ps - 1), 1));
+    assert!(a.touches(HostAddr(b.0 - ps), ps + 1), "a range ending in the block's first byte");
+    assert!(a.touches(HostAddr(b.0 - ps), 10 * ps), "a range covering the whole block");
+    assert!(!a.touches(HostAddr(b.0 - ps), ps), "the free page before the block");
+    assert!(!a.touches(at(b, 3 * ps), ps), "the free page after the block");
+    assert!(!a.touches(b, 0), "an empty range");
+    assert!(!a.touches(HostAddr(usize::MAX - 8), 100), "a wrapping range");
+    let outside = [0u8; 64];
+    assert!(!a.touches(HostAddr::of(outside.as_ptr()), 64));
+    a.free(b).unwrap();
+    assert!(!a.touches(b, 3 * ps), "a freed block");
+}
+
+/// Bytes of private (copied-on-write) pages mapped in `[start, start+len)`, from
+/// /proc/self/smaps: a block's own copies, which the memfd does not hold.
+fn anonymous_bytes(start: HostAddr, len: usize) -> u64 {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let (mut inside, mut total) = (false, 0);
+    for line in smaps.lines() {
+        let head = line.split_whitespace().next().unwrap_or("");
+        if let Some((s, e)) = head.split_once('-').filter(|_| !head.ends_with(':')) {
+            let (s, e) = (usize::from_str_radix(s, 16).unwrap(), usize::from_str_radix(e, 16).unwrap());
+            assert!(
+                e <= start.0 || s >= start.0 + len || (s >= start.0 && e <= start.0 + len),
+                "blocks are whole VMAs"
+            );
+            inside = s >= start.0 && e <= start.0 + len;
+        } else if let Some(kb) = line.strip_prefix("Anonymous:").filter(|_| inside) {
+            total += kb.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap() * 1024;
+        }
+    }
+    total
+}
+
+/// Memory release (issue 13): the memfd pages under a copy are punched as soon as
+/// both views are freed, whichever goes first; and a copy whose source is freed
+/// right after holds its pages once (the memfd pages, no private copy besides).
+#[test]
+fn memfd_pages_under_a_copy_are_released_with_its_last_view() {
+    let len = 64 * ps();
+    for free_source_first in [true, false] {
+        let a = arena();
+        let src = a.alloc(len).unwrap();
+        a.fill(src, 0x11, len).unwrap();
+        let dst = a.dup(src, len).unwrap();
+        assert_eq!(a.stats().memfd_resident_bytes, len as u64, "one copy in the memfd, shared by both");
+        let (first, second) = if free_source_first { (src, dst) } else { (dst, src) };
+        a.free(first).unwrap();
+        let held = a.stats().memfd_resident_bytes + anonymous_bytes(second, len);
+        assert_eq!(held, len as u64, "the survivor holds one copy (free source first: {free_source_first})");
+        assert_eq!(read(&a, second, len), vec![0x11; len]);
+        a.free(second).unwrap();
+        assert_eq!(a.stats().memfd_resident_bytes, 0, "no view left: the memfd holds nothing");
+    }
 }
