@@ -639,7 +639,7 @@ impl Bench for RBench {
         let _ = std::fs::remove_dir_all(&dir);
         let mib = |p: f64| p * advm::addr::page_size() as f64 / (1 << 20) as f64;
         let mut disagreements = Vec::new();
-        for (what, m) in [("R demo, cow", &cow), ("R demo, untouched", &off)] {
+        for (what, m) in [("R demo, vcopy", &cow), ("R demo, untouched", &off)] {
             if let Some((d, c, _)) = m.compared {
                 meters::check(&mut disagreements, what, d, Some(c));
             }

@@ -8,8 +8,8 @@
 
 use std::ffi::c_char;
 
-pub mod cow;
 pub mod remap;
+pub mod vcopy;
 
 /// Converts an advm error into a negative errno for C.
 pub fn errno_of(e: &advm::Error) -> i32 {

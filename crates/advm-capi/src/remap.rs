@@ -105,7 +105,7 @@ struct ArenaProbe {
     arena_starts: Option<Vec<usize>>,
 }
 
-/// How an advm arena's memfd shows in /proc/self/maps (`advm::cow` names it so).
+/// How an advm arena's memfd shows in /proc/self/maps (`advm::vcopy` names it so).
 const ARENA_MAPPING_NAME: &str = "/memfd:advm-arena";
 
 impl ArenaProbe {
@@ -149,7 +149,7 @@ fn copy_only() -> Options {
 /// A move between two blocks of the C arena, as a virtual copy; `None` when the arena
 /// does not take it (not both in its live blocks, overlapping), to be copied instead.
 fn arena_vcopy(dst: usize, src: usize, len: usize) -> Option<advm_remap_stats> {
-    let r = crate::cow::advm_vcopy(dst as *mut _, src as *const _, len);
+    let r = crate::vcopy::advm_vcopy(dst as *mut _, src as *const _, len);
     (r == 0).then(|| advm_remap_stats { arena_vcopy_bytes: len, completed_ops: 1, ..Default::default() })
 }
 

@@ -47,7 +47,7 @@
 //!   the change). `MAP_PRIVATE` file mappings (e.g. virtual-copy views of a memfd) are
 //!   moved with mremap: pages not yet written keep sharing the file's page cache.
 //! - **Memory owned by an allocator**: a grant over memory whose mappings someone else
-//!   keeps records of, such as the blocks of a virtual-copy arena ([`crate::cow`]),
+//!   keeps records of, such as the blocks of a virtual-copy arena ([`crate::vcopy`]),
 //!   breaks the promise [`crate::mem::Grant::for_caller_memory`] asks for: a page
 //!   engine would remap a block's view behind the arena's back (its later frees and copies would read the wrong
 //!   pages). Such ranges may only be copied: [`Choice::Only`]`(`[`Engine::Memmove`]`)`,

@@ -305,7 +305,8 @@ impl Arena {
         let files = g.files.iter().flatten();
         s.memfds = files.clone().count() as u64;
         s.memfd_pages_live = files.clone().map(|f| f.live as u64).sum();
-        s.memfd_resident_bytes = files.map(|f| crate::sys::mman::reservation::allocated_bytes(&f.fd).unwrap_or(0)).sum();
+        s.memfd_resident_bytes =
+            files.map(|f| crate::sys::mman::reservation::allocated_bytes(&f.fd).unwrap_or(0)).sum();
         s
     }
 }

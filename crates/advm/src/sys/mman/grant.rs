@@ -46,7 +46,7 @@ impl Grant<'static> {
     /// back the addresses). The parts of the span that operations are asked to touch
     /// must be mapped read-write. Page engines may replace the span's mappings, so no
     /// one else may keep records of them: memory of a virtual-copy arena
-    /// (`advm::cow`) may be granted only to operations that copy bytes (see
+    /// (`advm::vcopy`) may be granted only to operations that copy bytes (see
     /// `advm::remap`'s *Memory owned by an allocator*). (`advm::remap` checks the
     /// mappings with PROCMAP_QUERY and refuses unmapped or read-only ranges with an
     /// error before it changes anything, but that check is a courtesy: another thread
