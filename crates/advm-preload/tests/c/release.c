@@ -45,8 +45,8 @@ static int touched(const unsigned char *p, size_t np, size_t from, size_t to, un
 int main(void) {
     /* the accounting is checked where fresh blocks are anonymous: the memfd then holds
      * only pages under copies */
-    const char *fresh = getenv("ADVM_COW_FRESH");
-    int measure = cow_mode() && !(fresh && strcmp(fresh, "memfd") == 0);
+    const char *fresh = getenv("ADVM_VCOPY_FRESH");
+    int measure = vcopy_mode() && !(fresh && strcmp(fresh, "memfd") == 0);
     long base = memfd_pages();
 
     /* copy, write the whole copy, free the source: nothing is left in the memfd */
