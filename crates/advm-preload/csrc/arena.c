@@ -147,36 +147,86 @@ static void punch(int g, uint64_t f, uint64_t k) {
     ext_free(&A.fd, (uint32_t)f, (uint32_t)k);
 }
 
-/* Memfd page f (current generation) has one view left, arena page w. When w is a private
- * view the program has written, the memfd page is dead weight (the kernel keeps w's own
- * copy and nothing else maps f): it is punched and w detached. Consecutive such pages are
- * gathered into runs (f..f+k at w..w+k) so that pagemap is read once per run. */
+/* Memfd page f (current generation) has one view left, arena page w (a private one).
+ * Where w has written the page, the memfd page is dead weight (the kernel keeps w's own
+ * copy and nothing else maps f): it is punched and w detached. Where w has not written
+ * it, w becomes its home: remapped MAP_SHARED onto f, so that a later write goes into
+ * the memfd page instead of a private copy beside it (R's `y <- x; x <- NULL; y[i] <- v`
+ * kept both). Consecutive such pages are gathered into runs (f..f+k at w..w+k) so that
+ * pagemap is read once per run and each unwritten stretch is one mmap. */
 static uint64_t dead_f, dead_w, dead_k;
+
+/* Whether the process has one thread (num_threads, field 20 of /proc/self/stat): then,
+ * with signals blocked, nothing can write a page between pagemap's answer and the mmap
+ * that replaces it, which would lose that write. */
+static int single_threaded(void) {
+    char b[1024];
+    int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, b, sizeof b - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    b[n] = 0;
+    char *p = b + n;
+    while (p > b && *p != ')') p--; /* the name may hold spaces and parentheses */
+    for (int sp = 0; *p && sp < 18; p++) sp += *p == ' ';
+    return p[0] == '1' && p[1] == ' ';
+}
+
+/* Remaps the unwritten pages [w, w+k) (views of f..f+k) shared: the same bytes, read
+ * from the same memfd pages, and one mmap(MAP_FIXED) so no reader sees a hole. Runs
+ * shorter than a copy worth making virtual are left private: converting them costs a
+ * mapping split for little. */
+static void adopt(uint64_t f, uint64_t w, uint64_t k) {
+    if ((k << A.pshift) < copy_min || !budget_ok()) return;
+    if (mmap(page_addr(w), k << A.pshift, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, A.gen_fd[A.gen],
+             (off_t)(f << A.pshift)) == MAP_FAILED)
+        return; /* the old mapping stays: still a correct private view */
+    for (uint64_t i = 0; i < k; i++) A.vmeta[w + i] &= ~VM_PRIV;
+    seg_mapped(w, k);
+    st_add(S_PAGES_ADOPTED, k);
+}
 
 static void release_dead_run(void) {
     uint64_t k = dead_k, pm[512];
     dead_k = 0;
     int pfd = pagemap_fd();
     if (pfd < 0) return;
+    sigset_t all, old;
+    int share = (k << A.pshift) >= copy_min && single_threaded();
+    if (share) {
+        sigfillset(&all);
+        share = pthread_sigmask(SIG_SETMASK, &all, &old) == 0;
+    }
+    uint64_t at = 0, len = 0; /* the unwritten stretch gathered so far, across chunks */
     for (uint64_t done = 0; done < k;) {
         uint64_t chunk = k - done < 512 ? k - done : 512;
         off_t off = (off_t)(((uintptr_t)page_addr(dead_w + done) >> A.pshift) * 8);
-        if (pread(pfd, pm, chunk * 8, off) != (ssize_t)(chunk * 8)) return;
-        /* still the one view of its page: an earlier page of the same unref may have
-         * dropped the page to no view (punched already) */
-        for (uint64_t j = 0; j < chunk; j++) {
-            uint64_t f = dead_f + done + j, w = dead_w + done + j;
-            if (A.fref[f] != 1 || A.fview[f] != w) pm[j] = 0;
-        }
+        if (pread(pfd, pm, chunk * 8, off) != (ssize_t)(chunk * 8)) break;
         uint64_t j = 0;
         while (j < chunk) {
-            if (!pm_written(pm[j])) {
+            uint64_t f = dead_f + done + j, w = dead_w + done + j;
+            /* still the one view of its page: an earlier page of the same unref may have
+             * dropped the page to no view (punched already) */
+            int mine = A.fref[f] == 1 && A.fview[f] == w;
+            if (mine && !pm_written(pm[j])) {
+                if (!len) at = done + j;
+                len++;
+                j++;
+                continue;
+            }
+            if (len && share) adopt(dead_f + at, dead_w + at, len);
+            len = 0;
+            if (!mine) {
                 j++;
                 continue;
             }
             uint64_t a = j;
-            while (j < chunk && pm_written(pm[j])) j++;
-            uint64_t f = dead_f + done + a, w = dead_w + done + a, cnt = j - a;
+            while (j < chunk && pm_written(pm[j]) && A.fref[dead_f + done + j] == 1 &&
+                   A.fview[dead_f + done + j] == dead_w + done + j)
+                j++;
+            uint64_t cnt = j - a;
+            f = dead_f + done + a, w = dead_w + done + a;
             for (uint64_t i = 0; i < cnt; i++) {
                 A.fref[f + i] = 0;
                 A.fview[f + i] = 0;
@@ -188,6 +238,8 @@ static void release_dead_run(void) {
         }
         done += chunk;
     }
+    if (len && share) adopt(dead_f + at, dead_w + at, len);
+    if (share) pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
 /* Memfd page f of the current generation is left with one view: a candidate (see above). */

@@ -164,6 +164,24 @@ EXPORT void free(void *p) {
     __libc_free(p);
 }
 
+/* Returns freed memory: the free table's kept pages as well as glibc's. A freed block
+ * that adopted memfd pages (its copy's last view) is kept with them like any freed block,
+ * and this is how a program (or a test measuring the memfd) lets them go at once. */
+EXPORT int malloc_trim(size_t pad) {
+    static int (*real_trim)(size_t);
+    if (!real_trim) real_trim = (int (*)(size_t))dlsym(RTLD_NEXT, "malloc_trim");
+    int released = 0;
+    if (state == 2 && !lock_mine) {
+        int saved = errno;
+        lock_take();
+        released = fb_n > 0;
+        cache_flush();
+        lock_drop();
+        errno = saved;
+    }
+    return (real_trim ? real_trim(pad) : 0) | released;
+}
+
 EXPORT void *realloc(void *p, size_t n) {
     if (!in_arena(p)) {
         if (p == NULL) return malloc(n);

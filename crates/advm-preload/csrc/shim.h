@@ -25,7 +25,8 @@
  * what arena page v maps (memfd generation, memfd page, private or shared, block
  * head and length); fref[f] counts the arena pages mapping memfd page f of the current
  * generation (a page is hole-punched when it drops to 0, or at 1 when the one view left
- * has its own anonymous copy of it). fork() freezes every shared
+ * has its own anonymous copy of it; a view left alone that has not written it maps it
+ * shared from then on). fork() freezes every shared
  * mapping to private and starts a new memfd generation in parent and child, so neither
  * ever writes or punches a memfd page the other may map.
  */
@@ -39,6 +40,7 @@
 #include <fcntl.h>
 #include <linux/falloc.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -164,7 +166,7 @@ enum counter {
     S_FB_NOT_ARENA, S_FB_OFFSET, S_FB_OVERLAP, S_FB_SHORT, S_FB_BUDGET,
     S_FB_ERROR, S_FB_BYTES, S_REALLOC_INPLACE, S_REALLOC_MREMAP, S_REALLOC_SHRINK,
     S_FB_REENTRANT, S_FORKS, S_GENS_EXHAUSTED, S_CACHE_HITS, S_DIRTY_HITS, S_PAGES_SALVAGED, S_PAGES_FRESH, S_PAGES_RETURNED,
-    S_PAGES_DETACHED, S_NSTATS
+    S_PAGES_DETACHED, S_PAGES_ADOPTED, S_NSTATS
 };
 extern uint64_t stats[S_NSTATS];
 

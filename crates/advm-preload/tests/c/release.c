@@ -79,12 +79,18 @@ int main(void) {
     free(d);
     if (measure) CHECK(memfd_pages() - base == NP); /* e reads every page from the memfd */
     CHECK(touched(e, NP, 0, NP / 2, 2));
-    touch(e, NP / 2, NP);
+    touch(e, NP / 2, NP); /* into the memfd pages: e, their last view, maps them shared */
     CHECK(touched(e, NP, 0, NP, 2));
-
-    /* both views freed, untouched: every page is released */
+    if (measure) CHECK(memfd_pages() - base == NP);
+    /* freed, e would be kept for reuse with its memfd pages, as any freed block with its
+     * pages: malloc_trim gives them back */
     free(e);
     free(b);
+    malloc_trim(0);
+    if (measure) CHECK(memfd_pages() - base == 0);
+
+    /* both views freed, untouched: every page is released (the second is kept for reuse
+     * until malloc_trim) */
     unsigned char *f = malloc(N), *g = malloc(N);
     fill(f, N, 3);
     memcpy(g, f, N);
@@ -92,6 +98,7 @@ int main(void) {
     free(f);
     if (measure) CHECK(memfd_pages() - base == NP); /* g still reads them */
     free(g);
+    malloc_trim(0);
     if (measure) CHECK(memfd_pages() - base == 0);
     /* a first copy bigger than one remap step (8 MiB), with holes across step boundaries:
      * the source is written into the memfd and remapped step by step */
@@ -109,6 +116,7 @@ int main(void) {
     if (measure) CHECK(held >= (long)(big / PS) * 6 / 7 && held <= (long)(big / PS));
     free(h);
     free(k);
+    malloc_trim(0);
     if (measure) CHECK(memfd_pages() - base == 0);
     printf("release: ok (memfd accounting %s)\n", measure ? "checked" : "not checked in this mode");
     return 0;
