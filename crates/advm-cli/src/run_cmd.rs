@@ -89,9 +89,10 @@ pub fn render_stats(mode: Mode, stats: &BTreeMap<String, u64>, processes: usize)
         fb(g("bytes_copied_partial_pages"))
     );
     out += &format!(
-        "  dirty pages moved    {} (written once into the memfd to be shared); {} memfd pages released under written views\n",
+        "  dirty pages moved    {} (written once into the memfd to be shared); {} memfd pages released under written views, {} adopted by their last view\n",
         g("dirty_pages_moved_to_memfd"),
-        g("memfd_pages_released_under_written_views")
+        g("memfd_pages_released_under_written_views"),
+        g("memfd_pages_adopted_by_last_view")
     );
     out += &format!(
         "  page reuse           {} pages mapped fresh, {} kept pages returned; {} pages kept from under copies\n",
@@ -106,6 +107,7 @@ pub fn render_stats(mode: Mode, stats: &BTreeMap<String, u64>, processes: usize)
         ("fallback_no_whole_page", "no whole page"),
         ("fallback_vma_budget", "VMA budget"),
         ("fallback_syscall_error", "syscall error"),
+        ("fallback_copy_inside_shim", "copy from inside the shim (signal handler)"),
     ];
     let total: u64 = reasons.iter().map(|(k, _)| g(k)).sum();
     let why: Vec<String> =

@@ -41,7 +41,7 @@ __attribute__((destructor)) static void advm_preload_fini(void) {
     *p = 0;
     p = buf;
     p = put_str(p, "mode ");
-    p = put_str(p, A.mode == MODE_COW ? "cow" : A.mode == MODE_KSM ? "ksm" : "alloc");
+    p = put_str(p, A.mode == MODE_COW ? "vcopy" : A.mode == MODE_KSM ? "ksm" : "alloc");
     p = put_str(p, "\nthreshold_bytes ");
     p = put_u64(p, A.threshold);
     p = put_str(p, "\ncopy_min_bytes ");
