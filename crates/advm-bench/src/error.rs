@@ -17,6 +17,10 @@ pub enum BenchError {
     /// benchmark was asked for something it does not have.
     #[error("{0}")]
     Usage(String),
+    /// The measured program was stopped by a signal sent to the benchmark (Ctrl-C,
+    /// kill): the whole benchmark stops, after its sessions restored what they changed.
+    #[error("interrupted: {0}")]
+    Interrupted(String),
     /// I/O on something named.
     #[error("{0}: {1}")]
     Io(String, #[source] std::io::Error),

@@ -163,6 +163,10 @@ pub fn measure(
     let started = Instant::now();
     let mut child = prepared.command.spawn().map_err(|e| BenchError::Io(format!("running {program}"), e))?;
     let pid = child.id();
+    // A KSM mode changed the system's KSM settings for this run: Ctrl-C and kill end
+    // the program, not the bench, so the settings are restored when the run's session
+    // drops (KSM modes are never run in concurrent pairs, so one forwarder at a time).
+    let _signals = if mode.ksm_pages_to_scan().is_some() { advm::process::ForwardSignals::to(pid).ok() } else { None };
     let mut pages = Vec::new();
     // Samples at interval/2, 3*interval/2, ...: the exec'ing first instant is left out.
     let mut next = started + interval / 2;
@@ -212,6 +216,11 @@ pub fn measure(
     let stdout = std::fs::read(&out_path).unwrap_or_default();
     let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
     let _ = std::fs::remove_dir_all(&out_dir);
+    if let Some(sig) = std::os::unix::process::ExitStatusExt::signal(&status) {
+        if [libc::SIGTERM, libc::SIGHUP, libc::SIGINT].contains(&sig) {
+            return Err(BenchError::Interrupted(format!("{program} under mode {} got signal {sig}", mode.name())));
+        }
+    }
     if !status.success() {
         let tail: Vec<&str> = stderr.lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect();
         return Err(BenchError::Usage(format!(
@@ -418,6 +427,7 @@ impl Bench for RBench {
                             }
                             measured[wi][mi].push(m);
                         }
+                        Err(e @ BenchError::Interrupted(_)) => return Err(e),
                         Err(e) => {
                             report.notes.push(format!("{} {} (run {}): {e}", w.file, mode.name(), run + 1));
                             if mode == Mode::Off {

@@ -171,6 +171,52 @@ fn exit_status_and_bad_usage() {
 }
 
 #[test]
+fn killing_bench_r_during_a_ksm_mode_stops_it_and_restores_ksm() {
+    if !need_r() {
+        return;
+    }
+    let knob = |k: &str| std::fs::read_to_string(format!("/sys/kernel/mm/ksm/{k}")).ok();
+    let _guard = KSM.lock().unwrap_or_else(|e| e.into_inner());
+    let (Some(before), Some(run_before)) = (knob("pages_to_scan"), knob("run")) else {
+        eprintln!("skipped: no KSM here");
+        return;
+    };
+    if before.trim() == "1000" {
+        eprintln!("skipped: KSM already scans 1000 pages, the ksm-aggr setting this test waits for");
+        return;
+    }
+    let mut child = Command::new(ADVM)
+        .args(["bench", "r", "--quick"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    // Wait for the ksm-aggr run's program itself: the bench sets KSM up just before it
+    // starts the program and hands signals on to it, so a kill in between is the
+    // bench's to take (it dies before it can restore; a window of microseconds).
+    let children = format!("/proc/{0}/task/{0}/children", child.id());
+    let running = || !std::fs::read_to_string(&children).unwrap_or_default().trim().is_empty();
+    while knob("pages_to_scan").as_deref().map(str::trim) != Some("1000") || !running() {
+        if child.try_wait().unwrap().is_some() {
+            eprintln!("skipped: the bench ended before its ksm-aggr run (no KSM modes without root)");
+            return;
+        }
+        assert!(t.elapsed() < std::time::Duration::from_secs(120), "ksm-aggr run never started");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the bench went on after SIGTERM: {err}");
+    assert!(err.contains("interrupted"), "{err}");
+    assert_eq!(knob("pages_to_scan"), Some(before), "KSM scan rate not restored");
+    assert_eq!(knob("run"), Some(run_before), "KSM run state not restored");
+}
+
+#[test]
 fn bench_r_quick_runs_all_five_modes() {
     if !need_r() {
         return;
