@@ -406,7 +406,8 @@ impl Inner {
         self.res.release(key * self.ps, block.pages * self.ps)?;
         self.va.free(key, block.pages);
         let runs: Vec<(Frame, usize)> = block.frames.iter().map(|(_, l, f)| (f, l)).collect();
-        self.decref(&runs)
+        self.decref(&runs)?;
+        self.adopt(&runs)
     }
 
     /// The key of the block that starts exactly at `addr`.

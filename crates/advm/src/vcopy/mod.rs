@@ -169,6 +169,10 @@ pub struct Stats {
     pub bytes_copied: u64,
     /// Written pages of a copied source moved into fresh memfd pages (cumulative).
     pub pages_rehomed: u64,
+    /// Pages whose last view, a private one left by freeing the other views, was
+    /// remapped shared onto its memfd page: later writes go there, no second copy
+    /// (cumulative).
+    pub pages_adopted: u64,
     /// Copies done by memcpy because source and destination were not page-congruent.
     pub fallback_unaligned: u64,
     /// Copies done by memcpy because they were under the small-block threshold.
