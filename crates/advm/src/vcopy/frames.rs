@@ -390,7 +390,9 @@ impl Inner {
         let alone = views.is_empty() || self.no_other_writer();
         let ps = self.ps;
         for (key, (i, l, f)) in views {
-            let written = self.written_runs(key, &[(i, l, f)])?;
+            // pagemap read over this stretch only, not the block's pages before it
+            let written: Vec<(usize, usize)> =
+                self.written_runs(key + i, &[(0, l, f)])?.into_iter().map(|(w, wl)| (i + w, wl)).collect();
             for &(s, sl) in &written {
                 let fd = &self.files[f.file as usize].as_ref().expect("open").fd;
                 crate::sys::memfd::punch_hole(fd, (f.page as usize + s - i) as u64 * ps as u64, (sl * ps) as u64)?;
