@@ -543,3 +543,73 @@ fn memfd_pages_under_a_copy_are_released_with_its_last_view() {
         assert_eq!(a.stats().memfd_resident_bytes, 0, "no view left: the memfd holds nothing");
     }
 }
+
+/// `b = dup(a); free(a)`, then every byte of `b` rewritten: returns the bytes held
+/// (memfd plus `b`'s private pages), whether `b` reads back right, whether a second
+/// copy of `b` is isolated from it both ways, and the pages `free(a)` adopted.
+fn rewrite_survivor(a: &Arena, len: usize) -> (u64, bool, bool, u64) {
+    let src = a.alloc(len).unwrap();
+    a.fill(src, 0x11, len).unwrap();
+    let b = a.dup(src, len).unwrap();
+    a.free(src).unwrap();
+    let adopted = a.stats().pages_adopted;
+    let want = pattern(len, 3);
+    a.write(b, &want).unwrap();
+    let held = a.stats().memfd_resident_bytes + anonymous_bytes(b, len);
+    let right = read(a, b, len) == want;
+    let c = a.dup(b, len).unwrap();
+    a.fill(c, 0x22, ps()).unwrap();
+    a.fill(at(b, len - ps()), 0x33, ps()).unwrap();
+    let (rb, rc) = (read(a, b, len), read(a, c, len));
+    let isolated = rb[..ps()] == want[..ps()]
+        && rb[len - ps()..].iter().all(|&x| x == 0x33)
+        && rc[..ps()].iter().all(|&x| x == 0x22)
+        && rc[ps()..] == want[ps()..];
+    a.free(c).unwrap();
+    a.free(b).unwrap();
+    (held, right, isolated, adopted)
+}
+
+/// Issue 13: a copy whose source is freed right after becomes its pages' one home
+/// (remapped shared), so rewriting it all holds one copy, not memfd plus private
+/// pages. Only while no other thread could write it (see `adopt`): in a forked
+/// child (one thread); beside a live thread it stays private, still correct.
+#[test]
+fn survivor_of_a_freed_source_holds_its_pages_once_when_rewritten() {
+    let len = 4 << 20;
+    // SAFETY: fork; the child only uses its own arena and leaves by _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let code = std::panic::catch_unwind(|| {
+            let a = arena();
+            let (held, right, isolated, adopted) = rewrite_survivor(&a, len);
+            match (held == len as u64, right, isolated, adopted == (len / ps()) as u64) {
+                (true, true, true, true) => 0,
+                (false, ..) => 2,
+                (_, false, ..) => 3,
+                (_, _, false, _) => 4,
+                _ => 5,
+            }
+        })
+        .unwrap_or(1);
+        // SAFETY: leaving the child without running the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child forked above.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status), "child died: status {status}");
+    let why = ["", "panicked", "held two copies", "wrong contents", "copies not isolated", "pages not adopted"];
+    assert_eq!(libc::WEXITSTATUS(status), 0, "child: {}", why[libc::WEXITSTATUS(status).min(5) as usize]);
+
+    // another thread alive: left private, contents and isolation still right
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let other = std::thread::spawn(move || stop_rx.recv());
+    let a = arena();
+    let (_, right, isolated, adopted) = rewrite_survivor(&a, len);
+    stop_tx.send(()).unwrap();
+    other.join().unwrap().unwrap();
+    assert!(right && isolated);
+    assert_eq!(adopted, 0, "another thread could have written the survivor");
+}

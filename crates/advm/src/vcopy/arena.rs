@@ -43,6 +43,9 @@ pub(super) struct Inner {
     /// `MREMAP_DONTUNMAP` here): sources are unmapped in place.
     pub(super) move_aside: bool,
     pub(super) me: Weak<Shared>,
+    /// Tests whose arena no other thread touches: adopt as if single-threaded.
+    #[cfg(test)]
+    pub(super) sole_writer: bool,
 }
 
 pub(super) struct Shared {
@@ -147,6 +150,8 @@ impl Arena {
             reaper: None,
             move_aside: config.background_unmap,
             me: Weak::new(),
+            #[cfg(test)]
+            sole_writer: false,
         };
         let shared = Arc::new_cyclic(|me| {
             let mut inner = inner;
@@ -406,7 +411,8 @@ impl Inner {
         self.res.release(key * self.ps, block.pages * self.ps)?;
         self.va.free(key, block.pages);
         let runs: Vec<(Frame, usize)> = block.frames.iter().map(|(_, l, f)| (f, l)).collect();
-        self.decref(&runs)
+        self.decref(&runs)?;
+        self.adopt(&runs)
     }
 
     /// The key of the block that starts exactly at `addr`.
@@ -557,22 +563,30 @@ mod tests {
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig { cases: 32, ..Default::default() })]
         /// Random alloc/dup/vcopy/writes/free (writes make copied pages anonymous, so
-        /// later copies re-home them): after every call the per-extent frames,
-        /// reference counts, live pages and run counts equal their per-page recount.
+        /// later copies re-home them; frees leave survivors that adopt pages): after
+        /// every call the per-extent frames, reference counts, live pages and run
+        /// counts equal their per-page recount, and every block holds its bytes.
         #[test]
         fn arena_bookkeeping_matches_per_page_recount(ops in proptest::collection::vec(arena_op(), 1..24)) {
             let ps = crate::addr::page_size();
             let arena = Arena::with_config(Config { reserve_bytes: 16 << 20, ..Default::default() }).unwrap();
+            // only this thread writes the arena's blocks: let frees adopt
+            lock(&arena.shared).unwrap().sole_writer = true;
             let mut blocks: Vec<(HostAddr, usize)> = Vec::new();
-            for op in ops {
+            let mut model: Vec<Vec<u8>> = Vec::new();
+            for (step, op) in ops.into_iter().enumerate() {
                 match op {
-                    ArenaOp::Alloc(n) => blocks.push((arena.alloc(n * ps).unwrap(), n)),
+                    ArenaOp::Alloc(n) => {
+                        blocks.push((arena.alloc(n * ps).unwrap(), n));
+                        model.push(vec![0; n * ps]);
+                    }
                     ArenaOp::Dup(b, o, n) if !blocks.is_empty() => {
                         let (p, len) = blocks[b % blocks.len()];
                         let o = o % len;
                         let n = n.min(len - o);
                         let src = HostAddr(p.0 + o * ps);
                         blocks.push((arena.dup(src, n * ps).unwrap(), n));
+                        model.push(model[b % model.len()][o * ps..(o + n) * ps].to_vec());
                     }
                     ArenaOp::Vcopy(d, s, dof, sof, n) if !blocks.is_empty() => {
                         let (dp, dl) = blocks[d % blocks.len()];
@@ -581,16 +595,22 @@ mod tests {
                         let n = n.min(dl - dof).min(sl - sof);
                         let (dst, src) = (HostAddr(dp.0 + dof * ps), HostAddr(sp.0 + sof * ps));
                         // overlapping ranges are refused (an error, nothing changed)
-                        let _ = arena.vcopy(dst, src, n * ps);
+                        if arena.vcopy(dst, src, n * ps).is_ok() {
+                            let bytes = model[s % model.len()][sof * ps..(sof + n) * ps].to_vec();
+                            model[d % blocks.len()][dof * ps..(dof + n) * ps].copy_from_slice(&bytes);
+                        }
                     }
                     ArenaOp::Write(b, o, n) if !blocks.is_empty() => {
                         let (p, len) = blocks[b % blocks.len()];
                         let o = o % len;
                         let n = n.min(len - o);
-                        arena.fill(HostAddr(p.0 + o * ps), 0x5a, n * ps).unwrap();
+                        let byte = step as u8 + 1;
+                        arena.fill(HostAddr(p.0 + o * ps), byte, n * ps).unwrap();
+                        model[b % blocks.len()][o * ps..(o + n) * ps].fill(byte);
                     }
                     ArenaOp::Free(b) if !blocks.is_empty() => {
                         let (p, _) = blocks.remove(b % blocks.len());
+                        model.remove(b % model.len());
                         arena.free(p).unwrap();
                     }
                     _ => {}
@@ -599,6 +619,11 @@ mod tests {
                 let checked = g.check_per_page();
                 drop(g);
                 proptest::prop_assert!(checked.is_ok(), "{}", checked.unwrap_err());
+                for (k, (&(p, n), want)) in blocks.iter().zip(&model).enumerate() {
+                    let mut got = vec![0; n * ps];
+                    arena.read(p, &mut got).unwrap();
+                    proptest::prop_assert!(got == *want, "block {} differs after step {}", k, step);
+                }
             }
             for (p, _) in blocks {
                 arena.free(p).unwrap();

@@ -3,6 +3,7 @@
 //! memfd pages, and giving pages back to the kernel (hole punching on the last
 //! reference, [`Inner::trim`] for pages every sharer rewrote).
 
+use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 
 use super::arena::Inner;
@@ -325,6 +326,112 @@ impl Inner {
             block.frames.set(i, l, f);
         }
         self.run_vmas = self.run_vmas - before + block.frames.runs();
+    }
+
+    /// After a free (`freed`: the freed block's frame runs, already decref'd): memfd
+    /// pages left with one view (`b = dup(a); free(a)`, R's `y <- x; x <- NULL`). That
+    /// view is private, so each later write would put a private copy beside a memfd
+    /// page nobody else reads: two homes. Each run of at least `small` such pages
+    /// becomes their one home: stretches it has not written are remapped shared onto
+    /// the same memfd pages (same bytes; the block's records become a single owner's),
+    /// stretches it wrote already hold their own copy, so their memfd pages are punched
+    /// (as [`Inner::trim`] would, the count staying 1 until the block lets go).
+    ///
+    /// Threads: a write into an unwritten stretch between the pagemap read and the
+    /// remap would land in a private copy the remap discards. That write is no misuse
+    /// (it touches the survivor, not the freed block) and the arena lock does not stop
+    /// it, so, as the preload shim does, unwritten stretches are remapped only while
+    /// no other thread can write: the process has no thread besides this one and the
+    /// arena's reaper (which never touches block bytes). Otherwise they stay private
+    /// views (correct; two homes once rewritten, until `trim`). A signal handler on
+    /// this thread that writes the survivor during `free` is not guarded against.
+    pub(super) fn adopt(&mut self, freed: &[(Frame, usize)]) -> Result<()> {
+        // memfd pages now seen once, in runs long enough to be worth a mapping
+        let small = self.small;
+        let mut found: Vec<(u16, usize, usize)> = Vec::new();
+        for &(fr, n) in freed.iter().filter(|r| !r.0.unbacked() && r.1 >= small) {
+            // retired pages may be read by the other side of a fork: never written here
+            let Some(f) = self.files[fr.file as usize].as_ref().filter(|f| !f.retired) else { continue };
+            for (s, l, c) in f.refs.pieces(fr.page as usize, fr.page as usize + n) {
+                if c.0 == 1 && l >= small {
+                    found.push((fr.file, s, l));
+                }
+            }
+        }
+        if found.is_empty() {
+            return Ok(());
+        }
+        // disjoint (a block may have shown the same pages twice)
+        found.sort_unstable();
+        let mut lone: BTreeMap<(u16, usize), usize> = BTreeMap::new();
+        let mut last: Option<(u16, usize)> = None;
+        for (file, s, l) in found {
+            match last.and_then(|k| lone.get_mut(&k).map(|ml| (k, ml))) {
+                Some(((lf, ls), ml)) if lf == file && ls + *ml >= s => *ml = (*ml).max(s + l - ls),
+                _ => {
+                    lone.insert((file, s), l);
+                    last = Some((file, s));
+                }
+            }
+        }
+        // their one view each: (block, index, len, frame), private by construction
+        let mut views: Vec<(usize, Piece)> = Vec::new();
+        for (&key, b) in &self.blocks {
+            for (i, l, f) in b.frames.iter().filter(|p| p.2.private && !p.2.unbacked()) {
+                let (p, end) = (f.page as usize, f.page as usize + l);
+                for (&(_, s), &sl) in lone.range((f.file, 0)..(f.file, end)).rev().take_while(|(k, &sl)| k.1 + sl > p) {
+                    let (a, e) = (s.max(p), (s + sl).min(end));
+                    if e - a >= small {
+                        views.push((key, (i + (a - p), e - a, f.advance(a - p))));
+                    }
+                }
+            }
+        }
+        let alone = views.is_empty() || self.no_other_writer();
+        let ps = self.ps;
+        for (key, (i, l, f)) in views {
+            // pagemap read over this stretch only, not the block's pages before it
+            let written: Vec<(usize, usize)> =
+                self.written_runs(key + i, &[(0, l, f)])?.into_iter().map(|(w, wl)| (i + w, wl)).collect();
+            for &(s, sl) in &written {
+                let fd = &self.files[f.file as usize].as_ref().expect("open").fd;
+                crate::sys::memfd::punch_hole(fd, (f.page as usize + s - i) as u64 * ps as u64, (sl * ps) as u64)?;
+            }
+            if !alone {
+                continue;
+            }
+            for (s, sl) in subtract((i, l), &written).into_iter().filter(|u| u.1 >= small) {
+                // a stretch inside a run splits its VMA in three
+                if self.vma_estimate() + 2 > self.budget {
+                    break;
+                }
+                let home = Frame { private: false, ..f.advance(s - i) };
+                // The old view's page tables may be moved aside: its pages are unwritten,
+                // so the memfd pages are the bytes it shows, and nothing writes meanwhile.
+                // A failed mmap leaves the private view, still correct.
+                if self.remap(key + s, sl, Share::Shared, home.file, home.page, true).is_ok() {
+                    self.set_frames(key, &[(s, sl, home)]);
+                    self.stats.pages_adopted += sl as u64;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// True when no thread of this process but the caller and this arena's reaper
+    /// exists (`num_threads`, field 20 of /proc/self/stat), so none can write a block.
+    fn no_other_writer(&self) -> bool {
+        #[cfg(test)]
+        if self.sole_writer {
+            return true;
+        }
+        let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return false };
+        // the command name may hold spaces and parentheses: fields count from the last ')'
+        let Some(threads) = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(17)) else {
+            return false;
+        };
+        let reaper = self.reaper.as_ref().is_some_and(|(pid, _)| *pid == std::process::id());
+        threads.parse::<usize>().is_ok_and(|n| n <= 1 + usize::from(reaper))
     }
 
     pub(super) fn trim(&mut self) -> Result<u64> {

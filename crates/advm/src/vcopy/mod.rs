@@ -21,6 +21,10 @@
 //! found in `/proc/self/pagemap` and *re-homed* once into fresh memfd pages (one
 //! `pwrite` per run), so the new copy shares them too instead of copying them again.
 //!
+//! A block left the only view of memfd pages by a free *adopts* them (`Inner::adopt`
+//! in `frames.rs`): its unwritten runs become shared views again, so a copy whose
+//! source is freed (`b = dup(a); free(a)`) keeps one home per page when rewritten.
+//!
 //! Guarantees and limits:
 //! - a memfd page is never written once two frames (or two processes) can see it:
 //!   every view of a shared page is private;
@@ -169,6 +173,10 @@ pub struct Stats {
     pub bytes_copied: u64,
     /// Written pages of a copied source moved into fresh memfd pages (cumulative).
     pub pages_rehomed: u64,
+    /// Pages whose last view, a private one left by freeing the other views, was
+    /// remapped shared onto its memfd page: later writes go there, no second copy
+    /// (cumulative).
+    pub pages_adopted: u64,
     /// Copies done by memcpy because source and destination were not page-congruent.
     pub fallback_unaligned: u64,
     /// Copies done by memcpy because they were under the small-block threshold.
