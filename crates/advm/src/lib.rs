@@ -1,7 +1,7 @@
 //! advm: application-directed virtual memory for stock Linux.
 //!
 //! Programs that know their own memory tell advm, and advm turns that knowledge into
-//! page operations. All raw syscalls and `unsafe` live in [`sys`]; capability modules
+//! page operations. All raw syscalls and `unsafe` live in the private `sys` module; capability modules
 //! plan in terms of page ranges ([`addr`]) and hand the plan to `sys`; [`stats`]
 //! observes from the outside.
 #![deny(unsafe_code)]

@@ -265,7 +265,7 @@ impl Group {
     /// work alone: pages the child inherits stay charged where they are, pages it
     /// touches are charged here.
     ///
-    /// The child has only the calling thread (see [`crate::sys::process::fork_run`]):
+    /// The child has only the calling thread (a plain `fork`):
     /// `work` must not wait for locks other threads may hold (stdio included).
     pub fn run_in_child(
         &self,
