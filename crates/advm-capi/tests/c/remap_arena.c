@@ -8,19 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define CHECK(c)                                                                   \
-    do {                                                                           \
-        if (!(c)) {                                                                \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c); \
-            return 1;                                                              \
-        }                                                                          \
-    } while (0)
-
-static int all(const unsigned char *p, size_t n, unsigned char v) {
-    for (size_t i = 0; i < n; i++)
-        if (p[i] != v) return 0;
-    return 1;
-}
+#include "check.h"
 
 enum { MOVE, SWAP, BATCH_MOVE, BATCH_SWAP };
 static const char *names[] = {"move", "swap", "batch move", "batch swap"};

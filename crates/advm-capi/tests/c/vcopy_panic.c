@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define CHECK(c) do { if (!(c)) { fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c); exit(1); } } while (0)
+#include "check.h"
 
 /* Testing only, not in advm.h: panics inside the arena's lock; returns -EIO. */
 int advm_vcopy_test_inject_panic(void);

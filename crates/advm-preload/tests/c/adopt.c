@@ -3,32 +3,10 @@
  * was left alone on, so writing every page of it afterwards allocates no second copy
  * (arena memfds' allocated bytes stay at one copy, and the block has no anonymous page
  * in pagemap). A copy of it is then isolated both ways. */
-#include <dirent.h>
-#include <sys/stat.h>
-
 #include "t.h"
 
 #define NP 2000
 #define N ((size_t)NP * PS)
-
-/* Pages allocated in this process's arena memfds. */
-static long memfd_pages(void) {
-    DIR *d = opendir("/proc/self/fd");
-    CHECK(d);
-    long blocks = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        char path[64], target[128];
-        snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
-        ssize_t n = readlink(path, target, sizeof target - 1);
-        if (n <= 0) continue;
-        target[n] = 0;
-        struct stat st;
-        if (strstr(target, "memfd:advm-arena") && fstat(atoi(e->d_name), &st) == 0) blocks += st.st_blocks;
-    }
-    closedir(d);
-    return blocks * 512 / PS;
-}
 
 /* Pages of [p, p+np pages) that are the process's own anonymous pages (not the file's). */
 static long anon_pages(const void *p, size_t np) {

@@ -2,32 +2,10 @@
  * both views are freed, and when one view is freed while the other has written its own
  * copy of a page (R's `y <- x; y[i] <- v; x <- NULL`): the survivor ends with one home
  * per page. Measured as the arena memfds' allocated bytes (fstat st_blocks). */
-#include <dirent.h>
-#include <sys/stat.h>
-
 #include "t.h"
 
 #define NP 256
 #define N (NP * PS)
-
-/* Pages allocated in this process's arena memfds. */
-static long memfd_pages(void) {
-    DIR *d = opendir("/proc/self/fd");
-    CHECK(d);
-    long blocks = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        char path[64], target[128];
-        snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
-        ssize_t n = readlink(path, target, sizeof target - 1);
-        if (n <= 0) continue;
-        target[n] = 0;
-        struct stat st;
-        if (strstr(target, "memfd:advm-arena") && fstat(atoi(e->d_name), &st) == 0) blocks += st.st_blocks;
-    }
-    closedir(d);
-    return blocks * 512 / PS;
-}
 
 /* Writes one byte in each of the pages [from, to) of p (the copy's own pages now). */
 static void touch(unsigned char *p, size_t from, size_t to) {

@@ -1,6 +1,7 @@
 /* Helpers for the shim's C tests: each program runs under LD_PRELOAD=libadvm-preload
  * (ADVM_MODE from the runner) and exits 0 when every check passed. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <malloc.h>
@@ -8,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define PS 4096u
@@ -54,4 +56,24 @@ static inline int same(const unsigned char *p, size_t n, unsigned seed) {
 /* An arena block: page aligned, usable size rounded up to whole pages. */
 static inline int in_arena(void *p, size_t n) {
     return ((uintptr_t)p % PS) == 0 && malloc_usable_size(p) == (n + PS - 1) / PS * PS;
+}
+
+/* Pages allocated in this process's arena memfds (fstat st_blocks of each open
+ * `memfd:advm-arena`). */
+static inline long memfd_pages(void) {
+    DIR *d = opendir("/proc/self/fd");
+    CHECK(d);
+    long blocks = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char path[64], target[128];
+        snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+        ssize_t n = readlink(path, target, sizeof target - 1);
+        if (n <= 0) continue;
+        target[n] = 0;
+        struct stat st;
+        if (strstr(target, "memfd:advm-arena") && fstat(atoi(e->d_name), &st) == 0) blocks += st.st_blocks;
+    }
+    closedir(d);
+    return blocks * 512 / PS;
 }
