@@ -42,9 +42,7 @@ static int holds(const unsigned char *p, unsigned seed, unsigned b5, unsigned b9
 }
 
 int main(void) {
-    /* the memfd holds only pages under copies where fresh blocks are anonymous */
-    const char *fresh = getenv("ADVM_VCOPY_FRESH");
-    int measure = vcopy_mode() && !(fresh && strcmp(fresh, "memfd") == 0);
+    int measure = memfd_holds_only_copies();
     long base = memfd_pages();
 
     unsigned char *x = malloc(N), *y = malloc(N);

@@ -21,10 +21,7 @@ static int touched(const unsigned char *p, size_t np, size_t from, size_t to, un
 }
 
 int main(void) {
-    /* the accounting is checked where fresh blocks are anonymous: the memfd then holds
-     * only pages under copies */
-    const char *fresh = getenv("ADVM_VCOPY_FRESH");
-    int measure = vcopy_mode() && !(fresh && strcmp(fresh, "memfd") == 0);
+    int measure = memfd_holds_only_copies();
     long base = memfd_pages();
 
     /* copy, write the whole copy, free the source: nothing is left in the memfd */

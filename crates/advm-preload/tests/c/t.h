@@ -58,6 +58,13 @@ static inline int in_arena(void *p, size_t n) {
     return ((uintptr_t)p % PS) == 0 && malloc_usable_size(p) == (n + PS - 1) / PS * PS;
 }
 
+/* vcopy mode with anonymous fresh blocks: the arena memfds then hold only pages under
+ * copies, so their size measures what copies keep. */
+static inline int memfd_holds_only_copies(void) {
+    const char *fresh = getenv("ADVM_VCOPY_FRESH");
+    return vcopy_mode() && !(fresh && strcmp(fresh, "memfd") == 0);
+}
+
 /* Pages allocated in this process's arena memfds (fstat st_blocks of each open
  * `memfd:advm-arena`). */
 static inline long memfd_pages(void) {
