@@ -389,8 +389,8 @@ impl Sampler {
                 version,
                 samples: anon_shmem.len(),
                 interval_ms: interval.as_millis() as u64,
-                anon_shmem_bytes: aggregate(&anon_shmem),
-                page_cache_bytes: aggregate(&cache),
+                anon_shmem_bytes: Aggregate::of(&anon_shmem),
+                page_cache_bytes: Aggregate::of(&cache),
                 last,
             })
         });
@@ -403,16 +403,6 @@ impl Sampler {
         self.thread
             .join()
             .unwrap_or_else(|_| Err(Error::Unrecoverable { what: "cgroup sampler", why: "its thread panicked".into() }))
-    }
-}
-
-fn aggregate(values: &[f64]) -> Aggregate {
-    if values.is_empty() {
-        return Aggregate::default();
-    }
-    Aggregate {
-        mean: values.iter().sum::<f64>() / values.len() as f64,
-        max: values.iter().copied().fold(f64::MIN, f64::max),
     }
 }
 

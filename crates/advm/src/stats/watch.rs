@@ -17,7 +17,8 @@ pub struct Aggregate {
 }
 
 impl Aggregate {
-    fn of(values: &[f64]) -> Self {
+    /// Mean and maximum of `values` (zeros when there are none).
+    pub(crate) fn of(values: &[f64]) -> Self {
         if values.is_empty() {
             return Self::default();
         }
