@@ -26,18 +26,11 @@ pub const TOLERANCE: f64 = 0.05;
 /// figures are the allocator's and the stack's few pages, not the workload's.
 pub const FLOOR_BYTES: f64 = (1 << 20) as f64;
 
-/// The distinct-page meter's anon + shmem, bytes: the part of its count the cgroup's
-/// anon + shmem is compared with (its file pages are page cache): distinct anon and
-/// shmem frames plus shmem pages held but mapped by nobody.
-pub fn distinct_anon_shmem(s: &Sample) -> u64 {
-    s.anon_shmem_bytes
-}
-
 /// Both meters at one instant: the distinct-page meter's anon + shmem and the group's
 /// usage (None without a group).
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub struct Both {
-    /// Distinct anon + shmem, bytes.
+    /// The distinct-page meter's anon + shmem (held pages included; `Sample::anon_shmem_bytes`), bytes.
     pub distinct: u64,
     /// The cgroup's anon + shmem, bytes.
     pub cgroup: Option<u64>,
@@ -50,7 +43,7 @@ impl Both {
     pub fn read(sample: &Sample, group: Option<&Group>) -> Result<Self, BenchError> {
         let usage: Option<Usage> = group.map(|g| g.usage()).transpose()?;
         Ok(Self {
-            distinct: distinct_anon_shmem(sample),
+            distinct: sample.anon_shmem_bytes,
             cgroup: usage.map(|u| u.anon_shmem_bytes()),
             page_cache: usage.map(|u| u.page_cache_bytes),
         })

@@ -189,7 +189,7 @@ pub fn measure(
             if let Some(Ok(s)) = meter.as_mut().map(|m| m.sample()) {
                 let cgroup_after = group.as_ref().and_then(|g| g.usage().ok());
                 pages.push(s.distinct.map_or(s.physical_bytes / advm::addr::page_size() as u64, |d| d.total) as f64);
-                let distinct = meters::distinct_anon_shmem(&s) as f64;
+                let distinct = s.anon_shmem_bytes as f64;
                 anon_shmem.push(distinct);
                 if let (Some(b), Some(a)) = (cgroup_before, cgroup_after) {
                     let (b, a) = (b.anon_shmem_bytes() as f64, a.anon_shmem_bytes() as f64);
