@@ -74,7 +74,8 @@
 //! for UFFDIO_MOVE is done once per whole mapping, which does not split it). Only the
 //! mremap engine adds VMAs (each of its remaps can split the mapping it lands in: at
 //! most 6 per exchange), and advm stops choosing it when the count could reach half of
-//! `vm.max_map_count` (re-counted from /proc/self/maps every 32 mremap moves).
+//! `vm.max_map_count` (re-counted from /proc/self/maps when the worst case since the
+//! last count reaches a quarter of it, and every 1024 mremap moves).
 
 mod batch;
 mod breakeven;

@@ -3,21 +3,30 @@
 
 use super::*;
 
-/// Estimated VMA count of this process, refreshed every few mremap moves.
+/// Estimated VMA count of this process, refreshed by counting (a read of
+/// /proc/self/maps) when the worst case since the last count nears the budget, and at
+/// least every [`RECOUNT_EVERY`] mremap moves (other code maps and unmaps too).
 pub(crate) static VMA_ESTIMATE: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static MREMAPS_SINCE_COUNT: AtomicUsize = AtomicUsize::new(usize::MAX / 2);
 
+/// Counting costs ~100 µs in a small process, more than two 1 GiB moves, so it is not
+/// done every few moves (it was every 32: ~3 µs a move).
+const RECOUNT_EVERY: usize = 1024;
+
+/// A move is up to three remaps (an exchange), each of which can split the VMA it lands
+/// in: at most this many VMAs more per move.
+const VMAS_PER_MOVE: usize = 6;
+
 pub(crate) fn mremap_budget_ok() -> bool {
-    if MREMAPS_SINCE_COUNT.load(Ordering::Relaxed) >= 32 {
+    let worst = |since: usize| VMA_ESTIMATE.load(Ordering::Relaxed) + VMAS_PER_MOVE * (since + 1);
+    let since = MREMAPS_SINCE_COUNT.load(Ordering::Relaxed);
+    if since >= RECOUNT_EVERY || worst(since) >= vma_budget() / 2 {
         if let Ok(n) = procmap::vma_count() {
             VMA_ESTIMATE.store(n, Ordering::Relaxed);
         }
         MREMAPS_SINCE_COUNT.store(0, Ordering::Relaxed);
     }
-    // A move is up to three remaps (an exchange), each of which can split the VMA it
-    // lands in.
-    let worst = VMA_ESTIMATE.load(Ordering::Relaxed) + 6 * (MREMAPS_SINCE_COUNT.load(Ordering::Relaxed) + 1);
-    worst < vma_budget()
+    worst(MREMAPS_SINCE_COUNT.load(Ordering::Relaxed)) < vma_budget()
 }
 
 /// [`grant::mremap_exchange`] through the process's mremap scratch area.
