@@ -30,6 +30,8 @@ pub struct Vma {
     pub shared: bool,
     /// Backed by a file (memfd, image, library); false for anonymous memory.
     pub file_backed: bool,
+    /// The backing file's inode number (0 for anonymous memory).
+    pub inode: u64,
 }
 
 impl Vma {
@@ -112,6 +114,7 @@ fn query_ioctl(file: &File, addr: usize) -> Result<Vma, Errno> {
         executable: q.vma_flags & VMA_EXECUTABLE != 0,
         shared: q.vma_flags & VMA_SHARED != 0,
         file_backed: q.inode != 0 || q.dev_major != 0 || q.dev_minor != 0,
+        inode: q.inode,
     })
 }
 
@@ -137,6 +140,7 @@ fn parse_line(line: &str) -> Option<Vma> {
         executable: perms.get(2) == Some(&b'x'),
         shared: perms.get(3) == Some(&b's'),
         file_backed: inode != 0 || dev != "00:00",
+        inode,
     })
 }
 

@@ -1,0 +1,161 @@
+//! Where a client's pages go: the domain's store in `advmd`, or a store of this
+//! process's own when no daemon answers.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use super::protocol::{Reply, Request, NO_SLOT};
+use super::store::{PageHasher, Store, StoreUsage};
+use crate::mem::{page_size, Memfd};
+use crate::sys::merge::{self as sys, StoreMap};
+use crate::wire::Channel;
+use crate::{Error, Result};
+
+/// The store a merge talks to.
+pub(crate) trait Backend: Send {
+    fn hasher(&self) -> &PageHasher;
+    /// The store's pages, mapped read-only.
+    fn view(&self) -> &StoreMap;
+    /// The store's memfd, to map slots from.
+    fn store_fd(&self) -> BorrowedFd<'_>;
+    /// The store memfd's inode, to recognise ranges already merged.
+    fn store_inode(&self) -> u64;
+    /// A candidate slot per hash (`None`: not stored).
+    fn lookup(&mut self, hashes: &[u64]) -> Result<Vec<Option<u32>>>;
+    /// Stores pages; `None` where the store refused one (full).
+    fn add(&mut self, pages: &[&[u8]]) -> Result<Vec<Option<u32>>>;
+    fn usage(&mut self) -> Result<StoreUsage>;
+}
+
+/// A store of this process's own.
+pub(crate) struct Local {
+    store: Store,
+    fd: OwnedFd,
+}
+
+impl Local {
+    pub(crate) fn new(limit_bytes: u64) -> Result<Self> {
+        let store = Store::create("advm-merge-local", limit_bytes)?;
+        let fd = store.read_only_fd()?;
+        Ok(Self { store, fd })
+    }
+}
+
+impl Backend for Local {
+    fn hasher(&self) -> &PageHasher {
+        self.store.hasher()
+    }
+    fn view(&self) -> &StoreMap {
+        self.store.view()
+    }
+    fn store_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+    fn store_inode(&self) -> u64 {
+        self.store.file_id().0
+    }
+    fn lookup(&mut self, hashes: &[u64]) -> Result<Vec<Option<u32>>> {
+        Ok(hashes.iter().map(|&h| self.store.find(h)).collect())
+    }
+    fn add(&mut self, pages: &[&[u8]]) -> Result<Vec<Option<u32>>> {
+        Ok(pages.iter().map(|p| self.store.insert(p).ok()).collect())
+    }
+    fn usage(&mut self) -> Result<StoreUsage> {
+        Ok(self.store.usage())
+    }
+}
+
+/// A session with `advmd`: the domain's store mapped read-only, and a staging memfd
+/// through which new pages travel.
+pub(crate) struct Daemon {
+    ch: Channel,
+    hasher: PageHasher,
+    fd: OwnedFd,
+    view: StoreMap,
+    inode: u64,
+    staging: Memfd,
+}
+
+impl Daemon {
+    pub(crate) fn connect(path: &Path, tag: &str) -> Result<Self> {
+        let ch = Channel::connect(path)?;
+        Request::Hello { tag: tag.to_string() }.send(&ch)?;
+        let Reply::Hello { limit_bytes, secret, store } = Reply::recv(&ch)? else {
+            return Err(Error::InvalidArgument { what: "advmd reply", why: "expected the store after hello".into() });
+        };
+        let view = StoreMap::new(store.as_fd(), limit_bytes as usize, false)?;
+        let inode = sys::file_id(store.as_fd())?.0;
+        Ok(Self {
+            ch,
+            hasher: PageHasher::from_secret(&secret)?,
+            fd: store,
+            view,
+            inode,
+            staging: Memfd::create("advm-merge-staging")?,
+        })
+    }
+
+    fn slots(&self, n: usize) -> Result<Vec<Option<u32>>> {
+        let Reply::Slots(s) = Reply::recv(&self.ch)? else {
+            return Err(Error::InvalidArgument { what: "advmd reply", why: "expected slots".into() });
+        };
+        if s.len() != n {
+            return Err(Error::InvalidArgument {
+                what: "advmd reply",
+                why: format!("{} slots for {n} pages", s.len()),
+            });
+        }
+        let max = self.view.len() / page_size();
+        Ok(s.into_iter().map(|x| (x != NO_SLOT && (x as usize) < max).then_some(x)).collect())
+    }
+}
+
+impl Backend for Daemon {
+    fn hasher(&self) -> &PageHasher {
+        &self.hasher
+    }
+    fn view(&self) -> &StoreMap {
+        &self.view
+    }
+    fn store_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+    fn store_inode(&self) -> u64 {
+        self.inode
+    }
+    fn lookup(&mut self, hashes: &[u64]) -> Result<Vec<Option<u32>>> {
+        let mut out = Vec::with_capacity(hashes.len());
+        for chunk in hashes.chunks(super::protocol::MAX_PAGES) {
+            Request::Lookup { hashes: chunk.to_vec() }.send(&self.ch)?;
+            out.extend(self.slots(chunk.len())?);
+        }
+        Ok(out)
+    }
+    fn add(&mut self, pages: &[&[u8]]) -> Result<Vec<Option<u32>>> {
+        let ps = page_size();
+        let mut out = Vec::with_capacity(pages.len());
+        for chunk in pages.chunks(super::protocol::MAX_PAGES) {
+            for (i, p) in chunk.iter().enumerate() {
+                self.staging.write_all_at(p, (i * ps) as u64)?;
+            }
+            let staging = sys::reopen_read_only(self.staging.as_fd())?;
+            Request::Add { pages: chunk.len() as u32, staging }.send(&self.ch)?;
+            out.extend(self.slots(chunk.len())?);
+            // The staged copies are not needed once the daemon has its own.
+            self.staging.punch_hole(0, (chunk.len() * ps) as u64)?;
+        }
+        Ok(out)
+    }
+    fn usage(&mut self) -> Result<StoreUsage> {
+        Request::Usage.send(&self.ch)?;
+        match Reply::recv(&self.ch)? {
+            Reply::Usage(u) => Ok(u),
+            _ => Err(Error::InvalidArgument { what: "advmd reply", why: "expected usage".into() }),
+        }
+    }
+}
+
+/// Where clients look for `advmd`: `$ADVM_SOCKET`, else `/run/advm/advmd.sock`.
+pub fn socket_path() -> PathBuf {
+    std::env::var_os("ADVM_SOCKET").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(super::DEFAULT_SOCKET))
+}
