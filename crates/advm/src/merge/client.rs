@@ -22,8 +22,9 @@ pub(crate) trait Backend: Send {
     fn store_inode(&self) -> u64;
     /// A candidate slot per hash (`None`: not stored).
     fn lookup(&mut self, hashes: &[u64]) -> Result<Vec<Option<u32>>>;
-    /// Stores pages; `None` where the store refused one (full).
-    fn add(&mut self, pages: &[&[u8]]) -> Result<Vec<Option<u32>>>;
+    /// Stores the pages `bytes[i*ps..(i+1)*ps]` for `i` in `which`; `None` where the
+    /// store refused one (full).
+    fn add(&mut self, bytes: &[u8], which: &[usize]) -> Result<Vec<Option<u32>>>;
     fn usage(&mut self) -> Result<StoreUsage>;
 }
 
@@ -57,8 +58,8 @@ impl Backend for Local {
     fn lookup(&mut self, hashes: &[u64]) -> Result<Vec<Option<u32>>> {
         Ok(hashes.iter().map(|&h| self.store.find(h)).collect())
     }
-    fn add(&mut self, pages: &[&[u8]]) -> Result<Vec<Option<u32>>> {
-        Ok(pages.iter().map(|p| self.store.insert(p).ok()).collect())
+    fn add(&mut self, bytes: &[u8], which: &[usize]) -> Result<Vec<Option<u32>>> {
+        self.store.insert_pages(bytes, which)
     }
     fn usage(&mut self) -> Result<StoreUsage> {
         Ok(self.store.usage())
@@ -131,12 +132,23 @@ impl Backend for Daemon {
         }
         Ok(out)
     }
-    fn add(&mut self, pages: &[&[u8]]) -> Result<Vec<Option<u32>>> {
+    fn add(&mut self, bytes: &[u8], which: &[usize]) -> Result<Vec<Option<u32>>> {
         let ps = page_size();
-        let mut out = Vec::with_capacity(pages.len());
-        for chunk in pages.chunks(super::protocol::MAX_PAGES) {
-            for (i, p) in chunk.iter().enumerate() {
-                self.staging.write_all_at(p, (i * ps) as u64)?;
+        let mut out = Vec::with_capacity(which.len());
+        for chunk in which.chunks(super::protocol::MAX_PAGES) {
+            // Staged in order, one pwrite per run of pages consecutive in `bytes`.
+            let mut k = 0;
+            while k < chunk.len() {
+                let mut n = 1;
+                while k + n < chunk.len() && chunk[k + n] == chunk[k] + n {
+                    n += 1;
+                }
+                let src = bytes.get(chunk[k] * ps..(chunk[k] + n) * ps).ok_or_else(|| Error::InvalidArgument {
+                    what: "pages to add",
+                    why: format!("page {} lies past the {} bytes given", chunk[k] + n - 1, bytes.len()),
+                })?;
+                self.staging.write_all_at(src, (k * ps) as u64)?;
+                k += n;
             }
             let staging = sys::reopen_read_only(self.staging.as_fd())?;
             Request::Add { pages: chunk.len() as u32, staging }.send(&self.ch)?;

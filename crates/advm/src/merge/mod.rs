@@ -245,18 +245,14 @@ impl Client {
         let found = self.backend.lookup(&hashes)?;
         let mut target: Vec<Option<u32>> = vec![None; n_pages];
         let mut is_new = vec![false; n_pages];
-        let mut new: Vec<&[u8]> = Vec::new();
         let mut new_at: Vec<usize> = Vec::new();
         for (&i, slot) in want.iter().zip(found) {
             match slot {
                 Some(s) => target[i] = Some(s),
-                None => {
-                    new.push(pages[i]);
-                    new_at.push(i);
-                }
+                None => new_at.push(i),
             }
         }
-        for (&i, slot) in new_at.iter().zip(self.backend.add(&new)?) {
+        for (&i, slot) in new_at.iter().zip(self.backend.add(fence.bytes(), &new_at)?) {
             match slot {
                 Some(s) => {
                     target[i] = Some(s);

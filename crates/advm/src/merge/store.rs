@@ -159,28 +159,81 @@ impl Store {
         Some(slot)
     }
 
-    /// The slot holding exactly `page`, existing or new, with a reference taken.
-    pub fn insert(&mut self, page: &[u8]) -> Result<u32, StoreFull> {
-        let hash = self.hasher.hash(page);
-        if let Some(list) = self.index.get(&hash) {
-            if let Some(&slot) = list.iter().find(|&&s| self.page(s) == page) {
-                self.slots[slot as usize].1 += 1;
-                return Ok(slot);
-            }
+    /// Stores the pages `bytes[i*ps..(i+1)*ps]` for each `i` in `which`, each with a
+    /// reference taken: one slot per page, `None` where the store is full. Pages equal
+    /// to stored ones (or to one earlier in the batch) share its slot; new pages are
+    /// written with one `pwrite` per run consecutive in both `bytes` and the store.
+    ///
+    /// `which` must name whole pages inside `bytes`. A failed write (the memory for
+    /// the store ran out) undoes the whole batch.
+    pub fn insert_pages(&mut self, bytes: &[u8], which: &[usize]) -> Result<Vec<Option<u32>>> {
+        let ps = page_size();
+        if let Some(&bad) = which.iter().find(|&&i| (i + 1) * ps > bytes.len()) {
+            return Err(Error::InvalidArgument {
+                what: "store pages",
+                why: format!("page {bad} lies past the {} bytes given", bytes.len()),
+            });
         }
-        let slot = match self.free.pop() {
-            Some(s) => s,
-            None if (self.slots.len() as u32) < self.limit_pages => {
+        let page = |i: usize| &bytes[i * ps..(i + 1) * ps];
+        let mut out = Vec::with_capacity(which.len());
+        // (source page, slot) of the pages new to the store, in order.
+        let mut fresh: Vec<(usize, u32)> = Vec::new();
+        let mut pending: HashMap<u64, Vec<(usize, u32)>> = HashMap::new();
+        for &i in which {
+            let p = page(i);
+            let hash = self.hasher.hash(p);
+            let stored = self.index.get(&hash).and_then(|l| l.iter().copied().find(|&s| self.page(s) == p));
+            let slot = stored.or_else(|| {
+                pending.get(&hash).and_then(|l| l.iter().find(|&&(j, _)| page(j) == p)).map(|&(_, s)| s)
+            });
+            let slot = match slot {
+                Some(s) => Some(s),
+                None => self.allocate().inspect(|&s| {
+                    self.slots[s as usize] = (hash, 0);
+                    pending.entry(hash).or_default().push((i, s));
+                    fresh.push((i, s));
+                }),
+            };
+            if let Some(s) = slot {
+                self.slots[s as usize].1 += 1;
+            }
+            out.push(slot);
+        }
+        let mut k = 0;
+        while k < fresh.len() {
+            let (i, s) = fresh[k];
+            let mut n = 1;
+            while k + n < fresh.len() && fresh[k + n] == (i + n, s + n as u32) {
+                n += 1;
+            }
+            if let Err(e) = self.memfd.write_all_at(&bytes[i * ps..(i + n) * ps], s as u64 * ps as u64) {
+                // Nothing was published yet: drop the batch's references and new slots.
+                for slot in out.iter().flatten() {
+                    self.slots[*slot as usize].1 -= 1;
+                }
+                for &(_, slot) in &fresh {
+                    self.slots[slot as usize] = (0, 0);
+                    self.free.push(slot);
+                }
+                return Err(e);
+            }
+            k += n;
+        }
+        for &(_, slot) in &fresh {
+            let hash = self.slots[slot as usize].0;
+            self.index.entry(hash).or_default().push(slot);
+            self.used += 1;
+        }
+        Ok(out)
+    }
+
+    fn allocate(&mut self) -> Option<u32> {
+        self.free.pop().or_else(|| {
+            ((self.slots.len() as u32) < self.limit_pages).then(|| {
                 self.slots.push((0, 0));
                 self.slots.len() as u32 - 1
-            }
-            None => return Err(self.full()),
-        };
-        self.map.write(slot as usize * page_size(), page);
-        self.slots[slot as usize] = (hash, 1);
-        self.index.entry(hash).or_default().push(slot);
-        self.used += 1;
-        Ok(slot)
+            })
+        })
     }
 
     fn full(&self) -> StoreFull {
