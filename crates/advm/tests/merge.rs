@@ -132,7 +132,16 @@ fn a_range_partly_unmapped_or_file_backed_or_shared_is_refused_before_any_change
 
     let f = std::fs::File::open("/proc/self/exe").unwrap();
     // SAFETY: a fresh private read-only mapping of our own executable, unmapped below.
-    let p = unsafe { libc::mmap(std::ptr::null_mut(), 4 * ps, libc::PROT_READ, libc::MAP_PRIVATE, std::os::fd::AsRawFd::as_raw_fd(&f), 0) };
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4 * ps,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE,
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            0,
+        )
+    };
     assert_ne!(p, libc::MAP_FAILED);
     // SAFETY: mapped above for 4 pages.
     let e = unsafe { c.merge_raw(p as usize, 4 * ps) }.unwrap_err().to_string();
@@ -142,7 +151,14 @@ fn a_range_partly_unmapped_or_file_backed_or_shared_is_refused_before_any_change
 
     // SAFETY: a fresh shared anonymous mapping, unmapped below.
     let p = unsafe {
-        libc::mmap(std::ptr::null_mut(), 2 * ps, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1, 0)
+        libc::mmap(
+            std::ptr::null_mut(),
+            2 * ps,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
     };
     // SAFETY: mapped above.
     let e = unsafe { c.merge_raw(p as usize, 2 * ps) }.unwrap_err().to_string();
@@ -175,6 +191,8 @@ fn the_store_refuses_pages_past_its_byte_limit() {
     let orig = a.bytes().to_vec();
     let s: MergeStats = c.merge(a.bytes()).unwrap();
     assert_eq!((s.added, s.refused, s.skipped), (4, 4, 4), "{s:?}");
+    let why = s.refusal.unwrap();
+    assert!(why.contains("full") && why.contains(&format!("limit is {} bytes", 4 * ps)), "{why}");
     assert_eq!(a.bytes(), &orig[..]);
     let u = c.usage().unwrap();
     assert_eq!((u.pages, u.limit_bytes), (4, 4 * ps as u64));

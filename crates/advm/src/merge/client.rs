@@ -23,8 +23,8 @@ pub(crate) trait Backend: Send {
     /// A candidate slot per hash (`None`: not stored).
     fn lookup(&mut self, hashes: &[u64]) -> Result<Vec<Option<u32>>>;
     /// Stores the pages `bytes[i*ps..(i+1)*ps]` for `i` in `which`; `None` where the
-    /// store refused one (full).
-    fn add(&mut self, bytes: &[u8], which: &[usize]) -> Result<Vec<Option<u32>>>;
+    /// store refused one (full), with the store's reason.
+    fn add(&mut self, bytes: &[u8], which: &[usize]) -> Result<(Vec<Option<u32>>, Option<String>)>;
     fn usage(&mut self) -> Result<StoreUsage>;
 }
 
@@ -58,8 +58,9 @@ impl Backend for Local {
     fn lookup(&mut self, hashes: &[u64]) -> Result<Vec<Option<u32>>> {
         Ok(hashes.iter().map(|&h| self.store.find(h)).collect())
     }
-    fn add(&mut self, bytes: &[u8], which: &[usize]) -> Result<Vec<Option<u32>>> {
-        self.store.insert_pages(bytes, which)
+    fn add(&mut self, bytes: &[u8], which: &[usize]) -> Result<(Vec<Option<u32>>, Option<String>)> {
+        let (slots, full) = self.store.insert_pages(bytes, which)?;
+        Ok((slots, full.map(|f| f.to_string())))
     }
     fn usage(&mut self) -> Result<StoreUsage> {
         Ok(self.store.usage())
@@ -84,7 +85,7 @@ impl Daemon {
         let Reply::Hello { limit_bytes, secret, store } = Reply::recv(&ch)? else {
             return Err(Error::InvalidArgument { what: "advmd reply", why: "expected the store after hello".into() });
         };
-        let view = StoreMap::new(store.as_fd(), limit_bytes as usize, false)?;
+        let view = StoreMap::new(store.as_fd(), limit_bytes as usize)?;
         let inode = sys::file_id(store.as_fd())?.0;
         Ok(Self {
             ch,
@@ -96,10 +97,8 @@ impl Daemon {
         })
     }
 
-    fn slots(&self, n: usize) -> Result<Vec<Option<u32>>> {
-        let Reply::Slots(s) = Reply::recv(&self.ch)? else {
-            return Err(Error::InvalidArgument { what: "advmd reply", why: "expected slots".into() });
-        };
+    /// The slots of a reply about `n` pages; slots outside the store read as none.
+    fn check_slots(&self, s: Vec<u32>, n: usize) -> Result<Vec<Option<u32>>> {
         if s.len() != n {
             return Err(Error::InvalidArgument {
                 what: "advmd reply",
@@ -128,13 +127,17 @@ impl Backend for Daemon {
         let mut out = Vec::with_capacity(hashes.len());
         for chunk in hashes.chunks(super::protocol::MAX_PAGES) {
             Request::Lookup { hashes: chunk.to_vec() }.send(&self.ch)?;
-            out.extend(self.slots(chunk.len())?);
+            let Reply::Slots(s) = Reply::recv(&self.ch)? else {
+                return Err(Error::InvalidArgument { what: "advmd reply", why: "expected slots".into() });
+            };
+            out.extend(self.check_slots(s, chunk.len())?);
         }
         Ok(out)
     }
-    fn add(&mut self, bytes: &[u8], which: &[usize]) -> Result<Vec<Option<u32>>> {
+    fn add(&mut self, bytes: &[u8], which: &[usize]) -> Result<(Vec<Option<u32>>, Option<String>)> {
         let ps = page_size();
         let mut out = Vec::with_capacity(which.len());
+        let mut refusal = None;
         for chunk in which.chunks(super::protocol::MAX_PAGES) {
             // Staged in order, one pwrite per run of pages consecutive in `bytes`.
             let mut k = 0;
@@ -152,11 +155,17 @@ impl Backend for Daemon {
             }
             let staging = sys::reopen_read_only(self.staging.as_fd())?;
             Request::Add { pages: chunk.len() as u32, staging }.send(&self.ch)?;
-            out.extend(self.slots(chunk.len())?);
+            let Reply::Added { slots, refusal: why } = Reply::recv(&self.ch)? else {
+                return Err(Error::InvalidArgument { what: "advmd reply", why: "expected added slots".into() });
+            };
+            out.extend(self.check_slots(slots, chunk.len())?);
+            if !why.is_empty() {
+                refusal = Some(why);
+            }
             // The staged copies are not needed once the daemon has its own.
             self.staging.punch_hole(0, (chunk.len() * ps) as u64)?;
         }
-        Ok(out)
+        Ok((out, refusal))
     }
     fn usage(&mut self) -> Result<StoreUsage> {
         Request::Usage.send(&self.ch)?;

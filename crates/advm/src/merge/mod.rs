@@ -70,6 +70,8 @@ pub struct MergeStats {
     pub skipped: u64,
     /// Of `skipped`: pages refused because the store reached its byte limit.
     pub refused: u64,
+    /// Why the store refused pages, when it did (e.g. its byte limit).
+    pub refusal: Option<String>,
     /// Bytes of the range asked for.
     pub bytes: u64,
     /// Wall-clock seconds the merge took.
@@ -125,7 +127,10 @@ impl Client {
             Ok(c) => Ok(c),
             Err(e) => Self::local(
                 LOCAL_LIMIT,
-                &format!("advmd is not reachable at {} ({e}); pages are shared within this process only", path.display()),
+                &format!(
+                    "advmd is not reachable at {} ({e}); pages are shared within this process only",
+                    path.display()
+                ),
             ),
         }
     }
@@ -171,6 +176,7 @@ impl Client {
             added: 0,
             skipped: 0,
             refused: 0,
+            refusal: None,
             bytes: len as u64,
             seconds: 0.0,
             via: self.via.clone(),
@@ -204,7 +210,10 @@ impl Client {
                 .filter(|v| v.start <= a)
                 .ok_or_else(|| refuse(format!("{a:#x} (inside {range:?}) is not mapped")))?;
             if v.shared {
-                return Err(refuse(format!("{:#x}..{:#x} is a shared mapping; only private memory can be merged", v.start, v.end)));
+                return Err(refuse(format!(
+                    "{:#x}..{:#x} is a shared mapping; only private memory can be merged",
+                    v.start, v.end
+                )));
             }
             if v.file_backed && v.inode != inode {
                 return Err(refuse(format!(
@@ -252,7 +261,9 @@ impl Client {
                 None => new_at.push(i),
             }
         }
-        for (&i, slot) in new_at.iter().zip(self.backend.add(fence.bytes(), &new_at)?) {
+        let (added, refusal) = self.backend.add(fence.bytes(), &new_at)?;
+        stats.refusal = refusal;
+        for (&i, slot) in new_at.iter().zip(added) {
             match slot {
                 Some(s) => {
                     target[i] = Some(s);

@@ -64,8 +64,16 @@ pub enum Reply {
         /// Its memfd, read-only.
         store: OwnedFd,
     },
-    /// One slot per page asked about ([`NO_SLOT`]: none / refused).
+    /// One slot per page looked up ([`NO_SLOT`]: not stored).
     Slots(Vec<u32>),
+    /// One slot per page added ([`NO_SLOT`]: refused), and why any were refused
+    /// (empty when none was).
+    Added {
+        /// The slots.
+        slots: Vec<u32>,
+        /// The store's refusal, e.g. that it reached its byte limit.
+        refusal: String,
+    },
     /// The store's usage.
     Usage(StoreUsage),
 }
@@ -120,19 +128,16 @@ impl Reply {
     pub fn send(&self, ch: &Channel) -> Result<()> {
         match self {
             Reply::Error(msg) => ch.send(SERVICE, kind::ERROR, &Writer::default().bytes(msg.as_bytes()).body, &[]),
-            Reply::Hello { limit_bytes, secret, store } => ch.send(
-                SERVICE,
-                kind::HELLO,
-                &Writer::default().u64(*limit_bytes).bytes(secret).body,
-                &[store],
-            ),
+            Reply::Hello { limit_bytes, secret, store } => {
+                ch.send(SERVICE, kind::HELLO, &Writer::default().u64(*limit_bytes).bytes(secret).body, &[store])
+            }
             Reply::Slots(s) => ch.send(SERVICE, kind::LOOKUP, &Writer::default().u32s(s).body, &[]),
-            Reply::Usage(u) => ch.send(
-                SERVICE,
-                kind::USAGE,
-                &Writer::default().u64(u.pages).u64(u.bytes).u64(u.limit_bytes).body,
-                &[],
-            ),
+            Reply::Added { slots, refusal } => {
+                ch.send(SERVICE, kind::ADD, &Writer::default().u32s(slots).bytes(refusal.as_bytes()).body, &[])
+            }
+            Reply::Usage(u) => {
+                ch.send(SERVICE, kind::USAGE, &Writer::default().u64(u.pages).u64(u.bytes).u64(u.limit_bytes).body, &[])
+            }
         }
     }
 
@@ -159,9 +164,15 @@ impl Reply {
                 Reply::Hello { limit_bytes, secret, store: frame.fds.remove(0) }
             }
             kind::LOOKUP => Reply::Slots(r.u32s("slots", MAX_PAGES)?),
-            kind::USAGE => {
-                Reply::Usage(StoreUsage { pages: r.u64("pages")?, bytes: r.u64("bytes")?, limit_bytes: r.u64("limit")? })
-            }
+            kind::ADD => Reply::Added {
+                slots: r.u32s("slots", MAX_PAGES)?,
+                refusal: String::from_utf8_lossy(r.bytes("refusal", 4096)?).into_owned(),
+            },
+            kind::USAGE => Reply::Usage(StoreUsage {
+                pages: r.u64("pages")?,
+                bytes: r.u64("bytes")?,
+                limit_bytes: r.u64("limit")?,
+            }),
             k => return Err(bad(format!("unknown reply kind {k}"))),
         };
         r.finish("merge reply")?;

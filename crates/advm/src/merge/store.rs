@@ -82,9 +82,9 @@ pub struct Store {
     id: (u64, u64),
 }
 
-/// The store has no room for another page: `used` of `limit` bytes.
+/// The store had no room for some pages: it holds `used` of `limit` bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("the page store is full: it holds {used} bytes, its limit is {limit} bytes")]
+#[error("the page store is full: it holds {used} bytes, its limit is {limit} bytes; new pages were refused")]
 pub struct StoreFull {
     /// Bytes held.
     pub used: u64,
@@ -106,7 +106,7 @@ impl Store {
         let memfd = Memfd::create(name)?;
         memfd.set_len(pages * ps)?;
         sys::owner_read_only(memfd.as_fd())?;
-        let map = StoreMap::new(memfd.as_fd(), (pages * ps) as usize, true)?;
+        let map = StoreMap::new(memfd.as_fd(), (pages * ps) as usize)?;
         let id = sys::file_id(memfd.as_fd())?;
         Ok(Self {
             memfd,
@@ -160,13 +160,14 @@ impl Store {
     }
 
     /// Stores the pages `bytes[i*ps..(i+1)*ps]` for each `i` in `which`, each with a
-    /// reference taken: one slot per page, `None` where the store is full. Pages equal
+    /// reference taken: one slot per page, `None` where the store is full (and then
+    /// the [`StoreFull`] that says so). Pages equal
     /// to stored ones (or to one earlier in the batch) share its slot; new pages are
     /// written with one `pwrite` per run consecutive in both `bytes` and the store.
     ///
     /// `which` must name whole pages inside `bytes`. A failed write (the memory for
     /// the store ran out) undoes the whole batch.
-    pub fn insert_pages(&mut self, bytes: &[u8], which: &[usize]) -> Result<Vec<Option<u32>>> {
+    pub fn insert_pages(&mut self, bytes: &[u8], which: &[usize]) -> Result<(Vec<Option<u32>>, Option<StoreFull>)> {
         let ps = page_size();
         if let Some(&bad) = which.iter().find(|&&i| (i + 1) * ps > bytes.len()) {
             return Err(Error::InvalidArgument {
@@ -183,9 +184,8 @@ impl Store {
             let p = page(i);
             let hash = self.hasher.hash(p);
             let stored = self.index.get(&hash).and_then(|l| l.iter().copied().find(|&s| self.page(s) == p));
-            let slot = stored.or_else(|| {
-                pending.get(&hash).and_then(|l| l.iter().find(|&&(j, _)| page(j) == p)).map(|&(_, s)| s)
-            });
+            let slot = stored
+                .or_else(|| pending.get(&hash).and_then(|l| l.iter().find(|&&(j, _)| page(j) == p)).map(|&(_, s)| s));
             let slot = match slot {
                 Some(s) => Some(s),
                 None => self.allocate().inspect(|&s| {
@@ -224,7 +224,8 @@ impl Store {
             self.index.entry(hash).or_default().push(slot);
             self.used += 1;
         }
-        Ok(out)
+        let full = out.iter().any(Option::is_none).then(|| self.full());
+        Ok((out, full))
     }
 
     fn allocate(&mut self) -> Option<u32> {

@@ -137,18 +137,17 @@ unsafe fn map_private_over(addr: usize, len: usize, writable: bool, fd: Borrowed
     unsafe { mman::map_fixed(addr as *mut u8, len, prot, Share::Private, Backing::File { fd, offset }) }
 }
 
-/// A store file mapped shared: writable by its owner, read-only for clients.
+/// A store file mapped shared and read-only: how its owner and its clients read it
+/// (its owner writes it with `pwrite`).
 #[derive(Debug)]
 pub struct StoreMap {
     map: Mapping,
-    writable: bool,
 }
 
 impl StoreMap {
-    /// Maps all `len` bytes of `fd` shared.
-    pub fn new(fd: BorrowedFd<'_>, len: usize, writable: bool) -> SysResult<Self> {
-        let prot = if writable { Prot::READ | Prot::WRITE } else { Prot::READ };
-        Ok(Self { map: Mapping::new(len, prot, Share::Shared, Backing::File { fd, offset: 0 })?, writable })
+    /// Maps all `len` bytes of `fd` shared, read-only.
+    pub fn new(fd: BorrowedFd<'_>, len: usize) -> SysResult<Self> {
+        Ok(Self { map: Mapping::new(len, Prot::READ, Share::Shared, Backing::File { fd, offset: 0 })? })
     }
 
     /// Length in bytes.
@@ -163,15 +162,6 @@ impl StoreMap {
         // anyone is told about it and never rewritten while referenced.
         unsafe { &self.map.as_slice()[off..off + len] }
     }
-
-    /// Writes `data` at `off` (inside; owner only).
-    pub fn write(&mut self, off: usize, data: &[u8]) {
-        assert!(self.writable, "write to a read-only store map");
-        assert!(off.checked_add(data.len()).is_some_and(|e| e <= self.map.len()), "store write outside the map");
-        // SAFETY: a writable mapping we own; `&mut self` serialises our writers, and the
-        // slot written is one nobody has been told about.
-        unsafe { self.map.as_mut_slice()[off..off + data.len()].copy_from_slice(data) }
-    }
 }
 
 /// A new fd for the same file, opened read-only: what a store hands to clients. A
@@ -179,8 +169,12 @@ impl StoreMap {
 /// written, truncated or hole-punched.
 pub fn reopen_read_only(fd: BorrowedFd<'_>) -> SysResult<OwnedFd> {
     let path = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL in a path we built");
-    rustix::fs::open(path.as_c_str(), rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
-        .map_err(|e| SysError::new("open(/proc/self/fd, O_RDONLY)", e))
+    rustix::fs::open(
+        path.as_c_str(),
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| SysError::new("open(/proc/self/fd, O_RDONLY)", e))
 }
 
 /// Makes a file readable by its owner only (`fchmod 0400`), so that a client cannot
@@ -279,8 +273,8 @@ mod tests {
         let ps = crate::sys::page_size();
         let fd = crate::sys::memfd::create("fence-test").unwrap();
         crate::sys::memfd::set_len(&fd, ps as u64).unwrap();
-        let mut store = StoreMap::new(fd.as_fd(), ps, true).unwrap();
-        store.write(0, &vec![7u8; ps]);
+        crate::sys::memfd::pwrite(&fd, &vec![7u8; ps], 0).unwrap();
+        let store = StoreMap::new(fd.as_fd(), ps).unwrap();
         let m = Mapping::anonymous(ps).unwrap();
         // SAFETY: our fresh mapping, no other user yet.
         unsafe { m.as_mut_slice().fill(7) };

@@ -75,9 +75,22 @@ const VMA_WRITABLE: u64 = 0x02;
 const VMA_EXECUTABLE: u64 = 0x04;
 const VMA_SHARED: u64 = 0x08;
 
+/// This process's maps file, opened once per process: `/proc/self` is resolved at
+/// open time, so a forked child must open its own (the parent's would describe the
+/// parent's address space). A child's one file is leaked on purpose, to hand out
+/// `'static` borrows.
 fn maps_file() -> Option<&'static File> {
-    static MAPS: OnceLock<Option<File>> = OnceLock::new();
-    MAPS.get_or_init(|| File::open("/proc/self/maps").ok()).as_ref()
+    static MAPS: std::sync::Mutex<Option<(u32, &'static File)>> = std::sync::Mutex::new(None);
+    let mut g = MAPS.lock().unwrap_or_else(|p| p.into_inner());
+    let pid = std::process::id();
+    match *g {
+        Some((p, f)) if p == pid => Some(f),
+        _ => {
+            let f: &'static File = Box::leak(Box::new(File::open("/proc/self/maps").ok()?));
+            *g = Some((pid, f));
+            Some(f)
+        }
+    }
 }
 
 /// The mapping that contains `addr`, or `None` when `addr` is not mapped.
