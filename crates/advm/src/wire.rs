@@ -49,6 +49,8 @@ pub struct Peer {
 #[derive(Debug)]
 pub struct Channel {
     sock: UnixStream,
+    /// How long the rest of a frame may take once its first byte arrived.
+    frame_timeout: Option<Duration>,
 }
 
 fn wire_err(what: &'static str, why: impl Into<String>) -> Error {
@@ -58,24 +60,26 @@ fn wire_err(what: &'static str, why: impl Into<String>) -> Error {
 impl Channel {
     /// Connects to the socket at `path`.
     pub fn connect(path: &Path) -> Result<Self> {
-        Ok(Self { sock: UnixStream::connect(path).map_err(|e| Error::io(path, e))? })
+        Ok(Self { sock: UnixStream::connect(path).map_err(|e| Error::io(path, e))?, frame_timeout: None })
     }
 
     /// Wraps an accepted connection.
     pub fn from_stream(sock: UnixStream) -> Self {
-        Self { sock }
+        Self { sock, frame_timeout: None }
+    }
+
+    /// Bounds how long a frame may take to arrive once it has begun, and how long a
+    /// send may wait: a peer that stalls mid-frame or stops reading is cut off, while
+    /// an idle peer (between frames) may wait forever.
+    pub fn set_frame_timeout(&mut self, t: Duration) -> Result<()> {
+        self.frame_timeout = Some(t);
+        self.sock.set_write_timeout(Some(t)).map_err(|e| Error::io("socket", e))
     }
 
     /// Who is at the other end.
     pub fn peer(&self) -> Result<Peer> {
         let (uid, gid, pid) = sys::peer_credentials(&self.sock)?;
         Ok(Peer { uid, gid, pid })
-    }
-
-    /// Bounds how long one read or write may wait (`None`: forever).
-    pub fn set_timeout(&self, t: Option<Duration>) -> Result<()> {
-        self.sock.set_read_timeout(t).map_err(|e| Error::io("socket", e))?;
-        self.sock.set_write_timeout(t).map_err(|e| Error::io("socket", e))
     }
 
     /// Sends one frame.
@@ -97,10 +101,15 @@ impl Channel {
     /// frames. A frame cut short, or longer than [`MAX_FRAME`], is an error.
     pub fn recv(&self) -> Result<Option<Frame>> {
         let mut fds = Vec::new();
-        let mut head = [0u8; 4];
+        let mut head = [0u8; 1];
+        self.read_timeout(None)?;
         if !self.fill(&mut head, &mut fds, true)? {
             return Ok(None);
         }
+        let mut rest = [0u8; 3];
+        self.read_timeout(self.frame_timeout)?;
+        self.fill(&mut rest, &mut fds, false)?;
+        let head = [head[0], rest[0], rest[1], rest[2]];
         let len = u32::from_le_bytes(head) as usize;
         if !(2..=MAX_FRAME).contains(&len) {
             return Err(wire_err("frame", format!("length {len} is outside 2..={MAX_FRAME}")));
@@ -110,6 +119,13 @@ impl Channel {
         let (service, kind) = (body[0], body[1]);
         body.drain(..2);
         Ok(Some(Frame { service, kind, body, fds }))
+    }
+
+    fn read_timeout(&self, t: Option<Duration>) -> Result<()> {
+        if self.frame_timeout.is_some() {
+            self.sock.set_read_timeout(t).map_err(|e| Error::io("socket", e))?;
+        }
+        Ok(())
     }
 
     /// Reads exactly `buf.len()` bytes; false at a clean end of stream before any.
@@ -130,8 +146,8 @@ impl Channel {
     }
 
     /// Sends raw bytes (for tests of hostile clients).
-    pub fn send_raw(&mut self, bytes: &[u8]) -> Result<()> {
-        self.sock.write_all(bytes).map_err(|e| Error::io("socket", e))
+    pub fn send_raw(&self, bytes: &[u8]) -> Result<()> {
+        (&self.sock).write_all(bytes).map_err(|e| Error::io("socket", e))
     }
 }
 

@@ -70,7 +70,8 @@ impl Backend for Local {
 /// A session with `advmd`: the domain's store mapped read-only, and a staging memfd
 /// through which new pages travel.
 pub(crate) struct Daemon {
-    ch: Channel,
+    /// Always `Some` until drop parks it.
+    ch: Option<Channel>,
     hasher: PageHasher,
     fd: OwnedFd,
     view: StoreMap,
@@ -88,7 +89,7 @@ impl Daemon {
         let view = StoreMap::new(store.as_fd(), limit_bytes as usize)?;
         let inode = sys::file_id(store.as_fd())?.0;
         Ok(Self {
-            ch,
+            ch: Some(ch),
             hasher: PageHasher::from_secret(&secret)?,
             fd: store,
             view,
@@ -110,6 +111,26 @@ impl Daemon {
     }
 }
 
+/// Sessions whose clients were dropped. The daemon keeps a session's pages until the
+/// connection closes, and this process may still map them (a merged page reads from
+/// the store until it is written), so the connection stays open until the process
+/// exits (or execs: it is close-on-exec, and exec drops the mappings too).
+static PARKED: std::sync::Mutex<Vec<Channel>> = std::sync::Mutex::new(Vec::new());
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(ch) = self.ch.take() {
+            PARKED.lock().unwrap_or_else(|p| p.into_inner()).push(ch);
+        }
+    }
+}
+
+impl Daemon {
+    fn ch(&self) -> &Channel {
+        self.ch.as_ref().expect("the channel is parked only on drop")
+    }
+}
+
 impl Backend for Daemon {
     fn hasher(&self) -> &PageHasher {
         &self.hasher
@@ -126,8 +147,8 @@ impl Backend for Daemon {
     fn lookup(&mut self, hashes: &[u64]) -> Result<Vec<Option<u32>>> {
         let mut out = Vec::with_capacity(hashes.len());
         for chunk in hashes.chunks(super::protocol::MAX_PAGES) {
-            Request::Lookup { hashes: chunk.to_vec() }.send(&self.ch)?;
-            let Reply::Slots(s) = Reply::recv(&self.ch)? else {
+            Request::Lookup { hashes: chunk.to_vec() }.send(self.ch())?;
+            let Reply::Slots(s) = Reply::recv(self.ch())? else {
                 return Err(Error::InvalidArgument { what: "advmd reply", why: "expected slots".into() });
             };
             out.extend(self.check_slots(s, chunk.len())?);
@@ -154,8 +175,8 @@ impl Backend for Daemon {
                 k += n;
             }
             let staging = sys::reopen_read_only(self.staging.as_fd())?;
-            Request::Add { pages: chunk.len() as u32, staging }.send(&self.ch)?;
-            let Reply::Added { slots, refusal: why } = Reply::recv(&self.ch)? else {
+            Request::Add { pages: chunk.len() as u32, staging }.send(self.ch())?;
+            let Reply::Added { slots, refusal: why } = Reply::recv(self.ch())? else {
                 return Err(Error::InvalidArgument { what: "advmd reply", why: "expected added slots".into() });
             };
             out.extend(self.check_slots(slots, chunk.len())?);
@@ -168,8 +189,8 @@ impl Backend for Daemon {
         Ok((out, refusal))
     }
     fn usage(&mut self) -> Result<StoreUsage> {
-        Request::Usage.send(&self.ch)?;
-        match Reply::recv(&self.ch)? {
+        Request::Usage.send(self.ch())?;
+        match Reply::recv(self.ch())? {
             Reply::Usage(u) => Ok(u),
             _ => Err(Error::InvalidArgument { what: "advmd reply", why: "expected usage".into() }),
         }
