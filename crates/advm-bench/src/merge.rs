@@ -268,6 +268,66 @@ fn run_one(
     Ok(Outcome { distinct, cgroup, to_saving_s, throughput_gbs, ksmd_cpu_s, lat_before, lat_after, series })
 }
 
+/// One process merging `mib` MiB twice (new pages, then the same content again) through
+/// `client`: GB/s of each, `runs` times.
+fn throughput(client: &mut advm::merge::Client, mib: usize, runs: usize) -> Result<(Vec<f64>, Vec<f64>), BenchError> {
+    let (mut add, mut merge) = (Vec::new(), Vec::new());
+    for run in 0..runs {
+        let mut a = advm::mem::Region::new(mib << 20)?;
+        let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (run as u64) << 32;
+        for c in a.bytes_mut().chunks_exact_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            c.copy_from_slice(&x.to_le_bytes());
+        }
+        let mut b = advm::mem::Region::new(mib << 20)?;
+        b.bytes_mut().copy_from_slice(a.bytes());
+        add.push(client.merge(a.bytes())?.throughput() / 1e9);
+        merge.push(client.merge(b.bytes())?.throughput() / 1e9);
+    }
+    Ok((add, merge))
+}
+
+/// Throughput rows: this process's own store, and advmd's (a daemon started for it).
+fn throughput_rows(opts: &BenchOpts, report: &mut Report) -> Result<(), BenchError> {
+    let mib = if opts.quick { 64 } else { 1024 };
+    let runs = opts.runs.max(1);
+    let mut local = advm::merge::Client::local(4 << 30, "bench: the process's own store")?;
+    let (a, m) = throughput(&mut local, mib, runs)?;
+    let sock = bench_dir().join(format!("advmd-tp-{}.sock", std::process::id()));
+    let exe = std::env::current_exe().map_err(|e| io("current exe", e))?;
+    let _daemon = Daemon(
+        Command::new(exe)
+            .args(["daemon", "--socket"])
+            .arg(&sock)
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| io("advm daemon", e))?,
+    );
+    let t = Instant::now();
+    let mut daemon = loop {
+        match advm::merge::Client::connect(&sock, "") {
+            Ok(c) => break c,
+            Err(_) if t.elapsed() < Duration::from_secs(10) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(e.into()),
+        }
+    };
+    let (da, dm) = throughput(&mut daemon, mib, runs)?;
+    let _ = std::fs::remove_file(&sock);
+    for (store, add, merge) in [("own store", a, m), ("advmd", da, dm)] {
+        report.rows.push(
+            Row::new()
+                .with("model", format!("{mib} MiB buffer"))
+                .with("workers", 1)
+                .with("method", format!("throughput, {store}"))
+                .figure(Figure::new("merge throughput", "GB/s", merge))
+                .figure(Figure::new("add throughput", "GB/s", add)),
+        );
+    }
+    Ok(())
+}
+
 impl Bench for MergeBench {
     fn name(&self) -> &'static str {
         "merge"
@@ -305,7 +365,16 @@ impl Bench for MergeBench {
             .map(|n| n.parse::<usize>().ok().filter(|&n| (1..=64).contains(&n)))
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| BenchError::Usage("ADVM_BENCH_MERGE_WORKERS: numbers from 1 to 64".into()))?;
-        let methods = [Method::None, Method::Ksm(100), Method::Ksm(1000), Method::Merge];
+        let all = [Method::None, Method::Ksm(100), Method::Ksm(1000), Method::Merge];
+        // $ADVM_BENCH_MERGE_METHODS: a subset of none,ksm100,ksm1000,merge.
+        let wanted = pick("ADVM_BENCH_MERGE_METHODS", "none,ksm100,ksm1000,merge");
+        let key = |m: Method| match m {
+            Method::None => "none".to_string(),
+            Method::Ksm(p) => format!("ksm{p}"),
+            Method::Merge => "merge".into(),
+        };
+        let methods: Vec<Method> = all.into_iter().filter(|&m| wanted.contains(&key(m))).collect();
+        throughput_rows(opts, report)?;
         let bar = opts.progress_bar((names.len() * ns.len() * methods.len()) as u64, "bench merge");
         let mut curves = serde_json::Map::new();
         for model in &names {

@@ -125,7 +125,46 @@ impl Drop for Daemon {
     }
 }
 
+/// Pages looked up again and staged per add batch (8 MiB of 4 KiB pages).
+const ADD_BATCH: usize = 2048;
+
 impl Daemon {
+    /// Copies the pages `which` into the staging memfd (one pwrite per run) and asks
+    /// the daemon to store them.
+    fn stage_and_add(
+        &mut self,
+        bytes: &[u8],
+        which: &[usize],
+        refusal: &mut Option<String>,
+    ) -> Result<Vec<Option<u32>>> {
+        let ps = page_size();
+        let mut k = 0;
+        while k < which.len() {
+            let mut n = 1;
+            while k + n < which.len() && which[k + n] == which[k] + n {
+                n += 1;
+            }
+            let src = bytes.get(which[k] * ps..(which[k] + n) * ps).ok_or_else(|| Error::InvalidArgument {
+                what: "pages to add",
+                why: format!("page {} lies past the {} bytes given", which[k] + n - 1, bytes.len()),
+            })?;
+            self.staging.write_all_at(src, (k * ps) as u64)?;
+            k += n;
+        }
+        let staging = sys::reopen_read_only(self.staging.as_fd())?;
+        Request::Add { pages: which.len() as u32, staging }.send(self.ch())?;
+        let Reply::Added { slots, refusal: why } = Reply::recv(self.ch())? else {
+            return Err(Error::InvalidArgument { what: "advmd reply", why: "expected added slots".into() });
+        };
+        let out = self.check_slots(slots, which.len())?;
+        if !why.is_empty() {
+            *refusal = Some(why);
+        }
+        // The staged copies are not needed once the daemon has its own.
+        self.staging.punch_hole(0, (which.len() * ps) as u64)?;
+        Ok(out)
+    }
+
     fn ch(&self) -> &Channel {
         self.ch.as_ref().expect("the channel is parked only on drop")
     }
@@ -159,32 +198,16 @@ impl Backend for Daemon {
         let ps = page_size();
         let mut out = Vec::with_capacity(which.len());
         let mut refusal = None;
-        for chunk in which.chunks(super::protocol::MAX_PAGES) {
-            // Staged in order, one pwrite per run of pages consecutive in `bytes`.
-            let mut k = 0;
-            while k < chunk.len() {
-                let mut n = 1;
-                while k + n < chunk.len() && chunk[k + n] == chunk[k] + n {
-                    n += 1;
-                }
-                let src = bytes.get(chunk[k] * ps..(chunk[k] + n) * ps).ok_or_else(|| Error::InvalidArgument {
-                    what: "pages to add",
-                    why: format!("page {} lies past the {} bytes given", chunk[k] + n - 1, bytes.len()),
-                })?;
-                self.staging.write_all_at(src, (k * ps) as u64)?;
-                k += n;
-            }
-            let staging = sys::reopen_read_only(self.staging.as_fd())?;
-            Request::Add { pages: chunk.len() as u32, staging }.send(self.ch())?;
-            let Reply::Added { slots, refusal: why } = Reply::recv(self.ch())? else {
-                return Err(Error::InvalidArgument { what: "advmd reply", why: "expected added slots".into() });
-            };
-            out.extend(self.check_slots(slots, chunk.len())?);
-            if !why.is_empty() {
-                refusal = Some(why);
-            }
-            // The staged copies are not needed once the daemon has its own.
-            self.staging.punch_hole(0, (chunk.len() * ps) as u64)?;
+        // In batches, each looked up again first: processes loading the same data at
+        // the same time then stage only what none of them has added yet.
+        for chunk in which.chunks(ADD_BATCH) {
+            let hashes: Vec<u64> = chunk.iter().map(|&i| self.hasher.hash(&bytes[i * ps..(i + 1) * ps])).collect();
+            let found = self.lookup(&hashes)?;
+            let missing: Vec<usize> = chunk.iter().zip(&found).filter(|(_, f)| f.is_none()).map(|(&i, _)| i).collect();
+            let mut added =
+                if missing.is_empty() { Vec::new() } else { self.stage_and_add(bytes, &missing, &mut refusal)? }
+                    .into_iter();
+            out.extend(found.into_iter().map(|f| f.or_else(|| added.next().flatten())));
         }
         Ok((out, refusal))
     }
