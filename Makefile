@@ -8,7 +8,11 @@ APT_PACKAGES := build-essential pkg-config qemu-utils python3 python3-pip python
 	r-base-core r-cran-randomforest r-cran-kernlab r-cran-e1071 r-cran-rpart r-cran-nnet \
 	r-cran-gbm r-cran-class r-cran-glmnet python3-numpy python3-pandas
 
-.PHONY: demo test deps deps-system deps-rust build release fmt clippy
+.PHONY: demo test deps deps-system deps-rust deps-python deps-python-bench build release fmt clippy test-python
+
+# The Python package's tests and `advm bench merge` run in this virtualenv.
+PYENV := target/pyenv
+PY := $(PYENV)/bin/python
 
 deps: deps-system deps-rust
 
@@ -28,6 +32,16 @@ deps-rust:
 	@$(CARGO) fmt --version >/dev/null 2>&1 || rustup component add rustfmt
 	@$(CARGO) clippy --version >/dev/null 2>&1 || rustup component add clippy
 
+# maturin builds the advm wheel, pytest runs its tests (PyPI, into $(PYENV)).
+deps-python: deps-system
+	@test -x $(PY) || python3 -m venv $(PYENV)
+	@$(PY) -m pip install -q --disable-pip-version-check maturin numpy pytest
+
+# What `advm bench merge` runs: onnxruntime serving ONNX models built with onnx, and
+# the PP-OCR models shipped inside rapidocr-onnxruntime.
+deps-python-bench: deps-python
+	@$(PY) -m pip install -q --disable-pip-version-check onnx onnxruntime rapidocr-onnxruntime
+
 release: deps
 	$(CARGO) build --release --workspace
 
@@ -46,3 +60,9 @@ clippy:
 test: deps fmt clippy
 	$(CARGO) build --workspace
 	$(CARGO) test --workspace
+	$(MAKE) test-python
+
+# Builds and installs the abi3 wheel from crates/advm-py, then runs its pytest suite.
+test-python: deps-python
+	$(PY) -m pip install -q --disable-pip-version-check ./crates/advm-py
+	$(PY) -m pytest -q crates/advm-py/tests

@@ -15,6 +15,7 @@
 #define ADVM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #if defined(__GNUC__) || defined(__clang__)
 #define ADVM_DEPRECATED(msg) __attribute__((deprecated(msg)))
@@ -146,6 +147,27 @@ void advm_remap_set_break_even_pages(size_t pages);
 /* Deprecated typedef aliases of the remap structs (the old spelling). */
 typedef struct advm_remap_stats advm_remap_stats ADVM_DEPRECATED("use struct advm_remap_stats");
 typedef struct advm_batch advm_batch ADVM_DEPRECATED("use struct advm_batch");
+
+/* ---- User-guided page merging (advm::merge, docs/merge.md) ---------------------
+ * Merges the full pages of [addr, addr+len): pages equal to ones in the store become
+ * copy-on-write private mappings of the store's pages, new pages are added to it,
+ * partial end pages and zero pages are left alone. The bytes the process reads never
+ * change; a thread writing the range meanwhile waits and its write lands afterwards.
+ * The store is advmd's for the caller's uid (socket $ADVM_SOCKET, else
+ * /run/advm/advmd.sock), else one of this process's own (advm_merge_via says which).
+ * Returns 0, or -EINVAL for a range that is unmapped, shared or file-backed. */
+struct advm_merge_stats {
+    uint64_t merged;      /* pages now mapping a page the store already held */
+    uint64_t added;       /* pages added to the store */
+    uint64_t skipped;     /* pages left alone */
+    uint64_t refused;     /* of skipped: the store reached its byte limit */
+    uint64_t nanoseconds; /* time taken */
+    uint32_t via_daemon;  /* 1: advmd's store; 0: this process's own */
+};
+int advm_merge(const void *addr, size_t len, struct advm_merge_stats *out);
+/* Which store merges use, and why not advmd when not; owned by the library. */
+const char *advm_merge_via(void);
+/* ---- end merging ---- */
 
 #ifdef __cplusplus
 }

@@ -9,6 +9,7 @@
 
 mod error;
 mod image;
+mod merge;
 pub mod meters;
 mod r;
 mod remap;
@@ -213,6 +214,7 @@ pub fn all() -> Vec<Box<dyn Bench>> {
         Box::new(image::ImageBench),
         Box::new(r::RBench),
         Box::new(shim_stress::ShimStressBench),
+        Box::new(merge::MergeBench),
     ]
 }
 

@@ -1,5 +1,6 @@
 //! `advm`: application-directed virtual memory from the command line.
 
+mod daemon_cmd;
 mod image_cmd;
 mod run_cmd;
 mod stat_cmd;
@@ -69,6 +70,8 @@ enum Command {
     },
     /// Run a program with the preload shim: virtual copies for unmodified programs.
     Run(run_cmd::RunArgs),
+    /// Run advmd, the daemon keeping merge page stores per security domain, in the foreground.
+    Daemon(daemon_cmd::DaemonArgs),
     /// Every capability on its built-in workload against its baseline, one table.
     Demo {
         /// Print JSON.
@@ -182,6 +185,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Demo { json, only } => demo(json, &only)?,
         Command::Run(args) => run_cmd::run(args)?,
+        Command::Daemon(args) => daemon_cmd::run(args)?,
     }
     Ok(())
 }

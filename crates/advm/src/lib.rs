@@ -10,12 +10,14 @@ pub mod error;
 pub mod image;
 pub mod ksm;
 pub mod mem;
+pub mod merge;
 pub mod probe;
 pub mod process;
 pub mod remap;
 pub mod stats;
 pub(crate) mod sys;
 pub mod vcopy;
+pub mod wire;
 
 pub use error::{Error, Result};
 

@@ -8,6 +8,7 @@
 pub mod fs;
 pub mod ksm;
 pub mod memfd;
+pub mod merge;
 pub mod mman;
 pub mod pagemap;
 pub mod process;

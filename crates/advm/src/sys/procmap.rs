@@ -30,6 +30,8 @@ pub struct Vma {
     pub shared: bool,
     /// Backed by a file (memfd, image, library); false for anonymous memory.
     pub file_backed: bool,
+    /// The backing file's inode number (0 for anonymous memory).
+    pub inode: u64,
 }
 
 impl Vma {
@@ -73,9 +75,22 @@ const VMA_WRITABLE: u64 = 0x02;
 const VMA_EXECUTABLE: u64 = 0x04;
 const VMA_SHARED: u64 = 0x08;
 
+/// This process's maps file, opened once per process: `/proc/self` is resolved at
+/// open time, so a forked child must open its own (the parent's would describe the
+/// parent's address space). A child's one file is leaked on purpose, to hand out
+/// `'static` borrows.
 fn maps_file() -> Option<&'static File> {
-    static MAPS: OnceLock<Option<File>> = OnceLock::new();
-    MAPS.get_or_init(|| File::open("/proc/self/maps").ok()).as_ref()
+    static MAPS: std::sync::Mutex<Option<(u32, &'static File)>> = std::sync::Mutex::new(None);
+    let mut g = MAPS.lock().unwrap_or_else(|p| p.into_inner());
+    let pid = std::process::id();
+    match *g {
+        Some((p, f)) if p == pid => Some(f),
+        _ => {
+            let f: &'static File = Box::leak(Box::new(File::open("/proc/self/maps").ok()?));
+            *g = Some((pid, f));
+            Some(f)
+        }
+    }
 }
 
 /// The mapping that contains `addr`, or `None` when `addr` is not mapped.
@@ -112,6 +127,7 @@ fn query_ioctl(file: &File, addr: usize) -> Result<Vma, Errno> {
         executable: q.vma_flags & VMA_EXECUTABLE != 0,
         shared: q.vma_flags & VMA_SHARED != 0,
         file_backed: q.inode != 0 || q.dev_major != 0 || q.dev_minor != 0,
+        inode: q.inode,
     })
 }
 
@@ -137,6 +153,7 @@ fn parse_line(line: &str) -> Option<Vma> {
         executable: perms.get(2) == Some(&b'x'),
         shared: perms.get(3) == Some(&b's'),
         file_backed: inode != 0 || dev != "00:00",
+        inode,
     })
 }
 

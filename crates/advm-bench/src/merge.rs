@@ -1,0 +1,448 @@
+//! `advm bench merge`: the UPM paper's experiment. N Python workers serve one model
+//! with onnxruntime, its weights in page-aligned anonymous memory; they run with no
+//! dedup, with KSM (the whole process mergeable, `PR_SET_MEMORY_MERGE`) at 100 and 1000
+//! pages per 20 ms, or merge their weight buffers with `advm.merge` through an advmd
+//! started for the run. Workers and daemon share one memory cgroup, so the daemon's
+//! store is counted by both meters. Per run: memory of all of them together at the end
+//! (both meters) against no dedup, time from load to that saving, merge throughput,
+//! ksmd CPU, request latency before and after merging.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use advm::stats::cgroup::Group;
+use advm::stats::{self as st, Options};
+
+use crate::{Bench, BenchError, BenchOpts, DemoRow, Figure, Report, Row};
+
+const WORKER: &str = include_str!("../../../bench/merge/worker.py");
+const MAKE_MODELS: &str = include_str!("../../../bench/merge/make_models.py");
+
+/// The benchmark.
+pub struct MergeBench;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Method {
+    None,
+    Ksm(u32),
+    Merge,
+}
+
+impl Method {
+    fn name(self) -> String {
+        match self {
+            Method::None => "no dedup".into(),
+            Method::Ksm(p) => format!("KSM {p} pages/20 ms"),
+            Method::Merge => "advm.merge (advmd)".into(),
+        }
+    }
+    fn worker_arg(self) -> &'static str {
+        match self {
+            Method::None => "none",
+            Method::Ksm(_) => "ksm",
+            Method::Merge => "merge",
+        }
+    }
+}
+
+/// What one run measured.
+struct Outcome {
+    distinct: f64,
+    cgroup: Option<f64>,
+    /// Seconds from all workers loaded to within 5% of the final memory (KSM), or the
+    /// longest merge (advm.merge).
+    to_saving_s: f64,
+    throughput_gbs: Vec<f64>,
+    ksmd_cpu_s: f64,
+    lat_before: Vec<f64>,
+    lat_after: Vec<f64>,
+    /// (seconds since start, distinct bytes, cgroup bytes) every 100 ms.
+    series: Vec<(f64, u64, Option<u64>)>,
+}
+
+fn bench_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bench-merge")
+}
+
+/// The Python with onnxruntime, onnx, numpy and advm: `$ADVM_PYTHON`, else the
+/// virtualenv `make deps-python-bench` fills.
+fn python() -> Result<PathBuf, BenchError> {
+    let py = std::env::var_os("ADVM_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/pyenv/bin/python"));
+    let ok = Command::new(&py)
+        .args(["-c", "import onnxruntime, onnx, numpy, advm, rapidocr_onnxruntime"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        return Err(BenchError::Usage(format!(
+            "bench merge needs {} with onnxruntime, onnx, rapidocr-onnxruntime, numpy and the advm package: \
+             run `make deps-python-bench test-python` (or set ADVM_PYTHON)",
+            py.display()
+        )));
+    }
+    Ok(py)
+}
+
+fn io(what: &str, e: std::io::Error) -> BenchError {
+    BenchError::Usage(format!("{what}: {e}"))
+}
+
+/// Writes the scripts and builds the models once.
+fn models(py: &Path) -> Result<PathBuf, BenchError> {
+    let dir = bench_dir();
+    std::fs::create_dir_all(&dir).map_err(|e| io("bench dir", e))?;
+    std::fs::write(dir.join("worker.py"), WORKER).map_err(|e| io("worker.py", e))?;
+    std::fs::write(dir.join("make_models.py"), MAKE_MODELS).map_err(|e| io("make_models.py", e))?;
+    let models = dir.join("models");
+    if !models.join("resnet50.json").exists() {
+        let s = Command::new(py).arg(dir.join("make_models.py")).arg(&models).status().map_err(|e| io("python", e))?;
+        if !s.success() {
+            return Err(BenchError::Usage(format!("building the models failed ({s})")));
+        }
+    }
+    Ok(models)
+}
+
+struct Worker {
+    child: Child,
+    stdin: ChildStdin,
+    out: BufReader<ChildStdout>,
+}
+
+fn line(w: &mut Worker) -> Result<serde_json::Value, BenchError> {
+    let mut s = String::new();
+    w.out.read_line(&mut s).map_err(|e| io("worker output", e))?;
+    if s.is_empty() {
+        let status = w.child.wait().map_err(|e| io("worker", e))?;
+        if let Some(sig) = std::os::unix::process::ExitStatusExt::signal(&status) {
+            if [libc::SIGTERM, libc::SIGHUP, libc::SIGINT].contains(&sig) {
+                return Err(BenchError::Interrupted(format!("a worker got signal {sig}")));
+            }
+        }
+        return Err(BenchError::Usage(format!("a worker ended without reporting ({status})")));
+    }
+    serde_json::from_str(&s).map_err(|e| BenchError::Usage(format!("worker said {s:?}: {e}")))
+}
+
+fn floats(v: &serde_json::Value) -> Vec<f64> {
+    v.as_array().map(|a| a.iter().filter_map(|x| x.as_f64()).collect()).unwrap_or_default()
+}
+
+struct Daemon(Child);
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn run_one(
+    py: &Path,
+    models: &Path,
+    model: &str,
+    n: usize,
+    method: Method,
+    quick: bool,
+) -> Result<Outcome, BenchError> {
+    let group = Group::create(&format!("advm-bench-merge-{}", std::process::id()))?;
+    let sock = bench_dir().join(format!("advmd-{}.sock", std::process::id()));
+    let mut pids: Vec<i32> = Vec::new();
+    let daemon = if method == Method::Merge {
+        let exe = std::env::current_exe().map_err(|e| io("current exe", e))?;
+        let mut cmd = Command::new(exe);
+        cmd.args(["daemon", "--socket"]).arg(&sock).stderr(Stdio::null());
+        group.join_at_exec(&mut cmd)?;
+        let d = Daemon(cmd.spawn().map_err(|e| io("advm daemon", e))?);
+        pids.push(d.0.id() as i32);
+        let t = Instant::now();
+        while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+            if t.elapsed() > Duration::from_secs(10) {
+                return Err(BenchError::Usage("advm daemon did not start listening in 10 s".into()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(d)
+    } else {
+        None
+    };
+    let ksm = match method {
+        Method::Ksm(p) => Some(advm::ksm::Session::start(p, 20)?),
+        _ => None,
+    };
+    let ksmd0 = advm::ksm::ksmd_cpu_seconds().unwrap_or(0.0);
+    let requests = if quick { "2" } else { "5" };
+    let t0 = Instant::now();
+    let mut workers = Vec::new();
+    for _ in 0..n {
+        let mut cmd = Command::new(py);
+        cmd.arg(bench_dir().join("worker.py"))
+            .args([models.to_str().unwrap_or("."), model, method.worker_arg(), requests])
+            .env("ADVM_SOCKET", &sock)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        group.join_at_exec(&mut cmd)?;
+        let mut child = cmd.spawn().map_err(|e| io("python worker", e))?;
+        let (stdin, out) = (child.stdin.take().expect("piped"), child.stdout.take().expect("piped"));
+        pids.push(child.id() as i32);
+        workers.push(Worker { child, stdin, out: BufReader::new(out) });
+    }
+    let _signals = advm::process::ForwardSignals::to(workers[0].child.id()).ok();
+    // Sample both meters every 100 ms on a thread while the workers load.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (stop, pids, gpath) = (stop.clone(), pids.clone(), group.path().to_path_buf());
+        std::thread::spawn(move || -> Vec<(f64, u64, Option<u64>)> {
+            let g = Group::open(&gpath).ok();
+            let mut out = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let d = st::measure(&pids, Options::default()).map(|s| s.anon_shmem_bytes).unwrap_or(0);
+                let c = g.as_ref().and_then(|g| g.usage().ok()).map(|u| u.anon_shmem_bytes());
+                out.push((t0.elapsed().as_secs_f64(), d, c));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            out
+        })
+    };
+    let mut ready = Vec::new();
+    for w in &mut workers {
+        ready.push(line(w)?);
+    }
+    let t_ready = t0.elapsed().as_secs_f64();
+    // KSM needs time: it merges a page on its second full scan at the earliest. Wait
+    // for two full scans after the load and memory no longer falling (1% over 3 s), or
+    // the limit.
+    let limit = if quick { 20.0 } else { 120.0 };
+    let scans = || advm::ksm::system().map_or(0, |s| s.full_scans);
+    let scans0 = scans();
+    let settle = if ksm.is_some() { 3.0 } else { 1.0 };
+    let mut last = (f64::MAX, Instant::now());
+    let t_wait = Instant::now();
+    loop {
+        let d = st::measure(&pids, Options::default())?.anon_shmem_bytes as f64;
+        if d < last.0 * 0.99 {
+            last = (d, Instant::now());
+        }
+        let scanned = ksm.is_none() || scans() >= scans0 + 2;
+        if (scanned && last.1.elapsed().as_secs_f64() >= settle) || t_wait.elapsed().as_secs_f64() >= limit {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let series = sampler.join().map_err(|_| BenchError::Usage("the sampler panicked".into()))?;
+    let ksmd_cpu_s = advm::ksm::ksmd_cpu_seconds().unwrap_or(0.0) - ksmd0;
+    drop(ksm);
+    let tail: Vec<_> = series.iter().rev().take(5).collect();
+    let distinct = crate::median(&tail.iter().map(|s| s.1 as f64).collect::<Vec<_>>());
+    let cgroup = tail.iter().map(|s| s.2.map(|c| c as f64)).collect::<Option<Vec<_>>>().map(|v| crate::median(&v));
+    let peak = series.iter().map(|s| s.1).max().unwrap_or(0) as f64;
+    let reach = series
+        .iter()
+        .find(|s| s.0 >= t_ready && (s.1 as f64) <= distinct + 0.05 * (peak - distinct).max(0.0))
+        .map_or(0.0, |s| s.0 - t_ready);
+    let merges: Vec<&serde_json::Value> =
+        ready.iter().filter_map(|r| r.get("merge").filter(|m| !m.is_null())).collect();
+    let throughput_gbs: Vec<f64> =
+        merges.iter().filter_map(|m| Some(m["bytes"].as_f64()? / m["seconds"].as_f64()? / 1e9)).collect();
+    let to_saving_s = if method == Method::Merge {
+        merges.iter().filter_map(|m| m["seconds"].as_f64()).fold(0.0, f64::max)
+    } else {
+        reach
+    };
+    let lat_before: Vec<f64> = ready.iter().flat_map(|r| floats(&r["latency_before_ms"])).collect();
+    for w in &mut workers {
+        w.stdin.write_all(b"go\n").map_err(|e| io("worker stdin", e))?;
+    }
+    let mut lat_after = Vec::new();
+    for w in &mut workers {
+        lat_after.extend(floats(&line(w)?["latency_after_ms"]));
+        let _ = w.child.wait();
+    }
+    drop(daemon);
+    let _ = std::fs::remove_file(&sock);
+    group.remove()?;
+    Ok(Outcome { distinct, cgroup, to_saving_s, throughput_gbs, ksmd_cpu_s, lat_before, lat_after, series })
+}
+
+/// One process merging `mib` MiB twice (new pages, then the same content again) through
+/// `client`: GB/s of each, `runs` times.
+fn throughput(client: &mut advm::merge::Client, mib: usize, runs: usize) -> Result<(Vec<f64>, Vec<f64>), BenchError> {
+    let (mut add, mut merge) = (Vec::new(), Vec::new());
+    for run in 0..runs {
+        let mut a = advm::mem::Region::new(mib << 20)?;
+        let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (run as u64) << 32;
+        for c in a.bytes_mut().chunks_exact_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            c.copy_from_slice(&x.to_le_bytes());
+        }
+        let mut b = advm::mem::Region::new(mib << 20)?;
+        b.bytes_mut().copy_from_slice(a.bytes());
+        add.push(client.merge(a.bytes())?.throughput() / 1e9);
+        merge.push(client.merge(b.bytes())?.throughput() / 1e9);
+    }
+    Ok((add, merge))
+}
+
+/// Throughput rows: this process's own store, and advmd's (a daemon started for it).
+fn throughput_rows(opts: &BenchOpts, report: &mut Report) -> Result<(), BenchError> {
+    let mib = if opts.quick { 64 } else { 1024 };
+    let runs = opts.runs.max(1);
+    let mut local = advm::merge::Client::local(4 << 30, "bench: the process's own store")?;
+    let (a, m) = throughput(&mut local, mib, runs)?;
+    let sock = bench_dir().join(format!("advmd-tp-{}.sock", std::process::id()));
+    let exe = std::env::current_exe().map_err(|e| io("current exe", e))?;
+    let _daemon = Daemon(
+        Command::new(exe)
+            .args(["daemon", "--socket"])
+            .arg(&sock)
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| io("advm daemon", e))?,
+    );
+    let t = Instant::now();
+    let mut daemon = loop {
+        match advm::merge::Client::connect(&sock, "") {
+            Ok(c) => break c,
+            Err(_) if t.elapsed() < Duration::from_secs(10) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(e.into()),
+        }
+    };
+    let (da, dm) = throughput(&mut daemon, mib, runs)?;
+    let _ = std::fs::remove_file(&sock);
+    for (store, add, merge) in [("own store", a, m), ("advmd", da, dm)] {
+        report.rows.push(
+            Row::new()
+                .with("model", format!("{mib} MiB buffer"))
+                .with("workers", 1)
+                .with("method", format!("throughput, {store}"))
+                .figure(Figure::new("merge throughput", "GB/s", merge))
+                .figure(Figure::new("add throughput", "GB/s", add)),
+        );
+    }
+    Ok(())
+}
+
+impl Bench for MergeBench {
+    fn name(&self) -> &'static str {
+        "merge"
+    }
+
+    fn description(&self) -> &'static str {
+        "UPM: N onnxruntime workers sharing a model; no dedup vs KSM (100, 1000 pages/20 ms) vs advm.merge through advmd"
+    }
+
+    fn default_runs(&self) -> usize {
+        1
+    }
+
+    fn run(&self, opts: &BenchOpts, report: &mut Report) -> Result<(), BenchError> {
+        let py = python()?;
+        let models = models(&py)?;
+        // $ADVM_BENCH_MERGE_MODELS and $ADVM_BENCH_MERGE_WORKERS (comma separated) pick a
+        // subset: the whole table takes the better part of an hour.
+        let pick = |var: &str, default: &str| -> Vec<String> {
+            std::env::var(var)
+                .unwrap_or_else(|_| default.to_string())
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .collect()
+        };
+        let names =
+            pick("ADVM_BENCH_MERGE_MODELS", if opts.quick { "ppocr-rec" } else { "ppocr-rec,alexnet,resnet50" });
+        if let Some(bad) = names.iter().find(|m| !["ppocr-rec", "alexnet", "resnet50"].contains(&m.as_str())) {
+            return Err(BenchError::Usage(format!(
+                "ADVM_BENCH_MERGE_MODELS: no model {bad:?} (ppocr-rec, alexnet, resnet50)"
+            )));
+        }
+        let ns = pick("ADVM_BENCH_MERGE_WORKERS", if opts.quick { "1,2" } else { "1,2,4,8,16" })
+            .iter()
+            .map(|n| n.parse::<usize>().ok().filter(|&n| (1..=64).contains(&n)))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| BenchError::Usage("ADVM_BENCH_MERGE_WORKERS: numbers from 1 to 64".into()))?;
+        let all = [Method::None, Method::Ksm(100), Method::Ksm(1000), Method::Merge];
+        // $ADVM_BENCH_MERGE_METHODS: a subset of none,ksm100,ksm1000,merge.
+        let wanted = pick("ADVM_BENCH_MERGE_METHODS", "none,ksm100,ksm1000,merge");
+        let key = |m: Method| match m {
+            Method::None => "none".to_string(),
+            Method::Ksm(p) => format!("ksm{p}"),
+            Method::Merge => "merge".into(),
+        };
+        let methods: Vec<Method> = all.into_iter().filter(|&m| wanted.contains(&key(m))).collect();
+        throughput_rows(opts, report)?;
+        let bar = opts.progress_bar((names.len() * ns.len() * methods.len()) as u64, "bench merge");
+        let mut curves = serde_json::Map::new();
+        for model in &names {
+            for &n in &ns {
+                let mut base: Option<(f64, Option<f64>)> = None;
+                for &m in &methods {
+                    let o = run_one(&py, &models, model, n, m, opts.quick)?;
+                    bar.inc(1);
+                    let (bd, bc) = *base.get_or_insert((o.distinct, o.cgroup));
+                    let saving = |x: f64, b: f64| if b > 0.0 { 100.0 * (b - x) / b } else { 0.0 };
+                    let mib = |b: f64| b / (1 << 20) as f64;
+                    report.meter_disagreements.extend(crate::meters::disagreement(
+                        &format!("{model} n={n} {}", m.name()),
+                        o.distinct,
+                        o.cgroup.unwrap_or(o.distinct),
+                    ));
+                    curves.insert(
+                        format!("{model}/{n}/{}", m.name()),
+                        serde_json::json!(o
+                            .series
+                            .iter()
+                            .map(|s| [s.0, s.1 as f64, s.2.map_or(f64::NAN, |c| c as f64)])
+                            .collect::<Vec<_>>()),
+                    );
+                    report.rows.push(
+                        Row::new()
+                            .with("model", model)
+                            .with("workers", n)
+                            .with("method", m.name())
+                            .figure(Figure::single("memory (distinct)", "MiB", mib(o.distinct)))
+                            .figure(Figure::single("saving (distinct)", "%", saving(o.distinct, bd)))
+                            .figure(Figure::single("memory (cgroup)", "MiB", o.cgroup.map_or(f64::NAN, mib)))
+                            .figure(Figure::single(
+                                "saving (cgroup)",
+                                "%",
+                                match (o.cgroup, bc) {
+                                    (Some(c), Some(b)) => saving(c, b),
+                                    _ => f64::NAN,
+                                },
+                            ))
+                            .figure(Figure::single("time to saving", "s", o.to_saving_s))
+                            .figure(Figure::new("merge throughput", "GB/s", o.throughput_gbs.clone()))
+                            .figure(Figure::single("ksmd CPU", "s", o.ksmd_cpu_s))
+                            .figure(Figure::new("latency before", "ms", o.lat_before.clone()))
+                            .figure(Figure::new("latency after", "ms", o.lat_after.clone())),
+                    );
+                }
+            }
+        }
+        bar.finish_and_clear();
+        report.configuration.insert("models".into(), serde_json::json!(names));
+        report.configuration.insert("workers".into(), serde_json::json!(ns));
+        report.configuration.insert("memory_over_time".into(), serde_json::Value::Object(curves));
+        report.notes.push(
+            "memory: all workers (and advmd, which holds the store) together at the end, when KSM stopped saving \
+             (1% over 3 s) or after 120 s; saving against no dedup at the same N. Latency: every worker's requests, \
+             before and after its merge (KSM: before and after convergence)."
+                .into(),
+        );
+        report.notes.push(
+            "advm run --mode merge (merging unmodified programs) is not available yet: this table has the explicit \
+             advm.merge of the weight buffers only."
+                .into(),
+        );
+        Ok(())
+    }
+
+    fn demo(&self) -> Result<Vec<DemoRow>, BenchError> {
+        Ok(Vec::new())
+    }
+}

@@ -1,0 +1,35 @@
+//! `advm daemon [--socket PATH]`: runs advmd in the foreground (docs/deploy.md).
+
+use std::time::Duration;
+
+use crate::CliError;
+
+/// Arguments of `advm daemon`.
+#[derive(Debug, clap::Args)]
+pub struct DaemonArgs {
+    /// Where to listen (default: $ADVM_SOCKET, else /run/advm/advmd.sock).
+    #[arg(long)]
+    pub socket: Option<std::path::PathBuf>,
+    /// Bytes each security domain's page store may hold (MiB).
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1 << 24))]
+    pub domain_limit_mib: u64,
+    /// Clients served at once; more are refused with a reply saying so.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub max_clients: u64,
+    /// Seconds a request may take to arrive once begun (and a reply to be read).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub frame_timeout_s: u64,
+}
+
+/// Serves until killed.
+pub fn run(args: DaemonArgs) -> Result<(), CliError> {
+    let socket = args.socket.unwrap_or_else(advm::merge::socket_path);
+    let mut cfg = advmd::Config::at(&socket);
+    cfg.domain_limit_bytes = args.domain_limit_mib << 20;
+    cfg.max_clients = args.max_clients as usize;
+    cfg.frame_timeout = Duration::from_secs(args.frame_timeout_s);
+    let d = advmd::Daemon::bind(cfg).map_err(|e| CliError::Usage(format!("advm daemon: {e}")))?;
+    eprintln!("advmd: serving on {} (stores of at most {} MiB per domain)", socket.display(), args.domain_limit_mib);
+    d.serve();
+    Ok(())
+}

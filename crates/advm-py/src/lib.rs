@@ -1,0 +1,187 @@
+//! The `advm` Python package's native part (`advm._advm`): merging any buffer,
+//! measuring a process, and arena blocks for virtual copies. `python/advm/__init__.py`
+//! wraps it with type hints and the NumPy conveniences.
+//!
+//! `unsafe` here is limited to the buffer protocol: borrowing a Python buffer's memory
+//! for a merge, and lending an arena block's memory to Python.
+#![allow(unsafe_code)]
+
+use std::ffi::c_int;
+use std::sync::OnceLock;
+
+use advm::mem::HostAddr;
+use advm::vcopy::Arena;
+use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+fn to_py(e: advm::Error) -> PyErr {
+    match e {
+        advm::Error::InvalidArgument { .. } => PyValueError::new_err(e.to_string()),
+        _ => PyOSError::new_err(e.to_string()),
+    }
+}
+
+/// A borrowed contiguous view of a Python buffer, released on drop.
+struct View(pyo3::ffi::Py_buffer);
+
+impl View {
+    fn of(obj: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let mut raw = std::mem::MaybeUninit::<pyo3::ffi::Py_buffer>::uninit();
+        // SAFETY: `raw` is writable storage for a Py_buffer; on success the exporter
+        // filled it and we release it exactly once (Drop). PyBUF_ANY_CONTIGUOUS refuses
+        // strided views with a BufferError.
+        let r =
+            unsafe { pyo3::ffi::PyObject_GetBuffer(obj.as_ptr(), raw.as_mut_ptr(), pyo3::ffi::PyBUF_ANY_CONTIGUOUS) };
+        if r != 0 {
+            return Err(PyErr::fetch(obj.py()));
+        }
+        // SAFETY: initialised by the successful call above.
+        Ok(Self(unsafe { raw.assume_init() }))
+    }
+
+    fn addr(&self) -> usize {
+        self.0.buf as usize
+    }
+
+    fn len(&self) -> usize {
+        self.0.len.max(0) as usize
+    }
+}
+
+impl Drop for View {
+    fn drop(&mut self) {
+        // SAFETY: obtained by PyObject_GetBuffer and released once; the GIL is held
+        // wherever a View is dropped (it never leaves the call that made it).
+        unsafe { pyo3::ffi::PyBuffer_Release(&mut self.0) };
+    }
+}
+
+fn stats_dict<'py>(py: Python<'py>, s: &advm::merge::MergeStats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("merged", s.merged)?;
+    d.set_item("added", s.added)?;
+    d.set_item("skipped", s.skipped)?;
+    d.set_item("refused", s.refused)?;
+    d.set_item("refusal", s.refusal.clone())?;
+    d.set_item("bytes", s.bytes)?;
+    d.set_item("seconds", s.seconds)?;
+    let (via, why) = match &s.via {
+        advm::merge::Via::Daemon { socket } => ("daemon", socket.clone()),
+        advm::merge::Via::Local { reason } => ("local", reason.clone()),
+    };
+    d.set_item("via", via)?;
+    d.set_item("via_detail", why)?;
+    Ok(d)
+}
+
+/// Merges the full pages of a buffer with the process-wide client (advmd, else the
+/// process's own store); returns the figures as a dict.
+#[pyfunction]
+fn merge<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+    let view = View::of(obj)?;
+    let (addr, len) = (view.addr(), view.len());
+    // The GIL is released so other threads run on; one that writes the buffer waits at
+    // the merge's write fence and its write lands afterwards.
+    let py = obj.py();
+    let s = py
+        // SAFETY: the view keeps the buffer's memory alive and mapped until it is
+        // released after this call; this thread does not write it meanwhile.
+        .allow_threads(|| unsafe { advm::merge::merge_raw(addr, len) })
+        .map_err(to_py)?;
+    drop(view);
+    stats_dict(py, &s)
+}
+
+/// The `advm stat` figures of a process, as a JSON text (the wrapper parses it).
+#[pyfunction]
+fn stat_json(py: Python<'_>, pid: i32) -> PyResult<String> {
+    let sample = py.allow_threads(|| advm::stats::measure(&[pid], advm::stats::Options::default())).map_err(to_py)?;
+    serde_json::to_string(&sample).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+fn arena() -> PyResult<&'static Arena> {
+    static ARENA: OnceLock<Result<Arena, String>> = OnceLock::new();
+    ARENA.get_or_init(|| Arena::new().map_err(|e| e.to_string())).as_ref().map_err(|e| PyOSError::new_err(e.clone()))
+}
+
+/// A block of the process's virtual-copy arena, freed when the last reference goes.
+/// Exposes its bytes, writable, through the buffer protocol.
+#[pyclass(module = "advm._advm")]
+struct Block {
+    addr: HostAddr,
+    len: usize,
+}
+
+#[pymethods]
+impl Block {
+    /// Bytes in the block.
+    fn __len__(&self) -> usize {
+        self.len
+    }
+
+    unsafe fn __getbuffer__(slf: PyRefMut<'_, Self>, view: *mut pyo3::ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+        let (addr, len) = (slf.addr.0, slf.len);
+        // SAFETY: the block stays allocated while the exporter object lives, and the
+        // view holds a reference to it; PyBuffer_FillInfo checks `flags`.
+        let r = unsafe { pyo3::ffi::PyBuffer_FillInfo(view, slf.as_ptr(), addr as *mut _, len as isize, 0, flags) };
+        if r != 0 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+
+    unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {}
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        if let Ok(a) = arena() {
+            let _ = a.free(self.addr);
+        }
+    }
+}
+
+/// A virtual copy of a buffer in the arena: when the source is itself an arena block,
+/// its pages are shared copy-on-write; otherwise the bytes are copied once into a new
+/// block (whose own copies are then virtual).
+#[pyfunction]
+fn vcopy_block(obj: &Bound<'_, PyAny>) -> PyResult<Block> {
+    let view = View::of(obj)?;
+    let (addr, len) = (view.addr(), view.len());
+    if len == 0 {
+        return Err(PyValueError::new_err("vcopy of an empty buffer"));
+    }
+    let a = arena()?;
+    let src = HostAddr(addr);
+    let dst = if a.touches(src, len) {
+        a.dup(src, len).map_err(to_py)?
+    } else {
+        let dst = a.alloc(len).map_err(to_py)?;
+        // SAFETY: the view keeps `len` readable bytes at `addr` for this call.
+        let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
+        if let Err(e) = a.write(dst, bytes) {
+            let _ = a.free(dst);
+            return Err(to_py(e));
+        }
+        dst
+    };
+    Ok(Block { addr: dst, len })
+}
+
+/// What the arena did so far (virtual copies, fallbacks), as JSON.
+#[pyfunction]
+fn vcopy_stats_json() -> PyResult<String> {
+    serde_json::to_string(&arena()?.stats()).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+#[pymodule]
+fn _advm(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(merge, m)?)?;
+    m.add_function(wrap_pyfunction!(stat_json, m)?)?;
+    m.add_function(wrap_pyfunction!(vcopy_block, m)?)?;
+    m.add_function(wrap_pyfunction!(vcopy_stats_json, m)?)?;
+    m.add_class::<Block>()?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

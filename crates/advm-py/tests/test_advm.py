@@ -1,0 +1,89 @@
+"""The advm Python package: merge, stat and vcopy."""
+
+import mmap
+import os
+
+import numpy as np
+import pytest
+
+import advm
+
+PAGE = mmap.PAGESIZE
+
+
+@pytest.fixture(autouse=True)
+def no_daemon(monkeypatch):
+    # The process's own store: these tests must not depend on a running advmd.
+    monkeypatch.setenv("ADVM_SOCKET", "/nonexistent/advmd.sock")
+
+
+def page_aligned(n_pages: int, seed: int) -> np.ndarray:
+    """A fresh page-aligned array of random bytes in its own anonymous mapping."""
+    m = mmap.mmap(-1, n_pages * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    a = np.frombuffer(m, dtype=np.uint8)
+    a[:] = np.random.default_rng(seed).integers(0, 256, a.size, dtype=np.uint8)
+    return a
+
+
+def test_merging_two_equal_arrays_shares_pages_and_keeps_content():
+    a, b = page_aligned(64, 1), page_aligned(64, 1)
+    before = b.copy()
+    sa = advm.merge(a)
+    sb = advm.merge(b)
+    assert (sa["added"], sb["merged"], sb["added"]) == (64, 64, 0)
+    assert sb["via"] == "local" and "not reachable" in sb["via_detail"]
+    assert np.array_equal(b, before) and np.array_equal(a, before)
+    assert sb["seconds"] > 0 and sb["bytes"] == 64 * PAGE
+
+
+def test_writes_after_a_merge_stay_private():
+    a, b = page_aligned(8, 2), page_aligned(8, 2)
+    advm.merge(a)
+    advm.merge(b)
+    b[3 * PAGE] ^= 0xFF
+    assert a[3 * PAGE] != b[3 * PAGE]
+    c = page_aligned(8, 2)
+    assert advm.merge(c)["merged"] == 8, "the store still holds the original pages"
+
+
+def test_float_arrays_bytes_and_memoryviews_are_buffers_too():
+    f = page_aligned(16, 3).view(np.float32)
+    g = page_aligned(16, 3).view(np.float32)
+    advm.merge(f)
+    s = advm.merge(g)
+    assert s["merged"] == 16 and np.array_equal(f, g, equal_nan=True)
+    data = bytes(range(256)) * (4 * PAGE // 256 + 1)
+    s = advm.merge(memoryview(data))
+    assert s["bytes"] == len(data)
+
+
+def test_a_strided_view_is_refused_and_a_file_mapping_is_refused():
+    a = page_aligned(4, 4)
+    with pytest.raises((BufferError, ValueError), match="contiguous"):
+        advm.merge(a[::2])
+    with open(os.__file__, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)
+        with pytest.raises(ValueError, match="file-backed"):
+            advm.merge(memoryview(m))
+    with pytest.raises(TypeError):
+        advm.merge(42)
+
+
+def test_stat_returns_the_figures_of_a_process():
+    s = advm.stat(os.getpid())
+    assert len(s["processes"]) == 1 and s["rss_bytes"] > 0 and s["physical_bytes"] > 0
+
+
+def test_vcopy_of_an_array_is_equal_independent_and_virtual_the_second_time():
+    src = np.arange(1 << 20, dtype=np.float64).reshape(1024, 1024)
+    c1 = advm.vcopy(src)
+    assert c1.shape == src.shape and c1.dtype == src.dtype and np.array_equal(c1, src)
+    before = advm.vcopy_stats()
+    c2 = advm.vcopy(c1)
+    after = advm.vcopy_stats()
+    assert np.array_equal(c2, src)
+    c2[0, 0] = -1.0
+    assert c1[0, 0] == 0.0 and src[0, 0] == 0.0
+    pages = src.nbytes // PAGE
+    assert after["vcopies"] == before["vcopies"] + 1, "the copy of an arena block is virtual"
+    assert after["pages_shared"] >= before["pages_shared"] + pages - 1

@@ -1,0 +1,226 @@
+//! Where a client's pages go: the domain's store in `advmd`, or a store of this
+//! process's own when no daemon answers.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use super::protocol::{Reply, Request, NO_SLOT};
+use super::store::{PageHasher, Store, StoreUsage};
+use crate::mem::{page_size, Memfd};
+use crate::sys::merge::{self as sys, StoreMap};
+use crate::wire::Channel;
+use crate::{Error, Result};
+
+/// The store a merge talks to.
+pub(crate) trait Backend: Send {
+    fn hasher(&self) -> &PageHasher;
+    /// The store's pages, mapped read-only.
+    fn view(&self) -> &StoreMap;
+    /// The store's memfd, to map slots from.
+    fn store_fd(&self) -> BorrowedFd<'_>;
+    /// The store memfd's inode, to recognise ranges already merged.
+    fn store_inode(&self) -> u64;
+    /// A candidate slot per hash (`None`: not stored).
+    fn lookup(&mut self, hashes: &[u64]) -> Result<Vec<Option<u32>>>;
+    /// Stores the pages `bytes[i*ps..(i+1)*ps]` for `i` in `which`; `None` where the
+    /// store refused one (full), with the store's reason.
+    fn add(&mut self, bytes: &[u8], which: &[usize]) -> Result<(Vec<Option<u32>>, Option<String>)>;
+    fn usage(&mut self) -> Result<StoreUsage>;
+}
+
+/// A store of this process's own.
+pub(crate) struct Local {
+    store: Store,
+    fd: OwnedFd,
+}
+
+impl Local {
+    pub(crate) fn new(limit_bytes: u64) -> Result<Self> {
+        let store = Store::create("advm-merge-local", limit_bytes)?;
+        let fd = store.read_only_fd()?;
+        Ok(Self { store, fd })
+    }
+}
+
+impl Backend for Local {
+    fn hasher(&self) -> &PageHasher {
+        self.store.hasher()
+    }
+    fn view(&self) -> &StoreMap {
+        self.store.view()
+    }
+    fn store_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+    fn store_inode(&self) -> u64 {
+        self.store.file_id().0
+    }
+    fn lookup(&mut self, hashes: &[u64]) -> Result<Vec<Option<u32>>> {
+        Ok(hashes.iter().map(|&h| self.store.find(h)).collect())
+    }
+    fn add(&mut self, bytes: &[u8], which: &[usize]) -> Result<(Vec<Option<u32>>, Option<String>)> {
+        let (slots, full) = self.store.insert_pages(bytes, which)?;
+        Ok((slots, full.map(|f| f.to_string())))
+    }
+    fn usage(&mut self) -> Result<StoreUsage> {
+        Ok(self.store.usage())
+    }
+}
+
+/// A session with `advmd`: the domain's store mapped read-only, and a staging memfd
+/// through which new pages travel.
+pub(crate) struct Daemon {
+    /// Always `Some` until drop parks it.
+    ch: Option<Channel>,
+    hasher: PageHasher,
+    fd: OwnedFd,
+    view: StoreMap,
+    inode: u64,
+    staging: Memfd,
+}
+
+impl Daemon {
+    pub(crate) fn connect(path: &Path, tag: &str) -> Result<Self> {
+        let ch = Channel::connect(path)?;
+        Request::Hello { tag: tag.to_string() }.send(&ch)?;
+        let Reply::Hello { limit_bytes, secret, store } = Reply::recv(&ch)? else {
+            return Err(Error::InvalidArgument { what: "advmd reply", why: "expected the store after hello".into() });
+        };
+        let view = StoreMap::new(store.as_fd(), limit_bytes as usize)?;
+        let inode = sys::file_id(store.as_fd())?.0;
+        Ok(Self {
+            ch: Some(ch),
+            hasher: PageHasher::from_secret(&secret)?,
+            fd: store,
+            view,
+            inode,
+            staging: Memfd::create("advm-merge-staging")?,
+        })
+    }
+
+    /// The slots of a reply about `n` pages; slots outside the store read as none.
+    fn check_slots(&self, s: Vec<u32>, n: usize) -> Result<Vec<Option<u32>>> {
+        if s.len() != n {
+            return Err(Error::InvalidArgument {
+                what: "advmd reply",
+                why: format!("{} slots for {n} pages", s.len()),
+            });
+        }
+        let max = self.view.len() / page_size();
+        Ok(s.into_iter().map(|x| (x != NO_SLOT && (x as usize) < max).then_some(x)).collect())
+    }
+}
+
+/// Sessions whose clients were dropped. The daemon keeps a session's pages until the
+/// connection closes, and this process may still map them (a merged page reads from
+/// the store until it is written), so the connection stays open until the process
+/// exits (or execs: it is close-on-exec, and exec drops the mappings too).
+static PARKED: std::sync::Mutex<Vec<Channel>> = std::sync::Mutex::new(Vec::new());
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(ch) = self.ch.take() {
+            PARKED.lock().unwrap_or_else(|p| p.into_inner()).push(ch);
+        }
+    }
+}
+
+/// Pages looked up again and staged per add batch (8 MiB of 4 KiB pages).
+const ADD_BATCH: usize = 2048;
+
+impl Daemon {
+    /// Copies the pages `which` into the staging memfd (one pwrite per run) and asks
+    /// the daemon to store them.
+    fn stage_and_add(
+        &mut self,
+        bytes: &[u8],
+        which: &[usize],
+        refusal: &mut Option<String>,
+    ) -> Result<Vec<Option<u32>>> {
+        let ps = page_size();
+        let mut k = 0;
+        while k < which.len() {
+            let mut n = 1;
+            while k + n < which.len() && which[k + n] == which[k] + n {
+                n += 1;
+            }
+            let src = bytes.get(which[k] * ps..(which[k] + n) * ps).ok_or_else(|| Error::InvalidArgument {
+                what: "pages to add",
+                why: format!("page {} lies past the {} bytes given", which[k] + n - 1, bytes.len()),
+            })?;
+            self.staging.write_all_at(src, (k * ps) as u64)?;
+            k += n;
+        }
+        let staging = sys::reopen_read_only(self.staging.as_fd())?;
+        Request::Add { pages: which.len() as u32, staging }.send(self.ch())?;
+        let Reply::Added { slots, refusal: why } = Reply::recv(self.ch())? else {
+            return Err(Error::InvalidArgument { what: "advmd reply", why: "expected added slots".into() });
+        };
+        let out = self.check_slots(slots, which.len())?;
+        if !why.is_empty() {
+            *refusal = Some(why);
+        }
+        // The staged copies are not needed once the daemon has its own.
+        self.staging.punch_hole(0, (which.len() * ps) as u64)?;
+        Ok(out)
+    }
+
+    fn ch(&self) -> &Channel {
+        self.ch.as_ref().expect("the channel is parked only on drop")
+    }
+}
+
+impl Backend for Daemon {
+    fn hasher(&self) -> &PageHasher {
+        &self.hasher
+    }
+    fn view(&self) -> &StoreMap {
+        &self.view
+    }
+    fn store_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+    fn store_inode(&self) -> u64 {
+        self.inode
+    }
+    fn lookup(&mut self, hashes: &[u64]) -> Result<Vec<Option<u32>>> {
+        let mut out = Vec::with_capacity(hashes.len());
+        for chunk in hashes.chunks(super::protocol::MAX_PAGES) {
+            Request::Lookup { hashes: chunk.to_vec() }.send(self.ch())?;
+            let Reply::Slots(s) = Reply::recv(self.ch())? else {
+                return Err(Error::InvalidArgument { what: "advmd reply", why: "expected slots".into() });
+            };
+            out.extend(self.check_slots(s, chunk.len())?);
+        }
+        Ok(out)
+    }
+    fn add(&mut self, bytes: &[u8], which: &[usize]) -> Result<(Vec<Option<u32>>, Option<String>)> {
+        let ps = page_size();
+        let mut out = Vec::with_capacity(which.len());
+        let mut refusal = None;
+        // In batches, each looked up again first: processes loading the same data at
+        // the same time then stage only what none of them has added yet.
+        for chunk in which.chunks(ADD_BATCH) {
+            let hashes: Vec<u64> = chunk.iter().map(|&i| self.hasher.hash(&bytes[i * ps..(i + 1) * ps])).collect();
+            let found = self.lookup(&hashes)?;
+            let missing: Vec<usize> = chunk.iter().zip(&found).filter(|(_, f)| f.is_none()).map(|(&i, _)| i).collect();
+            let mut added =
+                if missing.is_empty() { Vec::new() } else { self.stage_and_add(bytes, &missing, &mut refusal)? }
+                    .into_iter();
+            out.extend(found.into_iter().map(|f| f.or_else(|| added.next().flatten())));
+        }
+        Ok((out, refusal))
+    }
+    fn usage(&mut self) -> Result<StoreUsage> {
+        Request::Usage.send(self.ch())?;
+        match Reply::recv(self.ch())? {
+            Reply::Usage(u) => Ok(u),
+            _ => Err(Error::InvalidArgument { what: "advmd reply", why: "expected usage".into() }),
+        }
+    }
+}
+
+/// Where clients look for `advmd`: `$ADVM_SOCKET`, else `/run/advm/advmd.sock`.
+pub fn socket_path() -> PathBuf {
+    std::env::var_os("ADVM_SOCKET").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(super::DEFAULT_SOCKET))
+}

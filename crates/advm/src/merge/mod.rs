@@ -1,0 +1,332 @@
+//! User-guided page merging: a process says "these pages may be shared with others"
+//! and advm merges them at once, with no background scan.
+//!
+//! Each full page of the range is hashed with its store's keyed hash; a page whose
+//! bytes equal a stored page's (compared in full) becomes a copy-on-write private
+//! mapping of that page, and a page the store lacks is added to it and mapped the same
+//! way, so the next process shares it. Partial pages at the ends and all-zero pages are
+//! left alone. Runs of consecutive store pages are mapped with one `mmap` each.
+//!
+//! The content the process sees never changes: the range is write-protected with
+//! userfaultfd while it is merged, so a thread that writes meanwhile waits, and its
+//! write lands after the merge, in its own private copy.
+//!
+//! Stores belong to a security domain. With `advmd` running (found at
+//! `$ADVM_SOCKET`, else [`DEFAULT_SOCKET`]) the store is the daemon's one for the
+//! caller's uid (or a narrower tag), shared by every process of the domain; without
+//! it, [`Client::default_for_process`] falls back to a store of this process's own, and
+//! [`MergeStats::via`] says so and why.
+//!
+//! After a merge, `MADV_DONTNEED` on a merged page brings back the merged content
+//! rather than zeros (the range is now a private file mapping); memory that relies on
+//! that idiom must not be merged.
+
+mod client;
+pub mod protocol;
+pub mod store;
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+pub use client::socket_path;
+use client::{Backend, Daemon, Local};
+pub use store::{PageHasher, Store, StoreFull, StoreUsage};
+
+use crate::mem::{page_size, PageRange};
+use crate::sys::merge::WriteFence;
+use crate::sys::procmap;
+use crate::{Error, Result};
+
+/// Where `advmd` listens unless `$ADVM_SOCKET` says otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/advm/advmd.sock";
+/// Byte limit of a process's own store (the fallback).
+pub const LOCAL_LIMIT: u64 = 64 << 30;
+
+/// Which store a merge used.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Via {
+    /// The domain's store in `advmd` at this socket.
+    Daemon {
+        /// The socket.
+        socket: String,
+    },
+    /// A store of this process's own, shared by no other process.
+    Local {
+        /// Why not the daemon (or "asked for").
+        reason: String,
+    },
+}
+
+/// What one merge did.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct MergeStats {
+    /// Pages now mapping a page the store already held.
+    pub merged: u64,
+    /// Pages added to the store (and now mapping it).
+    pub added: u64,
+    /// Pages left as they were: partial pages at the ends, all-zero pages, pages the
+    /// full store refused, pages whose hash matched but bytes did not.
+    pub skipped: u64,
+    /// Of `skipped`: pages refused because the store reached its byte limit.
+    pub refused: u64,
+    /// Why the store refused pages, when it did (e.g. its byte limit).
+    pub refusal: Option<String>,
+    /// Bytes of the range asked for.
+    pub bytes: u64,
+    /// Wall-clock seconds the merge took.
+    pub seconds: f64,
+    /// The store used.
+    pub via: Via,
+}
+
+impl MergeStats {
+    /// Bytes merged per second (the range's bytes over the time taken).
+    pub fn throughput(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.bytes as f64 / self.seconds
+        } else {
+            0.0
+        }
+    }
+}
+
+/// A connection to one store: the daemon's for this domain, or this process's own.
+pub struct Client {
+    backend: Box<dyn Backend>,
+    via: Via,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("via", &self.via).finish()
+    }
+}
+
+impl Client {
+    /// A store of this process's own, of at most `limit_bytes`.
+    pub fn local(limit_bytes: u64, reason: &str) -> Result<Self> {
+        Ok(Self { backend: Box::new(Local::new(limit_bytes)?), via: Via::Local { reason: reason.to_string() } })
+    }
+
+    /// The store of this process's uid in the `advmd` at `socket`, or of the
+    /// narrower domain `tag` (empty: the uid's own).
+    pub fn connect(socket: &std::path::Path, tag: &str) -> Result<Self> {
+        Ok(Self {
+            backend: Box::new(Daemon::connect(socket, tag)?),
+            via: Via::Daemon { socket: socket.display().to_string() },
+        })
+    }
+
+    /// The daemon at [`socket_path`] when one answers, else a store of this process's
+    /// own, with the reason in [`Via::Local`]. `$ADVM_MERGE_TAG` names a narrower domain.
+    pub fn default_for_process() -> Result<Self> {
+        let path = socket_path();
+        let tag = std::env::var("ADVM_MERGE_TAG").unwrap_or_default();
+        match Self::connect(&path, &tag) {
+            Ok(c) => Ok(c),
+            Err(e) => Self::local(
+                LOCAL_LIMIT,
+                &format!(
+                    "advmd is not reachable at {} ({e}); pages are shared within this process only",
+                    path.display()
+                ),
+            ),
+        }
+    }
+
+    /// Which store this client uses.
+    pub fn via(&self) -> &Via {
+        &self.via
+    }
+
+    /// What the store holds.
+    pub fn usage(&mut self) -> Result<StoreUsage> {
+        self.backend.usage()
+    }
+
+    /// Merges the full pages of `buf` (see the module documentation).
+    ///
+    /// `buf` must lie in private anonymous memory (or memory merged before); a part
+    /// that is unmapped, shared or file-backed is refused before anything changes.
+    #[allow(unsafe_code)] // a borrowed slice meets merge_raw's contract; no unsafe op here
+    pub fn merge(&mut self, buf: &[u8]) -> Result<MergeStats> {
+        // SAFETY: the slice keeps its memory mapped for the call, and merging never
+        // changes the bytes it reads.
+        unsafe { self.merge_raw(buf.as_ptr() as usize, buf.len()) }
+    }
+
+    /// [`Client::merge`] for raw addresses (the C API, the preload shim).
+    ///
+    /// # Safety
+    /// `[addr, addr+len)` must be this process's memory and stay mapped for the call
+    /// (no thread may unmap or remap it meanwhile); the calling thread must not write it.
+    #[allow(unsafe_code)] // forwards the raw-address contract to WriteFence::new
+    pub unsafe fn merge_raw(&mut self, addr: usize, len: usize) -> Result<MergeStats> {
+        let t0 = Instant::now();
+        let ps = page_size();
+        let end = addr.checked_add(len).ok_or_else(|| Error::InvalidArgument {
+            what: "merge range",
+            why: format!("{addr:#x}+{len} wraps the address space"),
+        })?;
+        let start = addr.div_ceil(ps) * ps;
+        let stop = end / ps * ps;
+        let mut stats = MergeStats {
+            merged: 0,
+            added: 0,
+            skipped: 0,
+            refused: 0,
+            refusal: None,
+            bytes: len as u64,
+            seconds: 0.0,
+            via: self.via.clone(),
+        };
+        if start >= stop {
+            stats.skipped = (len > 0) as u64 + (len > 0 && (end - 1) / ps != addr / ps) as u64;
+            stats.seconds = t0.elapsed().as_secs_f64();
+            return Ok(stats);
+        }
+        stats.skipped = ((start - addr).div_ceil(ps) + (end - stop).div_ceil(ps)) as u64;
+        let range = PageRange::new("merge range", start, stop - start)?;
+        let writable = self.check(range)?;
+        // SAFETY: the caller keeps the range mapped and does not write it; checked above
+        // to be anonymous or store memory, which userfaultfd can protect.
+        let mut fence = unsafe { WriteFence::new(start, stop - start) }.map_err(|e| fence_error(range, e))?;
+        self.merge_fenced(&mut fence, &writable, &mut stats)?;
+        drop(fence);
+        stats.seconds = t0.elapsed().as_secs_f64();
+        Ok(stats)
+    }
+
+    /// Checks every mapping under `range`: mapped, readable, private, anonymous or
+    /// this store's. Returns the mappings as `(start, end, writable)`.
+    fn check(&self, range: PageRange) -> Result<Vec<(usize, usize, bool)>> {
+        let mut out = Vec::new();
+        let mut a = range.start().0;
+        let inode = self.backend.store_inode();
+        while a < range.end().0 {
+            let refuse = |why: String| Error::InvalidArgument { what: "merge range", why };
+            let v = procmap::query(a)?
+                .filter(|v| v.start <= a)
+                .ok_or_else(|| refuse(format!("{a:#x} (inside {range:?}) is not mapped")))?;
+            if v.shared {
+                return Err(refuse(format!(
+                    "{:#x}..{:#x} is a shared mapping; only private memory can be merged",
+                    v.start, v.end
+                )));
+            }
+            if v.file_backed && v.inode != inode {
+                return Err(refuse(format!(
+                    "{:#x}..{:#x} is file-backed (inode {}); only anonymous memory can be merged",
+                    v.start, v.end, v.inode
+                )));
+            }
+            if !v.readable {
+                return Err(refuse(format!("{:#x}..{:#x} is not readable", v.start, v.end)));
+            }
+            let e = v.end.min(range.end().0);
+            out.push((a, e, v.writable));
+            a = e;
+        }
+        Ok(out)
+    }
+
+    fn merge_fenced(
+        &mut self,
+        fence: &mut WriteFence,
+        mappings: &[(usize, usize, bool)],
+        stats: &mut MergeStats,
+    ) -> Result<()> {
+        let ps = page_size();
+        let zero = vec![0u8; ps];
+        let pages: Vec<&[u8]> = fence.bytes().chunks_exact(ps).collect();
+        let n_pages = pages.len();
+        // Non-zero pages and their hashes.
+        let mut want: Vec<usize> = Vec::with_capacity(n_pages);
+        let mut hashes: Vec<u64> = Vec::with_capacity(n_pages);
+        let hasher = self.backend.hasher();
+        for (i, p) in pages.iter().enumerate() {
+            if *p != &zero[..] {
+                want.push(i);
+                hashes.push(hasher.hash(p));
+            }
+        }
+        let found = self.backend.lookup(&hashes)?;
+        let mut target: Vec<Option<u32>> = vec![None; n_pages];
+        let mut is_new = vec![false; n_pages];
+        let mut new_at: Vec<usize> = Vec::new();
+        for (&i, slot) in want.iter().zip(found) {
+            match slot {
+                Some(s) => target[i] = Some(s),
+                None => new_at.push(i),
+            }
+        }
+        let (added, refusal) = self.backend.add(fence.bytes(), &new_at)?;
+        stats.refusal = refusal;
+        for (&i, slot) in new_at.iter().zip(added) {
+            match slot {
+                Some(s) => {
+                    target[i] = Some(s);
+                    is_new[i] = true;
+                }
+                None => stats.refused += 1,
+            }
+        }
+        let first = mappings[0].0;
+        let writable = |i: usize| {
+            let a = first + i * ps;
+            mappings.iter().find(|m| m.0 <= a && a < m.1).is_some_and(|m| m.2)
+        };
+        let mapped = fence.map_equal(&target, &writable, self.backend.view(), self.backend.store_fd())?;
+        for (i, m) in mapped.into_iter().enumerate() {
+            match (m, is_new[i]) {
+                (true, true) => stats.added += 1,
+                (true, false) => stats.merged += 1,
+                (false, _) => stats.skipped += 1,
+            }
+        }
+        Ok(())
+    }
+}
+
+fn fence_error(range: PageRange, e: crate::sys::SysError) -> Error {
+    if e.errno == crate::sys::Errno::BUSY {
+        return Error::InvalidArgument {
+            what: "merge range",
+            why: format!("{range:?} is already registered with another userfaultfd (a pager?); it cannot be fenced"),
+        };
+    }
+    if let Err(why) = WriteFence::available() {
+        return Error::Unsupported { what: "write-protecting a range while it is merged", why };
+    }
+    Error::Sys(e)
+}
+
+/// The process-wide client, made on first use (and again in a forked child, which
+/// must not share its parent's session).
+static DEFAULT: Mutex<Option<(u32, Client)>> = Mutex::new(None);
+
+/// Runs `f` with the process-wide client ([`Client::default_for_process`]).
+pub fn with_default<T>(f: impl FnOnce(&mut Client) -> Result<T>) -> Result<T> {
+    let mut g = DEFAULT.lock().unwrap_or_else(|p| p.into_inner());
+    let pid = std::process::id();
+    if !matches!(g.as_ref(), Some((p, _)) if *p == pid) {
+        *g = Some((pid, Client::default_for_process()?));
+    }
+    f(&mut g.as_mut().expect("set above").1)
+}
+
+/// Merges the full pages of `buf` with the process-wide client.
+pub fn merge(buf: &[u8]) -> Result<MergeStats> {
+    with_default(|c| c.merge(buf))
+}
+
+/// [`merge`] for raw addresses.
+///
+/// # Safety
+/// As [`Client::merge_raw`].
+#[allow(unsafe_code)] // forwards the raw-address contract
+pub unsafe fn merge_raw(addr: usize, len: usize) -> Result<MergeStats> {
+    // SAFETY: forwarded caller guarantee.
+    with_default(|c| unsafe { c.merge_raw(addr, len) })
+}

@@ -1,0 +1,279 @@
+//! [`Store`]: a content-addressed page store in one memfd, and [`PageHasher`], its
+//! keyed page hash.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+
+use crate::mem::{page_size, Memfd};
+use crate::sys::merge::{self as sys, StoreMap};
+use crate::{Error, Result};
+
+/// Bytes of an xxh3 secret (the library's default secret size).
+pub const SECRET_LEN: usize = 192;
+
+/// xxh3-64 keyed with a random secret: who does not know the secret cannot build
+/// pages that collide on purpose, and two stores' hashes of one page are unrelated.
+/// Equal hashes are never trusted alone: pages are compared in full before sharing.
+#[derive(Clone)]
+pub struct PageHasher {
+    secret: [u8; SECRET_LEN],
+}
+
+impl std::fmt::Debug for PageHasher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PageHasher(<secret>)")
+    }
+}
+
+impl PageHasher {
+    /// A hasher with a fresh random secret.
+    pub fn random() -> Result<Self> {
+        let mut secret = [0u8; SECRET_LEN];
+        sys::random_bytes(&mut secret)?;
+        Ok(Self { secret })
+    }
+
+    /// A hasher with the secret a store sent (exactly [`SECRET_LEN`] bytes).
+    pub fn from_secret(bytes: &[u8]) -> Result<Self> {
+        let secret = bytes.try_into().map_err(|_| Error::InvalidArgument {
+            what: "hash secret",
+            why: format!("{} bytes, expected {SECRET_LEN}", bytes.len()),
+        })?;
+        Ok(Self { secret })
+    }
+
+    /// The secret, to hand to clients of the same store.
+    pub fn secret(&self) -> &[u8] {
+        &self.secret
+    }
+
+    /// The keyed hash of one page.
+    pub fn hash(&self, page: &[u8]) -> u64 {
+        xxhash_rust::xxh3::xxh3_64_with_secret(page, &self.secret)
+    }
+}
+
+/// How much a store holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct StoreUsage {
+    /// Pages stored.
+    pub pages: u64,
+    /// Bytes stored (pages times the page size).
+    pub bytes: u64,
+    /// The most bytes it may hold.
+    pub limit_bytes: u64,
+}
+
+/// Pages in one memfd, found by keyed hash and compared in full. Slots are written
+/// once, before anyone is told of them, and never rewritten while referenced; a slot
+/// whose references all went is punched out of the memfd and reused. The memfd is
+/// sized to the limit up front (sparse), so clients can map all of it once.
+#[derive(Debug)]
+pub struct Store {
+    memfd: Memfd,
+    map: StoreMap,
+    hasher: PageHasher,
+    limit_pages: u32,
+    index: HashMap<u64, Vec<u32>>,
+    /// Per slot: its hash (meaningful while `refs > 0` or just inserted) and references.
+    slots: Vec<(u64, u32)>,
+    free: Vec<u32>,
+    used: u32,
+    id: (u64, u64),
+}
+
+/// The store had no room for some pages: it holds `used` of `limit` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the page store is full: it holds {used} bytes, its limit is {limit} bytes; new pages were refused")]
+pub struct StoreFull {
+    /// Bytes held.
+    pub used: u64,
+    /// The limit.
+    pub limit: u64,
+}
+
+impl Store {
+    /// An empty store of at most `limit_bytes` (rounded down to pages, at least one).
+    pub fn create(name: &str, limit_bytes: u64) -> Result<Self> {
+        let ps = page_size() as u64;
+        let pages = limit_bytes / ps;
+        if pages == 0 || pages >= u32::MAX as u64 {
+            return Err(Error::InvalidArgument {
+                what: "store limit",
+                why: format!("{limit_bytes} bytes; it must hold 1 to {} pages of {ps} bytes", u32::MAX - 1),
+            });
+        }
+        let memfd = Memfd::create(name)?;
+        memfd.set_len(pages * ps)?;
+        sys::owner_read_only(memfd.as_fd())?;
+        let map = StoreMap::new(memfd.as_fd(), (pages * ps) as usize)?;
+        let id = sys::file_id(memfd.as_fd())?;
+        Ok(Self {
+            memfd,
+            map,
+            hasher: PageHasher::random()?,
+            limit_pages: pages as u32,
+            index: HashMap::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            used: 0,
+            id,
+        })
+    }
+
+    /// The store's hash key.
+    pub fn hasher(&self) -> &PageHasher {
+        &self.hasher
+    }
+
+    /// A read-only fd of the store's memfd, to map its pages copy-on-write.
+    pub fn read_only_fd(&self) -> Result<OwnedFd> {
+        Ok(sys::reopen_read_only(self.memfd.as_fd())?)
+    }
+
+    /// The memfd's `(inode, device)`, to recognise mappings of it.
+    pub fn file_id(&self) -> (u64, u64) {
+        self.id
+    }
+
+    /// Size of the memfd in bytes (the limit).
+    pub fn file_len(&self) -> u64 {
+        self.limit_pages as u64 * page_size() as u64
+    }
+
+    pub(crate) fn view(&self) -> &StoreMap {
+        &self.map
+    }
+
+    /// The bytes of `slot`.
+    pub fn page(&self, slot: u32) -> &[u8] {
+        let ps = page_size();
+        self.map.read(slot as usize * ps, ps)
+    }
+
+    /// A slot holding a page whose hash is `hash`, taking a reference on it; the
+    /// caller compares the bytes before use.
+    pub fn find(&mut self, hash: u64) -> Option<u32> {
+        let slot = *self.index.get(&hash)?.first()?;
+        self.slots[slot as usize].1 += 1;
+        Some(slot)
+    }
+
+    /// Stores the pages `bytes[i*ps..(i+1)*ps]` for each `i` in `which`, each with a
+    /// reference taken: one slot per page, `None` where the store is full (and then
+    /// the [`StoreFull`] that says so). Pages equal
+    /// to stored ones (or to one earlier in the batch) share its slot; new pages are
+    /// written with one `pwrite` per run consecutive in both `bytes` and the store.
+    ///
+    /// `which` must name whole pages inside `bytes`. A failed write (the memory for
+    /// the store ran out) undoes the whole batch.
+    pub fn insert_pages(&mut self, bytes: &[u8], which: &[usize]) -> Result<(Vec<Option<u32>>, Option<StoreFull>)> {
+        let ps = page_size();
+        if let Some(&bad) = which.iter().find(|&&i| (i + 1) * ps > bytes.len()) {
+            return Err(Error::InvalidArgument {
+                what: "store pages",
+                why: format!("page {bad} lies past the {} bytes given", bytes.len()),
+            });
+        }
+        let page = |i: usize| &bytes[i * ps..(i + 1) * ps];
+        let mut out = Vec::with_capacity(which.len());
+        // (source page, slot) of the pages new to the store, in order.
+        let mut fresh: Vec<(usize, u32)> = Vec::new();
+        let mut pending: HashMap<u64, Vec<(usize, u32)>> = HashMap::new();
+        for &i in which {
+            let p = page(i);
+            let hash = self.hasher.hash(p);
+            let stored = self.index.get(&hash).and_then(|l| l.iter().copied().find(|&s| self.page(s) == p));
+            let slot = stored
+                .or_else(|| pending.get(&hash).and_then(|l| l.iter().find(|&&(j, _)| page(j) == p)).map(|&(_, s)| s));
+            let slot = match slot {
+                Some(s) => Some(s),
+                None => self.allocate().inspect(|&s| {
+                    self.slots[s as usize] = (hash, 0);
+                    pending.entry(hash).or_default().push((i, s));
+                    fresh.push((i, s));
+                }),
+            };
+            if let Some(s) = slot {
+                self.slots[s as usize].1 += 1;
+            }
+            out.push(slot);
+        }
+        let mut k = 0;
+        while k < fresh.len() {
+            let (i, s) = fresh[k];
+            let mut n = 1;
+            while k + n < fresh.len() && fresh[k + n] == (i + n, s + n as u32) {
+                n += 1;
+            }
+            if let Err(e) = self.memfd.write_all_at(&bytes[i * ps..(i + n) * ps], s as u64 * ps as u64) {
+                // Nothing was published yet: drop the batch's references and new slots.
+                for slot in out.iter().flatten() {
+                    self.slots[*slot as usize].1 -= 1;
+                }
+                for &(_, slot) in &fresh {
+                    self.slots[slot as usize] = (0, 0);
+                    self.free.push(slot);
+                }
+                return Err(e);
+            }
+            k += n;
+        }
+        for &(_, slot) in &fresh {
+            let hash = self.slots[slot as usize].0;
+            self.index.entry(hash).or_default().push(slot);
+            self.used += 1;
+        }
+        let full = out.iter().any(Option::is_none).then(|| self.full());
+        Ok((out, full))
+    }
+
+    fn allocate(&mut self) -> Option<u32> {
+        self.free.pop().or_else(|| {
+            ((self.slots.len() as u32) < self.limit_pages).then(|| {
+                self.slots.push((0, 0));
+                self.slots.len() as u32 - 1
+            })
+        })
+    }
+
+    fn full(&self) -> StoreFull {
+        let ps = page_size() as u64;
+        StoreFull { used: self.used as u64 * ps, limit: self.limit_pages as u64 * ps }
+    }
+
+    /// Drops one reference to `slot`; a slot left without any is punched out and reused.
+    pub fn release(&mut self, slot: u32) -> Result<()> {
+        let Some(&mut (hash, ref mut refs)) = self.slots.get_mut(slot as usize) else {
+            return Err(Error::InvalidArgument { what: "store slot", why: format!("{slot} was never used") });
+        };
+        if *refs == 0 {
+            return Err(Error::InvalidArgument { what: "store slot", why: format!("{slot} holds no reference") });
+        }
+        *refs -= 1;
+        if *refs == 0 {
+            if let Some(list) = self.index.get_mut(&hash) {
+                list.retain(|&s| s != slot);
+                if list.is_empty() {
+                    self.index.remove(&hash);
+                }
+            }
+            let ps = page_size() as u64;
+            self.memfd.punch_hole(slot as u64 * ps, ps)?;
+            self.free.push(slot);
+            self.used -= 1;
+        }
+        Ok(())
+    }
+
+    /// What the store holds.
+    pub fn usage(&self) -> StoreUsage {
+        let ps = page_size() as u64;
+        StoreUsage { pages: self.used as u64, bytes: self.used as u64 * ps, limit_bytes: self.limit_pages as u64 * ps }
+    }
+
+    /// Bytes of memory the memfd actually holds (for tests of reclaim).
+    pub fn allocated_bytes(&self) -> Result<u64> {
+        self.memfd.allocated_bytes()
+    }
+}

@@ -1,0 +1,300 @@
+//! The kernel calls behind page merging: a write fence over a range (userfaultfd
+//! write protection), reading the fenced pages, mapping store pages copy-on-write over
+//! them, store files that clients can only read, and UNIX sockets that carry fds and
+//! tell who is on the other end.
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+
+use rustix::io::Errno;
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
+};
+
+use super::mman::{self, Backing, Mapping, Prot, Share};
+use super::uffd::{feature, mode, Userfaultfd};
+use super::{SysError, SysResult};
+
+/// Write protection of `[addr, addr+len)` through a private userfaultfd: while it
+/// lives, a thread that writes the range waits in the kernel; when it is dropped the
+/// range is unregistered and every waiter is woken, and the write is retried against
+/// whatever is mapped then. Nobody reads the fd's events: waiting is the point.
+#[derive(Debug)]
+pub struct WriteFence {
+    uffd: Userfaultfd,
+    addr: usize,
+    len: usize,
+}
+
+/// Features a fence needs: unpopulated pages and shmem (an already merged range maps
+/// a store memfd) can be write-protected too.
+const FENCE_FEATURES: u64 = feature::WP_UNPOPULATED | feature::WP_HUGETLBFS_SHMEM;
+
+impl WriteFence {
+    /// Whether this kernel can fence (uffd-wp on anonymous and shmem memory, including
+    /// unpopulated pages), as the reason it cannot.
+    pub fn available() -> Result<(), String> {
+        let info = Userfaultfd::probe().map_err(|e| e.to_string())?;
+        let missing = FENCE_FEATURES & !info.features;
+        if missing != 0 {
+            return Err(format!("userfaultfd lacks features {missing:#x} (WP_UNPOPULATED, WP_HUGETLBFS_SHMEM)"));
+        }
+        Ok(())
+    }
+
+    /// Registers the range for write-protect faults and protects it.
+    ///
+    /// # Safety
+    /// The range must be the caller's memory, mapped (anonymous or shmem), and must stay
+    /// mapped until the fence is dropped; the calling thread must not write it meanwhile
+    /// (it would wait forever).
+    pub unsafe fn new(addr: usize, len: usize) -> SysResult<Self> {
+        let uffd = Userfaultfd::new(FENCE_FEATURES, true)?;
+        // SAFETY: the caller owns the mapped range; faults wait until drop, which wakes them.
+        unsafe { uffd.register(addr as *mut u8, len, mode::WP) }?;
+        let fence = Self { uffd, addr, len };
+        // SAFETY: registered above with mode WP on this fd.
+        unsafe { fence.uffd.write_protect(addr as *mut u8, len, true, true) }?;
+        Ok(fence)
+    }
+
+    /// The fenced bytes: no thread can change them while the fence lives, and the
+    /// fence's creator promised they stay mapped.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: readable and mapped by `new`'s contract; writers wait at the fence, and
+        // mappings are replaced only through `&mut self` (`map_equal`).
+        unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }
+    }
+
+    /// Maps store pages over the fenced pages whose bytes equal them, copy-on-write:
+    /// `targets[i]` names the store page (by index) proposed for fenced page `i`, and
+    /// `writable(i)` whether page `i`'s mapping is writable. Each page is compared in
+    /// full here, so what the process reads never changes; runs consecutive in both
+    /// places are mapped with one `mmap`. Returns which pages were mapped.
+    pub fn map_equal(
+        &mut self,
+        targets: &[Option<u32>],
+        writable: &dyn Fn(usize) -> bool,
+        store: &StoreMap,
+        fd: BorrowedFd<'_>,
+    ) -> SysResult<Vec<bool>> {
+        let ps = super::page_size();
+        let n_pages = self.len / ps;
+        assert_eq!(targets.len(), n_pages, "one target per fenced page");
+        let bytes = self.bytes();
+        let store_pages = store.len() / ps;
+        let equal: Vec<Option<u32>> = targets
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                t.filter(|&s| (s as usize) < store_pages)
+                    .filter(|&s| bytes[i * ps..(i + 1) * ps] == *store.read(s as usize * ps, ps))
+            })
+            .collect();
+        let mut i = 0;
+        while i < n_pages {
+            let Some(s) = equal[i] else {
+                i += 1;
+                continue;
+            };
+            let w = writable(i);
+            let mut n = 1;
+            while i + n < n_pages && equal[i + n] == Some(s + n as u32) && writable(i + n) == w {
+                n += 1;
+            }
+            // SAFETY: the range is the fence creator's (`new`'s contract), writers wait
+            // at the fence, nothing borrows the bytes now (`&mut self`), and the store
+            // holds exactly these bytes at this offset (compared above): the process
+            // reads the same content through the new mapping.
+            unsafe { map_private_over(self.addr + i * ps, n * ps, w, fd, s as u64 * ps as u64) }?;
+            i += n;
+        }
+        Ok(equal.iter().map(Option::is_some).collect())
+    }
+}
+
+impl Drop for WriteFence {
+    fn drop(&mut self) {
+        // Unregistering clears the protection of what is still registered; parts that
+        // were replaced by store mappings are no longer registered, so their waiters
+        // are woken by address, and closing the fd wakes any left.
+        let _ = self.uffd.unregister(self.addr as *mut u8, self.len);
+        let _ = self.uffd.wake(self.addr as *mut u8, self.len);
+    }
+}
+
+/// Maps `len` bytes of `fd` from `offset` over `[addr, addr+len)`, private
+/// (copy-on-write), readable and, when `writable`, writable.
+///
+/// # Safety
+/// The range must be the caller's and no reference may point into it, except that
+/// its bytes may be read when the file holds the same bytes at `offset` (the content
+/// seen does not change).
+unsafe fn map_private_over(addr: usize, len: usize, writable: bool, fd: BorrowedFd<'_>, offset: u64) -> SysResult<()> {
+    let prot = if writable { Prot::READ | Prot::WRITE } else { Prot::READ };
+    // SAFETY: forwarded caller guarantee.
+    unsafe { mman::map_fixed(addr as *mut u8, len, prot, Share::Private, Backing::File { fd, offset }) }
+}
+
+/// A store file mapped shared and read-only: how its owner and its clients read it
+/// (its owner writes it with `pwrite`).
+#[derive(Debug)]
+pub struct StoreMap {
+    map: Mapping,
+}
+
+impl StoreMap {
+    /// Maps all `len` bytes of `fd` shared, read-only.
+    pub fn new(fd: BorrowedFd<'_>, len: usize) -> SysResult<Self> {
+        Ok(Self { map: Mapping::new(len, Prot::READ, Share::Shared, Backing::File { fd, offset: 0 })? })
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// The bytes at `[off, off+len)`, which the caller checked lie inside.
+    pub fn read(&self, off: usize, len: usize) -> &[u8] {
+        assert!(off.checked_add(len).is_some_and(|e| e <= self.map.len()), "store read outside the map");
+        // SAFETY: inside a readable mapping we own. A store slot is written once before
+        // anyone is told about it and never rewritten while referenced.
+        unsafe { &self.map.as_slice()[off..off + len] }
+    }
+}
+
+/// A new fd for the same file, opened read-only: what a store hands to clients. A
+/// read-only fd can be mapped privately (copy-on-write) or shared read-only, never
+/// written, truncated or hole-punched.
+pub fn reopen_read_only(fd: BorrowedFd<'_>) -> SysResult<OwnedFd> {
+    let path = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL in a path we built");
+    rustix::fs::open(
+        path.as_c_str(),
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| SysError::new("open(/proc/self/fd, O_RDONLY)", e))
+}
+
+/// Makes a file readable by its owner only (`fchmod 0400`), so that a client cannot
+/// reopen a store it was given read-only through `/proc/self/fd` for writing.
+pub fn owner_read_only(fd: BorrowedFd<'_>) -> SysResult<()> {
+    rustix::fs::fchmod(fd, rustix::fs::Mode::RUSR).map_err(|e| SysError::new("fchmod", e))
+}
+
+/// `(inode, device)` of an open file, to recognise its mappings.
+pub fn file_id(fd: BorrowedFd<'_>) -> SysResult<(u64, u64)> {
+    let st = rustix::fs::fstat(fd).map_err(|e| SysError::new("fstat", e))?;
+    Ok((st.st_ino, st.st_dev))
+}
+
+/// Fills `buf` with random bytes from the kernel.
+pub fn random_bytes(buf: &mut [u8]) -> SysResult<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        done += rustix::rand::getrandom(&mut buf[done..], rustix::rand::GetRandomFlags::empty())
+            .map_err(|e| SysError::new("getrandom", e))?;
+    }
+    Ok(())
+}
+
+/// The uid, gid and pid of the process at the other end of a UNIX socket, as the
+/// kernel recorded them at connect time (`SO_PEERCRED`).
+pub fn peer_credentials(sock: &UnixStream) -> SysResult<(u32, u32, i32)> {
+    let c = rustix::net::sockopt::socket_peercred(sock).map_err(|e| SysError::new("getsockopt(SO_PEERCRED)", e))?;
+    Ok((c.uid.as_raw(), c.gid.as_raw(), c.pid.as_raw_nonzero().get()))
+}
+
+/// Sends all of `data` with `fds` attached to its first byte (`SCM_RIGHTS`).
+pub fn send_with_fds(sock: &UnixStream, data: &[u8], fds: &[BorrowedFd<'_>]) -> SysResult<()> {
+    let mut space = vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(fds.len().max(1)))];
+    let mut anc = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !anc.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(SysError::new("sendmsg(SCM_RIGHTS)", Errno::NOBUFS));
+    }
+    let mut sent = 0;
+    while sent < data.len() {
+        let iov = [std::io::IoSlice::new(&data[sent..])];
+        let n = if sent == 0 {
+            rustix::net::sendmsg(sock, &iov, &mut anc, SendFlags::NOSIGNAL)
+        } else {
+            rustix::net::sendmsg(sock, &iov, &mut SendAncillaryBuffer::default(), SendFlags::NOSIGNAL)
+        };
+        match n {
+            Ok(n) => sent += n,
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(SysError::new("sendmsg", e)),
+        }
+    }
+    Ok(())
+}
+
+/// Receives up to `buf.len()` bytes and any fds that came with them (at most
+/// `max_fds` kept; extra ones are closed). Returns bytes read (0 at end of stream).
+pub fn recv_with_fds(sock: &UnixStream, buf: &mut [u8], max_fds: usize, fds: &mut Vec<OwnedFd>) -> SysResult<usize> {
+    let mut space = vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(max_fds.max(1)))];
+    let mut anc = RecvAncillaryBuffer::new(&mut space);
+    let mut iov = [std::io::IoSliceMut::new(buf)];
+    let r = loop {
+        match rustix::net::recvmsg(sock, &mut iov, &mut anc, RecvFlags::CMSG_CLOEXEC) {
+            Err(Errno::INTR) => continue,
+            r => break r,
+        }
+    };
+    // Errno AGAIN/WOULDBLOCK is what a socket read timeout gives.
+    let msg = r.map_err(|e| SysError::new("recvmsg", e))?;
+    for m in anc.drain() {
+        if let RecvAncillaryMessage::ScmRights(rights) = m {
+            for fd in rights {
+                if fds.len() < max_fds {
+                    fds.push(fd);
+                }
+            }
+        }
+    }
+    Ok(msg.bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+    use std::time::Duration;
+
+    /// A write to a fenced page waits until the store page is mapped and the fence is
+    /// gone, then lands in the writer's private copy of the store page.
+    #[test]
+    fn a_write_to_a_fenced_page_waits_and_then_lands_on_the_merged_page() {
+        if WriteFence::available().is_err() {
+            eprintln!("skipped: {}", WriteFence::available().unwrap_err());
+            return;
+        }
+        let ps = crate::sys::page_size();
+        let fd = crate::sys::memfd::create("fence-test").unwrap();
+        crate::sys::memfd::set_len(&fd, ps as u64).unwrap();
+        crate::sys::memfd::pwrite(&fd, &vec![7u8; ps], 0).unwrap();
+        let store = StoreMap::new(fd.as_fd(), ps).unwrap();
+        let m = Mapping::anonymous(ps).unwrap();
+        // SAFETY: our fresh mapping, no other user yet.
+        unsafe { m.as_mut_slice().fill(7) };
+        let addr = m.addr();
+        // SAFETY: the mapping is ours and outlives the fence; this thread does not write it.
+        let mut fence = unsafe { WriteFence::new(addr, ps) }.unwrap();
+        let writer = std::thread::spawn(move || {
+            // SAFETY: the mapping outlives the thread (joined below).
+            unsafe { std::ptr::write_volatile((addr + 8) as *mut u8, 99) };
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(fence.bytes()[8], 7, "the writer waits at the fence");
+        let mapped = fence.map_equal(&[Some(0)], &|_| true, &store, fd.as_fd()).unwrap();
+        assert_eq!(mapped, vec![true]);
+        drop(fence);
+        writer.join().unwrap();
+        // SAFETY: the writer is done.
+        let now = unsafe { m.as_slice() };
+        assert_eq!(now[8], 99, "the write landed");
+        assert!(now.iter().enumerate().all(|(i, &b)| i == 8 || b == 7));
+        assert!(store.read(0, ps).iter().all(|&b| b == 7), "in a private copy: the store is unchanged");
+    }
+}

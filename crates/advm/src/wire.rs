@@ -1,0 +1,264 @@
+//! Frames between advm clients and `advmd` over a UNIX stream socket, with fds passed
+//! alongside (`SCM_RIGHTS`) and the peer's credentials read from the kernel
+//! (`SO_PEERCRED`).
+//!
+//! A frame is `len: u32 LE` (of what follows), `service: u8`, `kind: u8`, then `len - 2`
+//! body bytes; fds ride on the frame's first bytes. Each service (merge today, image
+//! mapping next) defines its kinds and bodies in its own module and reads them with
+//! [`Reader`], so a malformed body is an error naming the field, never a panic.
+
+use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::sys::merge as sys;
+use crate::{Error, Result};
+
+/// Largest frame either side accepts (16 MiB: two million page hashes).
+pub const MAX_FRAME: usize = 16 << 20;
+/// Most fds one frame may carry; more are closed on receipt.
+pub const MAX_FDS: usize = 2;
+
+/// One message.
+#[derive(Debug, Default)]
+pub struct Frame {
+    /// Which service it is for.
+    pub service: u8,
+    /// Which message of that service.
+    pub kind: u8,
+    /// The message's fields.
+    pub body: Vec<u8>,
+    /// Files passed with it.
+    pub fds: Vec<OwnedFd>,
+}
+
+/// The process at the other end of a connection, as the kernel saw it connect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Peer {
+    /// Its uid: the default security domain.
+    pub uid: u32,
+    /// Its gid.
+    pub gid: u32,
+    /// Its pid.
+    pub pid: i32,
+}
+
+/// A connected stream socket speaking frames.
+#[derive(Debug)]
+pub struct Channel {
+    sock: UnixStream,
+    /// How long the rest of a frame may take once its first byte arrived.
+    frame_timeout: Option<Duration>,
+}
+
+fn wire_err(what: &'static str, why: impl Into<String>) -> Error {
+    Error::InvalidArgument { what, why: why.into() }
+}
+
+impl Channel {
+    /// Connects to the socket at `path`.
+    pub fn connect(path: &Path) -> Result<Self> {
+        Ok(Self { sock: UnixStream::connect(path).map_err(|e| Error::io(path, e))?, frame_timeout: None })
+    }
+
+    /// Wraps an accepted connection.
+    pub fn from_stream(sock: UnixStream) -> Self {
+        Self { sock, frame_timeout: None }
+    }
+
+    /// Bounds how long a frame may take to arrive once it has begun, and how long a
+    /// send may wait: a peer that stalls mid-frame or stops reading is cut off, while
+    /// an idle peer (between frames) may wait forever.
+    pub fn set_frame_timeout(&mut self, t: Duration) -> Result<()> {
+        self.frame_timeout = Some(t);
+        self.sock.set_write_timeout(Some(t)).map_err(|e| Error::io("socket", e))
+    }
+
+    /// Who is at the other end.
+    pub fn peer(&self) -> Result<Peer> {
+        let (uid, gid, pid) = sys::peer_credentials(&self.sock)?;
+        Ok(Peer { uid, gid, pid })
+    }
+
+    /// Sends one frame.
+    pub fn send(&self, service: u8, kind: u8, body: &[u8], fds: &[&dyn AsFd]) -> Result<()> {
+        let len = body.len() + 2;
+        if len > MAX_FRAME {
+            return Err(wire_err("frame", format!("{len} bytes exceeds the {MAX_FRAME}-byte limit")));
+        }
+        let mut out = Vec::with_capacity(4 + len);
+        out.extend_from_slice(&(len as u32).to_le_bytes());
+        out.push(service);
+        out.push(kind);
+        out.extend_from_slice(body);
+        let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+        Ok(sys::send_with_fds(&self.sock, &out, &borrowed)?)
+    }
+
+    /// Receives one frame; `Ok(None)` when the peer closed the connection between
+    /// frames. A frame cut short, or longer than [`MAX_FRAME`], is an error.
+    pub fn recv(&self) -> Result<Option<Frame>> {
+        let mut fds = Vec::new();
+        let mut head = [0u8; 1];
+        self.read_timeout(None)?;
+        if !self.fill(&mut head, &mut fds, true)? {
+            return Ok(None);
+        }
+        let mut rest = [0u8; 3];
+        self.read_timeout(self.frame_timeout)?;
+        self.fill(&mut rest, &mut fds, false)?;
+        let head = [head[0], rest[0], rest[1], rest[2]];
+        let len = u32::from_le_bytes(head) as usize;
+        if !(2..=MAX_FRAME).contains(&len) {
+            return Err(wire_err("frame", format!("length {len} is outside 2..={MAX_FRAME}")));
+        }
+        let mut body = vec![0u8; len];
+        self.fill(&mut body, &mut fds, false)?;
+        let (service, kind) = (body[0], body[1]);
+        body.drain(..2);
+        Ok(Some(Frame { service, kind, body, fds }))
+    }
+
+    fn read_timeout(&self, t: Option<Duration>) -> Result<()> {
+        if self.frame_timeout.is_some() {
+            self.sock.set_read_timeout(t).map_err(|e| Error::io("socket", e))?;
+        }
+        Ok(())
+    }
+
+    /// Reads exactly `buf.len()` bytes; false at a clean end of stream before any.
+    fn fill(&self, buf: &mut [u8], fds: &mut Vec<OwnedFd>, eof_ok: bool) -> Result<bool> {
+        let mut got = 0;
+        while got < buf.len() {
+            let n = sys::recv_with_fds(&self.sock, &mut buf[got..], MAX_FDS - fds.len().min(MAX_FDS), fds)
+                .map_err(|e| wire_err("frame", format!("reading: {e}")))?;
+            if n == 0 {
+                if got == 0 && eof_ok {
+                    return Ok(false);
+                }
+                return Err(wire_err("frame", format!("connection closed after {got} of {} bytes", buf.len())));
+            }
+            got += n;
+        }
+        Ok(true)
+    }
+
+    /// Sends raw bytes (for tests of hostile clients).
+    pub fn send_raw(&self, bytes: &[u8]) -> Result<()> {
+        (&self.sock).write_all(bytes).map_err(|e| Error::io("socket", e))
+    }
+}
+
+/// Reads the fields of a frame body in order; every read checks what is left.
+#[derive(Debug)]
+pub struct Reader<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    /// Reads `body`.
+    pub fn new(body: &'a [u8]) -> Self {
+        Self { rest: body }
+    }
+
+    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8]> {
+        if self.rest.len() < n {
+            return Err(wire_err(what, format!("needs {n} bytes, the message has {} left", self.rest.len())));
+        }
+        let (a, b) = self.rest.split_at(n);
+        self.rest = b;
+        Ok(a)
+    }
+
+    /// A `u32`.
+    pub fn u32(&mut self, what: &'static str) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.take(4, what)?.try_into().expect("4 bytes")))
+    }
+
+    /// A `u64`.
+    pub fn u64(&mut self, what: &'static str) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.take(8, what)?.try_into().expect("8 bytes")))
+    }
+
+    /// `u32` length, then that many bytes (at most `max`).
+    pub fn bytes(&mut self, what: &'static str, max: usize) -> Result<&'a [u8]> {
+        let n = self.u32(what)? as usize;
+        if n > max {
+            return Err(wire_err(what, format!("{n} bytes exceeds the limit of {max}")));
+        }
+        self.take(n, what)
+    }
+
+    /// `u32` count, then that many `u64`s (at most `max`).
+    pub fn u64s(&mut self, what: &'static str, max: usize) -> Result<Vec<u64>> {
+        let n = self.u32(what)? as usize;
+        if n > max {
+            return Err(wire_err(what, format!("{n} entries exceeds the limit of {max}")));
+        }
+        let raw = self.take(n * 8, what)?;
+        Ok(raw.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
+    }
+
+    /// `u32` count, then that many `u32`s (at most `max`).
+    pub fn u32s(&mut self, what: &'static str, max: usize) -> Result<Vec<u32>> {
+        let n = self.u32(what)? as usize;
+        if n > max {
+            return Err(wire_err(what, format!("{n} entries exceeds the limit of {max}")));
+        }
+        let raw = self.take(n * 4, what)?;
+        Ok(raw.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))).collect())
+    }
+
+    /// Fails unless every byte was read.
+    pub fn finish(self, what: &'static str) -> Result<()> {
+        if self.rest.is_empty() {
+            Ok(())
+        } else {
+            Err(wire_err(what, format!("{} unexpected trailing bytes", self.rest.len())))
+        }
+    }
+}
+
+/// Builds a frame body field by field, in the order a [`Reader`] reads it.
+#[derive(Debug, Default)]
+pub struct Writer {
+    /// The body so far.
+    pub body: Vec<u8>,
+}
+
+impl Writer {
+    /// A `u32`.
+    pub fn u32(mut self, v: u32) -> Self {
+        self.body.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    /// A `u64`.
+    pub fn u64(mut self, v: u64) -> Self {
+        self.body.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    /// Length-prefixed bytes.
+    pub fn bytes(self, b: &[u8]) -> Self {
+        let mut s = self.u32(b.len() as u32);
+        s.body.extend_from_slice(b);
+        s
+    }
+    /// Count-prefixed `u64`s.
+    pub fn u64s(self, v: &[u64]) -> Self {
+        let mut s = self.u32(v.len() as u32);
+        for x in v {
+            s.body.extend_from_slice(&x.to_le_bytes());
+        }
+        s
+    }
+    /// Count-prefixed `u32`s.
+    pub fn u32s(self, v: &[u32]) -> Self {
+        let mut s = self.u32(v.len() as u32);
+        for x in v {
+            s.body.extend_from_slice(&x.to_le_bytes());
+        }
+        s
+    }
+}

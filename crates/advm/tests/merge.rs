@@ -1,0 +1,246 @@
+//! advm::merge in one process (its own store): content, sharing, privacy of writes,
+//! fork, merging twice, refusals, the byte limit, and a writer during the merge.
+
+use advm::mem::{page_size, PageRange, Region};
+use advm::merge::{Client, MergeStats, Via};
+use advm::stats::page_frames;
+
+fn fill(r: &mut Region, seed: u64) {
+    let mut x = seed | 1;
+    for c in r.bytes_mut().chunks_exact_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        c.copy_from_slice(&x.to_le_bytes());
+    }
+}
+
+fn frames(r: &Region) -> Vec<Option<u64>> {
+    page_frames(r.range()).unwrap()
+}
+
+fn local(limit: u64) -> Client {
+    Client::local(limit, "test").unwrap()
+}
+
+fn fence_ok() -> bool {
+    let ok = advm::probe::facts().uffd_features.is_some();
+    if !ok {
+        eprintln!("skipped: userfaultfd not available here");
+    }
+    ok
+}
+
+#[test]
+fn merged_content_is_identical_and_pages_are_shared() {
+    if !fence_ok() {
+        return;
+    }
+    let ps = page_size();
+    let mut c = local(1 << 30);
+    let (mut a, mut b) = (Region::new(64 * ps).unwrap(), Region::new(64 * ps).unwrap());
+    fill(&mut a, 7);
+    fill(&mut b, 7);
+    let before = b.bytes().to_vec();
+    let sa = c.merge(a.bytes()).unwrap();
+    assert_eq!((sa.merged, sa.added, sa.skipped, sa.refused), (0, 64, 0, 0), "{sa:?}");
+    assert!(matches!(sa.via, Via::Local { .. }));
+    let sb = c.merge(b.bytes()).unwrap();
+    assert_eq!((sb.merged, sb.added, sb.skipped), (64, 0, 0), "{sb:?}");
+    assert_eq!(b.bytes(), &before[..], "content identical byte for byte");
+    assert_eq!(a.bytes(), &before[..]);
+    let (fa, fb) = (frames(&a), frames(&b));
+    assert!(fa.iter().all(Option::is_some), "pages present");
+    assert_eq!(fa, fb, "both regions map the store's pages");
+    assert_eq!(c.usage().unwrap().pages, 64, "the store holds each page once");
+}
+
+#[test]
+fn partial_end_pages_and_zero_pages_are_left_alone() {
+    if !fence_ok() {
+        return;
+    }
+    let ps = page_size();
+    let mut c = local(1 << 30);
+    let mut a = Region::new(8 * ps).unwrap();
+    fill(&mut a, 3);
+    a.bytes_mut()[4 * ps..5 * ps].fill(0);
+    let before = a.bytes().to_vec();
+    // From the middle of page 0 to the middle of page 7: pages 1..=6 are full.
+    let s = c.merge(&a.bytes()[ps / 2..7 * ps + ps / 2]).unwrap();
+    assert_eq!((s.added, s.skipped), (5, 3), "2 partial + 1 zero page skipped: {s:?}");
+    assert_eq!(a.bytes(), &before[..]);
+}
+
+#[test]
+fn writes_after_a_merge_stay_private_and_the_store_never_changes() {
+    if !fence_ok() {
+        return;
+    }
+    let ps = page_size();
+    let mut c = local(1 << 30);
+    let (mut a, mut b) = (Region::new(16 * ps).unwrap(), Region::new(16 * ps).unwrap());
+    fill(&mut a, 11);
+    fill(&mut b, 11);
+    let orig = a.bytes().to_vec();
+    c.merge(a.bytes()).unwrap();
+    c.merge(b.bytes()).unwrap();
+    b.bytes_mut()[3 * ps..4 * ps].fill(0xAB);
+    assert_eq!(a.bytes(), &orig[..], "a does not see b's write");
+    assert!(b.bytes()[3 * ps..4 * ps].iter().all(|&x| x == 0xAB));
+    assert_ne!(frames(&a)[3], frames(&b)[3], "b's written page is its own copy");
+    // The store still holds the original page: a third copy merges fully.
+    let mut d = Region::new(16 * ps).unwrap();
+    fill(&mut d, 11);
+    let s = c.merge(d.bytes()).unwrap();
+    assert_eq!((s.merged, s.added), (16, 0), "{s:?}");
+    assert_eq!(d.bytes(), &orig[..]);
+}
+
+#[test]
+fn merging_the_same_range_twice_changes_nothing() {
+    if !fence_ok() {
+        return;
+    }
+    let ps = page_size();
+    let mut c = local(1 << 30);
+    let mut a = Region::new(32 * ps).unwrap();
+    fill(&mut a, 5);
+    let orig = a.bytes().to_vec();
+    let s1 = c.merge(a.bytes()).unwrap();
+    let f1 = frames(&a);
+    let s2 = c.merge(a.bytes()).unwrap();
+    assert_eq!((s1.added, s2.merged, s2.added), (32, 32, 0));
+    assert_eq!(frames(&a), f1);
+    assert_eq!(a.bytes(), &orig[..]);
+    assert_eq!(c.usage().unwrap().pages, 32);
+}
+
+#[test]
+fn a_range_partly_unmapped_or_file_backed_or_shared_is_refused_before_any_change() {
+    if !fence_ok() {
+        return;
+    }
+    let ps = page_size();
+    let mut c = local(1 << 30);
+    let gone = Region::new(4 * ps).unwrap();
+    let addr = gone.addr().0;
+    drop(gone);
+    // SAFETY: the range is unmapped; merge only checks it and refuses.
+    let e = unsafe { c.merge_raw(addr, 4 * ps) }.unwrap_err().to_string();
+    assert!(e.contains("is not mapped"), "{e}");
+
+    let f = std::fs::File::open("/proc/self/exe").unwrap();
+    // SAFETY: a fresh private read-only mapping of our own executable, unmapped below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4 * ps,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE,
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    // SAFETY: mapped above for 4 pages.
+    let e = unsafe { c.merge_raw(p as usize, 4 * ps) }.unwrap_err().to_string();
+    assert!(e.contains("file-backed"), "{e}");
+    // SAFETY: ours.
+    unsafe { libc::munmap(p, 4 * ps) };
+
+    // SAFETY: a fresh shared anonymous mapping, unmapped below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            2 * ps,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    // SAFETY: mapped above.
+    let e = unsafe { c.merge_raw(p as usize, 2 * ps) }.unwrap_err().to_string();
+    assert!(e.contains("shared mapping"), "{e}");
+    // SAFETY: ours.
+    unsafe { libc::munmap(p, 2 * ps) };
+
+    // Part anonymous, part unmapped (page 4 moved away): refused, and nothing changed.
+    let mut r = Region::new(8 * ps).unwrap();
+    fill(&mut r, 9);
+    let base = r.addr();
+    r.grant().mremap_unmapping_source(base + 7 * ps, base + 4 * ps, ps).unwrap();
+    let f0 = page_frames(PageRange::new("r", base.0, 4 * ps).unwrap()).unwrap();
+    // SAFETY: pages 0..4 and 5..8 are ours, page 4 is unmapped; merge refuses the range.
+    let e = unsafe { c.merge_raw(base.0, 8 * ps) }.unwrap_err().to_string();
+    assert!(e.contains("is not mapped"), "{e}");
+    assert_eq!(page_frames(PageRange::new("r", base.0, 4 * ps).unwrap()).unwrap(), f0, "nothing changed");
+    assert!(f0.iter().all(Option::is_some));
+}
+
+#[test]
+fn the_store_refuses_pages_past_its_byte_limit() {
+    if !fence_ok() {
+        return;
+    }
+    let ps = page_size();
+    let mut c = local(4 * ps as u64);
+    let mut a = Region::new(8 * ps).unwrap();
+    fill(&mut a, 13);
+    let orig = a.bytes().to_vec();
+    let s: MergeStats = c.merge(a.bytes()).unwrap();
+    assert_eq!((s.added, s.refused, s.skipped), (4, 4, 4), "{s:?}");
+    let why = s.refusal.unwrap();
+    assert!(why.contains("full") && why.contains(&format!("limit is {} bytes", 4 * ps)), "{why}");
+    assert_eq!(a.bytes(), &orig[..]);
+    let u = c.usage().unwrap();
+    assert_eq!((u.pages, u.limit_bytes), (4, 4 * ps as u64));
+}
+
+#[test]
+fn a_thread_writing_during_the_merge_never_loses_a_write() {
+    if !fence_ok() {
+        return;
+    }
+    let ps = page_size();
+    let pages = 1024;
+    let mut c = local(1 << 30);
+    let mut twin = Region::new(pages * ps).unwrap();
+    fill(&mut twin, 21);
+    c.merge(twin.bytes()).unwrap();
+    let mut lost = 0;
+    let mut merged = 0;
+    for round in 0..6u64 {
+        let mut r = Region::new(pages * ps).unwrap();
+        fill(&mut r, 21);
+        let base = r.addr().0;
+        // The writer sweeps the pages backwards while the merge compares them forwards,
+        // writing word 1 of each page once: it crosses pages already compared and not
+        // yet remapped, which is where an unfenced merge would drop the write.
+        let writer = std::thread::spawn(move || {
+            for i in (0..pages).rev() {
+                let p = (base + i * ps + 8) as *mut u64;
+                // SAFETY: the region outlives the thread (joined below); word 1 of each
+                // page is written by this thread only and read after the join.
+                unsafe { std::ptr::write_volatile(p, round * 10_000 + i as u64 + 1) };
+                let t = std::time::Instant::now();
+                while t.elapsed() < std::time::Duration::from_micros(20) {}
+            }
+        });
+        // SAFETY: the region stays mapped until after the join; this thread does not
+        // write it while merging.
+        let s = unsafe { c.merge_raw(base, pages * ps) }.unwrap();
+        merged += s.merged;
+        writer.join().unwrap();
+        let b = r.bytes();
+        for i in 0..pages {
+            let got = u64::from_le_bytes(b[i * ps + 8..i * ps + 16].try_into().unwrap());
+            lost += (got != round * 10_000 + i as u64 + 1) as usize;
+            assert_eq!(b[i * ps..i * ps + 8], twin.bytes()[i * ps..i * ps + 8]);
+            assert_eq!(b[i * ps + 16..(i + 1) * ps], twin.bytes()[i * ps + 16..(i + 1) * ps]);
+        }
+    }
+    assert!(merged > 0, "some pages were merged while the writer ran");
+    assert_eq!(lost, 0, "writes lost");
+}

@@ -1,0 +1,29 @@
+//! The daemon's one error type.
+
+use std::path::{Path, PathBuf};
+
+/// What can stop advmd from serving.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// From the library (a store, the wire).
+    #[error(transparent)]
+    Advm(#[from] advm::Error),
+    /// A file or socket could not be used.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Another daemon answers on the socket.
+    #[error("{}: another advmd is already serving on this socket", .0.display())]
+    Busy(PathBuf),
+}
+
+impl DaemonError {
+    pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
+        Self::Io { path: path.to_path_buf(), source }
+    }
+}

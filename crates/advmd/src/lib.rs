@@ -1,0 +1,195 @@
+//! advmd, the advm daemon: runs capabilities for other processes over a UNIX socket.
+//!
+//! Today it serves one service, merging ([`merge_service`]): a content-addressed page
+//! store per security domain (the client's uid, or a narrower tag inside it). Each
+//! connection gets a thread of its own; a frame that stalls half-way, a reply the
+//! client does not read, a malformed or hostile request, or a client that dies cost
+//! that connection only. Requests are decoded into one [`Request`] enum, one variant
+//! per service, and each service's handler lives in its own module.
+
+mod error;
+pub mod merge_service;
+mod request;
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use advm::wire::Channel;
+pub use error::DaemonError;
+pub use request::Request;
+
+/// How the daemon runs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where it listens.
+    pub socket: PathBuf,
+    /// Bytes each security domain's store may hold.
+    pub domain_limit_bytes: u64,
+    /// Connections served at once; more are refused with a reply saying so.
+    pub max_clients: usize,
+    /// How long a frame may take once begun, and a reply to be taken.
+    pub frame_timeout: Duration,
+}
+
+impl Config {
+    /// Defaults at `socket`: 4 GiB per domain, 4096 clients, 10 s per frame.
+    pub fn at(socket: impl Into<PathBuf>) -> Self {
+        Self {
+            socket: socket.into(),
+            domain_limit_bytes: 4 << 30,
+            max_clients: 4096,
+            frame_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A bound daemon, ready to serve.
+#[derive(Debug)]
+pub struct Daemon {
+    listener: UnixListener,
+    config: Config,
+    services: Arc<Services>,
+    stop: Arc<AtomicBool>,
+}
+
+/// Every service's shared state.
+#[derive(Debug)]
+pub struct Services {
+    /// The merge service.
+    pub merge: merge_service::Stores,
+}
+
+/// Stops a daemon serving on another thread.
+#[derive(Debug)]
+pub struct Handle {
+    stop: Arc<AtomicBool>,
+    socket: PathBuf,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// The services, to inspect in tests.
+    pub services: Arc<Services>,
+}
+
+impl Handle {
+    /// Stops accepting, and waits for the accept loop to end (open connections finish
+    /// on their own threads).
+    pub fn stop(mut self) {
+        self.stop_now();
+    }
+
+    fn stop_now(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the blocking accept.
+        let _ = UnixStream::connect(&self.socket);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.stop_now();
+    }
+}
+
+impl Daemon {
+    /// Binds the socket: creates its directory, replaces a stale socket nobody answers
+    /// on (refuses to if a daemon does), and lets every uid connect (domains keep them apart).
+    pub fn bind(config: Config) -> Result<Self, DaemonError> {
+        let path = &config.socket;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| DaemonError::io(dir, e))?;
+        }
+        if path.exists() {
+            if UnixStream::connect(path).is_ok() {
+                return Err(DaemonError::Busy(path.clone()));
+            }
+            std::fs::remove_file(path).map_err(|e| DaemonError::io(path, e))?;
+        }
+        let listener = UnixListener::bind(path).map_err(|e| DaemonError::io(path, e))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).map_err(|e| DaemonError::io(path, e))?;
+        let services = Arc::new(Services { merge: merge_service::Stores::new(config.domain_limit_bytes) });
+        Ok(Self { listener, config, services, stop: Arc::new(AtomicBool::new(false)) })
+    }
+
+    /// The socket it listens on.
+    pub fn socket(&self) -> &Path {
+        &self.config.socket
+    }
+
+    /// Serves on a thread of its own until the handle is stopped or dropped.
+    pub fn spawn(self) -> Handle {
+        let stop = self.stop.clone();
+        let socket = self.config.socket.clone();
+        let services = self.services.clone();
+        let thread = std::thread::Builder::new().name("advmd-accept".into()).spawn(move || self.serve()).ok();
+        Handle { stop, socket, thread, services }
+    }
+
+    /// Accepts connections until stopped, one thread each.
+    pub fn serve(self) {
+        let live = Arc::new(AtomicUsize::new(0));
+        for conn in self.listener.incoming() {
+            if self.stop.load(Ordering::SeqCst) {
+                break;
+            }
+            let Ok(sock) = conn else { continue };
+            let mut ch = Channel::from_stream(sock);
+            if ch.set_frame_timeout(self.config.frame_timeout).is_err() {
+                continue;
+            }
+            if live.load(Ordering::SeqCst) >= self.config.max_clients {
+                let _ =
+                    request::refuse(&ch, &format!("advmd serves at most {} clients at once", self.config.max_clients));
+                continue;
+            }
+            live.fetch_add(1, Ordering::SeqCst);
+            let (services, live2) = (self.services.clone(), live.clone());
+            let spawned =
+                std::thread::Builder::new().name("advmd-client".into()).stack_size(256 << 10).spawn(move || {
+                    serve_client(ch, &services);
+                    live2.fetch_sub(1, Ordering::SeqCst);
+                });
+            if spawned.is_err() {
+                live.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+/// One connection: frames in, replies out, until the client leaves or breaks the
+/// framing; then everything it held is released.
+fn serve_client(ch: Channel, services: &Services) {
+    let Ok(peer) = ch.peer() else { return };
+    let mut merge = merge_service::Session::new(peer);
+    loop {
+        let frame = match ch.recv() {
+            Ok(Some(f)) => f,
+            Ok(None) => break,
+            Err(e) => {
+                // The framing is lost (oversized, cut short, stalled): say why and hang up.
+                let _ = request::refuse(&ch, &e.to_string());
+                break;
+            }
+        };
+        let service = frame.service;
+        // A request refused is answered and the connection goes on; only a reply that
+        // cannot be sent ends it.
+        let outcome = match Request::decode(frame) {
+            Ok(Request::Merge(r)) => match merge.handle(&services.merge, r) {
+                Ok(reply) => reply.send(&ch),
+                Err(e) => request::refuse_service(&ch, service, &e.to_string()),
+            },
+            Err(e) => request::refuse_service(&ch, service, &e.to_string()),
+        };
+        if outcome.is_err() {
+            break;
+        }
+    }
+    merge.end(&services.merge);
+}

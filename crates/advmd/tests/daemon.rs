@@ -1,0 +1,261 @@
+//! advmd serving merges: sharing within a domain, never across, a store clients cannot
+//! write, reclaim, the byte limit, and hostile or many clients.
+
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use advm::mem::{page_size, Region};
+use advm::merge::protocol::{Reply, Request};
+use advm::merge::{Client, Via};
+use advm::stats::page_frames;
+use advm::wire::Channel;
+use advmd::{Config, Daemon, Handle};
+
+fn fence_ok() -> bool {
+    let ok = advm::probe::facts().uffd_features.is_some();
+    if !ok {
+        eprintln!("skipped: userfaultfd not available here");
+    }
+    ok
+}
+
+fn start(name: &str, tweak: impl FnOnce(&mut Config)) -> (Handle, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("advmd-test-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let sock = dir.join("advmd.sock");
+    let mut cfg = Config::at(&sock);
+    cfg.domain_limit_bytes = 64 << 20;
+    tweak(&mut cfg);
+    (Daemon::bind(cfg).unwrap().spawn(), sock)
+}
+
+fn filled(pages: usize, seed: u8) -> Region {
+    let mut r = Region::new(pages * page_size()).unwrap();
+    for (i, x) in r.bytes_mut().iter_mut().enumerate() {
+        *x = (i as u64).wrapping_mul(2654435761).wrapping_add(seed as u64).to_le_bytes()[3];
+    }
+    r
+}
+
+/// Runs `f` in a forked child as `uid`; its return value is the exit code.
+fn as_uid(uid: u32, f: impl FnOnce() -> i32) -> i32 {
+    // SAFETY: the child runs `f` and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: plain syscalls in the child.
+        let code = if unsafe { libc::setgid(uid) } == 0 && unsafe { libc::setuid(uid) } == 0 { f() } else { 100 };
+        // SAFETY: leave without the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status), "child status {status:#x}");
+    libc::WEXITSTATUS(status)
+}
+
+#[test]
+fn clients_of_one_domain_share_pages_and_pages_are_reclaimed_when_their_holders_exit() {
+    if !fence_ok() {
+        return;
+    }
+    let (d, sock) = start("share", |_| {});
+    let (a, b) = (filled(32, 1), filled(32, 1));
+    let orig = a.bytes().to_vec();
+    let mut c1 = Client::connect(&sock, "").unwrap();
+    let mut c2 = Client::connect(&sock, "").unwrap();
+    assert!(matches!(c1.via(), Via::Daemon { .. }));
+    let s1 = c1.merge(a.bytes()).unwrap();
+    let s2 = c2.merge(b.bytes()).unwrap();
+    assert_eq!((s1.added, s2.merged, s2.added), (32, 32, 0), "{s1:?} {s2:?}");
+    assert_eq!(b.bytes(), &orig[..]);
+    assert_eq!(a.bytes(), &orig[..]);
+    assert_eq!(page_frames(a.range()).unwrap(), page_frames(b.range()).unwrap(), "one physical copy");
+    assert_eq!(c2.usage().unwrap().pages, 32);
+    // Dropping the clients does not end their sessions: the pages are still mapped.
+    drop((c1, c2));
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(a.bytes(), &orig[..], "mappings outlive the clients");
+    assert_eq!(d.services.merge.usage()[0].1.pages, 32);
+    // A process that merges other pages and exits leaves nothing behind.
+    let s = sock.clone();
+    let code = as_uid(0, move || {
+        let c = filled(8, 9);
+        match Client::connect(&s, "child").and_then(|mut cl| cl.merge(c.bytes())) {
+            Ok(st) if st.added == 8 => 0,
+            _ => 1,
+        }
+    });
+    assert_eq!(code, 0);
+    let t = Instant::now();
+    while d.services.merge.usage().iter().any(|(dom, _)| dom.tag == "child") {
+        assert!(t.elapsed() < Duration::from_secs(5), "store not reclaimed: {:?}", d.services.merge.usage());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_client_cannot_write_the_store_and_its_writes_stay_private() {
+    if !fence_ok() {
+        return;
+    }
+    let ps = page_size();
+    let (_d, sock) = start("readonly", |_| {});
+    let mut c1 = Client::connect(&sock, "").unwrap();
+    let mut a = filled(8, 2);
+    let orig = a.bytes().to_vec();
+    c1.merge(a.bytes()).unwrap();
+    a.bytes_mut()[..ps].fill(0x55);
+    // The store still holds the original: another client merges all of it.
+    let b = filled(8, 2);
+    let s = Client::connect(&sock, "").unwrap().merge(b.bytes()).unwrap();
+    assert_eq!(s.merged, 8);
+    assert_eq!(b.bytes(), &orig[..]);
+    // The fd a client gets is read-only, and a non-root client cannot reopen it writable.
+    let ch = Channel::connect(&sock).unwrap();
+    Request::Hello { tag: String::new() }.send(&ch).unwrap();
+    let Reply::Hello { store, .. } = Reply::recv(&ch).unwrap() else { panic!("no hello") };
+    // SAFETY: pwrite of 1 byte from a live buffer.
+    let w = unsafe { libc::pwrite(store.as_raw_fd(), [1u8].as_ptr().cast(), 1, 0) };
+    assert_eq!(w, -1, "the store fd is not writable");
+    let path = format!("/proc/self/fd/{}", store.as_raw_fd());
+    let code = as_uid(65534, move || match std::fs::OpenOptions::new().write(true).open(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => 0,
+        Err(_) => 2,
+        Ok(_) => 1,
+    });
+    assert_eq!(code, 0, "a non-root client reopened the store writable (1) or failed otherwise (2)");
+}
+
+#[test]
+fn two_uids_or_two_tags_never_share_a_page() {
+    if !fence_ok() {
+        return;
+    }
+    let (_d, sock) = start("domains", |_| {});
+    let a = filled(16, 3);
+    let mut root = Client::connect(&sock, "").unwrap();
+    assert_eq!(root.merge(a.bytes()).unwrap().added, 16);
+    let s2 = sock.clone();
+    // uid 1000 holding the same content: its store does not have it, whatever root's holds.
+    let code = as_uid(1000, move || {
+        let b = filled(16, 3);
+        let Ok(mut c) = Client::connect(&s2, "") else { return 3 };
+        let Ok(first) = c.merge(b.bytes()) else { return 4 };
+        let c2 = filled(16, 3);
+        let Ok(second) = Client::connect(&s2, "").and_then(|mut c| c.merge(c2.bytes())) else { return 5 };
+        match (first.merged, first.added, second.merged) {
+            (0, 16, 16) => 0,
+            _ => 6,
+        }
+    });
+    assert_eq!(code, 0, "uid 1000's first merge shared nothing and its second shared all");
+    // A narrower tag of the same uid is a domain of its own.
+    let b = filled(16, 3);
+    let s = Client::connect(&sock, "tenant-b").unwrap().merge(b.bytes()).unwrap();
+    assert_eq!((s.merged, s.added), (0, 16));
+}
+
+#[test]
+fn a_domain_over_its_limit_refuses_new_pages_with_a_clear_reply() {
+    if !fence_ok() {
+        return;
+    }
+    let ps = page_size();
+    let (_d, sock) = start("limit", |c| c.domain_limit_bytes = 4 * ps as u64);
+    let a = filled(8, 4);
+    let orig = a.bytes().to_vec();
+    let s = Client::connect(&sock, "").unwrap().merge(a.bytes()).unwrap();
+    assert_eq!((s.added, s.refused), (4, 4), "{s:?}");
+    let why = s.refusal.unwrap();
+    assert!(why.contains("full") && why.contains(&format!("limit is {} bytes", 4 * ps)), "{why}");
+    assert_eq!(a.bytes(), &orig[..]);
+}
+
+/// A request whose reply must be an error naming `expect`.
+fn refused_with(ch: &Channel, expect: &str) {
+    match Reply::recv(ch) {
+        Err(e) => assert!(e.to_string().contains(expect), "{e} (expected {expect:?})"),
+        Ok(r) => panic!("expected an error about {expect:?}, got {r:?}"),
+    }
+}
+
+#[test]
+fn hostile_requests_get_error_replies_and_never_stall_other_clients() {
+    if !fence_ok() {
+        return;
+    }
+    let (_d, sock) = start("hostile", |c| c.frame_timeout = Duration::from_millis(300));
+    // Out of order: lookup before hello.
+    let ch = Channel::connect(&sock).unwrap();
+    Request::Lookup { hashes: vec![1, 2] }.send(&ch).unwrap();
+    refused_with(&ch, "send hello first");
+    // Unknown kind and unknown service: an error, and the connection goes on.
+    ch.send(1, 77, &[], &[]).unwrap();
+    refused_with(&ch, "unknown kind 77");
+    ch.send(9, 1, &[], &[]).unwrap();
+    assert!(ch.recv().unwrap().is_some_and(|f| f.service == 9 && f.kind == 0));
+    Request::Hello { tag: String::new() }.send(&ch).unwrap();
+    assert!(matches!(Reply::recv(&ch).unwrap(), Reply::Hello { .. }));
+    // A truncated body, an add without a file, an add announcing more than it holds,
+    // a tag that is too long.
+    ch.send(1, 2, &[5, 0, 0, 0, 1, 2], &[]).unwrap();
+    refused_with(&ch, "needs 40 bytes");
+    ch.send(1, 3, &1u32.to_le_bytes(), &[]).unwrap();
+    refused_with(&ch, "add without a staging file");
+    let m = advm::mem::Memfd::create("short").unwrap();
+    m.write_all_at(&[1u8; 100], 0).unwrap();
+    ch.send(1, 3, &4u32.to_le_bytes(), &[&m]).unwrap();
+    refused_with(&ch, "the staging file holds 100 bytes, 4 pages were announced");
+    let (r, _w) = std::io::pipe().unwrap();
+    ch.send(1, 3, &1u32.to_le_bytes(), &[&r]).unwrap();
+    refused_with(&ch, "pread");
+    ch.send(1, 1, &advm::wire::Writer::default().bytes(&[b'x'; 65]).body, &[]).unwrap();
+    refused_with(&ch, "exceeds the limit of 64");
+    // Oversized: the length alone is refused, then the connection is closed.
+    let big = Channel::connect(&sock).unwrap();
+    big.send_raw(&(64u32 << 20).to_le_bytes()).unwrap();
+    refused_with(&big, "outside 2..=");
+    assert!(big.recv().is_err_and(|e| e.to_string().contains("closed")) || big.recv().unwrap().is_none());
+    // Garbage, a frame cut short by a client that dies, and one that stalls mid-frame.
+    Channel::connect(&sock).unwrap().send_raw(b"\xff\xff\xff\xffgarbage").unwrap();
+    Channel::connect(&sock).unwrap().send_raw(&[20, 0, 0, 0, 1, 2, 3]).unwrap();
+    let stalled = Channel::connect(&sock).unwrap();
+    stalled.send_raw(&[100, 0, 0, 0, 1, 2]).unwrap();
+    // Meanwhile a well-behaved client is served at once.
+    let t = Instant::now();
+    let a = filled(4, 5);
+    let s = Client::connect(&sock, "").unwrap().merge(a.bytes()).unwrap();
+    assert_eq!(s.added + s.merged, 4);
+    assert!(t.elapsed() < Duration::from_millis(250), "served in {:?} beside a stalled client", t.elapsed());
+    // The stalled one is cut off after the frame timeout.
+    refused_with(&stalled, "reading");
+}
+
+#[test]
+fn a_thousand_concurrent_clients_are_all_served() {
+    if !fence_ok() {
+        return;
+    }
+    let (d, sock) = start("many", |_| {});
+    let t = Instant::now();
+    let chans: Vec<Channel> = (0..1000).map(|_| Channel::connect(&sock).unwrap()).collect();
+    for (i, ch) in chans.iter().enumerate() {
+        Request::Hello { tag: if i % 2 == 0 { String::new() } else { format!("t{}", i % 10) } }.send(ch).unwrap();
+    }
+    for ch in &chans {
+        assert!(matches!(Reply::recv(ch).unwrap(), Reply::Hello { .. }));
+        Request::Usage.send(ch).unwrap();
+    }
+    for ch in &chans {
+        assert!(matches!(Reply::recv(ch).unwrap(), Reply::Usage(_)));
+    }
+    eprintln!("1000 clients served in {:?}", t.elapsed());
+    drop(chans);
+    // And the daemon still merges for the next one.
+    let a = filled(4, 6);
+    assert_eq!(Client::connect(&sock, "").unwrap().merge(a.bytes()).unwrap().added, 4);
+    assert!(!d.services.merge.usage().is_empty());
+}
