@@ -8,6 +8,7 @@
 //! advm command's other tables); `workloads.rs` embeds the programs under `bench/`.
 
 mod error;
+mod gc;
 mod image;
 pub mod meters;
 mod r;
@@ -213,6 +214,7 @@ pub fn all() -> Vec<Box<dyn Bench>> {
         Box::new(image::ImageBench),
         Box::new(r::RBench),
         Box::new(shim_stress::ShimStressBench),
+        Box::new(gc::GcBench),
     ]
 }
 
