@@ -97,8 +97,11 @@ pub extern "C" fn advm_gc_new(heap_bytes: usize) -> *mut AdvmGc {
 }
 
 /// `void advm_gc_destroy(advm_gc *)`: frees the heap (NULL: no-op).
+///
+/// # Safety
+/// `gc` is NULL or a live handle from `advm_gc_new`, not used afterwards.
 #[no_mangle]
-pub extern "C" fn advm_gc_destroy(gc: *mut AdvmGc) {
+pub unsafe extern "C" fn advm_gc_destroy(gc: *mut AdvmGc) {
     if !gc.is_null() {
         // SAFETY: a handle from advm_gc_new, destroyed once (the header's contract).
         drop(unsafe { Box::from_raw(gc) });
@@ -108,8 +111,11 @@ pub extern "C" fn advm_gc_destroy(gc: *mut AdvmGc) {
 /// `void *advm_gc_alloc(advm_gc *, size_t nptrs, size_t nbytes)`: the new object's
 /// first pointer slot, or NULL with errno (ENOMEM when a full collection cannot make
 /// room).
+///
+/// # Safety
+/// `gc` is NULL or a live handle from `advm_gc_new`.
 #[no_mangle]
-pub extern "C" fn advm_gc_alloc(gc: *mut AdvmGc, nptrs: usize, nbytes: usize) -> *mut c_void {
+pub unsafe extern "C" fn advm_gc_alloc(gc: *mut AdvmGc, nptrs: usize, nbytes: usize) -> *mut c_void {
     let mut out = std::ptr::null_mut();
     let r = call(|| {
         let o = lock(handle(gc)?).alloc(nptrs, nbytes)?;
@@ -123,8 +129,11 @@ pub extern "C" fn advm_gc_alloc(gc: *mut AdvmGc, nptrs: usize, nbytes: usize) ->
 }
 
 /// `int advm_gc_root(advm_gc *, void **slot)`.
+///
+/// # Safety
+/// `gc` is NULL or a live handle; `slot` stays valid until unrooted and holds NULL or an object of this heap whenever a call on the heap runs.
 #[no_mangle]
-pub extern "C" fn advm_gc_root(gc: *mut AdvmGc, slot: *mut *mut c_void) -> c_int {
+pub unsafe extern "C" fn advm_gc_root(gc: *mut AdvmGc, slot: *mut *mut c_void) -> c_int {
     call(|| {
         let g = handle(gc)?;
         // SAFETY: the header's contract for root slots is the one add_root_slot states.
@@ -134,8 +143,11 @@ pub extern "C" fn advm_gc_root(gc: *mut AdvmGc, slot: *mut *mut c_void) -> c_int
 }
 
 /// `int advm_gc_unroot(advm_gc *, void **slot)`.
+///
+/// # Safety
+/// `gc` is NULL or a live handle.
 #[no_mangle]
-pub extern "C" fn advm_gc_unroot(gc: *mut AdvmGc, slot: *mut *mut c_void) -> c_int {
+pub unsafe extern "C" fn advm_gc_unroot(gc: *mut AdvmGc, slot: *mut *mut c_void) -> c_int {
     call(|| {
         handle(gc)?.heap.remove_root_slot(slot)?;
         Ok(0)
@@ -144,8 +156,11 @@ pub extern "C" fn advm_gc_unroot(gc: *mut AdvmGc, slot: *mut *mut c_void) -> c_i
 
 /// `int advm_gc_collect(advm_gc *, int full)`: a full collection (the heap has no
 /// young generation yet, so `full` 0 collects fully too).
+///
+/// # Safety
+/// `gc` is NULL or a live handle.
 #[no_mangle]
-pub extern "C" fn advm_gc_collect(gc: *mut AdvmGc, _full: c_int) -> c_int {
+pub unsafe extern "C" fn advm_gc_collect(gc: *mut AdvmGc, _full: c_int) -> c_int {
     call(|| {
         lock(handle(gc)?).collect()?;
         Ok(0)
@@ -153,8 +168,11 @@ pub extern "C" fn advm_gc_collect(gc: *mut AdvmGc, _full: c_int) -> c_int {
 }
 
 /// `int advm_gc_set_engine(advm_gc *, const char *engine)`: "remap" or "memmove".
+///
+/// # Safety
+/// `gc` is NULL or a live handle; `engine` is NULL or a NUL-terminated string.
 #[no_mangle]
-pub extern "C" fn advm_gc_set_engine(gc: *mut AdvmGc, engine: *const c_char) -> c_int {
+pub unsafe extern "C" fn advm_gc_set_engine(gc: *mut AdvmGc, engine: *const c_char) -> c_int {
     call(|| {
         let g = handle(gc)?;
         if engine.is_null() {
@@ -168,13 +186,16 @@ pub extern "C" fn advm_gc_set_engine(gc: *mut AdvmGc, engine: *const c_char) -> 
 }
 
 /// `int advm_gc_stats(advm_gc *, struct advm_gc_stats *out)`.
+///
+/// # Safety
+/// `gc` is NULL or a live handle; `out` is NULL or points to a writable `struct advm_gc_stats`.
 #[no_mangle]
-pub extern "C" fn advm_gc_stats(gc: *mut AdvmGc, out: *mut AdvmGcStats) -> c_int {
+pub unsafe extern "C" fn advm_gc_stats(gc: *mut AdvmGc, out: *mut AdvmGcStats) -> c_int {
     call(|| {
         let g = handle(gc)?;
         // SAFETY: `out` is NULL or points to a writable struct advm_gc_stats.
-        let out = unsafe { out.as_mut() }
-            .ok_or(Error::InvalidArgument { what: "out", why: "NULL stats pointer".into() })?;
+        let out =
+            unsafe { out.as_mut() }.ok_or(Error::InvalidArgument { what: "out", why: "NULL stats pointer".into() })?;
         let s = g.heap.stats();
         *out = AdvmGcStats {
             collections: s.collections,

@@ -16,7 +16,7 @@
 //!    remapping at or above the break-even, memmove below it or with the memmove
 //!    engine.
 //!
-//! Then the freed tails of both spaces go to the free hook (or are discarded).
+//! Then the freed tails of both spaces go to the free hook, if any.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -26,7 +26,7 @@ use advm::mem::{page_align_up, page_size, HostAddr, PageRange};
 use advm::remap::{Batch, Choice, Options};
 use crossbeam_deque::{Injector, Stealer, Worker};
 
-use crate::heap::{lock, nptrs_of, size_of, Alloc, Inner, HDR, MARK};
+use crate::heap::{large_align, lock, nptrs_of, size_of, Alloc, Inner, HDR, MARK};
 use crate::raw::Mem;
 use crate::stats::Collection;
 use crate::{Engine, Error, Result};
@@ -36,6 +36,27 @@ const UNIT: usize = 256 << 10;
 /// After compaction, an object start is recorded at least this often, for the next
 /// collection's units.
 const GRANULE: usize = 64 << 10;
+
+/// Small spaces using less than this collect on one thread.
+const PARALLEL_FROM: usize = 4 << 20;
+
+/// True when `[s, e)` lies inside the union of `vacated` (ascending, disjoint).
+fn covered(vacated: &[(usize, usize)], s: usize, e: usize) -> bool {
+    let mut at = s;
+    for &(vs, ve) in vacated {
+        if ve <= at {
+            continue;
+        }
+        if vs > at {
+            return false;
+        }
+        at = ve;
+        if at >= e {
+            return true;
+        }
+    }
+    at >= e
+}
 
 /// Runs `f(i)` for every `i < n` on up to `threads` threads; results in order.
 fn par_map<T: Send, F: Fn(usize) -> T + Sync>(n: usize, threads: usize, f: F) -> Vec<T> {
@@ -205,14 +226,13 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     let roots = lock(&inner.roots);
     let mut stacks: Vec<MutexGuard<'_, Vec<usize>>> = roots.stacks.iter().map(|s| lock(s)).collect();
     let index = lock(&inner.stats).collections + 1;
-    let mut c = Collection {
-        index,
-        engine,
-        heap_before: alloc.used(&mem),
-        decision: why.to_string(),
-        ..Default::default()
-    };
+    let mut c =
+        Collection { index, engine, heap_before: alloc.used(&mem), decision: why.to_string(), ..Default::default() };
 
+    // Starting GC threads costs more than it saves on a small heap (and on a busy
+    // machine a thread may wait milliseconds for a CPU): small heaps collect on one
+    // (large objects are few; their cost is the move).
+    let threads = if alloc.small_top - mem.small.base >= PARALLEL_FROM { threads } else { 1 };
     let t = Instant::now();
     let root_vals: Vec<usize> =
         stacks.iter().flat_map(|s| s.iter().copied()).chain(roots.slots.iter().map(|s| s.load())).collect();
@@ -246,6 +266,7 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     for &h in &alloc.large {
         let h0 = mem.load(h);
         if h0 & MARK != 0 {
+            cursor = cursor.next_multiple_of(large_align(size_of(h0)));
             mem.store(h + 8, cursor + HDR);
             large_moves.push((cursor, h, size_of(h0)));
             cursor += size_of(h0);
@@ -256,10 +277,9 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
 
     let t = Instant::now();
     par_map(us.len(), threads, |k| each_live(&mem, us[k], |h, h0| adjust_object(&mem, h, h0)));
-    par_map(large_moves.len(), threads, |i| {
-        let h = large_moves[i].1;
-        adjust_object(&mem, h, mem.load(h))
-    });
+    for &(_, h, _) in &large_moves {
+        adjust_object(&mem, h, mem.load(h));
+    }
     let fwd = |p: usize| if p == 0 { 0 } else { mem.load(p - HDR + 8) };
     for s in stacks.iter_mut() {
         for v in s.iter_mut() {
@@ -309,31 +329,46 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
         c.bytes_memmove += b;
     }
     let tl = Instant::now();
-    let options = match engine {
-        Engine::Remap => Options { engine: Choice::Auto, break_even_pages: Some(inner.break_even_pages), coalesce: true },
-        Engine::Memmove => {
-            Options { engine: Choice::Only(advm::remap::Engine::Memmove), break_even_pages: None, coalesce: true }
-        }
-    };
-    let mut batch = Batch::with_options(options);
+    // Page moves are chosen per object: always for a 2 MiB aligned object (whole page
+    // tables move, whatever the destination holds); otherwise at the machine's
+    // break-even for a destination that earlier page moves of this compaction vacated,
+    // or its break-even for a destination still holding (dead) pages. Not merged:
+    // adjacent objects sliding together would become one overlapping slide, moved
+    // entry by entry, where each aligned object alone is a page-table move.
+    let mut batch = Batch::with_options(Options { engine: Choice::Auto, break_even_pages: Some(0), coalesce: false });
     let ps = page_size();
-    let mut large_objs_moved = (0u64, 0u64); // (by pages, by copy) as chosen by size
+    let pmd = advm::remap::PMD_SIZE;
+    let mut vacated: Vec<(usize, usize)> = Vec::new(); // sources of page moves, ascending
+    let (mut by_pages, mut by_copy) = (0u64, 0u64);
     for &(to, from, len) in &large_moves {
-        if to != from {
+        if to == from {
+            continue;
+        }
+        // The part of the destination the object's own old pages do not cover.
+        let (s, e) = (to, (to + len).min(from));
+        let empty = covered(&vacated, s, e);
+        let pages = len / ps;
+        let remap = engine == Engine::Remap
+            && ((len % pmd == 0 && to % pmd == 0 && from % pmd == 0)
+                || pages >= if empty { inner.break_even.0 } else { inner.break_even.1 });
+        if remap {
             batch.push_move(HostAddr(to), HostAddr(from), len);
-            if engine == Engine::Remap && len / ps >= inner.break_even_pages {
-                large_objs_moved.0 += 1;
-            } else {
-                large_objs_moved.1 += 1;
+            by_pages += 1;
+            match vacated.last_mut() {
+                Some(last) if last.1 == from => last.1 = from + len,
+                _ => vacated.push((from, from + len)),
             }
+        } else {
+            batch.push_move_by_copy(HostAddr(to), HostAddr(from), len);
+            by_copy += 1;
         }
     }
     if !batch.is_empty() {
         let out = lock(&inner.large_region).run(&batch)?;
         c.bytes_remap = (out.uffd_move_bytes + out.mremap_bytes) as u64;
         c.bytes_memmove += out.memmove_bytes as u64;
-        c.objects_remap = large_objs_moved.0;
-        c.objects_memmove += large_objs_moved.1;
+        c.objects_remap = by_pages;
+        c.objects_memmove += by_copy;
     }
     for &(to, _, _) in &large_moves {
         mem.store(to, mem.load(to) & !MARK);
@@ -349,7 +384,7 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     alloc.large = large_moves.iter().map(|m| m.0).collect();
     alloc.starts = recorded.into_iter().flatten().collect();
     c.heap_after = alloc.used(&mem);
-    c.bytes_freed_pages = free_tails(inner, &mut alloc, old_small_top, old_large_top)?;
+    c.bytes_freed_pages = free_tails(inner, &alloc, old_small_top, old_large_top)?;
     drop(stacks);
     if inner.verify {
         crate::verify::check(inner, &alloc, &roots).map_err(Error::Corrupt)?;
@@ -357,29 +392,19 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     Ok(c)
 }
 
-/// Hands the pages above the new tops to the free hook, or discards them.
-fn free_tails(inner: &Inner, alloc: &mut Alloc, old_small: usize, old_large: usize) -> Result<usize> {
+/// Hands the pages above the new tops to the free hook. Without one the heap keeps
+/// them for its next allocations (freeing them inside the pause costs about as much as
+/// copying them, and allocation would fault them in again).
+fn free_tails(inner: &Inner, alloc: &Alloc, old_small: usize, old_large: usize) -> Result<usize> {
     let up = |a: usize| page_align_up(a).unwrap_or(a);
-    let small = (up(alloc.small_top), up(old_small));
-    let large = (alloc.large_top, old_large);
     let mut hook = lock(&inner.free_hook);
     let mut freed = 0;
-    for (which, (s, e)) in [(0, small), (1, large)] {
-        if e <= s {
-            continue;
-        }
-        let r = PageRange::new("freed pages", s, e - s)?;
-        freed += r.len();
-        match hook.as_mut() {
-            Some(h) => h(r),
-            None => {
-                let region = if which == 0 { &inner.small_region } else { &inner.large_region };
-                lock(region).grant().discard(&[r])?;
-                // Discarded pages read as zeros: allocation need not clear them.
-                let clean = if which == 0 { &mut alloc.small_clean } else { &mut alloc.large_clean };
-                if *clean <= e {
-                    *clean = s;
-                }
+    for (s, e) in [(up(alloc.small_top), up(old_small)), (alloc.large_top, old_large)] {
+        if e > s {
+            let r = PageRange::new("freed pages", s, e - s)?;
+            freed += r.len();
+            if let Some(h) = hook.as_mut() {
+                h(r);
             }
         }
     }

@@ -5,7 +5,9 @@
 #[non_exhaustive]
 pub enum Error {
     /// A full collection could not make room for an allocation.
-    #[error("heap exhausted: {requested} bytes asked for, {live} bytes live after a full collection of a {heap}-byte heap")]
+    #[error(
+        "heap exhausted: {requested} bytes asked for, {live} bytes live after a full collection of a {heap}-byte heap"
+    )]
     HeapExhausted {
         /// Bytes the allocation needs (header and padding included).
         requested: usize,

@@ -38,6 +38,17 @@ pub(crate) fn nptrs_of(h0: usize) -> usize {
     (h0 >> SIZE_BITS) & MAX_NPTRS
 }
 
+/// Where a large object of `size` bytes starts: on a page, or on a 2 MiB boundary from
+/// 2 MiB on, so that compaction moves it by whole page tables (mremap moves PMDs) and
+/// its padding stays under half its size.
+pub(crate) fn large_align(size: usize) -> usize {
+    if size >= advm::remap::PMD_SIZE {
+        advm::remap::PMD_SIZE
+    } else {
+        page_size()
+    }
+}
+
 /// An object of a heap: the address of its first pointer slot (its raw bytes start
 /// `nptrs` words later). Valid until the next safepoint of any mutator: keep objects
 /// across allocations in root slots.
@@ -84,9 +95,9 @@ impl std::str::FromStr for Engine {
 }
 
 /// Called with each page range that holds no live data after a collection (the freed
-/// tails of both spaces). Without a hook the heap discards them (`MADV_DONTNEED`);
-/// with one, what happens to them is the hook's decision (a pager marks them
-/// discardable).
+/// tails of both spaces), while the world is still stopped: what happens to their
+/// pages is the hook's decision (a pager marks them discardable). Without a hook the
+/// heap keeps them for its next allocations.
 pub type FreeHook = Box<dyn FnMut(PageRange) + Send>;
 
 /// A heap's settings.
@@ -143,7 +154,7 @@ impl std::fmt::Debug for Config {
 pub(crate) struct Alloc {
     pub(crate) small_top: usize,
     pub(crate) large_top: usize,
-    /// From here up, the space reads as zeros (never used, or discarded).
+    /// From here up, the space reads as zeros (never used).
     pub(crate) small_clean: usize,
     pub(crate) large_clean: usize,
     /// Large objects' header addresses, ascending.
@@ -182,8 +193,10 @@ pub(crate) struct Inner {
     pub(crate) large_bytes: usize,
     pub(crate) tlab_bytes: usize,
     pub(crate) verify: bool,
-    pub(crate) break_even_pages: usize,
-    pub(crate) small_region: Mutex<Region>,
+    /// Remap break-even in pages: into vacated space, into space holding pages.
+    pub(crate) break_even: (usize, usize),
+    /// Held for its mapping: the small space is only reached through `mem`.
+    _small_region: Region,
     pub(crate) large_region: Mutex<Region>,
     pub(crate) alloc: Mutex<Alloc>,
     pub(crate) roots: Mutex<Roots>,
@@ -277,8 +290,15 @@ impl Heap {
             large_bytes,
             tlab_bytes: cfg.tlab_bytes,
             verify: cfg.verify,
-            break_even_pages: be.pages,
-            small_region: Mutex::new(small),
+            // A populated break-even past the measured curve means no measured size won.
+            break_even: (
+                be.pages,
+                match be.curve.last() {
+                    Some(last) if be.pages_populated > last.pages => usize::MAX,
+                    _ => be.pages_populated,
+                },
+            ),
+            _small_region: small,
             large_region: Mutex::new(large),
             alloc: Mutex::new(alloc),
             roots: Mutex::new(Roots::default()),
@@ -531,12 +551,13 @@ impl Mutator {
         let mut a = lock(&inner.alloc);
         let used = a.used(mem);
         if size >= inner.large_bytes {
-            let len = page_align_up(size)?;
-            if used + len > inner.heap_bytes {
+            let align = large_align(size);
+            let len = size.checked_next_multiple_of(align)?;
+            let h = a.large_top.next_multiple_of(align);
+            if used + (h - a.large_top) + len > inner.heap_bytes {
                 return None;
             }
-            let h = a.large_top;
-            a.large_top += len;
+            a.large_top = h + len;
             a.large.push(h);
             a.allocated += len as u64;
             if h < a.large_clean {

@@ -39,7 +39,7 @@ pub struct Collection {
     pub heap_after: usize,
     /// Live objects.
     pub live_objects: u64,
-    /// Bytes handed to the free-space hook (or discarded).
+    /// Bytes of whole pages freed at the spaces' tops (handed to the free hook).
     pub bytes_freed_pages: usize,
     /// Why this collection ran and what the policy decided.
     pub decision: String,

@@ -14,13 +14,25 @@ const LARGE: usize = 4 * PAGE;
 #[derive(Debug, Clone)]
 enum Op {
     /// A new object, rooted in a new root slot.
-    Alloc { nptrs: usize, bytes: usize },
+    Alloc {
+        nptrs: usize,
+        bytes: usize,
+    },
     /// Root `from`'s object, slot `slot` (mod its nptrs) := root `to`'s object.
-    Link { from: usize, slot: usize, to: usize },
+    Link {
+        from: usize,
+        slot: usize,
+        to: usize,
+    },
     /// Root slot `root` := null.
-    Unroot { root: usize },
+    Unroot {
+        root: usize,
+    },
     /// Root slot `root` := what root `other`'s object points to in slot 0.
-    Follow { root: usize, other: usize },
+    Follow {
+        root: usize,
+        other: usize,
+    },
     Collect,
 }
 

@@ -67,6 +67,9 @@ fn live_objects_keep_their_contents_and_links_across_collections() {
 
 #[test]
 fn large_objects_are_page_aligned_and_moved_by_remap_small_ones_by_memmove() {
+    // The break-even decides which objects move as pages: set it (process wide) so
+    // that these 41-page objects do, into space holding dead pages too.
+    advm::remap::set_break_even_pages(Some(4));
     let h = heap(64 << 20, 4 * PAGE, Engine::Remap);
     let mut m = h.attach();
     let large = list_with_garbage(&mut m, 20, 40 * PAGE);
@@ -77,7 +80,7 @@ fn large_objects_are_page_aligned_and_moved_by_remap_small_ones_by_memmove() {
     let c = m.collect().unwrap();
     check_list(&m, large, 20, 40 * PAGE);
     check_list(&m, small, 100, 64);
-    if advm::remap::uffd_move_available() || advm::remap::break_even().pages <= 41 {
+    if advm::remap::uffd_move_available() {
         assert!(c.bytes_remap >= 19 * 40 * PAGE as u64, "large survivors moved as pages: {c:?}");
         assert!(c.objects_remap >= 19);
     }
@@ -196,4 +199,18 @@ fn freed_pages_go_to_the_hook() {
     let total: usize = got.iter().map(|r| r.len()).sum();
     assert_eq!(total, col.bytes_freed_pages);
     assert!(total >= 10 * 11 * PAGE, "the dead large objects' pages at least: {got:?}");
+}
+
+#[test]
+fn objects_of_2_mib_or_more_sit_on_2_mib_boundaries_and_move_as_page_tables() {
+    let h = heap(64 << 20, 16 * PAGE, Engine::Remap);
+    let mut m = h.attach();
+    let large = list_with_garbage(&mut m, 4, 3 << 20);
+    for o in check_list(&m, large, 4, 3 << 20) {
+        assert_eq!((o.addr() - 16) % (2 << 20), 0);
+    }
+    let c = m.collect().unwrap();
+    check_list(&m, large, 4, 3 << 20);
+    assert_eq!(c.bytes_remap, 4 * (4 << 20), "every survivor moved by pages: {c:?}");
+    assert_eq!(c.objects_remap, 4);
 }
