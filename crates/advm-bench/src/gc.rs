@@ -25,6 +25,11 @@ use workloads::{Scale, Workload, ALL};
 pub struct GcBench;
 
 const FACTORS: [f64; 2] = [1.2, 2.0];
+/// Smallest heap tried for advm-gc.
+const ADVM_FLOOR: usize = 256 << 10;
+/// Smallest heap tried for the JVM (it refuses to start with much less): a workload
+/// that fits it is reported with this minimum.
+const JVM_FLOOR: usize = 4 << 20;
 const JAVA_SRC: &str = bench_file!("gc/GcWorkloads.java");
 
 fn gc_err(e: advm_gc::Error) -> BenchError {
@@ -86,16 +91,23 @@ fn run_advm(w: Workload, scale: Scale, heap: usize, engine: Engine) -> Result<Op
     }))
 }
 
-/// The smallest heap (within 1/16 of the doubling step) on which `fits` holds.
-fn min_heap(mut fits: impl FnMut(usize) -> Result<bool, BenchError>) -> Result<usize, BenchError> {
-    let mut hi = 1usize << 20;
-    while !fits(hi)? {
+/// The smallest heap from `floor` up (within 1/16 of the doubling step) on which `fits`
+/// holds.
+fn min_heap(floor: usize, mut fits: impl FnMut(usize) -> Result<bool, BenchError>) -> Result<usize, BenchError> {
+    let mut hi = floor;
+    if fits(hi)? {
+        return Ok(hi);
+    }
+    loop {
         hi *= 2;
         if hi > 8 << 30 {
             return Err(BenchError::Usage("workload does not fit 8 GiB".into()));
         }
+        if fits(hi)? {
+            break;
+        }
     }
-    let mut lo = hi / 2;
+    let mut lo = (hi / 2).max(floor);
     for _ in 0..4 {
         let mid = (lo + hi) / 2 / 4096 * 4096;
         if fits(mid)? {
@@ -166,7 +178,7 @@ impl Java {
         let log = self.dir.join(format!("gc-{gc}-{workload}.log"));
         let _ = std::fs::remove_file(&log);
         let flag = if gc == "parallel" { "-XX:+UseParallelGC" } else { "-XX:+UseShenandoahGC" };
-        let heap_k = (heap / 1024).max(4096);
+        let heap_k = heap / 1024;
         let out = Command::new("java")
             .arg(format!("-Xmx{heap_k}k"))
             .arg(format!("-Xms{heap_k}k"))
@@ -227,7 +239,7 @@ impl Bench for GcBench {
         report.configuration.insert("break_even".into(), serde_json::json!(advm::remap::break_even().pages));
         let bar = opts.progress_bar(ALL.len() as u64, "gc workloads");
         for (name, w) in ALL {
-            let min = min_heap(|h| Ok(run_advm(w, scale, h, Engine::Remap)?.is_some()))?;
+            let min = min_heap(ADVM_FLOOR, |h| Ok(run_advm(w, scale, h, Engine::Remap)?.is_some()))?;
             report.configuration.insert(format!("min_heap_{name}"), serde_json::json!(min));
             for factor in FACTORS {
                 let heap = ((min as f64 * factor) as usize).div_ceil(4096) * 4096;
@@ -255,7 +267,7 @@ impl Bench for GcBench {
             }
             if let Some(j) = &java {
                 for gc in ["parallel", "shenandoah"] {
-                    let jmin = min_heap(|h| Ok(j.run(gc, h, name, opts.quick)?.is_some()))?;
+                    let jmin = min_heap(JVM_FLOOR, |h| Ok(j.run(gc, h, name, opts.quick)?.is_some()))?;
                     for factor in FACTORS {
                         let heap = ((jmin as f64 * factor) as usize).div_ceil(4096) * 4096;
                         let mut rs = Vec::new();
@@ -277,7 +289,8 @@ impl Bench for GcBench {
             );
         }
         report.notes.push(
-            "heaps: 1.2x and 2x each collector's own minimum heap (bisection to 1/16 of a doubling step); \
+            "heaps: 1.2x and 2x each collector's own minimum heap (bisection to 1/16 of a doubling step; \
+             at least 4 MiB for the JVM); \
              pauses are stop-the-world collections (advm-gc: every collection is full)"
                 .into(),
         );
