@@ -40,6 +40,9 @@ fn gc_err(e: advm_gc::Error) -> BenchError {
 #[derive(Debug, Clone, Default)]
 struct RunFigures {
     pauses_ms: Vec<f64>,
+    /// Of the pauses, full collections (every advm-gc collection; `Pause Full` and
+    /// Shenandoah's degenerated ones for the JVM): what the paper compares.
+    full_pauses_ms: Vec<f64>,
     total_s: f64,
     phases_ms: [f64; 4],
     memmove_mib: f64,
@@ -83,6 +86,7 @@ fn run_advm(w: Workload, scale: Scale, heap: usize, engine: Engine) -> Result<Op
     let per = |f: fn(&Collection) -> u64| mean(&s.history.iter().map(|c| ms(f(c))).collect::<Vec<_>>());
     Ok(Some(RunFigures {
         pauses_ms: s.history.iter().map(|c| ms(c.pause_ns)).collect(),
+        full_pauses_ms: s.history.iter().map(|c| ms(c.pause_ns)).collect(),
         total_s,
         phases_ms: [per(|c| c.mark_ns), per(|c| c.forward_ns), per(|c| c.adjust_ns), per(|c| c.move_ns)],
         memmove_mib: s.bytes_moved_memmove as f64 / (1 << 20) as f64,
@@ -130,6 +134,8 @@ fn row(workload: &str, factor: f64, collector: &str, heap: usize, runs: &[RunFig
         .figure(fig("pause_ms_mean", "ms", &|r| mean(&r.pauses_ms)))
         .figure(fig("pause_ms_p99", "ms", &|r| p99(&r.pauses_ms)))
         .figure(fig("pause_ms_max", "ms", &|r| r.pauses_ms.iter().copied().fold(0.0, f64::max)))
+        .figure(fig("full_pause_ms_max", "ms", &|r| r.full_pauses_ms.iter().copied().fold(0.0, f64::max)))
+        .figure(fig("full_collections", "", &|r| r.full_pauses_ms.len() as f64))
         .figure(fig("collections", "", &|r| r.pauses_ms.len() as f64))
         .figure(fig("total_s", "s", &|r| r.total_s));
     if collector.starts_with("advm") {
@@ -206,14 +212,20 @@ impl Java {
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(f64::NAN);
         let text = std::fs::read_to_string(&log).map_err(|e| BenchError::Io(log.display().to_string(), e))?;
-        Ok(Some(RunFigures { pauses_ms: pauses(&text), total_s, ..Default::default() }))
+        Ok(Some(RunFigures {
+            pauses_ms: pauses(&text, " Pause "),
+            full_pauses_ms: [pauses(&text, " Pause Full"), pauses(&text, " Pause Degenerated")].concat(),
+            total_s,
+            ..Default::default()
+        }))
     }
 }
 
-/// Pause times (ms) from `-Xlog:gc` lines: `... GC(3) Pause Full (...) 10M->2M(20M) 12.345ms`.
-fn pauses(log: &str) -> Vec<f64> {
+/// Pause times (ms) of the `-Xlog:gc` lines containing `what`:
+/// `... GC(3) Pause Full (...) 10M->2M(20M) 12.345ms`.
+fn pauses(log: &str, what: &str) -> Vec<f64> {
     log.lines()
-        .filter(|l| l.contains(" Pause "))
+        .filter(|l| l.contains(what))
         .filter_map(|l| l.trim().rsplit(' ').next()?.strip_suffix("ms")?.parse().ok())
         .collect()
 }
@@ -329,7 +341,8 @@ mod tests {
                    [0.2s][info][gc] GC(1) Pause Full (Ergonomics) 20M->10M(98M) 12.5ms\n\
                    [0.3s][info][gc] GC(2) Concurrent marking 20M->10M(98M) 30.0ms\n\
                    [0.3s][info][gc] GC(2) Pause Init Mark 0.120ms\n";
-        assert_eq!(pauses(log), vec![2.345, 12.5, 0.12]);
+        assert_eq!(pauses(log, " Pause "), vec![2.345, 12.5, 0.12]);
+        assert_eq!(pauses(log, " Pause Full"), vec![12.5]);
     }
 
     #[test]
