@@ -312,7 +312,8 @@ impl Bench for GcBench {
     fn demo(&self) -> Result<Vec<DemoRow>, BenchError> {
         let scale = Scale { quick: true };
         let (name, w) = ALL[5]; // sigverify-10m
-        let heap = 3 * (10 << 20);
+        let min = min_heap(ADVM_FLOOR, |h| Ok(run_advm(w, scale, h, Engine::Remap)?.is_some()))?;
+        let heap = ((min as f64 * 1.2) as usize).div_ceil(4096) * 4096;
         let mut maxes = [Vec::new(), Vec::new()];
         for _ in 0..3 {
             for (i, e) in [Engine::Remap, Engine::Memmove].into_iter().enumerate() {
@@ -323,7 +324,7 @@ impl Bench for GcBench {
         let (a, b) = (median(&maxes[0]), median(&maxes[1]));
         Ok(vec![DemoRow {
             capability: "gc".into(),
-            workload: format!("{name} (quick), full-GC max pause"),
+            workload: format!("{name} (quick), 1.2x min heap, full-GC max pause"),
             advm: format!("{a:.2} ms (remap)"),
             baseline: format!("{b:.2} ms (memmove)"),
             gain: format!("{:.1}x", b / a),
