@@ -339,7 +339,9 @@ impl Heap {
 
     /// Totals and every collection so far.
     pub fn stats(&self) -> Stats {
-        lock(&self.inner.stats).clone()
+        let mut s = lock(&self.inner.stats).clone();
+        s.bytes_allocated = lock(&self.inner.alloc).allocated;
+        s
     }
 
     /// A mutator for the calling thread (waits while a collection runs).
@@ -356,7 +358,8 @@ impl Heap {
     }
 
     /// Runs a full collection from a thread that is not a mutator (it waits until every
-    /// mutator reaches a safepoint).
+    /// mutator reaches a safepoint). A thread with an attached mutator uses
+    /// [`Mutator::collect`] instead: here it would wait for itself.
     pub fn collect(&self) -> Result<Collection> {
         self.inner.collect(false, "requested")
     }

@@ -60,7 +60,8 @@ pub struct Stats {
     pub bytes_moved_memmove: u64,
     /// Bytes moved by page remapping, all collections.
     pub bytes_moved_remap: u64,
-    /// Bytes allocated (headers and padding included).
+    /// Bytes handed out by the shared allocator: whole allocation buffers, direct
+    /// and large objects (headers and padding included).
     pub bytes_allocated: u64,
     /// Every collection, oldest first.
     pub history: Vec<Collection>,

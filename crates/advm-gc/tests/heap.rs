@@ -87,6 +87,7 @@ fn large_objects_are_page_aligned_and_moved_by_remap_small_ones_by_memmove() {
     assert!(c.objects_memmove > 0, "small survivors memmoved: {c:?}");
     let s = h.stats();
     assert_eq!(s.collections, 1);
+    assert!(s.bytes_allocated >= 40 * 41 * PAGE as u64);
     assert_eq!(s.bytes_moved_remap, c.bytes_remap);
 }
 
