@@ -158,6 +158,13 @@ struct Java {
     dir: PathBuf,
 }
 
+impl Drop for Java {
+    fn drop(&mut self) {
+        // The classes and GC logs of this run only.
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 impl Java {
     fn setup() -> Result<Option<Self>, BenchError> {
         if Command::new("javac").arg("-version").output().is_err() {
