@@ -6,7 +6,8 @@ CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := build-essential pkg-config qemu-utils python3 python3-pip python3-venv \
 	r-base-core r-cran-randomforest r-cran-kernlab r-cran-e1071 r-cran-rpart r-cran-nnet \
-	r-cran-gbm r-cran-class r-cran-glmnet python3-numpy python3-pandas
+	r-cran-gbm r-cran-class r-cran-glmnet python3-numpy python3-pandas \
+	openjdk-17-jdk-headless
 
 .PHONY: demo test deps deps-system deps-rust deps-python deps-python-bench build release fmt clippy test-python
 

@@ -8,6 +8,7 @@
 //! advm command's other tables); `workloads.rs` embeds the programs under `bench/`.
 
 mod error;
+mod gc;
 mod image;
 mod merge;
 pub mod meters;
@@ -215,6 +216,7 @@ pub fn all() -> Vec<Box<dyn Bench>> {
         Box::new(r::RBench),
         Box::new(shim_stress::ShimStressBench),
         Box::new(merge::MergeBench),
+        Box::new(gc::GcBench),
     ]
 }
 

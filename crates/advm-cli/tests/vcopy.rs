@@ -78,6 +78,6 @@ fn demo_vcopy_row_counts_deferred_unmap_and_refaults() {
     assert!(!out.status.success());
     assert_eq!(
         String::from_utf8_lossy(&out.stderr).trim(),
-        "advm: demo --only: no capability 'nosuch' (one of: stat, vcopy, remap, image, r, shim-stress)"
+        "advm: demo --only: no capability 'nosuch' (one of: stat, vcopy, remap, image, r, shim-stress, gc)"
     );
 }

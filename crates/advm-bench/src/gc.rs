@@ -1,0 +1,364 @@
+//! `advm bench gc`: the SVAGC experiment. Every workload of `bench/gc/` runs on an
+//! advm-gc heap at 1.2x and 2x its minimum heap (found by bisection), with large
+//! objects compacted by page remapping and by memmove, runs interleaved; per run:
+//! full-GC pause mean, p99 and max, the phases, bytes moved each way, total time. The
+//! Java versions run under OpenJDK's ParallelGC and Shenandoah at 1.2x and 2x their own
+//! minimum heap, pauses read from `-Xlog:gc`.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+use advm_gc::{Collection, Config, Engine, Heap};
+
+use super::{median, Bench, BenchOpts, DemoRow, Figure, Report, Row};
+use crate::workloads::bench_file;
+use crate::BenchError;
+
+#[allow(missing_docs)]
+#[path = "../../../bench/gc/workloads.rs"]
+mod workloads;
+
+use workloads::{Scale, Workload, ALL};
+
+/// See the module doc.
+pub struct GcBench;
+
+const FACTORS: [f64; 2] = [1.2, 2.0];
+/// Smallest heap tried for advm-gc.
+const ADVM_FLOOR: usize = 256 << 10;
+/// Smallest heap tried for the JVM (it refuses to start with much less): a workload
+/// that fits it is reported with this minimum.
+const JVM_FLOOR: usize = 4 << 20;
+const JAVA_SRC: &str = bench_file!("gc/GcWorkloads.java");
+
+fn gc_err(e: advm_gc::Error) -> BenchError {
+    BenchError::Usage(format!("gc workload: {e}"))
+}
+
+/// One run's figures.
+#[derive(Debug, Clone, Default)]
+struct RunFigures {
+    pauses_ms: Vec<f64>,
+    /// Of the pauses, full collections (every advm-gc collection; `Pause Full` and
+    /// Shenandoah's degenerated ones for the JVM): what the paper compares.
+    full_pauses_ms: Vec<f64>,
+    total_s: f64,
+    phases_ms: [f64; 4],
+    memmove_mib: f64,
+    remap_mib: f64,
+    checksum: u64,
+}
+
+fn p99(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s[((s.len() as f64 * 0.99).ceil() as usize).clamp(1, s.len()) - 1]
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+/// Runs `w` on a fresh heap; `Ok(None)` when the heap was too small.
+fn run_advm(w: Workload, scale: Scale, heap: usize, engine: Engine) -> Result<Option<RunFigures>, BenchError> {
+    let mut cfg = Config::new(heap);
+    cfg.engine = engine;
+    let h = Heap::with_config(cfg).map_err(gc_err)?;
+    let mut m = h.attach();
+    let t = Instant::now();
+    let sum = match w(&mut m, scale) {
+        Ok(s) => s,
+        Err(advm_gc::Error::HeapExhausted { .. }) => return Ok(None),
+        Err(e) => return Err(gc_err(e)),
+    };
+    let total_s = t.elapsed().as_secs_f64();
+    drop(m);
+    let s = h.stats();
+    let ms = |ns: u64| ns as f64 / 1e6;
+    let per = |f: fn(&Collection) -> u64| mean(&s.history.iter().map(|c| ms(f(c))).collect::<Vec<_>>());
+    Ok(Some(RunFigures {
+        pauses_ms: s.history.iter().map(|c| ms(c.pause_ns)).collect(),
+        full_pauses_ms: s.history.iter().map(|c| ms(c.pause_ns)).collect(),
+        total_s,
+        phases_ms: [per(|c| c.mark_ns), per(|c| c.forward_ns), per(|c| c.adjust_ns), per(|c| c.move_ns)],
+        memmove_mib: s.bytes_moved_memmove as f64 / (1 << 20) as f64,
+        remap_mib: s.bytes_moved_remap as f64 / (1 << 20) as f64,
+        checksum: sum,
+    }))
+}
+
+/// The smallest heap from `floor` up (within 1/16 of the doubling step) on which `fits`
+/// holds.
+fn min_heap(floor: usize, mut fits: impl FnMut(usize) -> Result<bool, BenchError>) -> Result<usize, BenchError> {
+    let mut hi = floor;
+    if fits(hi)? {
+        return Ok(hi);
+    }
+    loop {
+        hi *= 2;
+        if hi > 8 << 30 {
+            return Err(BenchError::Usage("workload does not fit 8 GiB".into()));
+        }
+        if fits(hi)? {
+            break;
+        }
+    }
+    let mut lo = (hi / 2).max(floor);
+    for _ in 0..4 {
+        let mid = (lo + hi) / 2 / 4096 * 4096;
+        if fits(mid)? {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Ok(hi)
+}
+
+fn row(workload: &str, factor: f64, collector: &str, heap: usize, runs: &[RunFigures]) -> Row {
+    let fig =
+        |name: &str, unit: &str, f: &dyn Fn(&RunFigures) -> f64| Figure::new(name, unit, runs.iter().map(f).collect());
+    let mut r = Row::new()
+        .with("workload", workload)
+        .with("heap_factor", factor)
+        .with("collector", collector)
+        .with("heap_mib", format!("{:.1}", heap as f64 / (1 << 20) as f64))
+        .figure(fig("pause_ms_mean", "ms", &|r| mean(&r.pauses_ms)))
+        .figure(fig("pause_ms_p99", "ms", &|r| p99(&r.pauses_ms)))
+        .figure(fig("pause_ms_max", "ms", &|r| r.pauses_ms.iter().copied().fold(0.0, f64::max)))
+        .figure(fig("full_pause_ms_max", "ms", &|r| r.full_pauses_ms.iter().copied().fold(0.0, f64::max)))
+        .figure(fig("full_collections", "", &|r| r.full_pauses_ms.len() as f64))
+        .figure(fig("collections", "", &|r| r.pauses_ms.len() as f64))
+        .figure(fig("total_s", "s", &|r| r.total_s));
+    if collector.starts_with("advm") {
+        for (i, p) in ["mark_ms_mean", "forward_ms_mean", "adjust_ms_mean", "move_ms_mean"].iter().enumerate() {
+            r = r.figure(fig(p, "ms", &|r| r.phases_ms[i]));
+        }
+        r = r
+            .figure(fig("moved_memmove_mib", "MiB", &|r| r.memmove_mib))
+            .figure(fig("moved_remap_mib", "MiB", &|r| r.remap_mib));
+    }
+    r
+}
+
+fn max_pause_median(runs: &[RunFigures]) -> f64 {
+    median(&runs.iter().map(|r| r.pauses_ms.iter().copied().fold(0.0, f64::max)).collect::<Vec<_>>())
+}
+
+/// The Java side: compiled classes, and the JVM.
+struct Java {
+    dir: PathBuf,
+}
+
+impl Drop for Java {
+    fn drop(&mut self) {
+        // The classes and GC logs of this run only.
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Java {
+    fn setup() -> Result<Option<Self>, BenchError> {
+        if Command::new("javac").arg("-version").output().is_err() {
+            return Ok(None);
+        }
+        let dir = std::env::temp_dir().join(format!("advm-gc-java-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| BenchError::Io(dir.display().to_string(), e))?;
+        let src = dir.join("GcWorkloads.java");
+        std::fs::write(&src, JAVA_SRC).map_err(|e| BenchError::Io(src.display().to_string(), e))?;
+        let out = Command::new("javac")
+            .arg("-d")
+            .arg(&dir)
+            .arg(&src)
+            .output()
+            .map_err(|e| BenchError::Io("javac".into(), e))?;
+        if !out.status.success() {
+            return Err(BenchError::Usage(format!("javac failed: {}", String::from_utf8_lossy(&out.stderr))));
+        }
+        Ok(Some(Java { dir }))
+    }
+
+    /// One run; `None` on OutOfMemoryError.
+    fn run(&self, gc: &str, heap: usize, workload: &str, quick: bool) -> Result<Option<RunFigures>, BenchError> {
+        let log = self.dir.join(format!("gc-{gc}-{workload}.log"));
+        let _ = std::fs::remove_file(&log);
+        let flag = if gc == "parallel" { "-XX:+UseParallelGC" } else { "-XX:+UseShenandoahGC" };
+        let heap_k = heap / 1024;
+        let out = Command::new("java")
+            .arg(format!("-Xmx{heap_k}k"))
+            .arg(format!("-Xms{heap_k}k"))
+            .arg(flag)
+            .arg(format!("-XX:ParallelGCThreads={}", advm::probe::facts().cpus.max(1)))
+            .arg(format!("-Xlog:gc:file={}", log.display()))
+            .arg("-cp")
+            .arg(&self.dir)
+            .arg("GcWorkloads")
+            .arg(workload)
+            .arg(if quick { "quick" } else { "full" })
+            .output()
+            .map_err(|e| BenchError::Io("java".into(), e))?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            if err.contains("OutOfMemoryError") || stdout.contains("OutOfMemoryError") {
+                return Ok(None);
+            }
+            return Err(BenchError::Usage(format!("java {workload} ({gc}, {heap_k}k) failed: {err}")));
+        }
+        let total_s = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("elapsed_s "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(f64::NAN);
+        let text = std::fs::read_to_string(&log).map_err(|e| BenchError::Io(log.display().to_string(), e))?;
+        Ok(Some(RunFigures {
+            pauses_ms: pauses(&text, " Pause "),
+            full_pauses_ms: [pauses(&text, " Pause Full"), pauses(&text, " Pause Degenerated")].concat(),
+            total_s,
+            ..Default::default()
+        }))
+    }
+}
+
+/// Pause times (ms) of the `-Xlog:gc` lines containing `what`:
+/// `... GC(3) Pause Full (...) 10M->2M(20M) 12.345ms`.
+fn pauses(log: &str, what: &str) -> Vec<f64> {
+    log.lines()
+        .filter(|l| l.contains(what))
+        .filter_map(|l| l.trim().rsplit(' ').next()?.strip_suffix("ms")?.parse().ok())
+        .collect()
+}
+
+impl Bench for GcBench {
+    fn name(&self) -> &'static str {
+        "gc"
+    }
+
+    fn description(&self) -> &'static str {
+        "advm-gc full-GC pauses with large objects moved by page remapping vs memmove (SVAGC), and OpenJDK ParallelGC/Shenandoah"
+    }
+
+    fn default_runs(&self) -> usize {
+        3
+    }
+
+    fn run(&self, opts: &BenchOpts, report: &mut Report) -> Result<(), BenchError> {
+        let scale = Scale { quick: opts.quick };
+        let runs = opts.runs.max(1);
+        let java = Java::setup()?;
+        report.configuration.insert("gc_threads".into(), serde_json::json!(advm::probe::facts().cpus));
+        report.configuration.insert("break_even".into(), serde_json::json!(advm::remap::break_even().pages));
+        let bar = opts.progress_bar(ALL.len() as u64, "gc workloads");
+        for (name, w) in ALL {
+            let min = min_heap(ADVM_FLOOR, |h| Ok(run_advm(w, scale, h, Engine::Remap)?.is_some()))?;
+            report.configuration.insert(format!("min_heap_{name}"), serde_json::json!(min));
+            for factor in FACTORS {
+                let heap = ((min as f64 * factor) as usize).div_ceil(4096) * 4096;
+                let (mut remap, mut copy) = (Vec::new(), Vec::new());
+                for _ in 0..runs {
+                    for (engine, into) in [(Engine::Remap, &mut remap), (Engine::Memmove, &mut copy)] {
+                        let r = run_advm(w, scale, heap, engine)?
+                            .ok_or_else(|| BenchError::Usage(format!("{name} ran out of a {heap}-byte heap")))?;
+                        into.push(r);
+                    }
+                }
+                if remap.iter().chain(&copy).any(|r| r.checksum != remap[0].checksum) {
+                    return Err(BenchError::Usage(format!("{name}: runs computed different results")));
+                }
+                let ratio = max_pause_median(&copy) / max_pause_median(&remap);
+                report.rows.push(row(name, factor, "advm-remap", heap, &remap));
+                report.rows.push(row(name, factor, "advm-memmove", heap, &copy));
+                report.rows.push(
+                    Row::new()
+                        .with("workload", name)
+                        .with("heap_factor", factor)
+                        .with("collector", "memmove/remap")
+                        .figure(Figure::single("max_pause_ratio", "x", ratio)),
+                );
+            }
+            if let Some(j) = &java {
+                for gc in ["parallel", "shenandoah"] {
+                    let jmin = min_heap(JVM_FLOOR, |h| Ok(j.run(gc, h, name, opts.quick)?.is_some()))?;
+                    for factor in FACTORS {
+                        let heap = ((jmin as f64 * factor) as usize).div_ceil(4096) * 4096;
+                        let mut rs = Vec::new();
+                        for _ in 0..runs {
+                            rs.push(j.run(gc, heap, name, opts.quick)?.ok_or_else(|| {
+                                BenchError::Usage(format!("java {name} ({gc}) ran out of {heap} bytes"))
+                            })?);
+                        }
+                        report.rows.push(row(name, factor, gc, heap, &rs));
+                    }
+                }
+            }
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+        if java.is_none() {
+            report.notes.push(
+                "javac not found: the Java collectors were skipped (make deps installs openjdk-17-jdk-headless)".into(),
+            );
+        }
+        report.notes.push(
+            "heaps: 1.2x and 2x each collector's own minimum heap (bisection to 1/16 of a doubling step; \
+             at least 4 MiB for the JVM); \
+             pauses are stop-the-world collections (advm-gc: every collection is full)"
+                .into(),
+        );
+        Ok(())
+    }
+
+    fn demo(&self) -> Result<Vec<DemoRow>, BenchError> {
+        let scale = Scale { quick: true };
+        let (name, w) = ALL[5]; // sigverify-10m
+        let min = min_heap(ADVM_FLOOR, |h| Ok(run_advm(w, scale, h, Engine::Remap)?.is_some()))?;
+        let heap = ((min as f64 * 1.2) as usize).div_ceil(4096) * 4096;
+        let mut maxes = [Vec::new(), Vec::new()];
+        for _ in 0..3 {
+            for (i, e) in [Engine::Remap, Engine::Memmove].into_iter().enumerate() {
+                let r = run_advm(w, scale, heap, e)?.ok_or_else(|| BenchError::Usage("demo heap too small".into()))?;
+                maxes[i].push(r.pauses_ms.iter().copied().fold(0.0, f64::max));
+            }
+        }
+        let (a, b) = (median(&maxes[0]), median(&maxes[1]));
+        Ok(vec![DemoRow {
+            capability: "gc".into(),
+            workload: format!("{name} (quick), 1.2x min heap, full-GC max pause"),
+            advm: format!("{a:.2} ms (remap)"),
+            baseline: format!("{b:.2} ms (memmove)"),
+            gain: format!("{:.1}x", b / a),
+        }])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pauses_are_read_from_parallel_and_shenandoah_logs() {
+        let log = "[0.101s][info][gc] GC(0) Pause Young (Allocation Failure) 24M->3M(98M) 2.345ms\n\
+                   [0.2s][info][gc] GC(1) Pause Full (Ergonomics) 20M->10M(98M) 12.5ms\n\
+                   [0.3s][info][gc] GC(2) Concurrent marking 20M->10M(98M) 30.0ms\n\
+                   [0.3s][info][gc] GC(2) Pause Init Mark 0.120ms\n";
+        assert_eq!(pauses(log, " Pause "), vec![2.345, 12.5, 0.12]);
+        assert_eq!(pauses(log, " Pause Full"), vec![12.5]);
+    }
+
+    #[test]
+    fn every_workload_computes_the_same_result_under_both_engines() {
+        for (name, w) in ALL.iter().filter(|(n, _)| !n.ends_with("100m")) {
+            let a = run_advm(*w, Scale { quick: true }, 64 << 20, Engine::Remap).unwrap().unwrap();
+            let b = run_advm(*w, Scale { quick: true }, 64 << 20, Engine::Memmove).unwrap().unwrap();
+            assert_eq!(a.checksum, b.checksum, "{name}");
+        }
+    }
+}

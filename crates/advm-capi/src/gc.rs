@@ -1,0 +1,213 @@
+//! The garbage-collected heap's C API (`include/advm_gc.h`): one heap per handle, used
+//! by any number of C threads one call at a time (each call takes the handle's lock;
+//! the heap's one mutator belongs to the handle, so a thread that stops calling never
+//! holds up a collection).
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::Mutex;
+
+use advm_gc::{Error, Heap, Mutator};
+
+use crate::guard;
+
+/// `struct advm_gc`: the heap and the mutator the C calls share.
+pub struct AdvmGc {
+    heap: Heap,
+    m: Mutex<Mutator>,
+}
+
+/// `struct advm_gc_stats`, as declared in the header.
+#[repr(C)]
+pub struct AdvmGcStats {
+    /// Collections run.
+    pub collections: u64,
+    /// Pause of the last collection, ns.
+    pub last_pause_ns: u64,
+    /// Longest pause, ns.
+    pub max_pause_ns: u64,
+    /// Sum of pauses, ns.
+    pub total_pause_ns: u64,
+    /// Bytes copied by memmove during compaction, all collections.
+    pub bytes_moved_memmove: u64,
+    /// Bytes moved by page remapping during compaction, all collections.
+    pub bytes_moved_remap: u64,
+    /// The heap's size limit.
+    pub heap_bytes: u64,
+    /// Bytes in use now.
+    pub used_bytes: u64,
+    /// Objects of this many bytes or more (header included) are large.
+    pub large_object_bytes: u64,
+}
+
+fn gc_errno(e: &Error) -> i32 {
+    -match e {
+        Error::HeapExhausted { .. } => libc::ENOMEM,
+        Error::InvalidArgument { .. } | Error::UnknownEngine(_) => libc::EINVAL,
+        Error::Corrupt(_) => libc::ENOTRECOVERABLE,
+        Error::Memory(e) => -crate::errno_of(e),
+        _ => libc::EIO,
+    }
+}
+
+/// Runs `f` under `guard`, with the heap's error turned into a negative errno.
+fn call(f: impl FnOnce() -> Result<i32, Error>) -> i32 {
+    let mut r = 0;
+    let g = guard(|| {
+        r = match f() {
+            Ok(v) => v,
+            Err(e) => gc_errno(&e),
+        };
+        Ok(0)
+    });
+    if g < 0 {
+        g
+    } else {
+        r
+    }
+}
+
+fn set_errno(e: i32) {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() = e.abs() };
+}
+
+fn handle<'a>(gc: *mut AdvmGc) -> Result<&'a AdvmGc, Error> {
+    // SAFETY: the header's contract: `gc` is NULL or a live handle from advm_gc_new.
+    unsafe { gc.as_ref() }.ok_or(Error::InvalidArgument { what: "gc", why: "NULL handle".into() })
+}
+
+fn lock(gc: &AdvmGc) -> std::sync::MutexGuard<'_, Mutator> {
+    gc.m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `advm_gc *advm_gc_new(size_t heap_bytes)`: NULL with errno set on failure.
+#[no_mangle]
+pub extern "C" fn advm_gc_new(heap_bytes: usize) -> *mut AdvmGc {
+    let mut out = std::ptr::null_mut();
+    let r = call(|| {
+        let heap = Heap::new(heap_bytes)?;
+        let m = Mutex::new(heap.attach());
+        out = Box::into_raw(Box::new(AdvmGc { heap, m }));
+        Ok(0)
+    });
+    if r < 0 {
+        set_errno(r);
+    }
+    out
+}
+
+/// `void advm_gc_destroy(advm_gc *)`: frees the heap (NULL: no-op).
+///
+/// # Safety
+/// `gc` is NULL or a live handle from `advm_gc_new`, not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn advm_gc_destroy(gc: *mut AdvmGc) {
+    if !gc.is_null() {
+        // SAFETY: a handle from advm_gc_new, destroyed once (the header's contract).
+        drop(unsafe { Box::from_raw(gc) });
+    }
+}
+
+/// `void *advm_gc_alloc(advm_gc *, size_t nptrs, size_t nbytes)`: the new object's
+/// first pointer slot, or NULL with errno (ENOMEM when a full collection cannot make
+/// room).
+///
+/// # Safety
+/// `gc` is NULL or a live handle from `advm_gc_new`.
+#[no_mangle]
+pub unsafe extern "C" fn advm_gc_alloc(gc: *mut AdvmGc, nptrs: usize, nbytes: usize) -> *mut c_void {
+    let mut out = std::ptr::null_mut();
+    let r = call(|| {
+        let o = lock(handle(gc)?).alloc(nptrs, nbytes)?;
+        out = o.addr() as *mut c_void;
+        Ok(0)
+    });
+    if r < 0 {
+        set_errno(r);
+    }
+    out
+}
+
+/// `int advm_gc_root(advm_gc *, void **slot)`.
+///
+/// # Safety
+/// `gc` is NULL or a live handle; `slot` stays valid until unrooted and holds NULL or an object of this heap whenever a call on the heap runs.
+#[no_mangle]
+pub unsafe extern "C" fn advm_gc_root(gc: *mut AdvmGc, slot: *mut *mut c_void) -> c_int {
+    call(|| {
+        let g = handle(gc)?;
+        // SAFETY: the header's contract for root slots is the one add_root_slot states.
+        unsafe { g.heap.add_root_slot(slot) }?;
+        Ok(0)
+    })
+}
+
+/// `int advm_gc_unroot(advm_gc *, void **slot)`.
+///
+/// # Safety
+/// `gc` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn advm_gc_unroot(gc: *mut AdvmGc, slot: *mut *mut c_void) -> c_int {
+    call(|| {
+        handle(gc)?.heap.remove_root_slot(slot)?;
+        Ok(0)
+    })
+}
+
+/// `int advm_gc_collect(advm_gc *, int full)`: a full collection (the heap has no
+/// young generation yet, so `full` 0 collects fully too).
+///
+/// # Safety
+/// `gc` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn advm_gc_collect(gc: *mut AdvmGc, _full: c_int) -> c_int {
+    call(|| {
+        lock(handle(gc)?).collect()?;
+        Ok(0)
+    })
+}
+
+/// `int advm_gc_set_engine(advm_gc *, const char *engine)`: "remap" or "memmove".
+///
+/// # Safety
+/// `gc` is NULL or a live handle; `engine` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn advm_gc_set_engine(gc: *mut AdvmGc, engine: *const c_char) -> c_int {
+    call(|| {
+        let g = handle(gc)?;
+        if engine.is_null() {
+            return Err(Error::InvalidArgument { what: "engine", why: "NULL name".into() });
+        }
+        // SAFETY: a NUL-terminated string (the header's contract).
+        let name = unsafe { CStr::from_ptr(engine) }.to_string_lossy();
+        g.heap.set_engine(name.parse()?);
+        Ok(0)
+    })
+}
+
+/// `int advm_gc_stats(advm_gc *, struct advm_gc_stats *out)`.
+///
+/// # Safety
+/// `gc` is NULL or a live handle; `out` is NULL or points to a writable `struct advm_gc_stats`.
+#[no_mangle]
+pub unsafe extern "C" fn advm_gc_stats(gc: *mut AdvmGc, out: *mut AdvmGcStats) -> c_int {
+    call(|| {
+        let g = handle(gc)?;
+        // SAFETY: `out` is NULL or points to a writable struct advm_gc_stats.
+        let out =
+            unsafe { out.as_mut() }.ok_or(Error::InvalidArgument { what: "out", why: "NULL stats pointer".into() })?;
+        let s = g.heap.stats();
+        *out = AdvmGcStats {
+            collections: s.collections,
+            last_pause_ns: s.last_pause_ns,
+            max_pause_ns: s.max_pause_ns,
+            total_pause_ns: s.total_pause_ns,
+            bytes_moved_memmove: s.bytes_moved_memmove,
+            bytes_moved_remap: s.bytes_moved_remap,
+            heap_bytes: g.heap.heap_bytes() as u64,
+            used_bytes: g.heap.used_bytes() as u64,
+            large_object_bytes: g.heap.large_object_bytes() as u64,
+        };
+        Ok(0)
+    })
+}

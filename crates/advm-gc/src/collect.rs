@@ -1,0 +1,412 @@
+//! The full collection: parallel LISP2 mark-compact.
+//!
+//! 1. **Mark** from the roots, on `gc_threads` threads sharing work through
+//!    work-stealing deques; the mark bit is header word 0's top bit.
+//! 2. **Forward**: the small space is cut into units of about [`UNIT`] bytes at object
+//!    starts the allocator recorded; each unit's live bytes are summed in parallel
+//!    (runs of dead objects get a skip pointer in their first header), a prefix sum
+//!    gives each unit its destination, and each unit then writes every live object's
+//!    new address into its header word 1. Large objects are forwarded in address order
+//!    within their own space.
+//! 3. **Adjust**: every pointer slot of every live object, and every root, is rewritten
+//!    to the new address (units in parallel).
+//! 4. **Move**: units slide down in parallel; unit k starts once every lower unit whose
+//!    old objects lie under k's destination has finished (they cannot be overwritten
+//!    before they moved). Large objects slide in one `advm::remap::Batch`: page
+//!    remapping at or above the break-even, memmove below it or with the memmove
+//!    engine.
+//!
+//! Then the freed tails of both spaces go to the free hook, if any.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
+
+use advm::mem::{page_align_up, page_size, HostAddr, PageRange};
+use advm::remap::{Batch, Choice, Options};
+use crossbeam_deque::{Injector, Stealer, Worker};
+
+use crate::heap::{large_align, lock, nptrs_of, size_of, Alloc, Inner, HDR, MARK};
+use crate::raw::Mem;
+use crate::stats::Collection;
+use crate::{Engine, Error, Result};
+
+/// Bytes of the small space per parallel unit.
+const UNIT: usize = 256 << 10;
+/// After compaction, an object start is recorded at least this often, for the next
+/// collection's units.
+const GRANULE: usize = 64 << 10;
+
+/// Small spaces using less than this collect on one thread.
+const PARALLEL_FROM: usize = 4 << 20;
+
+/// True when `[s, e)` lies inside the union of `vacated` (ascending, disjoint).
+fn covered(vacated: &[(usize, usize)], s: usize, e: usize) -> bool {
+    let mut at = s;
+    for &(vs, ve) in vacated {
+        if ve <= at {
+            continue;
+        }
+        if vs > at {
+            return false;
+        }
+        at = ve;
+        if at >= e {
+            return true;
+        }
+    }
+    at >= e
+}
+
+/// Runs `f(i)` for every `i < n` on up to `threads` threads; results in order.
+fn par_map<T: Send, F: Fn(usize) -> T + Sync>(n: usize, threads: usize, f: F) -> Vec<T> {
+    let threads = threads.min(n).max(1);
+    if threads == 1 {
+        return (0..n).map(f).collect();
+    }
+    let next = AtomicUsize::new(0);
+    let out: Mutex<Vec<(usize, T)>> = Mutex::new(Vec::with_capacity(n));
+    let work = || {
+        let mut mine = Vec::new();
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= n {
+                break;
+            }
+            mine.push((i, f(i)));
+        }
+        lock(&out).extend(mine);
+    };
+    std::thread::scope(|s| {
+        for _ in 1..threads {
+            s.spawn(work);
+        }
+        work();
+    });
+    let mut v = out.into_inner().unwrap_or_else(|e| e.into_inner());
+    v.sort_unstable_by_key(|p| p.0);
+    v.into_iter().map(|p| p.1).collect()
+}
+
+fn try_mark(mem: &Mem, o: usize) -> bool {
+    mem.fetch_or(o - HDR, MARK) & MARK == 0
+}
+
+/// Marks everything reachable from `roots`; returns the number of live objects.
+fn mark(mem: &Mem, roots: &[usize], threads: usize) -> u64 {
+    let injector = Injector::new();
+    let pending = AtomicUsize::new(0);
+    let live = AtomicU64::new(0);
+    for &r in roots {
+        if r != 0 && try_mark(mem, r) {
+            pending.fetch_add(1, Ordering::SeqCst);
+            injector.push(r);
+        }
+    }
+    let workers: Vec<Worker<usize>> = (0..threads).map(|_| Worker::new_lifo()).collect();
+    let stealers: Vec<Stealer<usize>> = workers.iter().map(|w| w.stealer()).collect();
+    let run = |w: Worker<usize>| {
+        let mut n = 0u64;
+        loop {
+            let task = w.pop().or_else(|| {
+                std::iter::repeat_with(|| {
+                    injector.steal_batch_and_pop(&w).or_else(|| stealers.iter().map(|s| s.steal()).collect())
+                })
+                .find(|s| !s.is_retry())
+                .and_then(|s| s.success())
+            });
+            match task {
+                Some(o) => {
+                    n += 1;
+                    let k = nptrs_of(mem.load(o - HDR));
+                    for i in 0..k {
+                        let p = mem.load(o + 8 * i);
+                        if p != 0 && try_mark(mem, p) {
+                            pending.fetch_add(1, Ordering::SeqCst);
+                            w.push(p);
+                        }
+                    }
+                    // Children are counted before this object is done, so zero pending
+                    // means no object anywhere waits to be scanned.
+                    pending.fetch_sub(1, Ordering::SeqCst);
+                }
+                None if pending.load(Ordering::SeqCst) == 0 => break,
+                None => std::thread::yield_now(),
+            }
+        }
+        live.fetch_add(n, Ordering::Relaxed);
+    };
+    let mut workers = workers.into_iter();
+    let first = workers.next().expect("at least one GC thread");
+    std::thread::scope(|s| {
+        for w in workers {
+            s.spawn(move || run(w));
+        }
+        run(first);
+    });
+    live.into_inner()
+}
+
+/// Units `[start, end)` of the small space, cut at recorded object starts.
+fn units(starts: &[usize], top: usize) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut cur: Option<usize> = None;
+    for &a in starts {
+        match cur {
+            None => cur = Some(a),
+            Some(s) if a - s >= UNIT => {
+                out.push((s, a));
+                cur = Some(a);
+            }
+            Some(_) => {}
+        }
+    }
+    if let Some(s) = cur {
+        if s < top {
+            out.push((s, top));
+        }
+    }
+    out
+}
+
+/// Calls `f(header, h0)` for every live object of `[start, end)`, following the skip
+/// pointers that forwarding left in the first header of each dead run.
+fn each_live(mem: &Mem, (start, end): (usize, usize), mut f: impl FnMut(usize, usize)) {
+    let mut a = start;
+    while a < end {
+        let h0 = mem.load(a);
+        if h0 & MARK != 0 {
+            f(a, h0);
+            a += size_of(h0);
+        } else {
+            a = mem.load(a + 8);
+        }
+    }
+}
+
+/// Sums a unit's live bytes and links each dead run to the object after it.
+fn live_bytes(mem: &Mem, (start, end): (usize, usize)) -> usize {
+    let (mut a, mut live, mut dead_run) = (start, 0, None);
+    while a < end {
+        let h0 = mem.load(a);
+        let size = size_of(h0);
+        assert!(size >= HDR && a + size <= end, "broken header at {a:#x} ({h0:#x})");
+        if h0 & MARK != 0 {
+            if let Some(d) = dead_run.take() {
+                mem.store(d + 8, a);
+            }
+            live += size;
+        } else if dead_run.is_none() {
+            dead_run = Some(a);
+        }
+        a += size;
+    }
+    if let Some(d) = dead_run {
+        mem.store(d + 8, end);
+    }
+    live
+}
+
+fn adjust_object(mem: &Mem, h: usize, h0: usize) {
+    for i in 0..nptrs_of(h0) {
+        let slot = h + HDR + 8 * i;
+        let p = mem.load(slot);
+        if p != 0 {
+            mem.store(slot, mem.load(p - HDR + 8));
+        }
+    }
+}
+
+/// Full collection with the world stopped.
+pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
+    let mem = inner.mem;
+    let threads = inner.gc_threads;
+    let engine = inner.engine();
+    let mut alloc = lock(&inner.alloc);
+    let roots = lock(&inner.roots);
+    let mut stacks: Vec<MutexGuard<'_, Vec<usize>>> = roots.stacks.iter().map(|s| lock(s)).collect();
+    let index = lock(&inner.stats).collections + 1;
+    let mut c =
+        Collection { index, engine, heap_before: alloc.used(&mem), decision: why.to_string(), ..Default::default() };
+
+    // Starting GC threads costs more than it saves on a small heap (and on a busy
+    // machine a thread may wait milliseconds for a CPU): small heaps collect on one
+    // (large objects are few; their cost is the move).
+    let threads = if alloc.small_top - mem.small.base >= PARALLEL_FROM { threads } else { 1 };
+    let t = Instant::now();
+    let root_vals: Vec<usize> =
+        stacks.iter().flat_map(|s| s.iter().copied()).chain(roots.slots.iter().map(|s| s.load())).collect();
+    c.live_objects = mark(&mem, &root_vals, threads);
+    c.mark_ns = t.elapsed().as_nanos() as u64;
+
+    let t = Instant::now();
+    let us = units(&alloc.starts, alloc.small_top);
+    let live = par_map(us.len(), threads, |k| live_bytes(&mem, us[k]));
+    let mut dest = Vec::with_capacity(us.len());
+    let mut d = mem.small.base;
+    for l in &live {
+        dest.push(d);
+        d += l;
+    }
+    let new_small_top = d;
+    let recorded = par_map(us.len(), threads, |k| {
+        let mut d = dest[k];
+        let mut rec: Vec<usize> = Vec::new();
+        each_live(&mem, us[k], |h, h0| {
+            if rec.last().map_or(true, |&l| d - l >= GRANULE) {
+                rec.push(d);
+            }
+            mem.store(h + 8, d + HDR);
+            d += size_of(h0);
+        });
+        rec
+    });
+    let mut large_moves = Vec::new(); // (dst, src, len) of every live large object
+    let mut cursor = mem.large.base;
+    for &h in &alloc.large {
+        let h0 = mem.load(h);
+        if h0 & MARK != 0 {
+            cursor = cursor.next_multiple_of(large_align(size_of(h0)));
+            mem.store(h + 8, cursor + HDR);
+            large_moves.push((cursor, h, size_of(h0)));
+            cursor += size_of(h0);
+        }
+    }
+    let new_large_top = cursor;
+    c.forward_ns = t.elapsed().as_nanos() as u64;
+
+    let t = Instant::now();
+    par_map(us.len(), threads, |k| each_live(&mem, us[k], |h, h0| adjust_object(&mem, h, h0)));
+    for &(_, h, _) in &large_moves {
+        adjust_object(&mem, h, mem.load(h));
+    }
+    let fwd = |p: usize| if p == 0 { 0 } else { mem.load(p - HDR + 8) };
+    for s in stacks.iter_mut() {
+        for v in s.iter_mut() {
+            *v = fwd(*v);
+        }
+    }
+    for s in &roots.slots {
+        s.store(fwd(s.load()));
+    }
+    c.adjust_ns = t.elapsed().as_nanos() as u64;
+
+    let t = Instant::now();
+    let done: Vec<AtomicBool> = us.iter().map(|_| AtomicBool::new(false)).collect();
+    let next = AtomicUsize::new(0);
+    let moved = par_map(threads, threads, |_| {
+        let (mut objs, mut bytes) = (0u64, 0u64);
+        loop {
+            let k = next.fetch_add(1, Ordering::Relaxed);
+            if k >= us.len() {
+                break;
+            }
+            // Lower units whose old objects lie under this unit's destination must
+            // have moved first; they were claimed earlier and never wait for k.
+            let first = us.partition_point(|u| u.1 <= dest[k]);
+            for d in &done[first..k] {
+                while !d.load(Ordering::Acquire) {
+                    std::thread::yield_now();
+                }
+            }
+            each_live(&mem, us[k], |h, h0| {
+                let to = mem.load(h + 8) - HDR;
+                let size = size_of(h0);
+                if to != h {
+                    mem.copy(to, h, size);
+                    objs += 1;
+                    bytes += size as u64;
+                }
+                mem.store(to, h0 & !MARK);
+                mem.store(to + 8, 0);
+            });
+            done[k].store(true, Ordering::Release);
+        }
+        (objs, bytes)
+    });
+    for (o, b) in moved {
+        c.objects_memmove += o;
+        c.bytes_memmove += b;
+    }
+    let tl = Instant::now();
+    // Page moves are chosen per object: always for a 2 MiB aligned object (whole page
+    // tables move, whatever the destination holds); otherwise at the machine's
+    // break-even for a destination that earlier page moves of this compaction vacated,
+    // or its break-even for a destination still holding (dead) pages. Not merged:
+    // adjacent objects sliding together would become one overlapping slide, moved
+    // entry by entry, where each aligned object alone is a page-table move.
+    let mut batch = Batch::with_options(Options { engine: Choice::Auto, break_even_pages: Some(0), coalesce: false });
+    let ps = page_size();
+    let pmd = advm::remap::PMD_SIZE;
+    let mut vacated: Vec<(usize, usize)> = Vec::new(); // sources of page moves, ascending
+    let (mut by_pages, mut by_copy) = (0u64, 0u64);
+    for &(to, from, len) in &large_moves {
+        if to == from {
+            continue;
+        }
+        // The part of the destination the object's own old pages do not cover.
+        let (s, e) = (to, (to + len).min(from));
+        let empty = covered(&vacated, s, e);
+        let pages = len / ps;
+        let remap = engine == Engine::Remap
+            && ((len % pmd == 0 && to % pmd == 0 && from % pmd == 0)
+                || pages >= if empty { inner.break_even.0 } else { inner.break_even.1 });
+        if remap {
+            batch.push_move(HostAddr(to), HostAddr(from), len);
+            by_pages += 1;
+            match vacated.last_mut() {
+                Some(last) if last.1 == from => last.1 = from + len,
+                _ => vacated.push((from, from + len)),
+            }
+        } else {
+            batch.push_move_by_copy(HostAddr(to), HostAddr(from), len);
+            by_copy += 1;
+        }
+    }
+    if !batch.is_empty() {
+        let out = lock(&inner.large_region).run(&batch)?;
+        c.bytes_remap = (out.uffd_move_bytes + out.mremap_bytes) as u64;
+        c.bytes_memmove += out.memmove_bytes as u64;
+        c.objects_remap = by_pages;
+        c.objects_memmove += by_copy;
+    }
+    for &(to, _, _) in &large_moves {
+        mem.store(to, mem.load(to) & !MARK);
+        mem.store(to + 8, 0);
+    }
+    c.move_large_ns = tl.elapsed().as_nanos() as u64;
+    c.move_ns = t.elapsed().as_nanos() as u64;
+
+    let old_small_top = alloc.small_top;
+    let old_large_top = alloc.large_top;
+    alloc.small_top = new_small_top;
+    alloc.large_top = new_large_top;
+    alloc.large = large_moves.iter().map(|m| m.0).collect();
+    alloc.starts = recorded.into_iter().flatten().collect();
+    c.heap_after = alloc.used(&mem);
+    c.bytes_freed_pages = free_tails(inner, &alloc, old_small_top, old_large_top)?;
+    drop(stacks);
+    if inner.verify {
+        crate::verify::check(inner, &alloc, &roots).map_err(Error::Corrupt)?;
+    }
+    Ok(c)
+}
+
+/// Hands the pages above the new tops to the free hook. Without one the heap keeps
+/// them for its next allocations (freeing them inside the pause costs about as much as
+/// copying them, and allocation would fault them in again).
+fn free_tails(inner: &Inner, alloc: &Alloc, old_small: usize, old_large: usize) -> Result<usize> {
+    let up = |a: usize| page_align_up(a).unwrap_or(a);
+    let mut hook = lock(&inner.free_hook);
+    let mut freed = 0;
+    for (s, e) in [(up(alloc.small_top), up(old_small)), (alloc.large_top, old_large)] {
+        if e > s {
+            let r = PageRange::new("freed pages", s, e - s)?;
+            freed += r.len();
+            if let Some(h) = hook.as_mut() {
+                h(r);
+            }
+        }
+    }
+    Ok(freed)
+}

@@ -1,0 +1,746 @@
+//! The heap, its configuration, mutators, allocation and stopping the world.
+
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
+
+use advm::mem::{page_align_up, page_size, PageRange, Region};
+use serde::Serialize;
+
+use crate::raw::{Mem, Slot, Span};
+use crate::stats::{Collection, Stats};
+use crate::{Error, Result};
+
+/// Header words before an object's first pointer slot.
+pub(crate) const HDR: usize = 16;
+/// Object sizes (header included) are multiples of this, so every leftover of an
+/// allocation buffer can hold a filler header.
+pub(crate) const ALIGN: usize = 16;
+const SIZE_BITS: u32 = 40;
+const NPTRS_BITS: u32 = 23;
+/// The mark bit of header word 0.
+pub(crate) const MARK: usize = 1 << 63;
+/// The most pointer slots an object may have.
+pub const MAX_NPTRS: usize = (1 << NPTRS_BITS) - 1;
+/// The largest object (header included).
+const MAX_SIZE: usize = (1 << SIZE_BITS) - 1;
+
+/// Header word 0 of an object of `size` bytes (header included) with `nptrs` slots.
+pub(crate) fn header(size: usize, nptrs: usize) -> usize {
+    size | (nptrs << SIZE_BITS)
+}
+/// Size in bytes, header included.
+pub(crate) fn size_of(h0: usize) -> usize {
+    h0 & MAX_SIZE
+}
+/// Pointer slots.
+pub(crate) fn nptrs_of(h0: usize) -> usize {
+    (h0 >> SIZE_BITS) & MAX_NPTRS
+}
+
+/// Where a large object of `size` bytes starts: on a page, or on a 2 MiB boundary from
+/// 2 MiB on, so that compaction moves it by whole page tables (mremap moves PMDs) and
+/// its padding stays under half its size.
+pub(crate) fn large_align(size: usize) -> usize {
+    if size >= advm::remap::PMD_SIZE {
+        advm::remap::PMD_SIZE
+    } else {
+        page_size()
+    }
+}
+
+/// An object of a heap: the address of its first pointer slot (its raw bytes start
+/// `nptrs` words later). Valid until the next safepoint of any mutator: keep objects
+/// across allocations in root slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Obj(pub(crate) usize);
+
+impl Obj {
+    /// The address (for C, and for tests that compare placement).
+    pub fn addr(self) -> usize {
+        self.0
+    }
+}
+
+/// How compaction moves large objects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Engine {
+    /// Page remapping through `advm::remap` (memmove below its break-even).
+    #[default]
+    Remap,
+    /// memmove for everything: the baseline.
+    Memmove,
+}
+
+impl Engine {
+    /// `"remap"` or `"memmove"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Remap => "remap",
+            Engine::Memmove => "memmove",
+        }
+    }
+}
+
+impl std::str::FromStr for Engine {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "remap" => Ok(Engine::Remap),
+            "memmove" => Ok(Engine::Memmove),
+            _ => Err(Error::UnknownEngine(s.into())),
+        }
+    }
+}
+
+/// Called with each page range that holds no live data after a collection (the freed
+/// tails of both spaces), while the world is still stopped: what happens to their
+/// pages is the hook's decision (a pager marks them discardable). Without a hook the
+/// heap keeps them for its next allocations.
+pub type FreeHook = Box<dyn FnMut(PageRange) + Send>;
+
+/// A heap's settings.
+pub struct Config {
+    /// Most bytes the objects may take (small and large together, headers included).
+    pub heap_bytes: usize,
+    /// GC threads (default: the machine's CPUs).
+    pub gc_threads: usize,
+    /// Objects of this many bytes or more (header included) are large: page aligned and
+    /// moved by remapping. Default: the remap break-even measured by `advm::remap`.
+    pub large_object_bytes: Option<usize>,
+    /// Large-object compaction engine.
+    pub engine: Engine,
+    /// Per-thread allocation buffer size.
+    pub tlab_bytes: usize,
+    /// Run the heap verifier after every collection (tests); a failure makes the
+    /// collection return [`Error::Corrupt`].
+    pub verify: bool,
+    /// Where freed pages go (see [`FreeHook`]).
+    pub free_hook: Option<FreeHook>,
+}
+
+impl Config {
+    /// Defaults for a heap of `heap_bytes`.
+    pub fn new(heap_bytes: usize) -> Self {
+        Config {
+            heap_bytes,
+            gc_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            large_object_bytes: None,
+            engine: Engine::Remap,
+            tlab_bytes: 32 << 10,
+            verify: false,
+            free_hook: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("heap_bytes", &self.heap_bytes)
+            .field("gc_threads", &self.gc_threads)
+            .field("large_object_bytes", &self.large_object_bytes)
+            .field("engine", &self.engine)
+            .field("tlab_bytes", &self.tlab_bytes)
+            .field("verify", &self.verify)
+            .field("free_hook", &self.free_hook.is_some())
+            .finish()
+    }
+}
+
+/// Allocation state, under one lock (buffer refills and large objects take it).
+#[derive(Debug)]
+pub(crate) struct Alloc {
+    pub(crate) small_top: usize,
+    pub(crate) large_top: usize,
+    /// From here up, the space reads as zeros (never used).
+    pub(crate) small_clean: usize,
+    pub(crate) large_clean: usize,
+    /// Large objects' header addresses, ascending.
+    pub(crate) large: Vec<usize>,
+    /// Addresses in the small space where an object starts, ascending (buffer starts,
+    /// direct allocations): where the parallel phases may cut the space into units.
+    pub(crate) starts: Vec<usize>,
+    pub(crate) allocated: u64,
+}
+
+impl Alloc {
+    pub(crate) fn used(&self, mem: &Mem) -> usize {
+        (self.small_top - mem.small.base) + (self.large_top - mem.large.base)
+    }
+}
+
+#[derive(Debug, Default)]
+struct World {
+    attached: usize,
+    parked: usize,
+    stopping: bool,
+    epoch: u64,
+}
+
+/// Roots: the mutators' root stacks and the slots C registered.
+#[derive(Debug, Default)]
+pub(crate) struct Roots {
+    pub(crate) stacks: Vec<Arc<Mutex<Vec<usize>>>>,
+    pub(crate) slots: Vec<Slot>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) mem: Mem,
+    pub(crate) heap_bytes: usize,
+    pub(crate) gc_threads: usize,
+    pub(crate) large_bytes: usize,
+    pub(crate) tlab_bytes: usize,
+    pub(crate) verify: bool,
+    /// Remap break-even in pages: into vacated space, into space holding pages.
+    pub(crate) break_even: (usize, usize),
+    /// Held for its mapping: the small space is only reached through `mem`.
+    _small_region: Region,
+    pub(crate) large_region: Mutex<Region>,
+    pub(crate) alloc: Mutex<Alloc>,
+    pub(crate) roots: Mutex<Roots>,
+    pub(crate) stats: Mutex<Stats>,
+    pub(crate) free_hook: Mutex<Option<FreeHook>>,
+    engine: AtomicU8,
+    stop: AtomicBool,
+    world: Mutex<World>,
+    cv: Condvar,
+}
+
+/// Locks a mutex, going on after a panic elsewhere (the data is plain counters and
+/// lists that every writer leaves consistent between statements).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A garbage-collected heap, shared by its mutators (cheap to clone).
+#[derive(Clone)]
+pub struct Heap {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Heap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Heap")
+            .field("heap_bytes", &self.inner.heap_bytes)
+            .field("large_object_bytes", &self.inner.large_bytes)
+            .finish()
+    }
+}
+
+impl Heap {
+    /// A heap with the default [`Config`] for `heap_bytes`.
+    pub fn new(heap_bytes: usize) -> Result<Self> {
+        Self::with_config(Config::new(heap_bytes))
+    }
+
+    /// A heap with `cfg`. Reserves `heap_bytes` of address space for each of the two
+    /// spaces (memory comes only as objects are written).
+    pub fn with_config(cfg: Config) -> Result<Self> {
+        let ps = page_size();
+        let max = 1usize << SIZE_BITS;
+        if cfg.heap_bytes < ps || cfg.heap_bytes > max {
+            return Err(Error::InvalidArgument {
+                what: "heap_bytes",
+                why: format!("{} is outside {ps}..={max} (one page to 1 TiB)", cfg.heap_bytes),
+            });
+        }
+        if cfg.gc_threads == 0 || cfg.gc_threads > 256 {
+            return Err(Error::InvalidArgument {
+                what: "gc_threads",
+                why: format!("{} is outside 1..=256", cfg.gc_threads),
+            });
+        }
+        if cfg.tlab_bytes < 256 || cfg.tlab_bytes % ALIGN != 0 || cfg.tlab_bytes > 16 << 20 {
+            return Err(Error::InvalidArgument {
+                what: "tlab_bytes",
+                why: format!("{} is not a multiple of {ALIGN} in 256..=16 MiB", cfg.tlab_bytes),
+            });
+        }
+        let be = advm::remap::break_even();
+        let large_bytes = match cfg.large_object_bytes {
+            Some(b) if b < 2 * HDR => {
+                return Err(Error::InvalidArgument {
+                    what: "large_object_bytes",
+                    why: format!("{b} is below the smallest object with a payload ({} bytes)", 2 * HDR),
+                })
+            }
+            Some(b) => b,
+            None => be.pages.max(1) * ps,
+        };
+        let len = page_align_up(cfg.heap_bytes).unwrap_or(cfg.heap_bytes);
+        let small = Region::for_remap(len)?;
+        let large = Region::for_remap(len)?;
+        let span = |r: &Region| Span { base: r.addr().0, end: r.addr().0 + r.len() };
+        let mem = Mem { small: span(&small), large: span(&large) };
+        let alloc = Alloc {
+            small_top: mem.small.base,
+            large_top: mem.large.base,
+            small_clean: mem.small.base,
+            large_clean: mem.large.base,
+            large: Vec::new(),
+            starts: Vec::new(),
+            allocated: 0,
+        };
+        let inner = Inner {
+            mem,
+            heap_bytes: cfg.heap_bytes,
+            gc_threads: cfg.gc_threads,
+            large_bytes,
+            tlab_bytes: cfg.tlab_bytes,
+            verify: cfg.verify,
+            // A populated break-even past the measured curve means no measured size won.
+            break_even: (
+                be.pages,
+                match be.curve.last() {
+                    Some(last) if be.pages_populated > last.pages => usize::MAX,
+                    _ => be.pages_populated,
+                },
+            ),
+            _small_region: small,
+            large_region: Mutex::new(large),
+            alloc: Mutex::new(alloc),
+            roots: Mutex::new(Roots::default()),
+            stats: Mutex::new(Stats::default()),
+            free_hook: Mutex::new(cfg.free_hook),
+            engine: AtomicU8::new(cfg.engine as u8),
+            stop: AtomicBool::new(false),
+            world: Mutex::new(World::default()),
+            cv: Condvar::new(),
+        };
+        Ok(Heap { inner: Arc::new(inner) })
+    }
+
+    /// Objects of this many bytes or more (header included) are large.
+    pub fn large_object_bytes(&self) -> usize {
+        self.inner.large_bytes
+    }
+
+    /// The size limit.
+    pub fn heap_bytes(&self) -> usize {
+        self.inner.heap_bytes
+    }
+
+    /// Bytes in use now (allocated since the last collection plus what it kept).
+    pub fn used_bytes(&self) -> usize {
+        lock(&self.inner.alloc).used(&self.inner.mem)
+    }
+
+    /// The large-object engine.
+    pub fn engine(&self) -> Engine {
+        self.inner.engine()
+    }
+
+    /// Sets the large-object engine for later collections.
+    pub fn set_engine(&self, e: Engine) {
+        self.inner.engine.store(e as u8, Ordering::Relaxed)
+    }
+
+    /// Totals and every collection so far.
+    pub fn stats(&self) -> Stats {
+        let mut s = lock(&self.inner.stats).clone();
+        s.bytes_allocated = lock(&self.inner.alloc).allocated;
+        s
+    }
+
+    /// A mutator for the calling thread (waits while a collection runs).
+    pub fn attach(&self) -> Mutator {
+        let mut w = lock(&self.inner.world);
+        while w.stopping {
+            w = self.inner.cv.wait(w).unwrap_or_else(|e| e.into_inner());
+        }
+        w.attached += 1;
+        drop(w);
+        let roots = Arc::new(Mutex::new(Vec::new()));
+        lock(&self.inner.roots).stacks.push(roots.clone());
+        Mutator { heap: self.clone(), cur: 0, end: 0, roots }
+    }
+
+    /// Runs a full collection from a thread that is not a mutator (it waits until every
+    /// mutator reaches a safepoint). A thread with an attached mutator uses
+    /// [`Mutator::collect`] instead: here it would wait for itself.
+    pub fn collect(&self) -> Result<Collection> {
+        self.inner.collect(false, "requested")
+    }
+
+    /// Registers a root slot in the program's memory: each collection reads it and
+    /// rewrites it when its object moves.
+    ///
+    /// # Safety
+    /// Until [`Heap::remove_root_slot`], `slot` must stay valid, aligned, and hold null
+    /// or an object of this heap whenever a collection may run; no other thread may
+    /// write it while a collection runs.
+    #[allow(unsafe_code)] // forwards the slot contract to the caller; no unsafe op here
+    pub unsafe fn add_root_slot(&self, slot: *mut *mut std::ffi::c_void) -> Result<()> {
+        let a = slot as usize;
+        if a == 0 || a % std::mem::align_of::<usize>() != 0 {
+            return Err(Error::InvalidArgument { what: "slot", why: format!("{a:#x} is null or not word aligned") });
+        }
+        let mut r = lock(&self.inner.roots);
+        if r.slots.contains(&Slot(a)) {
+            return Err(Error::InvalidArgument { what: "slot", why: format!("{a:#x} is already a root") });
+        }
+        r.slots.push(Slot(a));
+        Ok(())
+    }
+
+    /// Forgets a root slot registered with [`Heap::add_root_slot`].
+    pub fn remove_root_slot(&self, slot: *mut *mut std::ffi::c_void) -> Result<()> {
+        let a = slot as usize;
+        let mut r = lock(&self.inner.roots);
+        match r.slots.iter().position(|s| s.0 == a) {
+            Some(i) => {
+                r.slots.swap_remove(i);
+                Ok(())
+            }
+            None => Err(Error::InvalidArgument { what: "slot", why: format!("{a:#x} is not a registered root") }),
+        }
+    }
+}
+
+impl Inner {
+    pub(crate) fn engine(&self) -> Engine {
+        if self.engine.load(Ordering::Relaxed) == Engine::Memmove as u8 {
+            Engine::Memmove
+        } else {
+            Engine::Remap
+        }
+    }
+
+    /// Stops the world (the caller, when `attached`, is a mutator that already left its
+    /// buffer), collects, restarts it. When another thread is already collecting, the
+    /// caller waits for that collection instead and gets `None`.
+    pub(crate) fn collect(&self, attached: bool, why: &str) -> Result<Collection> {
+        let t0 = Instant::now();
+        let mut w = lock(&self.world);
+        if w.stopping {
+            // Someone else collects: take part as a stopped mutator, then report theirs.
+            let epoch = w.epoch;
+            if attached {
+                w.parked += 1;
+                self.cv.notify_all();
+            }
+            while w.epoch == epoch {
+                w = self.cv.wait(w).unwrap_or_else(|e| e.into_inner());
+            }
+            if attached {
+                w.parked -= 1;
+            }
+            drop(w);
+            return lock(&self.stats).history.last().cloned().ok_or(Error::Corrupt("no collection recorded".into()));
+        }
+        w.stopping = true;
+        self.stop.store(true, Ordering::SeqCst);
+        let others = w.attached - usize::from(attached);
+        while w.parked < others {
+            w = self.cv.wait(w).unwrap_or_else(|e| e.into_inner());
+        }
+        drop(w);
+        let stop_ns = t0.elapsed().as_nanos() as u64;
+        let result = crate::collect::full(self, why);
+        let mut w = lock(&self.world);
+        w.stopping = false;
+        self.stop.store(false, Ordering::SeqCst);
+        w.epoch += 1;
+        self.cv.notify_all();
+        drop(w);
+        let mut c = result?;
+        c.stop_ns = stop_ns;
+        c.pause_ns = t0.elapsed().as_nanos() as u64;
+        lock(&self.stats).record(c.clone());
+        Ok(c)
+    }
+
+    /// Parks a mutator (its buffer already left) until the collection ends.
+    fn park(&self) {
+        let mut w = lock(&self.world);
+        if !w.stopping {
+            return;
+        }
+        let epoch = w.epoch;
+        w.parked += 1;
+        self.cv.notify_all();
+        while w.epoch == epoch {
+            w = self.cv.wait(w).unwrap_or_else(|e| e.into_inner());
+        }
+        w.parked -= 1;
+    }
+
+    /// Header address of `o`, checked to be inside the heap with its whole object.
+    fn checked(&self, o: Obj) -> (usize, usize) {
+        let h = o.0.wrapping_sub(HDR);
+        assert!(self.mem.holds(h, HDR), "object {:#x} is not in this heap", o.0);
+        let h0 = self.mem.load(h);
+        assert!(self.mem.holds(h, size_of(h0)), "object {:#x} has a broken header", o.0);
+        (h, h0)
+    }
+}
+
+/// A thread's access to the heap: allocation buffer, root stack, object access.
+/// Dropping it detaches the thread.
+pub struct Mutator {
+    heap: Heap,
+    cur: usize,
+    end: usize,
+    roots: Arc<Mutex<Vec<usize>>>,
+}
+
+impl std::fmt::Debug for Mutator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mutator").field("buffer", &(self.cur, self.end)).finish()
+    }
+}
+
+fn word_count(nptrs: usize, nbytes: usize) -> Option<usize> {
+    nptrs.checked_mul(8)?.checked_add(nbytes)?.checked_add(HDR + ALIGN - 1).map(|s| s & !(ALIGN - 1))
+}
+
+impl Mutator {
+    /// The heap.
+    pub fn heap(&self) -> &Heap {
+        &self.heap
+    }
+
+    /// Allocates an object with `nptrs` pointer slots (null) and `nbytes` raw bytes
+    /// (zero). Runs a full collection when the heap is full, and fails with
+    /// [`Error::HeapExhausted`] when that does not make room.
+    pub fn alloc(&mut self, nptrs: usize, nbytes: usize) -> Result<Obj> {
+        self.safepoint();
+        let size = match word_count(nptrs, nbytes) {
+            Some(s) if s <= MAX_SIZE && nptrs <= MAX_NPTRS => s,
+            _ => {
+                return Err(Error::InvalidArgument {
+                    what: "object size",
+                    why: format!(
+                        "{nptrs} pointers and {nbytes} bytes exceed the largest object \
+                         ({MAX_NPTRS} pointers, {MAX_SIZE} bytes)"
+                    ),
+                })
+            }
+        };
+        if size <= self.end - self.cur {
+            let h = self.cur;
+            self.cur += size;
+            return Ok(self.init(h, size, nptrs));
+        }
+        let inner = self.heap.inner.clone();
+        let mut collected = None;
+        loop {
+            if let Some(o) = self.alloc_slow(size, nptrs) {
+                return Ok(o);
+            }
+            if let Some(c) = collected {
+                let c: Collection = c;
+                return Err(Error::HeapExhausted { requested: size, live: c.heap_after, heap: inner.heap_bytes });
+            }
+            self.retire_buffer();
+            collected = Some(inner.collect(true, "allocation failed")?);
+        }
+    }
+
+    fn init(&self, h: usize, size: usize, nptrs: usize) -> Obj {
+        let mem = &self.heap.inner.mem;
+        mem.store(h, header(size, nptrs));
+        mem.store(h + 8, 0);
+        Obj(h + HDR)
+    }
+
+    /// Allocation outside the buffer: a new buffer, a direct small object, or a large
+    /// object; `None` when the heap has no room.
+    fn alloc_slow(&mut self, size: usize, nptrs: usize) -> Option<Obj> {
+        let inner = &*self.heap.inner;
+        let mem = &inner.mem;
+        let mut a = lock(&inner.alloc);
+        let used = a.used(mem);
+        if size >= inner.large_bytes {
+            let align = large_align(size);
+            let len = size.checked_next_multiple_of(align)?;
+            let h = a.large_top.next_multiple_of(align);
+            if used + (h - a.large_top) + len > inner.heap_bytes {
+                return None;
+            }
+            a.large_top = h + len;
+            a.large.push(h);
+            a.allocated += len as u64;
+            if h < a.large_clean {
+                mem.zero(h, a.large_clean.min(h + len) - h);
+            }
+            a.large_clean = a.large_clean.max(h + len);
+            drop(a);
+            // The object's size is its page-rounded length, so compaction moves pages.
+            return Some(self.init(h, len, nptrs));
+        }
+        let direct = size > inner.tlab_bytes / 4;
+        let want = if direct { size } else { inner.tlab_bytes };
+        // Near the limit the last buffer may be smaller than usual.
+        let left = inner.heap_bytes.saturating_sub(used) & !(ALIGN - 1);
+        let take = if want <= left {
+            want
+        } else if !direct && size <= left {
+            left
+        } else {
+            return None;
+        };
+        let h = a.small_top;
+        a.small_top += take;
+        a.starts.push(h);
+        a.allocated += take as u64;
+        if h < a.small_clean {
+            mem.zero(h, a.small_clean.min(h + take) - h);
+        }
+        a.small_clean = a.small_clean.max(h + take);
+        drop(a);
+        if direct {
+            return Some(self.init(h, size, nptrs));
+        }
+        self.retire_buffer();
+        self.cur = h + size;
+        self.end = h + take;
+        Some(self.init(h, size, nptrs))
+    }
+
+    /// Leaves the allocation buffer: its unused rest becomes a filler object, so the
+    /// space stays parsable.
+    fn retire_buffer(&mut self) {
+        if self.cur < self.end {
+            let mem = &self.heap.inner.mem;
+            mem.store(self.cur, header(self.end - self.cur, 0));
+            mem.store(self.cur + 8, 0);
+        }
+        self.cur = 0;
+        self.end = 0;
+    }
+
+    /// Takes part in a collection that another thread asked for. Allocation does this
+    /// itself; a thread that runs long without allocating calls it.
+    pub fn safepoint(&mut self) {
+        if self.heap.inner.stop.load(Ordering::SeqCst) {
+            self.retire_buffer();
+            self.heap.inner.park();
+        }
+    }
+
+    /// Runs a full collection now.
+    pub fn collect(&mut self) -> Result<Collection> {
+        self.retire_buffer();
+        self.heap.inner.collect(true, "requested")
+    }
+
+    /// Pushes a root slot holding `o`; returns its index.
+    pub fn push_root(&mut self, o: Option<Obj>) -> usize {
+        if let Some(o) = o {
+            self.heap.inner.checked(o);
+        }
+        let mut r = lock(&self.roots);
+        r.push(o.map_or(0, |o| o.0));
+        r.len() - 1
+    }
+
+    /// The object in root slot `i` (panics when `i` is not a slot).
+    pub fn root(&self, i: usize) -> Option<Obj> {
+        let v = lock(&self.roots)[i];
+        (v != 0).then_some(Obj(v))
+    }
+
+    /// Stores into root slot `i`.
+    pub fn set_root(&mut self, i: usize, o: Option<Obj>) {
+        if let Some(o) = o {
+            self.heap.inner.checked(o);
+        }
+        lock(&self.roots)[i] = o.map_or(0, |o| o.0);
+    }
+
+    /// Root slots.
+    pub fn roots_len(&self) -> usize {
+        lock(&self.roots).len()
+    }
+
+    /// Drops root slots from index `n` on.
+    pub fn truncate_roots(&mut self, n: usize) {
+        lock(&self.roots).truncate(n);
+    }
+
+    /// Pointer slots of `o`.
+    pub fn nptrs(&self, o: Obj) -> usize {
+        nptrs_of(self.heap.inner.checked(o).1)
+    }
+
+    /// Raw bytes of `o` (rounded up to 8 bytes beyond what was asked).
+    pub fn nbytes(&self, o: Obj) -> usize {
+        let (_, h0) = self.heap.inner.checked(o);
+        size_of(h0) - HDR - 8 * nptrs_of(h0)
+    }
+
+    /// Pointer slot `i` of `o`.
+    pub fn get(&self, o: Obj, i: usize) -> Option<Obj> {
+        let (_, h0) = self.heap.inner.checked(o);
+        assert!(i < nptrs_of(h0), "pointer slot {i} of an object with {}", nptrs_of(h0));
+        let v = self.heap.inner.mem.load(o.0 + 8 * i);
+        (v != 0).then_some(Obj(v))
+    }
+
+    /// Stores `v` into pointer slot `i` of `o`.
+    pub fn set(&mut self, o: Obj, i: usize, v: Option<Obj>) {
+        let (_, h0) = self.heap.inner.checked(o);
+        assert!(i < nptrs_of(h0), "pointer slot {i} of an object with {}", nptrs_of(h0));
+        if let Some(v) = v {
+            self.heap.inner.checked(v);
+        }
+        self.heap.inner.mem.store(o.0 + 8 * i, v.map_or(0, |v| v.0));
+    }
+
+    fn data(&self, o: Obj, off: usize, len: usize) -> usize {
+        let (_, h0) = self.heap.inner.checked(o);
+        let n = size_of(h0) - HDR - 8 * nptrs_of(h0);
+        assert!(off.checked_add(len).is_some_and(|e| e <= n), "bytes {off}+{len} of an object with {n}");
+        o.0 + 8 * nptrs_of(h0) + off
+    }
+
+    /// Raw word `i` (8 bytes at byte offset `8*i` of the raw bytes).
+    pub fn word(&self, o: Obj, i: usize) -> u64 {
+        let a = self.data(o, 8 * i, 8);
+        self.heap.inner.mem.load(a) as u64
+    }
+
+    /// Writes raw word `i`.
+    pub fn set_word(&mut self, o: Obj, i: usize, v: u64) {
+        let a = self.data(o, 8 * i, 8);
+        self.heap.inner.mem.store(a, v as usize)
+    }
+
+    /// Copies raw bytes from offset `off` of `o` into `out`.
+    pub fn read_bytes(&self, o: Obj, off: usize, out: &mut [u8]) {
+        let a = self.data(o, off, out.len());
+        self.heap.inner.mem.read(a, out)
+    }
+
+    /// Copies `data` into the raw bytes of `o` at `off`.
+    pub fn write_bytes(&mut self, o: Obj, off: usize, data: &[u8]) {
+        let a = self.data(o, off, data.len());
+        self.heap.inner.mem.write(a, data)
+    }
+}
+
+impl Drop for Mutator {
+    fn drop(&mut self) {
+        let inner = self.heap.inner.clone();
+        lock(&inner.roots).stacks.retain(|s| !Arc::ptr_eq(s, &self.roots));
+        // Under the world lock no collection can start; one already stopping waits
+        // for this thread, which takes part as a stopped mutator first.
+        let mut w = lock(&inner.world);
+        while w.stopping {
+            self.retire_buffer();
+            let epoch = w.epoch;
+            w.parked += 1;
+            inner.cv.notify_all();
+            while w.epoch == epoch {
+                w = inner.cv.wait(w).unwrap_or_else(|e| e.into_inner());
+            }
+            w.parked -= 1;
+        }
+        self.retire_buffer();
+        w.attached -= 1;
+        inner.cv.notify_all();
+    }
+}

@@ -1,0 +1,80 @@
+//! Statistics per collection and totals.
+
+use serde::Serialize;
+
+use crate::Engine;
+
+/// What one collection did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Collection {
+    /// 1 for the first collection of the heap.
+    pub index: u64,
+    /// Compaction engine for large objects.
+    pub engine: Engine,
+    /// The whole pause: from the stop request to the world's restart.
+    pub pause_ns: u64,
+    /// Waiting for mutators to reach a safepoint.
+    pub stop_ns: u64,
+    /// Marking from the roots.
+    pub mark_ns: u64,
+    /// Computing forwarding addresses.
+    pub forward_ns: u64,
+    /// Rewriting pointers (objects and roots).
+    pub adjust_ns: u64,
+    /// Moving objects (memmove of small ones, the batch of large ones).
+    pub move_ns: u64,
+    /// Of `move_ns`, the large objects' batch.
+    pub move_large_ns: u64,
+    /// Objects copied by memmove.
+    pub objects_memmove: u64,
+    /// Bytes copied by memmove.
+    pub bytes_memmove: u64,
+    /// Large objects moved by page remapping.
+    pub objects_remap: u64,
+    /// Bytes moved by page remapping.
+    pub bytes_remap: u64,
+    /// Heap bytes in use before.
+    pub heap_before: usize,
+    /// Heap bytes in use after (live data, compacted).
+    pub heap_after: usize,
+    /// Live objects.
+    pub live_objects: u64,
+    /// Bytes of whole pages freed at the spaces' tops (handed to the free hook).
+    pub bytes_freed_pages: usize,
+    /// Why this collection ran and what the policy decided.
+    pub decision: String,
+}
+
+/// Totals over the heap's life, and every collection.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Stats {
+    /// Collections run.
+    pub collections: u64,
+    /// Pause of the last one.
+    pub last_pause_ns: u64,
+    /// Longest pause.
+    pub max_pause_ns: u64,
+    /// Sum of pauses.
+    pub total_pause_ns: u64,
+    /// Bytes copied by memmove, all collections.
+    pub bytes_moved_memmove: u64,
+    /// Bytes moved by page remapping, all collections.
+    pub bytes_moved_remap: u64,
+    /// Bytes handed out by the shared allocator: whole allocation buffers, direct
+    /// and large objects (headers and padding included).
+    pub bytes_allocated: u64,
+    /// Every collection, oldest first.
+    pub history: Vec<Collection>,
+}
+
+impl Stats {
+    pub(crate) fn record(&mut self, c: Collection) {
+        self.collections += 1;
+        self.last_pause_ns = c.pause_ns;
+        self.max_pause_ns = self.max_pause_ns.max(c.pause_ns);
+        self.total_pause_ns += c.pause_ns;
+        self.bytes_moved_memmove += c.bytes_memmove;
+        self.bytes_moved_remap += c.bytes_remap;
+        self.history.push(c);
+    }
+}

@@ -1,0 +1,73 @@
+//! The heap verifier: every object's header is sane, the spaces parse from bottom to
+//! top, no mark or forwarding word is left, and every pointer (slots and roots) is
+//! null or the start of an object of this heap.
+
+use std::collections::HashSet;
+
+use advm::mem::page_size;
+
+use crate::heap::{large_align, nptrs_of, size_of, Alloc, Inner, Roots, ALIGN, HDR, MARK};
+
+/// Checks the heap with the world stopped; the error names the first broken rule.
+pub(crate) fn check(inner: &Inner, alloc: &Alloc, roots: &Roots) -> Result<(), String> {
+    let mem = &inner.mem;
+    let mut objects: Vec<usize> = Vec::new();
+    let mut a = mem.small.base;
+    while a < alloc.small_top {
+        let h0 = mem.load(a);
+        let size = size_of(h0);
+        if h0 & MARK != 0 || mem.load(a + 8) != 0 {
+            return Err(format!("small object {:#x}: mark or forwarding word left ({h0:#x})", a + HDR));
+        }
+        if size < HDR || size % ALIGN != 0 || a + size > alloc.small_top || size >= inner.large_bytes {
+            return Err(format!("small object {:#x}: bad size {size}", a + HDR));
+        }
+        if HDR + 8 * nptrs_of(h0) > size {
+            return Err(format!("small object {:#x}: {} pointers do not fit {size} bytes", a + HDR, nptrs_of(h0)));
+        }
+        objects.push(a);
+        a += size;
+    }
+    let mut end = mem.large.base;
+    for &h in &alloc.large {
+        let h0 = mem.load(h);
+        let size = size_of(h0);
+        if h < end || h >= end + large_align(size) {
+            return Err(format!("large object {:#x} is not next after the previous one ({end:#x})", h + HDR));
+        }
+        if h % large_align(size) != 0 || size % page_size() != 0 || size < inner.large_bytes {
+            return Err(format!("large object {:#x}: not page aligned or too small ({size})", h + HDR));
+        }
+        if h0 & MARK != 0 || mem.load(h + 8) != 0 || HDR + 8 * nptrs_of(h0) > size {
+            return Err(format!("large object {:#x}: bad header {h0:#x}", h + HDR));
+        }
+        objects.push(h);
+        end = h + size;
+    }
+    if end != alloc.large_top {
+        return Err(format!("large objects end at {end:#x}, the space's top is {:#x}", alloc.large_top));
+    }
+    let set: HashSet<usize> = objects.iter().map(|h| h + HDR).collect();
+    let valid = |p: usize| p == 0 || set.contains(&p);
+    for &h in &objects {
+        for i in 0..nptrs_of(mem.load(h)) {
+            let p = mem.load(h + HDR + 8 * i);
+            if !valid(p) {
+                return Err(format!("object {:#x} slot {i} holds {p:#x}, not an object", h + HDR));
+            }
+        }
+    }
+    for s in &roots.stacks {
+        for &p in crate::heap::lock(s).iter() {
+            if !valid(p) {
+                return Err(format!("a root holds {p:#x}, not an object"));
+            }
+        }
+    }
+    for s in &roots.slots {
+        if !valid(s.load()) {
+            return Err(format!("root slot {:#x} holds {:#x}, not an object", s.0, s.load()));
+        }
+    }
+    Ok(())
+}

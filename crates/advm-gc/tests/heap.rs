@@ -1,0 +1,254 @@
+//! The heap's behaviour: objects survive collections intact, large objects move by
+//! pages and small ones by memmove, bad use gets typed errors. Every heap here runs the
+//! verifier after each collection.
+
+use advm_gc::{Config, Engine, Error, Heap, Mutator, Obj};
+
+const PAGE: usize = 4096;
+
+fn heap(bytes: usize, large: usize, engine: Engine) -> Heap {
+    let mut c = Config::new(bytes);
+    c.large_object_bytes = Some(large);
+    c.engine = engine;
+    c.verify = true;
+    c.gc_threads = 2;
+    Heap::with_config(c).unwrap()
+}
+
+/// A byte pattern that names the object (`seed`) and the offset.
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (seed.wrapping_mul(31).wrapping_add(i as u64 * 7) % 251) as u8).collect()
+}
+
+/// A list of `n` objects with `bytes` raw bytes each, rooted at a new root slot,
+/// with garbage of the same size between them; returns the root index.
+fn list_with_garbage(m: &mut Mutator, n: usize, bytes: usize) -> usize {
+    let r = m.push_root(None);
+    for i in 0..n {
+        let _garbage = m.alloc(0, bytes).unwrap();
+        let o = m.alloc(1, bytes).unwrap();
+        m.write_bytes(o, 0, &pattern(i as u64, bytes));
+        let head = m.root(r);
+        m.set(o, 0, head);
+        m.set_root(r, Some(o));
+    }
+    r
+}
+
+fn check_list(m: &Mutator, r: usize, n: usize, bytes: usize) -> Vec<Obj> {
+    let mut out = Vec::new();
+    let mut cur = m.root(r);
+    let mut buf = vec![0; bytes];
+    for i in (0..n).rev() {
+        let o = cur.expect("list too short");
+        m.read_bytes(o, 0, &mut buf);
+        assert_eq!(buf, pattern(i as u64, bytes), "object {i} changed");
+        out.push(o);
+        cur = m.get(o, 0);
+    }
+    assert!(cur.is_none());
+    out
+}
+
+#[test]
+fn live_objects_keep_their_contents_and_links_across_collections() {
+    let h = heap(16 << 20, 8 * PAGE, Engine::Remap);
+    let mut m = h.attach();
+    let r = list_with_garbage(&mut m, 300, 200);
+    let before = check_list(&m, r, 300, 200);
+    let c = m.collect().unwrap();
+    let after = check_list(&m, r, 300, 200);
+    assert_ne!(before, after, "half the heap was garbage: survivors slide down");
+    assert!(c.objects_memmove > 0 && c.heap_after < c.heap_before);
+    assert_eq!(c.live_objects, 300);
+    m.collect().unwrap();
+    check_list(&m, r, 300, 200);
+}
+
+#[test]
+fn large_objects_are_page_aligned_and_moved_by_remap_small_ones_by_memmove() {
+    // The break-even decides which objects move as pages: set it (process wide) so
+    // that these 41-page objects do, into space holding dead pages too.
+    advm::remap::set_break_even_pages(Some(4));
+    let h = heap(64 << 20, 4 * PAGE, Engine::Remap);
+    let mut m = h.attach();
+    let large = list_with_garbage(&mut m, 20, 40 * PAGE);
+    let small = list_with_garbage(&mut m, 100, 64);
+    for o in check_list(&m, large, 20, 40 * PAGE) {
+        assert_eq!((o.addr() - 16) % PAGE, 0, "large objects start on a page");
+    }
+    let c = m.collect().unwrap();
+    check_list(&m, large, 20, 40 * PAGE);
+    check_list(&m, small, 100, 64);
+    if advm::remap::uffd_move_available() {
+        assert!(c.bytes_remap >= 19 * 40 * PAGE as u64, "large survivors moved as pages: {c:?}");
+        assert!(c.objects_remap >= 19);
+    }
+    assert!(c.objects_memmove > 0, "small survivors memmoved: {c:?}");
+    let s = h.stats();
+    assert_eq!(s.collections, 1);
+    assert!(s.bytes_allocated >= 40 * 41 * PAGE as u64);
+    assert_eq!(s.bytes_moved_remap, c.bytes_remap);
+}
+
+#[test]
+fn memmove_engine_moves_no_pages() {
+    let h = heap(64 << 20, 4 * PAGE, Engine::Remap);
+    h.set_engine("memmove".parse().unwrap());
+    let mut m = h.attach();
+    let large = list_with_garbage(&mut m, 10, 40 * PAGE);
+    let c = m.collect().unwrap();
+    check_list(&m, large, 10, 40 * PAGE);
+    assert_eq!(c.bytes_remap, 0);
+    assert!(c.bytes_memmove >= 9 * 40 * PAGE as u64);
+    assert_eq!(c.engine, Engine::Memmove);
+}
+
+#[test]
+fn unknown_engine_name_is_an_error() {
+    let e = "swap".parse::<Engine>().unwrap_err();
+    assert!(matches!(e, Error::UnknownEngine(_)));
+    assert_eq!(e.to_string(), "unknown engine \"swap\": expected \"remap\" or \"memmove\"");
+}
+
+#[test]
+fn exhausted_heap_is_a_typed_error_and_the_heap_stays_usable() {
+    let h = heap(1 << 20, 16 * PAGE, Engine::Remap);
+    let mut m = h.attach();
+    let r = list_with_garbage(&mut m, 50, 1000);
+    let err = loop {
+        match m.alloc(1, 5000) {
+            Ok(o) => {
+                // Objects move at each allocation's collection: the list's head is
+                // read from its root every time.
+                let head = m.root(r);
+                m.set(o, 0, head);
+                m.set_root(r, Some(o));
+            }
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err, Error::HeapExhausted { heap, .. } if heap == 1 << 20), "{err}");
+    let big = m.alloc(0, 2 << 20).unwrap_err();
+    assert!(matches!(big, Error::HeapExhausted { .. }));
+    // Dropping the live data makes room again.
+    m.set_root(r, None);
+    m.alloc(0, 500_000).unwrap();
+    assert!(h.stats().collections >= 2);
+}
+
+#[test]
+fn bad_heap_sizes_and_object_sizes_are_errors() {
+    assert!(matches!(Heap::new(0), Err(Error::InvalidArgument { what: "heap_bytes", .. })));
+    assert!(matches!(Heap::new(usize::MAX), Err(Error::InvalidArgument { what: "heap_bytes", .. })));
+    // 1 TiB per space is allowed by the header but not by this machine's memory.
+    match Heap::new(1 << 40) {
+        Err(Error::Memory(e)) => eprintln!("1 TiB heap refused: {e}"),
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => eprintln!("this machine maps 2 TiB of address space: skipping the refusal check"),
+    }
+    let h = Heap::new(1 << 20).unwrap();
+    let mut m = h.attach();
+    assert!(matches!(m.alloc(usize::MAX / 8, 0), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(m.alloc(1 << 24, 0), Err(Error::InvalidArgument { .. })));
+}
+
+#[test]
+fn collections_from_several_mutator_threads_keep_every_threads_objects() {
+    let h = heap(8 << 20, 8 * PAGE, Engine::Remap);
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let h = h.clone();
+            std::thread::spawn(move || {
+                let mut m = h.attach();
+                for round in 0..6 {
+                    let bytes = if round % 2 == 0 { 48 } else { 9 * PAGE };
+                    let n = if round % 2 == 0 { 2000 } else { 20 };
+                    let r = list_with_garbage(&mut m, n, bytes);
+                    if t == 0 && round == 3 {
+                        m.collect().unwrap();
+                    }
+                    check_list(&m, r, n, bytes);
+                    m.truncate_roots(0);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let s = h.stats();
+    assert!(s.collections >= 2, "the threads filled the heap several times: {}", s.collections);
+}
+
+#[test]
+fn freed_pages_go_to_the_hook() {
+    let freed = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let f = freed.clone();
+    let mut c = Config::new(32 << 20);
+    c.large_object_bytes = Some(4 * PAGE);
+    c.verify = true;
+    c.free_hook = Some(Box::new(move |r| f.lock().unwrap().push(r)));
+    let h = Heap::with_config(c).unwrap();
+    let mut m = h.attach();
+    let r = list_with_garbage(&mut m, 10, 10 * PAGE);
+    let small = list_with_garbage(&mut m, 1000, 100);
+    let col = m.collect().unwrap();
+    check_list(&m, r, 10, 10 * PAGE);
+    check_list(&m, small, 1000, 100);
+    let got = freed.lock().unwrap().clone();
+    let total: usize = got.iter().map(|r| r.len()).sum();
+    assert_eq!(total, col.bytes_freed_pages);
+    assert!(total >= 10 * 11 * PAGE, "the dead large objects' pages at least: {got:?}");
+}
+
+#[test]
+fn objects_of_2_mib_or_more_sit_on_2_mib_boundaries_and_move_as_page_tables() {
+    let h = heap(64 << 20, 16 * PAGE, Engine::Remap);
+    let mut m = h.attach();
+    let large = list_with_garbage(&mut m, 4, 3 << 20);
+    for o in check_list(&m, large, 4, 3 << 20) {
+        assert_eq!((o.addr() - 16) % (2 << 20), 0);
+    }
+    let c = m.collect().unwrap();
+    check_list(&m, large, 4, 3 << 20);
+    assert_eq!(c.bytes_remap, 4 * (4 << 20), "every survivor moved by pages: {c:?}");
+    assert_eq!(c.objects_remap, 4);
+}
+
+#[test]
+fn parallel_compaction_of_many_units_keeps_every_object() {
+    // 24 MiB of small objects, most of them garbage in long runs: about a hundred
+    // units slide by different distances on four GC threads.
+    let mut c = Config::new(64 << 20);
+    c.verify = true;
+    c.gc_threads = 4;
+    let h = Heap::with_config(c).unwrap();
+    let mut m = h.attach();
+    let r = m.push_root(None);
+    let mut n = 0u64;
+    for i in 0..60_000u64 {
+        let o = m.alloc(1, 384).unwrap();
+        if i % 7 == 0 || (i / 3000) % 2 == 0 {
+            m.write_bytes(o, 0, &pattern(i, 384));
+            m.set_word(o, 0, i);
+            let head = m.root(r);
+            m.set(o, 0, head);
+            m.set_root(r, Some(o));
+            n += 1;
+        }
+    }
+    let c = m.collect().unwrap();
+    assert!(c.objects_memmove > 1000, "{c:?}");
+    let mut cur = m.root(r);
+    let mut buf = vec![0; 384];
+    let mut seen = 0;
+    while let Some(o) = cur {
+        let i = m.word(o, 0);
+        m.read_bytes(o, 8, &mut buf[8..]);
+        assert_eq!(buf[8..], pattern(i, 384)[8..], "object {i}");
+        seen += 1;
+        cur = m.get(o, 0);
+    }
+    assert_eq!(seen, n);
+}

@@ -1,0 +1,71 @@
+/* advm_gc: a precise, moving garbage-collected heap — C API (libadvm).
+ *
+ * Link with -ladvm. Functions returning int return 0 on success or a negative errno.
+ *
+ * Objects: advm_gc_alloc returns an object's first pointer slot; its nptrs slots
+ * (void *, NULL or objects of the same heap) come first, then nbytes raw bytes at
+ * (void **)obj + nptrs; all zeroed. Objects move at every collection, which any
+ * advm_gc_alloc or advm_gc_collect may run: keep every object you still need in a
+ * registered root slot (or in a slot of an object reachable from one) and reload it
+ * from there after each such call. Objects of at least the large-object size start on
+ * a page boundary and are moved by remapping their pages ("remap" engine).
+ *
+ * Threads: any thread may call; calls on one heap run one at a time.
+ */
+#ifndef ADVM_GC_H
+#define ADVM_GC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A heap (opaque). The typedef gives the spelling `advm_gc *`. */
+typedef struct advm_gc advm_gc;
+
+struct advm_gc_stats {
+    uint64_t collections;         /* collections run */
+    uint64_t last_pause_ns;       /* pause of the last one */
+    uint64_t max_pause_ns;        /* longest pause */
+    uint64_t total_pause_ns;      /* sum of pauses */
+    uint64_t bytes_moved_memmove; /* compaction bytes copied, all collections */
+    uint64_t bytes_moved_remap;   /* compaction bytes moved as pages, all collections */
+    uint64_t heap_bytes;          /* the size limit */
+    uint64_t used_bytes;          /* in use now */
+    uint64_t large_object_bytes;  /* objects this large (header included) are moved as pages */
+};
+
+/* A heap whose objects may take heap_bytes (headers included); NULL with errno set
+ * (EINVAL: zero or above 1 TiB; ENOMEM: no address space for it). */
+advm_gc *advm_gc_new(size_t heap_bytes);
+
+/* Frees the heap and all its objects (NULL: no-op). */
+void advm_gc_destroy(advm_gc *gc);
+
+/* A new object, or NULL with errno ENOMEM when a full collection cannot make room
+ * (the heap stays usable), EINVAL for an impossible size. */
+void *advm_gc_alloc(advm_gc *gc, size_t nptrs, size_t nbytes);
+
+/* Registers / forgets a root slot: each collection reads *slot and rewrites it when
+ * its object moves. The slot must stay valid until unrooted. -EINVAL: NULL,
+ * misaligned, already a root (root) or not a root (unroot). */
+int advm_gc_root(advm_gc *gc, void **slot);
+int advm_gc_unroot(advm_gc *gc, void **slot);
+
+/* Runs a collection now. The heap is not generational yet: full or not, it is a full
+ * mark-compact collection. */
+int advm_gc_collect(advm_gc *gc, int full);
+
+/* "remap" (default: large objects moved as pages) or "memmove"; -EINVAL otherwise. */
+int advm_gc_set_engine(advm_gc *gc, const char *engine);
+
+/* Fills *out. */
+int advm_gc_stats(advm_gc *gc, struct advm_gc_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
