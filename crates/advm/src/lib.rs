@@ -10,6 +10,7 @@ pub mod error;
 pub mod image;
 pub mod ksm;
 pub mod mem;
+pub mod pager;
 pub mod probe;
 pub mod process;
 pub mod remap;

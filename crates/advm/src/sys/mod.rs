@@ -10,6 +10,7 @@ pub mod ksm;
 pub mod memfd;
 pub mod mman;
 pub mod pagemap;
+pub mod pager;
 pub mod process;
 pub mod procmap;
 pub mod signal;
