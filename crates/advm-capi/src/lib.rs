@@ -8,6 +8,7 @@
 
 use std::ffi::c_char;
 
+pub mod pager;
 pub mod remap;
 pub mod vcopy;
 

@@ -294,3 +294,21 @@ fn bad_use_gets_clear_errors() {
     assert!(e.to_string().contains("not inside one region"), "{e}");
     assert!(r.mark_discardable(3, 2).is_err());
 }
+
+#[test]
+fn a_written_out_page_marked_discardable_is_never_read_back() {
+    let Some(p) = pager(1024) else { return };
+    let r = p.map(16 * ps()).unwrap();
+    r.write(0, &vec![3; r.len()]).unwrap();
+    p.flush(r.as_ptr() as usize, r.len()).unwrap();
+    assert_eq!(p.stats().swapped_pages, 16);
+    // garbage now (from-space after a collection): the next touch must not read it
+    p.discardable(r.as_ptr() as usize, 8 * ps()).unwrap();
+    r.write(0, &vec![4; 8 * ps()]).unwrap();
+    let s = p.stats();
+    assert_eq!((s.write_faults.not_read, s.read_pages(), s.swapped_pages), (8, 0, 8), "{s:?}");
+    // and a flush forgets the swap copies of the other discardable pages
+    p.discardable(r.as_ptr() as usize + 8 * ps(), 8 * ps()).unwrap();
+    p.flush(r.as_ptr() as usize + 8 * ps(), 8 * ps()).unwrap();
+    assert_eq!(p.stats().swapped_pages, 0);
+}

@@ -626,20 +626,43 @@ impl Shared {
                     done
                 }
                 _ => {
-                    let slot = m.slot[page].load(Ordering::Acquire) as usize;
-                    let bytes = buf.bytes_mut();
-                    if self.swap.read_page(slot, bytes).is_err() {
-                        // leave the thread blocked rather than hand it wrong data;
-                        // the next fault on the page retries
-                        return;
+                    // claimed (EVICTING) so that unmap and flush leave the slot to us
+                    if m.state[page].compare_exchange(SWAPPED, EVICTING, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                        continue;
                     }
-                    let done = m.area.fill_copy(&self.fd, page, bytes).unwrap_or(false);
-                    if done {
-                        self.slots.lock().unwrap_or_else(|p| p.into_inner()).give_back(slot as u32);
-                        self.counters.fault[w][2].fetch_add(1, Ordering::Relaxed);
-                        self.counters.bytes_read.fetch_add(page_size() as u64, Ordering::Relaxed);
+                    let slot = m.slot[page].load(Ordering::Acquire);
+                    let done = if m.discardable.get(page) {
+                        // garbage now: zeros, the swap copy is never read
+                        let done = m.area.fill_zero(&self.fd, page, write).unwrap_or(false);
+                        if done {
+                            m.purged.set_range(page, 1, true);
+                            self.counters.fault[w][1].fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(done)
+                    } else {
+                        let bytes = buf.bytes_mut();
+                        self.swap.read_page(slot as usize, bytes).map(|()| {
+                            let done = m.area.fill_copy(&self.fd, page, bytes).unwrap_or(false);
+                            if done {
+                                self.counters.fault[w][2].fetch_add(1, Ordering::Relaxed);
+                                self.counters.bytes_read.fetch_add(page_size() as u64, Ordering::Relaxed);
+                            }
+                            done
+                        })
+                    };
+                    match done {
+                        Ok(true) => {
+                            self.slots.lock().unwrap_or_else(|p| p.into_inner()).give_back(slot);
+                            true
+                        }
+                        _ => {
+                            // an I/O error leaves the thread blocked rather than handing it
+                            // wrong data (the next fault retries); a region unmapped meanwhile
+                            // has nothing left to fill
+                            m.state[page].store(SWAPPED, Ordering::Release);
+                            return;
+                        }
                     }
-                    done
                 }
             };
             if filled {
@@ -771,6 +794,7 @@ impl Shared {
         while p < first + n {
             // a run of resident pages, claimed one by one
             if m.state[p].compare_exchange(RESIDENT, EVICTING, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                self.forget_swapped(m, p);
                 p += 1;
                 continue;
             }
@@ -789,6 +813,23 @@ impl Shared {
             p = end;
         }
         Ok(evicted)
+    }
+
+    /// A written-out page marked discardable since: its swap copy is garbage, freed
+    /// without a read (the paper's "not read" faults, on the next touch).
+    fn forget_swapped(&self, m: &Managed, p: usize) {
+        if !m.discardable.get(p)
+            || m.state[p].compare_exchange(SWAPPED, EVICTING, Ordering::AcqRel, Ordering::Acquire).is_err()
+        {
+            return;
+        }
+        if m.discardable.get(p) {
+            self.slots.lock().unwrap_or_else(|e| e.into_inner()).give_back(m.slot[p].load(Ordering::Acquire));
+            m.purged.set_range(p, 1, true);
+            m.state[p].store(DISCARDED, Ordering::Release);
+        } else {
+            m.state[p].store(SWAPPED, Ordering::Release);
+        }
     }
 
     /// Moves the claimed (EVICTING) run `[p, p+k)` out and settles each page.
