@@ -10,6 +10,7 @@
 mod error;
 mod image;
 pub mod meters;
+mod pager;
 mod r;
 mod remap;
 mod shim_stress;
@@ -213,6 +214,7 @@ pub fn all() -> Vec<Box<dyn Bench>> {
         Box::new(image::ImageBench),
         Box::new(r::RBench),
         Box::new(shim_stress::ShimStressBench),
+        Box::new(pager::PagerBench),
     ]
 }
 

@@ -26,6 +26,7 @@
 //! purgeable-memory API on top.
 
 mod bitmap;
+mod kernel_swap;
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -34,9 +35,10 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use bitmap::Bitmap;
+pub use kernel_swap::{Interrupts, KernelSwap, ProcessTimes};
 
 use crate::mem::{page_size, HostAddr, PageRange};
 use crate::stats::cgroup::Group;
@@ -103,7 +105,7 @@ impl Config {
 }
 
 /// Faults by what serving them took (the paper's appendix rows).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FaultCounts {
     /// Never-used pages: zero-filled.
     pub zero_filled: u64,
@@ -114,7 +116,7 @@ pub struct FaultCounts {
 }
 
 /// What a pager did (the paper's appendix statistics).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Stats {
     /// Read faults.
     pub read_faults: FaultCounts,
@@ -136,7 +138,8 @@ pub struct Stats {
     pub resident_pages: u64,
     /// Pages held in the swap file now.
     pub swapped_pages: u64,
-    /// Time the handler spent serving faults, nanoseconds.
+    /// Time the handler spent serving faults (not counting the eviction that made
+    /// room first), nanoseconds.
     pub fault_ns: u64,
     /// Budget evictions that could not write a needed page (swap file full or an
     /// I/O error); the budget was exceeded meanwhile.
@@ -590,8 +593,9 @@ impl Shared {
             if sp::wait_event(&self.fd, TICK.as_millis() as i32) {
                 while let Ok(Some(ev)) = self.fd.read_event() {
                     if let Event::Pagefault { address, flags } = ev {
-                        let t = Instant::now();
                         self.keep_budget(1);
+                        // the fault itself, without the eviction that made room for it
+                        let t = Instant::now();
                         self.serve(address as usize, flags & uffd::fault_flag::WRITE != 0, &mut buf);
                         self.counters.fault_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
                     }
@@ -711,8 +715,13 @@ impl Shared {
         }
         let over = ((usage + headroom - limit) / ps) as usize;
         let _ev = self.lock_evicting();
-        let dropped = self.drop_discardable(if self.headroom.is_some() { usize::MAX } else { over }, Cause::Pager);
-        if dropped < over && self.evict(over - dropped, Cause::Pager).is_err() {
+        // with a headroom, every discardable page goes (pre-flush); the rest of the
+        // excess is a page-out the limit forces, as the budget's are
+        let dropped = match self.headroom {
+            Some(_) => self.drop_discardable(usize::MAX, Cause::Pager),
+            None => 0,
+        };
+        if dropped < over && self.evict(over - dropped, Cause::Budget).is_err() {
             self.counters.failures.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -731,21 +740,41 @@ impl Shared {
     fn evict(&self, want: usize, cause: Cause) -> Result<usize> {
         let mut done = self.drop_discardable(want, cause);
         while done < want {
-            let Some((id, page, gen)) = self.queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front() else {
-                break;
-            };
-            let Some(m) = self.regions.read().unwrap_or_else(|p| p.into_inner()).iter().find(|m| m.id == id).cloned()
-            else {
-                continue;
-            };
-            let page = page as usize;
-            if m.gen[page].load(Ordering::Acquire) != gen || m.state[page].load(Ordering::Acquire) != RESIDENT {
-                continue;
+            // a batch of the oldest resident pages, each claimed and moved to staging
+            let mut claimed: Vec<(Arc<Managed>, usize)> = Vec::new();
+            while claimed.len() < (want - done).min(STAGE_PAGES) {
+                let Some((id, page, gen)) = self.queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front() else {
+                    break;
+                };
+                let regions = self.regions.read().unwrap_or_else(|p| p.into_inner());
+                let Some(m) = regions.iter().find(|m| m.id == id).cloned() else { continue };
+                drop(regions);
+                let page = page as usize;
+                if m.gen[page].load(Ordering::Acquire) != gen
+                    || m.state[page].compare_exchange(RESIDENT, EVICTING, Ordering::AcqRel, Ordering::Acquire).is_err()
+                {
+                    continue;
+                }
+                if sp::move_pages(&self.fd, &self.staging, claimed.len(), &m.area, page, 1).is_err() {
+                    m.state[page].store(RESIDENT, Ordering::Release);
+                    continue;
+                }
+                claimed.push((m, page));
             }
-            match self.evict_range(&m, page, 1, cause) {
+            if claimed.is_empty() {
+                break;
+            }
+            let staged: Vec<(&Managed, usize)> = claimed.iter().map(|(m, p)| (&**m, *p)).collect();
+            match self.settle(&staged, cause) {
                 Ok(n) => done += n,
                 Err(e) => {
-                    self.queue.lock().unwrap_or_else(|p| p.into_inner()).push_front((id, page as u32, gen));
+                    // pages put back are resident again: queue them as the oldest
+                    let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+                    for (m, p) in claimed.iter().rev() {
+                        if m.state[*p].load(Ordering::Acquire) == RESIDENT {
+                            q.push_front((m.id, *p as u32, m.gen[*p].load(Ordering::Acquire)));
+                        }
+                    }
                     return Err(e);
                 }
             }
@@ -843,30 +872,81 @@ impl Shared {
         for i in p + moved..p + k {
             m.state[i].store(RESIDENT, Ordering::Release);
         }
-        let mut result = Ok(());
+        let staged: Vec<(&Managed, usize)> = (p..p + moved).map(|page| (m, page)).collect();
+        self.settle(&staged, cause)
+    }
+
+    /// Settles the pages at staging `0..staged.len()` (`staged[i]` came from region
+    /// page `staged[i].1`): each is dropped if its discardable bit is still set, else
+    /// written to the swap file, consecutive slots in one write. A page that cannot
+    /// be written goes back where it was.
+    fn settle(&self, staged: &[(&Managed, usize)], cause: Cause) -> Result<usize> {
+        let ps = page_size();
         let mut settled = 0;
-        for i in 0..moved {
-            let page = p + i;
+        let mut keep: Vec<usize> = Vec::new();
+        for (i, &(m, page)) in staged.iter().enumerate() {
             if m.discardable.get(page) {
                 m.purged.set_range(page, 1, true);
                 m.state[page].store(DISCARDED, Ordering::Release);
                 self.counters.discarded.fetch_add(1, Ordering::Relaxed);
                 settled += 1;
-                continue;
-            }
-            if result.is_err() {
-                self.put_back(m, page, i);
-                continue;
-            }
-            match self.write_out(m, page, i) {
-                Ok(()) => settled += 1,
-                Err(e) => {
-                    self.put_back(m, page, i);
-                    result = Err(e);
-                }
+            } else {
+                keep.push(i);
             }
         }
-        let _ = self.staging.drop_pages(0, k);
+        let (mut slots, capacity) = {
+            let mut sl = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+            let taken: Vec<u32> = (0..keep.len()).map_while(|_| sl.take()).collect();
+            (taken, sl.capacity)
+        };
+        slots.sort_unstable();
+        let mut result = Ok(());
+        if slots.len() < keep.len() {
+            for &i in &keep[slots.len()..] {
+                self.put_back(staged[i].0, staged[i].1, i);
+            }
+            result = Err(Error::OutOfMemory {
+                what: "pager swap file",
+                why: format!("all {capacity} pages of the swap file are in use"),
+            });
+        }
+        let mut j = 0;
+        while j < slots.len() {
+            let mut end = j + 1;
+            while end < slots.len() && keep[end] == keep[end - 1] + 1 && slots[end] == slots[end - 1] + 1 {
+                end += 1;
+            }
+            let written = self
+                .staging
+                .staged(keep[j], end - j)
+                .map_err(Error::from)
+                .and_then(|data| Ok(self.swap.write_page(slots[j] as usize, data)?));
+            match written {
+                Ok(()) => {
+                    for (&i, &slot) in keep[j..end].iter().zip(&slots[j..end]) {
+                        let (m, page) = staged[i];
+                        m.slot[page].store(slot, Ordering::Release);
+                        m.state[page].store(SWAPPED, Ordering::Release);
+                    }
+                    let n = (end - j) as u64;
+                    self.counters.written.fetch_add(n, Ordering::Relaxed);
+                    self.counters.bytes_written.fetch_add(n * ps as u64, Ordering::Relaxed);
+                    settled += end - j;
+                }
+                Err(e) => {
+                    let mut sl = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+                    for (&i, &slot) in keep[j..end].iter().zip(&slots[j..end]) {
+                        sl.give_back(slot);
+                        self.put_back(staged[i].0, staged[i].1, i);
+                    }
+                    if result.is_ok() {
+                        result = Err(e);
+                    }
+                }
+            }
+            j = end;
+        }
+        let _ = self.staging.drop_pages(0, staged.len());
         self.resident.fetch_sub(settled, Ordering::AcqRel);
         let c = match cause {
             Cause::Budget => None,
@@ -887,28 +967,5 @@ impl Shared {
             }
         }
         m.state[page].store(RESIDENT, Ordering::Release);
-    }
-
-    /// Writes staging page `i` (region page `page`) to a fresh slot.
-    fn write_out(&self, m: &Managed, page: usize, i: usize) -> Result<()> {
-        let ps = page_size();
-        let taken = {
-            let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-            slots.take().ok_or(slots.capacity)
-        };
-        let slot = taken.map_err(|capacity| Error::OutOfMemory {
-            what: "pager swap file",
-            why: format!("all {capacity} pages of the swap file are in use"),
-        })?;
-        let data = self.staging.staged(i, 1)?;
-        if let Err(e) = self.swap.write_page(slot as usize, data) {
-            self.slots.lock().unwrap_or_else(|p| p.into_inner()).give_back(slot);
-            return Err(e.into());
-        }
-        m.slot[page].store(slot, Ordering::Release);
-        m.state[page].store(SWAPPED, Ordering::Release);
-        self.counters.written.fetch_add(1, Ordering::Relaxed);
-        self.counters.bytes_written.fetch_add(ps as u64, Ordering::Relaxed);
-        Ok(())
     }
 }

@@ -14,6 +14,7 @@ pub mod pager;
 pub mod process;
 pub mod procmap;
 pub mod signal;
+pub mod swap;
 pub mod uffd;
 
 use std::fmt;
