@@ -312,3 +312,43 @@ fn a_written_out_page_marked_discardable_is_never_read_back() {
     p.flush(r.as_ptr() as usize + 8 * ps(), 8 * ps()).unwrap();
     assert_eq!(p.stats().swapped_pages, 0);
 }
+
+#[test]
+fn a_kernel_swap_file_is_disabled_and_removed_on_drop() {
+    if !advm::process::is_root() {
+        eprintln!("skipped: swapon needs root");
+        return;
+    }
+    let path = std::path::PathBuf::from(format!("/var/tmp/advm-test-swap-{}", std::process::id()));
+    let listed = || std::fs::read_to_string("/proc/swaps").unwrap().contains(path.to_str().unwrap());
+    {
+        let swap = match advm::pager::KernelSwap::create(&path, 4 << 20) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                eprintln!("skipped: no swap file here: {e}");
+                return;
+            }
+        };
+        assert!(listed(), "{} not in /proc/swaps", swap.path().display());
+    }
+    assert!(!listed(), "still enabled after drop");
+    assert!(!path.exists(), "still on disk after drop");
+}
+
+#[test]
+fn a_cgroup_limit_is_set_and_read_back() {
+    let g = match advm::stats::cgroup::Group::create("pager-test") {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            return;
+        }
+    };
+    g.set_limit_bytes(64 << 20).unwrap();
+    assert_eq!(g.limit_bytes().unwrap(), 64 << 20);
+    assert!(g.usage_bytes().unwrap() < 64 << 20);
+    let dir = g.path().to_path_buf();
+    g.remove().unwrap();
+    assert!(!dir.exists());
+}
