@@ -317,6 +317,55 @@ fn run_in_child(group: &Group, w: Workload, setting: Setting, s: Sizes) -> Resul
     serde_json::from_slice(&bytes).map_err(|e| BenchError::Usage(format!("reply of the measured child: {e}")))
 }
 
+/// Microseconds per fault, seen by the faulting thread: first touch of kernel memory,
+/// and the pager's zero-fill, discarded-page and read-back faults (one byte written or
+/// read per page, over `pages` pages).
+fn fault_costs(pages: usize, runs: usize) -> Result<Vec<Row>, BenchError> {
+    let ps = advm::mem::page_size();
+    let len = pages * ps;
+    let mut kernel = Vec::new();
+    let (mut zero, mut discarded, mut read) = (Vec::new(), Vec::new(), Vec::new());
+    let per = |t: Instant| t.elapsed().as_secs_f64() * 1e6 / pages as f64;
+    for _ in 0..runs {
+        let mut r = Region::new(len)?;
+        let t = Instant::now();
+        for i in 0..pages {
+            r.bytes_mut()[i * ps] = 1;
+        }
+        kernel.push(per(t));
+        let pager = Pager::new(Config::new(2 * len))?;
+        let region = pager.map(len)?;
+        let t = Instant::now();
+        for i in 0..pages {
+            region.write(i * ps, &[1])?;
+        }
+        zero.push(per(t));
+        pager.flush(region.as_ptr() as usize, len)?;
+        let mut b = [0u8];
+        let t = Instant::now();
+        for i in 0..pages {
+            region.read(i * ps, &mut b)?;
+        }
+        read.push(per(t));
+        pager.discardable(region.as_ptr() as usize, len)?;
+        pager.flush(region.as_ptr() as usize, len)?;
+        let t = Instant::now();
+        for i in 0..pages {
+            region.write(i * ps, &[2])?;
+        }
+        discarded.push(per(t));
+    }
+    let row = |what: &str, v: Vec<f64>| {
+        Row::new().with("workload", "fault cost").with("setting", what).figure(Figure::new("per fault", "us", v))
+    };
+    Ok(vec![
+        row("kernel first touch", kernel),
+        row("pager zero-fill", zero),
+        row("pager discarded page", discarded),
+        row("pager read back (O_DIRECT)", read),
+    ])
+}
+
 impl Bench for PagerBench {
     fn name(&self) -> &'static str {
         "pager"
@@ -425,6 +474,12 @@ impl Bench for PagerBench {
             }
         }
         bar.finish_and_clear();
+        if result.is_ok() {
+            match fault_costs(if opts.quick { 4096 } else { 16384 }, opts.runs) {
+                Ok(rows) => report.rows.extend(rows),
+                Err(e) => result = Err(e),
+            }
+        }
         // cleanup on every path: the group first (its processes are gone), then swap
         let removed = group.remove().map_err(BenchError::from).and(swap.remove().map_err(BenchError::from));
         report.notes.push(
