@@ -325,6 +325,7 @@ fn fault_costs(pages: usize, runs: usize) -> Result<Vec<Row>, BenchError> {
     let len = pages * ps;
     let mut kernel = Vec::new();
     let (mut zero, mut discarded, mut read) = (Vec::new(), Vec::new(), Vec::new());
+    let mut sigbus = Vec::new();
     let per = |t: Instant| t.elapsed().as_secs_f64() * 1e6 / pages as f64;
     for _ in 0..runs {
         let mut r = Region::new(len)?;
@@ -333,6 +334,9 @@ fn fault_costs(pages: usize, runs: usize) -> Result<Vec<Row>, BenchError> {
             r.bytes_mut()[i * ps] = 1;
         }
         kernel.push(per(t));
+        if let Some(d) = advm::pager::sigbus_zero_fill_cost(pages)? {
+            sigbus.push(d.as_secs_f64() * 1e6);
+        }
         let pager = Pager::new(Config::new(2 * len))?;
         let region = pager.map(len)?;
         let t = Instant::now();
@@ -360,6 +364,7 @@ fn fault_costs(pages: usize, runs: usize) -> Result<Vec<Row>, BenchError> {
     };
     Ok(vec![
         row("kernel first touch", kernel),
+        row("uffd SIGBUS zero-fill on the faulting thread", sigbus),
         row("pager zero-fill", zero),
         row("pager discarded page", discarded),
         row("pager read back (O_DIRECT)", read),

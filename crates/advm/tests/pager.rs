@@ -352,3 +352,15 @@ fn a_cgroup_limit_is_set_and_read_back() {
     g.remove().unwrap();
     assert!(!dir.exists());
 }
+
+#[test]
+fn sigbus_mode_resolves_faults_on_the_faulting_thread() {
+    if let Err(why) = pager::available() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    match pager::sigbus_zero_fill_cost(2048).unwrap() {
+        Some(d) => eprintln!("SIGBUS-mode zero-fill: {:.2} us a fault", d.as_secs_f64() * 1e6),
+        None => eprintln!("skipped: no UFFD_FEATURE_SIGBUS"),
+    }
+}

@@ -358,6 +358,13 @@ pub fn available() -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// Time per fault when a missing-page fault is resolved (zero page) on the faulting
+/// thread from userfaultfd's SIGBUS mode, over `pages` faults: the price the pager's
+/// handler thread is compared with. `Ok(None)`: the kernel has no SIGBUS mode.
+pub fn sigbus_zero_fill_cost(pages: usize) -> Result<Option<Duration>> {
+    Ok(crate::sys::uffd_sigbus::zero_fill_cost(pages)?)
+}
+
 fn open_swap(cfg: &Config) -> Result<SwapFile> {
     let direct = cfg.swap_io == SwapIo::Direct;
     let (path, temporary) = match &cfg.swap_path {

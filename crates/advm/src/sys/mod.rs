@@ -16,6 +16,7 @@ pub mod procmap;
 pub mod signal;
 pub mod swap;
 pub mod uffd;
+pub mod uffd_sigbus;
 
 use std::fmt;
 
