@@ -240,12 +240,6 @@ impl Group {
         })
     }
 
-    /// The caller's own memory cgroup, opened to be read.
-    pub fn own() -> Result<Self> {
-        let (path, version) = own_memory_cgroup()?;
-        Ok(Self { path, version, owned: false })
-    }
-
     fn limit_file(&self) -> &'static str {
         match self.version {
             Version::V1 => "memory.limit_in_bytes",
