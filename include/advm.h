@@ -144,6 +144,46 @@ size_t advm_remap_break_even_pages(void);
 /* Overrides the break-even for this process; 0 restores the measured value. */
 void advm_remap_set_break_even_pages(size_t pages);
 
+/* ---- User-level pager with discardable pages (advm::pager) ---------------------
+ *
+ * Regions under a budget of resident bytes. Pages marked discardable may be dropped
+ * (they read back as zeros, never written); needed pages beyond the budget are written
+ * to the pager's swap file (O_DIRECT) and read back on the next touch by the pager's
+ * handler thread (userfaultfd). Functions return 0 (flush: pages evicted) or -errno:
+ * -EINVAL for a range not page aligned or not inside one region of this pager, -ENOMEM
+ * when the swap file is full (every page stays readable). See docs/pager.md. */
+typedef struct advm_pager advm_pager;
+
+struct advm_pager_stats {
+    uint64_t discarded_pages;     /* page-outs that dropped a discardable page */
+    uint64_t written_pages;       /* page-outs that wrote a needed page */
+    uint64_t read_pages;          /* faults that read a page back */
+    uint64_t zero_fills;          /* faults served with zeros (new or discarded pages) */
+    uint64_t resident_pages;      /* pages resident now */
+    uint64_t preflushed_by_pager; /* pages evicted by the pager's own pre-flush */
+    uint64_t preflushed_by_user;  /* pages evicted by advm_pager_flush */
+    uint64_t bytes_written;       /* swap file bytes written */
+    uint64_t bytes_read;          /* swap file bytes read */
+};
+
+/* budget_bytes: at least one page. swap_path: a file to create, or NULL (or a
+ * directory): an unlinked temporary file (in /var/tmp). NULL on error, errno set. */
+advm_pager *advm_pager_new(size_t budget_bytes, const char *swap_path);
+/* A new region of len bytes (rounded up to pages), reading as zeros. NULL on error. */
+void *advm_pager_map(advm_pager *p, size_t len);
+/* Mark pages discardable / needed: bit flips in a shared bitmap, no system call. */
+int advm_pager_discardable(advm_pager *p, void *addr, size_t len);
+int advm_pager_needed(advm_pager *p, void *addr, size_t len);
+/* Evict the range now (user-initiated pre-flush); returns the pages evicted. */
+int advm_pager_flush(advm_pager *p, void *addr, size_t len);
+/* Purgeable memory: lock returns 1 when the contents survived, 0 when a page was
+ * discarded while unlocked; unlock makes the range discardable. */
+int advm_pager_lock(advm_pager *p, void *addr, size_t len);
+int advm_pager_unlock(advm_pager *p, void *addr, size_t len);
+int advm_pager_stats(advm_pager *p, struct advm_pager_stats *out);
+/* Stops the pager; its regions are unmapped. */
+void advm_pager_destroy(advm_pager *p);
+
 /* Deprecated typedef aliases of the remap structs (the old spelling). */
 typedef struct advm_remap_stats advm_remap_stats ADVM_DEPRECATED("use struct advm_remap_stats");
 typedef struct advm_batch advm_batch ADVM_DEPRECATED("use struct advm_batch");

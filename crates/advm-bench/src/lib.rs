@@ -12,6 +12,7 @@ mod gc;
 mod image;
 mod merge;
 pub mod meters;
+mod pager;
 mod r;
 mod remap;
 mod shim_stress;
@@ -217,6 +218,7 @@ pub fn all() -> Vec<Box<dyn Bench>> {
         Box::new(shim_stress::ShimStressBench),
         Box::new(merge::MergeBench),
         Box::new(gc::GcBench),
+        Box::new(pager::PagerBench),
     ]
 }
 

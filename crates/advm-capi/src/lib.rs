@@ -10,6 +10,7 @@ use std::ffi::c_char;
 
 pub mod gc;
 pub mod merge;
+pub mod pager;
 pub mod remap;
 pub mod vcopy;
 

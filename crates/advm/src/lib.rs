@@ -11,6 +11,7 @@ pub mod image;
 pub mod ksm;
 pub mod mem;
 pub mod merge;
+pub mod pager;
 pub mod probe;
 pub mod process;
 pub mod remap;

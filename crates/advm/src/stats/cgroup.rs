@@ -240,6 +240,44 @@ impl Group {
         })
     }
 
+    fn limit_file(&self) -> &'static str {
+        match self.version {
+            Version::V1 => "memory.limit_in_bytes",
+            Version::V2 => "memory.max",
+        }
+    }
+
+    /// The group's memory limit, bytes (`u64::MAX` when unlimited).
+    pub fn limit_bytes(&self) -> Result<u64> {
+        let f = self.path.join(self.limit_file());
+        let text = std::fs::read_to_string(&f).map_err(|e| Error::io(&f, e))?;
+        let t = text.trim();
+        if t == "max" {
+            return Ok(u64::MAX);
+        }
+        t.parse().map_err(|_| Error::InvalidArgument { what: "cgroup limit", why: format!("{}: {t:?}", f.display()) })
+    }
+
+    /// Sets the group's memory limit (memory + page cache, not swap), bytes.
+    pub fn set_limit_bytes(&self, bytes: u64) -> Result<()> {
+        let f = self.path.join(self.limit_file());
+        std::fs::write(&f, bytes.to_string()).map_err(|e| Error::io(&f, e))
+    }
+
+    /// Everything charged to the group now, as its limit counts it, bytes (v1
+    /// `memory.usage_in_bytes`, v2 `memory.current`).
+    pub fn usage_bytes(&self) -> Result<u64> {
+        let name = match self.version {
+            Version::V1 => "memory.usage_in_bytes",
+            Version::V2 => "memory.current",
+        };
+        let f = self.path.join(name);
+        let text = std::fs::read_to_string(&f).map_err(|e| Error::io(&f, e))?;
+        text.trim()
+            .parse()
+            .map_err(|_| Error::InvalidArgument { what: "cgroup usage", why: format!("{}: {text:?}", f.display()) })
+    }
+
     /// The processes in the group now.
     pub fn pids(&self) -> Result<Vec<i32>> {
         let procs = self.path.join("cgroup.procs");

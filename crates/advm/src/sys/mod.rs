@@ -11,10 +11,13 @@ pub mod memfd;
 pub mod merge;
 pub mod mman;
 pub mod pagemap;
+pub mod pager;
 pub mod process;
 pub mod procmap;
 pub mod signal;
+pub mod swap;
 pub mod uffd;
+pub mod uffd_sigbus;
 
 use std::fmt;
 

@@ -4,9 +4,10 @@
 //! (and the libc crate) predate `UFFDIO_MOVE` (Linux 6.8) and `UFFD_FEATURE_WP_ASYNC`.
 //! Values follow `include/uapi/linux/userfaultfd.h`; `_IOC` encoding is
 //! `dir << 30 | size << 16 | type << 8 | nr` with `type = 0xAA`.
-// The whole userfaultfd family is wrapped here; remap uses UFFDIO_MOVE today and the
-// pager (src/pager/, next) serves faults with the rest (register, copy, zeropage,
-// write-protect, events), so the unused half is kept rather than written twice.
+// The whole userfaultfd family is wrapped here: remap uses UFFDIO_MOVE, the pager
+// (src/pager/, through sys/pager.rs) registers, moves, copies, zero-fills, wakes and
+// reads events; write-protect and CONTINUE are kept for their coming users rather than
+// written twice.
 #![allow(dead_code)]
 
 use std::fs::OpenOptions;

@@ -1,0 +1,202 @@
+//! C API of `advm::pager` (see `include/advm.h`): a pager, its regions, the
+//! discardable marks, flush, and the appendix statistics.
+
+use std::ffi::{c_char, c_void, CStr};
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use advm::pager::{Config, PagedRegion, Pager};
+
+use crate::guard;
+
+/// `advm_pager`: a pager and the regions it mapped for C (unmapped with it).
+#[allow(non_camel_case_types)] // the C name
+pub struct advm_pager {
+    // regions before the pager: fields drop in order, the handler thread stops last
+    regions: Mutex<Vec<PagedRegion>>,
+    pager: Pager,
+}
+
+/// `struct advm_pager_stats`.
+#[allow(non_camel_case_types)] // the C name
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct advm_pager_stats {
+    /// Page-outs that dropped a discardable page (never written).
+    pub discarded_pages: u64,
+    /// Page-outs that wrote a needed page to the swap file.
+    pub written_pages: u64,
+    /// Faults served by reading a page back.
+    pub read_pages: u64,
+    /// Faults served with zeros (never-used or discarded pages).
+    pub zero_fills: u64,
+    /// Pages resident now.
+    pub resident_pages: u64,
+    /// Pages evicted by the pager's own pre-flush.
+    pub preflushed_by_pager: u64,
+    /// Pages evicted by advm_pager_flush.
+    pub preflushed_by_user: u64,
+    /// Bytes written to and read from the swap file.
+    pub bytes_written: u64,
+    /// See `bytes_written`.
+    pub bytes_read: u64,
+}
+
+/// `advm_pager *advm_pager_new(size_t budget_bytes, const char *swap_path)`: NULL
+/// swap_path (or a directory): an unlinked temporary swap file. NULL on error, with
+/// errno set.
+///
+/// # Safety
+/// `swap_path` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn advm_pager_new(budget_bytes: usize, swap_path: *const c_char) -> *mut advm_pager {
+    let mut out = std::ptr::null_mut();
+    let r = guard(|| {
+        let mut cfg = Config::new(budget_bytes);
+        if !swap_path.is_null() {
+            // SAFETY: the caller passes a NUL-terminated string.
+            let s = unsafe { CStr::from_ptr(swap_path) };
+            cfg.swap_path = Some(PathBuf::from(s.to_string_lossy().into_owned()));
+        }
+        let pager = Pager::new(cfg)?;
+        out = Box::into_raw(Box::new(advm_pager { regions: Mutex::new(Vec::new()), pager }));
+        Ok(0)
+    });
+    if r < 0 {
+        set_errno(-r);
+    }
+    out
+}
+
+fn set_errno(e: i32) {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// `void *advm_pager_map(advm_pager *, size_t len)`: a new region (NULL on error, errno set).
+///
+/// # Safety
+/// `p` is a pager from advm_pager_new, not destroyed.
+#[no_mangle]
+pub unsafe extern "C" fn advm_pager_map(p: *mut advm_pager, len: usize) -> *mut c_void {
+    // SAFETY: the caller passes a live pager.
+    let Some(p) = (unsafe { p.as_ref() }) else {
+        set_errno(libc::EINVAL);
+        return std::ptr::null_mut();
+    };
+    let mut out = std::ptr::null_mut();
+    let r = guard(|| {
+        let region = p.pager.map(len)?;
+        out = region.as_ptr().cast();
+        p.regions.lock().unwrap_or_else(|e| e.into_inner()).push(region);
+        Ok(0)
+    });
+    if r < 0 {
+        set_errno(-r);
+    }
+    out
+}
+
+/// Runs `f` on a live pager, or -EINVAL for NULL.
+unsafe fn with(p: *mut advm_pager, f: impl FnOnce(&advm_pager) -> Result<i32, advm::Error>) -> i32 {
+    // SAFETY: the caller passes a live pager or NULL.
+    match unsafe { p.as_ref() } {
+        Some(p) => guard(|| f(p)),
+        None => -libc::EINVAL,
+    }
+}
+
+/// `int advm_pager_discardable(advm_pager *, void *, size_t)`.
+///
+/// # Safety
+/// `p` is a live pager.
+#[no_mangle]
+pub unsafe extern "C" fn advm_pager_discardable(p: *mut advm_pager, addr: *mut c_void, len: usize) -> i32 {
+    // SAFETY: forwarded.
+    unsafe { with(p, |p| p.pager.discardable(addr as usize, len).map(|()| 0)) }
+}
+
+/// `int advm_pager_needed(advm_pager *, void *, size_t)`.
+///
+/// # Safety
+/// `p` is a live pager.
+#[no_mangle]
+pub unsafe extern "C" fn advm_pager_needed(p: *mut advm_pager, addr: *mut c_void, len: usize) -> i32 {
+    // SAFETY: forwarded.
+    unsafe { with(p, |p| p.pager.needed(addr as usize, len).map(|()| 0)) }
+}
+
+/// `int advm_pager_flush(advm_pager *, void *, size_t)`: pages evicted, or -errno.
+///
+/// # Safety
+/// `p` is a live pager.
+#[no_mangle]
+pub unsafe extern "C" fn advm_pager_flush(p: *mut advm_pager, addr: *mut c_void, len: usize) -> i32 {
+    // SAFETY: forwarded.
+    unsafe { with(p, |p| p.pager.flush(addr as usize, len).map(|n| n.min(i32::MAX as usize) as i32)) }
+}
+
+/// `int advm_pager_lock(advm_pager *, void *, size_t)`: 1 when the contents
+/// survived, 0 when a page was discarded while unlocked, -errno on error.
+///
+/// # Safety
+/// `p` is a live pager.
+#[no_mangle]
+pub unsafe extern "C" fn advm_pager_lock(p: *mut advm_pager, addr: *mut c_void, len: usize) -> i32 {
+    // SAFETY: forwarded.
+    unsafe { with(p, |p| p.pager.lock(addr as usize, len).map(i32::from)) }
+}
+
+/// `int advm_pager_unlock(advm_pager *, void *, size_t)`.
+///
+/// # Safety
+/// `p` is a live pager.
+#[no_mangle]
+pub unsafe extern "C" fn advm_pager_unlock(p: *mut advm_pager, addr: *mut c_void, len: usize) -> i32 {
+    // SAFETY: forwarded.
+    unsafe { with(p, |p| p.pager.unlock(addr as usize, len).map(|()| 0)) }
+}
+
+/// `int advm_pager_stats(advm_pager *, struct advm_pager_stats *)`.
+///
+/// # Safety
+/// `p` is a live pager; `out` points to writable memory for the struct.
+#[no_mangle]
+pub unsafe extern "C" fn advm_pager_stats(p: *mut advm_pager, out: *mut advm_pager_stats) -> i32 {
+    if out.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: forwarded.
+    unsafe {
+        with(p, |p| {
+            let s = p.pager.stats();
+            let v = advm_pager_stats {
+                discarded_pages: s.discarded_pages,
+                written_pages: s.written_pages,
+                read_pages: s.read_pages(),
+                zero_fills: s.zero_fills(),
+                resident_pages: s.resident_pages,
+                preflushed_by_pager: s.preflushed_by_pager,
+                preflushed_by_user: s.preflushed_by_user,
+                bytes_written: s.bytes_written,
+                bytes_read: s.bytes_read,
+            };
+            // SAFETY: the caller passes writable memory for the struct.
+            out.write(v);
+            Ok(0)
+        })
+    }
+}
+
+/// `void advm_pager_destroy(advm_pager *)`: stops the pager and unmaps its regions.
+///
+/// # Safety
+/// `p` is NULL or a pager from advm_pager_new, not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn advm_pager_destroy(p: *mut advm_pager) {
+    if !p.is_null() {
+        // SAFETY: the caller hands back a pager from advm_pager_new.
+        let b = unsafe { Box::from_raw(p) };
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(b)));
+    }
+}

@@ -1,0 +1,120 @@
+//! What the pager benchmark needs around the kernel's own paging (the paper's NP
+//! setting): a swap file it enables and always removes, interrupting signals caught
+//! so that removal happens, and the process's CPU times and major faults.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::sys::swap;
+use crate::{Error, Result};
+
+/// A swap file made, enabled for the kernel, and on drop disabled and removed.
+#[derive(Debug)]
+pub struct KernelSwap {
+    path: PathBuf,
+    on: bool,
+}
+
+impl KernelSwap {
+    /// Writes `bytes` of zeros at `path` (a swap file must have no holes), runs
+    /// `mkswap` on it and enables it. Needs root.
+    pub fn create(path: &Path, bytes: u64) -> Result<Self> {
+        let mut me = Self { path: path.to_path_buf(), on: false };
+        let mut f =
+            std::fs::OpenOptions::new().write(true).create_new(true).open(path).map_err(|e| Error::io(path, e))?;
+        let chunk = vec![0u8; 1 << 20];
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(chunk.len() as u64) as usize;
+            f.write_all(&chunk[..n]).map_err(|e| Error::io(path, e))?;
+            left -= n as u64;
+        }
+        f.sync_all().map_err(|e| Error::io(path, e))?;
+        drop(f);
+        let out = Command::new("mkswap").arg(path).output().map_err(|e| Error::io("mkswap", e))?;
+        if !out.status.success() {
+            return Err(Error::Unsupported {
+                what: "swap file",
+                why: format!("mkswap {}: {}", path.display(), String::from_utf8_lossy(&out.stderr).trim()),
+            });
+        }
+        swap::swapon(path, 10)?;
+        me.on = true;
+        Ok(me)
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Disables and removes the file now, reporting errors (drop does it silently).
+    pub fn remove(mut self) -> Result<()> {
+        self.remove_now()
+    }
+
+    fn remove_now(&mut self) -> Result<()> {
+        if self.on {
+            swap::swapoff(&self.path)?;
+            self.on = false;
+        }
+        match std::fs::remove_file(&self.path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(&self.path, e)),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Drop for KernelSwap {
+    fn drop(&mut self) {
+        let _ = self.remove_now();
+    }
+}
+
+/// While alive, SIGINT, SIGTERM, SIGHUP and SIGQUIT are recorded instead of ending
+/// the process, so that it lives to disable its swap file and remove its cgroup.
+pub struct Interrupts {
+    _inner: swap::Interrupts,
+}
+
+impl Interrupts {
+    /// Starts recording (one at a time per process).
+    pub fn catch() -> Result<Self> {
+        Ok(Self { _inner: swap::Interrupts::catch()? })
+    }
+
+    /// The signal received so far, if any.
+    pub fn caught(&self) -> Option<i32> {
+        swap::caught()
+    }
+
+    /// In a forked child: back to the default dispositions, so the child dies of them.
+    pub fn default_in_child() -> Result<()> {
+        Ok(swap::Interrupts::default_in_child()?)
+    }
+}
+
+/// CPU times and major faults of the calling process so far (`/proc/self/stat`).
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
+pub struct ProcessTimes {
+    /// User time, seconds.
+    pub user_s: f64,
+    /// System time, seconds.
+    pub sys_s: f64,
+    /// Major faults (pages read from swap or files by the kernel).
+    pub major_faults: u64,
+}
+
+impl ProcessTimes {
+    /// Reads them now.
+    pub fn now() -> Result<Self> {
+        let text = std::fs::read_to_string("/proc/self/stat").map_err(|e| Error::io("/proc/self/stat", e))?;
+        // fields after the command name "(...)": state is field 3
+        let rest = text.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let num = |i: usize| f.get(i - 3).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        let tick = rustix::param::clock_ticks_per_second() as f64;
+        Ok(Self { user_s: num(14) as f64 / tick, sys_s: num(15) as f64 / tick, major_faults: num(12) })
+    }
+}

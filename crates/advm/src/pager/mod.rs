@@ -1,0 +1,978 @@
+//! A user-level pager with discardable pages: the SML/NJ + Mach external pager of
+//! Cooper, Nettles and Subramanian (LFP 1992) on userfaultfd.
+//!
+//! A [`Pager`] manages [`PagedRegion`]s under a budget of resident bytes. The
+//! application marks pages *discardable* (their contents may be dropped; a later access
+//! reads zeros) or *needed* again in a shared [`Bitmap`] (an atomic bit flip, no system
+//! call). When the pages the pager has filled reach the budget, or the memory cgroup
+//! it watches nears its limit, the pager evicts: resident discardable pages first,
+//! dropped and never written; then needed pages in the order they were faulted in
+//! (user space sees no accessed bits, so "cold" means "faulted in longest ago"),
+//! written to a swap file the pager owns. A fault on an evicted page is served by the
+//! pager's handler thread: a discarded (or never used) page gets zeros, a written one
+//! is read back with `UFFDIO_COPY`.
+//!
+//! Eviction takes a page out of its region with `UFFDIO_MOVE` before it looks at it
+//! (see `sys::pager`): a write before the move travels with the page, an access after
+//! it faults and waits until the page is written and can be read back. The
+//! discardable bit is read again after the move, so an application that marks a page
+//! needed and then writes it never loses the write. That is the race test
+//! `a_write_racing_eviction_is_never_lost` checks.
+//!
+//! Pre-flushing: with [`Config::preflush_headroom_bytes`] the pager drops every
+//! resident discardable page as soon as the budget comes within the headroom (the
+//! paper's pager-initiated flush, PF); [`Pager::flush`] evicts a range now (the
+//! paper's user-initiated flush, PU). [`Pager::lock`] and [`Pager::unlock`] are the
+//! purgeable-memory API on top.
+
+mod bitmap;
+mod kernel_swap;
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+pub use bitmap::Bitmap;
+pub use kernel_swap::{Interrupts, KernelSwap, ProcessTimes};
+
+use crate::mem::{page_size, HostAddr, PageRange};
+use crate::stats::cgroup::Group;
+use crate::sys::pager::{self as sp, Area, PageBuf, SwapFile};
+use crate::sys::uffd::{self, Event, Userfaultfd};
+use crate::{Error, Result};
+
+/// Pages moved out per `UFFDIO_MOVE` while discardable pages are dropped.
+const STAGE_PAGES: usize = 256;
+/// How often the handler thread looks at the cgroup and at its stop flag.
+const TICK: Duration = Duration::from_millis(10);
+
+// Page states.
+const EMPTY: u8 = 0;
+const RESIDENT: u8 = 1;
+const EVICTING: u8 = 2;
+const DISCARDED: u8 = 3;
+const SWAPPED: u8 = 4;
+
+/// How the swap file is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SwapIo {
+    /// `O_DIRECT`: no page cache, so nothing written is charged to the memory cgroup
+    /// the pager is relieving (the default; see docs/pager.md for the measurement).
+    Direct,
+    /// Through the page cache.
+    PageCache,
+}
+
+/// What a pager is given.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Most bytes of its regions the pager keeps resident (at least one page).
+    pub budget_bytes: usize,
+    /// The swap file: created (and truncated) at this path; `None`, or a directory:
+    /// an unlinked temporary file there (`None`: in `/var/tmp`).
+    pub swap_path: Option<PathBuf>,
+    /// Most bytes the swap file may hold; eviction of needed pages beyond it fails.
+    pub swap_capacity_bytes: u64,
+    /// `O_DIRECT` or page cache.
+    pub swap_io: SwapIo,
+    /// Pager-initiated pre-flush: when the resident pages come within this many bytes
+    /// of the budget (or the cgroup's usage within it of its limit), every resident
+    /// discardable page is dropped. `None`: only what the budget forces out.
+    pub preflush_headroom_bytes: Option<usize>,
+    /// A memory cgroup whose usage against its limit is watched (pressure).
+    pub cgroup: Option<PathBuf>,
+}
+
+impl Config {
+    /// A budget, an unlinked swap file in `/var/tmp` of up to 4 GiB, `O_DIRECT`, no
+    /// pre-flush, no cgroup.
+    pub fn new(budget_bytes: usize) -> Self {
+        Self {
+            budget_bytes,
+            swap_path: None,
+            swap_capacity_bytes: 4 << 30,
+            swap_io: SwapIo::Direct,
+            preflush_headroom_bytes: None,
+            cgroup: None,
+        }
+    }
+}
+
+/// Faults by what serving them took (the paper's appendix rows).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FaultCounts {
+    /// Never-used pages: zero-filled.
+    pub zero_filled: u64,
+    /// Discarded pages: zeros, nothing read.
+    pub not_read: u64,
+    /// Written-out pages: read back from the swap file.
+    pub read: u64,
+}
+
+/// What a pager did (the paper's appendix statistics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stats {
+    /// Read faults.
+    pub read_faults: FaultCounts,
+    /// Write faults.
+    pub write_faults: FaultCounts,
+    /// Page-outs that dropped a discardable page.
+    pub discarded_pages: u64,
+    /// Page-outs that wrote a needed page to the swap file.
+    pub written_pages: u64,
+    /// Pages evicted by pager-initiated pre-flush (cgroup pressure or headroom).
+    pub preflushed_by_pager: u64,
+    /// Pages evicted by [`Pager::flush`] (user-initiated pre-flush).
+    pub preflushed_by_user: u64,
+    /// Bytes written to the swap file.
+    pub bytes_written: u64,
+    /// Bytes read back from it.
+    pub bytes_read: u64,
+    /// Pages resident now (filled by the pager and not evicted).
+    pub resident_pages: u64,
+    /// Pages held in the swap file now.
+    pub swapped_pages: u64,
+    /// Time the handler spent serving faults (not counting the eviction that made
+    /// room first), nanoseconds.
+    pub fault_ns: u64,
+    /// Budget evictions that could not write a needed page (swap file full or an
+    /// I/O error); the budget was exceeded meanwhile.
+    pub eviction_failures: u64,
+}
+
+impl Stats {
+    /// Faults that read nothing: zero-filled or discarded, read or write.
+    pub fn zero_fills(&self) -> u64 {
+        self.read_faults.zero_filled
+            + self.read_faults.not_read
+            + self.write_faults.zero_filled
+            + self.write_faults.not_read
+    }
+
+    /// Faults that read a page back.
+    pub fn read_pages(&self) -> u64 {
+        self.read_faults.read + self.write_faults.read
+    }
+
+    /// All faults served.
+    pub fn faults(&self) -> u64 {
+        self.zero_fills() + self.read_pages()
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    fault: [[AtomicU64; 3]; 2],
+    discarded: AtomicU64,
+    written: AtomicU64,
+    by_pager: AtomicU64,
+    by_user: AtomicU64,
+    bytes_written: AtomicU64,
+    bytes_read: AtomicU64,
+    fault_ns: AtomicU64,
+    failures: AtomicU64,
+}
+
+/// Who asked for an eviction, for the statistics.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Cause {
+    Budget,
+    Pager,
+    User,
+}
+
+/// One managed region's pages.
+struct Managed {
+    id: u64,
+    area: Area,
+    discardable: Bitmap,
+    /// Pages dropped as discardable since the last [`Pager::lock`] of them.
+    purged: Bitmap,
+    state: Box<[AtomicU8]>,
+    slot: Box<[AtomicU32]>,
+    /// Incremented at each fill: queue entries of an earlier residency are stale.
+    gen: Box<[AtomicU32]>,
+}
+
+impl Managed {
+    fn pages(&self) -> usize {
+        self.state.len()
+    }
+}
+
+/// Free and used slots of the swap file.
+struct Slots {
+    free: Vec<u32>,
+    next: u32,
+    capacity: u32,
+}
+
+impl Slots {
+    fn take(&mut self) -> Option<u32> {
+        if let Some(s) = self.free.pop() {
+            return Some(s);
+        }
+        if self.next < self.capacity {
+            self.next += 1;
+            return Some(self.next - 1);
+        }
+        None
+    }
+
+    fn give_back(&mut self, slot: u32) {
+        debug_assert!(!self.free.contains(&slot), "swap slot {slot} freed twice");
+        self.free.push(slot);
+    }
+
+    fn used(&self) -> u64 {
+        u64::from(self.next) - self.free.len() as u64
+    }
+}
+
+struct Shared {
+    fd: Userfaultfd,
+    budget: usize,
+    headroom: Option<usize>,
+    cgroup: Option<(Group, u64)>,
+    regions: RwLock<Vec<Arc<Managed>>>,
+    next_id: AtomicU64,
+    staging: Area,
+    swap: SwapFile,
+    slots: Mutex<Slots>,
+    /// (region id, page, gen) in fill order: the replacement order of needed pages.
+    queue: Mutex<VecDeque<(u64, u32, u32)>>,
+    /// One eviction at a time; also held by unmap and lock.
+    evicting: Mutex<()>,
+    resident: AtomicUsize,
+    counters: Counters,
+    stop: AtomicBool,
+}
+
+/// A region of memory managed by a [`Pager`]. Access it through its address
+/// ([`PagedRegion::as_ptr`]) or [`PagedRegion::read`]/[`PagedRegion::write`]; give it
+/// back with [`Pager::unmap`] (or drop the pager).
+pub struct PagedRegion {
+    m: Arc<Managed>,
+}
+
+impl std::fmt::Debug for PagedRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PagedRegion({:#x}+{})", self.m.area.addr(), self.m.area.len())
+    }
+}
+
+impl PagedRegion {
+    /// The region's addresses.
+    pub fn range(&self) -> PageRange {
+        PageRange::new("paged region", self.m.area.addr(), self.m.area.len()).expect("a mapping is page aligned")
+    }
+
+    /// First byte. Memory there may be read and written by any thread; an evicted
+    /// page is brought back by the pager when touched.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.m.area.addr() as *mut u8
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.m.area.len()
+    }
+
+    /// Never true.
+    pub fn is_empty(&self) -> bool {
+        self.m.area.is_empty()
+    }
+
+    /// The shared discardable bitmap, one bit a page from the region's start. The
+    /// pager only reads it; [`Pager::discardable`] and [`Pager::needed`] flip it.
+    pub fn discardable_bits(&self) -> &Bitmap {
+        &self.m.discardable
+    }
+
+    /// Marks pages `[first, first+n)` discardable (an atomic bit flip).
+    pub fn mark_discardable(&self, first: usize, n: usize) -> Result<()> {
+        self.check_pages(first, n)?;
+        self.m.discardable.set_range(first, n, true);
+        Ok(())
+    }
+
+    /// Marks pages `[first, first+n)` needed: from now on their contents are kept.
+    pub fn mark_needed(&self, first: usize, n: usize) -> Result<()> {
+        self.check_pages(first, n)?;
+        self.m.discardable.set_range(first, n, false);
+        Ok(())
+    }
+
+    fn check_pages(&self, first: usize, n: usize) -> Result<()> {
+        match first.checked_add(n) {
+            Some(end) if end <= self.m.pages() => Ok(()),
+            _ => Err(Error::InvalidArgument {
+                what: "page range",
+                why: format!("pages {first}+{n} run past the region's {} pages", self.m.pages()),
+            }),
+        }
+    }
+
+    /// Copies bytes out from offset `off`.
+    pub fn read(&self, off: usize, out: &mut [u8]) -> Result<()> {
+        self.m.area.read(off, out).map_err(|_| self.out_of_bounds(off, out.len()))
+    }
+
+    /// Copies bytes in at offset `off`.
+    pub fn write(&self, off: usize, data: &[u8]) -> Result<()> {
+        self.m.area.write(off, data).map_err(|_| self.out_of_bounds(off, data.len()))
+    }
+
+    fn out_of_bounds(&self, off: usize, len: usize) -> Error {
+        Error::InvalidArgument {
+            what: "offset",
+            why: format!("bytes {off}+{len} run past the region's {} bytes", self.len()),
+        }
+    }
+}
+
+/// A user-level pager: see the module documentation.
+pub struct Pager {
+    shared: Arc<Shared>,
+    handler: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Pager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Pager(budget {} pages)", self.shared.budget)
+    }
+}
+
+/// Whether this kernel can run the pager (userfaultfd with `UFFDIO_MOVE`), and why not.
+pub fn available() -> std::result::Result<(), String> {
+    let info = Userfaultfd::probe().map_err(|e| format!("userfaultfd: {e}"))?;
+    if info.features & uffd::feature::MOVE == 0 {
+        return Err("userfaultfd has no UFFDIO_MOVE (Linux 6.8+)".into());
+    }
+    Ok(())
+}
+
+/// Time per fault when a missing-page fault is resolved (zero page) on the faulting
+/// thread from userfaultfd's SIGBUS mode, over `pages` faults: the price the pager's
+/// handler thread is compared with. `Ok(None)`: the kernel has no SIGBUS mode.
+pub fn sigbus_zero_fill_cost(pages: usize) -> Result<Option<Duration>> {
+    Ok(crate::sys::uffd_sigbus::zero_fill_cost(pages)?)
+}
+
+fn open_swap(cfg: &Config) -> Result<SwapFile> {
+    let direct = cfg.swap_io == SwapIo::Direct;
+    let (path, temporary) = match &cfg.swap_path {
+        None => (PathBuf::from("/var/tmp"), true),
+        Some(p) if p.is_dir() => (p.clone(), true),
+        Some(p) => (p.clone(), false),
+    };
+    SwapFile::open(&path, temporary, direct).map_err(|e| Error::InvalidArgument {
+        what: "swap path",
+        why: format!("{}: cannot create the pager's swap file: {e}", path.display()),
+    })
+}
+
+impl Pager {
+    /// Starts a pager (its handler thread included).
+    pub fn new(cfg: Config) -> Result<Self> {
+        let ps = page_size();
+        if cfg.budget_bytes < ps {
+            return Err(Error::InvalidArgument {
+                what: "budget",
+                why: format!("{} bytes is below one {ps}-byte page", cfg.budget_bytes),
+            });
+        }
+        available().map_err(|why| Error::Unsupported { what: "pager", why })?;
+        let capacity = (cfg.swap_capacity_bytes / ps as u64).min(u64::from(u32::MAX)) as u32;
+        let swap = open_swap(&cfg)?;
+        let cgroup = match &cfg.cgroup {
+            None => None,
+            Some(p) => {
+                let g = Group::open(p)?;
+                let limit = g.limit_bytes()?;
+                Some((g, limit))
+            }
+        };
+        let fd = Userfaultfd::new(0, true)?;
+        let staging = Area::new(&fd, STAGE_PAGES * ps, false)?;
+        let shared = Arc::new(Shared {
+            fd,
+            budget: cfg.budget_bytes / ps,
+            headroom: cfg.preflush_headroom_bytes.map(|b| b / ps),
+            cgroup,
+            regions: RwLock::new(Vec::new()),
+            next_id: AtomicU64::new(0),
+            staging,
+            swap,
+            slots: Mutex::new(Slots { free: Vec::new(), next: 0, capacity }),
+            queue: Mutex::new(VecDeque::new()),
+            evicting: Mutex::new(()),
+            resident: AtomicUsize::new(0),
+            counters: Counters::default(),
+            stop: AtomicBool::new(false),
+        });
+        let s = shared.clone();
+        let handler = std::thread::Builder::new()
+            .name("advm-pager".into())
+            .spawn(move || s.handle_faults())
+            .map_err(|e| Error::io("pager handler thread", e))?;
+        Ok(Self { shared, handler: Some(handler) })
+    }
+
+    /// Whether the swap file bypasses the page cache.
+    pub fn swap_is_direct(&self) -> bool {
+        self.shared.swap.direct()
+    }
+
+    /// Maps a new region of `len` bytes (rounded up to pages), every page empty:
+    /// the first touch of each is a zero-fill fault.
+    pub fn map(&self, len: usize) -> Result<PagedRegion> {
+        let ps = page_size();
+        let len = match crate::mem::page_align_up(len) {
+            Some(l) if l > 0 => l,
+            _ => {
+                return Err(Error::InvalidArgument { what: "length", why: format!("{len} bytes: use 1 byte or more") })
+            }
+        };
+        let pages = len / ps;
+        if u32::try_from(pages).is_err() {
+            return Err(Error::InvalidArgument { what: "length", why: format!("{len} bytes: at most 2^32 pages") });
+        }
+        let area = Area::new(&self.shared.fd, len, true)?;
+        let m = Arc::new(Managed {
+            id: self.shared.next_id.fetch_add(1, Ordering::Relaxed),
+            area,
+            discardable: Bitmap::new(pages),
+            purged: Bitmap::new(pages),
+            state: (0..pages).map(|_| AtomicU8::new(EMPTY)).collect(),
+            slot: (0..pages).map(|_| AtomicU32::new(0)).collect(),
+            gen: (0..pages).map(|_| AtomicU32::new(0)).collect(),
+        });
+        self.shared.regions.write().unwrap_or_else(|p| p.into_inner()).push(m.clone());
+        Ok(PagedRegion { m })
+    }
+
+    /// Gives a region back: waits for an eviction under way, frees its swap slots and
+    /// unmaps it (once the caller's last handle is gone).
+    pub fn unmap(&self, region: PagedRegion) -> Result<()> {
+        let s = &self.shared;
+        let _ev = s.lock_evicting();
+        s.regions.write().unwrap_or_else(|p| p.into_inner()).retain(|m| m.id != region.m.id);
+        let m = &region.m;
+        m.area.unregister(&s.fd)?;
+        let mut slots = s.slots.lock().unwrap_or_else(|p| p.into_inner());
+        for p in 0..m.pages() {
+            match m.state[p].swap(EMPTY, Ordering::AcqRel) {
+                RESIDENT => {
+                    s.resident.fetch_sub(1, Ordering::AcqRel);
+                }
+                SWAPPED => slots.give_back(m.slot[p].load(Ordering::Acquire)),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks `[addr, addr+len)` discardable (bit flips, no system call).
+    pub fn discardable(&self, addr: usize, len: usize) -> Result<()> {
+        let (m, first, n) = self.shared.locate(addr, len)?;
+        m.discardable.set_range(first, n, true);
+        Ok(())
+    }
+
+    /// Marks `[addr, addr+len)` needed again.
+    pub fn needed(&self, addr: usize, len: usize) -> Result<()> {
+        let (m, first, n) = self.shared.locate(addr, len)?;
+        m.discardable.set_range(first, n, false);
+        Ok(())
+    }
+
+    /// Evicts every resident page of `[addr, addr+len)` now: discardable pages are
+    /// dropped, needed ones written out (user-initiated pre-flush). Returns the
+    /// pages evicted. Fails (with every page still readable) when the swap file is full.
+    pub fn flush(&self, addr: usize, len: usize) -> Result<usize> {
+        let (m, first, n) = self.shared.locate(addr, len)?;
+        let _ev = self.shared.lock_evicting();
+        self.shared.evict_range(&m, first, n, Cause::User)
+    }
+
+    /// Purgeable memory: makes `[addr, addr+len)` needed and says whether its
+    /// contents survived (false: a page was discarded while it was unlocked).
+    pub fn lock(&self, addr: usize, len: usize) -> Result<bool> {
+        let (m, first, n) = self.shared.locate(addr, len)?;
+        // under the eviction lock, no page is between its move and its re-check
+        let _ev = self.shared.lock_evicting();
+        m.discardable.set_range(first, n, false);
+        Ok(!m.purged.take_range(first, n))
+    }
+
+    /// Purgeable memory: `[addr, addr+len)` may be discarded until locked again.
+    pub fn unlock(&self, addr: usize, len: usize) -> Result<()> {
+        self.discardable(addr, len)
+    }
+
+    /// The statistics so far.
+    pub fn stats(&self) -> Stats {
+        let c = &self.shared.counters;
+        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let fc = |w: usize| FaultCounts {
+            zero_filled: ld(&c.fault[w][0]),
+            not_read: ld(&c.fault[w][1]),
+            read: ld(&c.fault[w][2]),
+        };
+        Stats {
+            read_faults: fc(0),
+            write_faults: fc(1),
+            discarded_pages: ld(&c.discarded),
+            written_pages: ld(&c.written),
+            preflushed_by_pager: ld(&c.by_pager),
+            preflushed_by_user: ld(&c.by_user),
+            bytes_written: ld(&c.bytes_written),
+            bytes_read: ld(&c.bytes_read),
+            resident_pages: self.shared.resident.load(Ordering::Acquire) as u64,
+            swapped_pages: self.shared.slots.lock().unwrap_or_else(|p| p.into_inner()).used(),
+            fault_ns: ld(&c.fault_ns),
+            eviction_failures: ld(&c.failures),
+        }
+    }
+
+    /// The budget, pages.
+    pub fn budget_pages(&self) -> usize {
+        self.shared.budget
+    }
+}
+
+impl Drop for Pager {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(h) = self.handler.take() {
+            let _ = h.join();
+        }
+        // regions still held by callers stay mapped; closing the userfaultfd (with
+        // the last reference) unregisters them, so they behave as plain memory
+        for m in self.shared.regions.read().unwrap_or_else(|p| p.into_inner()).iter() {
+            let _ = m.area.unregister(&self.shared.fd);
+        }
+    }
+}
+
+impl Shared {
+    fn lock_evicting(&self) -> MutexGuard<'_, ()> {
+        self.evicting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The region holding `[addr, addr+len)`, and the range as pages.
+    fn locate(&self, addr: usize, len: usize) -> Result<(Arc<Managed>, usize, usize)> {
+        let r = PageRange::new("range", addr, len)?;
+        if r.is_empty() {
+            return Err(Error::InvalidArgument { what: "range", why: format!("{addr:#x}+0 is empty") });
+        }
+        let regions = self.regions.read().unwrap_or_else(|p| p.into_inner());
+        let m = regions
+            .iter()
+            .find(|m| addr >= m.area.addr() && addr + len <= m.area.addr() + m.area.len())
+            .ok_or_else(|| Error::InvalidArgument {
+                what: "range",
+                why: format!("{} is not inside one region of this pager", HostAddr(addr)),
+            })?;
+        Ok((m.clone(), (addr - m.area.addr()) / page_size(), r.pages()))
+    }
+
+    fn find(&self, addr: usize) -> Option<(Arc<Managed>, usize)> {
+        let regions = self.regions.read().unwrap_or_else(|p| p.into_inner());
+        let m = regions.iter().find(|m| addr >= m.area.addr() && addr < m.area.addr() + m.area.len())?;
+        Some((m.clone(), (addr - m.area.addr()) / page_size()))
+    }
+
+    fn handle_faults(&self) {
+        let mut buf = match PageBuf::new(1) {
+            Ok(b) => b,
+            Err(_) => return,
+        };
+        let mut last_look = Instant::now();
+        while !self.stop.load(Ordering::Acquire) {
+            if sp::wait_event(&self.fd, TICK.as_millis() as i32) {
+                while let Ok(Some(ev)) = self.fd.read_event() {
+                    if let Event::Pagefault { address, flags } = ev {
+                        self.keep_budget(1);
+                        // the fault itself, without the eviction that made room for it
+                        let t = Instant::now();
+                        self.serve(address as usize, flags & uffd::fault_flag::WRITE != 0, &mut buf);
+                        self.counters.fault_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    }
+                }
+            }
+            if last_look.elapsed() >= TICK {
+                last_look = Instant::now();
+                self.watch_cgroup();
+            }
+        }
+    }
+
+    /// Serves one fault at `addr`.
+    fn serve(&self, addr: usize, write: bool, buf: &mut PageBuf) {
+        let Some((m, page)) = self.find(addr) else { return };
+        let w = usize::from(write);
+        loop {
+            let st = m.state[page].load(Ordering::Acquire);
+            let filled = match st {
+                RESIDENT => false,
+                EVICTING => {
+                    // the evicting thread never faults; it will be done in microseconds
+                    std::thread::yield_now();
+                    continue;
+                }
+                EMPTY | DISCARDED => {
+                    let done = m.area.fill_zero(&self.fd, page, write).unwrap_or(false);
+                    if done {
+                        let kind = if st == EMPTY { 0 } else { 1 };
+                        self.counters.fault[w][kind].fetch_add(1, Ordering::Relaxed);
+                    }
+                    done
+                }
+                _ => {
+                    // claimed (EVICTING) so that unmap and flush leave the slot to us
+                    if m.state[page].compare_exchange(SWAPPED, EVICTING, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                        continue;
+                    }
+                    let slot = m.slot[page].load(Ordering::Acquire);
+                    let done = if m.discardable.get(page) {
+                        // garbage now: zeros, the swap copy is never read
+                        let done = m.area.fill_zero(&self.fd, page, write).unwrap_or(false);
+                        if done {
+                            m.purged.set_range(page, 1, true);
+                            self.counters.fault[w][1].fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(done)
+                    } else {
+                        let bytes = buf.bytes_mut();
+                        self.swap.read_page(slot as usize, bytes).map(|()| {
+                            let done = m.area.fill_copy(&self.fd, page, bytes).unwrap_or(false);
+                            if done {
+                                self.counters.fault[w][2].fetch_add(1, Ordering::Relaxed);
+                                self.counters.bytes_read.fetch_add(page_size() as u64, Ordering::Relaxed);
+                            }
+                            done
+                        })
+                    };
+                    match done {
+                        Ok(true) => {
+                            self.slots.lock().unwrap_or_else(|p| p.into_inner()).give_back(slot);
+                            true
+                        }
+                        _ => {
+                            // an I/O error leaves the thread blocked rather than handing it
+                            // wrong data (the next fault retries); a region unmapped meanwhile
+                            // has nothing left to fill
+                            m.state[page].store(SWAPPED, Ordering::Release);
+                            return;
+                        }
+                    }
+                }
+            };
+            if filled {
+                let gen = m.gen[page].fetch_add(1, Ordering::AcqRel).wrapping_add(1);
+                // counted before it can be evicted (and uncounted) by another thread
+                self.resident.fetch_add(1, Ordering::AcqRel);
+                m.state[page].store(RESIDENT, Ordering::Release);
+                self.queue.lock().unwrap_or_else(|p| p.into_inner()).push_back((m.id, page as u32, gen));
+            }
+            let _ = m.area.wake(&self.fd, page);
+            return;
+        }
+    }
+
+    /// Makes room for `incoming` pages: evicts what the budget (and the pre-flush
+    /// headroom) asks for before a fault is filled, so the budget is never exceeded.
+    fn keep_budget(&self, incoming: usize) {
+        let resident = self.resident.load(Ordering::Acquire) + incoming;
+        if let Some(h) = self.headroom {
+            if resident + h >= self.budget && self.any_marked() {
+                let _ev = self.lock_evicting();
+                self.drop_discardable(usize::MAX, Cause::Pager);
+            }
+        }
+        let resident = self.resident.load(Ordering::Acquire) + incoming;
+        if resident > self.budget {
+            // one eviction step: down to the budget, a little below to batch the work
+            let step = (self.budget / 64).max(1);
+            let want = resident - self.budget + step - 1;
+            let _ev = self.lock_evicting();
+            if self.evict(want, Cause::Budget).is_err() {
+                self.counters.failures.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Pager-initiated flush on cgroup pressure: the usage within the headroom (or
+    /// an eighth of the limit) of the limit.
+    fn watch_cgroup(&self) {
+        let Some((g, limit)) = &self.cgroup else { return };
+        let Ok(usage) = g.usage_bytes() else { return };
+        let ps = page_size() as u64;
+        let headroom = self.headroom.map(|h| h as u64 * ps).unwrap_or(limit / 8);
+        if usage + headroom < *limit {
+            return;
+        }
+        let over = ((usage + headroom - limit) / ps) as usize;
+        let _ev = self.lock_evicting();
+        // with a headroom, every discardable page goes (pre-flush); the rest of the
+        // excess is a page-out the limit forces, as the budget's are
+        let dropped = match self.headroom {
+            Some(_) => self.drop_discardable(usize::MAX, Cause::Pager),
+            None => 0,
+        };
+        if dropped < over && self.evict(over - dropped, Cause::Budget).is_err() {
+            self.counters.failures.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn any_marked(&self) -> bool {
+        let regions = self.regions.read().unwrap_or_else(|p| p.into_inner());
+        let mut any = false;
+        for m in regions.iter() {
+            any |= m.discardable.take_marked();
+        }
+        any
+    }
+
+    /// Evicts `want` pages: discardable ones first, then needed ones in fill order.
+    /// The caller holds the eviction lock.
+    fn evict(&self, want: usize, cause: Cause) -> Result<usize> {
+        let mut done = self.drop_discardable(want, cause);
+        while done < want {
+            // a batch of the oldest resident pages, each claimed and moved to staging
+            let mut claimed: Vec<(Arc<Managed>, usize)> = Vec::new();
+            while claimed.len() < (want - done).min(STAGE_PAGES) {
+                let Some((id, page, gen)) = self.queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front() else {
+                    break;
+                };
+                let regions = self.regions.read().unwrap_or_else(|p| p.into_inner());
+                let Some(m) = regions.iter().find(|m| m.id == id).cloned() else { continue };
+                drop(regions);
+                let page = page as usize;
+                if m.gen[page].load(Ordering::Acquire) != gen
+                    || m.state[page].compare_exchange(RESIDENT, EVICTING, Ordering::AcqRel, Ordering::Acquire).is_err()
+                {
+                    continue;
+                }
+                if sp::move_pages(&self.fd, &self.staging, claimed.len(), &m.area, page, 1).is_err() {
+                    m.state[page].store(RESIDENT, Ordering::Release);
+                    continue;
+                }
+                claimed.push((m, page));
+            }
+            if claimed.is_empty() {
+                break;
+            }
+            let staged: Vec<(&Managed, usize)> = claimed.iter().map(|(m, p)| (&**m, *p)).collect();
+            match self.settle(&staged, cause) {
+                Ok(n) => done += n,
+                Err(e) => {
+                    // pages put back are resident again: queue them as the oldest
+                    let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+                    for (m, p) in claimed.iter().rev() {
+                        if m.state[*p].load(Ordering::Acquire) == RESIDENT {
+                            q.push_front((m.id, *p as u32, m.gen[*p].load(Ordering::Acquire)));
+                        }
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// Drops up to `want` resident discardable pages; returns how many.
+    fn drop_discardable(&self, want: usize, cause: Cause) -> usize {
+        let regions: Vec<Arc<Managed>> = self.regions.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut done = 0;
+        for m in &regions {
+            let mut p = 0;
+            while p < m.pages() && done < want {
+                if m.discardable.word(p / 64) == 0 {
+                    p = (p / 64 + 1) * 64;
+                    continue;
+                }
+                if !(m.discardable.get(p) && m.state[p].load(Ordering::Acquire) == RESIDENT) {
+                    p += 1;
+                    continue;
+                }
+                let mut end = p + 1;
+                while end < m.pages()
+                    && end - p < STAGE_PAGES
+                    && end - p < want - done
+                    && m.discardable.get(end)
+                    && m.state[end].load(Ordering::Acquire) == RESIDENT
+                {
+                    end += 1;
+                }
+                // a discardable page taken back (needed) meanwhile is written, not lost
+                done += self.evict_range(m, p, end - p, cause).unwrap_or(0);
+                p = end;
+            }
+        }
+        done
+    }
+
+    /// Evicts the resident pages of `[first, first+n)` of `m` through the staging
+    /// area: each is dropped if its discardable bit is still set after the move, else
+    /// written to the swap file. The caller holds the eviction lock.
+    fn evict_range(&self, m: &Managed, first: usize, n: usize, cause: Cause) -> Result<usize> {
+        let mut evicted = 0;
+        let mut p = first;
+        while p < first + n {
+            // a run of resident pages, claimed one by one
+            if m.state[p].compare_exchange(RESIDENT, EVICTING, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                self.forget_swapped(m, p);
+                p += 1;
+                continue;
+            }
+            let mut end = p + 1;
+            while end < first + n
+                && end - p < STAGE_PAGES
+                && m.state[end].compare_exchange(RESIDENT, EVICTING, Ordering::AcqRel, Ordering::Acquire).is_ok()
+            {
+                end += 1;
+            }
+            let r = self.evict_run(m, p, end - p, cause);
+            match r {
+                Ok(k) => evicted += k,
+                Err(e) => return Err(e),
+            }
+            p = end;
+        }
+        Ok(evicted)
+    }
+
+    /// A written-out page marked discardable since: its swap copy is garbage, freed
+    /// without a read (the paper's "not read" faults, on the next touch).
+    fn forget_swapped(&self, m: &Managed, p: usize) {
+        if !m.discardable.get(p)
+            || m.state[p].compare_exchange(SWAPPED, EVICTING, Ordering::AcqRel, Ordering::Acquire).is_err()
+        {
+            return;
+        }
+        if m.discardable.get(p) {
+            self.slots.lock().unwrap_or_else(|e| e.into_inner()).give_back(m.slot[p].load(Ordering::Acquire));
+            m.purged.set_range(p, 1, true);
+            m.state[p].store(DISCARDED, Ordering::Release);
+        } else {
+            m.state[p].store(SWAPPED, Ordering::Release);
+        }
+    }
+
+    /// Moves the claimed (EVICTING) run `[p, p+k)` out and settles each page.
+    fn evict_run(&self, m: &Managed, p: usize, k: usize, cause: Cause) -> Result<usize> {
+        let ps = page_size();
+        let moved = match sp::move_pages(&self.fd, &self.staging, 0, &m.area, p, k) {
+            Ok(_) => k,
+            Err(partial) => partial.done / ps,
+        };
+        // pages that did not move stay where they are, resident
+        for i in p + moved..p + k {
+            m.state[i].store(RESIDENT, Ordering::Release);
+        }
+        let staged: Vec<(&Managed, usize)> = (p..p + moved).map(|page| (m, page)).collect();
+        self.settle(&staged, cause)
+    }
+
+    /// Settles the pages at staging `0..staged.len()` (`staged[i]` came from region
+    /// page `staged[i].1`): each is dropped if its discardable bit is still set, else
+    /// written to the swap file, consecutive slots in one write. A page that cannot
+    /// be written goes back where it was.
+    fn settle(&self, staged: &[(&Managed, usize)], cause: Cause) -> Result<usize> {
+        let ps = page_size();
+        let mut settled = 0;
+        let mut keep: Vec<usize> = Vec::new();
+        for (i, &(m, page)) in staged.iter().enumerate() {
+            if m.discardable.get(page) {
+                m.purged.set_range(page, 1, true);
+                m.state[page].store(DISCARDED, Ordering::Release);
+                self.counters.discarded.fetch_add(1, Ordering::Relaxed);
+                settled += 1;
+            } else {
+                keep.push(i);
+            }
+        }
+        let (mut slots, capacity) = {
+            let mut sl = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+            let taken: Vec<u32> = (0..keep.len()).map_while(|_| sl.take()).collect();
+            (taken, sl.capacity)
+        };
+        slots.sort_unstable();
+        let mut result = Ok(());
+        if slots.len() < keep.len() {
+            for &i in &keep[slots.len()..] {
+                self.put_back(staged[i].0, staged[i].1, i);
+            }
+            result = Err(Error::OutOfMemory {
+                what: "pager swap file",
+                why: format!("all {capacity} pages of the swap file are in use"),
+            });
+        }
+        let mut j = 0;
+        while j < slots.len() {
+            let mut end = j + 1;
+            while end < slots.len() && keep[end] == keep[end - 1] + 1 && slots[end] == slots[end - 1] + 1 {
+                end += 1;
+            }
+            let written = self
+                .staging
+                .staged(keep[j], end - j)
+                .map_err(Error::from)
+                .and_then(|data| Ok(self.swap.write_page(slots[j] as usize, data)?));
+            match written {
+                Ok(()) => {
+                    for (&i, &slot) in keep[j..end].iter().zip(&slots[j..end]) {
+                        let (m, page) = staged[i];
+                        m.slot[page].store(slot, Ordering::Release);
+                        m.state[page].store(SWAPPED, Ordering::Release);
+                    }
+                    let n = (end - j) as u64;
+                    self.counters.written.fetch_add(n, Ordering::Relaxed);
+                    self.counters.bytes_written.fetch_add(n * ps as u64, Ordering::Relaxed);
+                    settled += end - j;
+                }
+                Err(e) => {
+                    let mut sl = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+                    for (&i, &slot) in keep[j..end].iter().zip(&slots[j..end]) {
+                        sl.give_back(slot);
+                        self.put_back(staged[i].0, staged[i].1, i);
+                    }
+                    if result.is_ok() {
+                        result = Err(e);
+                    }
+                }
+            }
+            j = end;
+        }
+        let _ = self.staging.drop_pages(0, staged.len());
+        self.resident.fetch_sub(settled, Ordering::AcqRel);
+        let c = match cause {
+            Cause::Budget => None,
+            Cause::Pager => Some(&self.counters.by_pager),
+            Cause::User => Some(&self.counters.by_user),
+        };
+        if let Some(c) = c {
+            c.fetch_add(settled as u64, Ordering::Relaxed);
+        }
+        result.map(|()| settled)
+    }
+
+    /// Returns staging page `i` to region page `page` (a write-out failed): nothing is lost.
+    fn put_back(&self, m: &Managed, page: usize, i: usize) {
+        if sp::move_pages(&self.fd, &m.area, page, &self.staging, i, 1).is_err() {
+            if let Ok(data) = self.staging.staged(i, 1) {
+                let _ = m.area.fill_copy(&self.fd, page, data);
+            }
+        }
+        m.state[page].store(RESIDENT, Ordering::Release);
+    }
+}

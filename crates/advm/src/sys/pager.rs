@@ -1,0 +1,250 @@
+//! The page operations of the user-level pager (`advm::pager`): memory it owns and
+//! registers with userfaultfd, the staging area pages are moved to while they are
+//! written out, and its swap file.
+//!
+//! Every page the pager takes away leaves its region through `UFFDIO_MOVE`, which
+//! clears the page-table entry and flushes the TLB before it returns: a write that
+//! lands before the move travels with the page, and any access after it faults to the
+//! pager. That is what makes eviction race-free without write protection.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+
+use rustix::io::Errno;
+
+use super::mman::{self, Advice, Mapping};
+use super::uffd::{self, Partial, Userfaultfd};
+use super::{page_size, SysError, SysResult};
+
+/// Private anonymous memory owned by the pager and registered on its userfaultfd.
+#[derive(Debug)]
+pub struct Area {
+    map: Mapping,
+}
+
+impl Area {
+    /// Maps `len` bytes and registers them: `missing` for a managed region (every
+    /// empty page faults to the pager), write-protect mode only for the staging area
+    /// (it is a `UFFDIO_MOVE` destination, and its holes read as zeros).
+    pub fn new(fd: &Userfaultfd, len: usize, missing: bool) -> SysResult<Self> {
+        let map = Mapping::anonymous(len)?;
+        // SAFETY: the mapping is ours and unused; huge pages are declined so that the
+        // pager moves and fills single pages.
+        unsafe { mman::madvise(map.as_ptr(), len, Advice::LinuxNoHugepage) }?;
+        let mode = if missing { uffd::mode::MISSING } else { uffd::mode::WP };
+        // SAFETY: the range is ours; the pager serves every fault in it for as long as
+        // it is registered (the staging area, in WP mode without protection, never faults).
+        unsafe { fd.register(map.as_ptr(), len, mode) }?;
+        Ok(Self { map })
+    }
+
+    /// First address.
+    pub fn addr(&self) -> usize {
+        self.map.addr()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Always false.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    fn page_ptr(&self, page: usize, n: usize) -> SysResult<*mut u8> {
+        let ps = page_size();
+        match page.checked_add(n) {
+            Some(end) if end * ps <= self.map.len() => Ok(self.map.as_ptr().wrapping_add(page * ps)),
+            _ => Err(SysError::new("pager page", Errno::INVAL)),
+        }
+    }
+
+    /// Fills the empty page `page` with zeros: the shared zero page for a read fault,
+    /// a fresh page for a write fault (saves the copy-on-write fault that follows).
+    /// `Ok(false)`: the page was already there.
+    /// The faulting thread is not woken: see [`Area::wake`].
+    pub fn fill_zero(&self, fd: &Userfaultfd, page: usize, write: bool) -> SysResult<bool> {
+        let dst = self.page_ptr(page, 1)?;
+        let r = if write {
+            static ZEROS: [u8; 65536] = [0; 65536];
+            let ps = page_size();
+            let src =
+                if ps <= ZEROS.len() { ZEROS.as_ptr() } else { return Err(SysError::new("pager", Errno::INVAL)) };
+            // SAFETY: `dst` is one page of this registered area; `src` is readable for a page.
+            unsafe { fd.copy(dst, src, ps, uffd::MODE_DONTWAKE) }
+        } else {
+            // SAFETY: `dst` is one page of this registered area.
+            unsafe { fd.zeropage(dst, page_size(), uffd::MODE_DONTWAKE) }
+        };
+        settled(r)
+    }
+
+    /// Fills the empty page `page` with `data` (one page), without waking the
+    /// faulting thread. `Ok(false)`: already there.
+    pub fn fill_copy(&self, fd: &Userfaultfd, page: usize, data: &[u8]) -> SysResult<bool> {
+        let ps = page_size();
+        if data.len() != ps {
+            return Err(SysError::new("ioctl(UFFDIO_COPY)", Errno::INVAL));
+        }
+        let dst = self.page_ptr(page, 1)?;
+        // SAFETY: `dst` is one page of this registered area; `data` is a live page.
+        settled(unsafe { fd.copy(dst, data.as_ptr(), ps, uffd::MODE_DONTWAKE) })
+    }
+
+    /// Wakes threads blocked on faults at `page`, once the pager has recorded the fill.
+    pub fn wake(&self, fd: &Userfaultfd, page: usize) -> SysResult<()> {
+        fd.wake(self.page_ptr(page, 1)?, page_size())
+    }
+
+    /// The bytes of pages `[page, page+n)`, read by the pager only: staging pages
+    /// that nothing else maps.
+    pub fn staged(&self, page: usize, n: usize) -> SysResult<&[u8]> {
+        let p = self.page_ptr(page, n)?;
+        // SAFETY: inside the mapping; staging pages are written only by UFFDIO_MOVE
+        // under the pager's eviction lock, which its caller holds while it reads.
+        Ok(unsafe { std::slice::from_raw_parts(p, n * page_size()) })
+    }
+
+    /// Drops pages `[page, page+n)` (`MADV_DONTNEED`): used on staging pages only,
+    /// whose contents the pager has written out or found discardable.
+    pub fn drop_pages(&self, page: usize, n: usize) -> SysResult<()> {
+        let p = self.page_ptr(page, n)?;
+        // SAFETY: staging pages hold nothing anyone still needs (see above).
+        unsafe { mman::madvise(p, n * page_size(), Advice::LinuxDontNeed) }
+    }
+
+    /// Copies `out.len()` bytes from offset `off` (faults on evicted pages are served
+    /// by the pager as for any access).
+    pub fn read(&self, off: usize, out: &mut [u8]) -> SysResult<()> {
+        self.check_bytes(off, out.len())?;
+        // SAFETY: in bounds; a plain byte copy from memory the pager keeps mapped.
+        unsafe { std::ptr::copy_nonoverlapping(self.map.as_ptr().add(off), out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    /// Copies `data` to offset `off`.
+    pub fn write(&self, off: usize, data: &[u8]) -> SysResult<()> {
+        self.check_bytes(off, data.len())?;
+        // SAFETY: in bounds; a plain byte copy into memory the pager keeps mapped.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.map.as_ptr().add(off), data.len()) };
+        Ok(())
+    }
+
+    fn check_bytes(&self, off: usize, len: usize) -> SysResult<()> {
+        match off.checked_add(len) {
+            Some(end) if end <= self.map.len() => Ok(()),
+            _ => Err(SysError::new("pager bytes", Errno::INVAL)),
+        }
+    }
+
+    /// Unregisters the area (before it is unmapped on drop).
+    pub fn unregister(&self, fd: &Userfaultfd) -> SysResult<()> {
+        fd.unregister(self.map.as_ptr(), self.map.len())
+    }
+}
+
+/// A fill that found the page already mapped (`EEXIST`) is not an error: another
+/// fault on the same page won.
+fn settled(r: Result<usize, Partial>) -> SysResult<bool> {
+    match r {
+        Ok(_) => Ok(true),
+        Err(p) if p.error.errno == Errno::EXIST => Ok(false),
+        Err(p) => Err(p.error),
+    }
+}
+
+/// Moves `n` pages from `src` at `src_page` to the empty pages of `dst` at `dst_page`
+/// (`UFFDIO_MOVE`). Returns how many moved before a failure (`ENOENT`: a hole in the
+/// source; `EBUSY`: a page shared or pinned).
+pub fn move_pages(
+    fd: &Userfaultfd,
+    dst: &Area,
+    dst_page: usize,
+    src: &Area,
+    src_page: usize,
+    n: usize,
+) -> Result<usize, Partial> {
+    let err = |e: SysError| Partial { done: 0, error: e };
+    let d = dst.page_ptr(dst_page, n).map_err(err)?;
+    let s = src.page_ptr(src_page, n).map_err(err)?;
+    // SAFETY: both ranges are pager areas registered on `fd`; the destination pages
+    // are empty staging (or evicted region) pages; pages leave the source whole, and
+    // an access there afterwards faults to the pager.
+    unsafe { fd.move_pages(d, s, n * page_size(), 0) }
+}
+
+/// A page-aligned buffer of pages for reading the swap file back.
+#[derive(Debug)]
+pub struct PageBuf {
+    map: Mapping,
+}
+
+impl PageBuf {
+    /// `pages` pages of anonymous memory.
+    pub fn new(pages: usize) -> SysResult<Self> {
+        Ok(Self { map: Mapping::anonymous(pages.max(1) * page_size())? })
+    }
+
+    /// The buffer.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: the mapping is private to this buffer and `&mut self` is exclusive.
+        unsafe { self.map.as_mut_slice() }
+    }
+}
+
+/// The pager's own swap file: pages written at `slot * page_size`.
+#[derive(Debug)]
+pub struct SwapFile {
+    file: File,
+    direct: bool,
+}
+
+impl SwapFile {
+    /// Opens `path` (created, truncated) or, with `temporary`, an unlinked file in
+    /// the directory `path` (`O_TMPFILE`). `direct`: `O_DIRECT`, no page cache.
+    pub fn open(path: &Path, temporary: bool, direct: bool) -> std::io::Result<Self> {
+        let mut flags = libc::O_CLOEXEC;
+        if direct {
+            flags |= libc::O_DIRECT;
+        }
+        let mut opts = OpenOptions::new();
+        opts.read(true).write(true);
+        if temporary {
+            opts.custom_flags(flags | libc::O_TMPFILE);
+        } else {
+            opts.create(true).truncate(true).custom_flags(flags);
+        }
+        let file = opts.open(path)?;
+        Ok(Self { file, direct })
+    }
+
+    /// Whether the file bypasses the page cache.
+    pub fn direct(&self) -> bool {
+        self.direct
+    }
+
+    /// Writes one page from `data` (page aligned for `O_DIRECT`) to `slot`.
+    pub fn write_page(&self, slot: usize, data: &[u8]) -> SysResult<()> {
+        self.file
+            .write_all_at(data, (slot * page_size()) as u64)
+            .map_err(|e| SysError::from_io("pwrite(pager swap)", &e))
+    }
+
+    /// Reads `slot` into `out` (one page, page aligned).
+    pub fn read_page(&self, slot: usize, out: &mut [u8]) -> SysResult<()> {
+        self.file
+            .read_exact_at(out, (slot * page_size()) as u64)
+            .map_err(|e| SysError::from_io("pread(pager swap)", &e))
+    }
+}
+
+/// Waits up to `timeout_ms` for an event on `fd`; true when one is ready.
+pub fn wait_event(fd: &Userfaultfd, timeout_ms: i32) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd { fd: fd.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one live pollfd for the duration of the call.
+    unsafe { libc::poll(&mut p, 1, timeout_ms) > 0 }
+}

@@ -1,0 +1,366 @@
+//! The pager: data kept, discardable pages dropped, budget held, races, bad use.
+
+use std::sync::Arc;
+
+use advm::pager::{self, Config, Pager};
+
+fn ps() -> usize {
+    advm::mem::page_size()
+}
+
+/// A pager, or None (with the reason printed) where userfaultfd/UFFDIO_MOVE is missing.
+fn pager(budget_pages: usize) -> Option<Pager> {
+    pager_with(Config::new(budget_pages * ps()))
+}
+
+fn pager_with(cfg: Config) -> Option<Pager> {
+    if let Err(why) = pager::available() {
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    Some(Pager::new(cfg).expect("pager"))
+}
+
+/// A small deterministic generator (xorshift).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+#[test]
+fn needed_data_is_never_lost_over_twice_the_budget() {
+    let Some(p) = pager(64) else { return };
+    let r = p.map(128 * ps()).unwrap();
+    let mut copy = vec![0u8; r.len()];
+    let mut rng = Rng(7);
+    for _ in 0..4000 {
+        let off = (rng.next() as usize % (r.len() / 8)) * 8;
+        if rng.next() % 3 == 0 {
+            let mut got = [0u8; 8];
+            r.read(off, &mut got).unwrap();
+            assert_eq!(got, copy[off..off + 8], "offset {off}");
+        } else {
+            let v = rng.next().to_ne_bytes();
+            r.write(off, &v).unwrap();
+            copy[off..off + 8].copy_from_slice(&v);
+        }
+    }
+    let mut all = vec![0u8; r.len()];
+    r.read(0, &mut all).unwrap();
+    assert!(all == copy, "region differs from its copy");
+    let s = p.stats();
+    assert!(s.written_pages > 0 && s.read_pages() > 0, "{s:?}");
+    assert_eq!(s.discarded_pages, 0);
+}
+
+#[test]
+fn discardable_pages_read_back_as_zeros_and_are_never_written() {
+    let Some(p) = pager(1024) else { return };
+    let r = p.map(64 * ps()).unwrap();
+    r.write(0, &vec![0xAB; r.len()]).unwrap();
+    // half discardable, half needed
+    p.discardable(r.as_ptr() as usize, 32 * ps()).unwrap();
+    assert_eq!(p.flush(r.as_ptr() as usize, r.len()).unwrap(), 64);
+    let s = p.stats();
+    assert_eq!((s.discarded_pages, s.written_pages, s.preflushed_by_user), (32, 32, 64), "{s:?}");
+    let mut back = vec![0u8; r.len()];
+    r.read(0, &mut back).unwrap();
+    assert!(back[..32 * ps()].iter().all(|&b| b == 0));
+    assert!(back[32 * ps()..].iter().all(|&b| b == 0xAB));
+    let s = p.stats();
+    assert_eq!((s.read_faults.not_read, s.read_faults.read), (32, 32), "{s:?}");
+}
+
+#[test]
+fn the_budget_is_held() {
+    let Some(p) = pager(32) else { return };
+    let r = p.map(256 * ps()).unwrap();
+    for i in 0..256 {
+        r.write(i * ps(), &[i as u8]).unwrap();
+        // the handler evicts right after the fault that crossed the budget
+        let res = p.stats().resident_pages;
+        assert!(res <= 32, "resident {res} pages after touching page {i}");
+    }
+    for i in 0..256 {
+        let mut b = [0u8];
+        r.read(i * ps(), &mut b).unwrap();
+        assert_eq!(b[0], i as u8);
+    }
+}
+
+#[test]
+fn budget_eviction_drops_discardable_pages_before_writing_needed_ones() {
+    let Some(p) = pager(64) else { return };
+    let r = p.map(128 * ps()).unwrap();
+    r.write(0, &vec![1; 64 * ps()]).unwrap();
+    p.discardable(r.as_ptr() as usize, 32 * ps()).unwrap();
+    // 64 more pages: 64 must go, 32 of them discardable
+    r.write(64 * ps(), &vec![2; 64 * ps()]).unwrap();
+    let s = p.stats();
+    assert_eq!(s.discarded_pages, 32, "{s:?}");
+    assert!(s.written_pages <= 32 + 2, "wrote {} needed pages, the budget forces out 32", s.written_pages);
+}
+
+#[test]
+fn concurrent_faulting_threads_see_their_data() {
+    let Some(p) = pager(48) else { return };
+    let p = Arc::new(p);
+    let r = Arc::new(p.map(256 * ps()).unwrap());
+    let threads: Vec<_> = (0..4u8)
+        .map(|t| {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                let base = t as usize * 64;
+                for round in 0..3u8 {
+                    for i in 0..64 {
+                        r.write((base + i) * ps() + 8, &[t, round, i as u8]).unwrap();
+                    }
+                    for i in 0..64 {
+                        let mut b = [0u8; 3];
+                        r.read((base + i) * ps() + 8, &mut b).unwrap();
+                        assert_eq!(b, [t, round, i as u8]);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(p.stats().read_pages() > 0);
+}
+
+#[test]
+fn a_write_racing_eviction_is_never_lost() {
+    // one thread keeps writing counters into needed pages while another flushes them
+    // over and over; every write must be seen afterwards
+    let Some(p) = pager(4096) else { return };
+    let p = Arc::new(p);
+    let r = Arc::new(p.map(16 * ps()).unwrap());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flusher = {
+        let (p, r, stop) = (p.clone(), r.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                n += p.flush(r.as_ptr() as usize, r.len()).unwrap();
+            }
+            n
+        })
+    };
+    // run until the flusher has evicted a thousand pages under the writer's feet
+    let mut v = 0u32;
+    while (p.stats().preflushed_by_user < 1000 || v < 1000) && v < 2_000_000 {
+        v += 1;
+        let page = v as usize % 16;
+        r.write(page * ps(), &v.to_ne_bytes()).unwrap();
+        let mut b = [0u8; 4];
+        r.read(page * ps(), &mut b).unwrap();
+        assert_eq!(u32::from_ne_bytes(b), v, "write {v} to page {page} lost");
+    }
+    let total = v;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let flushed = flusher.join().unwrap();
+    assert!(flushed >= 1000, "only {flushed} pages flushed: no race exercised");
+    for page in 0..16 {
+        let mut b = [0u8; 4];
+        r.read(page * ps(), &mut b).unwrap();
+        let last = (1..=total).rev().find(|v| *v as usize % 16 == page).unwrap();
+        assert_eq!(u32::from_ne_bytes(b), last);
+    }
+}
+
+#[test]
+fn a_page_marked_needed_while_it_is_dropped_keeps_its_later_writes() {
+    let Some(p) = pager(4096) else { return };
+    let p = Arc::new(p);
+    let r = Arc::new(p.map(8 * ps()).unwrap());
+    let base = r.as_ptr() as usize;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flusher = {
+        let (p, r, stop) = (p.clone(), r.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                p.flush(r.as_ptr() as usize, r.len()).unwrap();
+            }
+        })
+    };
+    for v in 1..=2000u32 {
+        let page = v as usize % 8;
+        p.discardable(base + page * ps(), ps()).unwrap();
+        p.needed(base + page * ps(), ps()).unwrap();
+        r.write(page * ps(), &v.to_ne_bytes()).unwrap();
+        let mut b = [0u8; 4];
+        r.read(page * ps(), &mut b).unwrap();
+        assert_eq!(u32::from_ne_bytes(b), v, "write after needed() lost on page {page}");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    flusher.join().unwrap();
+}
+
+#[test]
+fn purgeable_lock_reports_discarded_pages() {
+    let Some(p) = pager(1024) else { return };
+    let r = p.map(8 * ps()).unwrap();
+    let (a, len) = (r.as_ptr() as usize, r.len());
+    r.write(0, &vec![5; len]).unwrap();
+    p.unlock(a, len).unwrap();
+    assert!(p.lock(a, len).unwrap(), "nothing was discarded yet");
+    p.unlock(a, len).unwrap();
+    p.flush(a + 2 * ps(), ps()).unwrap();
+    // locked pages are kept even when flushed
+    assert!(p.lock(a, 2 * ps()).unwrap());
+    p.flush(a, 2 * ps()).unwrap();
+    assert!(!p.lock(a, len).unwrap(), "page 2 was discarded while unlocked");
+    assert!(p.lock(a, len).unwrap(), "the loss is reported once");
+    let mut b = [0u8; 1];
+    r.read(0, &mut b).unwrap();
+    assert_eq!(b[0], 5, "locked page kept its data");
+    r.read(2 * ps(), &mut b).unwrap();
+    assert_eq!(b[0], 0, "discarded page reads zero");
+}
+
+#[test]
+fn a_full_swap_file_is_a_clear_error_and_loses_nothing() {
+    let mut cfg = Config::new(1024 * ps());
+    cfg.swap_capacity_bytes = 8 * ps() as u64;
+    let Some(p) = pager_with(cfg) else { return };
+    let r = p.map(16 * ps()).unwrap();
+    for i in 0..16 {
+        r.write(i * ps(), &[i as u8 + 1; 64]).unwrap();
+    }
+    let e = p.flush(r.as_ptr() as usize, r.len()).unwrap_err();
+    assert!(e.to_string().contains("swap file"), "{e}");
+    for i in 0..16 {
+        let mut b = [0u8; 64];
+        r.read(i * ps(), &mut b).unwrap();
+        assert_eq!(b, [i as u8 + 1; 64], "page {i}");
+    }
+    assert_eq!(p.stats().written_pages, 8);
+}
+
+#[test]
+fn a_region_unmapped_while_pages_are_evicted() {
+    let Some(p) = pager(64) else { return };
+    let p = Arc::new(p);
+    let keep = p.map(32 * ps()).unwrap();
+    keep.write(0, &vec![9; keep.len()]).unwrap();
+    for _ in 0..5 {
+        let gone = p.map(128 * ps()).unwrap();
+        let addr = gone.as_ptr() as usize;
+        gone.write(0, &vec![1; gone.len()]).unwrap();
+        let flusher = {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                // the region may be gone by the time this runs: an error, not a crash
+                let _ = p.flush(addr, 128 * ps());
+            })
+        };
+        p.unmap(gone).unwrap();
+        flusher.join().unwrap();
+        assert!(p.flush(addr, ps()).is_err(), "unmapped region still known");
+    }
+    let mut all = vec![0u8; keep.len()];
+    keep.read(0, &mut all).unwrap();
+    assert!(all.iter().all(|&b| b == 9));
+    assert!(p.stats().resident_pages <= 64);
+}
+
+#[test]
+fn bad_use_gets_clear_errors() {
+    if let Err(why) = pager::available() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let e = Pager::new(Config::new(ps() - 1)).unwrap_err();
+    assert!(e.to_string().contains("below one"), "{e}");
+    let mut cfg = Config::new(ps());
+    cfg.swap_path = Some("/nonexistent-dir/swap".into());
+    let e = Pager::new(cfg).unwrap_err();
+    assert!(e.to_string().contains("/nonexistent-dir/swap"), "{e}");
+    let p = Pager::new(Config::new(16 * ps())).unwrap();
+    let r = p.map(4 * ps()).unwrap();
+    let a = r.as_ptr() as usize;
+    let e = p.discardable(a + 1, ps()).unwrap_err();
+    assert!(e.to_string().contains("not aligned"), "{e}");
+    let e = p.needed(a, 5 * ps()).unwrap_err();
+    assert!(e.to_string().contains("not inside one region"), "{e}");
+    let e = p.flush(4096, ps()).unwrap_err();
+    assert!(e.to_string().contains("not inside one region"), "{e}");
+    assert!(r.mark_discardable(3, 2).is_err());
+}
+
+#[test]
+fn a_written_out_page_marked_discardable_is_never_read_back() {
+    let Some(p) = pager(1024) else { return };
+    let r = p.map(16 * ps()).unwrap();
+    r.write(0, &vec![3; r.len()]).unwrap();
+    p.flush(r.as_ptr() as usize, r.len()).unwrap();
+    assert_eq!(p.stats().swapped_pages, 16);
+    // garbage now (from-space after a collection): the next touch must not read it
+    p.discardable(r.as_ptr() as usize, 8 * ps()).unwrap();
+    r.write(0, &vec![4; 8 * ps()]).unwrap();
+    let s = p.stats();
+    assert_eq!((s.write_faults.not_read, s.read_pages(), s.swapped_pages), (8, 0, 8), "{s:?}");
+    // and a flush forgets the swap copies of the other discardable pages
+    p.discardable(r.as_ptr() as usize + 8 * ps(), 8 * ps()).unwrap();
+    p.flush(r.as_ptr() as usize + 8 * ps(), 8 * ps()).unwrap();
+    assert_eq!(p.stats().swapped_pages, 0);
+}
+
+#[test]
+fn a_kernel_swap_file_is_disabled_and_removed_on_drop() {
+    if !advm::process::is_root() {
+        eprintln!("skipped: swapon needs root");
+        return;
+    }
+    let path = std::path::PathBuf::from(format!("/var/tmp/advm-test-swap-{}", std::process::id()));
+    let listed = || std::fs::read_to_string("/proc/swaps").unwrap().contains(path.to_str().unwrap());
+    {
+        let swap = match advm::pager::KernelSwap::create(&path, 4 << 20) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                eprintln!("skipped: no swap file here: {e}");
+                return;
+            }
+        };
+        assert!(listed(), "{} not in /proc/swaps", swap.path().display());
+    }
+    assert!(!listed(), "still enabled after drop");
+    assert!(!path.exists(), "still on disk after drop");
+}
+
+#[test]
+fn a_cgroup_limit_is_set_and_read_back() {
+    let g = match advm::stats::cgroup::Group::create("pager-test") {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            return;
+        }
+    };
+    g.set_limit_bytes(64 << 20).unwrap();
+    assert_eq!(g.limit_bytes().unwrap(), 64 << 20);
+    assert!(g.usage_bytes().unwrap() < 64 << 20);
+    let dir = g.path().to_path_buf();
+    g.remove().unwrap();
+    assert!(!dir.exists());
+}
+
+#[test]
+fn sigbus_mode_resolves_faults_on_the_faulting_thread() {
+    if let Err(why) = pager::available() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    match pager::sigbus_zero_fill_cost(2048).unwrap() {
+        Some(d) => eprintln!("SIGBUS-mode zero-fill: {:.2} us a fault", d.as_secs_f64() * 1e6),
+        None => eprintln!("skipped: no UFFD_FEATURE_SIGBUS"),
+    }
+}
