@@ -3,6 +3,7 @@
 mod image_cmd;
 mod run_cmd;
 mod stat_cmd;
+mod vm;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -67,6 +68,9 @@ enum Command {
         #[arg(long)]
         out: Option<std::path::PathBuf>,
     },
+    /// Virtual machines booted from a shared qcow2 chain (FlexMem): build the guest, run it.
+    #[command(subcommand)]
+    Vm(vm::VmCmd),
     /// Run a program with the preload shim: virtual copies for unmodified programs.
     Run(run_cmd::RunArgs),
     /// Every capability on its built-in workload against its baseline, one table.
@@ -182,6 +186,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Demo { json, only } => demo(json, &only)?,
         Command::Run(args) => run_cmd::run(args)?,
+        Command::Vm(cmd) => vm::run(cmd)?,
     }
     Ok(())
 }

@@ -21,6 +21,7 @@
 mod decompress;
 mod fuzz;
 mod layer;
+mod pmem;
 mod qcow2;
 mod resolve;
 mod space;
@@ -29,6 +30,7 @@ mod types;
 pub use fuzz::parse_layer_bytes;
 pub(crate) use layer::current_len;
 pub use layer::{Image, ImageOptions, Layer, LayerInfo, MAX_CHAIN_DEPTH};
+pub use pmem::{PmemBacking, PLAN_ENV, PLAN_MAGIC};
 pub use qcow2::Compression;
 pub use resolve::MAX_EXTENTS;
 pub use space::{ImageSpace, MapOptions, MapStats, OverBudget, DEFAULT_MAX_MATERIALISED};

@@ -5,6 +5,7 @@
 //! values stay representable through [`Errno`]).
 #![allow(unsafe_code)]
 
+pub mod fdpass;
 pub mod fs;
 pub mod ksm;
 pub mod memfd;
