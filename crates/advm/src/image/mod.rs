@@ -19,6 +19,7 @@
 //! mapping), `fuzz` (the parser's in-memory entry point).
 
 mod decompress;
+pub mod dump;
 mod fuzz;
 mod layer;
 mod pmem;
