@@ -4,6 +4,7 @@
 //! See docs/vm.md.
 
 mod build;
+mod dump;
 mod qemu;
 mod run;
 
@@ -19,6 +20,19 @@ pub enum VmCmd {
     Image(ImageCmd),
     /// Boot a guest from a qcow2 chain under QEMU/KVM; prints `ready` when its service answers.
     Run(run::RunArgs),
+    /// Write the pages a running `--disk pmem` VM has written to a new qcow2 overlay over
+    /// its chain's top, while it runs.
+    Dump {
+        /// The `advm vm run` process (its pid, as `advm vm run` prints it).
+        #[arg(long)]
+        vm: u32,
+        /// The overlay to create.
+        #[arg(long)]
+        out: PathBuf,
+        /// Seconds to wait for the copy.
+        #[arg(long, default_value_t = 120)]
+        timeout: u64,
+    },
 }
 
 /// `advm vm image ...`
@@ -55,5 +69,6 @@ pub fn run(cmd: VmCmd) -> Result<(), CliError> {
             Ok(())
         }
         VmCmd::Run(args) => run::run(args),
+        VmCmd::Dump { vm, out, timeout } => dump::run(vm, &out, std::time::Duration::from_secs(timeout)),
     }
 }

@@ -11,10 +11,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use advm::image::{Image, MapOptions, PmemBacking};
+use advm::image::{Image, MapOptions, PmemBacking, DUMP_DIR_ENV};
 
 use super::qemu::{self, Accel, Disk, Settings};
 use crate::CliError;
+
+/// The file in a VM's work directory that describes it.
+pub const VM_INFO: &str = "vm.json";
 
 /// The pmem device's size is a multiple of this (DAX maps the device in 2 MiB units).
 const PMEM_ALIGN: u64 = 2 << 20;
@@ -185,10 +188,19 @@ pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
     if let Some(b) = &backing {
         let shim = advm_preload::launch::shim_path()?;
         let (k, v) = b.env();
-        cmd.env("LD_PRELOAD", shim).env(advm_preload::env::MODE, "off").env(k, v);
+        cmd.env("LD_PRELOAD", shim).env(advm_preload::env::MODE, "off").env(k, v).env(DUMP_DIR_ENV, workdir);
     }
     let started = Instant::now();
     let child = cmd.spawn().map_err(|e| CliError::Io(format!("starting {}", settings.qemu), e))?;
+    // What `advm vm dump` needs to find and describe this VM.
+    let top = args.image.canonicalize().map_err(|e| CliError::Io(args.image.display().to_string(), e))?;
+    let info = serde_json::json!({
+        "qemu_pid": child.id(),
+        "image": top,
+        "disk": if backing.is_some() { "pmem" } else { "blk" },
+        "size": backing.as_ref().map(PmemBacking::size),
+    });
+    std::fs::write(workdir.join(VM_INFO), info.to_string()).map_err(|e| CliError::Io(VM_INFO.into(), e))?;
     Ok(Vm { child, port, console, qemu_log, started, _backing: backing })
 }
 
@@ -245,20 +257,20 @@ impl Vm {
     }
 }
 
-/// A fresh directory for one VM's console and log.
-pub fn workdir() -> PathBuf {
-    std::env::temp_dir().join(format!("advm-vm-{}", std::process::id()))
+/// The directory of the VM `advm vm run` process `pid` runs: console, logs, dumps.
+pub fn workdir_of(pid: u32) -> PathBuf {
+    std::env::temp_dir().join(format!("advm-vm-{pid}"))
 }
 
 /// Runs `advm vm run`.
 pub fn run(args: RunArgs) -> Result<(), CliError> {
     let _ksm = if args.ksm { Some(advm::ksm::Session::start(1000, 20)?) } else { None };
-    let work = workdir();
+    let work = workdir_of(std::process::id());
     let mut vm = start(&args, &work)?;
     let signals = advm::process::ForwardSignals::to(vm.child.id())?;
     let (t, body) = vm.wait_ready(Duration::from_secs(args.timeout))?;
     println!("ready: http://127.0.0.1:{}/ answered after {} ms ({})", vm.port, t.as_millis(), body);
-    eprintln!("console: {}", vm.console.display());
+    eprintln!("console: {}; dump with `advm vm dump --vm {}`", vm.console.display(), std::process::id());
     if args.exit_when_ready {
         drop(signals);
         vm.stop();

@@ -175,6 +175,41 @@ fn layout(size: u64, clusters: &[u64], backing: &str) -> Result<Layout> {
     Ok(Layout { meta, data, file_bytes: total * c })
 }
 
+/// Writes a qcow2 overlay at `out` (a new file) over `backing` for a disk of `size`
+/// bytes holding `clusters` (64 KiB cluster indices, ascending), each filled by `read`
+/// (guest offset, buffer); returns the file's size. For dumps taken elsewhere (the
+/// shim's, of a running VM).
+pub fn write_overlay(
+    out: &Path,
+    size: u64,
+    clusters: &[u64],
+    backing: &str,
+    mut read: impl FnMut(u64, &mut [u8]) -> Result<()>,
+) -> Result<u64> {
+    let io = |e: std::io::Error| Error::io(out, e);
+    if clusters.windows(2).any(|w| w[0] >= w[1]) || clusters.last().is_some_and(|&c| c * DUMP_CLUSTER >= size) {
+        return Err(Error::InvalidArgument {
+            what: "dump clusters",
+            why: format!("not ascending, or past the {size}-byte disk"),
+        });
+    }
+    let l = layout(size, clusters, backing)?;
+    let file: File = OpenOptions::new().write(true).create_new(true).open(out).map_err(io)?;
+    file.set_len(l.file_bytes).map_err(io)?;
+    for (at, bytes) in &l.meta {
+        file.write_all_at(bytes, *at).map_err(io)?;
+    }
+    let mut buf = vec![0u8; DUMP_CLUSTER as usize];
+    for &(guest, at) in &l.data {
+        let n = DUMP_CLUSTER.min(size - guest) as usize;
+        buf.fill(0);
+        read(guest, &mut buf[..n])?;
+        file.write_all_at(&buf, at).map_err(io)?;
+    }
+    file.sync_data().map_err(io)?;
+    Ok(l.file_bytes)
+}
+
 /// Starts dumping what was written through `space` into a new qcow2 at `out` whose
 /// backing file is `backing` (the chain's top, as the overlay names it: a path relative
 /// to `out`'s directory, or absolute). Returns once the child copies; the caller runs on.

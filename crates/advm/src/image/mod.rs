@@ -31,7 +31,7 @@ mod types;
 pub use fuzz::parse_layer_bytes;
 pub(crate) use layer::current_len;
 pub use layer::{Image, ImageOptions, Layer, LayerInfo, MAX_CHAIN_DEPTH};
-pub use pmem::{PmemBacking, PLAN_ENV, PLAN_MAGIC};
+pub use pmem::{request_dump, PmemBacking, DUMP_DIR_ENV, DUMP_SIGNAL, PLAN_ENV, PLAN_MAGIC};
 pub use qcow2::Compression;
 pub use resolve::MAX_EXTENTS;
 pub use space::{ImageSpace, MapOptions, MapStats, OverBudget, DEFAULT_MAX_MATERIALISED};

@@ -24,6 +24,20 @@ use crate::{Error, Result};
 /// The variable naming the plan's descriptor to the shim.
 pub const PLAN_ENV: &str = "ADVM_PMEM_PLAN_FD";
 
+/// The variable naming the directory where the shim writes a dump of the device.
+pub const DUMP_DIR_ENV: &str = "ADVM_PMEM_DUMP_DIR";
+
+/// The signal that asks the shim for a dump (SIGRTMAX - 3; `csrc/pmem.c` agrees).
+pub const DUMP_SIGNAL: i32 = 61;
+
+/// Asks the VMM `pid`, started with a [`PmemBacking`] and [`DUMP_DIR_ENV`], to dump the
+/// pages its guest wrote (see `advm vm dump`).
+pub fn request_dump(pid: u32) -> Result<()> {
+    let p =
+        i32::try_from(pid).map_err(|_| Error::InvalidArgument { what: "pid", why: format!("{pid} out of range") })?;
+    Ok(crate::sys::sigsend::send(p, DUMP_SIGNAL)?)
+}
+
 /// The plan's first word.
 pub const PLAN_MAGIC: &[u8; 8] = b"ADVMPMEM";
 

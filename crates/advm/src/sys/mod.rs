@@ -14,6 +14,7 @@ pub mod pagemap;
 pub mod process;
 pub mod procmap;
 pub mod signal;
+pub mod sigsend;
 pub mod uffd;
 
 use std::fmt;
