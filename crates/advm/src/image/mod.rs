@@ -25,6 +25,7 @@ mod layer;
 mod pmem;
 mod qcow2;
 mod resolve;
+pub mod service;
 mod space;
 mod types;
 

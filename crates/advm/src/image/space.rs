@@ -30,7 +30,7 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{current_len, ExtentKind, ExtentMap, GuestOffset, Image, ImageOptions, LayerOffset};
 use crate::mem::{self, Access, Assembly, Backing, Memfd, PageRange, Share};
@@ -72,7 +72,7 @@ pub struct MapOptions {
 }
 
 /// What a mapping did.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct MapStats {
     /// Virtual size of the disk.
     pub size_bytes: u64,
@@ -335,19 +335,26 @@ impl ImageSpace {
 
     /// Maps an opened image's virtual disk.
     pub fn map_image(image: &Image, options: &MapOptions) -> Result<Self> {
-        let Layout { pieces, memfd, mut stats, map, total } = layout(image, options)?;
-        let path = image.layers()[0].path().to_path_buf();
+        let layers: Vec<LayerFile<'_>> =
+            image.layers().iter().map(|l| LayerFile { path: l.path(), file: l.file(), len: l.file_len() }).collect();
+        Self::place(layout(image, options)?, &layers, options.writable)
+    }
+
+    /// Maps a planned layout whose layer `depth` is `layers[depth]`.
+    pub(super) fn place(layout: Layout, layers: &[LayerFile<'_>], writable: bool) -> Result<Self> {
+        let Layout { pieces, memfd, mut stats, map, total } = layout;
+        let path = layers[0].path.to_path_buf();
         let err = |why: String| Error::Image { path: path.clone(), why };
-        let access = if options.writable { Access::ReadWrite } else { Access::Read };
+        let access = if writable { Access::ReadWrite } else { Access::Read };
         let mut assembly = Assembly::reserve(total)
             .map_err(|e| err(format!("reserving {total} bytes of address space for the virtual disk: {e}")))?;
-        let mut watched = vec![false; image.layers().len()];
+        let mut watched = vec![false; layers.len()];
         for p in &pieces {
             let len = (p.end - p.start) as usize;
             let backing = match p.source {
                 Source::File { depth, offset } => {
                     watched[depth] = true;
-                    Backing::File { fd: image.layers()[depth].file().as_fd(), offset }
+                    Backing::File { fd: layers[depth].file.as_fd(), offset }
                 }
                 Source::Anon => Backing::Anonymous,
                 Source::Memfd | Source::Slot { .. } => {
@@ -358,7 +365,7 @@ impl ImageSpace {
             assembly.place(mem::Extent { offset: p.start as usize, len, backing }, access, Share::Private).map_err(
                 |e| {
                     let what = match p.source {
-                        Source::File { depth, .. } => format!("layer {}", image.layers()[depth].path().display()),
+                        Source::File { depth, .. } => format!("layer {}", layers[depth].path.display()),
                         Source::Anon => "zeros".into(),
                         Source::Memfd | Source::Slot { .. } => "materialised pages".into(),
                     };
@@ -367,12 +374,11 @@ impl ImageSpace {
             )?;
         }
         stats.mappings = assembly.placed();
-        let watches = image
-            .layers()
+        let watches = layers
             .iter()
             .zip(&watched)
             .filter(|(_, w)| **w)
-            .map(|(l, _)| Watch::new(l.path(), l.file(), l.file_len()))
+            .map(|(l, _)| Watch::new(l.path, l.file, l.len))
             .collect::<Result<Vec<_>>>()?;
         let space = Self { assembly, _memfd: memfd, watches, stats, map };
         // A layer truncated between opening and leasing is caught here.
@@ -443,6 +449,14 @@ impl ImageSpace {
         }
         Ok(sum)
     }
+}
+
+/// A layer file as the mapping needs it: its name (for errors), the open file, and its
+/// length when opened (a shorter file later means truncation).
+pub(super) struct LayerFile<'a> {
+    pub(super) path: &'a Path,
+    pub(super) file: &'a File,
+    pub(super) len: u64,
 }
 
 /// The plan of a mapping, with its memfd filled: what [`ImageSpace::map_image`] places,
