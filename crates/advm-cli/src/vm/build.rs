@@ -19,7 +19,7 @@ use crate::CliError;
 
 /// The virtual size of the guest's disk (a multiple of 128 MiB so that the pmem
 /// device is section aligned).
-pub const DISK_BYTES: u64 = 1 << 30;
+pub const DISK_BYTES: u64 = 512 << 20;
 
 /// Data files the service reads at start: their page cache is what FlexMem shares.
 const APP_DATA_FILES: usize = 8;
@@ -243,7 +243,7 @@ fn rootfs(dir: &Path, mirror: &str) -> Result<(), CliError> {
 }
 
 /// The service: reads every data file at start (checksums them), then answers HTTP.
-const SERVER: &str = r#"import hashlib, http.server, os, sys
+const SERVER: &str = r#"import hashlib, http.server, os, threading, time
 d = "/app/data"
 h = hashlib.sha256()
 for n in sorted(os.listdir(d)):
@@ -251,9 +251,23 @@ for n in sorted(os.listdir(d)):
         h.update(f.read())
 digest = h.hexdigest()
 print("advm-guest: read", len(os.listdir(d)), "files, sha256", digest, flush=True)
+def writer():
+    # advm.writes=1: a guest that keeps writing (for dumps taken while it runs)
+    i = 0
+    while True:
+        with open("/var/tmp/w%02d.bin" % (i % 16), "wb") as f:
+            f.write(os.urandom(256 << 10))
+            os.fsync(f.fileno())
+        i += 1
+        time.sleep(0.2)
+if "advm.writes=1" in open("/proc/cmdline").read().split():
+    threading.Thread(target=writer, daemon=True).start()
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        body = (digest + "\n").encode()
+        if self.path == "/meminfo":
+            body = open("/proc/meminfo", "rb").read()
+        else:
+            body = (digest + "\n").encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -375,4 +389,37 @@ fn layers(dir: &Path) -> Result<(), CliError> {
     }
     std::fs::remove_dir_all(&stage).map_err(|e| io(stage.display(), e))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modules_load_after_their_dependencies_once_each_and_builtins_are_skipped() {
+        let d = std::env::temp_dir().join(format!("advm-vm-modules-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("kernel/fs")).unwrap();
+        let ko = |name: &str, deps: &str| {
+            std::fs::write(
+                d.join(format!("kernel/fs/{name}.ko")),
+                format!("\x7fELF..\0license=GPL\0depends={deps}\0x"),
+            )
+            .unwrap();
+        };
+        ko("ext4", "jbd2,mbcache,crc16");
+        ko("jbd2", "");
+        ko("mbcache", "");
+        ko("crc16", "");
+        ko("virtio-pmem", "nd_virtio,libnvdimm");
+        ko("nd_virtio", "libnvdimm");
+        ko("libnvdimm", "");
+        let order: Vec<String> = module_order(&d, &["virtio_pmem", "ext4", "built_in_one"])
+            .unwrap()
+            .iter()
+            .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+            .collect();
+        std::fs::remove_dir_all(&d).unwrap();
+        assert_eq!(order, ["libnvdimm", "nd_virtio", "virtio-pmem", "jbd2", "mbcache", "crc16", "ext4"]);
+    }
 }

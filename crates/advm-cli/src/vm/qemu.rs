@@ -34,6 +34,8 @@ pub struct Settings {
     pub accel: Accel,
     /// Guest RAM mergeable (QEMU's `mem-merge`), for KSM.
     pub ksm: bool,
+    /// The guest's service keeps writing files (`advm.writes=1`).
+    pub guest_writes: bool,
     /// Host port forwarded to the guest's service (port 8000).
     pub port: u16,
     /// Where the serial console goes.
@@ -77,7 +79,10 @@ pub fn args(s: &Settings) -> Vec<String> {
         "-initrd".into(),
         s.initrd.display().to_string(),
         "-append".into(),
-        format!("console=ttyS0 quiet panic=-1 advm.root={root}"),
+        format!(
+            "console=ttyS0 quiet panic=-1 no_timer_check advm.root={root}{}",
+            if s.guest_writes { " advm.writes=1" } else { "" }
+        ),
         "-netdev".into(),
         format!("user,id=net0,hostfwd=tcp:127.0.0.1:{}-:{GUEST_PORT}", s.port),
         "-device".into(),
@@ -124,6 +129,7 @@ mod tests {
             mem_mib: 256,
             accel: Accel::Kvm,
             ksm: false,
+            guest_writes: false,
             port: 4321,
             console: "/run/c.log".into(),
             extra: vec!["-S".into()],
@@ -144,7 +150,7 @@ mod tests {
         ));
         assert!(has(&a, "-device", "virtio-pmem-pci,memdev=pmem0mem,id=pmem0"));
         assert!(has(&a, "-m", "256M,slots=1,maxmem=1280M"));
-        assert!(has(&a, "-append", "console=ttyS0 quiet panic=-1 advm.root=pmem"));
+        assert!(has(&a, "-append", "console=ttyS0 quiet panic=-1 no_timer_check advm.root=pmem"));
         assert!(!a.iter().any(|x| x.starts_with("file=")), "no block device in pmem mode: {a:?}");
     }
 
@@ -152,7 +158,7 @@ mod tests {
     fn blk_disk_is_qemus_qcow2_driver_writing_to_a_temporary_overlay() {
         let a = args(&settings(Disk::Blk { image: "/g/app.qcow2".into() }));
         assert!(has(&a, "-drive", "file=/g/app.qcow2,if=none,id=disk0,format=qcow2,snapshot=on"));
-        assert!(has(&a, "-append", "console=ttyS0 quiet panic=-1 advm.root=blk"));
+        assert!(has(&a, "-append", "console=ttyS0 quiet panic=-1 no_timer_check advm.root=blk"));
         assert!(has(&a, "-m", "256M"));
     }
 

@@ -49,6 +49,9 @@ pub struct RunArgs {
     /// Mark guest RAM mergeable and run KSM while the VM runs.
     #[arg(long)]
     pub ksm: bool,
+    /// The guest's service keeps writing files (a workload for `advm vm dump`).
+    #[arg(long)]
+    pub guest_writes: bool,
     /// Kernel (default: vmlinuz beside the image).
     #[arg(long)]
     pub kernel: Option<PathBuf>,
@@ -175,6 +178,7 @@ pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
         mem_mib: args.mem,
         accel,
         ksm: args.ksm,
+        guest_writes: args.guest_writes,
         port,
         console: console.clone(),
         extra: args.extra.clone(),
