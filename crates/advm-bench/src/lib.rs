@@ -16,6 +16,7 @@ mod shim_stress;
 mod stat;
 pub mod table;
 mod vcopy;
+mod vm;
 mod workloads;
 
 pub use error::BenchError;
@@ -213,6 +214,7 @@ pub fn all() -> Vec<Box<dyn Bench>> {
         Box::new(image::ImageBench),
         Box::new(r::RBench),
         Box::new(shim_stress::ShimStressBench),
+        Box::new(vm::VmDensityBench),
     ]
 }
 
