@@ -137,9 +137,13 @@ static void on_dump(int sig) {
     int saved = errno;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
+    /* QEMU marks guest memory MADV_DONTFORK: let this fork see the device, then put
+     * the mark back */
+    syscall(SYS_madvise, dump_base, dump_len, MADV_DOFORK);
     /* a raw fork: no atfork handlers (they take locks); the child forks the writer and
      * leaves at once, so the program never has a child of ours to reap */
     long pid = syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0);
+    if (pid != 0) syscall(SYS_madvise, dump_base, dump_len, MADV_DONTFORK);
     if (pid == 0) {
         long g = syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0);
         if (g == 0) dump_clusters();

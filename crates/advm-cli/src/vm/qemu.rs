@@ -58,6 +58,9 @@ pub fn args(s: &Settings) -> Vec<String> {
         Accel::Kvm => ("kvm", "host"),
         Accel::Tcg => ("tcg,tb-size=64", "max"),
     };
+    // no_timer_check: an emulated guest on a busy host can miss the IO-APIC timer check
+    // and panic. swiotlb=noforce: with a hotplug area (the pmem device's) the guest sees
+    // memory above 4 GiB and would zero a 64 MiB bounce buffer no virtio device needs.
     let mut a: Vec<String> = vec![
         "-machine".into(),
         format!("pc,mem-merge={}", if s.ksm { "on" } else { "off" }),
@@ -80,7 +83,7 @@ pub fn args(s: &Settings) -> Vec<String> {
         s.initrd.display().to_string(),
         "-append".into(),
         format!(
-            "console=ttyS0 quiet panic=-1 no_timer_check advm.root={root}{}",
+            "console=ttyS0 quiet panic=-1 no_timer_check swiotlb=noforce advm.root={root}{}",
             if s.guest_writes { " advm.writes=1" } else { "" }
         ),
         "-netdev".into(),
@@ -150,7 +153,7 @@ mod tests {
         ));
         assert!(has(&a, "-device", "virtio-pmem-pci,memdev=pmem0mem,id=pmem0"));
         assert!(has(&a, "-m", "256M,slots=1,maxmem=1280M"));
-        assert!(has(&a, "-append", "console=ttyS0 quiet panic=-1 no_timer_check advm.root=pmem"));
+        assert!(has(&a, "-append", "console=ttyS0 quiet panic=-1 no_timer_check swiotlb=noforce advm.root=pmem"));
         assert!(!a.iter().any(|x| x.starts_with("file=")), "no block device in pmem mode: {a:?}");
     }
 
@@ -158,7 +161,7 @@ mod tests {
     fn blk_disk_is_qemus_qcow2_driver_writing_to_a_temporary_overlay() {
         let a = args(&settings(Disk::Blk { image: "/g/app.qcow2".into() }));
         assert!(has(&a, "-drive", "file=/g/app.qcow2,if=none,id=disk0,format=qcow2,snapshot=on"));
-        assert!(has(&a, "-append", "console=ttyS0 quiet panic=-1 no_timer_check advm.root=blk"));
+        assert!(has(&a, "-append", "console=ttyS0 quiet panic=-1 no_timer_check swiotlb=noforce advm.root=blk"));
         assert!(has(&a, "-m", "256M"));
     }
 
