@@ -157,7 +157,6 @@ pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
     std::fs::create_dir_all(workdir).map_err(|e| CliError::Io(workdir.display().to_string(), e))?;
     let console = workdir.join("console.log");
     let qemu_log = workdir.join("qemu.log");
-    let port = free_port()?;
     let (disk, backing) = match args.disk {
         DiskKind::Pmem => {
             let b = PmemBacking::new(&image, &MapOptions { writable: true, ..Default::default() }, PMEM_ALIGN)?;
@@ -170,32 +169,45 @@ pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
             None,
         ),
     };
-    let settings = Settings {
-        qemu: args.qemu.clone(),
-        kernel,
-        initrd,
-        disk,
-        mem_mib: args.mem,
-        accel,
-        ksm: args.ksm,
-        guest_writes: args.guest_writes,
-        port,
-        console: console.clone(),
-        extra: args.extra.clone(),
+    // A port found free can be taken by another VM starting at the same moment; QEMU
+    // then fails at once, and another port is tried.
+    let mut attempt = 0;
+    let (child, port, started) = loop {
+        attempt += 1;
+        let port = free_port()?;
+        let settings = Settings {
+            qemu: args.qemu.clone(),
+            kernel: kernel.clone(),
+            initrd: initrd.clone(),
+            disk: disk.clone(),
+            mem_mib: args.mem,
+            accel,
+            ksm: args.ksm,
+            guest_writes: args.guest_writes,
+            port,
+            console: console.clone(),
+            extra: args.extra.clone(),
+        };
+        let log = std::fs::File::create(&qemu_log).map_err(|e| CliError::Io(qemu_log.display().to_string(), e))?;
+        let mut cmd = Command::new(&settings.qemu);
+        cmd.args(qemu::args(&settings))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| CliError::Io("qemu log".into(), e))?)
+            .stderr(log);
+        if let Some(b) = &backing {
+            let shim = advm_preload::launch::shim_path()?;
+            let (k, v) = b.env();
+            cmd.env("LD_PRELOAD", shim).env(advm_preload::env::MODE, "off").env(k, v).env(DUMP_DIR_ENV, workdir);
+        }
+        let started = Instant::now();
+        let mut child = cmd.spawn().map_err(|e| CliError::Io(format!("starting {}", settings.qemu), e))?;
+        std::thread::sleep(Duration::from_millis(500));
+        let taken = child.try_wait().ok().flatten().is_some()
+            && std::fs::read_to_string(&qemu_log).is_ok_and(|l| l.contains("Could not set up host forwarding"));
+        if !taken || attempt == 5 {
+            break (child, port, started);
+        }
     };
-    let log = std::fs::File::create(&qemu_log).map_err(|e| CliError::Io(qemu_log.display().to_string(), e))?;
-    let mut cmd = Command::new(&settings.qemu);
-    cmd.args(qemu::args(&settings))
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().map_err(|e| CliError::Io("qemu log".into(), e))?)
-        .stderr(log);
-    if let Some(b) = &backing {
-        let shim = advm_preload::launch::shim_path()?;
-        let (k, v) = b.env();
-        cmd.env("LD_PRELOAD", shim).env(advm_preload::env::MODE, "off").env(k, v).env(DUMP_DIR_ENV, workdir);
-    }
-    let started = Instant::now();
-    let child = cmd.spawn().map_err(|e| CliError::Io(format!("starting {}", settings.qemu), e))?;
     // What `advm vm dump` needs to find and describe this VM.
     let top = args.image.canonicalize().map_err(|e| CliError::Io(args.image.display().to_string(), e))?;
     let info = serde_json::json!({
