@@ -56,6 +56,7 @@ static int read_plan_fd(void) {
 
 /* ---- fast dump ------------------------------------------------------------------ */
 
+/* the device: where the plan was mapped */
 static char *dump_base;
 static size_t dump_len;
 static char dump_dir[200];
@@ -160,13 +161,13 @@ static void on_dump(int sig) {
 }
 
 static void arm_dump(char *base, size_t len) {
+    dump_base = base;
+    dump_len = len;
     const char *d = getvar("ADVM_PMEM_DUMP_DIR");
     if (!d) return;
     size_t n = 0;
     while (d[n] && n + 1 < sizeof dump_dir) dump_dir[n] = d[n], n++;
     dump_dir[n] = 0;
-    dump_base = base;
-    dump_len = len;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_dump;
@@ -232,6 +233,21 @@ fail:
 EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off) {
     if (fd >= 0 && !(flags & MAP_ANONYMOUS) && is_plan(fd)) return map_plan(addr, len, prot, flags, off);
     return sys_mmap(addr, len, prot, flags, fd, off);
+}
+
+/* QEMU asks for transparent huge pages on all guest memory. On the plan's file
+ * mappings that makes every page-cache miss read 2 MiB around the fault (the huge-page
+ * readahead), so a guest touching a few blocks here and there pulls the whole image
+ * into the host's page cache: the advice is dropped for the device. */
+EXPORT int madvise(void *addr, size_t len, int advice) {
+    char *a = addr, *b = a + len, *lo = dump_base, *hi = dump_base + dump_len;
+    if (advice == MADV_HUGEPAGE && dump_len && a < hi && b > lo) {
+        int r = 0;
+        if (a < lo) r = (int)syscall(SYS_madvise, a, (size_t)(lo - a), advice);
+        if (r == 0 && b > hi) r = (int)syscall(SYS_madvise, hi, (size_t)(b - hi), advice);
+        return r;
+    }
+    return (int)syscall(SYS_madvise, addr, len, advice);
 }
 
 EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off) {
