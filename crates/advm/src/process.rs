@@ -31,3 +31,10 @@ pub fn terminate(pid: u32) -> Result<()> {
         .map_err(|_| crate::Error::InvalidArgument { what: "pid", why: format!("{pid} out of range") })?;
     Ok(crate::sys::sigsend::send(p, libc::SIGTERM)?)
 }
+
+/// Turns transparent huge pages off for this process and every program it starts from
+/// now on (their `MADV_HUGEPAGE` is ignored), so memory is backed, and counted, in base
+/// pages.
+pub fn disable_thp() -> Result<()> {
+    Ok(crate::sys::thp::disable()?)
+}

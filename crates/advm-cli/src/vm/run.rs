@@ -49,6 +49,10 @@ pub struct RunArgs {
     /// Mark guest RAM mergeable and run KSM while the VM runs.
     #[arg(long)]
     pub ksm: bool,
+    /// Keep QEMU's transparent huge pages for guest RAM (by default they are off: a
+    /// guest touching one page of 2 MiB would hold all of it on the host).
+    #[arg(long)]
+    pub thp: bool,
     /// The guest's service keeps writing files (a workload for `advm vm dump`).
     #[arg(long)]
     pub guest_writes: bool,
@@ -154,6 +158,9 @@ pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
     preflight(&args.qemu, &kernel, &initrd)?;
     let accel = accel(&args.accel)?;
     let image = Image::open(&args.image)?;
+    if !args.thp {
+        advm::process::disable_thp()?;
+    }
     std::fs::create_dir_all(workdir).map_err(|e| CliError::Io(workdir.display().to_string(), e))?;
     let console = workdir.join("console.log");
     let qemu_log = workdir.join("qemu.log");

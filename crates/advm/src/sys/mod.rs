@@ -15,6 +15,7 @@ pub mod process;
 pub mod procmap;
 pub mod signal;
 pub mod sigsend;
+pub mod thp;
 pub mod uffd;
 
 use std::fmt;
