@@ -16,7 +16,10 @@
 //! Files: `types` (offsets, extents, the extent map), `layer` (opening a layer file
 //! and the backing-file policy), `resolve` (the resolver over per-layer drivers),
 //! `qcow2` (the qcow2 driver), `decompress` (compressed clusters), `space` (the
-//! mapping), `fuzz` (the parser's in-memory entry point).
+//! mapping), `fuzz` (the parser's in-memory entry point), `pmem` (the plan handed to a
+//! VMM as its virtio-pmem memory, docs/vm.md), `dump` (written pages to a qcow2
+//! overlay while the writer runs), `service` (plans computed once, handed out with
+//! their descriptors).
 
 mod decompress;
 pub mod dump;
