@@ -113,6 +113,8 @@ impl Bench for VmDensityBench {
     }
 
     fn run(&self, opts: &BenchOpts, report: &mut Report) -> Result<(), BenchError> {
+        // One boot per point: a point takes minutes.
+        report.runs = 1;
         let image = image()?;
         let advm = std::env::current_exe().map_err(|e| BenchError::Io("this program's path".into(), e))?;
         let ns: &[usize] = if opts.quick { &[1, 2] } else { &[1, 2, 4, 8] };
