@@ -4,7 +4,7 @@
 
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-APT_PACKAGES := build-essential pkg-config qemu-utils python3 python3-pip python3-venv \
+APT_PACKAGES := build-essential pkg-config qemu-utils qemu-system-x86 debootstrap busybox-static cpio python3 python3-pip python3-venv \
 	r-base-core r-cran-randomforest r-cran-kernlab r-cran-e1071 r-cran-rpart r-cran-nnet \
 	r-cran-gbm r-cran-class r-cran-glmnet python3-numpy python3-pandas \
 	openjdk-17-jdk-headless

@@ -19,6 +19,7 @@ mod shim_stress;
 mod stat;
 pub mod table;
 mod vcopy;
+mod vm;
 mod workloads;
 
 pub use error::BenchError;
@@ -219,6 +220,7 @@ pub fn all() -> Vec<Box<dyn Bench>> {
         Box::new(merge::MergeBench),
         Box::new(gc::GcBench),
         Box::new(pager::PagerBench),
+        Box::new(vm::VmDensityBench),
     ]
 }
 

@@ -4,6 +4,7 @@ mod daemon_cmd;
 mod image_cmd;
 mod run_cmd;
 mod stat_cmd;
+mod vm;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -68,6 +69,9 @@ enum Command {
         #[arg(long)]
         out: Option<std::path::PathBuf>,
     },
+    /// Virtual machines booted from a shared qcow2 chain (FlexMem): build the guest, run it.
+    #[command(subcommand)]
+    Vm(vm::VmCmd),
     /// Run a program with the preload shim: virtual copies for unmodified programs.
     Run(run_cmd::RunArgs),
     /// Run advmd, the daemon keeping merge page stores per security domain, in the foreground.
@@ -186,6 +190,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Demo { json, only } => demo(json, &only)?,
         Command::Run(args) => run_cmd::run(args)?,
         Command::Daemon(args) => daemon_cmd::run(args)?,
+        Command::Vm(cmd) => vm::run(cmd)?,
     }
     Ok(())
 }

@@ -24,3 +24,17 @@ impl ForwardSignals {
 pub fn is_root() -> bool {
     crate::sys::is_root()
 }
+
+/// Sends SIGTERM to process `pid` (a program asked to stop cleanly).
+pub fn terminate(pid: u32) -> Result<()> {
+    let p = i32::try_from(pid)
+        .map_err(|_| crate::Error::InvalidArgument { what: "pid", why: format!("{pid} out of range") })?;
+    Ok(crate::sys::sigsend::send(p, libc::SIGTERM)?)
+}
+
+/// Turns transparent huge pages off for this process and every program it starts from
+/// now on (their `MADV_HUGEPAGE` is ignored), so memory is backed, and counted, in base
+/// pages.
+pub fn disable_thp() -> Result<()> {
+    Ok(crate::sys::thp::disable()?)
+}

@@ -16,19 +16,26 @@
 //! Files: `types` (offsets, extents, the extent map), `layer` (opening a layer file
 //! and the backing-file policy), `resolve` (the resolver over per-layer drivers),
 //! `qcow2` (the qcow2 driver), `decompress` (compressed clusters), `space` (the
-//! mapping), `fuzz` (the parser's in-memory entry point).
+//! mapping), `fuzz` (the parser's in-memory entry point), `pmem` (the plan handed to a
+//! VMM as its virtio-pmem memory, docs/vm.md), `dump` (written pages to a qcow2
+//! overlay while the writer runs), `service` (plans computed once, handed out with
+//! their descriptors).
 
 mod decompress;
+pub mod dump;
 mod fuzz;
 mod layer;
+mod pmem;
 mod qcow2;
 mod resolve;
+pub mod service;
 mod space;
 mod types;
 
 pub use fuzz::parse_layer_bytes;
 pub(crate) use layer::current_len;
 pub use layer::{Image, ImageOptions, Layer, LayerInfo, MAX_CHAIN_DEPTH};
+pub use pmem::{request_dump, PmemBacking, DUMP_DIR_ENV, DUMP_SIGNAL, PLAN_ENV, PLAN_MAGIC};
 pub use qcow2::Compression;
 pub use resolve::MAX_EXTENTS;
 pub use space::{ImageSpace, MapOptions, MapStats, OverBudget, DEFAULT_MAX_MATERIALISED};

@@ -30,7 +30,7 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{current_len, ExtentKind, ExtentMap, GuestOffset, Image, ImageOptions, LayerOffset};
 use crate::mem::{self, Access, Assembly, Backing, Memfd, PageRange, Share};
@@ -72,7 +72,7 @@ pub struct MapOptions {
 }
 
 /// What a mapping did.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct MapStats {
     /// Virtual size of the disk.
     pub size_bytes: u64,
@@ -96,7 +96,7 @@ pub struct MapStats {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Source {
+pub(super) enum Source {
     /// Layer `depth` at file offset.
     File {
         depth: usize,
@@ -123,10 +123,10 @@ struct Slot {
 }
 
 #[derive(Debug, Clone, Copy)]
-struct Piece {
-    start: u64,
-    end: u64,
-    source: Source,
+pub(super) struct Piece {
+    pub(super) start: u64,
+    pub(super) end: u64,
+    pub(super) source: Source,
 }
 
 impl Piece {
@@ -335,103 +335,29 @@ impl ImageSpace {
 
     /// Maps an opened image's virtual disk.
     pub fn map_image(image: &Image, options: &MapOptions) -> Result<Self> {
-        let path = image.layers()[0].path().to_path_buf();
+        let layers: Vec<LayerFile<'_>> =
+            image.layers().iter().map(|l| LayerFile { path: l.path(), file: l.file(), len: l.file_len() }).collect();
+        Self::place(layout(image, options)?, &layers, options.writable)
+    }
+
+    /// Maps a planned layout whose layer `depth` is `layers[depth]`.
+    pub(super) fn place(layout: Layout, layers: &[LayerFile<'_>], writable: bool) -> Result<Self> {
+        let Layout { pieces, memfd, mut stats, map, total } = layout;
+        let path = layers[0].path.to_path_buf();
         let err = |why: String| Error::Image { path: path.clone(), why };
-        let page = mem::page_size() as u64;
-        let map = image.extent_map()?;
-        if map.size == 0 {
-            return Err(err("cannot map an image of virtual size 0".into()));
-        }
-        let total = usize::try_from(map.size.div_ceil(page) * page)
-            .map_err(|_| err(format!("virtual size {} does not fit in the address space", map.size)))?;
-        let (mut pieces, slots) = plan(&map, page, image, total as u64)?;
-        let budget = options.max_mappings.unwrap_or_else(default_budget).max(1);
-        let mut over_budget_bytes = 0;
-        if pieces.len() > budget {
-            match options.over_budget {
-                OverBudget::Fail => {
-                    return Err(err(format!(
-                        "needs {} mappings ({} extents after coalescing) but the budget is {budget} \
-                         (vm.max_map_count {}); map with OverBudget::CopySmallRuns to read small runs into memory",
-                        pieces.len(),
-                        map.extents.len(),
-                        crate::probe::facts().max_map_count
-                    )))
-                }
-                OverBudget::CopySmallRuns => {
-                    // The smallest length threshold that fits, by binary search.
-                    let mut lens: Vec<u64> =
-                        pieces.iter().filter(|p| p.source != Source::Memfd).map(|p| p.end - p.start).collect();
-                    lens.sort_unstable();
-                    lens.dedup();
-                    let i = lens.partition_point(|&t| count_with(&pieces, t) > budget);
-                    let threshold = lens.get(i).copied().unwrap_or(u64::MAX);
-                    let mut merged = Vec::new();
-                    for p in &pieces {
-                        let mut p = *p;
-                        if p.source != Source::Memfd && p.end - p.start <= threshold {
-                            over_budget_bytes += p.end - p.start;
-                            p.source = Source::Memfd;
-                        }
-                        push(&mut merged, p);
-                    }
-                    pieces = merged;
-                }
-            }
-        }
-        // What materialising costs, checked before any of it is done.
-        let used = slots_in_use(&pieces, &slots);
-        let materialised = pieces.iter().filter(|p| p.source == Source::Memfd).map(|p| p.end - p.start).sum::<u64>()
-            + slots.iter().zip(&used).filter(|(_, u)| **u).map(|(s, _)| s.len).sum::<u64>();
-        let limit = options.max_materialised_bytes.unwrap_or(DEFAULT_MAX_MATERIALISED);
-        if materialised > limit {
-            return Err(err(format!(
-                "mapping it would materialise {materialised} bytes in memory (decompressed clusters, partial pages, \
-                 runs copied over the budget), over the {limit}-byte limit; raise it with --max-materialised \
-                 (MapOptions::max_materialised_bytes)"
-            )));
-        }
-        let memfd = if materialised > 0 {
-            let fd = Memfd::create("advm-image").map_err(|e| err(format!("materialising pages: {e}")))?;
-            let len = slots.last().map_or(total as u64, |s| s.at + s.len);
-            fd.set_len(len).map_err(|e| err(format!("materialising pages: {e}")))?;
-            for p in pieces.iter().filter(|p| p.source == Source::Memfd) {
-                fill(image, &fd, p.start, p.end.min(map.size))?;
-            }
-            for s in slots.iter().zip(&used).filter(|(_, u)| **u).map(|(s, _)| s) {
-                let data = image.layers()[s.depth].decompressed(s.offset, s.stored_len)?;
-                write_nonzero(image, &fd, &data, s.at)?;
-            }
-            Some(fd)
-        } else {
-            None
-        };
-        let access = if options.writable { Access::ReadWrite } else { Access::Read };
+        let access = if writable { Access::ReadWrite } else { Access::Read };
         let mut assembly = Assembly::reserve(total)
             .map_err(|e| err(format!("reserving {total} bytes of address space for the virtual disk: {e}")))?;
-        let mut stats = MapStats {
-            size_bytes: map.size,
-            extents: map.extents.len(),
-            budget,
-            over_budget_bytes,
-            materialised_bytes: materialised,
-            ..Default::default()
-        };
-        let mut watched = vec![false; image.layers().len()];
+        let mut watched = vec![false; layers.len()];
         for p in &pieces {
             let len = (p.end - p.start) as usize;
             let backing = match p.source {
                 Source::File { depth, offset } => {
-                    stats.file_bytes += len as u64;
                     watched[depth] = true;
-                    Backing::File { fd: image.layers()[depth].file().as_fd(), offset }
+                    Backing::File { fd: layers[depth].file.as_fd(), offset }
                 }
-                Source::Anon => {
-                    stats.zero_bytes += len as u64;
-                    Backing::Anonymous
-                }
+                Source::Anon => Backing::Anonymous,
                 Source::Memfd | Source::Slot { .. } => {
-                    stats.memfd_bytes += len as u64;
                     let offset = if let Source::Slot { offset } = p.source { offset } else { p.start };
                     Backing::Memfd { memfd: memfd.as_ref().expect("created above"), offset }
                 }
@@ -439,7 +365,7 @@ impl ImageSpace {
             assembly.place(mem::Extent { offset: p.start as usize, len, backing }, access, Share::Private).map_err(
                 |e| {
                     let what = match p.source {
-                        Source::File { depth, .. } => format!("layer {}", image.layers()[depth].path().display()),
+                        Source::File { depth, .. } => format!("layer {}", layers[depth].path.display()),
                         Source::Anon => "zeros".into(),
                         Source::Memfd | Source::Slot { .. } => "materialised pages".into(),
                     };
@@ -448,12 +374,11 @@ impl ImageSpace {
             )?;
         }
         stats.mappings = assembly.placed();
-        let watches = image
-            .layers()
+        let watches = layers
             .iter()
             .zip(&watched)
             .filter(|(_, w)| **w)
-            .map(|(l, _)| Watch::new(l.path(), l.file(), l.file_len()))
+            .map(|(l, _)| Watch::new(l.path, l.file, l.len))
             .collect::<Result<Vec<_>>>()?;
         let space = Self { assembly, _memfd: memfd, watches, stats, map };
         // A layer truncated between opening and leasing is caught here.
@@ -524,6 +449,119 @@ impl ImageSpace {
         }
         Ok(sum)
     }
+}
+
+/// A layer file as the mapping needs it: its name (for errors), the open file, and its
+/// length when opened (a shorter file later means truncation).
+pub(super) struct LayerFile<'a> {
+    pub(super) path: &'a Path,
+    pub(super) file: &'a File,
+    pub(super) len: u64,
+}
+
+/// The plan of a mapping, with its memfd filled: what [`ImageSpace::map_image`] places,
+/// and what a VMM or a client of the image service maps by itself (see `super::layout`).
+pub(super) struct Layout {
+    pub(super) pieces: Vec<Piece>,
+    pub(super) memfd: Option<Memfd>,
+    /// Sizes and counts; `mappings` is the number of pieces.
+    pub(super) stats: MapStats,
+    pub(super) map: ExtentMap,
+    /// The virtual size rounded up to a page.
+    pub(super) total: usize,
+}
+
+/// Plans the mapping of `image` under `options` and materialises its memfd.
+pub(super) fn layout(image: &Image, options: &MapOptions) -> Result<Layout> {
+    let path = image.layers()[0].path().to_path_buf();
+    let err = |why: String| Error::Image { path: path.clone(), why };
+    let page = mem::page_size() as u64;
+    let map = image.extent_map()?;
+    if map.size == 0 {
+        return Err(err("cannot map an image of virtual size 0".into()));
+    }
+    let total = usize::try_from(map.size.div_ceil(page) * page)
+        .map_err(|_| err(format!("virtual size {} does not fit in the address space", map.size)))?;
+    let (mut pieces, slots) = plan(&map, page, image, total as u64)?;
+    let budget = options.max_mappings.unwrap_or_else(default_budget).max(1);
+    let mut over_budget_bytes = 0;
+    if pieces.len() > budget {
+        match options.over_budget {
+            OverBudget::Fail => {
+                return Err(err(format!(
+                    "needs {} mappings ({} extents after coalescing) but the budget is {budget} \
+                         (vm.max_map_count {}); map with OverBudget::CopySmallRuns to read small runs into memory",
+                    pieces.len(),
+                    map.extents.len(),
+                    crate::probe::facts().max_map_count
+                )))
+            }
+            OverBudget::CopySmallRuns => {
+                // The smallest length threshold that fits, by binary search.
+                let mut lens: Vec<u64> =
+                    pieces.iter().filter(|p| p.source != Source::Memfd).map(|p| p.end - p.start).collect();
+                lens.sort_unstable();
+                lens.dedup();
+                let i = lens.partition_point(|&t| count_with(&pieces, t) > budget);
+                let threshold = lens.get(i).copied().unwrap_or(u64::MAX);
+                let mut merged = Vec::new();
+                for p in &pieces {
+                    let mut p = *p;
+                    if p.source != Source::Memfd && p.end - p.start <= threshold {
+                        over_budget_bytes += p.end - p.start;
+                        p.source = Source::Memfd;
+                    }
+                    push(&mut merged, p);
+                }
+                pieces = merged;
+            }
+        }
+    }
+    // What materialising costs, checked before any of it is done.
+    let used = slots_in_use(&pieces, &slots);
+    let materialised = pieces.iter().filter(|p| p.source == Source::Memfd).map(|p| p.end - p.start).sum::<u64>()
+        + slots.iter().zip(&used).filter(|(_, u)| **u).map(|(s, _)| s.len).sum::<u64>();
+    let limit = options.max_materialised_bytes.unwrap_or(DEFAULT_MAX_MATERIALISED);
+    if materialised > limit {
+        return Err(err(format!(
+            "mapping it would materialise {materialised} bytes in memory (decompressed clusters, partial pages, \
+                 runs copied over the budget), over the {limit}-byte limit; raise it with --max-materialised \
+                 (MapOptions::max_materialised_bytes)"
+        )));
+    }
+    let memfd = if materialised > 0 {
+        let fd = Memfd::create("advm-image").map_err(|e| err(format!("materialising pages: {e}")))?;
+        let len = slots.last().map_or(total as u64, |s| s.at + s.len);
+        fd.set_len(len).map_err(|e| err(format!("materialising pages: {e}")))?;
+        for p in pieces.iter().filter(|p| p.source == Source::Memfd) {
+            fill(image, &fd, p.start, p.end.min(map.size))?;
+        }
+        for s in slots.iter().zip(&used).filter(|(_, u)| **u).map(|(s, _)| s) {
+            let data = image.layers()[s.depth].decompressed(s.offset, s.stored_len)?;
+            write_nonzero(image, &fd, &data, s.at)?;
+        }
+        Some(fd)
+    } else {
+        None
+    };
+    let mut stats = MapStats {
+        size_bytes: map.size,
+        extents: map.extents.len(),
+        mappings: pieces.len(),
+        budget,
+        over_budget_bytes,
+        materialised_bytes: materialised,
+        ..Default::default()
+    };
+    for p in &pieces {
+        let len = p.end - p.start;
+        match p.source {
+            Source::File { .. } => stats.file_bytes += len,
+            Source::Anon => stats.zero_bytes += len,
+            Source::Memfd | Source::Slot { .. } => stats.memfd_bytes += len,
+        }
+    }
+    Ok(Layout { pieces, memfd, stats, map, total })
 }
 
 /// Writes the disk's bytes `[start, end)` into the memfd at the same offsets,

@@ -5,20 +5,20 @@ use std::fmt;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// A position on the virtual disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct GuestOffset(pub u64);
 
 /// A position inside one layer file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct LayerOffset(pub u64);
 
 /// The index of a cluster of a qcow2 layer (guest offset / cluster size).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct ClusterIndex(pub u64);
 
@@ -89,7 +89,7 @@ pub enum LayerFormat {
 }
 
 /// Why a range reads as zeros.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 #[non_exhaustive]
 pub enum ZeroReason {
@@ -118,7 +118,7 @@ impl fmt::Display for ZeroReason {
 }
 
 /// What a range of the virtual disk is.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 #[non_exhaustive]
 pub enum ExtentKind {
@@ -147,7 +147,7 @@ pub enum ExtentKind {
 }
 
 /// One run of the virtual disk with one answer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Extent {
     /// First byte.
     pub start: GuestOffset,
@@ -170,7 +170,7 @@ impl Extent {
 }
 
 /// The whole virtual disk as sorted, non-overlapping, coalesced extents.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ExtentMap {
     /// Virtual size in bytes.
     pub size: u64,

@@ -19,6 +19,12 @@ impl Memfd {
         Ok(Self { fd: memfd::create(name)? })
     }
 
+    /// Takes over a descriptor received from elsewhere (the image service's
+    /// decompressed-cluster memfd).
+    pub(crate) fn from_owned(fd: OwnedFd) -> Self {
+        Self { fd }
+    }
+
     /// Sets the size (sparse: no pages are allocated).
     pub fn set_len(&self, len: u64) -> Result<()> {
         Ok(memfd::set_len(&self.fd, len)?)

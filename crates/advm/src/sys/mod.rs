@@ -5,6 +5,7 @@
 //! values stay representable through [`Errno`]).
 #![allow(unsafe_code)]
 
+pub mod fdpass;
 pub mod fs;
 pub mod ksm;
 pub mod memfd;
@@ -16,6 +17,8 @@ pub mod process;
 pub mod procmap;
 pub mod signal;
 pub mod swap;
+pub mod sigsend;
+pub mod thp;
 pub mod uffd;
 pub mod uffd_sigbus;
 

@@ -1,0 +1,73 @@
+//! `advm vm dump`: asks the shim inside a running `--disk pmem` VM's QEMU for the
+//! clusters its guest wrote (it forks: that is the pause; a grandchild copies from the
+//! frozen view while the guest runs on) and turns them into a qcow2 overlay whose
+//! backing file is the chain's top layer.
+
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use advm::image::{dump, request_dump};
+
+use super::run::{workdir_of, VM_INFO};
+use crate::CliError;
+
+fn usage(s: String) -> CliError {
+    CliError::Usage(s)
+}
+
+/// Runs `advm vm dump --vm PID --out FILE`.
+pub fn run(vm: u32, out: &Path, timeout: Duration) -> Result<(), CliError> {
+    let dir = workdir_of(vm);
+    let info_path = dir.join(VM_INFO);
+    let text = std::fs::read_to_string(&info_path).map_err(|e| {
+        CliError::Io(format!("{} (is {vm} the pid of a running `advm vm run`?)", info_path.display()), e)
+    })?;
+    let info: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| usage(format!("{}: {e}", info_path.display())))?;
+    if info["disk"] != "pmem" {
+        return Err(usage(format!("VM {vm} runs with --disk {}; dumps need --disk pmem", info["disk"])));
+    }
+    let (Some(qemu), Some(size), Some(image)) =
+        (info["qemu_pid"].as_u64(), info["size"].as_u64(), info["image"].as_str())
+    else {
+        return Err(usage(format!("{}: missing qemu_pid, size or image", info_path.display())));
+    };
+    if out.exists() {
+        return Err(usage(format!("{}: already exists; a dump never overwrites a file", out.display())));
+    }
+    for f in ["dump.done", "dump.raw", "dump.clusters", "dump.pause_ns"] {
+        let _ = std::fs::remove_file(dir.join(f));
+    }
+    let t0 = Instant::now();
+    request_dump(qemu as u32)?;
+    while !dir.join("dump.done").exists() {
+        if t0.elapsed() > timeout {
+            return Err(usage(format!("no dump from QEMU {qemu} within {} s", timeout.as_secs())));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let copied = t0.elapsed();
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+    let status = read("dump.done");
+    if status.trim() != "0" {
+        return Err(usage(format!("the shim's dump failed (status {})", status.trim())));
+    }
+    let clusters: Vec<u64> = read("dump.clusters").lines().filter_map(|l| l.parse().ok()).collect();
+    let raw_path = dir.join("dump.raw");
+    let raw = std::fs::File::open(&raw_path).map_err(|e| CliError::Io(raw_path.display().to_string(), e))?;
+    let bytes = dump::write_overlay(out, size, &clusters, image, |guest, buf| {
+        raw.read_exact_at(buf, guest).map_err(|e| advm::Error::io(&raw_path, e))
+    })?;
+    let _ = std::fs::remove_file(&raw_path);
+    let pause_ns: u64 = read("dump.pause_ns").trim().parse().unwrap_or(0);
+    println!(
+        "{}: {} clusters of 64 KiB ({} bytes) over {image}; guest paused {:.3} ms (fork), copy done after {} ms",
+        out.display(),
+        clusters.len(),
+        bytes,
+        pause_ns as f64 / 1e6,
+        copied.as_millis()
+    );
+    Ok(())
+}

@@ -1,0 +1,181 @@
+//! The QEMU command line of `advm vm run`: a pure function of the settings, so tests
+//! check it without starting anything.
+
+use std::path::PathBuf;
+
+/// How the guest sees its disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Disk {
+    /// virtio-pmem over a memory backend whose file is advm's plan (`backing`), of
+    /// `size` bytes; the guest mounts it with `-o dax`.
+    Pmem { backing: String, size: u64 },
+    /// QEMU's own qcow2 driver on virtio-blk; writes go to a temporary overlay
+    /// (`snapshot=on`), never into the chain.
+    Blk { image: PathBuf },
+}
+
+/// How QEMU runs the guest's CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Accel {
+    /// Hardware virtualisation through /dev/kvm.
+    Kvm,
+    /// QEMU's emulator: slower, but boots any kernel anywhere.
+    Tcg,
+}
+
+/// Everything the command line depends on.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub qemu: String,
+    pub kernel: PathBuf,
+    pub initrd: PathBuf,
+    pub disk: Disk,
+    pub mem_mib: u64,
+    pub accel: Accel,
+    /// Guest RAM mergeable (QEMU's `mem-merge`), for KSM.
+    pub ksm: bool,
+    /// The guest's service keeps writing files (`advm.writes=1`).
+    pub guest_writes: bool,
+    /// Host port forwarded to the guest's service (port 8000).
+    pub port: u16,
+    /// Where the serial console goes.
+    pub console: PathBuf,
+    pub extra: Vec<String>,
+}
+
+/// The guest's service port.
+pub const GUEST_PORT: u16 = 8000;
+
+/// The arguments after the program name.
+pub fn args(s: &Settings) -> Vec<String> {
+    let root = match s.disk {
+        Disk::Pmem { .. } => "pmem",
+        Disk::Blk { .. } => "blk",
+    };
+    // The emulator's translation cache defaults to 1 GiB of anonymous memory per VM;
+    // 64 MiB is plenty for this guest and keeps the emulator's own memory out of the way.
+    let (accel, cpu) = match s.accel {
+        Accel::Kvm => ("kvm", "host"),
+        Accel::Tcg => ("tcg,tb-size=64", "max"),
+    };
+    // no_timer_check: an emulated guest on a busy host can miss the IO-APIC timer check
+    // and panic. swiotlb=noforce: with a hotplug area (the pmem device's) the guest sees
+    // memory above 4 GiB and would zero a 64 MiB bounce buffer no virtio device needs.
+    let mut a: Vec<String> = vec![
+        "-machine".into(),
+        format!("pc,mem-merge={}", if s.ksm { "on" } else { "off" }),
+        "-accel".into(),
+        accel.into(),
+        "-cpu".into(),
+        cpu.into(),
+        "-smp".into(),
+        "1".into(),
+        "-nodefaults".into(),
+        "-no-user-config".into(),
+        "-display".into(),
+        "none".into(),
+        "-no-reboot".into(),
+        "-serial".into(),
+        format!("file:{}", s.console.display()),
+        "-kernel".into(),
+        s.kernel.display().to_string(),
+        "-initrd".into(),
+        s.initrd.display().to_string(),
+        "-append".into(),
+        format!(
+            "console=ttyS0 quiet panic=-1 no_timer_check swiotlb=noforce advm.root={root}{}",
+            if s.guest_writes { " advm.writes=1" } else { "" }
+        ),
+        "-netdev".into(),
+        format!("user,id=net0,hostfwd=tcp:127.0.0.1:{}-:{GUEST_PORT}", s.port),
+        "-device".into(),
+        "virtio-net-pci,netdev=net0,romfile=".into(),
+    ];
+    match &s.disk {
+        Disk::Pmem { backing, size } => {
+            // The device sits in the hotplug area above RAM: room for it, and a slot.
+            let max = s.mem_mib + size.div_ceil(1 << 20);
+            a.extend([
+                "-m".into(),
+                format!("{}M,slots=1,maxmem={max}M", s.mem_mib),
+                "-object".into(),
+                format!("memory-backend-file,id=pmem0mem,mem-path={backing},size={size},share=off"),
+                "-device".into(),
+                "virtio-pmem-pci,memdev=pmem0mem,id=pmem0".into(),
+            ]);
+        }
+        Disk::Blk { image } => {
+            a.extend([
+                "-m".into(),
+                format!("{}M", s.mem_mib),
+                "-drive".into(),
+                format!("file={},if=none,id=disk0,format=qcow2,snapshot=on", image.display()),
+                "-device".into(),
+                "virtio-blk-pci,drive=disk0".into(),
+            ]);
+        }
+    }
+    a.extend(s.extra.iter().cloned());
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(disk: Disk) -> Settings {
+        Settings {
+            qemu: "qemu-system-x86_64".into(),
+            kernel: "/g/vmlinuz".into(),
+            initrd: "/g/initrd.img".into(),
+            disk,
+            mem_mib: 256,
+            accel: Accel::Kvm,
+            ksm: false,
+            guest_writes: false,
+            port: 4321,
+            console: "/run/c.log".into(),
+            extra: vec!["-S".into()],
+        }
+    }
+
+    fn has(a: &[String], flag: &str, value: &str) -> bool {
+        a.windows(2).any(|w| w[0] == flag && w[1] == value)
+    }
+
+    #[test]
+    fn pmem_disk_is_a_virtio_pmem_device_over_the_plan_file_with_room_above_ram() {
+        let a = args(&settings(Disk::Pmem { backing: "/proc/self/fd/7".into(), size: 1 << 30 }));
+        assert!(has(
+            &a,
+            "-object",
+            "memory-backend-file,id=pmem0mem,mem-path=/proc/self/fd/7,size=1073741824,share=off"
+        ));
+        assert!(has(&a, "-device", "virtio-pmem-pci,memdev=pmem0mem,id=pmem0"));
+        assert!(has(&a, "-m", "256M,slots=1,maxmem=1280M"));
+        assert!(has(&a, "-append", "console=ttyS0 quiet panic=-1 no_timer_check swiotlb=noforce advm.root=pmem"));
+        assert!(!a.iter().any(|x| x.starts_with("file=")), "no block device in pmem mode: {a:?}");
+    }
+
+    #[test]
+    fn blk_disk_is_qemus_qcow2_driver_writing_to_a_temporary_overlay() {
+        let a = args(&settings(Disk::Blk { image: "/g/app.qcow2".into() }));
+        assert!(has(&a, "-drive", "file=/g/app.qcow2,if=none,id=disk0,format=qcow2,snapshot=on"));
+        assert!(has(&a, "-append", "console=ttyS0 quiet panic=-1 no_timer_check swiotlb=noforce advm.root=blk"));
+        assert!(has(&a, "-m", "256M"));
+    }
+
+    #[test]
+    fn ksm_turns_qemus_mem_merge_on_and_extra_args_come_last() {
+        let mut s = settings(Disk::Blk { image: "/g/app.qcow2".into() });
+        assert!(has(&args(&s), "-machine", "pc,mem-merge=off") && has(&args(&s), "-accel", "kvm"));
+        s.ksm = true;
+        let a = args(&s);
+        assert!(has(&a, "-machine", "pc,mem-merge=on"));
+        s.accel = Accel::Tcg;
+        let a = args(&s);
+        assert!(has(&a, "-accel", "tcg,tb-size=64") && has(&a, "-cpu", "max"));
+        assert!(has(&a, "-netdev", "user,id=net0,hostfwd=tcp:127.0.0.1:4321-:8000"));
+        assert_eq!(a.last().map(String::as_str), Some("-S"));
+    }
+}

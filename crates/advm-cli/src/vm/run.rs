@@ -1,0 +1,306 @@
+//! `advm vm run`: boots the guest under unmodified QEMU/KVM and waits for its service.
+//!
+//! With `--disk pmem` the chain is planned by `advm::image::PmemBacking` and QEMU runs
+//! with the preload shim (`ADVM_MODE=off`: malloc stays glibc's), which maps the plan
+//! where QEMU maps its virtio-pmem backend file. With `--disk blk` QEMU reads the chain
+//! itself.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use advm::image::{Image, MapOptions, PmemBacking, DUMP_DIR_ENV};
+
+use super::qemu::{self, Accel, Disk, Settings};
+use crate::CliError;
+
+/// The file in a VM's work directory that describes it.
+pub const VM_INFO: &str = "vm.json";
+
+/// The pmem device's size is a multiple of this (DAX maps the device in 2 MiB units).
+const PMEM_ALIGN: u64 = 2 << 20;
+
+/// `--disk`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DiskKind {
+    /// FlexMem: virtio-pmem backed by advm's mapping of the chain, mounted with DAX.
+    Pmem,
+    /// QEMU's qcow2 driver on virtio-blk (each guest caches what it reads).
+    Blk,
+}
+
+/// Arguments of `advm vm run`.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// The chain's top layer (e.g. app.qcow2 from `advm vm image build`).
+    #[arg(long)]
+    pub image: PathBuf,
+    /// How the guest sees the disk.
+    #[arg(long, value_enum, default_value = "pmem")]
+    pub disk: DiskKind,
+    /// Guest RAM in MiB.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(64..=65536))]
+    pub mem: u64,
+    /// CPU: kvm, tcg, or auto (kvm when /dev/kvm is hardware KVM, else tcg; see docs/vm.md).
+    #[arg(long, default_value = "auto")]
+    pub accel: String,
+    /// Mark guest RAM mergeable and run KSM while the VM runs.
+    #[arg(long)]
+    pub ksm: bool,
+    /// Keep QEMU's transparent huge pages for guest RAM (by default they are off: a
+    /// guest touching one page of 2 MiB would hold all of it on the host).
+    #[arg(long)]
+    pub thp: bool,
+    /// The guest's service keeps writing files (a workload for `advm vm dump`).
+    #[arg(long)]
+    pub guest_writes: bool,
+    /// Kernel (default: vmlinuz beside the image).
+    #[arg(long)]
+    pub kernel: Option<PathBuf>,
+    /// Initramfs (default: initrd.img beside the image).
+    #[arg(long)]
+    pub initrd: Option<PathBuf>,
+    /// Seconds to wait for the guest's service.
+    #[arg(long, default_value_t = 60)]
+    pub timeout: u64,
+    /// Stop the VM once it is ready (for scripts and tests).
+    #[arg(long)]
+    pub exit_when_ready: bool,
+    /// The QEMU program.
+    #[arg(long, default_value = "qemu-system-x86_64")]
+    pub qemu: String,
+    /// Extra QEMU arguments.
+    #[arg(last = true)]
+    pub extra: Vec<String>,
+}
+
+/// A started VM.
+pub struct Vm {
+    pub child: Child,
+    pub port: u16,
+    pub console: PathBuf,
+    pub qemu_log: PathBuf,
+    pub started: Instant,
+    _backing: Option<PmemBacking>,
+}
+
+fn usage(s: String) -> CliError {
+    CliError::Usage(s)
+}
+
+/// Whether /dev/kvm runs unmodified guests: hardware KVM (kvm_intel, kvm_amd). PVM
+/// (kvm_pvm, KVM for VMs without hardware virtualisation) only runs kernels built as PVM
+/// guests, which Debian's is not.
+fn hardware_kvm() -> bool {
+    ["kvm_intel", "kvm_amd"].iter().any(|m| Path::new("/sys/module").join(m).exists())
+}
+
+/// Resolves `--accel`: `kvm` needs /dev/kvm (an error names what is missing), `auto`
+/// falls back to tcg with a note.
+pub fn accel(requested: &str) -> Result<Accel, CliError> {
+    let kvm = || -> Result<(), String> {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/kvm")
+            .map_err(|e| format!("/dev/kvm: {e}; --accel kvm needs KVM (hardware virtualisation)"))?;
+        if !hardware_kvm() {
+            return Err("/dev/kvm is not hardware KVM (no kvm_intel or kvm_amd module; kvm_pvm runs only PVM \
+                        guest kernels, and Debian's kernel is not one)"
+                .into());
+        }
+        Ok(())
+    };
+    match requested {
+        "kvm" => kvm().map(|()| Accel::Kvm).map_err(usage),
+        "tcg" => Ok(Accel::Tcg),
+        "auto" => Ok(kvm().map(|()| Accel::Kvm).unwrap_or_else(|why| {
+            eprintln!("advm vm run: {why}; using QEMU's emulator (tcg)");
+            Accel::Tcg
+        })),
+        other => Err(usage(format!("--accel {other}: expected kvm, tcg or auto"))),
+    }
+}
+
+/// Checks what a VM needs before anything starts: QEMU, kernel, initrd.
+pub fn preflight(qemu: &str, kernel: &Path, initrd: &Path) -> Result<(), CliError> {
+    let found = if qemu.contains('/') {
+        Path::new(qemu).is_file()
+    } else {
+        std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(qemu).is_file()))
+    };
+    if !found {
+        return Err(usage(format!("{qemu}: not found; install qemu-system-x86 (`make deps`)")));
+    }
+    for (what, p) in [("kernel", kernel), ("initrd", initrd)] {
+        if !p.is_file() {
+            return Err(usage(format!(
+                "{what} {}: not found; build the guest with `advm vm image build` or pass --{what}",
+                p.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn free_port() -> Result<u16, CliError> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| CliError::Io("binding a local port".into(), e))?;
+    Ok(l.local_addr().map_err(|e| CliError::Io("local port".into(), e))?.port())
+}
+
+/// Starts QEMU for `args` (checked by [`preflight`] first).
+pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
+    let dir = args.image.parent().map(Path::to_path_buf).unwrap_or_default();
+    let kernel = args.kernel.clone().unwrap_or_else(|| dir.join("vmlinuz"));
+    let initrd = args.initrd.clone().unwrap_or_else(|| dir.join("initrd.img"));
+    preflight(&args.qemu, &kernel, &initrd)?;
+    let accel = accel(&args.accel)?;
+    let image = Image::open(&args.image)?;
+    if !args.thp {
+        advm::process::disable_thp()?;
+    }
+    std::fs::create_dir_all(workdir).map_err(|e| CliError::Io(workdir.display().to_string(), e))?;
+    let console = workdir.join("console.log");
+    let qemu_log = workdir.join("qemu.log");
+    let (disk, backing) = match args.disk {
+        DiskKind::Pmem => {
+            let b = PmemBacking::new(&image, &MapOptions { writable: true, ..Default::default() }, PMEM_ALIGN)?;
+            (Disk::Pmem { backing: b.backing_path(), size: b.size() }, Some(b))
+        }
+        DiskKind::Blk => (
+            Disk::Blk {
+                image: args.image.canonicalize().map_err(|e| CliError::Io(args.image.display().to_string(), e))?,
+            },
+            None,
+        ),
+    };
+    // A port found free can be taken by another VM starting at the same moment; QEMU
+    // then fails at once, and another port is tried.
+    let mut attempt = 0;
+    let (child, port, started) = loop {
+        attempt += 1;
+        let port = free_port()?;
+        let settings = Settings {
+            qemu: args.qemu.clone(),
+            kernel: kernel.clone(),
+            initrd: initrd.clone(),
+            disk: disk.clone(),
+            mem_mib: args.mem,
+            accel,
+            ksm: args.ksm,
+            guest_writes: args.guest_writes,
+            port,
+            console: console.clone(),
+            extra: args.extra.clone(),
+        };
+        let log = std::fs::File::create(&qemu_log).map_err(|e| CliError::Io(qemu_log.display().to_string(), e))?;
+        let mut cmd = Command::new(&settings.qemu);
+        cmd.args(qemu::args(&settings))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| CliError::Io("qemu log".into(), e))?)
+            .stderr(log);
+        if let Some(b) = &backing {
+            let shim = advm_preload::launch::shim_path()?;
+            let (k, v) = b.env();
+            cmd.env("LD_PRELOAD", shim).env(advm_preload::env::MODE, "off").env(k, v).env(DUMP_DIR_ENV, workdir);
+        }
+        let started = Instant::now();
+        let mut child = cmd.spawn().map_err(|e| CliError::Io(format!("starting {}", settings.qemu), e))?;
+        std::thread::sleep(Duration::from_millis(500));
+        let taken = child.try_wait().ok().flatten().is_some()
+            && std::fs::read_to_string(&qemu_log).is_ok_and(|l| l.contains("Could not set up host forwarding"));
+        if !taken || attempt == 5 {
+            break (child, port, started);
+        }
+    };
+    // What `advm vm dump` needs to find and describe this VM.
+    let top = args.image.canonicalize().map_err(|e| CliError::Io(args.image.display().to_string(), e))?;
+    let info = serde_json::json!({
+        "qemu_pid": child.id(),
+        "image": top,
+        "disk": if backing.is_some() { "pmem" } else { "blk" },
+        "size": backing.as_ref().map(PmemBacking::size),
+    });
+    std::fs::write(workdir.join(VM_INFO), info.to_string()).map_err(|e| CliError::Io(VM_INFO.into(), e))?;
+    Ok(Vm { child, port, console, qemu_log, started, _backing: backing })
+}
+
+/// The last `n` lines of a file.
+pub fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// One HTTP GET of `/`: the body when the answer is 200.
+pub fn get(port: u16) -> Option<String> {
+    let mut s = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(500)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(b"GET / HTTP/1.0\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    head.split_whitespace().nth(1).filter(|c| *c == "200").map(|_| body.trim().to_string())
+}
+
+impl Vm {
+    /// Waits until the service answers: the time since start and the answer; on
+    /// timeout or early exit the VM is stopped and the error has the console's tail.
+    pub fn wait_ready(&mut self, timeout: Duration) -> Result<(Duration, String), CliError> {
+        loop {
+            if let Some(status) = self.child.try_wait().map_err(|e| CliError::Io("waiting for QEMU".into(), e))? {
+                return Err(usage(format!(
+                    "QEMU exited ({status}) before the guest's service answered\nQEMU said:\n{}\nconsole tail:\n{}",
+                    tail(&self.qemu_log, 10),
+                    tail(&self.console, 20)
+                )));
+            }
+            if let Some(body) = get(self.port) {
+                return Ok((self.started.elapsed(), body));
+            }
+            if self.started.elapsed() > timeout {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return Err(usage(format!(
+                    "the guest's service did not answer within {} s; console tail:\n{}",
+                    timeout.as_secs(),
+                    tail(&self.console, 20)
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Stops QEMU (SIGKILL: its state is disposable) and reaps it.
+    pub fn stop(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The directory of the VM `advm vm run` process `pid` runs: console, logs, dumps.
+pub fn workdir_of(pid: u32) -> PathBuf {
+    std::env::temp_dir().join(format!("advm-vm-{pid}"))
+}
+
+/// Runs `advm vm run`.
+pub fn run(args: RunArgs) -> Result<(), CliError> {
+    let _ksm = if args.ksm { Some(advm::ksm::Session::start(1000, 20)?) } else { None };
+    let work = workdir_of(std::process::id());
+    let mut vm = start(&args, &work)?;
+    let signals = advm::process::ForwardSignals::to(vm.child.id())?;
+    let (t, body) = vm.wait_ready(Duration::from_secs(args.timeout))?;
+    println!("ready: http://127.0.0.1:{}/ answered after {} ms ({})", vm.port, t.as_millis(), body);
+    eprintln!("console: {}; dump with `advm vm dump --vm {}`", vm.console.display(), std::process::id());
+    if args.exit_when_ready {
+        drop(signals);
+        vm.stop();
+        return Ok(());
+    }
+    let status = vm.child.wait().map_err(|e| CliError::Io("waiting for QEMU".into(), e))?;
+    drop(signals);
+    eprintln!("advm vm run: QEMU exited ({status})");
+    Ok(())
+}

@@ -1,0 +1,260 @@
+/* pmem.c: an image's mapping plan in place of a VMM's memory-backend file (FlexMem).
+ *
+ * advm vm run hands QEMU a plan memfd as the file of a virtio-pmem memory backend
+ * (mem-path=/proc/self/fd/N) and names that descriptor in ADVM_PMEM_PLAN_FD. When the
+ * program maps that file, this mmap maps the plan's pieces there instead: layer files
+ * and the materialised-pages memfd MAP_PRIVATE (the guest's writes stay in this
+ * process, its reads share the host's page cache), zeros anonymous. The format is
+ * written by crates/advm/src/image/pmem.rs. Every other mmap goes straight to the
+ * kernel. Independent of the arena: ADVM_MODE=off leaves malloc to glibc.
+ *
+ * Fast dump of a running VM (`advm vm dump`): with ADVM_PMEM_DUMP_DIR set, signal
+ * ADVM_DUMP_SIGNAL makes the program fork (the pause); a grandchild, whose memory is
+ * the copy-on-write view frozen at that fork, writes the 64 KiB clusters of the device
+ * holding pages the guest wrote (present, anonymous, not the zero page) to
+ * DIR/dump.raw at their guest offsets, their indices to DIR/dump.clusters, and then
+ * DIR/dump.done; advm turns them into a qcow2 overlay. Raw syscalls only: this runs
+ * in a signal handler and in a child of a threaded program. */
+#include "shim.h"
+#include <sys/stat.h>
+
+/* SIGRTMAX - 3 on Linux x86_64; crates/advm/src/image/pmem.rs sends it. */
+#define ADVM_DUMP_SIGNAL 61
+#define DUMP_CLUSTER (64u << 10)
+
+#define EXPORT __attribute__((visibility("default")))
+
+static void *sys_mmap(void *a, size_t n, int prot, int flags, int fd, off_t off) {
+    return (void *)syscall(SYS_mmap, a, n, prot, flags, fd, off);
+}
+
+static void say(const char *m) {
+    size_t n = 0;
+    while (m[n]) n++;
+    if (write(2, m, n) < 0) return;
+}
+
+/* -2 not read yet, -1 none */
+static int plan_fd = -2;
+
+static const char *getvar(const char *name) {
+    for (char **e = environ; e && *e; e++) {
+        const char *p = *e, *q = name;
+        while (*q && *p == *q) p++, q++;
+        if (!*q && *p == '=') return p + 1;
+    }
+    return NULL;
+}
+
+static int read_plan_fd(void) {
+    const char *p = getvar("ADVM_PMEM_PLAN_FD");
+    if (!p) return -1;
+    int fd = 0;
+    for (; *p >= '0' && *p <= '9'; p++) fd = fd * 10 + (*p - '0');
+    return fd;
+}
+
+/* ---- fast dump ------------------------------------------------------------------ */
+
+/* the device: where the plan was mapped */
+static char *dump_base;
+static size_t dump_len;
+static char dump_dir[200];
+
+/* dir + "/" + name into out (sizeof >= 256) */
+static void path_of(char *out, const char *name) {
+    size_t n = 0;
+    for (const char *p = dump_dir; *p; p++) out[n++] = *p;
+    out[n++] = '/';
+    for (const char *p = name; *p; p++) out[n++] = *p;
+    out[n] = 0;
+}
+
+static int open_out(const char *name) {
+    char path[256];
+    path_of(path, name);
+    return (int)syscall(SYS_openat, AT_FDCWD, path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+}
+
+static void put_u64(int fd, uint64_t v) {
+    char b[24];
+    int n = 0;
+    do b[n++] = (char)('0' + v % 10); while ((v /= 10));
+    char o[24];
+    for (int i = 0; i < n; i++) o[i] = b[n - 1 - i];
+    o[n++] = '\n';
+    if (syscall(SYS_write, fd, o, n) < 0) return;
+}
+
+static void finish(int status) {
+    int fd = open_out("dump.done.tmp");
+    if (fd >= 0) {
+        put_u64(fd, (uint64_t)status);
+        syscall(SYS_close, fd);
+    }
+    char a[256], b[256];
+    path_of(a, "dump.done.tmp");
+    path_of(b, "dump.done");
+    syscall(SYS_renameat, AT_FDCWD, a, AT_FDCWD, b);
+    syscall(SYS_exit_group, status);
+}
+
+/* The grandchild: writes the written clusters of its frozen view. */
+static void dump_clusters(void) {
+    long ps = 4096;
+    /* the zero page's frame: read-fault a fresh anonymous page */
+    volatile char *z = sys_mmap(NULL, (size_t)ps, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (z == MAP_FAILED) finish(10);
+    (void)z[0];
+    int pm = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    if (pm < 0) finish(11);
+    uint64_t zpfn = 0;
+    if (pread(pm, &zpfn, 8, (off_t)((uintptr_t)z / ps * 8)) != 8) finish(12);
+    zpfn &= (1ull << 55) - 1;
+    int raw = open_out("dump.raw"), list = open_out("dump.clusters");
+    if (raw < 0 || list < 0 || syscall(SYS_ftruncate, raw, (long)dump_len)) finish(13);
+    uint64_t e[DUMP_CLUSTER / 4096];
+    size_t per = DUMP_CLUSTER / (size_t)ps;
+    for (size_t c = 0; c * DUMP_CLUSTER < dump_len; c++) {
+        size_t off = c * DUMP_CLUSTER, n = dump_len - off < DUMP_CLUSTER ? dump_len - off : DUMP_CLUSTER;
+        size_t pages = n / (size_t)ps;
+        if (pread(pm, e, pages * 8, (off_t)(((uintptr_t)dump_base + off) / ps * 8)) != (ssize_t)(pages * 8)) finish(14);
+        int written = 0;
+        for (size_t i = 0; i < pages && i < per; i++) {
+            uint64_t v = e[i];
+            int present = v >> 63 & 1, file = v >> 61 & 1, swapped = v >> 62 & 1;
+            if ((present && !file && (v & ((1ull << 55) - 1)) != zpfn) || (swapped && !file)) written = 1;
+        }
+        if (!written) continue;
+        if (pwrite(raw, dump_base + off, n, (off_t)off) != (ssize_t)n) finish(15);
+        put_u64(list, c);
+    }
+    if (syscall(SYS_fsync, raw)) finish(16);
+    finish(0);
+}
+
+static void on_dump(int sig) {
+    (void)sig;
+    int saved = errno;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    /* QEMU marks guest memory MADV_DONTFORK: let this fork see the device, then put
+     * the mark back */
+    syscall(SYS_madvise, dump_base, dump_len, MADV_DOFORK);
+    /* a raw fork: no atfork handlers (they take locks); the child forks the writer and
+     * leaves at once, so the program never has a child of ours to reap */
+    long pid = syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0);
+    if (pid != 0) syscall(SYS_madvise, dump_base, dump_len, MADV_DONTFORK);
+    if (pid == 0) {
+        long g = syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0);
+        if (g == 0) dump_clusters();
+        syscall(SYS_exit_group, g < 0 ? 1 : 0);
+    }
+    if (pid > 0) syscall(SYS_wait4, pid, 0, 0, 0);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    int fd = open_out("dump.pause_ns");
+    if (fd >= 0) {
+        put_u64(fd, (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000L + (t1.tv_nsec - t0.tv_nsec)));
+        syscall(SYS_close, fd);
+    }
+    errno = saved;
+}
+
+static void arm_dump(char *base, size_t len) {
+    dump_base = base;
+    dump_len = len;
+    const char *d = getvar("ADVM_PMEM_DUMP_DIR");
+    if (!d) return;
+    size_t n = 0;
+    while (d[n] && n + 1 < sizeof dump_dir) dump_dir[n] = d[n], n++;
+    dump_dir[n] = 0;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_dump;
+    sa.sa_flags = SA_RESTART;
+    sigaction(ADVM_DUMP_SIGNAL, &sa, NULL);
+}
+
+static int is_plan(int fd) {
+    if (plan_fd == -2) plan_fd = read_plan_fd();
+    if (plan_fd < 0 || fd < 0) return 0;
+    struct stat a, b;
+    if (fstat(fd, &a) || fstat(plan_fd, &b)) return 0;
+    return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+static int pread_all(int fd, void *buf, size_t n, off_t off) {
+    return pread(fd, buf, n, off) == (ssize_t)n ? 0 : -1;
+}
+
+/* Maps the plan at addr (MAP_FIXED) or at a place of its own. */
+static void *map_plan(void *addr, size_t len, int prot, int flags, off_t off) {
+    uint64_t h[4];
+    if (off != 0 || pread_all(plan_fd, h, sizeof h, 0) || h[1] != 1 || len != h[2]) {
+        say("advm pmem: the plan does not match the mapping asked for (offset, size or format)\n");
+        errno = EINVAL;
+        return MAP_FAILED;
+    }
+    const char *magic = "ADVMPMEM";
+    const unsigned char *m = (const unsigned char *)&h[0];
+    for (int i = 0; i < 8; i++)
+        if (m[i] != (unsigned char)magic[i]) {
+            say("advm pmem: the plan's magic is wrong\n");
+            errno = EINVAL;
+            return MAP_FAILED;
+        }
+    int fixed = flags & MAP_FIXED;
+    char *base = fixed ? addr : sys_mmap(addr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED) return MAP_FAILED;
+    int keep = MAP_PRIVATE | MAP_FIXED | (flags & MAP_NORESERVE);
+    uint64_t e[4 * 64];
+    for (uint64_t i = 0; i < h[3]; i += 64) {
+        uint64_t k = h[3] - i < 64 ? h[3] - i : 64;
+        if (pread_all(plan_fd, e, k * 32, (off_t)(32 + i * 32))) goto fail;
+        for (uint64_t j = 0; j < k; j++) {
+            uint64_t *p = &e[4 * j];
+            if (p[0] + p[1] > len) goto fail;
+            void *r = p[2] == UINT64_MAX ? sys_mmap(base + p[0], p[1], prot, keep | MAP_ANONYMOUS, -1, 0)
+                                         : sys_mmap(base + p[0], p[1], prot, keep, (int)p[2], (off_t)p[3]);
+            if (r == MAP_FAILED) goto fail;
+            /* A guest reads its disk a page here and a page there (DAX): the kernel's
+             * read-around of 32 pages per page-cache miss would read most of the
+             * image into the host's page cache. Pages already cached are still
+             * mapped around a fault. */
+            if (p[2] != UINT64_MAX) syscall(SYS_madvise, r, p[1], MADV_RANDOM);
+        }
+    }
+    arm_dump(base, len);
+    return base;
+fail:
+    say("advm pmem: mapping a piece of the image plan failed\n");
+    int saved = errno ? errno : EINVAL;
+    sys_mmap(base, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    if (!fixed) syscall(SYS_munmap, base, len);
+    errno = saved;
+    return MAP_FAILED;
+}
+
+EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off) {
+    if (fd >= 0 && !(flags & MAP_ANONYMOUS) && is_plan(fd)) return map_plan(addr, len, prot, flags, off);
+    return sys_mmap(addr, len, prot, flags, fd, off);
+}
+
+/* QEMU asks for transparent huge pages on all guest memory. On the plan's file
+ * mappings that makes every page-cache miss read 2 MiB around the fault (the huge-page
+ * readahead), so a guest touching a few blocks here and there pulls the whole image
+ * into the host's page cache: the advice is dropped for the device. */
+EXPORT int madvise(void *addr, size_t len, int advice) {
+    char *a = addr, *b = a + len, *lo = dump_base, *hi = dump_base + dump_len;
+    if (advice == MADV_HUGEPAGE && dump_len && a < hi && b > lo) {
+        int r = 0;
+        if (a < lo) r = (int)syscall(SYS_madvise, a, (size_t)(lo - a), advice);
+        if (r == 0 && b > hi) r = (int)syscall(SYS_madvise, hi, (size_t)(b - hi), advice);
+        return r;
+    }
+    return (int)syscall(SYS_madvise, addr, len, advice);
+}
+
+EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off) {
+    return mmap(addr, len, prot, flags, fd, off);
+}

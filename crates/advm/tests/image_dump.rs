@@ -1,0 +1,171 @@
+//! Fast dump and the pmem plan, checked with qemu-img: a dump of the pages written
+//! through a mapped chain, taken while a writer keeps writing, passes `qemu-img check`
+//! and reads (`qemu-img compare`) as the disk was at the dump; the plan handed to a VMM
+//! names every byte of the disk. Without qemu-utils the tests print why and skip.
+
+use std::fs;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use advm::image::{dump, GuestOffset, Image, ImageSpace, MapOptions, PmemBacking, PLAN_MAGIC};
+
+const M: u64 = 1 << 20;
+
+fn have_qemu() -> bool {
+    let ok = Command::new("qemu-img").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("skipping: qemu-img not found (Debian package qemu-utils)");
+    }
+    ok
+}
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Dir {
+        let d = std::env::temp_dir().join(format!("advm-dump-{}-{name}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        Dir(d)
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn run(dir: &Path, prog: &str, args: &[&str]) -> std::process::Output {
+    Command::new(prog).args(args).current_dir(dir).output().unwrap()
+}
+
+fn ok(dir: &Path, prog: &str, args: &[&str]) {
+    let out = run(dir, prog, args);
+    assert!(
+        out.status.success(),
+        "{prog} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// base.raw (data, then a hole) under top.qcow2 (new data, zeroes, a compressed cluster).
+fn chain(dir: &Path) {
+    ok(dir, "qemu-img", &["create", "-q", "-f", "raw", "base.raw", "8M"]);
+    ok(dir, "qemu-io", &["-f", "raw", "-c", "write -P 0x11 0 3M", "base.raw"]);
+    ok(dir, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "base.raw", "-F", "raw", "top.qcow2"]);
+    ok(
+        dir,
+        "qemu-io",
+        &["-c", "write -P 0x22 1M 256k", "-c", "write -z 2M 64k", "-c", "write -c -P 0x33 5M 64k", "top.qcow2"],
+    );
+}
+
+/// Writes `byte` over `len` bytes at `guest` of the mapping, through /proc/self/mem (a
+/// write like a guest's: it makes private copies of the pages).
+fn poke(space: &ImageSpace, guest: u64, len: usize, byte: u8) {
+    let mem = fs::OpenOptions::new().write(true).open("/proc/self/mem").unwrap();
+    mem.write_all_at(&vec![byte; len], space.addr() as u64 + guest).unwrap();
+}
+
+#[test]
+fn dump_while_writing_holds_the_disk_as_it_was_at_the_dump_and_passes_qemu_img_check() {
+    if !have_qemu() {
+        return;
+    }
+    let d = Dir::new("dump");
+    chain(&d.0);
+    let space = ImageSpace::map(d.0.join("top.qcow2"), &MapOptions::default()).unwrap();
+    // Written: in base data, in the overlay's data, in a zero cluster, in the hole, in
+    // the compressed cluster, and the last page.
+    for (at, len, b) in [
+        (4096, 4096, 0xa1),
+        (M + 8192, 3 * 4096, 0xa2),
+        (2 * M, 4096, 0xa3),
+        (6 * M, 64 << 10, 0xa4),
+        (5 * M + 4096, 4096, 0xa5),
+        (8 * M - 4096, 4096, 0xa6),
+    ] {
+        poke(&space, at, len, b);
+    }
+    let (clusters, pages) = dump::written_clusters(&space).unwrap();
+    assert_eq!(pages, 1 + 3 + 1 + 16 + 1 + 1, "written pages found: {pages}");
+    assert_eq!(clusters.len(), 6, "clusters: {clusters:?}");
+    let mut expected = vec![0u8; space.size() as usize];
+    space.read(GuestOffset(0), &mut expected).unwrap();
+    fs::write(d.0.join("expected.raw"), &expected).unwrap();
+
+    let out = d.0.join("dump.qcow2");
+    let dumping = dump::start(&space, &out, "top.qcow2").unwrap();
+    // The writer goes on during the copy: over every dumped cluster and beyond.
+    for round in 0..20u8 {
+        for c in 0..128u64 {
+            poke(&space, c * (64 << 10), 4096, 0xc0 ^ round);
+        }
+    }
+    let report = dumping.wait().unwrap();
+    assert_eq!(report.clusters, 6);
+    eprintln!("dump: {report:?}");
+    ok(&d.0, "qemu-img", &["check", "-q", "dump.qcow2"]);
+    ok(&d.0, "qemu-img", &["compare", "-q", "-F", "raw", "dump.qcow2", "expected.raw"]);
+    let info = String::from_utf8(run(&d.0, "qemu-img", &["info", "dump.qcow2"]).stdout).unwrap();
+    assert!(info.contains("backing file: top.qcow2"), "{info}");
+    // A dump never overwrites a file.
+    assert!(dump::start(&space, &out, "top.qcow2").is_err());
+}
+
+#[test]
+fn dump_of_an_unwritten_space_is_an_empty_overlay_equal_to_the_chain() {
+    if !have_qemu() {
+        return;
+    }
+    let d = Dir::new("empty");
+    chain(&d.0);
+    let space = ImageSpace::map(d.0.join("top.qcow2"), &MapOptions::default()).unwrap();
+    space.read_all().unwrap();
+    let report = dump::start(&space, &d.0.join("dump.qcow2"), "top.qcow2").unwrap().wait().unwrap();
+    assert_eq!((report.written_pages, report.clusters), (0, 0));
+    ok(&d.0, "qemu-img", &["check", "-q", "dump.qcow2"]);
+    ok(&d.0, "qemu-img", &["compare", "-q", "dump.qcow2", "top.qcow2"]);
+}
+
+/// The plan's pieces, decoded: (guest, len, fd, offset).
+fn pieces(b: &PmemBacking) -> (u64, Vec<[u64; 4]>) {
+    let mut head = [0u8; 32];
+    b.plan().read_at(&mut head, 0).unwrap();
+    let w = |s: &[u8], i: usize| u64::from_le_bytes(s[8 * i..8 * i + 8].try_into().unwrap());
+    assert_eq!(&head[..8], PLAN_MAGIC);
+    let n = w(&head, 3) as usize;
+    let mut body = vec![0u8; 32 * n];
+    b.plan().read_at(&mut body, 32).unwrap();
+    (
+        w(&head, 2),
+        (0..n).map(|i| [w(&body, 4 * i), w(&body, 4 * i + 1), w(&body, 4 * i + 2), w(&body, 4 * i + 3)]).collect(),
+    )
+}
+
+#[test]
+fn pmem_plan_covers_the_device_in_order_and_pads_to_the_alignment() {
+    if !have_qemu() {
+        return;
+    }
+    let d = Dir::new("plan");
+    chain(&d.0);
+    ok(&d.0, "qemu-img", &["resize", "-q", "top.qcow2", "9M"]);
+    let image = Image::open(d.0.join("top.qcow2")).unwrap();
+    let b = PmemBacking::new(&image, &MapOptions::default(), 2 * M).unwrap();
+    assert_eq!(b.size(), 10 * M, "9 MiB rounded up to 2 MiB");
+    let (size, ps) = pieces(&b);
+    assert_eq!(size, 10 * M);
+    let mut at = 0;
+    for p in &ps {
+        assert_eq!(p[0], at, "pieces are contiguous: {ps:?}");
+        at += p[1];
+    }
+    assert_eq!(at, 10 * M);
+    assert_eq!(ps.last().unwrap()[2], u64::MAX, "the padding is anonymous zeros");
+    assert!(b.backing_path().starts_with("/proc/self/fd/"));
+    assert!(PmemBacking::new(&image, &MapOptions::default(), 3 * M).is_err(), "alignment must be a power of two");
+}

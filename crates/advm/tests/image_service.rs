@@ -1,0 +1,149 @@
+//! The image service over a UNIX socket pair: a client attaches a chain from the plan
+//! the service computed once, reads the same bytes as a mapping of its own, gets the
+//! cached plan the second time, a fresh one after a layer changes, and clear errors.
+//! Without qemu-utils the tests print why and skip.
+
+use std::fs;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use advm::image::service::{attach, serve_connection, Service};
+use advm::image::{ImageSpace, MapOptions};
+
+fn have_qemu() -> bool {
+    let ok = Command::new("qemu-img").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("skipping: qemu-img not found (Debian package qemu-utils)");
+    }
+    ok
+}
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Dir {
+        let d = std::env::temp_dir().join(format!("advm-service-{}-{name}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        Dir(d)
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn ok(dir: &Path, prog: &str, args: &[&str]) {
+    let out = Command::new(prog).args(args).current_dir(dir).output().unwrap();
+    assert!(out.status.success(), "{prog} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A 512 MiB chain: a base with data every other MiB, a top with data, zeroes and
+/// compressed clusters.
+fn chain(dir: &Path) {
+    ok(dir, "qemu-img", &["create", "-q", "-f", "qcow2", "base.qcow2", "512M"]);
+    let cmds: Vec<String> = (0..256).map(|i| format!("write -P {} {}M 64k", i % 250 + 1, 2 * i)).collect();
+    let mut args = vec!["-f", "qcow2"];
+    for c in &cmds {
+        args.extend(["-c", c.as_str()]);
+    }
+    args.push("base.qcow2");
+    ok(dir, "qemu-io", &args);
+    ok(dir, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "top.qcow2"]);
+    ok(
+        dir,
+        "qemu-io",
+        &["-c", "write -P 0x22 1M 256k", "-c", "write -z 4M 64k", "-c", "write -c -P 0x33 9M 64k", "top.qcow2"],
+    );
+}
+
+fn with_service<T>(f: impl FnOnce(&UnixStream, &Service) -> T) -> T {
+    let service = Service::new(MapOptions::default());
+    let (client, server) = UnixStream::pair().unwrap();
+    std::thread::scope(|s| {
+        let h = s.spawn(|| serve_connection(&service, &server));
+        let r = f(&client, &service);
+        drop(client);
+        h.join().unwrap().unwrap();
+        r
+    })
+}
+
+#[test]
+fn attach_maps_the_plan_computed_once_and_reads_as_the_chain() {
+    if !have_qemu() {
+        return;
+    }
+    let d = Dir::new("attach");
+    chain(&d.0);
+    let top = d.0.join("top.qcow2");
+    let own = ImageSpace::map(&top, &MapOptions::default()).unwrap();
+    with_service(|sock, service| {
+        let (first, cached) = attach(sock, &top, false).unwrap();
+        assert!(!cached);
+        let mut times = Vec::new();
+        for _ in 0..5 {
+            let t = Instant::now();
+            let (again, cached) = attach(sock, &top, false).unwrap();
+            times.push(t.elapsed());
+            assert!(cached, "the second attach must use the computed plan");
+            assert_eq!(again.stats().mappings, first.stats().mappings);
+        }
+        assert_eq!(service.computed(), 1);
+        times.sort();
+        eprintln!(
+            "attach of a 512 MiB chain ({} extents, {} mappings) from the cached plan: median {:?}",
+            first.stats().extents,
+            first.stats().mappings,
+            times[2]
+        );
+        assert!(times[2] < Duration::from_millis(200), "attach took {:?}", times[2]);
+        assert_eq!(first.size(), own.size());
+        assert_eq!(first.extent_map().extents, own.extent_map().extents);
+        assert_eq!(first.read_all().unwrap(), own.read_all().unwrap());
+    });
+}
+
+#[test]
+fn a_changed_layer_gets_a_fresh_plan_never_the_stale_one() {
+    if !have_qemu() {
+        return;
+    }
+    let d = Dir::new("stale");
+    chain(&d.0);
+    let top = d.0.join("top.qcow2");
+    with_service(|sock, service| {
+        let (before, _) = attach(sock, &top, false).unwrap();
+        let mut buf = [0u8; 4096];
+        before.read(advm::image::GuestOffset(20 << 20), &mut buf).unwrap();
+        assert_eq!(buf[0], 11);
+        drop(before);
+        ok(&d.0, "qemu-io", &["-c", "write -P 0x77 20M 4k", "top.qcow2"]);
+        let (after, cached) = attach(sock, &top, false).unwrap();
+        assert!(!cached, "a layer changed: the plan must be recomputed");
+        assert_eq!(service.computed(), 2);
+        after.read(advm::image::GuestOffset(20 << 20), &mut buf).unwrap();
+        assert_eq!(buf[0], 0x77);
+    });
+}
+
+#[test]
+fn attach_errors_name_the_chain() {
+    if !have_qemu() {
+        return;
+    }
+    let d = Dir::new("errors");
+    ok(&d.0, "qemu-img", &["create", "-q", "-f", "qcow2", "base.qcow2", "1M"]);
+    ok(&d.0, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "top.qcow2"]);
+    fs::remove_file(d.0.join("base.qcow2")).unwrap();
+    with_service(|sock, _| {
+        let e = attach(sock, &d.0.join("top.qcow2"), false).unwrap_err().to_string();
+        assert!(e.contains("image service") && e.contains("base.qcow2"), "{e}");
+        let e = attach(sock, &d.0.join("absent.qcow2"), false).unwrap_err().to_string();
+        assert!(e.contains("absent.qcow2"), "{e}");
+    });
+}
