@@ -23,7 +23,7 @@ pub struct DaemonArgs {
 
 /// Serves until killed.
 pub fn run(args: DaemonArgs) -> Result<(), CliError> {
-    let socket = args.socket.unwrap_or_else(advm::merge::socket_path);
+    let socket = args.socket.unwrap_or_else(advm::wire::socket_path);
     let mut cfg = advmd::Config::at(&socket);
     cfg.domain_limit_bytes = args.domain_limit_mib << 20;
     cfg.max_clients = args.max_clients as usize;

@@ -13,13 +13,21 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::sys::merge as sys;
+use crate::sys::fdpass as sys;
 use crate::{Error, Result};
+
+/// Where `advmd` listens unless `$ADVM_SOCKET` says otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/advm/advmd.sock";
+
+/// Where clients look for `advmd`: `$ADVM_SOCKET`, else [`DEFAULT_SOCKET`].
+pub fn socket_path() -> std::path::PathBuf {
+    std::env::var_os("ADVM_SOCKET").map(Into::into).unwrap_or_else(|| DEFAULT_SOCKET.into())
+}
 
 /// Largest frame either side accepts (16 MiB: two million page hashes).
 pub const MAX_FRAME: usize = 16 << 20;
 /// Most fds one frame may carry; more are closed on receipt.
-pub const MAX_FDS: usize = 2;
+pub const MAX_FDS: usize = 64;
 
 /// One message.
 #[derive(Debug, Default)]

@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use advm::image::service::{attach, serve_connection, Service};
+use advm::image::service::{attach, serve_connection, Reply, Request, Service};
 use advm::image::{ImageSpace, MapOptions};
+use advm::wire::{Channel, Peer};
 
 fn have_qemu() -> bool {
     let ok = Command::new("qemu-img").arg("--version").output().is_ok_and(|o| o.status.success());
@@ -61,9 +62,10 @@ fn chain(dir: &Path) {
     );
 }
 
-fn with_service<T>(f: impl FnOnce(&UnixStream, &Service) -> T) -> T {
+fn with_service<T>(f: impl FnOnce(&Channel, &Service) -> T) -> T {
     let service = Service::new(MapOptions::default());
     let (client, server) = UnixStream::pair().unwrap();
+    let (client, server) = (Channel::from_stream(client), Channel::from_stream(server));
     std::thread::scope(|s| {
         let h = s.spawn(|| serve_connection(&service, &server));
         let r = f(&client, &service);
@@ -146,4 +148,80 @@ fn attach_errors_name_the_chain() {
         let e = attach(sock, &d.0.join("absent.qcow2"), false).unwrap_err().to_string();
         assert!(e.contains("absent.qcow2"), "{e}");
     });
+}
+
+#[test]
+fn a_peer_that_may_not_read_a_layer_is_refused_and_the_owner_is_served() {
+    if !have_qemu() {
+        return;
+    }
+    let d = Dir::new("peer");
+    chain(&d.0);
+    let top = d.0.join("top.qcow2");
+    let base = d.0.join("base.qcow2");
+    use std::os::unix::fs::PermissionsExt;
+    // Both layers belong to uid 4242; the base is readable by its owner only.
+    if std::os::unix::fs::chown(&base, Some(4242), Some(4242)).is_err() {
+        eprintln!("skipping: chown needs root");
+        return;
+    }
+    std::os::unix::fs::chown(&top, Some(4242), Some(4242)).unwrap();
+    fs::set_permissions(&base, fs::Permissions::from_mode(0o600)).unwrap();
+    fs::set_permissions(&top, fs::Permissions::from_mode(0o644)).unwrap();
+    let service = Service::new(MapOptions::default());
+    let request = Request::Attach { path: top.clone() };
+    // Another uid: the top is readable, its backing file is not.
+    let stranger = Peer { uid: 4243, gid: 4243, pid: 1 };
+    match service.handle(Some(stranger), &request) {
+        (Reply::Error(why), fds) => {
+            assert!(fds.is_empty());
+            assert!(why.contains("base.qcow2") && why.contains("may not read"), "{why}");
+        }
+        (Reply::Plan(_), _) => panic!("a peer that cannot read the base layer got its plan"),
+    }
+    let owner = Peer { uid: 4242, gid: 4242, pid: 1 };
+    assert!(matches!(service.handle(Some(owner), &request), (Reply::Plan(_), _)));
+    // A relative path on the wire is refused (the service has its own working directory).
+    fs::set_permissions(&base, fs::Permissions::from_mode(0o644)).unwrap();
+    with_service(|ch, _| {
+        let e = attach(ch, Path::new("no/such/top.qcow2"), false).unwrap_err().to_string();
+        assert!(e.contains("top.qcow2"), "{e}");
+    });
+}
+
+/// (device size, pieces as (guest offset, length, anonymous?, offset in its file)).
+fn pmem_plan(b: &advm::image::PmemBacking) -> (u64, Vec<(u64, u64, bool, u64)>) {
+    let w = |s: &[u8], i: usize| u64::from_le_bytes(s[8 * i..8 * i + 8].try_into().unwrap());
+    let mut head = [0u8; 32];
+    b.plan().read_at(&mut head, 0).unwrap();
+    assert_eq!(&head[..8], advm::image::PLAN_MAGIC);
+    let n = w(&head, 3) as usize;
+    let mut body = vec![0u8; 32 * n];
+    b.plan().read_at(&mut body, 32).unwrap();
+    let pieces =
+        (0..n).map(|i| (w(&body, 4 * i), w(&body, 4 * i + 1), w(&body, 4 * i + 2) == u64::MAX, w(&body, 4 * i + 3)));
+    (w(&head, 2), pieces.collect())
+}
+
+#[test]
+fn a_pmem_backing_from_the_service_plans_the_device_as_one_planned_here() {
+    if !have_qemu() {
+        return;
+    }
+    let d = Dir::new("pmem");
+    chain(&d.0);
+    let top = d.0.join("top.qcow2");
+    let align = 2 << 20;
+    let here = advm::image::PmemBacking::new(
+        &advm::image::Image::open(&top).unwrap(),
+        &MapOptions { writable: true, ..Default::default() },
+        align,
+    )
+    .unwrap();
+    let served = with_service(|ch, _| {
+        advm::image::PmemBacking::from_service(advm::image::service::fetch(ch, &top).unwrap(), align).unwrap()
+    });
+    let (a, b) = (pmem_plan(&here), pmem_plan(&served));
+    assert!(a.1.len() > 3, "{:?}", a.1);
+    assert_eq!(a, b);
 }

@@ -1,7 +1,9 @@
 //! advmd, the advm daemon: runs capabilities for other processes over a UNIX socket.
 //!
-//! Today it serves one service, merging ([`merge_service`]): a content-addressed page
-//! store per security domain (the client's uid, or a narrower tag inside it). Each
+//! It serves merging ([`merge_service`]: a content-addressed page store per security
+//! domain, the client's uid or a narrower tag inside it) and images
+//! (`advm::image::service`: each qcow2 chain's mapping plan computed once, handed out
+//! with the layer files to peers that may read them). Each
 //! connection gets a thread of its own; a frame that stalls half-way, a reply the
 //! client does not read, a malformed or hostile request, or a client that dies cost
 //! that connection only. Requests are decoded into one [`Request`] enum, one variant
@@ -61,6 +63,8 @@ pub struct Daemon {
 pub struct Services {
     /// The merge service.
     pub merge: merge_service::Stores,
+    /// The image service.
+    pub image: advm::image::service::Service,
 }
 
 /// Stops a daemon serving on another thread.
@@ -113,7 +117,10 @@ impl Daemon {
         }
         let listener = UnixListener::bind(path).map_err(|e| DaemonError::io(path, e))?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).map_err(|e| DaemonError::io(path, e))?;
-        let services = Arc::new(Services { merge: merge_service::Stores::new(config.domain_limit_bytes) });
+        let services = Arc::new(Services {
+            merge: merge_service::Stores::new(config.domain_limit_bytes),
+            image: advm::image::service::Service::new(advm::image::MapOptions::default()),
+        });
         Ok(Self { listener, config, services, stop: Arc::new(AtomicBool::new(false)) })
     }
 
@@ -185,6 +192,10 @@ fn serve_client(ch: Channel, services: &Services) {
                 Ok(reply) => reply.send(&ch),
                 Err(e) => request::refuse_service(&ch, service, &e.to_string()),
             },
+            Ok(Request::Image(r)) => {
+                let (reply, fds) = services.image.handle(Some(peer), &r);
+                reply.send(&ch, &fds)
+            }
             Err(e) => request::refuse_service(&ch, service, &e.to_string()),
         };
         if outcome.is_err() {

@@ -1,6 +1,7 @@
 //! Requests by service: decoding a frame into the right service's request, and the
 //! error reply every service shares (kind 0, a text).
 
+use advm::image::service as image;
 use advm::merge::protocol as merge;
 use advm::wire::{Channel, Frame, Writer};
 
@@ -10,6 +11,8 @@ use advm::wire::{Channel, Frame, Writer};
 pub enum Request {
     /// For the page stores.
     Merge(merge::Request),
+    /// For the image service: a chain's mapping plan and its files.
+    Image(image::Request),
 }
 
 impl Request {
@@ -17,6 +20,7 @@ impl Request {
     pub fn decode(frame: Frame) -> advm::Result<Self> {
         match frame.service {
             merge::SERVICE => Ok(Request::Merge(merge::Request::decode(frame)?)),
+            image::SERVICE => Ok(Request::Image(image::Request::decode(&frame)?)),
             s => Err(advm::Error::InvalidArgument { what: "request", why: format!("no service {s} in this advmd") }),
         }
     }

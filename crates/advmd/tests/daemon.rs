@@ -259,3 +259,39 @@ fn a_thousand_concurrent_clients_are_all_served() {
     assert_eq!(Client::connect(&sock, "").unwrap().merge(a.bytes()).unwrap().added, 4);
     assert!(!d.services.merge.usage().is_empty());
 }
+
+#[test]
+fn the_image_service_hands_out_a_chain_that_maps_to_the_same_bytes() {
+    if !std::process::Command::new("qemu-img").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        eprintln!("skipping: qemu-img not found (Debian package qemu-utils)");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("advmd-image-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(args[0]).args(&args[1..]).current_dir(&dir).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    run(&["qemu-img", "create", "-q", "-f", "qcow2", "base.qcow2", "16M"]);
+    run(&["qemu-io", "-f", "qcow2", "-c", "write -P 7 1M 128k", "base.qcow2"]);
+    run(&["qemu-img", "create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "top.qcow2"]);
+    run(&["qemu-io", "-f", "qcow2", "-c", "write -P 9 3M 64k", "top.qcow2"]);
+    let top = dir.join("top.qcow2");
+    let (handle, sock) = start("image", |_| {});
+    let ch = Channel::connect(&sock).unwrap();
+    let (space, cached) = advm::image::service::attach(&ch, &top, false).unwrap();
+    assert!(!cached);
+    let own = advm::image::ImageSpace::map(&top, &advm::image::MapOptions::default()).unwrap();
+    assert_eq!(space.read_all().unwrap(), own.read_all().unwrap());
+    let (_, cached) = advm::image::service::attach(&ch, &top, false).unwrap();
+    assert!(cached, "the second attach is served from the plan computed once");
+    assert_eq!(handle.services.image.computed(), 1);
+    // A missing chain is an error naming it, and the connection goes on.
+    let e = advm::image::service::attach(&ch, &dir.join("missing.qcow2"), false).unwrap_err().to_string();
+    assert!(e.contains("missing.qcow2"), "{e}");
+    assert!(advm::image::service::attach(&ch, &top, false).is_ok());
+    drop(ch);
+    handle.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -150,6 +150,33 @@ fn free_port() -> Result<u16, CliError> {
     Ok(l.local_addr().map_err(|e| CliError::Io("local port".into(), e))?.port())
 }
 
+/// The pmem device's plan: from `advmd`'s image service when a daemon answers at
+/// `$ADVM_SOCKET` (the chain's plan is computed once for every VM), else planned here.
+fn pmem_backing(top: &Path, image: &Image) -> Result<PmemBacking, CliError> {
+    let socket = advm::wire::socket_path();
+    if let Ok(ch) = advm::wire::Channel::connect(&socket) {
+        let t = std::time::Instant::now();
+        match advm::image::service::fetch(&ch, top).and_then(|f| {
+            let cached = f.cached;
+            PmemBacking::from_service(f, PMEM_ALIGN).map(|b| (b, cached))
+        }) {
+            Ok((b, cached)) => {
+                eprintln!(
+                    "advm vm run: plan from advmd at {} in {:.1} ms ({})",
+                    socket.display(),
+                    t.elapsed().as_secs_f64() * 1e3,
+                    if cached { "computed before" } else { "computed now" }
+                );
+                return Ok(b);
+            }
+            Err(e) => {
+                eprintln!("advm vm run: advmd at {} did not serve the image ({e}); planning here", socket.display())
+            }
+        }
+    }
+    Ok(PmemBacking::new(image, &MapOptions { writable: true, ..Default::default() }, PMEM_ALIGN)?)
+}
+
 /// Starts QEMU for `args` (checked by [`preflight`] first).
 pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
     let dir = args.image.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -166,7 +193,7 @@ pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
     let qemu_log = workdir.join("qemu.log");
     let (disk, backing) = match args.disk {
         DiskKind::Pmem => {
-            let b = PmemBacking::new(&image, &MapOptions { writable: true, ..Default::default() }, PMEM_ALIGN)?;
+            let b = pmem_backing(&args.image, &image)?;
             (Disk::Pmem { backing: b.backing_path(), size: b.size() }, Some(b))
         }
         DiskKind::Blk => (

@@ -15,7 +15,8 @@
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
-use super::space::{layout, Layout, Piece, Source};
+use super::service;
+use super::space::{layout, LayerFile, Layout, Piece, Source};
 use super::{Image, MapOptions, MapStats};
 use crate::mem::Memfd;
 use crate::sys::fdpass;
@@ -60,7 +61,20 @@ impl PmemBacking {
     /// virtual size rounded up to `align` (a power of two, e.g. 2 MiB for a DAX device);
     /// the padding reads as zeros.
     pub fn new(image: &Image, options: &MapOptions, align: u64) -> Result<Self> {
-        let path = image.layers()[0].path().to_path_buf();
+        let files: Vec<LayerFile<'_>> =
+            image.layers().iter().map(|l| LayerFile { path: l.path(), file: l.file(), len: l.file_len() }).collect();
+        Self::build(layout(image, options)?, &files, align)
+    }
+
+    /// As [`PmemBacking::new`], from the plan an image service handed out
+    /// ([`service::fetch`]): no table is read and no cluster decompressed here.
+    pub fn from_service(fetched: service::Fetched, align: u64) -> Result<Self> {
+        let service::Fetched { layout, layers, .. } = fetched;
+        Self::build(layout, &service::layer_files(&layers), align)
+    }
+
+    fn build(layout: Layout, layers: &[LayerFile<'_>], align: u64) -> Result<Self> {
+        let path = layers[0].path.to_path_buf();
         let err = |why: String| Error::Image { path: path.clone(), why };
         if !align.is_power_of_two() {
             return Err(Error::InvalidArgument {
@@ -68,13 +82,13 @@ impl PmemBacking {
                 why: format!("{align} is not a power of two"),
             });
         }
-        let Layout { pieces, memfd, stats, total, .. } = layout(image, options)?;
+        let Layout { pieces, memfd, stats, total, .. } = layout;
         let size = (total as u64).div_ceil(align) * align;
         let inherit = |fd: std::os::fd::BorrowedFd<'_>, what: &str| {
             fdpass::dup_inheritable(fd).map_err(|e| err(format!("handing {what} to the VMM: {e}")))
         };
         let mut fds = Vec::new();
-        let mut layer_fd: Vec<Option<u64>> = vec![None; image.layers().len()];
+        let mut layer_fd: Vec<Option<u64>> = vec![None; layers.len()];
         let memfd_fd = match &memfd {
             Some(m) => {
                 fds.push(inherit(m.as_fd(), "the materialised pages")?);
@@ -89,8 +103,8 @@ impl PmemBacking {
                     let fd = match layer_fd[depth] {
                         Some(fd) => fd,
                         None => {
-                            let l = &image.layers()[depth];
-                            fds.push(inherit(l.file().as_fd(), &l.path().display().to_string())?);
+                            let l = &layers[depth];
+                            fds.push(inherit(l.file.as_fd(), &l.path.display().to_string())?);
                             let fd = fds.last().expect("pushed").as_raw_fd() as u64;
                             layer_fd[depth] = Some(fd);
                             fd

@@ -3,9 +3,16 @@
 //! O(extents) without parsing a table or decompressing a cluster.
 //!
 //! [`Service::handle`] is transport-independent (request in, reply and descriptors
-//! out); [`serve_connection`] and [`attach`] speak it over a UNIX stream socket: a
-//! frame is an 8-byte little-endian length with the descriptors attached
-//! (`SCM_RIGHTS`), then that many bytes of JSON.
+//! out). On the wire it is service [`SERVICE`] of `advmd`'s frames ([`crate::wire`]):
+//! an attach request carries the top layer's absolute path, the reply the plan as JSON
+//! with the descriptors attached (`SCM_RIGHTS`), or an error text (kind 0).
+//! [`serve_connection`] serves one connection without a daemon; [`fetch`] and
+//! [`attach`] are the client.
+//!
+//! A daemon runs as root and opens files for others: a chain is served to a peer only
+//! when the peer could read every layer itself (permission bits of each file and search
+//! permission on each of its directories, judged by the peer's uid and primary gid;
+//! supplementary groups and ACLs are not consulted, so the check errs on refusing).
 //!
 //! Plans are keyed by every layer's (device, inode, size, mtime), read when the chain
 //! is opened for the request, so a layer rewritten, replaced or touched since is never
@@ -13,10 +20,9 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -25,17 +31,60 @@ use serde::{Deserialize, Serialize};
 use super::space::{layout, LayerFile, Layout, Piece, Source};
 use super::{ExtentMap, Image, ImageSpace, MapOptions, MapStats};
 use crate::mem::Memfd;
-use crate::sys::fdpass;
+use crate::wire::{Channel, Frame, Peer, Reader, Writer, MAX_FDS, MAX_FRAME};
 use crate::{Error, Result};
 
+/// The image service's byte in a frame (the merge service is 1).
+pub const SERVICE: u8 = 2;
+
+/// Message kinds of the image service.
+pub mod kind {
+    /// A reply: the request failed; the body is the reason.
+    pub const ERROR: u8 = 0;
+    /// A request: attach the chain whose top is the body's path. A reply: its plan.
+    pub const ATTACH: u8 = 1;
+}
+
+/// Longest path a request may name.
+const MAX_PATH: usize = 4096;
+
 /// A request to the service.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub enum Request {
-    /// The plan of the chain whose top is `path`.
+    /// The plan of the chain whose top is `path` (absolute: the service does not share
+    /// the client's working directory).
     Attach {
         /// The top layer.
         path: PathBuf,
     },
+}
+
+impl Request {
+    /// Reads a request from a frame of this service.
+    pub fn decode(frame: &Frame) -> Result<Self> {
+        let bad = |why: String| Error::InvalidArgument { what: "image service request", why };
+        match frame.kind {
+            kind::ATTACH => {
+                let mut r = Reader::new(&frame.body);
+                let path = PathBuf::from(std::ffi::OsStr::from_bytes(r.bytes("path", MAX_PATH)?));
+                r.finish("attach request")?;
+                if !path.is_absolute() {
+                    return Err(bad(format!("{} is not an absolute path", path.display())));
+                }
+                Ok(Request::Attach { path })
+            }
+            k => Err(bad(format!("no request of kind {k}"))),
+        }
+    }
+
+    /// Sends it on `ch`.
+    pub fn send(&self, ch: &Channel) -> Result<()> {
+        match self {
+            Request::Attach { path } => {
+                ch.send(SERVICE, kind::ATTACH, &Writer::default().bytes(path.as_os_str().as_bytes()).body, &[])
+            }
+        }
+    }
 }
 
 /// One piece of a plan on the wire: guest bytes `[start, end)` and what maps them.
@@ -64,12 +113,31 @@ pub struct Plan {
 }
 
 /// A reply.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub enum Reply {
     /// The plan.
     Plan(Plan),
     /// The request failed; the message names the input and the limit.
     Error(String),
+}
+
+impl Reply {
+    /// Sends it on `ch` with the descriptors the plan names.
+    pub fn send(&self, ch: &Channel, fds: &[OwnedFd]) -> Result<()> {
+        let fds: Vec<&dyn AsFd> = fds.iter().map(|f| f as &dyn AsFd).collect();
+        match self {
+            Reply::Plan(plan) => {
+                let body = serde_json::to_vec(plan)
+                    .map_err(|e| Error::InvalidArgument { what: "image service reply", why: e.to_string() })?;
+                if body.len() + 2 > MAX_FRAME {
+                    let why = format!("the plan is {} bytes, over the {MAX_FRAME}-byte frame limit", body.len());
+                    return Reply::Error(why).send(ch, &[]);
+                }
+                ch.send(SERVICE, kind::ATTACH, &body, &fds)
+            }
+            Reply::Error(msg) => ch.send(SERVICE, kind::ERROR, &Writer::default().bytes(msg.as_bytes()).body, &[]),
+        }
+    }
 }
 
 /// A layer's identity: a change of any field means a different layer.
@@ -116,18 +184,24 @@ impl Service {
         self.computed.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Answers one request: the reply and the descriptors to send with it.
-    pub fn handle(&self, request: &Request) -> (Reply, Vec<OwnedFd>) {
+    /// Answers one request from `peer` (`None`: a caller of this process, trusted):
+    /// the reply and the descriptors to send with it.
+    pub fn handle(&self, peer: Option<Peer>, request: &Request) -> (Reply, Vec<OwnedFd>) {
         match request {
-            Request::Attach { path } => match self.plan(path) {
+            Request::Attach { path } => match self.plan(peer, path) {
                 Ok(r) => r,
                 Err(e) => (Reply::Error(e.to_string()), Vec::new()),
             },
         }
     }
 
-    fn plan(&self, path: &Path) -> Result<(Reply, Vec<OwnedFd>)> {
+    fn plan(&self, peer: Option<Peer>, path: &Path) -> Result<(Reply, Vec<OwnedFd>)> {
         let image = Image::open_with(path, &self.options.image)?;
+        if let Some(peer) = peer.filter(|p| p.uid != 0) {
+            for layer in image.layers() {
+                peer_may_read(peer, layer.path(), layer.file())?;
+            }
+        }
         let key = key_of(&image)?;
         let found = self.plans.lock().expect("no panics under the lock").get(&key).cloned();
         let cached = found.is_some();
@@ -144,13 +218,12 @@ impl Service {
                 s
             }
         };
-        if served.image.layers().len() + 1 > fdpass::MAX_FDS {
+        if served.image.layers().len() + 1 > MAX_FDS {
             return Err(Error::InvalidArgument {
                 what: "image service",
                 why: format!(
-                    "{} layers: one message carries at most {} descriptors",
-                    served.image.layers().len(),
-                    fdpass::MAX_FDS
+                    "{} layers: one message carries at most {MAX_FDS} descriptors",
+                    served.image.layers().len()
                 ),
             });
         }
@@ -188,69 +261,99 @@ impl Service {
     }
 }
 
-fn send_frame(sock: &UnixStream, value: &impl Serialize, fds: &[OwnedFd]) -> Result<()> {
-    let body =
-        serde_json::to_vec(value).map_err(|e| Error::InvalidArgument { what: "image service", why: e.to_string() })?;
-    let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
-    fdpass::send_with_fds(sock.as_fd(), &(body.len() as u64).to_le_bytes(), &borrowed)?;
-    let mut w = sock;
-    w.write_all(&body).map_err(|e| Error::io("image service socket", e))
+/// True when `mode`'s bits for the peer (owner, group or other) include `bit` (4 read,
+/// 1 search).
+fn allows(peer: Peer, meta: &std::fs::Metadata, bit: u32) -> bool {
+    let shift = if meta.uid() == peer.uid {
+        6
+    } else if meta.gid() == peer.gid {
+        3
+    } else {
+        0
+    };
+    meta.mode() >> shift & bit != 0
 }
 
-/// Most bytes of one frame (a plan of MAX_EXTENTS extents fits).
-const MAX_FRAME: u64 = 1 << 30;
-
-fn recv_frame<T: for<'de> Deserialize<'de>>(sock: &UnixStream) -> Result<Option<(T, Vec<OwnedFd>)>> {
-    let io = |e: std::io::Error| Error::io("image service socket", e);
-    let mut len = [0u8; 8];
-    let (n, fds) = fdpass::recv_with_fds(sock.as_fd(), &mut len, fdpass::MAX_FDS)?;
-    if n == 0 {
-        return Ok(None);
+/// Refuses unless `peer` could open `path` (the file the service opened, `file`) for
+/// reading itself.
+fn peer_may_read(peer: Peer, path: &Path, file: &File) -> Result<()> {
+    let refuse = |why: String| Error::Image { path: path.to_path_buf(), why };
+    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    if !allows(peer, &meta, 4) {
+        return Err(refuse(format!("uid {} may not read it (mode {:o})", peer.uid, meta.mode() & 0o7777)));
     }
-    let mut r = sock;
-    r.read_exact(&mut len[n..]).map_err(io)?;
-    let len = u64::from_le_bytes(len);
-    if len > MAX_FRAME {
-        return Err(Error::InvalidArgument {
-            what: "image service frame",
-            why: format!("{len} bytes, over {MAX_FRAME}"),
-        });
-    }
-    let mut body = vec![0u8; len as usize];
-    r.read_exact(&mut body).map_err(io)?;
-    let value = serde_json::from_slice(&body)
-        .map_err(|e| Error::InvalidArgument { what: "image service frame", why: e.to_string() })?;
-    Ok(Some((value, fds)))
-}
-
-/// Serves requests on `sock` until the peer closes it.
-pub fn serve_connection(service: &Service, sock: &UnixStream) -> Result<()> {
-    while let Some((request, _)) = recv_frame::<Request>(sock)? {
-        let (reply, fds) = service.handle(&request);
-        send_frame(sock, &reply, &fds)?;
+    let full = path.canonicalize().map_err(|e| Error::io(path, e))?;
+    for dir in full.ancestors().skip(1) {
+        let m = std::fs::metadata(dir).map_err(|e| Error::io(dir, e))?;
+        if !allows(peer, &m, 1) {
+            return Err(refuse(format!("uid {} may not search {}", peer.uid, dir.display())));
+        }
     }
     Ok(())
 }
 
-/// Asks the service on `sock` for the plan of the chain whose top is `path` and maps
-/// it (read-write and private when `writable`). Returns the space and whether the plan
-/// came from the service's cache.
-pub fn attach(sock: &UnixStream, path: &Path, writable: bool) -> Result<(ImageSpace, bool)> {
-    send_frame(sock, &Request::Attach { path: path.to_path_buf() }, &[])?;
+/// Serves requests on `ch` until the peer closes it (without a daemon: the peer is this
+/// process's, trusted).
+pub fn serve_connection(service: &Service, ch: &Channel) -> Result<()> {
+    while let Some(frame) = ch.recv()? {
+        let (reply, fds) = match Request::decode(&frame) {
+            Ok(request) => service.handle(None, &request),
+            Err(e) => (Reply::Error(e.to_string()), Vec::new()),
+        };
+        reply.send(ch, &fds)?;
+    }
+    Ok(())
+}
+
+/// A plan received from the service, with the files it names: what a client maps
+/// ([`attach`]) or hands to a VMM ([`PmemBacking::from_fetched`](super::PmemBacking::from_fetched)).
+pub struct Fetched {
+    pub(super) layout: Layout,
+    /// Path, file and length at planning, by depth.
+    pub(super) layers: Vec<(PathBuf, File, u64)>,
+    /// The plan came from the service's cache (computed for an earlier request).
+    pub cached: bool,
+}
+
+impl std::fmt::Debug for Fetched {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fetched").field("layers", &self.layers).field("cached", &self.cached).finish()
+    }
+}
+
+/// The layer files as the mapper takes them.
+pub(super) fn layer_files(layers: &[(PathBuf, File, u64)]) -> Vec<LayerFile<'_>> {
+    layers.iter().map(|(path, file, len)| LayerFile { path, file, len: *len }).collect()
+}
+
+/// Asks the service on `ch` for the plan of the chain whose top is `path` (made
+/// absolute here) and receives it with its files.
+pub fn fetch(ch: &Channel, path: &Path) -> Result<Fetched> {
     let bad = |why: String| Error::Image { path: path.to_path_buf(), why: format!("image service: {why}") };
-    let (reply, mut fds) = recv_frame::<Reply>(sock)?.ok_or_else(|| bad("closed the connection".into()))?;
-    let plan = match reply {
-        Reply::Plan(p) => p,
-        Reply::Error(e) => return Err(bad(e)),
+    let abs = std::path::absolute(path).map_err(|e| Error::io(path, e))?;
+    Request::Attach { path: abs }.send(ch)?;
+    let frame = ch.recv()?.ok_or_else(|| bad("closed the connection".into()))?;
+    if frame.service != SERVICE {
+        return Err(bad(format!("a reply for service {}", frame.service)));
+    }
+    let plan: Plan = match frame.kind {
+        kind::ATTACH => {
+            serde_json::from_slice(&frame.body).map_err(|e| bad(format!("a plan that does not parse: {e}")))?
+        }
+        kind::ERROR => {
+            let mut r = Reader::new(&frame.body);
+            return Err(bad(String::from_utf8_lossy(r.bytes("error", MAX_FRAME)?).into_owned()));
+        }
+        k => return Err(bad(format!("a reply of kind {k}"))),
     };
+    let mut fds = frame.fds;
     let want = plan.layers.len() + usize::from(plan.memfd);
     if fds.len() != want {
         return Err(bad(format!("sent {} descriptors for {want}", fds.len())));
     }
     let memfd = if plan.memfd { fds.pop().map(Memfd::from_owned) } else { None };
-    let files: Vec<File> = fds.into_iter().map(File::from).collect();
-    let layers: Vec<LayerFile<'_>> =
-        plan.layers.iter().zip(&files).map(|((p, len), file)| LayerFile { path: p, file, len: *len }).collect();
+    let layers: Vec<(PathBuf, File, u64)> =
+        plan.layers.into_iter().zip(fds).map(|((p, len), fd)| (p, File::from(fd), len)).collect();
     let mut pieces = Vec::with_capacity(plan.pieces.len());
     for w in &plan.pieces {
         let source = match w.kind {
@@ -263,5 +366,13 @@ pub fn attach(sock: &UnixStream, path: &Path, writable: bool) -> Result<(ImageSp
         pieces.push(Piece { start: w.start, end: w.end, source });
     }
     let layout = Layout { pieces, memfd, stats: plan.stats, map: plan.map, total: plan.total };
-    Ok((ImageSpace::place(layout, &layers, writable)?, plan.cached))
+    Ok(Fetched { layout, layers, cached: plan.cached })
+}
+
+/// Asks the service on `ch` for the plan of the chain whose top is `path` and maps it
+/// (read-write and private when `writable`). Returns the space and whether the plan
+/// came from the service's cache.
+pub fn attach(ch: &Channel, path: &Path, writable: bool) -> Result<(ImageSpace, bool)> {
+    let Fetched { layout, layers, cached } = fetch(ch, path)?;
+    Ok((ImageSpace::place(layout, &layer_files(&layers), writable)?, cached))
 }

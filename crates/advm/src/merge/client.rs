@@ -2,7 +2,7 @@
 //! process's own when no daemon answers.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::protocol::{Reply, Request, NO_SLOT};
 use super::store::{PageHasher, Store, StoreUsage};
@@ -218,9 +218,4 @@ impl Backend for Daemon {
             _ => Err(Error::InvalidArgument { what: "advmd reply", why: "expected usage".into() }),
         }
     }
-}
-
-/// Where clients look for `advmd`: `$ADVM_SOCKET`, else `/run/advm/advmd.sock`.
-pub fn socket_path() -> PathBuf {
-    std::env::var_os("ADVM_SOCKET").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(super::DEFAULT_SOCKET))
 }

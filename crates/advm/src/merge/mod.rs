@@ -28,7 +28,7 @@ pub mod store;
 use std::sync::Mutex;
 use std::time::Instant;
 
-pub use client::socket_path;
+pub use crate::wire::{socket_path, DEFAULT_SOCKET};
 use client::{Backend, Daemon, Local};
 pub use store::{PageHasher, Store, StoreFull, StoreUsage};
 
@@ -37,8 +37,6 @@ use crate::sys::merge::WriteFence;
 use crate::sys::procmap;
 use crate::{Error, Result};
 
-/// Where `advmd` listens unless `$ADVM_SOCKET` says otherwise.
-pub const DEFAULT_SOCKET: &str = "/run/advm/advmd.sock";
 /// Byte limit of a process's own store (the fallback).
 pub const LOCAL_LIMIT: u64 = 64 << 30;
 

@@ -1,16 +1,15 @@
 //! File descriptors handed to other processes: inherited across exec, or sent over a
-//! UNIX socket (`SCM_RIGHTS`).
+//! UNIX socket (`SCM_RIGHTS`) whose peer the kernel names (`SO_PEERCRED`).
 
-use std::io::{IoSlice, IoSliceMut};
-use std::mem::MaybeUninit;
 use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
 
+use rustix::io::Errno;
 use rustix::net::{
-    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage,
-    SendFlags,
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
 };
 
-use super::SysError;
+use super::{SysError, SysResult};
 
 /// A duplicate of `fd` without close-on-exec, so a program started next inherits it.
 pub fn dup_inheritable(fd: BorrowedFd<'_>) -> Result<OwnedFd, SysError> {
@@ -18,39 +17,59 @@ pub fn dup_inheritable(fd: BorrowedFd<'_>) -> Result<OwnedFd, SysError> {
     rustix::io::dup(fd).map_err(|e| SysError::new("dup", e))
 }
 
-/// Most descriptors one message carries (the kernel's SCM_MAX_FD is 253).
-pub const MAX_FDS: usize = 250;
+/// The uid, gid and pid of the process at the other end of a UNIX socket, as the
+/// kernel recorded them at connect time (`SO_PEERCRED`).
+pub fn peer_credentials(sock: &UnixStream) -> SysResult<(u32, u32, i32)> {
+    let c = rustix::net::sockopt::socket_peercred(sock).map_err(|e| SysError::new("getsockopt(SO_PEERCRED)", e))?;
+    Ok((c.uid.as_raw(), c.gid.as_raw(), c.pid.as_raw_nonzero().get()))
+}
 
-/// Sends `bytes` with `fds` attached; all of `bytes` or an error.
-pub fn send_with_fds(sock: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), SysError> {
-    let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(fds.len().max(1)))];
-    let mut control = SendAncillaryBuffer::new(&mut space);
-    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
-        return Err(SysError::new("sendmsg(SCM_RIGHTS)", rustix::io::Errno::NOBUFS));
+/// Sends all of `data` with `fds` attached to its first byte (`SCM_RIGHTS`).
+pub fn send_with_fds(sock: &UnixStream, data: &[u8], fds: &[BorrowedFd<'_>]) -> SysResult<()> {
+    let mut space = vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(fds.len().max(1)))];
+    let mut anc = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !anc.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(SysError::new("sendmsg(SCM_RIGHTS)", Errno::NOBUFS));
     }
-    let sent = sendmsg(sock, &[IoSlice::new(bytes)], &mut control, SendFlags::NOSIGNAL)
-        .map_err(|e| SysError::new("sendmsg", e))?;
-    if sent != bytes.len() {
-        return Err(SysError::new("sendmsg (short)", rustix::io::Errno::MSGSIZE));
+    let mut sent = 0;
+    while sent < data.len() {
+        let iov = [std::io::IoSlice::new(&data[sent..])];
+        let n = if sent == 0 {
+            rustix::net::sendmsg(sock, &iov, &mut anc, SendFlags::NOSIGNAL)
+        } else {
+            rustix::net::sendmsg(sock, &iov, &mut SendAncillaryBuffer::default(), SendFlags::NOSIGNAL)
+        };
+        match n {
+            Ok(n) => sent += n,
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(SysError::new("sendmsg", e)),
+        }
     }
     Ok(())
 }
 
-/// Receives one message into `buf` with up to `max_fds` descriptors (close-on-exec);
-/// returns the bytes read and the descriptors.
-pub fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8], max_fds: usize) -> Result<(usize, Vec<OwnedFd>), SysError> {
-    let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(max_fds.max(1)))];
-    let mut control = RecvAncillaryBuffer::new(&mut space);
-    let msg = recvmsg(sock, &mut [IoSliceMut::new(buf)], &mut control, RecvFlags::CMSG_CLOEXEC)
-        .map_err(|e| SysError::new("recvmsg", e))?;
-    if msg.flags.contains(rustix::net::ReturnFlags::CTRUNC) {
-        return Err(SysError::new("recvmsg (descriptors truncated)", rustix::io::Errno::MSGSIZE));
-    }
-    let mut fds = Vec::new();
-    for m in control.drain() {
-        if let RecvAncillaryMessage::ScmRights(got) = m {
-            fds.extend(got);
+/// Receives up to `buf.len()` bytes and any fds that came with them (at most
+/// `max_fds` kept; extra ones are closed). Returns bytes read (0 at end of stream).
+pub fn recv_with_fds(sock: &UnixStream, buf: &mut [u8], max_fds: usize, fds: &mut Vec<OwnedFd>) -> SysResult<usize> {
+    let mut space = vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(max_fds.max(1)))];
+    let mut anc = RecvAncillaryBuffer::new(&mut space);
+    let mut iov = [std::io::IoSliceMut::new(buf)];
+    let r = loop {
+        match rustix::net::recvmsg(sock, &mut iov, &mut anc, RecvFlags::CMSG_CLOEXEC) {
+            Err(Errno::INTR) => continue,
+            r => break r,
+        }
+    };
+    // Errno AGAIN/WOULDBLOCK is what a socket read timeout gives.
+    let msg = r.map_err(|e| SysError::new("recvmsg", e))?;
+    for m in anc.drain() {
+        if let RecvAncillaryMessage::ScmRights(rights) = m {
+            for fd in rights {
+                if fds.len() < max_fds {
+                    fds.push(fd);
+                }
+            }
         }
     }
-    Ok((msg.bytes, fds))
+    Ok(msg.bytes)
 }

@@ -1,16 +1,9 @@
 //! The kernel calls behind page merging: a write fence over a range (userfaultfd
 //! write protection), reading the fenced pages, mapping store pages copy-on-write over
-//! them, store files that clients can only read, and UNIX sockets that carry fds and
-//! tell who is on the other end.
+//! them, and store files that clients can only read.
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
-use std::os::unix::net::UnixStream;
-
-use rustix::io::Errno;
-use rustix::net::{
-    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
-};
 
 use super::mman::{self, Backing, Mapping, Prot, Share};
 use super::uffd::{feature, mode, Userfaultfd};
@@ -197,63 +190,6 @@ pub fn random_bytes(buf: &mut [u8]) -> SysResult<()> {
             .map_err(|e| SysError::new("getrandom", e))?;
     }
     Ok(())
-}
-
-/// The uid, gid and pid of the process at the other end of a UNIX socket, as the
-/// kernel recorded them at connect time (`SO_PEERCRED`).
-pub fn peer_credentials(sock: &UnixStream) -> SysResult<(u32, u32, i32)> {
-    let c = rustix::net::sockopt::socket_peercred(sock).map_err(|e| SysError::new("getsockopt(SO_PEERCRED)", e))?;
-    Ok((c.uid.as_raw(), c.gid.as_raw(), c.pid.as_raw_nonzero().get()))
-}
-
-/// Sends all of `data` with `fds` attached to its first byte (`SCM_RIGHTS`).
-pub fn send_with_fds(sock: &UnixStream, data: &[u8], fds: &[BorrowedFd<'_>]) -> SysResult<()> {
-    let mut space = vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(fds.len().max(1)))];
-    let mut anc = SendAncillaryBuffer::new(&mut space);
-    if !fds.is_empty() && !anc.push(SendAncillaryMessage::ScmRights(fds)) {
-        return Err(SysError::new("sendmsg(SCM_RIGHTS)", Errno::NOBUFS));
-    }
-    let mut sent = 0;
-    while sent < data.len() {
-        let iov = [std::io::IoSlice::new(&data[sent..])];
-        let n = if sent == 0 {
-            rustix::net::sendmsg(sock, &iov, &mut anc, SendFlags::NOSIGNAL)
-        } else {
-            rustix::net::sendmsg(sock, &iov, &mut SendAncillaryBuffer::default(), SendFlags::NOSIGNAL)
-        };
-        match n {
-            Ok(n) => sent += n,
-            Err(Errno::INTR) => {}
-            Err(e) => return Err(SysError::new("sendmsg", e)),
-        }
-    }
-    Ok(())
-}
-
-/// Receives up to `buf.len()` bytes and any fds that came with them (at most
-/// `max_fds` kept; extra ones are closed). Returns bytes read (0 at end of stream).
-pub fn recv_with_fds(sock: &UnixStream, buf: &mut [u8], max_fds: usize, fds: &mut Vec<OwnedFd>) -> SysResult<usize> {
-    let mut space = vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(max_fds.max(1)))];
-    let mut anc = RecvAncillaryBuffer::new(&mut space);
-    let mut iov = [std::io::IoSliceMut::new(buf)];
-    let r = loop {
-        match rustix::net::recvmsg(sock, &mut iov, &mut anc, RecvFlags::CMSG_CLOEXEC) {
-            Err(Errno::INTR) => continue,
-            r => break r,
-        }
-    };
-    // Errno AGAIN/WOULDBLOCK is what a socket read timeout gives.
-    let msg = r.map_err(|e| SysError::new("recvmsg", e))?;
-    for m in anc.drain() {
-        if let RecvAncillaryMessage::ScmRights(rights) = m {
-            for fd in rights {
-                if fds.len() < max_fds {
-                    fds.push(fd);
-                }
-            }
-        }
-    }
-    Ok(msg.bytes)
 }
 
 #[cfg(test)]
