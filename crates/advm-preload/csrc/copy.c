@@ -55,8 +55,9 @@ static struct salvage salvage_begin(uint64_t v, uint64_t k) {
         if (h == 0) break;
     }
     uint64_t n = sv.len;
-    if (k < SALVAGE_MIN_PAGES || fb_n == FREE_SLOTS || dirty_pages + k > dirty_cap() || !single_owner(v, k) ||
-        !budget_ok())
+    /* a block that would not keep its pages at free (keeps_pages) does not keep them here */
+    if (k < SALVAGE_MIN_PAGES || !keeps_pages(n) || fb_n == FREE_SLOTS || dirty_pages + k > dirty_cap() ||
+        !single_owner(v, k) || !budget_ok())
         return sv;
     int64_t r = ext_alloc(&A.va, (uint32_t)n);
     if (r < 0) return sv;

@@ -215,6 +215,7 @@ void *block_realloc(void *p, size_t size);
 
 /* freecache.c: freed blocks kept with their mapping (and pages) for reuse */
 uint64_t dirty_cap(void);
+int keeps_pages(uint64_t n);
 void cache_flush(void);
 int single_owner(uint64_t v, uint64_t n);
 struct freeblk fb_entry(uint64_t v, uint64_t n, int dirty);

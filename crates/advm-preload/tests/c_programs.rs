@@ -163,6 +163,11 @@ fn vcopy_stats(exe: &Path, args: &[&str], env: &[(&str, &str)], stats_dir: &Path
     run_vcopy_stats(exe, args, env, stats_dir).1
 }
 
+/// Transparent huge pages off: blocks of 2 MiB and more then keep their pages at free
+/// like smaller ones (with huge pages they give them back at once:
+/// [`freed_huge_blocks_give_their_pages_back_at_once`]).
+const NO_THP: (&str, &str) = ("ADVM_THP_MIN_KIB", "0");
+
 /// The defaults `advm run` relies on: copies below 16 pages stay plain copies, bigger
 /// ones become virtual; freed blocks keep their pages up to the peak live arena size
 /// (ADVM_DIRTY_CACHE_PCT=100), and only the 4 MiB floor when that is turned off.
@@ -176,27 +181,54 @@ fn copy_threshold_and_retention_defaults() {
     assert_eq!(big["copies_virtual"], 1, "32-page copy not virtual: {big:?}");
     assert_eq!(big["pages_shared"], 32, "{big:?}");
     // 64 MiB live, 32 blocks of 8 MiB in turn: each reuses the last one's pages
-    let kept = vcopy_stats(&exe, &["8", "64", "8"], &[], &sd);
+    let kept = vcopy_stats(&exe, &["8", "64", "8"], &[NO_THP], &sd);
     assert!(kept["blocks_reused_with_pages"] >= 31, "{kept:?}");
-    let floor = vcopy_stats(&exe, &["8", "64", "8"], &[("ADVM_DIRTY_CACHE_PCT", "0")], &sd);
+    let floor = vcopy_stats(&exe, &["8", "64", "8"], &[NO_THP, ("ADVM_DIRTY_CACHE_PCT", "0")], &sd);
     assert!(floor["blocks_reused_from_free_cache"] >= 31, "{floor:?}");
     assert!(floor.get("blocks_reused_with_pages").copied().unwrap_or(0) <= 1, "{floor:?}");
 }
 
+/// A freed block big enough to ask for transparent huge pages (2 MiB by default) gives
+/// its pages back at free instead of keeping them (kept, they were most of what vcopy
+/// held above untouched R), and a copy over such a block does not keep the pages it maps
+/// over; its mapping is still reused. Smaller blocks, and any block with huge pages
+/// turned off, keep theirs.
+#[test]
+fn freed_huge_blocks_give_their_pages_back_at_once() {
+    let Some(exe) = compiled("retention.c") else { return };
+    let sd = work_dir().join("stats-huge-give-back");
+    // a 1024-page (4 MiB) copy, then 32 rounds of an 8 MiB block with 64 MiB live
+    let huge = vcopy_stats(&exe, &["1024", "64", "8"], &[], &sd);
+    assert!(huge["blocks_reused_from_free_cache"] >= 31, "{huge:?}");
+    assert_eq!(huge.get("blocks_reused_with_pages").copied().unwrap_or(0), 0, "{huge:?}");
+    assert_eq!(huge.get("pages_kept_from_copied_over").copied().unwrap_or(0), 0, "{huge:?}");
+    let small = vcopy_stats(&exe, &["256", "64", "1"], &[], &sd);
+    assert!(small["blocks_reused_with_pages"] >= 31, "1 MiB blocks: {small:?}");
+    assert!(small["pages_kept_from_copied_over"] >= 255, "256-page copy: {small:?}");
+    let no_thp = vcopy_stats(&exe, &["1024", "64", "8"], &[NO_THP], &sd);
+    assert!(no_thp["blocks_reused_with_pages"] >= 31, "{no_thp:?}");
+    assert!(no_thp["pages_kept_from_copied_over"] >= 1023, "{no_thp:?}");
+}
+
 /// Freed memory kept for reuse goes back to the system once it stays unused for
-/// ADVM_DIRTY_DECAY_MS, on the next arena call; with the decay off it stays.
+/// ADVM_DIRTY_DECAY_MS (default 250), on the next arena call; with the decay off it
+/// stays. (A 16 MiB block is kept only with huge pages off: [`NO_THP`].)
 #[test]
 fn kept_memory_decays() {
     let Some(exe) = compiled("decay.c") else { return };
-    let returned_kib = |decay_ms: &str, wait_ms: &str| -> i64 {
-        let out = run_vcopy(&exe, &[wait_ms], &[("ADVM_DIRTY_DECAY_MS", decay_ms)]);
+    let returned_kib = |decay_ms: Option<&str>, wait_ms: &str| -> i64 {
+        let env: Vec<(&str, &str)> =
+            [Some(NO_THP), decay_ms.map(|d| ("ADVM_DIRTY_DECAY_MS", d))].into_iter().flatten().collect();
+        let out = run_vcopy(&exe, &[wait_ms], &env);
         String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
     };
-    let decayed = returned_kib("200", "600");
+    let decayed = returned_kib(Some("200"), "600");
     assert!(decayed >= 15 * 1024, "16 MiB kept after 600 ms with a 200 ms decay: {decayed} KiB returned");
-    let fresh = returned_kib("5000", "0");
+    let default = returned_kib(None, "600");
+    assert!(default >= 15 * 1024, "16 MiB kept after 600 ms with the default decay: {default} KiB returned");
+    let fresh = returned_kib(Some("5000"), "0");
     assert!(fresh < 1024, "memory returned before its decay time: {fresh} KiB");
-    let off = returned_kib("0", "600");
+    let off = returned_kib(Some("0"), "600");
     assert!(off < 1024, "memory returned with the decay off: {off} KiB");
 }
 
