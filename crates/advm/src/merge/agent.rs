@@ -373,6 +373,7 @@ fn plan_and_map(
                 && (!v.file_backed || v.inode == inode)
         })
     };
+    let mut mapped = vec![false; n];
     let mut i = 0;
     while i < n {
         let Some((s, _)) = equal[i] else {
@@ -383,17 +384,18 @@ fn plan_and_map(
         while i + k < n && equal[i + k].is_some_and(|(t, _)| t == s + k as u32) {
             k += 1;
         }
-        if fence.map_unwritten(i, k, writable, fd, s as u64 * ps as u64, &check).map_err(Error::Sys)? {
-            for e in &equal[i..i + k] {
-                if e.is_some_and(|(_, new)| new) {
-                    r.stats.added += 1;
-                } else {
-                    r.stats.merged += 1;
+        let mapped = &mut mapped[..k];
+        mapped.fill(false);
+        fence.map_unwritten(i, k, writable, fd, s as u64 * ps as u64, &check, mapped).map_err(Error::Sys)?;
+        for (e, &m) in equal[i..i + k].iter().zip(mapped.iter()) {
+            match (m, e.is_some_and(|(_, new)| new)) {
+                (true, true) => r.stats.added += 1,
+                (true, false) => r.stats.merged += 1,
+                (false, _) => {
+                    r.stats.skipped += 1;
+                    r.busy += 1;
                 }
             }
-        } else {
-            r.stats.skipped += k as u64;
-            r.busy += k as u64;
         }
         i += k;
     }

@@ -221,10 +221,11 @@ impl ServicedFence {
     }
 
     /// Maps `pages` pages of `fd` from `offset` over the chunk's pages from `first`,
-    /// private (copy-on-write), where no page of them was written, unmapped or
-    /// remapped since [`Self::protect`] and the mapping there is still `check`ed good
-    /// (still mapped, as it was).
-    /// The caller compared the snapshot with the file's bytes. Returns whether it mapped.
+    /// private (copy-on-write), except pages written, remapped or zapped since
+    /// [`Self::protect`]; each stretch of the others is mapped when the mapping there
+    /// is still `check`ed good (still mapped, as it was). The caller compared the
+    /// snapshot with the file's bytes. Sets `mapped[j]` for each page `first + j` mapped.
+    #[allow(clippy::too_many_arguments)]
     pub fn map_unwritten(
         &mut self,
         first: usize,
@@ -233,26 +234,41 @@ impl ServicedFence {
         fd: BorrowedFd<'_>,
         offset: u64,
         check: &dyn Fn(usize, usize) -> bool,
-    ) -> SysResult<bool> {
+        mapped: &mut [bool],
+    ) -> SysResult<()> {
+        assert_eq!(mapped.len(), pages, "one flag per page");
         let ps = super::page_size();
         let s = &self.scratch;
-        let addr = s.base().load(Ordering::Relaxed) + first * ps;
+        let base = s.base().load(Ordering::Relaxed);
+        let prot = if writable { Prot::READ | Prot::WRITE } else { Prot::READ };
         // Nothing below allocates or writes the chunk: the servicer needs the lock too.
         s.lock();
-        let clean = (first..first + pages).all(|i| !s.marked(i)) && check(addr, pages * ps);
-        let r = if clean {
-            let prot = if writable { Prot::READ | Prot::WRITE } else { Prot::READ };
-            // SAFETY: the pages are this process's (protect's contract), still protected
-            // and unchanged (not marked, under the lock that marking takes), and the file
-            // holds their bytes at `offset` (the caller compared): the program reads the
-            // same content through the new mapping, and its writes wait for the lock.
-            unsafe {
-                super::mman::map_fixed(addr as *mut u8, pages * ps, prot, Share::Private, Backing::File { fd, offset })
+        let mut r = Ok(());
+        let mut j = 0;
+        while j < pages && r.is_ok() {
+            if s.marked(first + j) {
+                j += 1;
+                continue;
             }
-            .map(|()| true)
-        } else {
-            Ok(false)
-        };
+            let mut k = 1;
+            while j + k < pages && !s.marked(first + j + k) {
+                k += 1;
+            }
+            let addr = base + (first + j) * ps;
+            if check(addr, k * ps) {
+                let backing = Backing::File { fd, offset: offset + (j * ps) as u64 };
+                // SAFETY: the pages are this process's (protect's contract), still
+                // protected and unchanged (not marked, under the lock that marking
+                // takes), and the file holds their bytes there (the caller compared):
+                // the program reads the same content through the new mapping, and its
+                // writes wait for the lock.
+                r = unsafe { super::mman::map_fixed(addr as *mut u8, k * ps, prot, Share::Private, backing) };
+                if r.is_ok() {
+                    mapped[j..j + k].fill(true);
+                }
+            }
+            j += k;
+        }
         s.unlock();
         r
     }
