@@ -35,6 +35,9 @@ pub const ENV_AFTER: &str = "ADVM_MERGE_AFTER";
 pub const ENV_MIN_BYTES: &str = "ADVM_MERGE_MIN_BYTES";
 /// Growth of anonymous memory, bytes, that makes a quiet period worth a merge.
 pub const ENV_MIN_GROWTH: &str = "ADVM_MERGE_MIN_GROWTH";
+/// A directory where the agent writes `<pid>.json`, the last quiet-period merge's
+/// [`ProcessMerge`] (for benchmarks; unset: reported nowhere but to `advm merge`).
+pub const ENV_REPORT_DIR: &str = "ADVM_MERGE_REPORT_DIR";
 
 /// Chunk merged under one fence: small enough for a snapshot, large enough to batch
 /// store requests.
@@ -134,14 +137,25 @@ fn run(listener: UnixListener, s: Settings) {
             last_growth = Instant::now();
         }
         if mark >= since + s.min_growth && last_growth.elapsed() >= s.after {
-            if let Err(e) = merge_process(s.min_bytes) {
-                eprintln!("advm merge agent (pid {pid}): {e}");
+            match merge_process(s.min_bytes) {
+                Ok(r) => report(pid, &r),
+                Err(e) => eprintln!("advm merge agent (pid {pid}): {e}"),
             }
             since = anon_resident().unwrap_or(0);
             mark = since;
             last_growth = Instant::now();
         }
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Writes `r` to `$ADVM_MERGE_REPORT_DIR/<pid>.json` when that is set.
+fn report(pid: u32, r: &ProcessMerge) {
+    let Some(dir) = std::env::var_os(ENV_REPORT_DIR) else { return };
+    let path = std::path::Path::new(&dir).join(format!("{pid}.json"));
+    let text = serde_json::to_string(r).unwrap_or_default();
+    if let Err(e) = std::fs::write(&path, text) {
+        eprintln!("advm merge agent (pid {pid}): writing {}: {e}", path.display());
     }
 }
 
