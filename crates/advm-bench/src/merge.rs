@@ -382,7 +382,7 @@ impl Bench for MergeBench {
     }
 
     fn description(&self) -> &'static str {
-        "UPM: N onnxruntime workers sharing a model; no dedup vs KSM (100, 1000 pages/20 ms) vs advm.merge through advmd"
+        "UPM: N onnxruntime workers sharing a model; no dedup vs KSM (100, 1000 pages/20 ms) vs advm.merge through advmd vs advm run --mode merge"
     }
 
     fn default_runs(&self) -> usize {
