@@ -142,7 +142,7 @@ impl ServicedFence {
         let missing = FEATURES & !info.features;
         if missing != 0 {
             return Err(format!(
-                "userfaultfd lacks features {missing:#x} (WP_UNPOPULATED, WP shmem, unmap/remove/remap events)"
+                "userfaultfd lacks features {missing:#x} (WP_UNPOPULATED, WP shmem, remove/remap events)"
             ));
         }
         Ok(())
