@@ -1,8 +1,10 @@
 //! `advm bench merge`: the UPM paper's experiment. N Python workers serve one model
 //! with onnxruntime, its weights in page-aligned anonymous memory; they run with no
 //! dedup, with KSM (the whole process mergeable, `PR_SET_MEMORY_MERGE`) at 100 and 1000
-//! pages per 20 ms, or merge their weight buffers with `advm.merge` through an advmd
-//! started for the run. Workers and daemon share one memory cgroup, so the daemon's
+//! pages per 20 ms, merge their weight buffers with `advm.merge` through an advmd
+//! started for the run, or run unmodified under `advm run --mode merge` (the merge
+//! agent merges each worker's large anonymous mappings after a quiet period of
+//! [`RUN_MERGE_AFTER`] seconds, through the same kind of advmd). Workers and daemon share one memory cgroup, so the daemon's
 //! store is counted by both meters. Per run: memory of all of them together at the end
 //! (both meters) against no dedup, time from load to that saving, merge throughput,
 //! ksmd CPU, request latency before and after merging.
@@ -23,11 +25,16 @@ const MAKE_MODELS: &str = include_str!("../../../bench/merge/make_models.py");
 /// The benchmark.
 pub struct MergeBench;
 
+/// `--merge-after` of the run-mode workers, seconds.
+const RUN_MERGE_AFTER: f64 = 0.5;
+
 #[derive(Clone, Copy, PartialEq)]
 enum Method {
     None,
     Ksm(u32),
     Merge,
+    /// Unmodified workers under `advm run --mode merge`.
+    RunMerge,
 }
 
 impl Method {
@@ -36,11 +43,12 @@ impl Method {
             Method::None => "no dedup".into(),
             Method::Ksm(p) => format!("KSM {p} pages/20 ms"),
             Method::Merge => "advm.merge (advmd)".into(),
+            Method::RunMerge => "advm run --mode merge (advmd)".into(),
         }
     }
     fn worker_arg(self) -> &'static str {
         match self {
-            Method::None => "none",
+            Method::None | Method::RunMerge => "none",
             Method::Ksm(_) => "ksm",
             Method::Merge => "merge",
         }
@@ -151,7 +159,7 @@ fn run_one(
     let group = Group::create(&format!("advm-bench-merge-{}", std::process::id()))?;
     let sock = bench_dir().join(format!("advmd-{}.sock", std::process::id()));
     let mut pids: Vec<i32> = Vec::new();
-    let daemon = if method == Method::Merge {
+    let daemon = if matches!(method, Method::Merge | Method::RunMerge) {
         let exe = std::env::current_exe().map_err(|e| io("current exe", e))?;
         let mut cmd = Command::new(exe);
         cmd.args(["daemon", "--socket"]).arg(&sock).stderr(Stdio::null());
@@ -175,15 +183,46 @@ fn run_one(
     };
     let ksmd0 = advm::ksm::ksmd_cpu_seconds().unwrap_or(0.0);
     let requests = if quick { "2" } else { "5" };
+    // Where the run-mode agents report their merges (throughput).
+    let reports = bench_dir().join(format!("agent-reports-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&reports);
+    std::fs::create_dir_all(&reports).map_err(|e| io("agent report dir", e))?;
     let t0 = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..n {
-        let mut cmd = Command::new(py);
-        cmd.arg(bench_dir().join("worker.py"))
-            .args([models.to_str().unwrap_or("."), model, method.worker_arg(), requests])
-            .env("ADVM_SOCKET", &sock)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
+        let args = [
+            bench_dir().join("worker.py").display().to_string(),
+            models.display().to_string(),
+            model.to_string(),
+            method.worker_arg().to_string(),
+            requests.to_string(),
+        ];
+        // The run-mode worker is the same program, started as `advm run --mode merge`
+        // starts it (libadvm.so preloaded with the agent on), so its pid is python's.
+        let (mut cmd, _prepared) = if method == Method::RunMerge {
+            let p = advm_preload::launch::prepare(
+                advm_preload::launch::Mode::Merge,
+                2,
+                &py.display().to_string(),
+                &args,
+                false,
+            )?;
+            let mut c = Command::new(py);
+            c.args(&args);
+            for (k, v) in p.command.get_envs() {
+                if let Some(v) = v {
+                    c.env(k, v);
+                }
+            }
+            c.env(advm_preload::launch::MERGE_AFTER, RUN_MERGE_AFTER.to_string())
+                .env(advm::merge::agent::ENV_REPORT_DIR, &reports);
+            (c, Some(p))
+        } else {
+            let mut c = Command::new(py);
+            c.args(&args);
+            (c, None)
+        };
+        cmd.env("ADVM_SOCKET", &sock).stdin(Stdio::piped()).stdout(Stdio::piped());
         group.join_at_exec(&mut cmd)?;
         let mut child = cmd.spawn().map_err(|e| io("python worker", e))?;
         let (stdin, out) = (child.stdin.take().expect("piped"), child.stdout.take().expect("piped"));
@@ -218,15 +257,18 @@ fn run_one(
     let limit = if quick { 20.0 } else { 120.0 };
     let scans = || advm::ksm::system().map_or(0, |s| s.full_scans);
     let scans0 = scans();
-    let settle = if ksm.is_some() { 3.0 } else { 1.0 };
+    // The agent merges only after its quiet period: wait for memory to fall once.
+    let settle = if ksm.is_some() || method == Method::RunMerge { 3.0 } else { 1.0 };
+    let mut fell = method != Method::RunMerge;
     let mut last = (f64::MAX, Instant::now());
     let t_wait = Instant::now();
     loop {
         let d = st::measure(&pids, Options::default())?.anon_shmem_bytes as f64;
         if d < last.0 * 0.99 {
+            fell |= last.0 < f64::MAX;
             last = (d, Instant::now());
         }
-        let scanned = ksm.is_none() || scans() >= scans0 + 2;
+        let scanned = (ksm.is_none() || scans() >= scans0 + 2) && fell;
         if (scanned && last.1.elapsed().as_secs_f64() >= settle) || t_wait.elapsed().as_secs_f64() >= limit {
             break;
         }
@@ -244,8 +286,14 @@ fn run_one(
         .iter()
         .find(|s| s.0 >= t_ready && (s.1 as f64) <= distinct + 0.05 * (peak - distinct).max(0.0))
         .map_or(0.0, |s| s.0 - t_ready);
+    let agent_reports: Vec<serde_json::Value> = std::fs::read_dir(&reports)
+        .map(|d| {
+            d.flatten().filter_map(|e| serde_json::from_str(&std::fs::read_to_string(e.path()).ok()?).ok()).collect()
+        })
+        .unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&reports);
     let merges: Vec<&serde_json::Value> =
-        ready.iter().filter_map(|r| r.get("merge").filter(|m| !m.is_null())).collect();
+        ready.iter().filter_map(|r| r.get("merge").filter(|m| !m.is_null())).chain(agent_reports.iter()).collect();
     let throughput_gbs: Vec<f64> =
         merges.iter().filter_map(|m| Some(m["bytes"].as_f64()? / m["seconds"].as_f64()? / 1e9)).collect();
     let to_saving_s = if method == Method::Merge {
@@ -334,7 +382,7 @@ impl Bench for MergeBench {
     }
 
     fn description(&self) -> &'static str {
-        "UPM: N onnxruntime workers sharing a model; no dedup vs KSM (100, 1000 pages/20 ms) vs advm.merge through advmd"
+        "UPM: N onnxruntime workers sharing a model; no dedup vs KSM (100, 1000 pages/20 ms) vs advm.merge through advmd vs advm run --mode merge"
     }
 
     fn default_runs(&self) -> usize {
@@ -365,13 +413,14 @@ impl Bench for MergeBench {
             .map(|n| n.parse::<usize>().ok().filter(|&n| (1..=64).contains(&n)))
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| BenchError::Usage("ADVM_BENCH_MERGE_WORKERS: numbers from 1 to 64".into()))?;
-        let all = [Method::None, Method::Ksm(100), Method::Ksm(1000), Method::Merge];
-        // $ADVM_BENCH_MERGE_METHODS: a subset of none,ksm100,ksm1000,merge.
-        let wanted = pick("ADVM_BENCH_MERGE_METHODS", "none,ksm100,ksm1000,merge");
+        let all = [Method::None, Method::Ksm(100), Method::Ksm(1000), Method::Merge, Method::RunMerge];
+        // $ADVM_BENCH_MERGE_METHODS: a subset of none,ksm100,ksm1000,merge,run-merge.
+        let wanted = pick("ADVM_BENCH_MERGE_METHODS", "none,ksm100,ksm1000,merge,run-merge");
         let key = |m: Method| match m {
             Method::None => "none".to_string(),
             Method::Ksm(p) => format!("ksm{p}"),
             Method::Merge => "merge".into(),
+            Method::RunMerge => "run-merge".into(),
         };
         let methods: Vec<Method> = all.into_iter().filter(|&m| wanted.contains(&key(m))).collect();
         throughput_rows(opts, report)?;

@@ -36,6 +36,7 @@ fn paper(mode: Mode) -> (Option<f64>, Option<f64>, Option<f64>) {
         Mode::KsmAggr => (Some(60.1), None, Some(40.2)),
         Mode::Vcopy => (Some(64.6), Some(103.6), None),
         Mode::Off => (Some(100.0), Some(100.0), None),
+        Mode::Merge => (None, None, None),
     }
 }
 

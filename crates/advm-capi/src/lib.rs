@@ -8,6 +8,7 @@
 
 use std::ffi::c_char;
 
+pub mod agent;
 pub mod gc;
 pub mod merge;
 pub mod pager;

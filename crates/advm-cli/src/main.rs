@@ -2,6 +2,7 @@
 
 mod daemon_cmd;
 mod image_cmd;
+mod merge_cmd;
 mod run_cmd;
 mod stat_cmd;
 mod vm;
@@ -74,6 +75,8 @@ enum Command {
     Vm(vm::VmCmd),
     /// Run a program with the preload shim: virtual copies for unmodified programs.
     Run(run_cmd::RunArgs),
+    /// Ask a process running under `advm run --mode merge` to merge its large anonymous mappings now.
+    Merge(merge_cmd::MergeArgs),
     /// Run advmd, the daemon keeping merge page stores per security domain, in the foreground.
     Daemon(daemon_cmd::DaemonArgs),
     /// Every capability on its built-in workload against its baseline, one table.
@@ -191,6 +194,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Run(args) => run_cmd::run(args)?,
         Command::Daemon(args) => daemon_cmd::run(args)?,
         Command::Vm(cmd) => vm::run(cmd)?,
+        Command::Merge(args) => merge_cmd::run(args)?,
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
-//! `advm run [--mode vcopy|alloc|ksm|ksm-aggr|off] [--stats] -- CMD ARGS...`: runs an
+//! `advm run [--mode vcopy|alloc|ksm|ksm-aggr|off|merge] [--stats] -- CMD ARGS...`: runs an
 //! unmodified program with the advm preload shim (crates/advm-preload), in one of the
-//! mmapcopy paper's five configurations. Launching is `advm_preload::launch`'s; this
+//! mmapcopy paper's five configurations, or with the merge agent (`--mode merge`,
+//! `advm::merge::agent`). Launching is `advm_preload::launch`'s; this
 //! file parses the arguments and prints.
 
 use std::collections::BTreeMap;
@@ -15,7 +16,7 @@ use crate::CliError;
 /// help lists them; a deprecated name is accepted as an alias and named in the help.
 fn mode_parser() -> impl clap::builder::TypedValueParser<Value = Mode> {
     use clap::builder::{PossibleValue, TypedValueParser};
-    let values = [Mode::Vcopy, Mode::Alloc, Mode::Ksm, Mode::KsmAggr, Mode::Off].map(|m| {
+    let values = Mode::RUNNABLE.map(|m| {
         let old: Vec<&str> = Mode::DEPRECATED_NAMES.iter().filter(|(_, to)| *to == m).map(|(old, _)| *old).collect();
         let value = PossibleValue::new(m.name()).aliases(old.iter().copied());
         if old.is_empty() {
@@ -32,7 +33,7 @@ fn mode_parser() -> impl clap::builder::TypedValueParser<Value = Mode> {
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
     /// Configuration: vcopy (virtual copies; `cow` is its deprecated name), alloc, ksm,
-    /// ksm-aggr, off.
+    /// ksm-aggr, off, merge.
     #[arg(long, value_parser = mode_parser(), default_value = "vcopy")]
     pub mode: Mode,
     /// At exit, print on stderr the copies made virtual, bytes not copied and fallbacks.
@@ -45,6 +46,10 @@ pub struct RunArgs {
     /// measured with `advm bench r`; never below --threshold-pages).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub copy_min_pages: Option<u64>,
+    /// In merge mode: merge once the program's anonymous memory has grown (by 32 MiB)
+    /// and then stayed within 1 MiB of growth for this many seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 2.0, value_parser = merge_after_parser)]
+    pub merge_after: f64,
     /// Run the program in its own memory cgroup and, after it exits, print on stderr
     /// the anon+shmem and page cache charged to it (mean and peak, sampled every 50 ms).
     #[arg(long)]
@@ -55,6 +60,13 @@ pub struct RunArgs {
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
     pub command: Vec<String>,
+}
+
+fn merge_after_parser(s: &str) -> Result<f64, String> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|x| x.is_finite() && (0.0..=86400.0).contains(x))
+        .ok_or_else(|| format!("{s:?} is not a number of seconds in 0..=86400"))
 }
 
 /// Renders the counters for `--stats`.
@@ -153,6 +165,9 @@ pub fn render_cgroup(s: &cgroup::Summary) -> String {
 pub fn run(args: RunArgs) -> Result<(), CliError> {
     let (program, rest) = args.command.split_first().ok_or_else(|| CliError::Usage("no command given".into()))?;
     let mut prepared = launch::prepare(args.mode, args.threshold_pages, program, rest, args.stats)?;
+    if args.mode == Mode::Merge {
+        prepared.command.env(launch::MERGE_AFTER, args.merge_after.to_string());
+    }
     if let Some(p) = args.copy_min_pages {
         prepared.command.env(advm_preload::env::COPY_MIN_PAGES, p.to_string());
     }
@@ -182,7 +197,7 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
                 let (stats, n) = launch::read_stats(d);
                 eprint!("{}", render_stats(args.mode, &stats, n));
             }
-            None => eprintln!("advm run: mode off: the shim was not loaded, nothing to report"),
+            None => eprintln!("advm run: mode {}: the shim was not loaded, nothing to report", args.mode.name()),
         }
     }
     drop(prepared);

@@ -31,6 +31,9 @@ pub enum Mode {
     KsmAggr,
     /// The untouched program: no shim.
     Off,
+    /// No shim: libadvm's merge agent merges the program's large anonymous mappings
+    /// once it has loaded (not one of the paper's five).
+    Merge,
 }
 
 impl Mode {
@@ -41,6 +44,9 @@ impl Mode {
     /// stands for.
     pub const DEPRECATED_NAMES: [(&'static str, Mode); 1] = [("cow", Mode::Vcopy)];
 
+    /// Every mode `advm run` accepts: the paper's five, then merge.
+    pub const RUNNABLE: [Mode; 6] = [Mode::Vcopy, Mode::Alloc, Mode::Ksm, Mode::KsmAggr, Mode::Off, Mode::Merge];
+
     /// The name used on the command line, in `--stats` and in tables.
     pub fn name(self) -> &'static str {
         match self {
@@ -49,12 +55,13 @@ impl Mode {
             Mode::Ksm => "ksm",
             Mode::KsmAggr => "ksm-aggr",
             Mode::Off => "off",
+            Mode::Merge => "merge",
         }
     }
 
     /// The mode called `name`, by its name or a deprecated one.
     pub fn from_name(name: &str) -> Option<Mode> {
-        Mode::ALL
+        Mode::RUNNABLE
             .into_iter()
             .find(|m| m.name() == name)
             .or_else(|| Mode::DEPRECATED_NAMES.iter().find(|(old, _)| *old == name).map(|(_, m)| *m))
@@ -77,6 +84,9 @@ impl Mode {
             Mode::Ksm => "alloc + arena marked mergeable, KSM scanning 100 pages per 20 ms",
             Mode::KsmAggr => "alloc + arena marked mergeable, KSM scanning 1000 pages per 20 ms",
             Mode::Off => "The untouched program: no shim",
+            Mode::Merge => {
+                "Merge the program's large anonymous mappings (heap, anonymous mmaps) into advmd's page store once it has loaded"
+            }
         }
     }
 
@@ -95,9 +105,41 @@ impl Mode {
             Mode::Vcopy => Some("vcopy"),
             Mode::Alloc => Some("alloc"),
             Mode::Ksm | Mode::KsmAggr => Some("ksm"),
-            Mode::Off => None,
+            Mode::Off | Mode::Merge => None,
         }
     }
+}
+
+/// Environment variables of the merge agent (libadvm's `advm::merge::agent`).
+pub use advm::merge::agent::{ENV_AFTER as MERGE_AFTER, ENV_AGENT as MERGE_AGENT};
+
+/// libadvm.so, which holds the merge agent: `$ADVM_LIB`, else next to the running
+/// executable (`target/*/advm` beside `target/*/libadvm.so`, or `bin/` beside `lib/`).
+pub fn agent_library() -> Result<PathBuf, Error> {
+    if let Some(p) = std::env::var_os("ADVM_LIB").filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().map_err(|e| Error::Io("locating the advm executable".into(), e))?;
+    let dir = exe.parent().unwrap_or(Path::new("/"));
+    let tries = [dir.join("libadvm.so"), dir.join("../libadvm.so"), dir.join("../lib/libadvm.so")];
+    tries.iter().find(|p| p.is_file()).cloned().ok_or_else(|| {
+        Error::Io(
+            format!(
+                "libadvm.so (the merge agent) is not at {} nor {}; build it (`cargo build -p advm-capi`) or set ADVM_LIB",
+                tries[0].display(),
+                tries[2].display()
+            ),
+            std::io::Error::from(std::io::ErrorKind::NotFound),
+        )
+    })
+}
+
+fn prepend_preload(command: &mut Command, so: &Path) {
+    let mut preload = so.display().to_string();
+    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
+        preload = format!("{preload}:{}", old.to_string_lossy());
+    }
+    command.env("LD_PRELOAD", preload);
 }
 
 /// A command prepared to run under a mode. Keep it alive while the program runs: it
@@ -147,20 +189,17 @@ pub fn prepare(
     command.args(args);
     let mut stats_dir = None;
     if let Some(shim_mode) = mode.shim_mode() {
-        let so = shim_path()?;
-        let mut preload = so.display().to_string();
-        if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
-            preload = format!("{preload}:{}", old.to_string_lossy());
-        }
-        command
-            .env("LD_PRELOAD", preload)
-            .env(crate::env::MODE, shim_mode)
-            .env(crate::env::THRESHOLD_PAGES, threshold_pages.to_string());
+        prepend_preload(&mut command, &shim_path()?);
+        command.env(crate::env::MODE, shim_mode).env(crate::env::THRESHOLD_PAGES, threshold_pages.to_string());
         if stats {
             let d = fresh_stats_dir()?;
             command.env(crate::env::STATS_DIR, &d);
             stats_dir = Some(d);
         }
+    }
+    if mode == Mode::Merge {
+        prepend_preload(&mut command, &agent_library()?);
+        command.env(MERGE_AGENT, "1");
     }
     let ksm = mode.ksm_pages_to_scan().map(|pages| advm::ksm::Session::start(pages, 20)).transpose()?;
     Ok(Prepared { command, stats_dir, _ksm: ksm })

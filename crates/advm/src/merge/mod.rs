@@ -21,6 +21,7 @@
 //! rather than zeros (the range is now a private file mapping); memory that relies on
 //! that idiom must not be merged.
 
+pub mod agent;
 mod client;
 pub mod protocol;
 pub mod store;

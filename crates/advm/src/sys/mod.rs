@@ -10,6 +10,7 @@ pub mod fs;
 pub mod ksm;
 pub mod memfd;
 pub mod merge;
+pub mod merge_serviced;
 pub mod mman;
 pub mod pagemap;
 pub mod pager;

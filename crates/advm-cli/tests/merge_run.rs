@@ -1,0 +1,114 @@
+//! `advm run --mode merge` and `advm merge PID`: an unmodified Python program holding
+//! the same content twice gets its heap merged (pagemap shows shared frames) while its
+//! threads write throughout (checked against a shadow copy), keeps running, forks after;
+//! `advm merge` on a process not under the mode says so.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+const ADVM: &str = env!("CARGO_BIN_EXE_advm");
+
+fn program() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/merge_target.py")
+}
+
+/// libadvm.so (the agent) comes from `cargo build` (make test runs it first); a stale
+/// one would test old code. None (reason printed) when pagemap frames are hidden.
+fn ready() -> bool {
+    let dir = Path::new(ADVM).parent().unwrap();
+    let (so, rlib) = (dir.join("libadvm.so"), dir.join("libadvm.rlib"));
+    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    assert!(so.exists(), "{} missing: run `cargo build -p advm-capi` first (make test does)", so.display());
+    assert!(mtime(&so) >= mtime(&rlib), "{} is older than the rlib: run `cargo build -p advm-capi`", so.display());
+    if !rustix_is_root() {
+        eprintln!("skipped: pagemap shows frame numbers to root only");
+        return false;
+    }
+    true
+}
+
+fn rustix_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(2) == Some("0")))
+        .unwrap_or(false)
+}
+
+fn start(mode: &str, after: &str) -> std::process::Child {
+    Command::new(ADVM)
+        .args(["run", "--mode", "merge", "--merge-after", after, "--", "python3"])
+        .arg(program())
+        .arg(mode)
+        // the process's own store: no dependence on a daemon on this machine
+        .env("ADVM_SOCKET", "/nonexistent/advmd.sock")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start advm run")
+}
+
+/// The python process under `advm run` (advm's only child).
+fn target_pid(advm: u32) -> u32 {
+    let kids = std::fs::read_to_string(format!("/proc/{advm}/task/{advm}/children")).unwrap();
+    kids.split_whitespace().next().expect("advm run has a child").parse().unwrap()
+}
+
+fn finish(mut child: std::process::Child, mut out: BufReader<std::process::ChildStdout>) {
+    let mut line = String::new();
+    while line.trim().is_empty() || line.trim() == "ready" {
+        line.clear();
+        if out.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+    }
+    let status = child.wait().unwrap();
+    assert!(status.success() && line.starts_with("ok"), "the program failed ({status}): {line}");
+    eprintln!("{line}");
+}
+
+#[test]
+fn advm_merge_pid_merges_a_running_program_while_its_threads_write_and_it_forks_after() {
+    if !ready() {
+        return;
+    }
+    let mut child = start("ask", "3600");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    let pid = target_pid(child.id());
+    let r = Command::new(ADVM).args(["merge", &pid.to_string(), "--json"]).output().unwrap();
+    assert!(r.status.success(), "advm merge failed: {}", String::from_utf8_lossy(&r.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+    let pages = |k: &str| v[k].as_u64().unwrap();
+    // b alone is 8192 pages nobody writes (equal to a's, and repeating every 256 pages)
+    assert!(pages("merged") + pages("added") >= 8192, "merged too few pages: {v}");
+    assert!(pages("mappings") >= 2, "{v}");
+    assert!(v["via"]["local"]["reason"].as_str().unwrap().contains("not reachable"), "{v}");
+    child.stdin.as_mut().unwrap().write_all(b"check\n").unwrap();
+    finish(child, out);
+}
+
+#[test]
+fn a_program_under_merge_mode_is_merged_after_a_quiet_period() {
+    if !ready() {
+        return;
+    }
+    let mut child = start("auto", "0.5");
+    let out = BufReader::new(child.stdout.take().unwrap());
+    finish(child, out);
+}
+
+#[test]
+fn advm_merge_on_a_process_not_under_merge_mode_says_so() {
+    let mut sleeper = Command::new("sleep").arg("10").spawn().unwrap();
+    let r = Command::new(ADVM).args(["merge", &sleeper.id().to_string()]).output().unwrap();
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(!r.status.success());
+    assert!(err.contains("not running under `advm run --mode merge`"), "{err}");
+    let r = Command::new(ADVM).args(["merge", "4000000"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&r.stderr).contains("no process 4000000"));
+}

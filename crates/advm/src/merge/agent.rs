@@ -1,0 +1,461 @@
+//! Merging an unmodified program: the agent that `advm run --mode merge` starts inside
+//! it (libadvm.so in `LD_PRELOAD`; its constructor calls [`start_from_env`]).
+//!
+//! The agent thread merges the process's large private anonymous mappings (the heap
+//! and anonymous mmaps of at least `ADVM_MERGE_MIN_BYTES`, default 1 MiB; not stacks,
+//! guard pages, shared or file-backed memory, nor the agent's own memory) once the
+//! program has loaded: when its anonymous resident memory has grown by at least
+//! `ADVM_MERGE_MIN_GROWTH` (default 32 MiB) since it started or since the last merge,
+//! and then grown by less than 1 MiB for `ADVM_MERGE_AFTER` seconds (default 2).
+//! `advm merge PID` asks it to merge now through an abstract UNIX socket,
+//! `@advm-merge/<pid>`, open to the same uid and root.
+//!
+//! Memory in use is merged chunk by chunk through a serviced fence
+//! (`sys::merge_serviced`): a thread that writes a chunk while it is merged goes on at
+//! once, and the page it wrote is simply not merged this time. Pages go to the
+//! process-wide store ([`super::with_default`]): advmd when it answers, else this
+//! process's own.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::time::{Duration, Instant};
+
+use super::{Client, MergeStats};
+use crate::mem::page_size;
+use crate::sys::merge_serviced::ServicedFence;
+use crate::sys::procmap;
+use crate::{Error, Result};
+
+/// Environment variable that turns the agent on (any value); `advm run --mode merge` sets it.
+pub const ENV_AGENT: &str = "ADVM_MERGE_AGENT";
+/// Seconds of quiet (anonymous memory grown by less than 1 MiB) before merging.
+pub const ENV_AFTER: &str = "ADVM_MERGE_AFTER";
+/// Smallest mapping merged, bytes.
+pub const ENV_MIN_BYTES: &str = "ADVM_MERGE_MIN_BYTES";
+/// Growth of anonymous memory, bytes, that makes a quiet period worth a merge.
+pub const ENV_MIN_GROWTH: &str = "ADVM_MERGE_MIN_GROWTH";
+/// A directory where the agent writes `<pid>.json`, the last quiet-period merge's
+/// [`ProcessMerge`] (for benchmarks; unset: reported nowhere but to `advm merge`).
+pub const ENV_REPORT_DIR: &str = "ADVM_MERGE_REPORT_DIR";
+
+/// Chunk merged under one fence: small enough for a snapshot, large enough to batch
+/// store requests.
+const CHUNK_BYTES: usize = 4 << 20;
+/// Growth below this counts as quiet.
+const QUIET_BYTES: u64 = 1 << 20;
+
+/// What merging a process's mappings did.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ProcessMerge {
+    /// Summed over every chunk (`bytes`: of the mappings merged).
+    #[serde(flatten)]
+    pub stats: MergeStats,
+    /// Mappings merged.
+    pub mappings: u64,
+    /// Of `skipped`: pages written, unmapped or remapped while their chunk was merged.
+    pub busy: u64,
+    /// Why merging stopped early, if it did (e.g. the process's mapping budget).
+    pub stopped: Option<String>,
+}
+
+/// The agent's settings.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// Quiet period.
+    pub after: Duration,
+    /// Smallest mapping merged.
+    pub min_bytes: u64,
+    /// Growth that makes a quiet period worth a merge.
+    pub min_growth: u64,
+}
+
+impl Settings {
+    /// From the `ADVM_MERGE_*` variables, defaults for unset ones.
+    pub fn from_env() -> Result<Self> {
+        let num = |name: &'static str, default: f64| -> Result<f64> {
+            match std::env::var(name) {
+                Err(_) => Ok(default),
+                Ok(v) => v.trim().parse::<f64>().ok().filter(|x| x.is_finite() && *x >= 0.0).ok_or_else(|| {
+                    Error::InvalidArgument { what: name, why: format!("{v:?} is not a non-negative number") }
+                }),
+            }
+        };
+        Ok(Self {
+            after: Duration::from_secs_f64(num(ENV_AFTER, 2.0)?.min(1e6)),
+            min_bytes: num(ENV_MIN_BYTES, (1u64 << 20) as f64)? as u64,
+            min_growth: num(ENV_MIN_GROWTH, (32u64 << 20) as f64)? as u64,
+        })
+    }
+}
+
+/// The control socket's name for process `pid` (abstract namespace).
+pub fn socket_name(pid: u32) -> String {
+    format!("advm-merge/{pid}")
+}
+
+/// Starts the agent thread when `ADVM_MERGE_AGENT` is set; reports a bad setting or a
+/// kernel that cannot fence on stderr and starts nothing.
+pub fn start_from_env() {
+    if std::env::var_os(ENV_AGENT).is_none() {
+        return;
+    }
+    let settings = match Settings::from_env() {
+        Ok(s) => s,
+        Err(e) => return eprintln!("advm merge agent: not started: {e}"),
+    };
+    if let Err(why) = ServicedFence::available() {
+        return eprintln!("advm merge agent: not started: {why}");
+    }
+    let pid = std::process::id();
+    let listener = match SocketAddr::from_abstract_name(socket_name(pid).as_bytes())
+        .and_then(|a| UnixListener::bind_addr(&a))
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+    {
+        Ok(l) => l,
+        Err(e) => return eprintln!("advm merge agent: not started: control socket @{}: {e}", socket_name(pid)),
+    };
+    if let Err(e) = std::thread::Builder::new().name("advm-merge".into()).spawn(move || run(listener, settings)) {
+        eprintln!("advm merge agent: not started: {e}");
+    }
+}
+
+/// The agent loop: answers requests, watches anonymous memory, merges when quiet.
+fn run(listener: UnixListener, s: Settings) {
+    let pid = std::process::id();
+    let mut since = anon_resident().unwrap_or(0);
+    let mut mark = since;
+    let mut last_growth = Instant::now();
+    loop {
+        // A forked child inherits no thread: this loop only ever runs in `pid`.
+        while let Ok((conn, _)) = listener.accept() {
+            serve_request(conn);
+        }
+        let Some(now) = anon_resident() else { return };
+        if now > mark + QUIET_BYTES {
+            mark = now;
+            last_growth = Instant::now();
+        }
+        if mark >= since + s.min_growth && last_growth.elapsed() >= s.after {
+            match merge_process(s.min_bytes) {
+                Ok(r) => report(pid, &r),
+                Err(e) => eprintln!("advm merge agent (pid {pid}): {e}"),
+            }
+            since = anon_resident().unwrap_or(0);
+            mark = since;
+            last_growth = Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Writes `r` to `$ADVM_MERGE_REPORT_DIR/<pid>.json` when that is set.
+fn report(pid: u32, r: &ProcessMerge) {
+    let Some(dir) = std::env::var_os(ENV_REPORT_DIR) else { return };
+    let path = std::path::Path::new(&dir).join(format!("{pid}.json"));
+    let text = serde_json::to_string(r).unwrap_or_default();
+    if let Err(e) = std::fs::write(&path, text) {
+        eprintln!("advm merge agent (pid {pid}): writing {}: {e}", path.display());
+    }
+}
+
+/// One request: a line `merge`, answered with one JSON line.
+fn serve_request(conn: UnixStream) {
+    let _ = conn.set_nonblocking(false);
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+    let allowed = crate::sys::fdpass::peer_credentials(&conn)
+        .map(|(uid, _, _)| uid == 0 || uid == rustix::process::geteuid().as_raw())
+        .unwrap_or(false);
+    let mut line = String::new();
+    let reply = if !allowed {
+        serde_json::json!({"ok": false, "error": "only the same uid or root may ask this process to merge"})
+    } else if BufReader::new(&conn).read_line(&mut line).is_err() || line.trim() != "merge" {
+        serde_json::json!({"ok": false, "error": format!("unknown request {:?} (expected \"merge\")", line.trim())})
+    } else {
+        match merge_process(Settings::from_env().map(|s| s.min_bytes).unwrap_or(1 << 20)) {
+            Ok(r) => {
+                let mut v = serde_json::to_value(&r).unwrap_or_default();
+                v["ok"] = true.into();
+                v
+            }
+            Err(e) => serde_json::json!({"ok": false, "error": e.to_string()}),
+        }
+    };
+    let _ = (&conn).write_all(format!("{reply}\n").as_bytes());
+}
+
+/// Resident anonymous memory of this process (`/proc/self/statm`: resident - shared).
+fn anon_resident() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let f: Vec<u64> = text.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+    Some(f.get(1)?.saturating_sub(*f.get(2)?) * page_size() as u64)
+}
+
+/// A mapping line of `/proc/self/maps` the agent cares about.
+#[derive(Debug, Clone, PartialEq)]
+struct MapLine {
+    start: usize,
+    end: usize,
+    perms: String,
+    anonymous: bool,
+    name: String,
+}
+
+fn parse_maps(text: &str) -> Vec<MapLine> {
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (s, e) = f.next()?.split_once('-')?;
+            let perms = f.next()?.to_string();
+            let _off = f.next()?;
+            let dev = f.next()?;
+            let inode = f.next()?;
+            let name = f.collect::<Vec<_>>().join(" ");
+            Some(MapLine {
+                start: usize::from_str_radix(s, 16).ok()?,
+                end: usize::from_str_radix(e, 16).ok()?,
+                perms,
+                anonymous: dev == "00:00" && inode == "0",
+                name,
+            })
+        })
+        .collect()
+}
+
+/// The mappings to merge: private anonymous read-write ones (unnamed or `[heap]`) of
+/// at least `min_bytes`, except thread stacks (an anonymous mapping right above a
+/// guard of at most 16 pages) and mappings holding any address in `exclude`.
+fn candidates(maps: &[MapLine], min_bytes: u64, exclude: &[usize]) -> Vec<(usize, usize)> {
+    let ps = page_size();
+    let mut out = Vec::new();
+    for (k, m) in maps.iter().enumerate() {
+        let eligible = m.anonymous
+            && m.perms == "rw-p"
+            && (m.name.is_empty() || m.name == "[heap]")
+            && (m.end - m.start) as u64 >= min_bytes.max(ps as u64);
+        let stack = k > 0 && {
+            let g = &maps[k - 1];
+            g.end == m.start && g.perms == "---p" && g.anonymous && g.end - g.start <= 16 * ps
+        };
+        let own = exclude.iter().any(|&a| m.start <= a && a < m.end);
+        if eligible && !stack && !own {
+            out.push((m.start, m.end));
+        }
+    }
+    out
+}
+
+/// Merges this process's large private anonymous mappings now (see the module doc),
+/// with the process-wide client.
+pub fn merge_process(min_bytes: u64) -> Result<ProcessMerge> {
+    let t0 = Instant::now();
+    let mut fence = ServicedFence::new(CHUNK_BYTES).map_err(Error::Sys)?;
+    let here = 0u8;
+    let mut exclude = fence.own_addresses().to_vec();
+    exclude.push(&here as *const u8 as usize);
+    exclude.push(&super::DEFAULT as *const _ as usize);
+    let maps = std::fs::read_to_string("/proc/self/maps")
+        .map_err(|e| Error::Sys(crate::sys::SysError::from_io("read(/proc/self/maps)", &e)))?;
+    let todo = candidates(&parse_maps(&maps), min_bytes, &exclude);
+    let budget = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()
+        .and_then(|t| t.trim().parse::<usize>().ok())
+        .unwrap_or(65530)
+        / 2;
+    super::with_default(|c| {
+        let mut r = ProcessMerge {
+            stats: MergeStats {
+                merged: 0,
+                added: 0,
+                skipped: 0,
+                refused: 0,
+                refusal: None,
+                bytes: 0,
+                seconds: 0.0,
+                via: c.via().clone(),
+            },
+            mappings: 0,
+            busy: 0,
+            stopped: None,
+        };
+        'maps: for &(start, end) in &todo {
+            r.mappings += 1;
+            r.stats.bytes += (end - start) as u64;
+            let mut a = start;
+            while a < end {
+                if procmap::vma_count().unwrap_or(0) >= budget {
+                    r.stopped = Some(format!("the process has {budget} mappings, half of vm.max_map_count"));
+                    break 'maps;
+                }
+                let len = (end - a).min(CHUNK_BYTES);
+                merge_chunk(c, &mut fence, a, len, &mut r)?;
+                a += len;
+            }
+        }
+        r.stats.seconds = t0.elapsed().as_secs_f64();
+        Ok(r)
+    })
+}
+
+/// Merges one chunk under the fence.
+#[allow(unsafe_code)] // the chunk comes from this process's own maps: protect's contract
+fn merge_chunk(c: &mut Client, fence: &mut ServicedFence, addr: usize, len: usize, r: &mut ProcessMerge) -> Result<()> {
+    let ps = page_size();
+    let n = len / ps;
+    // SAFETY: `addr..addr+len` lies in one of this process's mappings (read from
+    // /proc/self/maps; if it has gone, protect reports it), and this thread writes it
+    // only by accident (its allocations), which the servicer absorbs.
+    if !unsafe { fence.protect(addr, len) }.map_err(Error::Sys)? {
+        r.stats.skipped += n as u64;
+        r.busy += n as u64;
+        return Ok(());
+    }
+    let result = plan_and_map(c, fence, len, addr, r);
+    fence.lift();
+    result
+}
+
+fn plan_and_map(
+    c: &mut Client,
+    fence: &mut ServicedFence,
+    len: usize,
+    addr: usize,
+    r: &mut ProcessMerge,
+) -> Result<()> {
+    let ps = page_size();
+    let n = len / ps;
+    let hasher = c.backend.hasher();
+    let (mut want, mut hashes) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    let snap = fence.snapshot();
+    for (i, p) in snap.chunks_exact(ps).enumerate() {
+        if p.iter().any(|&b| b != 0) {
+            want.push(i);
+            hashes.push(hasher.hash(p));
+        }
+    }
+    r.stats.skipped += (n - want.len()) as u64;
+    let found = c.backend.lookup(&hashes)?;
+    let mut target: Vec<Option<(u32, bool)>> = vec![None; n];
+    let mut new_at = Vec::new();
+    for (&i, slot) in want.iter().zip(found) {
+        match slot {
+            Some(s) => target[i] = Some((s, false)),
+            None => new_at.push(i),
+        }
+    }
+    let (added, refusal) = c.backend.add(snap, &new_at)?;
+    if refusal.is_some() {
+        r.stats.refusal = refusal;
+    }
+    for (&i, slot) in new_at.iter().zip(added) {
+        match slot {
+            Some(s) => target[i] = Some((s, true)),
+            None => {
+                r.stats.refused += 1;
+                r.stats.skipped += 1;
+            }
+        }
+    }
+    let view = c.backend.view();
+    let store_pages = view.len() / ps;
+    let equal: Vec<Option<(u32, bool)>> = target
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            t.filter(|&(s, _)| {
+                (s as usize) < store_pages && snap[i * ps..(i + 1) * ps] == *view.read(s as usize * ps, ps)
+            })
+        })
+        .collect();
+    for (i, t) in target.iter().enumerate() {
+        if t.is_some() && equal[i].is_none() {
+            r.stats.skipped += 1;
+        }
+    }
+    let inode = c.backend.store_inode();
+    let fd = c.backend.store_fd();
+    let writable = procmap::query(addr).ok().flatten().is_some_and(|v| v.writable);
+    // Under the fence's lock: the range must still be one private mapping, anonymous or
+    // the store's, with the writability it had.
+    let check = |a: usize, l: usize| {
+        procmap::query(a).ok().flatten().is_some_and(|v| {
+            v.start <= a
+                && a + l <= v.end
+                && !v.shared
+                && v.readable
+                && v.writable == writable
+                && (!v.file_backed || v.inode == inode)
+        })
+    };
+    let mut mapped = vec![false; n];
+    let mut i = 0;
+    while i < n {
+        let Some((s, _)) = equal[i] else {
+            i += 1;
+            continue;
+        };
+        let mut k = 1;
+        while i + k < n && equal[i + k].is_some_and(|(t, _)| t == s + k as u32) {
+            k += 1;
+        }
+        let mapped = &mut mapped[..k];
+        mapped.fill(false);
+        fence.map_unwritten(i, k, writable, fd, s as u64 * ps as u64, &check, mapped).map_err(Error::Sys)?;
+        for (e, &m) in equal[i..i + k].iter().zip(mapped.iter()) {
+            match (m, e.is_some_and(|(_, new)| new)) {
+                (true, true) => r.stats.added += 1,
+                (true, false) => r.stats.merged += 1,
+                (false, _) => {
+                    r.stats.skipped += 1;
+                    r.busy += 1;
+                }
+            }
+        }
+        i += k;
+    }
+    Ok(())
+}
+
+/// Asks process `pid`'s agent to merge now and returns its reply (a JSON object with
+/// `ok`); a clear error when `pid` does not run under `advm run --mode merge`.
+pub fn request(pid: u32) -> Result<serde_json::Value> {
+    let refuse = |why: String| Error::InvalidArgument { what: "pid", why };
+    if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        return Err(refuse(format!("no process {pid} is running")));
+    }
+    let addr = SocketAddr::from_abstract_name(socket_name(pid).as_bytes())
+        .map_err(|e| refuse(format!("socket name for {pid}: {e}")))?;
+    let conn = UnixStream::connect_addr(&addr).map_err(|e| {
+        refuse(format!(
+            "process {pid} is not running under `advm run --mode merge` (no merge agent at @{}: {e})",
+            socket_name(pid)
+        ))
+    })?;
+    (&conn).write_all(b"merge\n").map_err(|e| refuse(format!("sending the request to process {pid}: {e}")))?;
+    let mut line = String::new();
+    BufReader::new(&conn).read_line(&mut line).map_err(|e| refuse(format!("reading process {pid}'s reply: {e}")))?;
+    serde_json::from_str(&line).map_err(|e| refuse(format!("process {pid} replied {line:?}, not JSON: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn candidates_are_large_private_anonymous_mappings_but_not_stacks_or_own_memory() {
+        let text = "\
+00400000-00500000 r-xp 00000000 08:01 123 /usr/bin/python3
+01000000-03000000 rw-p 00000000 00:00 0 [heap]
+7f0000000000-7f0000001000 ---p 00000000 00:00 0
+7f0000001000-7f0000801000 rw-p 00000000 00:00 0
+7f0001000000-7f0005000000 rw-p 00000000 00:00 0
+7f0006000000-7f0007000000 rw-s 00000000 00:01 99 /memfd:x (deleted)
+7f0008000000-7f0008010000 rw-p 00000000 00:00 0
+7f0009000000-7f000a000000 rw-p 00000000 00:00 0
+7ffd00000000-7ffd00800000 rw-p 00000000 00:00 0 [stack]
+";
+        let maps = parse_maps(text);
+        let got = candidates(&maps, 1 << 20, &[0x7f0009000100]);
+        assert_eq!(got, vec![(0x0100_0000, 0x0300_0000), (0x7f00_0100_0000, 0x7f00_0500_0000)]);
+    }
+}
