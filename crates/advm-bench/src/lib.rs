@@ -217,6 +217,7 @@ pub fn all() -> Vec<Box<dyn Bench>> {
         Box::new(shim_stress::ShimStressBench),
         Box::new(merge::MergeBench),
         Box::new(gc::GcBench),
+        Box::new(gc::GcPolicyBench),
     ]
 }
 

@@ -640,7 +640,8 @@ impl Mutator {
         let inner = &*self.heap.inner;
         let mem = &inner.mem;
         // Read before the allocation lock: a collection takes them in the other order.
-        let capacity = lock(&inner.sizing).as_ref().map_or(0, |s| s.nursery);
+        let sizing = lock(&inner.sizing).clone();
+        let capacity = sizing.as_ref().map_or(0, |s| s.nursery);
         let mut a = lock(&inner.alloc);
         let used = a.used(mem);
         if inner.generational.is_some() && size < inner.large_bytes {
@@ -689,6 +690,11 @@ impl Mutator {
             let len = size.checked_next_multiple_of(align)?;
             let h = a.large_top.next_multiple_of(align);
             if used + (h - a.large_top) + len > inner.heap_bytes {
+                return None;
+            }
+            // Large objects are old at birth: one that takes the old generation past
+            // the policy's limit first brings a collection (a major one when due).
+            if !pretenure && sizing.is_some_and(|s| s.over(a.old(mem) + len)) {
                 return None;
             }
             a.large_top = h + len;

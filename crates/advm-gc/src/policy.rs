@@ -104,6 +104,14 @@ impl Sizing {
         }
     }
 
+    /// Whether an old generation of `old` bytes calls for a major collection.
+    pub(crate) fn over(&self, old: usize) -> bool {
+        match self.policy {
+            Policy::Original { .. } => 2 * old >= self.target,
+            Policy::Modified { .. } => old > self.target,
+        }
+    }
+
     /// Decides after a minor collection that left `old` old bytes; true when a major
     /// collection is due.
     pub(crate) fn after_minor(&mut self, old: usize) -> (bool, String) {
@@ -112,13 +120,11 @@ impl Sizing {
         match self.policy {
             Policy::Original { .. } => {
                 self.nursery = (self.target.saturating_sub(old) / 2).max(MIN_NURSERY_BYTES);
-                let major = 2 * old >= self.target;
-                (major, format!("original: old {old} of heap {}, nursery {}", self.target, self.nursery))
+                (self.over(old), format!("original: old {old} of heap {}, nursery {}", self.target, self.nursery))
             }
             Policy::Modified { min_new_size, .. } => {
                 self.nursery = self.nursery.saturating_sub(grew).max(min_new_size);
-                let major = old > self.target;
-                (major, format!("modified: old {old} of limit {}, nursery {}", self.target, self.nursery))
+                (self.over(old), format!("modified: old {old} of limit {}, nursery {}", self.target, self.nursery))
             }
         }
     }
