@@ -141,6 +141,13 @@ fn run_policy(
 ) -> Result<PolicyRun, BenchError> {
     let mut unavailable = None;
     let r = in_group("advm-bench-gc-policy", &mut unavailable, |group| {
+        // A warm-up run first: the malloc arena's free pages are shared copy-on-write
+        // with the parent (which ran the workload while finding its minimum heap); the
+        // cgroup would charge their copies to this run while the distinct-page meter
+        // already counted them before it.
+        let warm = Heap::new(heap).map_err(gc_err)?;
+        w(&mut warm.attach(), scale).map_err(gc_err)?;
+        drop(warm);
         let before = Both::read(&advm::stats::measure_self()?, group)?;
         let mut cfg = Config::new(heap);
         cfg.generational = Some(g);
