@@ -521,7 +521,7 @@ impl Bench for GcPolicyBench {
             workload: format!("{name} (quick), generational heap, mean heap size"),
             advm: format!("{:.1} MiB, {:.2} s ({})", mean_heap(&a), a.total_s, modi.0),
             baseline: format!("{:.1} MiB, {:.2} s ({})", mean_heap(&b), b.total_s, orig.0),
-            gain: format!("{:.2}x smaller", mean_heap(&b) / mean_heap(&a)),
+            gain: format!("{:.2}x the mean heap", mean_heap(&a) / mean_heap(&b)),
         }])
     }
 }
