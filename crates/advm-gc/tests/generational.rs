@@ -213,3 +213,40 @@ fn heap_exhaustion_in_generational_mode_is_an_error_and_the_heap_stays_usable() 
     m.collect().unwrap();
     m.alloc(1, 1000).unwrap();
 }
+
+#[test]
+fn several_mutator_threads_keep_their_lists_through_minor_and_major_collections() {
+    let h = heap(Policy::Modified { mem_lim: 512 << 10, min_new_size: 64 << 10, min_old_incr: 128 << 10 }, false);
+    let threads: Vec<_> = (0..3u64)
+        .map(|t| {
+            let h = h.clone();
+            std::thread::spawn(move || {
+                let mut m = h.attach();
+                let r = m.push_root(None);
+                for i in 0..3000u64 {
+                    m.alloc(0, 64).unwrap(); // garbage
+                    let o = m.alloc(1, 8).unwrap();
+                    m.set_word(o, 0, t * 1_000_000 + i);
+                    let head = m.root(r);
+                    m.set(o, 0, head);
+                    m.set_root(r, Some(o));
+                    if i % 700 == 0 {
+                        m.collect_minor().unwrap();
+                    }
+                }
+                m.collect().unwrap();
+                let mut cur = m.root(r);
+                for i in (0..3000u64).rev() {
+                    let o = cur.unwrap();
+                    assert_eq!(m.word(o, 0), t * 1_000_000 + i);
+                    cur = m.get(o, 0);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let s = h.stats();
+    assert!(s.history.iter().any(|c| c.kind == "minor") && s.history.iter().any(|c| c.kind == "major"));
+}
