@@ -465,6 +465,12 @@ impl Inner {
     pub(crate) fn collect(&self, attached: bool, why: &str, major: bool) -> Result<Collection> {
         let t0 = Instant::now();
         let mut w = lock(&self.world);
+        // Mutators parked by the previous collection must have left before a new one
+        // counts its parked mutators (one still counted but about to run would mutate
+        // during the collection).
+        while !w.stopping && w.parked > 0 {
+            w = self.cv.wait(w).unwrap_or_else(|e| e.into_inner());
+        }
         if w.stopping {
             // Someone else collects: take part as a stopped mutator, then report theirs.
             let epoch = w.epoch;
@@ -477,6 +483,7 @@ impl Inner {
             }
             if attached {
                 w.parked -= 1;
+                self.cv.notify_all();
             }
             drop(w);
             return lock(&self.stats).history.last().cloned().ok_or(Error::Corrupt("no collection recorded".into()));
@@ -547,6 +554,7 @@ impl Inner {
             w = self.cv.wait(w).unwrap_or_else(|e| e.into_inner());
         }
         w.parked -= 1;
+        self.cv.notify_all();
     }
 
     /// Header address of `o`, checked to be inside the heap with its whole object.
@@ -894,6 +902,7 @@ impl Drop for Mutator {
                 w = inner.cv.wait(w).unwrap_or_else(|e| e.into_inner());
             }
             w.parked -= 1;
+            inner.cv.notify_all();
         }
         self.retire_buffer();
         w.attached -= 1;

@@ -13,12 +13,18 @@ use crate::heap::{large_align, nptrs_of, size_of, Alloc, Inner, Roots, ALIGN, HD
 pub(crate) fn check(inner: &Inner, alloc: &Alloc, roots: &Roots) -> Result<(), String> {
     let mem = &inner.mem;
     let mut objects: Vec<usize> = Vec::new();
-    for (mut a, top) in [(alloc.small_bottom, alloc.small_top), (mem.nursery.base, alloc.nursery_top)] {
+    for (bottom, top) in [(alloc.small_bottom, alloc.small_top), (mem.nursery.base, alloc.nursery_top)] {
+        let mut a = bottom;
         while a < top {
             let h0 = mem.load(a);
             let size = size_of(h0);
             if h0 & MARK != 0 || mem.load(a + 8) != 0 {
-                return Err(format!("small object {:#x}: mark or forwarding word left ({h0:#x})", a + HDR));
+                return Err(format!(
+                    "small object {:#x} of [{:#x}, {top:#x}): mark or forwarding word left ({h0:#x}, {:#x})",
+                    a + HDR,
+                    bottom,
+                    mem.load(a + 8)
+                ));
             }
             if size < HDR || size % ALIGN != 0 || a + size > top || size >= inner.large_bytes {
                 return Err(format!("small object {:#x}: bad size {size}", a + HDR));
