@@ -10,6 +10,10 @@
  * from there after each such call. Objects of at least the large-object size start on
  * a page boundary and are moved by remapping their pages ("remap" engine).
  *
+ * Generational heaps (advm_gc_new_with): store pointers into objects with
+ * advm_gc_store, never by writing a slot directly: its write barrier remembers old
+ * objects that point to young ones (a direct write may lose the young object).
+ *
  * Threads: any thread may call; calls on one heap run one at a time.
  */
 #ifndef ADVM_GC_H
@@ -41,6 +45,29 @@ struct advm_gc_stats {
  * (EINVAL: zero or above 1 TiB; ENOMEM: no address space for it). */
 advm_gc *advm_gc_new(size_t heap_bytes);
 
+/* Heap sizing of a generational heap (SML/NJ's policies, sizes in bytes). */
+#define ADVM_GC_ORIGINAL 1 /* ratio, mem_limit */
+#define ADVM_GC_MODIFIED 2 /* mem_lim, min_new_size, min_old_incr */
+struct advm_gc_policy {
+    int kind;            /* ADVM_GC_ORIGINAL or ADVM_GC_MODIFIED */
+    double ratio;        /* original: target heap size / live size (>= 1) */
+    size_t mem_limit;    /* original: memory use target */
+    size_t mem_lim;      /* modified: memory use target */
+    size_t min_new_size; /* modified: smallest nursery */
+    size_t min_old_incr; /* modified: smallest old-generation increment */
+    int copy_back;       /* nonzero: the old generation is copied back to the start of its
+                            reservation after a major collection; 0: it drifts */
+};
+
+/* A generational heap: a nursery copied into an old generation, sized by *policy
+ * (NULL: a non-generational heap, as advm_gc_new). NULL with errno EINVAL for a bad
+ * policy, as advm_gc_new otherwise. */
+advm_gc *advm_gc_new_with(size_t heap_bytes, const struct advm_gc_policy *policy);
+
+/* Pointer slot i of obj := value (NULL or an object of this heap), through the write
+ * barrier. -EINVAL: obj or value not in the heap, i not below obj's nptrs. */
+int advm_gc_store(advm_gc *gc, void *obj, size_t i, void *value);
+
 /* Frees the heap and all its objects (NULL: no-op). */
 void advm_gc_destroy(advm_gc *gc);
 
@@ -54,8 +81,9 @@ void *advm_gc_alloc(advm_gc *gc, size_t nptrs, size_t nbytes);
 int advm_gc_root(advm_gc *gc, void **slot);
 int advm_gc_unroot(advm_gc *gc, void **slot);
 
-/* Runs a collection now. The heap is not generational yet: full or not, it is a full
- * mark-compact collection. */
+/* Runs a collection now: full nonzero, a full mark-compact (on a generational heap a
+ * major collection: a minor one, then the old generation's); 0, a minor collection
+ * (a full one on a non-generational heap). */
 int advm_gc_collect(advm_gc *gc, int full);
 
 /* "remap" (default: large objects moved as pages) or "memmove"; -EINVAL otherwise. */

@@ -16,6 +16,8 @@ for path in sys.argv[1:]:
     r = json.load(open(path))
     for row in r["rows"]:
         c = dict(row["config"])
+        if "heap_factor" not in c:  # the policy rows: policy_plot.py
+            continue
         key = (c["workload"], c["heap_factor"], c["collector"])
         heaps[key] = c.get("heap_mib")
         for f in row["figures"]:

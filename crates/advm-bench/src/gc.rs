@@ -4,14 +4,21 @@
 //! full-GC pause mean, p99 and max, the phases, bytes moved each way, total time. The
 //! Java versions run under OpenJDK's ParallelGC and Shenandoah at 1.2x and 2x their own
 //! minimum heap, pauses read from `-Xlog:gc`.
+//!
+//! SML/NJ's policies (Cooper, Nettles & Subramanian): the compiler-like and the
+//! growing-sort workloads on a generational heap under the original and the modified
+//! sizing policy, copy-back on and off: heap size (old generation plus nursery) after
+//! every collection over time, elapsed time, collections, bytes freed to the hook, and
+//! memory with both meters at the end of the run (in a cgroup child per run).
 
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 
-use advm_gc::{Collection, Config, Engine, Heap};
+use advm_gc::{Collection, Config, Engine, Generational, Heap, Policy};
 
 use super::{median, Bench, BenchOpts, DemoRow, Figure, Report, Row};
+use crate::meters::{in_group, Both, Part};
 use crate::workloads::bench_file;
 use crate::BenchError;
 
@@ -93,6 +100,146 @@ fn run_advm(w: Workload, scale: Scale, heap: usize, engine: Engine) -> Result<Op
         remap_mib: s.bytes_moved_remap as f64 / (1 << 20) as f64,
         checksum: sum,
     }))
+}
+
+/// One generational run's figures.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+struct PolicyRun {
+    total_s: f64,
+    minors: u64,
+    majors: u64,
+    pause_total_ms: f64,
+    copied_back_mib: f64,
+    freed_mib: f64,
+    /// Old generation plus nursery after each collection, MiB, and when (ms).
+    series: Vec<(f64, f64)>,
+    mem: Both,
+    checksum: u64,
+}
+
+/// The four configurations of the paper's comparison, with parameters scaled to the
+/// workload's minimum (full-collection) heap `min`: original `ratio` 5 and `mem_limit`
+/// 2*min; modified `mem_lim` min, `min_new_size` min/8, `min_old_incr` min/4.
+fn policies(min: usize) -> [(&'static str, Generational); 4] {
+    let original = Policy::Original { ratio: 5.0, mem_limit: 2 * min };
+    let modified = Policy::Modified { mem_lim: min, min_new_size: min / 8, min_old_incr: min / 4 };
+    [
+        ("original+copy-back", Generational { policy: original, copy_back: true }),
+        ("original-drift", Generational { policy: original, copy_back: false }),
+        ("modified+copy-back", Generational { policy: modified, copy_back: true }),
+        ("modified-drift", Generational { policy: modified, copy_back: false }),
+    ]
+}
+
+/// Runs `w` on a generational heap with a limit of `heap` bytes, in a cgroup child.
+fn run_policy(
+    w: Workload,
+    scale: Scale,
+    heap: usize,
+    g: Generational,
+    part: &mut Part,
+) -> Result<PolicyRun, BenchError> {
+    let mut unavailable = None;
+    let r = in_group("advm-bench-gc-policy", &mut unavailable, |group| {
+        // A warm-up run first: the malloc arena's free pages are shared copy-on-write
+        // with the parent (which ran the workload while finding its minimum heap); the
+        // cgroup would charge their copies to this run while the distinct-page meter
+        // already counted them before it.
+        let warm = Heap::new(heap).map_err(gc_err)?;
+        w(&mut warm.attach(), scale).map_err(gc_err)?;
+        drop(warm);
+        let before = Both::read(&advm::stats::measure_self()?, group)?;
+        let mut cfg = Config::new(heap);
+        cfg.generational = Some(g);
+        let h = Heap::with_config(cfg).map_err(gc_err)?;
+        let mut m = h.attach();
+        let t = Instant::now();
+        let checksum = w(&mut m, scale).map_err(gc_err)?;
+        let total_s = t.elapsed().as_secs_f64();
+        let mem = Both::read(&advm::stats::measure_self()?, group)?.since(&before);
+        drop(m);
+        let s = h.stats();
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        Ok(PolicyRun {
+            total_s,
+            minors: s.history.iter().filter(|c| c.kind == "minor").count() as u64,
+            majors: s.history.iter().filter(|c| c.kind == "major").count() as u64,
+            pause_total_ms: s.total_pause_ns as f64 / 1e6,
+            copied_back_mib: mib(s.history.iter().map(|c| c.bytes_copied_back).sum()),
+            freed_mib: mib(s.history.iter().map(|c| c.bytes_freed_pages as u64).sum()),
+            series: s
+                .history
+                .iter()
+                .map(|c| (c.at_ns as f64 / 1e6, mib((c.old_bytes + c.nursery_bytes) as u64)))
+                .collect(),
+            mem,
+            checksum,
+        })
+    })?;
+    if let Some(u) = unavailable {
+        if !part.notes.contains(&u) {
+            part.notes.push(u);
+        }
+    }
+    Ok(r)
+}
+
+/// The policy comparison rows for the compiler-like and the growing-sort workloads.
+fn policy_section(scale: Scale, runs: usize, report: &mut Report) -> Result<(), BenchError> {
+    let mut part = Part::default();
+    for (name, w) in ALL.iter().filter(|(n, _)| *n == "compiler-sawtooth" || *n == "growing-sort") {
+        let min = min_heap(ADVM_FLOOR, |h| Ok(run_advm(*w, scale, h, Engine::Remap)?.is_some()))?;
+        // The limit leaves the sizing to the policy.
+        let heap = 4 * min;
+        let configs = policies(min);
+        let mut all: Vec<Vec<PolicyRun>> = vec![Vec::new(); configs.len()];
+        for _ in 0..runs {
+            for (i, (_, g)) in configs.iter().enumerate() {
+                all[i].push(run_policy(*w, scale, heap, *g, &mut part)?);
+            }
+        }
+        for ((label, g), rs) in configs.iter().zip(&all) {
+            if rs.iter().any(|r| r.checksum != rs[0].checksum) {
+                return Err(BenchError::Usage(format!("{name} {label}: runs computed different results")));
+            }
+            let fig = |n: &str, u: &str, f: &dyn Fn(&PolicyRun) -> f64| Figure::new(n, u, rs.iter().map(f).collect());
+            let mib = |b: u64| b as f64 / (1 << 20) as f64;
+            for r in rs {
+                part.check(&format!("gc policy {name} {label}"), r.mem.distinct as f64, r.mem.cgroup.map(|c| c as f64));
+            }
+            let heap_max = |r: &PolicyRun| r.series.iter().map(|p| p.1).fold(0.0, f64::max);
+            let heap_mean = |r: &PolicyRun| mean(&r.series.iter().map(|p| p.1).collect::<Vec<_>>());
+            part.rows.push(
+                Row::new()
+                    .with("workload", name)
+                    .with("collector", format!("advm-gen-{label}"))
+                    .with("policy", g.policy.name())
+                    .with("copy_back", g.copy_back)
+                    .with("min_heap_mib", format!("{:.1}", mib(min as u64)))
+                    .figure(fig("total_s", "s", &|r| r.total_s))
+                    .figure(fig("pause_total_ms", "ms", &|r| r.pause_total_ms))
+                    .figure(fig("minor_collections", "", &|r| r.minors as f64))
+                    .figure(fig("major_collections", "", &|r| r.majors as f64))
+                    .figure(fig("heap_mib_max", "MiB", &heap_max))
+                    .figure(fig("heap_mib_mean", "MiB", &heap_mean))
+                    .figure(fig("copied_back_mib", "MiB", &|r| r.copied_back_mib))
+                    .figure(fig("freed_to_hook_mib", "MiB", &|r| r.freed_mib))
+                    .figure(fig("mem_distinct_mib", "MiB", &|r| mib(r.mem.distinct)))
+                    .figure(fig("mem_cgroup_mib", "MiB", &|r| r.mem.cgroup.map_or(f64::NAN, mib))),
+            );
+            // The first run's heap-size series, for the plot.
+            part.configuration.insert(format!("heap_series_{name}_{label}"), serde_json::json!(rs[0].series));
+        }
+    }
+    report.merge(part);
+    report.notes.push(
+        "policies: heap limit 4x the workload's minimum full-collection heap; original ratio 5, mem_limit 2x min; \
+         modified mem_lim = min, min_new_size = min/8, min_old_incr = min/4; heap size = old generation + nursery \
+         after each collection; memory = both meters at the end of the run (freed pages are only reported to the \
+         hook, not discarded: no pager yet)"
+            .into(),
+    );
+    Ok(())
 }
 
 /// The smallest heap from `floor` up (within 1/16 of the doubling step) on which `fits`
@@ -302,6 +449,7 @@ impl Bench for GcBench {
             bar.inc(1);
         }
         bar.finish_and_clear();
+        policy_section(scale, runs, report)?;
         if java.is_none() {
             report.notes.push(
                 "javac not found: the Java collectors were skipped (make deps installs openjdk-17-jdk-headless)".into(),
@@ -339,6 +487,45 @@ impl Bench for GcBench {
     }
 }
 
+/// `advm bench gc-policy`: the policy section of `advm bench gc` alone.
+pub struct GcPolicyBench;
+
+impl Bench for GcPolicyBench {
+    fn name(&self) -> &'static str {
+        "gc-policy"
+    }
+
+    fn description(&self) -> &'static str {
+        "advm-gc generational mode: SML/NJ's original and modified heap-sizing policies, copy-back on and off (heap size over time, elapsed time, both memory meters)"
+    }
+
+    fn default_runs(&self) -> usize {
+        3
+    }
+
+    fn run(&self, opts: &BenchOpts, report: &mut Report) -> Result<(), BenchError> {
+        policy_section(Scale { quick: opts.quick }, opts.runs.max(1), report)
+    }
+
+    fn demo(&self) -> Result<Vec<DemoRow>, BenchError> {
+        let scale = Scale { quick: true };
+        let (name, w) = ALL[9]; // compiler-sawtooth
+        let min = min_heap(ADVM_FLOOR, |h| Ok(run_advm(w, scale, h, Engine::Remap)?.is_some()))?;
+        let [orig, _, _, modi] = policies(min);
+        let mut part = Part::default();
+        let mean_heap = |r: &PolicyRun| mean(&r.series.iter().map(|p| p.1).collect::<Vec<_>>());
+        let a = run_policy(w, scale, 4 * min, modi.1, &mut part)?;
+        let b = run_policy(w, scale, 4 * min, orig.1, &mut part)?;
+        Ok(vec![DemoRow {
+            capability: "gc-policy".into(),
+            workload: format!("{name} (quick), generational heap, mean heap size"),
+            advm: format!("{:.1} MiB, {:.2} s ({})", mean_heap(&a), a.total_s, modi.0),
+            baseline: format!("{:.1} MiB, {:.2} s ({})", mean_heap(&b), b.total_s, orig.0),
+            gain: format!("{:.2}x the mean heap", mean_heap(&a) / mean_heap(&b)),
+        }])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -351,6 +538,23 @@ mod tests {
                    [0.3s][info][gc] GC(2) Pause Init Mark 0.120ms\n";
         assert_eq!(pauses(log, " Pause "), vec![2.345, 12.5, 0.12]);
         assert_eq!(pauses(log, " Pause Full"), vec![12.5]);
+    }
+
+    #[test]
+    fn policy_workloads_compute_the_same_result_generational_or_not() {
+        for (name, w) in ALL.iter().filter(|(n, _)| *n == "compiler-sawtooth" || *n == "growing-sort") {
+            let full = run_advm(*w, Scale { quick: true }, 64 << 20, Engine::Remap).unwrap().unwrap();
+            let mut minors = 0;
+            for (label, g) in policies(1 << 20) {
+                let r = run_policy(*w, Scale { quick: true }, 64 << 20, g, &mut Part::default()).unwrap();
+                assert_eq!(r.checksum, full.checksum, "{name} {label}");
+                assert!(!r.series.is_empty(), "{name} {label}: no collection");
+                minors += r.minors;
+            }
+            // The quick sort's live data only grows (its arrays are large, old at
+            // birth): its collections may all be major.
+            assert!(minors > 0 || *name == "growing-sort", "{name}: no minor collection under any policy");
+        }
     }
 
     #[test]

@@ -221,6 +221,7 @@ pub fn all() -> Vec<Box<dyn Bench>> {
         Box::new(gc::GcBench),
         Box::new(pager::PagerBench),
         Box::new(vm::VmDensityBench),
+        Box::new(gc::GcPolicyBench),
     ]
 }
 

@@ -6,7 +6,7 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::Mutex;
 
-use advm_gc::{Error, Heap, Mutator};
+use advm_gc::{Config, Error, Generational, Heap, Mutator, Policy};
 
 use crate::guard;
 
@@ -37,6 +37,41 @@ pub struct AdvmGcStats {
     pub used_bytes: u64,
     /// Objects of this many bytes or more (header included) are large.
     pub large_object_bytes: u64,
+}
+
+/// `struct advm_gc_policy`, as declared in the header.
+#[repr(C)]
+pub struct AdvmGcPolicy {
+    /// `ADVM_GC_ORIGINAL` (1) or `ADVM_GC_MODIFIED` (2).
+    pub kind: c_int,
+    /// Original: target ratio of heap size to live size.
+    pub ratio: f64,
+    /// Original: memory use target, bytes.
+    pub mem_limit: usize,
+    /// Modified: memory use target, bytes.
+    pub mem_lim: usize,
+    /// Modified: smallest nursery, bytes.
+    pub min_new_size: usize,
+    /// Modified: smallest old-generation increment, bytes.
+    pub min_old_incr: usize,
+    /// Nonzero: copy the old generation back to the start of its reservation after a
+    /// major collection.
+    pub copy_back: c_int,
+}
+
+fn policy_of(p: &AdvmGcPolicy) -> Result<Generational, Error> {
+    let policy = match p.kind {
+        1 if p.ratio.is_finite() && p.ratio >= 1.0 => Policy::Original { ratio: p.ratio, mem_limit: p.mem_limit },
+        1 => return Err(Error::InvalidArgument { what: "ratio", why: format!("{} is not a number >= 1", p.ratio) }),
+        2 => Policy::Modified { mem_lim: p.mem_lim, min_new_size: p.min_new_size, min_old_incr: p.min_old_incr },
+        k => {
+            return Err(Error::InvalidArgument {
+                what: "policy kind",
+                why: format!("{k} is neither ADVM_GC_ORIGINAL (1) nor ADVM_GC_MODIFIED (2)"),
+            })
+        }
+    };
+    Ok(Generational { policy, copy_back: p.copy_back != 0 })
 }
 
 fn gc_errno(e: &Error) -> i32 {
@@ -94,6 +129,52 @@ pub extern "C" fn advm_gc_new(heap_bytes: usize) -> *mut AdvmGc {
         set_errno(r);
     }
     out
+}
+
+/// `advm_gc *advm_gc_new_with(size_t heap_bytes, const struct advm_gc_policy *)`: a
+/// generational heap (NULL policy: a non-generational one, as `advm_gc_new`).
+///
+/// # Safety
+/// `policy` is NULL or points to a readable `struct advm_gc_policy`.
+#[no_mangle]
+pub unsafe extern "C" fn advm_gc_new_with(heap_bytes: usize, policy: *const AdvmGcPolicy) -> *mut AdvmGc {
+    let mut out = std::ptr::null_mut();
+    let r = call(|| {
+        let mut cfg = Config::new(heap_bytes);
+        // SAFETY: NULL or a readable struct (the header's contract).
+        cfg.generational = unsafe { policy.as_ref() }.map(policy_of).transpose()?;
+        let heap = Heap::with_config(cfg)?;
+        let m = Mutex::new(heap.attach());
+        out = Box::into_raw(Box::new(AdvmGc { heap, m }));
+        Ok(0)
+    });
+    if r < 0 {
+        set_errno(r);
+    }
+    out
+}
+
+/// `int advm_gc_store(advm_gc *, void *obj, size_t i, void *value)`: pointer slot `i`
+/// of `obj` := `value`, through the heap's write barrier.
+///
+/// # Safety
+/// `gc` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn advm_gc_store(gc: *mut AdvmGc, obj: *mut c_void, i: usize, value: *mut c_void) -> c_int {
+    call(|| {
+        let mut m = lock(handle(gc)?);
+        let o = m.object_at(obj as usize)?;
+        let n = m.nptrs(o);
+        if i >= n {
+            return Err(Error::InvalidArgument {
+                what: "slot",
+                why: format!("{i} is not below the object's {n} pointers"),
+            });
+        }
+        let v = if value.is_null() { None } else { Some(m.object_at(value as usize)?) };
+        m.set(o, i, v);
+        Ok(0)
+    })
 }
 
 /// `void advm_gc_destroy(advm_gc *)`: frees the heap (NULL: no-op).
@@ -154,15 +235,20 @@ pub unsafe extern "C" fn advm_gc_unroot(gc: *mut AdvmGc, slot: *mut *mut c_void)
     })
 }
 
-/// `int advm_gc_collect(advm_gc *, int full)`: a full collection (the heap has no
-/// young generation yet, so `full` 0 collects fully too).
+/// `int advm_gc_collect(advm_gc *, int full)`: a full (major) collection, or with
+/// `full` 0 a minor one (full on a non-generational heap).
 ///
 /// # Safety
 /// `gc` is NULL or a live handle.
 #[no_mangle]
-pub unsafe extern "C" fn advm_gc_collect(gc: *mut AdvmGc, _full: c_int) -> c_int {
+pub unsafe extern "C" fn advm_gc_collect(gc: *mut AdvmGc, full: c_int) -> c_int {
     call(|| {
-        lock(handle(gc)?).collect()?;
+        let mut m = lock(handle(gc)?);
+        if full != 0 {
+            m.collect()?;
+        } else {
+            m.collect_minor()?;
+        }
         Ok(0)
     })
 }

@@ -35,7 +35,7 @@ use crate::{Engine, Error, Result};
 const UNIT: usize = 256 << 10;
 /// After compaction, an object start is recorded at least this often, for the next
 /// collection's units.
-const GRANULE: usize = 64 << 10;
+pub(crate) const GRANULE: usize = 64 << 10;
 
 /// Small spaces using less than this collect on one thread.
 const PARALLEL_FROM: usize = 4 << 20;
@@ -226,13 +226,19 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     let roots = lock(&inner.roots);
     let mut stacks: Vec<MutexGuard<'_, Vec<usize>>> = roots.stacks.iter().map(|s| lock(s)).collect();
     let index = lock(&inner.stats).collections + 1;
-    let mut c =
-        Collection { index, engine, heap_before: alloc.used(&mem), decision: why.to_string(), ..Default::default() };
+    let mut c = Collection {
+        index,
+        engine,
+        kind: "full",
+        heap_before: alloc.used(&mem),
+        decision: why.to_string(),
+        ..Default::default()
+    };
 
     // Starting GC threads costs more than it saves on a small heap (and on a busy
     // machine a thread may wait milliseconds for a CPU): small heaps collect on one
     // (large objects are few; their cost is the move).
-    let threads = if alloc.small_top - mem.small.base >= PARALLEL_FROM { threads } else { 1 };
+    let threads = if alloc.small_top - alloc.small_bottom >= PARALLEL_FROM { threads } else { 1 };
     let t = Instant::now();
     let root_vals: Vec<usize> =
         stacks.iter().flat_map(|s| s.iter().copied()).chain(roots.slots.iter().map(|s| s.load())).collect();
@@ -243,7 +249,11 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     let us = units(&alloc.starts, alloc.small_top);
     let live = par_map(us.len(), threads, |k| live_bytes(&mem, us[k]));
     let mut dest = Vec::with_capacity(us.len());
-    let mut d = mem.small.base;
+    // Generational mode may put the old generation elsewhere in its reservation.
+    let total: usize = live.iter().sum();
+    let new_small_bottom =
+        if inner.generational.is_some() { crate::nursery::place_old(inner, &alloc, total) } else { mem.small.base };
+    let mut d = new_small_bottom;
     for l in &live {
         dest.push(d);
         d += l;
@@ -303,7 +313,7 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
             }
             // Lower units whose old objects lie under this unit's destination must
             // have moved first; they were claimed earlier and never wait for k.
-            let first = us.partition_point(|u| u.1 <= dest[k]);
+            let first = us.partition_point(|u| u.1 <= dest[k]).min(k);
             for d in &done[first..k] {
                 while !d.load(Ordering::Acquire) {
                     std::thread::yield_now();
@@ -377,14 +387,21 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     c.move_large_ns = tl.elapsed().as_nanos() as u64;
     c.move_ns = t.elapsed().as_nanos() as u64;
 
-    let old_small_top = alloc.small_top;
+    let old_small = (alloc.small_bottom, alloc.small_top);
     let old_large_top = alloc.large_top;
+    alloc.small_bottom = new_small_bottom;
     alloc.small_top = new_small_top;
     alloc.large_top = new_large_top;
     alloc.large = large_moves.iter().map(|m| m.0).collect();
     alloc.starts = recorded.into_iter().flatten().collect();
+    if inner.generational.is_some_and(|g| g.copy_back) {
+        let t = Instant::now();
+        c.bytes_copied_back = crate::nursery::copy_back(inner, &mut alloc, &mut stacks, &roots.slots);
+        c.copy_back_ns = t.elapsed().as_nanos() as u64;
+        c.bytes_memmove += c.bytes_copied_back;
+    }
     c.heap_after = alloc.used(&mem);
-    c.bytes_freed_pages = free_tails(inner, &alloc, old_small_top, old_large_top)?;
+    c.bytes_freed_pages = free_tails(inner, &alloc, old_small, old_large_top)?;
     drop(stacks);
     if inner.verify {
         crate::verify::check(inner, &alloc, &roots).map_err(Error::Corrupt)?;
@@ -392,14 +409,20 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     Ok(c)
 }
 
-/// Hands the pages above the new tops to the free hook. Without one the heap keeps
-/// them for its next allocations (freeing them inside the pause costs about as much as
-/// copying them, and allocation would fault them in again).
-fn free_tails(inner: &Inner, alloc: &Alloc, old_small: usize, old_large: usize) -> Result<usize> {
+/// Hands the whole pages that held old small objects and hold none now (the tail above
+/// the new top; in generational mode also a from-space below the new place), and the
+/// large space's freed tail, to the free hook. Without one the heap keeps them for its
+/// next allocations (freeing them inside the pause costs about as much as copying
+/// them, and allocation would fault them in again).
+fn free_tails(inner: &Inner, alloc: &Alloc, (old_b, old_t): (usize, usize), old_large: usize) -> Result<usize> {
     let up = |a: usize| page_align_up(a).unwrap_or(a);
+    let down = |a: usize| a & !(page_size() - 1);
+    let (new_b, new_t) = (alloc.small_bottom, alloc.small_top);
     let mut hook = lock(&inner.free_hook);
     let mut freed = 0;
-    for (s, e) in [(up(alloc.small_top), up(old_small)), (alloc.large_top, old_large)] {
+    let below = (up(old_b), down(old_t.min(new_b)));
+    let above = (up(old_b.max(new_t)), up(old_t));
+    for (s, e) in [below, above, (alloc.large_top, old_large)] {
         if e > s {
             let r = PageRange::new("freed pages", s, e - s)?;
             freed += r.len();

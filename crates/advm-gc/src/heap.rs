@@ -7,6 +7,8 @@ use std::time::Instant;
 use advm::mem::{page_align_up, page_size, PageRange, Region};
 use serde::Serialize;
 
+use crate::barrier::Remembered;
+use crate::policy::{Generational, Sizing};
 use crate::raw::{Mem, Slot, Span};
 use crate::stats::{Collection, Stats};
 use crate::{Error, Result};
@@ -118,6 +120,9 @@ pub struct Config {
     pub verify: bool,
     /// Where freed pages go (see [`FreeHook`]).
     pub free_hook: Option<FreeHook>,
+    /// Generational mode (a nursery copied into an old generation, sized by a policy);
+    /// `None`: every collection is a full one.
+    pub generational: Option<Generational>,
 }
 
 impl Config {
@@ -131,6 +136,7 @@ impl Config {
             tlab_bytes: 32 << 10,
             verify: false,
             free_hook: None,
+            generational: None,
         }
     }
 }
@@ -145,6 +151,7 @@ impl std::fmt::Debug for Config {
             .field("tlab_bytes", &self.tlab_bytes)
             .field("verify", &self.verify)
             .field("free_hook", &self.free_hook.is_some())
+            .field("generational", &self.generational)
             .finish()
     }
 }
@@ -152,7 +159,13 @@ impl std::fmt::Debug for Config {
 /// Allocation state, under one lock (buffer refills and large objects take it).
 #[derive(Debug)]
 pub(crate) struct Alloc {
+    /// Where the old small objects start (the space's base except in generational
+    /// mode, where the old generation may drift through its reservation).
+    pub(crate) small_bottom: usize,
     pub(crate) small_top: usize,
+    /// Generational mode: the nursery's bump pointer, and its zeroed frontier.
+    pub(crate) nursery_top: usize,
+    pub(crate) nursery_clean: usize,
     pub(crate) large_top: usize,
     /// From here up, the space reads as zeros (never used).
     pub(crate) small_clean: usize,
@@ -167,7 +180,12 @@ pub(crate) struct Alloc {
 
 impl Alloc {
     pub(crate) fn used(&self, mem: &Mem) -> usize {
-        (self.small_top - mem.small.base) + (self.large_top - mem.large.base)
+        self.old(mem) + (self.nursery_top - mem.nursery.base)
+    }
+
+    /// Bytes of the old generation: small objects and large ones.
+    pub(crate) fn old(&self, mem: &Mem) -> usize {
+        (self.small_top - self.small_bottom) + (self.large_top - mem.large.base)
     }
 }
 
@@ -202,6 +220,12 @@ pub(crate) struct Inner {
     pub(crate) roots: Mutex<Roots>,
     pub(crate) stats: Mutex<Stats>,
     pub(crate) free_hook: Mutex<Option<FreeHook>>,
+    pub(crate) generational: Option<Generational>,
+    pub(crate) sizing: Mutex<Option<Sizing>>,
+    pub(crate) remembered: Remembered,
+    /// Held for its mapping, like the small space.
+    _nursery_region: Option<Region>,
+    created: Instant,
     engine: AtomicU8,
     stop: AtomicBool,
     world: Mutex<World>,
@@ -270,11 +294,22 @@ impl Heap {
             None => be.pages.max(1) * ps,
         };
         let len = page_align_up(cfg.heap_bytes).unwrap_or(cfg.heap_bytes);
-        let small = Region::for_remap(len)?;
+        // Generational mode: the old generation drifts through a reservation of four
+        // heaps (see nursery::place_old); the nursery has its own region.
+        let small_len = if cfg.generational.is_some() { len.saturating_mul(4) } else { len };
+        let small = Region::for_remap(small_len)?;
         let large = Region::for_remap(len)?;
+        let nursery = cfg.generational.map(|_| Region::new(len)).transpose()?;
         let span = |r: &Region| Span { base: r.addr().0, end: r.addr().0 + r.len() };
-        let mem = Mem { small: span(&small), large: span(&large) };
+        let mem = Mem {
+            small: span(&small),
+            large: span(&large),
+            nursery: nursery.as_ref().map_or(Span { base: 0, end: 0 }, span),
+        };
         let alloc = Alloc {
+            small_bottom: mem.small.base,
+            nursery_top: mem.nursery.base,
+            nursery_clean: mem.nursery.base,
             small_top: mem.small.base,
             large_top: mem.large.base,
             small_clean: mem.small.base,
@@ -304,6 +339,11 @@ impl Heap {
             roots: Mutex::new(Roots::default()),
             stats: Mutex::new(Stats::default()),
             free_hook: Mutex::new(cfg.free_hook),
+            generational: cfg.generational,
+            sizing: Mutex::new(cfg.generational.map(|g| Sizing::new(g.policy))),
+            remembered: Remembered::default(),
+            _nursery_region: nursery,
+            created: Instant::now(),
             engine: AtomicU8::new(cfg.engine as u8),
             stop: AtomicBool::new(false),
             world: Mutex::new(World::default()),
@@ -361,7 +401,18 @@ impl Heap {
     /// mutator reaches a safepoint). A thread with an attached mutator uses
     /// [`Mutator::collect`] instead: here it would wait for itself.
     pub fn collect(&self) -> Result<Collection> {
-        self.inner.collect(false, "requested")
+        self.inner.collect(false, "requested", true)
+    }
+
+    /// Runs a minor collection (generational mode; a full one otherwise) from a thread
+    /// that is not a mutator, as [`Heap::collect`].
+    pub fn collect_minor(&self) -> Result<Collection> {
+        self.inner.collect(false, "requested", false)
+    }
+
+    /// Generational mode's settings, if on.
+    pub fn generational(&self) -> Option<Generational> {
+        self.inner.generational
     }
 
     /// Registers a root slot in the program's memory: each collection reads it and
@@ -411,9 +462,15 @@ impl Inner {
     /// Stops the world (the caller, when `attached`, is a mutator that already left its
     /// buffer), collects, restarts it. When another thread is already collecting, the
     /// caller waits for that collection instead and gets `None`.
-    pub(crate) fn collect(&self, attached: bool, why: &str) -> Result<Collection> {
+    pub(crate) fn collect(&self, attached: bool, why: &str, major: bool) -> Result<Collection> {
         let t0 = Instant::now();
         let mut w = lock(&self.world);
+        // Mutators parked by the previous collection must have left before a new one
+        // counts its parked mutators (one still counted but about to run would mutate
+        // during the collection).
+        while !w.stopping && w.parked > 0 {
+            w = self.cv.wait(w).unwrap_or_else(|e| e.into_inner());
+        }
         if w.stopping {
             // Someone else collects: take part as a stopped mutator, then report theirs.
             let epoch = w.epoch;
@@ -426,6 +483,7 @@ impl Inner {
             }
             if attached {
                 w.parked -= 1;
+                self.cv.notify_all();
             }
             drop(w);
             return lock(&self.stats).history.last().cloned().ok_or(Error::Corrupt("no collection recorded".into()));
@@ -438,7 +496,9 @@ impl Inner {
         }
         drop(w);
         let stop_ns = t0.elapsed().as_nanos() as u64;
-        let result = crate::collect::full(self, why);
+        let (at_ns, allocated_before) = (self.created.elapsed().as_nanos() as u64, lock(&self.alloc).allocated);
+        let result =
+            if self.generational.is_some() { self.generational(why, major) } else { crate::collect::full(self, why) };
         let mut w = lock(&self.world);
         w.stopping = false;
         self.stop.store(false, Ordering::SeqCst);
@@ -446,9 +506,38 @@ impl Inner {
         self.cv.notify_all();
         drop(w);
         let mut c = result?;
+        c.at_ns = at_ns;
+        c.allocated_before = allocated_before;
         c.stop_ns = stop_ns;
         c.pause_ns = t0.elapsed().as_nanos() as u64;
         lock(&self.stats).record(c.clone());
+        Ok(c)
+    }
+
+    /// Generational mode, world stopped: a minor collection, then a major one when
+    /// asked for or when the policy says so; one record for both.
+    fn generational(&self, why: &str, major: bool) -> Result<Collection> {
+        let mut c = crate::nursery::minor(self, why)?;
+        let mut sizing = lock(&self.sizing);
+        let sizing = sizing.as_mut().expect("generational heaps have a sizing policy");
+        let (due, decision) = sizing.after_minor(lock(&self.alloc).old(&self.mem));
+        if major || due {
+            let minor = c;
+            c = crate::collect::full(self, why)?;
+            c.kind = "major";
+            c.heap_before = minor.heap_before;
+            c.objects_memmove += minor.objects_memmove;
+            c.bytes_memmove += minor.bytes_memmove;
+            c.bytes_freed_pages += minor.bytes_freed_pages;
+            c.mark_ns += minor.mark_ns;
+            self.remembered.clear();
+            let live = lock(&self.alloc).old(&self.mem);
+            c.decision = format!("{why}; {decision}; major: {}", sizing.after_major(live));
+        } else {
+            c.decision = format!("{why}; {decision}");
+        }
+        c.old_bytes = lock(&self.alloc).old(&self.mem);
+        c.nursery_bytes = sizing.nursery;
         Ok(c)
     }
 
@@ -465,6 +554,7 @@ impl Inner {
             w = self.cv.wait(w).unwrap_or_else(|e| e.into_inner());
         }
         w.parked -= 1;
+        self.cv.notify_all();
     }
 
     /// Header address of `o`, checked to be inside the heap with its whole object.
@@ -525,18 +615,22 @@ impl Mutator {
             return Ok(self.init(h, size, nptrs));
         }
         let inner = self.heap.inner.clone();
-        let mut collected = None;
-        loop {
-            if let Some(o) = self.alloc_slow(size, nptrs) {
+        // Attempts: as is; after a collection (a minor one in generational mode); in
+        // generational mode, after a major one.
+        let attempts = if inner.generational.is_some() { 3 } else { 2 };
+        let mut last = None;
+        for attempt in 0..attempts {
+            if let Some(o) = self.alloc_slow(size, nptrs, attempt > 0) {
                 return Ok(o);
             }
-            if let Some(c) = collected {
-                let c: Collection = c;
-                return Err(Error::HeapExhausted { requested: size, live: c.heap_after, heap: inner.heap_bytes });
+            if attempt + 1 == attempts {
+                break;
             }
             self.retire_buffer();
-            collected = Some(inner.collect(true, "allocation failed")?);
+            last = Some(inner.collect(true, "allocation failed", attempt > 0)?);
         }
+        let live = last.map_or(0, |c: Collection| c.heap_after);
+        Err(Error::HeapExhausted { requested: size, live, heap: inner.heap_bytes })
     }
 
     fn init(&self, h: usize, size: usize, nptrs: usize) -> Obj {
@@ -547,17 +641,68 @@ impl Mutator {
     }
 
     /// Allocation outside the buffer: a new buffer, a direct small object, or a large
-    /// object; `None` when the heap has no room.
-    fn alloc_slow(&mut self, size: usize, nptrs: usize) -> Option<Obj> {
+    /// object; `None` when the heap has no room. In generational mode small objects go
+    /// to the nursery, or, with `pretenure` when it has no room, straight into the old
+    /// generation.
+    fn alloc_slow(&mut self, size: usize, nptrs: usize, pretenure: bool) -> Option<Obj> {
         let inner = &*self.heap.inner;
         let mem = &inner.mem;
+        // Read before the allocation lock: a collection takes them in the other order.
+        let sizing = lock(&inner.sizing).clone();
+        let capacity = sizing.as_ref().map_or(0, |s| s.nursery);
         let mut a = lock(&inner.alloc);
         let used = a.used(mem);
+        if inner.generational.is_some() && size < inner.large_bytes {
+            let room = (mem.nursery.base + capacity).min(mem.nursery.end).saturating_sub(a.nursery_top);
+            let left = room.min(inner.heap_bytes.saturating_sub(used)) & !(ALIGN - 1);
+            let direct = size > inner.tlab_bytes / 4;
+            let want = if direct { size } else { inner.tlab_bytes };
+            let take = if want <= left { Some(want) } else { (!direct && size <= left).then_some(left) };
+            if let Some(take) = take {
+                let h = a.nursery_top;
+                a.nursery_top += take;
+                a.allocated += take as u64;
+                if h < a.nursery_clean {
+                    mem.zero(h, a.nursery_clean.min(h + take) - h);
+                }
+                a.nursery_clean = a.nursery_clean.max(h + take);
+                drop(a);
+                if direct {
+                    return Some(self.init(h, size, nptrs));
+                }
+                self.retire_buffer();
+                self.cur = h + size;
+                self.end = h + take;
+                return Some(self.init(h, size, nptrs));
+            }
+            if !pretenure {
+                return None;
+            }
+            // Straight into the old generation, as a direct object.
+            let h = a.small_top;
+            if used + size > inner.heap_bytes || h + size > mem.small.end {
+                return None;
+            }
+            a.small_top += size;
+            a.starts.push(h);
+            a.allocated += size as u64;
+            if h < a.small_clean {
+                mem.zero(h, a.small_clean.min(h + size) - h);
+            }
+            a.small_clean = a.small_clean.max(h + size);
+            drop(a);
+            return Some(self.init(h, size, nptrs));
+        }
         if size >= inner.large_bytes {
             let align = large_align(size);
             let len = size.checked_next_multiple_of(align)?;
             let h = a.large_top.next_multiple_of(align);
             if used + (h - a.large_top) + len > inner.heap_bytes {
+                return None;
+            }
+            // Large objects are old at birth: one that takes the old generation past
+            // the policy's limit first brings a collection (a major one when due).
+            if !pretenure && sizing.is_some_and(|s| s.over(a.old(mem) + len)) {
                 return None;
             }
             a.large_top = h + len;
@@ -621,10 +766,16 @@ impl Mutator {
         }
     }
 
-    /// Runs a full collection now.
+    /// Runs a full collection now (a major one in generational mode).
     pub fn collect(&mut self) -> Result<Collection> {
         self.retire_buffer();
-        self.heap.inner.collect(true, "requested")
+        self.heap.inner.collect(true, "requested", true)
+    }
+
+    /// Runs a minor collection now (generational mode; a full one otherwise).
+    pub fn collect_minor(&mut self) -> Result<Collection> {
+        self.retire_buffer();
+        self.heap.inner.collect(true, "requested", false)
     }
 
     /// Pushes a root slot holding `o`; returns its index.
@@ -661,6 +812,16 @@ impl Mutator {
         lock(&self.roots).truncate(n);
     }
 
+    /// The object at `addr` (a C `void *`), checked to lie inside this heap.
+    pub fn object_at(&self, addr: usize) -> Result<Obj> {
+        let inner = &self.heap.inner;
+        let h = addr.wrapping_sub(HDR);
+        if addr % 8 != 0 || !inner.mem.holds(h, HDR) || !inner.mem.holds(h, size_of(inner.mem.load(h))) {
+            return Err(Error::InvalidArgument { what: "object", why: format!("{addr:#x} is not in this heap") });
+        }
+        Ok(Obj(addr))
+    }
+
     /// Pointer slots of `o`.
     pub fn nptrs(&self, o: Obj) -> usize {
         nptrs_of(self.heap.inner.checked(o).1)
@@ -687,7 +848,10 @@ impl Mutator {
         if let Some(v) = v {
             self.heap.inner.checked(v);
         }
-        self.heap.inner.mem.store(o.0 + 8 * i, v.map_or(0, |v| v.0));
+        let (slot, value) = (o.0 + 8 * i, v.map_or(0, |v| v.0));
+        let inner = &self.heap.inner;
+        inner.remembered.on_store(&inner.mem.nursery, slot, value);
+        inner.mem.store(slot, value);
     }
 
     fn data(&self, o: Obj, off: usize, len: usize) -> usize {
@@ -738,6 +902,7 @@ impl Drop for Mutator {
                 w = inner.cv.wait(w).unwrap_or_else(|e| e.into_inner());
             }
             w.parked -= 1;
+            inner.cv.notify_all();
         }
         self.retire_buffer();
         w.attached -= 1;

@@ -16,13 +16,17 @@
 //!
 //! See DESIGN.md for the algorithm and its invariants.
 
+mod barrier;
 mod collect;
 mod error;
 mod heap;
+mod nursery;
+mod policy;
 mod raw;
 mod stats;
 mod verify;
 
 pub use error::{Error, Result};
 pub use heap::{Config, Engine, FreeHook, Heap, Mutator, Obj, MAX_NPTRS};
+pub use policy::{Generational, Policy, MIN_NURSERY_BYTES};
 pub use stats::{Collection, Stats};

@@ -14,23 +14,31 @@ pub(crate) struct Span {
 }
 
 impl Span {
+    /// True when `a` lies inside.
+    #[inline]
+    pub(crate) fn contains(&self, a: usize) -> bool {
+        a >= self.base && a < self.end
+    }
+
     fn holds(&self, a: usize, len: usize) -> bool {
         a >= self.base && a.checked_add(len).is_some_and(|e| e <= self.end)
     }
 }
 
-/// The heap's memory: the small-object and the large-object region. The heap owns
-/// both regions and drops its `Mem` users before unmapping them.
+/// The heap's memory: the small-object and the large-object region, and in
+/// generational mode the nursery (empty otherwise). The heap owns the regions and
+/// drops its `Mem` users before unmapping them.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Mem {
     pub(crate) small: Span,
     pub(crate) large: Span,
+    pub(crate) nursery: Span,
 }
 
 impl Mem {
     /// True when `[a, a+len)` lies inside one region.
     pub(crate) fn holds(&self, a: usize, len: usize) -> bool {
-        self.small.holds(a, len) || self.large.holds(a, len)
+        self.small.holds(a, len) || self.large.holds(a, len) || self.nursery.holds(a, len)
     }
 
     #[inline]

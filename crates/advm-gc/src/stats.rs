@@ -9,6 +9,12 @@ use crate::Engine;
 pub struct Collection {
     /// 1 for the first collection of the heap.
     pub index: u64,
+    /// `"full"` (non-generational), `"minor"` or `"major"` (generational mode).
+    pub kind: &'static str,
+    /// When it started, from the heap's creation.
+    pub at_ns: u64,
+    /// Bytes the mutators had allocated when it started (the paper's pseudo-time).
+    pub allocated_before: u64,
     /// Compaction engine for large objects.
     pub engine: Engine,
     /// The whole pause: from the stop request to the world's restart.
@@ -37,6 +43,14 @@ pub struct Collection {
     pub heap_before: usize,
     /// Heap bytes in use after (live data, compacted).
     pub heap_after: usize,
+    /// Generational mode: old-generation bytes after it (small and large objects).
+    pub old_bytes: usize,
+    /// Generational mode: the nursery's capacity the policy set after it.
+    pub nursery_bytes: usize,
+    /// Of `bytes_memmove`, the copy-back of the old generation (copy-back on).
+    pub bytes_copied_back: u64,
+    /// Time of the copy-back (after `move_ns`).
+    pub copy_back_ns: u64,
     /// Live objects.
     pub live_objects: u64,
     /// Bytes of whole pages freed at the spaces' tops (handed to the free hook).

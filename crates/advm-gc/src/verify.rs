@@ -1,6 +1,7 @@
-//! The heap verifier: every object's header is sane, the spaces parse from bottom to
-//! top, no mark or forwarding word is left, and every pointer (slots and roots) is
-//! null or the start of an object of this heap.
+//! The heap verifier: every object's header is sane, the spaces (and the nursery)
+//! parse from bottom to top, no mark or forwarding word is left, every pointer (slots
+//! and roots) is null or the start of an object of this heap, and every slot outside
+//! the nursery that points into it is in the write barrier's remembered set.
 
 use std::collections::HashSet;
 
@@ -12,21 +13,28 @@ use crate::heap::{large_align, nptrs_of, size_of, Alloc, Inner, Roots, ALIGN, HD
 pub(crate) fn check(inner: &Inner, alloc: &Alloc, roots: &Roots) -> Result<(), String> {
     let mem = &inner.mem;
     let mut objects: Vec<usize> = Vec::new();
-    let mut a = mem.small.base;
-    while a < alloc.small_top {
-        let h0 = mem.load(a);
-        let size = size_of(h0);
-        if h0 & MARK != 0 || mem.load(a + 8) != 0 {
-            return Err(format!("small object {:#x}: mark or forwarding word left ({h0:#x})", a + HDR));
+    for (bottom, top) in [(alloc.small_bottom, alloc.small_top), (mem.nursery.base, alloc.nursery_top)] {
+        let mut a = bottom;
+        while a < top {
+            let h0 = mem.load(a);
+            let size = size_of(h0);
+            if h0 & MARK != 0 || mem.load(a + 8) != 0 {
+                return Err(format!(
+                    "small object {:#x} of [{:#x}, {top:#x}): mark or forwarding word left ({h0:#x}, {:#x})",
+                    a + HDR,
+                    bottom,
+                    mem.load(a + 8)
+                ));
+            }
+            if size < HDR || size % ALIGN != 0 || a + size > top || size >= inner.large_bytes {
+                return Err(format!("small object {:#x}: bad size {size}", a + HDR));
+            }
+            if HDR + 8 * nptrs_of(h0) > size {
+                return Err(format!("small object {:#x}: {} pointers do not fit {size} bytes", a + HDR, nptrs_of(h0)));
+            }
+            objects.push(a);
+            a += size;
         }
-        if size < HDR || size % ALIGN != 0 || a + size > alloc.small_top || size >= inner.large_bytes {
-            return Err(format!("small object {:#x}: bad size {size}", a + HDR));
-        }
-        if HDR + 8 * nptrs_of(h0) > size {
-            return Err(format!("small object {:#x}: {} pointers do not fit {size} bytes", a + HDR, nptrs_of(h0)));
-        }
-        objects.push(a);
-        a += size;
     }
     let mut end = mem.large.base;
     for &h in &alloc.large {
@@ -54,6 +62,10 @@ pub(crate) fn check(inner: &Inner, alloc: &Alloc, roots: &Roots) -> Result<(), S
             let p = mem.load(h + HDR + 8 * i);
             if !valid(p) {
                 return Err(format!("object {:#x} slot {i} holds {p:#x}, not an object", h + HDR));
+            }
+            let slot = h + HDR + 8 * i;
+            if mem.nursery.contains(p) && !mem.nursery.contains(slot) && !inner.remembered.holds(slot) {
+                return Err(format!("old object {:#x} slot {i} points into the nursery unremembered", h + HDR));
             }
         }
     }

@@ -1,11 +1,13 @@
 //! Property test: random object graphs (sizes on both sides of the large-object size,
 //! cycles, roots dropped and added) survive collections exactly as an oracle model
 //! says: after each collection, a walk from every root in the heap and in the model
-//! in lockstep finds the same shape, the same pointer counts and the same bytes.
+//! in lockstep finds the same shape, the same pointer counts and the same bytes. The
+//! generational variants interleave minor and major collections (and the automatic
+//! ones a small nursery brings) under both sizing policies, copy-back on and off.
 
 use std::collections::HashMap;
 
-use advm_gc::{Config, Engine, Heap, Mutator, Obj};
+use advm_gc::{Config, Engine, Generational, Heap, Mutator, Obj, Policy};
 use proptest::prelude::*;
 
 const PAGE: usize = 4096;
@@ -34,6 +36,8 @@ enum Op {
         other: usize,
     },
     Collect,
+    /// A minor collection (a full one without generational mode).
+    Minor,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -44,6 +48,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0usize..64).prop_map(|root| Op::Unroot { root }),
         1 => (0usize..64, 0usize..64).prop_map(|(root, other)| Op::Follow { root, other }),
         1 => Just(Op::Collect),
+        1 => Just(Op::Minor),
     ]
 }
 
@@ -91,8 +96,9 @@ fn check(m: &Mutator, model: &Model) {
     }
 }
 
-fn run(ops: &[Op], engine: Engine) {
+fn run(ops: &[Op], engine: Engine, generational: Option<Generational>) {
     let mut c = Config::new(16 << 20);
+    c.generational = generational;
     c.large_object_bytes = Some(LARGE);
     c.engine = engine;
     c.verify = true;
@@ -142,6 +148,10 @@ fn run(ops: &[Op], engine: Engine) {
                 m.collect().unwrap();
                 check(&m, &model);
             }
+            Op::Minor => {
+                m.collect_minor().unwrap();
+                check(&m, &model);
+            }
             _ => {}
         }
     }
@@ -156,11 +166,27 @@ proptest! {
 
     #[test]
     fn random_graphs_survive_collections_as_the_oracle_says(ops in prop::collection::vec(op(), 1..80)) {
-        run(&ops, Engine::Remap);
+        run(&ops, Engine::Remap, None);
     }
 
     #[test]
     fn random_graphs_survive_memmove_compaction_as_the_oracle_says(ops in prop::collection::vec(op(), 1..60)) {
-        run(&ops, Engine::Memmove);
+        run(&ops, Engine::Memmove, None);
+    }
+
+    #[test]
+    fn random_graphs_survive_minor_and_major_collections_as_the_oracle_says(
+        ops in prop::collection::vec(op(), 1..80),
+        modified in any::<bool>(),
+        copy_back in any::<bool>(),
+    ) {
+        // Small sizes, so the allocations themselves also bring minor and major
+        // collections.
+        let policy = if modified {
+            Policy::Modified { mem_lim: 96 << 10, min_new_size: 8 << 10, min_old_incr: 16 << 10 }
+        } else {
+            Policy::Original { ratio: 3.0, mem_limit: 128 << 10 }
+        };
+        run(&ops, Engine::Remap, Some(Generational { policy, copy_back }));
     }
 }

@@ -1,0 +1,190 @@
+//! Generational mode's minor collection: the live objects of the nursery are copied
+//! (Cheney) to the top of the old generation's small space; the roots are the
+//! mutators' roots, C's root slots and the remembered slots of the write barrier.
+//! Afterwards the nursery is empty and its pages, which hold no live data, go to the
+//! free hook.
+
+use std::sync::MutexGuard;
+use std::time::Instant;
+
+use advm::mem::{page_align_up, PageRange};
+
+use crate::collect::GRANULE;
+use crate::heap::{lock, nptrs_of, size_of, Alloc, Inner, HDR};
+use crate::raw::Slot;
+use crate::stats::Collection;
+use crate::{Error, Result};
+
+/// Copies the nursery's live objects into the old generation, with the world stopped.
+/// Fails (copying nothing) when the old generation's reservation has no room for the
+/// whole nursery above its top; the caller then runs a major collection first.
+pub(crate) fn minor(inner: &Inner, why: &str) -> Result<Collection> {
+    let mem = inner.mem;
+    let mut alloc = lock(&inner.alloc);
+    let roots = lock(&inner.roots);
+    if inner.verify {
+        // Before copying: the nursery parses and the barrier recorded every old slot
+        // that points into it.
+        crate::verify::check(inner, &alloc, &roots).map_err(Error::Corrupt)?;
+    }
+    let mut stacks: Vec<MutexGuard<'_, Vec<usize>>> = roots.stacks.iter().map(|s| lock(s)).collect();
+    let index = lock(&inner.stats).collections + 1;
+    let mut c = Collection {
+        index,
+        engine: inner.engine(),
+        kind: "minor",
+        heap_before: alloc.used(&mem),
+        decision: why.to_string(),
+        ..Default::default()
+    };
+    let nursery_used = alloc.nursery_top - mem.nursery.base;
+    if alloc.small_top + nursery_used > mem.small.end {
+        return Err(Error::Corrupt("old generation reservation full before a minor collection".into()));
+    }
+    let t = Instant::now();
+    let mut copy = Copier { inner, alloc: &mut alloc, objects: 0, bytes: 0 };
+    let scan_from = copy.alloc.small_top;
+    for s in stacks.iter_mut() {
+        for v in s.iter_mut() {
+            *v = copy.forward(*v);
+        }
+    }
+    for s in &roots.slots {
+        s.store(copy.forward(s.load()));
+    }
+    for slot in inner.remembered.take() {
+        mem.store(slot, copy.forward(mem.load(slot)));
+    }
+    // Cheney scan of the copies: their slots are forwarded in turn.
+    let mut a = scan_from;
+    while a < copy.alloc.small_top {
+        let h0 = mem.load(a);
+        for i in 0..nptrs_of(h0) {
+            let slot = a + HDR + 8 * i;
+            mem.store(slot, copy.forward(mem.load(slot)));
+        }
+        a += size_of(h0);
+    }
+    let (objects, bytes) = (copy.objects, copy.bytes);
+    c.mark_ns = t.elapsed().as_nanos() as u64;
+    c.move_ns = c.mark_ns;
+    c.live_objects = objects;
+    c.objects_memmove = objects;
+    c.bytes_memmove = bytes;
+    let freed_to = page_align_up(alloc.nursery_top).unwrap_or(alloc.nursery_top);
+    alloc.nursery_top = mem.nursery.base;
+    c.heap_after = alloc.used(&mem);
+    if freed_to > mem.nursery.base {
+        let r = PageRange::new("nursery from-space", mem.nursery.base, freed_to - mem.nursery.base)?;
+        c.bytes_freed_pages = r.len();
+        if let Some(h) = lock(&inner.free_hook).as_mut() {
+            h(r);
+        }
+    }
+    drop(stacks);
+    if inner.verify {
+        crate::verify::check(inner, &alloc, &roots).map_err(Error::Corrupt)?;
+    }
+    Ok(c)
+}
+
+struct Copier<'a> {
+    inner: &'a Inner,
+    alloc: &'a mut Alloc,
+    objects: u64,
+    bytes: u64,
+}
+
+impl Copier<'_> {
+    /// The new address of `p`: copied on first sight when it is a nursery object
+    /// (header word 1 keeps the copy's address), itself otherwise.
+    fn forward(&mut self, p: usize) -> usize {
+        let mem = &self.inner.mem;
+        if !mem.nursery.contains(p) {
+            return p;
+        }
+        let h = p - HDR;
+        let done = mem.load(h + 8);
+        if done != 0 {
+            return done;
+        }
+        let size = size_of(mem.load(h));
+        let to = self.alloc.small_top;
+        mem.copy(to, h, size);
+        mem.store(h + 8, to + HDR);
+        if self.alloc.starts.last().map_or(true, |&l| to - l >= GRANULE) {
+            self.alloc.starts.push(to);
+        }
+        self.alloc.small_top = to + size;
+        self.alloc.small_clean = self.alloc.small_clean.max(self.alloc.small_top);
+        self.objects += 1;
+        self.bytes += size as u64;
+        to + HDR
+    }
+}
+
+/// Where a major collection of generational mode puts the `live` small old bytes: the
+/// start of the reservation when they fit below the old generation (or when copy-back
+/// brings them there anyway and nothing fits above), else right above the current old
+/// generation (a to-space that does not overlap it). The reservation is four heaps
+/// long, so the space above is always there while the old generation sits in the lower
+/// half.
+pub(crate) fn place_old(inner: &Inner, alloc: &Alloc, live: usize) -> usize {
+    let base = inner.mem.small.base;
+    if base + live <= alloc.small_bottom {
+        return base;
+    }
+    if alloc.small_top + live + inner.heap_bytes <= inner.mem.small.end {
+        alloc.small_top
+    } else {
+        base
+    }
+}
+
+/// SML/NJ's copy-back: the old generation, compacted to `[from, top)`, is block-copied
+/// to the start of the reservation and every pointer into it (object slots, roots) is
+/// shifted by the distance. Returns the bytes copied.
+pub(crate) fn copy_back(
+    inner: &Inner,
+    alloc: &mut Alloc,
+    stacks: &mut [MutexGuard<'_, Vec<usize>>],
+    slots: &[Slot],
+) -> u64 {
+    let mem = inner.mem;
+    let (base, from, top) = (mem.small.base, alloc.small_bottom, alloc.small_top);
+    if from == base {
+        return 0;
+    }
+    let shift = from - base;
+    let moved = |p: usize| if p >= from + HDR && p < top { p - shift } else { p };
+    mem.copy(base, from, top - from);
+    let new_top = top - shift;
+    let fix = |h: usize| {
+        for i in 0..nptrs_of(mem.load(h)) {
+            let slot = h + HDR + 8 * i;
+            mem.store(slot, moved(mem.load(slot)));
+        }
+    };
+    let mut a = base;
+    while a < new_top {
+        fix(a);
+        a += size_of(mem.load(a));
+    }
+    for &h in &alloc.large {
+        fix(h);
+    }
+    for s in stacks.iter_mut() {
+        for v in s.iter_mut() {
+            *v = moved(*v);
+        }
+    }
+    for s in slots {
+        s.store(moved(s.load()));
+    }
+    for s in alloc.starts.iter_mut() {
+        *s -= shift;
+    }
+    alloc.small_bottom = base;
+    alloc.small_top = new_top;
+    (top - from) as u64
+}

@@ -1,0 +1,252 @@
+//! Generational mode: the nursery is copied into the old generation, the write barrier
+//! keeps old-to-young pointers alive, copy-back on and off place the old generation as
+//! SML/NJ did, the policies size the nursery, and freed nursery pages reach the hook.
+//! Every heap here runs the verifier before and after each minor collection and after
+//! each major one.
+
+use std::sync::{Arc, Mutex};
+
+use advm_gc::{Config, Generational, Heap, Policy};
+
+const PAGE: usize = 4096;
+
+fn modified() -> Policy {
+    Policy::Modified { mem_lim: 1 << 20, min_new_size: 256 << 10, min_old_incr: 256 << 10 }
+}
+
+fn heap(policy: Policy, copy_back: bool) -> Heap {
+    let mut c = Config::new(16 << 20);
+    c.large_object_bytes = Some(16 * PAGE);
+    c.verify = true;
+    c.gc_threads = 2;
+    c.generational = Some(Generational { policy, copy_back });
+    Heap::with_config(c).unwrap()
+}
+
+#[test]
+fn old_object_keeps_a_young_object_alive_through_the_write_barrier() {
+    let h = heap(modified(), false);
+    let mut m = h.attach();
+    let old = m.alloc(1, 8).unwrap();
+    let r = m.push_root(Some(old));
+    m.collect_minor().unwrap();
+    let old = m.root(r).unwrap();
+    // The young object's only reference is the old object's slot: no root holds it.
+    let young = m.alloc(0, 64).unwrap();
+    m.write_bytes(young, 0, &[7u8; 64]);
+    m.set(old, 0, Some(young));
+    let c = m.collect_minor().unwrap();
+    assert_eq!(c.kind, "minor");
+    assert_eq!(c.live_objects, 1, "the barrier's slot is the young object's only root");
+    let old = m.root(r).unwrap();
+    let young = m.get(old, 0).expect("the young object survived");
+    let mut buf = [0u8; 64];
+    m.read_bytes(young, 0, &mut buf);
+    assert_eq!(buf, [7u8; 64]);
+    // A major collection keeps it too.
+    m.collect().unwrap();
+    let young = m.get(m.root(r).unwrap(), 0).unwrap();
+    m.read_bytes(young, 0, &mut buf);
+    assert_eq!(buf, [7u8; 64]);
+}
+
+#[test]
+fn large_objects_are_old_and_their_young_referents_survive_minor_collections() {
+    let h = heap(modified(), false);
+    let mut m = h.attach();
+    let big = m.alloc(4, 20 * PAGE).unwrap();
+    let r = m.push_root(Some(big));
+    for i in 0..4 {
+        let y = m.alloc(0, 16).unwrap();
+        m.set_word(y, 0, i);
+        m.set(big, i as usize, Some(y));
+    }
+    m.collect_minor().unwrap();
+    let big = m.root(r).unwrap();
+    for i in 0..4 {
+        assert_eq!(m.word(m.get(big, i).unwrap(), 0), i as u64);
+    }
+}
+
+#[test]
+fn minor_collection_promotes_survivors_and_hands_the_nursery_to_the_free_hook() {
+    let freed: Arc<Mutex<Vec<(usize, usize)>>> = Arc::default();
+    let f = freed.clone();
+    let mut c = Config::new(16 << 20);
+    c.verify = true;
+    c.generational = Some(Generational { policy: modified(), copy_back: false });
+    c.free_hook = Some(Box::new(move |r| f.lock().unwrap().push((r.start().0, r.len()))));
+    let h = Heap::with_config(c).unwrap();
+    let mut m = h.attach();
+    let keep = m.alloc(0, 100).unwrap();
+    let young_addr = keep.addr();
+    let r = m.push_root(Some(keep));
+    for _ in 0..1000 {
+        m.alloc(2, 48).unwrap();
+    }
+    let c = m.collect_minor().unwrap();
+    let kept = m.root(r).unwrap();
+    assert_ne!(kept.addr(), young_addr, "the survivor was copied out of the nursery");
+    assert_eq!(c.live_objects, 1);
+    let f = freed.lock().unwrap();
+    assert!(
+        f.iter().any(|&(s, len)| s <= young_addr && young_addr < s + len),
+        "the nursery's pages went to the hook: {f:?}"
+    );
+    assert_eq!(h.used_bytes(), c.old_bytes, "nothing is left in the nursery");
+}
+
+/// Addresses of a rooted list's objects after a major collection, with copy-back
+/// on or off.
+fn addresses_after_major(copy_back: bool) -> (usize, usize) {
+    let h = heap(modified(), copy_back);
+    let mut m = h.attach();
+    let r = m.push_root(None);
+    for i in 0..200u64 {
+        let o = m.alloc(1, 200).unwrap();
+        m.set_word(o, 0, i);
+        let head = m.root(r);
+        m.set(o, 0, head);
+        m.set_root(r, Some(o));
+        m.alloc(0, 200).unwrap();
+    }
+    m.collect_minor().unwrap();
+    let before = m.root(r).unwrap().addr();
+    m.collect().unwrap();
+    let after = m.root(r).unwrap().addr();
+    let mut cur = m.root(r);
+    for i in (0..200u64).rev() {
+        let o = cur.unwrap();
+        assert_eq!(m.word(o, 0), i);
+        cur = m.get(o, 0);
+    }
+    (before, after)
+}
+
+#[test]
+fn without_copy_back_the_old_generation_drifts_above_its_from_space() {
+    let (before, after) = addresses_after_major(false);
+    assert!(after > before, "to-space lies above the from-space: {before:#x} -> {after:#x}");
+}
+
+#[test]
+fn with_copy_back_the_old_generation_returns_to_the_start_of_its_reservation() {
+    let (before, after) = addresses_after_major(true);
+    assert!(after <= before, "copied back to the start: {before:#x} -> {after:#x}");
+}
+
+#[test]
+fn modified_policy_gives_the_nursery_what_the_old_generation_does_not_use() {
+    let h = heap(Policy::Modified { mem_lim: 4 << 20, min_new_size: 512 << 10, min_old_incr: 1 << 20 }, false);
+    let mut m = h.attach();
+    let r = m.push_root(None);
+    // About 1 MiB live in a list.
+    for _ in 0..1024 {
+        let o = m.alloc(1, 1000).unwrap();
+        let head = m.root(r);
+        m.set(o, 0, head);
+        m.set_root(r, Some(o));
+    }
+    let c = m.collect().unwrap();
+    assert_eq!(c.kind, "major");
+    assert!(c.old_bytes >= 1 << 20 && c.old_bytes < (1 << 20) + (64 << 10), "old {}", c.old_bytes);
+    assert_eq!(c.nursery_bytes, (4 << 20) - c.old_bytes, "new = mem_lim - live");
+    // Later minor collections shrink the nursery by the old generation's growth.
+    let keep = m.alloc(0, 100_000).unwrap();
+    m.push_root(Some(keep));
+    let c2 = m.collect_minor().unwrap();
+    assert_eq!(c2.nursery_bytes, c.nursery_bytes - (c2.old_bytes - c.old_bytes));
+}
+
+#[test]
+fn original_policy_sizes_the_free_region_by_ratio_and_runs_minor_collections_while_live_data_stays() {
+    let h = heap(Policy::Original { ratio: 4.0, mem_limit: 64 << 20 }, true);
+    let mut m = h.attach();
+    let r = m.push_root(None);
+    for _ in 0..1024 {
+        let o = m.alloc(1, 1000).unwrap();
+        let head = m.root(r);
+        m.set(o, 0, head);
+        m.set_root(r, Some(o));
+    }
+    let c = m.collect().unwrap();
+    // heap = 4*live, free = (heap - live)/2.
+    assert_eq!(c.nursery_bytes, (4 * c.old_bytes - c.old_bytes) / 2);
+    // Allocation goes on with no new live data: minor collections only, until the old
+    // generation reaches half the heap.
+    m.truncate_roots(0);
+    let mut kinds = Vec::new();
+    for _ in 0..20_000 {
+        m.alloc(0, 1000).unwrap();
+    }
+    for c in h.stats().history.iter().skip(1) {
+        kinds.push(c.kind);
+    }
+    assert!(kinds.contains(&"minor"), "{kinds:?}");
+}
+
+#[test]
+fn heap_exhaustion_in_generational_mode_is_an_error_and_the_heap_stays_usable() {
+    let mut c = Config::new(2 << 20);
+    c.verify = true;
+    c.generational = Some(Generational { policy: modified(), copy_back: false });
+    let h = Heap::with_config(c).unwrap();
+    let mut m = h.attach();
+    let r = m.push_root(None);
+    let mut failed = false;
+    for _ in 0..10_000 {
+        match m.alloc(1, 1000) {
+            Ok(o) => {
+                let head = m.root(r);
+                m.set(o, 0, head);
+                m.set_root(r, Some(o));
+            }
+            Err(advm_gc::Error::HeapExhausted { .. }) => {
+                failed = true;
+                break;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(failed);
+    m.set_root(r, None);
+    m.collect().unwrap();
+    m.alloc(1, 1000).unwrap();
+}
+
+#[test]
+fn several_mutator_threads_keep_their_lists_through_minor_and_major_collections() {
+    let h = heap(Policy::Modified { mem_lim: 512 << 10, min_new_size: 64 << 10, min_old_incr: 128 << 10 }, false);
+    let threads: Vec<_> = (0..3u64)
+        .map(|t| {
+            let h = h.clone();
+            std::thread::spawn(move || {
+                let mut m = h.attach();
+                let r = m.push_root(None);
+                for i in 0..3000u64 {
+                    m.alloc(0, 64).unwrap(); // garbage
+                    let o = m.alloc(1, 8).unwrap();
+                    m.set_word(o, 0, t * 1_000_000 + i);
+                    let head = m.root(r);
+                    m.set(o, 0, head);
+                    m.set_root(r, Some(o));
+                    if i % 700 == 0 {
+                        m.collect_minor().unwrap();
+                    }
+                }
+                m.collect().unwrap();
+                let mut cur = m.root(r);
+                for i in (0..3000u64).rev() {
+                    let o = cur.unwrap();
+                    assert_eq!(m.word(o, 0), t * 1_000_000 + i);
+                    cur = m.get(o, 0);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let s = h.stats();
+    assert!(s.history.iter().any(|c| c.kind == "minor") && s.history.iter().any(|c| c.kind == "major"));
+}
