@@ -82,7 +82,8 @@ pub enum FaultMode {
     /// SIGBUS where the kernel offers it, else the handler thread (the default).
     Auto,
     /// On the faulting thread, from userfaultfd's SIGBUS mode: no round trip to
-    /// another thread. [`Pager::new`] fails where the kernel lacks it.
+    /// another thread. [`Pager::new`] fails where the kernel lacks it. A system call
+    /// that touches a page not resident gets `EFAULT` in this mode.
     Sigbus,
     /// On the pager's handler thread, which reads the userfaultfd's events.
     Thread,

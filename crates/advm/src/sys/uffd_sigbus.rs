@@ -302,4 +302,42 @@ mod tests {
         assert_eq!(p.fault_mode(), crate::pager::FaultMode::Sigbus);
         assert!(p.stats().faults() >= 1);
     }
+
+    /// The price of SIGBUS mode: a system call that touches a pager page that is not
+    /// resident gets EFAULT (the kernel cannot take a signal for it), where the
+    /// handler thread would have served the fault.
+    #[test]
+    fn system_calls_on_pages_not_resident_fail_with_efault_in_sigbus_mode_only() {
+        use std::io::{Read, Write};
+        if crate::pager::available().is_err() || !crate::pager::sigbus_available() {
+            eprintln!("skipped: no userfaultfd SIGBUS mode");
+            return;
+        }
+        for (mode, ok) in [(crate::pager::FaultMode::Thread, true), (crate::pager::FaultMode::Sigbus, false)] {
+            let mut cfg = crate::pager::Config::new(64 * 4096);
+            cfg.fault_mode = mode;
+            let p = crate::pager::Pager::new(cfg).unwrap();
+            let r = p.map(2 * 4096).unwrap();
+            r.write(0, &[5; 4096]).unwrap();
+            p.flush(r.as_ptr() as usize, 4096).unwrap();
+            let memfd = rustix::fs::memfd_create("efault", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+            let mut out = std::fs::File::from(memfd);
+            // SAFETY: pages of the live region, read (page 0, written out) and written
+            // (page 1, never touched) by the kernel only.
+            let (evicted, untouched) = unsafe {
+                (
+                    std::slice::from_raw_parts(r.as_ptr(), 4096),
+                    std::slice::from_raw_parts_mut(r.as_ptr().add(4096), 4096),
+                )
+            };
+            let wrote = out.write(evicted);
+            let read = std::fs::File::open("/dev/zero").unwrap().read(untouched);
+            let efault = |r: &std::io::Result<usize>| matches!(r, Err(e) if e.raw_os_error() == Some(libc::EFAULT));
+            if ok {
+                assert_eq!((wrote.unwrap(), read.unwrap()), (4096, 4096), "{mode:?}");
+            } else {
+                assert!(efault(&wrote) && efault(&read), "{mode:?}: {wrote:?} {read:?}");
+            }
+        }
+    }
 }
