@@ -8,9 +8,9 @@
 //! it watches nears its limit, the pager evicts: resident discardable pages first,
 //! dropped and never written; then needed pages in the order they were faulted in
 //! (user space sees no accessed bits, so "cold" means "faulted in longest ago"),
-//! written to a swap file the pager owns. A fault on an evicted page is served on the
-//! faulting thread itself, from userfaultfd's SIGBUS mode where the kernel offers it
-//! ([`FaultMode`]), else by the pager's handler thread: a discarded (or never used)
+//! written to a swap file the pager owns. A fault on an evicted page is served by the
+//! pager's handler thread, or (by choice, [`FaultMode`]) on the faulting thread itself
+//! from userfaultfd's SIGBUS mode where the kernel offers it: a discarded (or never used)
 //! page gets zeros, a written one is read back with `UFFDIO_COPY`.
 //!
 //! In SIGBUS mode the fault is served in a signal handler, so that path takes no lock
@@ -79,13 +79,14 @@ const NO_PAGE: u64 = u64::MAX;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FaultMode {
-    /// SIGBUS where the kernel offers it, else the handler thread (the default).
+    /// SIGBUS where the kernel offers it, else the handler thread.
     Auto,
     /// On the faulting thread, from userfaultfd's SIGBUS mode: no round trip to
     /// another thread. [`Pager::new`] fails where the kernel lacks it. A system call
     /// that touches a page not resident gets `EFAULT` in this mode.
     Sigbus,
-    /// On the pager's handler thread, which reads the userfaultfd's events.
+    /// On the pager's handler thread, which reads the userfaultfd's events (the
+    /// default: SIGBUS mode hung once in the paging benchmark, see docs/pager.md).
     Thread,
 }
 
@@ -129,7 +130,7 @@ pub struct Config {
 
 impl Config {
     /// A budget, an unlinked swap file in `/var/tmp` of up to 4 GiB, `O_DIRECT`, no
-    /// pre-flush, no cgroup, faults served in SIGBUS mode where offered.
+    /// pre-flush, no cgroup, faults served on the handler thread.
     pub fn new(budget_bytes: usize) -> Self {
         Self {
             budget_bytes,
@@ -138,7 +139,7 @@ impl Config {
             swap_io: SwapIo::Direct,
             preflush_headroom_bytes: None,
             cgroup: None,
-            fault_mode: FaultMode::Auto,
+            fault_mode: FaultMode::Thread,
         }
     }
 }
