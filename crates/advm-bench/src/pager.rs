@@ -19,7 +19,7 @@
 use std::time::Instant;
 
 use advm::mem::Region;
-use advm::pager::{Config, Interrupts, KernelSwap, PagedRegion, Pager, ProcessTimes, Stats};
+use advm::pager::{Config, FaultMode, Interrupts, KernelSwap, PagedRegion, Pager, ProcessTimes, Stats};
 use advm::stats::cgroup::Group;
 use serde::{Deserialize, Serialize};
 
@@ -317,15 +317,35 @@ fn run_in_child(group: &Group, w: Workload, setting: Setting, s: Sizes) -> Resul
     serde_json::from_slice(&bytes).map_err(|e| BenchError::Usage(format!("reply of the measured child: {e}")))
 }
 
-/// Microseconds per fault, seen by the faulting thread: first touch of kernel memory,
-/// and the pager's zero-fill, discarded-page and read-back faults (one byte written or
-/// read per page, over `pages` pages).
+/// The median time of `pages` faults, each timed alone, in microseconds.
+fn median_fault(pages: usize, mut fault: impl FnMut(usize) -> advm::Result<()>) -> Result<f64, BenchError> {
+    let mut us = Vec::with_capacity(pages);
+    for i in 0..pages {
+        let t = Instant::now();
+        fault(i)?;
+        us.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    us.sort_by(f64::total_cmp);
+    Ok(us[us.len() / 2])
+}
+
+/// Microseconds per fault, seen by the faulting thread: first touch of kernel memory
+/// (mean), and the pager's zero-fill, discarded-page and read-back faults (median of
+/// `pages` faults, one byte written or read per page), with faults served on the
+/// pager's handler thread and on the faulting thread (SIGBUS mode, where offered)
+/// side by side.
 fn fault_costs(pages: usize, runs: usize) -> Result<Vec<Row>, BenchError> {
     let ps = advm::mem::page_size();
     let len = pages * ps;
     let mut kernel = Vec::new();
-    let (mut zero, mut discarded, mut read) = (Vec::new(), Vec::new(), Vec::new());
     let mut sigbus = Vec::new();
+    let modes: &[(FaultMode, &str)] = if advm::pager::sigbus_available() {
+        &[(FaultMode::Thread, "handler thread"), (FaultMode::Sigbus, "SIGBUS mode")]
+    } else {
+        &[(FaultMode::Thread, "handler thread")]
+    };
+    // [mode][zero-fill, read back, discarded]
+    let mut pager_costs = vec![[Vec::new(), Vec::new(), Vec::new()]; modes.len()];
     let per = |t: Instant| t.elapsed().as_secs_f64() * 1e6 / pages as f64;
     for _ in 0..runs {
         let mut r = Region::new(len)?;
@@ -337,38 +357,33 @@ fn fault_costs(pages: usize, runs: usize) -> Result<Vec<Row>, BenchError> {
         if let Some(d) = advm::pager::sigbus_zero_fill_cost(pages)? {
             sigbus.push(d.as_secs_f64() * 1e6);
         }
-        let pager = Pager::new(Config::new(2 * len))?;
-        let region = pager.map(len)?;
-        let t = Instant::now();
-        for i in 0..pages {
-            region.write(i * ps, &[1])?;
+        for (&(mode, _), costs) in modes.iter().zip(&mut pager_costs) {
+            let mut cfg = Config::new(2 * len);
+            cfg.fault_mode = mode;
+            let pager = Pager::new(cfg)?;
+            let region = pager.map(len)?;
+            costs[0].push(median_fault(pages, |i| region.write(i * ps, &[1]))?);
+            pager.flush(region.as_ptr() as usize, len)?;
+            let mut b = [0u8];
+            costs[1].push(median_fault(pages, |i| region.read(i * ps, &mut b))?);
+            pager.discardable(region.as_ptr() as usize, len)?;
+            pager.flush(region.as_ptr() as usize, len)?;
+            costs[2].push(median_fault(pages, |i| region.write(i * ps, &[2]))?);
         }
-        zero.push(per(t));
-        pager.flush(region.as_ptr() as usize, len)?;
-        let mut b = [0u8];
-        let t = Instant::now();
-        for i in 0..pages {
-            region.read(i * ps, &mut b)?;
-        }
-        read.push(per(t));
-        pager.discardable(region.as_ptr() as usize, len)?;
-        pager.flush(region.as_ptr() as usize, len)?;
-        let t = Instant::now();
-        for i in 0..pages {
-            region.write(i * ps, &[2])?;
-        }
-        discarded.push(per(t));
     }
-    let row = |what: &str, v: Vec<f64>| {
+    let row = |what: String, v: Vec<f64>| {
         Row::new().with("workload", "fault cost").with("setting", what).figure(Figure::new("per fault", "us", v))
     };
-    Ok(vec![
-        row("kernel first touch", kernel),
-        row("uffd SIGBUS zero-fill on the faulting thread", sigbus),
-        row("pager zero-fill", zero),
-        row("pager discarded page", discarded),
-        row("pager read back (O_DIRECT)", read),
-    ])
+    let mut rows = vec![
+        row("kernel first touch (mean)".into(), kernel),
+        row("uffd SIGBUS zero page alone, on the faulting thread (mean)".into(), sigbus),
+    ];
+    for (&(_, name), [zero, read, discarded]) in modes.iter().zip(pager_costs) {
+        rows.push(row(format!("pager zero-fill, {name}"), zero));
+        rows.push(row(format!("pager discarded page, {name}"), discarded));
+        rows.push(row(format!("pager read back (O_DIRECT), {name}"), read));
+    }
+    Ok(rows)
 }
 
 impl Bench for PagerBench {
@@ -500,5 +515,25 @@ impl Bench for PagerBench {
 
     fn demo(&self) -> Result<Vec<DemoRow>, BenchError> {
         Ok(Vec::new())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Prints the rows too: `cargo test --release -p advm-bench fault_cost -- --nocapture`.
+    #[test]
+    fn fault_cost_rows_cover_both_fault_modes() {
+        if let Err(why) = advm::pager::available() {
+            eprintln!("skipped: {why}");
+            return;
+        }
+        let rows = fault_costs(2048, 3).unwrap();
+        let modes = if advm::pager::sigbus_available() { 2 } else { 1 };
+        assert_eq!(rows.len(), 2 + 3 * modes);
+        for r in &rows {
+            eprintln!("{}", serde_json::to_string(r).unwrap());
+        }
     }
 }

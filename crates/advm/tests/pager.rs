@@ -2,24 +2,64 @@
 
 use std::sync::Arc;
 
-use advm::pager::{self, Config, Pager};
+use advm::pager::{self, Config, FaultMode, Pager};
 
 fn ps() -> usize {
     advm::mem::page_size()
 }
 
-/// A pager, or None (with the reason printed) where userfaultfd/UFFDIO_MOVE is missing.
-fn pager(budget_pages: usize) -> Option<Pager> {
-    pager_with(Config::new(budget_pages * ps()))
+/// A pager serving faults in `mode`, or None (with the reason printed) where
+/// userfaultfd/UFFDIO_MOVE, or the SIGBUS mode asked for, is missing.
+fn pager(mode: FaultMode, budget_pages: usize) -> Option<Pager> {
+    pager_with(mode, Config::new(budget_pages * ps()))
 }
 
-fn pager_with(cfg: Config) -> Option<Pager> {
+fn pager_with(mode: FaultMode, mut cfg: Config) -> Option<Pager> {
     if let Err(why) = pager::available() {
         eprintln!("skipped: {why}");
         return None;
     }
-    Some(Pager::new(cfg).expect("pager"))
+    if mode == FaultMode::Sigbus && !pager::sigbus_available() {
+        eprintln!("skipped: no userfaultfd SIGBUS mode here");
+        return None;
+    }
+    cfg.fault_mode = mode;
+    let p = Pager::new(cfg).expect("pager");
+    assert_eq!(p.fault_mode(), mode);
+    Some(p)
 }
+
+/// Each named test body, run once with faults served on the pager's handler thread
+/// and once on the faulting threads (SIGBUS mode).
+macro_rules! in_both_fault_modes {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn handler_thread() {
+                super::$name(advm::pager::FaultMode::Thread)
+            }
+            #[test]
+            fn sigbus() {
+                super::$name(advm::pager::FaultMode::Sigbus)
+            }
+        }
+    )*};
+}
+
+in_both_fault_modes!(
+    needed_data_is_never_lost_over_twice_the_budget,
+    discardable_pages_read_back_as_zeros_and_are_never_written,
+    the_budget_is_held,
+    budget_eviction_drops_discardable_pages_before_writing_needed_ones,
+    concurrent_faulting_threads_see_their_data,
+    threads_faulting_the_same_pages_at_once_each_see_them_once,
+    a_write_racing_eviction_is_never_lost,
+    a_page_marked_needed_while_it_is_dropped_keeps_its_later_writes,
+    purgeable_lock_reports_discarded_pages,
+    a_full_swap_file_is_a_clear_error_and_loses_nothing,
+    a_region_unmapped_while_pages_are_evicted,
+    a_written_out_page_marked_discardable_is_never_read_back,
+);
 
 /// A small deterministic generator (xorshift).
 struct Rng(u64);
@@ -32,9 +72,8 @@ impl Rng {
     }
 }
 
-#[test]
-fn needed_data_is_never_lost_over_twice_the_budget() {
-    let Some(p) = pager(64) else { return };
+fn needed_data_is_never_lost_over_twice_the_budget(mode: FaultMode) {
+    let Some(p) = pager(mode, 64) else { return };
     let r = p.map(128 * ps()).unwrap();
     let mut copy = vec![0u8; r.len()];
     let mut rng = Rng(7);
@@ -58,9 +97,8 @@ fn needed_data_is_never_lost_over_twice_the_budget() {
     assert_eq!(s.discarded_pages, 0);
 }
 
-#[test]
-fn discardable_pages_read_back_as_zeros_and_are_never_written() {
-    let Some(p) = pager(1024) else { return };
+fn discardable_pages_read_back_as_zeros_and_are_never_written(mode: FaultMode) {
+    let Some(p) = pager(mode, 1024) else { return };
     let r = p.map(64 * ps()).unwrap();
     r.write(0, &vec![0xAB; r.len()]).unwrap();
     // half discardable, half needed
@@ -76,9 +114,8 @@ fn discardable_pages_read_back_as_zeros_and_are_never_written() {
     assert_eq!((s.read_faults.not_read, s.read_faults.read), (32, 32), "{s:?}");
 }
 
-#[test]
-fn the_budget_is_held() {
-    let Some(p) = pager(32) else { return };
+fn the_budget_is_held(mode: FaultMode) {
+    let Some(p) = pager(mode, 32) else { return };
     let r = p.map(256 * ps()).unwrap();
     for i in 0..256 {
         r.write(i * ps(), &[i as u8]).unwrap();
@@ -93,9 +130,8 @@ fn the_budget_is_held() {
     }
 }
 
-#[test]
-fn budget_eviction_drops_discardable_pages_before_writing_needed_ones() {
-    let Some(p) = pager(64) else { return };
+fn budget_eviction_drops_discardable_pages_before_writing_needed_ones(mode: FaultMode) {
+    let Some(p) = pager(mode, 64) else { return };
     let r = p.map(128 * ps()).unwrap();
     r.write(0, &vec![1; 64 * ps()]).unwrap();
     p.discardable(r.as_ptr() as usize, 32 * ps()).unwrap();
@@ -106,9 +142,8 @@ fn budget_eviction_drops_discardable_pages_before_writing_needed_ones() {
     assert!(s.written_pages <= 32 + 2, "wrote {} needed pages, the budget forces out 32", s.written_pages);
 }
 
-#[test]
-fn concurrent_faulting_threads_see_their_data() {
-    let Some(p) = pager(48) else { return };
+fn concurrent_faulting_threads_see_their_data(mode: FaultMode) {
+    let Some(p) = pager(mode, 48) else { return };
     let p = Arc::new(p);
     let r = Arc::new(p.map(256 * ps()).unwrap());
     let threads: Vec<_> = (0..4u8)
@@ -135,11 +170,40 @@ fn concurrent_faulting_threads_see_their_data() {
     assert!(p.stats().read_pages() > 0);
 }
 
-#[test]
-fn a_write_racing_eviction_is_never_lost() {
+fn threads_faulting_the_same_pages_at_once_each_see_them_once(mode: FaultMode) {
+    let Some(p) = pager(mode, 256) else { return };
+    let r = Arc::new(p.map(64 * ps()).unwrap());
+    for i in 0..64 {
+        r.write(i * ps(), &[i as u8 + 1; 16]).unwrap();
+    }
+    assert_eq!(p.flush(r.as_ptr() as usize, r.len()).unwrap(), 64);
+    let start = Arc::new(std::sync::Barrier::new(4));
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let (r, start) = (r.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                // each thread in its own order, so that they meet on pages
+                for k in 0..64 {
+                    let i = (k * (2 * t + 1)) % 64;
+                    let mut b = [0u8; 16];
+                    r.read(i * ps(), &mut b).unwrap();
+                    assert_eq!(b, [i as u8 + 1; 16], "page {i} on thread {t}");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let s = p.stats();
+    assert_eq!((s.read_pages(), s.resident_pages, s.swapped_pages), (64, 64, 0), "{s:?}");
+}
+
+fn a_write_racing_eviction_is_never_lost(mode: FaultMode) {
     // one thread keeps writing counters into needed pages while another flushes them
     // over and over; every write must be seen afterwards
-    let Some(p) = pager(4096) else { return };
+    let Some(p) = pager(mode, 4096) else { return };
     let p = Arc::new(p);
     let r = Arc::new(p.map(16 * ps()).unwrap());
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -175,9 +239,8 @@ fn a_write_racing_eviction_is_never_lost() {
     }
 }
 
-#[test]
-fn a_page_marked_needed_while_it_is_dropped_keeps_its_later_writes() {
-    let Some(p) = pager(4096) else { return };
+fn a_page_marked_needed_while_it_is_dropped_keeps_its_later_writes(mode: FaultMode) {
+    let Some(p) = pager(mode, 4096) else { return };
     let p = Arc::new(p);
     let r = Arc::new(p.map(8 * ps()).unwrap());
     let base = r.as_ptr() as usize;
@@ -203,9 +266,8 @@ fn a_page_marked_needed_while_it_is_dropped_keeps_its_later_writes() {
     flusher.join().unwrap();
 }
 
-#[test]
-fn purgeable_lock_reports_discarded_pages() {
-    let Some(p) = pager(1024) else { return };
+fn purgeable_lock_reports_discarded_pages(mode: FaultMode) {
+    let Some(p) = pager(mode, 1024) else { return };
     let r = p.map(8 * ps()).unwrap();
     let (a, len) = (r.as_ptr() as usize, r.len());
     r.write(0, &vec![5; len]).unwrap();
@@ -225,11 +287,10 @@ fn purgeable_lock_reports_discarded_pages() {
     assert_eq!(b[0], 0, "discarded page reads zero");
 }
 
-#[test]
-fn a_full_swap_file_is_a_clear_error_and_loses_nothing() {
+fn a_full_swap_file_is_a_clear_error_and_loses_nothing(mode: FaultMode) {
     let mut cfg = Config::new(1024 * ps());
     cfg.swap_capacity_bytes = 8 * ps() as u64;
-    let Some(p) = pager_with(cfg) else { return };
+    let Some(p) = pager_with(mode, cfg) else { return };
     let r = p.map(16 * ps()).unwrap();
     for i in 0..16 {
         r.write(i * ps(), &[i as u8 + 1; 64]).unwrap();
@@ -244,9 +305,8 @@ fn a_full_swap_file_is_a_clear_error_and_loses_nothing() {
     assert_eq!(p.stats().written_pages, 8);
 }
 
-#[test]
-fn a_region_unmapped_while_pages_are_evicted() {
-    let Some(p) = pager(64) else { return };
+fn a_region_unmapped_while_pages_are_evicted(mode: FaultMode) {
+    let Some(p) = pager(mode, 64) else { return };
     let p = Arc::new(p);
     let keep = p.map(32 * ps()).unwrap();
     keep.write(0, &vec![9; keep.len()]).unwrap();
@@ -295,9 +355,8 @@ fn bad_use_gets_clear_errors() {
     assert!(r.mark_discardable(3, 2).is_err());
 }
 
-#[test]
-fn a_written_out_page_marked_discardable_is_never_read_back() {
-    let Some(p) = pager(1024) else { return };
+fn a_written_out_page_marked_discardable_is_never_read_back(mode: FaultMode) {
+    let Some(p) = pager(mode, 1024) else { return };
     let r = p.map(16 * ps()).unwrap();
     r.write(0, &vec![3; r.len()]).unwrap();
     p.flush(r.as_ptr() as usize, r.len()).unwrap();

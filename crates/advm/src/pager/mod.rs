@@ -9,8 +9,15 @@
 //! dropped and never written; then needed pages in the order they were faulted in
 //! (user space sees no accessed bits, so "cold" means "faulted in longest ago"),
 //! written to a swap file the pager owns. A fault on an evicted page is served by the
-//! pager's handler thread: a discarded (or never used) page gets zeros, a written one
-//! is read back with `UFFDIO_COPY`.
+//! pager's handler thread, or (by choice, [`FaultMode`]) on the faulting thread itself
+//! from userfaultfd's SIGBUS mode where the kernel offers it: a discarded (or never used)
+//! page gets zeros, a written one is read back with `UFFDIO_COPY`.
+//!
+//! In SIGBUS mode the fault is served in a signal handler, so that path takes no lock
+//! and allocates nothing: page states are atomics, a page mid-eviction is waited out
+//! (the evicting thread never faults), a fill is recorded in a lock-free ring the pager
+//! drains later, and when the budget leaves no room the faulting thread rings the
+//! handler thread and sleeps on a futex until one eviction pass is done.
 //!
 //! Eviction takes a page out of its region with `UFFDIO_MOVE` before it looks at it
 //! (see `sys::pager`): a write before the move travels with the page, an access after
@@ -27,11 +34,12 @@
 
 mod bitmap;
 mod kernel_swap;
+mod ring;
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -42,9 +50,11 @@ pub use kernel_swap::{Interrupts, KernelSwap, ProcessTimes};
 
 use crate::mem::{page_size, HostAddr, PageRange};
 use crate::stats::cgroup::Group;
-use crate::sys::pager::{self as sp, Area, PageBuf, SwapFile};
+use crate::sys::pager::{self as sp, Area, Doorbell, PageBuf, SwapFile};
 use crate::sys::uffd::{self, Event, Userfaultfd};
+use crate::sys::uffd_sigbus::{self, Registration};
 use crate::{Error, Result};
+use ring::Ring;
 
 /// Pages moved out per `UFFDIO_MOVE` while discardable pages are dropped.
 const STAGE_PAGES: usize = 256;
@@ -57,6 +67,33 @@ const RESIDENT: u8 = 1;
 const EVICTING: u8 = 2;
 const DISCARDED: u8 = 3;
 const SWAPPED: u8 = 4;
+/// Unmapped: a fill that finds this counts nothing and frees its swap slot.
+const GONE: u8 = 5;
+
+/// The page size SIGBUS mode serves (its read-back buffer lives on the signal stack).
+const SIGBUS_PAGE: usize = 4096;
+/// A ring record's page word for "no page, only a swap slot to free".
+const NO_PAGE: u64 = u64::MAX;
+
+/// Where faults on the pager's regions are served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultMode {
+    /// SIGBUS where the kernel offers it, else the handler thread.
+    Auto,
+    /// On the faulting thread, from userfaultfd's SIGBUS mode: no round trip to
+    /// another thread. [`Pager::new`] fails where the kernel lacks it. A system call
+    /// that touches a page not resident gets `EFAULT` in this mode.
+    Sigbus,
+    /// On the pager's handler thread, which reads the userfaultfd's events (the
+    /// default: SIGBUS mode hung once in the paging benchmark, see docs/pager.md).
+    Thread,
+}
+
+/// Whether this kernel offers userfaultfd's SIGBUS mode to the pager.
+pub fn sigbus_available() -> bool {
+    page_size() == SIGBUS_PAGE && Userfaultfd::probe().map(|i| i.features & uffd::feature::SIGBUS != 0).unwrap_or(false)
+}
 
 /// How the swap file is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -87,11 +124,13 @@ pub struct Config {
     pub preflush_headroom_bytes: Option<usize>,
     /// A memory cgroup whose usage against its limit is watched (pressure).
     pub cgroup: Option<PathBuf>,
+    /// Where faults are served.
+    pub fault_mode: FaultMode,
 }
 
 impl Config {
     /// A budget, an unlinked swap file in `/var/tmp` of up to 4 GiB, `O_DIRECT`, no
-    /// pre-flush, no cgroup.
+    /// pre-flush, no cgroup, faults served on the handler thread.
     pub fn new(budget_bytes: usize) -> Self {
         Self {
             budget_bytes,
@@ -100,6 +139,7 @@ impl Config {
             swap_io: SwapIo::Direct,
             preflush_headroom_bytes: None,
             cgroup: None,
+            fault_mode: FaultMode::Thread,
         }
     }
 }
@@ -138,8 +178,8 @@ pub struct Stats {
     pub resident_pages: u64,
     /// Pages held in the swap file now.
     pub swapped_pages: u64,
-    /// Time the handler spent serving faults (not counting the eviction that made
-    /// room first), nanoseconds.
+    /// Time spent serving faults, nanoseconds: on the handler thread, not counting the
+    /// eviction that made room first; in SIGBUS mode, the whole signal handler.
     pub fault_ns: u64,
     /// Budget evictions that could not write a needed page (swap file full or an
     /// I/O error); the budget was exceeded meanwhile.
@@ -190,6 +230,9 @@ enum Cause {
 /// One managed region's pages.
 struct Managed {
     id: u64,
+    /// SIGBUS mode: the route from the signal handler, retired at unmap and dropped
+    /// (before the area is unmapped) with the region.
+    route: OnceLock<Registration>,
     area: Area,
     discardable: Bitmap,
     /// Pages dropped as discardable since the last [`Pager::lock`] of them.
@@ -237,6 +280,17 @@ impl Slots {
 
 struct Shared {
     fd: Userfaultfd,
+    /// Faults are served on the faulting threads (SIGBUS mode).
+    sigbus: bool,
+    /// Fills (and swap slots to free) recorded by faulting threads, drained into
+    /// `queue` (and `slots`) by whoever holds the queue lock.
+    filled: Ring,
+    /// Rung by a faulting thread that needs room (or a drained ring).
+    bell: Doorbell,
+    /// Counts the handler thread's answers to the bell; faulting threads sleep on it.
+    answered: AtomicU32,
+    /// A faulting thread asked for room since the last answer.
+    room_asked: AtomicBool,
     budget: usize,
     headroom: Option<usize>,
     cgroup: Option<(Group, u64)>,
@@ -399,10 +453,26 @@ impl Pager {
                 Some((g, limit))
             }
         };
-        let fd = Userfaultfd::new(0, true)?;
+        let sigbus = match cfg.fault_mode {
+            FaultMode::Thread => false,
+            FaultMode::Auto => sigbus_available(),
+            FaultMode::Sigbus if sigbus_available() => true,
+            FaultMode::Sigbus => {
+                return Err(Error::Unsupported {
+                    what: "pager SIGBUS fault mode",
+                    why: format!("userfaultfd offers no SIGBUS mode here (or pages are not {SIGBUS_PAGE} bytes)"),
+                })
+            }
+        };
+        let fd = Userfaultfd::new(if sigbus { uffd::feature::SIGBUS } else { 0 }, true)?;
         let staging = Area::new(&fd, STAGE_PAGES * ps, false)?;
         let shared = Arc::new(Shared {
             fd,
+            sigbus,
+            filled: Ring::new((cfg.budget_bytes / ps).clamp(1024, 1 << 16)),
+            bell: Doorbell::new()?,
+            answered: AtomicU32::new(0),
+            room_asked: AtomicBool::new(false),
             budget: cfg.budget_bytes / ps,
             headroom: cfg.preflush_headroom_bytes.map(|b| b / ps),
             cgroup,
@@ -423,6 +493,15 @@ impl Pager {
             .spawn(move || s.handle_faults())
             .map_err(|e| Error::io("pager handler thread", e))?;
         Ok(Self { shared, handler: Some(handler) })
+    }
+
+    /// Where faults are served: [`FaultMode::Sigbus`] or [`FaultMode::Thread`].
+    pub fn fault_mode(&self) -> FaultMode {
+        if self.shared.sigbus {
+            FaultMode::Sigbus
+        } else {
+            FaultMode::Thread
+        }
     }
 
     /// Whether the swap file bypasses the page cache.
@@ -447,6 +526,7 @@ impl Pager {
         let area = Area::new(&self.shared.fd, len, true)?;
         let m = Arc::new(Managed {
             id: self.shared.next_id.fetch_add(1, Ordering::Relaxed),
+            route: OnceLock::new(),
             area,
             discardable: Bitmap::new(pages),
             purged: Bitmap::new(pages),
@@ -454,6 +534,22 @@ impl Pager {
             slot: (0..pages).map(|_| AtomicU32::new(0)).collect(),
             gen: (0..pages).map(|_| AtomicU32::new(0)).collect(),
         });
+        if self.shared.sigbus {
+            let (s, mm) = (self.shared.clone(), m.clone());
+            let route = uffd_sigbus::register(
+                m.area.addr(),
+                len,
+                Box::new(move |addr, write| s.serve_signal(&mm, addr, write)),
+            );
+            match route {
+                // the route holds the region; retiring it (unmap, drop) lets go
+                Ok(r) => drop(m.route.set(r)),
+                Err(e) => {
+                    let _ = m.area.unregister(&self.shared.fd);
+                    return Err(e.into());
+                }
+            }
+        }
         self.shared.regions.write().unwrap_or_else(|p| p.into_inner()).push(m.clone());
         Ok(PagedRegion { m })
     }
@@ -462,13 +558,21 @@ impl Pager {
     /// unmaps it (once the caller's last handle is gone).
     pub fn unmap(&self, region: PagedRegion) -> Result<()> {
         let s = &self.shared;
-        let _ev = s.lock_evicting();
-        s.regions.write().unwrap_or_else(|p| p.into_inner()).retain(|m| m.id != region.m.id);
         let m = &region.m;
+        // no new faults from here; then wait out the signal handlers running in it
+        // (before the eviction lock: one may be waiting for an eviction to make room)
         m.area.unregister(&s.fd)?;
+        if let Some(r) = m.route.get() {
+            r.retire();
+        }
+        let _ev = s.lock_evicting();
+        s.regions.write().unwrap_or_else(|p| p.into_inner()).retain(|r| r.id != m.id);
+        s.drain();
         let mut slots = s.slots.lock().unwrap_or_else(|p| p.into_inner());
+        // GONE for good: a fault being served now finds it and counts nothing (a fill
+        // that counted first takes its count back), and frees the slot it claimed
         for p in 0..m.pages() {
-            match m.state[p].swap(EMPTY, Ordering::AcqRel) {
+            match m.state[p].swap(GONE, Ordering::AcqRel) {
                 RESIDENT => {
                     s.resident.fetch_sub(1, Ordering::AcqRel);
                 }
@@ -519,6 +623,7 @@ impl Pager {
 
     /// The statistics so far.
     pub fn stats(&self) -> Stats {
+        self.shared.drain();
         let c = &self.shared.counters;
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let fc = |w: usize| FaultCounts {
@@ -558,6 +663,9 @@ impl Drop for Pager {
         // the last reference) unregisters them, so they behave as plain memory
         for m in self.shared.regions.read().unwrap_or_else(|p| p.into_inner()).iter() {
             let _ = m.area.unregister(&self.shared.fd);
+            if let Some(r) = m.route.get() {
+                r.retire();
+            }
         }
     }
 }
@@ -597,44 +705,173 @@ impl Shared {
         };
         let mut last_look = Instant::now();
         while !self.stop.load(Ordering::Acquire) {
-            if sp::wait_event(&self.fd, TICK.as_millis() as i32) {
+            if sp::wait_event(&self.fd, &self.bell, TICK.as_millis() as i32) {
                 while let Ok(Some(ev)) = self.fd.read_event() {
                     if let Event::Pagefault { address, flags } = ev {
                         self.keep_budget(1);
                         // the fault itself, without the eviction that made room for it
                         let t = Instant::now();
-                        self.serve(address as usize, flags & uffd::fault_flag::WRITE != 0, &mut buf);
+                        if let Some((m, page)) = self.find(address as usize) {
+                            let write = flags & uffd::fault_flag::WRITE != 0;
+                            // an I/O error leaves the thread blocked rather than handing
+                            // it wrong data (the next fault retries)
+                            if self.serve(&m, page, write, buf.bytes_mut(), false) {
+                                let _ = m.area.wake(&self.fd, page);
+                            }
+                        }
                         self.counters.fault_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
                     }
                 }
+            }
+            if self.sigbus {
+                self.answer_bell();
             }
             if last_look.elapsed() >= TICK {
                 last_look = Instant::now();
                 self.watch_cgroup();
             }
         }
+        // faulting threads waiting for room go ahead without it
+        self.answer_bell();
     }
 
-    /// Serves one fault at `addr`.
-    fn serve(&self, addr: usize, write: bool, buf: &mut PageBuf) {
-        let Some((m, page)) = self.find(addr) else { return };
+    /// Makes the room faulting threads asked for (or drains their records), then
+    /// wakes them.
+    fn answer_bell(&self) {
+        self.bell.clear();
+        if self.room_asked.swap(false, Ordering::AcqRel) {
+            self.keep_budget(1);
+        } else {
+            self.drain();
+        }
+        self.answered.fetch_add(1, Ordering::AcqRel);
+        sp::wake_all(&self.answered);
+    }
+
+    /// Serves a SIGBUS fault at `addr` of `m` on the faulting thread.
+    fn serve_signal(&self, m: &Managed, addr: usize, write: bool) {
+        #[repr(C, align(4096))]
+        struct OnePage([u8; SIGBUS_PAGE]);
+        let t = Instant::now();
+        let mut buf = OnePage([0; SIGBUS_PAGE]);
+        if addr < m.area.addr() || addr >= m.area.addr() + m.area.len() {
+            return;
+        }
+        let page = (addr - m.area.addr()) / SIGBUS_PAGE;
+        if !self.serve(m, page, write, &mut buf.0, true) {
+            // an I/O error: the access faults again and retries, not too eagerly
+            std::thread::sleep(TICK);
+        }
+        self.counters.fault_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Counts one more resident page before a fill. On the handler thread the budget
+    /// was made first; on a faulting thread (`signal`), the count is taken only below
+    /// the budget, else the handler thread is asked for room and waited for, until
+    /// it has room, an eviction failed (the budget gives way, as on the handler
+    /// thread) or the pager stops.
+    fn reserve(&self, signal: bool) {
+        if !signal {
+            self.resident.fetch_add(1, Ordering::AcqRel);
+            return;
+        }
+        let failures = self.counters.failures.load(Ordering::Acquire);
+        loop {
+            let r = self.resident.load(Ordering::Acquire);
+            let forced =
+                self.stop.load(Ordering::Acquire) || self.counters.failures.load(Ordering::Acquire) != failures;
+            if r < self.budget || forced {
+                if self.resident.compare_exchange_weak(r, r + 1, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                    continue;
+                }
+                // the pre-flush headroom reached: the handler thread drops discardable pages
+                if self.headroom.is_some_and(|h| r + 1 + h >= self.budget) {
+                    self.ask_room();
+                }
+                return;
+            }
+            let seen = self.answered.load(Ordering::Acquire);
+            self.ask_room();
+            sp::wait_while(&self.answered, seen, TICK);
+        }
+    }
+
+    fn ask_room(&self) {
+        if !self.room_asked.swap(true, Ordering::AcqRel) {
+            self.bell.ring();
+        }
+    }
+
+    /// Records a fill of `page` (its `gen`) and a swap slot to free, either of them
+    /// optional: through the lock-free ring, drained under the queue lock.
+    fn record(&self, id: u64, page: Option<(usize, u32)>, slot: Option<u32>, signal: bool) {
+        let rec =
+            [id, page.map_or(NO_PAGE, |(p, g)| (p as u64) << 32 | u64::from(g)), slot.map_or(0, |s| u64::from(s) + 1)];
+        while !self.filled.push(rec) {
+            if signal {
+                let seen = self.answered.load(Ordering::Acquire);
+                self.bell.ring();
+                sp::wait_while(&self.answered, seen, TICK);
+            } else {
+                self.drain();
+            }
+        }
+    }
+
+    /// Moves the ring's records into the replacement queue and frees their slots.
+    fn drain(&self) {
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        self.drain_into(&mut q);
+    }
+
+    fn drain_into(&self, q: &mut VecDeque<(u64, u32, u32)>) {
+        let mut freed = Vec::new();
+        while let Some([id, page, slot]) = self.filled.pop() {
+            if page != NO_PAGE {
+                q.push_back((id, (page >> 32) as u32, page as u32));
+            }
+            if slot != 0 {
+                freed.push((slot - 1) as u32);
+            }
+        }
+        if !freed.is_empty() {
+            let mut sl = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+            freed.into_iter().for_each(|s| sl.give_back(s));
+        }
+    }
+
+    /// The oldest entry of the replacement queue.
+    fn oldest(&self) -> Option<(u64, u32, u32)> {
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        if q.is_empty() {
+            self.drain_into(&mut q);
+        }
+        q.pop_front()
+    }
+
+    /// Serves a fault on `page` of `m`: fills it with zeros or its swap copy (read
+    /// into `buf`, one aligned page) unless another thread did. `signal`: on the
+    /// faulting thread's SIGBUS handler, so no lock and no allocation. False: the
+    /// swap file could not be read, nothing filled.
+    fn serve(&self, m: &Managed, page: usize, write: bool, buf: &mut [u8], signal: bool) -> bool {
         let w = usize::from(write);
         loop {
             let st = m.state[page].load(Ordering::Acquire);
-            let filled = match st {
-                RESIDENT => false,
+            match st {
+                RESIDENT | GONE => return true,
                 EVICTING => {
                     // the evicting thread never faults; it will be done in microseconds
                     std::thread::yield_now();
-                    continue;
                 }
                 EMPTY | DISCARDED => {
+                    self.reserve(signal);
                     let done = m.area.fill_zero(&self.fd, page, write).unwrap_or(false);
                     if done {
                         let kind = if st == EMPTY { 0 } else { 1 };
                         self.counters.fault[w][kind].fetch_add(1, Ordering::Relaxed);
                     }
-                    done
+                    self.filled_from(m, page, st, done, None, signal);
+                    return true;
                 }
                 _ => {
                     // claimed (EVICTING) so that unmap and flush leave the slot to us
@@ -644,47 +881,61 @@ impl Shared {
                     let slot = m.slot[page].load(Ordering::Acquire);
                     let done = if m.discardable.get(page) {
                         // garbage now: zeros, the swap copy is never read
+                        self.reserve(signal);
                         let done = m.area.fill_zero(&self.fd, page, write).unwrap_or(false);
                         if done {
                             m.purged.set_range(page, 1, true);
                             self.counters.fault[w][1].fetch_add(1, Ordering::Relaxed);
                         }
-                        Ok(done)
+                        done
                     } else {
-                        let bytes = buf.bytes_mut();
-                        self.swap.read_page(slot as usize, bytes).map(|()| {
-                            let done = m.area.fill_copy(&self.fd, page, bytes).unwrap_or(false);
-                            if done {
-                                self.counters.fault[w][2].fetch_add(1, Ordering::Relaxed);
-                                self.counters.bytes_read.fetch_add(page_size() as u64, Ordering::Relaxed);
+                        if self.swap.read_page(slot as usize, buf).is_err() {
+                            if m.state[page]
+                                .compare_exchange(EVICTING, SWAPPED, Ordering::AcqRel, Ordering::Acquire)
+                                .is_err()
+                            {
+                                self.record(m.id, None, Some(slot), signal);
                             }
-                            done
-                        })
+                            return false;
+                        }
+                        self.reserve(signal);
+                        let done = m.area.fill_copy(&self.fd, page, buf).unwrap_or(false);
+                        if done {
+                            self.counters.fault[w][2].fetch_add(1, Ordering::Relaxed);
+                            self.counters.bytes_read.fetch_add(page_size() as u64, Ordering::Relaxed);
+                        }
+                        done
                     };
-                    match done {
-                        Ok(true) => {
-                            self.slots.lock().unwrap_or_else(|p| p.into_inner()).give_back(slot);
-                            true
-                        }
-                        _ => {
-                            // an I/O error leaves the thread blocked rather than handing it
-                            // wrong data (the next fault retries); a region unmapped meanwhile
-                            // has nothing left to fill
-                            m.state[page].store(SWAPPED, Ordering::Release);
-                            return;
-                        }
-                    }
+                    self.filled_from(m, page, EVICTING, done, Some(slot), signal);
+                    return true;
                 }
-            };
-            if filled {
-                let gen = m.gen[page].fetch_add(1, Ordering::AcqRel).wrapping_add(1);
-                // counted before it can be evicted (and uncounted) by another thread
-                self.resident.fetch_add(1, Ordering::AcqRel);
-                m.state[page].store(RESIDENT, Ordering::Release);
-                self.queue.lock().unwrap_or_else(|p| p.into_inner()).push_back((m.id, page as u32, gen));
             }
-            let _ = m.area.wake(&self.fd, page);
+        }
+    }
+
+    /// Settles a fill attempt of `page`, counted by [`Shared::reserve`], whose state
+    /// was `from` (EVICTING: a claimed swapped page holding `slot`). A page filled is
+    /// resident, unless it was unmapped meanwhile (then its count is taken back); a
+    /// slot read back is freed. Not filled: the count is taken back and a claimed
+    /// page keeps its slot, or frees it if unmapped meanwhile.
+    fn filled_from(&self, m: &Managed, page: usize, from: u8, done: bool, slot: Option<u32>, signal: bool) {
+        let to = if done { RESIDENT } else { SWAPPED };
+        // a new residency: queue entries of earlier ones are stale from here
+        let gen = m.gen[page].fetch_add(1, Ordering::AcqRel).wrapping_add(1);
+        let kept = if done || from == EVICTING {
+            m.state[page].compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire).is_ok()
+        } else {
+            false
+        };
+        if done && kept {
+            self.record(m.id, Some((page, gen)), slot, signal);
             return;
+        }
+        self.resident.fetch_sub(1, Ordering::AcqRel);
+        if done || !kept {
+            if let Some(s) = slot {
+                self.record(m.id, None, Some(s), signal);
+            }
         }
     }
 
@@ -750,7 +1001,7 @@ impl Shared {
             // a batch of the oldest resident pages, each claimed and moved to staging
             let mut claimed: Vec<(Arc<Managed>, usize)> = Vec::new();
             while claimed.len() < (want - done).min(STAGE_PAGES) {
-                let Some((id, page, gen)) = self.queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front() else {
+                let Some((id, page, gen)) = self.oldest() else {
                     break;
                 };
                 let regions = self.regions.read().unwrap_or_else(|p| p.into_inner());
@@ -889,6 +1140,8 @@ impl Shared {
     /// be written goes back where it was.
     fn settle(&self, staged: &[(&Managed, usize)], cause: Cause) -> Result<usize> {
         let ps = page_size();
+        // slots freed by faults come back first
+        self.drain();
         let mut settled = 0;
         let mut keep: Vec<usize> = Vec::new();
         for (i, &(m, page)) in staged.iter().enumerate() {
@@ -976,3 +1229,6 @@ impl Shared {
         m.state[page].store(RESIDENT, Ordering::Release);
     }
 }
+
+#[cfg(test)]
+mod tests;

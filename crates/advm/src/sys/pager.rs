@@ -10,6 +10,7 @@
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
+use std::sync::atomic::AtomicU32;
 
 use rustix::io::Errno;
 
@@ -241,10 +242,72 @@ impl SwapFile {
     }
 }
 
-/// Waits up to `timeout_ms` for an event on `fd`; true when one is ready.
-pub fn wait_event(fd: &Userfaultfd, timeout_ms: i32) -> bool {
+/// Waits up to `timeout_ms` for an event on `fd` or a ring of `bell`; true when one is ready.
+pub fn wait_event(fd: &Userfaultfd, bell: &Doorbell, timeout_ms: i32) -> bool {
     use std::os::fd::AsRawFd;
-    let mut p = libc::pollfd { fd: fd.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 };
-    // SAFETY: one live pollfd for the duration of the call.
-    unsafe { libc::poll(&mut p, 1, timeout_ms) > 0 }
+    let mut p = [
+        libc::pollfd { fd: fd.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: bell.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+    ];
+    // SAFETY: two live pollfds for the duration of the call.
+    unsafe { libc::poll(p.as_mut_ptr(), 2, timeout_ms) > 0 }
+}
+
+/// An eventfd that a faulting thread's SIGBUS handler rings to wake the pager's
+/// handler thread (`write(2)` is async-signal-safe).
+#[derive(Debug)]
+pub struct Doorbell {
+    fd: std::os::fd::OwnedFd,
+}
+
+impl Doorbell {
+    /// A fresh, non-blocking eventfd.
+    pub fn new() -> SysResult<Self> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: no pointers; the fd returned is ours alone.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if raw < 0 {
+            return Err(SysError::last("eventfd"));
+        }
+        // SAFETY: a fresh fd nothing else owns.
+        Ok(Self { fd: unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) } })
+    }
+
+    /// Rings (async-signal-safe).
+    pub fn ring(&self) {
+        use std::os::fd::AsRawFd;
+        let one = 1u64;
+        // SAFETY: an 8-byte write from a live u64 to our eventfd.
+        unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Clears the rings so far.
+    pub fn clear(&self) {
+        use std::os::fd::AsRawFd;
+        let mut n = 0u64;
+        // SAFETY: an 8-byte read into a live u64 from our non-blocking eventfd.
+        unsafe { libc::read(self.fd.as_raw_fd(), (&mut n as *mut u64).cast(), 8) };
+    }
+}
+
+/// Sleeps while `word` holds `seen`, up to `timeout` (a futex wait; async-signal-safe).
+pub fn wait_while(word: &AtomicU32, seen: u32, timeout: std::time::Duration) {
+    let ts =
+        libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
+    // SAFETY: a private futex on a live u32; the kernel only reads it and `ts`.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            seen,
+            &ts as *const libc::timespec,
+        )
+    };
+}
+
+/// Wakes every thread waiting on `word` in [`wait_while`].
+pub fn wake_all(word: &AtomicU32) {
+    // SAFETY: a private futex wake on a live u32.
+    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, i32::MAX) };
 }
