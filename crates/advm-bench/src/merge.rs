@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use advm::stats::cgroup::Group;
 use advm::stats::{self as st, Options};
 
+use crate::meters::{in_group, Both};
 use crate::{Bench, BenchError, BenchOpts, DemoRow, Figure, Report, Row};
 
 const WORKER: &str = include_str!("../../../bench/merge/worker.py");
@@ -316,19 +317,24 @@ fn run_one(
     Ok(Outcome { distinct, cgroup, to_saving_s, throughput_gbs, ksmd_cpu_s, lat_before, lat_after, series })
 }
 
+/// Fills `buf` with xorshift output from `seed`: no zero page, no two pages alike.
+fn fill_seeded(buf: &mut [u8], seed: u64) {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ seed << 32;
+    for c in buf.chunks_exact_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        c.copy_from_slice(&x.to_le_bytes());
+    }
+}
+
 /// One process merging `mib` MiB twice (new pages, then the same content again) through
 /// `client`: GB/s of each, `runs` times.
 fn throughput(client: &mut advm::merge::Client, mib: usize, runs: usize) -> Result<(Vec<f64>, Vec<f64>), BenchError> {
     let (mut add, mut merge) = (Vec::new(), Vec::new());
     for run in 0..runs {
         let mut a = advm::mem::Region::new(mib << 20)?;
-        let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (run as u64) << 32;
-        for c in a.bytes_mut().chunks_exact_mut(8) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            c.copy_from_slice(&x.to_le_bytes());
-        }
+        fill_seeded(a.bytes_mut(), run as u64);
         let mut b = advm::mem::Region::new(mib << 20)?;
         b.bytes_mut().copy_from_slice(a.bytes());
         add.push(client.merge(a.bytes())?.throughput() / 1e9);
@@ -492,6 +498,81 @@ impl Bench for MergeBench {
     }
 
     fn demo(&self) -> Result<Vec<DemoRow>, BenchError> {
-        Ok(Vec::new())
+        let mut unavailable = None;
+        let (row, disagreements) = in_group("demo-merge", &mut unavailable, demo_measured)?;
+        if !disagreements.is_empty() {
+            return Err(BenchError::Usage(format!("merge demo: {}", disagreements.join("; "))));
+        }
+        Ok(vec![row])
     }
+}
+
+/// Bytes of each of the demo's two identical buffers.
+const DEMO_BYTES: usize = 64 << 20;
+
+/// The demo row, measured in this process (`group` is its memory cgroup): two buffers
+/// holding the same seeded bytes, as two workers loading one model would, merged
+/// through an advmd serving on a thread of this process, against the two left as they
+/// are. The daemon's store is a memfd of this process, so both meters count it.
+fn demo_measured(group: Option<&Group>) -> Result<(DemoRow, Vec<String>), BenchError> {
+    let now = || -> Result<Both, BenchError> { Both::read(&st::measure_self()?, group) };
+    let base = now()?;
+    let mut a = advm::mem::Region::new(DEMO_BYTES)?;
+    fill_seeded(a.bytes_mut(), 1);
+    let mut b = advm::mem::Region::new(DEMO_BYTES)?;
+    b.bytes_mut().copy_from_slice(a.bytes());
+    let unmerged = now()?.since(&base);
+    let sock = std::env::temp_dir().join(format!("advm-demo-merge-{}.sock", std::process::id()));
+    let daemon = advmd::Daemon::bind(advmd::Config::at(&sock))
+        .map_err(|e| BenchError::Usage(format!("advmd at {}: {e}", sock.display())))?
+        .spawn();
+    let mut client = advm::merge::Client::connect(&sock, "")?;
+    let first = client.merge(a.bytes())?;
+    let second = client.merge(b.bytes())?;
+    let merged = now()?.since(&base);
+    // the merged buffers still read as written
+    let mut check = vec![0u8; DEMO_BYTES];
+    fill_seeded(&mut check, 1);
+    if a.bytes() != check.as_slice() || b.bytes() != check.as_slice() {
+        return Err(BenchError::Usage("merge demo: a merged buffer no longer reads as written".into()));
+    }
+    drop(check);
+    drop(client);
+    daemon.stop();
+    let pages = (DEMO_BYTES / advm::mem::page_size()) as u64;
+    if first.added != pages || second.merged != pages {
+        return Err(BenchError::Usage(format!(
+            "merge demo: expected {pages} pages added then {pages} merged, got {} added, {} merged",
+            first.added, second.merged
+        )));
+    }
+    let mut disagreements = Vec::new();
+    for (what, m) in [("merge demo, merged", &merged), ("merge demo, not merged", &unmerged)] {
+        crate::meters::check(&mut disagreements, what, m.distinct as f64, m.cgroup.map(|c| c as f64));
+    }
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let cgroup = |m: &Both| m.cgroup.map_or(String::new(), |c| format!(" (cgroup {:.1} MiB)", mib(c)));
+    let cgroup_gain = match (unmerged.cgroup, merged.cgroup) {
+        (Some(u), Some(m)) => format!(" (cgroup {:.2}x)", u as f64 / m.max(1) as f64),
+        _ => String::new(),
+    };
+    let ms = (first.seconds + second.seconds) * 1e3;
+    let row = DemoRow {
+        capability: "merge".into(),
+        workload: format!(
+            "two {} buffers of the same seeded bytes in one process, merged through an in-process advmd \
+             (stand-in for two workers loading one model)",
+            crate::table::fmt_bytes(DEMO_BYTES as u64)
+        ),
+        advm: format!(
+            "{:.1} MiB{} incl. the store; merge {ms:.0} ms ({:.2} GB/s adding, {:.2} GB/s merging)",
+            mib(merged.distinct),
+            cgroup(&merged),
+            first.throughput() / 1e9,
+            second.throughput() / 1e9
+        ),
+        baseline: format!("no merging: {:.1} MiB{}", mib(unmerged.distinct), cgroup(&unmerged)),
+        gain: format!("{:.2}x less memory{cgroup_gain}", unmerged.distinct as f64 / merged.distinct.max(1) as f64),
+    };
+    Ok((row, disagreements))
 }

@@ -1,0 +1,69 @@
+//! `advm demo --only merge` and `--only pager`: each capability shows one row measured
+//! against its baseline.
+
+use std::process::Command;
+
+const ADVM: &str = env!("CARGO_BIN_EXE_advm");
+
+/// The one row of `advm demo --only NAME --json`.
+fn demo_row(name: &str) -> serde_json::Value {
+    let out = Command::new(ADVM).args(["demo", "--only", name, "--json"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{v}");
+    assert_eq!(rows[0]["capability"], name, "{v}");
+    rows[0].clone()
+}
+
+/// The numbers in `s`, in order.
+fn numbers(s: &str) -> Vec<f64> {
+    s.split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .filter(|t| !t.is_empty() && *t != ".")
+        .map(|t| t.parse().unwrap())
+        .collect()
+}
+
+/// Two buffers of the same bytes merged through advmd take about one buffer's memory
+/// (the store's pages included), by both meters; unmerged, two.
+#[test]
+fn demo_merge_row_counts_the_store_and_halves_two_identical_buffers() {
+    let row = demo_row("merge");
+    let (advm, baseline) = (row["advm"].as_str().unwrap(), row["baseline"].as_str().unwrap());
+    // "M MiB (cgroup C MiB) incl. the store; merge T ms (A GB/s adding, G GB/s merging)"
+    let a = numbers(advm);
+    assert!(advm.contains("incl. the store") && advm.contains("cgroup"), "{advm}");
+    // "no merging: M MiB (cgroup C MiB)"
+    let b = numbers(baseline);
+    assert!(baseline.starts_with("no merging") && baseline.contains("cgroup"), "{baseline}");
+    for (merged, unmerged) in [(a[0], b[0]), (a[1], b[1])] {
+        assert!((124.0..140.0).contains(&unmerged), "two 64 MiB buffers unmerged: {baseline}");
+        assert!((64.0..80.0).contains(&merged), "one buffer's pages and the store's: {advm}");
+    }
+    assert!(a[2] > 0.0 && a[3] > 0.0 && a[4] > 0.0, "merge time and throughputs: {advm}");
+}
+
+/// Half of a region over its budget marked discardable: its evicted pages are dropped,
+/// not written, where the same pager told nothing writes every evicted page.
+#[test]
+fn demo_pager_row_writes_no_discardable_page() {
+    let row = demo_row("pager");
+    let advm = row["advm"].as_str().unwrap();
+    if advm.starts_with("skipped:") {
+        eprintln!("{advm}");
+        return;
+    }
+    let baseline = row["baseline"].as_str().unwrap();
+    // "W pages written (B), R read back, Z zero-filled, T ms; D evicted pages dropped unwritten"
+    let pages = |s: &str, what: &str| -> u64 {
+        let at = s.find(what).unwrap_or_else(|| panic!("no {what:?} in {s}"));
+        s[..at].trim_end().rsplit([' ', ',', '(', ';', ':']).next().unwrap().parse().unwrap()
+    };
+    let (told, blind) = (pages(advm, " pages written"), pages(baseline, " pages written"));
+    let dropped = pages(advm, " evicted pages dropped");
+    // the first half (16 MiB of 4 KiB pages, or fewer larger pages) evicted at least once
+    assert!(dropped >= 16 << 20 >> 16, "{advm}");
+    assert!(blind >= told + dropped, "blind {baseline}, told {advm}");
+    assert!(pages(advm, " zero-filled") > pages(baseline, " zero-filled"), "{advm} / {baseline}");
+    assert!(row["gain"].as_str().unwrap().contains("fewer pages written"), "{row}");
+}
