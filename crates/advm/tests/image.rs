@@ -6,58 +6,14 @@
 use std::fs;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+
+mod qemu;
+use qemu::{have_qemu, run, Dir};
 
 use advm::image::{ExtentKind, GuestOffset, Image, ImageSpace, MapOptions, OverBudget};
 
 const K: u64 = 1024;
 const M: u64 = 1024 * 1024;
-
-fn have_qemu() -> bool {
-    let ok = Command::new("qemu-img").arg("--version").output().is_ok_and(|o| o.status.success())
-        && Command::new("qemu-io").arg("--version").output().is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("skipping: qemu-img/qemu-io not found (Debian package qemu-utils)");
-    }
-    ok
-}
-
-/// A scratch directory, removed on drop.
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(name: &str) -> Dir {
-        let d = std::env::temp_dir().join(format!("advm-image-{}-{name}", std::process::id()));
-        let _ = fs::remove_dir_all(&d);
-        fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
-fn run(dir: &Path, prog: &str, args: &[&str]) -> String {
-    let mut out = Command::new(prog).args(args).current_dir(dir).output().unwrap();
-    // qemu-img times its LUKS key derivation in CPU time and gives up when a busy
-    // machine returns no measurable time; that is qemu's hiccup, not ours: try again.
-    for _ in 0..5 {
-        if out.status.success() || !String::from_utf8_lossy(&out.stderr).contains("accurate CPU usage") {
-            break;
-        }
-        out = Command::new(prog).args(args).current_dir(dir).output().unwrap();
-    }
-    assert!(
-        out.status.success(),
-        "{prog} {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
 
 fn qemu_io(dir: &Path, image: &str, cmds: &[String]) {
     let mut args = vec![];

@@ -5,58 +5,21 @@
 
 use std::fs;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
+
+mod qemu;
+use qemu::{have_qemu, run, Dir};
 
 use advm::image::{dump, GuestOffset, Image, ImageSpace, MapOptions, PmemBacking, PLAN_MAGIC};
 
 const M: u64 = 1 << 20;
 
-fn have_qemu() -> bool {
-    let ok = Command::new("qemu-img").arg("--version").output().is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("skipping: qemu-img not found (Debian package qemu-utils)");
-    }
-    ok
-}
-
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(name: &str) -> Dir {
-        let d = std::env::temp_dir().join(format!("advm-dump-{}-{name}", std::process::id()));
-        let _ = fs::remove_dir_all(&d);
-        fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
-fn run(dir: &Path, prog: &str, args: &[&str]) -> std::process::Output {
-    Command::new(prog).args(args).current_dir(dir).output().unwrap()
-}
-
-fn ok(dir: &Path, prog: &str, args: &[&str]) {
-    let out = run(dir, prog, args);
-    assert!(
-        out.status.success(),
-        "{prog} {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// base.raw (data, then a hole) under top.qcow2 (new data, zeroes, a compressed cluster).
 fn chain(dir: &Path) {
-    ok(dir, "qemu-img", &["create", "-q", "-f", "raw", "base.raw", "8M"]);
-    ok(dir, "qemu-io", &["-f", "raw", "-c", "write -P 0x11 0 3M", "base.raw"]);
-    ok(dir, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "base.raw", "-F", "raw", "top.qcow2"]);
-    ok(
+    run(dir, "qemu-img", &["create", "-q", "-f", "raw", "base.raw", "8M"]);
+    run(dir, "qemu-io", &["-f", "raw", "-c", "write -P 0x11 0 3M", "base.raw"]);
+    run(dir, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "base.raw", "-F", "raw", "top.qcow2"]);
+    run(
         dir,
         "qemu-io",
         &["-c", "write -P 0x22 1M 256k", "-c", "write -z 2M 64k", "-c", "write -c -P 0x33 5M 64k", "top.qcow2"],
@@ -108,9 +71,9 @@ fn dump_while_writing_holds_the_disk_as_it_was_at_the_dump_and_passes_qemu_img_c
     let report = dumping.wait().unwrap();
     assert_eq!(report.clusters, 6);
     eprintln!("dump: {report:?}");
-    ok(&d.0, "qemu-img", &["check", "-q", "dump.qcow2"]);
-    ok(&d.0, "qemu-img", &["compare", "-q", "-F", "raw", "dump.qcow2", "expected.raw"]);
-    let info = String::from_utf8(run(&d.0, "qemu-img", &["info", "dump.qcow2"]).stdout).unwrap();
+    run(&d.0, "qemu-img", &["check", "-q", "dump.qcow2"]);
+    run(&d.0, "qemu-img", &["compare", "-q", "-F", "raw", "dump.qcow2", "expected.raw"]);
+    let info = run(&d.0, "qemu-img", &["info", "dump.qcow2"]);
     assert!(info.contains("backing file: top.qcow2"), "{info}");
     // A dump never overwrites a file.
     assert!(dump::start(&space, &out, "top.qcow2").is_err());
@@ -127,8 +90,8 @@ fn dump_of_an_unwritten_space_is_an_empty_overlay_equal_to_the_chain() {
     space.read_all().unwrap();
     let report = dump::start(&space, &d.0.join("dump.qcow2"), "top.qcow2").unwrap().wait().unwrap();
     assert_eq!((report.written_pages, report.clusters), (0, 0));
-    ok(&d.0, "qemu-img", &["check", "-q", "dump.qcow2"]);
-    ok(&d.0, "qemu-img", &["compare", "-q", "dump.qcow2", "top.qcow2"]);
+    run(&d.0, "qemu-img", &["check", "-q", "dump.qcow2"]);
+    run(&d.0, "qemu-img", &["compare", "-q", "dump.qcow2", "top.qcow2"]);
 }
 
 /// The plan's pieces, decoded: (guest, len, fd, offset).
@@ -153,7 +116,7 @@ fn pmem_plan_covers_the_device_in_order_and_pads_to_the_alignment() {
     }
     let d = Dir::new("plan");
     chain(&d.0);
-    ok(&d.0, "qemu-img", &["resize", "-q", "top.qcow2", "9M"]);
+    run(&d.0, "qemu-img", &["resize", "-q", "top.qcow2", "9M"]);
     let image = Image::open(d.0.join("top.qcow2")).unwrap();
     let b = PmemBacking::new(&image, &MapOptions::default(), 2 * M).unwrap();
     assert_eq!(b.size(), 10 * M, "9 MiB rounded up to 2 MiB");

@@ -5,57 +5,29 @@
 
 use std::fs;
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::{Duration, Instant};
+
+mod qemu;
+use qemu::{have_qemu, run, Dir};
 
 use advm::image::service::{attach, serve_connection, Reply, Request, Service};
 use advm::image::{ImageSpace, MapOptions};
 use advm::wire::{Channel, Peer};
 
-fn have_qemu() -> bool {
-    let ok = Command::new("qemu-img").arg("--version").output().is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("skipping: qemu-img not found (Debian package qemu-utils)");
-    }
-    ok
-}
-
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(name: &str) -> Dir {
-        let d = std::env::temp_dir().join(format!("advm-service-{}-{name}", std::process::id()));
-        let _ = fs::remove_dir_all(&d);
-        fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
-fn ok(dir: &Path, prog: &str, args: &[&str]) {
-    let out = Command::new(prog).args(args).current_dir(dir).output().unwrap();
-    assert!(out.status.success(), "{prog} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-}
-
 /// A 512 MiB chain: a base with data every other MiB, a top with data, zeroes and
 /// compressed clusters.
 fn chain(dir: &Path) {
-    ok(dir, "qemu-img", &["create", "-q", "-f", "qcow2", "base.qcow2", "512M"]);
+    run(dir, "qemu-img", &["create", "-q", "-f", "qcow2", "base.qcow2", "512M"]);
     let cmds: Vec<String> = (0..256).map(|i| format!("write -P {} {}M 64k", i % 250 + 1, 2 * i)).collect();
     let mut args = vec!["-f", "qcow2"];
     for c in &cmds {
         args.extend(["-c", c.as_str()]);
     }
     args.push("base.qcow2");
-    ok(dir, "qemu-io", &args);
-    ok(dir, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "top.qcow2"]);
-    ok(
+    run(dir, "qemu-io", &args);
+    run(dir, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "top.qcow2"]);
+    run(
         dir,
         "qemu-io",
         &["-c", "write -P 0x22 1M 256k", "-c", "write -z 4M 64k", "-c", "write -c -P 0x33 9M 64k", "top.qcow2"],
@@ -124,7 +96,7 @@ fn a_changed_layer_gets_a_fresh_plan_never_the_stale_one() {
         before.read(advm::image::GuestOffset(20 << 20), &mut buf).unwrap();
         assert_eq!(buf[0], 11);
         drop(before);
-        ok(&d.0, "qemu-io", &["-c", "write -P 0x77 20M 4k", "top.qcow2"]);
+        run(&d.0, "qemu-io", &["-c", "write -P 0x77 20M 4k", "top.qcow2"]);
         let (after, cached) = attach(sock, &top, false).unwrap();
         assert!(!cached, "a layer changed: the plan must be recomputed");
         assert_eq!(service.computed(), 2);
@@ -139,8 +111,8 @@ fn attach_errors_name_the_chain() {
         return;
     }
     let d = Dir::new("errors");
-    ok(&d.0, "qemu-img", &["create", "-q", "-f", "qcow2", "base.qcow2", "1M"]);
-    ok(&d.0, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "top.qcow2"]);
+    run(&d.0, "qemu-img", &["create", "-q", "-f", "qcow2", "base.qcow2", "1M"]);
+    run(&d.0, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "top.qcow2"]);
     fs::remove_file(d.0.join("base.qcow2")).unwrap();
     with_service(|sock, _| {
         let e = attach(sock, &d.0.join("top.qcow2"), false).unwrap_err().to_string();

@@ -1,0 +1,54 @@
+//! What the image tests share: qemu-utils present or a printed skip, a scratch
+//! directory, and running qemu-img / qemu-io in it.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// True when qemu-img and qemu-io run; else prints why the test skips.
+pub fn have_qemu() -> bool {
+    let ok = Command::new("qemu-img").arg("--version").output().is_ok_and(|o| o.status.success())
+        && Command::new("qemu-io").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("skipping: qemu-img/qemu-io not found (Debian package qemu-utils)");
+    }
+    ok
+}
+
+/// A scratch directory, removed on drop.
+pub struct Dir(pub PathBuf);
+
+impl Dir {
+    pub fn new(name: &str) -> Dir {
+        let d = std::env::temp_dir().join(format!("advm-image-test-{}-{name}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        Dir(d)
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs `prog args` in `dir`, asserts it succeeded, returns its stdout.
+pub fn run(dir: &Path, prog: &str, args: &[&str]) -> String {
+    let mut out = Command::new(prog).args(args).current_dir(dir).output().unwrap();
+    // qemu-img times its LUKS key derivation in CPU time and gives up when a busy
+    // machine returns no measurable time; that is qemu's hiccup, not ours: try again.
+    for _ in 0..5 {
+        if out.status.success() || !String::from_utf8_lossy(&out.stderr).contains("accurate CPU usage") {
+            break;
+        }
+        out = Command::new(prog).args(args).current_dir(dir).output().unwrap();
+    }
+    assert!(
+        out.status.success(),
+        "{prog} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
