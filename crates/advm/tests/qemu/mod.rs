@@ -42,6 +42,8 @@ pub fn run(dir: &Path, prog: &str, args: &[&str]) -> String {
         if out.status.success() || !String::from_utf8_lossy(&out.stderr).contains("accurate CPU usage") {
             break;
         }
+        // a pause, so the retry does not meet the same burst of load
+        std::thread::sleep(std::time::Duration::from_millis(100));
         out = Command::new(prog).args(args).current_dir(dir).output().unwrap();
     }
     assert!(
