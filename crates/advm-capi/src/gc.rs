@@ -118,17 +118,8 @@ fn lock(gc: &AdvmGc) -> std::sync::MutexGuard<'_, Mutator> {
 /// `advm_gc *advm_gc_new(size_t heap_bytes)`: NULL with errno set on failure.
 #[no_mangle]
 pub extern "C" fn advm_gc_new(heap_bytes: usize) -> *mut AdvmGc {
-    let mut out = std::ptr::null_mut();
-    let r = call(|| {
-        let heap = Heap::new(heap_bytes)?;
-        let m = Mutex::new(heap.attach());
-        out = Box::into_raw(Box::new(AdvmGc { heap, m }));
-        Ok(0)
-    });
-    if r < 0 {
-        set_errno(r);
-    }
-    out
+    // SAFETY: a NULL policy is always allowed.
+    unsafe { advm_gc_new_with(heap_bytes, std::ptr::null()) }
 }
 
 /// `advm_gc *advm_gc_new_with(size_t heap_bytes, const struct advm_gc_policy *)`: a
