@@ -1,39 +1,13 @@
 //! `advm image info|map|cat` and `advm bench image --quick` end to end.
 
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
+mod common;
+use common::{dir, have, run};
+
 const ADVM: &str = env!("CARGO_BIN_EXE_advm");
-
-fn have_qemu() -> bool {
-    let ok = Command::new("qemu-img").arg("--version").output().is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("skipping: qemu-img not found (Debian package qemu-utils)");
-    }
-    ok
-}
-
-struct Dir(PathBuf);
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn dir(name: &str) -> Dir {
-    let d = std::env::temp_dir().join(format!("advm-cli-image-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    Dir(d)
-}
-
-fn run(dir: &Path, prog: &str, args: &[&str]) -> Vec<u8> {
-    let out = Command::new(prog).args(args).current_dir(dir).output().unwrap();
-    assert!(out.status.success(), "{prog} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    out.stdout
-}
 
 /// base.raw <- mid.qcow2 <- top.qcow2, with data, zeros and a compressed cluster.
 fn chain(d: &Path) {
@@ -55,7 +29,7 @@ fn chain(d: &Path) {
 
 #[test]
 fn info_map_cat() {
-    if !have_qemu() {
+    if !have("qemu-img") {
         return;
     }
     let d = dir("cmds");
@@ -103,7 +77,7 @@ fn info_map_cat() {
 
 #[test]
 fn bench_image_quick_shares_pages() {
-    if !have_qemu() {
+    if !have("qemu-img") {
         return;
     }
     let out = Command::new(ADVM).args(["bench", "image", "--quick", "--json", "--runs", "1"]).output().unwrap();
@@ -163,7 +137,7 @@ fn fails_with(out: &std::process::Output, stderr: &str) {
 
 #[test]
 fn cat_stops_at_the_materialise_limit() {
-    if !have_qemu() {
+    if !have("qemu-img") {
         return;
     }
     let d = dir("materialise");
@@ -217,7 +191,7 @@ fn strip_backing_format(path: &Path) {
 
 #[test]
 fn backing_files_outside_the_image_directory_or_probed_raw_are_refused() {
-    if !have_qemu() {
+    if !have("qemu-img") {
         return;
     }
     let d = dir("confine");
@@ -257,7 +231,7 @@ fn backing_files_outside_the_image_directory_or_probed_raw_are_refused() {
 
 #[test]
 fn a_fifo_backing_file_is_refused_without_hanging() {
-    if !have_qemu() {
+    if !have("qemu-img") {
         return;
     }
     let d = dir("fifo");
@@ -279,7 +253,7 @@ fn cat_of_a_layer_truncated_while_mapped_fails_clearly() {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
     use std::process::Stdio;
-    if !have_qemu() {
+    if !have("qemu-img") {
         return;
     }
     let d = dir("shrink");

@@ -2,47 +2,21 @@
 //! image plan where the program maps the backend file), and clear errors for bad input.
 //! Booting a guest is too slow for the test suite (see docs/vm.md for how it was run).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use advm::image::{Image, MapOptions, PmemBacking};
 
+mod common;
+use common::{dir, have, run};
+
 const ADVM: &str = env!("CARGO_BIN_EXE_advm");
 
-fn have(prog: &str) -> bool {
-    let ok = Command::new(prog).arg("--version").output().is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("skipping: {prog} not found");
-    }
-    ok
-}
-
-struct Dir(PathBuf);
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn dir(name: &str) -> Dir {
-    let d = std::env::temp_dir().join(format!("advm-cli-vm-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    Dir(d)
-}
-
-fn ok(dir: &Path, prog: &str, args: &[&str]) -> Vec<u8> {
-    let out = Command::new(prog).args(args).current_dir(dir).output().unwrap();
-    assert!(out.status.success(), "{prog} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    out.stdout
-}
-
 fn chain(d: &Path) {
-    ok(d, "qemu-img", &["create", "-q", "-f", "raw", "base.raw", "3M"]);
-    ok(d, "qemu-io", &["-f", "raw", "-c", "write -P 0x11 0 2M", "base.raw"]);
-    ok(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "base.raw", "-F", "raw", "top.qcow2"]);
-    ok(
+    run(d, "qemu-img", &["create", "-q", "-f", "raw", "base.raw", "3M"]);
+    run(d, "qemu-io", &["-f", "raw", "-c", "write -P 0x11 0 2M", "base.raw"]);
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "base.raw", "-F", "raw", "top.qcow2"]);
+    run(
         d,
         "qemu-io",
         &["-c", "write -P 0x22 1M 64k", "-c", "write -z 64k 64k", "-c", "write -c -P 0x33 2M 64k", "top.qcow2"],
@@ -67,7 +41,7 @@ fn a_program_mapping_the_backing_file_under_the_shim_sees_the_image_and_writes_s
     let d = dir("backing");
     chain(&d.0);
     let expected = {
-        ok(&d.0, "qemu-img", &["convert", "-O", "raw", "top.qcow2", "flat.raw"]);
+        run(&d.0, "qemu-img", &["convert", "-O", "raw", "top.qcow2", "flat.raw"]);
         std::fs::read(d.0.join("flat.raw")).unwrap()
     };
     let before = std::fs::read(d.0.join("base.raw")).unwrap();
