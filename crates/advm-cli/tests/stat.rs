@@ -418,8 +418,19 @@ fn a_process_without_shmem_measures_as_the_mapped_only_meter() {
         return;
     }
     let p = Proc::spawn(&["anon", "--mib", "16"]);
-    let full = sample(&[p.pid()], Default::default());
-    let paper = sample(&[p.pid()], mapped_only());
+    // The two meters read at different moments; a runtime page touched in between
+    // (seen once: 16 pages) is not a difference between them. Compare a mapped-only
+    // sample taken between two full ones that agree.
+    let (full, paper) = (0..20)
+        .map(|_| {
+            let before = sample(&[p.pid()], Default::default());
+            let paper = sample(&[p.pid()], mapped_only());
+            let after = sample(&[p.pid()], Default::default());
+            (before, paper, after)
+        })
+        .find(|(before, _, after)| before.physical_bytes == after.physical_bytes)
+        .map(|(full, paper, _)| (full, paper))
+        .expect("the process kept changing for 20 rounds");
     assert_eq!((full.held_pages, full.shmem_objects), (0, 0));
     assert_eq!(full.physical_bytes, paper.physical_bytes);
     assert_eq!(full.physical_bytes, full.distinct.unwrap().total * 4096);
