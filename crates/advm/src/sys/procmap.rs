@@ -7,6 +7,7 @@
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 use std::sync::OnceLock;
 
 use rustix::io::Errno;
@@ -77,20 +78,46 @@ const VMA_SHARED: u64 = 0x08;
 
 /// This process's maps file, opened once per process: `/proc/self` is resolved at
 /// open time, so a forked child must open its own (the parent's would describe the
-/// parent's address space). A child's one file is leaked on purpose, to hand out
-/// `'static` borrows.
+/// parent's address space). A fork handler marks the child, which costs nothing per
+/// query where comparing process ids costs a `getpid` each. Files are leaked on
+/// purpose (one per process, two in a child), to hand out `'static` borrows; no lock,
+/// so a child forked while another thread was here cannot block on it.
 fn maps_file() -> Option<&'static File> {
-    static MAPS: std::sync::Mutex<Option<(u32, &'static File)>> = std::sync::Mutex::new(None);
-    let mut g = MAPS.lock().unwrap_or_else(|p| p.into_inner());
-    let pid = std::process::id();
-    match *g {
-        Some((p, f)) if p == pid => Some(f),
-        _ => {
-            let f: &'static File = Box::leak(Box::new(File::open("/proc/self/maps").ok()?));
-            *g = Some((pid, f));
-            Some(f)
-        }
+    static MAPS: AtomicPtr<File> = AtomicPtr::new(std::ptr::null_mut());
+    static HANDLER: OnceLock<bool> = OnceLock::new();
+    static PID: AtomicU32 = AtomicU32::new(0);
+    let handler = *HANDLER.get_or_init(|| super::process::at_fork(fork_nothing, fork_nothing, forked_child).is_ok());
+    // Without the handler (pthread_atfork failed), compare process ids.
+    let moved = if handler {
+        MAPS_IN_CHILD.swap(false, Ordering::Relaxed)
+    } else {
+        let pid = std::process::id();
+        PID.swap(pid, Ordering::Relaxed) != pid
+    };
+    if moved {
+        MAPS.store(std::ptr::null_mut(), Ordering::Release);
     }
+    let p = MAPS.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: a non-null pointer here came from Box::leak below and is never freed.
+        return Some(unsafe { &*p });
+    }
+    let f: &'static File = Box::leak(Box::new(File::open("/proc/self/maps").ok()?));
+    let mine = f as *const File as *mut File;
+    match MAPS.compare_exchange(std::ptr::null_mut(), mine, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => Some(f),
+        // SAFETY: as above: another thread's leaked file, never freed.
+        Err(other) => Some(unsafe { &*other }),
+    }
+}
+
+/// Set in a forked child: its maps file must be opened again.
+static MAPS_IN_CHILD: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn fork_nothing() {}
+
+extern "C" fn forked_child() {
+    MAPS_IN_CHILD.store(true, Ordering::Relaxed);
 }
 
 /// The mapping that contains `addr`, or `None` when `addr` is not mapped.
@@ -187,5 +214,20 @@ mod tests {
     fn parses_a_maps_line() {
         let v = parse_line("7f00-7f10 r--s 00000000 00:01 1234 /memfd:x (deleted)").unwrap();
         assert_eq!((v.start, v.end, v.perms(), v.file_backed), (0x7f00, 0x7f10, "r--s".to_string(), true));
+    }
+
+    #[test]
+    fn a_forked_child_queries_its_own_address_space() {
+        let ps = crate::sys::page_size();
+        query(0).unwrap(); // the parent's file is open
+        let m = crate::sys::mman::Mapping::anonymous(ps).unwrap();
+        let addr = m.addr();
+        let pid = crate::sys::process::fork_run(|| {
+            // The child unmaps the page; the parent's file would still show it.
+            drop(m);
+            i32::from(query(addr).unwrap().is_some_and(|v| v.start <= addr))
+        })
+        .unwrap();
+        assert_eq!(crate::sys::process::wait_child(pid).unwrap(), 0, "the child saw the parent's mapping");
     }
 }
