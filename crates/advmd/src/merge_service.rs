@@ -7,10 +7,10 @@
 //! a reference until the session ends; a slot left with none is reclaimed.
 
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
-use advm::mem::{page_size, Memfd};
 use advm::merge::protocol::{Reply, Request, NO_SLOT};
 use advm::merge::Store;
 use advm::wire::Peer;
@@ -30,9 +30,6 @@ pub struct Stores {
     limit_bytes: u64,
     domains: Mutex<HashMap<Domain, Arc<Mutex<Store>>>>,
 }
-
-/// Pages read from a staging file at a time (bounds the daemon's buffer per client).
-const ADD_CHUNK: usize = 1024;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic elsewhere must not take every domain down with it.
@@ -81,6 +78,8 @@ pub struct Session {
     open: Option<(Domain, Arc<Mutex<Store>>)>,
     /// One entry per reference this session holds.
     held: Vec<u32>,
+    /// How long an add may wait for the client's pages to arrive.
+    timeout: Duration,
 }
 
 fn refused(why: impl Into<String>) -> advm::Error {
@@ -88,9 +87,9 @@ fn refused(why: impl Into<String>) -> advm::Error {
 }
 
 impl Session {
-    /// A session for the client `peer`.
-    pub fn new(peer: Peer) -> Self {
-        Self { peer, open: None, held: Vec::new() }
+    /// A session for the client `peer`, whose adds may wait `timeout` for pages.
+    pub fn new(peer: Peer, timeout: Duration) -> Self {
+        Self { peer, open: None, held: Vec::new(), timeout }
     }
 
     /// Answers one request. An `Err` is turned into an error reply by the caller; the
@@ -134,39 +133,21 @@ impl Session {
         }
     }
 
-    /// Reads the staged pages chunk by chunk (outside the store's lock: a slow or
-    /// hostile file stalls this session only) and stores each chunk.
+    /// Takes slots for the pages, splices them from the client's pipe into the store
+    /// (outside the store's lock: a slow or hostile client stalls its own session
+    /// only), then publishes them, sharing any that another session stored meanwhile.
     fn add(&mut self, store: &Mutex<Store>, pages: usize, staging: OwnedFd) -> advm::Result<Reply> {
-        let ps = page_size();
-        let file = Memfd::from(staging);
-        let mut buf = vec![0u8; ADD_CHUNK.min(pages) * ps];
-        let mut slots = Vec::with_capacity(pages);
-        let mut refusal = String::new();
-        let mut done = 0;
-        while done < pages {
-            let n = ADD_CHUNK.min(pages - done);
-            let want = &mut buf[..n * ps];
-            let mut got = 0;
-            while got < want.len() {
-                let r = file.read_at(&mut want[got..], (done * ps + got) as u64)?;
-                if r == 0 {
-                    return Err(refused(format!(
-                        "the staging file holds {} bytes, {pages} pages were announced",
-                        done * ps + got
-                    )));
-                }
-                got += r;
-            }
-            let which: Vec<usize> = (0..n).collect();
-            let (s, full) = lock(store).insert_pages(want, &which)?;
-            self.held.extend(s.iter().flatten());
-            slots.extend(s.into_iter().map(|x| x.unwrap_or(NO_SLOT)));
-            if let Some(f) = full {
-                refusal = f.to_string();
-            }
-            done += n;
+        let (reserved, full) = lock(store).reserve(pages)?;
+        if let Err(e) = reserved.fill_from(staging.as_fd(), pages, self.timeout) {
+            lock(store).cancel(reserved)?;
+            return Err(e);
         }
-        Ok(Reply::Added { slots, refusal })
+        let taken = reserved.len();
+        let s = lock(store).commit(reserved, taken)?;
+        self.held.extend(&s);
+        let mut slots = s;
+        slots.resize(pages, NO_SLOT);
+        Ok(Reply::Added { slots, refusal: full.map(|f| f.to_string()).unwrap_or_default() })
     }
 
     /// Releases everything the session held; its domain's store goes when unused.

@@ -205,13 +205,24 @@ fn hostile_requests_get_error_replies_and_never_stall_other_clients() {
     refused_with(&ch, "needs 40 bytes");
     ch.send(1, 3, &1u32.to_le_bytes(), &[]).unwrap();
     refused_with(&ch, "add without a staging file");
-    let m = advm::mem::Memfd::create("short").unwrap();
-    m.write_all_at(&[1u8; 100], 0).unwrap();
-    ch.send(1, 3, &4u32.to_le_bytes(), &[&m]).unwrap();
-    refused_with(&ch, "the staging file holds 100 bytes, 4 pages were announced");
+    // Pages must come through a pipe: a file is refused, a pipe that ends early or
+    // stays empty past the timeout too, and none of them leaves a slot taken.
+    let m = advm::mem::Memfd::create("not-a-pipe").unwrap();
+    m.write_all_at(&[1u8; 4096], 0).unwrap();
+    ch.send(1, 3, &1u32.to_le_bytes(), &[&m]).unwrap();
+    refused_with(&ch, "is not a pipe");
+    let (r, mut w) = std::io::pipe().unwrap();
+    std::io::Write::write_all(&mut w, &[1u8; 100]).unwrap();
+    drop(w);
+    ch.send(1, 3, &4u32.to_le_bytes(), &[&r]).unwrap();
+    refused_with(&ch, "the staging pipe ended after 100 bytes, 4 pages were announced");
     let (r, _w) = std::io::pipe().unwrap();
+    let t = Instant::now();
     ch.send(1, 3, &1u32.to_le_bytes(), &[&r]).unwrap();
-    refused_with(&ch, "pread");
+    refused_with(&ch, "nothing came");
+    assert!(t.elapsed() < Duration::from_secs(5), "the stalled add waited {:?}", t.elapsed());
+    Request::Usage.send(&ch).unwrap();
+    assert!(matches!(Reply::recv(&ch).unwrap(), Reply::Usage(u) if u.pages == 0), "refused adds keep no page");
     ch.send(1, 1, &advm::wire::Writer::default().bytes(&[b'x'; 65]).body, &[]).unwrap();
     refused_with(&ch, "exceeds the limit of 64");
     // Oversized: the length alone is refused, then the connection is closed.

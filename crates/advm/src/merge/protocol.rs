@@ -39,11 +39,12 @@ pub enum Request {
         /// One hash per page.
         hashes: Vec<u64>,
     },
-    /// Stores the first `pages` pages of the `staging` file; answers one slot per page.
+    /// Stores `pages` pages that the client writes into the pipe `staging` after
+    /// sending this (the daemon splices them into its store); answers one slot per page.
     Add {
         /// How many pages.
         pages: u32,
-        /// A file (memfd) holding them from offset 0.
+        /// The read end of a pipe carrying them.
         staging: OwnedFd,
     },
     /// How much the domain's store holds.
