@@ -18,6 +18,7 @@ use advm::stats::cgroup::Group;
 use advm::stats::{self as st, Options};
 
 use crate::meters::{in_group, Both};
+use crate::merge_plot;
 use crate::{Bench, BenchError, BenchOpts, DemoRow, Figure, Report, Row};
 
 const WORKER: &str = include_str!("../../../bench/merge/worker.py");
@@ -432,11 +433,17 @@ impl Bench for MergeBench {
         throughput_rows(opts, report)?;
         let bar = opts.progress_bar((names.len() * ns.len() * methods.len()) as u64, "bench merge");
         let mut curves = serde_json::Map::new();
+        let mut plots = Vec::new();
         for model in &names {
             for &n in &ns {
                 let mut base: Option<(f64, Option<f64>)> = None;
+                let mut plotted: Vec<(String, Vec<(f64, f64, f64)>)> = Vec::new();
                 for &m in &methods {
                     let o = run_one(&py, &models, model, n, m, opts.quick)?;
+                    plotted.push((
+                        m.name(),
+                        o.series.iter().map(|s| (s.0, s.1 as f64, s.2.map_or(f64::NAN, |c| c as f64))).collect(),
+                    ));
                     bar.inc(1);
                     let (bd, bc) = *base.get_or_insert((o.distinct, o.cgroup));
                     let saving = |x: f64, b: f64| if b > 0.0 { 100.0 * (b - x) / b } else { 0.0 };
@@ -477,8 +484,15 @@ impl Bench for MergeBench {
                             .figure(Figure::new("latency after", "ms", o.lat_after.clone())),
                     );
                 }
+                let curves: Vec<merge_plot::Curve<'_>> =
+                    plotted.iter().map(|(name, samples)| merge_plot::Curve { name, samples }).collect();
+                let path = bench_dir().join(format!("memory-{model}-{n}.svg"));
+                let title = format!("{model}, {n} workers: memory of all workers over time");
+                std::fs::write(&path, merge_plot::svg(&title, &curves, None)).map_err(|e| io("plot", e))?;
+                plots.push(path.display().to_string());
             }
         }
+        report.configuration.insert("plots".into(), serde_json::json!(plots));
         bar.finish_and_clear();
         report.configuration.insert("models".into(), serde_json::json!(names));
         report.configuration.insert("workers".into(), serde_json::json!(ns));
@@ -487,11 +501,6 @@ impl Bench for MergeBench {
             "memory: all workers (and advmd, which holds the store) together at the end, when KSM stopped saving \
              (1% over 3 s) or after 120 s; saving against no dedup at the same N. Latency: every worker's requests, \
              before and after its merge (KSM: before and after convergence)."
-                .into(),
-        );
-        report.notes.push(
-            "advm run --mode merge (merging unmodified programs) is not available yet: this table has the explicit \
-             advm.merge of the weight buffers only."
                 .into(),
         );
         Ok(())
