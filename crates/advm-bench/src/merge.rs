@@ -437,7 +437,7 @@ impl Bench for MergeBench {
         for model in &names {
             for &n in &ns {
                 let mut base: Option<(f64, Option<f64>)> = None;
-                let mut plotted: Vec<(String, Vec<(f64, f64, f64)>)> = Vec::new();
+                let mut plotted: Vec<(String, Vec<merge_plot::Sample>)> = Vec::new();
                 for &m in &methods {
                     let o = run_one(&py, &models, model, n, m, opts.quick)?;
                     plotted.push((

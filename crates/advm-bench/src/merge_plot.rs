@@ -4,13 +4,16 @@
 
 use std::fmt::Write;
 
-/// One method's samples: `(seconds since the workers started, distinct bytes, cgroup
-/// bytes)`; a cgroup figure that is not a number (no cgroup) is left out.
+/// One sample: `(seconds since the workers started, distinct bytes, cgroup bytes)`;
+/// a cgroup figure that is not a number (no cgroup) is left out.
+pub type Sample = (f64, f64, f64);
+
+/// One method's samples.
 pub struct Curve<'a> {
     /// The method's name (the legend).
     pub name: &'a str,
     /// The samples.
-    pub samples: &'a [(f64, f64, f64)],
+    pub samples: &'a [Sample],
 }
 
 const W: f64 = 760.0;
@@ -36,7 +39,7 @@ fn step(span: f64, target: f64) -> f64 {
 /// minutes, advm for seconds: `None` shows everything).
 pub fn svg(title: &str, curves: &[Curve<'_>], max_s: Option<f64>) -> String {
     let mib = |b: f64| b / (1u64 << 20) as f64;
-    let keep = |t: f64| max_s.is_none_or(|m| t <= m);
+    let keep = |t: f64| max_s.map_or(true, |m| t <= m);
     let t_max = curves.iter().flat_map(|c| c.samples.iter().map(|s| s.0)).filter(|&t| keep(t)).fold(1.0, f64::max);
     let y_max = curves
         .iter()
