@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use advm::stats::cgroup::Group;
 use advm::stats::{self as st, Options};
 
-use crate::meters::{in_group, Both};
 use crate::merge_plot;
+use crate::meters::{in_group, Both};
 use crate::{Bench, BenchError, BenchOpts, DemoRow, Figure, Report, Row};
 
 const WORKER: &str = include_str!("../../../bench/merge/worker.py");
@@ -279,10 +279,20 @@ fn run_one(
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let series = sampler.join().map_err(|_| BenchError::Usage("the sampler panicked".into()))?;
     let ksmd_cpu_s = advm::ksm::ksmd_cpu_seconds().unwrap_or(0.0) - ksmd0;
+    // The final figures: three samples of both meters now that memory has settled, the
+    // cgroup read right after each distinct-page walk. Not the series' last samples:
+    // under load one walk of 16 workers takes seconds, so its last few samples can
+    // reach back into the load, and the two meters' medians then come from different
+    // moments (a 16-worker run once reported 1850 MiB distinct against 886 cgroup so).
+    let mut finals = Vec::new();
+    for _ in 0..3 {
+        let d = st::measure(&pids, Options::default())?.anon_shmem_bytes as f64;
+        let c = group.usage().ok().map(|u| u.anon_shmem_bytes() as f64);
+        finals.push((d, c));
+    }
     drop(ksm);
-    let tail: Vec<_> = series.iter().rev().take(5).collect();
-    let distinct = crate::median(&tail.iter().map(|s| s.1 as f64).collect::<Vec<_>>());
-    let cgroup = tail.iter().map(|s| s.2.map(|c| c as f64)).collect::<Option<Vec<_>>>().map(|v| crate::median(&v));
+    let distinct = crate::median(&finals.iter().map(|s| s.0).collect::<Vec<_>>());
+    let cgroup = finals.iter().map(|s| s.1).collect::<Option<Vec<_>>>().map(|v| crate::median(&v));
     let peak = series.iter().map(|s| s.1).max().unwrap_or(0) as f64;
     let reach = series
         .iter()

@@ -140,7 +140,8 @@ mod tests {
     fn the_plot_has_one_line_per_method_and_meter_and_leaves_out_samples_past_the_cut() {
         let a = [(0.0, 1e9, 1e9), (2.0, 2e9, 2e9), (100.0, 3e9, f64::NAN)];
         let b = [(0.0, 5e8, f64::NAN), (1.0, 6e8, f64::NAN)];
-        let s = svg("t <1>", &[Curve { name: "no dedup", samples: &a }, Curve { name: "advm", samples: &b }], Some(10.0));
+        let s =
+            svg("t <1>", &[Curve { name: "no dedup", samples: &a }, Curve { name: "advm", samples: &b }], Some(10.0));
         assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
         // a: solid and dashed; b: solid only (no cgroup figures).
         assert_eq!(s.matches("<polyline").count(), 3);

@@ -5,11 +5,18 @@
 //! only, so no reply (and no lock it waits on, beyond the brief domain-table lookup at
 //! hello) depends on what another domain holds. Every slot a session was handed holds
 //! a reference until the session ends; a slot left with none is reclaimed.
+//!
+//! Workers of one domain that load the same model at once would each send every page
+//! (all their lookups miss before anyone has added). So an add names its pages'
+//! hashes first, and a lookup of a hash another session of the domain is adding
+//! waits (at most the add timeout) for that add to land instead of missing: each page
+//! is copied about once, whoever comes first. The wait depends on the domain's own
+//! sessions only.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use advm::merge::protocol::{Reply, Request, NO_SLOT};
 use advm::merge::Store;
@@ -28,7 +35,41 @@ pub struct Domain {
 #[derive(Debug)]
 pub struct Stores {
     limit_bytes: u64,
-    domains: Mutex<HashMap<Domain, Arc<Mutex<Store>>>>,
+    domains: Mutex<HashMap<Domain, Arc<Shared>>>,
+}
+
+/// One domain's store, and the hashes of pages its sessions are adding right now.
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+    /// Signalled when an add lands (or gives up).
+    landed: Condvar,
+}
+
+#[derive(Debug)]
+struct State {
+    store: Store,
+    /// Hash -> adds in flight that carry a page with it.
+    adding: HashMap<u64, u32>,
+}
+
+impl State {
+    fn announce(&mut self, hashes: &[u64]) {
+        for &h in hashes {
+            *self.adding.entry(h).or_default() += 1;
+        }
+    }
+
+    fn withdraw(&mut self, hashes: &[u64]) {
+        for h in hashes {
+            if let Some(n) = self.adding.get_mut(h) {
+                *n -= 1;
+                if *n == 0 {
+                    self.adding.remove(h);
+                }
+            }
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -42,12 +83,13 @@ impl Stores {
         Self { limit_bytes, domains: Mutex::new(HashMap::new()) }
     }
 
-    fn open(&self, d: &Domain) -> advm::Result<Arc<Mutex<Store>>> {
+    fn open(&self, d: &Domain) -> advm::Result<Arc<Shared>> {
         let mut map = lock(&self.domains);
         if let Some(s) = map.get(d) {
             return Ok(s.clone());
         }
-        let s = Arc::new(Mutex::new(Store::create(&format!("advmd-store-{}", d.uid), self.limit_bytes)?));
+        let store = Store::create(&format!("advmd-store-{}", d.uid), self.limit_bytes)?;
+        let s = Arc::new(Shared { state: Mutex::new(State { store, adding: HashMap::new() }), landed: Condvar::new() });
         map.insert(d.clone(), s.clone());
         Ok(s)
     }
@@ -55,7 +97,7 @@ impl Stores {
     /// Domains with a store, and what each holds.
     pub fn usage(&self) -> Vec<(Domain, advm::merge::StoreUsage)> {
         let map = lock(&self.domains);
-        let mut v: Vec<_> = map.iter().map(|(d, s)| (d.clone(), lock(s).usage())).collect();
+        let mut v: Vec<_> = map.iter().map(|(d, s)| (d.clone(), lock(&s.state).store.usage())).collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
     }
@@ -64,7 +106,7 @@ impl Stores {
     fn close(&self, d: &Domain) {
         let mut map = lock(&self.domains);
         if let Some(s) = map.get(d) {
-            if Arc::strong_count(s) == 1 && lock(s).usage().pages == 0 {
+            if Arc::strong_count(s) == 1 && lock(&s.state).store.usage().pages == 0 {
                 map.remove(d);
             }
         }
@@ -75,7 +117,7 @@ impl Stores {
 #[derive(Debug)]
 pub struct Session {
     peer: Peer,
-    open: Option<(Domain, Arc<Mutex<Store>>)>,
+    open: Option<(Domain, Arc<Shared>)>,
     /// One entry per reference this session holds.
     held: Vec<u32>,
     /// How long an add may wait for the client's pages to arrive.
@@ -102,8 +144,8 @@ impl Session {
             let domain = Domain { uid: self.peer.uid, tag: tag.clone() };
             let store = stores.open(&domain)?;
             let (fd, secret, limit) = {
-                let s = lock(&store);
-                (s.read_only_fd()?, s.hasher().secret().to_vec(), s.file_len())
+                let g = lock(&store.state);
+                (g.store.read_only_fd()?, g.store.hasher().secret().to_vec(), g.store.file_len())
             };
             self.open = Some((domain, store));
             return Ok(Reply::Hello { limit_bytes: limit, secret, store: fd });
@@ -114,38 +156,58 @@ impl Session {
         match req {
             Request::Hello { .. } => unreachable!("answered above"),
             Request::Lookup { hashes } => {
-                let mut s = lock(store);
-                let slots: Vec<u32> = hashes
-                    .iter()
-                    .map(|&h| {
-                        let found = s.find(h);
-                        self.held.extend(found);
-                        found.unwrap_or(NO_SLOT)
-                    })
-                    .collect();
+                let deadline = Instant::now() + self.timeout;
+                let mut g = lock(&store.state);
+                let mut slots = Vec::with_capacity(hashes.len());
+                for &h in &hashes {
+                    loop {
+                        if let Some(s) = g.store.find(h) {
+                            self.held.push(s);
+                            slots.push(s);
+                            break;
+                        }
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        if !g.adding.contains_key(&h) || left.is_zero() {
+                            slots.push(NO_SLOT);
+                            break;
+                        }
+                        // Another session of this domain is adding this page: wait for it.
+                        g = store.landed.wait_timeout(g, left).unwrap_or_else(|p| p.into_inner()).0;
+                    }
+                }
                 Ok(Reply::Slots(slots))
             }
-            Request::Add { pages, staging } => {
+            Request::Add { hashes, staging } => {
                 let store = store.clone();
-                self.add(&store, pages as usize, staging)
+                self.add(&store, &hashes, staging)
             }
-            Request::Usage => Ok(Reply::Usage(lock(store).usage())),
+            Request::Usage => Ok(Reply::Usage(lock(&store.state).store.usage())),
         }
     }
 
     /// Takes slots for the pages, splices them from the client's pipe into the store
     /// (outside the store's lock: a slow or hostile client stalls its own session
     /// only), then publishes them, sharing any that another session stored meanwhile.
-    fn add(&mut self, store: &Mutex<Store>, pages: usize, staging: OwnedFd) -> advm::Result<Reply> {
-        let (reserved, full) = lock(store).reserve(pages)?;
-        if let Err(e) = reserved.fill_from(staging.as_fd(), pages, self.timeout) {
-            lock(store).cancel(reserved)?;
-            return Err(e);
-        }
+    fn add(&mut self, shared: &Shared, hashes: &[u64], staging: OwnedFd) -> advm::Result<Reply> {
+        let pages = hashes.len();
+        let (reserved, full) = {
+            let mut g = lock(&shared.state);
+            let r = g.store.reserve(pages)?;
+            g.announce(hashes);
+            r
+        };
+        let filled = reserved.fill_from(staging.as_fd(), pages, self.timeout);
+        let mut g = lock(&shared.state);
+        g.withdraw(hashes);
         let taken = reserved.len();
-        let s = lock(store).commit(reserved, taken)?;
-        self.held.extend(&s);
-        let mut slots = s;
+        let result = match filled {
+            Ok(()) => g.store.commit(reserved, taken),
+            Err(e) => g.store.cancel(reserved).and(Err(e)),
+        };
+        drop(g);
+        shared.landed.notify_all();
+        let mut slots = result?;
+        self.held.extend(&slots);
         slots.resize(pages, NO_SLOT);
         Ok(Reply::Added { slots, refusal: full.map(|f| f.to_string()).unwrap_or_default() })
     }
@@ -154,9 +216,9 @@ impl Session {
     pub fn end(self, stores: &Stores) {
         if let Some((domain, store)) = self.open {
             {
-                let mut s = lock(&store);
+                let mut g = lock(&store.state);
                 for slot in self.held {
-                    let _ = s.release(slot);
+                    let _ = g.store.release(slot);
                 }
             }
             drop(store);

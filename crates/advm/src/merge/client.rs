@@ -131,6 +131,7 @@ impl Daemon {
         &mut self,
         bytes: &[u8],
         which: &[usize],
+        hashes: Vec<u64>,
         refusal: &mut Option<String>,
     ) -> Result<Vec<Option<u32>>> {
         let ps = page_size();
@@ -151,8 +152,7 @@ impl Daemon {
         // keeps its read side open too, so a daemon that stops reading never raises
         // SIGPIPE in the client.
         let (r, w) = splice::pipe()?;
-        Request::Add { pages: which.len() as u32, staging: r.try_clone().map_err(|e| Error::io("pipe", e))? }
-            .send(self.ch())?;
+        Request::Add { hashes, staging: r.try_clone().map_err(|e| Error::io("pipe", e))? }.send(self.ch())?;
         // A daemon that answers before it took every page (an error) ends the sending.
         splice::send_pages(w.as_fd(), &runs, self.ch().as_fd(), SEND_TIMEOUT)?;
         let Reply::Added { slots, refusal: why } = Reply::recv(self.ch())? else {
@@ -202,10 +202,14 @@ impl Backend for Daemon {
         // the same time then send only what none of them has added yet.
         for (chunk, hashes) in which.chunks(ADD_BATCH).zip(hashes.chunks(ADD_BATCH)) {
             let found = self.lookup(hashes)?;
-            let missing: Vec<usize> = chunk.iter().zip(&found).filter(|(_, f)| f.is_none()).map(|(&i, _)| i).collect();
-            let mut added =
-                if missing.is_empty() { Vec::new() } else { self.send_and_add(bytes, &missing, &mut refusal)? }
-                    .into_iter();
+            let (missing, missing_hashes): (Vec<usize>, Vec<u64>) =
+                chunk.iter().zip(hashes).zip(&found).filter(|(_, f)| f.is_none()).map(|((&i, &h), _)| (i, h)).unzip();
+            let mut added = if missing.is_empty() {
+                Vec::new()
+            } else {
+                self.send_and_add(bytes, &missing, missing_hashes, &mut refusal)?
+            }
+            .into_iter();
             out.extend(found.into_iter().map(|f| f.or_else(|| added.next().flatten())));
         }
         Ok((out, refusal))
