@@ -328,6 +328,58 @@ fn run_one(
     Ok(Outcome { distinct, cgroup, to_saving_s, throughput_gbs, ksmd_cpu_s, lat_before, lat_after, series })
 }
 
+/// Writes the plot of one model and N (`bench_dir()/memory-MODEL-N.svg`), cut 5 s
+/// after the last curve settled (within 1% of its last sample), and returns its path.
+fn plot(model: &str, n: usize, plotted: &[(String, Vec<merge_plot::Sample>)]) -> Result<String, BenchError> {
+    let settled = plotted
+        .iter()
+        .filter_map(|(_, s)| {
+            let last = s.last()?.1;
+            let moving = s.iter().rev().find(|x| (x.1 - last).abs() > 0.01 * last);
+            Some(moving.map_or(0.0, |x| x.0))
+        })
+        .fold(0.0, f64::max);
+    let curves: Vec<merge_plot::Curve<'_>> =
+        plotted.iter().map(|(name, samples)| merge_plot::Curve { name, samples }).collect();
+    let path = bench_dir().join(format!("memory-{model}-{n}.svg"));
+    let title = format!("{model}, {n} workers: memory of all workers over time");
+    std::fs::write(&path, merge_plot::svg(&title, &curves, Some(settled + 5.0))).map_err(|e| io("plot", e))?;
+    Ok(path.display().to_string())
+}
+
+/// `ADVM_BENCH_MERGE_REPLOT=REPORT.json`: draws the plots again from a saved report's
+/// `memory_over_time` samples instead of running anything.
+fn replot(path: &Path, report: &mut Report) -> Result<(), BenchError> {
+    let text = std::fs::read_to_string(path).map_err(|e| io(&path.display().to_string(), e))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| BenchError::Usage(format!("{}: not a bench report: {e}", path.display())))?;
+    let curves = v["configuration"]["memory_over_time"].as_object().ok_or_else(|| {
+        BenchError::Usage(format!("{}: no configuration.memory_over_time in it", path.display()))
+    })?;
+    // Keys are "model/N/method", in the order the methods ran.
+    let mut groups: Vec<((String, usize), Vec<(String, Vec<merge_plot::Sample>)>)> = Vec::new();
+    for (key, samples) in curves {
+        let mut parts = key.splitn(3, '/');
+        let (Some(model), Some(n), Some(method)) = (parts.next(), parts.next(), parts.next()) else { continue };
+        let Ok(n) = n.parse::<usize>() else { continue };
+        let samples: Vec<merge_plot::Sample> = samples
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| Some((s[0].as_f64()?, s[1].as_f64()?, s[2].as_f64().unwrap_or(f64::NAN))))
+            .collect();
+        let g = (model.to_string(), n);
+        match groups.iter_mut().find(|(k, _)| *k == g) {
+            Some((_, v)) => v.push((method.to_string(), samples)),
+            None => groups.push((g, vec![(method.to_string(), samples)])),
+        }
+    }
+    std::fs::create_dir_all(bench_dir()).map_err(|e| io("bench dir", e))?;
+    let plots = groups.iter().map(|((model, n), p)| plot(model, *n, p)).collect::<Result<Vec<_>, _>>()?;
+    report.notes.push(format!("plots drawn again from {}: {}", path.display(), plots.join(", ")));
+    Ok(())
+}
+
 /// Fills `buf` with xorshift output from `seed`: no zero page, no two pages alike.
 fn fill_seeded(buf: &mut [u8], seed: u64) {
     let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ seed << 32;
@@ -407,6 +459,9 @@ impl Bench for MergeBench {
     }
 
     fn run(&self, opts: &BenchOpts, report: &mut Report) -> Result<(), BenchError> {
+        if let Some(path) = std::env::var_os("ADVM_BENCH_MERGE_REPLOT") {
+            return replot(Path::new(&path), report);
+        }
         let py = python()?;
         let models = models(&py)?;
         // $ADVM_BENCH_MERGE_MODELS and $ADVM_BENCH_MERGE_WORKERS (comma separated) pick a
@@ -494,12 +549,7 @@ impl Bench for MergeBench {
                             .figure(Figure::new("latency after", "ms", o.lat_after.clone())),
                     );
                 }
-                let curves: Vec<merge_plot::Curve<'_>> =
-                    plotted.iter().map(|(name, samples)| merge_plot::Curve { name, samples }).collect();
-                let path = bench_dir().join(format!("memory-{model}-{n}.svg"));
-                let title = format!("{model}, {n} workers: memory of all workers over time");
-                std::fs::write(&path, merge_plot::svg(&title, &curves, None)).map_err(|e| io("plot", e))?;
-                plots.push(path.display().to_string());
+                plots.push(plot(model, n, &plotted)?);
             }
         }
         report.configuration.insert("plots".into(), serde_json::json!(plots));
