@@ -328,6 +328,9 @@ fn run_one(
     Ok(Outcome { distinct, cgroup, to_saving_s, throughput_gbs, ksmd_cpu_s, lat_before, lat_after, series })
 }
 
+/// The curves of one model and N: each method's name and samples.
+type Plotted = Vec<(String, Vec<merge_plot::Sample>)>;
+
 /// Writes the plot of one model and N (`bench_dir()/memory-MODEL-N.svg`), cut 5 s
 /// after the last curve settled (within 1% of its last sample), and returns its path.
 fn plot(model: &str, n: usize, plotted: &[(String, Vec<merge_plot::Sample>)]) -> Result<String, BenchError> {
@@ -353,11 +356,11 @@ fn replot(path: &Path, report: &mut Report) -> Result<(), BenchError> {
     let text = std::fs::read_to_string(path).map_err(|e| io(&path.display().to_string(), e))?;
     let v: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| BenchError::Usage(format!("{}: not a bench report: {e}", path.display())))?;
-    let curves = v["configuration"]["memory_over_time"].as_object().ok_or_else(|| {
-        BenchError::Usage(format!("{}: no configuration.memory_over_time in it", path.display()))
-    })?;
-    // Keys are "model/N/method", in the order the methods ran.
-    let mut groups: Vec<((String, usize), Vec<(String, Vec<merge_plot::Sample>)>)> = Vec::new();
+    let curves = v["configuration"]["memory_over_time"]
+        .as_object()
+        .ok_or_else(|| BenchError::Usage(format!("{}: no configuration.memory_over_time in it", path.display())))?;
+    // Keys are "model/N/method".
+    let mut groups: Vec<((String, usize), Plotted)> = Vec::new();
     for (key, samples) in curves {
         let mut parts = key.splitn(3, '/');
         let (Some(model), Some(n), Some(method)) = (parts.next(), parts.next(), parts.next()) else { continue };
@@ -502,7 +505,7 @@ impl Bench for MergeBench {
         for model in &names {
             for &n in &ns {
                 let mut base: Option<(f64, Option<f64>)> = None;
-                let mut plotted: Vec<(String, Vec<merge_plot::Sample>)> = Vec::new();
+                let mut plotted: Plotted = Vec::new();
                 for &m in &methods {
                     let o = run_one(&py, &models, model, n, m, opts.quick)?;
                     plotted.push((
