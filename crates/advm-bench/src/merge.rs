@@ -259,7 +259,9 @@ fn run_one(
     let limit = if quick { 20.0 } else { 120.0 };
     let scans = || advm::ksm::system().map_or(0, |s| s.full_scans);
     let scans0 = scans();
-    // The agent merges only after its quiet period: wait for memory to fall once.
+    // The agents merge only after their quiet period: wait until every worker's agent
+    // has reported a merge, or memory fell once here. (Memory alone is not enough: the
+    // agents can be done before this loop starts, and then it never falls here.)
     let settle = if ksm.is_some() || method == Method::RunMerge { 3.0 } else { 1.0 };
     let mut fell = method != Method::RunMerge;
     let mut last = (f64::MAX, Instant::now());
@@ -270,6 +272,7 @@ fn run_one(
             fell |= last.0 < f64::MAX;
             last = (d, Instant::now());
         }
+        fell |= method == Method::RunMerge && std::fs::read_dir(&reports).map_or(0, |d| d.count()) >= n;
         let scanned = (ksm.is_none() || scans() >= scans0 + 2) && fell;
         if (scanned && last.1.elapsed().as_secs_f64() >= settle) || t_wait.elapsed().as_secs_f64() >= limit {
             break;
