@@ -11,6 +11,7 @@ mod error;
 mod gc;
 mod image;
 mod merge;
+mod merge_plot;
 pub mod meters;
 mod pager;
 mod r;

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use advm::stats::cgroup::Group;
 use advm::stats::{self as st, Options};
 
+use crate::merge_plot;
 use crate::meters::{in_group, Both};
 use crate::{Bench, BenchError, BenchOpts, DemoRow, Figure, Report, Row};
 
@@ -258,7 +259,9 @@ fn run_one(
     let limit = if quick { 20.0 } else { 120.0 };
     let scans = || advm::ksm::system().map_or(0, |s| s.full_scans);
     let scans0 = scans();
-    // The agent merges only after its quiet period: wait for memory to fall once.
+    // The agents merge only after their quiet period: wait until every worker's agent
+    // has reported a merge, or memory fell once here. (Memory alone is not enough: the
+    // agents can be done before this loop starts, and then it never falls here.)
     let settle = if ksm.is_some() || method == Method::RunMerge { 3.0 } else { 1.0 };
     let mut fell = method != Method::RunMerge;
     let mut last = (f64::MAX, Instant::now());
@@ -269,6 +272,7 @@ fn run_one(
             fell |= last.0 < f64::MAX;
             last = (d, Instant::now());
         }
+        fell |= method == Method::RunMerge && std::fs::read_dir(&reports).map_or(0, |d| d.count()) >= n;
         let scanned = (ksm.is_none() || scans() >= scans0 + 2) && fell;
         if (scanned && last.1.elapsed().as_secs_f64() >= settle) || t_wait.elapsed().as_secs_f64() >= limit {
             break;
@@ -278,10 +282,20 @@ fn run_one(
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let series = sampler.join().map_err(|_| BenchError::Usage("the sampler panicked".into()))?;
     let ksmd_cpu_s = advm::ksm::ksmd_cpu_seconds().unwrap_or(0.0) - ksmd0;
+    // The final figures: three samples of both meters now that memory has settled, the
+    // cgroup read right after each distinct-page walk. Not the series' last samples:
+    // under load one walk of 16 workers takes seconds, so its last few samples can
+    // reach back into the load, and the two meters' medians then come from different
+    // moments (a 16-worker run once reported 1850 MiB distinct against 886 cgroup so).
+    let mut finals = Vec::new();
+    for _ in 0..3 {
+        let d = st::measure(&pids, Options::default())?.anon_shmem_bytes as f64;
+        let c = group.usage().ok().map(|u| u.anon_shmem_bytes() as f64);
+        finals.push((d, c));
+    }
     drop(ksm);
-    let tail: Vec<_> = series.iter().rev().take(5).collect();
-    let distinct = crate::median(&tail.iter().map(|s| s.1 as f64).collect::<Vec<_>>());
-    let cgroup = tail.iter().map(|s| s.2.map(|c| c as f64)).collect::<Option<Vec<_>>>().map(|v| crate::median(&v));
+    let distinct = crate::median(&finals.iter().map(|s| s.0).collect::<Vec<_>>());
+    let cgroup = finals.iter().map(|s| s.1).collect::<Option<Vec<_>>>().map(|v| crate::median(&v));
     let peak = series.iter().map(|s| s.1).max().unwrap_or(0) as f64;
     let reach = series
         .iter()
@@ -315,6 +329,61 @@ fn run_one(
     let _ = std::fs::remove_file(&sock);
     group.remove()?;
     Ok(Outcome { distinct, cgroup, to_saving_s, throughput_gbs, ksmd_cpu_s, lat_before, lat_after, series })
+}
+
+/// The curves of one model and N: each method's name and samples.
+type Plotted = Vec<(String, Vec<merge_plot::Sample>)>;
+
+/// Writes the plot of one model and N (`bench_dir()/memory-MODEL-N.svg`), cut 5 s
+/// after the last curve settled (within 1% of its last sample), and returns its path.
+fn plot(model: &str, n: usize, plotted: &[(String, Vec<merge_plot::Sample>)]) -> Result<String, BenchError> {
+    let settled = plotted
+        .iter()
+        .filter_map(|(_, s)| {
+            let last = s.last()?.1;
+            let moving = s.iter().rev().find(|x| (x.1 - last).abs() > 0.01 * last);
+            Some(moving.map_or(0.0, |x| x.0))
+        })
+        .fold(0.0, f64::max);
+    let curves: Vec<merge_plot::Curve<'_>> =
+        plotted.iter().map(|(name, samples)| merge_plot::Curve { name, samples }).collect();
+    let path = bench_dir().join(format!("memory-{model}-{n}.svg"));
+    let title = format!("{model}, {n} workers: memory of all workers over time");
+    std::fs::write(&path, merge_plot::svg(&title, &curves, Some(settled + 5.0))).map_err(|e| io("plot", e))?;
+    Ok(path.display().to_string())
+}
+
+/// `ADVM_BENCH_MERGE_REPLOT=REPORT.json`: draws the plots again from a saved report's
+/// `memory_over_time` samples instead of running anything.
+fn replot(path: &Path, report: &mut Report) -> Result<(), BenchError> {
+    let text = std::fs::read_to_string(path).map_err(|e| io(&path.display().to_string(), e))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| BenchError::Usage(format!("{}: not a bench report: {e}", path.display())))?;
+    let curves = v["configuration"]["memory_over_time"]
+        .as_object()
+        .ok_or_else(|| BenchError::Usage(format!("{}: no configuration.memory_over_time in it", path.display())))?;
+    // Keys are "model/N/method".
+    let mut groups: Vec<((String, usize), Plotted)> = Vec::new();
+    for (key, samples) in curves {
+        let mut parts = key.splitn(3, '/');
+        let (Some(model), Some(n), Some(method)) = (parts.next(), parts.next(), parts.next()) else { continue };
+        let Ok(n) = n.parse::<usize>() else { continue };
+        let samples: Vec<merge_plot::Sample> = samples
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| Some((s[0].as_f64()?, s[1].as_f64()?, s[2].as_f64().unwrap_or(f64::NAN))))
+            .collect();
+        let g = (model.to_string(), n);
+        match groups.iter_mut().find(|(k, _)| *k == g) {
+            Some((_, v)) => v.push((method.to_string(), samples)),
+            None => groups.push((g, vec![(method.to_string(), samples)])),
+        }
+    }
+    std::fs::create_dir_all(bench_dir()).map_err(|e| io("bench dir", e))?;
+    let plots = groups.iter().map(|((model, n), p)| plot(model, *n, p)).collect::<Result<Vec<_>, _>>()?;
+    report.notes.push(format!("plots drawn again from {}: {}", path.display(), plots.join(", ")));
+    Ok(())
 }
 
 /// Fills `buf` with xorshift output from `seed`: no zero page, no two pages alike.
@@ -396,6 +465,9 @@ impl Bench for MergeBench {
     }
 
     fn run(&self, opts: &BenchOpts, report: &mut Report) -> Result<(), BenchError> {
+        if let Some(path) = std::env::var_os("ADVM_BENCH_MERGE_REPLOT") {
+            return replot(Path::new(&path), report);
+        }
         let py = python()?;
         let models = models(&py)?;
         // $ADVM_BENCH_MERGE_MODELS and $ADVM_BENCH_MERGE_WORKERS (comma separated) pick a
@@ -432,11 +504,17 @@ impl Bench for MergeBench {
         throughput_rows(opts, report)?;
         let bar = opts.progress_bar((names.len() * ns.len() * methods.len()) as u64, "bench merge");
         let mut curves = serde_json::Map::new();
+        let mut plots = Vec::new();
         for model in &names {
             for &n in &ns {
                 let mut base: Option<(f64, Option<f64>)> = None;
+                let mut plotted: Plotted = Vec::new();
                 for &m in &methods {
                     let o = run_one(&py, &models, model, n, m, opts.quick)?;
+                    plotted.push((
+                        m.name(),
+                        o.series.iter().map(|s| (s.0, s.1 as f64, s.2.map_or(f64::NAN, |c| c as f64))).collect(),
+                    ));
                     bar.inc(1);
                     let (bd, bc) = *base.get_or_insert((o.distinct, o.cgroup));
                     let saving = |x: f64, b: f64| if b > 0.0 { 100.0 * (b - x) / b } else { 0.0 };
@@ -477,8 +555,10 @@ impl Bench for MergeBench {
                             .figure(Figure::new("latency after", "ms", o.lat_after.clone())),
                     );
                 }
+                plots.push(plot(model, n, &plotted)?);
             }
         }
+        report.configuration.insert("plots".into(), serde_json::json!(plots));
         bar.finish_and_clear();
         report.configuration.insert("models".into(), serde_json::json!(names));
         report.configuration.insert("workers".into(), serde_json::json!(ns));
@@ -487,11 +567,6 @@ impl Bench for MergeBench {
             "memory: all workers (and advmd, which holds the store) together at the end, when KSM stopped saving \
              (1% over 3 s) or after 120 s; saving against no dedup at the same N. Latency: every worker's requests, \
              before and after its merge (KSM: before and after convergence)."
-                .into(),
-        );
-        report.notes.push(
-            "advm run --mode merge (merging unmodified programs) is not available yet: this table has the explicit \
-             advm.merge of the weight buffers only."
                 .into(),
         );
         Ok(())

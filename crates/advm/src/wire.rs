@@ -8,7 +8,7 @@
 //! [`Reader`], so a malformed body is an error naming the field, never a panic.
 
 use std::io::Write;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
@@ -59,6 +59,13 @@ pub struct Channel {
     sock: UnixStream,
     /// How long the rest of a frame may take once its first byte arrived.
     frame_timeout: Option<Duration>,
+}
+
+/// The socket, to wait on it (a merge sending pages stops when the reply comes).
+impl AsFd for Channel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
+    }
 }
 
 fn wire_err(what: &'static str, why: impl Into<String>) -> Error {

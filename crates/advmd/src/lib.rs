@@ -156,10 +156,10 @@ impl Daemon {
                 continue;
             }
             live.fetch_add(1, Ordering::SeqCst);
-            let (services, live2) = (self.services.clone(), live.clone());
+            let (services, live2, timeout) = (self.services.clone(), live.clone(), self.config.frame_timeout);
             let spawned =
                 std::thread::Builder::new().name("advmd-client".into()).stack_size(256 << 10).spawn(move || {
-                    serve_client(ch, &services);
+                    serve_client(ch, &services, timeout);
                     live2.fetch_sub(1, Ordering::SeqCst);
                 });
             if spawned.is_err() {
@@ -171,9 +171,9 @@ impl Daemon {
 
 /// One connection: frames in, replies out, until the client leaves or breaks the
 /// framing; then everything it held is released.
-fn serve_client(ch: Channel, services: &Services) {
+fn serve_client(ch: Channel, services: &Services, timeout: Duration) {
     let Ok(peer) = ch.peer() else { return };
-    let mut merge = merge_service::Session::new(peer);
+    let mut merge = merge_service::Session::new(peer, timeout);
     loop {
         let frame = match ch.recv() {
             Ok(Some(f)) => f,

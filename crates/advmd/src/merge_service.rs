@@ -5,12 +5,19 @@
 //! only, so no reply (and no lock it waits on, beyond the brief domain-table lookup at
 //! hello) depends on what another domain holds. Every slot a session was handed holds
 //! a reference until the session ends; a slot left with none is reclaimed.
+//!
+//! Workers of one domain that load the same model at once would each send every page
+//! (all their lookups miss before anyone has added). So an add names its pages'
+//! hashes first, and a lookup of a hash another session of the domain is adding
+//! waits (at most the add timeout) for that add to land instead of missing: each page
+//! is copied about once, whoever comes first. The wait depends on the domain's own
+//! sessions only.
 
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use advm::mem::{page_size, Memfd};
 use advm::merge::protocol::{Reply, Request, NO_SLOT};
 use advm::merge::Store;
 use advm::wire::Peer;
@@ -28,11 +35,42 @@ pub struct Domain {
 #[derive(Debug)]
 pub struct Stores {
     limit_bytes: u64,
-    domains: Mutex<HashMap<Domain, Arc<Mutex<Store>>>>,
+    domains: Mutex<HashMap<Domain, Arc<Shared>>>,
 }
 
-/// Pages read from a staging file at a time (bounds the daemon's buffer per client).
-const ADD_CHUNK: usize = 1024;
+/// One domain's store, and the hashes of pages its sessions are adding right now.
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+    /// Signalled when an add lands (or gives up).
+    landed: Condvar,
+}
+
+#[derive(Debug)]
+struct State {
+    store: Store,
+    /// Hash -> adds in flight that carry a page with it.
+    adding: HashMap<u64, u32>,
+}
+
+impl State {
+    fn announce(&mut self, hashes: &[u64]) {
+        for &h in hashes {
+            *self.adding.entry(h).or_default() += 1;
+        }
+    }
+
+    fn withdraw(&mut self, hashes: &[u64]) {
+        for h in hashes {
+            if let Some(n) = self.adding.get_mut(h) {
+                *n -= 1;
+                if *n == 0 {
+                    self.adding.remove(h);
+                }
+            }
+        }
+    }
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic elsewhere must not take every domain down with it.
@@ -45,12 +83,13 @@ impl Stores {
         Self { limit_bytes, domains: Mutex::new(HashMap::new()) }
     }
 
-    fn open(&self, d: &Domain) -> advm::Result<Arc<Mutex<Store>>> {
+    fn open(&self, d: &Domain) -> advm::Result<Arc<Shared>> {
         let mut map = lock(&self.domains);
         if let Some(s) = map.get(d) {
             return Ok(s.clone());
         }
-        let s = Arc::new(Mutex::new(Store::create(&format!("advmd-store-{}", d.uid), self.limit_bytes)?));
+        let store = Store::create(&format!("advmd-store-{}", d.uid), self.limit_bytes)?;
+        let s = Arc::new(Shared { state: Mutex::new(State { store, adding: HashMap::new() }), landed: Condvar::new() });
         map.insert(d.clone(), s.clone());
         Ok(s)
     }
@@ -58,7 +97,7 @@ impl Stores {
     /// Domains with a store, and what each holds.
     pub fn usage(&self) -> Vec<(Domain, advm::merge::StoreUsage)> {
         let map = lock(&self.domains);
-        let mut v: Vec<_> = map.iter().map(|(d, s)| (d.clone(), lock(s).usage())).collect();
+        let mut v: Vec<_> = map.iter().map(|(d, s)| (d.clone(), lock(&s.state).store.usage())).collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
     }
@@ -67,7 +106,7 @@ impl Stores {
     fn close(&self, d: &Domain) {
         let mut map = lock(&self.domains);
         if let Some(s) = map.get(d) {
-            if Arc::strong_count(s) == 1 && lock(s).usage().pages == 0 {
+            if Arc::strong_count(s) == 1 && lock(&s.state).store.usage().pages == 0 {
                 map.remove(d);
             }
         }
@@ -78,9 +117,11 @@ impl Stores {
 #[derive(Debug)]
 pub struct Session {
     peer: Peer,
-    open: Option<(Domain, Arc<Mutex<Store>>)>,
+    open: Option<(Domain, Arc<Shared>)>,
     /// One entry per reference this session holds.
     held: Vec<u32>,
+    /// How long an add may wait for the client's pages to arrive.
+    timeout: Duration,
 }
 
 fn refused(why: impl Into<String>) -> advm::Error {
@@ -88,9 +129,9 @@ fn refused(why: impl Into<String>) -> advm::Error {
 }
 
 impl Session {
-    /// A session for the client `peer`.
-    pub fn new(peer: Peer) -> Self {
-        Self { peer, open: None, held: Vec::new() }
+    /// A session for the client `peer`, whose adds may wait `timeout` for pages.
+    pub fn new(peer: Peer, timeout: Duration) -> Self {
+        Self { peer, open: None, held: Vec::new(), timeout }
     }
 
     /// Answers one request. An `Err` is turned into an error reply by the caller; the
@@ -103,8 +144,8 @@ impl Session {
             let domain = Domain { uid: self.peer.uid, tag: tag.clone() };
             let store = stores.open(&domain)?;
             let (fd, secret, limit) = {
-                let s = lock(&store);
-                (s.read_only_fd()?, s.hasher().secret().to_vec(), s.file_len())
+                let g = lock(&store.state);
+                (g.store.read_only_fd()?, g.store.hasher().secret().to_vec(), g.store.file_len())
             };
             self.open = Some((domain, store));
             return Ok(Reply::Hello { limit_bytes: limit, secret, store: fd });
@@ -115,67 +156,69 @@ impl Session {
         match req {
             Request::Hello { .. } => unreachable!("answered above"),
             Request::Lookup { hashes } => {
-                let mut s = lock(store);
-                let slots: Vec<u32> = hashes
-                    .iter()
-                    .map(|&h| {
-                        let found = s.find(h);
-                        self.held.extend(found);
-                        found.unwrap_or(NO_SLOT)
-                    })
-                    .collect();
+                let deadline = Instant::now() + self.timeout;
+                let mut g = lock(&store.state);
+                let mut slots = Vec::with_capacity(hashes.len());
+                for &h in &hashes {
+                    loop {
+                        if let Some(s) = g.store.find(h) {
+                            self.held.push(s);
+                            slots.push(s);
+                            break;
+                        }
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        if !g.adding.contains_key(&h) || left.is_zero() {
+                            slots.push(NO_SLOT);
+                            break;
+                        }
+                        // Another session of this domain is adding this page: wait for it.
+                        g = store.landed.wait_timeout(g, left).unwrap_or_else(|p| p.into_inner()).0;
+                    }
+                }
                 Ok(Reply::Slots(slots))
             }
-            Request::Add { pages, staging } => {
+            Request::Add { hashes, staging } => {
                 let store = store.clone();
-                self.add(&store, pages as usize, staging)
+                self.add(&store, &hashes, staging)
             }
-            Request::Usage => Ok(Reply::Usage(lock(store).usage())),
+            Request::Usage => Ok(Reply::Usage(lock(&store.state).store.usage())),
         }
     }
 
-    /// Reads the staged pages chunk by chunk (outside the store's lock: a slow or
-    /// hostile file stalls this session only) and stores each chunk.
-    fn add(&mut self, store: &Mutex<Store>, pages: usize, staging: OwnedFd) -> advm::Result<Reply> {
-        let ps = page_size();
-        let file = Memfd::from(staging);
-        let mut buf = vec![0u8; ADD_CHUNK.min(pages) * ps];
-        let mut slots = Vec::with_capacity(pages);
-        let mut refusal = String::new();
-        let mut done = 0;
-        while done < pages {
-            let n = ADD_CHUNK.min(pages - done);
-            let want = &mut buf[..n * ps];
-            let mut got = 0;
-            while got < want.len() {
-                let r = file.read_at(&mut want[got..], (done * ps + got) as u64)?;
-                if r == 0 {
-                    return Err(refused(format!(
-                        "the staging file holds {} bytes, {pages} pages were announced",
-                        done * ps + got
-                    )));
-                }
-                got += r;
-            }
-            let which: Vec<usize> = (0..n).collect();
-            let (s, full) = lock(store).insert_pages(want, &which)?;
-            self.held.extend(s.iter().flatten());
-            slots.extend(s.into_iter().map(|x| x.unwrap_or(NO_SLOT)));
-            if let Some(f) = full {
-                refusal = f.to_string();
-            }
-            done += n;
-        }
-        Ok(Reply::Added { slots, refusal })
+    /// Takes slots for the pages, splices them from the client's pipe into the store
+    /// (outside the store's lock: a slow or hostile client stalls its own session
+    /// only), then publishes them, sharing any that another session stored meanwhile.
+    fn add(&mut self, shared: &Shared, hashes: &[u64], staging: OwnedFd) -> advm::Result<Reply> {
+        let pages = hashes.len();
+        let (reserved, full) = {
+            let mut g = lock(&shared.state);
+            let r = g.store.reserve(pages)?;
+            g.announce(hashes);
+            r
+        };
+        let filled = reserved.fill_from(staging.as_fd(), pages, self.timeout);
+        let mut g = lock(&shared.state);
+        g.withdraw(hashes);
+        let taken = reserved.len();
+        let result = match filled {
+            Ok(()) => g.store.commit(reserved, taken),
+            Err(e) => g.store.cancel(reserved).and(Err(e)),
+        };
+        drop(g);
+        shared.landed.notify_all();
+        let mut slots = result?;
+        self.held.extend(&slots);
+        slots.resize(pages, NO_SLOT);
+        Ok(Reply::Added { slots, refusal: full.map(|f| f.to_string()).unwrap_or_default() })
     }
 
     /// Releases everything the session held; its domain's store goes when unused.
     pub fn end(self, stores: &Stores) {
         if let Some((domain, store)) = self.open {
             {
-                let mut s = lock(&store);
+                let mut g = lock(&store.state);
                 for slot in self.held {
-                    let _ = s.release(slot);
+                    let _ = g.store.release(slot);
                 }
             }
             drop(store);

@@ -203,15 +203,27 @@ fn hostile_requests_get_error_replies_and_never_stall_other_clients() {
     // a tag that is too long.
     ch.send(1, 2, &[5, 0, 0, 0, 1, 2], &[]).unwrap();
     refused_with(&ch, "needs 40 bytes");
-    ch.send(1, 3, &1u32.to_le_bytes(), &[]).unwrap();
-    refused_with(&ch, "add without a staging file");
-    let m = advm::mem::Memfd::create("short").unwrap();
-    m.write_all_at(&[1u8; 100], 0).unwrap();
-    ch.send(1, 3, &4u32.to_le_bytes(), &[&m]).unwrap();
-    refused_with(&ch, "the staging file holds 100 bytes, 4 pages were announced");
+    let add = |pages: usize| advm::wire::Writer::default().u64s(&vec![7; pages]).body;
+    ch.send(1, 3, &add(1), &[]).unwrap();
+    refused_with(&ch, "add without a staging pipe");
+    // Pages must come through a pipe: a file is refused, a pipe that ends early or
+    // stays empty past the timeout too, and none of them leaves a slot taken.
+    let m = advm::mem::Memfd::create("not-a-pipe").unwrap();
+    m.write_all_at(&[1u8; 4096], 0).unwrap();
+    ch.send(1, 3, &add(1), &[&m]).unwrap();
+    refused_with(&ch, "is not a pipe");
+    let (r, mut w) = std::io::pipe().unwrap();
+    std::io::Write::write_all(&mut w, &[1u8; 100]).unwrap();
+    drop(w);
+    ch.send(1, 3, &add(4), &[&r]).unwrap();
+    refused_with(&ch, "the staging pipe ended after 100 bytes, 4 pages were announced");
     let (r, _w) = std::io::pipe().unwrap();
-    ch.send(1, 3, &1u32.to_le_bytes(), &[&r]).unwrap();
-    refused_with(&ch, "pread");
+    let t = Instant::now();
+    ch.send(1, 3, &add(1), &[&r]).unwrap();
+    refused_with(&ch, "nothing came");
+    assert!(t.elapsed() < Duration::from_secs(5), "the stalled add waited {:?}", t.elapsed());
+    Request::Usage.send(&ch).unwrap();
+    assert!(matches!(Reply::recv(&ch).unwrap(), Reply::Usage(u) if u.pages == 0), "refused adds keep no page");
     ch.send(1, 1, &advm::wire::Writer::default().bytes(&[b'x'; 65]).body, &[]).unwrap();
     refused_with(&ch, "exceeds the limit of 64");
     // Oversized: the length alone is refused, then the connection is closed.
@@ -294,4 +306,39 @@ fn the_image_service_hands_out_a_chain_that_maps_to_the_same_bytes() {
     drop(ch);
     handle.stop();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_lookup_of_pages_another_session_is_adding_waits_for_them_instead_of_missing() {
+    if !fence_ok() {
+        return;
+    }
+    let (_d, sock) = start("inflight", |_| {});
+    let hello = |ch: &Channel| {
+        Request::Hello { tag: String::new() }.send(ch).unwrap();
+        let Reply::Hello { secret, .. } = Reply::recv(ch).unwrap() else { panic!("no hello") };
+        advm::merge::PageHasher::from_secret(&secret).unwrap()
+    };
+    let (a, b) = (Channel::connect(&sock).unwrap(), Channel::connect(&sock).unwrap());
+    let hasher = hello(&a);
+    hello(&b);
+    let pages = filled(8, 9);
+    let hashes: Vec<u64> = pages.bytes().chunks_exact(page_size()).map(|p| hasher.hash(p)).collect();
+    // A announces its add but has not sent the pages yet.
+    let (r, mut w) = std::io::pipe().unwrap();
+    Request::Add { hashes: hashes.clone(), staging: r.into() }.send(&a).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    // B looks the same pages up meanwhile: it waits for A's add rather than miss.
+    let t = Instant::now();
+    let looker = std::thread::spawn(move || {
+        Request::Lookup { hashes }.send(&b).unwrap();
+        (Reply::recv(&b).unwrap(), t.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!looker.is_finished(), "B's lookup answered before A's pages came");
+    std::io::Write::write_all(&mut w, pages.bytes()).unwrap();
+    let Reply::Added { slots: added, .. } = Reply::recv(&a).unwrap() else { panic!("A's add failed") };
+    let (Reply::Slots(found), waited) = looker.join().unwrap() else { panic!("B's lookup failed") };
+    assert_eq!(found, added, "B gets the slots A's pages landed in");
+    assert!(waited >= Duration::from_millis(200), "B waited for A ({waited:?})");
 }

@@ -336,14 +336,17 @@ fn plan_and_map(
     r.stats.skipped += (n - want.len()) as u64;
     let found = c.backend.lookup(&hashes)?;
     let mut target: Vec<Option<(u32, bool)>> = vec![None; n];
-    let mut new_at = Vec::new();
-    for (&i, slot) in want.iter().zip(found) {
+    let (mut new_at, mut new_hashes) = (Vec::new(), Vec::new());
+    for ((&i, slot), &h) in want.iter().zip(found).zip(&hashes) {
         match slot {
             Some(s) => target[i] = Some((s, false)),
-            None => new_at.push(i),
+            None => {
+                new_at.push(i);
+                new_hashes.push(h);
+            }
         }
     }
-    let (added, refusal) = c.backend.add(snap, &new_at)?;
+    let (added, refusal) = c.backend.add(snap, &new_at, &new_hashes)?;
     if refusal.is_some() {
         r.stats.refusal = refusal;
     }
@@ -358,6 +361,7 @@ fn plan_and_map(
     }
     let view = c.backend.view();
     let store_pages = view.len() / ps;
+    view.populate_slots(target.iter().map(|t| t.map(|(s, _)| s))).map_err(Error::Sys)?;
     let equal: Vec<Option<(u32, bool)>> = target
         .iter()
         .enumerate()

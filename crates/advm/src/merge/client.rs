@@ -6,8 +6,9 @@ use std::path::Path;
 
 use super::protocol::{Reply, Request, NO_SLOT};
 use super::store::{PageHasher, Store, StoreUsage};
-use crate::mem::{page_size, Memfd};
+use crate::mem::page_size;
 use crate::sys::merge::{self as sys, StoreMap};
+use crate::sys::splice;
 use crate::wire::Channel;
 use crate::{Error, Result};
 
@@ -22,9 +23,9 @@ pub(crate) trait Backend: Send {
     fn store_inode(&self) -> u64;
     /// A candidate slot per hash (`None`: not stored).
     fn lookup(&mut self, hashes: &[u64]) -> Result<Vec<Option<u32>>>;
-    /// Stores the pages `bytes[i*ps..(i+1)*ps]` for `i` in `which`; `None` where the
-    /// store refused one (full), with the store's reason.
-    fn add(&mut self, bytes: &[u8], which: &[usize]) -> Result<(Vec<Option<u32>>, Option<String>)>;
+    /// Stores the pages `bytes[i*ps..(i+1)*ps]` for `i` in `which` (`hashes`: theirs,
+    /// in order); `None` where the store refused one (full), with the store's reason.
+    fn add(&mut self, bytes: &[u8], which: &[usize], hashes: &[u64]) -> Result<(Vec<Option<u32>>, Option<String>)>;
     fn usage(&mut self) -> Result<StoreUsage>;
 }
 
@@ -58,8 +59,8 @@ impl Backend for Local {
     fn lookup(&mut self, hashes: &[u64]) -> Result<Vec<Option<u32>>> {
         Ok(hashes.iter().map(|&h| self.store.find(h)).collect())
     }
-    fn add(&mut self, bytes: &[u8], which: &[usize]) -> Result<(Vec<Option<u32>>, Option<String>)> {
-        let (slots, full) = self.store.insert_pages(bytes, which)?;
+    fn add(&mut self, bytes: &[u8], which: &[usize], hashes: &[u64]) -> Result<(Vec<Option<u32>>, Option<String>)> {
+        let (slots, full) = self.store.insert_pages(bytes, which, hashes)?;
         Ok((slots, full.map(|f| f.to_string())))
     }
     fn usage(&mut self) -> Result<StoreUsage> {
@@ -67,8 +68,9 @@ impl Backend for Local {
     }
 }
 
-/// A session with `advmd`: the domain's store mapped read-only, and a staging memfd
-/// through which new pages travel.
+/// A session with `advmd`: the domain's store mapped read-only. New pages travel to
+/// the daemon through a pipe (`vmsplice` here, `splice` into the store there: one
+/// copy in all).
 pub(crate) struct Daemon {
     /// Always `Some` until drop parks it.
     ch: Option<Channel>,
@@ -76,7 +78,6 @@ pub(crate) struct Daemon {
     fd: OwnedFd,
     view: StoreMap,
     inode: u64,
-    staging: Memfd,
 }
 
 impl Daemon {
@@ -88,14 +89,7 @@ impl Daemon {
         };
         let view = StoreMap::new(store.as_fd(), limit_bytes as usize)?;
         let inode = sys::file_id(store.as_fd())?.0;
-        Ok(Self {
-            ch: Some(ch),
-            hasher: PageHasher::from_secret(&secret)?,
-            fd: store,
-            view,
-            inode,
-            staging: Memfd::create("advm-merge-staging")?,
-        })
+        Ok(Self { ch: Some(ch), hasher: PageHasher::from_secret(&secret)?, fd: store, view, inode })
     }
 
     /// The slots of a reply about `n` pages; slots outside the store read as none.
@@ -125,43 +119,50 @@ impl Drop for Daemon {
     }
 }
 
-/// Pages looked up again and staged per add batch (8 MiB of 4 KiB pages).
+/// Pages looked up again and sent per add batch (8 MiB of 4 KiB pages).
 const ADD_BATCH: usize = 2048;
+/// How long sending pages may wait for the daemon to take some.
+const SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Daemon {
-    /// Copies the pages `which` into the staging memfd (one pwrite per run) and asks
-    /// the daemon to store them.
-    fn stage_and_add(
+    /// Asks the daemon to store the pages `which` and hands them over through a pipe
+    /// (`vmsplice`, one run at a time): the daemon splices them into its store.
+    fn send_and_add(
         &mut self,
         bytes: &[u8],
         which: &[usize],
+        hashes: Vec<u64>,
         refusal: &mut Option<String>,
     ) -> Result<Vec<Option<u32>>> {
         let ps = page_size();
+        let mut runs: Vec<&[u8]> = Vec::new();
         let mut k = 0;
         while k < which.len() {
             let mut n = 1;
             while k + n < which.len() && which[k + n] == which[k] + n {
                 n += 1;
             }
-            let src = bytes.get(which[k] * ps..(which[k] + n) * ps).ok_or_else(|| Error::InvalidArgument {
+            runs.push(bytes.get(which[k] * ps..(which[k] + n) * ps).ok_or_else(|| Error::InvalidArgument {
                 what: "pages to add",
                 why: format!("page {} lies past the {} bytes given", which[k] + n - 1, bytes.len()),
-            })?;
-            self.staging.write_all_at(src, (k * ps) as u64)?;
+            })?);
             k += n;
         }
-        let staging = sys::reopen_read_only(self.staging.as_fd())?;
-        Request::Add { pages: which.len() as u32, staging }.send(self.ch())?;
+        // A pipe per add: whatever an interrupted add left in it goes with it. This end
+        // keeps its read side open too, so a daemon that stops reading never raises
+        // SIGPIPE in the client.
+        let (r, w) = splice::pipe()?;
+        Request::Add { hashes, staging: r.try_clone().map_err(|e| Error::io("pipe", e))? }.send(self.ch())?;
+        // A daemon that answers before it took every page (an error) ends the sending.
+        splice::send_pages(w.as_fd(), &runs, self.ch().as_fd(), SEND_TIMEOUT)?;
         let Reply::Added { slots, refusal: why } = Reply::recv(self.ch())? else {
             return Err(Error::InvalidArgument { what: "advmd reply", why: "expected added slots".into() });
         };
+        drop((r, w));
         let out = self.check_slots(slots, which.len())?;
         if !why.is_empty() {
             *refusal = Some(why);
         }
-        // The staged copies are not needed once the daemon has its own.
-        self.staging.punch_hole(0, (which.len() * ps) as u64)?;
         Ok(out)
     }
 
@@ -194,19 +195,21 @@ impl Backend for Daemon {
         }
         Ok(out)
     }
-    fn add(&mut self, bytes: &[u8], which: &[usize]) -> Result<(Vec<Option<u32>>, Option<String>)> {
-        let ps = page_size();
+    fn add(&mut self, bytes: &[u8], which: &[usize], hashes: &[u64]) -> Result<(Vec<Option<u32>>, Option<String>)> {
         let mut out = Vec::with_capacity(which.len());
         let mut refusal = None;
         // In batches, each looked up again first: processes loading the same data at
-        // the same time then stage only what none of them has added yet.
-        for chunk in which.chunks(ADD_BATCH) {
-            let hashes: Vec<u64> = chunk.iter().map(|&i| self.hasher.hash(&bytes[i * ps..(i + 1) * ps])).collect();
-            let found = self.lookup(&hashes)?;
-            let missing: Vec<usize> = chunk.iter().zip(&found).filter(|(_, f)| f.is_none()).map(|(&i, _)| i).collect();
-            let mut added =
-                if missing.is_empty() { Vec::new() } else { self.stage_and_add(bytes, &missing, &mut refusal)? }
-                    .into_iter();
+        // the same time then send only what none of them has added yet.
+        for (chunk, hashes) in which.chunks(ADD_BATCH).zip(hashes.chunks(ADD_BATCH)) {
+            let found = self.lookup(hashes)?;
+            let (missing, missing_hashes): (Vec<usize>, Vec<u64>) =
+                chunk.iter().zip(hashes).zip(&found).filter(|(_, f)| f.is_none()).map(|((&i, &h), _)| (i, h)).unzip();
+            let mut added = if missing.is_empty() {
+                Vec::new()
+            } else {
+                self.send_and_add(bytes, &missing, missing_hashes, &mut refusal)?
+            }
+            .into_iter();
             out.extend(found.into_iter().map(|f| f.or_else(|| added.next().flatten())));
         }
         Ok((out, refusal))

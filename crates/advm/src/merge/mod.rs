@@ -31,7 +31,7 @@ use std::time::Instant;
 
 pub use crate::wire::{socket_path, DEFAULT_SOCKET};
 use client::{Backend, Daemon, Local};
-pub use store::{PageHasher, Store, StoreFull, StoreUsage};
+pub use store::{PageHasher, Reserved, Store, StoreFull, StoreUsage};
 
 use crate::mem::{page_size, PageRange};
 use crate::sys::merge::WriteFence;
@@ -254,13 +254,17 @@ impl Client {
         let mut target: Vec<Option<u32>> = vec![None; n_pages];
         let mut is_new = vec![false; n_pages];
         let mut new_at: Vec<usize> = Vec::new();
-        for (&i, slot) in want.iter().zip(found) {
+        let mut new_hashes: Vec<u64> = Vec::new();
+        for ((&i, slot), &h) in want.iter().zip(found).zip(&hashes) {
             match slot {
                 Some(s) => target[i] = Some(s),
-                None => new_at.push(i),
+                None => {
+                    new_at.push(i);
+                    new_hashes.push(h);
+                }
             }
         }
-        let (added, refusal) = self.backend.add(fence.bytes(), &new_at)?;
+        let (added, refusal) = self.backend.add(fence.bytes(), &new_at, &new_hashes)?;
         stats.refusal = refusal;
         for (&i, slot) in new_at.iter().zip(added) {
             match slot {

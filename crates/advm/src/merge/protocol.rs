@@ -39,11 +39,13 @@ pub enum Request {
         /// One hash per page.
         hashes: Vec<u64>,
     },
-    /// Stores the first `pages` pages of the `staging` file; answers one slot per page.
+    /// Stores the pages that the client writes into the pipe `staging` after sending
+    /// this (the daemon splices them into its store); answers one slot per page.
     Add {
-        /// How many pages.
-        pages: u32,
-        /// A file (memfd) holding them from offset 0.
+        /// The pages' keyed hashes, in order (one per page): the domain's lookups of
+        /// these wait for this add instead of missing.
+        hashes: Vec<u64>,
+        /// The read end of a pipe carrying them.
         staging: OwnedFd,
     },
     /// How much the domain's store holds.
@@ -88,8 +90,8 @@ impl Request {
         match self {
             Request::Hello { tag } => ch.send(SERVICE, kind::HELLO, &Writer::default().bytes(tag.as_bytes()).body, &[]),
             Request::Lookup { hashes } => ch.send(SERVICE, kind::LOOKUP, &Writer::default().u64s(hashes).body, &[]),
-            Request::Add { pages, staging } => {
-                ch.send(SERVICE, kind::ADD, &Writer::default().u32(*pages).body, &[staging])
+            Request::Add { hashes, staging } => {
+                ch.send(SERVICE, kind::ADD, &Writer::default().u64s(hashes).body, &[staging])
             }
             Request::Usage => ch.send(SERVICE, kind::USAGE, &[], &[]),
         }
@@ -106,14 +108,10 @@ impl Request {
             }
             kind::LOOKUP => Request::Lookup { hashes: r.u64s("hashes", MAX_PAGES)? },
             kind::ADD => {
-                let pages = r.u32("pages")?;
-                if pages as usize > MAX_PAGES {
-                    return Err(bad(format!("add of {pages} pages exceeds the limit of {MAX_PAGES}")));
-                }
                 if frame.fds.is_empty() {
-                    return Err(bad("add without a staging file".into()));
+                    return Err(bad("add without a staging pipe".into()));
                 }
-                Request::Add { pages, staging: frame.fds.remove(0) }
+                Request::Add { hashes: r.u64s("hashes", MAX_PAGES)?, staging: frame.fds.remove(0) }
             }
             kind::USAGE => Request::Usage,
             k => return Err(bad(format!("unknown kind {k}"))),

@@ -2,7 +2,7 @@
 //! keyed page hash.
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use crate::mem::{page_size, Memfd};
 use crate::sys::merge::{self as sys, StoreMap};
@@ -165,9 +165,16 @@ impl Store {
     /// to stored ones (or to one earlier in the batch) share its slot; new pages are
     /// written with one `pwrite` per run consecutive in both `bytes` and the store.
     ///
+    /// `hashes[k]` is this store's hash of page `which[k]` (the caller hashed it
+    /// already; a wrong hash only costs sharing, as pages are compared before use).
     /// `which` must name whole pages inside `bytes`. A failed write (the memory for
     /// the store ran out) undoes the whole batch.
-    pub fn insert_pages(&mut self, bytes: &[u8], which: &[usize]) -> Result<(Vec<Option<u32>>, Option<StoreFull>)> {
+    pub fn insert_pages(
+        &mut self,
+        bytes: &[u8],
+        which: &[usize],
+        hashes: &[u64],
+    ) -> Result<(Vec<Option<u32>>, Option<StoreFull>)> {
         let ps = page_size();
         if let Some(&bad) = which.iter().find(|&&i| (i + 1) * ps > bytes.len()) {
             return Err(Error::InvalidArgument {
@@ -175,14 +182,19 @@ impl Store {
                 why: format!("page {bad} lies past the {} bytes given", bytes.len()),
             });
         }
+        if hashes.len() != which.len() {
+            return Err(Error::InvalidArgument {
+                what: "store pages",
+                why: format!("{} hashes for {} pages", hashes.len(), which.len()),
+            });
+        }
         let page = |i: usize| &bytes[i * ps..(i + 1) * ps];
         let mut out = Vec::with_capacity(which.len());
         // (source page, slot) of the pages new to the store, in order.
         let mut fresh: Vec<(usize, u32)> = Vec::new();
         let mut pending: HashMap<u64, Vec<(usize, u32)>> = HashMap::new();
-        for &i in which {
+        for (&i, &hash) in which.iter().zip(hashes) {
             let p = page(i);
-            let hash = self.hasher.hash(p);
             let stored = self.index.get(&hash).and_then(|l| l.iter().copied().find(|&s| self.page(s) == p));
             let slot = stored
                 .or_else(|| pending.get(&hash).and_then(|l| l.iter().find(|&&(j, _)| page(j) == p)).map(|&(_, s)| s));
@@ -226,6 +238,86 @@ impl Store {
         }
         let full = out.iter().any(Option::is_none).then(|| self.full());
         Ok((out, full))
+    }
+
+    /// Takes up to `n` free slots for pages that will arrive from a pipe (see
+    /// [`Reserved`]); fewer, and the [`StoreFull`], when the limit comes first. The
+    /// slots are nobody's until [`Store::commit`] publishes them or
+    /// [`Store::cancel`] gives them back.
+    pub fn reserve(&mut self, n: usize) -> Result<(Reserved, Option<StoreFull>)> {
+        let mut slots = Vec::with_capacity(n.min(self.limit_pages as usize));
+        while slots.len() < n {
+            match self.allocate() {
+                Some(s) => slots.push(s),
+                None => break,
+            }
+        }
+        let full = (slots.len() < n).then(|| self.full());
+        match self.memfd.as_fd().try_clone_to_owned() {
+            Ok(file) => Ok((Reserved { slots, file }, full)),
+            Err(e) => {
+                self.free.extend(slots);
+                Err(Error::Sys(crate::sys::SysError::from_io("dup(store)", &e)))
+            }
+        }
+    }
+
+    /// Publishes the first `filled` reserved slots, each with a reference taken: a
+    /// page equal to one stored already (or published earlier in this call) gets that
+    /// page's slot instead, and its reserved slot is freed again. Frees the rest.
+    /// Returns one slot per filled page.
+    pub fn commit(&mut self, r: Reserved, filled: usize) -> Result<Vec<u32>> {
+        let ps = page_size();
+        let filled = filled.min(r.slots.len());
+        for run in runs(&r.slots[..filled]) {
+            // One fault-in per run instead of one per page.
+            self.map.populate(run.0 as usize * ps, run.1 * ps)?;
+        }
+        let mut out = Vec::with_capacity(filled);
+        let mut drop_slots = Vec::new();
+        for &slot in &r.slots[..filled] {
+            let p = self.page(slot);
+            let hash = self.hasher.hash(p);
+            let same = self.index.get(&hash).and_then(|l| l.iter().copied().find(|&s| self.page(s) == p));
+            let s = match same {
+                Some(s) => {
+                    drop_slots.push(slot);
+                    s
+                }
+                None => {
+                    self.slots[slot as usize] = (hash, 0);
+                    self.index.entry(hash).or_default().push(slot);
+                    self.used += 1;
+                    slot
+                }
+            };
+            self.slots[s as usize].1 += 1;
+            out.push(s);
+        }
+        drop_slots.extend_from_slice(&r.slots[filled..]);
+        self.give_back(&drop_slots)?;
+        Ok(out)
+    }
+
+    /// Gives reserved slots back unused (the pages never came).
+    pub fn cancel(&mut self, r: Reserved) -> Result<()> {
+        self.give_back(&r.slots)
+    }
+
+    /// Punches out and frees slots that were never published.
+    fn give_back(&mut self, slots: &[u32]) -> Result<()> {
+        let ps = page_size() as u64;
+        let mut result = Ok(());
+        for run in runs(slots) {
+            if let Err(e) = self.memfd.punch_hole(run.0 as u64 * ps, run.1 as u64 * ps) {
+                result = Err(e);
+            }
+        }
+        for &s in slots {
+            self.slots[s as usize] = (0, 0);
+            self.free.push(s);
+        }
+        result
     }
 
     fn allocate(&mut self) -> Option<u32> {
@@ -275,5 +367,114 @@ impl Store {
     /// Bytes of memory the memfd actually holds (for tests of reclaim).
     pub fn allocated_bytes(&self) -> Result<u64> {
         self.memfd.allocated_bytes()
+    }
+}
+
+/// Runs of consecutive slots: `(first, length)`.
+fn runs(slots: &[u32]) -> Vec<(u32, usize)> {
+    let mut out: Vec<(u32, usize)> = Vec::new();
+    for &s in slots {
+        match out.last_mut() {
+            Some((first, n)) if *first as usize + *n == s as usize => *n += 1,
+            _ => out.push((s, 1)),
+        }
+    }
+    out
+}
+
+/// Slots taken by [`Store::reserve`], to be filled from a pipe outside the store's
+/// lock (a slow sender stalls its own session only) and then committed or cancelled.
+#[derive(Debug)]
+pub struct Reserved {
+    slots: Vec<u32>,
+    /// The store's memfd, writable: what the pages are spliced into.
+    file: OwnedFd,
+}
+
+impl Reserved {
+    /// Slots taken.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether none were (the store is full).
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// Moves `pages` pages from the pipe `pipe` into the reserved slots, in order (one
+    /// copy, by `splice`); pages past the reserved slots are read and dropped. Fails
+    /// when the pipe ends early or nothing comes for `timeout`; the caller then
+    /// cancels.
+    pub fn fill_from(&self, pipe: BorrowedFd<'_>, pages: usize, timeout: std::time::Duration) -> Result<()> {
+        let ps = page_size();
+        let refuse = |why: String| Error::InvalidArgument { what: "staged pages", why };
+        if !crate::sys::splice::is_pipe(pipe)? {
+            return Err(refuse("the staging descriptor is not a pipe".into()));
+        }
+        let mut done = 0usize;
+        let mut take = |file: Option<BorrowedFd<'_>>, off: u64, n: usize| -> Result<()> {
+            let got = crate::sys::splice::receive(pipe, file, off, n * ps, timeout)?;
+            if got < n * ps {
+                return Err(refuse(format!(
+                    "the staging pipe ended after {} bytes, {pages} pages were announced",
+                    done * ps + got
+                )));
+            }
+            done += n;
+            Ok(())
+        };
+        let mine = pages.min(self.slots.len());
+        for (first, n) in runs(&self.slots[..mine]) {
+            take(Some(self.file.as_fd()), first as u64 * ps as u64, n)?;
+        }
+        if pages > mine {
+            take(None, 0, pages - mine)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// Two sessions sending the same pages at once both get slots from reserve; the
+    /// second to commit shares the first one's pages and its own slots are freed.
+    #[test]
+    fn pages_committed_twice_share_one_slot_and_the_spare_slots_are_freed() {
+        let ps = page_size();
+        let mut store = Store::create("commit-test", 64 * ps as u64).unwrap();
+        let pages: Vec<u8> = (0..4 * ps).map(|i| (i / ps + 1) as u8).collect();
+        let send = |r: &Reserved| {
+            let (rd, wr) = crate::sys::splice::pipe().unwrap();
+            let (stop, _keep) = crate::sys::splice::pipe().unwrap();
+            let data = pages.clone();
+            // The pipe refers to the sender's pages: they must outlive the receiving,
+            // so the thread hands its buffer back only once it is joined.
+            let t = std::thread::spawn(move || {
+                crate::sys::splice::send_pages(wr.as_fd(), &[&data], stop.as_fd(), Duration::from_secs(5)).unwrap();
+                data
+            });
+            r.fill_from(rd.as_fd(), 4, Duration::from_secs(5)).unwrap();
+            drop(t.join().unwrap());
+        };
+        let (a, _) = store.reserve(4).unwrap();
+        let (b, _) = store.reserve(4).unwrap();
+        send(&a);
+        send(&b);
+        let sa = store.commit(a, 4).unwrap();
+        let sb = store.commit(b, 4).unwrap();
+        assert_eq!(sa, sb, "the second commit shares the first one's slots");
+        assert_eq!(store.usage().pages, 4);
+        for (k, &s) in sa.iter().enumerate() {
+            assert_eq!(store.page(s), &pages[k * ps..(k + 1) * ps]);
+        }
+        assert_eq!(store.allocated_bytes().unwrap(), 4 * ps as u64, "the spare slots were punched out");
+        // A reservation given back leaves nothing behind either.
+        let (c, _) = store.reserve(3).unwrap();
+        store.cancel(c).unwrap();
+        assert_eq!((store.usage().pages, store.allocated_bytes().unwrap()), (4, 4 * ps as u64));
     }
 }

@@ -18,6 +18,7 @@ pub mod process;
 pub mod procmap;
 pub mod signal;
 pub mod sigsend;
+pub mod splice;
 pub mod swap;
 pub mod thp;
 pub mod uffd;
