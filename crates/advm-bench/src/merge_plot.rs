@@ -16,10 +16,10 @@ pub struct Curve<'a> {
     pub samples: &'a [Sample],
 }
 
-const W: f64 = 760.0;
+const W: f64 = 840.0;
 const H: f64 = 380.0;
 const LEFT: f64 = 70.0;
-const RIGHT: f64 = 230.0;
+const RIGHT: f64 = 310.0;
 const TOP: f64 = 40.0;
 const BOTTOM: f64 = 50.0;
 const COLOURS: [&str; 6] = ["#444444", "#d62728", "#ff7f0e", "#1f77b4", "#2ca02c", "#9467bd"];
