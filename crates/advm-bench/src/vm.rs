@@ -27,7 +27,7 @@ pub struct VmDensityBench;
 /// The budget the "VMs that fit" figure is computed for.
 const BUDGET_BYTES: f64 = 8.0 * (1u64 << 30) as f64;
 
-fn image() -> Result<PathBuf, BenchError> {
+pub(crate) fn image() -> Result<PathBuf, BenchError> {
     let path = std::env::var_os("ADVM_VM_IMAGE").map(PathBuf::from).unwrap_or_else(|| {
         let cache = std::env::var_os("XDG_CACHE_HOME")
             .map(PathBuf::from)
