@@ -139,6 +139,17 @@ fn oom_kills(group: &Group) -> u64 {
         .unwrap_or(0)
 }
 
+/// Keeps the group's memory out of swap: the budget is RAM (with a swap device on the
+/// host, a group at its limit would swap guest RAM out instead of failing to fit).
+fn no_swap(group: &Group) -> Result<(), BenchError> {
+    let (file, value) = match group.version() {
+        advm::stats::cgroup::Version::V1 => ("memory.swappiness", "0"),
+        advm::stats::cgroup::Version::V2 => ("memory.swap.max", "0"),
+    };
+    let path = group.path().join(file);
+    std::fs::write(&path, value).map_err(|e| BenchError::Io(path.display().to_string(), e))
+}
+
 /// Why the VMs running are no longer all fine, if they are not.
 fn trouble(vms: &mut [Vm], group: &Group, ooms_before: u64) -> Option<String> {
     let ooms = oom_kills(group);
@@ -283,6 +294,7 @@ impl VmFillBench {
         std::thread::sleep(Duration::from_secs(1));
         let group = Group::create(&format!("vm-fill-{method}"))?;
         group.set_limit_bytes(s.budget_mib << 20)?;
+        no_swap(&group)?;
         let ooms = oom_kills(&group);
         let settle = Duration::from_secs(if method == "blk-ksm" { 30 } else { 10 });
         let mut vms: Vec<Vm> = Vec::new();
