@@ -12,7 +12,8 @@
 //! Settings (environment, with defaults): ADVM_VM_IMAGE (the built chain),
 //! ADVM_VM_BUDGET_MIB (1536), ADVM_VM_MEM_MIB (guest RAM, 128), ADVM_VM_TB_MIB (the
 //! translation buffer, 16), ADVM_VM_MAX (16; `--quick`: 2), ADVM_VM_METHODS
-//! (`blk,blk-ksm,pmem`), ADVM_VM_SVG (where to write the plot).
+//! (`blk,blk-ksm,pmem`), ADVM_VM_SVG (where to write the plot). ADVM_VM_PLOT_FROM
+//! (a saved report of this bench) only draws that report's plot.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -339,7 +340,7 @@ impl VmFillBench {
 /// The plot: memory of all VMs against N, one colour per method, solid as the cgroups
 /// count it, dashed without the translation buffers; the budget as a grey line.
 fn svg(curves: &BTreeMap<String, Curve>, budget_mib: u64, title: &str) -> String {
-    let (w, h, left, right, top, bottom) = (600.0, 380.0, 70.0, 440.0, 40.0, 320.0);
+    let (w, h, left, right, top, bottom) = (640.0, 380.0, 70.0, 440.0, 40.0, 320.0);
     let max_n = curves.values().flatten().map(|p| p.0).max().unwrap_or(1).max(2) as f64;
     let max_y = (budget_mib as f64 * 1.1).max(curves.values().flatten().map(|p| p.1 / MIB).fold(0.0, f64::max));
     let x = |n: f64| left + (n / max_n) * (right - left);
@@ -416,6 +417,39 @@ fn svg(curves: &BTreeMap<String, Curve>, budget_mib: u64, title: &str) -> String
     o
 }
 
+fn write_svg(path: &Path, curves: &BTreeMap<String, Curve>, budget: u64, mem: u64, tb: u64) -> Result<(), BenchError> {
+    let title = format!("{mem} MiB guests under TCG (tb-size {tb} MiB), one budget of {budget} MiB");
+    std::fs::write(path, svg(curves, budget, &title)).map_err(|e| BenchError::Io(path.display().to_string(), e))
+}
+
+/// `ADVM_VM_PLOT_FROM=REPORT.json`: the plot of a saved `--json`/`--out` report of this
+/// bench, written to `to`, without running anything.
+fn replot(from: &Path, to: &Path) -> Result<(), BenchError> {
+    let bad = |why: &str| BenchError::Usage(format!("ADVM_VM_PLOT_FROM={}: {why}", from.display()));
+    let text = std::fs::read_to_string(from).map_err(|e| BenchError::Io(from.display().to_string(), e))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(&e.to_string()))?;
+    let conf = |k: &str| v["configuration"][k].as_u64().ok_or_else(|| bad(&format!("no configuration.{k}")));
+    let (budget, mem, tb) = (conf("budget_mib")?, conf("guest_mem_mib")?, conf("tb_size_mib")?);
+    let mut curves: BTreeMap<String, Curve> = BTreeMap::new();
+    for row in v["rows"].as_array().ok_or_else(|| bad("no rows"))? {
+        let config = |k: &str| {
+            row["config"].as_array()?.iter().find(|c| c[0] == k).and_then(|c| c[1].as_str()).map(str::to_string)
+        };
+        let figure =
+            |k: &str| row["figures"].as_array()?.iter().find(|f| f["name"] == k).and_then(|f| f["median"].as_f64());
+        let (Some(method), Some(n), Some(per), Some(less)) = (
+            config("method"),
+            config("VMs").and_then(|n| n.parse::<usize>().ok()),
+            figure("memory per VM"),
+            figure("memory per VM less translation buffer"),
+        ) else {
+            return Err(bad("a row without method, VMs or memory per VM"));
+        };
+        curves.entry(method).or_default().push((n, per * n as f64 * MIB, less * n as f64 * MIB));
+    }
+    write_svg(to, &curves, budget, mem, tb)
+}
+
 impl Bench for VmFillBench {
     fn name(&self) -> &'static str {
         "vm-fill"
@@ -431,6 +465,14 @@ impl Bench for VmFillBench {
 
     fn run(&self, opts: &BenchOpts, report: &mut Report) -> Result<(), BenchError> {
         report.runs = 1;
+        if let Some(from) = std::env::var_os("ADVM_VM_PLOT_FROM") {
+            let to = std::env::var_os("ADVM_VM_SVG")
+                .map(PathBuf::from)
+                .ok_or_else(|| BenchError::Usage("ADVM_VM_PLOT_FROM: set ADVM_VM_SVG too".into()))?;
+            replot(Path::new(&from), &to)?;
+            report.notes.push(format!("plot of {}: {}", Path::new(&from).display(), to.display()));
+            return Ok(());
+        }
         let s = Settings::from_env(opts.quick)?;
         let advm = std::env::current_exe().map_err(|e| BenchError::Io("this program's path".into(), e))?;
         for (k, v) in [("budget_mib", s.budget_mib), ("guest_mem_mib", s.mem_mib), ("tb_size_mib", s.tb_mib)] {
@@ -444,12 +486,7 @@ impl Bench for VmFillBench {
             curves.insert(method.clone(), curve);
         }
         if let Some(path) = &s.svg {
-            let title = format!(
-                "{} MiB guests under TCG (tb-size {} MiB), one budget of {} MiB",
-                s.mem_mib, s.tb_mib, s.budget_mib
-            );
-            std::fs::write(path, svg(&curves, s.budget_mib, &title))
-                .map_err(|e| BenchError::Io(path.display().to_string(), e))?;
+            write_svg(path, &curves, s.budget_mib, s.mem_mib, s.tb_mib)?;
             report.notes.push(format!("plot: {}", path.display()));
         }
         Ok(())
@@ -474,6 +511,29 @@ mod tests {
         assert!(out.contains("budget 1024 MiB"));
         assert!(out.contains("blk (max 2 VMs)") && out.contains("pmem (max 1 VMs)"));
         assert!(out.trim_end().ends_with("</svg>"));
+    }
+
+    #[test]
+    fn a_saved_report_is_replotted_from_its_rows_and_a_report_without_them_is_refused() {
+        let dir = std::env::temp_dir().join(format!("advm-vm-fill-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let row = |m: &str, n: usize, per: f64| {
+            serde_json::json!({"config": [["method", m], ["VMs", n.to_string()]], "figures": [
+                {"name": "memory per VM", "median": per}, {"name": "memory per VM less translation buffer", "median": per - 16.0}]})
+        };
+        let saved = serde_json::json!({
+            "configuration": {"budget_mib": 512, "guest_mem_mib": 128, "tb_size_mib": 16},
+            "rows": [row("blk", 1, 300.0), row("blk", 2, 250.0), row("pmem", 1, 260.0)],
+        });
+        let (from, svg_path) = (dir.join("r.json"), dir.join("p.svg"));
+        std::fs::write(&from, saved.to_string()).unwrap();
+        replot(&from, &svg_path).unwrap();
+        let out = std::fs::read_to_string(&svg_path).unwrap();
+        assert!(out.contains("budget 512 MiB") && out.contains("blk (max 2 VMs)") && out.contains("pmem (max 1 VMs)"));
+        assert_eq!(out.matches("<circle").count(), 3);
+        std::fs::write(&from, r#"{"configuration": {"budget_mib": 512}}"#).unwrap();
+        assert!(replot(&from, &svg_path).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
