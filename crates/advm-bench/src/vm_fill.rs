@@ -311,8 +311,8 @@ impl VmFillBench {
             }
             std::thread::sleep(settle);
             if let Some(why) = trouble(&mut vms, &group, ooms) {
-                vms.pop();
-                break Ok(format!("with VM {}: {why}", vms.len() + 1));
+                // The last VM did not fit; it is stopped with the others below.
+                break Ok(format!("with VM {}: {why}", vms.len()));
             }
             match Self::point(s, method, &vms, &group, &layers, report) {
                 Ok((total, less_tb)) => curve.push((vms.len(), total, less_tb)),
