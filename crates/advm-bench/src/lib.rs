@@ -21,6 +21,7 @@ mod stat;
 pub mod table;
 mod vcopy;
 mod vm;
+mod vm_fill;
 mod workloads;
 
 pub use error::BenchError;
@@ -222,6 +223,7 @@ pub fn all() -> Vec<Box<dyn Bench>> {
         Box::new(gc::GcBench),
         Box::new(pager::PagerBench),
         Box::new(vm::VmDensityBench),
+        Box::new(vm_fill::VmFillBench),
         Box::new(gc::GcPolicyBench),
     ]
 }

@@ -8,7 +8,8 @@
 //! is the groups' anon + shmem + page cache over N, next to the distinct-page meter's
 //! figure for all VM processes.
 //!
-//! The VMs are started as `advm vm run` processes of this same binary.
+//! The VMs are started as `advm vm run` processes of this same binary. How many fit in
+//! a budget is measured by `advm bench vm-fill`, not projected from these points.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -24,10 +25,7 @@ use crate::BenchError;
 /// See the module doc.
 pub struct VmDensityBench;
 
-/// The budget the "VMs that fit" figure is computed for.
-const BUDGET_BYTES: f64 = 8.0 * (1u64 << 30) as f64;
-
-fn image() -> Result<PathBuf, BenchError> {
+pub(crate) fn image() -> Result<PathBuf, BenchError> {
     let path = std::env::var_os("ADVM_VM_IMAGE").map(PathBuf::from).unwrap_or_else(|| {
         let cache = std::env::var_os("XDG_CACHE_HOME")
             .map(PathBuf::from)
@@ -120,10 +118,7 @@ impl Bench for VmDensityBench {
         let ns: &[usize] = if opts.quick { &[1, 2] } else { &[1, 2, 4, 8] };
         let settle = |method: &str| Duration::from_secs(if method == "blk-ksm" { 60 } else { 10 });
         report.configuration.insert("image".into(), image.display().to_string().into());
-        report.configuration.insert("budget_bytes".into(), BUDGET_BYTES.into());
-        let mut per_method: Vec<(String, Vec<(usize, f64)>)> = Vec::new();
         for method in ["pmem", "blk", "blk-ksm"] {
-            let mut totals = Vec::new();
             for &n in ns {
                 drop_caches();
                 std::thread::sleep(Duration::from_secs(1));
@@ -172,7 +167,6 @@ impl Bench for VmDensityBench {
                         cg_anon_shmem as f64,
                     ));
                 }
-                totals.push((n, total));
                 report.rows.push(
                     Row::new()
                         .with("method", method)
@@ -193,21 +187,6 @@ impl Bench for VmDensityBench {
                         .figure(Figure::new("all answering", "s", vec![boot]))
                         .figure(Figure::new("ksmd CPU while settling", "s", vec![ksmd_s])),
                 );
-            }
-            per_method.push((method.to_string(), totals));
-        }
-        // VMs in the budget: the marginal cost per VM from the smallest to the largest N.
-        for (method, totals) in &per_method {
-            let (Some(&(n0, t0)), Some(&(n1, t1))) = (totals.first(), totals.last()) else { continue };
-            if n1 > n0 {
-                let per = (t1 - t0) / (n1 - n0) as f64;
-                let fixed = t0 - per * n0 as f64;
-                let fit = ((BUDGET_BYTES - fixed) / per).floor();
-                report.notes.push(format!(
-                    "{method}: {:.0} MiB per extra VM, {:.0} MiB shared; {fit:.0} VMs fit in 8 GiB",
-                    per / (1u64 << 20) as f64,
-                    fixed / (1u64 << 20) as f64
-                ));
             }
         }
         Ok(())

@@ -1,9 +1,11 @@
 //! `advm vm`: the pmem backing as an unmodified program maps it (the shim puts the
-//! image plan where the program maps the backend file), and clear errors for bad input.
-//! Booting a guest is too slow for the test suite (see docs/vm.md for how it was run).
+//! image plan where the program maps the backend file), a pmem guest booting under the
+//! emulator with its root on DAX (when the guest has been built), and clear errors for
+//! bad input.
 
-use std::path::Path;
-use std::process::Command;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 
 use advm::image::{Image, MapOptions, PmemBacking};
 
@@ -119,4 +121,78 @@ fn accel_kvm_says_why_when_dev_kvm_cannot_run_the_guest() {
 fn dump_of_a_vm_that_is_not_running_says_so() {
     let (okay, e) = advm(&["vm", "dump", "--vm", "999999999", "--out", "/tmp/never.qcow2"]);
     assert!(!okay && e.contains("999999999") && e.contains("advm vm run"), "{e}");
+}
+
+/// The guest `advm vm image build` made ($ADVM_VM_IMAGE, or the default cache), brought
+/// up to date by `advm vm image build` (instant when it is: every step is cached; a
+/// changed initramfs recipe rebuilds only that). `None`, with the reason printed, when
+/// it was never built: that takes minutes and the network, not a test's business.
+fn built_guest() -> Option<PathBuf> {
+    let image = std::env::var_os("ADVM_VM_IMAGE").map(PathBuf::from).unwrap_or_else(|| {
+        let cache = std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .unwrap_or_else(|| PathBuf::from("/var/cache"));
+        cache.join("advm/vm/app.qcow2")
+    });
+    let dir = image.parent()?;
+    if !image.exists() || !dir.join("base.qcow2").exists() {
+        eprintln!("skipping: {} not built (run `advm vm image build`)", image.display());
+        return None;
+    }
+    let (okay, e) = advm(&["vm", "image", "build", "--out", dir.to_str()?]);
+    assert!(okay, "bringing the cached guest up to date: {e}");
+    Some(image)
+}
+
+/// One HTTP GET to the guest's forwarded port: the body.
+fn get(port: u16, path: &str) -> String {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
+}
+
+#[test]
+fn a_pmem_guest_boots_under_the_emulator_with_its_root_on_dax_and_no_page_cache() {
+    if !have("qemu-system-x86_64") {
+        return;
+    }
+    let Some(image) = built_guest() else { return };
+    let mut vm = Command::new(ADVM)
+        .args(["vm", "run", "--image", image.to_str().unwrap(), "--disk", "pmem", "--accel", "tcg"])
+        .args(["--mem", "128", "--timeout", "120"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    BufReader::new(vm.stdout.take().unwrap()).read_line(&mut ready).unwrap();
+    let mut err = BufReader::new(vm.stderr.take().unwrap());
+    if !ready.starts_with("ready:") {
+        let mut e = String::new();
+        let _ = err.read_to_string(&mut e);
+        let _ = vm.wait();
+        panic!("the guest did not come up: {ready}{e}");
+    }
+    let port: u16 = ready.split("127.0.0.1:").nth(1).and_then(|r| r.split('/').next()).unwrap().parse().unwrap();
+    let meminfo = get(port, "/meminfo");
+    // `console: PATH; dump with ...` follows the ready line on stderr.
+    let mut line = String::new();
+    while !line.starts_with("console: ") {
+        line.clear();
+        assert!(err.read_line(&mut line).unwrap() > 0, "no console line from advm vm run");
+    }
+    let console = line["console: ".len()..].split(';').next().unwrap().to_string();
+    advm::process::terminate(vm.id()).unwrap();
+    let _ = vm.wait();
+    let log = std::fs::read_to_string(&console).unwrap();
+    let _ = std::fs::remove_dir_all(Path::new(&console).parent().unwrap());
+    let mount = log.lines().find(|l| l.starts_with("advm-init: mounts: ")).unwrap_or_else(|| panic!("{log}"));
+    assert!(mount.contains("/dev/pmem0 /newroot ext4") && mount.contains("dax"), "root not on DAX: {mount}");
+    let cached = meminfo.lines().find(|l| l.starts_with("Cached:")).unwrap_or_else(|| panic!("{meminfo}"));
+    let kib: u64 = cached.split_whitespace().nth(1).unwrap().parse().unwrap();
+    // The service read 32 MiB of files and python: through DAX none of it is cached.
+    assert!(kib < 1024, "the guest caches its files: {cached}");
 }

@@ -178,6 +178,7 @@ if [ "$root" = pmem ]; then dev=/dev/pmem0; opts=dax; else dev=/dev/vda; opts=; 
 i=0; while [ ! -b "$dev" ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done
 if ! mount -t ext4 ${opts:+-o $opts} "$dev" /newroot; then echo "advm-init: cannot mount $dev"; sleep 1; poweroff -f; fi
 echo "advm-init: root $dev mounted${opts:+ with -o $opts}"
+grep " /newroot " /proc/mounts | sed 's/^/advm-init: mounts: /'
 ip link set lo up
 ip link set eth0 up
 ip addr add 10.0.2.15/24 dev eth0
@@ -187,10 +188,19 @@ umount /sys; umount /dev
 exec switch_root /newroot /app/init
 "#;
 
-/// Builds initrd.img (gzip'd newc cpio) unless present.
+/// What an initrd.img was made from ([`INIT`] and [`MODULES`]), kept beside it: a
+/// change rebuilds it.
+const INIT_STAMP: &str = "initrd.init";
+
+fn init_stamp() -> String {
+    format!("{INIT}\n{}\n", MODULES.join(" "))
+}
+
+/// Builds initrd.img (gzip'd newc cpio) unless present with the current [`INIT`].
 fn initramfs(dir: &Path, kver: &str) -> Result<(), CliError> {
     let out = dir.join("initrd.img");
-    if out.exists() {
+    let stamp = dir.join(INIT_STAMP);
+    if out.exists() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == init_stamp()) {
         return Ok(());
     }
     step("making initrd.img");
@@ -219,6 +229,7 @@ fn initramfs(dir: &Path, kver: &str) -> Result<(), CliError> {
     let script = format!("find . | cpio -o -H newc --quiet | gzip -1 > '{}'", tmp.display());
     sh(&stage, "sh", &["-c", &script])?;
     std::fs::rename(&tmp, &out).map_err(|e| io(out.display(), e))?;
+    std::fs::write(&stamp, init_stamp()).map_err(|e| io(stamp.display(), e))?;
     std::fs::remove_dir_all(&stage).map_err(|e| io(stage.display(), e))?;
     Ok(())
 }

@@ -22,6 +22,9 @@ pub const VM_INFO: &str = "vm.json";
 /// The pmem device's size is a multiple of this (DAX maps the device in 2 MiB units).
 const PMEM_ALIGN: u64 = 2 << 20;
 
+/// `--tb-size` by default, MiB: see docs/vm.md for how much of it a boot fills.
+pub const TB_MIB: u64 = 16;
+
 /// `--disk`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum DiskKind {
@@ -46,6 +49,10 @@ pub struct RunArgs {
     /// CPU: kvm, tcg, or auto (kvm when /dev/kvm is hardware KVM, else tcg; see docs/vm.md).
     #[arg(long, default_value = "auto")]
     pub accel: String,
+    /// The emulator's translation buffer in MiB under tcg (QEMU's default is 1 GiB,
+    /// filled as the guest runs; see docs/vm.md).
+    #[arg(long, default_value_t = TB_MIB, value_parser = clap::value_parser!(u64).range(1..=2048))]
+    pub tb_size: u64,
     /// Mark guest RAM mergeable and run KSM while the VM runs.
     #[arg(long)]
     pub ksm: bool,
@@ -216,6 +223,7 @@ pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
             disk: disk.clone(),
             mem_mib: args.mem,
             accel,
+            tb_mib: args.tb_size,
             ksm: args.ksm,
             guest_writes: args.guest_writes,
             port,

@@ -16,6 +16,7 @@
 
 pub mod cgroup;
 mod held;
+pub mod mappings;
 mod proc_files;
 mod watch;
 

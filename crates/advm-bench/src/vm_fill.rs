@@ -1,0 +1,577 @@
+//! `advm bench vm-fill`: how many VMs fit in a memory budget, for real. Under each method
+//! (`blk`, `blk-ksm`, `pmem`) VMs booting the chain of `advm vm image build` start one
+//! by one in one memory cgroup whose limit is the budget, until one does not come up,
+//! one that ran stops answering, or the group's OOM killer fires. After each VM that
+//! came up (and a settling pause) both meters are read: the group's anon + shmem + page
+//! cache, and the distinct pages of all its processes, broken down by what holds them
+//! (`advm::stats::mappings`): guest RAM, the emulator's translation buffer, the pmem
+//! device (private pages, and the image pages it maps), QEMU's own memory; beside
+//! them each guest's page cache (its /proc/meminfo) and the image layers' pages in the
+//! host's page cache. Optionally writes an SVG of memory against N per method.
+//!
+//! Settings (environment, with defaults): ADVM_VM_IMAGE (the built chain),
+//! ADVM_VM_BUDGET_MIB (1536), ADVM_VM_MEM_MIB (guest RAM, 128), ADVM_VM_TB_MIB (the
+//! translation buffer, 16), ADVM_VM_MAX (16; `--quick`: 2), ADVM_VM_METHODS
+//! (`blk,blk-ksm,pmem`), ADVM_VM_SVG (where to write the plot). ADVM_VM_PLOT_FROM
+//! (a saved report of this bench) only draws that report's plot.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use advm::stats::cgroup::Group;
+use advm::stats::mappings::{file_cached_pages, mapping_frames, MappingFrames};
+use advm::stats::{measure, Options};
+
+use super::{Bench, BenchOpts, DemoRow, Figure, Report, Row};
+use crate::BenchError;
+
+/// See the module doc.
+pub struct VmFillBench;
+
+const MIB: f64 = (1u64 << 20) as f64;
+
+fn env_u64(name: &str, default: u64) -> Result<u64, BenchError> {
+    match std::env::var(name) {
+        Err(_) => Ok(default),
+        Ok(v) => v.parse().map_err(|_| BenchError::Usage(format!("{name}={v:?}: expected a whole number"))),
+    }
+}
+
+struct Settings {
+    image: PathBuf,
+    budget_mib: u64,
+    mem_mib: u64,
+    tb_mib: u64,
+    max: usize,
+    methods: Vec<String>,
+    svg: Option<PathBuf>,
+}
+
+impl Settings {
+    fn from_env(quick: bool) -> Result<Self, BenchError> {
+        let methods: Vec<String> = std::env::var("ADVM_VM_METHODS")
+            .unwrap_or_else(|_| "blk,blk-ksm,pmem".into())
+            .split(',')
+            .map(str::to_string)
+            .collect();
+        if let Some(m) = methods.iter().find(|m| !["blk", "blk-ksm", "pmem"].contains(&m.as_str())) {
+            return Err(BenchError::Usage(format!("ADVM_VM_METHODS: {m:?}: expected blk, blk-ksm or pmem")));
+        }
+        Ok(Self {
+            image: super::vm::image()?,
+            budget_mib: env_u64("ADVM_VM_BUDGET_MIB", 1536)?,
+            mem_mib: env_u64("ADVM_VM_MEM_MIB", 128)?,
+            tb_mib: env_u64("ADVM_VM_TB_MIB", 16)?,
+            max: env_u64("ADVM_VM_MAX", if quick { 2 } else { 16 })? as usize,
+            methods,
+            svg: std::env::var_os("ADVM_VM_SVG").map(PathBuf::from),
+        })
+    }
+}
+
+struct Vm {
+    child: Child,
+    port: u16,
+    ready_s: f64,
+}
+
+/// One HTTP GET: the body of a 200 answer.
+fn get(port: u16, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    (head.split_whitespace().nth(1) == Some("200")).then(|| body.to_string())
+}
+
+/// A guest's page cache (`Cached` of its /proc/meminfo), bytes.
+fn guest_cached(port: u16) -> Option<u64> {
+    let text = get(port, "/meminfo")?;
+    let line = text.lines().find(|l| l.starts_with("Cached:"))?;
+    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb << 10)
+}
+
+/// Starts `advm vm run` in `group` and waits for its `ready ... http://127.0.0.1:PORT/
+/// answered after N ms` line: `Err(reason)` when it ends without one.
+fn start(advm: &Path, s: &Settings, method: &str, group: &Group) -> Result<Result<Vm, String>, BenchError> {
+    let mut cmd = Command::new(advm);
+    let disk = if method == "pmem" { "pmem" } else { "blk" };
+    cmd.args(["vm", "run", "--image"]).arg(&s.image).args(["--disk", disk, "--accel", "tcg", "--timeout", "300"]);
+    cmd.args(["--mem", &s.mem_mib.to_string(), "--tb-size", &s.tb_mib.to_string()]);
+    if method == "blk-ksm" {
+        cmd.arg("--ksm");
+    }
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    group.join_at_exec(&mut cmd)?;
+    let mut child = cmd.spawn().map_err(|e| BenchError::Io(format!("starting {} vm run", advm.display()), e))?;
+    let mut line = String::new();
+    let out = child.stdout.take().expect("piped");
+    BufReader::new(out).read_line(&mut line).map_err(|e| BenchError::Io("advm vm run output".into(), e))?;
+    let port = line.split("127.0.0.1:").nth(1).and_then(|r| r.split('/').next()).and_then(|p| p.parse().ok());
+    let ms = line.split("after ").nth(1).and_then(|r| r.split(' ').next()).and_then(|n| n.parse::<f64>().ok());
+    match (port, ms) {
+        (Some(port), Some(ms)) => Ok(Ok(Vm { child, port, ready_s: ms / 1000.0 })),
+        _ => {
+            let _ = child.kill();
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = e.read_to_string(&mut err);
+            }
+            let _ = child.wait();
+            let last = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no output").to_string();
+            Ok(Err(format!("did not come up: {last}")))
+        }
+    }
+}
+
+/// The group's OOM kills so far (cgroup v1 `memory.oom_control`, v2 `memory.events`).
+fn oom_kills(group: &Group) -> u64 {
+    ["memory.oom_control", "memory.events"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(group.path().join(f)).ok())
+        .flat_map(|t| t.lines().map(str::to_string).collect::<Vec<_>>())
+        .find_map(|l| l.strip_prefix("oom_kill ").and_then(|n| n.trim().parse().ok()))
+        .unwrap_or(0)
+}
+
+/// Keeps the group's memory out of swap: the budget is RAM (with a swap device on the
+/// host, a group at its limit would swap guest RAM out instead of failing to fit).
+fn no_swap(group: &Group) -> Result<(), BenchError> {
+    let (file, value) = match group.version() {
+        advm::stats::cgroup::Version::V1 => ("memory.swappiness", "0"),
+        advm::stats::cgroup::Version::V2 => ("memory.swap.max", "0"),
+    };
+    let path = group.path().join(file);
+    std::fs::write(&path, value).map_err(|e| BenchError::Io(path.display().to_string(), e))
+}
+
+/// Why the VMs running are no longer all fine, if they are not.
+fn trouble(vms: &mut [Vm], group: &Group, ooms_before: u64) -> Option<String> {
+    let ooms = oom_kills(group);
+    if ooms > ooms_before {
+        return Some(format!("the OOM killer fired {} time(s) in the budget's group", ooms - ooms_before));
+    }
+    for (i, vm) in vms.iter_mut().enumerate() {
+        if !matches!(vm.child.try_wait(), Ok(None)) {
+            return Some(format!("VM {} exited", i + 1));
+        }
+        if get(vm.port, "/").is_none() {
+            return Some(format!("VM {} stopped answering", i + 1));
+        }
+    }
+    None
+}
+
+/// What holds a QEMU's pages, by mapping.
+#[derive(Default)]
+struct Parts {
+    guest_ram: Vec<u64>,
+    tb: Vec<u64>,
+    device_private: Vec<u64>,
+    device_image: Vec<u64>,
+    qemu_anon: Vec<u64>,
+    qemu_file: Vec<u64>,
+}
+
+impl Parts {
+    /// Sorts `maps` of one QEMU into the parts: guest RAM is the anonymous mapping of
+    /// exactly the guest's size, the translation buffer the executable anonymous one
+    /// of its size (less QEMU's guard page), the pmem device everything between the first and last
+    /// mapping of a layer file.
+    fn add(&mut self, maps: Vec<MappingFrames>, s: &Settings, layers: &[PathBuf]) {
+        let is_layer = |m: &MappingFrames| layers.iter().any(|l| Path::new(&m.path) == l);
+        let device = maps.iter().filter(|m| is_layer(m)).fold(None, |r: Option<(u64, u64)>, m| {
+            Some(r.map_or((m.start, m.end), |(a, b)| (a.min(m.start), b.max(m.end))))
+        });
+        for m in maps {
+            let anon = m.path.is_empty();
+            if device.is_some_and(|(a, b)| a <= m.start && m.end <= b) {
+                self.device_private.extend(m.anon);
+                self.device_image.extend(m.file);
+            } else if anon && m.perms.starts_with("rw-") && m.len() == s.mem_mib << 20 {
+                self.guest_ram.extend(m.anon.into_iter().chain(m.file));
+            } else if anon && m.perms.starts_with("rwx") && (s.tb_mib << 20).saturating_sub(m.len()) < 1 << 20 {
+                self.tb.extend(m.anon.into_iter().chain(m.file));
+            } else {
+                self.qemu_anon.extend(m.anon);
+                self.qemu_file.extend(m.file);
+            }
+        }
+    }
+}
+
+/// Distinct frames, bytes.
+fn distinct_bytes(v: &mut Vec<u64>) -> f64 {
+    v.sort_unstable();
+    v.dedup();
+    v.len() as f64 * advm::mem::page_size() as f64
+}
+
+fn drop_caches() {
+    let _ = std::fs::write("/proc/sys/vm/drop_caches", "3\n");
+}
+
+/// One method's points: (N, memory of all VMs by the cgroup, same less the
+/// translation buffers).
+type Curve = Vec<(usize, f64, f64)>;
+
+impl VmFillBench {
+    /// Measures the `vms` running in `group`: one row.
+    fn point(
+        s: &Settings,
+        method: &str,
+        vms: &[Vm],
+        group: &Group,
+        layers: &[PathBuf],
+        report: &mut Report,
+    ) -> Result<(f64, f64), BenchError> {
+        let n = vms.len() as f64;
+        let u = group.usage()?;
+        let pids = group.pids()?;
+        let sample = measure(&pids, Options::default())?;
+        let mut parts = Parts::default();
+        let mut other = Vec::new();
+        for &pid in &pids {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            let Ok(maps) = mapping_frames(pid) else { continue };
+            if comm.starts_with("qemu-system") {
+                parts.add(maps, s, layers);
+            } else {
+                other.extend(maps.into_iter().flat_map(|m| m.anon.into_iter().chain(m.file)));
+            }
+        }
+        let ps = advm::mem::page_size() as f64;
+        let image_cache: u64 = layers.iter().filter_map(|l| file_cached_pages(l).ok()).sum();
+        let guest_cache: Vec<f64> = vms.iter().filter_map(|v| guest_cached(v.port)).map(|b| b as f64 / MIB).collect();
+        let total = (u.anon_shmem_bytes() + u.page_cache_bytes) as f64;
+        let tb = distinct_bytes(&mut parts.tb);
+        if method != "blk-ksm" {
+            report.meter_disagreements.extend(crate::meters::disagreement(
+                &format!("{method} N={}: anon+shmem of all VMs", vms.len()),
+                sample.anon_shmem_bytes as f64,
+                u.anon_shmem_bytes() as f64,
+            ));
+        }
+        let per = |b: f64| vec![b / n / MIB];
+        report.rows.push(
+            Row::new()
+                .with("method", method)
+                .with("VMs", vms.len())
+                .figure(Figure::new("cgroup anon+shmem per VM", "MiB", per(u.anon_shmem_bytes() as f64)))
+                .figure(Figure::new("cgroup page cache per VM", "MiB", per(u.page_cache_bytes as f64)))
+                .figure(Figure::new("memory per VM", "MiB", per(total)))
+                .figure(Figure::new("memory per VM less translation buffer", "MiB", per(total - tb)))
+                .figure(Figure::new("distinct pages per VM", "MiB", per(sample.physical_bytes as f64)))
+                .figure(Figure::new("guest RAM per VM", "MiB", per(distinct_bytes(&mut parts.guest_ram))))
+                .figure(Figure::new("guest page cache", "MiB", guest_cache))
+                .figure(Figure::new("translation buffer per VM", "MiB", per(tb)))
+                .figure(Figure::new("pmem private per VM", "MiB", per(distinct_bytes(&mut parts.device_private))))
+                .figure(Figure::new("pmem image mapped", "MiB", vec![distinct_bytes(&mut parts.device_image) / MIB]))
+                .figure(Figure::new("image in host page cache", "MiB", vec![image_cache as f64 * ps / MIB]))
+                .figure(Figure::new("QEMU anon per VM", "MiB", per(distinct_bytes(&mut parts.qemu_anon))))
+                .figure(Figure::new("QEMU files mapped", "MiB", vec![distinct_bytes(&mut parts.qemu_file) / MIB]))
+                .figure(Figure::new("advm vm run processes", "MiB", vec![distinct_bytes(&mut other) / MIB]))
+                .figure(Figure::new("boot to answer", "s", vms.iter().map(|v| v.ready_s).collect())),
+        );
+        Ok((total, total - tb))
+    }
+
+    /// Fills the budget with VMs of `method`: the points measured and why the next VM
+    /// did not fit.
+    fn fill(s: &Settings, advm: &Path, method: &str, report: &mut Report) -> Result<(Curve, String), BenchError> {
+        let layers: Vec<PathBuf> = advm::image::Image::open(&s.image)
+            .map_err(|e| BenchError::Usage(format!("{}: {e}", s.image.display())))?
+            .layers()
+            .iter()
+            .map(|l| l.path().to_path_buf())
+            .collect();
+        drop_caches();
+        std::thread::sleep(Duration::from_secs(1));
+        let group = Group::create(&format!("vm-fill-{method}"))?;
+        group.set_limit_bytes(s.budget_mib << 20)?;
+        no_swap(&group)?;
+        let ooms = oom_kills(&group);
+        let settle = Duration::from_secs(if method == "blk-ksm" { 30 } else { 10 });
+        let mut vms: Vec<Vm> = Vec::new();
+        let mut curve = Vec::new();
+        let result = loop {
+            if vms.len() == s.max {
+                break Ok(format!("stopped at ADVM_VM_MAX={}", s.max));
+            }
+            match start(advm, s, method, &group) {
+                Err(e) => break Err(e),
+                Ok(Err(why)) => break Ok(format!("VM {} {why}", vms.len() + 1)),
+                Ok(Ok(vm)) => vms.push(vm),
+            }
+            std::thread::sleep(settle);
+            if let Some(why) = trouble(&mut vms, &group, ooms) {
+                // The last VM did not fit; it is stopped with the others below.
+                break Ok(format!("with VM {}: {why}", vms.len()));
+            }
+            match Self::point(s, method, &vms, &group, &layers, report) {
+                Ok((total, less_tb)) => curve.push((vms.len(), total, less_tb)),
+                Err(e) => break Err(e),
+            }
+            eprintln!("vm-fill: {method}: {} VM(s) up", vms.len());
+        };
+        for vm in &vms {
+            let _ = advm::process::terminate(vm.child.id());
+        }
+        for mut vm in vms {
+            let _ = vm.child.wait();
+        }
+        for _ in 0..100 {
+            if group.pids().map(|p| p.is_empty()).unwrap_or(true) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = group.remove();
+        result.map(|why| (curve, why))
+    }
+}
+
+/// The plot: memory of all VMs against N, one colour per method, solid as the cgroups
+/// count it, dashed without the translation buffers; the budget as a grey line.
+fn svg(curves: &BTreeMap<String, Curve>, budget_mib: u64, title: &str) -> String {
+    let (w, h, left, right, top, bottom) = (640.0, 380.0, 70.0, 440.0, 40.0, 320.0);
+    let max_n = curves.values().flatten().map(|p| p.0).max().unwrap_or(1).max(2) as f64;
+    let max_y = (budget_mib as f64 * 1.1).max(curves.values().flatten().map(|p| p.1 / MIB).fold(0.0, f64::max));
+    let x = |n: f64| left + (n / max_n) * (right - left);
+    let y = |mib: f64| bottom - mib / max_y * (bottom - top);
+    let mut o = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"{w}\" height=\"{h}\" fill=\"white\"/>\n\
+         <text x=\"{:.0}\" y=\"22\" text-anchor=\"middle\">{title}</text>\n\
+         <line x1=\"{left}\" y1=\"{bottom}\" x2=\"{right}\" y2=\"{bottom}\" stroke=\"black\"/>\n\
+         <line x1=\"{left}\" y1=\"{top}\" x2=\"{left}\" y2=\"{bottom}\" stroke=\"black\"/>\n\
+         <text x=\"{:.0}\" y=\"{}\" text-anchor=\"middle\">VMs running (N)</text>\n\
+         <text x=\"16\" y=\"{:.0}\" transform=\"rotate(-90 16 {:.0})\" text-anchor=\"middle\">memory of all VMs, MiB (cgroup)</text>\n",
+        (left + right) / 2.0,
+        (left + right) / 2.0,
+        bottom + 36.0,
+        (top + bottom) / 2.0,
+        (top + bottom) / 2.0
+    );
+    for n in 0..=max_n as usize {
+        o += &format!("<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{n}</text>\n", x(n as f64), bottom + 16.0);
+    }
+    let step = if max_y > 2000.0 { 500.0 } else { 250.0 };
+    let mut v = 0.0;
+    while v <= max_y {
+        o += &format!("<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{v:.0}</text>\n", left - 6.0, y(v) + 4.0);
+        v += step;
+    }
+    o += &format!(
+        "<line x1=\"{left}\" y1=\"{b:.1}\" x2=\"{right}\" y2=\"{b:.1}\" stroke=\"grey\" stroke-dasharray=\"2,3\"/>\n\
+         <text x=\"{right}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"grey\">budget {budget_mib} MiB</text>\n",
+        y(budget_mib as f64) - 4.0,
+        b = y(budget_mib as f64)
+    );
+    let colours = [("blk", "#d62728"), ("blk-ksm", "#ff7f0e"), ("pmem", "#1f77b4")];
+    for (i, (method, curve)) in curves.iter().enumerate() {
+        let colour = colours.iter().find(|c| c.0 == method).map_or("black", |c| c.1);
+        for (dash, pick) in [("", 1), ("5,4", 2)] {
+            let pts: Vec<String> = curve
+                .iter()
+                .map(|p| format!("{:.1},{:.1}", x(p.0 as f64), y(if pick == 1 { p.1 } else { p.2 } / MIB)))
+                .collect();
+            o += &format!(
+                "<polyline points=\"{}\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\" stroke-dasharray=\"{dash}\"/>\n",
+                pts.join(" ")
+            );
+        }
+        for p in curve {
+            o += &format!(
+                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{colour}\"/>\n",
+                x(p.0 as f64),
+                y(p.1 / MIB)
+            );
+        }
+        let ly = top + 10.0 + i as f64 * 18.0;
+        o += &format!(
+            "<line x1=\"{}\" y1=\"{ly}\" x2=\"{}\" y2=\"{ly}\" stroke=\"{colour}\" stroke-width=\"2\"/>\n\
+             <text x=\"{}\" y=\"{:.0}\">{method} (max {} VMs)</text>\n",
+            right + 10.0,
+            right + 30.0,
+            right + 35.0,
+            ly + 4.0,
+            curve.last().map_or(0, |p| p.0)
+        );
+    }
+    let ly = top + 10.0 + curves.len() as f64 * 18.0;
+    o += &format!(
+        "<line x1=\"{}\" y1=\"{ly}\" x2=\"{}\" y2=\"{ly}\" stroke=\"black\" stroke-dasharray=\"5,4\"/>\n\
+         <text x=\"{}\" y=\"{:.0}\">less translation buffers</text>\n</svg>\n",
+        right + 10.0,
+        right + 30.0,
+        right + 35.0,
+        ly + 4.0
+    );
+    o
+}
+
+fn write_svg(path: &Path, curves: &BTreeMap<String, Curve>, budget: u64, mem: u64, tb: u64) -> Result<(), BenchError> {
+    let title = format!("{mem} MiB guests under TCG (tb-size {tb} MiB), one budget of {budget} MiB");
+    std::fs::write(path, svg(curves, budget, &title)).map_err(|e| BenchError::Io(path.display().to_string(), e))
+}
+
+/// `ADVM_VM_PLOT_FROM=REPORT.json`: the plot of a saved `--json`/`--out` report of this
+/// bench, written to `to`, without running anything.
+fn replot(from: &Path, to: &Path) -> Result<(), BenchError> {
+    let bad = |why: &str| BenchError::Usage(format!("ADVM_VM_PLOT_FROM={}: {why}", from.display()));
+    let text = std::fs::read_to_string(from).map_err(|e| BenchError::Io(from.display().to_string(), e))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(&e.to_string()))?;
+    let conf = |k: &str| v["configuration"][k].as_u64().ok_or_else(|| bad(&format!("no configuration.{k}")));
+    let (budget, mem, tb) = (conf("budget_mib")?, conf("guest_mem_mib")?, conf("tb_size_mib")?);
+    let mut curves: BTreeMap<String, Curve> = BTreeMap::new();
+    for row in v["rows"].as_array().ok_or_else(|| bad("no rows"))? {
+        let config = |k: &str| {
+            row["config"].as_array()?.iter().find(|c| c[0] == k).and_then(|c| c[1].as_str()).map(str::to_string)
+        };
+        let figure =
+            |k: &str| row["figures"].as_array()?.iter().find(|f| f["name"] == k).and_then(|f| f["median"].as_f64());
+        let (Some(method), Some(n), Some(per), Some(less)) = (
+            config("method"),
+            config("VMs").and_then(|n| n.parse::<usize>().ok()),
+            figure("memory per VM"),
+            figure("memory per VM less translation buffer"),
+        ) else {
+            return Err(bad("a row without method, VMs or memory per VM"));
+        };
+        curves.entry(method).or_default().push((n, per * n as f64 * MIB, less * n as f64 * MIB));
+    }
+    write_svg(to, &curves, budget, mem, tb)
+}
+
+impl Bench for VmFillBench {
+    fn name(&self) -> &'static str {
+        "vm-fill"
+    }
+
+    fn description(&self) -> &'static str {
+        "VMs started one by one in a memory budget until one does not fit, under blk, blk+KSM and pmem (FlexMem), with what each VM's memory is"
+    }
+
+    fn default_runs(&self) -> usize {
+        1
+    }
+
+    fn run(&self, opts: &BenchOpts, report: &mut Report) -> Result<(), BenchError> {
+        report.runs = 1;
+        if let Some(from) = std::env::var_os("ADVM_VM_PLOT_FROM") {
+            let to = std::env::var_os("ADVM_VM_SVG")
+                .map(PathBuf::from)
+                .ok_or_else(|| BenchError::Usage("ADVM_VM_PLOT_FROM: set ADVM_VM_SVG too".into()))?;
+            replot(Path::new(&from), &to)?;
+            report.notes.push(format!("plot of {}: {}", Path::new(&from).display(), to.display()));
+            return Ok(());
+        }
+        let s = Settings::from_env(opts.quick)?;
+        let advm = std::env::current_exe().map_err(|e| BenchError::Io("this program's path".into(), e))?;
+        for (k, v) in [("budget_mib", s.budget_mib), ("guest_mem_mib", s.mem_mib), ("tb_size_mib", s.tb_mib)] {
+            report.configuration.insert(k.into(), v.into());
+        }
+        report.configuration.insert("image".into(), s.image.display().to_string().into());
+        let mut curves = BTreeMap::new();
+        for method in &s.methods {
+            let (curve, why) = Self::fill(&s, &advm, method, report)?;
+            report.notes.push(format!("{method}: {} VMs fit in {} MiB; then {why}", curve.len(), s.budget_mib));
+            curves.insert(method.clone(), curve);
+        }
+        if let Some(path) = &s.svg {
+            write_svg(path, &curves, s.budget_mib, s.mem_mib, s.tb_mib)?;
+            report.notes.push(format!("plot: {}", path.display()));
+        }
+        Ok(())
+    }
+
+    fn demo(&self) -> Result<Vec<DemoRow>, BenchError> {
+        Ok(Vec::new())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plot_draws_each_method_both_ways_with_the_budget_and_the_max() {
+        let mut curves = BTreeMap::new();
+        curves.insert("blk".to_string(), vec![(1, 300.0 * MIB, 280.0 * MIB), (2, 560.0 * MIB, 520.0 * MIB)]);
+        curves.insert("pmem".to_string(), vec![(1, 250.0 * MIB, 230.0 * MIB)]);
+        let out = svg(&curves, 1024, "t");
+        assert_eq!(out.matches("<polyline").count(), 4);
+        assert!(out.contains("budget 1024 MiB"));
+        assert!(out.contains("blk (max 2 VMs)") && out.contains("pmem (max 1 VMs)"));
+        assert!(out.trim_end().ends_with("</svg>"));
+    }
+
+    #[test]
+    fn a_saved_report_is_replotted_from_its_rows_and_a_report_without_them_is_refused() {
+        let dir = std::env::temp_dir().join(format!("advm-vm-fill-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let row = |m: &str, n: usize, per: f64| {
+            serde_json::json!({"config": [["method", m], ["VMs", n.to_string()]], "figures": [
+                {"name": "memory per VM", "median": per}, {"name": "memory per VM less translation buffer", "median": per - 16.0}]})
+        };
+        let saved = serde_json::json!({
+            "configuration": {"budget_mib": 512, "guest_mem_mib": 128, "tb_size_mib": 16},
+            "rows": [row("blk", 1, 300.0), row("blk", 2, 250.0), row("pmem", 1, 260.0)],
+        });
+        let (from, svg_path) = (dir.join("r.json"), dir.join("p.svg"));
+        std::fs::write(&from, saved.to_string()).unwrap();
+        replot(&from, &svg_path).unwrap();
+        let out = std::fs::read_to_string(&svg_path).unwrap();
+        assert!(out.contains("budget 512 MiB") && out.contains("blk (max 2 VMs)") && out.contains("pmem (max 1 VMs)"));
+        assert_eq!(out.matches("<circle").count(), 3);
+        std::fs::write(&from, r#"{"configuration": {"budget_mib": 512}}"#).unwrap();
+        assert!(replot(&from, &svg_path).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn qemu_mappings_are_sorted_into_guest_ram_translation_buffer_device_and_qemu() {
+        let s = Settings {
+            image: PathBuf::new(),
+            budget_mib: 1024,
+            mem_mib: 128,
+            tb_mib: 16,
+            max: 1,
+            methods: vec![],
+            svg: None,
+        };
+        let m = |start: u64, len: u64, perms: &str, path: &str, anon: &[u64], file: &[u64]| MappingFrames {
+            start,
+            end: start + len,
+            perms: perms.into(),
+            path: path.into(),
+            anon: anon.to_vec(),
+            file: file.to_vec(),
+        };
+        let layers = vec![PathBuf::from("/g/base.qcow2"), PathBuf::from("/g/app.qcow2")];
+        let maps = vec![
+            m(0x1000_0000, 128 << 20, "rw-p", "", &[1, 2], &[]),
+            m(0x2000_0000, (16 << 20) - 4096, "rwxp", "", &[3], &[]),
+            m(0x3000_0000, 1 << 20, "rw-p", "/g/base.qcow2", &[4], &[5]),
+            m(0x3010_0000, 1 << 20, "rw-p", "", &[6], &[]),
+            m(0x3020_0000, 1 << 20, "rw-p", "/g/app.qcow2", &[], &[7]),
+            m(0x4000_0000, 1 << 20, "rw-p", "[heap]", &[8], &[]),
+            m(0x5000_0000, 1 << 20, "r-xp", "/usr/bin/qemu", &[], &[9]),
+        ];
+        let mut p = Parts::default();
+        p.add(maps, &s, &layers);
+        assert_eq!(p.guest_ram, [1, 2]);
+        assert_eq!(p.tb, [3]);
+        assert_eq!(p.device_private, [4, 6], "private copies in the device, zero pieces included");
+        assert_eq!(p.device_image, [5, 7]);
+        assert_eq!(p.qemu_anon, [8]);
+        assert_eq!(p.qemu_file, [9]);
+    }
+}
