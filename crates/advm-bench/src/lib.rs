@@ -222,6 +222,7 @@ pub fn all() -> Vec<Box<dyn Bench>> {
         Box::new(pager::PagerBench),
         Box::new(vm::VmDensityBench),
         Box::new(gc::GcPolicyBench),
+        Box::new(gc::GcSizesBench),
     ]
 }
 

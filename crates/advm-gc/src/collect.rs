@@ -341,8 +341,11 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     let tl = Instant::now();
     // Page moves are chosen per object: always for a 2 MiB aligned object (whole page
     // tables move, whatever the destination holds); otherwise at the machine's
-    // break-even for a destination that earlier page moves of this compaction vacated,
-    // or its break-even for a destination still holding (dead) pages. Not merged:
+    // compaction break-even (measured for a batch of objects sliding into vacated
+    // space, which is where a UFFDIO_MOVE per object competes with a memmove that
+    // streams through them) for a destination that earlier page moves of this
+    // compaction vacated, or its break-even for a destination still holding (dead)
+    // pages, which must be freed first. Not merged:
     // adjacent objects sliding together would become one overlapping slide, moved
     // entry by entry, where each aligned object alone is a page-table move.
     let mut batch = Batch::with_options(Options { engine: Choice::Auto, break_even_pages: Some(0), coalesce: false });

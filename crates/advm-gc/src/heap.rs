@@ -109,7 +109,8 @@ pub struct Config {
     /// GC threads (default: the machine's CPUs).
     pub gc_threads: usize,
     /// Objects of this many bytes or more (header included) are large: page aligned and
-    /// moved by remapping. Default: the remap break-even measured by `advm::remap`.
+    /// moved by remapping. Default: the compaction break-even measured by
+    /// `advm::remap` (`BreakEven::pages_compaction`).
     pub large_object_bytes: Option<usize>,
     /// Large-object compaction engine.
     pub engine: Engine,
@@ -211,7 +212,8 @@ pub(crate) struct Inner {
     pub(crate) large_bytes: usize,
     pub(crate) tlab_bytes: usize,
     pub(crate) verify: bool,
-    /// Remap break-even in pages: into vacated space, into space holding pages.
+    /// Remap break-even in pages: into space earlier moves of the compaction's batch
+    /// vacated (measured for a batch of sliding objects), into space holding pages.
     pub(crate) break_even: (usize, usize),
     /// Held for its mapping: the small space is only reached through `mem`.
     _small_region: Region,
@@ -291,7 +293,8 @@ impl Heap {
                 })
             }
             Some(b) => b,
-            None => be.pages.max(1) * ps,
+            // The compaction break-even: smaller objects would only be copied.
+            None => be.pages_compaction.max(1) * ps,
         };
         let len = page_align_up(cfg.heap_bytes).unwrap_or(cfg.heap_bytes);
         // Generational mode: the old generation drifts through a reservation of four
@@ -327,7 +330,7 @@ impl Heap {
             verify: cfg.verify,
             // A populated break-even past the measured curve means no measured size won.
             break_even: (
-                be.pages,
+                be.pages_compaction,
                 match be.curve.last() {
                     Some(last) if be.pages_populated > last.pages => usize::MAX,
                     _ => be.pages_populated,
