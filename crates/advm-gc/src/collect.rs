@@ -253,6 +253,9 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     let total: usize = live.iter().sum();
     let new_small_bottom =
         if inner.generational.is_some() { crate::nursery::place_old(inner, &alloc, total) } else { mem.small.base };
+    if let Some(drift) = &inner.drift {
+        drift.cover(new_small_bottom)?;
+    }
     let mut d = new_small_bottom;
     for l in &live {
         dest.push(d);
@@ -405,6 +408,9 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     }
     c.heap_after = alloc.used(&mem);
     c.bytes_freed_pages = free_tails(inner, &alloc, old_small, old_large_top)?;
+    if let Some(drift) = &inner.drift {
+        drift.trim(alloc.small_bottom)?;
+    }
     drop(stacks);
     if inner.verify {
         crate::verify::check(inner, &alloc, &roots).map_err(Error::Corrupt)?;

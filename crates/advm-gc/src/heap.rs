@@ -215,8 +215,12 @@ pub(crate) struct Inner {
     /// Remap break-even in pages: into space earlier moves of the compaction's batch
     /// vacated (measured for a batch of sliding objects), into space holding pages.
     pub(crate) break_even: (usize, usize),
-    /// Held for its mapping: the small space is only reached through `mem`.
-    _small_region: Region,
+    /// Held for its mapping: the small space is only reached through `mem`. `None`
+    /// when the old generation drifts (`drift` holds the space then).
+    _small_region: Option<Region>,
+    /// Generational mode without copy-back: the old generation's reservation and the
+    /// part of it mapped read-write.
+    pub(crate) drift: Option<crate::nursery::Drift>,
     pub(crate) large_region: Mutex<Region>,
     pub(crate) alloc: Mutex<Alloc>,
     pub(crate) roots: Mutex<Roots>,
@@ -300,12 +304,21 @@ impl Heap {
         // Generational mode: the old generation drifts through a reservation of four
         // heaps (see nursery::place_old); the nursery has its own region.
         let small_len = if cfg.generational.is_some() { len.saturating_mul(4) } else { len };
-        let small = Region::for_remap(small_len)?;
+        // Without copy-back the old generation drifts through a PROT_NONE reservation
+        // with only one heap of it mapped read-write, around the old generation.
+        let drifts = cfg.generational.is_some_and(|g| !g.copy_back);
+        let drift = drifts.then(|| crate::nursery::Drift::new(small_len, len)).transpose()?;
+        let small = (!drifts).then(|| Region::for_remap(small_len)).transpose()?;
         let large = Region::for_remap(len)?;
         let nursery = cfg.generational.map(|_| Region::new(len)).transpose()?;
         let span = |r: &Region| Span { base: r.addr().0, end: r.addr().0 + r.len() };
+        let small_span = match (&small, &drift) {
+            (Some(r), _) => span(r),
+            (None, Some(d)) => d.span(),
+            (None, None) => unreachable!("one of the two is made"),
+        };
         let mem = Mem {
-            small: span(&small),
+            small: small_span,
             large: span(&large),
             nursery: nursery.as_ref().map_or(Span { base: 0, end: 0 }, span),
         };
@@ -337,6 +350,7 @@ impl Heap {
                 },
             ),
             _small_region: small,
+            drift,
             large_region: Mutex::new(large),
             alloc: Mutex::new(alloc),
             roots: Mutex::new(Roots::default()),
