@@ -141,17 +141,22 @@ fn run_policy(
 ) -> Result<PolicyRun, BenchError> {
     let mut unavailable = None;
     let r = in_group("advm-bench-gc-policy", &mut unavailable, |group| {
-        // A warm-up run first: the malloc arena's free pages are shared copy-on-write
-        // with the parent (which ran the workload while finding its minimum heap); the
-        // cgroup would charge their copies to this run while the distinct-page meter
-        // already counted them before it.
-        let warm = Heap::new(heap).map_err(gc_err)?;
+        // A warm-up run first, configured as the measured one: the malloc arena's free
+        // pages are shared copy-on-write with the parent (which ran the workload while
+        // finding its minimum heap); the cgroup would charge their copies to this run
+        // while the distinct-page meter already counted them before it. The same
+        // configuration matters: a generational heap's remembered set grows in the
+        // arena, which a full-collection warm-up does not reach.
+        let config = || {
+            let mut cfg = Config::new(heap);
+            cfg.generational = Some(g);
+            cfg
+        };
+        let warm = Heap::with_config(config()).map_err(gc_err)?;
         w(&mut warm.attach(), scale).map_err(gc_err)?;
         drop(warm);
         let before = Both::read(&advm::stats::measure_self()?, group)?;
-        let mut cfg = Config::new(heap);
-        cfg.generational = Some(g);
-        let h = Heap::with_config(cfg).map_err(gc_err)?;
+        let h = Heap::with_config(config()).map_err(gc_err)?;
         let mut m = h.attach();
         let t = Instant::now();
         let checksum = w(&mut m, scale).map_err(gc_err)?;
