@@ -42,8 +42,9 @@ def spread(key, fig):
 
 
 print("| workload | heap | advm-remap max pause (ms) | advm-memmove max pause (ms) | memmove/remap, max | "
-      "sum of pauses, paired | per collection, paired | MiB moved as pages / copied | paper |")
-print("|---|---|---|---|---|---|---|---|---|")
+      "sum of pauses, paired | per collection, paired | large-object batch, paired | MiB moved as pages / copied "
+      "| paper |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for w in workloads:
     for f in ("1.2", "2"):
         a, b = (w, f, "advm-remap"), (w, f, "advm-memmove")
@@ -55,11 +56,12 @@ for w in workloads:
         pages, copied = med(a, "moved_remap_mib"), med(a, "moved_memmove_mib")
         r = (w, f, "memmove/remap")
         if not n:
-            shown, tot, per = "no collection", "-", "-"
+            shown, tot, per, batch = "no collection", "-", "-", "-"
         else:
             shown = f"**{fmt(ratio, 'x')}**" if pages else f"{fmt(ratio, 'x')} (same work)"
             tot, per = spread(r, "total_pause_ratio"), spread(r, "collection_pause_ratio")
-        print(f"| {w} | {f}x ({heaps[a]} MiB) | {fmt(pa)} | {fmt(pb)} | {shown} | {tot} | {per} "
+            batch = spread(r, "page_move_batch_ratio")
+        print(f"| {w} | {f}x ({heaps[a]} MiB) | {fmt(pa)} | {fmt(pb)} | {shown} | {tot} | {per} | {batch} "
               f"| {fmt(pages)} / {fmt(copied)} | {PAPER_SVAGC.get(w, '') if f == '1.2' else ''} |")
 
 PAPER_JVM = {"1.2": "4.49x / 18.25x", "2": "3.60x / 12.24x"}

@@ -54,6 +54,8 @@ struct RunFigures {
     phases_ms: [f64; 4],
     memmove_mib: f64,
     remap_mib: f64,
+    /// Per collection: the large objects' batch (ms) and the bytes it moved as pages.
+    large_moves: Vec<(f64, u64)>,
     checksum: u64,
 }
 
@@ -98,6 +100,7 @@ fn run_advm(w: Workload, scale: Scale, heap: usize, engine: Engine) -> Result<Op
         phases_ms: [per(|c| c.mark_ns), per(|c| c.forward_ns), per(|c| c.adjust_ns), per(|c| c.move_ns)],
         memmove_mib: s.bytes_moved_memmove as f64 / (1 << 20) as f64,
         remap_mib: s.bytes_moved_remap as f64 / (1 << 20) as f64,
+        large_moves: s.history.iter().map(|c| (ms(c.move_large_ns), c.bytes_remap)).collect(),
         checksum: sum,
     }))
 }
@@ -393,6 +396,26 @@ fn paired(remap: &[RunFigures], copy: &[RunFigures], per: impl Fn(&[f64]) -> Vec
         .collect()
 }
 
+/// Per pair of runs, the median of memmove/remap over the large objects' batch of the
+/// collections in which the remap engine moved pages: the part of the pause the engine
+/// changes, without the phases both engines share.
+fn page_move_batches(remap: &[RunFigures], copy: &[RunFigures]) -> Vec<f64> {
+    remap
+        .iter()
+        .zip(copy)
+        .filter_map(|(a, b)| {
+            let r: Vec<f64> = a
+                .large_moves
+                .iter()
+                .zip(&b.large_moves)
+                .filter(|(x, _)| x.1 > 0 && x.0 > 0.0)
+                .map(|(x, y)| y.0 / x.0)
+                .collect();
+            (!r.is_empty()).then(|| median(&r))
+        })
+        .collect()
+}
+
 fn max_pause_median(runs: &[RunFigures]) -> f64 {
     median(&runs.iter().map(|r| r.pauses_ms.iter().copied().fold(0.0, f64::max)).collect::<Vec<_>>())
 }
@@ -531,7 +554,8 @@ impl Bench for GcBench {
                         .with("collector", "memmove/remap")
                         .figure(Figure::single("max_pause_ratio", "x", ratio))
                         .figure(Figure::new("total_pause_ratio", "x", paired(&remap, &copy, |r| vec![r.iter().sum()])))
-                        .figure(Figure::new("collection_pause_ratio", "x", paired(&remap, &copy, |r| r.to_vec()))),
+                        .figure(Figure::new("collection_pause_ratio", "x", paired(&remap, &copy, |r| r.to_vec())))
+                        .figure(Figure::new("page_move_batch_ratio", "x", page_move_batches(&remap, &copy))),
                 );
             }
             if let Some(j) = &java {
@@ -690,6 +714,9 @@ mod tests {
         let copy = [run(&[3.0, 2.0, 4.0]), run(&[4.0, 8.0, 2.0])];
         assert_eq!(paired(&remap, &copy, |r| vec![r.iter().sum()]), vec![9.0 / 7.0, 14.0 / 6.0]);
         assert_eq!(paired(&remap, &copy, |r| r.to_vec()), vec![1.0, 2.0]);
+        let moves = |m: &[(f64, u64)]| RunFigures { large_moves: m.to_vec(), ..Default::default() };
+        let (a, b) = ([moves(&[(1.0, 0), (2.0, 4096), (1.0, 4096)])], [moves(&[(9.0, 0), (4.0, 0), (3.0, 0)])]);
+        assert_eq!(page_move_batches(&a, &b), vec![2.5], "only collections with page moves, 2x and 3x");
     }
 
     #[test]

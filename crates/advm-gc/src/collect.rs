@@ -364,15 +364,20 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
         let (s, e) = (to, (to + len).min(from));
         let empty = covered(&vacated, s, e);
         let pages = len / ps;
+        let aligned = len % pmd == 0 && to % pmd == 0 && from % pmd == 0;
         let remap = engine == Engine::Remap
-            && ((len % pmd == 0 && to % pmd == 0 && from % pmd == 0)
-                || pages >= if empty { inner.break_even.0 } else { inner.break_even.1 });
+            && (aligned || pages >= if empty { inner.break_even.0 } else { inner.break_even.1 });
         if remap {
             batch.push_move(HostAddr(to), HostAddr(from), len);
             by_pages += 1;
-            match vacated.last_mut() {
-                Some(last) if last.1 == from => last.1 = from + len,
-                _ => vacated.push((from, from + len)),
+            // A page-table move into space that still holds pages exchanges them
+            // (mremap): its source then holds the dead pages, and a later move into it
+            // would have to free them. Other page moves leave their source empty.
+            if empty || !aligned {
+                match vacated.last_mut() {
+                    Some(last) if last.1 == from => last.1 = from + len,
+                    _ => vacated.push((from, from + len)),
+                }
             }
         } else {
             batch.push_move_by_copy(HostAddr(to), HostAddr(from), len);
