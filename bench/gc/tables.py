@@ -34,8 +34,17 @@ def fmt(v, unit=""):
 
 
 workloads = list(dict.fromkeys(k[0] for k in heaps))
-print("| workload | heap | advm-remap max pause (ms) | advm-memmove max pause (ms) | memmove/remap | MiB moved as pages / copied | paper |")
-print("|---|---|---|---|---|---|---|")
+
+
+def spread(key, fig):
+    v = runs.get(key + (fig,))
+    return f"{statistics.median(v):.2f}x ({min(v):.2f}-{max(v):.2f})" if v else "-"
+
+
+print("| workload | heap | advm-remap max pause (ms) | advm-memmove max pause (ms) | memmove/remap, max | "
+      "sum of pauses, paired | per collection, paired | large-object batch, paired | MiB moved as pages / copied "
+      "| paper |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for w in workloads:
     for f in ("1.2", "2"):
         a, b = (w, f, "advm-remap"), (w, f, "advm-memmove")
@@ -45,25 +54,34 @@ for w in workloads:
         n = med(a, "collections")
         ratio = pb / pa if pa and pb and n else None
         pages, copied = med(a, "moved_remap_mib"), med(a, "moved_memmove_mib")
+        r = (w, f, "memmove/remap")
         if not n:
-            shown = "no collection"
-        elif not pages:
-            shown = f"same work ({fmt(ratio, 'x')}: noise)"
+            shown, tot, per, batch = "no collection", "-", "-", "-"
         else:
-            shown = f"**{fmt(ratio, 'x')}**"
-        print(f"| {w} | {f}x ({heaps[a]} MiB) | {fmt(pa)} | {fmt(pb)} | {shown} "
+            shown = f"**{fmt(ratio, 'x')}**" if pages else f"{fmt(ratio, 'x')} (same work)"
+            tot, per = spread(r, "total_pause_ratio"), spread(r, "collection_pause_ratio")
+            batch = spread(r, "page_move_batch_ratio")
+        print(f"| {w} | {f}x ({heaps[a]} MiB) | {fmt(pa)} | {fmt(pb)} | {shown} | {tot} | {per} | {batch} "
               f"| {fmt(pages)} / {fmt(copied)} | {PAPER_SVAGC.get(w, '') if f == '1.2' else ''} |")
 
+PAPER_JVM = {"1.2": "4.49x / 18.25x", "2": "3.60x / 12.24x"}
 print()
-print("| workload | heap | advm-remap max (ms) | parallel max (ms) | shenandoah max (ms) | parallel/advm | shenandoah/advm | advm total (s) | parallel total (s) | shenandoah total (s) |")
+print("| workload | heap | advm-remap max (ms) | parallel max full (all) (ms) | shenandoah max full (all) (ms) "
+      "| parallel/advm, full | shenandoah/advm, full | advm total (s) | parallel total (s) | shenandoah total (s) |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 for w in workloads:
     for f in ("1.2", "2"):
         a, p, s = (w, f, "advm-remap"), (w, f, "parallel"), (w, f, "shenandoah")
-        if p not in heaps:
+        if p not in heaps and s not in heaps:
             continue
-        pa, pp, ps = med(a, "pause_ms_max"), med(p, "pause_ms_max"), med(s, "pause_ms_max")
-        rp = pp / pa if pa and pp else None
-        rs = ps / pa if pa and ps else None
-        print(f"| {w} | {f}x | {fmt(pa)} | {fmt(pp)} | {fmt(ps)} | {fmt(rp, 'x')} | {fmt(rs, 'x')} "
+        pa = med(a, "pause_ms_max")
+        cells, ratios = [], []
+        for k in (p, s):
+            full, every = med(k, "full_pause_ms_max"), med(k, "pause_ms_max")
+            cells.append(f"{fmt(full)} ({fmt(every)})")
+            ratios.append(fmt(full / pa, "x") if pa and full else "-")
+        print(f"| {w} | {f}x | {fmt(pa)} | {cells[0]} | {cells[1]} | {ratios[0]} | {ratios[1]} "
               f"| {fmt(med(a, 'total_s'))} | {fmt(med(p, 'total_s'))} | {fmt(med(s, 'total_s'))} |")
+print()
+print("paper (SVAGC vs ParallelGC / Shenandoah, max full-GC pause):",
+      ", ".join(f"{k}x heap: {v}" for k, v in PAPER_JVM.items()))

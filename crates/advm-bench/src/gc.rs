@@ -54,6 +54,8 @@ struct RunFigures {
     phases_ms: [f64; 4],
     memmove_mib: f64,
     remap_mib: f64,
+    /// Per collection: the large objects' batch (ms) and the bytes it moved as pages.
+    large_moves: Vec<(f64, u64)>,
     checksum: u64,
 }
 
@@ -98,6 +100,7 @@ fn run_advm(w: Workload, scale: Scale, heap: usize, engine: Engine) -> Result<Op
         phases_ms: [per(|c| c.mark_ns), per(|c| c.forward_ns), per(|c| c.adjust_ns), per(|c| c.move_ns)],
         memmove_mib: s.bytes_moved_memmove as f64 / (1 << 20) as f64,
         remap_mib: s.bytes_moved_remap as f64 / (1 << 20) as f64,
+        large_moves: s.history.iter().map(|c| (ms(c.move_large_ns), c.bytes_remap)).collect(),
         checksum: sum,
     }))
 }
@@ -141,17 +144,22 @@ fn run_policy(
 ) -> Result<PolicyRun, BenchError> {
     let mut unavailable = None;
     let r = in_group("advm-bench-gc-policy", &mut unavailable, |group| {
-        // A warm-up run first: the malloc arena's free pages are shared copy-on-write
-        // with the parent (which ran the workload while finding its minimum heap); the
-        // cgroup would charge their copies to this run while the distinct-page meter
-        // already counted them before it.
-        let warm = Heap::new(heap).map_err(gc_err)?;
+        // A warm-up run first, configured as the measured one: the malloc arena's free
+        // pages are shared copy-on-write with the parent (which ran the workload while
+        // finding its minimum heap); the cgroup would charge their copies to this run
+        // while the distinct-page meter already counted them before it. The same
+        // configuration matters: a generational heap's remembered set grows in the
+        // arena, which a full-collection warm-up does not reach.
+        let config = || {
+            let mut cfg = Config::new(heap);
+            cfg.generational = Some(g);
+            cfg
+        };
+        let warm = Heap::with_config(config()).map_err(gc_err)?;
         w(&mut warm.attach(), scale).map_err(gc_err)?;
         drop(warm);
         let before = Both::read(&advm::stats::measure_self()?, group)?;
-        let mut cfg = Config::new(heap);
-        cfg.generational = Some(g);
-        let h = Heap::with_config(cfg).map_err(gc_err)?;
+        let h = Heap::with_config(config()).map_err(gc_err)?;
         let mut m = h.attach();
         let t = Instant::now();
         let checksum = w(&mut m, scale).map_err(gc_err)?;
@@ -242,6 +250,81 @@ fn policy_section(scale: Scale, runs: usize, report: &mut Report) -> Result<(), 
     Ok(())
 }
 
+/// Object sizes of the pause-vs-size section (KiB): both sides of the compaction
+/// break-even, and the 2 MiB-aligned sizes whose page tables move whole.
+const SIZES_KIB: [usize; 9] = [16, 64, 256, 1024, 2048, 4096, 10240, 32768, 102400];
+/// Collections per heap in that section; the first two (nothing or one object to move
+/// yet) are left out.
+const SIZE_ROUNDS: usize = 10;
+
+/// Pauses of a window of two live objects of `size` bytes (headers included): each
+/// round replaces the older one and collects, so each collection slides the newer one
+/// down over the dead one (its destination holds pages). Returns the pauses and the
+/// large-object moves (ms), and the bytes moved as pages.
+fn size_run(size: usize, engine: Engine) -> Result<(Vec<f64>, Vec<f64>, u64), BenchError> {
+    let mut cfg = Config::new(4 * size + (1 << 20));
+    cfg.engine = engine;
+    let h = Heap::with_config(cfg).map_err(gc_err)?;
+    let mut m = h.attach();
+    let win = m.alloc(2, 0).map_err(gc_err)?;
+    let wr = m.push_root(Some(win));
+    for r in 0..SIZE_ROUNDS {
+        let o = m.alloc(0, size - 16).map_err(gc_err)?;
+        for off in (0..size - 16).step_by(4096) {
+            m.write_bytes(o, off, &[r as u8; 8]);
+        }
+        let w = m.root(wr).expect("rooted window");
+        m.set(w, r % 2, Some(o));
+        m.collect().map_err(gc_err)?;
+    }
+    drop(m);
+    let s = h.stats();
+    let ms = |ns: u64| ns as f64 / 1e6;
+    let steady = &s.history[2..];
+    Ok((
+        steady.iter().map(|c| ms(c.pause_ns)).collect(),
+        steady.iter().map(|c| ms(c.move_large_ns)).collect(),
+        steady.iter().map(|c| c.bytes_remap).sum(),
+    ))
+}
+
+/// Full-GC pause against object size, both engines (runs alternate), and the
+/// compaction break-even curve `advm::remap` measured that decides between them.
+fn size_section(quick: bool, runs: usize, report: &mut Report) -> Result<(), BenchError> {
+    let sizes = SIZES_KIB.iter().filter(|&&k| !quick || k <= 10240);
+    for &kib in sizes {
+        let size = kib << 10;
+        let mut per = [(Vec::new(), Vec::new(), 0u64), (Vec::new(), Vec::new(), 0u64)];
+        for _ in 0..runs {
+            for (i, e) in [Engine::Remap, Engine::Memmove].into_iter().enumerate() {
+                let (p, l, b) = size_run(size, e)?;
+                per[i].0.extend(p);
+                per[i].1.extend(l);
+                per[i].2 += b;
+            }
+        }
+        for ((pauses, large, remapped), collector) in per.into_iter().zip(["advm-remap", "advm-memmove"]) {
+            report.rows.push(
+                Row::new()
+                    .with("workload", "object-size")
+                    .with("object_kib", kib)
+                    .with("collector", collector)
+                    .figure(Figure::new("pause_ms", "ms", pauses))
+                    .figure(Figure::new("move_large_ms", "ms", large))
+                    .figure(Figure::single("moved_remap_mib", "MiB", remapped as f64 / (1 << 20) as f64)),
+            );
+        }
+    }
+    let be = advm::remap::break_even();
+    report.configuration.insert("break_even_compaction_pages".into(), serde_json::json!(be.pages_compaction));
+    report.configuration.insert("break_even_compaction_curve".into(), serde_json::json!(be.compaction));
+    report.notes.push(format!(
+        "object-size rows: a window of two live objects, {SIZE_ROUNDS} collections per heap (the first two left \
+         out), each sliding the newer object over the dead one; figures are every collection of every run"
+    ));
+    Ok(())
+}
+
 /// The smallest heap from `floor` up (within 1/16 of the doubling step) on which `fits`
 /// holds.
 fn min_heap(floor: usize, mut fits: impl FnMut(usize) -> Result<bool, BenchError>) -> Result<usize, BenchError> {
@@ -294,6 +377,43 @@ fn row(workload: &str, factor: f64, collector: &str, heap: usize, runs: &[RunFig
             .figure(fig("moved_remap_mib", "MiB", &|r| r.remap_mib));
     }
     r
+}
+
+/// Per pair of runs (remap run k against memmove run k, which ran next to it and
+/// collected at the same points: the workloads are deterministic), the median of
+/// memmove/remap over what `per` makes of each run's pauses: the sum (one value), or
+/// every collection (the ratio of collection i to collection i). Paired ratios do not
+/// depend on one descheduled GC thread the way a maximum does.
+fn paired(remap: &[RunFigures], copy: &[RunFigures], per: impl Fn(&[f64]) -> Vec<f64>) -> Vec<f64> {
+    remap
+        .iter()
+        .zip(copy)
+        .filter_map(|(a, b)| {
+            let r: Vec<f64> =
+                per(&a.pauses_ms).iter().zip(per(&b.pauses_ms)).filter(|p| *p.0 > 0.0).map(|(x, y)| y / x).collect();
+            (!r.is_empty()).then(|| median(&r))
+        })
+        .collect()
+}
+
+/// Per pair of runs, the median of memmove/remap over the large objects' batch of the
+/// collections in which the remap engine moved pages: the part of the pause the engine
+/// changes, without the phases both engines share.
+fn page_move_batches(remap: &[RunFigures], copy: &[RunFigures]) -> Vec<f64> {
+    remap
+        .iter()
+        .zip(copy)
+        .filter_map(|(a, b)| {
+            let r: Vec<f64> = a
+                .large_moves
+                .iter()
+                .zip(&b.large_moves)
+                .filter(|(x, _)| x.1 > 0 && x.0 > 0.0)
+                .map(|(x, y)| y.0 / x.0)
+                .collect();
+            (!r.is_empty()).then(|| median(&r))
+        })
+        .collect()
 }
 
 fn max_pause_median(runs: &[RunFigures]) -> f64 {
@@ -403,6 +523,10 @@ impl Bench for GcBench {
         let java = Java::setup()?;
         report.configuration.insert("gc_threads".into(), serde_json::json!(advm::probe::facts().cpus));
         report.configuration.insert("break_even".into(), serde_json::json!(advm::remap::break_even().pages));
+        report.configuration.insert(
+            "large_object_bytes".into(),
+            serde_json::json!(Heap::new(1 << 20).map_err(gc_err)?.large_object_bytes()),
+        );
         let bar = opts.progress_bar(ALL.len() as u64, "gc workloads");
         for (name, w) in ALL {
             let min = min_heap(ADVM_FLOOR, |h| Ok(run_advm(w, scale, h, Engine::Remap)?.is_some()))?;
@@ -428,27 +552,41 @@ impl Bench for GcBench {
                         .with("workload", name)
                         .with("heap_factor", factor)
                         .with("collector", "memmove/remap")
-                        .figure(Figure::single("max_pause_ratio", "x", ratio)),
+                        .figure(Figure::single("max_pause_ratio", "x", ratio))
+                        .figure(Figure::new("total_pause_ratio", "x", paired(&remap, &copy, |r| vec![r.iter().sum()])))
+                        .figure(Figure::new("collection_pause_ratio", "x", paired(&remap, &copy, |r| r.to_vec())))
+                        .figure(Figure::new("page_move_batch_ratio", "x", page_move_batches(&remap, &copy))),
                 );
             }
             if let Some(j) = &java {
                 for gc in ["parallel", "shenandoah"] {
-                    let jmin = min_heap(JVM_FLOOR, |h| Ok(j.run(gc, h, name, opts.quick)?.is_some()))?;
+                    // The JVM's heap use varies from run to run (adaptive sizing,
+                    // concurrent collection): a heap fits when two runs in a row fit.
+                    let fits = |h| -> Result<bool, BenchError> {
+                        Ok(j.run(gc, h, name, opts.quick)?.is_some() && j.run(gc, h, name, opts.quick)?.is_some())
+                    };
+                    let jmin = min_heap(JVM_FLOOR, fits)?;
                     for factor in FACTORS {
                         let heap = ((jmin as f64 * factor) as usize).div_ceil(4096) * 4096;
                         let mut rs = Vec::new();
                         for _ in 0..runs {
-                            rs.push(j.run(gc, heap, name, opts.quick)?.ok_or_else(|| {
-                                BenchError::Usage(format!("java {name} ({gc}) ran out of {heap} bytes"))
-                            })?);
+                            match j.run(gc, heap, name, opts.quick)? {
+                                Some(r) => rs.push(r),
+                                None => report.notes.push(format!(
+                                    "java {name} ({gc}, {factor}x) ran out of {heap} bytes in one run: left out"
+                                )),
+                            }
                         }
-                        report.rows.push(row(name, factor, gc, heap, &rs));
+                        if !rs.is_empty() {
+                            report.rows.push(row(name, factor, gc, heap, &rs));
+                        }
                     }
                 }
             }
             bar.inc(1);
         }
         bar.finish_and_clear();
+        size_section(opts.quick, runs, report)?;
         policy_section(scale, runs, report)?;
         if java.is_none() {
             report.notes.push(
@@ -526,9 +664,68 @@ impl Bench for GcPolicyBench {
     }
 }
 
+/// `advm bench gc-sizes`: the pause-vs-object-size section of `advm bench gc` alone.
+pub struct GcSizesBench;
+
+impl Bench for GcSizesBench {
+    fn name(&self) -> &'static str {
+        "gc-sizes"
+    }
+
+    fn description(&self) -> &'static str {
+        "advm-gc full-GC pause against object size (16 KiB to 100 MiB), remap vs memmove, with the compaction break-even curve that decides between them"
+    }
+
+    fn default_runs(&self) -> usize {
+        3
+    }
+
+    fn run(&self, opts: &BenchOpts, report: &mut Report) -> Result<(), BenchError> {
+        size_section(opts.quick, opts.runs.max(1), report)
+    }
+
+    fn demo(&self) -> Result<Vec<DemoRow>, BenchError> {
+        let size = 4 << 20;
+        let mut med = [Vec::new(), Vec::new()];
+        for _ in 0..3 {
+            for (i, e) in [Engine::Remap, Engine::Memmove].into_iter().enumerate() {
+                med[i].extend(size_run(size, e)?.0);
+            }
+        }
+        let (a, b) = (median(&med[0]), median(&med[1]));
+        Ok(vec![DemoRow {
+            capability: "gc-sizes".into(),
+            workload: "window of two live 4 MiB objects, full-GC pause (median)".into(),
+            advm: format!("{a:.2} ms (remap)"),
+            baseline: format!("{b:.2} ms (memmove)"),
+            gain: format!("{:.1}x", b / a),
+        }])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn paired_ratios_compare_runs_and_collections_side_by_side() {
+        let run = |p: &[f64]| RunFigures { pauses_ms: p.to_vec(), ..Default::default() };
+        let remap = [run(&[1.0, 2.0, 4.0]), run(&[2.0, 2.0, 2.0])];
+        let copy = [run(&[3.0, 2.0, 4.0]), run(&[4.0, 8.0, 2.0])];
+        assert_eq!(paired(&remap, &copy, |r| vec![r.iter().sum()]), vec![9.0 / 7.0, 14.0 / 6.0]);
+        assert_eq!(paired(&remap, &copy, |r| r.to_vec()), vec![1.0, 2.0]);
+        let moves = |m: &[(f64, u64)]| RunFigures { large_moves: m.to_vec(), ..Default::default() };
+        let (a, b) = ([moves(&[(1.0, 0), (2.0, 4096), (1.0, 4096)])], [moves(&[(9.0, 0), (4.0, 0), (3.0, 0)])]);
+        assert_eq!(page_move_batches(&a, &b), vec![2.5], "only collections with page moves, 2x and 3x");
+    }
+
+    #[test]
+    fn a_window_of_large_objects_moves_them_by_pages_only_with_the_remap_engine() {
+        let (pauses, _, remapped) = size_run(4 << 20, Engine::Remap).unwrap();
+        assert_eq!(pauses.len(), SIZE_ROUNDS - 2);
+        assert!(remapped > 0 || !advm::remap::uffd_move_available());
+        assert_eq!(size_run(4 << 20, Engine::Memmove).unwrap().2, 0);
+    }
 
     #[test]
     fn pauses_are_read_from_parallel_and_shenandoah_logs() {

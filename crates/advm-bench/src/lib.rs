@@ -225,6 +225,7 @@ pub fn all() -> Vec<Box<dyn Bench>> {
         Box::new(vm::VmDensityBench),
         Box::new(vm_fill::VmFillBench),
         Box::new(gc::GcPolicyBench),
+        Box::new(gc::GcSizesBench),
     ]
 }
 

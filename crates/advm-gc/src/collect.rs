@@ -253,6 +253,9 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     let total: usize = live.iter().sum();
     let new_small_bottom =
         if inner.generational.is_some() { crate::nursery::place_old(inner, &alloc, total) } else { mem.small.base };
+    if let Some(drift) = &inner.drift {
+        drift.cover(new_small_bottom)?;
+    }
     let mut d = new_small_bottom;
     for l in &live {
         dest.push(d);
@@ -341,8 +344,11 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     let tl = Instant::now();
     // Page moves are chosen per object: always for a 2 MiB aligned object (whole page
     // tables move, whatever the destination holds); otherwise at the machine's
-    // break-even for a destination that earlier page moves of this compaction vacated,
-    // or its break-even for a destination still holding (dead) pages. Not merged:
+    // compaction break-even (measured for a batch of objects sliding into vacated
+    // space, which is where a UFFDIO_MOVE per object competes with a memmove that
+    // streams through them) for a destination that earlier page moves of this
+    // compaction vacated, or its break-even for a destination still holding (dead)
+    // pages, which must be freed first. Not merged:
     // adjacent objects sliding together would become one overlapping slide, moved
     // entry by entry, where each aligned object alone is a page-table move.
     let mut batch = Batch::with_options(Options { engine: Choice::Auto, break_even_pages: Some(0), coalesce: false });
@@ -358,15 +364,20 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
         let (s, e) = (to, (to + len).min(from));
         let empty = covered(&vacated, s, e);
         let pages = len / ps;
+        let aligned = len % pmd == 0 && to % pmd == 0 && from % pmd == 0;
         let remap = engine == Engine::Remap
-            && ((len % pmd == 0 && to % pmd == 0 && from % pmd == 0)
-                || pages >= if empty { inner.break_even.0 } else { inner.break_even.1 });
+            && (aligned || pages >= if empty { inner.break_even.0 } else { inner.break_even.1 });
         if remap {
             batch.push_move(HostAddr(to), HostAddr(from), len);
             by_pages += 1;
-            match vacated.last_mut() {
-                Some(last) if last.1 == from => last.1 = from + len,
-                _ => vacated.push((from, from + len)),
+            // A page-table move into space that still holds pages exchanges them
+            // (mremap): its source then holds the dead pages, and a later move into it
+            // would have to free them. Other page moves leave their source empty.
+            if empty || !aligned {
+                match vacated.last_mut() {
+                    Some(last) if last.1 == from => last.1 = from + len,
+                    _ => vacated.push((from, from + len)),
+                }
             }
         } else {
             batch.push_move_by_copy(HostAddr(to), HostAddr(from), len);
@@ -402,6 +413,9 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     }
     c.heap_after = alloc.used(&mem);
     c.bytes_freed_pages = free_tails(inner, &alloc, old_small, old_large_top)?;
+    if let Some(drift) = &inner.drift {
+        drift.trim(alloc.small_bottom)?;
+    }
     drop(stacks);
     if inner.verify {
         crate::verify::check(inner, &alloc, &roots).map_err(Error::Corrupt)?;

@@ -109,7 +109,8 @@ pub struct Config {
     /// GC threads (default: the machine's CPUs).
     pub gc_threads: usize,
     /// Objects of this many bytes or more (header included) are large: page aligned and
-    /// moved by remapping. Default: the remap break-even measured by `advm::remap`.
+    /// moved by remapping. Default: the compaction break-even measured by
+    /// `advm::remap` (`BreakEven::pages_compaction`).
     pub large_object_bytes: Option<usize>,
     /// Large-object compaction engine.
     pub engine: Engine,
@@ -211,10 +212,15 @@ pub(crate) struct Inner {
     pub(crate) large_bytes: usize,
     pub(crate) tlab_bytes: usize,
     pub(crate) verify: bool,
-    /// Remap break-even in pages: into vacated space, into space holding pages.
+    /// Remap break-even in pages: into space earlier moves of the compaction's batch
+    /// vacated (measured for a batch of sliding objects), into space holding pages.
     pub(crate) break_even: (usize, usize),
-    /// Held for its mapping: the small space is only reached through `mem`.
-    _small_region: Region,
+    /// Held for its mapping: the small space is only reached through `mem`. `None`
+    /// when the old generation drifts (`drift` holds the space then).
+    _small_region: Option<Region>,
+    /// Generational mode without copy-back: the old generation's reservation and the
+    /// part of it mapped read-write.
+    pub(crate) drift: Option<crate::nursery::Drift>,
     pub(crate) large_region: Mutex<Region>,
     pub(crate) alloc: Mutex<Alloc>,
     pub(crate) roots: Mutex<Roots>,
@@ -291,18 +297,28 @@ impl Heap {
                 })
             }
             Some(b) => b,
-            None => be.pages.max(1) * ps,
+            // The compaction break-even: smaller objects would only be copied.
+            None => be.pages_compaction.max(1) * ps,
         };
         let len = page_align_up(cfg.heap_bytes).unwrap_or(cfg.heap_bytes);
         // Generational mode: the old generation drifts through a reservation of four
         // heaps (see nursery::place_old); the nursery has its own region.
         let small_len = if cfg.generational.is_some() { len.saturating_mul(4) } else { len };
-        let small = Region::for_remap(small_len)?;
+        // Without copy-back the old generation drifts through a PROT_NONE reservation
+        // with only one heap of it mapped read-write, around the old generation.
+        let drifts = cfg.generational.is_some_and(|g| !g.copy_back);
+        let drift = drifts.then(|| crate::nursery::Drift::new(small_len, len)).transpose()?;
+        let small = (!drifts).then(|| Region::for_remap(small_len)).transpose()?;
         let large = Region::for_remap(len)?;
         let nursery = cfg.generational.map(|_| Region::new(len)).transpose()?;
         let span = |r: &Region| Span { base: r.addr().0, end: r.addr().0 + r.len() };
+        let small_span = match (&small, &drift) {
+            (Some(r), _) => span(r),
+            (None, Some(d)) => d.span(),
+            (None, None) => unreachable!("one of the two is made"),
+        };
         let mem = Mem {
-            small: span(&small),
+            small: small_span,
             large: span(&large),
             nursery: nursery.as_ref().map_or(Span { base: 0, end: 0 }, span),
         };
@@ -327,13 +343,14 @@ impl Heap {
             verify: cfg.verify,
             // A populated break-even past the measured curve means no measured size won.
             break_even: (
-                be.pages,
+                be.pages_compaction,
                 match be.curve.last() {
                     Some(last) if be.pages_populated > last.pages => usize::MAX,
                     _ => be.pages_populated,
                 },
             ),
             _small_region: small,
+            drift,
             large_region: Mutex::new(large),
             alloc: Mutex::new(alloc),
             roots: Mutex::new(Roots::default()),

@@ -6,8 +6,8 @@
 //!   word during a collection), then `nptrs` pointer slots (null or objects of the same
 //!   heap), then raw bytes. An [`Obj`] is the address of the first pointer slot.
 //! - Two spaces: small objects are bump-allocated in per-thread buffers; objects at or
-//!   above the large-object size (the remap break-even measured by `advm::remap` at heap
-//!   creation, or [`Config::large_object_bytes`]) start on a page and live in their own
+//!   above the large-object size (the compaction break-even measured by `advm::remap`,
+//!   read at heap creation, or [`Config::large_object_bytes`]) start on a page and live in their own
 //!   region, so compaction moves them whole, all in one [`advm::remap::Batch`].
 //! - Roots: each [`Mutator`] has a stack of root slots; C registers its own slots
 //!   ([`Heap::add_root_slot`]).

@@ -4,14 +4,14 @@
 //! Afterwards the nursery is empty and its pages, which hold no live data, go to the
 //! free hook.
 
-use std::sync::MutexGuard;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
-use advm::mem::{page_align_up, PageRange};
+use advm::mem::{page_align_up, page_size, PageRange, Reservation};
 
 use crate::collect::GRANULE;
 use crate::heap::{lock, nptrs_of, size_of, Alloc, Inner, HDR};
-use crate::raw::Slot;
+use crate::raw::{Slot, Span};
 use crate::stats::Collection;
 use crate::{Error, Result};
 
@@ -120,6 +120,74 @@ impl Copier<'_> {
         self.objects += 1;
         self.bytes += size as u64;
         to + HDR
+    }
+}
+
+/// The old generation's address space when it drifts (copy-back off): a `PROT_NONE`
+/// reservation of four heaps, of which only the window the old generation can reach
+/// until the next major collection is mapped read-write: one heap from its bottom.
+/// A stray access anywhere else faults instead of reading stale bytes, and the pages
+/// the old generation drifted away from hold no memory.
+pub(crate) struct Drift {
+    space: Reservation,
+    /// Read-write part, `[start, end)` as addresses.
+    window: Mutex<(usize, usize)>,
+    /// One heap, page aligned: how far above its bottom the old generation can reach.
+    reach: usize,
+}
+
+impl Drift {
+    pub(crate) fn new(len: usize, reach: usize) -> Result<Self> {
+        let space = Reservation::new(len)?;
+        space.commit(0, reach)?;
+        let base = space.base().0;
+        Ok(Drift { space, window: Mutex::new((base, base + reach)), reach })
+    }
+
+    pub(crate) fn span(&self) -> Span {
+        let r = self.space.range();
+        Span { base: r.start().0, end: r.end().0 }
+    }
+
+    /// Before a major collection places the old generation at `bottom`: maps what the
+    /// window lacks of `[bottom, bottom + reach)` (the to-space; the from-space stays
+    /// mapped until the move is done).
+    pub(crate) fn cover(&self, bottom: usize) -> Result<()> {
+        let base = self.space.base().0;
+        let (lo, hi) = (bottom & !(page_size() - 1), self.top_of(bottom));
+        let mut w = lock(&self.window);
+        if lo < w.0 {
+            self.space.commit(lo - base, w.0 - lo)?;
+            w.0 = lo;
+        }
+        if hi > w.1 {
+            self.space.commit(w.1 - base, hi - w.1)?;
+            w.1 = hi;
+        }
+        Ok(())
+    }
+
+    /// After the move: returns everything outside `[bottom, bottom + reach)` to
+    /// `PROT_NONE` (the from-space's pages are freed with it).
+    pub(crate) fn trim(&self, bottom: usize) -> Result<()> {
+        let base = self.space.base().0;
+        let (lo, hi) = (bottom & !(page_size() - 1), self.top_of(bottom));
+        let mut w = lock(&self.window);
+        if lo > w.0 {
+            self.space.release(w.0 - base, lo - w.0)?;
+            w.0 = lo;
+        }
+        if hi < w.1 {
+            self.space.release(hi - base, w.1 - hi)?;
+            w.1 = hi;
+        }
+        Ok(())
+    }
+
+    /// The window's end for an old generation starting at `bottom`.
+    fn top_of(&self, bottom: usize) -> usize {
+        let up = page_align_up(bottom + self.reach).unwrap_or(usize::MAX);
+        up.min(self.space.range().end().0)
     }
 }
 

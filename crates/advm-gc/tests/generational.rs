@@ -129,6 +129,58 @@ fn without_copy_back_the_old_generation_drifts_above_its_from_space() {
     assert!(after > before, "to-space lies above the from-space: {before:#x} -> {after:#x}");
 }
 
+/// The permissions /proc/self/maps shows for the mapping holding `addr` ("rw-p").
+fn perms_at(addr: usize) -> String {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (range, perms) = (f.next().unwrap(), f.next().unwrap());
+        let (a, b) = range.split_once('-').unwrap();
+        let (a, b) = (usize::from_str_radix(a, 16).unwrap(), usize::from_str_radix(b, 16).unwrap());
+        if a <= addr && addr < b {
+            return perms.to_string();
+        }
+    }
+    panic!("{addr:#x} is not mapped");
+}
+
+#[test]
+fn without_copy_back_the_old_generation_drifts_through_a_prot_none_reservation() {
+    let h = heap(modified(), false);
+    let mut m = h.attach();
+    let r = m.push_root(None);
+    for i in 0..200u64 {
+        let o = m.alloc(1, 200).unwrap();
+        m.set_word(o, 0, i);
+        let head = m.root(r);
+        m.set(o, 0, head);
+        m.set_root(r, Some(o));
+        m.alloc(0, 200).unwrap();
+    }
+    m.collect_minor().unwrap();
+    let before = m.root(r).unwrap().addr();
+    assert_eq!(perms_at(before), "rw-p");
+    // One heap (16 MiB) above the old generation's bottom is the most it can reach.
+    assert_eq!(perms_at(before + (20 << 20)), "---p", "beyond the window: reserved only");
+    m.collect().unwrap();
+    let after = m.root(r).unwrap().addr();
+    assert!(after > before);
+    assert_eq!(perms_at(after), "rw-p");
+    assert_eq!(perms_at(before), "---p", "the from-space went back to the reservation");
+    // Allocation and minor collections keep working in the moved window.
+    for _ in 0..2000 {
+        m.alloc(2, 48).unwrap();
+    }
+    m.collect_minor().unwrap();
+    m.collect().unwrap();
+    let mut cur = m.root(r);
+    for i in (0..200u64).rev() {
+        let o = cur.unwrap();
+        assert_eq!(m.word(o, 0), i);
+        cur = m.get(o, 0);
+    }
+}
+
 #[test]
 fn with_copy_back_the_old_generation_returns_to_the_start_of_its_reservation() {
     let (before, after) = addresses_after_major(true);

@@ -41,7 +41,7 @@ impl Reservation {
     }
 
     /// Maps `len` bytes of a file or memfd read-write at `off`, replacing what was
-    /// there. Anonymous backing is [`Reservation::release`]'s job.
+    /// there. Anonymous memory is [`Reservation::commit`]'s job.
     pub fn map(&self, off: usize, len: usize, share: Share, backing: Backing<'_>) -> Result<()> {
         match backing.sys() {
             crate::sys::mman::Backing::File { fd, offset } => {
@@ -49,7 +49,7 @@ impl Reservation {
             }
             crate::sys::mman::Backing::Anonymous => Err(crate::Error::InvalidArgument {
                 what: "backing",
-                why: "a reservation maps files; use release() for empty space".into(),
+                why: "a reservation maps files; use commit() for anonymous memory, release() for empty space".into(),
             }),
         }
     }
@@ -63,6 +63,12 @@ impl Reservation {
     /// Drops the page-table entries of a range (file pages stay in their file).
     pub fn discard(&self, off: usize, len: usize) -> Result<()> {
         Ok(self.inner.discard(off, len)?)
+    }
+
+    /// Maps zero-filled private anonymous memory read-write over a range, replacing
+    /// what was there: space its owner will write, with memory only where it does.
+    pub fn commit(&self, off: usize, len: usize) -> Result<()> {
+        Ok(self.inner.commit(off, len)?)
     }
 
     /// Returns a range to the reserved state (no memory).

@@ -26,6 +26,12 @@ pub const ENV_BREAK_EVEN: &str = "ADVM_REMAP_BREAK_EVEN_PAGES";
 /// Page counts the measurement tries.
 const GRID: [usize; 12] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64];
 
+/// Object sizes (pages) the compaction measurement tries: a batch of lone moves costs a
+/// call each, so its crossing lies far above a single move's.
+const COMPACTION_GRID: [usize; 7] = [8, 16, 32, 64, 128, 256, 511];
+/// Objects per size in one timed compaction.
+const COMPACTION_OBJECTS: usize = 8;
+
 /// Where the break-even came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -57,6 +63,17 @@ pub struct CurvePoint {
     pub uffd_move_populated_us: f64,
 }
 
+/// One object size of the compaction measurement (medians, microseconds per object).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CompactionPoint {
+    /// Pages per object.
+    pub pages: usize,
+    /// memmove of each object in turn.
+    pub memmove_us: f64,
+    /// One [`super::Batch`]: one UFFDIO_MOVE per object.
+    pub batch_us: f64,
+}
+
 /// The break-even and how it was obtained.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BreakEven {
@@ -66,10 +83,17 @@ pub struct BreakEven {
     /// When the destination turns out to hold pages, moves of fewer pages are copied
     /// instead of freeing them (break-even against a populated destination).
     pub pages_populated: usize,
+    /// Compaction (a garbage collector sliding objects down): in one batch, objects of
+    /// at least this many pages, each moving into space the move before it vacated, are
+    /// moved faster as pages than by memmove. Higher than `pages`: memmove streams
+    /// through consecutive objects, and each page move still costs a call.
+    pub pages_compaction: usize,
     /// Where the value came from.
     pub source: BreakEvenSource,
     /// The measured curve (empty unless measured or cached).
     pub curve: Vec<CurvePoint>,
+    /// The measured compaction curve (empty unless measured or cached).
+    pub compaction: Vec<CompactionPoint>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -89,12 +113,26 @@ pub fn set_break_even_pages(pages: Option<usize>) {
 pub fn break_even() -> BreakEven {
     let api = API_OVERRIDE.load(Ordering::Relaxed);
     if api > 0 {
-        return BreakEven { pages: api - 1, pages_populated: api - 1, source: BreakEvenSource::Api, curve: Vec::new() };
+        return BreakEven::fixed(api - 1, BreakEvenSource::Api);
     }
     if let Some(p) = env_pages() {
-        return BreakEven { pages: p, pages_populated: p, source: BreakEvenSource::Env, curve: Vec::new() };
+        return BreakEven::fixed(p, BreakEvenSource::Env);
     }
     measured().clone()
+}
+
+impl BreakEven {
+    /// One value for every kind of move.
+    fn fixed(pages: usize, source: BreakEvenSource) -> Self {
+        BreakEven {
+            pages,
+            pages_populated: pages,
+            pages_compaction: pages,
+            source,
+            curve: Vec::new(),
+            compaction: Vec::new(),
+        }
+    }
 }
 
 /// `(pages, pages_populated)` of [`break_even`], without copying its curve: what every
@@ -132,12 +170,15 @@ fn machine_key() -> String {
                 .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
         })
         .unwrap_or_default();
+    // `layout` names the cache file's format: files of an older one are measured anew.
+    // The profile matters: a debug build's batches cost more per operation.
     format!(
-        "kernel={} cpu={} page={} cpus={}",
+        "layout=2 kernel={} cpu={} page={} cpus={} profile={}",
         crate::sys::kernel_release(),
         cpu,
         page_size(),
-        crate::probe::facts().cpus
+        crate::probe::facts().cpus,
+        if cfg!(debug_assertions) { "debug" } else { "release" }
     )
 }
 
@@ -152,8 +193,7 @@ pub fn cache_path() -> Option<PathBuf> {
 
 fn load_or_measure() -> BreakEven {
     if !uffd_move_available() {
-        let p = PMD_SIZE / page_size();
-        return BreakEven { pages: p, pages_populated: p, source: BreakEvenSource::Default, curve: Vec::new() };
+        return BreakEven::fixed(PMD_SIZE / page_size(), BreakEvenSource::Default);
     }
     let key = machine_key();
     if let Some(path) = cache_path() {
@@ -178,7 +218,14 @@ fn load_or_measure() -> BreakEven {
             }
             m
         }
-        Err(_) => BreakEven { pages: 16, pages_populated: 64, source: BreakEvenSource::Default, curve: Vec::new() },
+        Err(_) => BreakEven {
+            pages: 16,
+            pages_populated: 64,
+            pages_compaction: 128,
+            source: BreakEvenSource::Default,
+            curve: Vec::new(),
+            compaction: Vec::new(),
+        },
     }
 }
 
@@ -247,12 +294,73 @@ pub fn measure_break_even(cold: bool, reps: usize) -> Result<BreakEven> {
     let empty: Vec<(usize, f64, f64)> = curve.iter().map(|c| (c.pages, c.memmove_us, c.uffd_move_us)).collect();
     let full: Vec<(usize, f64, f64)> =
         curve.iter().map(|c| (c.pages, c.memmove_us, c.uffd_move_populated_us)).collect();
+    drop(pool);
+    let compaction = measure_compaction(reps.max(5))?;
+    let slides: Vec<(usize, f64, f64)> = compaction.iter().map(|c| (c.pages, c.memmove_us, c.batch_us)).collect();
     Ok(BreakEven {
         pages: crossing(&empty),
         pages_populated: crossing(&full),
+        pages_compaction: crossing(&slides),
         source: BreakEvenSource::Measured,
         curve,
+        compaction,
     })
+}
+
+/// Times a compaction per object size: [`COMPACTION_OBJECTS`] objects, contiguous above
+/// one dead object, slide down by one object, cache-cold; once by memmove, once in one
+/// [`super::Batch`] of UFFDIO_MOVEs (each object moving into the space the one before
+/// it vacated; the dead object's pages are freed before the clock starts, as the
+/// collector only page-moves into vacated space). Sizes and both ways take turns
+/// within each of `reps` rounds, so a change of load on a shared machine reaches all of
+/// them alike; medians.
+fn measure_compaction(reps: usize) -> Result<Vec<CompactionPoint>> {
+    let ps = page_size();
+    let span = |k: usize| (COMPACTION_OBJECTS + 1) * k * ps;
+    let len: usize = COMPACTION_GRID.iter().map(|&k| span(k)).sum();
+    let mut area = RwMapping::new(len, PMD_SIZE, false)?;
+    // Read after each fill so the objects have left a 32 MiB last-level cache.
+    let mut evict = RwMapping::new(64 << 20, PMD_SIZE, false)?;
+    evict.bytes_mut().fill(1);
+    let base = area.addr();
+    let ev = evict.addr();
+    let mut g = crate::mem::Grant::wrap(area.grant());
+    let eg = crate::mem::Grant::wrap(evict.grant());
+    let uffd_opts = Options { engine: Choice::Only(Engine::UffdMove), break_even_pages: Some(0), coalesce: false };
+    let mut times = vec![[Vec::with_capacity(reps), Vec::with_capacity(reps)]; COMPACTION_GRID.len()];
+    for _ in 0..reps {
+        for (way, batch) in [(0, false), (1, true)] {
+            let mut at = base;
+            for (i, &k) in COMPACTION_GRID.iter().enumerate() {
+                let obj = k * ps;
+                g.inner.fill(at, span(k), 0x5a)?;
+                eg.inner.touch(ev, 64 << 20, 64)?;
+                let start = if batch {
+                    g.inner.zap(&[(at, obj)])?;
+                    let mut b = super::Batch::with_options(uffd_opts);
+                    for j in 0..COMPACTION_OBJECTS {
+                        b.push_move(HostAddr(at + j * obj), HostAddr(at + (j + 1) * obj), obj);
+                    }
+                    let start = Instant::now();
+                    b.execute(&mut g)?;
+                    start
+                } else {
+                    let start = Instant::now();
+                    for j in 0..COMPACTION_OBJECTS {
+                        g.inner.memmove(at + j * obj, at + (j + 1) * obj, obj)?;
+                    }
+                    start
+                };
+                times[i][way].push(start.elapsed().as_secs_f64() * 1e6 / COMPACTION_OBJECTS as f64);
+                at += span(k);
+            }
+        }
+    }
+    Ok(COMPACTION_GRID
+        .iter()
+        .zip(&mut times)
+        .map(|(&pages, [mm, bt])| CompactionPoint { pages, memmove_us: median(mm), batch_us: median(bt) })
+        .collect())
 }
 
 /// Smallest size where the page move wins there and at the next size (one noisy point

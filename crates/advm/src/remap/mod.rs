@@ -91,8 +91,8 @@ use serde::Serialize;
 use batch::*;
 pub use batch::{move_pages, move_pages_with, swap_pages, swap_pages_with, Batch};
 pub use breakeven::{
-    break_even, cache_path, measure_break_even, set_break_even_pages, BreakEven, BreakEvenSource, CurvePoint,
-    ENV_BREAK_EVEN,
+    break_even, cache_path, measure_break_even, set_break_even_pages, BreakEven, BreakEvenSource, CompactionPoint,
+    CurvePoint, ENV_BREAK_EVEN,
 };
 use engine::*;
 use intervals::IntervalSet;

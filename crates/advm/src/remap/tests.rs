@@ -379,8 +379,23 @@ fn break_even_crossing_and_overrides() {
     assert_eq!(breakeven::crossing(&c[..2]), 3);
     set_break_even_pages(Some(5));
     assert_eq!((break_even().pages, break_even().source), (5, BreakEvenSource::Api));
+    assert_eq!((break_even().pages_populated, break_even().pages_compaction), (5, 5));
     set_break_even_pages(None);
     assert_ne!(break_even().source, BreakEvenSource::Api);
+}
+
+#[test]
+fn compaction_break_even_is_where_its_measured_batch_curve_crosses_memmove() {
+    if !uffd_move_available() {
+        eprintln!("skipped: UFFDIO_MOVE not available here");
+        return;
+    }
+    let b = measure_break_even(true, 1).unwrap();
+    let pages: Vec<usize> = b.compaction.iter().map(|c| c.pages).collect();
+    assert_eq!(pages, [8, 16, 32, 64, 128, 256, 511]);
+    assert!(b.compaction.iter().all(|c| c.memmove_us > 0.0 && c.batch_us > 0.0), "{:?}", b.compaction);
+    let curve: Vec<_> = b.compaction.iter().map(|c| (c.pages, c.memmove_us, c.batch_us)).collect();
+    assert_eq!(b.pages_compaction, breakeven::crossing(&curve));
 }
 
 #[test]

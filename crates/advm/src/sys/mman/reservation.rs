@@ -89,6 +89,14 @@ impl Reservation {
         unsafe { mman::madvise(addr, len, Advice::LinuxDontNeed) }
     }
 
+    /// Maps zero-filled private anonymous memory read-write at `[off, off+len)`,
+    /// replacing what was there (pages come as they are first touched).
+    pub fn commit(&self, off: usize, len: usize) -> SysResult<()> {
+        let addr = self.range("mmap(MAP_FIXED)", off, len)?;
+        // SAFETY: as in map_fixed above: the range is ours.
+        unsafe { mman::map_fixed(addr, len, Prot::READ | Prot::WRITE, Share::Private, Backing::Anonymous) }
+    }
+
     /// Returns `[off, off+len)` to the reserved state (`PROT_NONE`, no memory); any
     /// private copies of pages mapped there are freed.
     pub fn release(&self, off: usize, len: usize) -> SysResult<()> {
