@@ -711,12 +711,23 @@ impl Shared {
                         self.keep_budget(1);
                         // the fault itself, without the eviction that made room for it
                         let t = Instant::now();
-                        if let Some((m, page)) = self.find(address as usize) {
-                            let write = flags & uffd::fault_flag::WRITE != 0;
-                            // an I/O error leaves the thread blocked rather than handing
-                            // it wrong data (the next fault retries)
-                            if self.serve(&m, page, write, buf.bytes_mut(), false) {
-                                let _ = m.area.wake(&self.fd, page);
+                        match self.find(address as usize) {
+                            Some((m, page)) => {
+                                let write = flags & uffd::fault_flag::WRITE != 0;
+                                // an I/O error leaves the thread blocked rather than handing
+                                // it wrong data (the next fault retries)
+                                if self.serve(&m, page, write, buf.bytes_mut(), false) {
+                                    let _ = m.area.wake(&self.fd, page);
+                                }
+                            }
+                            // A region being unmapped: the kernel wakes the faults waiting
+                            // when it unregisters, but one that got in between that wake
+                            // and the unregistering itself (a fault under the VMA lock,
+                            // not mmap_lock) waits for us. Woken, it faults again: on
+                            // plain memory, or here once more until the unregistering ends.
+                            None => {
+                                let at = address as usize & !(page_size() - 1);
+                                let _ = self.fd.wake(at as *mut u8, page_size());
                             }
                         }
                         self.counters.fault_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
