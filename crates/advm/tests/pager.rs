@@ -59,6 +59,7 @@ in_both_fault_modes!(
     a_full_swap_file_is_a_clear_error_and_loses_nothing,
     a_region_unmapped_while_pages_are_evicted,
     a_written_out_page_marked_discardable_is_never_read_back,
+    flush_discardable_drops_only_the_discardable_pages,
 );
 
 /// A small deterministic generator (xorshift).
@@ -370,6 +371,27 @@ fn a_written_out_page_marked_discardable_is_never_read_back(mode: FaultMode) {
     p.discardable(r.as_ptr() as usize + 8 * ps(), 8 * ps()).unwrap();
     p.flush(r.as_ptr() as usize + 8 * ps(), 8 * ps()).unwrap();
     assert_eq!(p.stats().swapped_pages, 0);
+}
+
+fn flush_discardable_drops_only_the_discardable_pages(mode: FaultMode) {
+    let Some(p) = pager(mode, 1024) else { return };
+    let r = p.map(32 * ps()).unwrap();
+    let a = r.as_ptr() as usize;
+    r.write(0, &vec![5; r.len()]).unwrap();
+    p.discardable(a + 8 * ps(), 16 * ps()).unwrap();
+    // only the range asked for: pages 8..16 of the discardable 8..24
+    assert_eq!(p.flush_discardable(a, 16 * ps()).unwrap(), 8);
+    let s = p.stats();
+    assert_eq!((s.discarded_pages, s.written_pages, s.resident_pages), (8, 0, 24), "{s:?}");
+    assert_eq!(s.preflushed_by_user, 8);
+    let mut b = vec![0; ps()];
+    r.read(8 * ps(), &mut b).unwrap();
+    assert!(b.iter().all(|&x| x == 0));
+    r.read(16 * ps(), &mut b).unwrap();
+    assert!(b.iter().all(|&x| x == 5), "a discardable page outside the range stays");
+    r.read(0, &mut b).unwrap();
+    assert!(b.iter().all(|&x| x == 5), "needed pages stay");
+    assert!(p.flush_discardable(a + 1, ps()).is_err());
 }
 
 #[test]

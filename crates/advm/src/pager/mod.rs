@@ -606,6 +606,15 @@ impl Pager {
         self.shared.evict_range(&m, first, n, Cause::User)
     }
 
+    /// Drops every resident discardable page of `[addr, addr+len)` now and writes
+    /// nothing (the paper's `FlushDiscardable`, a collector's user-initiated
+    /// pre-flush); needed pages stay. Returns the pages dropped.
+    pub fn flush_discardable(&self, addr: usize, len: usize) -> Result<usize> {
+        let (m, first, n) = self.shared.locate(addr, len)?;
+        let _ev = self.shared.lock_evicting();
+        Ok(self.shared.drop_discardable_in(&m, first, first + n, usize::MAX, Cause::User))
+    }
+
     /// Purgeable memory: makes `[addr, addr+len)` needed and says whether its
     /// contents survived (false: a page was discarded while it was unlocked).
     pub fn lock(&self, addr: usize, len: usize) -> Result<bool> {
@@ -1045,29 +1054,40 @@ impl Shared {
         let regions: Vec<Arc<Managed>> = self.regions.read().unwrap_or_else(|p| p.into_inner()).clone();
         let mut done = 0;
         for m in &regions {
-            let mut p = 0;
-            while p < m.pages() && done < want {
-                if m.discardable.word(p / 64) == 0 {
-                    p = (p / 64 + 1) * 64;
-                    continue;
-                }
-                if !(m.discardable.get(p) && m.state[p].load(Ordering::Acquire) == RESIDENT) {
-                    p += 1;
-                    continue;
-                }
-                let mut end = p + 1;
-                while end < m.pages()
-                    && end - p < STAGE_PAGES
-                    && end - p < want - done
-                    && m.discardable.get(end)
-                    && m.state[end].load(Ordering::Acquire) == RESIDENT
-                {
-                    end += 1;
-                }
-                // a discardable page taken back (needed) meanwhile is written, not lost
-                done += self.evict_range(m, p, end - p, cause).unwrap_or(0);
-                p = end;
+            if done >= want {
+                break;
             }
+            done += self.drop_discardable_in(m, 0, m.pages(), want - done, cause);
+        }
+        done
+    }
+
+    /// Drops up to `want` resident discardable pages of pages `[from, to)` of `m`;
+    /// returns how many. The caller holds the eviction lock.
+    fn drop_discardable_in(&self, m: &Managed, from: usize, to: usize, want: usize, cause: Cause) -> usize {
+        let mut done = 0;
+        let mut p = from;
+        while p < to && done < want {
+            if m.discardable.word(p / 64) == 0 {
+                p = (p / 64 + 1) * 64;
+                continue;
+            }
+            if !(m.discardable.get(p) && m.state[p].load(Ordering::Acquire) == RESIDENT) {
+                p += 1;
+                continue;
+            }
+            let mut end = p + 1;
+            while end < to
+                && end - p < STAGE_PAGES
+                && end - p < want - done
+                && m.discardable.get(end)
+                && m.state[end].load(Ordering::Acquire) == RESIDENT
+            {
+                end += 1;
+            }
+            // a discardable page taken back (needed) meanwhile is written, not lost
+            done += self.evict_range(m, p, end - p, cause).unwrap_or(0);
+            p = end;
         }
         done
     }
