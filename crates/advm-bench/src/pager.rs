@@ -278,6 +278,8 @@ impl PagerBench {
                     ("write faults zero-filled", "pages", pf(|p| p.write_faults.zero_filled)),
                     ("write faults not read", "pages", pf(|p| p.write_faults.not_read)),
                     ("write faults read", "pages", pf(|p| p.write_faults.read)),
+                    ("read ahead", "pages", pf(|p| p.read_ahead_pages)),
+                    ("zero-filled ahead", "pages", pf(|p| p.zero_ahead_pages)),
                     ("page-out discarded", "pages", pf(|p| p.discarded_pages)),
                     ("page-out written", "pages", pf(|p| p.written_pages)),
                     ("flushed by pager", "pages", pf(|p| p.preflushed_by_pager)),

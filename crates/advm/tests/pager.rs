@@ -112,7 +112,8 @@ fn discardable_pages_read_back_as_zeros_and_are_never_written(mode: FaultMode) {
     assert!(back[..32 * ps()].iter().all(|&b| b == 0));
     assert!(back[32 * ps()..].iter().all(|&b| b == 0xAB));
     let s = p.stats();
-    assert_eq!((s.read_faults.not_read, s.read_faults.read), (32, 32), "{s:?}");
+    // each needed page read back once, by its fault or ahead of one
+    assert_eq!((s.read_faults.not_read, s.read_faults.read + s.read_ahead_pages), (32, 32), "{s:?}");
 }
 
 fn the_budget_is_held(mode: FaultMode) {
@@ -198,7 +199,8 @@ fn threads_faulting_the_same_pages_at_once_each_see_them_once(mode: FaultMode) {
         t.join().unwrap();
     }
     let s = p.stats();
-    assert_eq!((s.read_pages(), s.resident_pages, s.swapped_pages), (64, 64, 0), "{s:?}");
+    // each read back exactly once, by a fault or ahead of one
+    assert_eq!((s.read_pages() + s.read_ahead_pages, s.resident_pages, s.swapped_pages), (64, 64, 0), "{s:?}");
 }
 
 fn a_write_racing_eviction_is_never_lost(mode: FaultMode) {
@@ -392,6 +394,68 @@ fn flush_discardable_drops_only_the_discardable_pages(mode: FaultMode) {
     r.read(0, &mut b).unwrap();
     assert!(b.iter().all(|&x| x == 5), "needed pages stay");
     assert!(p.flush_discardable(a + 1, ps()).is_err());
+}
+
+#[test]
+fn a_read_back_brings_the_following_swapped_pages_in_the_same_read() {
+    let Some(p) = pager(FaultMode::Thread, 1024) else { return };
+    let r = p.map(64 * ps()).unwrap();
+    for i in 0..64 {
+        r.write(i * ps(), &vec![i as u8 + 1; ps()]).unwrap();
+    }
+    p.flush(r.as_ptr() as usize, r.len()).unwrap();
+    let mut b = vec![0; ps()];
+    for i in 0..64 {
+        r.read(i * ps(), &mut b).unwrap();
+        assert!(b.iter().all(|&x| x == i as u8 + 1), "page {i}");
+    }
+    let s = p.stats();
+    // one fault per 16 pages: the other 15 came with it
+    assert_eq!((s.read_pages(), s.read_ahead_pages), (4, 60), "{s:?}");
+    assert_eq!(s.bytes_read, 64 * ps() as u64);
+    assert_eq!(s.resident_pages, 64);
+}
+
+#[test]
+fn read_ahead_stays_within_the_budget_and_skips_discardable_pages() {
+    let Some(p) = pager(FaultMode::Thread, 8) else { return };
+    let r = p.map(32 * ps()).unwrap();
+    r.write(0, &vec![7; r.len()]).unwrap();
+    p.flush(r.as_ptr() as usize, r.len()).unwrap();
+    p.discardable(r.as_ptr() as usize + 4 * ps(), ps()).unwrap();
+    let before = p.stats();
+    let mut b = [0u8];
+    r.read(0, &mut b).unwrap();
+    let s = p.stats();
+    // pages 1..4 come along; page 4 is garbage and ends the run
+    assert_eq!(
+        (s.read_pages() - before.read_pages(), s.read_ahead_pages - before.read_ahead_pages, b[0]),
+        (1, 3, 7),
+        "{s:?}"
+    );
+    r.read(8 * ps(), &mut b).unwrap();
+    r.read(16 * ps(), &mut b).unwrap();
+    assert!(p.stats().resident_pages <= 8, "{:?}", p.stats());
+}
+
+#[test]
+fn discarded_pages_marked_needed_are_zero_filled_ahead_of_their_faults() {
+    let Some(p) = pager(FaultMode::Thread, 1024) else { return };
+    let r = p.map(32 * ps()).unwrap();
+    let a = r.as_ptr() as usize;
+    r.write(0, &vec![9; r.len()]).unwrap();
+    p.discardable(a, r.len()).unwrap();
+    p.flush(a, r.len()).unwrap();
+    // reused: the first 8 pages needed again (an allocation buffer), the rest garbage
+    p.needed(a, 8 * ps()).unwrap();
+    let before = p.stats().faults();
+    r.write(0, &[1]).unwrap();
+    let s = p.stats();
+    assert_eq!((s.write_faults.not_read, s.zero_ahead_pages, s.resident_pages), (1, 7, 8), "{s:?}");
+    let mut b = vec![1; ps()];
+    r.read(7 * ps(), &mut b).unwrap();
+    assert!(b.iter().all(|&x| x == 0));
+    assert_eq!(p.stats().faults(), before + 1, "no fault on the pages filled ahead");
 }
 
 #[test]

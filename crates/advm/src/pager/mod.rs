@@ -58,6 +58,9 @@ use ring::Ring;
 
 /// Pages moved out per `UFFDIO_MOVE` while discardable pages are dropped.
 const STAGE_PAGES: usize = 256;
+/// Most pages one read-back brings in: the faulting page and the pages after it that
+/// were written to the slots after its slot (read-ahead, handler thread only).
+const READ_AHEAD: usize = 16;
 /// How often the handler thread looks at the cgroup and at its stop flag.
 const TICK: Duration = Duration::from_millis(10);
 
@@ -174,6 +177,12 @@ pub struct Stats {
     pub bytes_written: u64,
     /// Bytes read back from it.
     pub bytes_read: u64,
+    /// Pages read back ahead of a fault with the faulting page (in the same read):
+    /// the pages after it, swapped to the slots after its slot, while the budget had room.
+    pub read_ahead_pages: u64,
+    /// Discarded pages marked needed again that were zero-filled ahead of a fault, with
+    /// a fault on the discarded page before them.
+    pub zero_ahead_pages: u64,
     /// Pages resident now (filled by the pager and not evicted).
     pub resident_pages: u64,
     /// Pages held in the swap file now.
@@ -215,6 +224,8 @@ struct Counters {
     by_user: AtomicU64,
     bytes_written: AtomicU64,
     bytes_read: AtomicU64,
+    read_ahead: AtomicU64,
+    zero_ahead: AtomicU64,
     fault_ns: AtomicU64,
     failures: AtomicU64,
 }
@@ -649,6 +660,8 @@ impl Pager {
             preflushed_by_user: ld(&c.by_user),
             bytes_written: ld(&c.bytes_written),
             bytes_read: ld(&c.bytes_read),
+            read_ahead_pages: ld(&c.read_ahead),
+            zero_ahead_pages: ld(&c.zero_ahead),
             resident_pages: self.shared.resident.load(Ordering::Acquire) as u64,
             swapped_pages: self.shared.slots.lock().unwrap_or_else(|p| p.into_inner()).used(),
             fault_ns: ld(&c.fault_ns),
@@ -708,7 +721,7 @@ impl Shared {
     }
 
     fn handle_faults(&self) {
-        let mut buf = match PageBuf::new(1) {
+        let mut buf = match PageBuf::new(READ_AHEAD) {
             Ok(b) => b,
             Err(_) => return,
         };
@@ -880,6 +893,9 @@ impl Shared {
                         self.counters.fault[w][kind].fetch_add(1, Ordering::Relaxed);
                     }
                     self.filled_from(m, page, st, done, None, signal);
+                    if done && st == DISCARDED && !signal {
+                        self.zero_ahead(m, page, buf.len() / page_size() - 1);
+                    }
                     return true;
                 }
                 _ => {
@@ -898,20 +914,35 @@ impl Shared {
                         }
                         done
                     } else {
-                        if self.swap.read_page(slot as usize, buf).is_err() {
-                            if m.state[page]
-                                .compare_exchange(EVICTING, SWAPPED, Ordering::AcqRel, Ordering::Acquire)
-                                .is_err()
-                            {
-                                self.record(m.id, None, Some(slot), signal);
+                        let ps = page_size();
+                        let ahead = if signal { 0 } else { self.claim_ahead(m, page, slot, buf.len() / ps - 1) };
+                        if self.swap.read_page(slot as usize, &mut buf[..(1 + ahead) * ps]).is_err() {
+                            for p in page..=page + ahead {
+                                if m.state[p]
+                                    .compare_exchange(EVICTING, SWAPPED, Ordering::AcqRel, Ordering::Acquire)
+                                    .is_err()
+                                {
+                                    self.record(m.id, None, Some(m.slot[p].load(Ordering::Acquire)), signal);
+                                }
                             }
                             return false;
                         }
                         self.reserve(signal);
-                        let done = m.area.fill_copy(&self.fd, page, buf).unwrap_or(false);
+                        let done = m.area.fill_copy(&self.fd, page, &buf[..ps]).unwrap_or(false);
                         if done {
                             self.counters.fault[w][2].fetch_add(1, Ordering::Relaxed);
-                            self.counters.bytes_read.fetch_add(page_size() as u64, Ordering::Relaxed);
+                            self.counters.bytes_read.fetch_add(ps as u64, Ordering::Relaxed);
+                        }
+                        // the pages read ahead: resident without a fault (none waits on them)
+                        for i in 1..=ahead {
+                            let p = page + i;
+                            self.reserve(false);
+                            let d = m.area.fill_copy(&self.fd, p, &buf[i * ps..(i + 1) * ps]).unwrap_or(false);
+                            if d {
+                                self.counters.read_ahead.fetch_add(1, Ordering::Relaxed);
+                                self.counters.bytes_read.fetch_add(ps as u64, Ordering::Relaxed);
+                            }
+                            self.filled_from(m, p, EVICTING, d, Some(m.slot[p].load(Ordering::Acquire)), false);
                         }
                         done
                     };
@@ -920,6 +951,58 @@ impl Shared {
                 }
             }
         }
+    }
+
+    /// After a fault on a discarded page: the discarded pages after it that the
+    /// application marked needed again (about to be reused: a collector's next
+    /// allocation buffer) get their fresh zero pages now, up to `most` and while the
+    /// budget has room, each without a fault of its own.
+    fn zero_ahead(&self, m: &Managed, page: usize, most: usize) {
+        let room = self.budget.saturating_sub(self.resident.load(Ordering::Acquire));
+        for p in page + 1..(page + 1 + most.min(room)).min(m.pages()) {
+            if m.discardable.get(p)
+                || m.state[p].compare_exchange(DISCARDED, EVICTING, Ordering::AcqRel, Ordering::Acquire).is_err()
+            {
+                return;
+            }
+            self.reserve(false);
+            let done = m.area.fill_zero(&self.fd, p, true).unwrap_or(false);
+            if done {
+                self.counters.zero_ahead.fetch_add(1, Ordering::Relaxed);
+                self.filled_from(m, p, EVICTING, true, None, false);
+            } else {
+                // not filled: discarded still (or unmapped meanwhile)
+                self.resident.fetch_sub(1, Ordering::AcqRel);
+                let _ = m.state[p].compare_exchange(EVICTING, DISCARDED, Ordering::AcqRel, Ordering::Acquire);
+                return;
+            }
+        }
+    }
+
+    /// Claims (SWAPPED -> EVICTING) up to `most` pages after `page` (swapped to `slot`)
+    /// that are swapped to the slots after it and still needed, while the budget has
+    /// room for them besides the faulting page; returns how many.
+    fn claim_ahead(&self, m: &Managed, page: usize, slot: u32, most: usize) -> usize {
+        let room = self.budget.saturating_sub(self.resident.load(Ordering::Acquire) + 1);
+        let mut n = 0;
+        while n < most.min(room) {
+            let p = page + n + 1;
+            if p >= m.pages()
+                || m.discardable.get(p)
+                || m.state[p].compare_exchange(SWAPPED, EVICTING, Ordering::AcqRel, Ordering::Acquire).is_err()
+            {
+                break;
+            }
+            if m.slot[p].load(Ordering::Acquire) != slot + n as u32 + 1 || m.discardable.get(p) {
+                // unclaimed; unmapped meanwhile (GONE): its slot is ours to free
+                if m.state[p].compare_exchange(EVICTING, SWAPPED, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                    self.record(m.id, None, Some(m.slot[p].load(Ordering::Acquire)), false);
+                }
+                break;
+            }
+            n += 1;
+        }
+        n
     }
 
     /// Settles a fill attempt of `page`, counted by [`Shared::reserve`], whose state
