@@ -41,6 +41,10 @@ pub struct advm_pager_stats {
     pub bytes_written: u64,
     /// See `bytes_written`.
     pub bytes_read: u64,
+    /// Pages read back with a faulting page (the following slots), ahead of their fault.
+    pub read_ahead_pages: u64,
+    /// Needed pages zero-filled with a faulting page, ahead of their own fault.
+    pub zero_ahead_pages: u64,
 }
 
 /// `advm_pager *advm_pager_new(size_t budget_bytes, const char *swap_path)`: NULL
@@ -181,6 +185,8 @@ pub unsafe extern "C" fn advm_pager_stats(p: *mut advm_pager, out: *mut advm_pag
                 preflushed_by_user: s.preflushed_by_user,
                 bytes_written: s.bytes_written,
                 bytes_read: s.bytes_read,
+                read_ahead_pages: s.read_ahead_pages,
+                zero_ahead_pages: s.zero_ahead_pages,
             };
             // SAFETY: the caller passes writable memory for the struct.
             out.write(v);

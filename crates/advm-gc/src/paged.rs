@@ -64,6 +64,8 @@ impl PagedSpaces {
         let mut spans = Vec::new();
         for &len in lens {
             let r = spaces.paging.pager.map(len)?;
+            // all free: discardable until the heap marks a range needed to use it
+            r.mark_discardable(0, r.len() / page_size())?;
             let base = r.as_ptr() as usize;
             spans.push(Span { base, end: base + r.len() });
             spaces.regions.push(r);

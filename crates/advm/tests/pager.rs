@@ -448,14 +448,32 @@ fn discarded_pages_marked_needed_are_zero_filled_ahead_of_their_faults() {
     p.flush(a, r.len()).unwrap();
     // reused: the first 8 pages needed again (an allocation buffer), the rest garbage
     p.needed(a, 8 * ps()).unwrap();
-    let before = p.stats().faults();
+    let before = p.stats();
     r.write(0, &[1]).unwrap();
     let s = p.stats();
-    assert_eq!((s.write_faults.not_read, s.zero_ahead_pages, s.resident_pages), (1, 7, 8), "{s:?}");
+    assert_eq!(
+        (s.write_faults.not_read, s.zero_ahead_pages - before.zero_ahead_pages, s.resident_pages),
+        (1, 7, 8),
+        "{s:?}"
+    );
     let mut b = vec![1; ps()];
     r.read(7 * ps(), &mut b).unwrap();
     assert!(b.iter().all(|&x| x == 0));
-    assert_eq!(p.stats().faults(), before + 1, "no fault on the pages filled ahead");
+    assert_eq!(p.stats().faults(), before.faults() + 1, "no fault on the pages filled ahead");
+}
+
+#[test]
+fn empty_pages_after_a_first_touch_are_zero_filled_ahead_within_the_budget() {
+    let Some(p) = pager(FaultMode::Thread, 40) else { return };
+    let r = p.map(64 * ps()).unwrap();
+    // one fault per 16 pages while the budget has room
+    r.write(0, &vec![3; 32 * ps()]).unwrap();
+    let s = p.stats();
+    assert_eq!((s.write_faults.zero_filled, s.zero_ahead_pages, s.resident_pages), (2, 30, 32), "{s:?}");
+    // 8 pages of room left: the next fault fills 1 + 7
+    r.write(32 * ps(), &[3]).unwrap();
+    let s = p.stats();
+    assert_eq!((s.zero_ahead_pages, s.resident_pages), (37, 40), "{s:?}");
 }
 
 #[test]

@@ -180,8 +180,9 @@ pub struct Stats {
     /// Pages read back ahead of a fault with the faulting page (in the same read):
     /// the pages after it, swapped to the slots after its slot, while the budget had room.
     pub read_ahead_pages: u64,
-    /// Discarded pages marked needed again that were zero-filled ahead of a fault, with
-    /// a fault on the discarded page before them.
+    /// Empty pages, and discarded pages marked needed again, zero-filled with a
+    /// zero-fill fault on the page before them (memory is used upwards), ahead of
+    /// their own fault, while the budget had room.
     pub zero_ahead_pages: u64,
     /// Pages resident now (filled by the pager and not evicted).
     pub resident_pages: u64,
@@ -893,8 +894,8 @@ impl Shared {
                         self.counters.fault[w][kind].fetch_add(1, Ordering::Relaxed);
                     }
                     self.filled_from(m, page, st, done, None, signal);
-                    if done && st == DISCARDED && !signal {
-                        self.zero_ahead(m, page, buf.len() / page_size() - 1);
+                    if done && !signal {
+                        self.zero_ahead(m, page, st, buf.len() / page_size() - 1);
                     }
                     return true;
                 }
@@ -953,15 +954,16 @@ impl Shared {
         }
     }
 
-    /// After a fault on a discarded page: the discarded pages after it that the
-    /// application marked needed again (about to be reused: a collector's next
-    /// allocation buffer) get their fresh zero pages now, up to `most` and while the
-    /// budget has room, each without a fault of its own.
-    fn zero_ahead(&self, m: &Managed, page: usize, most: usize) {
+    /// After a zero-fill fault on a page that was `st` (empty or discarded): the
+    /// pages after it in the same state that are needed (a discarded page the
+    /// application marked needed again is about to be reused: a collector's next
+    /// allocation buffer; memory is used upwards) get their fresh zero pages now, up
+    /// to `most` and while the budget has room, each without a fault of its own.
+    fn zero_ahead(&self, m: &Managed, page: usize, st: u8, most: usize) {
         let room = self.budget.saturating_sub(self.resident.load(Ordering::Acquire));
         for p in page + 1..(page + 1 + most.min(room)).min(m.pages()) {
             if m.discardable.get(p)
-                || m.state[p].compare_exchange(DISCARDED, EVICTING, Ordering::AcqRel, Ordering::Acquire).is_err()
+                || m.state[p].compare_exchange(st, EVICTING, Ordering::AcqRel, Ordering::Acquire).is_err()
             {
                 return;
             }
@@ -971,9 +973,9 @@ impl Shared {
                 self.counters.zero_ahead.fetch_add(1, Ordering::Relaxed);
                 self.filled_from(m, p, EVICTING, true, None, false);
             } else {
-                // not filled: discarded still (or unmapped meanwhile)
+                // not filled: as it was (or unmapped meanwhile)
                 self.resident.fetch_sub(1, Ordering::AcqRel);
-                let _ = m.state[p].compare_exchange(EVICTING, DISCARDED, Ordering::AcqRel, Ordering::Acquire);
+                let _ = m.state[p].compare_exchange(EVICTING, st, Ordering::AcqRel, Ordering::Acquire);
                 return;
             }
         }
