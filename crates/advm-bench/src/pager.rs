@@ -282,6 +282,7 @@ impl PagerBench {
                     ("zero-filled ahead", "pages", pf(|p| p.zero_ahead_pages)),
                     ("page-out discarded", "pages", pf(|p| p.discarded_pages)),
                     ("page-out written", "pages", pf(|p| p.written_pages)),
+                    ("page-out clean (not written)", "pages", pf(|p| p.clean_dropped_pages)),
                     ("flushed by pager", "pages", pf(|p| p.preflushed_by_pager)),
                     ("flushed by user", "pages", pf(|p| p.preflushed_by_user)),
                     ("swap bytes written", "MiB", pf(|p| p.bytes_written >> 20)),

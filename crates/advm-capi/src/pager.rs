@@ -45,6 +45,8 @@ pub struct advm_pager_stats {
     pub read_ahead_pages: u64,
     /// Needed pages zero-filled with a faulting page, ahead of their own fault.
     pub zero_ahead_pages: u64,
+    /// Page-outs of pages read back and not written since: dropped, no write.
+    pub clean_dropped_pages: u64,
 }
 
 /// `advm_pager *advm_pager_new(size_t budget_bytes, const char *swap_path)`: NULL
@@ -187,6 +189,7 @@ pub unsafe extern "C" fn advm_pager_stats(p: *mut advm_pager, out: *mut advm_pag
                 bytes_read: s.bytes_read,
                 read_ahead_pages: s.read_ahead_pages,
                 zero_ahead_pages: s.zero_ahead_pages,
+                clean_dropped_pages: s.clean_dropped_pages,
             };
             // SAFETY: the caller passes writable memory for the struct.
             out.write(v);

@@ -184,6 +184,9 @@ pub struct Stats {
     /// zero-fill fault on the page before them (memory is used upwards), ahead of
     /// their own fault, while the budget had room.
     pub zero_ahead_pages: u64,
+    /// Page-outs of clean pages: read back, not written since, so dropped without a
+    /// write, their swap copy kept (handler-thread mode).
+    pub clean_dropped_pages: u64,
     /// Pages resident now (filled by the pager and not evicted).
     pub resident_pages: u64,
     /// Pages held in the swap file now.
@@ -227,6 +230,7 @@ struct Counters {
     bytes_read: AtomicU64,
     read_ahead: AtomicU64,
     zero_ahead: AtomicU64,
+    clean_dropped: AtomicU64,
     fault_ns: AtomicU64,
     failures: AtomicU64,
 }
@@ -249,6 +253,10 @@ struct Managed {
     discardable: Bitmap,
     /// Pages dropped as discardable since the last [`Pager::lock`] of them.
     purged: Bitmap,
+    /// Resident pages read back and not written since (installed write-protected):
+    /// each still owns its swap slot, and whoever clears the bit decides the slot's
+    /// fate (the eviction keeps it, a write frees it).
+    clean: Bitmap,
     state: Box<[AtomicU8]>,
     slot: Box<[AtomicU32]>,
     /// Incremented at each fill: queue entries of an earlier residency are stale.
@@ -294,6 +302,9 @@ struct Shared {
     fd: Userfaultfd,
     /// Faults are served on the faulting threads (SIGBUS mode).
     sigbus: bool,
+    /// Pages read back on a read fault are installed write-protected and keep their
+    /// swap slot until written (handler-thread mode, where write protection is offered).
+    track_clean: bool,
     /// Fills (and swap slots to free) recorded by faulting threads, drained into
     /// `queue` (and `slots`) by whoever holds the queue lock.
     filled: Ring,
@@ -477,10 +488,12 @@ impl Pager {
             }
         };
         let fd = Userfaultfd::new(if sigbus { uffd::feature::SIGBUS } else { 0 }, true)?;
-        let staging = Area::new(&fd, STAGE_PAGES * ps, false)?;
+        let staging = Area::new(&fd, STAGE_PAGES * ps, false, false)?;
+        let track_clean = !sigbus && fd.info().features & uffd::feature::PAGEFAULT_FLAG_WP != 0;
         let shared = Arc::new(Shared {
             fd,
             sigbus,
+            track_clean,
             filled: Ring::new((cfg.budget_bytes / ps).clamp(1024, 1 << 16)),
             bell: Doorbell::new()?,
             answered: AtomicU32::new(0),
@@ -516,6 +529,12 @@ impl Pager {
         }
     }
 
+    /// Whether pages read back on a read fault keep their swap copy until written
+    /// (clean-page tracking: handler-thread mode, with userfaultfd write protection).
+    pub fn tracks_clean_pages(&self) -> bool {
+        self.shared.track_clean
+    }
+
     /// Whether the swap file bypasses the page cache.
     pub fn swap_is_direct(&self) -> bool {
         self.shared.swap.direct()
@@ -535,13 +554,14 @@ impl Pager {
         if u32::try_from(pages).is_err() {
             return Err(Error::InvalidArgument { what: "length", why: format!("{len} bytes: at most 2^32 pages") });
         }
-        let area = Area::new(&self.shared.fd, len, true)?;
+        let area = Area::new(&self.shared.fd, len, true, self.shared.track_clean)?;
         let m = Arc::new(Managed {
             id: self.shared.next_id.fetch_add(1, Ordering::Relaxed),
             route: OnceLock::new(),
             area,
             discardable: Bitmap::new(pages),
             purged: Bitmap::new(pages),
+            clean: Bitmap::new(pages),
             state: (0..pages).map(|_| AtomicU8::new(EMPTY)).collect(),
             slot: (0..pages).map(|_| AtomicU32::new(0)).collect(),
             gen: (0..pages).map(|_| AtomicU32::new(0)).collect(),
@@ -587,6 +607,9 @@ impl Pager {
             match m.state[p].swap(GONE, Ordering::AcqRel) {
                 RESIDENT => {
                     s.resident.fetch_sub(1, Ordering::AcqRel);
+                    if m.clean.take_range(p, 1) {
+                        slots.give_back(m.slot[p].load(Ordering::Acquire));
+                    }
                 }
                 SWAPPED => slots.give_back(m.slot[p].load(Ordering::Acquire)),
                 _ => {}
@@ -663,6 +686,7 @@ impl Pager {
             bytes_read: ld(&c.bytes_read),
             read_ahead_pages: ld(&c.read_ahead),
             zero_ahead_pages: ld(&c.zero_ahead),
+            clean_dropped_pages: ld(&c.clean_dropped),
             resident_pages: self.shared.resident.load(Ordering::Acquire) as u64,
             swapped_pages: self.shared.slots.lock().unwrap_or_else(|p| p.into_inner()).used(),
             fault_ns: ld(&c.fault_ns),
@@ -731,6 +755,12 @@ impl Shared {
             if sp::wait_event(&self.fd, &self.bell, TICK.as_millis() as i32) {
                 while let Ok(Some(ev)) = self.fd.read_event() {
                     if let Event::Pagefault { address, flags } = ev {
+                        if flags & uffd::fault_flag::WP != 0 {
+                            if let Some((m, page)) = self.find(address as usize) {
+                                self.written(&m, page);
+                            }
+                            continue;
+                        }
                         self.keep_budget(1);
                         // the fault itself, without the eviction that made room for it
                         let t = Instant::now();
@@ -929,7 +959,8 @@ impl Shared {
                             return false;
                         }
                         self.reserve(signal);
-                        let done = m.area.fill_copy(&self.fd, page, &buf[..ps]).unwrap_or(false);
+                        // read, not written: installed clean (its slot kept) where tracked
+                        let done = self.fill_read_back(m, page, &buf[..ps], !write && self.track_clean);
                         if done {
                             self.counters.fault[w][2].fetch_add(1, Ordering::Relaxed);
                             self.counters.bytes_read.fetch_add(ps as u64, Ordering::Relaxed);
@@ -938,14 +969,15 @@ impl Shared {
                         for i in 1..=ahead {
                             let p = page + i;
                             self.reserve(false);
-                            let d = m.area.fill_copy(&self.fd, p, &buf[i * ps..(i + 1) * ps]).unwrap_or(false);
+                            let d = self.fill_read_back(m, p, &buf[i * ps..(i + 1) * ps], self.track_clean);
                             if d {
                                 self.counters.read_ahead.fetch_add(1, Ordering::Relaxed);
                                 self.counters.bytes_read.fetch_add(ps as u64, Ordering::Relaxed);
                             }
-                            self.filled_from(m, p, EVICTING, d, Some(m.slot[p].load(Ordering::Acquire)), false);
+                            self.settle_read_back(m, p, d, false);
                         }
-                        done
+                        self.settle_read_back(m, page, done, signal);
+                        return true;
                     };
                     self.filled_from(m, page, EVICTING, done, Some(slot), signal);
                     return true;
@@ -979,6 +1011,45 @@ impl Shared {
                 return;
             }
         }
+    }
+
+    /// Installs the swap copy `data` of the claimed page `page`; `clean`: write-protected
+    /// and marked clean, so that it keeps its swap slot until it is written.
+    fn fill_read_back(&self, m: &Managed, page: usize, data: &[u8], clean: bool) -> bool {
+        if !clean {
+            return m.area.fill_copy(&self.fd, page, data).unwrap_or(false);
+        }
+        // marked before it can be seen resident: an eviction must find it clean
+        m.clean.set_range(page, 1, true);
+        let done = m.area.fill_copy_clean(&self.fd, page, data).unwrap_or(false);
+        if !done {
+            m.clean.take_range(page, 1);
+        }
+        done
+    }
+
+    /// Settles a read-back fill of the claimed `page`: as [`Shared::filled_from`],
+    /// except that a page installed clean keeps its slot (freed if it was unmapped).
+    fn settle_read_back(&self, m: &Managed, page: usize, done: bool, signal: bool) {
+        let slot = m.slot[page].load(Ordering::Acquire);
+        if !(done && m.clean.get(page)) {
+            self.filled_from(m, page, EVICTING, done, Some(slot), signal);
+            return;
+        }
+        self.filled_from(m, page, EVICTING, true, None, signal);
+        if m.state[page].load(Ordering::Acquire) == GONE && m.clean.take_range(page, 1) {
+            self.record(m.id, None, Some(slot), signal);
+        }
+    }
+
+    /// A write-protect fault: the clean page `page` is being written. Its swap copy
+    /// is stale from now on (the slot is freed, unless an eviction kept it first);
+    /// then the writer goes on (or, the page evicted meanwhile, faults again).
+    fn written(&self, m: &Managed, page: usize) {
+        if m.clean.take_range(page, 1) {
+            self.record(m.id, None, Some(m.slot[page].load(Ordering::Acquire)), false);
+        }
+        let _ = m.area.unprotect(&self.fd, page);
     }
 
     /// Claims (SWAPPED -> EVICTING) up to `most` pages after `page` (swapped to `slot`)
@@ -1250,10 +1321,23 @@ impl Shared {
         let mut settled = 0;
         let mut keep: Vec<usize> = Vec::new();
         for (i, &(m, page)) in staged.iter().enumerate() {
+            // taken away from the region: a writer waiting on its protection has not
+            // written it, so a page still marked clean is its swap copy
+            let clean = m.clean.take_range(page, 1);
             if m.discardable.get(page) {
+                if clean {
+                    self.slots
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .give_back(m.slot[page].load(Ordering::Acquire));
+                }
                 m.purged.set_range(page, 1, true);
                 m.state[page].store(DISCARDED, Ordering::Release);
                 self.counters.discarded.fetch_add(1, Ordering::Relaxed);
+                settled += 1;
+            } else if clean {
+                m.state[page].store(SWAPPED, Ordering::Release);
+                self.counters.clean_dropped.fetch_add(1, Ordering::Relaxed);
                 settled += 1;
             } else {
                 keep.push(i);
