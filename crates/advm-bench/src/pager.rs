@@ -67,7 +67,7 @@ fn sizes(quick: bool) -> Sizes {
     let (limit, live, primes) = if quick { (48 * mib, 24, 64) } else { (96 * mib, 48, 128) };
     // the heap gets what the limit leaves after the program itself (binary, pager state)
     let budget = limit - 6 * mib;
-    Sizes { limit: limit as u64, heap: 8 * limit, live_mib: live, primes, budget, headroom: budget / 8 }
+    Sizes { limit: limit as u64, heap: 2 * limit, live_mib: live, primes, budget, headroom: budget / 8 }
 }
 
 /// The heap configurations of the paper's figures, parameters scaled to the limit
@@ -330,7 +330,9 @@ impl Bench for PagerBench {
         let s = sizes(opts.quick);
         let interrupts = Interrupts::catch()?;
         let swap_path = std::path::PathBuf::from(format!("/var/tmp/advm-bench-pager-{}.swap", std::process::id()));
-        let swap = KernelSwap::create(&swap_path, 8 * s.limit)?;
+        // NP swaps the garbage of every space the old generation drifted through: up to
+        // three heaps of its four-heap reservation, plus the nursery and large objects
+        let swap = KernelSwap::create(&swap_path, 6 * s.heap as u64)?;
         let group = Group::create("bench-pager")?;
         group.set_limit_bytes(s.limit)?;
         let conf = &mut report.configuration;
