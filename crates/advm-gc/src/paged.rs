@@ -1,7 +1,7 @@
 //! The heap's spaces in `advm::pager` regions: the collector tells the pager which
 //! pages hold garbage (Cooper, Nettles & Subramanian, LFP 1992).
 //!
-//! - Every range a collection frees (the nursery after a minor collection, the old
+//! - The spaces start discardable (all free). Every range a collection frees (the nursery after a minor collection, the old
 //!   generation's from-space and tails after a full or major one) is marked
 //!   *discardable* through the free hook: under pressure the pager drops those pages
 //!   instead of writing them, and a later touch gets zeros without a read.
