@@ -365,7 +365,7 @@ impl Bench for PagerBench {
         let bar = opts.progress_bar((total * opts.runs) as u64, "pager");
         let mut result = Ok(());
         'all: for &w in &workloads {
-            for (ci, &(cname, g)) in configs.iter().enumerate() {
+            'configs: for (ci, &(cname, g)) in configs.iter().enumerate() {
                 let settings = settings(w, ci);
                 let mut per: Vec<Vec<Measured>> = vec![Vec::new(); settings.len()];
                 // settings interleaved run by run, so drifting machine load hits all alike
@@ -379,6 +379,12 @@ impl Bench for PagerBench {
                         }
                         match m {
                             Ok(m) => per[si].push(m),
+                            // the collector's failure, not the machine's: reported, and the
+                            // other configurations still run
+                            Err(BenchError::Usage(e)) if e.contains("heap exhausted") => {
+                                report.notes.push(format!("{} {cname} {setting:?}: {e}", w.name()));
+                                continue 'configs;
+                            }
                             Err(e) => {
                                 result = Err(e);
                                 break 'all;
