@@ -379,10 +379,10 @@ impl Bench for PagerBench {
                         }
                         match m {
                             Ok(m) => per[si].push(m),
-                            // the collector's failure, not the machine's: reported, and the
-                            // other configurations still run
-                            Err(BenchError::Usage(e)) if e.contains("heap exhausted") => {
-                                report.notes.push(format!("{} {cname} {setting:?}: {e}", w.name()));
+                            // the workload's failure in its child (heap exhausted, a panic):
+                            // reported as FAILED in the notes, the other configurations run
+                            Err(BenchError::Usage(e)) => {
+                                report.notes.push(format!("FAILED: {} {cname} {setting:?}: {e}", w.name()));
                                 continue 'configs;
                             }
                             Err(e) => {
