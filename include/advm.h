@@ -164,6 +164,9 @@ struct advm_pager_stats {
     uint64_t preflushed_by_user;  /* pages evicted by advm_pager_flush */
     uint64_t bytes_written;       /* swap file bytes written */
     uint64_t bytes_read;          /* swap file bytes read */
+    uint64_t read_ahead_pages;    /* pages read back with a faulting page, ahead of their fault */
+    uint64_t zero_ahead_pages;    /* needed pages zero-filled with a faulting one, ahead of theirs */
+    uint64_t clean_dropped_pages; /* page-outs of pages read back and not written since: no write */
 };
 
 /* budget_bytes: at least one page. swap_path: a file to create, or NULL (or a

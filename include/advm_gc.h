@@ -64,6 +64,16 @@ struct advm_gc_policy {
  * policy, as advm_gc_new otherwise. */
 advm_gc *advm_gc_new_with(size_t heap_bytes, const struct advm_gc_policy *policy);
 
+/* As advm_gc_new_with, with the heap's spaces in regions of an advm_pager (advm.h):
+ * every range a collection frees is marked discardable (dropped, never written, under
+ * pressure), ranges the heap writes again are marked needed first; nonzero
+ * flush_after_major drops the discardable pages after each full or major collection
+ * (the paper's PU). Large objects then move by memmove. The heap keeps the pager alive
+ * (advm_pager_destroy may come first). NULL with errno EINVAL for a NULL pager. */
+struct advm_pager;
+advm_gc *advm_gc_new_paged(size_t heap_bytes, const struct advm_gc_policy *policy, struct advm_pager *pager,
+                           int flush_after_major);
+
 /* Pointer slot i of obj := value (NULL or an object of this heap), through the write
  * barrier. -EINVAL: obj or value not in the heap, i not below obj's nptrs. */
 int advm_gc_store(advm_gc *gc, void *obj, size_t i, void *value);

@@ -1,29 +1,34 @@
 //! `advm bench pager`: the SML/NJ external-pager experiment (Cooper, Nettles and
-//! Subramanian, LFP 1992) under a real memory limit.
+//! Subramanian, LFP 1992) under a real memory limit, on advm-gc.
 //!
-//! Each workload runs in a forked child inside a fresh memory cgroup whose limit is
-//! below the workload's footprint, with a kernel swap file the benchmark creates (and
-//! always disables and removes, Ctrl-C included), in the paper's four settings:
-//! - NP: no pager, the kernel pages the heap to its swap file;
-//! - PO: the heap lives in an `advm::pager` region under a budget below the limit;
-//!   from-space is marked discardable after each collection;
+//! Each workload ([`workloads`]: compiler-like, growing sort, primes) runs on a
+//! generational advm-gc heap, under SML/NJ's original or the paper's modified sizing
+//! policy, copy-back on or off, in a forked child inside a fresh memory cgroup whose
+//! limit is below the heap's footprint, with a kernel swap file the benchmark creates
+//! (and always disables and removes, Ctrl-C included), in the paper's four settings:
+//! - NP: no pager, the heap is plain memory the kernel pages to its swap file;
+//! - PO: the heap's spaces are `advm::pager` regions under a budget below the limit;
+//!   what each collection frees is marked discardable, what the heap reuses needed;
 //! - PF: PO plus pager-initiated pre-flush (every discardable page dropped when the
-//!   budget comes within a headroom);
-//! - PU: PO plus a user-initiated flush of from-space after each collection.
+//!   budget or the cgroup comes within a headroom);
+//! - PU: PO plus a user-initiated flush of the discardable pages after each major
+//!   collection.
 //!
-//! The collector is the paper's own shape, a two-space copying collector written here
-//! over the heap memory; the workloads are shaped like the paper's three (a compiler
-//! whose live data rises and falls, a sort whose live data grows, a CPU-bound primes
-//! loop with little live data). [`Workload`] is the plug for real advm-gc workloads.
+//! The full run adds PO with the pager's swap file through the page cache (POCache).
 
+mod workloads;
+
+use std::sync::Arc;
 use std::time::Instant;
 
 use advm::mem::Region;
-use advm::pager::{Config, FaultMode, Interrupts, KernelSwap, PagedRegion, Pager, ProcessTimes, Stats};
+use advm::pager::{Config, FaultMode, Interrupts, KernelSwap, Pager, ProcessTimes, Stats};
 use advm::stats::cgroup::Group;
+use advm_gc::{Generational, Heap, Paging, Policy};
 use serde::{Deserialize, Serialize};
 
 use crate::{Bench, BenchError, BenchOpts, DemoRow, Figure, Report, Row};
+use workloads::Workload;
 
 /// The pager benchmark.
 pub struct PagerBench;
@@ -37,205 +42,47 @@ pub enum Setting {
     PO,
     /// Plus pager-initiated flush.
     PF,
-    /// Plus user-initiated flush after each collection.
+    /// Plus user-initiated flush after each major collection.
     PU,
     /// PO with the swap file written through the page cache instead of O_DIRECT.
     POCache,
-}
-
-const SETTINGS: [Setting; 5] = [Setting::NP, Setting::PO, Setting::PF, Setting::PU, Setting::POCache];
-
-/// The heap a workload's collector works in: kernel memory or a pager region.
-pub trait Heap {
-    /// Copies bytes out.
-    fn read(&mut self, off: usize, out: &mut [u8]) -> Result<(), BenchError>;
-    /// Copies bytes in.
-    fn write(&mut self, off: usize, data: &[u8]) -> Result<(), BenchError>;
-    /// The collector no longer needs `[off, off+len)` (from-space after a copy).
-    fn discardable(&mut self, off: usize, len: usize) -> Result<(), BenchError>;
-    /// The collector is about to use `[off, off+len)` again (to-space).
-    fn needed(&mut self, off: usize, len: usize) -> Result<(), BenchError>;
-    /// A collection finished with `[off, off+len)` as garbage (the paper's PU hook).
-    fn collected(&mut self, off: usize, len: usize) -> Result<(), BenchError>;
-}
-
-struct KernelHeap(Region);
-
-impl Heap for KernelHeap {
-    fn read(&mut self, off: usize, out: &mut [u8]) -> Result<(), BenchError> {
-        out.copy_from_slice(&self.0.bytes()[off..off + out.len()]);
-        Ok(())
-    }
-    fn write(&mut self, off: usize, data: &[u8]) -> Result<(), BenchError> {
-        self.0.bytes_mut()[off..off + data.len()].copy_from_slice(data);
-        Ok(())
-    }
-    fn discardable(&mut self, _: usize, _: usize) -> Result<(), BenchError> {
-        Ok(())
-    }
-    fn needed(&mut self, _: usize, _: usize) -> Result<(), BenchError> {
-        Ok(())
-    }
-    fn collected(&mut self, _: usize, _: usize) -> Result<(), BenchError> {
-        Ok(())
-    }
-}
-
-struct PagedHeap {
-    pager: Pager,
-    region: PagedRegion,
-    user_flush: bool,
-}
-
-impl Heap for PagedHeap {
-    fn read(&mut self, off: usize, out: &mut [u8]) -> Result<(), BenchError> {
-        Ok(self.region.read(off, out)?)
-    }
-    fn write(&mut self, off: usize, data: &[u8]) -> Result<(), BenchError> {
-        Ok(self.region.write(off, data)?)
-    }
-    fn discardable(&mut self, off: usize, len: usize) -> Result<(), BenchError> {
-        Ok(self.pager.discardable(self.region.as_ptr() as usize + off, len)?)
-    }
-    fn needed(&mut self, off: usize, len: usize) -> Result<(), BenchError> {
-        Ok(self.pager.needed(self.region.as_ptr() as usize + off, len)?)
-    }
-    fn collected(&mut self, off: usize, len: usize) -> Result<(), BenchError> {
-        if self.user_flush {
-            self.pager.flush(self.region.as_ptr() as usize + off, len)?;
-        }
-        Ok(())
-    }
-}
-
-/// A workload shape for the two-space collector.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Workload {
-    /// Live data rising and falling (the paper's compiler).
-    CompilerLike,
-    /// Live data growing to the maximum (the paper's sort).
-    GrowingSort,
-    /// Little live data, CPU work per allocation (the paper's primes).
-    Primes,
-}
-
-impl Workload {
-    fn name(self) -> &'static str {
-        match self {
-            Workload::CompilerLike => "compiler-like",
-            Workload::GrowingSort => "growing-sort",
-            Workload::Primes => "primes",
-        }
-    }
-
-    /// Live objects wanted at progress `t` in [0, 1], out of `max`.
-    fn live_target(self, t: f64, max: usize) -> usize {
-        let f = match self {
-            Workload::CompilerLike => 0.3 + 0.7 * ((t * 4.0).fract()),
-            Workload::GrowingSort => t,
-            Workload::Primes => 0.05,
-        };
-        (f * max as f64) as usize
-    }
 }
 
 /// Sizes of one run.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 struct Sizes {
     limit: u64,
-    semispace: usize,
-    max_live: usize,
-    allocate: usize,
+    /// The heap's most bytes (the policy decides how much of it is used).
+    heap: usize,
+    /// Peak live data of the compiler-like and the sort, MiB.
+    live_mib: usize,
+    /// Primes: candidates in units of 64k.
+    primes: usize,
     budget: usize,
     headroom: usize,
 }
 
 fn sizes(quick: bool) -> Sizes {
     let mib = 1usize << 20;
-    let (limit, semi, live, alloc) =
-        if quick { (48 * mib, 32 * mib, 20 * mib, 192 * mib) } else { (96 * mib, 64 * mib, 40 * mib, 1024 * mib) };
-    // the heap gets what the limit leaves after the program itself (binary, roots)
+    let (limit, live, primes) = if quick { (48 * mib, 24, 64) } else { (96 * mib, 48, 128) };
+    // the heap gets what the limit leaves after the program itself (binary, pager state)
     let budget = limit - 6 * mib;
-    Sizes { limit: limit as u64, semispace: semi, max_live: live, allocate: alloc, budget, headroom: budget / 8 }
+    Sizes { limit: limit as u64, heap: 2 * limit, live_mib: live, primes, budget, headroom: budget / 8 }
 }
 
-const OBJ: usize = 256;
-
-/// The paper's collector shape: allocate in to-space; when full, copy the live
-/// objects (the roots) to the other space, mark the old one discardable, flip.
-fn run_collector(heap: &mut dyn Heap, w: Workload, s: &Sizes) -> Result<u64, BenchError> {
-    let max_objs = s.max_live / OBJ;
-    let mut roots: Vec<(u32, u64)> = Vec::with_capacity(max_objs);
-    let (mut space, mut top) = (0usize, 0usize);
-    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
-    let mut obj = [0u8; OBJ];
-    let steps = s.allocate / OBJ;
-    let mut collections = 0u64;
-    let mut checksum = 0u64;
-    heap.needed(0, s.semispace)?;
-    heap.discardable(s.semispace, s.semispace)?;
-    for id in 1..=steps as u64 {
-        if top + OBJ > s.semispace {
-            // collect: to-space needed, copy roots, from-space garbage
-            let other = 1 - space;
-            heap.needed(other * s.semispace, s.semispace)?;
-            let mut to = 0usize;
-            for r in roots.iter_mut() {
-                heap.read(space * s.semispace + r.0 as usize, &mut obj)?;
-                heap.write(other * s.semispace + to, &obj)?;
-                r.0 = to as u32;
-                to += OBJ;
-            }
-            heap.discardable(space * s.semispace, s.semispace)?;
-            heap.collected(space * s.semispace, s.semispace)?;
-            space = other;
-            top = to;
-            collections += 1;
-            if top + OBJ > s.semispace {
-                return Err(BenchError::Usage("live data fills a semispace".into()));
-            }
-        }
-        obj[..8].copy_from_slice(&id.to_ne_bytes());
-        obj[8..16].copy_from_slice(&id.wrapping_mul(0x100_0000_01B3).to_ne_bytes());
-        heap.write(space * s.semispace + top, &obj)?;
-        let new = (top as u32, id);
-        top += OBJ;
-        let target = w.live_target(id as f64 / steps as f64, max_objs);
-        if roots.len() < target {
-            roots.push(new);
-        } else if !roots.is_empty() {
-            let i = (next() % roots.len() as u64) as usize;
-            if roots.len() > target {
-                roots.swap_remove(i);
-            } else {
-                roots[i] = new;
-            }
-        }
-        if w == Workload::Primes {
-            checksum += count_primes(id % 2000 + 500);
-        }
-        // the mutator reads a live object now and then, and checks it
-        if id % 16 == 0 && !roots.is_empty() {
-            let (off, want) = roots[(next() % roots.len() as u64) as usize];
-            heap.read(space * s.semispace + off as usize, &mut obj)?;
-            let got = u64::from_ne_bytes(obj[..8].try_into().expect("8 bytes"));
-            if got != want {
-                return Err(BenchError::Usage(format!("object {want} reads as {got}: heap corrupted")));
-            }
-        }
-    }
-    std::hint::black_box(checksum);
-    Ok(collections)
-}
-
-fn count_primes(n: u64) -> u64 {
-    (2..n).filter(|&k| (2..).take_while(|d| d * d <= k).all(|d| k % d != 0)).count() as u64
+/// The heap configurations of the paper's figures, parameters scaled to the limit
+/// (one setting for all four pager settings, not searched per setting as the paper
+/// did): original `ratio` 5, `mem_limit` the limit; modified `mem_lim` half the
+/// limit, `min_new_size` an eighth, `min_old_incr` a quarter.
+fn heap_configs(limit: usize) -> [(&'static str, Generational); 4] {
+    let original = Policy::Original { ratio: 5.0, mem_limit: limit };
+    let modified = Policy::Modified { mem_lim: limit / 2, min_new_size: limit / 8, min_old_incr: limit / 4 };
+    [
+        ("original, copy-back on", Generational { policy: original, copy_back: true }),
+        ("original, copy-back off", Generational { policy: original, copy_back: false }),
+        ("modified, copy-back off", Generational { policy: modified, copy_back: false }),
+        ("modified, copy-back on", Generational { policy: modified, copy_back: true }),
+    ]
 }
 
 /// What one child run measured.
@@ -243,7 +90,9 @@ fn count_primes(n: u64) -> u64 {
 struct Measured {
     elapsed_s: f64,
     times: ProcessTimes,
-    collections: u64,
+    minors: u64,
+    majors: u64,
+    checksum: u64,
     pager: Option<Stats>,
     swap_in_pages: u64,
     swap_out_pages: u64,
@@ -259,7 +108,13 @@ fn vmstat(key: &str) -> u64 {
         .unwrap_or(0)
 }
 
-fn run_in_child(group: &Group, w: Workload, setting: Setting, s: Sizes) -> Result<Measured, BenchError> {
+fn run_in_child(
+    group: &Group,
+    w: Workload,
+    g: Generational,
+    setting: Setting,
+    s: Sizes,
+) -> Result<Measured, BenchError> {
     let path = group.path().to_path_buf();
     let reply = group.run_in_child(move || {
         let _ = Interrupts::default_in_child();
@@ -273,29 +128,34 @@ fn run_in_child(group: &Group, w: Workload, setting: Setting, s: Sizes) -> Resul
         let before = meters()?;
         let t0 = ProcessTimes::now().map_err(|e| e.to_string())?;
         let start = Instant::now();
-        let len = 2 * s.semispace;
-        let (collections, pager, distinct) = if setting == Setting::NP {
-            let mut heap = KernelHeap(Region::new(len).map_err(|e| e.to_string())?);
-            let c = run_collector(&mut heap, w, &s).map_err(|e| e.to_string())?;
-            (c, None, meters()?)
+        let mut cfg = advm_gc::Config::new(s.heap);
+        // one GC thread: the paper's collector is sequential, and the cores are shared
+        cfg.gc_threads = 1;
+        cfg.generational = Some(g);
+        let pager = if setting == Setting::NP {
+            None
         } else {
-            let mut cfg = Config::new(s.budget);
+            let mut pc = Config::new(s.budget);
             if setting == Setting::PF {
-                cfg.preflush_headroom_bytes = Some(s.headroom);
+                pc.preflush_headroom_bytes = Some(s.headroom);
             }
             if setting == Setting::POCache {
-                cfg.swap_io = advm::pager::SwapIo::PageCache;
+                pc.swap_io = advm::pager::SwapIo::PageCache;
             }
-            cfg.cgroup = Some(path.clone());
-            let pager = Pager::new(cfg).map_err(|e| e.to_string())?;
-            let region = pager.map(len).map_err(|e| e.to_string())?;
-            let mut heap = PagedHeap { pager, region, user_flush: setting == Setting::PU };
-            let c = run_collector(&mut heap, w, &s).map_err(|e| e.to_string())?;
-            (c, Some(heap.pager.stats()), meters()?)
+            pc.cgroup = Some(path.clone());
+            let pager = Arc::new(Pager::new(pc).map_err(|e| e.to_string())?);
+            cfg.paging = Some(Paging { pager: pager.clone(), flush_after_major: setting == Setting::PU });
+            Some(pager)
         };
+        let heap = Heap::with_config(cfg).map_err(|e| e.to_string())?;
+        let mut m = heap.attach();
+        let size = if w == Workload::Primes { s.primes } else { s.live_mib };
+        let checksum = w.run(&mut m, size).map_err(|e| format!("{}: {e}", w.name()))?;
         let elapsed_s = start.elapsed().as_secs_f64();
         let t1 = ProcessTimes::now().map_err(|e| e.to_string())?;
-        let summary = sampler.stop().map_err(|e| e.to_string())?;
+        let end = meters()?;
+        drop(m);
+        let hs = heap.stats();
         let m = Measured {
             elapsed_s,
             times: ProcessTimes {
@@ -303,13 +163,15 @@ fn run_in_child(group: &Group, w: Workload, setting: Setting, s: Sizes) -> Resul
                 sys_s: t1.sys_s - t0.sys_s,
                 major_faults: t1.major_faults - t0.major_faults,
             },
-            collections,
-            pager,
+            minors: hs.history.iter().filter(|c| c.kind == "minor").count() as u64,
+            majors: hs.history.iter().filter(|c| c.kind != "minor").count() as u64,
+            checksum,
+            pager: pager.map(|p| p.stats()),
             swap_in_pages: vmstat("pswpin ") - pin,
             swap_out_pages: vmstat("pswpout ") - pout,
-            distinct_bytes: distinct.0.saturating_sub(before.0),
-            cgroup_bytes: distinct.1.saturating_sub(before.1),
-            cgroup_peak_bytes: summary.anon_shmem_bytes.max,
+            distinct_bytes: end.0.saturating_sub(before.0),
+            cgroup_bytes: end.1.saturating_sub(before.1),
+            cgroup_peak_bytes: sampler.stop().map_err(|e| e.to_string())?.anon_shmem_bytes.max,
         };
         serde_json::to_vec(&m).map_err(|e| e.to_string())
     })?;
@@ -386,13 +248,75 @@ fn fault_costs(pages: usize, runs: usize) -> Result<Vec<Row>, BenchError> {
     Ok(rows)
 }
 
+impl PagerBench {
+    /// One row per setting of workload `w` under heap configuration `cname`.
+    fn rows(&self, report: &mut Report, w: Workload, cname: &str, settings: &[Setting], per: &[Vec<Measured>]) {
+        let np_elapsed = crate::median(&per[0].iter().map(|m| m.elapsed_s).collect::<Vec<_>>());
+        for (ms, &setting) in per.iter().zip(settings) {
+            let fig = |name: &str, unit: &str, f: &dyn Fn(&Measured) -> f64| {
+                Figure::new(name, unit, ms.iter().map(f).collect())
+            };
+            let pf = |f: fn(&Stats) -> u64| move |m: &Measured| m.pager.map_or(0.0, |p| f(&p) as f64);
+            let mut row = Row::new()
+                .with("workload", w.name())
+                .with("heap", cname)
+                .with("setting", format!("{setting:?}"))
+                .figure(fig("elapsed", "s", &|m| m.elapsed_s))
+                .figure(fig("NP/this", "x", &|m| np_elapsed / m.elapsed_s))
+                .figure(fig("user", "s", &|m| m.times.user_s))
+                .figure(fig("system", "s", &|m| m.times.sys_s))
+                .figure(fig("major faults", "", &|m| m.times.major_faults as f64))
+                .figure(fig("kernel swap in", "pages", &|m| m.swap_in_pages as f64))
+                .figure(fig("kernel swap out", "pages", &|m| m.swap_out_pages as f64))
+                .figure(fig("minor collections", "", &|m| m.minors as f64))
+                .figure(fig("major collections", "", &|m| m.majors as f64));
+            if setting != Setting::NP {
+                for (name, unit, f) in [
+                    ("read faults zero-filled", "pages", pf(|p| p.read_faults.zero_filled) as _),
+                    ("read faults not read", "pages", pf(|p| p.read_faults.not_read)),
+                    ("read faults read", "pages", pf(|p| p.read_faults.read)),
+                    ("write faults zero-filled", "pages", pf(|p| p.write_faults.zero_filled)),
+                    ("write faults not read", "pages", pf(|p| p.write_faults.not_read)),
+                    ("write faults read", "pages", pf(|p| p.write_faults.read)),
+                    ("read ahead", "pages", pf(|p| p.read_ahead_pages)),
+                    ("zero-filled ahead", "pages", pf(|p| p.zero_ahead_pages)),
+                    ("page-out discarded", "pages", pf(|p| p.discarded_pages)),
+                    ("page-out written", "pages", pf(|p| p.written_pages)),
+                    ("page-out clean (not written)", "pages", pf(|p| p.clean_dropped_pages)),
+                    ("flushed by pager", "pages", pf(|p| p.preflushed_by_pager)),
+                    ("flushed by user", "pages", pf(|p| p.preflushed_by_user)),
+                    ("swap bytes written", "MiB", pf(|p| p.bytes_written >> 20)),
+                    ("swap bytes read", "MiB", pf(|p| p.bytes_read >> 20)),
+                    ("handler time per fault", "ns", pf(|p| p.fault_ns / p.faults().max(1))),
+                ] {
+                    let f: Box<dyn Fn(&Measured) -> f64> = Box::new(f);
+                    row = row.figure(fig(name, unit, &*f));
+                }
+            }
+            row = row
+                .figure(fig("anon+shmem distinct (end, growth)", "MiB", &|m| m.distinct_bytes as f64 / 1048576.0))
+                .figure(fig("anon+shmem cgroup (end, growth)", "MiB", &|m| m.cgroup_bytes as f64 / 1048576.0))
+                .figure(fig("anon+shmem cgroup (peak)", "MiB", &|m| m.cgroup_peak_bytes / 1048576.0));
+            for m in ms {
+                crate::meters::check(
+                    &mut report.meter_disagreements,
+                    &format!("{} {cname} {setting:?}", w.name()),
+                    m.distinct_bytes as f64,
+                    Some(m.cgroup_bytes as f64),
+                );
+            }
+            report.rows.push(row);
+        }
+    }
+}
+
 impl Bench for PagerBench {
     fn name(&self) -> &'static str {
         "pager"
     }
 
     fn description(&self) -> &'static str {
-        "SML/NJ external-pager paper: a copying collector under a cgroup memory limit with swap, NP/PO/PF/PU"
+        "SML/NJ external-pager paper: advm-gc workloads under a cgroup memory limit with swap, NP/PO/PF/PU"
     }
 
     fn default_runs(&self) -> usize {
@@ -406,91 +330,78 @@ impl Bench for PagerBench {
         let s = sizes(opts.quick);
         let interrupts = Interrupts::catch()?;
         let swap_path = std::path::PathBuf::from(format!("/var/tmp/advm-bench-pager-{}.swap", std::process::id()));
-        let swap = KernelSwap::create(&swap_path, 4 * s.semispace as u64)?;
+        // NP swaps the garbage of every space the old generation drifted through: up to
+        // three heaps of its four-heap reservation, plus the nursery and large objects
+        let swap = KernelSwap::create(&swap_path, 6 * s.heap as u64)?;
         let group = Group::create("bench-pager")?;
         group.set_limit_bytes(s.limit)?;
-        report.configuration.insert("cgroup_limit_bytes".into(), s.limit.into());
-        report.configuration.insert("semispace_bytes".into(), s.semispace.into());
-        report.configuration.insert("max_live_bytes".into(), s.max_live.into());
-        report.configuration.insert("allocated_bytes".into(), s.allocate.into());
-        report.configuration.insert("pager_budget_bytes".into(), s.budget.into());
-        report.configuration.insert("pf_headroom_bytes".into(), s.headroom.into());
-        report.configuration.insert("kernel_swap_file".into(), swap_path.display().to_string().into());
-        let workloads = if opts.quick {
-            vec![Workload::CompilerLike, Workload::Primes]
+        let conf = &mut report.configuration;
+        conf.insert("cgroup_limit_bytes".into(), s.limit.into());
+        conf.insert("heap_bytes".into(), s.heap.into());
+        conf.insert("peak_live_mib".into(), s.live_mib.into());
+        conf.insert("primes_candidates".into(), ((s.primes as u64) << 16).into());
+        conf.insert("pager_budget_bytes".into(), s.budget.into());
+        conf.insert("pf_headroom_bytes".into(), s.headroom.into());
+        conf.insert("kernel_swap_file".into(), swap_path.display().to_string().into());
+        let configs = heap_configs(s.limit as usize);
+        for (name, g) in &configs {
+            conf.insert(format!("heap {name}"), serde_json::json!(g.policy));
+        }
+        // quick: the paper's base configurations (figures 13 and 19), two workloads
+        let (workloads, configs): (Vec<Workload>, Vec<(&str, Generational)>) = if opts.quick {
+            (vec![Workload::CompilerLike, Workload::Primes], vec![configs[0], configs[2]])
         } else {
-            vec![Workload::CompilerLike, Workload::GrowingSort, Workload::Primes]
+            (vec![Workload::CompilerLike, Workload::GrowingSort, Workload::Primes], configs.to_vec())
         };
-        let bar = opts.progress_bar((workloads.len() * SETTINGS.len() * opts.runs) as u64, "pager");
+        let settings = |w: Workload, ci: usize| {
+            let mut v = vec![Setting::NP, Setting::PO, Setting::PF, Setting::PU];
+            if !opts.quick && w == Workload::CompilerLike && ci == 2 {
+                v.push(Setting::POCache);
+            }
+            v
+        };
+        let total: usize =
+            workloads.iter().map(|&w| (0..configs.len()).map(|ci| settings(w, ci).len()).sum::<usize>()).sum();
+        let bar = opts.progress_bar((total * opts.runs) as u64, "pager");
         let mut result = Ok(());
         'all: for &w in &workloads {
-            let mut per: Vec<Vec<Measured>> = vec![Vec::new(); SETTINGS.len()];
-            // settings interleaved run by run, so drifting machine load hits all alike
-            for _ in 0..opts.runs {
-                for (si, &setting) in SETTINGS.iter().enumerate() {
-                    let m = run_in_child(&group, w, setting, s);
-                    bar.inc(1);
-                    if let Some(sig) = interrupts.caught() {
-                        result = Err(BenchError::Interrupted(format!("signal {sig}")));
-                        break 'all;
-                    }
-                    match m {
-                        Ok(m) => per[si].push(m),
-                        Err(e) => {
-                            result = Err(e);
+            'configs: for (ci, &(cname, g)) in configs.iter().enumerate() {
+                let settings = settings(w, ci);
+                let mut per: Vec<Vec<Measured>> = vec![Vec::new(); settings.len()];
+                // settings interleaved run by run, so drifting machine load hits all alike
+                for _ in 0..opts.runs {
+                    for (si, &setting) in settings.iter().enumerate() {
+                        let m = run_in_child(&group, w, g, setting, s);
+                        bar.inc(1);
+                        if let Some(sig) = interrupts.caught() {
+                            result = Err(BenchError::Interrupted(format!("signal {sig}")));
                             break 'all;
+                        }
+                        match m {
+                            Ok(m) => per[si].push(m),
+                            // the workload's failure in its child (heap exhausted, a panic):
+                            // reported as FAILED in the notes, the other configurations run
+                            Err(BenchError::Usage(e)) => {
+                                report.notes.push(format!("FAILED: {} {cname} {setting:?}: {e}", w.name()));
+                                continue 'configs;
+                            }
+                            Err(e) => {
+                                result = Err(e);
+                                break 'all;
+                            }
                         }
                     }
                 }
-            }
-            let np_elapsed = crate::median(&per[0].iter().map(|m| m.elapsed_s).collect::<Vec<_>>());
-            for (si, ms) in per.iter().enumerate() {
-                let fig = |name: &str, unit: &str, f: &dyn Fn(&Measured) -> f64| {
-                    Figure::new(name, unit, ms.iter().map(f).collect())
-                };
-                let pf = |f: fn(&Stats) -> u64| move |m: &Measured| m.pager.map_or(0.0, |p| f(&p) as f64);
-                let mut row = Row::new()
-                    .with("workload", w.name())
-                    .with("setting", format!("{:?}", SETTINGS[si]))
-                    .figure(fig("elapsed", "s", &|m| m.elapsed_s))
-                    .figure(fig("NP/this", "x", &|m| np_elapsed / m.elapsed_s))
-                    .figure(fig("user", "s", &|m| m.times.user_s))
-                    .figure(fig("system", "s", &|m| m.times.sys_s))
-                    .figure(fig("major faults", "", &|m| m.times.major_faults as f64))
-                    .figure(fig("kernel swap in", "pages", &|m| m.swap_in_pages as f64))
-                    .figure(fig("kernel swap out", "pages", &|m| m.swap_out_pages as f64))
-                    .figure(fig("collections", "", &|m| m.collections as f64));
-                if SETTINGS[si] != Setting::NP {
-                    for (name, unit, f) in [
-                        ("read faults zero-filled", "pages", pf(|p| p.read_faults.zero_filled) as _),
-                        ("read faults not read", "pages", pf(|p| p.read_faults.not_read)),
-                        ("read faults read", "pages", pf(|p| p.read_faults.read)),
-                        ("write faults zero-filled", "pages", pf(|p| p.write_faults.zero_filled)),
-                        ("write faults not read", "pages", pf(|p| p.write_faults.not_read)),
-                        ("write faults read", "pages", pf(|p| p.write_faults.read)),
-                        ("page-out discarded", "pages", pf(|p| p.discarded_pages)),
-                        ("page-out written", "pages", pf(|p| p.written_pages)),
-                        ("flushed by pager", "pages", pf(|p| p.preflushed_by_pager)),
-                        ("flushed by user", "pages", pf(|p| p.preflushed_by_user)),
-                        ("handler time per fault", "ns", pf(|p| p.fault_ns / p.faults().max(1))),
-                    ] {
-                        let f: Box<dyn Fn(&Measured) -> f64> = Box::new(f);
-                        row = row.figure(fig(name, unit, &*f));
-                    }
+                if let Some(bad) = per.iter().flatten().find(|m| m.checksum != per[0][0].checksum) {
+                    result = Err(BenchError::Usage(format!(
+                        "{} {cname}: settings computed different results ({:#x} and {:#x})",
+                        w.name(),
+                        per[0][0].checksum,
+                        bad.checksum
+                    )));
+                    break 'all;
                 }
-                row = row
-                    .figure(fig("anon+shmem distinct (end, growth)", "MiB", &|m| m.distinct_bytes as f64 / 1048576.0))
-                    .figure(fig("anon+shmem cgroup (end, growth)", "MiB", &|m| m.cgroup_bytes as f64 / 1048576.0))
-                    .figure(fig("anon+shmem cgroup (peak)", "MiB", &|m| m.cgroup_peak_bytes / 1048576.0));
-                for m in ms {
-                    crate::meters::check(
-                        &mut report.meter_disagreements,
-                        &format!("{} {:?}", w.name(), SETTINGS[si]),
-                        m.distinct_bytes as f64,
-                        Some(m.cgroup_bytes as f64),
-                    );
-                }
-                report.rows.push(row);
+                self.rows(report, w, cname, &settings, &per);
             }
         }
         bar.finish_and_clear();
@@ -503,8 +414,8 @@ impl Bench for PagerBench {
         // cleanup on every path: the group first (its processes are gone), then swap
         let removed = group.remove().map_err(BenchError::from).and(swap.remove().map_err(BenchError::from));
         report.notes.push(
-            "collector: a two-space copying collector written in the benchmark (the paper's shape); \
-             workloads shaped like the paper's, not advm-gc's (not merged yet)"
+            "heap: advm-gc, generational, one GC thread; the same policy parameters in every pager setting \
+             (the paper searched them per setting)"
                 .into(),
         );
         report

@@ -6,7 +6,7 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::Mutex;
 
-use advm_gc::{Config, Error, Generational, Heap, Mutator, Policy};
+use advm_gc::{Config, Error, Generational, Heap, Mutator, Paging, Policy};
 
 use crate::guard;
 
@@ -134,6 +134,44 @@ pub unsafe extern "C" fn advm_gc_new_with(heap_bytes: usize, policy: *const Advm
         let mut cfg = Config::new(heap_bytes);
         // SAFETY: NULL or a readable struct (the header's contract).
         cfg.generational = unsafe { policy.as_ref() }.map(policy_of).transpose()?;
+        let heap = Heap::with_config(cfg)?;
+        let m = Mutex::new(heap.attach());
+        out = Box::into_raw(Box::new(AdvmGc { heap, m }));
+        Ok(0)
+    });
+    if r < 0 {
+        set_errno(r);
+    }
+    out
+}
+
+/// `advm_gc *advm_gc_new_paged(size_t heap_bytes, const struct advm_gc_policy *,
+/// advm_pager *, int flush_after_major)`: as `advm_gc_new_with`, with the heap's
+/// spaces in regions of `pager` (freed ranges marked discardable; nonzero
+/// `flush_after_major`: the discardable pages dropped after each full or major
+/// collection). The heap keeps the pager alive.
+///
+/// # Safety
+/// `policy` is NULL or points to a readable `struct advm_gc_policy`; `pager` is NULL
+/// or a live pager from `advm_pager_new`.
+#[no_mangle]
+pub unsafe extern "C" fn advm_gc_new_paged(
+    heap_bytes: usize,
+    policy: *const AdvmGcPolicy,
+    pager: *mut crate::pager::advm_pager,
+    flush_after_major: c_int,
+) -> *mut AdvmGc {
+    let mut out = std::ptr::null_mut();
+    let r = call(|| {
+        // SAFETY: NULL or a live pager (the header's contract).
+        let pager = unsafe { pager.as_ref() }
+            .ok_or(Error::InvalidArgument { what: "pager", why: "NULL handle".into() })?
+            .pager
+            .clone();
+        let mut cfg = Config::new(heap_bytes);
+        // SAFETY: NULL or a readable struct (the header's contract).
+        cfg.generational = unsafe { policy.as_ref() }.map(policy_of).transpose()?;
+        cfg.paging = Some(Paging { pager, flush_after_major: flush_after_major != 0 });
         let heap = Heap::with_config(cfg)?;
         let m = Mutex::new(heap.attach());
         out = Box::into_raw(Box::new(AdvmGc { heap, m }));

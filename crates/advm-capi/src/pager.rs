@@ -3,7 +3,7 @@
 
 use std::ffi::{c_char, c_void, CStr};
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use advm::pager::{Config, PagedRegion, Pager};
 
@@ -14,7 +14,8 @@ use crate::guard;
 pub struct advm_pager {
     // regions before the pager: fields drop in order, the handler thread stops last
     regions: Mutex<Vec<PagedRegion>>,
-    pager: Pager,
+    /// Shared with the heaps placed in it (`advm_gc_new_paged`), which keep it alive.
+    pub(crate) pager: Arc<Pager>,
 }
 
 /// `struct advm_pager_stats`.
@@ -40,6 +41,12 @@ pub struct advm_pager_stats {
     pub bytes_written: u64,
     /// See `bytes_written`.
     pub bytes_read: u64,
+    /// Pages read back with a faulting page (the following slots), ahead of their fault.
+    pub read_ahead_pages: u64,
+    /// Needed pages zero-filled with a faulting page, ahead of their own fault.
+    pub zero_ahead_pages: u64,
+    /// Page-outs of pages read back and not written since: dropped, no write.
+    pub clean_dropped_pages: u64,
 }
 
 /// `advm_pager *advm_pager_new(size_t budget_bytes, const char *swap_path)`: NULL
@@ -58,7 +65,7 @@ pub unsafe extern "C" fn advm_pager_new(budget_bytes: usize, swap_path: *const c
             let s = unsafe { CStr::from_ptr(swap_path) };
             cfg.swap_path = Some(PathBuf::from(s.to_string_lossy().into_owned()));
         }
-        let pager = Pager::new(cfg)?;
+        let pager = Arc::new(Pager::new(cfg)?);
         out = Box::into_raw(Box::new(advm_pager { regions: Mutex::new(Vec::new()), pager }));
         Ok(0)
     });
@@ -180,6 +187,9 @@ pub unsafe extern "C" fn advm_pager_stats(p: *mut advm_pager, out: *mut advm_pag
                 preflushed_by_user: s.preflushed_by_user,
                 bytes_written: s.bytes_written,
                 bytes_read: s.bytes_read,
+                read_ahead_pages: s.read_ahead_pages,
+                zero_ahead_pages: s.zero_ahead_pages,
+                clean_dropped_pages: s.clean_dropped_pages,
             };
             // SAFETY: the caller passes writable memory for the struct.
             out.write(v);
@@ -188,7 +198,8 @@ pub unsafe extern "C" fn advm_pager_stats(p: *mut advm_pager, out: *mut advm_pag
     }
 }
 
-/// `void advm_pager_destroy(advm_pager *)`: stops the pager and unmaps its regions.
+/// `void advm_pager_destroy(advm_pager *)`: unmaps its regions and stops the pager
+/// (once no heap placed in it by `advm_gc_new_paged` is left).
 ///
 /// # Safety
 /// `p` is NULL or a pager from advm_pager_new, not used afterwards.

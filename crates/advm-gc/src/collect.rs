@@ -221,7 +221,8 @@ fn adjust_object(mem: &Mem, h: usize, h0: usize) {
 pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     let mem = inner.mem;
     let threads = inner.gc_threads;
-    let engine = inner.engine();
+    // pager regions move large objects by memmove (see paged.rs)
+    let engine = if inner.paged.is_some() { Engine::Memmove } else { inner.engine() };
     let mut alloc = lock(&inner.alloc);
     let roots = lock(&inner.roots);
     let mut stacks: Vec<MutexGuard<'_, Vec<usize>>> = roots.stacks.iter().map(|s| lock(s)).collect();
@@ -262,6 +263,7 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
         d += l;
     }
     let new_small_top = d;
+    inner.reuse(new_small_bottom, new_small_top - new_small_bottom);
     let recorded = par_map(us.len(), threads, |k| {
         let mut d = dest[k];
         let mut rec: Vec<usize> = Vec::new();
@@ -385,11 +387,23 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
         }
     }
     if !batch.is_empty() {
-        let out = lock(&inner.large_region).run(&batch)?;
-        c.bytes_remap = (out.uffd_move_bytes + out.mremap_bytes) as u64;
-        c.bytes_memmove += out.memmove_bytes as u64;
-        c.objects_remap = by_pages;
-        c.objects_memmove += by_copy;
+        match lock(&inner.large_region).as_mut() {
+            Some(region) => {
+                let out = region.run(&batch)?;
+                c.bytes_remap = (out.uffd_move_bytes + out.mremap_bytes) as u64;
+                c.bytes_memmove += out.memmove_bytes as u64;
+                c.objects_remap = by_pages;
+                c.objects_memmove += by_copy;
+            }
+            // a pager region: memmove (see paged.rs), in address order as they slide down
+            None => {
+                for &(to, from, len) in large_moves.iter().filter(|m| m.0 != m.1) {
+                    mem.copy(to, from, len);
+                    c.bytes_memmove += len as u64;
+                    c.objects_memmove += 1;
+                }
+            }
+        }
     }
     for &(to, _, _) in &large_moves {
         mem.store(to, mem.load(to) & !MARK);

@@ -8,6 +8,7 @@ use advm::mem::{page_align_up, page_size, PageRange, Region};
 use serde::Serialize;
 
 use crate::barrier::Remembered;
+use crate::paged::{PagedSpaces, Paging};
 use crate::policy::{Generational, Sizing};
 use crate::raw::{Mem, Slot, Span};
 use crate::stats::{Collection, Stats};
@@ -124,6 +125,10 @@ pub struct Config {
     /// Generational mode (a nursery copied into an old generation, sized by a policy);
     /// `None`: every collection is a full one.
     pub generational: Option<Generational>,
+    /// Place the spaces in regions of an `advm::pager` pager, freed ranges marked
+    /// discardable (see [`Paging`]); large objects then move by memmove. `None`: plain
+    /// memory the kernel pages.
+    pub paging: Option<Paging>,
 }
 
 impl Config {
@@ -138,6 +143,7 @@ impl Config {
             verify: false,
             free_hook: None,
             generational: None,
+            paging: None,
         }
     }
 }
@@ -153,6 +159,7 @@ impl std::fmt::Debug for Config {
             .field("verify", &self.verify)
             .field("free_hook", &self.free_hook.is_some())
             .field("generational", &self.generational)
+            .field("paging", &self.paging.is_some())
             .finish()
     }
 }
@@ -216,12 +223,15 @@ pub(crate) struct Inner {
     /// vacated (measured for a batch of sliding objects), into space holding pages.
     pub(crate) break_even: (usize, usize),
     /// Held for its mapping: the small space is only reached through `mem`. `None`
-    /// when the old generation drifts (`drift` holds the space then).
+    /// when the old generation drifts (`drift` holds the space then) or when the
+    /// spaces are pager regions (the large one too then).
     _small_region: Option<Region>,
     /// Generational mode without copy-back: the old generation's reservation and the
     /// part of it mapped read-write.
     pub(crate) drift: Option<crate::nursery::Drift>,
-    pub(crate) large_region: Mutex<Region>,
+    pub(crate) large_region: Mutex<Option<Region>>,
+    /// The spaces' pager regions, in a paged heap.
+    pub(crate) paged: Option<PagedSpaces>,
     pub(crate) alloc: Mutex<Alloc>,
     pub(crate) roots: Mutex<Roots>,
     pub(crate) stats: Mutex<Stats>,
@@ -304,23 +314,41 @@ impl Heap {
         // Generational mode: the old generation drifts through a reservation of four
         // heaps (see nursery::place_old); the nursery has its own region.
         let small_len = if cfg.generational.is_some() { len.saturating_mul(4) } else { len };
-        // Without copy-back the old generation drifts through a PROT_NONE reservation
-        // with only one heap of it mapped read-write, around the old generation.
-        let drifts = cfg.generational.is_some_and(|g| !g.copy_back);
-        let drift = drifts.then(|| crate::nursery::Drift::new(small_len, len)).transpose()?;
-        let small = (!drifts).then(|| Region::for_remap(small_len)).transpose()?;
-        let large = Region::for_remap(len)?;
-        let nursery = cfg.generational.map(|_| Region::new(len)).transpose()?;
         let span = |r: &Region| Span { base: r.addr().0, end: r.addr().0 + r.len() };
-        let small_span = match (&small, &drift) {
-            (Some(r), _) => span(r),
-            (None, Some(d)) => d.span(),
-            (None, None) => unreachable!("one of the two is made"),
+        let no_nursery = Span { base: 0, end: 0 };
+        let (small, drift, large, nursery, paged, mem) = match cfg.paging {
+            None => {
+                // Without copy-back the old generation drifts through a PROT_NONE
+                // reservation with only one heap of it mapped read-write, around the
+                // old generation.
+                let drifts = cfg.generational.is_some_and(|g| !g.copy_back);
+                let drift = drifts.then(|| crate::nursery::Drift::new(small_len, len)).transpose()?;
+                let small = (!drifts).then(|| Region::for_remap(small_len)).transpose()?;
+                let large = Region::for_remap(len)?;
+                let nursery = cfg.generational.map(|_| Region::new(len)).transpose()?;
+                let small_span = match (&small, &drift) {
+                    (Some(r), _) => span(r),
+                    (None, Some(d)) => d.span(),
+                    (None, None) => unreachable!("one of the two is made"),
+                };
+                let mem =
+                    Mem { small: small_span, large: span(&large), nursery: nursery.as_ref().map_or(no_nursery, span) };
+                (small, drift, Some(large), nursery, None, mem)
+            }
+            // Pager regions: the old generation drifts through the small space's region
+            // (four heaps), whose untouched pages cost nothing either.
+            Some(p) => {
+                let lens: &[usize] =
+                    if cfg.generational.is_some() { &[small_len, len, len] } else { &[small_len, len] };
+                let (paged, spans) = PagedSpaces::map(p, lens)?;
+                let mem =
+                    Mem { small: spans[0], large: spans[1], nursery: spans.get(2).copied().unwrap_or(no_nursery) };
+                (None, None, None, None, Some(paged), mem)
+            }
         };
-        let mem = Mem {
-            small: small_span,
-            large: span(&large),
-            nursery: nursery.as_ref().map_or(Span { base: 0, end: 0 }, span),
+        let free_hook = match &paged {
+            Some(p) => Some(p.free_hook(cfg.free_hook)),
+            None => cfg.free_hook,
         };
         let alloc = Alloc {
             small_bottom: mem.small.base,
@@ -352,10 +380,11 @@ impl Heap {
             _small_region: small,
             drift,
             large_region: Mutex::new(large),
+            paged,
             alloc: Mutex::new(alloc),
             roots: Mutex::new(Roots::default()),
             stats: Mutex::new(Stats::default()),
-            free_hook: Mutex::new(cfg.free_hook),
+            free_hook: Mutex::new(free_hook),
             generational: cfg.generational,
             sizing: Mutex::new(cfg.generational.map(|g| Sizing::new(g.policy))),
             remembered: Remembered::default(),
@@ -516,6 +545,9 @@ impl Inner {
         let (at_ns, allocated_before) = (self.created.elapsed().as_nanos() as u64, lock(&self.alloc).allocated);
         let result =
             if self.generational.is_some() { self.generational(why, major) } else { crate::collect::full(self, why) };
+        if let Ok(c) = &result {
+            self.after_collection(c);
+        }
         let mut w = lock(&self.world);
         w.stopping = false;
         self.stop.store(false, Ordering::SeqCst);
@@ -677,6 +709,7 @@ impl Mutator {
             let take = if want <= left { Some(want) } else { (!direct && size <= left).then_some(left) };
             if let Some(take) = take {
                 let h = a.nursery_top;
+                inner.reuse(h, take);
                 a.nursery_top += take;
                 a.allocated += take as u64;
                 if h < a.nursery_clean {
@@ -700,6 +733,7 @@ impl Mutator {
             if used + size > inner.heap_bytes || h + size > mem.small.end {
                 return None;
             }
+            inner.reuse(h, size);
             a.small_top += size;
             a.starts.push(h);
             a.allocated += size as u64;
@@ -722,6 +756,7 @@ impl Mutator {
             if !pretenure && sizing.is_some_and(|s| s.over(a.old(mem) + len)) {
                 return None;
             }
+            inner.reuse(h, len);
             a.large_top = h + len;
             a.large.push(h);
             a.allocated += len as u64;
@@ -745,6 +780,7 @@ impl Mutator {
             return None;
         };
         let h = a.small_top;
+        inner.reuse(h, take);
         a.small_top += take;
         a.starts.push(h);
         a.allocated += take as u64;

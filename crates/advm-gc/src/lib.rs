@@ -21,6 +21,7 @@ mod collect;
 mod error;
 mod heap;
 mod nursery;
+mod paged;
 mod policy;
 mod raw;
 mod stats;
@@ -28,5 +29,6 @@ mod verify;
 
 pub use error::{Error, Result};
 pub use heap::{Config, Engine, FreeHook, Heap, Mutator, Obj, MAX_NPTRS};
+pub use paged::Paging;
 pub use policy::{Generational, Policy, MIN_NURSERY_BYTES};
 pub use stats::{Collection, Stats};

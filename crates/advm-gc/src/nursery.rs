@@ -41,6 +41,8 @@ pub(crate) fn minor(inner: &Inner, why: &str) -> Result<Collection> {
     if alloc.small_top + nursery_used > mem.small.end {
         return Err(Error::Corrupt("old generation reservation full before a minor collection".into()));
     }
+    // the to-space: the end of the old generation
+    inner.reuse(alloc.small_top, nursery_used);
     let t = Instant::now();
     let mut copy = Copier { inner, alloc: &mut alloc, objects: 0, bytes: 0 };
     let scan_from = copy.alloc.small_top;
@@ -225,6 +227,7 @@ pub(crate) fn copy_back(
     }
     let shift = from - base;
     let moved = |p: usize| if p >= from + HDR && p < top { p - shift } else { p };
+    inner.reuse(base, top - from);
     mem.copy(base, from, top - from);
     let new_top = top - shift;
     let fix = |h: usize| {

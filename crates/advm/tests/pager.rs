@@ -59,6 +59,7 @@ in_both_fault_modes!(
     a_full_swap_file_is_a_clear_error_and_loses_nothing,
     a_region_unmapped_while_pages_are_evicted,
     a_written_out_page_marked_discardable_is_never_read_back,
+    flush_discardable_drops_only_the_discardable_pages,
 );
 
 /// A small deterministic generator (xorshift).
@@ -111,7 +112,8 @@ fn discardable_pages_read_back_as_zeros_and_are_never_written(mode: FaultMode) {
     assert!(back[..32 * ps()].iter().all(|&b| b == 0));
     assert!(back[32 * ps()..].iter().all(|&b| b == 0xAB));
     let s = p.stats();
-    assert_eq!((s.read_faults.not_read, s.read_faults.read), (32, 32), "{s:?}");
+    // each needed page read back once, by its fault or ahead of one
+    assert_eq!((s.read_faults.not_read, s.read_faults.read + s.read_ahead_pages), (32, 32), "{s:?}");
 }
 
 fn the_budget_is_held(mode: FaultMode) {
@@ -197,7 +199,10 @@ fn threads_faulting_the_same_pages_at_once_each_see_them_once(mode: FaultMode) {
         t.join().unwrap();
     }
     let s = p.stats();
-    assert_eq!((s.read_pages(), s.resident_pages, s.swapped_pages), (64, 64, 0), "{s:?}");
+    // each read back exactly once, by a fault or ahead of one; read, not written, each
+    // keeps its swap copy where clean pages are tracked
+    let kept = if p.tracks_clean_pages() { 64 } else { 0 };
+    assert_eq!((s.read_pages() + s.read_ahead_pages, s.resident_pages, s.swapped_pages), (64, 64, kept), "{s:?}");
 }
 
 fn a_write_racing_eviction_is_never_lost(mode: FaultMode) {
@@ -370,6 +375,179 @@ fn a_written_out_page_marked_discardable_is_never_read_back(mode: FaultMode) {
     p.discardable(r.as_ptr() as usize + 8 * ps(), 8 * ps()).unwrap();
     p.flush(r.as_ptr() as usize + 8 * ps(), 8 * ps()).unwrap();
     assert_eq!(p.stats().swapped_pages, 0);
+}
+
+fn flush_discardable_drops_only_the_discardable_pages(mode: FaultMode) {
+    let Some(p) = pager(mode, 1024) else { return };
+    let r = p.map(32 * ps()).unwrap();
+    let a = r.as_ptr() as usize;
+    r.write(0, &vec![5; r.len()]).unwrap();
+    p.discardable(a + 8 * ps(), 16 * ps()).unwrap();
+    // only the range asked for: pages 8..16 of the discardable 8..24
+    assert_eq!(p.flush_discardable(a, 16 * ps()).unwrap(), 8);
+    let s = p.stats();
+    assert_eq!((s.discarded_pages, s.written_pages, s.resident_pages), (8, 0, 24), "{s:?}");
+    assert_eq!(s.preflushed_by_user, 8);
+    let mut b = vec![0; ps()];
+    r.read(8 * ps(), &mut b).unwrap();
+    assert!(b.iter().all(|&x| x == 0));
+    r.read(16 * ps(), &mut b).unwrap();
+    assert!(b.iter().all(|&x| x == 5), "a discardable page outside the range stays");
+    r.read(0, &mut b).unwrap();
+    assert!(b.iter().all(|&x| x == 5), "needed pages stay");
+    assert!(p.flush_discardable(a + 1, ps()).is_err());
+}
+
+#[test]
+fn a_read_back_brings_the_following_swapped_pages_in_the_same_read() {
+    let Some(p) = pager(FaultMode::Thread, 1024) else { return };
+    let r = p.map(64 * ps()).unwrap();
+    for i in 0..64 {
+        r.write(i * ps(), &vec![i as u8 + 1; ps()]).unwrap();
+    }
+    p.flush(r.as_ptr() as usize, r.len()).unwrap();
+    let mut b = vec![0; ps()];
+    for i in 0..64 {
+        r.read(i * ps(), &mut b).unwrap();
+        assert!(b.iter().all(|&x| x == i as u8 + 1), "page {i}");
+    }
+    let s = p.stats();
+    // one fault per 16 pages: the other 15 came with it
+    assert_eq!((s.read_pages(), s.read_ahead_pages), (4, 60), "{s:?}");
+    assert_eq!(s.bytes_read, 64 * ps() as u64);
+    assert_eq!(s.resident_pages, 64);
+}
+
+#[test]
+fn read_ahead_stays_within_the_budget_and_skips_discardable_pages() {
+    let Some(p) = pager(FaultMode::Thread, 8) else { return };
+    let r = p.map(32 * ps()).unwrap();
+    r.write(0, &vec![7; r.len()]).unwrap();
+    p.flush(r.as_ptr() as usize, r.len()).unwrap();
+    p.discardable(r.as_ptr() as usize + 4 * ps(), ps()).unwrap();
+    let before = p.stats();
+    let mut b = [0u8];
+    r.read(0, &mut b).unwrap();
+    let s = p.stats();
+    // pages 1..4 come along; page 4 is garbage and ends the run
+    assert_eq!(
+        (s.read_pages() - before.read_pages(), s.read_ahead_pages - before.read_ahead_pages, b[0]),
+        (1, 3, 7),
+        "{s:?}"
+    );
+    r.read(8 * ps(), &mut b).unwrap();
+    r.read(16 * ps(), &mut b).unwrap();
+    assert!(p.stats().resident_pages <= 8, "{:?}", p.stats());
+}
+
+#[test]
+fn discarded_pages_marked_needed_are_zero_filled_ahead_of_their_faults() {
+    let Some(p) = pager(FaultMode::Thread, 1024) else { return };
+    let r = p.map(32 * ps()).unwrap();
+    let a = r.as_ptr() as usize;
+    r.write(0, &vec![9; r.len()]).unwrap();
+    p.discardable(a, r.len()).unwrap();
+    p.flush(a, r.len()).unwrap();
+    // reused: the first 8 pages needed again (an allocation buffer), the rest garbage
+    p.needed(a, 8 * ps()).unwrap();
+    let before = p.stats();
+    r.write(0, &[1]).unwrap();
+    let s = p.stats();
+    assert_eq!(
+        (s.write_faults.not_read, s.zero_ahead_pages - before.zero_ahead_pages, s.resident_pages),
+        (1, 7, 8),
+        "{s:?}"
+    );
+    let mut b = vec![1; ps()];
+    r.read(7 * ps(), &mut b).unwrap();
+    assert!(b.iter().all(|&x| x == 0));
+    assert_eq!(p.stats().faults(), before.faults() + 1, "no fault on the pages filled ahead");
+}
+
+#[test]
+fn empty_pages_after_a_first_touch_are_zero_filled_ahead_within_the_budget() {
+    let Some(p) = pager(FaultMode::Thread, 40) else { return };
+    let r = p.map(64 * ps()).unwrap();
+    // one fault per 16 pages while the budget has room
+    r.write(0, &vec![3; 32 * ps()]).unwrap();
+    let s = p.stats();
+    assert_eq!((s.write_faults.zero_filled, s.zero_ahead_pages, s.resident_pages), (2, 30, 32), "{s:?}");
+    // 8 pages of room left: the next fault fills 1 + 7
+    r.write(32 * ps(), &[3]).unwrap();
+    let s = p.stats();
+    assert_eq!((s.zero_ahead_pages, s.resident_pages), (37, 40), "{s:?}");
+}
+
+#[test]
+fn a_page_read_back_and_not_written_since_is_evicted_without_a_write() {
+    let Some(p) = pager(FaultMode::Thread, 1024) else { return };
+    if !p.tracks_clean_pages() {
+        eprintln!("skipped: no userfaultfd write protection here");
+        return;
+    }
+    let r = p.map(32 * ps()).unwrap();
+    let a = r.as_ptr() as usize;
+    for i in 0..32 {
+        r.write(i * ps(), &vec![i as u8 + 1; ps()]).unwrap();
+    }
+    p.flush(a, r.len()).unwrap();
+    let mut b = vec![0; ps()];
+    for round in 0..3 {
+        // all read back, page 5 written in the last round only
+        for i in 0..32 {
+            r.read(i * ps(), &mut b).unwrap();
+            assert!(b.iter().all(|&x| x == i as u8 + 1), "page {i}, round {round}");
+        }
+        if round == 2 {
+            r.write(5 * ps(), &vec![6; ps()]).unwrap();
+        }
+        p.flush(a, r.len()).unwrap();
+    }
+    let s = p.stats();
+    // written once at first, and page 5 once more; every other eviction dropped a clean page
+    assert_eq!((s.written_pages, s.clean_dropped_pages), (33, 2 * 32 + 31), "{s:?}");
+    assert_eq!(s.swapped_pages, 32, "{s:?}");
+    for i in 0..32 {
+        r.read(i * ps(), &mut b).unwrap();
+        assert!(b.iter().all(|&x| x == i as u8 + 1), "page {i} at the end");
+    }
+    // a clean page unmapped gives its slot back
+    p.unmap(r).unwrap();
+    assert_eq!(p.stats().swapped_pages, 0);
+}
+
+#[test]
+fn a_write_racing_the_eviction_of_a_clean_page_is_never_lost() {
+    let Some(p) = pager(FaultMode::Thread, 1024) else { return };
+    let p = Arc::new(p);
+    let r = Arc::new(p.map(16 * ps()).unwrap());
+    let a = r.as_ptr() as usize;
+    r.write(0, &vec![0; r.len()]).unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flusher = {
+        let (p, stop) = (p.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                p.flush(a, 16 * ps()).unwrap();
+            }
+        })
+    };
+    // each page read (back, clean) then written with a counter; the counter must stick
+    let mut b = [0u8; 8];
+    for n in 1..=3000u64 {
+        let off = (n as usize % 16) * ps();
+        r.read(off, &mut b).unwrap();
+        r.write(off, &n.to_ne_bytes()).unwrap();
+        r.read(off, &mut b).unwrap();
+        assert_eq!(u64::from_ne_bytes(b), n, "write {n} lost");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    flusher.join().unwrap();
+    for k in 0..16u64 {
+        r.read(k as usize * ps(), &mut b).unwrap();
+        let last = (1..=3000u64).rev().find(|n| n % 16 == k).unwrap();
+        assert_eq!(u64::from_ne_bytes(b), last, "page {k}");
+    }
 }
 
 #[test]

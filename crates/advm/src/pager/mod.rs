@@ -58,6 +58,9 @@ use ring::Ring;
 
 /// Pages moved out per `UFFDIO_MOVE` while discardable pages are dropped.
 const STAGE_PAGES: usize = 256;
+/// Most pages one read-back brings in: the faulting page and the pages after it that
+/// were written to the slots after its slot (read-ahead, handler thread only).
+const READ_AHEAD: usize = 16;
 /// How often the handler thread looks at the cgroup and at its stop flag.
 const TICK: Duration = Duration::from_millis(10);
 
@@ -174,6 +177,16 @@ pub struct Stats {
     pub bytes_written: u64,
     /// Bytes read back from it.
     pub bytes_read: u64,
+    /// Pages read back ahead of a fault with the faulting page (in the same read):
+    /// the pages after it, swapped to the slots after its slot, while the budget had room.
+    pub read_ahead_pages: u64,
+    /// Empty pages, and discarded pages marked needed again, zero-filled with a
+    /// zero-fill fault on the page before them (memory is used upwards), ahead of
+    /// their own fault, while the budget had room.
+    pub zero_ahead_pages: u64,
+    /// Page-outs of clean pages: read back, not written since, so dropped without a
+    /// write, their swap copy kept (handler-thread mode).
+    pub clean_dropped_pages: u64,
     /// Pages resident now (filled by the pager and not evicted).
     pub resident_pages: u64,
     /// Pages held in the swap file now.
@@ -215,6 +228,9 @@ struct Counters {
     by_user: AtomicU64,
     bytes_written: AtomicU64,
     bytes_read: AtomicU64,
+    read_ahead: AtomicU64,
+    zero_ahead: AtomicU64,
+    clean_dropped: AtomicU64,
     fault_ns: AtomicU64,
     failures: AtomicU64,
 }
@@ -237,6 +253,10 @@ struct Managed {
     discardable: Bitmap,
     /// Pages dropped as discardable since the last [`Pager::lock`] of them.
     purged: Bitmap,
+    /// Resident pages read back and not written since (installed write-protected):
+    /// each still owns its swap slot, and whoever clears the bit decides the slot's
+    /// fate (the eviction keeps it, a write frees it).
+    clean: Bitmap,
     state: Box<[AtomicU8]>,
     slot: Box<[AtomicU32]>,
     /// Incremented at each fill: queue entries of an earlier residency are stale.
@@ -282,6 +302,9 @@ struct Shared {
     fd: Userfaultfd,
     /// Faults are served on the faulting threads (SIGBUS mode).
     sigbus: bool,
+    /// Pages read back on a read fault are installed write-protected and keep their
+    /// swap slot until written (handler-thread mode, where write protection is offered).
+    track_clean: bool,
     /// Fills (and swap slots to free) recorded by faulting threads, drained into
     /// `queue` (and `slots`) by whoever holds the queue lock.
     filled: Ring,
@@ -465,10 +488,12 @@ impl Pager {
             }
         };
         let fd = Userfaultfd::new(if sigbus { uffd::feature::SIGBUS } else { 0 }, true)?;
-        let staging = Area::new(&fd, STAGE_PAGES * ps, false)?;
+        let staging = Area::new(&fd, STAGE_PAGES * ps, false, false)?;
+        let track_clean = !sigbus && fd.info().features & uffd::feature::PAGEFAULT_FLAG_WP != 0;
         let shared = Arc::new(Shared {
             fd,
             sigbus,
+            track_clean,
             filled: Ring::new((cfg.budget_bytes / ps).clamp(1024, 1 << 16)),
             bell: Doorbell::new()?,
             answered: AtomicU32::new(0),
@@ -504,6 +529,12 @@ impl Pager {
         }
     }
 
+    /// Whether pages read back on a read fault keep their swap copy until written
+    /// (clean-page tracking: handler-thread mode, with userfaultfd write protection).
+    pub fn tracks_clean_pages(&self) -> bool {
+        self.shared.track_clean
+    }
+
     /// Whether the swap file bypasses the page cache.
     pub fn swap_is_direct(&self) -> bool {
         self.shared.swap.direct()
@@ -523,13 +554,14 @@ impl Pager {
         if u32::try_from(pages).is_err() {
             return Err(Error::InvalidArgument { what: "length", why: format!("{len} bytes: at most 2^32 pages") });
         }
-        let area = Area::new(&self.shared.fd, len, true)?;
+        let area = Area::new(&self.shared.fd, len, true, self.shared.track_clean)?;
         let m = Arc::new(Managed {
             id: self.shared.next_id.fetch_add(1, Ordering::Relaxed),
             route: OnceLock::new(),
             area,
             discardable: Bitmap::new(pages),
             purged: Bitmap::new(pages),
+            clean: Bitmap::new(pages),
             state: (0..pages).map(|_| AtomicU8::new(EMPTY)).collect(),
             slot: (0..pages).map(|_| AtomicU32::new(0)).collect(),
             gen: (0..pages).map(|_| AtomicU32::new(0)).collect(),
@@ -575,6 +607,9 @@ impl Pager {
             match m.state[p].swap(GONE, Ordering::AcqRel) {
                 RESIDENT => {
                     s.resident.fetch_sub(1, Ordering::AcqRel);
+                    if m.clean.take_range(p, 1) {
+                        slots.give_back(m.slot[p].load(Ordering::Acquire));
+                    }
                 }
                 SWAPPED => slots.give_back(m.slot[p].load(Ordering::Acquire)),
                 _ => {}
@@ -604,6 +639,15 @@ impl Pager {
         let (m, first, n) = self.shared.locate(addr, len)?;
         let _ev = self.shared.lock_evicting();
         self.shared.evict_range(&m, first, n, Cause::User)
+    }
+
+    /// Drops every resident discardable page of `[addr, addr+len)` now and writes
+    /// nothing (the paper's `FlushDiscardable`, a collector's user-initiated
+    /// pre-flush); needed pages stay. Returns the pages dropped.
+    pub fn flush_discardable(&self, addr: usize, len: usize) -> Result<usize> {
+        let (m, first, n) = self.shared.locate(addr, len)?;
+        let _ev = self.shared.lock_evicting();
+        Ok(self.shared.drop_discardable_in(&m, first, first + n, usize::MAX, Cause::User))
     }
 
     /// Purgeable memory: makes `[addr, addr+len)` needed and says whether its
@@ -640,6 +684,9 @@ impl Pager {
             preflushed_by_user: ld(&c.by_user),
             bytes_written: ld(&c.bytes_written),
             bytes_read: ld(&c.bytes_read),
+            read_ahead_pages: ld(&c.read_ahead),
+            zero_ahead_pages: ld(&c.zero_ahead),
+            clean_dropped_pages: ld(&c.clean_dropped),
             resident_pages: self.shared.resident.load(Ordering::Acquire) as u64,
             swapped_pages: self.shared.slots.lock().unwrap_or_else(|p| p.into_inner()).used(),
             fault_ns: ld(&c.fault_ns),
@@ -699,7 +746,7 @@ impl Shared {
     }
 
     fn handle_faults(&self) {
-        let mut buf = match PageBuf::new(1) {
+        let mut buf = match PageBuf::new(READ_AHEAD) {
             Ok(b) => b,
             Err(_) => return,
         };
@@ -708,6 +755,12 @@ impl Shared {
             if sp::wait_event(&self.fd, &self.bell, TICK.as_millis() as i32) {
                 while let Ok(Some(ev)) = self.fd.read_event() {
                     if let Event::Pagefault { address, flags } = ev {
+                        if flags & uffd::fault_flag::WP != 0 {
+                            if let Some((m, page)) = self.find(address as usize) {
+                                self.written(&m, page);
+                            }
+                            continue;
+                        }
                         self.keep_budget(1);
                         // the fault itself, without the eviction that made room for it
                         let t = Instant::now();
@@ -882,6 +935,9 @@ impl Shared {
                         self.counters.fault[w][kind].fetch_add(1, Ordering::Relaxed);
                     }
                     self.filled_from(m, page, st, done, None, signal);
+                    if done && !signal {
+                        self.zero_ahead(m, page, st, buf.len() / page_size() - 1);
+                    }
                     return true;
                 }
                 _ => {
@@ -900,28 +956,137 @@ impl Shared {
                         }
                         done
                     } else {
-                        if self.swap.read_page(slot as usize, buf).is_err() {
-                            if m.state[page]
-                                .compare_exchange(EVICTING, SWAPPED, Ordering::AcqRel, Ordering::Acquire)
-                                .is_err()
-                            {
-                                self.record(m.id, None, Some(slot), signal);
+                        let ps = page_size();
+                        let ahead = if signal { 0 } else { self.claim_ahead(m, page, slot, buf.len() / ps - 1) };
+                        if self.swap.read_page(slot as usize, &mut buf[..(1 + ahead) * ps]).is_err() {
+                            for p in page..=page + ahead {
+                                if m.state[p]
+                                    .compare_exchange(EVICTING, SWAPPED, Ordering::AcqRel, Ordering::Acquire)
+                                    .is_err()
+                                {
+                                    self.record(m.id, None, Some(m.slot[p].load(Ordering::Acquire)), signal);
+                                }
                             }
                             return false;
                         }
                         self.reserve(signal);
-                        let done = m.area.fill_copy(&self.fd, page, buf).unwrap_or(false);
+                        // read, not written: installed clean (its slot kept) where tracked
+                        let done = self.fill_read_back(m, page, &buf[..ps], !write && self.track_clean);
                         if done {
                             self.counters.fault[w][2].fetch_add(1, Ordering::Relaxed);
-                            self.counters.bytes_read.fetch_add(page_size() as u64, Ordering::Relaxed);
+                            self.counters.bytes_read.fetch_add(ps as u64, Ordering::Relaxed);
                         }
-                        done
+                        // the pages read ahead: resident without a fault (none waits on them)
+                        for i in 1..=ahead {
+                            let p = page + i;
+                            self.reserve(false);
+                            let d = self.fill_read_back(m, p, &buf[i * ps..(i + 1) * ps], self.track_clean);
+                            if d {
+                                self.counters.read_ahead.fetch_add(1, Ordering::Relaxed);
+                                self.counters.bytes_read.fetch_add(ps as u64, Ordering::Relaxed);
+                            }
+                            self.settle_read_back(m, p, d, false);
+                        }
+                        self.settle_read_back(m, page, done, signal);
+                        return true;
                     };
                     self.filled_from(m, page, EVICTING, done, Some(slot), signal);
                     return true;
                 }
             }
         }
+    }
+
+    /// After a zero-fill fault on a page that was `st` (empty or discarded): the
+    /// pages after it in the same state that are needed (a discarded page the
+    /// application marked needed again is about to be reused: a collector's next
+    /// allocation buffer; memory is used upwards) get their fresh zero pages now, up
+    /// to `most` and while the budget has room, each without a fault of its own.
+    fn zero_ahead(&self, m: &Managed, page: usize, st: u8, most: usize) {
+        let room = self.budget.saturating_sub(self.resident.load(Ordering::Acquire));
+        for p in page + 1..(page + 1 + most.min(room)).min(m.pages()) {
+            if m.discardable.get(p)
+                || m.state[p].compare_exchange(st, EVICTING, Ordering::AcqRel, Ordering::Acquire).is_err()
+            {
+                return;
+            }
+            self.reserve(false);
+            let done = m.area.fill_zero(&self.fd, p, true).unwrap_or(false);
+            if done {
+                self.counters.zero_ahead.fetch_add(1, Ordering::Relaxed);
+                self.filled_from(m, p, EVICTING, true, None, false);
+            } else {
+                // not filled: as it was (or unmapped meanwhile)
+                self.resident.fetch_sub(1, Ordering::AcqRel);
+                let _ = m.state[p].compare_exchange(EVICTING, st, Ordering::AcqRel, Ordering::Acquire);
+                return;
+            }
+        }
+    }
+
+    /// Installs the swap copy `data` of the claimed page `page`; `clean`: write-protected
+    /// and marked clean, so that it keeps its swap slot until it is written.
+    fn fill_read_back(&self, m: &Managed, page: usize, data: &[u8], clean: bool) -> bool {
+        if !clean {
+            return m.area.fill_copy(&self.fd, page, data).unwrap_or(false);
+        }
+        // marked before it can be seen resident: an eviction must find it clean
+        m.clean.set_range(page, 1, true);
+        let done = m.area.fill_copy_clean(&self.fd, page, data).unwrap_or(false);
+        if !done {
+            m.clean.take_range(page, 1);
+        }
+        done
+    }
+
+    /// Settles a read-back fill of the claimed `page`: as [`Shared::filled_from`],
+    /// except that a page installed clean keeps its slot (freed if it was unmapped).
+    fn settle_read_back(&self, m: &Managed, page: usize, done: bool, signal: bool) {
+        let slot = m.slot[page].load(Ordering::Acquire);
+        if !(done && m.clean.get(page)) {
+            self.filled_from(m, page, EVICTING, done, Some(slot), signal);
+            return;
+        }
+        self.filled_from(m, page, EVICTING, true, None, signal);
+        if m.state[page].load(Ordering::Acquire) == GONE && m.clean.take_range(page, 1) {
+            self.record(m.id, None, Some(slot), signal);
+        }
+    }
+
+    /// A write-protect fault: the clean page `page` is being written. Its swap copy
+    /// is stale from now on (the slot is freed, unless an eviction kept it first);
+    /// then the writer goes on (or, the page evicted meanwhile, faults again).
+    fn written(&self, m: &Managed, page: usize) {
+        if m.clean.take_range(page, 1) {
+            self.record(m.id, None, Some(m.slot[page].load(Ordering::Acquire)), false);
+        }
+        let _ = m.area.unprotect(&self.fd, page);
+    }
+
+    /// Claims (SWAPPED -> EVICTING) up to `most` pages after `page` (swapped to `slot`)
+    /// that are swapped to the slots after it and still needed, while the budget has
+    /// room for them besides the faulting page; returns how many.
+    fn claim_ahead(&self, m: &Managed, page: usize, slot: u32, most: usize) -> usize {
+        let room = self.budget.saturating_sub(self.resident.load(Ordering::Acquire) + 1);
+        let mut n = 0;
+        while n < most.min(room) {
+            let p = page + n + 1;
+            if p >= m.pages()
+                || m.discardable.get(p)
+                || m.state[p].compare_exchange(SWAPPED, EVICTING, Ordering::AcqRel, Ordering::Acquire).is_err()
+            {
+                break;
+            }
+            if m.slot[p].load(Ordering::Acquire) != slot + n as u32 + 1 || m.discardable.get(p) {
+                // unclaimed; unmapped meanwhile (GONE): its slot is ours to free
+                if m.state[p].compare_exchange(EVICTING, SWAPPED, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                    self.record(m.id, None, Some(m.slot[p].load(Ordering::Acquire)), false);
+                }
+                break;
+            }
+            n += 1;
+        }
+        n
     }
 
     /// Settles a fill attempt of `page`, counted by [`Shared::reserve`], whose state
@@ -1056,29 +1221,40 @@ impl Shared {
         let regions: Vec<Arc<Managed>> = self.regions.read().unwrap_or_else(|p| p.into_inner()).clone();
         let mut done = 0;
         for m in &regions {
-            let mut p = 0;
-            while p < m.pages() && done < want {
-                if m.discardable.word(p / 64) == 0 {
-                    p = (p / 64 + 1) * 64;
-                    continue;
-                }
-                if !(m.discardable.get(p) && m.state[p].load(Ordering::Acquire) == RESIDENT) {
-                    p += 1;
-                    continue;
-                }
-                let mut end = p + 1;
-                while end < m.pages()
-                    && end - p < STAGE_PAGES
-                    && end - p < want - done
-                    && m.discardable.get(end)
-                    && m.state[end].load(Ordering::Acquire) == RESIDENT
-                {
-                    end += 1;
-                }
-                // a discardable page taken back (needed) meanwhile is written, not lost
-                done += self.evict_range(m, p, end - p, cause).unwrap_or(0);
-                p = end;
+            if done >= want {
+                break;
             }
+            done += self.drop_discardable_in(m, 0, m.pages(), want - done, cause);
+        }
+        done
+    }
+
+    /// Drops up to `want` resident discardable pages of pages `[from, to)` of `m`;
+    /// returns how many. The caller holds the eviction lock.
+    fn drop_discardable_in(&self, m: &Managed, from: usize, to: usize, want: usize, cause: Cause) -> usize {
+        let mut done = 0;
+        let mut p = from;
+        while p < to && done < want {
+            if m.discardable.word(p / 64) == 0 {
+                p = (p / 64 + 1) * 64;
+                continue;
+            }
+            if !(m.discardable.get(p) && m.state[p].load(Ordering::Acquire) == RESIDENT) {
+                p += 1;
+                continue;
+            }
+            let mut end = p + 1;
+            while end < to
+                && end - p < STAGE_PAGES
+                && end - p < want - done
+                && m.discardable.get(end)
+                && m.state[end].load(Ordering::Acquire) == RESIDENT
+            {
+                end += 1;
+            }
+            // a discardable page taken back (needed) meanwhile is written, not lost
+            done += self.evict_range(m, p, end - p, cause).unwrap_or(0);
+            p = end;
         }
         done
     }
@@ -1156,10 +1332,23 @@ impl Shared {
         let mut settled = 0;
         let mut keep: Vec<usize> = Vec::new();
         for (i, &(m, page)) in staged.iter().enumerate() {
+            // taken away from the region: a writer waiting on its protection has not
+            // written it, so a page still marked clean is its swap copy
+            let clean = m.clean.take_range(page, 1);
             if m.discardable.get(page) {
+                if clean {
+                    self.slots
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .give_back(m.slot[page].load(Ordering::Acquire));
+                }
                 m.purged.set_range(page, 1, true);
                 m.state[page].store(DISCARDED, Ordering::Release);
                 self.counters.discarded.fetch_add(1, Ordering::Relaxed);
+                settled += 1;
+            } else if clean {
+                m.state[page].store(SWAPPED, Ordering::Release);
+                self.counters.clean_dropped.fetch_add(1, Ordering::Relaxed);
                 settled += 1;
             } else {
                 keep.push(i);

@@ -24,7 +24,9 @@ fn a_fault_settled_after_unmap_of_its_region_counts_nothing() {
     let Some(p) = pager(FaultMode::Thread) else { return };
     let s = p.shared.clone();
     let r = p.map(4 * page_size()).unwrap();
-    // page 1 written out, so its fault is a read-back holding a swap slot
+    // page 1 written out, so its fault is a read-back holding a swap slot (pages 2
+    // and 3 discardable: not zero-filled ahead of page 1's first touch)
+    p.discardable(r.as_ptr() as usize + 2 * page_size(), 2 * page_size()).unwrap();
     r.write(page_size(), &[7; 16]).unwrap();
     p.flush(r.as_ptr() as usize + page_size(), page_size()).unwrap();
     assert_eq!((p.stats().resident_pages, p.stats().swapped_pages), (0, 1));

@@ -28,12 +28,18 @@ impl Area {
     /// Maps `len` bytes and registers them: `missing` for a managed region (every
     /// empty page faults to the pager), write-protect mode only for the staging area
     /// (it is a `UFFDIO_MOVE` destination, and its holes read as zeros).
-    pub fn new(fd: &Userfaultfd, len: usize, missing: bool) -> SysResult<Self> {
+    /// `clean`: a managed region also registered for write protection, so that pages
+    /// read back clean can be installed write-protected ([`Area::fill_copy_clean`]).
+    pub fn new(fd: &Userfaultfd, len: usize, missing: bool, clean: bool) -> SysResult<Self> {
         let map = Mapping::anonymous(len)?;
         // SAFETY: the mapping is ours and unused; huge pages are declined so that the
         // pager moves and fills single pages.
         unsafe { mman::madvise(map.as_ptr(), len, Advice::LinuxNoHugepage) }?;
-        let mode = if missing { uffd::mode::MISSING } else { uffd::mode::WP };
+        let mode = match (missing, clean) {
+            (true, true) => uffd::mode::MISSING | uffd::mode::WP,
+            (true, false) => uffd::mode::MISSING,
+            (false, _) => uffd::mode::WP,
+        };
         // SAFETY: the range is ours; the pager serves every fault in it for as long as
         // it is registered (the staging area, in WP mode without protection, never faults).
         unsafe { fd.register(map.as_ptr(), len, mode) }?;
@@ -93,6 +99,30 @@ impl Area {
         let dst = self.page_ptr(page, 1)?;
         // SAFETY: `dst` is one page of this registered area; `data` is a live page.
         settled(unsafe { fd.copy(dst, data.as_ptr(), ps, uffd::MODE_DONTWAKE) })
+    }
+
+    /// As [`Area::fill_copy`], write-protected: the first write to the page faults to
+    /// the pager (a write-protect fault) before it lands. Needs a `clean` area.
+    pub fn fill_copy_clean(&self, fd: &Userfaultfd, page: usize, data: &[u8]) -> SysResult<bool> {
+        let ps = page_size();
+        if data.len() != ps {
+            return Err(SysError::new("ioctl(UFFDIO_COPY)", Errno::INVAL));
+        }
+        let dst = self.page_ptr(page, 1)?;
+        // SAFETY: `dst` is one page of this area, registered for write protection
+        // too; `data` is a live page. The pager serves the write-protect faults.
+        settled(unsafe { fd.copy(dst, data.as_ptr(), ps, uffd::MODE_DONTWAKE | uffd::COPY_MODE_WP) })
+    }
+
+    /// Lifts write protection from `page` and wakes the threads waiting to write it
+    /// (a page no longer mapped: they are woken and fault again as missing).
+    pub fn unprotect(&self, fd: &Userfaultfd, page: usize) -> SysResult<()> {
+        let p = self.page_ptr(page, 1)?;
+        // SAFETY: one page of this area; clearing protection only lets writes proceed.
+        match unsafe { fd.write_protect(p, page_size(), false, true) } {
+            Ok(()) => Ok(()),
+            Err(_) => fd.wake(p, page_size()),
+        }
     }
 
     /// Wakes threads blocked on faults at `page`, once the pager has recorded the fill.

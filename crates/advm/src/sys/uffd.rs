@@ -123,6 +123,8 @@ pub mod fault_flag {
 pub const MOVE_MODE_ALLOW_SRC_HOLES: u64 = 1 << 1;
 /// `UFFDIO_*_MODE_DONTWAKE` for COPY/ZEROPAGE/MOVE: do not wake faulting threads.
 pub const MODE_DONTWAKE: u64 = 1 << 0;
+/// `UFFDIO_COPY_MODE_WP`: the copied page is installed write-protected.
+pub const COPY_MODE_WP: u64 = 1 << 1;
 
 #[repr(C)]
 #[derive(Default)]
