@@ -1,6 +1,6 @@
 //! The heap, its configuration, mutators, allocation and stopping the world.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -53,10 +53,12 @@ pub(crate) fn large_align(size: usize) -> usize {
 }
 
 /// An object of a heap: the address of its first pointer slot (its raw bytes start
-/// `nptrs` words later). Valid until the next safepoint of any mutator: keep objects
-/// across allocations in root slots.
+/// `nptrs` words later). Valid until the next collection (which any mutator's
+/// allocation may run): keep objects across allocations in root slots, and read them
+/// back after. Using one after a collection panics: it carries the heap's collection
+/// count from when it was made (a moved object's old address may hold anything).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Obj(pub(crate) usize);
+pub struct Obj(pub(crate) usize, pub(crate) u64);
 
 impl Obj {
     /// The address (for C, and for tests that compare placement).
@@ -244,6 +246,9 @@ pub(crate) struct Inner {
     created: Instant,
     engine: AtomicU8,
     stop: AtomicBool,
+    /// Collections run (finished or failed): stamps every [`Obj`] handed out, so a
+    /// handle kept across a collection is caught.
+    epoch: AtomicU64,
     world: Mutex<World>,
     cv: Condvar,
 }
@@ -392,6 +397,7 @@ impl Heap {
             created: Instant::now(),
             engine: AtomicU8::new(cfg.engine as u8),
             stop: AtomicBool::new(false),
+            epoch: AtomicU64::new(0),
             world: Mutex::new(World::default()),
             cv: Condvar::new(),
         };
@@ -548,6 +554,8 @@ impl Inner {
         if let Ok(c) = &result {
             self.after_collection(c);
         }
+        // Objects may have moved even when the collection failed part way.
+        self.epoch.fetch_add(1, Ordering::Relaxed);
         let mut w = lock(&self.world);
         w.stopping = false;
         self.stop.store(false, Ordering::SeqCst);
@@ -606,8 +614,22 @@ impl Inner {
         self.cv.notify_all();
     }
 
+    /// The handle of the object at `addr`, valid until the next collection.
+    fn obj(&self, addr: usize) -> Obj {
+        Obj(addr, self.epoch.load(Ordering::Relaxed))
+    }
+
     /// Header address of `o`, checked to be inside the heap with its whole object.
     fn checked(&self, o: Obj) -> (usize, usize) {
+        // No collection runs while a mutator is between safepoints: the count is stable.
+        let epoch = self.epoch.load(Ordering::Relaxed);
+        assert!(
+            o.1 == epoch,
+            "object {:#x} was read before collection {}: objects move, so keep them in root \
+             slots across allocations and read them back",
+            o.0,
+            o.1 + 1
+        );
         let h = o.0.wrapping_sub(HDR);
         assert!(self.mem.holds(h, HDR), "object {:#x} is not in this heap", o.0);
         let h0 = self.mem.load(h);
@@ -686,7 +708,7 @@ impl Mutator {
         let mem = &self.heap.inner.mem;
         mem.store(h, header(size, nptrs));
         mem.store(h + 8, 0);
-        Obj(h + HDR)
+        self.heap.inner.obj(h + HDR)
     }
 
     /// Allocation outside the buffer: a new buffer, a direct small object, or a large
@@ -844,7 +866,7 @@ impl Mutator {
     /// The object in root slot `i` (panics when `i` is not a slot).
     pub fn root(&self, i: usize) -> Option<Obj> {
         let v = lock(&self.roots)[i];
-        (v != 0).then_some(Obj(v))
+        (v != 0).then(|| self.heap.inner.obj(v))
     }
 
     /// Stores into root slot `i`.
@@ -872,7 +894,7 @@ impl Mutator {
         if addr % 8 != 0 || !inner.mem.holds(h, HDR) || !inner.mem.holds(h, size_of(inner.mem.load(h))) {
             return Err(Error::InvalidArgument { what: "object", why: format!("{addr:#x} is not in this heap") });
         }
-        Ok(Obj(addr))
+        Ok(inner.obj(addr))
     }
 
     /// Pointer slots of `o`.
@@ -891,7 +913,7 @@ impl Mutator {
         let (_, h0) = self.heap.inner.checked(o);
         assert!(i < nptrs_of(h0), "pointer slot {i} of an object with {}", nptrs_of(h0));
         let v = self.heap.inner.mem.load(o.0 + 8 * i);
-        (v != 0).then_some(Obj(v))
+        (v != 0).then(|| self.heap.inner.obj(v))
     }
 
     /// Stores `v` into pointer slot `i` of `o`.

@@ -144,11 +144,12 @@ fn compiler_like(m: &mut Mutator, mib: usize) -> Result<u64> {
     Ok(h)
 }
 
-/// A list cell: slot 0 the next cell, raw word 0 the value (32 bytes with header).
-fn cell(m: &mut Mutator, v: u64, next: Option<Obj>) -> Result<Obj> {
+/// A list cell holding `v`, its next cell null: slot 0 the next cell, raw word 0 the
+/// value (32 bytes with header). The caller links it after the allocation: an object
+/// read before it may have moved.
+fn cell(m: &mut Mutator, v: u64) -> Result<Obj> {
     let c = m.alloc(1, 8)?;
     m.set_word(c, 0, v);
-    m.set(c, 0, next);
     Ok(c)
 }
 
@@ -163,7 +164,8 @@ fn growing_sort(m: &mut Mutator, mib: usize) -> Result<u64> {
     let mut n = 0;
     for _ in 0..rounds {
         for _ in 0..step {
-            let c = cell(m, rng.next() >> 16, m.root(list))?;
+            let c = cell(m, rng.next() >> 16)?;
+            m.set(c, 0, m.root(list));
             m.set_root(list, Some(c));
         }
         n += step;
@@ -214,7 +216,7 @@ fn merge_pass(m: &mut Mutator, list: usize, width: usize) -> Result<()> {
                 (None, Some(_)) => false,
             };
             let from = if take_a { ra } else { rb }.expect("a run with cells");
-            let c = cell(m, m.word(from, 0), None)?;
+            let c = cell(m, m.word(from, 0))?;
             // the allocation may have moved everything: read through the roots again
             let (slot, left) = if take_a { (a, &mut na) } else { (b, &mut nb) };
             let from = m.root(slot).expect("rooted");
@@ -259,7 +261,7 @@ fn primes(m: &mut Mutator, units: usize) -> Result<u64> {
             cur = m.get(p, 0);
         }
         if prime {
-            let nc = cell(m, c, None)?;
+            let nc = cell(m, c)?;
             match m.root(last) {
                 Some(t) => m.set(t, 0, Some(nc)),
                 None => m.set_root(first, Some(nc)),
@@ -296,6 +298,24 @@ mod tests {
         for (w, size) in [(Workload::CompilerLike, 2), (Workload::GrowingSort, 1), (Workload::Primes, 1)] {
             assert_eq!(run(w, size, None), run(w, size, Some(g)), "{}", w.name());
         }
+    }
+
+    #[test]
+    fn growing_sort_keeps_its_list_through_minor_collections_while_it_adds_cells() {
+        // A nursery smaller than a round's new cells: minor collections run while the
+        // list grows, and each moves the list's young head. The sort checks order and
+        // count itself.
+        let mut c = Config::new(16 << 20);
+        c.gc_threads = 1;
+        c.generational = Some(Generational {
+            policy: Policy::Modified { mem_lim: 128 << 10, min_new_size: 64 << 10, min_old_incr: 256 << 10 },
+            copy_back: false,
+        });
+        let h = Heap::with_config(c).unwrap();
+        let mut m = h.attach();
+        let got = Workload::GrowingSort.run(&mut m, 1).unwrap();
+        assert!(h.stats().history.iter().filter(|c| c.kind == "minor").count() >= 12);
+        assert_eq!(got, run(Workload::GrowingSort, 1, None));
     }
 
     #[test]
