@@ -327,6 +327,7 @@ impl Bench for PagerBench {
         if let Err(why) = advm::pager::available() {
             return Err(BenchError::Usage(format!("the pager cannot run here: {why}")));
         }
+        let picked = picked_workloads()?;
         let s = sizes(opts.quick);
         let interrupts = Interrupts::catch()?;
         let swap_path = std::path::PathBuf::from(format!("/var/tmp/advm-bench-pager-{}.swap", std::process::id()));
@@ -348,11 +349,14 @@ impl Bench for PagerBench {
             conf.insert(format!("heap {name}"), serde_json::json!(g.policy));
         }
         // quick: the paper's base configurations (figures 13 and 19), two workloads
-        let (workloads, configs): (Vec<Workload>, Vec<(&str, Generational)>) = if opts.quick {
+        let (mut workloads, configs): (Vec<Workload>, Vec<(&str, Generational)>) = if opts.quick {
             (vec![Workload::CompilerLike, Workload::Primes], vec![configs[0], configs[2]])
         } else {
             (vec![Workload::CompilerLike, Workload::GrowingSort, Workload::Primes], configs.to_vec())
         };
+        if let Some(picked) = &picked {
+            workloads = picked.clone();
+        }
         let settings = |w: Workload, ci: usize| {
             let mut v = vec![Setting::NP, Setting::PO, Setting::PF, Setting::PU];
             if !opts.quick && w == Workload::CompilerLike && ci == 2 {
@@ -465,6 +469,27 @@ impl Bench for PagerBench {
             ),
         }])
     }
+}
+
+/// `$ADVM_BENCH_PAGER_WORKLOADS` (comma separated names): a subset of the workloads,
+/// since the full matrix takes the better part of an hour.
+fn picked_workloads() -> Result<Option<Vec<Workload>>, BenchError> {
+    let Ok(pick) = std::env::var("ADVM_BENCH_PAGER_WORKLOADS") else { return Ok(None) };
+    let all = [Workload::CompilerLike, Workload::GrowingSort, Workload::Primes];
+    let mut picked = Vec::new();
+    for name in pick.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        match all.iter().find(|w| w.name() == name) {
+            Some(&w) => picked.push(w),
+            None => {
+                let names: Vec<_> = all.iter().map(|w| w.name()).collect();
+                return Err(BenchError::Usage(format!(
+                    "ADVM_BENCH_PAGER_WORKLOADS: no workload {name:?} (there are {})",
+                    names.join(", ")
+                )));
+            }
+        }
+    }
+    Ok(Some(picked))
 }
 
 /// One pass of the demo workload and what the pager did.

@@ -756,8 +756,10 @@ impl Shared {
                 while let Ok(Some(ev)) = self.fd.read_event() {
                     if let Event::Pagefault { address, flags } = ev {
                         if flags & uffd::fault_flag::WP != 0 {
-                            if let Some((m, page)) = self.find(address as usize) {
-                                self.written(&m, page);
+                            match self.find(address as usize) {
+                                Some((m, page)) => self.written(&m, page),
+                                // unmapped meanwhile: as for a missing page below
+                                None => self.wake_unheld(address as usize),
                             }
                             continue;
                         }
@@ -778,10 +780,7 @@ impl Shared {
                             // and the unregistering itself (a fault under the VMA lock,
                             // not mmap_lock) waits for us. Woken, it faults again: on
                             // plain memory, or here once more until the unregistering ends.
-                            None => {
-                                let at = address as usize & !(page_size() - 1);
-                                let _ = self.fd.wake(at as *mut u8, page_size());
-                            }
+                            None => self.wake_unheld(address as usize),
                         }
                         self.counters.fault_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
                     }
@@ -1060,7 +1059,15 @@ impl Shared {
         if m.clean.take_range(page, 1) {
             self.record(m.id, None, Some(m.slot[page].load(Ordering::Acquire)), false);
         }
-        let _ = m.area.unprotect(&self.fd, page);
+        if m.area.unprotect(&self.fd, page).is_err() {
+            // unregistered meanwhile: the writer must not wait for ever
+            let _ = m.area.wake(&self.fd, page);
+        }
+    }
+
+    /// Wakes a fault at `addr` that no region holds (see `handle_faults`).
+    fn wake_unheld(&self, addr: usize) {
+        let _ = self.fd.wake((addr & !(page_size() - 1)) as *mut u8, page_size());
     }
 
     /// Claims (SWAPPED -> EVICTING) up to `most` pages after `page` (swapped to `slot`)
