@@ -83,7 +83,7 @@ mod engine;
 mod intervals;
 mod region;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use serde::Serialize;

@@ -7,7 +7,7 @@
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use rustix::io::Errno;
@@ -78,23 +78,17 @@ const VMA_SHARED: u64 = 0x08;
 
 /// This process's maps file, opened once per process: `/proc/self` is resolved at
 /// open time, so a forked child must open its own (the parent's would describe the
-/// parent's address space). A fork handler marks the child, which costs nothing per
-/// query where comparing process ids costs a `getpid` each. Files are leaked on
-/// purpose (one per process, two in a child), to hand out `'static` borrows; no lock,
-/// so a child forked while another thread was here cannot block on it.
+/// parent's address space); the fork generation tells it (the process id where fork
+/// handlers are missing). Files are leaked on purpose (one per process, two in a
+/// child), to hand out `'static` borrows; no lock, so a child forked while another
+/// thread was here cannot block on it.
 fn maps_file() -> Option<&'static File> {
     static MAPS: AtomicPtr<File> = AtomicPtr::new(std::ptr::null_mut());
-    static HANDLER: OnceLock<bool> = OnceLock::new();
-    static PID: AtomicU32 = AtomicU32::new(0);
-    let handler = *HANDLER.get_or_init(|| super::process::at_fork(fork_nothing, fork_nothing, forked_child).is_ok());
-    // Without the handler (pthread_atfork failed), compare process ids.
-    let moved = if handler {
-        MAPS_IN_CHILD.swap(false, Ordering::Relaxed)
-    } else {
-        let pid = std::process::id();
-        PID.swap(pid, Ordering::Relaxed) != pid
-    };
-    if moved {
+    /// Whose the open file is: a fork generation, or a process id with the top bit set.
+    static OWNER: AtomicU64 = AtomicU64::new(u64::MAX);
+    let owner = super::process::fork_generation().unwrap_or_else(|| u64::from(std::process::id()) | 1 << 63);
+    if OWNER.load(Ordering::Relaxed) != owner {
+        OWNER.store(owner, Ordering::Relaxed);
         MAPS.store(std::ptr::null_mut(), Ordering::Release);
     }
     let p = MAPS.load(Ordering::Acquire);
@@ -109,15 +103,6 @@ fn maps_file() -> Option<&'static File> {
         // SAFETY: as above: another thread's leaked file, never freed.
         Err(other) => Some(unsafe { &*other }),
     }
-}
-
-/// Set in a forked child: its maps file must be opened again.
-static MAPS_IN_CHILD: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn fork_nothing() {}
-
-extern "C" fn forked_child() {
-    MAPS_IN_CHILD.store(true, Ordering::Relaxed);
 }
 
 /// The mapping that contains `addr`, or `None` when `addr` is not mapped.

@@ -14,6 +14,8 @@ pub(crate) use uffd::*;
 /// scratch area for swaps.
 pub(crate) struct Kernel {
     pub(crate) uffd: Option<Userfaultfd>,
+    /// The fork generation of the process that opened `uffd`.
+    pub(crate) fork_generation: u64,
     pub(crate) scratch: Mutex<Option<RwMapping>>,
     /// 2 MiB-aligned scratch address space for mremap exchanges (grown on demand).
     pub(crate) remap_scratch: Mutex<Option<RwMapping>>,
@@ -22,35 +24,31 @@ pub(crate) struct Kernel {
 /// Bytes of scratch used per swap step (swaps of more are done in steps).
 pub(crate) const SCRATCH_LEN: usize = 16 << 20;
 
-/// Set in a forked child of the process that opened the userfaultfd: the child inherits
-/// the fd, but its ioctls would act on the parent's memory. A flag set by a fork
-/// handler costs nothing per operation, where comparing process ids costs a `getpid`.
-pub(crate) static FORKED_CHILD: AtomicBool = AtomicBool::new(false);
-
-pub(crate) extern "C" fn fork_nothing() {}
-
-pub(crate) extern "C" fn fork_child() {
-    FORKED_CHILD.store(true, Ordering::Relaxed);
-}
-
 pub(crate) fn kernel() -> &'static Kernel {
     static K: OnceLock<Kernel> = OnceLock::new();
     K.get_or_init(|| {
         let want = feature::MOVE | feature::PAGEFAULT_FLAG_WP;
+        // Without the fork handler a child could not tell it is one: no userfaultfd.
+        let generation = crate::sys::process::fork_generation();
         let uffd = Userfaultfd::probe()
             .ok()
-            .filter(|i| i.features & want == want)
-            // Without the fork handler a child could not tell it is one: no userfaultfd.
-            .filter(|_| crate::sys::process::at_fork(fork_nothing, fork_nothing, fork_child).is_ok())
+            .filter(|i| i.features & want == want && generation.is_some())
             .and_then(|_| Userfaultfd::new(want, true).ok());
-        Kernel { uffd, scratch: Mutex::new(None), remap_scratch: Mutex::new(None) }
+        Kernel {
+            uffd,
+            fork_generation: generation.unwrap_or(0),
+            scratch: Mutex::new(None),
+            remap_scratch: Mutex::new(None),
+        }
     })
 }
 
 /// The process's userfaultfd, unless this is a forked child of the process that
-/// opened it.
+/// opened it: the child inherits the fd, but its ioctls would act on the parent's
+/// memory.
 pub(crate) fn uffd() -> Option<&'static Userfaultfd> {
-    kernel().uffd.as_ref().filter(|_| !FORKED_CHILD.load(Ordering::Relaxed))
+    let k = kernel();
+    k.uffd.as_ref().filter(|_| crate::sys::process::fork_generation() == Some(k.fork_generation))
 }
 
 /// What kind of memory a range is, as far as engines care (ordered: a range of mixed
