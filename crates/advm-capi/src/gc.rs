@@ -129,12 +129,23 @@ pub extern "C" fn advm_gc_new(heap_bytes: usize) -> *mut AdvmGc {
 /// `policy` is NULL or points to a readable `struct advm_gc_policy`.
 #[no_mangle]
 pub unsafe extern "C" fn advm_gc_new_with(heap_bytes: usize, policy: *const AdvmGcPolicy) -> *mut AdvmGc {
+    // SAFETY: NULL or a readable struct (the header's contract).
+    new_handle(|| config(heap_bytes, unsafe { policy.as_ref() }))
+}
+
+/// The settings of a heap of `heap_bytes`, generational when `policy` is given.
+fn config(heap_bytes: usize, policy: Option<&AdvmGcPolicy>) -> Result<Config, Error> {
+    let mut cfg = Config::new(heap_bytes);
+    cfg.generational = policy.map(policy_of).transpose()?;
+    Ok(cfg)
+}
+
+/// A handle on a heap made with the settings `make` returns; NULL with errno set when
+/// either fails.
+fn new_handle(make: impl FnOnce() -> Result<Config, Error>) -> *mut AdvmGc {
     let mut out = std::ptr::null_mut();
     let r = call(|| {
-        let mut cfg = Config::new(heap_bytes);
-        // SAFETY: NULL or a readable struct (the header's contract).
-        cfg.generational = unsafe { policy.as_ref() }.map(policy_of).transpose()?;
-        let heap = Heap::with_config(cfg)?;
+        let heap = Heap::with_config(make()?)?;
         let m = Mutex::new(heap.attach());
         out = Box::into_raw(Box::new(AdvmGc { heap, m }));
         Ok(0)
@@ -161,26 +172,17 @@ pub unsafe extern "C" fn advm_gc_new_paged(
     pager: *mut crate::pager::advm_pager,
     flush_after_major: c_int,
 ) -> *mut AdvmGc {
-    let mut out = std::ptr::null_mut();
-    let r = call(|| {
+    new_handle(|| {
         // SAFETY: NULL or a live pager (the header's contract).
         let pager = unsafe { pager.as_ref() }
             .ok_or(Error::InvalidArgument { what: "pager", why: "NULL handle".into() })?
             .pager
             .clone();
-        let mut cfg = Config::new(heap_bytes);
         // SAFETY: NULL or a readable struct (the header's contract).
-        cfg.generational = unsafe { policy.as_ref() }.map(policy_of).transpose()?;
+        let mut cfg = config(heap_bytes, unsafe { policy.as_ref() })?;
         cfg.paging = Some(Paging { pager, flush_after_major: flush_after_major != 0 });
-        let heap = Heap::with_config(cfg)?;
-        let m = Mutex::new(heap.attach());
-        out = Box::into_raw(Box::new(AdvmGc { heap, m }));
-        Ok(0)
-    });
-    if r < 0 {
-        set_errno(r);
-    }
-    out
+        Ok(cfg)
+    })
 }
 
 /// `int advm_gc_store(advm_gc *, void *obj, size_t i, void *value)`: pointer slot `i`
