@@ -455,6 +455,26 @@ fn growing_sort(m: &mut Mutator, s: Scale) -> Result<u64> {
     Ok(h)
 }
 
+/// Appends the object in root slot `value` to the pointer table in root slot `table`,
+/// which holds `n` entries, first doubling the table (a new object; the old one becomes
+/// garbage) when it is full. Slots, not objects, because the doubling may collect.
+pub(crate) fn table_push(m: &mut Mutator, table: usize, n: usize, value: usize) -> Result<()> {
+    let st = m.root(table).expect("rooted");
+    let cap = m.nptrs(st);
+    if n == cap {
+        let bigger = m.alloc(2 * cap, 0)?;
+        let st = m.root(table).expect("rooted");
+        for k in 0..cap {
+            let v = m.get(st, k);
+            m.set(bigger, k, v);
+        }
+        m.set_root(table, Some(bigger));
+    }
+    let st = m.root(table).expect("rooted");
+    m.set(st, n, m.root(value));
+    Ok(())
+}
+
 /// A compiler-like saw-tooth: each unit builds a syntax tree and a growing symbol table
 /// (live until the unit ends, then all garbage); a small result per unit stays.
 fn compiler_sawtooth(m: &mut Mutator, s: Scale) -> Result<u64> {
@@ -481,19 +501,7 @@ fn compiler_sawtooth(m: &mut Mutator, s: Scale) -> Result<u64> {
             }
             m.set_root(ast, Some(nd));
             if i % 16 == 0 {
-                let st = m.root(sr).expect("rooted");
-                let cap = m.nptrs(st);
-                if nsyms == cap {
-                    let bigger = m.alloc(2 * cap, 0)?;
-                    let st = m.root(sr).expect("rooted");
-                    for k in 0..cap {
-                        let v = m.get(st, k);
-                        m.set(bigger, k, v);
-                    }
-                    m.set_root(sr, Some(bigger));
-                }
-                let st = m.root(sr).expect("rooted");
-                m.set(st, nsyms, m.root(ast));
+                table_push(m, sr, nsyms, ast)?;
                 nsyms += 1;
             }
         }

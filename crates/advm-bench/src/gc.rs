@@ -24,7 +24,7 @@ use crate::BenchError;
 
 #[allow(missing_docs)]
 #[path = "../../../bench/gc/workloads.rs"]
-mod workloads;
+pub(crate) mod workloads;
 
 use workloads::{Scale, Workload, ALL};
 

@@ -14,6 +14,8 @@
 
 use advm_gc::{Mutator, Obj, Result};
 
+use crate::gc::workloads::table_push;
+
 /// The workloads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Workload {
@@ -95,19 +97,7 @@ fn compiler_like(m: &mut Mutator, mib: usize) -> Result<u64> {
             }
             m.set_root(ast, Some(nd));
             if i % 32 == 0 {
-                let st = m.root(sr).expect("rooted");
-                let cap = m.nptrs(st);
-                if nsyms == cap {
-                    let bigger = m.alloc(2 * cap, 0)?;
-                    let st = m.root(sr).expect("rooted");
-                    for k in 0..cap {
-                        let v = m.get(st, k);
-                        m.set(bigger, k, v);
-                    }
-                    m.set_root(sr, Some(bigger));
-                }
-                let st = m.root(sr).expect("rooted");
-                m.set(st, nsyms, m.root(ast));
+                table_push(m, sr, nsyms, ast)?;
                 nsyms += 1;
             }
         }
