@@ -26,8 +26,17 @@ const APP_DATA_FILES: usize = 8;
 const APP_DATA_FILE_BYTES: usize = 4 << 20;
 
 /// The modules the initramfs loads (their dependencies come along).
-const MODULES: &[&str] =
-    &["virtio_pci", "virtio_blk", "virtio_net", "virtio_pmem", "nd_pmem", "ext4", "crc32c_generic", "crc32c-intel"];
+const MODULES: &[&str] = &[
+    "virtio_pci",
+    "virtio_blk",
+    "virtio_net",
+    "virtio_pmem",
+    "nd_pmem",
+    "virtio_balloon",
+    "ext4",
+    "crc32c_generic",
+    "crc32c-intel",
+];
 
 /// What a build produced.
 #[derive(Debug)]
@@ -173,8 +182,21 @@ mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 for m in $(cat /modules.order); do insmod "/lib/modules/$m" 2>/dev/null; done
 root=blk
-for a in $(cat /proc/cmdline); do case "$a" in advm.root=*) root="${a#advm.root=}";; esac; done
+for a in $(cat /proc/cmdline); do case "$a" in
+  advm.root=*) root="${a#advm.root=}";;
+  advm.writes=1) rw=1;;
+  page_reporting.page_reporting_order=*) order="${a#*=}";;
+esac; done
+# Linux 6.1 overwrites the reporting order with its default when the balloon registers
+# (after the command line set it): set it again.
+po=/sys/module/page_reporting/parameters/page_reporting_order
+if [ -n "$order" ] && [ -w $po ]; then echo "$order" > $po; fi
+[ -r $po ] && echo "advm-init: free page reporting order $(cat $po)"
+# The root is read-only unless the service writes (advm.writes=1): a read-write ext4
+# writes its superblock, journal and inode tables, and every written page of the image
+# becomes the VM's own (pmem: a private copy in QEMU; blk: QEMU's temporary overlay).
 if [ "$root" = pmem ]; then dev=/dev/pmem0; opts=dax; else dev=/dev/vda; opts=; fi
+[ -z "$rw" ] && opts="${opts:+$opts,}ro"
 i=0; while [ ! -b "$dev" ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done
 if ! mount -t ext4 ${opts:+-o $opts} "$dev" /newroot; then echo "advm-init: cannot mount $dev"; sleep 1; poweroff -f; fi
 echo "advm-init: root $dev mounted${opts:+ with -o $opts}"
