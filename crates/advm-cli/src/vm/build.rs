@@ -191,7 +191,9 @@ esac; done
 # (after the command line set it): set it again.
 po=/sys/module/page_reporting/parameters/page_reporting_order
 if [ -n "$order" ] && [ -w $po ]; then echo "$order" > $po; fi
-[ -r $po ] && echo "advm-init: free page reporting order $(cat $po)"
+if ls /sys/bus/virtio/drivers/virtio_balloon/virtio* >/dev/null 2>&1; then
+  echo "advm-init: balloon: free page reporting order $(cat $po)"
+fi
 # The root is read-only unless the service writes (advm.writes=1): a read-write ext4
 # writes its superblock, journal and inode tables, and every written page of the image
 # becomes the VM's own (pmem: a private copy in QEMU; blk: QEMU's temporary overlay).
