@@ -196,7 +196,8 @@ mod tests {
 
     #[test]
     fn every_disk_method_has_a_balloon_reporting_free_pages_and_a_guest_reporting_small_ones() {
-        let disks = [Disk::Pmem { backing: "/proc/self/fd/7".into(), size: 1 << 30 }, Disk::Blk { image: "/g/a".into() }];
+        let disks =
+            [Disk::Pmem { backing: "/proc/self/fd/7".into(), size: 1 << 30 }, Disk::Blk { image: "/g/a".into() }];
         for disk in disks {
             for ksm in [false, true] {
                 let mut s = settings(disk.clone());
