@@ -36,7 +36,8 @@ pub struct Settings {
     pub tb_mib: u64,
     /// Guest RAM mergeable (QEMU's `mem-merge`), for KSM.
     pub ksm: bool,
-    /// The guest's service keeps writing files (`advm.writes=1`).
+    /// The guest's service keeps writing files (`advm.writes=1`; the root is read-write
+    /// only then).
     pub guest_writes: bool,
     /// Host port forwarded to the guest's service (port 8000).
     pub port: u16,

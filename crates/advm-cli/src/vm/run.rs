@@ -60,7 +60,8 @@ pub struct RunArgs {
     /// guest touching one page of 2 MiB would hold all of it on the host).
     #[arg(long)]
     pub thp: bool,
-    /// The guest's service keeps writing files (a workload for `advm vm dump`).
+    /// The guest's service keeps writing files (a workload for `advm vm dump`); the
+    /// guest's root is mounted read-write only then.
     #[arg(long)]
     pub guest_writes: bool,
     /// Kernel (default: vmlinuz beside the image).
