@@ -321,11 +321,25 @@ pub fn workdir_of(pid: u32) -> PathBuf {
     std::env::temp_dir().join(format!("advm-vm-{pid}"))
 }
 
-/// Runs `advm vm run`.
+/// Runs `advm vm run`. The work directory (console, logs, dump scratch) goes when the
+/// VM ends cleanly and stays, named on stderr, when anything failed.
 pub fn run(args: RunArgs) -> Result<(), CliError> {
-    let _ksm = if args.ksm { Some(advm::ksm::Session::start(1000, 20)?) } else { None };
     let work = workdir_of(std::process::id());
-    let mut vm = start(&args, &work)?;
+    let result = run_in(&args, &work);
+    match &result {
+        Ok(true) => {
+            let _ = std::fs::remove_dir_all(&work);
+        }
+        _ if work.exists() => eprintln!("advm vm run: console and logs kept in {}", work.display()),
+        _ => {}
+    }
+    result.map(|_| ())
+}
+
+/// Runs the VM in `work`; true when it ended cleanly.
+fn run_in(args: &RunArgs, work: &Path) -> Result<bool, CliError> {
+    let _ksm = if args.ksm { Some(advm::ksm::Session::start(1000, 20)?) } else { None };
+    let mut vm = start(args, work)?;
     let signals = advm::process::ForwardSignals::to(vm.child.id())?;
     let (t, body) = vm.wait_ready(Duration::from_secs(args.timeout))?;
     println!("ready: http://127.0.0.1:{}/ answered after {} ms ({})", vm.port, t.as_millis(), body);
@@ -333,10 +347,10 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     if args.exit_when_ready {
         drop(signals);
         vm.stop();
-        return Ok(());
+        return Ok(true);
     }
     let status = vm.child.wait().map_err(|e| CliError::Io("waiting for QEMU".into(), e))?;
     drop(signals);
     eprintln!("advm vm run: QEMU exited ({status})");
-    Ok(())
+    Ok(status.success())
 }
