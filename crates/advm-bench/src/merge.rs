@@ -397,9 +397,16 @@ fn fill_seeded(buf: &mut [u8], seed: u64) {
     }
 }
 
-/// One process merging `mib` MiB twice (new pages, then the same content again) through
-/// `client`: GB/s of each, `runs` times.
-fn throughput(client: &mut advm::merge::Client, mib: usize, runs: usize) -> Result<(Vec<f64>, Vec<f64>), BenchError> {
+/// One process merging `mib` MiB twice (new pages through `client`, then the same
+/// content again through `again`, or `client` when `None`): GB/s of each, `runs` times.
+/// Through advmd the second merge is another session, as another worker would be: it
+/// has none of the first session's store pages faulted in.
+fn throughput(
+    client: &mut advm::merge::Client,
+    mut again: Option<&mut advm::merge::Client>,
+    mib: usize,
+    runs: usize,
+) -> Result<(Vec<f64>, Vec<f64>), BenchError> {
     let (mut add, mut merge) = (Vec::new(), Vec::new());
     for run in 0..runs {
         let mut a = advm::mem::Region::new(mib << 20)?;
@@ -407,7 +414,11 @@ fn throughput(client: &mut advm::merge::Client, mib: usize, runs: usize) -> Resu
         let mut b = advm::mem::Region::new(mib << 20)?;
         b.bytes_mut().copy_from_slice(a.bytes());
         add.push(client.merge(a.bytes())?.throughput() / 1e9);
-        merge.push(client.merge(b.bytes())?.throughput() / 1e9);
+        let second = match again.as_deref_mut() {
+            Some(c) => c,
+            None => &mut *client,
+        };
+        merge.push(second.merge(b.bytes())?.throughput() / 1e9);
     }
     Ok((add, merge))
 }
@@ -417,7 +428,7 @@ fn throughput_rows(opts: &BenchOpts, report: &mut Report) -> Result<(), BenchErr
     let mib = if opts.quick { 64 } else { 1024 };
     let runs = opts.runs.max(1);
     let mut local = advm::merge::Client::local(4 << 30, "bench: the process's own store")?;
-    let (a, m) = throughput(&mut local, mib, runs)?;
+    let (a, m) = throughput(&mut local, None, mib, runs)?;
     let sock = bench_dir().join(format!("advmd-tp-{}.sock", std::process::id()));
     let exe = std::env::current_exe().map_err(|e| io("current exe", e))?;
     let _daemon = Daemon(
@@ -436,7 +447,8 @@ fn throughput_rows(opts: &BenchOpts, report: &mut Report) -> Result<(), BenchErr
             Err(e) => return Err(e.into()),
         }
     };
-    let (da, dm) = throughput(&mut daemon, mib, runs)?;
+    let mut other = advm::merge::Client::connect(&sock, "")?;
+    let (da, dm) = throughput(&mut daemon, Some(&mut other), mib, runs)?;
     let _ = std::fs::remove_file(&sock);
     for (store, add, merge) in [("own store", a, m), ("advmd", da, dm)] {
         report.rows.push(
@@ -468,8 +480,6 @@ impl Bench for MergeBench {
         if let Some(path) = std::env::var_os("ADVM_BENCH_MERGE_REPLOT") {
             return replot(Path::new(&path), report);
         }
-        let py = python()?;
-        let models = models(&py)?;
         // $ADVM_BENCH_MERGE_MODELS and $ADVM_BENCH_MERGE_WORKERS (comma separated) pick a
         // subset: the whole table takes the better part of an hour.
         let pick = |var: &str, default: &str| -> Vec<String> {
@@ -481,9 +491,15 @@ impl Bench for MergeBench {
         };
         let names =
             pick("ADVM_BENCH_MERGE_MODELS", if opts.quick { "ppocr-rec" } else { "ppocr-rec,alexnet,resnet50" });
+        // `none`: the throughput rows only, which need no Python.
+        if names == ["none"] {
+            return throughput_rows(opts, report);
+        }
+        let py = python()?;
+        let models = models(&py)?;
         if let Some(bad) = names.iter().find(|m| !["ppocr-rec", "alexnet", "resnet50"].contains(&m.as_str())) {
             return Err(BenchError::Usage(format!(
-                "ADVM_BENCH_MERGE_MODELS: no model {bad:?} (ppocr-rec, alexnet, resnet50)"
+                "ADVM_BENCH_MERGE_MODELS: no model {bad:?} (ppocr-rec, alexnet, resnet50; or none alone)"
             )));
         }
         let ns = pick("ADVM_BENCH_MERGE_WORKERS", if opts.quick { "1,2" } else { "1,2,4,8,16" })

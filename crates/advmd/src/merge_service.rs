@@ -190,7 +190,7 @@ impl Session {
     /// only), then publishes them, sharing any that another session stored meanwhile.
     fn add(&mut self, shared: &Shared, hashes: &[u64], staging: OwnedFd) -> advm::Result<Reply> {
         let pages = hashes.len();
-        let (reserved, full) = {
+        let (mut reserved, full) = {
             let mut g = lock(&shared.state);
             let r = g.store.reserve(pages)?;
             g.announce(hashes);

@@ -342,3 +342,29 @@ fn a_lookup_of_pages_another_session_is_adding_waits_for_them_instead_of_missing
     assert_eq!(found, added, "B gets the slots A's pages landed in");
     assert!(waited >= Duration::from_millis(200), "B waited for A ({waited:?})");
 }
+
+/// The daemon hashes the pages that landed in its store itself (outside its lock, as
+/// they arrive): an add that names wrong hashes still indexes the pages under their
+/// true ones, so a hostile client cannot file a page under another page's hash.
+#[test]
+fn an_add_is_indexed_under_the_hash_of_what_arrived_not_the_hash_the_client_named() {
+    let (_d, sock) = start("claimed-hash", |_| {});
+    let ch = Channel::connect(&sock).unwrap();
+    Request::Hello { tag: String::new() }.send(&ch).unwrap();
+    let Reply::Hello { secret, .. } = Reply::recv(&ch).unwrap() else { panic!("no hello") };
+    let hasher = advm::merge::PageHasher::from_secret(&secret).unwrap();
+    let pages = filled(6, 4);
+    let truth: Vec<u64> = pages.bytes().chunks_exact(page_size()).map(|p| hasher.hash(p)).collect();
+    let claimed: Vec<u64> = truth.iter().map(|h| h ^ 0x5a5a).collect();
+    let (r, mut w) = std::io::pipe().unwrap();
+    Request::Add { hashes: claimed.clone(), staging: r.into() }.send(&ch).unwrap();
+    std::io::Write::write_all(&mut w, pages.bytes()).unwrap();
+    let Reply::Added { slots, .. } = Reply::recv(&ch).unwrap() else { panic!("the add failed") };
+    let lookup = |hashes: Vec<u64>| {
+        Request::Lookup { hashes }.send(&ch).unwrap();
+        let Reply::Slots(s) = Reply::recv(&ch).unwrap() else { panic!("the lookup failed") };
+        s
+    };
+    assert_eq!(lookup(truth), slots, "found under the hashes of their bytes");
+    assert!(lookup(claimed).iter().all(|&s| s == advm::merge::protocol::NO_SLOT), "not under the claimed ones");
+}

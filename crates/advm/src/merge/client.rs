@@ -7,7 +7,7 @@ use std::path::Path;
 use super::protocol::{Reply, Request, NO_SLOT};
 use super::store::{PageHasher, Store, StoreUsage};
 use crate::mem::page_size;
-use crate::sys::merge::{self as sys, StoreMap};
+use crate::sys::merge::{self as sys, StoreMap, Target};
 use crate::sys::splice;
 use crate::wire::Channel;
 use crate::{Error, Result};
@@ -25,7 +25,9 @@ pub(crate) trait Backend: Send {
     fn lookup(&mut self, hashes: &[u64]) -> Result<Vec<Option<u32>>>;
     /// Stores the pages `bytes[i*ps..(i+1)*ps]` for `i` in `which` (`hashes`: theirs,
     /// in order); `None` where the store refused one (full), with the store's reason.
-    fn add(&mut self, bytes: &[u8], which: &[usize], hashes: &[u64]) -> Result<(Vec<Option<u32>>, Option<String>)>;
+    /// A page the store copied or compared in full comes back [`Target::Vouched`],
+    /// one it only found by hash [`Target::Candidate`].
+    fn add(&mut self, bytes: &[u8], which: &[usize], hashes: &[u64]) -> Result<(Vec<Option<Target>>, Option<String>)>;
     fn usage(&mut self) -> Result<StoreUsage>;
 }
 
@@ -59,9 +61,10 @@ impl Backend for Local {
     fn lookup(&mut self, hashes: &[u64]) -> Result<Vec<Option<u32>>> {
         Ok(hashes.iter().map(|&h| self.store.find(h)).collect())
     }
-    fn add(&mut self, bytes: &[u8], which: &[usize], hashes: &[u64]) -> Result<(Vec<Option<u32>>, Option<String>)> {
+    fn add(&mut self, bytes: &[u8], which: &[usize], hashes: &[u64]) -> Result<(Vec<Option<Target>>, Option<String>)> {
+        // insert_pages compares every page it shares in full and writes the others.
         let (slots, full) = self.store.insert_pages(bytes, which, hashes)?;
-        Ok((slots, full.map(|f| f.to_string())))
+        Ok((slots.into_iter().map(|s| s.map(Target::Vouched)).collect(), full.map(|f| f.to_string())))
     }
     fn usage(&mut self) -> Result<StoreUsage> {
         Ok(self.store.usage())
@@ -195,7 +198,7 @@ impl Backend for Daemon {
         }
         Ok(out)
     }
-    fn add(&mut self, bytes: &[u8], which: &[usize], hashes: &[u64]) -> Result<(Vec<Option<u32>>, Option<String>)> {
+    fn add(&mut self, bytes: &[u8], which: &[usize], hashes: &[u64]) -> Result<(Vec<Option<Target>>, Option<String>)> {
         let mut out = Vec::with_capacity(which.len());
         let mut refusal = None;
         // In batches, each looked up again first: processes loading the same data at
@@ -210,7 +213,14 @@ impl Backend for Daemon {
                 self.send_and_add(bytes, &missing, missing_hashes, &mut refusal)?
             }
             .into_iter();
-            out.extend(found.into_iter().map(|f| f.or_else(|| added.next().flatten())));
+            // The daemon copied each added page from the pipe, or compared it in full
+            // with the equal page it shares instead; a page found by lookup is only
+            // a candidate.
+            out.extend(
+                found
+                    .into_iter()
+                    .map(|f| f.map(Target::Candidate).or_else(|| added.next().flatten().map(Target::Vouched))),
+            );
         }
         Ok((out, refusal))
     }
