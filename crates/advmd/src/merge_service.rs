@@ -185,10 +185,11 @@ impl Session {
         }
     }
 
-    /// Takes slots for the pages, splices them from the client's pipe into the store
-    /// (outside the store's lock: a slow or hostile client stalls its own session
-    /// only), then publishes them, sharing any that another session stored meanwhile.
-    fn add(&mut self, shared: &Shared, hashes: &[u64], staging: OwnedFd) -> advm::Result<Reply> {
+    /// Takes slots for the pages, splices them from the client's pipes into the store
+    /// (a thread per pipe, outside the store's lock: a slow or hostile client stalls
+    /// its own session only), then publishes them, sharing any that another session
+    /// stored meanwhile.
+    fn add(&mut self, shared: &Shared, hashes: &[u64], staging: Vec<OwnedFd>) -> advm::Result<Reply> {
         let pages = hashes.len();
         let (mut reserved, full) = {
             let mut g = lock(&shared.state);
@@ -196,7 +197,8 @@ impl Session {
             g.announce(hashes);
             r
         };
-        let filled = reserved.fill_from(staging.as_fd(), pages, self.timeout);
+        let pipes: Vec<_> = staging.iter().map(|p| p.as_fd()).collect();
+        let filled = reserved.fill_from(&pipes, pages, self.timeout);
         let mut g = lock(&shared.state);
         g.withdraw(hashes);
         let taken = reserved.len();

@@ -124,12 +124,42 @@ impl Drop for Daemon {
 
 /// Pages looked up again and sent per add batch (8 MiB of 4 KiB pages).
 const ADD_BATCH: usize = 2048;
+/// Fewest pages per pipe worth a second pipe (and a second copying thread in the
+/// daemon): 1 MiB of 4 KiB pages, a pipe's worth.
+const PAGES_PER_PIPE: usize = 256;
+
+/// How many pipes an add of `pages` pages goes through: two (the daemon copies with
+/// two threads) when there are pages enough and more than one CPU, else one.
+fn staging_pipes(pages: usize) -> usize {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus >= 2 && pages >= 2 * PAGES_PER_PIPE {
+        super::protocol::MAX_STAGING
+    } else {
+        1
+    }
+}
+
+/// The pages `which` (ascending indices) of `bytes`, as runs of consecutive pages.
+fn page_runs<'a>(bytes: &'a [u8], which: &[usize]) -> Vec<&'a [u8]> {
+    let ps = page_size();
+    let mut runs = Vec::new();
+    let mut k = 0;
+    while k < which.len() {
+        let mut n = 1;
+        while k + n < which.len() && which[k + n] == which[k] + n {
+            n += 1;
+        }
+        runs.push(&bytes[which[k] * ps..(which[k] + n) * ps]);
+        k += n;
+    }
+    runs
+}
 /// How long sending pages may wait for the daemon to take some.
 const SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Daemon {
-    /// Asks the daemon to store the pages `which` and hands them over through a pipe
-    /// (`vmsplice`, one run at a time): the daemon splices them into its store.
+    /// Asks the daemon to store the pages `which` and hands them over through pipes
+    /// (`vmsplice`): the daemon splices them into its store, a thread per pipe.
     fn send_and_add(
         &mut self,
         bytes: &[u8],
@@ -138,30 +168,32 @@ impl Daemon {
         refusal: &mut Option<String>,
     ) -> Result<Vec<Option<u32>>> {
         let ps = page_size();
-        let mut runs: Vec<&[u8]> = Vec::new();
-        let mut k = 0;
-        while k < which.len() {
-            let mut n = 1;
-            while k + n < which.len() && which[k + n] == which[k] + n {
-                n += 1;
-            }
-            runs.push(bytes.get(which[k] * ps..(which[k] + n) * ps).ok_or_else(|| Error::InvalidArgument {
+        if let Some(&last) = which.iter().max().filter(|&&i| (i + 1) * ps > bytes.len()) {
+            return Err(Error::InvalidArgument {
                 what: "pages to add",
-                why: format!("page {} lies past the {} bytes given", which[k] + n - 1, bytes.len()),
-            })?);
-            k += n;
+                why: format!("page {last} lies past the {} bytes given", bytes.len()),
+            });
         }
+        let n_pipes = staging_pipes(which.len());
+        // Pipe k carries pages k*per.. of `which` (the split Request::Add documents),
+        // as runs consecutive in `bytes`.
+        let per = which.len().div_ceil(n_pipes);
+        let parts: Vec<Vec<&[u8]>> = which.chunks(per).map(|part| page_runs(bytes, part)).collect();
         // A pipe per add: whatever an interrupted add left in it goes with it. This end
-        // keeps its read side open too, so a daemon that stops reading never raises
+        // keeps the read sides open too, so a daemon that stops reading never raises
         // SIGPIPE in the client.
-        let (r, w) = splice::pipe()?;
-        Request::Add { hashes, staging: r.try_clone().map_err(|e| Error::io("pipe", e))? }.send(self.ch())?;
+        let pipes = (0..parts.len()).map(|_| splice::pipe()).collect::<std::result::Result<Vec<_>, _>>()?;
+        let staging =
+            pipes.iter().map(|(r, _)| r.try_clone().map_err(|e| Error::io("pipe", e))).collect::<Result<Vec<_>>>()?;
+        Request::Add { hashes, staging }.send(self.ch())?;
+        let sending: Vec<(BorrowedFd<'_>, &[&[u8]])> =
+            pipes.iter().zip(&parts).map(|((_, w), runs)| (w.as_fd(), runs.as_slice())).collect();
         // A daemon that answers before it took every page (an error) ends the sending.
-        splice::send_pages(w.as_fd(), &runs, self.ch().as_fd(), SEND_TIMEOUT)?;
+        splice::send_pages(&sending, self.ch().as_fd(), SEND_TIMEOUT)?;
         let Reply::Added { slots, refusal: why } = Reply::recv(self.ch())? else {
             return Err(Error::InvalidArgument { what: "advmd reply", why: "expected added slots".into() });
         };
-        drop((r, w));
+        drop(pipes);
         let out = self.check_slots(slots, which.len())?;
         if !why.is_empty() {
             *refusal = Some(why);

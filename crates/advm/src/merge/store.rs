@@ -475,41 +475,104 @@ impl Reserved {
         self.slots.is_empty()
     }
 
-    /// Moves `pages` pages from the pipe `pipe` into the reserved slots, in order (one
-    /// copy, by `splice`), and hashes each run as it lands (the store's own hash of
-    /// its own bytes: what the sender claimed is not trusted); pages past the reserved
-    /// slots are read and dropped. Fails when the pipe ends early or nothing comes for
-    /// `timeout`; the caller then cancels.
-    pub fn fill_from(&mut self, pipe: BorrowedFd<'_>, pages: usize, timeout: std::time::Duration) -> Result<()> {
-        let ps = page_size();
-        let refuse = |why: String| Error::InvalidArgument { what: "staged pages", why };
-        if !crate::sys::splice::is_pipe(pipe)? {
-            return Err(refuse("the staging descriptor is not a pipe".into()));
+    /// Moves `pages` pages from the pipes `pipes` into the reserved slots, in order
+    /// (one copy, by `splice`), one thread per pipe: with `n` pipes, pipe `k` carries
+    /// pages `k*per..(k+1)*per`, `per` being `pages / n` rounded up (as
+    /// [`Request::Add`](super::protocol::Request::Add) says). Each run is hashed as it
+    /// lands (the store's own hash of its own bytes: what the sender claimed is not
+    /// trusted); pages past the reserved slots are read and dropped. Fails when a pipe
+    /// ends early or nothing comes for `timeout`; the caller then cancels.
+    pub fn fill_from(&mut self, pipes: &[BorrowedFd<'_>], pages: usize, timeout: std::time::Duration) -> Result<()> {
+        if pipes.is_empty() {
+            return Err(Error::InvalidArgument { what: "staged pages", why: "no staging pipe".into() });
         }
+        for &pipe in pipes {
+            if !crate::sys::splice::is_pipe(pipe)? {
+                return Err(Error::InvalidArgument {
+                    what: "staged pages",
+                    why: "the staging descriptor is not a pipe".into(),
+                });
+            }
+        }
+        let per = pages.div_ceil(pipes.len());
+        let mine = pages.min(self.slots.len());
+        let this = &*self;
+        let parts: Vec<(BorrowedFd<'_>, &[u32], usize)> = pipes
+            .iter()
+            .enumerate()
+            .map(|(k, &pipe)| {
+                let (lo, hi) = ((k * per).min(pages), ((k + 1) * per).min(pages));
+                (pipe, &this.slots[lo.min(mine)..hi.min(mine)], hi - lo)
+            })
+            .collect();
+        let hashes = std::thread::scope(|scope| -> Result<Vec<u64>> {
+            // The other parts on threads of their own; one that cannot be started is
+            // filled here, in its turn.
+            let mut spawned: Vec<_> = parts[1..]
+                .iter()
+                .map(|&part| {
+                    std::thread::Builder::new()
+                        .name("advm-store-fill".into())
+                        .stack_size(64 << 10)
+                        .spawn_scoped(scope, move || this.fill_part(part, timeout))
+                        .ok()
+                })
+                .collect();
+            let mut out = Vec::with_capacity(mine);
+            let mut result = Ok(());
+            for (k, &part) in parts.iter().enumerate() {
+                let r = match k.checked_sub(1).and_then(|j| spawned[j].take()) {
+                    Some(t) => t.join().unwrap_or_else(|_| {
+                        Err(Error::InvalidArgument { what: "staged pages", why: "a filling thread panicked".into() })
+                    }),
+                    None if result.is_ok() => this.fill_part(part, timeout),
+                    None => Ok(Vec::new()),
+                };
+                match r {
+                    Ok(h) => out.extend(h),
+                    Err(e) => result = result.and(Err(e)),
+                }
+            }
+            result.map(|()| out)
+        })?;
+        self.hashes = hashes;
+        Ok(())
+    }
+
+    /// One pipe's share of [`Reserved::fill_from`]: `count` pages, the first into
+    /// `slots`, the rest read and dropped. Returns the hashes of the slots filled.
+    fn fill_part(
+        &self,
+        (pipe, slots, count): (BorrowedFd<'_>, &[u32], usize),
+        timeout: std::time::Duration,
+    ) -> Result<Vec<u64>> {
+        let ps = page_size();
         let mut done = 0usize;
         let mut take = |file: Option<BorrowedFd<'_>>, off: u64, n: usize| -> Result<()> {
             let got = crate::sys::splice::receive(pipe, file, off, n * ps, timeout)?;
             if got < n * ps {
-                return Err(refuse(format!(
-                    "the staging pipe ended after {} bytes, {pages} pages were announced",
-                    done * ps + got
-                )));
+                return Err(Error::InvalidArgument {
+                    what: "staged pages",
+                    why: format!(
+                        "the staging pipe ended after {} bytes, {count} pages were announced",
+                        done * ps + got
+                    ),
+                });
             }
             done += n;
             Ok(())
         };
-        let mine = pages.min(self.slots.len());
-        self.hashes.clear();
-        for (first, n) in runs(&self.slots[..mine]) {
+        let mut hashes = Vec::with_capacity(slots.len());
+        for (first, n) in runs(slots) {
             take(Some(self.file.as_fd()), first as u64 * ps as u64, n)?;
             let at = first as usize * ps;
             self.view.populate(at, n * ps)?;
-            self.hashes.extend(self.view.read(at, n * ps).chunks_exact(ps).map(|p| self.hasher.hash(p)));
+            hashes.extend(self.view.read(at, n * ps).chunks_exact(ps).map(|p| self.hasher.hash(p)));
         }
-        if pages > mine {
-            take(None, 0, pages - mine)?;
+        if count > slots.len() {
+            take(None, 0, count - slots.len())?;
         }
-        Ok(())
+        Ok(hashes)
     }
 }
 
@@ -532,10 +595,11 @@ mod tests {
             // The pipe refers to the sender's pages: they must outlive the receiving,
             // so the thread hands its buffer back only once it is joined.
             let t = std::thread::spawn(move || {
-                crate::sys::splice::send_pages(wr.as_fd(), &[&data], stop.as_fd(), Duration::from_secs(5)).unwrap();
+                crate::sys::splice::send_pages(&[(wr.as_fd(), &[&data])], stop.as_fd(), Duration::from_secs(5))
+                    .unwrap();
                 data
             });
-            r.fill_from(rd.as_fd(), 4, Duration::from_secs(5)).unwrap();
+            r.fill_from(&[rd.as_fd()], 4, Duration::from_secs(5)).unwrap();
             drop(t.join().unwrap());
         };
         let (mut a, _) = store.reserve(4).unwrap();
