@@ -419,3 +419,52 @@ fn a_merge_large_enough_for_two_pipes_adds_every_page_and_a_second_client_shares
     assert_eq!(b.bytes(), &orig[..]);
     assert_eq!(page_frames(a.range()).unwrap(), page_frames(b.range()).unwrap(), "one physical copy");
 }
+
+/// A lookup that misses claims the pages for its session: a second session's lookup of
+/// them waits for the first one's add (instead of missing and sending them again), and
+/// gets its slots. A session that ends without adding leaves no claim behind: the next
+/// lookup misses at once.
+#[test]
+fn a_lookup_that_misses_claims_the_pages_and_other_lookups_wait_for_their_add() {
+    let (_d, sock) = start("claims", |_| {});
+    let hello = |ch: &Channel| {
+        Request::Hello { tag: String::new() }.send(ch).unwrap();
+        let Reply::Hello { secret, .. } = Reply::recv(ch).unwrap() else { panic!("no hello") };
+        advm::merge::PageHasher::from_secret(&secret).unwrap()
+    };
+    let lookup = |ch: &Channel, hashes: &[u64]| {
+        Request::Lookup { hashes: hashes.to_vec() }.send(ch).unwrap();
+        let Reply::Slots(s) = Reply::recv(ch).unwrap() else { panic!("the lookup failed") };
+        s
+    };
+    let (a, b) = (Channel::connect(&sock).unwrap(), Channel::connect(&sock).unwrap());
+    let hasher = hello(&a);
+    hello(&b);
+    let pages = filled(8, 5);
+    let hashes: Vec<u64> = pages.bytes().chunks_exact(page_size()).map(|p| hasher.hash(p)).collect();
+    let none = advm::merge::protocol::NO_SLOT;
+    assert!(lookup(&a, &hashes).iter().all(|&s| s == none), "A misses, and claims");
+    let t = Instant::now();
+    let h = hashes.clone();
+    let looker = std::thread::spawn(move || (lookup(&b, &h), t.elapsed(), b));
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!looker.is_finished(), "B's lookup answered before A added the pages it claimed");
+    let (r, mut w) = std::io::pipe().unwrap();
+    Request::Add { hashes: hashes.clone(), staging: vec![r.into()] }.send(&a).unwrap();
+    std::io::Write::write_all(&mut w, pages.bytes()).unwrap();
+    let Reply::Added { slots: added, .. } = Reply::recv(&a).unwrap() else { panic!("A's add failed") };
+    let (found, waited, _b) = looker.join().unwrap();
+    assert_eq!(found, added, "B gets the slots A's pages landed in");
+    assert!(waited >= Duration::from_millis(200), "B waited for A ({waited:?})");
+    // C claims other pages and leaves without adding them: D does not wait for C.
+    let other_hashes: Vec<u64> = (0..4u8).map(|k| hasher.hash(&vec![200 + k; page_size()])).collect();
+    let c = Channel::connect(&sock).unwrap();
+    hello(&c);
+    assert!(lookup(&c, &other_hashes).iter().all(|&s| s == none));
+    drop(c);
+    let d = Channel::connect(&sock).unwrap();
+    hello(&d);
+    let t = Instant::now();
+    assert!(lookup(&d, &other_hashes).iter().all(|&s| s == none));
+    assert!(t.elapsed() < Duration::from_secs(3), "D waited {:?} for a claim whose session ended", t.elapsed());
+}

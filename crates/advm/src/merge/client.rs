@@ -122,7 +122,7 @@ impl Drop for Daemon {
     }
 }
 
-/// Pages looked up again and sent per add batch (8 MiB of 4 KiB pages).
+/// Pages sent per add batch (8 MiB of 4 KiB pages).
 const ADD_BATCH: usize = 2048;
 /// Fewest pages per pipe worth a second pipe (and a second copying thread in the
 /// daemon): 1 MiB of 4 KiB pages, a pipe's worth.
@@ -233,26 +233,13 @@ impl Backend for Daemon {
     fn add(&mut self, bytes: &[u8], which: &[usize], hashes: &[u64]) -> Result<(Vec<Option<Target>>, Option<String>)> {
         let mut out = Vec::with_capacity(which.len());
         let mut refusal = None;
-        // In batches, each looked up again first: processes loading the same data at
-        // the same time then send only what none of them has added yet.
+        // In batches: each lands (and wakes the domain's lookups waiting for its
+        // pages, which this session's lookup claimed) before the next is sent.
         for (chunk, hashes) in which.chunks(ADD_BATCH).zip(hashes.chunks(ADD_BATCH)) {
-            let found = self.lookup(hashes)?;
-            let (missing, missing_hashes): (Vec<usize>, Vec<u64>) =
-                chunk.iter().zip(hashes).zip(&found).filter(|(_, f)| f.is_none()).map(|((&i, &h), _)| (i, h)).unzip();
-            let mut added = if missing.is_empty() {
-                Vec::new()
-            } else {
-                self.send_and_add(bytes, &missing, missing_hashes, &mut refusal)?
-            }
-            .into_iter();
+            let added = self.send_and_add(bytes, chunk, hashes.to_vec(), &mut refusal)?;
             // The daemon copied each added page from the pipe, or compared it in full
-            // with the equal page it shares instead; a page found by lookup is only
-            // a candidate.
-            out.extend(
-                found
-                    .into_iter()
-                    .map(|f| f.map(Target::Candidate).or_else(|| added.next().flatten().map(Target::Vouched))),
-            );
+            // with the equal page it shares instead.
+            out.extend(added.into_iter().map(|s| s.map(Target::Vouched)));
         }
         Ok((out, refusal))
     }
