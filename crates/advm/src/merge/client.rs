@@ -177,7 +177,7 @@ impl Daemon {
         let n_pipes = staging_pipes(which.len());
         // Pipe k carries pages k*per.. of `which` (the split Request::Add documents),
         // as runs consecutive in `bytes`.
-        let per = which.len().div_ceil(n_pipes);
+        let per = which.len().div_ceil(n_pipes).max(1);
         let parts: Vec<Vec<&[u8]>> = which.chunks(per).map(|part| page_runs(bytes, part)).collect();
         // A pipe per add: whatever an interrupted add left in it goes with it. This end
         // keeps the read sides open too, so a daemon that stops reading never raises
