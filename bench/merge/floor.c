@@ -1,9 +1,11 @@
 /* The kernel's floor under one merge, with bare system calls: what adding new pages
  * to a shmem store and mapping store pages over a range cost on this machine, with
- * no advm code in the way. Build and run: cc -O2 -o floor bench/merge/floor.c && ./floor 512
+ * no advm code in the way. Build and run: cc -O2 -pthread -o floor bench/merge/floor.c && ./floor 512
  * (MiB). Figures in GB/s of the range; docs/merge.md quotes them. */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +19,23 @@ static double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* One receiver of the two-pipe line: splices its half into the memfd at its offset. */
+struct half {
+    int pipe, file;
+    loff_t off;
+    size_t len;
+};
+
+static void *receive_half(void *arg) {
+    struct half *h = arg;
+    for (size_t got = 0; got < h->len;) {
+        ssize_t r = splice(h->pipe, 0, h->file, &h->off, h->len - got, SPLICE_F_MOVE);
+        if (r <= 0) return perror("splice"), (void *)1;
+        got += r;
+    }
+    return 0;
 }
 
 static void report(const char *what, size_t len, double t0) { printf("%-44s %6.2f GB/s\n", what, len / (now() - t0) / 1e9); }
@@ -68,6 +87,37 @@ int main(int argc, char **argv) {
     }
     waitpid(child, 0, 0);
     report("vmsplice in one process, splice into memfd", len, t);
+
+    /* The same, split in two halves over two pipes: one sender feeding whichever pipe
+     * has room, two receiving threads (advmd's two-pipe add). */
+    int two = memfd_create("two", 0), q[2][2];
+    if (ftruncate(two, len) != 0 || pipe(q[0]) != 0 || pipe(q[1]) != 0) return perror("pipe"), 1;
+    for (int k = 0; k < 2; k++) fcntl(q[k][1], F_SETPIPE_SZ, 1 << 20), fcntl(q[k][1], F_SETFL, O_NONBLOCK);
+    t = now();
+    child = fork();
+    if (child == 0) {
+        size_t done[2] = {0, 0}, half = len / 2;
+        while (done[0] < half || done[1] < half) {
+            struct pollfd pf[2] = {{done[0] < half ? q[0][1] : -1, POLLOUT, 0}, {done[1] < half ? q[1][1] : -1, POLLOUT, 0}};
+            poll(pf, 2, -1);
+            for (int k = 0; k < 2; k++) {
+                if (done[k] >= half) continue;
+                struct iovec v = {a + k * half + done[k], half - done[k] < (1 << 20) ? half - done[k] : (1 << 20)};
+                ssize_t r = vmsplice(q[k][1], &v, 1, SPLICE_F_NONBLOCK);
+                if (r > 0) done[k] += r;
+            }
+        }
+        _exit(0);
+    }
+    close(q[0][1]);
+    close(q[1][1]);
+    struct half h[2] = {{q[0][0], two, 0, len / 2}, {q[1][0], two, len / 2, len / 2}};
+    pthread_t th;
+    pthread_create(&th, 0, receive_half, &h[1]);
+    receive_half(&h[0]);
+    pthread_join(th, 0);
+    waitpid(child, 0, 0);
+    report("the same through two pipes, two receivers", len, t);
 
     char *view = mmap(0, len, PROT_READ, MAP_SHARED, store, 0);
     t = now();

@@ -397,19 +397,64 @@ fn fill_seeded(buf: &mut [u8], seed: u64) {
     }
 }
 
-/// One process merging `mib` MiB twice (new pages, then the same content again) through
-/// `client`: GB/s of each, `runs` times.
-fn throughput(client: &mut advm::merge::Client, mib: usize, runs: usize) -> Result<(Vec<f64>, Vec<f64>), BenchError> {
-    let (mut add, mut merge) = (Vec::new(), Vec::new());
+/// CPU seconds (user + system) process `pid` has used so far, all its threads;
+/// `/proc/PID/stat` counts them in USER_HZ ticks, 100 per second on Linux.
+fn cpu_seconds(pid: u32) -> Result<f64, BenchError> {
+    let path = format!("/proc/{pid}/stat");
+    let text = std::fs::read_to_string(&path).map_err(|e| io(&path, e))?;
+    // Fields after the command (which may hold spaces) start with the state, field 3.
+    let fields: Vec<&str> = text.rsplit_once(") ").map_or(vec![], |(_, rest)| rest.split(' ').collect());
+    let tick = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
+    match (tick(11), tick(12)) {
+        (Some(u), Some(s)) => Ok((u + s) / 100.0),
+        _ => Err(BenchError::Usage(format!("{path}: no utime and stime fields"))),
+    }
+}
+
+/// What one throughput run measured, per merge: GB/s, and CPU seconds per GB of the
+/// merging process and the daemon together (steadier than GB/s on a shared machine).
+#[derive(Default)]
+struct Rates {
+    add: Vec<f64>,
+    merge: Vec<f64>,
+    add_cpu: Vec<f64>,
+    merge_cpu: Vec<f64>,
+}
+
+/// One process merging `mib` MiB twice (new pages through `client`, then the same
+/// content again through `again`, or `client` when `None`), `runs` times; `daemon`:
+/// the pid whose CPU time counts beside this process's. Through advmd the second merge
+/// is another session, as another worker would be: it has none of the first
+/// session's store pages faulted in.
+fn throughput(
+    client: &mut advm::merge::Client,
+    mut again: Option<&mut advm::merge::Client>,
+    daemon: Option<u32>,
+    mib: usize,
+    runs: usize,
+) -> Result<Rates, BenchError> {
+    let mut r = Rates::default();
+    let cpu =
+        || -> Result<f64, BenchError> { Ok(cpu_seconds(std::process::id())? + daemon.map_or(Ok(0.0), cpu_seconds)?) };
     for run in 0..runs {
         let mut a = advm::mem::Region::new(mib << 20)?;
         fill_seeded(a.bytes_mut(), run as u64);
         let mut b = advm::mem::Region::new(mib << 20)?;
         b.bytes_mut().copy_from_slice(a.bytes());
-        add.push(client.merge(a.bytes())?.throughput() / 1e9);
-        merge.push(client.merge(b.bytes())?.throughput() / 1e9);
+        let c0 = cpu()?;
+        let s = client.merge(a.bytes())?;
+        let c1 = cpu()?;
+        r.add.push(s.throughput() / 1e9);
+        r.add_cpu.push((c1 - c0) / (s.bytes as f64 / 1e9));
+        let second = match again.as_deref_mut() {
+            Some(c) => c,
+            None => &mut *client,
+        };
+        let s = second.merge(b.bytes())?;
+        r.merge.push(s.throughput() / 1e9);
+        r.merge_cpu.push((cpu()? - c1) / (s.bytes as f64 / 1e9));
     }
-    Ok((add, merge))
+    Ok(r)
 }
 
 /// Throughput rows: this process's own store, and advmd's (a daemon started for it).
@@ -417,10 +462,10 @@ fn throughput_rows(opts: &BenchOpts, report: &mut Report) -> Result<(), BenchErr
     let mib = if opts.quick { 64 } else { 1024 };
     let runs = opts.runs.max(1);
     let mut local = advm::merge::Client::local(4 << 30, "bench: the process's own store")?;
-    let (a, m) = throughput(&mut local, mib, runs)?;
+    let own = throughput(&mut local, None, None, mib, runs)?;
     let sock = bench_dir().join(format!("advmd-tp-{}.sock", std::process::id()));
     let exe = std::env::current_exe().map_err(|e| io("current exe", e))?;
-    let _daemon = Daemon(
+    let daemon_proc = Daemon(
         Command::new(exe)
             .args(["daemon", "--socket"])
             .arg(&sock)
@@ -436,16 +481,19 @@ fn throughput_rows(opts: &BenchOpts, report: &mut Report) -> Result<(), BenchErr
             Err(e) => return Err(e.into()),
         }
     };
-    let (da, dm) = throughput(&mut daemon, mib, runs)?;
+    let mut other = advm::merge::Client::connect(&sock, "")?;
+    let via_daemon = throughput(&mut daemon, Some(&mut other), Some(daemon_proc.0.id()), mib, runs)?;
     let _ = std::fs::remove_file(&sock);
-    for (store, add, merge) in [("own store", a, m), ("advmd", da, dm)] {
+    for (store, r) in [("own store", own), ("advmd", via_daemon)] {
         report.rows.push(
             Row::new()
                 .with("model", format!("{mib} MiB buffer"))
                 .with("workers", 1)
                 .with("method", format!("throughput, {store}"))
-                .figure(Figure::new("merge throughput", "GB/s", merge))
-                .figure(Figure::new("add throughput", "GB/s", add)),
+                .figure(Figure::new("merge throughput", "GB/s", r.merge))
+                .figure(Figure::new("add throughput", "GB/s", r.add))
+                .figure(Figure::new("merge CPU", "s/GB", r.merge_cpu))
+                .figure(Figure::new("add CPU", "s/GB", r.add_cpu)),
         );
     }
     Ok(())
@@ -468,8 +516,6 @@ impl Bench for MergeBench {
         if let Some(path) = std::env::var_os("ADVM_BENCH_MERGE_REPLOT") {
             return replot(Path::new(&path), report);
         }
-        let py = python()?;
-        let models = models(&py)?;
         // $ADVM_BENCH_MERGE_MODELS and $ADVM_BENCH_MERGE_WORKERS (comma separated) pick a
         // subset: the whole table takes the better part of an hour.
         let pick = |var: &str, default: &str| -> Vec<String> {
@@ -481,9 +527,15 @@ impl Bench for MergeBench {
         };
         let names =
             pick("ADVM_BENCH_MERGE_MODELS", if opts.quick { "ppocr-rec" } else { "ppocr-rec,alexnet,resnet50" });
+        // `none`: the throughput rows only, which need no Python.
+        if names == ["none"] {
+            return throughput_rows(opts, report);
+        }
+        let py = python()?;
+        let models = models(&py)?;
         if let Some(bad) = names.iter().find(|m| !["ppocr-rec", "alexnet", "resnet50"].contains(&m.as_str())) {
             return Err(BenchError::Usage(format!(
-                "ADVM_BENCH_MERGE_MODELS: no model {bad:?} (ppocr-rec, alexnet, resnet50)"
+                "ADVM_BENCH_MERGE_MODELS: no model {bad:?} (ppocr-rec, alexnet, resnet50; or none alone)"
             )));
         }
         let ns = pick("ADVM_BENCH_MERGE_WORKERS", if opts.quick { "1,2" } else { "1,2,4,8,16" })

@@ -7,11 +7,14 @@
 //! a reference until the session ends; a slot left with none is reclaimed.
 //!
 //! Workers of one domain that load the same model at once would each send every page
-//! (all their lookups miss before anyone has added). So an add names its pages'
-//! hashes first, and a lookup of a hash another session of the domain is adding
-//! waits (at most the add timeout) for that add to land instead of missing: each page
-//! is copied about once, whoever comes first. The wait depends on the domain's own
-//! sessions only.
+//! (all their lookups miss before anyone has added). So a lookup that misses a hash
+//! *claims* it for its session, and an add names its pages' hashes first; a lookup of
+//! a hash another session of the domain has claimed or is adding waits (at most the
+//! add timeout) for it to land instead of missing: each page is copied about once,
+//! whoever looked first. A lookup claims in one pass under the lock and only then
+//! waits, and only for claims made before it, so waits never form a cycle. A claim
+//! ends when the session's add of that page lands, at the session's next lookup, or
+//! when the session ends. The wait depends on the domain's own sessions only.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -51,12 +54,29 @@ struct State {
     store: Store,
     /// Hash -> adds in flight that carry a page with it.
     adding: HashMap<u64, u32>,
+    /// Hash -> the session that missed it first and will add it.
+    claims: HashMap<u64, u64>,
 }
 
 impl State {
     fn announce(&mut self, hashes: &[u64]) {
         for &h in hashes {
             *self.adding.entry(h).or_default() += 1;
+        }
+    }
+
+    /// Whether a lookup of `h` by session `me` should wait: another session is adding
+    /// it or claimed it.
+    fn pending_elsewhere(&self, h: u64, me: u64) -> bool {
+        self.adding.contains_key(&h) || self.claims.get(&h).is_some_and(|&s| s != me)
+    }
+
+    /// Ends session `me`'s claims among `hashes`.
+    fn unclaim(&mut self, me: u64, hashes: &[u64]) {
+        for h in hashes {
+            if self.claims.get(h) == Some(&me) {
+                self.claims.remove(h);
+            }
         }
     }
 
@@ -89,7 +109,10 @@ impl Stores {
             return Ok(s.clone());
         }
         let store = Store::create(&format!("advmd-store-{}", d.uid), self.limit_bytes)?;
-        let s = Arc::new(Shared { state: Mutex::new(State { store, adding: HashMap::new() }), landed: Condvar::new() });
+        let s = Arc::new(Shared {
+            state: Mutex::new(State { store, adding: HashMap::new(), claims: HashMap::new() }),
+            landed: Condvar::new(),
+        });
         map.insert(d.clone(), s.clone());
         Ok(s)
     }
@@ -120,6 +143,9 @@ pub struct Session {
     open: Option<(Domain, Arc<Shared>)>,
     /// One entry per reference this session holds.
     held: Vec<u32>,
+    /// This session's id, and the hashes it claimed (some may have ended since).
+    id: u64,
+    claimed: Vec<u64>,
     /// How long an add may wait for the client's pages to arrive.
     timeout: Duration,
 }
@@ -131,7 +157,9 @@ fn refused(why: impl Into<String>) -> advm::Error {
 impl Session {
     /// A session for the client `peer`, whose adds may wait `timeout` for pages.
     pub fn new(peer: Peer, timeout: Duration) -> Self {
-        Self { peer, open: None, held: Vec::new(), timeout }
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self { peer, open: None, held: Vec::new(), id, claimed: Vec::new(), timeout }
     }
 
     /// Answers one request. An `Err` is turned into an error reply by the caller; the
@@ -158,20 +186,35 @@ impl Session {
             Request::Lookup { hashes } => {
                 let deadline = Instant::now() + self.timeout;
                 let mut g = lock(&store.state);
-                let mut slots = Vec::with_capacity(hashes.len());
-                for &h in &hashes {
+                // A new lookup starts a new merge: the last one's claims are over.
+                g.unclaim(self.id, &std::mem::take(&mut self.claimed));
+                store.landed.notify_all();
+                // One pass: stored pages, pages to wait for, and claims on the rest.
+                let mut slots = vec![NO_SLOT; hashes.len()];
+                let mut waits = Vec::new();
+                for (k, &h) in hashes.iter().enumerate() {
+                    if let Some(s) = g.store.find(h) {
+                        self.held.push(s);
+                        slots[k] = s;
+                    } else if g.pending_elsewhere(h, self.id) {
+                        waits.push(k);
+                    } else if g.claims.insert(h, self.id).is_none() {
+                        self.claimed.push(h);
+                    }
+                }
+                // Then wait for the pages other sessions claimed or are adding.
+                for k in waits {
+                    let h = hashes[k];
                     loop {
                         if let Some(s) = g.store.find(h) {
                             self.held.push(s);
-                            slots.push(s);
+                            slots[k] = s;
                             break;
                         }
                         let left = deadline.saturating_duration_since(Instant::now());
-                        if !g.adding.contains_key(&h) || left.is_zero() {
-                            slots.push(NO_SLOT);
+                        if !g.pending_elsewhere(h, self.id) || left.is_zero() {
                             break;
                         }
-                        // Another session of this domain is adding this page: wait for it.
                         g = store.landed.wait_timeout(g, left).unwrap_or_else(|p| p.into_inner()).0;
                     }
                 }
@@ -185,20 +228,23 @@ impl Session {
         }
     }
 
-    /// Takes slots for the pages, splices them from the client's pipe into the store
-    /// (outside the store's lock: a slow or hostile client stalls its own session
-    /// only), then publishes them, sharing any that another session stored meanwhile.
-    fn add(&mut self, shared: &Shared, hashes: &[u64], staging: OwnedFd) -> advm::Result<Reply> {
+    /// Takes slots for the pages, splices them from the client's pipes into the store
+    /// (a thread per pipe, outside the store's lock: a slow or hostile client stalls
+    /// its own session only), then publishes them, sharing any that another session
+    /// stored meanwhile.
+    fn add(&mut self, shared: &Shared, hashes: &[u64], staging: Vec<OwnedFd>) -> advm::Result<Reply> {
         let pages = hashes.len();
-        let (reserved, full) = {
+        let (mut reserved, full) = {
             let mut g = lock(&shared.state);
             let r = g.store.reserve(pages)?;
             g.announce(hashes);
             r
         };
-        let filled = reserved.fill_from(staging.as_fd(), pages, self.timeout);
+        let pipes: Vec<_> = staging.iter().map(|p| p.as_fd()).collect();
+        let filled = reserved.fill_from(&pipes, pages, self.timeout);
         let mut g = lock(&shared.state);
         g.withdraw(hashes);
+        g.unclaim(self.id, hashes);
         let taken = reserved.len();
         let result = match filled {
             Ok(()) => g.store.commit(reserved, taken),
@@ -217,10 +263,12 @@ impl Session {
         if let Some((domain, store)) = self.open {
             {
                 let mut g = lock(&store.state);
+                g.unclaim(self.id, &self.claimed);
                 for slot in self.held {
                     let _ = g.store.release(slot);
                 }
             }
+            store.landed.notify_all();
             drop(store);
             stores.close(&domain);
         }

@@ -221,6 +221,9 @@ fn hostile_requests_get_error_replies_and_never_stall_other_clients() {
     let t = Instant::now();
     ch.send(1, 3, &add(1), &[&r]).unwrap();
     refused_with(&ch, "nothing came");
+    let pipes: Vec<_> = (0..3).map(|_| std::io::pipe().unwrap().0).collect();
+    ch.send(1, 3, &add(3), &[&pipes[0], &pipes[1], &pipes[2]]).unwrap();
+    refused_with(&ch, "an add with 3 pipes; at most 2");
     assert!(t.elapsed() < Duration::from_secs(5), "the stalled add waited {:?}", t.elapsed());
     Request::Usage.send(&ch).unwrap();
     assert!(matches!(Reply::recv(&ch).unwrap(), Reply::Usage(u) if u.pages == 0), "refused adds keep no page");
@@ -326,7 +329,7 @@ fn a_lookup_of_pages_another_session_is_adding_waits_for_them_instead_of_missing
     let hashes: Vec<u64> = pages.bytes().chunks_exact(page_size()).map(|p| hasher.hash(p)).collect();
     // A announces its add but has not sent the pages yet.
     let (r, mut w) = std::io::pipe().unwrap();
-    Request::Add { hashes: hashes.clone(), staging: r.into() }.send(&a).unwrap();
+    Request::Add { hashes: hashes.clone(), staging: vec![r.into()] }.send(&a).unwrap();
     std::thread::sleep(Duration::from_millis(50));
     // B looks the same pages up meanwhile: it waits for A's add rather than miss.
     let t = Instant::now();
@@ -341,4 +344,127 @@ fn a_lookup_of_pages_another_session_is_adding_waits_for_them_instead_of_missing
     let (Reply::Slots(found), waited) = looker.join().unwrap() else { panic!("B's lookup failed") };
     assert_eq!(found, added, "B gets the slots A's pages landed in");
     assert!(waited >= Duration::from_millis(200), "B waited for A ({waited:?})");
+}
+
+/// The daemon hashes the pages that landed in its store itself (outside its lock, as
+/// they arrive): an add that names wrong hashes still indexes the pages under their
+/// true ones, so a hostile client cannot file a page under another page's hash.
+#[test]
+fn an_add_is_indexed_under_the_hash_of_what_arrived_not_the_hash_the_client_named() {
+    let (_d, sock) = start("claimed-hash", |_| {});
+    let ch = Channel::connect(&sock).unwrap();
+    Request::Hello { tag: String::new() }.send(&ch).unwrap();
+    let Reply::Hello { secret, .. } = Reply::recv(&ch).unwrap() else { panic!("no hello") };
+    let hasher = advm::merge::PageHasher::from_secret(&secret).unwrap();
+    let pages = filled(6, 4);
+    let truth: Vec<u64> = pages.bytes().chunks_exact(page_size()).map(|p| hasher.hash(p)).collect();
+    let claimed: Vec<u64> = truth.iter().map(|h| h ^ 0x5a5a).collect();
+    let (r, mut w) = std::io::pipe().unwrap();
+    Request::Add { hashes: claimed.clone(), staging: vec![r.into()] }.send(&ch).unwrap();
+    std::io::Write::write_all(&mut w, pages.bytes()).unwrap();
+    let Reply::Added { slots, .. } = Reply::recv(&ch).unwrap() else { panic!("the add failed") };
+    let lookup = |hashes: Vec<u64>| {
+        Request::Lookup { hashes }.send(&ch).unwrap();
+        let Reply::Slots(s) = Reply::recv(&ch).unwrap() else { panic!("the lookup failed") };
+        s
+    };
+    assert_eq!(lookup(truth), slots, "found under the hashes of their bytes");
+    assert!(lookup(claimed).iter().all(|&s| s == advm::merge::protocol::NO_SLOT), "not under the claimed ones");
+}
+
+/// An add through two pipes: the daemon fills the first half of the pages from the
+/// first pipe and the second half from the second, each on its own thread, and the
+/// slots come back in page order. The second pipe is written in full first: a daemon
+/// reading the pipes one after the other would wait on the first until its timeout.
+#[test]
+fn an_add_through_two_pipes_lands_each_half_in_order() {
+    let (_d, sock) = start("two-pipes", |c| c.frame_timeout = Duration::from_secs(2));
+    let ch = Channel::connect(&sock).unwrap();
+    Request::Hello { tag: String::new() }.send(&ch).unwrap();
+    let Reply::Hello { secret, store, .. } = Reply::recv(&ch).unwrap() else { panic!("no hello") };
+    let hasher = advm::merge::PageHasher::from_secret(&secret).unwrap();
+    let ps = page_size();
+    // 40 pages per pipe: more than a default pipe (16 pages) holds.
+    let pages = filled(80, 6);
+    let hashes: Vec<u64> = pages.bytes().chunks_exact(ps).map(|p| hasher.hash(p)).collect();
+    let ((r0, mut w0), (r1, mut w1)) = (std::io::pipe().unwrap(), std::io::pipe().unwrap());
+    Request::Add { hashes, staging: vec![r0.into(), r1.into()] }.send(&ch).unwrap();
+    let (first, second) = pages.bytes().split_at(40 * ps);
+    std::io::Write::write_all(&mut w1, second).expect("the second pipe is read while the first is empty");
+    std::io::Write::write_all(&mut w0, first).unwrap();
+    let Reply::Added { slots, .. } = Reply::recv(&ch).unwrap() else { panic!("the add failed") };
+    let store = std::fs::File::from(store);
+    for (k, &s) in slots.iter().enumerate() {
+        let mut got = vec![0u8; ps];
+        std::os::unix::fs::FileExt::read_exact_at(&store, &mut got, s as u64 * ps as u64).unwrap();
+        assert_eq!(got, pages.bytes()[k * ps..(k + 1) * ps], "page {k} in slot {s}");
+    }
+}
+
+/// A merge of 4 MiB adds through two pipes (more than one CPU here); every page lands
+/// and is mapped without being compared again, and a second client shares them all.
+#[test]
+fn a_merge_large_enough_for_two_pipes_adds_every_page_and_a_second_client_shares_them() {
+    if !fence_ok() {
+        return;
+    }
+    let (_d, sock) = start("two-pipe-merge", |_| {});
+    let (a, b) = (filled(1024, 3), filled(1024, 3));
+    let orig = a.bytes().to_vec();
+    let (mut c1, mut c2) = (Client::connect(&sock, "").unwrap(), Client::connect(&sock, "").unwrap());
+    let s1 = c1.merge(a.bytes()).unwrap();
+    let s2 = c2.merge(b.bytes()).unwrap();
+    assert_eq!((s1.added, s1.skipped, s2.merged, s2.added), (1024, 0, 1024, 0), "{s1:?} {s2:?}");
+    assert_eq!(a.bytes(), &orig[..]);
+    assert_eq!(b.bytes(), &orig[..]);
+    assert_eq!(page_frames(a.range()).unwrap(), page_frames(b.range()).unwrap(), "one physical copy");
+}
+
+/// A lookup that misses claims the pages for its session: a second session's lookup of
+/// them waits for the first one's add (instead of missing and sending them again), and
+/// gets its slots. A session that ends without adding leaves no claim behind: the next
+/// lookup misses at once.
+#[test]
+fn a_lookup_that_misses_claims_the_pages_and_other_lookups_wait_for_their_add() {
+    let (_d, sock) = start("claims", |_| {});
+    let hello = |ch: &Channel| {
+        Request::Hello { tag: String::new() }.send(ch).unwrap();
+        let Reply::Hello { secret, .. } = Reply::recv(ch).unwrap() else { panic!("no hello") };
+        advm::merge::PageHasher::from_secret(&secret).unwrap()
+    };
+    let lookup = |ch: &Channel, hashes: &[u64]| {
+        Request::Lookup { hashes: hashes.to_vec() }.send(ch).unwrap();
+        let Reply::Slots(s) = Reply::recv(ch).unwrap() else { panic!("the lookup failed") };
+        s
+    };
+    let (a, b) = (Channel::connect(&sock).unwrap(), Channel::connect(&sock).unwrap());
+    let hasher = hello(&a);
+    hello(&b);
+    let pages = filled(8, 5);
+    let hashes: Vec<u64> = pages.bytes().chunks_exact(page_size()).map(|p| hasher.hash(p)).collect();
+    let none = advm::merge::protocol::NO_SLOT;
+    assert!(lookup(&a, &hashes).iter().all(|&s| s == none), "A misses, and claims");
+    let t = Instant::now();
+    let h = hashes.clone();
+    let looker = std::thread::spawn(move || (lookup(&b, &h), t.elapsed(), b));
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!looker.is_finished(), "B's lookup answered before A added the pages it claimed");
+    let (r, mut w) = std::io::pipe().unwrap();
+    Request::Add { hashes: hashes.clone(), staging: vec![r.into()] }.send(&a).unwrap();
+    std::io::Write::write_all(&mut w, pages.bytes()).unwrap();
+    let Reply::Added { slots: added, .. } = Reply::recv(&a).unwrap() else { panic!("A's add failed") };
+    let (found, waited, _b) = looker.join().unwrap();
+    assert_eq!(found, added, "B gets the slots A's pages landed in");
+    assert!(waited >= Duration::from_millis(200), "B waited for A ({waited:?})");
+    // C claims other pages and leaves without adding them: D does not wait for C.
+    let other_hashes: Vec<u64> = (0..4u8).map(|k| hasher.hash(&vec![200 + k; page_size()])).collect();
+    let c = Channel::connect(&sock).unwrap();
+    hello(&c);
+    assert!(lookup(&c, &other_hashes).iter().all(|&s| s == none));
+    drop(c);
+    let d = Channel::connect(&sock).unwrap();
+    hello(&d);
+    let t = Instant::now();
+    assert!(lookup(&d, &other_hashes).iter().all(|&s| s == none));
+    assert!(t.elapsed() < Duration::from_secs(3), "D waited {:?} for a claim whose session ended", t.elapsed());
 }

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use super::{Client, MergeStats};
 use crate::mem::page_size;
+use crate::sys::merge::Target;
 use crate::sys::merge_serviced::ServicedFence;
 use crate::sys::procmap;
 use crate::{Error, Result};
@@ -335,11 +336,12 @@ fn plan_and_map(
     }
     r.stats.skipped += (n - want.len()) as u64;
     let found = c.backend.lookup(&hashes)?;
-    let mut target: Vec<Option<(u32, bool)>> = vec![None; n];
+    // (target, whether it is new to the store)
+    let mut target: Vec<Option<(Target, bool)>> = vec![None; n];
     let (mut new_at, mut new_hashes) = (Vec::new(), Vec::new());
     for ((&i, slot), &h) in want.iter().zip(found).zip(&hashes) {
         match slot {
-            Some(s) => target[i] = Some((s, false)),
+            Some(s) => target[i] = Some((Target::Candidate(s), false)),
             None => {
                 new_at.push(i);
                 new_hashes.push(h);
@@ -352,7 +354,7 @@ fn plan_and_map(
     }
     for (&i, slot) in new_at.iter().zip(added) {
         match slot {
-            Some(s) => target[i] = Some((s, true)),
+            Some(t) => target[i] = Some((t, true)),
             None => {
                 r.stats.refused += 1;
                 r.stats.skipped += 1;
@@ -361,14 +363,22 @@ fn plan_and_map(
     }
     let view = c.backend.view();
     let store_pages = view.len() / ps;
-    view.populate_slots(target.iter().map(|t| t.map(|(s, _)| s))).map_err(Error::Sys)?;
+    view.populate_slots(target.iter().map(|t| match t {
+        Some((Target::Candidate(s), _)) => Some(*s),
+        _ => None,
+    }))
+    .map_err(Error::Sys)?;
+    // A vouched page was copied from (or compared with) this snapshot by the store,
+    // and only pages unwritten since the snapshot are mapped.
     let equal: Vec<Option<(u32, bool)>> = target
         .iter()
         .enumerate()
-        .map(|(i, t)| {
-            t.filter(|&(s, _)| {
-                (s as usize) < store_pages && snap[i * ps..(i + 1) * ps] == *view.read(s as usize * ps, ps)
-            })
+        .map(|(i, t)| match *t {
+            Some((Target::Candidate(s), new)) => ((s as usize) < store_pages
+                && snap[i * ps..(i + 1) * ps] == *view.read(s as usize * ps, ps))
+            .then_some((s, new)),
+            Some((Target::Vouched(s), new)) => ((s as usize) < store_pages).then_some((s, new)),
+            None => None,
         })
         .collect();
     for (i, t) in target.iter().enumerate() {

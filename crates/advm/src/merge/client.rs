@@ -7,7 +7,7 @@ use std::path::Path;
 use super::protocol::{Reply, Request, NO_SLOT};
 use super::store::{PageHasher, Store, StoreUsage};
 use crate::mem::page_size;
-use crate::sys::merge::{self as sys, StoreMap};
+use crate::sys::merge::{self as sys, StoreMap, Target};
 use crate::sys::splice;
 use crate::wire::Channel;
 use crate::{Error, Result};
@@ -25,7 +25,9 @@ pub(crate) trait Backend: Send {
     fn lookup(&mut self, hashes: &[u64]) -> Result<Vec<Option<u32>>>;
     /// Stores the pages `bytes[i*ps..(i+1)*ps]` for `i` in `which` (`hashes`: theirs,
     /// in order); `None` where the store refused one (full), with the store's reason.
-    fn add(&mut self, bytes: &[u8], which: &[usize], hashes: &[u64]) -> Result<(Vec<Option<u32>>, Option<String>)>;
+    /// A page the store copied or compared in full comes back [`Target::Vouched`],
+    /// one it only found by hash [`Target::Candidate`].
+    fn add(&mut self, bytes: &[u8], which: &[usize], hashes: &[u64]) -> Result<(Vec<Option<Target>>, Option<String>)>;
     fn usage(&mut self) -> Result<StoreUsage>;
 }
 
@@ -59,9 +61,10 @@ impl Backend for Local {
     fn lookup(&mut self, hashes: &[u64]) -> Result<Vec<Option<u32>>> {
         Ok(hashes.iter().map(|&h| self.store.find(h)).collect())
     }
-    fn add(&mut self, bytes: &[u8], which: &[usize], hashes: &[u64]) -> Result<(Vec<Option<u32>>, Option<String>)> {
+    fn add(&mut self, bytes: &[u8], which: &[usize], hashes: &[u64]) -> Result<(Vec<Option<Target>>, Option<String>)> {
+        // insert_pages compares every page it shares in full and writes the others.
         let (slots, full) = self.store.insert_pages(bytes, which, hashes)?;
-        Ok((slots, full.map(|f| f.to_string())))
+        Ok((slots.into_iter().map(|s| s.map(Target::Vouched)).collect(), full.map(|f| f.to_string())))
     }
     fn usage(&mut self) -> Result<StoreUsage> {
         Ok(self.store.usage())
@@ -119,14 +122,44 @@ impl Drop for Daemon {
     }
 }
 
-/// Pages looked up again and sent per add batch (8 MiB of 4 KiB pages).
+/// Pages sent per add batch (8 MiB of 4 KiB pages).
 const ADD_BATCH: usize = 2048;
+/// Fewest pages per pipe worth a second pipe (and a second copying thread in the
+/// daemon): 1 MiB of 4 KiB pages, a pipe's worth.
+const PAGES_PER_PIPE: usize = 256;
+
+/// How many pipes an add of `pages` pages goes through: two (the daemon copies with
+/// two threads) when there are pages enough and more than one CPU, else one.
+fn staging_pipes(pages: usize) -> usize {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus >= 2 && pages >= 2 * PAGES_PER_PIPE {
+        super::protocol::MAX_STAGING
+    } else {
+        1
+    }
+}
+
+/// The pages `which` (ascending indices) of `bytes`, as runs of consecutive pages.
+fn page_runs<'a>(bytes: &'a [u8], which: &[usize]) -> Vec<&'a [u8]> {
+    let ps = page_size();
+    let mut runs = Vec::new();
+    let mut k = 0;
+    while k < which.len() {
+        let mut n = 1;
+        while k + n < which.len() && which[k + n] == which[k] + n {
+            n += 1;
+        }
+        runs.push(&bytes[which[k] * ps..(which[k] + n) * ps]);
+        k += n;
+    }
+    runs
+}
 /// How long sending pages may wait for the daemon to take some.
 const SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Daemon {
-    /// Asks the daemon to store the pages `which` and hands them over through a pipe
-    /// (`vmsplice`, one run at a time): the daemon splices them into its store.
+    /// Asks the daemon to store the pages `which` and hands them over through pipes
+    /// (`vmsplice`): the daemon splices them into its store, a thread per pipe.
     fn send_and_add(
         &mut self,
         bytes: &[u8],
@@ -135,30 +168,32 @@ impl Daemon {
         refusal: &mut Option<String>,
     ) -> Result<Vec<Option<u32>>> {
         let ps = page_size();
-        let mut runs: Vec<&[u8]> = Vec::new();
-        let mut k = 0;
-        while k < which.len() {
-            let mut n = 1;
-            while k + n < which.len() && which[k + n] == which[k] + n {
-                n += 1;
-            }
-            runs.push(bytes.get(which[k] * ps..(which[k] + n) * ps).ok_or_else(|| Error::InvalidArgument {
+        if let Some(&last) = which.iter().max().filter(|&&i| (i + 1) * ps > bytes.len()) {
+            return Err(Error::InvalidArgument {
                 what: "pages to add",
-                why: format!("page {} lies past the {} bytes given", which[k] + n - 1, bytes.len()),
-            })?);
-            k += n;
+                why: format!("page {last} lies past the {} bytes given", bytes.len()),
+            });
         }
+        let n_pipes = staging_pipes(which.len());
+        // Pipe k carries pages k*per.. of `which` (the split Request::Add documents),
+        // as runs consecutive in `bytes`.
+        let per = which.len().div_ceil(n_pipes).max(1);
+        let parts: Vec<Vec<&[u8]>> = which.chunks(per).map(|part| page_runs(bytes, part)).collect();
         // A pipe per add: whatever an interrupted add left in it goes with it. This end
-        // keeps its read side open too, so a daemon that stops reading never raises
+        // keeps the read sides open too, so a daemon that stops reading never raises
         // SIGPIPE in the client.
-        let (r, w) = splice::pipe()?;
-        Request::Add { hashes, staging: r.try_clone().map_err(|e| Error::io("pipe", e))? }.send(self.ch())?;
+        let pipes = (0..parts.len()).map(|_| splice::pipe()).collect::<std::result::Result<Vec<_>, _>>()?;
+        let staging =
+            pipes.iter().map(|(r, _)| r.try_clone().map_err(|e| Error::io("pipe", e))).collect::<Result<Vec<_>>>()?;
+        Request::Add { hashes, staging }.send(self.ch())?;
+        let sending: Vec<(BorrowedFd<'_>, &[&[u8]])> =
+            pipes.iter().zip(&parts).map(|((_, w), runs)| (w.as_fd(), runs.as_slice())).collect();
         // A daemon that answers before it took every page (an error) ends the sending.
-        splice::send_pages(w.as_fd(), &runs, self.ch().as_fd(), SEND_TIMEOUT)?;
+        splice::send_pages(&sending, self.ch().as_fd(), SEND_TIMEOUT)?;
         let Reply::Added { slots, refusal: why } = Reply::recv(self.ch())? else {
             return Err(Error::InvalidArgument { what: "advmd reply", why: "expected added slots".into() });
         };
-        drop((r, w));
+        drop(pipes);
         let out = self.check_slots(slots, which.len())?;
         if !why.is_empty() {
             *refusal = Some(why);
@@ -195,22 +230,16 @@ impl Backend for Daemon {
         }
         Ok(out)
     }
-    fn add(&mut self, bytes: &[u8], which: &[usize], hashes: &[u64]) -> Result<(Vec<Option<u32>>, Option<String>)> {
+    fn add(&mut self, bytes: &[u8], which: &[usize], hashes: &[u64]) -> Result<(Vec<Option<Target>>, Option<String>)> {
         let mut out = Vec::with_capacity(which.len());
         let mut refusal = None;
-        // In batches, each looked up again first: processes loading the same data at
-        // the same time then send only what none of them has added yet.
+        // In batches: each lands (and wakes the domain's lookups waiting for its
+        // pages, which this session's lookup claimed) before the next is sent.
         for (chunk, hashes) in which.chunks(ADD_BATCH).zip(hashes.chunks(ADD_BATCH)) {
-            let found = self.lookup(hashes)?;
-            let (missing, missing_hashes): (Vec<usize>, Vec<u64>) =
-                chunk.iter().zip(hashes).zip(&found).filter(|(_, f)| f.is_none()).map(|((&i, &h), _)| (i, h)).unzip();
-            let mut added = if missing.is_empty() {
-                Vec::new()
-            } else {
-                self.send_and_add(bytes, &missing, missing_hashes, &mut refusal)?
-            }
-            .into_iter();
-            out.extend(found.into_iter().map(|f| f.or_else(|| added.next().flatten())));
+            let added = self.send_and_add(bytes, chunk, hashes.to_vec(), &mut refusal)?;
+            // The daemon copied each added page from the pipe, or compared it in full
+            // with the equal page it shares instead.
+            out.extend(added.into_iter().map(|s| s.map(Target::Vouched)));
         }
         Ok((out, refusal))
     }

@@ -34,7 +34,7 @@ use client::{Backend, Daemon, Local};
 pub use store::{PageHasher, Reserved, Store, StoreFull, StoreUsage};
 
 use crate::mem::{page_size, PageRange};
-use crate::sys::merge::WriteFence;
+use crate::sys::merge::{Target, WriteFence};
 use crate::sys::procmap;
 use crate::{Error, Result};
 
@@ -251,13 +251,13 @@ impl Client {
             }
         }
         let found = self.backend.lookup(&hashes)?;
-        let mut target: Vec<Option<u32>> = vec![None; n_pages];
+        let mut target: Vec<Option<Target>> = vec![None; n_pages];
         let mut is_new = vec![false; n_pages];
         let mut new_at: Vec<usize> = Vec::new();
         let mut new_hashes: Vec<u64> = Vec::new();
         for ((&i, slot), &h) in want.iter().zip(found).zip(&hashes) {
             match slot {
-                Some(s) => target[i] = Some(s),
+                Some(s) => target[i] = Some(Target::Candidate(s)),
                 None => {
                     new_at.push(i);
                     new_hashes.push(h);
@@ -268,8 +268,8 @@ impl Client {
         stats.refusal = refusal;
         for (&i, slot) in new_at.iter().zip(added) {
             match slot {
-                Some(s) => {
-                    target[i] = Some(s);
+                Some(t) => {
+                    target[i] = Some(t);
                     is_new[i] = true;
                 }
                 None => stats.refused += 1,

@@ -13,6 +13,8 @@ pub const SERVICE: u8 = 1;
 pub const MAX_PAGES: usize = 1 << 20;
 /// Longest domain tag.
 pub const MAX_TAG: usize = 64;
+/// Most pipes one add may carry its pages in.
+pub const MAX_STAGING: usize = 2;
 /// A slot number meaning "not stored" (or "refused: the store is full").
 pub const NO_SLOT: u32 = u32::MAX;
 
@@ -39,14 +41,16 @@ pub enum Request {
         /// One hash per page.
         hashes: Vec<u64>,
     },
-    /// Stores the pages that the client writes into the pipe `staging` after sending
-    /// this (the daemon splices them into its store); answers one slot per page.
+    /// Stores the pages that the client writes into the pipes `staging` after sending
+    /// this (the daemon splices them into its store, one thread per pipe); answers one
+    /// slot per page. With `n` pipes, pipe `k` carries pages `k*per..(k+1)*per` (the
+    /// last fewer), `per` being the page count divided by `n`, rounded up.
     Add {
         /// The pages' keyed hashes, in order (one per page): the domain's lookups of
         /// these wait for this add instead of missing.
         hashes: Vec<u64>,
-        /// The read end of a pipe carrying them.
-        staging: OwnedFd,
+        /// The read ends of 1 to [`MAX_STAGING`] pipes carrying them.
+        staging: Vec<OwnedFd>,
     },
     /// How much the domain's store holds.
     Usage,
@@ -91,7 +95,8 @@ impl Request {
             Request::Hello { tag } => ch.send(SERVICE, kind::HELLO, &Writer::default().bytes(tag.as_bytes()).body, &[]),
             Request::Lookup { hashes } => ch.send(SERVICE, kind::LOOKUP, &Writer::default().u64s(hashes).body, &[]),
             Request::Add { hashes, staging } => {
-                ch.send(SERVICE, kind::ADD, &Writer::default().u64s(hashes).body, &[staging])
+                let fds: Vec<&dyn std::os::fd::AsFd> = staging.iter().map(|f| f as &dyn std::os::fd::AsFd).collect();
+                ch.send(SERVICE, kind::ADD, &Writer::default().u64s(hashes).body, &fds)
             }
             Request::Usage => ch.send(SERVICE, kind::USAGE, &[], &[]),
         }
@@ -111,7 +116,10 @@ impl Request {
                 if frame.fds.is_empty() {
                     return Err(bad("add without a staging pipe".into()));
                 }
-                Request::Add { hashes: r.u64s("hashes", MAX_PAGES)?, staging: frame.fds.remove(0) }
+                if frame.fds.len() > MAX_STAGING {
+                    return Err(bad(format!("an add with {} pipes; at most {MAX_STAGING}", frame.fds.len())));
+                }
+                Request::Add { hashes: r.u64s("hashes", MAX_PAGES)?, staging: std::mem::take(&mut frame.fds) }
             }
             kind::USAGE => Request::Usage,
             k => return Err(bad(format!("unknown kind {k}"))),

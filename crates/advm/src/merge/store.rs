@@ -2,7 +2,9 @@
 //! keyed page hash.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
 
 use crate::mem::{page_size, Memfd};
 use crate::sys::merge::{self as sys, StoreMap};
@@ -71,10 +73,11 @@ pub struct StoreUsage {
 #[derive(Debug)]
 pub struct Store {
     memfd: Memfd,
-    map: StoreMap,
+    /// Shared with [`Reserved`], which reads its pages outside the store's lock.
+    map: Arc<StoreMap>,
     hasher: PageHasher,
     limit_pages: u32,
-    index: HashMap<u64, Vec<u32>>,
+    index: Index,
     /// Per slot: its hash (meaningful while `refs > 0` or just inserted) and references.
     slots: Vec<(u64, u32)>,
     free: Vec<u32>,
@@ -106,14 +109,14 @@ impl Store {
         let memfd = Memfd::create(name)?;
         memfd.set_len(pages * ps)?;
         sys::owner_read_only(memfd.as_fd())?;
-        let map = StoreMap::new(memfd.as_fd(), (pages * ps) as usize)?;
+        let map = Arc::new(StoreMap::new(memfd.as_fd(), (pages * ps) as usize)?);
         let id = sys::file_id(memfd.as_fd())?;
         Ok(Self {
             memfd,
             map,
             hasher: PageHasher::random()?,
             limit_pages: pages as u32,
-            index: HashMap::new(),
+            index: Index::default(),
             slots: Vec::new(),
             free: Vec::new(),
             used: 0,
@@ -154,7 +157,7 @@ impl Store {
     /// A slot holding a page whose hash is `hash`, taking a reference on it; the
     /// caller compares the bytes before use.
     pub fn find(&mut self, hash: u64) -> Option<u32> {
-        let slot = *self.index.get(&hash)?.first()?;
+        let slot = *self.index.get(&hash)?.slots().first()?;
         self.slots[slot as usize].1 += 1;
         Some(slot)
     }
@@ -192,10 +195,10 @@ impl Store {
         let mut out = Vec::with_capacity(which.len());
         // (source page, slot) of the pages new to the store, in order.
         let mut fresh: Vec<(usize, u32)> = Vec::new();
-        let mut pending: HashMap<u64, Vec<(usize, u32)>> = HashMap::new();
+        let mut pending: HashMap<u64, Vec<(usize, u32)>, BuildHasherDefault<KeyAsHash>> = HashMap::default();
         for (&i, &hash) in which.iter().zip(hashes) {
             let p = page(i);
-            let stored = self.index.get(&hash).and_then(|l| l.iter().copied().find(|&s| self.page(s) == p));
+            let stored = self.index.get(&hash).and_then(|l| l.slots().iter().copied().find(|&s| self.page(s) == p));
             let slot = stored
                 .or_else(|| pending.get(&hash).and_then(|l| l.iter().find(|&&(j, _)| page(j) == p)).map(|&(_, s)| s));
             let slot = match slot {
@@ -233,7 +236,7 @@ impl Store {
         }
         for &(_, slot) in &fresh {
             let hash = self.slots[slot as usize].0;
-            self.index.entry(hash).or_default().push(slot);
+            file(&mut self.index, hash, slot);
             self.used += 1;
         }
         let full = out.iter().any(Option::is_none).then(|| self.full());
@@ -254,7 +257,10 @@ impl Store {
         }
         let full = (slots.len() < n).then(|| self.full());
         match self.memfd.as_fd().try_clone_to_owned() {
-            Ok(file) => Ok((Reserved { slots, file }, full)),
+            Ok(file) => Ok((
+                Reserved { slots, file, view: self.map.clone(), hasher: self.hasher.clone(), hashes: Vec::new() },
+                full,
+            )),
             Err(e) => {
                 self.free.extend(slots);
                 Err(Error::Sys(crate::sys::SysError::from_io("dup(store)", &e)))
@@ -265,20 +271,23 @@ impl Store {
     /// Publishes the first `filled` reserved slots, each with a reference taken: a
     /// page equal to one stored already (or published earlier in this call) gets that
     /// page's slot instead, and its reserved slot is freed again. Frees the rest.
-    /// Returns one slot per filled page.
+    /// Returns one slot per filled page. The pages' hashes come from
+    /// [`Reserved::fill_from`], which computed them from the store's bytes outside the
+    /// store's lock; only pages it did not hash are hashed here.
     pub fn commit(&mut self, r: Reserved, filled: usize) -> Result<Vec<u32>> {
         let ps = page_size();
         let filled = filled.min(r.slots.len());
-        for run in runs(&r.slots[..filled]) {
+        let unhashed = &r.slots[r.hashes.len().min(filled)..filled];
+        for run in runs(unhashed) {
             // One fault-in per run instead of one per page.
             self.map.populate(run.0 as usize * ps, run.1 * ps)?;
         }
         let mut out = Vec::with_capacity(filled);
         let mut drop_slots = Vec::new();
-        for &slot in &r.slots[..filled] {
+        for (k, &slot) in r.slots[..filled].iter().enumerate() {
             let p = self.page(slot);
-            let hash = self.hasher.hash(p);
-            let same = self.index.get(&hash).and_then(|l| l.iter().copied().find(|&s| self.page(s) == p));
+            let hash = r.hashes.get(k).copied().unwrap_or_else(|| self.hasher.hash(p));
+            let same = self.index.get(&hash).and_then(|l| l.slots().iter().copied().find(|&s| self.page(s) == p));
             let s = match same {
                 Some(s) => {
                     drop_slots.push(slot);
@@ -286,7 +295,7 @@ impl Store {
                 }
                 None => {
                     self.slots[slot as usize] = (hash, 0);
-                    self.index.entry(hash).or_default().push(slot);
+                    file(&mut self.index, hash, slot);
                     self.used += 1;
                     slot
                 }
@@ -344,11 +353,16 @@ impl Store {
         }
         *refs -= 1;
         if *refs == 0 {
-            if let Some(list) = self.index.get_mut(&hash) {
-                list.retain(|&s| s != slot);
-                if list.is_empty() {
-                    self.index.remove(&hash);
+            let left = match self.index.get_mut(&hash) {
+                Some(Filed::More(list)) => {
+                    list.retain(|&s| s != slot);
+                    list.len()
                 }
+                Some(Filed::One(s)) if *s != slot => 1,
+                _ => 0,
+            };
+            if left == 0 {
+                self.index.remove(&hash);
             }
             let ps = page_size() as u64;
             self.memfd.punch_hole(slot as u64 * ps, ps)?;
@@ -367,6 +381,60 @@ impl Store {
     /// Bytes of memory the memfd actually holds (for tests of reclaim).
     pub fn allocated_bytes(&self) -> Result<u64> {
         self.memfd.allocated_bytes()
+    }
+}
+
+/// The store's slots by keyed hash. The keys are already uniform (keyed xxh3 of
+/// content, computed by the store's owner before filing), so they index the table as
+/// they are, without hashing them again; a client only ever names keys to look up.
+type Index = HashMap<u64, Filed, BuildHasherDefault<KeyAsHash>>;
+
+/// A u64 key used as its own table hash.
+#[derive(Default)]
+struct KeyAsHash(u64);
+
+impl Hasher for KeyAsHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u64 keys are hashed (write_u64); fold anything else in so it still works.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ b as u64;
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// The slots filed under one hash: one, unless distinct pages share a hash.
+#[derive(Debug)]
+enum Filed {
+    One(u32),
+    More(Vec<u32>),
+}
+
+impl Filed {
+    fn slots(&self) -> &[u32] {
+        match self {
+            Filed::One(s) => std::slice::from_ref(s),
+            Filed::More(v) => v,
+        }
+    }
+}
+
+/// Files `slot` under `hash`, beside any slot filed there already.
+fn file(index: &mut Index, hash: u64, slot: u32) {
+    match index.get_mut(&hash) {
+        None => {
+            index.insert(hash, Filed::One(slot));
+        }
+        Some(Filed::One(s)) => {
+            let first = *s;
+            index.insert(hash, Filed::More(vec![first, slot]));
+        }
+        Some(Filed::More(v)) => v.push(slot),
     }
 }
 
@@ -389,6 +457,11 @@ pub struct Reserved {
     slots: Vec<u32>,
     /// The store's memfd, writable: what the pages are spliced into.
     file: OwnedFd,
+    /// The store's pages, to hash what arrived while it is still in the cache.
+    view: Arc<StoreMap>,
+    hasher: PageHasher,
+    /// The store's hash of each slot filled so far, in order.
+    hashes: Vec<u64>,
 }
 
 impl Reserved {
@@ -402,36 +475,104 @@ impl Reserved {
         self.slots.is_empty()
     }
 
-    /// Moves `pages` pages from the pipe `pipe` into the reserved slots, in order (one
-    /// copy, by `splice`); pages past the reserved slots are read and dropped. Fails
-    /// when the pipe ends early or nothing comes for `timeout`; the caller then
-    /// cancels.
-    pub fn fill_from(&self, pipe: BorrowedFd<'_>, pages: usize, timeout: std::time::Duration) -> Result<()> {
-        let ps = page_size();
-        let refuse = |why: String| Error::InvalidArgument { what: "staged pages", why };
-        if !crate::sys::splice::is_pipe(pipe)? {
-            return Err(refuse("the staging descriptor is not a pipe".into()));
+    /// Moves `pages` pages from the pipes `pipes` into the reserved slots, in order
+    /// (one copy, by `splice`), one thread per pipe: with `n` pipes, pipe `k` carries
+    /// pages `k*per..(k+1)*per`, `per` being `pages / n` rounded up (as
+    /// [`Request::Add`](super::protocol::Request::Add) says). Each run is hashed as it
+    /// lands (the store's own hash of its own bytes: what the sender claimed is not
+    /// trusted); pages past the reserved slots are read and dropped. Fails when a pipe
+    /// ends early or nothing comes for `timeout`; the caller then cancels.
+    pub fn fill_from(&mut self, pipes: &[BorrowedFd<'_>], pages: usize, timeout: std::time::Duration) -> Result<()> {
+        if pipes.is_empty() {
+            return Err(Error::InvalidArgument { what: "staged pages", why: "no staging pipe".into() });
         }
+        for &pipe in pipes {
+            if !crate::sys::splice::is_pipe(pipe)? {
+                return Err(Error::InvalidArgument {
+                    what: "staged pages",
+                    why: "the staging descriptor is not a pipe".into(),
+                });
+            }
+        }
+        let per = pages.div_ceil(pipes.len());
+        let mine = pages.min(self.slots.len());
+        let this = &*self;
+        let parts: Vec<(BorrowedFd<'_>, &[u32], usize)> = pipes
+            .iter()
+            .enumerate()
+            .map(|(k, &pipe)| {
+                let (lo, hi) = ((k * per).min(pages), ((k + 1) * per).min(pages));
+                (pipe, &this.slots[lo.min(mine)..hi.min(mine)], hi - lo)
+            })
+            .collect();
+        let hashes = std::thread::scope(|scope| -> Result<Vec<u64>> {
+            // The other parts on threads of their own; one that cannot be started is
+            // filled here, in its turn.
+            let mut spawned: Vec<_> = parts[1..]
+                .iter()
+                .map(|&part| {
+                    std::thread::Builder::new()
+                        .name("advm-store-fill".into())
+                        .stack_size(64 << 10)
+                        .spawn_scoped(scope, move || this.fill_part(part, timeout))
+                        .ok()
+                })
+                .collect();
+            let mut out = Vec::with_capacity(mine);
+            let mut result = Ok(());
+            for (k, &part) in parts.iter().enumerate() {
+                let r = match k.checked_sub(1).and_then(|j| spawned[j].take()) {
+                    Some(t) => t.join().unwrap_or_else(|_| {
+                        Err(Error::InvalidArgument { what: "staged pages", why: "a filling thread panicked".into() })
+                    }),
+                    None if result.is_ok() => this.fill_part(part, timeout),
+                    None => Ok(Vec::new()),
+                };
+                match r {
+                    Ok(h) => out.extend(h),
+                    Err(e) => result = result.and(Err(e)),
+                }
+            }
+            result.map(|()| out)
+        })?;
+        self.hashes = hashes;
+        Ok(())
+    }
+
+    /// One pipe's share of [`Reserved::fill_from`]: `count` pages, the first into
+    /// `slots`, the rest read and dropped. Returns the hashes of the slots filled.
+    fn fill_part(
+        &self,
+        (pipe, slots, count): (BorrowedFd<'_>, &[u32], usize),
+        timeout: std::time::Duration,
+    ) -> Result<Vec<u64>> {
+        let ps = page_size();
         let mut done = 0usize;
         let mut take = |file: Option<BorrowedFd<'_>>, off: u64, n: usize| -> Result<()> {
             let got = crate::sys::splice::receive(pipe, file, off, n * ps, timeout)?;
             if got < n * ps {
-                return Err(refuse(format!(
-                    "the staging pipe ended after {} bytes, {pages} pages were announced",
-                    done * ps + got
-                )));
+                return Err(Error::InvalidArgument {
+                    what: "staged pages",
+                    why: format!(
+                        "the staging pipe ended after {} bytes, {count} pages were announced",
+                        done * ps + got
+                    ),
+                });
             }
             done += n;
             Ok(())
         };
-        let mine = pages.min(self.slots.len());
-        for (first, n) in runs(&self.slots[..mine]) {
+        let mut hashes = Vec::with_capacity(slots.len());
+        for (first, n) in runs(slots) {
             take(Some(self.file.as_fd()), first as u64 * ps as u64, n)?;
+            let at = first as usize * ps;
+            self.view.populate(at, n * ps)?;
+            hashes.extend(self.view.read(at, n * ps).chunks_exact(ps).map(|p| self.hasher.hash(p)));
         }
-        if pages > mine {
-            take(None, 0, pages - mine)?;
+        if count > slots.len() {
+            take(None, 0, count - slots.len())?;
         }
-        Ok(())
+        Ok(hashes)
     }
 }
 
@@ -447,23 +588,24 @@ mod tests {
         let ps = page_size();
         let mut store = Store::create("commit-test", 64 * ps as u64).unwrap();
         let pages: Vec<u8> = (0..4 * ps).map(|i| (i / ps + 1) as u8).collect();
-        let send = |r: &Reserved| {
+        let send = |r: &mut Reserved| {
             let (rd, wr) = crate::sys::splice::pipe().unwrap();
             let (stop, _keep) = crate::sys::splice::pipe().unwrap();
             let data = pages.clone();
             // The pipe refers to the sender's pages: they must outlive the receiving,
             // so the thread hands its buffer back only once it is joined.
             let t = std::thread::spawn(move || {
-                crate::sys::splice::send_pages(wr.as_fd(), &[&data], stop.as_fd(), Duration::from_secs(5)).unwrap();
+                crate::sys::splice::send_pages(&[(wr.as_fd(), &[&data])], stop.as_fd(), Duration::from_secs(5))
+                    .unwrap();
                 data
             });
-            r.fill_from(rd.as_fd(), 4, Duration::from_secs(5)).unwrap();
+            r.fill_from(&[rd.as_fd()], 4, Duration::from_secs(5)).unwrap();
             drop(t.join().unwrap());
         };
-        let (a, _) = store.reserve(4).unwrap();
-        let (b, _) = store.reserve(4).unwrap();
-        send(&a);
-        send(&b);
+        let (mut a, _) = store.reserve(4).unwrap();
+        let (mut b, _) = store.reserve(4).unwrap();
+        send(&mut a);
+        send(&mut b);
         let sa = store.commit(a, 4).unwrap();
         let sb = store.commit(b, 4).unwrap();
         assert_eq!(sa, sb, "the second commit shares the first one's slots");

@@ -61,13 +61,15 @@ impl WriteFence {
     }
 
     /// Maps store pages over the fenced pages whose bytes equal them, copy-on-write:
-    /// `targets[i]` names the store page (by index) proposed for fenced page `i`, and
-    /// `writable(i)` whether page `i`'s mapping is writable. Each page is compared in
-    /// full here, so what the process reads never changes; runs consecutive in both
-    /// places are mapped with one `mmap`. Returns which pages were mapped.
+    /// `targets[i]` names the store page proposed for fenced page `i`, and
+    /// `writable(i)` whether page `i`'s mapping is writable. A [`Target::Candidate`]
+    /// is compared in full here; a [`Target::Vouched`] page was compared or copied by
+    /// the store itself, so what the process reads never changes either way. Runs
+    /// consecutive in both places are mapped with one `mmap`. Returns which pages
+    /// were mapped.
     pub fn map_equal(
         &mut self,
-        targets: &[Option<u32>],
+        targets: &[Option<Target>],
         writable: &dyn Fn(usize) -> bool,
         store: &StoreMap,
         fd: BorrowedFd<'_>,
@@ -77,13 +79,19 @@ impl WriteFence {
         assert_eq!(targets.len(), n_pages, "one target per fenced page");
         let bytes = self.bytes();
         let store_pages = store.len() / ps;
-        store.populate_slots(targets.iter().copied())?;
+        store.populate_slots(targets.iter().map(|t| match t {
+            Some(Target::Candidate(s)) => Some(*s),
+            _ => None,
+        }))?;
         let equal: Vec<Option<u32>> = targets
             .iter()
             .enumerate()
-            .map(|(i, t)| {
-                t.filter(|&s| (s as usize) < store_pages)
-                    .filter(|&s| bytes[i * ps..(i + 1) * ps] == *store.read(s as usize * ps, ps))
+            .map(|(i, t)| match *t {
+                Some(Target::Candidate(s)) => Some(s)
+                    .filter(|&s| (s as usize) < store_pages)
+                    .filter(|&s| bytes[i * ps..(i + 1) * ps] == *store.read(s as usize * ps, ps)),
+                Some(Target::Vouched(s)) => Some(s).filter(|&s| (s as usize) < store_pages),
+                None => None,
             })
             .collect();
         let mut i = 0;
@@ -99,13 +107,25 @@ impl WriteFence {
             }
             // SAFETY: the range is the fence creator's (`new`'s contract), writers wait
             // at the fence, nothing borrows the bytes now (`&mut self`), and the store
-            // holds exactly these bytes at this offset (compared above): the process
-            // reads the same content through the new mapping.
+            // holds exactly these bytes at this offset (compared above, or by the store,
+            // which could rewrite any page it maps here anyway): the process reads the
+            // same content through the new mapping.
             unsafe { map_private_over(self.addr + i * ps, n * ps, w, fd, s as u64 * ps as u64) }?;
             i += n;
         }
         Ok(equal.iter().map(Option::is_some).collect())
     }
+}
+
+/// A store page (by index) proposed for a fenced page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// Found by hash only: mapped when its bytes compare equal.
+    Candidate(u32),
+    /// The store compared it in full with this page, or copied it from this page
+    /// while it was fenced: mapped without comparing again. The store is trusted as
+    /// far as its mapping is (its owner can rewrite any page it maps anyway).
+    Vouched(u32),
 }
 
 impl Drop for WriteFence {
@@ -257,7 +277,7 @@ mod tests {
         });
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(fence.bytes()[8], 7, "the writer waits at the fence");
-        let mapped = fence.map_equal(&[Some(0)], &|_| true, &store, fd.as_fd()).unwrap();
+        let mapped = fence.map_equal(&[Some(Target::Candidate(0))], &|_| true, &store, fd.as_fd()).unwrap();
         assert_eq!(mapped, vec![true]);
         drop(fence);
         writer.join().unwrap();
@@ -266,5 +286,35 @@ mod tests {
         assert_eq!(now[8], 99, "the write landed");
         assert!(now.iter().enumerate().all(|(i, &b)| i == 8 || b == 7));
         assert!(store.read(0, ps).iter().all(|&b| b == 7), "in a private copy: the store is unchanged");
+    }
+
+    /// A page found by hash only is compared before it is mapped (unequal bytes are
+    /// left alone); a page the store vouches for is mapped without comparing again,
+    /// which is what spares a merge a second pass over the pages it just added.
+    #[test]
+    fn a_candidate_is_compared_before_it_is_mapped_and_a_vouched_page_is_not_compared_again() {
+        if WriteFence::available().is_err() {
+            eprintln!("skipped: {}", WriteFence::available().unwrap_err());
+            return;
+        }
+        let ps = crate::sys::page_size();
+        let fd = crate::sys::memfd::create("vouch-test").unwrap();
+        crate::sys::memfd::set_len(&fd, 2 * ps as u64).unwrap();
+        crate::sys::memfd::pwrite(&fd, &vec![7u8; ps], 0).unwrap();
+        crate::sys::memfd::pwrite(&fd, &vec![8u8; ps], ps as u64).unwrap();
+        let store = StoreMap::new(fd.as_fd(), 2 * ps).unwrap();
+        let m = Mapping::anonymous(3 * ps).unwrap();
+        // SAFETY: our fresh mapping, no other user yet.
+        unsafe { m.as_mut_slice().fill(7) };
+        // SAFETY: the mapping is ours and outlives the fence; nobody writes it.
+        let mut fence = unsafe { WriteFence::new(m.addr(), 3 * ps) }.unwrap();
+        let targets = [Some(Target::Candidate(0)), Some(Target::Candidate(1)), Some(Target::Vouched(1))];
+        let mapped = fence.map_equal(&targets, &|_| true, &store, fd.as_fd()).unwrap();
+        drop(fence);
+        assert_eq!(mapped, vec![true, false, true]);
+        // SAFETY: the fence is gone and nobody writes the mapping.
+        let now = unsafe { m.as_slice() };
+        assert!(now[ps..2 * ps].iter().all(|&b| b == 7), "the unequal candidate was left alone");
+        assert!(now[2 * ps..].iter().all(|&b| b == 8), "the vouched page was mapped as it is");
     }
 }

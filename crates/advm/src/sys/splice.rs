@@ -28,24 +28,6 @@ pub fn is_pipe(fd: BorrowedFd<'_>) -> SysResult<bool> {
     Ok(rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Fifo)
 }
 
-/// Which of two fds became ready within `timeout`: `(first, second)`, each for its
-/// own `events` (`POLLIN`/`POLLOUT`); an end closed at the other side counts as ready.
-fn wait(a: (BorrowedFd<'_>, i16), b: Option<(BorrowedFd<'_>, i16)>, timeout: Duration) -> SysResult<(bool, bool)> {
-    let mut p = [
-        libc::pollfd { fd: a.0.as_raw_fd(), events: a.1, revents: 0 },
-        libc::pollfd { fd: b.map_or(-1, |b| b.0.as_raw_fd()), events: b.map_or(0, |b| b.1), revents: 0 },
-    ];
-    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-    // SAFETY: two live pollfds on our stack for the duration of the call (a negative
-    // fd is ignored by poll).
-    let r = unsafe { libc::poll(p.as_mut_ptr(), 2, ms) };
-    if r < 0 {
-        let e = SysError::last("poll");
-        return if e.errno == Errno::INTR { Ok((false, false)) } else { Err(e) };
-    }
-    Ok((p[0].revents != 0, p[1].revents != 0))
-}
-
 /// How a send through [`send_pages`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sent {
@@ -55,40 +37,74 @@ pub enum Sent {
     Stopped(usize),
 }
 
-/// Puts `runs` (slices of this process's memory) into the pipe `w` with `vmsplice`, in
-/// order, waiting for the reader to make room; gives up when `stop` becomes readable
-/// (the reader's answer came before it took everything) or nothing moves for
-/// `timeout`. The pipe refers to the pages: the caller must not change them until
-/// the reader has answered (a merge holds its range write-protected meanwhile).
-pub fn send_pages(w: BorrowedFd<'_>, runs: &[&[u8]], stop: BorrowedFd<'_>, timeout: Duration) -> SysResult<Sent> {
+/// Puts `runs` (slices of this process's memory) into pipes with `vmsplice`: each
+/// `(pipe, runs)` of `parts` in order within its pipe, feeding whichever pipe has
+/// room, so that one reader per pipe can copy at once. Gives up when `stop` becomes
+/// readable (the reader's answer came before it took everything) or nothing moves for
+/// `timeout`. The pipes refer to the pages: the caller must not change them until the
+/// reader has answered (a merge holds its range write-protected meanwhile).
+pub fn send_pages(parts: &[(BorrowedFd<'_>, &[&[u8]])], stop: BorrowedFd<'_>, timeout: Duration) -> SysResult<Sent> {
+    // Per part: (run, offset in it).
+    let mut at: Vec<(usize, usize)> = vec![(0, 0); parts.len()];
     let mut sent = 0;
-    for run in runs {
-        let mut done = 0;
-        let mut last = Instant::now();
-        while done < run.len() {
-            let piece = [IoSliceRaw::from_slice(&run[done..])];
+    let mut last = Instant::now();
+    loop {
+        let mut moved = false;
+        let mut waiting = Vec::new();
+        for (k, &(w, runs)) in parts.iter().enumerate() {
+            let (run, done) = &mut at[k];
+            while *run < runs.len() && *done == runs[*run].len() {
+                (*run, *done) = (*run + 1, 0);
+            }
+            if *run == runs.len() {
+                continue;
+            }
+            let piece = [IoSliceRaw::from_slice(&runs[*run][*done..])];
             // SAFETY: the slice is readable for the call; the pipe takes references to
             // its pages (never writes them), which keep the pages alive on their own.
             match unsafe { rustix::pipe::vmsplice(w, &piece, SpliceFlags::NONBLOCK) } {
                 Ok(n) => {
-                    done += n;
+                    *done += n;
                     sent += n;
-                    last = Instant::now();
-                    continue;
+                    moved = true;
                 }
-                Err(Errno::AGAIN) => {}
+                Err(Errno::AGAIN) => waiting.push(w),
                 Err(e) => return Err(SysError::new("vmsplice", e)),
             }
-            let (room, answered) = wait((w, libc::POLLOUT), Some((stop, libc::POLLIN)), timeout)?;
-            if answered {
-                return Ok(Sent::Stopped(sent));
-            }
-            if !room && last.elapsed() >= timeout {
-                return Err(SysError::new("vmsplice (the reader took nothing)", Errno::TIMEDOUT));
-            }
+        }
+        if moved {
+            last = Instant::now();
+            continue;
+        }
+        if waiting.is_empty() {
+            return Ok(Sent::All);
+        }
+        let mut polled: Vec<(BorrowedFd<'_>, i16)> = waiting.iter().map(|&w| (w, libc::POLLOUT)).collect();
+        polled.push((stop, libc::POLLIN));
+        let ready = wait(&polled, timeout)?;
+        let (answered, room) = (ready[ready.len() - 1], ready[..ready.len() - 1].iter().any(|&r| r));
+        if answered {
+            return Ok(Sent::Stopped(sent));
+        }
+        if !room && last.elapsed() >= timeout {
+            return Err(SysError::new("vmsplice (the reader took nothing)", Errno::TIMEDOUT));
         }
     }
-    Ok(Sent::All)
+}
+
+/// Which fds became ready within `timeout`, each polled for its own events
+/// (`POLLIN`/`POLLOUT`); an end closed at the other side counts as ready.
+fn wait(fds: &[(BorrowedFd<'_>, i16)], timeout: Duration) -> SysResult<Vec<bool>> {
+    let mut p: Vec<libc::pollfd> =
+        fds.iter().map(|(fd, events)| libc::pollfd { fd: fd.as_raw_fd(), events: *events, revents: 0 }).collect();
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: live pollfds in our vector for the duration of the call.
+    let r = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
+    if r < 0 {
+        let e = SysError::last("poll");
+        return if e.errno == Errno::INTR { Ok(vec![false; fds.len()]) } else { Err(e) };
+    }
+    Ok(p.iter().map(|x| x.revents != 0).collect())
 }
 
 /// Moves exactly `len` bytes from the pipe `r` into `file` at `offset` (or, with no
@@ -119,7 +135,7 @@ pub fn receive(
             Ok(0) => return Ok(got),
             Ok(n) => got += n,
             Err(e) if e.errno == Errno::AGAIN => {
-                if !wait((r, libc::POLLIN), None, timeout)?.0 {
+                if !wait(&[(r, libc::POLLIN)], timeout)?[0] {
                     return Err(SysError::new("splice (nothing came)", Errno::TIMEDOUT));
                 }
             }
@@ -145,8 +161,7 @@ mod tests {
             // The buffer goes back with the result: the pipe refers to its pages.
             std::thread::spawn(move || {
                 let sent = send_pages(
-                    w.as_fd(),
-                    &[&data[..1 << 20], &data[1 << 20..]],
+                    &[(w.as_fd(), &[&data[..1 << 20], &data[1 << 20..]])],
                     stop_r.as_fd(),
                     Duration::from_secs(5),
                 );
