@@ -37,9 +37,6 @@ const UNIT: usize = 256 << 10;
 /// collection's units.
 pub(crate) const GRANULE: usize = 64 << 10;
 
-/// Small spaces using less than this collect on one thread.
-const PARALLEL_FROM: usize = 4 << 20;
-
 /// True when `[s, e)` lies inside the union of `vacated` (ascending, disjoint).
 fn covered(vacated: &[(usize, usize)], s: usize, e: usize) -> bool {
     let mut at = s;
@@ -250,12 +247,51 @@ fn live_bytes(mem: &Mem, (start, end): (usize, usize)) -> usize {
     live
 }
 
-fn adjust_object(mem: &Mem, h: usize, h0: usize) {
-    for i in 0..nptrs_of(h0) {
-        let slot = h + HDR + 8 * i;
-        let p = mem.load(slot);
-        if p != 0 {
-            mem.store(slot, mem.load(p - HDR + 8));
+/// Rewrites pointer slots to their targets' new addresses (header word 1). Each
+/// target's forwarding word is prefetched when its slot is read and used [`PREFETCH`]
+/// slots later: the targets of a shuffled list lie anywhere, and waiting for each one
+/// in turn made this phase as slow as marking.
+struct Adjust<'m> {
+    mem: &'m Mem,
+    /// (slot, its target) read but not yet rewritten, oldest at `head`.
+    queue: [(usize, usize); PREFETCH],
+    head: usize,
+    len: usize,
+}
+
+impl<'m> Adjust<'m> {
+    fn new(mem: &'m Mem) -> Self {
+        Adjust { mem, queue: [(0, 0); PREFETCH], head: 0, len: 0 }
+    }
+
+    /// Queues every pointer slot of the object with header `h`.
+    fn object(&mut self, h: usize, h0: usize) {
+        for i in 0..nptrs_of(h0) {
+            let slot = h + HDR + 8 * i;
+            let p = self.mem.load(slot);
+            if p == 0 {
+                continue;
+            }
+            self.mem.prefetch(p - HDR + 8);
+            if self.len == PREFETCH {
+                self.rewrite_oldest();
+            }
+            self.queue[(self.head + self.len) % PREFETCH] = (slot, p);
+            self.len += 1;
+        }
+    }
+
+    fn rewrite_oldest(&mut self) {
+        let (slot, p) = self.queue[self.head];
+        self.mem.store(slot, self.mem.load(p - HDR + 8));
+        self.head = (self.head + 1) % PREFETCH;
+        self.len -= 1;
+    }
+
+    /// Rewrites the slots still queued.
+    fn finish(mut self) {
+        while self.len > 0 {
+            self.rewrite_oldest();
         }
     }
 }
@@ -282,7 +318,7 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     // Starting GC threads costs more than it saves on a small heap (and on a busy
     // machine a thread may wait milliseconds for a CPU): small heaps collect on one
     // (large objects are few; their cost is the move).
-    let threads = if alloc.small_top - alloc.small_bottom >= PARALLEL_FROM { threads } else { 1 };
+    let threads = if alloc.small_top - alloc.small_bottom >= inner.parallel_from_bytes { threads } else { 1 };
     let t = Instant::now();
     let root_vals: Vec<usize> =
         stacks.iter().flat_map(|s| s.iter().copied()).chain(roots.slots.iter().map(|s| s.load())).collect();
@@ -334,10 +370,16 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     c.forward_ns = t.elapsed().as_nanos() as u64;
 
     let t = Instant::now();
-    par_map(us.len(), threads, |k| each_live(&mem, us[k], |h, h0| adjust_object(&mem, h, h0)));
+    par_map(us.len(), threads, |k| {
+        let mut a = Adjust::new(&mem);
+        each_live(&mem, us[k], |h, h0| a.object(h, h0));
+        a.finish();
+    });
+    let mut a = Adjust::new(&mem);
     for &(_, h, _) in &large_moves {
-        adjust_object(&mem, h, mem.load(h));
+        a.object(h, mem.load(h));
     }
+    a.finish();
     let fwd = |p: usize| if p == 0 { 0 } else { mem.load(p - HDR + 8) };
     for s in stacks.iter_mut() {
         for v in s.iter_mut() {

@@ -223,6 +223,7 @@ fn parallel_compaction_of_many_units_keeps_every_object() {
     let mut c = Config::new(64 << 20);
     c.verify = true;
     c.gc_threads = 4;
+    c.parallel_from_bytes = 0;
     let h = Heap::with_config(c).unwrap();
     let mut m = h.attach();
     let r = m.push_root(None);
