@@ -695,18 +695,26 @@ impl Mutator {
         }
         let inner = self.heap.inner.clone();
         // Attempts: as is; after a collection (a minor one in generational mode); in
-        // generational mode, after a major one.
+        // generational mode, after a major one. When the last collection left room for
+        // this object but other mutators took it before this one ran again, the whole
+        // sequence is tried again (a few times: the heap is then full of live data in
+        // all likelihood).
         let attempts = if inner.generational.is_some() { 3 } else { 2 };
         let mut last = None;
-        for attempt in 0..attempts {
-            if let Some(o) = self.alloc_slow(size, nptrs, attempt > 0) {
-                return Ok(o);
+        for _round in 0..4 {
+            for attempt in 0..attempts {
+                if let Some(o) = self.alloc_slow(size, nptrs, attempt > 0) {
+                    return Ok(o);
+                }
+                if attempt + 1 == attempts {
+                    break;
+                }
+                self.retire_buffer();
+                last = Some(inner.collect(true, "allocation failed", attempt > 0)?);
             }
-            if attempt + 1 == attempts {
+            if last.as_ref().map_or(true, |c: &Collection| c.heap_after + size > inner.heap_bytes) {
                 break;
             }
-            self.retire_buffer();
-            last = Some(inner.collect(true, "allocation failed", attempt > 0)?);
         }
         let live = last.map_or(0, |c: Collection| c.heap_after);
         Err(Error::HeapExhausted { requested: size, live, heap: inner.heap_bytes })
