@@ -385,6 +385,14 @@ fn row(workload: &str, factor: f64, collector: &str, heap: usize, runs: &[RunFig
         .figure(fig("pause_ms_p99", "ms", &|r| p99(&r.pauses_ms)))
         .figure(fig("pause_ms_max", "ms", &|r| r.pauses_ms.iter().copied().fold(0.0, f64::max)))
         .figure(fig("full_pause_ms_max", "ms", &|r| r.full_pauses_ms.iter().copied().fold(0.0, f64::max)))
+        // The typical full pause beside the maximum (which one descheduled thread sets).
+        .figure(fig("full_pause_ms_median", "ms", &|r| {
+            if r.full_pauses_ms.is_empty() {
+                0.0
+            } else {
+                median(&r.full_pauses_ms)
+            }
+        }))
         .figure(fig("full_collections", "", &|r| r.full_pauses_ms.len() as f64))
         .figure(fig("collections", "", &|r| r.pauses_ms.len() as f64))
         .figure(fig("total_s", "s", &|r| r.total_s));
