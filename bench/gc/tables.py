@@ -82,6 +82,22 @@ for w in workloads:
             ratios.append(fmt(full / pa, "x") if pa and full else "-")
         print(f"| {w} | {f}x | {fmt(pa)} | {cells[0]} | {cells[1]} | {ratios[0]} | {ratios[1]} "
               f"| {fmt(med(a, 'total_s'))} | {fmt(med(p, 'total_s'))} | {fmt(med(s, 'total_s'))} |")
+
+# Reports from before the figure existed have no median full pause: the table is left out.
+if any(k[3] == "full_pause_ms_median" for k in runs):
+    print()
+    print("| workload | heap | advm-remap full pauses: count, median (ms) | parallel: count, median (ms) "
+          "| shenandoah: count, median (ms) | parallel/advm, median |")
+    print("|---|---|---|---|---|---|")
+    for w in workloads:
+        for f in ("1.2", "2"):
+            keys = [(w, f, c) for c in ("advm-remap", "parallel", "shenandoah")]
+            if keys[1] not in heaps:
+                continue
+            cells = [f"{fmt(med(k, 'full_collections'))}, {fmt(med(k, 'full_pause_ms_median'))}" for k in keys]
+            ma, mp = med(keys[0], "full_pause_ms_median"), med(keys[1], "full_pause_ms_median")
+            print(f"| {w} | {f}x | {cells[0]} | {cells[1]} | {cells[2]} "
+                  f"| {fmt(mp / ma, 'x') if ma and mp else '-'} |")
 print()
 print("paper (SVAGC vs ParallelGC / Shenandoah, max full-GC pause):",
       ", ".join(f"{k}x heap: {v}" for k, v in PAPER_JVM.items()))

@@ -325,6 +325,26 @@ fn size_section(quick: bool, runs: usize, report: &mut Report) -> Result<(), Ben
     Ok(())
 }
 
+/// `$ADVM_BENCH_GC_WORKLOADS` (comma separated names): a subset of the workloads, and
+/// then neither the object-size nor the policy section (the full run takes hours).
+fn picked_workloads() -> Result<Option<Vec<(&'static str, Workload)>>, BenchError> {
+    let Ok(pick) = std::env::var("ADVM_BENCH_GC_WORKLOADS") else { return Ok(None) };
+    let mut picked = Vec::new();
+    for name in pick.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        match ALL.iter().find(|(n, _)| *n == name) {
+            Some(&w) => picked.push(w),
+            None => {
+                let names: Vec<_> = ALL.iter().map(|(n, _)| *n).collect();
+                return Err(BenchError::Usage(format!(
+                    "ADVM_BENCH_GC_WORKLOADS: no workload {name:?} (there are {})",
+                    names.join(", ")
+                )));
+            }
+        }
+    }
+    Ok(Some(picked))
+}
+
 /// The smallest heap from `floor` up (within 1/16 of the doubling step) on which `fits`
 /// holds.
 fn min_heap(floor: usize, mut fits: impl FnMut(usize) -> Result<bool, BenchError>) -> Result<usize, BenchError> {
@@ -365,6 +385,14 @@ fn row(workload: &str, factor: f64, collector: &str, heap: usize, runs: &[RunFig
         .figure(fig("pause_ms_p99", "ms", &|r| p99(&r.pauses_ms)))
         .figure(fig("pause_ms_max", "ms", &|r| r.pauses_ms.iter().copied().fold(0.0, f64::max)))
         .figure(fig("full_pause_ms_max", "ms", &|r| r.full_pauses_ms.iter().copied().fold(0.0, f64::max)))
+        // The typical full pause beside the maximum (which one descheduled thread sets).
+        .figure(fig("full_pause_ms_median", "ms", &|r| {
+            if r.full_pauses_ms.is_empty() {
+                0.0
+            } else {
+                median(&r.full_pauses_ms)
+            }
+        }))
         .figure(fig("full_collections", "", &|r| r.full_pauses_ms.len() as f64))
         .figure(fig("collections", "", &|r| r.pauses_ms.len() as f64))
         .figure(fig("total_s", "s", &|r| r.total_s));
@@ -527,8 +555,9 @@ impl Bench for GcBench {
             "large_object_bytes".into(),
             serde_json::json!(Heap::new(1 << 20).map_err(gc_err)?.large_object_bytes()),
         );
-        let bar = opts.progress_bar(ALL.len() as u64, "gc workloads");
-        for (name, w) in ALL {
+        let picked = picked_workloads()?;
+        let bar = opts.progress_bar(picked.as_ref().map_or(ALL.len(), Vec::len) as u64, "gc workloads");
+        for (name, w) in picked.clone().unwrap_or(ALL.to_vec()) {
             let min = min_heap(ADVM_FLOOR, |h| Ok(run_advm(w, scale, h, Engine::Remap)?.is_some()))?;
             report.configuration.insert(format!("min_heap_{name}"), serde_json::json!(min));
             for factor in FACTORS {
@@ -586,8 +615,12 @@ impl Bench for GcBench {
             bar.inc(1);
         }
         bar.finish_and_clear();
-        size_section(opts.quick, runs, report)?;
-        policy_section(scale, runs, report)?;
+        if picked.is_none() {
+            size_section(opts.quick, runs, report)?;
+            policy_section(scale, runs, report)?;
+        } else {
+            report.notes.push("ADVM_BENCH_GC_WORKLOADS picked workloads: no object-size or policy rows".into());
+        }
         if java.is_none() {
             report.notes.push(
                 "javac not found: the Java collectors were skipped (make deps installs openjdk-17-jdk-headless)".into(),

@@ -1,10 +1,11 @@
 //! The full collection: parallel LISP2 mark-compact.
 //!
 //! 1. **Mark** from the roots, on `gc_threads` threads sharing work through
-//!    work-stealing deques; the mark bit is header word 0's top bit.
+//!    work-stealing deques (one thread alone: a plain stack); the mark bit is header
+//!    word 0's top bit, and a side bitmap ([`MarkMap`]) records where the marked small
+//!    objects start, so the later phases never read a dead object.
 //! 2. **Forward**: the small space is cut into units of about [`UNIT`] bytes at object
-//!    starts the allocator recorded; each unit's live bytes are summed in parallel
-//!    (runs of dead objects get a skip pointer in their first header), a prefix sum
+//!    starts the allocator recorded; each unit's live bytes are summed in parallel, a prefix sum
 //!    gives each unit its destination, and each unit then writes every live object's
 //!    new address into its header word 1. Large objects are forwarded in address order
 //!    within their own space.
@@ -26,7 +27,7 @@ use advm::mem::{page_align_up, page_size, HostAddr, PageRange};
 use advm::remap::{Batch, Choice, Options};
 use crossbeam_deque::{Injector, Stealer, Worker};
 
-use crate::heap::{large_align, lock, nptrs_of, size_of, Alloc, Inner, HDR, MARK};
+use crate::heap::{large_align, lock, nptrs_of, size_of, Alloc, Inner, ALIGN, HDR, MARK};
 use crate::raw::Mem;
 use crate::stats::Collection;
 use crate::{Engine, Error, Result};
@@ -36,9 +37,6 @@ const UNIT: usize = 256 << 10;
 /// After compaction, an object start is recorded at least this often, for the next
 /// collection's units.
 pub(crate) const GRANULE: usize = 64 << 10;
-
-/// Small spaces using less than this collect on one thread.
-const PARALLEL_FROM: usize = 4 << 20;
 
 /// True when `[s, e)` lies inside the union of `vacated` (ascending, disjoint).
 fn covered(vacated: &[(usize, usize)], s: usize, e: usize) -> bool {
@@ -88,17 +86,124 @@ fn par_map<T: Send, F: Fn(usize) -> T + Sync>(n: usize, threads: usize, f: F) ->
     v.into_iter().map(|p| p.1).collect()
 }
 
-fn try_mark(mem: &Mem, o: usize) -> bool {
-    mem.fetch_or(o - HDR, MARK) & MARK == 0
+/// Marks object `o` (and its header in `marks`); true when it was not marked before.
+fn try_mark(mem: &Mem, marks: &MarkMap, o: usize) -> bool {
+    let fresh = mem.fetch_or(o - HDR, MARK) & MARK == 0;
+    if fresh {
+        marks.set(o - HDR);
+    }
+    fresh
+}
+
+/// The headers of the marked objects of the small space: one bit per [`ALIGN`] bytes
+/// of `[base, top)`, set when the object starting there is marked. The later phases
+/// walk a unit's live objects through it, reading no dead object (the dead outnumber
+/// the live in a heap collected when full, and walking their headers one after the
+/// other took as long as marking).
+struct MarkMap {
+    base: usize,
+    top: usize,
+    words: Vec<AtomicU64>,
+}
+
+impl MarkMap {
+    fn new(base: usize, top: usize) -> Self {
+        let words = ((top - base) / ALIGN).div_ceil(64);
+        MarkMap { base, top, words: (0..words).map(|_| AtomicU64::new(0)).collect() }
+    }
+
+    /// Records the header at `h` (nothing outside the small space).
+    fn set(&self, h: usize) {
+        if h >= self.base && h < self.top {
+            let b = (h - self.base) / ALIGN;
+            self.words[b / 64].fetch_or(1 << (b % 64), Ordering::Relaxed);
+        }
+    }
+
+    /// [`MarkMap::set`] for a lone marker: a plain load and store.
+    fn set_alone(&self, h: usize) {
+        if h >= self.base && h < self.top {
+            let b = (h - self.base) / ALIGN;
+            let w = &self.words[b / 64];
+            w.store(w.load(Ordering::Relaxed) | 1 << (b % 64), Ordering::Relaxed);
+        }
+    }
+
+    /// Calls `f(header, h0)` for every marked object starting in `[start, end)`, in
+    /// address order.
+    fn each_live(&self, mem: &Mem, (start, end): (usize, usize), mut f: impl FnMut(usize, usize)) {
+        let (b0, b1) = ((start - self.base) / ALIGN, (end - self.base) / ALIGN);
+        if b0 >= b1 {
+            return;
+        }
+        for w in b0 / 64..=(b1 - 1) / 64 {
+            let mut m = self.words[w].load(Ordering::Relaxed);
+            if w == b0 / 64 {
+                m &= !0 << (b0 % 64);
+            }
+            if w == (b1 - 1) / 64 && b1 % 64 != 0 {
+                m &= (1 << (b1 % 64)) - 1;
+            }
+            while m != 0 {
+                let h = self.base + (w * 64 + m.trailing_zeros() as usize) * ALIGN;
+                f(h, mem.load(h));
+                m &= m - 1;
+            }
+        }
+    }
+}
+
+/// Objects whose headers are prefetched ahead of the one a lone marker scans.
+const PREFETCH: usize = 8;
+
+/// Marks everything reachable from `roots` on this thread alone; returns the number of
+/// live objects. Objects are marked when they leave the stack (a plain load and store:
+/// no other thread marks), after passing through a queue of [`PREFETCH`] whose
+/// headers were prefetched on entry, so the cache misses of a pointer graph overlap
+/// instead of stalling each scan.
+fn mark_alone(mem: &Mem, marks: &MarkMap, roots: &[usize]) -> u64 {
+    let mut stack: Vec<usize> = roots.iter().copied().filter(|&r| r != 0).collect();
+    let mut queue = [0usize; PREFETCH];
+    let (mut head, mut len, mut n) = (0, 0, 0u64);
+    loop {
+        while len < PREFETCH {
+            let Some(o) = stack.pop() else { break };
+            mem.prefetch(o - HDR);
+            queue[(head + len) % PREFETCH] = o;
+            len += 1;
+        }
+        if len == 0 {
+            return n;
+        }
+        let o = queue[head];
+        head = (head + 1) % PREFETCH;
+        len -= 1;
+        let h0 = mem.load(o - HDR);
+        if h0 & MARK != 0 {
+            continue;
+        }
+        mem.store(o - HDR, h0 | MARK);
+        marks.set_alone(o - HDR);
+        n += 1;
+        for i in 0..nptrs_of(h0) {
+            let p = mem.load(o + 8 * i);
+            if p != 0 {
+                stack.push(p);
+            }
+        }
+    }
 }
 
 /// Marks everything reachable from `roots`; returns the number of live objects.
-fn mark(mem: &Mem, roots: &[usize], threads: usize) -> u64 {
+fn mark(mem: &Mem, marks: &MarkMap, roots: &[usize], threads: usize) -> u64 {
+    if threads == 1 {
+        return mark_alone(mem, marks, roots);
+    }
     let injector = Injector::new();
     let pending = AtomicUsize::new(0);
     let live = AtomicU64::new(0);
     for &r in roots {
-        if r != 0 && try_mark(mem, r) {
+        if r != 0 && try_mark(mem, marks, r) {
             pending.fetch_add(1, Ordering::SeqCst);
             injector.push(r);
         }
@@ -121,7 +226,7 @@ fn mark(mem: &Mem, roots: &[usize], threads: usize) -> u64 {
                     let k = nptrs_of(mem.load(o - HDR));
                     for i in 0..k {
                         let p = mem.load(o + 8 * i);
-                        if p != 0 && try_mark(mem, p) {
+                        if p != 0 && try_mark(mem, marks, p) {
                             pending.fetch_add(1, Ordering::SeqCst);
                             w.push(p);
                         }
@@ -169,50 +274,51 @@ fn units(starts: &[usize], top: usize) -> Vec<(usize, usize)> {
     out
 }
 
-/// Calls `f(header, h0)` for every live object of `[start, end)`, following the skip
-/// pointers that forwarding left in the first header of each dead run.
-fn each_live(mem: &Mem, (start, end): (usize, usize), mut f: impl FnMut(usize, usize)) {
-    let mut a = start;
-    while a < end {
-        let h0 = mem.load(a);
-        if h0 & MARK != 0 {
-            f(a, h0);
-            a += size_of(h0);
-        } else {
-            a = mem.load(a + 8);
-        }
-    }
+/// Rewrites pointer slots to their targets' new addresses (header word 1). Each
+/// target's forwarding word is prefetched when its slot is read and used [`PREFETCH`]
+/// slots later: the targets of a shuffled list lie anywhere, and waiting for each one
+/// in turn made this phase as slow as marking.
+struct Adjust<'m> {
+    mem: &'m Mem,
+    /// (slot, its target) read but not yet rewritten, oldest at `head`.
+    queue: [(usize, usize); PREFETCH],
+    head: usize,
+    len: usize,
 }
 
-/// Sums a unit's live bytes and links each dead run to the object after it.
-fn live_bytes(mem: &Mem, (start, end): (usize, usize)) -> usize {
-    let (mut a, mut live, mut dead_run) = (start, 0, None);
-    while a < end {
-        let h0 = mem.load(a);
-        let size = size_of(h0);
-        assert!(size >= HDR && a + size <= end, "broken header at {a:#x} ({h0:#x})");
-        if h0 & MARK != 0 {
-            if let Some(d) = dead_run.take() {
-                mem.store(d + 8, a);
+impl<'m> Adjust<'m> {
+    fn new(mem: &'m Mem) -> Self {
+        Adjust { mem, queue: [(0, 0); PREFETCH], head: 0, len: 0 }
+    }
+
+    /// Queues every pointer slot of the object with header `h`.
+    fn object(&mut self, h: usize, h0: usize) {
+        for i in 0..nptrs_of(h0) {
+            let slot = h + HDR + 8 * i;
+            let p = self.mem.load(slot);
+            if p == 0 {
+                continue;
             }
-            live += size;
-        } else if dead_run.is_none() {
-            dead_run = Some(a);
+            self.mem.prefetch(p - HDR + 8);
+            if self.len == PREFETCH {
+                self.rewrite_oldest();
+            }
+            self.queue[(self.head + self.len) % PREFETCH] = (slot, p);
+            self.len += 1;
         }
-        a += size;
     }
-    if let Some(d) = dead_run {
-        mem.store(d + 8, end);
-    }
-    live
-}
 
-fn adjust_object(mem: &Mem, h: usize, h0: usize) {
-    for i in 0..nptrs_of(h0) {
-        let slot = h + HDR + 8 * i;
-        let p = mem.load(slot);
-        if p != 0 {
-            mem.store(slot, mem.load(p - HDR + 8));
+    fn rewrite_oldest(&mut self) {
+        let (slot, p) = self.queue[self.head];
+        self.mem.store(slot, self.mem.load(p - HDR + 8));
+        self.head = (self.head + 1) % PREFETCH;
+        self.len -= 1;
+    }
+
+    /// Rewrites the slots still queued.
+    fn finish(mut self) {
+        while self.len > 0 {
+            self.rewrite_oldest();
         }
     }
 }
@@ -239,16 +345,25 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     // Starting GC threads costs more than it saves on a small heap (and on a busy
     // machine a thread may wait milliseconds for a CPU): small heaps collect on one
     // (large objects are few; their cost is the move).
-    let threads = if alloc.small_top - alloc.small_bottom >= PARALLEL_FROM { threads } else { 1 };
+    let threads = if alloc.small_top - alloc.small_bottom >= inner.parallel_from_bytes { threads } else { 1 };
     let t = Instant::now();
     let root_vals: Vec<usize> =
         stacks.iter().flat_map(|s| s.iter().copied()).chain(roots.slots.iter().map(|s| s.load())).collect();
-    c.live_objects = mark(&mem, &root_vals, threads);
+    let marks = MarkMap::new(alloc.small_bottom, alloc.small_top);
+    c.live_objects = mark(&mem, &marks, &root_vals, threads);
     c.mark_ns = t.elapsed().as_nanos() as u64;
 
     let t = Instant::now();
     let us = units(&alloc.starts, alloc.small_top);
-    let live = par_map(us.len(), threads, |k| live_bytes(&mem, us[k]));
+    let live = par_map(us.len(), threads, |k| {
+        let (end, mut live) = (us[k].1, 0);
+        marks.each_live(&mem, us[k], |h, h0| {
+            let size = size_of(h0);
+            assert!(size >= HDR && h + size <= end, "broken header at {h:#x} ({h0:#x})");
+            live += size;
+        });
+        live
+    });
     let mut dest = Vec::with_capacity(us.len());
     // Generational mode may put the old generation elsewhere in its reservation.
     let total: usize = live.iter().sum();
@@ -267,7 +382,7 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     let recorded = par_map(us.len(), threads, |k| {
         let mut d = dest[k];
         let mut rec: Vec<usize> = Vec::new();
-        each_live(&mem, us[k], |h, h0| {
+        marks.each_live(&mem, us[k], |h, h0| {
             if rec.last().map_or(true, |&l| d - l >= GRANULE) {
                 rec.push(d);
             }
@@ -291,10 +406,16 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     c.forward_ns = t.elapsed().as_nanos() as u64;
 
     let t = Instant::now();
-    par_map(us.len(), threads, |k| each_live(&mem, us[k], |h, h0| adjust_object(&mem, h, h0)));
+    par_map(us.len(), threads, |k| {
+        let mut a = Adjust::new(&mem);
+        marks.each_live(&mem, us[k], |h, h0| a.object(h, h0));
+        a.finish();
+    });
+    let mut a = Adjust::new(&mem);
     for &(_, h, _) in &large_moves {
-        adjust_object(&mem, h, mem.load(h));
+        a.object(h, mem.load(h));
     }
+    a.finish();
     let fwd = |p: usize| if p == 0 { 0 } else { mem.load(p - HDR + 8) };
     for s in stacks.iter_mut() {
         for v in s.iter_mut() {
@@ -324,7 +445,7 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
                     std::thread::yield_now();
                 }
             }
-            each_live(&mem, us[k], |h, h0| {
+            marks.each_live(&mem, us[k], |h, h0| {
                 let to = mem.load(h + 8) - HDR;
                 let size = size_of(h0);
                 if to != h {

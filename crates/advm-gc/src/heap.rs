@@ -111,6 +111,10 @@ pub struct Config {
     pub heap_bytes: usize,
     /// GC threads (default: the machine's CPUs).
     pub gc_threads: usize,
+    /// A full collection whose small space holds fewer bytes than this runs on one GC
+    /// thread (default 64 MiB: on 2 shared CPUs a second thread made the pauses of
+    /// 6-20 MiB heaps 2-5x longer, see docs/gc.md).
+    pub parallel_from_bytes: usize,
     /// Objects of this many bytes or more (header included) are large: page aligned and
     /// moved by remapping. Default: the compaction break-even measured by
     /// `advm::remap` (`BreakEven::pages_compaction`).
@@ -139,6 +143,7 @@ impl Config {
         Config {
             heap_bytes,
             gc_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            parallel_from_bytes: 64 << 20,
             large_object_bytes: None,
             engine: Engine::Remap,
             tlab_bytes: 32 << 10,
@@ -155,6 +160,7 @@ impl std::fmt::Debug for Config {
         f.debug_struct("Config")
             .field("heap_bytes", &self.heap_bytes)
             .field("gc_threads", &self.gc_threads)
+            .field("parallel_from_bytes", &self.parallel_from_bytes)
             .field("large_object_bytes", &self.large_object_bytes)
             .field("engine", &self.engine)
             .field("tlab_bytes", &self.tlab_bytes)
@@ -218,6 +224,7 @@ pub(crate) struct Inner {
     pub(crate) mem: Mem,
     pub(crate) heap_bytes: usize,
     pub(crate) gc_threads: usize,
+    pub(crate) parallel_from_bytes: usize,
     pub(crate) large_bytes: usize,
     pub(crate) tlab_bytes: usize,
     pub(crate) verify: bool,
@@ -371,6 +378,7 @@ impl Heap {
             mem,
             heap_bytes: cfg.heap_bytes,
             gc_threads: cfg.gc_threads,
+            parallel_from_bytes: cfg.parallel_from_bytes,
             large_bytes,
             tlab_bytes: cfg.tlab_bytes,
             verify: cfg.verify,
@@ -687,18 +695,26 @@ impl Mutator {
         }
         let inner = self.heap.inner.clone();
         // Attempts: as is; after a collection (a minor one in generational mode); in
-        // generational mode, after a major one.
+        // generational mode, after a major one. When the last collection left room for
+        // this object but other mutators took it before this one ran again, the whole
+        // sequence is tried again (a few times: the heap is then full of live data in
+        // all likelihood).
         let attempts = if inner.generational.is_some() { 3 } else { 2 };
         let mut last = None;
-        for attempt in 0..attempts {
-            if let Some(o) = self.alloc_slow(size, nptrs, attempt > 0) {
-                return Ok(o);
+        for _round in 0..4 {
+            for attempt in 0..attempts {
+                if let Some(o) = self.alloc_slow(size, nptrs, attempt > 0) {
+                    return Ok(o);
+                }
+                if attempt + 1 == attempts {
+                    break;
+                }
+                self.retire_buffer();
+                last = Some(inner.collect(true, "allocation failed", attempt > 0)?);
             }
-            if attempt + 1 == attempts {
+            if last.as_ref().map_or(true, |c: &Collection| c.heap_after + size > inner.heap_bytes) {
                 break;
             }
-            self.retire_buffer();
-            last = Some(inner.collect(true, "allocation failed", attempt > 0)?);
         }
         let live = last.map_or(0, |c: Collection| c.heap_after);
         Err(Error::HeapExhausted { requested: size, live, heap: inner.heap_bytes })

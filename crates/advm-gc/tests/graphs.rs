@@ -96,13 +96,18 @@ fn check(m: &Mutator, model: &Model) {
     }
 }
 
-fn run(ops: &[Op], engine: Engine, generational: Option<Generational>) {
+/// `parallel`: the full collections run on two GC threads (default: one, as for any
+/// heap this small).
+fn run(ops: &[Op], engine: Engine, generational: Option<Generational>, parallel: bool) {
     let mut c = Config::new(16 << 20);
     c.generational = generational;
     c.large_object_bytes = Some(LARGE);
     c.engine = engine;
     c.verify = true;
     c.gc_threads = 2;
+    if parallel {
+        c.parallel_from_bytes = 0;
+    }
     c.tlab_bytes = 4096;
     let heap = Heap::with_config(c).unwrap();
     let mut m = heap.attach();
@@ -165,13 +170,16 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
 
     #[test]
-    fn random_graphs_survive_collections_as_the_oracle_says(ops in prop::collection::vec(op(), 1..80)) {
-        run(&ops, Engine::Remap, None);
+    fn random_graphs_survive_collections_as_the_oracle_says(
+        ops in prop::collection::vec(op(), 1..80),
+        parallel in any::<bool>(),
+    ) {
+        run(&ops, Engine::Remap, None, parallel);
     }
 
     #[test]
     fn random_graphs_survive_memmove_compaction_as_the_oracle_says(ops in prop::collection::vec(op(), 1..60)) {
-        run(&ops, Engine::Memmove, None);
+        run(&ops, Engine::Memmove, None, false);
     }
 
     #[test]
@@ -187,6 +195,6 @@ proptest! {
         } else {
             Policy::Original { ratio: 3.0, mem_limit: 128 << 10 }
         };
-        run(&ops, Engine::Remap, Some(Generational { policy, copy_back }));
+        run(&ops, Engine::Remap, Some(Generational { policy, copy_back }), false);
     }
 }

@@ -1,0 +1,49 @@
+//! Runs one workload of `bench/gc/` on a heap of HEAP MiB and prints every collection's
+//! phases, for profiling: `cargo run --release -p advm-gc --example workload -- gcbench 8.4 [quick] [threads]`.
+
+use advm_gc::{Config, Heap};
+
+#[allow(missing_docs, dead_code)]
+#[path = "../../../bench/gc/workloads.rs"]
+mod workloads;
+
+fn main() -> Result<(), advm_gc::Error> {
+    let args: Vec<String> = std::env::args().collect();
+    let name = args.get(1).map_or("gcbench", |s| s.as_str());
+    let mib: f64 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(16.0);
+    let quick = args.get(3).is_some_and(|a| a == "quick");
+    let (_, w) = workloads::ALL.iter().find(|(n, _)| *n == name).expect("a workload of bench/gc/workloads.rs");
+    let mut c = Config::new((mib * (1 << 20) as f64) as usize / 4096 * 4096);
+    if let Some(t) = args.get(4).and_then(|a| a.parse().ok()) {
+        c.gc_threads = t;
+    }
+    let h = Heap::with_config(c)?;
+    let mut m = h.attach();
+    let t = std::time::Instant::now();
+    let sum = w(&mut m, workloads::Scale { quick })?;
+    let total = t.elapsed();
+    drop(m);
+    let ms = |ns: u64| ns as f64 / 1e6;
+    let s = h.stats();
+    for c in &s.history {
+        println!(
+            "pause {:7.3} ms  stop {:.3} mark {:.3} fwd {:.3} adj {:.3} move {:.3}  live {} objs, {} KiB after",
+            ms(c.pause_ns),
+            ms(c.stop_ns),
+            ms(c.mark_ns),
+            ms(c.forward_ns),
+            ms(c.adjust_ns),
+            ms(c.move_ns),
+            c.live_objects,
+            c.heap_after >> 10
+        );
+    }
+    let max = s.history.iter().map(|c| c.pause_ns).max().unwrap_or(0);
+    println!(
+        "{name}: {} collections, max {:.3} ms, total {:.3} s, checksum {sum:#x}",
+        s.history.len(),
+        ms(max),
+        total.as_secs_f64()
+    );
+    Ok(())
+}
