@@ -34,15 +34,16 @@ uint64_t dirty_cap(void) {
 }
 
 /* Whether a freed block of n pages keeps its pages (within the cap). One that asks for
- * transparent huge pages keeps them only until the next allocation of such a block, and
- * at most huge_decay_ms (0: gives them back at free). Kept for the ordinary decay, they
- * were most of what the arena held above untouched R (b25_matrix.R: 15 points of R's
- * memory; over the 11 R workloads of `advm bench r`, 92.6% -> 88.2% of untouched R on the
- * cgroup meter). Given back at once, a program that frees one and allocates the same
- * size right after (R: a collection, then the allocation that asked for it) zeroes fresh
- * huge pages each time where glibc reuses its heap: the R-benchmark-25 scripts' system
- * time was twice untouched R's. Faulting such a block in later costs one fault per
- * 2 MiB, not 512. Its mapping is kept for reuse either way. */
+ * transparent huge pages gives them back at free by default: kept for the ordinary
+ * decay, they were most of what the arena held above untouched R (b25_matrix.R: 15
+ * points of R's memory; over the 11 R workloads of `advm bench r`, 92.6% -> 88.2% of
+ * untouched R on the cgroup meter), and faulting such a block in again costs one fault
+ * per 2 MiB, not 512. With huge_decay_ms (ADVM_HUGE_DECAY_MS) it keeps them until the
+ * next allocation of such a block, at most that long: a program that frees one and
+ * allocates the same size right after (R: a collection, then the allocation that asked
+ * for it) then does not zero fresh huge pages each time, where glibc reuses its heap
+ * (at 20 ms: system time 150% of untouched R's instead of 163%, memory 88.9% instead of
+ * 87.5%; docs/run.md, "Where vcopy's time goes"). Its mapping is kept either way. */
 int keeps_pages(uint64_t n) { return !thp_wanted(n) || huge_decay_ms; }
 
 /* Whether the table may hold pages of a block that asks for huge pages (kept_after_huge
@@ -186,7 +187,7 @@ static int fb_give_back_oldest(void) {
  * rather than 1000 ms: over the 11 R workloads of `advm bench r`, 1.4-2.1 points less
  * memory (of untouched R) and no measurable change in CPU time.
  * Checked on arena calls only (no thread of our own), at most every decay/4. */
-uint32_t decay_ms = 250, huge_decay_ms = 20;
+uint32_t decay_ms = 250, huge_decay_ms;
 static uint32_t last_sweep;
 
 /* How long entry e keeps its pages unused. */

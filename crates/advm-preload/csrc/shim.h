@@ -132,7 +132,8 @@ extern uint64_t dirty_pages; /* pages the free table keeps */
 /* Configuration, set once by init_locked from the ADVM_* variables (see init.c). */
 extern uint64_t dirty_floor_pages, dirty_live_pct; /* the kept-pages cap (dirty_cap) */
 extern uint32_t decay_ms;                          /* kept pages unused this long are returned */
-/* how long a freed block that asks for huge pages keeps them, at most (0: returned at free) */
+/* how long a freed block that asks for huge pages keeps them, at most (0, the default: given
+ * back at free) */
 extern uint32_t huge_decay_ms;
 extern uint64_t populate_max;                      /* malloc pre-faults blocks up to this size */
 /* cow: a new block is anonymous until it is first copied (default), or a shared memfd

@@ -210,7 +210,7 @@ fn freed_huge_blocks_give_their_pages_back_at_once() {
     let Some(exe) = compiled("retention.c") else { return };
     let sd = work_dir().join("stats-huge-give-back");
     // a 1024-page (4 MiB) copy, then 32 rounds of an 8 MiB block with 64 MiB live
-    let huge = vcopy_stats(&exe, &["1024", "64", "8"], &[("ADVM_HUGE_DECAY_MS", "0")], &sd);
+    let huge = vcopy_stats(&exe, &["1024", "64", "8"], &[], &sd);
     assert!(huge["blocks_reused_from_free_cache"] >= 31, "{huge:?}");
     assert_eq!(huge.get("blocks_reused_with_pages").copied().unwrap_or(0), 0, "{huge:?}");
     assert_eq!(huge.get("pages_kept_from_copied_over").copied().unwrap_or(0), 0, "{huge:?}");
@@ -222,9 +222,9 @@ fn freed_huge_blocks_give_their_pages_back_at_once() {
     assert!(no_thp["pages_kept_from_copied_over"] >= 1023, "{no_thp:?}");
 }
 
-/// A freed block that asks for huge pages keeps them until the next allocation of such a
-/// block, which reuses them instead of zeroing fresh huge pages, and at most
-/// ADVM_HUGE_DECAY_MS (default 20): then, on the next arena call, they go back to the
+/// With ADVM_HUGE_DECAY_MS, a freed block that asks for huge pages keeps them until the
+/// next allocation of such a block, which reuses them instead of zeroing fresh huge
+/// pages, and at most that long: then, on the next arena call, they go back to the
 /// system; so do the pages that allocation did not take.
 #[test]
 fn freed_huge_blocks_keep_their_pages_until_the_next_huge_allocation() {
@@ -239,16 +239,13 @@ fn freed_huge_blocks_keep_their_pages_until_the_next_huge_allocation() {
     assert!(returned >= 15 * 1024, "the untaken block kept after the next huge allocation: {returned} KiB returned");
     assert!(s["blocks_reused_with_pages"] >= 1, "{s:?}");
     let Some(exe) = compiled("decay.c") else { return };
-    let returned_kib = |huge_decay_ms: Option<&str>, wait_ms: &str| -> i64 {
-        let env: Vec<(&str, &str)> = huge_decay_ms.map(|d| ("ADVM_HUGE_DECAY_MS", d)).into_iter().collect();
-        let out = run_vcopy(&exe, &[wait_ms], &env);
+    let returned_kib = |huge_decay_ms: &str, wait_ms: &str| -> i64 {
+        let out = run_vcopy(&exe, &[wait_ms], &[("ADVM_HUGE_DECAY_MS", huge_decay_ms)]);
         String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
     };
-    let decayed = returned_kib(Some("200"), "600");
+    let decayed = returned_kib("200", "600");
     assert!(decayed >= 15 * 1024, "16 MiB kept after 600 ms with a 200 ms huge decay: {decayed} KiB returned");
-    let default = returned_kib(None, "600");
-    assert!(default >= 15 * 1024, "16 MiB kept after 600 ms with the default huge decay: {default} KiB returned");
-    let fresh = returned_kib(Some("5000"), "0");
+    let fresh = returned_kib("5000", "0");
     assert!(fresh < 1024, "huge pages returned before their decay time: {fresh} KiB");
 }
 
