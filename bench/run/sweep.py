@@ -8,8 +8,9 @@
 #
 # Each run of `advm run --mode MODE` (ADVM names the binary; default advm on PATH) gets its
 # own cgroup-v1 memory group, sampled every 100 ms (total_rss + total_shmem: mean and
-# peak); CPU time is the run's user + system (wait4). Passes interleave every variant per
-# workload; figures are medians relative to the first variant, then geometric means.
+# peak); CPU time is the run's user + system (wait4), system time also alone. Passes
+# interleave every variant per workload; figures are medians relative to the first
+# variant, then geometric means. SWEEP_JSON=FILE keeps every run, rewritten after each.
 import os, sys, time, math, json
 A = os.environ.get('ADVM', 'advm')
 B = os.path.dirname(os.path.abspath(__file__))
@@ -45,22 +46,23 @@ def run(w, mode, env):
     for _ in range(50):
         try: os.rmdir(g); break
         except OSError: time.sleep(0.05)
-    return sum(s) / len(s) / 2**20 if s else float('nan'), max(s) / 2**20 if s else float('nan'), ru.ru_utime + ru.ru_stime
+    return sum(s) / len(s) / 2**20 if s else float('nan'), max(s) / 2**20 if s else float('nan'), ru.ru_utime + ru.ru_stime, ru.ru_stime
 res = {}
 for p in range(passes):
     for w in ws:
         for name, mode, env in vs:
             res.setdefault(w, {}).setdefault(name, []).append(run(w, mode, env))
+            if os.environ.get('SWEEP_JSON'): json.dump(res, open(os.environ['SWEEP_JSON'], 'w'))
 med = lambda x: sorted(x)[len(x) // 2] if len(x) % 2 else (sorted(x)[len(x)//2-1] + sorted(x)[len(x)//2]) / 2
 base = vs[0][0]
-geo = {n: [[], [], []] for n, _, _ in vs}
+geo = {n: [[], [], [], []] for n, _, _ in vs}
 for w in ws:
     line = '%-16s' % w
-    b = [med([r[i] for r in res[w][base]]) for i in range(3)]
+    b = [med([r[i] for r in res[w][base]]) for i in range(4)]
     for n, _, _ in vs:
-        m = [med([r[i] for r in res[w][n]]) for i in range(3)]
-        for i in range(3): geo[n][i].append(m[i] / b[i])
-        line += ' | %s %5.1f%% pk %5.1f%% cpu %5.1f%%' % (n, 100 * m[0] / b[0], 100 * m[1] / b[1], 100 * m[2] / b[2]) if n != base else ' | %s %.0f MiB %.2fs' % (n, m[0], m[2])
+        m = [med([r[i] for r in res[w][n]]) for i in range(4)]
+        for i in range(4): geo[n][i].append(m[i] / b[i])
+        line += ' | %s %5.1f%% pk %5.1f%% cpu %5.1f%% sys %5.1f%%' % (n, 100 * m[0] / b[0], 100 * m[1] / b[1], 100 * m[2] / b[2], 100 * m[3] / b[3]) if n != base else ' | %s %.0f MiB %.2fs sys %.2fs' % (n, m[0], m[2], m[3])
     print(line)
-print('geomean: ' + ' | '.join('%s mean %.1f%% peak %.1f%% cpu %.1f%%' % (n, 100 * math.exp(sum(map(math.log, g[0])) / len(g[0])), 100 * math.exp(sum(map(math.log, g[1])) / len(g[1])), 100 * math.exp(sum(map(math.log, g[2])) / len(g[2]))) for n, g in geo.items()))
-if os.environ.get('SWEEP_JSON'): json.dump(res, open(os.environ['SWEEP_JSON'], 'w'))
+gm = lambda x: 100 * math.exp(sum(map(math.log, x)) / len(x))
+print('geomean: ' + ' | '.join('%s mean %.1f%% peak %.1f%% cpu %.1f%% sys %.1f%%' % (n, gm(g[0]), gm(g[1]), gm(g[2]), gm(g[3])) for n, g in geo.items()))

@@ -392,7 +392,9 @@ void *block_alloc(size_t size, int *dirty) {
     *dirty = 0;
     if (n == 0 || n >= MAX_BLOCK_PAGES) return NULL;
     uint64_t v;
-    if (fb_take(n, dirty, &v) == 0) return hand_out(v, n, 1, *dirty);
+    int took = fb_take(n, dirty, &v) == 0;
+    if (thp_wanted(n)) kept_after_huge();
+    if (took) return hand_out(v, n, 1, *dirty);
     if (!budget_ok()) return NULL;
     int64_t nv = ext_alloc(&A.va, (uint32_t)n);
     if (nv < 0) return NULL;

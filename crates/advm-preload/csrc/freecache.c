@@ -33,13 +33,22 @@ uint64_t dirty_cap(void) {
     return c > dirty_floor_pages ? c : dirty_floor_pages;
 }
 
-/* Whether a freed block of n pages keeps its pages (within the cap). Not one that asks
- * for transparent huge pages: faulting it in again costs one fault per 2 MiB, not 512,
- * and glibc returns blocks that big at free too (munmap), while kept they were most of
- * what the arena held above untouched R (b25_matrix.R: 15 points of R's memory; over the
- * 11 R workloads of `advm bench r`, 92.6% -> 88.2% of untouched R on the cgroup meter,
- * CPU time unchanged within the noise). Its mapping is still kept for reuse. */
-int keeps_pages(uint64_t n) { return !thp_wanted(n); }
+/* Whether a freed block of n pages keeps its pages (within the cap). One that asks for
+ * transparent huge pages gives them back at free by default: kept for the ordinary
+ * decay, they were most of what the arena held above untouched R (b25_matrix.R: 15
+ * points of R's memory; over the 11 R workloads of `advm bench r`, 92.6% -> 88.2% of
+ * untouched R on the cgroup meter), and faulting such a block in again costs one fault
+ * per 2 MiB, not 512. With huge_decay_ms (ADVM_HUGE_DECAY_MS) it keeps them until the
+ * next allocation of such a block, at most that long: a program that frees one and
+ * allocates the same size right after (R: a collection, then the allocation that asked
+ * for it) then does not zero fresh huge pages each time, where glibc reuses its heap
+ * (at 20 ms: system time 150% of untouched R's instead of 163%, memory 88.9% instead of
+ * 87.5%; docs/run.md, "Where vcopy's time goes"). Its mapping is kept either way. */
+int keeps_pages(uint64_t n) { return !thp_wanted(n) || huge_decay_ms; }
+
+/* Whether the table may hold pages of a block that asks for huge pages (kept_after_huge
+ * gives them back). */
+static int huge_kept;
 
 void cache_flush(void) {
     for (int i = 0; i < fb_n; i++) release_block(fb[i].start, fb[i].len);
@@ -126,6 +135,7 @@ int fb_insert(struct freeblk e) {
     fb[lo] = e;
     fb_n++;
     if (e.dirty) dirty_pages += e.len;
+    if (e.dirty && e.huge) huge_kept = 1;
     fb_merge(lo);
     return 0;
 }
@@ -177,21 +187,42 @@ static int fb_give_back_oldest(void) {
  * rather than 1000 ms: over the 11 R workloads of `advm bench r`, 1.4-2.1 points less
  * memory (of untouched R) and no measurable change in CPU time.
  * Checked on arena calls only (no thread of our own), at most every decay/4. */
-uint32_t decay_ms = 250;
+uint32_t decay_ms = 250, huge_decay_ms;
 static uint32_t last_sweep;
 
+/* How long entry e keeps its pages unused. */
+static uint32_t decay_of(const struct freeblk *e) { return e->huge && huge_decay_ms ? huge_decay_ms : decay_ms; }
+
 void decay(void) {
-    if (!decay_ms || !dirty_pages) return;
+    if (!dirty_pages) return;
+    uint32_t every = huge_decay_ms && (!decay_ms || huge_decay_ms < decay_ms) ? huge_decay_ms : decay_ms;
+    if (!every) return;
     uint32_t now = now_ms();
-    if (now - last_sweep < decay_ms / 4 + 1) return;
+    if (now - last_sweep < every / 4 + 1) return;
     last_sweep = now;
-    for (int i = 0; i < fb_n; i++)
-        if (fb[i].dirty && now - fb[i].time >= decay_ms) {
+    for (int i = 0; i < fb_n; i++) {
+        uint32_t d = decay_of(&fb[i]);
+        if (fb[i].dirty && d && now - fb[i].time >= d) {
             int j = fb_give_back(i);
             if (j >= 0) i = j; /* merged: go on after it */
         }
+    }
 }
 
+/* After an allocation that asks for huge pages (served first, from kept pages if any
+ * fit): the huge blocks' pages still kept are given back. What that allocation did not
+ * take would otherwise sit until the decay, through whatever the program computes next:
+ * kept for 20 ms without this rule, b25_vector.R held 5 points more of untouched R's
+ * memory (one sweep). */
+void kept_after_huge(void) {
+    if (!huge_kept) return;
+    huge_kept = 0;
+    for (int i = 0; i < fb_n; i++)
+        if (fb[i].dirty && fb[i].huge) {
+            int j = fb_give_back(i);
+            if (j >= 0) i = j;
+        }
+}
 
 void block_free(void *p) {
     decay();

@@ -54,6 +54,7 @@ void init_locked(void) {
     dirty_floor_pages = (parse_u64(env("ADVM_DIRTY_CACHE_KIB"), 4096) << 10) >> A.pshift;
     dirty_live_pct = parse_u64(env("ADVM_DIRTY_CACHE_PCT"), 100);
     decay_ms = (uint32_t)parse_u64(env("ADVM_DIRTY_DECAY_MS"), 250);
+    huge_decay_ms = (uint32_t)parse_u64(env("ADVM_HUGE_DECAY_MS"), 0);
     A.pagemap_fd = -1;
     A.pid = getpid();
     for (int g = 0; g < MAX_GENS; g++) A.gen_fd[g] = -1;

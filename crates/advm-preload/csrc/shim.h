@@ -132,6 +132,9 @@ extern uint64_t dirty_pages; /* pages the free table keeps */
 /* Configuration, set once by init_locked from the ADVM_* variables (see init.c). */
 extern uint64_t dirty_floor_pages, dirty_live_pct; /* the kept-pages cap (dirty_cap) */
 extern uint32_t decay_ms;                          /* kept pages unused this long are returned */
+/* how long a freed block that asks for huge pages keeps them, at most (0, the default: given
+ * back at free) */
+extern uint32_t huge_decay_ms;
 extern uint64_t populate_max;                      /* malloc pre-faults blocks up to this size */
 /* cow: a new block is anonymous until it is first copied (default), or a shared memfd
  * mapping from the start (ADVM_COW_FRESH=memfd: copies cost no byte, but every
@@ -222,6 +225,7 @@ struct freeblk fb_entry(uint64_t v, uint64_t n, int dirty);
 int fb_insert(struct freeblk e);
 int fb_take(uint64_t n, int *dirty, uint64_t *v);
 void decay(void);
+void kept_after_huge(void);
 void block_free(void *p);
 
 /* copy.c: virtual copies between arena blocks */

@@ -14,7 +14,18 @@ fn work_dir() -> PathBuf {
 }
 
 fn compile(src: &Path, out_dir: &Path) -> PathBuf {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
     let exe = out_dir.join(src.file_stem().unwrap());
+    // Tests running at once compile the same program: each writes its own file and
+    // renames it into place, so that none executes a file another is still writing
+    // (ETXTBSY).
+    let tmp = out_dir.join(format!(
+        "{}.{}-{}.tmp",
+        src.file_stem().unwrap().to_string_lossy(),
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
     // -fno-builtin: every memcpy/malloc must be a real call, as in a normal build of a
     // program that copies sizes unknown at compile time.
     let out = Command::new("cc")
@@ -31,10 +42,11 @@ fn compile(src: &Path, out_dir: &Path) -> PathBuf {
         ])
         .arg(src)
         .arg("-o")
-        .arg(&exe)
+        .arg(&tmp)
         .output()
         .expect("run cc");
     assert!(out.status.success(), "compiling {} failed:\n{}", src.display(), String::from_utf8_lossy(&out.stderr));
+    std::fs::rename(&tmp, &exe).unwrap();
     exe
 }
 
@@ -208,6 +220,33 @@ fn freed_huge_blocks_give_their_pages_back_at_once() {
     let no_thp = vcopy_stats(&exe, &["1024", "64", "8"], &[NO_THP], &sd);
     assert!(no_thp["blocks_reused_with_pages"] >= 31, "{no_thp:?}");
     assert!(no_thp["pages_kept_from_copied_over"] >= 1023, "{no_thp:?}");
+}
+
+/// With ADVM_HUGE_DECAY_MS, a freed block that asks for huge pages keeps them until the
+/// next allocation of such a block, which reuses them instead of zeroing fresh huge
+/// pages, and at most that long: then, on the next arena call, they go back to the
+/// system; so do the pages that allocation did not take.
+#[test]
+fn freed_huge_blocks_keep_their_pages_until_the_next_huge_allocation() {
+    let Some(exe) = compiled("retention.c") else { return };
+    let sd = work_dir().join("stats-huge-decay");
+    let kept = vcopy_stats(&exe, &["1024", "64", "8"], &[("ADVM_HUGE_DECAY_MS", "5000")], &sd);
+    assert!(kept["blocks_reused_with_pages"] >= 31, "{kept:?}");
+    // two freed 16 MiB blocks, one allocated: the other one's pages go back at once
+    let Some(exe) = compiled("huge_keep.c") else { return };
+    let (out, s) = run_vcopy_stats(&exe, &[], &[("ADVM_HUGE_DECAY_MS", "5000")], &sd);
+    let returned: i64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert!(returned >= 15 * 1024, "the untaken block kept after the next huge allocation: {returned} KiB returned");
+    assert!(s["blocks_reused_with_pages"] >= 1, "{s:?}");
+    let Some(exe) = compiled("decay.c") else { return };
+    let returned_kib = |huge_decay_ms: &str, wait_ms: &str| -> i64 {
+        let out = run_vcopy(&exe, &[wait_ms], &[("ADVM_HUGE_DECAY_MS", huge_decay_ms)]);
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    };
+    let decayed = returned_kib("200", "600");
+    assert!(decayed >= 15 * 1024, "16 MiB kept after 600 ms with a 200 ms huge decay: {decayed} KiB returned");
+    let fresh = returned_kib("5000", "0");
+    assert!(fresh < 1024, "huge pages returned before their decay time: {fresh} KiB");
 }
 
 /// Freed memory kept for reuse goes back to the system once it stays unused for
