@@ -109,6 +109,23 @@ pub enum SwapIo {
     PageCache,
 }
 
+/// Who pages out the *needed* pages (discardable ones are always the pager's: it
+/// drops them, never written).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NeededPaging {
+    /// The pager: the oldest filled needed pages are written to its own swap file
+    /// when the budget or the cgroup forces them out, and read back on a fault.
+    SwapFile,
+    /// The kernel: the pager never writes a page; needed pages stay in the region
+    /// and the kernel's own reclaim (its LRU, its swap) pages them out when the
+    /// memory cgroup reaches its limit, and swaps them in without a fault to the
+    /// pager. The budget and the cgroup watch then only drop discardable pages, and
+    /// [`Pager::flush`] hands the needed pages of its range to the kernel
+    /// (`MADV_PAGEOUT`).
+    Kernel,
+}
+
 /// What a pager is given.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -129,11 +146,14 @@ pub struct Config {
     pub cgroup: Option<PathBuf>,
     /// Where faults are served.
     pub fault_mode: FaultMode,
+    /// Who pages out needed pages.
+    pub needed_paging: NeededPaging,
 }
 
 impl Config {
     /// A budget, an unlinked swap file in `/var/tmp` of up to 4 GiB, `O_DIRECT`, no
-    /// pre-flush, no cgroup, faults served on the handler thread.
+    /// pre-flush, no cgroup, faults served on the handler thread, needed pages
+    /// written to the pager's swap file.
     pub fn new(budget_bytes: usize) -> Self {
         Self {
             budget_bytes,
@@ -143,6 +163,7 @@ impl Config {
             preflush_headroom_bytes: None,
             cgroup: None,
             fault_mode: FaultMode::Thread,
+            needed_paging: NeededPaging::SwapFile,
         }
     }
 }
@@ -305,6 +326,13 @@ struct Shared {
     /// Pages read back on a read fault are installed write-protected and keep their
     /// swap slot until written (handler-thread mode, where write protection is offered).
     track_clean: bool,
+    /// Needed pages are left to the kernel's reclaim ([`NeededPaging::Kernel`]).
+    kernel_needed: bool,
+    /// The sum of the regions' bitmap marks when pre-flush last scanned them.
+    preflush_seen: AtomicU64,
+    /// The sum of the marks when a budget eviction last found fewer discardable pages
+    /// than it wanted ([`NeededPaging::Kernel`]: it rescans only after new marks).
+    budget_seen: AtomicU64,
     /// Fills (and swap slots to free) recorded by faulting threads, drained into
     /// `queue` (and `slots`) by whoever holds the queue lock.
     filled: Ring,
@@ -489,11 +517,16 @@ impl Pager {
         };
         let fd = Userfaultfd::new(if sigbus { uffd::feature::SIGBUS } else { 0 }, true)?;
         let staging = Area::new(&fd, STAGE_PAGES * ps, false, false)?;
-        let track_clean = !sigbus && fd.info().features & uffd::feature::PAGEFAULT_FLAG_WP != 0;
+        let kernel_needed = cfg.needed_paging == NeededPaging::Kernel;
+        // nothing is read back when the kernel pages the needed pages
+        let track_clean = !sigbus && !kernel_needed && fd.info().features & uffd::feature::PAGEFAULT_FLAG_WP != 0;
         let shared = Arc::new(Shared {
             fd,
             sigbus,
             track_clean,
+            kernel_needed,
+            preflush_seen: AtomicU64::new(0),
+            budget_seen: AtomicU64::new(u64::MAX),
             filled: Ring::new((cfg.budget_bytes / ps).clamp(1024, 1 << 16)),
             bell: Doorbell::new()?,
             answered: AtomicU32::new(0),
@@ -635,10 +668,26 @@ impl Pager {
     /// Evicts every resident page of `[addr, addr+len)` now: discardable pages are
     /// dropped, needed ones written out (user-initiated pre-flush). Returns the
     /// pages evicted. Fails (with every page still readable) when the swap file is full.
+    /// With [`NeededPaging::Kernel`] the needed pages are handed to the kernel's
+    /// reclaim instead (`MADV_PAGEOUT`) and only the dropped ones are counted.
     pub fn flush(&self, addr: usize, len: usize) -> Result<usize> {
         let (m, first, n) = self.shared.locate(addr, len)?;
         let _ev = self.shared.lock_evicting();
+        if self.shared.kernel_needed {
+            let dropped = self.shared.drop_discardable_in(&m, first, first + n, usize::MAX, Cause::User);
+            m.area.page_out(first, n)?;
+            return Ok(dropped);
+        }
         self.shared.evict_range(&m, first, n, Cause::User)
+    }
+
+    /// Who pages out needed pages.
+    pub fn needed_paging(&self) -> NeededPaging {
+        if self.shared.kernel_needed {
+            NeededPaging::Kernel
+        } else {
+            NeededPaging::SwapFile
+        }
     }
 
     /// Drops every resident discardable page of `[addr, addr+len)` now and writes
@@ -1127,7 +1176,7 @@ impl Shared {
     fn keep_budget(&self, incoming: usize) {
         let resident = self.resident.load(Ordering::Acquire) + incoming;
         if let Some(h) = self.headroom {
-            if resident + h >= self.budget && self.any_marked() {
+            if resident + h >= self.budget && self.marked_since(&self.preflush_seen) {
                 let _ev = self.lock_evicting();
                 self.drop_discardable(usize::MAX, Cause::Pager);
             }
@@ -1137,6 +1186,19 @@ impl Shared {
             // one eviction step: down to the budget, a little below to batch the work
             let step = (self.budget / 64).max(1);
             let want = resident - self.budget + step - 1;
+            if self.kernel_needed {
+                // needed pages stay above the budget (the kernel's to page out): scan
+                // for discardable ones again only once more were marked
+                let marks = self.marks();
+                if self.budget_seen.load(Ordering::Acquire) == marks {
+                    return;
+                }
+                let _ev = self.lock_evicting();
+                if self.drop_discardable(want, Cause::Budget) < want {
+                    self.budget_seen.store(marks, Ordering::Release);
+                }
+                return;
+            }
             let _ev = self.lock_evicting();
             if self.evict(want, Cause::Budget).is_err() {
                 self.counters.failures.fetch_add(1, Ordering::Relaxed);
@@ -1167,19 +1229,26 @@ impl Shared {
         }
     }
 
-    fn any_marked(&self) -> bool {
+    /// The sum of the regions' bitmap marks: it moves whenever pages are marked
+    /// discardable.
+    fn marks(&self) -> u64 {
         let regions = self.regions.read().unwrap_or_else(|p| p.into_inner());
-        let mut any = false;
-        for m in regions.iter() {
-            any |= m.discardable.take_marked();
-        }
-        any
+        regions.iter().fold(0u64, |a, m| a.wrapping_add(m.discardable.marks()))
     }
 
-    /// Evicts `want` pages: discardable ones first, then needed ones in fill order.
-    /// The caller holds the eviction lock.
+    /// Whether pages were marked discardable since the last call with `seen`.
+    fn marked_since(&self, seen: &AtomicU64) -> bool {
+        let now = self.marks();
+        seen.swap(now, Ordering::AcqRel) != now
+    }
+
+    /// Evicts `want` pages: discardable ones first, then needed ones in fill order
+    /// (none with [`NeededPaging::Kernel`]). The caller holds the eviction lock.
     fn evict(&self, want: usize, cause: Cause) -> Result<usize> {
         let mut done = self.drop_discardable(want, cause);
+        if self.kernel_needed {
+            return Ok(done);
+        }
         while done < want {
             // a batch of the oldest resident pages, each claimed and moved to staging
             let mut claimed: Vec<(Arc<Managed>, usize)> = Vec::new();
