@@ -1430,6 +1430,14 @@ impl Shared {
                 keep.push(i);
             }
         }
+        if self.kernel_needed {
+            // marked needed while it was being dropped: it goes back where it was,
+            // for the kernel to page (the pager writes nothing in this mode)
+            for &i in &keep {
+                self.put_back(staged[i].0, staged[i].1, i);
+            }
+            keep.clear();
+        }
         let (mut slots, capacity) = {
             let mut sl = self.slots.lock().unwrap_or_else(|p| p.into_inner());
             let taken: Vec<u32> = (0..keep.len()).map_while(|_| sl.take()).collect();

@@ -188,3 +188,31 @@ fn a_discardable_page_the_kernel_swapped_out_is_dropped_without_a_swap_in() {
     p.unmap(r).unwrap();
     swap.remove().unwrap();
 }
+
+/// Needed pages left to the kernel: a page marked needed again while the pager
+/// drops it (after its move to staging, before it is settled; driven step by step)
+/// goes back to its region with its data, not to the pager's swap file.
+#[test]
+fn with_kernel_paging_a_page_marked_needed_while_it_is_dropped_goes_back_unwritten() {
+    let Some(p) = kernel_paged(64) else { return };
+    let s = p.shared.clone();
+    let ps = page_size();
+    let r = p.map(4 * ps).unwrap();
+    r.write(ps, &[7; 16]).unwrap();
+    p.discardable(r.as_ptr() as usize + ps, ps).unwrap();
+    let m = r.m.clone();
+    {
+        let _ev = s.lock_evicting();
+        assert!(m.state[1].compare_exchange(RESIDENT, EVICTING, Ordering::AcqRel, Ordering::Acquire).is_ok());
+        sp::move_pages(&s.fd, &s.staging, 0, &m.area, 1, 1).unwrap();
+        // the application takes the page back between the move and the settling
+        p.needed(r.as_ptr() as usize + ps, ps).unwrap();
+        assert_eq!(s.settle(&[(&m, 1)], Cause::Pager).unwrap(), 0);
+    }
+    assert_eq!(m.state[1].load(Ordering::Acquire), RESIDENT);
+    let mut b = [0u8; 16];
+    r.read(ps, &mut b).unwrap();
+    assert_eq!(b, [7; 16]);
+    let st = p.stats();
+    assert_eq!((st.written_pages, st.swapped_pages, st.discarded_pages), (0, 0, 0), "{st:?}");
+}
