@@ -17,7 +17,8 @@
 //! Each pager setting also runs with the needed pages left to the kernel's own
 //! reclaim and swap (`POKernel`, `PFKernel`, `PUKernel`: the pager drops the
 //! discardable pages and writes nothing). The full run adds PO with the pager's swap
-//! file through the page cache (POCache). `$ADVM_BENCH_PAGER_LIMITS_MIB` runs
+//! file through the page cache (POCache). NoLimit is NP with the limit lifted: the
+//! time without paging, the floor of every setting. `$ADVM_BENCH_PAGER_LIMITS_MIB` runs
 //! several cgroup limits (a sweep), `$ADVM_BENCH_PAGER_SETTINGS` and
 //! `$ADVM_BENCH_PAGER_HEAPS` pick settings and heap configurations.
 
@@ -57,10 +58,13 @@ pub enum Setting {
     PFKernel,
     /// PU, needed pages paged by the kernel.
     PUKernel,
+    /// NP with the cgroup's limit lifted: the time without paging, which no setting
+    /// can beat (the most any can gain is NP/NoLimit).
+    NoLimit,
 }
 
 impl Setting {
-    const ALL: [Setting; 8] = [
+    const ALL: [Setting; 9] = [
         Setting::NP,
         Setting::PO,
         Setting::PF,
@@ -69,6 +73,7 @@ impl Setting {
         Setting::POKernel,
         Setting::PFKernel,
         Setting::PUKernel,
+        Setting::NoLimit,
     ];
 
     fn preflush(self) -> bool {
@@ -174,7 +179,7 @@ fn run_in_child(
         // one GC thread: the paper's collector is sequential, and the cores are shared
         cfg.gc_threads = 1;
         cfg.generational = Some(g);
-        let pager = if setting == Setting::NP {
+        let pager = if matches!(setting, Setting::NP | Setting::NoLimit) {
             None
         } else {
             let mut pc = Config::new(s.budget);
@@ -320,7 +325,7 @@ impl PagerBench {
                 .figure(fig("kernel swap out", "pages", &|m| m.swap_out_pages as f64))
                 .figure(fig("minor collections", "", &|m| m.minors as f64))
                 .figure(fig("major collections", "", &|m| m.majors as f64));
-            if setting != Setting::NP {
+            if !matches!(setting, Setting::NP | Setting::NoLimit) {
                 for (name, unit, f) in [
                     ("read faults zero-filled", "pages", pf(|p| p.read_faults.zero_filled) as _),
                     ("read faults not read", "pages", pf(|p| p.read_faults.not_read)),
@@ -427,6 +432,7 @@ impl Bench for PagerBench {
                 Setting::POKernel,
                 Setting::PFKernel,
                 Setting::PUKernel,
+                Setting::NoLimit,
             ];
             if !opts.quick && w == Workload::CompilerLike && ci == 2 {
                 v.push(Setting::POCache);
@@ -443,13 +449,13 @@ impl Bench for PagerBench {
         'all: for &w in &workloads {
             for &ci in &config_ix {
                 'limits: for &s in &sweep {
-                    group.set_limit_bytes(s.limit)?;
                     let (cname, g) = heap_configs(s.limit as usize)[ci];
                     let settings = settings(w, ci);
                     let mut per: Vec<Vec<Measured>> = vec![Vec::new(); settings.len()];
                     // settings interleaved run by run, so drifting machine load hits all alike
                     for _ in 0..opts.runs {
                         for (si, &setting) in settings.iter().enumerate() {
+                            group.set_limit_bytes(if setting == Setting::NoLimit { 1 << 46 } else { s.limit })?;
                             let m = run_in_child(&group, w, g, setting, s);
                             bar.inc(1);
                             if let Some(sig) = interrupts.caught() {
