@@ -1049,9 +1049,13 @@ impl Shared {
     /// pages after it in the same state that are needed (a discarded page the
     /// application marked needed again is about to be reused: a collector's next
     /// allocation buffer; memory is used upwards) get their fresh zero pages now, up
-    /// to `most` and while the budget has room, each without a fault of its own.
+    /// to `most` and while the budget has room (with [`NeededPaging::Kernel`]: up to
+    /// `most`), each without a fault of its own.
     fn zero_ahead(&self, m: &Managed, page: usize, st: u8, most: usize) {
-        let room = self.budget.saturating_sub(self.resident.load(Ordering::Acquire));
+        // with the kernel paging needed pages, the budget bounds no needed page (the
+        // cgroup's limit does): only the batch limits the pages filled ahead
+        let room =
+            if self.kernel_needed { most } else { self.budget.saturating_sub(self.resident.load(Ordering::Acquire)) };
         for p in page + 1..(page + 1 + most.min(room)).min(m.pages()) {
             if m.discardable.get(p)
                 || m.state[p].compare_exchange(st, EVICTING, Ordering::AcqRel, Ordering::Acquire).is_err()

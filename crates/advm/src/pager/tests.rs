@@ -216,3 +216,24 @@ fn with_kernel_paging_a_page_marked_needed_while_it_is_dropped_goes_back_unwritt
     let st = p.stats();
     assert_eq!((st.written_pages, st.swapped_pages, st.discarded_pages), (0, 0, 0), "{st:?}");
 }
+
+/// Needed pages left to the kernel: the budget bounds no needed page, so pages used
+/// upwards past it are still zero-filled ahead, a batch per fault, not one fault
+/// a page.
+#[test]
+fn with_kernel_paging_zero_fill_ahead_goes_on_past_the_budget() {
+    let Some(p) = kernel_paged(16) else { return };
+    let ps = page_size();
+    let r = p.map(256 * ps).unwrap();
+    for i in 0..256 {
+        r.write(i * ps, &(i as u32 + 1).to_ne_bytes()).unwrap();
+    }
+    let mut b = [0u8; 4];
+    for i in 0..256 {
+        r.read(i * ps, &mut b).unwrap();
+        assert_eq!(u32::from_ne_bytes(b), i as u32 + 1, "page {i}");
+    }
+    let st = p.stats();
+    assert_eq!(st.resident_pages, 256, "{st:?}");
+    assert!(st.faults() as usize <= 256 / READ_AHEAD + 1, "{} faults for 256 pages: {st:?}", st.faults());
+}
