@@ -1507,11 +1507,27 @@ impl Shared {
         result.map(|()| settled)
     }
 
-    /// Returns staging page `i` to region page `page` (a write-out failed): nothing is lost.
+    /// Returns staging page `i` to region page `page` (a write-out failed, or the
+    /// page was marked needed while it was dropped): nothing is lost. The move back
+    /// can fail for a moment (`EAGAIN`, or `EBUSY` while the kernel's reclaim holds
+    /// the page) and the copy with it (`ENOMEM` when the memory cgroup is at its
+    /// limit), so both are retried until one lands; a page left out would be resident
+    /// by its state with an empty page-table entry, and its every access would fault
+    /// for ever.
     fn put_back(&self, m: &Managed, page: usize, i: usize) {
-        if sp::move_pages(&self.fd, &m.area, page, &self.staging, i, 1).is_err() {
-            if let Ok(data) = self.staging.staged(i, 1) {
-                let _ = m.area.fill_copy(&self.fd, page, data);
+        use rustix::io::Errno;
+        loop {
+            if sp::move_pages(&self.fd, &m.area, page, &self.staging, i, 1).is_ok() {
+                break;
+            }
+            let copied = self.staging.staged(i, 1).and_then(|data| m.area.fill_copy(&self.fd, page, data));
+            match copied {
+                Err(e) if matches!(e.errno, Errno::NOMEM | Errno::AGAIN | Errno::BUSY) => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                // filled, already there, or the region unregistered meanwhile (unmap
+                // waits for this eviction, then forgets the page)
+                _ => break,
             }
         }
         m.state[page].store(RESIDENT, Ordering::Release);
