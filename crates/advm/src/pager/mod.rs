@@ -11,7 +11,9 @@
 //! written to a swap file the pager owns. A fault on an evicted page is served by the
 //! pager's handler thread, or (by choice, [`FaultMode`]) on the faulting thread itself
 //! from userfaultfd's SIGBUS mode where the kernel offers it: a discarded (or never used)
-//! page gets zeros, a written one is read back with `UFFDIO_COPY`.
+//! page gets zeros, a written one is read back with `UFFDIO_COPY`. With
+//! [`NeededPaging::Kernel`] the pager writes no needed page: it drops discardable
+//! pages only and leaves needed ones to the kernel's reclaim and swap.
 //!
 //! In SIGBUS mode the fault is served in a signal handler, so that path takes no lock
 //! and allocates nothing: page states are atomics, a page mid-eviction is waited out
