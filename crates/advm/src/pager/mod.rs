@@ -124,7 +124,9 @@ pub enum NeededPaging {
     /// memory cgroup reaches its limit, and swaps them in without a fault to the
     /// pager. The budget and the cgroup watch then only drop discardable pages, and
     /// [`Pager::flush`] hands the needed pages of its range to the kernel
-    /// (`MADV_PAGEOUT`).
+    /// (`MADV_PAGEOUT`). Experimental: under memory pressure a faulting thread was
+    /// seen livelocked on a page the pager holds resident with no page-table entry
+    /// (docs/pager.md; cause open).
     Kernel,
 }
 
