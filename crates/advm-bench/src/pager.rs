@@ -14,7 +14,13 @@
 //! - PU: PO plus a user-initiated flush of the discardable pages after each major
 //!   collection.
 //!
-//! The full run adds PO with the pager's swap file through the page cache (POCache).
+//! Each pager setting also runs with the needed pages left to the kernel's own
+//! reclaim and swap (`POKernel`, `PFKernel`, `PUKernel`: the pager drops the
+//! discardable pages and writes nothing). The full run adds PO with the pager's swap
+//! file through the page cache (POCache). NoLimit is NP with the limit lifted: the
+//! time without paging, the floor of every setting. `$ADVM_BENCH_PAGER_LIMITS_MIB` runs
+//! several cgroup limits (a sweep), `$ADVM_BENCH_PAGER_SETTINGS` and
+//! `$ADVM_BENCH_PAGER_HEAPS` pick settings and heap configurations.
 
 mod workloads;
 
@@ -22,7 +28,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use advm::mem::Region;
-use advm::pager::{Config, FaultMode, Interrupts, KernelSwap, Pager, ProcessTimes, Stats};
+use advm::pager::{Config, FaultMode, Interrupts, KernelSwap, NeededPaging, Pager, ProcessTimes, Stats};
 use advm::stats::cgroup::Group;
 use advm_gc::{Generational, Heap, Paging, Policy};
 use serde::{Deserialize, Serialize};
@@ -46,6 +52,44 @@ pub enum Setting {
     PU,
     /// PO with the swap file written through the page cache instead of O_DIRECT.
     POCache,
+    /// PO, needed pages paged by the kernel ([`NeededPaging::Kernel`]).
+    POKernel,
+    /// PF, needed pages paged by the kernel.
+    PFKernel,
+    /// PU, needed pages paged by the kernel.
+    PUKernel,
+    /// NP with the cgroup's limit lifted: the time without paging, which no setting
+    /// can beat (the most any can gain is NP/NoLimit).
+    NoLimit,
+}
+
+impl Setting {
+    const ALL: [Setting; 9] = [
+        Setting::NP,
+        Setting::PO,
+        Setting::PF,
+        Setting::PU,
+        Setting::POCache,
+        Setting::POKernel,
+        Setting::PFKernel,
+        Setting::PUKernel,
+        Setting::NoLimit,
+    ];
+
+    fn preflush(self) -> bool {
+        matches!(self, Setting::PF | Setting::PFKernel)
+    }
+
+    fn flush_after_major(self) -> bool {
+        matches!(self, Setting::PU | Setting::PUKernel)
+    }
+
+    fn needed_paging(self) -> NeededPaging {
+        match self {
+            Setting::POKernel | Setting::PFKernel | Setting::PUKernel => NeededPaging::Kernel,
+            _ => NeededPaging::SwapFile,
+        }
+    }
 }
 
 /// Sizes of one run.
@@ -62,9 +106,12 @@ struct Sizes {
     headroom: usize,
 }
 
-fn sizes(quick: bool) -> Sizes {
+/// The sizes of a run at the cgroup limit `limit_mib` (`None`: the default, 48 MiB
+/// quick, 96 MiB full); live data and primes depend on `quick` only.
+fn sizes(quick: bool, limit_mib: Option<usize>) -> Sizes {
     let mib = 1usize << 20;
     let (limit, live, primes) = if quick { (48 * mib, 24, 64) } else { (96 * mib, 48, 128) };
+    let limit = limit_mib.map_or(limit, |l| l * mib);
     // the heap gets what the limit leaves after the program itself (binary, pager state)
     let budget = limit - 6 * mib;
     Sizes { limit: limit as u64, heap: 2 * limit, live_mib: live, primes, budget, headroom: budget / 8 }
@@ -132,19 +179,20 @@ fn run_in_child(
         // one GC thread: the paper's collector is sequential, and the cores are shared
         cfg.gc_threads = 1;
         cfg.generational = Some(g);
-        let pager = if setting == Setting::NP {
+        let pager = if matches!(setting, Setting::NP | Setting::NoLimit) {
             None
         } else {
             let mut pc = Config::new(s.budget);
-            if setting == Setting::PF {
+            if setting.preflush() {
                 pc.preflush_headroom_bytes = Some(s.headroom);
             }
             if setting == Setting::POCache {
                 pc.swap_io = advm::pager::SwapIo::PageCache;
             }
+            pc.needed_paging = setting.needed_paging();
             pc.cgroup = Some(path.clone());
             let pager = Arc::new(Pager::new(pc).map_err(|e| e.to_string())?);
-            cfg.paging = Some(Paging { pager: pager.clone(), flush_after_major: setting == Setting::PU });
+            cfg.paging = Some(Paging { pager: pager.clone(), flush_after_major: setting.flush_after_major() });
             Some(pager)
         };
         let heap = Heap::with_config(cfg).map_err(|e| e.to_string())?;
@@ -250,7 +298,13 @@ fn fault_costs(pages: usize, runs: usize) -> Result<Vec<Row>, BenchError> {
 
 impl PagerBench {
     /// One row per setting of workload `w` under heap configuration `cname`.
-    fn rows(&self, report: &mut Report, w: Workload, cname: &str, settings: &[Setting], per: &[Vec<Measured>]) {
+    fn rows(
+        &self,
+        report: &mut Report,
+        (w, cname, limit): (Workload, &str, u64),
+        settings: &[Setting],
+        per: &[Vec<Measured>],
+    ) {
         let np_elapsed = crate::median(&per[0].iter().map(|m| m.elapsed_s).collect::<Vec<_>>());
         for (ms, &setting) in per.iter().zip(settings) {
             let fig = |name: &str, unit: &str, f: &dyn Fn(&Measured) -> f64| {
@@ -260,6 +314,7 @@ impl PagerBench {
             let mut row = Row::new()
                 .with("workload", w.name())
                 .with("heap", cname)
+                .with("limit", format!("{} MiB", limit >> 20))
                 .with("setting", format!("{setting:?}"))
                 .figure(fig("elapsed", "s", &|m| m.elapsed_s))
                 .figure(fig("NP/this", "x", &|m| np_elapsed / m.elapsed_s))
@@ -270,7 +325,7 @@ impl PagerBench {
                 .figure(fig("kernel swap out", "pages", &|m| m.swap_out_pages as f64))
                 .figure(fig("minor collections", "", &|m| m.minors as f64))
                 .figure(fig("major collections", "", &|m| m.majors as f64));
-            if setting != Setting::NP {
+            if !matches!(setting, Setting::NP | Setting::NoLimit) {
                 for (name, unit, f) in [
                     ("read faults zero-filled", "pages", pf(|p| p.read_faults.zero_filled) as _),
                     ("read faults not read", "pages", pf(|p| p.read_faults.not_read)),
@@ -300,7 +355,7 @@ impl PagerBench {
             for m in ms {
                 crate::meters::check(
                     &mut report.meter_disagreements,
-                    &format!("{} {cname} {setting:?}", w.name()),
+                    &format!("{} {cname} {} MiB {setting:?}", w.name(), limit >> 20),
                     m.distinct_bytes as f64,
                     Some(m.cgroup_bytes as f64),
                 );
@@ -328,84 +383,115 @@ impl Bench for PagerBench {
             return Err(BenchError::Usage(format!("the pager cannot run here: {why}")));
         }
         let picked = picked_workloads()?;
-        let s = sizes(opts.quick);
+        let limits: Vec<Option<usize>> = match picked_limits()? {
+            Some(l) => l.into_iter().map(Some).collect(),
+            None => vec![None],
+        };
+        let picked_settings = picked_settings()?;
+        let sweep: Vec<Sizes> = limits.iter().map(|&l| sizes(opts.quick, l)).collect();
         let interrupts = Interrupts::catch()?;
         let swap_path = std::path::PathBuf::from(format!("/var/tmp/advm-bench-pager-{}.swap", std::process::id()));
         // NP swaps the garbage of every space the old generation drifted through: up to
         // three heaps of its four-heap reservation, plus the nursery and large objects
-        let swap = KernelSwap::create(&swap_path, 6 * s.heap as u64)?;
+        let most_heap = sweep.iter().map(|s| s.heap).max().unwrap_or(0);
+        let swap = KernelSwap::create(&swap_path, 6 * most_heap as u64)?;
         let group = Group::create("bench-pager")?;
-        group.set_limit_bytes(s.limit)?;
+        let s0 = sweep[0];
         let conf = &mut report.configuration;
-        conf.insert("cgroup_limit_bytes".into(), s.limit.into());
-        conf.insert("heap_bytes".into(), s.heap.into());
-        conf.insert("peak_live_mib".into(), s.live_mib.into());
-        conf.insert("primes_candidates".into(), ((s.primes as u64) << 16).into());
-        conf.insert("pager_budget_bytes".into(), s.budget.into());
-        conf.insert("pf_headroom_bytes".into(), s.headroom.into());
+        conf.insert("cgroup_limit_bytes".into(), serde_json::json!(sweep.iter().map(|s| s.limit).collect::<Vec<_>>()));
+        conf.insert("heap_bytes".into(), "twice the cgroup limit".into());
+        conf.insert("peak_live_mib".into(), s0.live_mib.into());
+        conf.insert("primes_candidates".into(), ((s0.primes as u64) << 16).into());
+        conf.insert("pager_budget_bytes".into(), "the cgroup limit - 6 MiB".into());
+        conf.insert("pf_headroom_bytes".into(), "the budget / 8".into());
         conf.insert("kernel_swap_file".into(), swap_path.display().to_string().into());
-        let configs = heap_configs(s.limit as usize);
-        for (name, g) in &configs {
-            conf.insert(format!("heap {name}"), serde_json::json!(g.policy));
+        for (name, g) in &heap_configs(s0.limit as usize) {
+            conf.insert(format!("heap {name} (at the first limit)"), serde_json::json!(g.policy));
         }
         // quick: the paper's base configurations (figures 13 and 19), two workloads
-        let (mut workloads, configs): (Vec<Workload>, Vec<(&str, Generational)>) = if opts.quick {
-            (vec![Workload::CompilerLike, Workload::Primes], vec![configs[0], configs[2]])
+        let (mut workloads, mut config_ix): (Vec<Workload>, Vec<usize>) = if opts.quick {
+            (vec![Workload::CompilerLike, Workload::Primes], vec![0, 2])
         } else {
-            (vec![Workload::CompilerLike, Workload::GrowingSort, Workload::Primes], configs.to_vec())
+            (vec![Workload::CompilerLike, Workload::GrowingSort, Workload::Primes], vec![0, 1, 2, 3])
         };
         if let Some(picked) = &picked {
             workloads = picked.clone();
         }
+        if let Some(picked) = picked_heaps()? {
+            config_ix = picked;
+        }
         let settings = |w: Workload, ci: usize| {
-            let mut v = vec![Setting::NP, Setting::PO, Setting::PF, Setting::PU];
+            if let Some(p) = &picked_settings {
+                return p.clone();
+            }
+            let mut v = vec![
+                Setting::NP,
+                Setting::PO,
+                Setting::PF,
+                Setting::PU,
+                Setting::POKernel,
+                Setting::PFKernel,
+                Setting::PUKernel,
+                Setting::NoLimit,
+            ];
             if !opts.quick && w == Workload::CompilerLike && ci == 2 {
                 v.push(Setting::POCache);
             }
             v
         };
-        let total: usize =
-            workloads.iter().map(|&w| (0..configs.len()).map(|ci| settings(w, ci).len()).sum::<usize>()).sum();
+        let total: usize = sweep.len()
+            * workloads
+                .iter()
+                .map(|&w| config_ix.iter().map(|&ci| settings(w, ci).len()).sum::<usize>())
+                .sum::<usize>();
         let bar = opts.progress_bar((total * opts.runs) as u64, "pager");
         let mut result = Ok(());
         'all: for &w in &workloads {
-            'configs: for (ci, &(cname, g)) in configs.iter().enumerate() {
-                let settings = settings(w, ci);
-                let mut per: Vec<Vec<Measured>> = vec![Vec::new(); settings.len()];
-                // settings interleaved run by run, so drifting machine load hits all alike
-                for _ in 0..opts.runs {
-                    for (si, &setting) in settings.iter().enumerate() {
-                        let m = run_in_child(&group, w, g, setting, s);
-                        bar.inc(1);
-                        if let Some(sig) = interrupts.caught() {
-                            result = Err(BenchError::Interrupted(format!("signal {sig}")));
-                            break 'all;
-                        }
-                        match m {
-                            Ok(m) => per[si].push(m),
-                            // the workload's failure in its child (heap exhausted, a panic):
-                            // reported as FAILED in the notes, the other configurations run
-                            Err(BenchError::Usage(e)) => {
-                                report.notes.push(format!("FAILED: {} {cname} {setting:?}: {e}", w.name()));
-                                continue 'configs;
-                            }
-                            Err(e) => {
-                                result = Err(e);
+            for &ci in &config_ix {
+                'limits: for &s in &sweep {
+                    let (cname, g) = heap_configs(s.limit as usize)[ci];
+                    let settings = settings(w, ci);
+                    let mut per: Vec<Vec<Measured>> = vec![Vec::new(); settings.len()];
+                    // settings interleaved run by run, so drifting machine load hits all alike
+                    for _ in 0..opts.runs {
+                        for (si, &setting) in settings.iter().enumerate() {
+                            group.set_limit_bytes(if setting == Setting::NoLimit { 1 << 46 } else { s.limit })?;
+                            let m = run_in_child(&group, w, g, setting, s);
+                            bar.inc(1);
+                            if let Some(sig) = interrupts.caught() {
+                                result = Err(BenchError::Interrupted(format!("signal {sig}")));
                                 break 'all;
+                            }
+                            match m {
+                                Ok(m) => per[si].push(m),
+                                // the workload's failure in its child (heap exhausted, a panic):
+                                // reported as FAILED in the notes, the other configurations run
+                                Err(BenchError::Usage(e)) => {
+                                    report.notes.push(format!(
+                                        "FAILED: {} {cname} {} MiB {setting:?}: {e}",
+                                        w.name(),
+                                        s.limit >> 20
+                                    ));
+                                    continue 'limits;
+                                }
+                                Err(e) => {
+                                    result = Err(e);
+                                    break 'all;
+                                }
                             }
                         }
                     }
+                    if let Some(bad) = per.iter().flatten().find(|m| m.checksum != per[0][0].checksum) {
+                        result = Err(BenchError::Usage(format!(
+                            "{} {cname}: settings computed different results ({:#x} and {:#x})",
+                            w.name(),
+                            per[0][0].checksum,
+                            bad.checksum
+                        )));
+                        break 'all;
+                    }
+                    self.rows(report, (w, cname, s.limit), &settings, &per);
                 }
-                if let Some(bad) = per.iter().flatten().find(|m| m.checksum != per[0][0].checksum) {
-                    result = Err(BenchError::Usage(format!(
-                        "{} {cname}: settings computed different results ({:#x} and {:#x})",
-                        w.name(),
-                        per[0][0].checksum,
-                        bad.checksum
-                    )));
-                    break 'all;
-                }
-                self.rows(report, w, cname, &settings, &per);
             }
         }
         bar.finish_and_clear();
@@ -490,6 +576,63 @@ fn picked_workloads() -> Result<Option<Vec<Workload>>, BenchError> {
         }
     }
     Ok(Some(picked))
+}
+
+/// `$ADVM_BENCH_PAGER_LIMITS_MIB` (comma separated MiB): cgroup limits to sweep.
+fn picked_limits() -> Result<Option<Vec<usize>>, BenchError> {
+    let Ok(pick) = std::env::var("ADVM_BENCH_PAGER_LIMITS_MIB") else { return Ok(None) };
+    let mut limits = Vec::new();
+    for v in pick.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        match v.parse::<usize>() {
+            Ok(l) if (16..=1 << 20).contains(&l) => limits.push(l),
+            _ => {
+                return Err(BenchError::Usage(format!(
+                    "ADVM_BENCH_PAGER_LIMITS_MIB: {v:?} is not a limit in MiB from 16 to 1048576"
+                )))
+            }
+        }
+    }
+    Ok((!limits.is_empty()).then_some(limits))
+}
+
+/// `$ADVM_BENCH_PAGER_SETTINGS` (comma separated, e.g. `NP,PF,PFKernel`): the
+/// settings to run; NP always runs first (the others are compared with it).
+fn picked_settings() -> Result<Option<Vec<Setting>>, BenchError> {
+    let Ok(pick) = std::env::var("ADVM_BENCH_PAGER_SETTINGS") else { return Ok(None) };
+    let mut picked = vec![Setting::NP];
+    for name in pick.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        match Setting::ALL.iter().find(|s| format!("{s:?}") == name) {
+            Some(Setting::NP) => {}
+            Some(&s) => picked.push(s),
+            None => {
+                let names: Vec<_> = Setting::ALL.iter().map(|s| format!("{s:?}")).collect();
+                return Err(BenchError::Usage(format!(
+                    "ADVM_BENCH_PAGER_SETTINGS: no setting {name:?} (there are {})",
+                    names.join(", ")
+                )));
+            }
+        }
+    }
+    Ok(Some(picked))
+}
+
+/// `$ADVM_BENCH_PAGER_HEAPS` (comma separated numbers 0-3, in the order of
+/// [`heap_configs`]): the heap configurations to run.
+fn picked_heaps() -> Result<Option<Vec<usize>>, BenchError> {
+    let Ok(pick) = std::env::var("ADVM_BENCH_PAGER_HEAPS") else { return Ok(None) };
+    let mut picked = Vec::new();
+    for v in pick.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        match v.parse::<usize>() {
+            Ok(i) if i < 4 => picked.push(i),
+            _ => {
+                return Err(BenchError::Usage(format!(
+                    "ADVM_BENCH_PAGER_HEAPS: {v:?} is not a heap configuration number (0 original/copy-back on, \
+                     1 original/off, 2 modified/off, 3 modified/on)"
+                )))
+            }
+        }
+    }
+    Ok((!picked.is_empty()).then_some(picked))
 }
 
 /// One pass of the demo workload and what the pager did.

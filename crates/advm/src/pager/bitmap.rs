@@ -1,25 +1,22 @@
 //! One bit a page, flipped with atomic operations: the shared "discardable" map the
 //! application writes and the pager reads (the paper's bitmap; no system call).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A fixed-size bitmap of atomic bits.
 #[derive(Debug)]
 pub struct Bitmap {
     words: Box<[AtomicU64]>,
     bits: usize,
-    /// Set whenever a bit is set: the pager rescans for discardable pages only then.
-    marked: AtomicBool,
+    /// Counts the calls that set bits: the pager rescans for discardable pages only
+    /// when it moved since its last scan.
+    marks: AtomicU64,
 }
 
 impl Bitmap {
     /// `bits` bits, all clear.
     pub fn new(bits: usize) -> Self {
-        Self {
-            words: (0..bits.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
-            bits,
-            marked: AtomicBool::new(false),
-        }
+        Self { words: (0..bits.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(), bits, marks: AtomicU64::new(0) }
     }
 
     /// Number of bits.
@@ -56,7 +53,7 @@ impl Bitmap {
             i = w * 64 + hi;
         }
         if value {
-            self.marked.store(true, Ordering::SeqCst);
+            self.marks.fetch_add(1, Ordering::SeqCst);
         }
     }
 
@@ -70,9 +67,9 @@ impl Bitmap {
         any
     }
 
-    /// Whether any bit was set since the last call (and forgets it).
-    pub(crate) fn take_marked(&self) -> bool {
-        self.marked.swap(false, Ordering::SeqCst)
+    /// How many calls set bits so far.
+    pub(crate) fn marks(&self) -> u64 {
+        self.marks.load(Ordering::SeqCst)
     }
 
     /// Word `w` (bits `64*w ..`), for scans.
@@ -94,6 +91,6 @@ mod tests {
         assert!(b.get(63) && !b.get(64) && !b.get(127) && b.get(128));
         assert!(b.take_range(0, 200));
         assert!(!b.take_range(0, 200));
-        assert!(b.take_marked() && !b.take_marked());
+        assert_eq!(b.marks(), 1);
     }
 }

@@ -11,7 +11,9 @@
 //! written to a swap file the pager owns. A fault on an evicted page is served by the
 //! pager's handler thread, or (by choice, [`FaultMode`]) on the faulting thread itself
 //! from userfaultfd's SIGBUS mode where the kernel offers it: a discarded (or never used)
-//! page gets zeros, a written one is read back with `UFFDIO_COPY`.
+//! page gets zeros, a written one is read back with `UFFDIO_COPY`. With
+//! [`NeededPaging::Kernel`] the pager writes no needed page: it drops discardable
+//! pages only and leaves needed ones to the kernel's reclaim and swap.
 //!
 //! In SIGBUS mode the fault is served in a signal handler, so that path takes no lock
 //! and allocates nothing: page states are atomics, a page mid-eviction is waited out
@@ -109,6 +111,25 @@ pub enum SwapIo {
     PageCache,
 }
 
+/// Who pages out the *needed* pages (discardable ones are always the pager's: it
+/// drops them, never written).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NeededPaging {
+    /// The pager: the oldest filled needed pages are written to its own swap file
+    /// when the budget or the cgroup forces them out, and read back on a fault.
+    SwapFile,
+    /// The kernel: the pager never writes a page; needed pages stay in the region
+    /// and the kernel's own reclaim (its LRU, its swap) pages them out when the
+    /// memory cgroup reaches its limit, and swaps them in without a fault to the
+    /// pager. The budget and the cgroup watch then only drop discardable pages, and
+    /// [`Pager::flush`] hands the needed pages of its range to the kernel
+    /// (`MADV_PAGEOUT`). Experimental: under memory pressure a faulting thread was
+    /// seen livelocked on a page the pager holds resident with no page-table entry
+    /// (docs/pager.md; cause open).
+    Kernel,
+}
+
 /// What a pager is given.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -129,11 +150,14 @@ pub struct Config {
     pub cgroup: Option<PathBuf>,
     /// Where faults are served.
     pub fault_mode: FaultMode,
+    /// Who pages out needed pages.
+    pub needed_paging: NeededPaging,
 }
 
 impl Config {
     /// A budget, an unlinked swap file in `/var/tmp` of up to 4 GiB, `O_DIRECT`, no
-    /// pre-flush, no cgroup, faults served on the handler thread.
+    /// pre-flush, no cgroup, faults served on the handler thread, needed pages
+    /// written to the pager's swap file.
     pub fn new(budget_bytes: usize) -> Self {
         Self {
             budget_bytes,
@@ -143,6 +167,7 @@ impl Config {
             preflush_headroom_bytes: None,
             cgroup: None,
             fault_mode: FaultMode::Thread,
+            needed_paging: NeededPaging::SwapFile,
         }
     }
 }
@@ -305,6 +330,13 @@ struct Shared {
     /// Pages read back on a read fault are installed write-protected and keep their
     /// swap slot until written (handler-thread mode, where write protection is offered).
     track_clean: bool,
+    /// Needed pages are left to the kernel's reclaim ([`NeededPaging::Kernel`]).
+    kernel_needed: bool,
+    /// The sum of the regions' bitmap marks when pre-flush last scanned them.
+    preflush_seen: AtomicU64,
+    /// The sum of the marks when a budget eviction last found fewer discardable pages
+    /// than it wanted ([`NeededPaging::Kernel`]: it rescans only after new marks).
+    budget_seen: AtomicU64,
     /// Fills (and swap slots to free) recorded by faulting threads, drained into
     /// `queue` (and `slots`) by whoever holds the queue lock.
     filled: Ring,
@@ -489,11 +521,16 @@ impl Pager {
         };
         let fd = Userfaultfd::new(if sigbus { uffd::feature::SIGBUS } else { 0 }, true)?;
         let staging = Area::new(&fd, STAGE_PAGES * ps, false, false)?;
-        let track_clean = !sigbus && fd.info().features & uffd::feature::PAGEFAULT_FLAG_WP != 0;
+        let kernel_needed = cfg.needed_paging == NeededPaging::Kernel;
+        // nothing is read back when the kernel pages the needed pages
+        let track_clean = !sigbus && !kernel_needed && fd.info().features & uffd::feature::PAGEFAULT_FLAG_WP != 0;
         let shared = Arc::new(Shared {
             fd,
             sigbus,
             track_clean,
+            kernel_needed,
+            preflush_seen: AtomicU64::new(0),
+            budget_seen: AtomicU64::new(u64::MAX),
             filled: Ring::new((cfg.budget_bytes / ps).clamp(1024, 1 << 16)),
             bell: Doorbell::new()?,
             answered: AtomicU32::new(0),
@@ -635,10 +672,26 @@ impl Pager {
     /// Evicts every resident page of `[addr, addr+len)` now: discardable pages are
     /// dropped, needed ones written out (user-initiated pre-flush). Returns the
     /// pages evicted. Fails (with every page still readable) when the swap file is full.
+    /// With [`NeededPaging::Kernel`] the needed pages are handed to the kernel's
+    /// reclaim instead (`MADV_PAGEOUT`) and only the dropped ones are counted.
     pub fn flush(&self, addr: usize, len: usize) -> Result<usize> {
         let (m, first, n) = self.shared.locate(addr, len)?;
         let _ev = self.shared.lock_evicting();
+        if self.shared.kernel_needed {
+            let dropped = self.shared.drop_discardable_in(&m, first, first + n, usize::MAX, Cause::User);
+            m.area.page_out(first, n)?;
+            return Ok(dropped);
+        }
         self.shared.evict_range(&m, first, n, Cause::User)
+    }
+
+    /// Who pages out needed pages.
+    pub fn needed_paging(&self) -> NeededPaging {
+        if self.shared.kernel_needed {
+            NeededPaging::Kernel
+        } else {
+            NeededPaging::SwapFile
+        }
     }
 
     /// Drops every resident discardable page of `[addr, addr+len)` now and writes
@@ -1000,9 +1053,13 @@ impl Shared {
     /// pages after it in the same state that are needed (a discarded page the
     /// application marked needed again is about to be reused: a collector's next
     /// allocation buffer; memory is used upwards) get their fresh zero pages now, up
-    /// to `most` and while the budget has room, each without a fault of its own.
+    /// to `most` and while the budget has room (with [`NeededPaging::Kernel`]: up to
+    /// `most`), each without a fault of its own.
     fn zero_ahead(&self, m: &Managed, page: usize, st: u8, most: usize) {
-        let room = self.budget.saturating_sub(self.resident.load(Ordering::Acquire));
+        // with the kernel paging needed pages, the budget bounds no needed page (the
+        // cgroup's limit does): only the batch limits the pages filled ahead
+        let room =
+            if self.kernel_needed { most } else { self.budget.saturating_sub(self.resident.load(Ordering::Acquire)) };
         for p in page + 1..(page + 1 + most.min(room)).min(m.pages()) {
             if m.discardable.get(p)
                 || m.state[p].compare_exchange(st, EVICTING, Ordering::AcqRel, Ordering::Acquire).is_err()
@@ -1127,7 +1184,7 @@ impl Shared {
     fn keep_budget(&self, incoming: usize) {
         let resident = self.resident.load(Ordering::Acquire) + incoming;
         if let Some(h) = self.headroom {
-            if resident + h >= self.budget && self.any_marked() {
+            if resident + h >= self.budget && self.marked_since(&self.preflush_seen) {
                 let _ev = self.lock_evicting();
                 self.drop_discardable(usize::MAX, Cause::Pager);
             }
@@ -1137,6 +1194,19 @@ impl Shared {
             // one eviction step: down to the budget, a little below to batch the work
             let step = (self.budget / 64).max(1);
             let want = resident - self.budget + step - 1;
+            if self.kernel_needed {
+                // needed pages stay above the budget (the kernel's to page out): scan
+                // for discardable ones again only once more were marked
+                let marks = self.marks();
+                if self.budget_seen.load(Ordering::Acquire) == marks {
+                    return;
+                }
+                let _ev = self.lock_evicting();
+                if self.drop_discardable(want, Cause::Budget) < want {
+                    self.budget_seen.store(marks, Ordering::Release);
+                }
+                return;
+            }
             let _ev = self.lock_evicting();
             if self.evict(want, Cause::Budget).is_err() {
                 self.counters.failures.fetch_add(1, Ordering::Relaxed);
@@ -1167,19 +1237,26 @@ impl Shared {
         }
     }
 
-    fn any_marked(&self) -> bool {
+    /// The sum of the regions' bitmap marks: it moves whenever pages are marked
+    /// discardable.
+    fn marks(&self) -> u64 {
         let regions = self.regions.read().unwrap_or_else(|p| p.into_inner());
-        let mut any = false;
-        for m in regions.iter() {
-            any |= m.discardable.take_marked();
-        }
-        any
+        regions.iter().fold(0u64, |a, m| a.wrapping_add(m.discardable.marks()))
     }
 
-    /// Evicts `want` pages: discardable ones first, then needed ones in fill order.
-    /// The caller holds the eviction lock.
+    /// Whether pages were marked discardable since the last call with `seen`.
+    fn marked_since(&self, seen: &AtomicU64) -> bool {
+        let now = self.marks();
+        seen.swap(now, Ordering::AcqRel) != now
+    }
+
+    /// Evicts `want` pages: discardable ones first, then needed ones in fill order
+    /// (none with [`NeededPaging::Kernel`]). The caller holds the eviction lock.
     fn evict(&self, want: usize, cause: Cause) -> Result<usize> {
         let mut done = self.drop_discardable(want, cause);
+        if self.kernel_needed {
+            return Ok(done);
+        }
         while done < want {
             // a batch of the oldest resident pages, each claimed and moved to staging
             let mut claimed: Vec<(Arc<Managed>, usize)> = Vec::new();
@@ -1361,6 +1438,14 @@ impl Shared {
                 keep.push(i);
             }
         }
+        if self.kernel_needed {
+            // marked needed while it was being dropped: it goes back where it was,
+            // for the kernel to page (the pager writes nothing in this mode)
+            for &i in &keep {
+                self.put_back(staged[i].0, staged[i].1, i);
+            }
+            keep.clear();
+        }
         let (mut slots, capacity) = {
             let mut sl = self.slots.lock().unwrap_or_else(|p| p.into_inner());
             let taken: Vec<u32> = (0..keep.len()).map_while(|_| sl.take()).collect();
@@ -1426,11 +1511,27 @@ impl Shared {
         result.map(|()| settled)
     }
 
-    /// Returns staging page `i` to region page `page` (a write-out failed): nothing is lost.
+    /// Returns staging page `i` to region page `page` (a write-out failed, or the
+    /// page was marked needed while it was dropped): nothing is lost. The move back
+    /// can fail for a moment (`EAGAIN`, or `EBUSY` while the kernel's reclaim holds
+    /// the page) and the copy with it (`ENOMEM` when the memory cgroup is at its
+    /// limit), so both are retried until one lands; a page left out would be resident
+    /// by its state with an empty page-table entry, and its every access would fault
+    /// for ever.
     fn put_back(&self, m: &Managed, page: usize, i: usize) {
-        if sp::move_pages(&self.fd, &m.area, page, &self.staging, i, 1).is_err() {
-            if let Ok(data) = self.staging.staged(i, 1) {
-                let _ = m.area.fill_copy(&self.fd, page, data);
+        use rustix::io::Errno;
+        loop {
+            if sp::move_pages(&self.fd, &m.area, page, &self.staging, i, 1).is_ok() {
+                break;
+            }
+            let copied = self.staging.staged(i, 1).and_then(|data| m.area.fill_copy(&self.fd, page, data));
+            match copied {
+                Err(e) if matches!(e.errno, Errno::NOMEM | Errno::AGAIN | Errno::BUSY) => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                // filled, already there, or the region unregistered meanwhile (unmap
+                // waits for this eviction, then forgets the page)
+                _ => break,
             }
         }
         m.state[page].store(RESIDENT, Ordering::Release);

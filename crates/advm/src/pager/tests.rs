@@ -97,3 +97,143 @@ fn faults_racing_unmap_leave_the_resident_count_exact_handler_thread() {
 fn faults_racing_unmap_leave_the_resident_count_exact_sigbus() {
     faults_racing_unmap_leave_the_resident_count_exact(FaultMode::Sigbus);
 }
+
+fn kernel_paged(budget_pages: usize) -> Option<Pager> {
+    if let Err(why) = available() {
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    let mut cfg = Config::new(budget_pages * page_size());
+    cfg.needed_paging = NeededPaging::Kernel;
+    let p = Pager::new(cfg).unwrap();
+    assert_eq!(p.needed_paging(), NeededPaging::Kernel);
+    Some(p)
+}
+
+/// Needed pages left to the kernel: the budget forces out discardable pages only;
+/// the pager writes nothing, and every needed page keeps its data in place.
+#[test]
+fn with_kernel_paging_the_pager_writes_no_page_and_drops_the_discardable_ones() {
+    let Some(p) = kernel_paged(64) else { return };
+    let ps = page_size();
+    let r = p.map(256 * ps).unwrap();
+    // half the region garbage: the first 128 pages, written then marked
+    for i in 0..128 {
+        r.write(i * ps, &(i as u64 + 1).to_ne_bytes()).unwrap();
+    }
+    p.discardable(r.as_ptr() as usize, 128 * ps).unwrap();
+    for i in 128..256 {
+        r.write(i * ps, &(i as u64 + 1).to_ne_bytes()).unwrap();
+    }
+    p.flush(r.as_ptr() as usize + 128 * ps, 128 * ps).unwrap();
+    let mut w = [0u8; 8];
+    for i in 0..256 {
+        r.read(i * ps, &mut w).unwrap();
+        let want = if i < 128 { 0 } else { i as u64 + 1 };
+        assert_eq!(u64::from_ne_bytes(w), want, "page {i}");
+    }
+    let st = p.stats();
+    assert_eq!((st.written_pages, st.bytes_written, st.swapped_pages), (0, 0, 0), "{st:?}");
+    assert!(st.discarded_pages >= 64, "the budget dropped only {} discardable pages: {st:?}", st.discarded_pages);
+    // the needed pages stay, above the budget: the kernel's to page out
+    assert!(st.resident_pages >= 128, "{st:?}");
+}
+
+/// A discardable page the kernel already swapped out (its page-table entry a swap
+/// entry) is still dropped by the pager: moved out as a swap entry, and the kernel's
+/// swap slot freed with it; a later access reads zeros.
+#[test]
+fn a_discardable_page_the_kernel_swapped_out_is_dropped_without_a_swap_in() {
+    if !crate::process::is_root() {
+        eprintln!("skipped: swapon needs root");
+        return;
+    }
+    let Some(p) = kernel_paged(1024) else { return };
+    let path = std::path::PathBuf::from(format!("/var/tmp/advm-test-pager-kswap-{}", std::process::id()));
+    let swap = match KernelSwap::create(&path, 8 << 20) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = std::fs::remove_file(&path);
+            eprintln!("skipped: no kernel swap file here: {e}");
+            return;
+        }
+    };
+    let ps = page_size();
+    let n = 64;
+    let r = p.map(n * ps).unwrap();
+    for i in 0..n {
+        r.write(i * ps, &[i as u8 + 1; 64]).unwrap();
+    }
+    p.flush(r.as_ptr() as usize, n * ps).unwrap();
+    let pm = crate::sys::pagemap::Pagemap::open("self").unwrap();
+    let mut e = vec![0u64; n];
+    let swapped = |e: &mut Vec<u64>| {
+        pm.read((r.as_ptr() as usize / ps) as u64, e).unwrap();
+        e.iter().filter(|&&x| crate::sys::pagemap::Entry(x).swapped()).count()
+    };
+    let out = swapped(&mut e);
+    if out == 0 {
+        eprintln!("skipped: MADV_PAGEOUT swapped nothing out here");
+        return;
+    }
+    p.discardable(r.as_ptr() as usize, n * ps).unwrap();
+    assert_eq!(p.flush_discardable(r.as_ptr() as usize, n * ps).unwrap(), n, "{:?}", p.stats());
+    assert_eq!(swapped(&mut e), 0, "swap entries left in the region");
+    let mut b = [9u8; 64];
+    for i in 0..n {
+        r.read(i * ps, &mut b).unwrap();
+        assert_eq!(b, [0; 64], "page {i}");
+    }
+    assert_eq!(p.stats().written_pages, 0);
+    p.unmap(r).unwrap();
+    swap.remove().unwrap();
+}
+
+/// Needed pages left to the kernel: a page marked needed again while the pager
+/// drops it (after its move to staging, before it is settled; driven step by step)
+/// goes back to its region with its data, not to the pager's swap file.
+#[test]
+fn with_kernel_paging_a_page_marked_needed_while_it_is_dropped_goes_back_unwritten() {
+    let Some(p) = kernel_paged(64) else { return };
+    let s = p.shared.clone();
+    let ps = page_size();
+    let r = p.map(4 * ps).unwrap();
+    r.write(ps, &[7; 16]).unwrap();
+    p.discardable(r.as_ptr() as usize + ps, ps).unwrap();
+    let m = r.m.clone();
+    {
+        let _ev = s.lock_evicting();
+        assert!(m.state[1].compare_exchange(RESIDENT, EVICTING, Ordering::AcqRel, Ordering::Acquire).is_ok());
+        sp::move_pages(&s.fd, &s.staging, 0, &m.area, 1, 1).unwrap();
+        // the application takes the page back between the move and the settling
+        p.needed(r.as_ptr() as usize + ps, ps).unwrap();
+        assert_eq!(s.settle(&[(&m, 1)], Cause::Pager).unwrap(), 0);
+    }
+    assert_eq!(m.state[1].load(Ordering::Acquire), RESIDENT);
+    let mut b = [0u8; 16];
+    r.read(ps, &mut b).unwrap();
+    assert_eq!(b, [7; 16]);
+    let st = p.stats();
+    assert_eq!((st.written_pages, st.swapped_pages, st.discarded_pages), (0, 0, 0), "{st:?}");
+}
+
+/// Needed pages left to the kernel: the budget bounds no needed page, so pages used
+/// upwards past it are still zero-filled ahead, a batch per fault, not one fault
+/// a page.
+#[test]
+fn with_kernel_paging_zero_fill_ahead_goes_on_past_the_budget() {
+    let Some(p) = kernel_paged(16) else { return };
+    let ps = page_size();
+    let r = p.map(256 * ps).unwrap();
+    for i in 0..256 {
+        r.write(i * ps, &(i as u32 + 1).to_ne_bytes()).unwrap();
+    }
+    let mut b = [0u8; 4];
+    for i in 0..256 {
+        r.read(i * ps, &mut b).unwrap();
+        assert_eq!(u32::from_ne_bytes(b), i as u32 + 1, "page {i}");
+    }
+    let st = p.stats();
+    assert_eq!(st.resident_pages, 256, "{st:?}");
+    assert!(st.faults() as usize <= 256 / READ_AHEAD + 1, "{} faults for 256 pages: {st:?}", st.faults());
+}

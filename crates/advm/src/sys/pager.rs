@@ -147,6 +147,15 @@ impl Area {
         unsafe { mman::madvise(p, n * page_size(), Advice::LinuxDontNeed) }
     }
 
+    /// Hands pages `[page, page+n)` to the kernel's own reclaim now (`MADV_PAGEOUT`):
+    /// written to the kernel's swap, contents kept; an access later is a kernel
+    /// swap-in, not a fault to the pager.
+    pub fn page_out(&self, page: usize, n: usize) -> SysResult<()> {
+        let p = self.page_ptr(page, n)?;
+        // SAFETY: inside the mapping; MADV_PAGEOUT keeps every page's contents.
+        unsafe { mman::madvise(p, n * page_size(), Advice::LinuxPageOut) }
+    }
+
     /// Copies `out.len()` bytes from offset `off` (faults on evicted pages are served
     /// by the pager as for any access).
     pub fn read(&self, off: usize, out: &mut [u8]) -> SysResult<()> {
