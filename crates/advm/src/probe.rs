@@ -294,6 +294,12 @@ pub fn report() -> Vec<Check> {
     } else {
         check("swap", Status::Degraded, "none", "kernel-swap baselines need a swap file (swapon works here as root)")
     });
+    let reporting_order =
+        read_trim("/sys/module/page_reporting/parameters/page_reporting_order").and_then(|o| o.parse().ok());
+    let balloons = std::fs::read_dir("/sys/bus/virtio/drivers/virtio_balloon")
+        .map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("virtio")).count())
+        .unwrap_or(0);
+    out.push(page_reporting_check(reporting_order, balloons));
     let v2_memory =
         read_trim("/sys/fs/cgroup/cgroup.controllers").is_some_and(|c| c.split_whitespace().any(|w| w == "memory"));
     let v1_memory = std::path::Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists();
@@ -305,6 +311,22 @@ pub fn report() -> Vec<Check> {
     out
 }
 
+/// Whether this machine is a guest that hands freed memory back to its host (virtio
+/// balloon free page reporting): memory touched again after a large free then faults
+/// on the host too, so allocation-heavy benchmarks run in fast and slow episodes.
+fn page_reporting_check(order: Option<u32>, balloons: usize) -> Check {
+    match order {
+        Some(order) if balloons > 0 => check(
+            "free page reporting",
+            Status::Degraded,
+            format!("on (order {order}, {balloons} balloon device(s))"),
+            "this guest returns freed memory to its host: fresh memory after large frees also faults on the host, \
+             so allocation-heavy benchmarks show slow episodes",
+        ),
+        _ => check("free page reporting", Status::Ok, "off", "freed memory stays with this machine"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -314,6 +336,14 @@ mod tests {
         assert_eq!(parse_version("6.18.44-fc-v782"), (6, 18));
         assert_eq!(parse_version("5.10.0-28-amd64"), (5, 10));
         assert_eq!(bracketed("always [madvise] never"), "madvise");
+    }
+
+    #[test]
+    fn free_page_reporting_is_a_warning_only_with_a_balloon_to_report_to() {
+        assert_eq!(page_reporting_check(Some(9), 1).status, Status::Degraded);
+        assert!(page_reporting_check(Some(9), 1).value.contains("order 9"));
+        assert_eq!(page_reporting_check(Some(9), 0).status, Status::Ok);
+        assert_eq!(page_reporting_check(None, 1).status, Status::Ok);
     }
 
     #[test]
