@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use advm_gc::{Collection, Config, Engine, Generational, Heap, Policy};
 
-use super::{median, Bench, BenchOpts, DemoRow, Figure, Report, Row};
+use super::{env_list, median, Bench, BenchOpts, DemoRow, Figure, Report, Row};
 use crate::meters::{in_group, Both, Part};
 use crate::workloads::bench_file;
 use crate::BenchError;
@@ -328,21 +328,12 @@ fn size_section(quick: bool, runs: usize, report: &mut Report) -> Result<(), Ben
 /// `$ADVM_BENCH_GC_WORKLOADS` (comma separated names): a subset of the workloads, and
 /// then neither the object-size nor the policy section (the full run takes hours).
 fn picked_workloads() -> Result<Option<Vec<(&'static str, Workload)>>, BenchError> {
-    let Ok(pick) = std::env::var("ADVM_BENCH_GC_WORKLOADS") else { return Ok(None) };
-    let mut picked = Vec::new();
-    for name in pick.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-        match ALL.iter().find(|(n, _)| *n == name) {
-            Some(&w) => picked.push(w),
-            None => {
-                let names: Vec<_> = ALL.iter().map(|(n, _)| *n).collect();
-                return Err(BenchError::Usage(format!(
-                    "ADVM_BENCH_GC_WORKLOADS: no workload {name:?} (there are {})",
-                    names.join(", ")
-                )));
-            }
-        }
-    }
-    Ok(Some(picked))
+    env_list("ADVM_BENCH_GC_WORKLOADS", |name| {
+        ALL.iter().copied().find(|(n, _)| *n == name).ok_or_else(|| {
+            let names: Vec<_> = ALL.iter().map(|(n, _)| *n).collect();
+            format!("no workload {name:?} (there are {})", names.join(", "))
+        })
+    })
 }
 
 /// The smallest heap from `floor` up (within 1/16 of the doubling step) on which `fits`

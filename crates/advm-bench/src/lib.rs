@@ -114,6 +114,19 @@ pub fn median(v: &[f64]) -> f64 {
     }
 }
 
+/// `$var` as a comma separated list (blank items skipped), each item through `item`,
+/// whose error says what the item should have been; `None` when `var` is unset. The
+/// benchmarks' pickers of workloads, settings and sizes.
+pub(crate) fn env_list<T>(var: &str, item: impl Fn(&str) -> Result<T, String>) -> Result<Option<Vec<T>>, BenchError> {
+    let Ok(list) = std::env::var(var) else { return Ok(None) };
+    list.split(',')
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(|v| item(v).map_err(|why| BenchError::Usage(format!("{var}: {why}"))))
+        .collect::<Result<Vec<T>, _>>()
+        .map(Some)
+}
+
 /// One configuration (e.g. "engine=uffd-move, size=2 MiB") and its figures.
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct Row {

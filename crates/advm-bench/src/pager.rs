@@ -33,7 +33,7 @@ use advm::stats::cgroup::Group;
 use advm_gc::{Generational, Heap, Paging, Policy};
 use serde::{Deserialize, Serialize};
 
-use crate::{Bench, BenchError, BenchOpts, DemoRow, Figure, Report, Row};
+use crate::{env_list, Bench, BenchError, BenchOpts, DemoRow, Figure, Report, Row};
 use workloads::Workload;
 
 /// The pager benchmark.
@@ -560,79 +560,47 @@ impl Bench for PagerBench {
 /// `$ADVM_BENCH_PAGER_WORKLOADS` (comma separated names): a subset of the workloads,
 /// since the full matrix takes the better part of an hour.
 fn picked_workloads() -> Result<Option<Vec<Workload>>, BenchError> {
-    let Ok(pick) = std::env::var("ADVM_BENCH_PAGER_WORKLOADS") else { return Ok(None) };
     let all = [Workload::CompilerLike, Workload::GrowingSort, Workload::Primes];
-    let mut picked = Vec::new();
-    for name in pick.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-        match all.iter().find(|w| w.name() == name) {
-            Some(&w) => picked.push(w),
-            None => {
-                let names: Vec<_> = all.iter().map(|w| w.name()).collect();
-                return Err(BenchError::Usage(format!(
-                    "ADVM_BENCH_PAGER_WORKLOADS: no workload {name:?} (there are {})",
-                    names.join(", ")
-                )));
-            }
-        }
-    }
-    Ok(Some(picked))
+    env_list("ADVM_BENCH_PAGER_WORKLOADS", |name| {
+        all.iter().copied().find(|w| w.name() == name).ok_or_else(|| {
+            let names: Vec<_> = all.iter().map(|w| w.name()).collect();
+            format!("no workload {name:?} (there are {})", names.join(", "))
+        })
+    })
 }
 
 /// `$ADVM_BENCH_PAGER_LIMITS_MIB` (comma separated MiB): cgroup limits to sweep.
 fn picked_limits() -> Result<Option<Vec<usize>>, BenchError> {
-    let Ok(pick) = std::env::var("ADVM_BENCH_PAGER_LIMITS_MIB") else { return Ok(None) };
-    let mut limits = Vec::new();
-    for v in pick.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-        match v.parse::<usize>() {
-            Ok(l) if (16..=1 << 20).contains(&l) => limits.push(l),
-            _ => {
-                return Err(BenchError::Usage(format!(
-                    "ADVM_BENCH_PAGER_LIMITS_MIB: {v:?} is not a limit in MiB from 16 to 1048576"
-                )))
-            }
-        }
-    }
-    Ok((!limits.is_empty()).then_some(limits))
+    let limits = env_list("ADVM_BENCH_PAGER_LIMITS_MIB", |v| match v.parse::<usize>() {
+        Ok(l) if (16..=1 << 20).contains(&l) => Ok(l),
+        _ => Err(format!("{v:?} is not a limit in MiB from 16 to 1048576")),
+    })?;
+    Ok(limits.filter(|l| !l.is_empty()))
 }
 
 /// `$ADVM_BENCH_PAGER_SETTINGS` (comma separated, e.g. `NP,PF,PFKernel`): the
 /// settings to run; NP always runs first (the others are compared with it).
 fn picked_settings() -> Result<Option<Vec<Setting>>, BenchError> {
-    let Ok(pick) = std::env::var("ADVM_BENCH_PAGER_SETTINGS") else { return Ok(None) };
-    let mut picked = vec![Setting::NP];
-    for name in pick.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-        match Setting::ALL.iter().find(|s| format!("{s:?}") == name) {
-            Some(Setting::NP) => {}
-            Some(&s) => picked.push(s),
-            None => {
-                let names: Vec<_> = Setting::ALL.iter().map(|s| format!("{s:?}")).collect();
-                return Err(BenchError::Usage(format!(
-                    "ADVM_BENCH_PAGER_SETTINGS: no setting {name:?} (there are {})",
-                    names.join(", ")
-                )));
-            }
-        }
-    }
-    Ok(Some(picked))
+    let named = env_list("ADVM_BENCH_PAGER_SETTINGS", |name| {
+        Setting::ALL.iter().copied().find(|s| format!("{s:?}") == name).ok_or_else(|| {
+            let names: Vec<_> = Setting::ALL.iter().map(|s| format!("{s:?}")).collect();
+            format!("no setting {name:?} (there are {})", names.join(", "))
+        })
+    })?;
+    Ok(named.map(|named| std::iter::once(Setting::NP).chain(named.into_iter().filter(|&s| s != Setting::NP)).collect()))
 }
 
 /// `$ADVM_BENCH_PAGER_HEAPS` (comma separated numbers 0-3, in the order of
 /// [`heap_configs`]): the heap configurations to run.
 fn picked_heaps() -> Result<Option<Vec<usize>>, BenchError> {
-    let Ok(pick) = std::env::var("ADVM_BENCH_PAGER_HEAPS") else { return Ok(None) };
-    let mut picked = Vec::new();
-    for v in pick.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-        match v.parse::<usize>() {
-            Ok(i) if i < 4 => picked.push(i),
-            _ => {
-                return Err(BenchError::Usage(format!(
-                    "ADVM_BENCH_PAGER_HEAPS: {v:?} is not a heap configuration number (0 original/copy-back on, \
-                     1 original/off, 2 modified/off, 3 modified/on)"
-                )))
-            }
-        }
-    }
-    Ok((!picked.is_empty()).then_some(picked))
+    let heaps = env_list("ADVM_BENCH_PAGER_HEAPS", |v| match v.parse::<usize>() {
+        Ok(i) if i < 4 => Ok(i),
+        _ => Err(format!(
+            "{v:?} is not a heap configuration number (0 original/copy-back on, 1 original/off, 2 modified/off, \
+             3 modified/on)"
+        )),
+    })?;
+    Ok(heaps.filter(|h| !h.is_empty()))
 }
 
 /// One pass of the demo workload and what the pager did.
