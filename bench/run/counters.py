@@ -11,22 +11,14 @@
 # the binary; default advm on PATH): user and system time, page faults and the count of
 # each memory system call the shim makes. Passes interleave the variants per workload;
 # the table gives medians per workload, then the sum over the workloads of each median.
-import os, sys, subprocess, json
-A = os.environ.get('ADVM', 'advm')
-B = os.path.dirname(os.path.abspath(__file__))
-passes = int(sys.argv[1])
-allw = ['b25_matrix', 'b25_sort', 'b25_vector', 'ml_randomforest', 'ml_lssvm', 'ml_svm', 'ml_rpart', 'ml_nnet', 'ml_gbm', 'ml_knn', 'ml_glmnet']
-ws = allw if sys.argv[2] == 'all' else sys.argv[2].split(',')
-vs = []
-for v in sys.argv[3:]:
-    p = v.split(':', 2)
-    env = dict(kv.split('=', 1) for kv in p[2].split(',')) if len(p) > 2 and p[2] else {}
-    vs.append((p[0], p[1], env))
+import os, subprocess, json
+from variants import A, B, env, interleave, med, parse
+passes, ws, vs = parse()
 calls = ['mmap', 'mremap', 'madvise', 'fallocate', 'pwrite64', 'pread64']
 events = ['user_time', 'system_time', 'page-faults'] + ['syscalls:sys_enter_' + c for c in calls]
 short = ['user', 'sys', 'faults'] + calls
-def run(w, mode, env):
-    e = dict(os.environ, ADVM_BENCH_DIR=B, ADVM_BENCH_SCALE='1', **env)
+def run(w, mode, extra):
+    e = env(extra)
     cmd = ['perf', 'stat', '-x', ',', '-e', ','.join(events), A, 'run', '--mode', mode, '--',
            'Rscript', '--vanilla', '%s/%s.R' % (B, w)]
     r = subprocess.run(cmd, env=e, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -38,12 +30,7 @@ def run(w, mode, env):
     out['user'] /= 1e9
     out['sys'] /= 1e9
     return out
-res = {}
-for p in range(passes):
-    for w in ws:
-        for name, mode, env in vs:
-            res.setdefault(w, {}).setdefault(name, []).append(run(w, mode, env))
-med = lambda x: sorted(x)[len(x) // 2] if len(x) % 2 else (sorted(x)[len(x)//2-1] + sorted(x)[len(x)//2]) / 2
+res = interleave(passes, ws, vs, run)
 tot = {n: {k: 0.0 for k in short} for n, _, _ in vs}
 for w in ws:
     for n, _, _ in vs:

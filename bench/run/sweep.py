@@ -11,22 +11,14 @@
 # peak); CPU time is the run's user + system (wait4), system time also alone. Passes
 # interleave every variant per workload; figures are medians relative to the first
 # variant, then geometric means. SWEEP_JSON=FILE keeps every run, rewritten after each.
-import os, sys, time, math, json
-A = os.environ.get('ADVM', 'advm')
-B = os.path.dirname(os.path.abspath(__file__))
-passes = int(sys.argv[1])
-allw = ['b25_matrix', 'b25_sort', 'b25_vector', 'ml_randomforest', 'ml_lssvm', 'ml_svm', 'ml_rpart', 'ml_nnet', 'ml_gbm', 'ml_knn', 'ml_glmnet']
-ws = allw if sys.argv[2] == 'all' else sys.argv[2].split(',')
-vs = []
-for v in sys.argv[3:]:
-    p = v.split(':', 2)
-    env = dict(kv.split('=', 1) for kv in p[2].split(',')) if len(p) > 2 and p[2] else {}
-    vs.append((p[0], p[1], env))
+import os, time, math, json
+from variants import A, B, env, interleave, med, parse
+passes, ws, vs = parse()
 root = '/sys/fs/cgroup/memory'
-def run(w, mode, env):
+def run(w, mode, extra):
     g = '%s/advm-sweep-%d' % (root, os.getpid())
     os.mkdir(g)
-    e = dict(os.environ, ADVM_BENCH_DIR=B, ADVM_BENCH_SCALE='1', **env)
+    e = env(extra)
     pid = os.fork()
     if pid == 0:
         open(g + '/cgroup.procs', 'w').write(str(os.getpid()))
@@ -47,13 +39,8 @@ def run(w, mode, env):
         try: os.rmdir(g); break
         except OSError: time.sleep(0.05)
     return sum(s) / len(s) / 2**20 if s else float('nan'), max(s) / 2**20 if s else float('nan'), ru.ru_utime + ru.ru_stime, ru.ru_stime
-res = {}
-for p in range(passes):
-    for w in ws:
-        for name, mode, env in vs:
-            res.setdefault(w, {}).setdefault(name, []).append(run(w, mode, env))
-            if os.environ.get('SWEEP_JSON'): json.dump(res, open(os.environ['SWEEP_JSON'], 'w'))
-med = lambda x: sorted(x)[len(x) // 2] if len(x) % 2 else (sorted(x)[len(x)//2-1] + sorted(x)[len(x)//2]) / 2
+keep = lambda res: json.dump(res, open(os.environ['SWEEP_JSON'], 'w'))
+res = interleave(passes, ws, vs, run, keep if os.environ.get('SWEEP_JSON') else None)
 base = vs[0][0]
 geo = {n: [[], [], [], []] for n, _, _ in vs}
 for w in ws:
