@@ -8,13 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static long rss_kib(void) {
-    long size = 0, res = 0;
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (!f || fscanf(f, "%ld %ld", &size, &res) != 2) return -1;
-    fclose(f);
-    return res * (sysconf(_SC_PAGESIZE) / 1024);
-}
+#include "rss.h"
 
 int main(int argc, char **argv) {
     if (argc != 2) return 2;

@@ -7,13 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-static long rss_kib(void) {
-    long size = 0, res = 0;
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (!f || fscanf(f, "%ld %ld", &size, &res) != 2) return -1;
-    fclose(f);
-    return res * (sysconf(_SC_PAGESIZE) / 1024);
-}
+#include "rss.h"
 
 int main(void) {
     size_t blk = (size_t)16 << 20;
