@@ -124,9 +124,10 @@ pub enum NeededPaging {
     /// memory cgroup reaches its limit, and swaps them in without a fault to the
     /// pager. The budget and the cgroup watch then only drop discardable pages, and
     /// [`Pager::flush`] hands the needed pages of its range to the kernel
-    /// (`MADV_PAGEOUT`). Experimental: under memory pressure a faulting thread was
-    /// seen livelocked on a page the pager holds resident with no page-table entry
-    /// (docs/pager.md; cause open).
+    /// (`MADV_PAGEOUT`). Experimental: twice under memory pressure a faulting thread
+    /// was livelocked on a page the pager held resident with no page-table entry;
+    /// the likely cause (a move the kernel reported failed though it was done) is
+    /// fixed, but that path was not run long since (docs/pager.md).
     Kernel,
 }
 

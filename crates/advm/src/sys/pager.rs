@@ -125,6 +125,18 @@ impl Area {
         }
     }
 
+    /// Whether `page` has a page-table entry, present or swapped (read from
+    /// `/proc/self/pagemap`, opened for the call so that a fork's child reads its own
+    /// page tables): never faults. False if pagemap cannot be read.
+    pub fn mapped(&self, page: usize) -> bool {
+        let Ok(p) = self.page_ptr(page, 1) else { return false };
+        let mut e = [0u64; 1];
+        let read =
+            super::pagemap::Pagemap::open("self").and_then(|pm| pm.read((p as usize / page_size()) as u64, &mut e));
+        let entry = super::pagemap::Entry(e[0]);
+        matches!(read, Ok(1)) && (entry.present() || entry.swapped())
+    }
+
     /// Wakes threads blocked on faults at `page`, once the pager has recorded the fill.
     pub fn wake(&self, fd: &Userfaultfd, page: usize) -> SysResult<()> {
         fd.wake(self.page_ptr(page, 1)?, page_size())
@@ -213,7 +225,24 @@ pub fn move_pages(
     // SAFETY: both ranges are pager areas registered on `fd`; the destination pages
     // are empty staging (or evicted region) pages; pages leave the source whole, and
     // an access there afterwards faults to the pager.
-    unsafe { fd.move_pages(d, s, n * page_size(), 0) }
+    match unsafe { fd.move_pages(d, s, n * page_size(), 0) } {
+        Ok(bytes) => Ok(bytes),
+        Err(mut partial) => {
+            // Linux 6.18 (measured here, tests/pager.rs `a_move_racing_write_protection_
+            // is_counted_where_the_page_went`): a move racing UFFDIO_WRITEPROTECT on its
+            // source page can move the page, retry it internally and report EEXIST with
+            // nothing moved. Where the page went is read from the page tables, so the
+            // caller never takes a page sitting at the destination for one still in place.
+            let next = partial.done / page_size();
+            if next < n && !src.mapped(src_page + next) && dst.mapped(dst_page + next) {
+                partial.done += page_size();
+                if next + 1 == n {
+                    return Ok(partial.done);
+                }
+            }
+            Err(partial)
+        }
+    }
 }
 
 /// A page-aligned buffer of pages for reading the swap file back.
