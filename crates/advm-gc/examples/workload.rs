@@ -27,7 +27,7 @@ fn main() -> Result<(), advm_gc::Error> {
     let s = h.stats();
     for c in &s.history {
         println!(
-            "pause {:7.3} ms  stop {:.3} mark {:.3} fwd {:.3} adj {:.3} move {:.3}  live {} objs, {} KiB after",
+            "pause {:7.3} ms  stop {:.3} mark {:.3} fwd {:.3} adj {:.3} move {:.3}  live {} objs, {} KiB after, {} KiB in place",
             ms(c.pause_ns),
             ms(c.stop_ns),
             ms(c.mark_ns),
@@ -35,7 +35,8 @@ fn main() -> Result<(), advm_gc::Error> {
             ms(c.adjust_ns),
             ms(c.move_ns),
             c.live_objects,
-            c.heap_after >> 10
+            c.heap_after >> 10,
+            c.bytes_in_place >> 10
         );
     }
     let max = s.history.iter().map(|c| c.pause_ns).max().unwrap_or(0);
