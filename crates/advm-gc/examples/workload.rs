@@ -1,7 +1,9 @@
 //! Runs one workload of `bench/gc/` on a heap of HEAP MiB and prints every collection's
-//! phases, for profiling: `cargo run --release -p advm-gc --example workload -- gcbench 8.4 [quick] [threads]`.
+//! phases, for profiling: `cargo run --release -p advm-gc --example workload -- gcbench 8.4 [quick] [threads]
+//! [gen|gen-copy-back]` (the last: generational, the modified policy with `mem_lim` the
+//! heap, as `advm bench gc` runs it, drifting or with copy-back).
 
-use advm_gc::{Config, Heap};
+use advm_gc::{Config, Generational, Heap, Policy};
 
 #[allow(missing_docs, dead_code)]
 #[path = "../../../bench/gc/workloads.rs"]
@@ -17,6 +19,11 @@ fn main() -> Result<(), advm_gc::Error> {
     if let Some(t) = args.get(4).and_then(|a| a.parse().ok()) {
         c.gc_threads = t;
     }
+    if let Some(g) = args.get(5).filter(|a| a.starts_with("gen")) {
+        let heap = c.heap_bytes;
+        let policy = Policy::Modified { mem_lim: heap, min_new_size: heap / 8, min_old_incr: heap / 4 };
+        c.generational = Some(Generational { policy, copy_back: g == "gen-copy-back" });
+    }
     let h = Heap::with_config(c)?;
     let mut m = h.attach();
     let t = std::time::Instant::now();
@@ -27,7 +34,8 @@ fn main() -> Result<(), advm_gc::Error> {
     let s = h.stats();
     for c in &s.history {
         println!(
-            "pause {:7.3} ms  stop {:.3} mark {:.3} fwd {:.3} adj {:.3} move {:.3}  live {} objs, {} KiB after, {} KiB in place",
+            "{:5} pause {:7.3} ms  stop {:.3} mark {:.3} fwd {:.3} adj {:.3} move {:.3}  live {} objs, {} KiB after, {} KiB in place",
+            c.kind,
             ms(c.pause_ns),
             ms(c.stop_ns),
             ms(c.mark_ns),
