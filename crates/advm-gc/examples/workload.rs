@@ -1,7 +1,8 @@
 //! Runs one workload of `bench/gc/` on a heap of HEAP MiB and prints every collection's
 //! phases, for profiling: `cargo run --release -p advm-gc --example workload -- gcbench 8.4 [quick] [threads]
-//! [gen|gen-copy-back]` (the last: generational, the modified policy with `mem_lim` the
-//! heap, as `advm bench gc` runs it, drifting or with copy-back).
+//! [gen|gen-copy-back]` (THREADS: that many GC threads whatever the heap's size; the last:
+//! generational, the modified policy with `mem_lim` the heap, as `advm bench gc` runs it,
+//! drifting or with copy-back).
 
 use advm_gc::{Config, Generational, Heap, Policy};
 
@@ -18,6 +19,7 @@ fn main() -> Result<(), advm_gc::Error> {
     let mut c = Config::new((mib * (1 << 20) as f64) as usize / 4096 * 4096);
     if let Some(t) = args.get(4).and_then(|a| a.parse().ok()) {
         c.gc_threads = t;
+        c.parallel_from_bytes = 0; // as many threads as asked, whatever the heap
     }
     if let Some(g) = args.get(5).filter(|a| a.starts_with("gen")) {
         let heap = c.heap_bytes;
