@@ -66,22 +66,23 @@ for w in workloads:
 
 PAPER_JVM = {"1.2": "4.49x / 18.25x", "2": "3.60x / 12.24x"}
 print()
-print("| workload | heap | advm-remap max (ms) | parallel max full (all) (ms) | shenandoah max full (all) (ms) "
-      "| parallel/advm, full | shenandoah/advm, full | advm total (s) | parallel total (s) | shenandoah total (s) |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+print("| workload | heap | advm-remap max full (ms) | advm-gen max major (all) (ms) | parallel max full (all) (ms) "
+      "| shenandoah max full / degenerated (all) (ms) | parallel/advm-remap | parallel/advm-gen "
+      "| shenandoah/advm-remap, full | advm total (s) | advm-gen total (s) | parallel total (s) | shenandoah total (s) |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for w in workloads:
     for f in ("1.2", "2"):
-        a, p, s = (w, f, "advm-remap"), (w, f, "parallel"), (w, f, "shenandoah")
+        a, g, p, s = (w, f, "advm-remap"), (w, f, "advm-gen"), (w, f, "parallel"), (w, f, "shenandoah")
         if p not in heaps and s not in heaps:
             continue
-        pa = med(a, "pause_ms_max")
-        cells, ratios = [], []
-        for k in (p, s):
-            full, every = med(k, "full_pause_ms_max"), med(k, "pause_ms_max")
-            cells.append(f"{fmt(full)} ({fmt(every)})")
-            ratios.append(fmt(full / pa, "x") if pa and full else "-")
-        print(f"| {w} | {f}x | {fmt(pa)} | {cells[0]} | {cells[1]} | {ratios[0]} | {ratios[1]} "
-              f"| {fmt(med(a, 'total_s'))} | {fmt(med(p, 'total_s'))} | {fmt(med(s, 'total_s'))} |")
+        pa, pg = med(a, "full_pause_ms_max"), med(g, "full_pause_ms_max")
+        full = {k: med(k, "full_pause_ms_max") for k in (p, s)}
+        ratio = lambda x, y: fmt(x / y, "x") if x and y else "-"
+        print(f"| {w} | {f}x | {fmt(pa)} | {fmt(pg)} ({fmt(med(g, 'pause_ms_max'))}) "
+              f"| {fmt(full[p])} ({fmt(med(p, 'pause_ms_max'))}) "
+              f"| {fmt(full[s])} / {fmt(med(s, 'degenerated_pause_ms_max'))} ({fmt(med(s, 'pause_ms_max'))}) "
+              f"| {ratio(full[p], pa)} | {ratio(full[p], pg)} | {ratio(full[s], pa)} "
+              f"| {fmt(med(a, 'total_s'))} | {fmt(med(g, 'total_s'))} | {fmt(med(p, 'total_s'))} | {fmt(med(s, 'total_s'))} |")
 
 # Reports from before the figure existed have no median full pause: the table is left out.
 if any(k[3] == "full_pause_ms_median" for k in runs):
@@ -98,6 +99,17 @@ if any(k[3] == "full_pause_ms_median" for k in runs):
             ma, mp = med(keys[0], "full_pause_ms_median"), med(keys[1], "full_pause_ms_median")
             print(f"| {w} | {f}x | {cells[0]} | {cells[1]} | {cells[2]} "
                   f"| {fmt(mp / ma, 'x') if ma and mp else '-'} |")
+print()
+print("| workload | heap | advm-remap full pause median / p99 / max (ms) | advm-gen major median / max, minor max (ms) |")
+print("|---|---|---|---|")
+for w in workloads:
+    for f in ("1.2", "2"):
+        a, g = (w, f, "advm-remap"), (w, f, "advm-gen")
+        if a not in heaps:
+            continue
+        print(f"| {w} | {f}x | {fmt(med(a, 'full_pause_ms_median'))} / {fmt(med(a, 'pause_ms_p99'))} / "
+              f"{fmt(med(a, 'full_pause_ms_max'))} | {fmt(med(g, 'full_pause_ms_median'))} / "
+              f"{fmt(med(g, 'full_pause_ms_max'))}, {fmt(med(g, 'minor_pause_ms_max'))} |")
 print()
 print("paper (SVAGC vs ParallelGC / Shenandoah, max full-GC pause):",
       ", ".join(f"{k}x heap: {v}" for k, v in PAPER_JVM.items()))

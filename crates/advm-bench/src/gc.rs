@@ -47,9 +47,16 @@ fn gc_err(e: advm_gc::Error) -> BenchError {
 #[derive(Debug, Clone, Default)]
 struct RunFigures {
     pauses_ms: Vec<f64>,
-    /// Of the pauses, full collections (every advm-gc collection; `Pause Full` and
-    /// Shenandoah's degenerated ones for the JVM): what the paper compares.
+    /// Of the pauses, full collections (every collection of a non-generational
+    /// advm-gc heap, the major ones of a generational one; `Pause Full` for the JVM):
+    /// what the paper compares (its "maximum pause time of Full GC", whose phases it
+    /// breaks down into compaction and the rest).
     full_pauses_ms: Vec<f64>,
+    /// Shenandoah's degenerated pauses (a concurrent cycle finished with the world
+    /// stopped): not full collections, reported beside them.
+    degenerated_ms: Vec<f64>,
+    /// A generational advm-gc heap's minor collections.
+    minor_ms: Vec<f64>,
     total_s: f64,
     phases_ms: [f64; 4],
     memmove_mib: f64,
@@ -76,10 +83,29 @@ fn mean(v: &[f64]) -> f64 {
     }
 }
 
-/// Runs `w` on a fresh heap; `Ok(None)` when the heap was too small.
-fn run_advm(w: Workload, scale: Scale, heap: usize, engine: Engine) -> Result<Option<RunFigures>, BenchError> {
+/// The generational configuration of the JVM comparison's `advm-gen` rows, for a
+/// heap limit of `heap` bytes: SML/NJ's modified policy with the limit as `mem_lim`,
+/// `min_new_size` heap/8, `min_old_incr` heap/4, copy-back on (its to-space pages are
+/// reused; a drifting old generation faults fresh pages in at each major collection).
+fn generational(heap: usize) -> Generational {
+    Generational {
+        policy: Policy::Modified { mem_lim: heap, min_new_size: heap / 8, min_old_incr: heap / 4 },
+        copy_back: true,
+    }
+}
+
+/// Runs `w` on a fresh heap, generational ([`generational`]) or not; `Ok(None)` when
+/// the heap was too small.
+fn run_advm(
+    w: Workload,
+    scale: Scale,
+    heap: usize,
+    engine: Engine,
+    gen: bool,
+) -> Result<Option<RunFigures>, BenchError> {
     let mut cfg = Config::new(heap);
     cfg.engine = engine;
+    cfg.generational = gen.then(|| generational(heap));
     let h = Heap::with_config(cfg).map_err(gc_err)?;
     let mut m = h.attach();
     let t = Instant::now();
@@ -92,16 +118,21 @@ fn run_advm(w: Workload, scale: Scale, heap: usize, engine: Engine) -> Result<Op
     drop(m);
     let s = h.stats();
     let ms = |ns: u64| ns as f64 / 1e6;
-    let per = |f: fn(&Collection) -> u64| mean(&s.history.iter().map(|c| ms(f(c))).collect::<Vec<_>>());
+    // Full collections: every one of a non-generational heap, the major ones (each
+    // with its minor collection first) of a generational one.
+    let full: Vec<&Collection> = s.history.iter().filter(|c| c.kind != "minor").collect();
+    let per = |f: fn(&Collection) -> u64| mean(&full.iter().map(|c| ms(f(c))).collect::<Vec<_>>());
     Ok(Some(RunFigures {
         pauses_ms: s.history.iter().map(|c| ms(c.pause_ns)).collect(),
-        full_pauses_ms: s.history.iter().map(|c| ms(c.pause_ns)).collect(),
+        full_pauses_ms: full.iter().map(|c| ms(c.pause_ns)).collect(),
+        minor_ms: s.history.iter().filter(|c| c.kind == "minor").map(|c| ms(c.pause_ns)).collect(),
         total_s,
         phases_ms: [per(|c| c.mark_ns), per(|c| c.forward_ns), per(|c| c.adjust_ns), per(|c| c.move_ns)],
         memmove_mib: s.bytes_moved_memmove as f64 / (1 << 20) as f64,
         remap_mib: s.bytes_moved_remap as f64 / (1 << 20) as f64,
         large_moves: s.history.iter().map(|c| (ms(c.move_large_ns), c.bytes_remap)).collect(),
         checksum: sum,
+        degenerated_ms: Vec::new(),
     }))
 }
 
@@ -196,7 +227,7 @@ fn run_policy(
 fn policy_section(scale: Scale, runs: usize, report: &mut Report) -> Result<(), BenchError> {
     let mut part = Part::default();
     for (name, w) in ALL.iter().filter(|(n, _)| *n == "compiler-sawtooth" || *n == "growing-sort") {
-        let min = min_heap(ADVM_FLOOR, |h| Ok(run_advm(*w, scale, h, Engine::Remap)?.is_some()))?;
+        let min = min_heap(ADVM_FLOOR, |h| Ok(run_advm(*w, scale, h, Engine::Remap, false)?.is_some()))?;
         // The limit leaves the sizing to the policy.
         let heap = 4 * min;
         let configs = policies(min);
@@ -387,6 +418,18 @@ fn row(workload: &str, factor: f64, collector: &str, heap: usize, runs: &[RunFig
         .figure(fig("full_collections", "", &|r| r.full_pauses_ms.len() as f64))
         .figure(fig("collections", "", &|r| r.pauses_ms.len() as f64))
         .figure(fig("total_s", "s", &|r| r.total_s));
+    if collector == "advm-gen" {
+        r = r.figure(fig("minor_pause_ms_max", "ms", &|r| r.minor_ms.iter().copied().fold(0.0, f64::max))).figure(fig(
+            "minor_collections",
+            "",
+            &|r| r.minor_ms.len() as f64,
+        ));
+    }
+    if collector == "shenandoah" {
+        r = r
+            .figure(fig("degenerated_pause_ms_max", "ms", &|r| r.degenerated_ms.iter().copied().fold(0.0, f64::max)))
+            .figure(fig("degenerated_collections", "", &|r| r.degenerated_ms.len() as f64));
+    }
     if collector.starts_with("advm") {
         for (i, p) in ["mark_ms_mean", "forward_ms_mean", "adjust_ms_mean", "move_ms_mean"].iter().enumerate() {
             r = r.figure(fig(p, "ms", &|r| r.phases_ms[i]));
@@ -507,7 +550,8 @@ impl Java {
         let text = std::fs::read_to_string(&log).map_err(|e| BenchError::Io(log.display().to_string(), e))?;
         Ok(Some(RunFigures {
             pauses_ms: pauses(&text, " Pause "),
-            full_pauses_ms: [pauses(&text, " Pause Full"), pauses(&text, " Pause Degenerated")].concat(),
+            full_pauses_ms: pauses(&text, " Pause Full"),
+            degenerated_ms: pauses(&text, " Pause Degenerated"),
             total_s,
             ..Default::default()
         }))
@@ -549,14 +593,14 @@ impl Bench for GcBench {
         let picked = picked_workloads()?;
         let bar = opts.progress_bar(picked.as_ref().map_or(ALL.len(), Vec::len) as u64, "gc workloads");
         for (name, w) in picked.clone().unwrap_or(ALL.to_vec()) {
-            let min = min_heap(ADVM_FLOOR, |h| Ok(run_advm(w, scale, h, Engine::Remap)?.is_some()))?;
+            let min = min_heap(ADVM_FLOOR, |h| Ok(run_advm(w, scale, h, Engine::Remap, false)?.is_some()))?;
             report.configuration.insert(format!("min_heap_{name}"), serde_json::json!(min));
             for factor in FACTORS {
                 let heap = ((min as f64 * factor) as usize).div_ceil(4096) * 4096;
                 let (mut remap, mut copy) = (Vec::new(), Vec::new());
                 for _ in 0..runs {
                     for (engine, into) in [(Engine::Remap, &mut remap), (Engine::Memmove, &mut copy)] {
-                        let r = run_advm(w, scale, heap, engine)?
+                        let r = run_advm(w, scale, heap, engine, false)?
                             .ok_or_else(|| BenchError::Usage(format!("{name} ran out of a {heap}-byte heap")))?;
                         into.push(r);
                     }
@@ -577,6 +621,24 @@ impl Bench for GcBench {
                         .figure(Figure::new("collection_pause_ratio", "x", paired(&remap, &copy, |r| r.to_vec())))
                         .figure(Figure::new("page_move_batch_ratio", "x", page_move_batches(&remap, &copy))),
                 );
+            }
+            // Generational (minor collections in between, as in HotSpot's ParallelGC,
+            // inside which SVAGC ran), at 1.2x and 2x its own minimum heap.
+            let gen_min = min_heap(ADVM_FLOOR, |h| Ok(run_advm(w, scale, h, Engine::Remap, true)?.is_some()))?;
+            report.configuration.insert(format!("min_heap_gen_{name}"), serde_json::json!(gen_min));
+            for factor in FACTORS {
+                let heap = ((gen_min as f64 * factor) as usize).div_ceil(4096) * 4096;
+                let mut rs = Vec::new();
+                for _ in 0..runs {
+                    rs.push(
+                        run_advm(w, scale, heap, Engine::Remap, true)?
+                            .ok_or_else(|| BenchError::Usage(format!("{name} ran out of a {heap}-byte heap (gen)")))?,
+                    );
+                }
+                if rs.iter().any(|r| r.checksum != rs[0].checksum) {
+                    return Err(BenchError::Usage(format!("{name}: generational runs computed different results")));
+                }
+                report.rows.push(row(name, factor, "advm-gen", heap, &rs));
             }
             if let Some(j) = &java {
                 for gc in ["parallel", "shenandoah"] {
@@ -620,7 +682,8 @@ impl Bench for GcBench {
         report.notes.push(
             "heaps: 1.2x and 2x each collector's own minimum heap (bisection to 1/16 of a doubling step; \
              at least 4 MiB for the JVM); \
-             pauses are stop-the-world collections (advm-gc: every collection is full)"
+             pauses are stop-the-world collections (advm-remap, advm-memmove: every collection is full; \
+             advm-gen: full = major, SML/NJ's modified policy with mem_lim the heap, copy-back on)"
                 .into(),
         );
         Ok(())
@@ -629,12 +692,13 @@ impl Bench for GcBench {
     fn demo(&self) -> Result<Vec<DemoRow>, BenchError> {
         let scale = Scale { quick: true };
         let (name, w) = ALL[5]; // sigverify-10m
-        let min = min_heap(ADVM_FLOOR, |h| Ok(run_advm(w, scale, h, Engine::Remap)?.is_some()))?;
+        let min = min_heap(ADVM_FLOOR, |h| Ok(run_advm(w, scale, h, Engine::Remap, false)?.is_some()))?;
         let heap = ((min as f64 * 1.2) as usize).div_ceil(4096) * 4096;
         let mut maxes = [Vec::new(), Vec::new()];
         for _ in 0..3 {
             for (i, e) in [Engine::Remap, Engine::Memmove].into_iter().enumerate() {
-                let r = run_advm(w, scale, heap, e)?.ok_or_else(|| BenchError::Usage("demo heap too small".into()))?;
+                let r = run_advm(w, scale, heap, e, false)?
+                    .ok_or_else(|| BenchError::Usage("demo heap too small".into()))?;
                 maxes[i].push(r.pauses_ms.iter().copied().fold(0.0, f64::max));
             }
         }
@@ -672,7 +736,7 @@ impl Bench for GcPolicyBench {
     fn demo(&self) -> Result<Vec<DemoRow>, BenchError> {
         let scale = Scale { quick: true };
         let (name, w) = ALL[9]; // compiler-sawtooth
-        let min = min_heap(ADVM_FLOOR, |h| Ok(run_advm(w, scale, h, Engine::Remap)?.is_some()))?;
+        let min = min_heap(ADVM_FLOOR, |h| Ok(run_advm(w, scale, h, Engine::Remap, false)?.is_some()))?;
         let [orig, _, _, modi] = policies(min);
         let mut part = Part::default();
         let mean_heap = |r: &PolicyRun| mean(&r.series.iter().map(|p| p.1).collect::<Vec<_>>());
@@ -764,7 +828,7 @@ mod tests {
     #[test]
     fn policy_workloads_compute_the_same_result_generational_or_not() {
         for (name, w) in ALL.iter().filter(|(n, _)| *n == "compiler-sawtooth" || *n == "growing-sort") {
-            let full = run_advm(*w, Scale { quick: true }, 64 << 20, Engine::Remap).unwrap().unwrap();
+            let full = run_advm(*w, Scale { quick: true }, 64 << 20, Engine::Remap, false).unwrap().unwrap();
             let mut minors = 0;
             for (label, g) in policies(1 << 20) {
                 let r = run_policy(*w, Scale { quick: true }, 64 << 20, g, &mut Part::default()).unwrap();
@@ -779,10 +843,22 @@ mod tests {
     }
 
     #[test]
+    fn generational_runs_count_major_collections_as_full_and_compute_the_same_result() {
+        let (_, w) = ALL.iter().find(|(n, _)| *n == "gcbench").unwrap();
+        let heap = 3 << 20;
+        let full = run_advm(*w, Scale { quick: true }, heap, Engine::Remap, false).unwrap().unwrap();
+        let gen = run_advm(*w, Scale { quick: true }, heap, Engine::Remap, true).unwrap().unwrap();
+        assert_eq!(gen.checksum, full.checksum);
+        assert_eq!(full.full_pauses_ms.len(), full.pauses_ms.len());
+        // minor collections in between: fewer full pauses than pauses
+        assert!(gen.full_pauses_ms.len() < gen.pauses_ms.len(), "{gen:?}");
+    }
+
+    #[test]
     fn every_workload_computes_the_same_result_under_both_engines() {
         for (name, w) in ALL.iter().filter(|(n, _)| !n.ends_with("100m")) {
-            let a = run_advm(*w, Scale { quick: true }, 64 << 20, Engine::Remap).unwrap().unwrap();
-            let b = run_advm(*w, Scale { quick: true }, 64 << 20, Engine::Memmove).unwrap().unwrap();
+            let a = run_advm(*w, Scale { quick: true }, 64 << 20, Engine::Remap, false).unwrap().unwrap();
+            let b = run_advm(*w, Scale { quick: true }, 64 << 20, Engine::Memmove, false).unwrap().unwrap();
             assert_eq!(a.checksum, b.checksum, "{name}");
         }
     }

@@ -1,7 +1,10 @@
 //! Runs one workload of `bench/gc/` on a heap of HEAP MiB and prints every collection's
-//! phases, for profiling: `cargo run --release -p advm-gc --example workload -- gcbench 8.4 [quick] [threads]`.
+//! phases, for profiling: `cargo run --release -p advm-gc --example workload -- gcbench 8.4 [quick] [threads]
+//! [gen|gen-copy-back]` (THREADS: that many GC threads whatever the heap's size; the last:
+//! generational, the modified policy with `mem_lim` the heap, as `advm bench gc` runs it,
+//! drifting or with copy-back).
 
-use advm_gc::{Config, Heap};
+use advm_gc::{Config, Generational, Heap, Policy};
 
 #[allow(missing_docs, dead_code)]
 #[path = "../../../bench/gc/workloads.rs"]
@@ -16,6 +19,12 @@ fn main() -> Result<(), advm_gc::Error> {
     let mut c = Config::new((mib * (1 << 20) as f64) as usize / 4096 * 4096);
     if let Some(t) = args.get(4).and_then(|a| a.parse().ok()) {
         c.gc_threads = t;
+        c.parallel_from_bytes = 0; // as many threads as asked, whatever the heap
+    }
+    if let Some(g) = args.get(5).filter(|a| a.starts_with("gen")) {
+        let heap = c.heap_bytes;
+        let policy = Policy::Modified { mem_lim: heap, min_new_size: heap / 8, min_old_incr: heap / 4 };
+        c.generational = Some(Generational { policy, copy_back: g == "gen-copy-back" });
     }
     let h = Heap::with_config(c)?;
     let mut m = h.attach();
@@ -27,7 +36,8 @@ fn main() -> Result<(), advm_gc::Error> {
     let s = h.stats();
     for c in &s.history {
         println!(
-            "pause {:7.3} ms  stop {:.3} mark {:.3} fwd {:.3} adj {:.3} move {:.3}  live {} objs, {} KiB after",
+            "{:5} pause {:7.3} ms  stop {:.3} mark {:.3} fwd {:.3} adj {:.3} move {:.3}  live {} objs, {} KiB after, {} KiB in place",
+            c.kind,
             ms(c.pause_ns),
             ms(c.stop_ns),
             ms(c.mark_ns),
@@ -35,7 +45,8 @@ fn main() -> Result<(), advm_gc::Error> {
             ms(c.adjust_ns),
             ms(c.move_ns),
             c.live_objects,
-            c.heap_after >> 10
+            c.heap_after >> 10,
+            c.bytes_in_place >> 10
         );
     }
     let max = s.history.iter().map(|c| c.pause_ns).max().unwrap_or(0);

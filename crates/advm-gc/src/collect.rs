@@ -86,20 +86,13 @@ fn par_map<T: Send, F: Fn(usize) -> T + Sync>(n: usize, threads: usize, f: F) ->
     v.into_iter().map(|p| p.1).collect()
 }
 
-/// Marks object `o` (and its header in `marks`); true when it was not marked before.
-fn try_mark(mem: &Mem, marks: &MarkMap, o: usize) -> bool {
-    let fresh = mem.fetch_or(o - HDR, MARK) & MARK == 0;
-    if fresh {
-        marks.set(o - HDR);
-    }
-    fresh
-}
-
-/// The headers of the marked objects of the small space: one bit per [`ALIGN`] bytes
-/// of `[base, top)`, set when the object starting there is marked. The later phases
-/// walk a unit's live objects through it, reading no dead object (the dead outnumber
-/// the live in a heap collected when full, and walking their headers one after the
-/// other took as long as marking).
+/// The marks of the small space's objects: one bit per [`ALIGN`] bytes of `[base,
+/// top)`, set when the object whose header starts there is marked. A small object's
+/// header is not written to mark it, so an object that keeps its place (the dense
+/// prefix, see [`full`]) is written by no phase. The later phases walk a unit's live
+/// objects through it, reading no dead object (the dead outnumber the live in a heap
+/// collected when full, and walking their headers one after the other took as long as
+/// marking). Large objects carry their mark in their header.
 struct MarkMap {
     base: usize,
     top: usize,
@@ -112,21 +105,34 @@ impl MarkMap {
         MarkMap { base, top, words: (0..words).map(|_| AtomicU64::new(0)).collect() }
     }
 
-    /// Records the header at `h` (nothing outside the small space).
-    fn set(&self, h: usize) {
+    /// Marks the object whose header is at `h`; true when it was not marked before.
+    fn mark(&self, mem: &Mem, h: usize) -> bool {
         if h >= self.base && h < self.top {
-            let b = (h - self.base) / ALIGN;
-            self.words[b / 64].fetch_or(1 << (b % 64), Ordering::Relaxed);
+            let (b, w) = self.bit(h);
+            w.fetch_or(b, Ordering::Relaxed) & b == 0
+        } else {
+            mem.fetch_or(h, MARK) & MARK == 0
         }
     }
 
-    /// [`MarkMap::set`] for a lone marker: a plain load and store.
-    fn set_alone(&self, h: usize) {
+    /// [`MarkMap::mark`] for a lone marker: a plain load and store.
+    fn mark_alone(&self, mem: &Mem, h: usize) -> bool {
         if h >= self.base && h < self.top {
-            let b = (h - self.base) / ALIGN;
-            let w = &self.words[b / 64];
-            w.store(w.load(Ordering::Relaxed) | 1 << (b % 64), Ordering::Relaxed);
+            let (b, w) = self.bit(h);
+            let old = w.load(Ordering::Relaxed);
+            w.store(old | b, Ordering::Relaxed);
+            old & b == 0
+        } else {
+            let h0 = mem.load(h);
+            mem.store(h, h0 | MARK);
+            h0 & MARK == 0
         }
+    }
+
+    /// The bit of the header at `h` and its word.
+    fn bit(&self, h: usize) -> (u64, &AtomicU64) {
+        let b = (h - self.base) / ALIGN;
+        (1 << (b % 64), &self.words[b / 64])
     }
 
     /// Calls `f(header, h0)` for every marked object starting in `[start, end)`, in
@@ -178,12 +184,10 @@ fn mark_alone(mem: &Mem, marks: &MarkMap, roots: &[usize]) -> u64 {
         let o = queue[head];
         head = (head + 1) % PREFETCH;
         len -= 1;
-        let h0 = mem.load(o - HDR);
-        if h0 & MARK != 0 {
+        if !marks.mark_alone(mem, o - HDR) {
             continue;
         }
-        mem.store(o - HDR, h0 | MARK);
-        marks.set_alone(o - HDR);
+        let h0 = mem.load(o - HDR);
         n += 1;
         for i in 0..nptrs_of(h0) {
             let p = mem.load(o + 8 * i);
@@ -203,7 +207,7 @@ fn mark(mem: &Mem, marks: &MarkMap, roots: &[usize], threads: usize) -> u64 {
     let pending = AtomicUsize::new(0);
     let live = AtomicU64::new(0);
     for &r in roots {
-        if r != 0 && try_mark(mem, marks, r) {
+        if r != 0 && marks.mark(mem, r - HDR) {
             pending.fetch_add(1, Ordering::SeqCst);
             injector.push(r);
         }
@@ -226,7 +230,7 @@ fn mark(mem: &Mem, marks: &MarkMap, roots: &[usize], threads: usize) -> u64 {
                     let k = nptrs_of(mem.load(o - HDR));
                     for i in 0..k {
                         let p = mem.load(o + 8 * i);
-                        if p != 0 && try_mark(mem, marks, p) {
+                        if p != 0 && marks.mark(mem, p - HDR) {
                             pending.fetch_add(1, Ordering::SeqCst);
                             w.push(p);
                         }
@@ -280,6 +284,8 @@ fn units(starts: &[usize], top: usize) -> Vec<(usize, usize)> {
 /// in turn made this phase as slow as marking.
 struct Adjust<'m> {
     mem: &'m Mem,
+    /// The dense prefix: its objects keep their place and have no forwarding word.
+    stay: (usize, usize),
     /// (slot, its target) read but not yet rewritten, oldest at `head`.
     queue: [(usize, usize); PREFETCH],
     head: usize,
@@ -287,8 +293,8 @@ struct Adjust<'m> {
 }
 
 impl<'m> Adjust<'m> {
-    fn new(mem: &'m Mem) -> Self {
-        Adjust { mem, queue: [(0, 0); PREFETCH], head: 0, len: 0 }
+    fn new(mem: &'m Mem, stay: (usize, usize)) -> Self {
+        Adjust { mem, stay, queue: [(0, 0); PREFETCH], head: 0, len: 0 }
     }
 
     /// Queues every pointer slot of the object with header `h`.
@@ -296,7 +302,7 @@ impl<'m> Adjust<'m> {
         for i in 0..nptrs_of(h0) {
             let slot = h + HDR + 8 * i;
             let p = self.mem.load(slot);
-            if p == 0 {
+            if p == 0 || (p >= self.stay.0 && p < self.stay.1) {
                 continue;
             }
             self.mem.prefetch(p - HDR + 8);
@@ -355,15 +361,21 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
 
     let t = Instant::now();
     let us = units(&alloc.starts, alloc.small_top);
-    let live = par_map(us.len(), threads, |k| {
-        let (end, mut live) = (us[k].1, 0);
+    // Per unit: its live bytes, and how many of them lie in one run from its start.
+    let (live, run): (Vec<usize>, Vec<usize>) = par_map(us.len(), threads, |k| {
+        let ((start, end), mut live, mut run) = (us[k], 0, 0);
         marks.each_live(&mem, us[k], |h, h0| {
             let size = size_of(h0);
             assert!(size >= HDR && h + size <= end, "broken header at {h:#x} ({h0:#x})");
+            if h == start + run {
+                run += size;
+            }
             live += size;
         });
-        live
-    });
+        (live, run)
+    })
+    .into_iter()
+    .unzip();
     let mut dest = Vec::with_capacity(us.len());
     // Generational mode may put the old generation elsewhere in its reservation.
     let total: usize = live.iter().sum();
@@ -379,14 +391,35 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     }
     let new_small_top = d;
     inner.reuse(new_small_bottom, new_small_top - new_small_bottom);
+    // The objects below the first gap keep their place (the dense prefix: data that
+    // survived earlier collections sits at the bottom). They get no forwarding word:
+    // adjust leaves pointers into the prefix alone and move skips it, so of the
+    // long-lived data only marking it and reading its slots are left.
+    let mut in_place = alloc.small_top;
+    for (k, &(s, e)) in us.iter().enumerate() {
+        if dest[k] != s || run[k] < e - s {
+            in_place = if dest[k] == s { s + run[k] } else { s };
+            break;
+        }
+    }
+    let stay = (alloc.small_bottom, in_place);
+    c.bytes_in_place = (in_place - alloc.small_bottom) as u64;
     let recorded = par_map(us.len(), threads, |k| {
+        let (s, e) = us[k];
+        if e <= in_place {
+            // the starts recorded in the unit stay starts
+            let (i, j) = (alloc.starts.partition_point(|&a| a < s), alloc.starts.partition_point(|&a| a < e));
+            return alloc.starts[i..j].to_vec();
+        }
         let mut d = dest[k];
         let mut rec: Vec<usize> = Vec::new();
         marks.each_live(&mem, us[k], |h, h0| {
             if rec.last().map_or(true, |&l| d - l >= GRANULE) {
                 rec.push(d);
             }
-            mem.store(h + 8, d + HDR);
+            if h >= in_place {
+                mem.store(h + 8, d + HDR);
+            }
             d += size_of(h0);
         });
         rec
@@ -407,16 +440,16 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
 
     let t = Instant::now();
     par_map(us.len(), threads, |k| {
-        let mut a = Adjust::new(&mem);
+        let mut a = Adjust::new(&mem, stay);
         marks.each_live(&mem, us[k], |h, h0| a.object(h, h0));
         a.finish();
     });
-    let mut a = Adjust::new(&mem);
+    let mut a = Adjust::new(&mem, stay);
     for &(_, h, _) in &large_moves {
         a.object(h, mem.load(h));
     }
     a.finish();
-    let fwd = |p: usize| if p == 0 { 0 } else { mem.load(p - HDR + 8) };
+    let fwd = |p: usize| if p == 0 || (p >= stay.0 && p < stay.1) { p } else { mem.load(p - HDR + 8) };
     for s in stacks.iter_mut() {
         for v in s.iter_mut() {
             *v = fwd(*v);
@@ -445,17 +478,29 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
                     std::thread::yield_now();
                 }
             }
-            marks.each_live(&mem, us[k], |h, h0| {
+            // Every object above the dense prefix moves. Adjacent live objects move by
+            // the same distance, so each run of them is one memmove (the objects of a
+            // data structure built in one go lie side by side); their forwarding words
+            // are cleared at the source first.
+            let mut run = (0, 0, 0); // (source, destination, length)
+            marks.each_live(&mem, (us[k].0.max(in_place), us[k].1), |h, h0| {
                 let to = mem.load(h + 8) - HDR;
+                mem.store(h + 8, 0);
                 let size = size_of(h0);
-                if to != h {
-                    mem.copy(to, h, size);
-                    objs += 1;
-                    bytes += size as u64;
+                if run.2 > 0 && run.0 + run.2 == h && run.1 + run.2 == to {
+                    run.2 += size;
+                } else {
+                    if run.2 > 0 {
+                        mem.copy(run.1, run.0, run.2);
+                    }
+                    run = (h, to, size);
                 }
-                mem.store(to, h0 & !MARK);
-                mem.store(to + 8, 0);
+                objs += 1;
+                bytes += size as u64;
             });
+            if run.2 > 0 {
+                mem.copy(run.1, run.0, run.2);
+            }
             done[k].store(true, Ordering::Release);
         }
         (objs, bytes)

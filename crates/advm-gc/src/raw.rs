@@ -20,8 +20,12 @@ impl Span {
         a >= self.base && a < self.end
     }
 
+    /// Two comparisons (`a - base` wraps for an address below the span): every heap
+    /// word access checks this, in the collector's innermost loops.
+    #[inline]
     fn holds(&self, a: usize, len: usize) -> bool {
-        a >= self.base && a.checked_add(len).is_some_and(|e| e <= self.end)
+        let size = self.end - self.base;
+        len <= size && a.wrapping_sub(self.base) <= size - len
     }
 }
 
@@ -37,6 +41,7 @@ pub(crate) struct Mem {
 
 impl Mem {
     /// True when `[a, a+len)` lies inside one region.
+    #[inline]
     pub(crate) fn holds(&self, a: usize, len: usize) -> bool {
         self.small.holds(a, len) || self.large.holds(a, len) || self.nursery.holds(a, len)
     }

@@ -53,6 +53,9 @@ pub struct Collection {
     pub copy_back_ns: u64,
     /// Live objects.
     pub live_objects: u64,
+    /// Bytes of the small space's dense prefix: the live objects below the first
+    /// gap, which kept their place and were neither forwarded nor moved.
+    pub bytes_in_place: u64,
     /// Bytes of whole pages freed at the spaces' tops (handed to the free hook).
     pub bytes_freed_pages: usize,
     /// Why this collection ran and what the policy decided.

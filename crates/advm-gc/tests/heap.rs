@@ -298,3 +298,50 @@ fn parallel_compaction_of_many_units_keeps_every_object() {
     }
     assert_eq!(seen, n);
 }
+
+#[test]
+fn objects_below_the_first_gap_keep_their_place_and_pointers_into_and_out_of_them_are_rewritten() {
+    for threads in [1, 2] {
+        let mut c = Config::new(16 << 20);
+        c.large_object_bytes = Some(8 * PAGE);
+        c.verify = true;
+        c.gc_threads = threads;
+        c.parallel_from_bytes = 0; // units in parallel with two threads
+        let h = Heap::with_config(c).unwrap();
+        let mut m = h.attach();
+        // A long-lived list, compacted by a first collection (allocation buffers end
+        // in fillers): then no garbage lies below or inside it, the dense prefix.
+        let old = m.push_root(None);
+        for i in 0..3000 {
+            let o = m.alloc(2, 40).unwrap();
+            m.write_bytes(o, 0, &pattern(i, 40));
+            let head = m.root(old);
+            m.set(o, 0, head);
+            m.set_root(old, Some(o));
+        }
+        m.collect().unwrap();
+        let prefix: Vec<usize> = check_list(&m, old, 3000, 40).iter().map(|o| o.addr()).collect();
+        // Then a list with garbage between its cells (it moves), whose cells point
+        // into the prefix, and prefix cells that point at them (rewritten in place).
+        let young = list_with_garbage(&mut m, 2000, 40);
+        let cells = check_list(&m, young, 2000, 40);
+        let olds = check_list(&m, old, 3000, 40);
+        for (i, &y) in cells.iter().enumerate() {
+            m.set(olds[i], 1, Some(y));
+        }
+        let c = m.collect().unwrap();
+        assert!(c.bytes_in_place >= 3000 * 64, "in place {} B", c.bytes_in_place);
+        let after: Vec<usize> = check_list(&m, old, 3000, 40).iter().map(|o| o.addr()).collect();
+        assert_eq!(after, prefix, "prefix objects moved ({threads} threads)");
+        let cells = check_list(&m, young, 2000, 40);
+        let olds = check_list(&m, old, 3000, 40);
+        for (i, &y) in cells.iter().enumerate() {
+            assert_eq!(m.get(olds[i], 1), Some(y), "prefix slot {i} not rewritten ({threads} threads)");
+        }
+        // A second collection finds the whole live data in place.
+        let c2 = m.collect().unwrap();
+        assert_eq!(c2.bytes_in_place as usize, c2.heap_after, "{threads} threads");
+        assert_eq!(c2.bytes_memmove, 0);
+        check_list(&m, young, 2000, 40);
+    }
+}
