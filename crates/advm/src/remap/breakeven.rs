@@ -4,7 +4,8 @@
 //!
 //! Order of precedence: [`set_break_even_pages`] (API), the `ADVM_REMAP_BREAK_EVEN_PAGES`
 //! environment variable, the cache file (`$XDG_CACHE_HOME/advm/remap-break-even.json`
-//! or `~/.cache/advm/...`, valid for the same kernel, CPU and page size), a fresh
+//! or `~/.cache/advm/...`, `-debug` for debug builds, valid for the same kernel, CPU, page
+//! size and profile, and only if plausible: see [`PLAUSIBLE_MEMMOVE_US_PER_PAGE`]), a fresh
 //! measurement (about a tenth of a second), and a fixed default when UFFDIO_MOVE is
 //! not available (then only 2 MiB-aligned moves use pages, through mremap).
 
@@ -188,7 +189,9 @@ pub fn cache_path() -> Option<PathBuf> {
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("advm").join("remap-break-even.json"))
+    // one file per build profile: debug and release runs do not overwrite each other
+    let name = if cfg!(debug_assertions) { "remap-break-even-debug.json" } else { "remap-break-even.json" };
+    Some(base.join("advm").join(name))
 }
 
 fn load_or_measure() -> BreakEven {
@@ -198,12 +201,13 @@ fn load_or_measure() -> BreakEven {
     let key = machine_key();
     if let Some(path) = cache_path() {
         if let Some(c) = std::fs::read(&path).ok().and_then(|b| serde_json::from_slice::<CacheFile>(&b).ok()) {
-            if c.key == key {
+            if c.key == key && plausible(&c.measured) {
                 return BreakEven { source: BreakEvenSource::Cache, ..c.measured };
             }
         }
     }
     match measure_break_even(true, 5) {
+        Ok(m) if !plausible(&m) => BreakEven { source: BreakEvenSource::Default, ..default_break_even() },
         Ok(m) => {
             if let Some(path) = cache_path() {
                 let file = CacheFile { key, measured: m.clone() };
@@ -218,15 +222,30 @@ fn load_or_measure() -> BreakEven {
             }
             m
         }
-        Err(_) => BreakEven {
-            pages: 16,
-            pages_populated: 64,
-            pages_compaction: 128,
-            source: BreakEvenSource::Default,
-            curve: Vec::new(),
-            compaction: Vec::new(),
-        },
+        Err(_) => default_break_even(),
     }
+}
+
+/// What a machine that cannot be measured gets.
+fn default_break_even() -> BreakEven {
+    BreakEven {
+        pages: 16,
+        pages_populated: 64,
+        pages_compaction: 128,
+        source: BreakEvenSource::Default,
+        curve: Vec::new(),
+        compaction: Vec::new(),
+    }
+}
+
+/// Most microseconds a page the memmove of the measurement's largest size may take:
+/// slower than 1 GB/s, the pool was faulting or swapping (a measurement made inside a
+/// memory-limited cgroup once cost 87 us a page and made 32 KiB objects "large"), so
+/// the measurement says nothing about this machine and is neither used nor cached.
+const PLAUSIBLE_MEMMOVE_US_PER_PAGE: f64 = 4.0;
+
+fn plausible(m: &BreakEven) -> bool {
+    m.curve.last().is_some_and(|c| c.memmove_us / c.pages as f64 <= PLAUSIBLE_MEMMOVE_US_PER_PAGE)
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -374,4 +393,22 @@ pub(crate) fn crossing(curve: &[(usize, f64, f64)]) -> usize {
         }
     }
     curve.last().map_or(GRID[GRID.len() - 1], |c| c.0) + 1
+}
+
+#[cfg(test)]
+mod plausibility {
+    use super::*;
+
+    fn with_memmove(pages: usize, us: f64) -> BreakEven {
+        let point = CurvePoint { pages, memmove_us: us, uffd_move_us: 1.0, uffd_move_populated_us: 1.0 };
+        BreakEven { curve: vec![point], source: BreakEvenSource::Measured, ..default_break_even() }
+    }
+
+    #[test]
+    fn a_measurement_whose_memmove_ran_below_1_gb_per_s_is_not_used() {
+        // this machine: 10.7 us for 64 pages; the one made in a 64 MiB cgroup: 87 us a page
+        assert!(plausible(&with_memmove(64, 10.7)));
+        assert!(!plausible(&with_memmove(64, 64.0 * 87.0)));
+        assert!(!plausible(&default_break_even()), "no curve, nothing measured");
+    }
 }
