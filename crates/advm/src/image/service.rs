@@ -306,7 +306,7 @@ pub fn serve_connection(service: &Service, ch: &Channel) -> Result<()> {
 }
 
 /// A plan received from the service, with the files it names: what a client maps
-/// ([`attach`]) or hands to a VMM ([`PmemBacking::from_fetched`](super::PmemBacking::from_fetched)).
+/// ([`attach`]) or hands to a VMM ([`PmemBacking::from_service`](super::PmemBacking::from_service)).
 pub struct Fetched {
     pub(super) layout: Layout,
     /// Path, file and length at planning, by depth.
