@@ -51,7 +51,8 @@ fn sealed(bytes: &[u8], seals: i32) -> std::os::fd::OwnedFd {
     let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
     std::os::unix::fs::FileExt::write_all_at(&std::fs::File::from(fd.try_clone().unwrap()), bytes, 0).unwrap();
     // SAFETY: fcntl on our fd.
-    assert_eq!(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) }, 0, "{}", std::io::Error::last_os_error());
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
     fd
 }
 
@@ -391,7 +392,11 @@ fn a_client_cannot_change_the_pages_it_handed_over() {
         assert_eq!(libc::pwrite(fd, [0x55u8].as_ptr().cast(), 1, 0), -1, "write");
         assert_eq!(libc::ftruncate(fd, ps as i64), -1, "shrink");
         assert_eq!(libc::ftruncate(fd, (80 * ps) as i64), -1, "grow");
-        assert_eq!(libc::fallocate(fd, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, 0, ps as i64), -1, "punch");
+        assert_eq!(
+            libc::fallocate(fd, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, 0, ps as i64),
+            -1,
+            "punch"
+        );
         let m = libc::mmap(std::ptr::null_mut(), ps, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0);
         assert_eq!(m, libc::MAP_FAILED, "map shared writable");
         assert_eq!(libc::fcntl(fd, libc::F_GET_SEALS) & FROZEN, FROZEN);

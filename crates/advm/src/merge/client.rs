@@ -210,7 +210,7 @@ impl Backend for Daemon {
         for (chunk, hashes) in which.chunks(ADD_BATCH).zip(hashes.chunks(ADD_BATCH)) {
             if refusal.is_some() {
                 // The store was full a moment ago: the rest is refused without writing it.
-                out.extend(std::iter::repeat_n(None, chunk.len()));
+                out.resize(out.len() + chunk.len(), None);
                 continue;
             }
             let mut h = self.hand_over(bytes, chunk, hashes)?;

@@ -107,7 +107,9 @@ impl Request {
         match self {
             Request::Hello { tag } => ch.send(SERVICE, kind::HELLO, &Writer::default().bytes(tag.as_bytes()).body, &[]),
             Request::Lookup { hashes } => ch.send(SERVICE, kind::LOOKUP, &Writer::default().u64s(hashes).body, &[]),
-            Request::Add { hashes, pages } => ch.send(SERVICE, kind::ADD, &Writer::default().u64s(hashes).body, &[pages]),
+            Request::Add { hashes, pages } => {
+                ch.send(SERVICE, kind::ADD, &Writer::default().u64s(hashes).body, &[pages])
+            }
             Request::Usage => ch.send(SERVICE, kind::USAGE, &[], &[]),
         }
     }

@@ -382,10 +382,10 @@ impl Store {
     /// What a client needs to show adopted file `id` in its map of the store: the file
     /// (read-only) and where its pages lie.
     pub fn segment_map(&self, id: u64) -> Result<SegmentMap> {
-        let seg = self.segments.get(&id).ok_or_else(|| Error::InvalidArgument {
-            what: "store segment",
-            why: format!("no adopted file {id}"),
-        })?;
+        let seg = self
+            .segments
+            .get(&id)
+            .ok_or_else(|| Error::InvalidArgument { what: "store segment", why: format!("no adopted file {id}") })?;
         let file = seg.file.try_clone().map_err(|e| Error::Sys(crate::sys::SysError::from_io("dup(segment)", &e)))?;
         Ok(SegmentMap { file, pieces: seg.pieces.clone() })
     }
@@ -671,7 +671,10 @@ mod tests {
         let e = store.adopt(frozen(&[&page, &page]), 1).unwrap_err().to_string();
         assert!(e.contains("holds"), "{e}");
         let other = vec![8u8; ps];
-        assert!(store.adopt(frozen(&[&page, &other, &page, &other]), 4).unwrap().is_err(), "4 pages past a 3-page limit");
+        assert!(
+            store.adopt(frozen(&[&page, &other, &page, &other]), 4).unwrap().is_err(),
+            "4 pages past a 3-page limit"
+        );
         assert_eq!(adopt(&mut store, &[&page, &other]).len(), 2);
         let full = store.adopt(frozen(&[&page, &other]), 2).unwrap().unwrap_err();
         assert_eq!((full.used, full.limit), (2 * ps as u64, 3 * ps as u64));

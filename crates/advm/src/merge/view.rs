@@ -40,13 +40,18 @@ impl StoreView {
         for seg in segments {
             let file = Arc::new(seg.file);
             for p in seg.pieces {
-                if p.pages == 0 || p.slot.checked_add(p.pages).is_none_or(|e| e > slots) {
+                if p.pages == 0 || !p.slot.checked_add(p.pages).is_some_and(|e| e <= slots) {
                     return Err(Error::InvalidArgument {
                         what: "advmd reply",
                         why: format!("an adopted file's piece {p:?} lies outside the store's {slots} slots"),
                     });
                 }
-                self.map.map_over(p.slot as usize * ps, p.pages as usize * ps, file.as_fd(), p.page as u64 * ps as u64)?;
+                self.map.map_over(
+                    p.slot as usize * ps,
+                    p.pages as usize * ps,
+                    file.as_fd(),
+                    p.page as u64 * ps as u64,
+                )?;
                 self.pieces.insert(p.slot, (p, file.clone()));
             }
             let ino = sys::file_id(file.as_fd())?.0;

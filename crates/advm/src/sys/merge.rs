@@ -306,7 +306,11 @@ mod tests {
         });
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(fence.bytes()[8], 7, "the writer waits at the fence");
-        let mapped = fence.map_equal(&[Some(Target::Candidate(0))], &|_| true, &store, &|s| Some((fd.as_fd(), s as u64 * ps as u64, 1))).unwrap();
+        let mapped = fence
+            .map_equal(&[Some(Target::Candidate(0))], &|_| true, &store, &|s| {
+                Some((fd.as_fd(), s as u64 * ps as u64, 1))
+            })
+            .unwrap();
         assert_eq!(mapped, vec![true]);
         drop(fence);
         writer.join().unwrap();
@@ -338,7 +342,8 @@ mod tests {
         // SAFETY: the mapping is ours and outlives the fence; nobody writes it.
         let mut fence = unsafe { WriteFence::new(m.addr(), 3 * ps) }.unwrap();
         let targets = [Some(Target::Candidate(0)), Some(Target::Candidate(1)), Some(Target::Vouched(1))];
-        let mapped = fence.map_equal(&targets, &|_| true, &store, &|s| Some((fd.as_fd(), s as u64 * ps as u64, 2 - s))).unwrap();
+        let mapped =
+            fence.map_equal(&targets, &|_| true, &store, &|s| Some((fd.as_fd(), s as u64 * ps as u64, 2 - s))).unwrap();
         drop(fence);
         assert_eq!(mapped, vec![true, false, true]);
         // SAFETY: the fence is gone and nobody writes the mapping.

@@ -12,8 +12,7 @@ use super::{SysError, SysResult};
 /// The seals a frozen file carries: no write (and no shared writable mapping, no hole
 /// punched), no shrinking (a reader's mapping could lose pages), no growing, and no
 /// further change to the seals.
-const FROZEN: SealFlags =
-    SealFlags::WRITE.union(SealFlags::SHRINK).union(SealFlags::GROW).union(SealFlags::SEAL);
+const FROZEN: SealFlags = SealFlags::WRITE.union(SealFlags::SHRINK).union(SealFlags::GROW).union(SealFlags::SEAL);
 
 /// Creates a close-on-exec memfd that can be sealed.
 pub fn create(name: &str) -> SysResult<OwnedFd> {
