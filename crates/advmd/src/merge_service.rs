@@ -240,14 +240,17 @@ impl Session {
         let adopted = {
             let mut g = lock(&shared.state);
             let a = g.store.adopt(pages, n)?;
-            if a.is_ok() {
-                g.announce(hashes);
+            match &a {
+                Ok(_) => g.announce(hashes),
+                // The session will not add what it claimed: nobody waits for it.
+                Err(_) => g.unclaim(self.id, &std::mem::take(&mut self.claimed)),
             }
             a
         };
         let adopting = match adopted {
             Ok(a) => a,
             Err(full) => {
+                shared.landed.notify_all();
                 let room = (full.limit - full.used) / advm::mem::page_size() as u64;
                 return Ok(Reply::Added { slots: vec![NO_SLOT; n], refusal: full.to_string(), room, segments: vec![] });
             }

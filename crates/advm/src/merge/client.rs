@@ -151,10 +151,31 @@ struct Handed {
     room: u64,
 }
 
+/// The adds of one merge: which pages got slots, which batches the store refused
+/// whole (`(first, count)` in the merge's new pages), and what it said last.
+struct Adds {
+    slots: Vec<Option<u32>>,
+    refused: Vec<(usize, usize)>,
+    refusal: Option<String>,
+    room: u64,
+}
+
+impl Adds {
+    fn settle(&mut self, (first, n): (usize, usize), h: Handed) {
+        match h.refusal {
+            Some(why) => {
+                self.refused.push((first, n));
+                self.refusal = Some(why);
+            }
+            None => self.slots[first..first + n].copy_from_slice(&h.slots),
+        }
+        self.room = h.room;
+    }
+}
+
 impl Daemon {
-    /// Writes the pages `which` of `bytes` into a new memfd, seals it, and asks the
-    /// daemon to adopt it.
-    fn hand_over(&mut self, bytes: &[u8], which: &[usize], hashes: &[u64]) -> Result<Handed> {
+    /// Writes the pages `which` of `bytes` into a new memfd and seals it.
+    fn sealed_pages(bytes: &[u8], which: &[usize]) -> Result<OwnedFd> {
         let ps = page_size();
         if let Some(&last) = which.iter().max().filter(|&&i| (i + 1) * ps > bytes.len()) {
             return Err(Error::InvalidArgument {
@@ -165,13 +186,65 @@ impl Daemon {
         let file = seal::create("advm-merge-add")?;
         seal::write_all_at(&file, &page_runs(bytes, which), 0)?;
         seal::freeze(&file)?;
-        Request::Add { hashes: hashes.to_vec(), pages: file }.send(self.ch())?;
+        Ok(file)
+    }
+
+    /// Reads the daemon's answer to an add of `n` pages, and shows the files it names.
+    fn added(&mut self, n: usize) -> Result<Handed> {
         let Reply::Added { slots, refusal, room, segments } = Reply::recv(self.ch())? else {
             return Err(Error::InvalidArgument { what: "advmd reply", why: "expected added slots".into() });
         };
         self.view.show(segments)?;
-        let slots = self.check_slots(slots, which.len())?;
+        let slots = self.check_slots(slots, n)?;
         Ok(Handed { slots, refusal: (!refusal.is_empty()).then_some(refusal), room })
+    }
+
+    /// Hands the pages `which` of `bytes` over in batches, one add each, writing the
+    /// next batch's file while the daemon hashes the last one. A batch the store
+    /// refused whole for want of room is sent again afterwards, as much of it as fits.
+    fn add_batches(&mut self, bytes: &[u8], which: &[usize], hashes: &[u64]) -> Result<Adds> {
+        let mut adds = Adds { slots: vec![None; which.len()], refused: Vec::new(), refusal: None, room: u64::MAX };
+        let mut in_flight: Option<(usize, usize)> = None;
+        let mut first = 0;
+        while first < which.len() {
+            let n = ADD_BATCH.min(which.len() - first);
+            if adds.refusal.is_some() {
+                // The store was full a moment ago: kept for the retry below.
+                adds.refused.push((first, n));
+            } else {
+                let file = Self::sealed_pages(bytes, &which[first..first + n])?;
+                Request::Add { hashes: hashes[first..first + n].to_vec(), pages: file }.send(self.ch())?;
+                if let Some(batch) = in_flight.replace((first, n)) {
+                    match self.added(batch.1) {
+                        Ok(h) => adds.settle(batch, h),
+                        Err(e) => {
+                            // Read the answer to the batch just sent, so that the next
+                            // request's answer is its own.
+                            let _ = Reply::recv(self.ch());
+                            return Err(e);
+                        }
+                    }
+                }
+            }
+            first += n;
+        }
+        if let Some(batch) = in_flight {
+            let h = self.added(batch.1)?;
+            adds.settle(batch, h);
+        }
+        let mut retry = std::mem::take(&mut adds.refused);
+        retry.sort_unstable();
+        for (first, n) in retry {
+            let fits = (adds.room as usize).min(n);
+            if fits == 0 {
+                continue;
+            }
+            let file = Self::sealed_pages(bytes, &which[first..first + fits])?;
+            Request::Add { hashes: hashes[first..first + fits].to_vec(), pages: file }.send(self.ch())?;
+            let h = self.added(fits)?;
+            adds.settle((first, fits), h);
+        }
+        Ok(adds)
     }
 
     fn ch(&self) -> &Channel {
@@ -205,28 +278,10 @@ impl Backend for Daemon {
         Ok(out)
     }
     fn add(&mut self, bytes: &[u8], which: &[usize], hashes: &[u64]) -> Result<(Vec<Option<Target>>, Option<String>)> {
-        let mut out = Vec::with_capacity(which.len());
-        let mut refusal = None;
-        for (chunk, hashes) in which.chunks(ADD_BATCH).zip(hashes.chunks(ADD_BATCH)) {
-            if refusal.is_some() {
-                // The store was full a moment ago: the rest is refused without writing it.
-                out.resize(out.len() + chunk.len(), None);
-                continue;
-            }
-            let mut h = self.hand_over(bytes, chunk, hashes)?;
-            let fits = (h.room as usize).min(chunk.len());
-            if h.refusal.is_some() && fits > 0 {
-                // Refused whole for want of room: the part that fits, once more.
-                let part = self.hand_over(bytes, &chunk[..fits], &hashes[..fits])?;
-                h.slots[..fits].copy_from_slice(&part.slots);
-                h.refusal = h.refusal.or(part.refusal);
-            }
-            refusal = h.refusal;
-            // The daemon adopted each page from the file this process wrote while the
-            // range was fenced, or compared it in full with the equal page it shares.
-            out.extend(h.slots.into_iter().map(|s| s.map(Target::Vouched)));
-        }
-        Ok((out, refusal))
+        let adds = self.add_batches(bytes, which, hashes)?;
+        // The daemon adopted each page from a file this process wrote from the fenced
+        // range, or compared it in full with the equal page it shares.
+        Ok((adds.slots.into_iter().map(|s| s.map(Target::Vouched)).collect(), adds.refusal))
     }
     fn usage(&mut self) -> Result<StoreUsage> {
         Request::Usage.send(self.ch())?;
