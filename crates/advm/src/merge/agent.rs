@@ -325,15 +325,8 @@ fn plan_and_map(
 ) -> Result<()> {
     let ps = page_size();
     let n = len / ps;
-    let hasher = c.backend.hasher();
-    let (mut want, mut hashes) = (Vec::with_capacity(n), Vec::with_capacity(n));
     let snap = fence.snapshot();
-    for (i, p) in snap.chunks_exact(ps).enumerate() {
-        if p.iter().any(|&b| b != 0) {
-            want.push(i);
-            hashes.push(hasher.hash(p));
-        }
-    }
+    let (want, hashes) = c.backend.hasher().hash_nonzero(snap);
     r.stats.skipped += (n - want.len()) as u64;
     let found = c.backend.lookup(&hashes)?;
     // (target, whether it is new to the store)

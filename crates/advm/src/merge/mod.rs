@@ -238,19 +238,9 @@ impl Client {
         stats: &mut MergeStats,
     ) -> Result<()> {
         let ps = page_size();
-        let zero = vec![0u8; ps];
-        let pages: Vec<&[u8]> = fence.bytes().chunks_exact(ps).collect();
-        let n_pages = pages.len();
+        let n_pages = fence.bytes().len() / ps;
         // Non-zero pages and their hashes.
-        let mut want: Vec<usize> = Vec::with_capacity(n_pages);
-        let mut hashes: Vec<u64> = Vec::with_capacity(n_pages);
-        let hasher = self.backend.hasher();
-        for (i, p) in pages.iter().enumerate() {
-            if *p != &zero[..] {
-                want.push(i);
-                hashes.push(hasher.hash(p));
-            }
-        }
+        let (want, hashes) = self.backend.hasher().hash_nonzero(fence.bytes());
         let found = self.backend.lookup(&hashes)?;
         let mut target: Vec<Option<Target>> = vec![None; n_pages];
         let mut is_new = vec![false; n_pages];
