@@ -4,7 +4,8 @@
 #   python3 bench/merge/ab.py ROUNDS NAME=ADVM_BINARY... [--floor FLOOR_BINARY]
 #
 # Each round runs, for each binary in turn, `advm bench merge --runs 3 --json` with
-# ADVM_BENCH_MERGE_MODELS=none (the 1 GiB throughput rows), then `FLOOR 1024` once.
+# ADVM_BENCH_MERGE_MODELS=none (the 1 GiB throughput rows and, for builds that have
+# them, the charging rows), then `FLOOR 1024` once.
 # Prints per round and at the end the medians of the per-run medians, with the load
 # average at each run (this machine is shared; see docs/merge.md).
 import json, os, statistics, subprocess, sys
@@ -18,10 +19,10 @@ def bench(binary):
     got = {}
     for row in rep['rows']:
         method = dict(row['config']).get('method', '')
-        if not method.startswith('throughput, '):
+        if not method.startswith(('throughput, ', 'charging, ')):
             continue
         for f in row['figures']:
-            got[f"{method[len('throughput, '):]}: {f['name']}"] = f['median']
+            got[f"{method.removeprefix('throughput, ')}: {f['name']}"] = f['median']
     return got
 
 
