@@ -505,7 +505,9 @@ fn throughput_rows(opts: &BenchOpts, report: &mut Report) -> Result<(), BenchErr
 /// (this one) merges the same bytes, and the adder exits. Both meters, at two
 /// moments: the adder alive, and the adder gone while this process still maps the
 /// pages. The pages are shmem of the memfd the adder wrote, so the kernel charges them
-/// to the adder's cgroup, for as long as they live.
+/// to the adder's cgroup, for as long as they live; the distinct-page meter counts
+/// them in every process that maps them or holds the file (the daemon does). The
+/// processes' figures are what each gained since before the adds.
 fn charging_rows(mib: usize, report: &mut Report) -> Result<(), BenchError> {
     let groups = Group::create("merge-charge-daemon").and_then(|d| Ok((d, Group::create("merge-charge-adder")?)));
     let (daemon_group, adder_group) = match groups {
@@ -550,11 +552,13 @@ fn charging_rows(mib: usize, report: &mut Report) -> Result<(), BenchError> {
     });
     let reply = adder_group.run_in_child(|| {
         let mut added_w = added_w;
+        // The child inherits this process's mappings: its own figure is what it adds.
+        let before = st::measure_self().map_err(|e| e.to_string())?.anon_shmem_bytes;
         let mut c = advm::merge::Client::connect(&sock, "").map_err(|e| e.to_string())?;
         let mut a = advm::mem::Region::new(mib << 20).map_err(|e| e.to_string())?;
         fill_seeded(a.bytes_mut(), 77);
         let added = c.merge(a.bytes()).map_err(|e| e.to_string())?.added;
-        let distinct = st::measure_self().map_err(|e| e.to_string())?.anon_shmem_bytes;
+        let distinct = st::measure_self().map_err(|e| e.to_string())?.anon_shmem_bytes.saturating_sub(before);
         let cgroup = adder_group.usage().map_err(|e| e.to_string())?.anon_shmem_bytes();
         let daemon = daemon_now().map_err(|e| e.to_string())?;
         added_w.write_all(&[1]).map_err(|e| e.to_string())?;
