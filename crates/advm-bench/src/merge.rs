@@ -484,6 +484,7 @@ fn throughput_rows(opts: &BenchOpts, report: &mut Report) -> Result<(), BenchErr
     let mut other = advm::merge::Client::connect(&sock, "")?;
     let via_daemon = throughput(&mut daemon, Some(&mut other), Some(daemon_proc.0.id()), mib, runs)?;
     let _ = std::fs::remove_file(&sock);
+    charging_rows(if opts.quick { 64 } else { 256 }, report)?;
     for (store, r) in [("own store", own), ("advmd", via_daemon)] {
         report.rows.push(
             Row::new()
@@ -496,6 +497,126 @@ fn throughput_rows(opts: &BenchOpts, report: &mut Report) -> Result<(), BenchErr
                 .figure(Figure::new("add CPU", "s/GB", r.add_cpu)),
         );
     }
+    Ok(())
+}
+
+/// Who is charged for pages added through advmd: an adder (its own memory cgroup)
+/// adds `mib` MiB of new pages to a daemon (in a cgroup of its own), a second process
+/// (this one) merges the same bytes, and the adder exits. Both meters, at two
+/// moments: the adder alive, and the adder gone while this process still maps the
+/// pages. The pages are shmem of the memfd the adder wrote, so the kernel charges them
+/// to the adder's cgroup, for as long as they live; the distinct-page meter counts
+/// them in every process that maps them or holds the file (the daemon does). The
+/// processes' figures are what each gained since before the adds.
+fn charging_rows(mib: usize, report: &mut Report) -> Result<(), BenchError> {
+    let groups = Group::create("merge-charge-daemon").and_then(|d| Ok((d, Group::create("merge-charge-adder")?)));
+    let (daemon_group, adder_group) = match groups {
+        Ok(g) => g,
+        Err(e) => {
+            report.notes.push(format!("charging rows skipped: cgroup meter unavailable ({e})"));
+            return Ok(());
+        }
+    };
+    let sock = bench_dir().join(format!("advmd-charge-{}.sock", std::process::id()));
+    let exe = std::env::current_exe().map_err(|e| io("current exe", e))?;
+    let mut cmd = Command::new(exe);
+    cmd.args(["daemon", "--socket"]).arg(&sock).stderr(Stdio::null());
+    daemon_group.join_at_exec(&mut cmd)?;
+    let daemon = Daemon(cmd.spawn().map_err(|e| io("advm daemon", e))?);
+    let daemon_pid = daemon.0.id() as i32;
+    let t = Instant::now();
+    let mut holder = loop {
+        match advm::merge::Client::connect(&sock, "") {
+            Ok(c) => break c,
+            Err(_) if t.elapsed() < Duration::from_secs(10) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(e.into()),
+        }
+    };
+    let mib_of = |b: u64| b as f64 / (1 << 20) as f64;
+    let daemon_now = || -> Result<(u64, u64), BenchError> {
+        Ok((st::measure(&[daemon_pid], Options::default())?.anon_shmem_bytes, daemon_group.usage()?.anon_shmem_bytes()))
+    };
+    let daemon0 = daemon_now()?;
+    let self0 = st::measure_self()?.anon_shmem_bytes;
+    let mut b = advm::mem::Region::new(mib << 20)?;
+    fill_seeded(b.bytes_mut(), 77);
+    let pair = || std::os::unix::net::UnixStream::pair().map_err(|e| io("socketpair", e));
+    let ((mut added_r, added_w), (mut done_r, mut done_w)) = (pair()?, pair()?);
+    // This process merges once the adder has added; the adder exits once it has.
+    let merger = std::thread::spawn(move || -> Result<(advm::merge::Client, advm::mem::Region, u64), String> {
+        let mut byte = [0u8];
+        std::io::Read::read_exact(&mut added_r, &mut byte).map_err(|e| format!("the adder's signal: {e}"))?;
+        let merged = holder.merge(b.bytes()).map_err(|e| e.to_string())?.merged;
+        done_w.write_all(&[1]).map_err(|e| format!("signalling the adder: {e}"))?;
+        Ok((holder, b, merged))
+    });
+    let reply = adder_group.run_in_child(|| {
+        let mut added_w = added_w;
+        // The child inherits this process's mappings: its own figure is what it adds.
+        let before = st::measure_self().map_err(|e| e.to_string())?.anon_shmem_bytes;
+        let mut c = advm::merge::Client::connect(&sock, "").map_err(|e| e.to_string())?;
+        let mut a = advm::mem::Region::new(mib << 20).map_err(|e| e.to_string())?;
+        fill_seeded(a.bytes_mut(), 77);
+        let added = c.merge(a.bytes()).map_err(|e| e.to_string())?.added;
+        let distinct = st::measure_self().map_err(|e| e.to_string())?.anon_shmem_bytes.saturating_sub(before);
+        let cgroup = adder_group.usage().map_err(|e| e.to_string())?.anon_shmem_bytes();
+        let daemon = daemon_now().map_err(|e| e.to_string())?;
+        added_w.write_all(&[1]).map_err(|e| e.to_string())?;
+        let mut byte = [0u8];
+        std::io::Read::read_exact(&mut done_r, &mut byte).map_err(|e| e.to_string())?;
+        serde_json::to_vec(&(added, distinct, cgroup, daemon)).map_err(|e| e.to_string())
+    })?;
+    let reply = reply.map_err(BenchError::Usage)?;
+    let (added, adder_distinct, adder_cgroup, daemon_alive): (u64, u64, u64, (u64, u64)) =
+        serde_json::from_slice(&reply).map_err(|e| BenchError::Usage(format!("the adder's reply: {e}")))?;
+    let (_holder, b, merged) = merger
+        .join()
+        .map_err(|_| BenchError::Usage("the merging thread panicked".into()))?
+        .map_err(BenchError::Usage)?;
+    let pages = ((mib << 20) / advm::mem::page_size()) as u64;
+    if added != pages || merged != pages {
+        return Err(BenchError::Usage(format!(
+            "charging: expected {pages} pages added, then merged; got {added} added, {merged} merged"
+        )));
+    }
+    let adder_left = adder_group.usage()?.anon_shmem_bytes();
+    let daemon_after = daemon_now()?;
+    let holder_mapped = st::measure_self()?.anon_shmem_bytes.saturating_sub(self0);
+    drop(b);
+    let rel = |now: (u64, u64)| (now.0.saturating_sub(daemon0.0), now.1.saturating_sub(daemon0.1));
+    let (da, db) = (rel(daemon_alive), rel(daemon_after));
+    let row = |moment: &str, figures: Vec<(&str, f64)>| {
+        let mut r = Row::new()
+            .with("model", format!("{mib} MiB added through advmd"))
+            .with("workers", 1)
+            .with("method", format!("charging, {moment}"));
+        for (name, v) in figures {
+            r = r.figure(Figure::new(name, "MiB", vec![v]));
+        }
+        r
+    };
+    report.rows.push(row(
+        "adder alive",
+        vec![
+            ("adder distinct", mib_of(adder_distinct)),
+            ("adder cgroup", mib_of(adder_cgroup)),
+            ("advmd distinct", mib_of(da.0)),
+            ("advmd cgroup", mib_of(da.1)),
+        ],
+    ));
+    report.rows.push(row(
+        "adder exited, another process maps the pages",
+        vec![
+            ("adder cgroup", mib_of(adder_left)),
+            ("advmd distinct", mib_of(db.0)),
+            ("advmd cgroup", mib_of(db.1)),
+            ("other process distinct", mib_of(holder_mapped)),
+        ],
+    ));
+    drop(daemon);
+    let _ = std::fs::remove_file(&sock);
+    adder_group.remove()?;
+    daemon_group.remove()?;
     Ok(())
 }
 

@@ -16,13 +16,13 @@
 //! ends when the session's add of that page lands, at the session's next lookup, or
 //! when the session ends. The wait depends on the domain's own sessions only.
 
-use std::collections::HashMap;
-use std::os::fd::{AsFd, OwnedFd};
+use std::collections::{HashMap, HashSet};
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use advm::merge::protocol::{Reply, Request, NO_SLOT};
-use advm::merge::Store;
+use advm::merge::{SegmentMap, Store};
 use advm::wire::Peer;
 
 /// A security domain: a uid, narrowed by a tag.
@@ -146,7 +146,9 @@ pub struct Session {
     /// This session's id, and the hashes it claimed (some may have ended since).
     id: u64,
     claimed: Vec<u64>,
-    /// How long an add may wait for the client's pages to arrive.
+    /// Adopted files this session was shown (it holds slots in each until it ends).
+    shown: HashSet<u64>,
+    /// How long a lookup may wait for pages another session is adding.
     timeout: Duration,
 }
 
@@ -155,11 +157,12 @@ fn refused(why: impl Into<String>) -> advm::Error {
 }
 
 impl Session {
-    /// A session for the client `peer`, whose adds may wait `timeout` for pages.
+    /// A session for the client `peer`, whose lookups may wait `timeout` for pages
+    /// other sessions are adding.
     pub fn new(peer: Peer, timeout: Duration) -> Self {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Self { peer, open: None, held: Vec::new(), id, claimed: Vec::new(), timeout }
+        Self { peer, open: None, held: Vec::new(), id, claimed: Vec::new(), shown: HashSet::new(), timeout }
     }
 
     /// Answers one request. An `Err` is turned into an error reply by the caller; the
@@ -218,44 +221,60 @@ impl Session {
                         g = store.landed.wait_timeout(g, left).unwrap_or_else(|p| p.into_inner()).0;
                     }
                 }
-                Ok(Reply::Slots(slots))
+                let segments = announce(&mut self.shown, &g.store, &slots)?;
+                Ok(Reply::Slots { slots, segments })
             }
-            Request::Add { hashes, staging } => {
+            Request::Add { hashes, pages } => {
                 let store = store.clone();
-                self.add(&store, &hashes, staging)
+                self.add(&store, &hashes, pages)
             }
             Request::Usage => Ok(Reply::Usage(lock(&store.state).store.usage())),
         }
     }
 
-    /// Takes slots for the pages, splices them from the client's pipes into the store
-    /// (a thread per pipe, outside the store's lock: a slow or hostile client stalls
-    /// its own session only), then publishes them, sharing any that another session
-    /// stored meanwhile.
-    fn add(&mut self, shared: &Shared, hashes: &[u64], staging: Vec<OwnedFd>) -> advm::Result<Reply> {
-        let pages = hashes.len();
-        let (mut reserved, full) = {
+    /// Adopts the client's sealed memfd into the store (no copy), hashes its pages
+    /// outside the store's lock (a large add stalls its own session only), then
+    /// publishes them, sharing any that are stored already.
+    fn add(&mut self, shared: &Shared, hashes: &[u64], pages: OwnedFd) -> advm::Result<Reply> {
+        let n = hashes.len();
+        let adopted = {
             let mut g = lock(&shared.state);
-            let r = g.store.reserve(pages)?;
-            g.announce(hashes);
-            r
+            let a = g.store.adopt(pages, n)?;
+            match &a {
+                Ok(_) => g.announce(hashes),
+                // The session will not add what it claimed: nobody waits for it.
+                Err(_) => g.unclaim(self.id, &std::mem::take(&mut self.claimed)),
+            }
+            a
         };
-        let pipes: Vec<_> = staging.iter().map(|p| p.as_fd()).collect();
-        let filled = reserved.fill_from(&pipes, pages, self.timeout);
+        let adopting = match adopted {
+            Ok(a) => a,
+            Err(full) => {
+                shared.landed.notify_all();
+                let room = (full.limit - full.used) / advm::mem::page_size() as u64;
+                return Ok(Reply::Added { slots: vec![NO_SLOT; n], refusal: full.to_string(), room, segments: vec![] });
+            }
+        };
+        let hashed = adopting.hashes();
         let mut g = lock(&shared.state);
         g.withdraw(hashes);
         g.unclaim(self.id, hashes);
-        let taken = reserved.len();
-        let result = match filled {
-            Ok(()) => g.store.commit(reserved, taken),
-            Err(e) => g.store.cancel(reserved).and(Err(e)),
+        let result = match hashed {
+            Ok(h) => g.store.commit_adopted(adopting, &h),
+            Err(e) => g.store.cancel_adopted(adopting).and(Err(e)),
         };
+        let room = {
+            let u = g.store.usage();
+            (u.limit_bytes - u.bytes) / advm::mem::page_size() as u64
+        };
+        let reply = result.and_then(|slots| {
+            self.held.extend(&slots);
+            let segments = announce(&mut self.shown, &g.store, &slots)?;
+            Ok(Reply::Added { slots, refusal: String::new(), room, segments })
+        });
         drop(g);
         shared.landed.notify_all();
-        let mut slots = result?;
-        self.held.extend(&slots);
-        slots.resize(pages, NO_SLOT);
-        Ok(Reply::Added { slots, refusal: full.map(|f| f.to_string()).unwrap_or_default() })
+        reply
     }
 
     /// Releases everything the session held; its domain's store goes when unused.
@@ -273,4 +292,17 @@ impl Session {
             stores.close(&domain);
         }
     }
+}
+
+/// The adopted files holding `slots` that this session was not shown yet.
+fn announce(shown: &mut HashSet<u64>, store: &Store, slots: &[u32]) -> advm::Result<Vec<SegmentMap>> {
+    let mut out = Vec::new();
+    for &s in slots.iter().filter(|&&s| s != NO_SLOT) {
+        let id = store.segment_of(s);
+        if id != 0 && !shown.contains(&id) {
+            out.push(store.segment_map(id)?);
+            shown.insert(id);
+        }
+    }
+    Ok(out)
 }

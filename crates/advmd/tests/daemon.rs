@@ -39,6 +39,40 @@ fn filled(pages: usize, seed: u8) -> Region {
     r
 }
 
+/// The seals advmd requires on the memfd an add passes.
+const FROZEN: i32 = libc::F_SEAL_WRITE | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
+/// A memfd holding `bytes`, sealed with `seals`.
+fn sealed(bytes: &[u8], seals: i32) -> std::os::fd::OwnedFd {
+    // SAFETY: a NUL-terminated name; the fd returned is new and ours.
+    let fd = unsafe { libc::memfd_create(c"advm-test-add".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+    // SAFETY: fd is a fresh descriptor nobody else owns.
+    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    std::os::unix::fs::FileExt::write_all_at(&std::fs::File::from(fd.try_clone().unwrap()), bytes, 0).unwrap();
+    // SAFETY: fcntl on our fd.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    fd
+}
+
+/// Opens a session at `ch` and returns the store's hasher and view.
+fn hello(ch: &Channel) -> (advm::merge::PageHasher, advm::merge::StoreView) {
+    Request::Hello { tag: String::new() }.send(ch).unwrap();
+    let Reply::Hello { secret, store, limit_bytes } = Reply::recv(ch).unwrap() else { panic!("no hello") };
+    let view = advm::merge::StoreView::new(store, limit_bytes as usize).unwrap();
+    (advm::merge::PageHasher::from_secret(&secret).unwrap(), view)
+}
+
+/// Adds `pages` (keyed hashes `hashes`) in a frozen memfd and shows the files the reply
+/// announces in `view`; returns the slots.
+fn add(ch: &Channel, view: &mut advm::merge::StoreView, pages: &[u8], hashes: Vec<u64>) -> Vec<u32> {
+    Request::Add { hashes, pages: sealed(pages, FROZEN) }.send(ch).unwrap();
+    let Reply::Added { slots, segments, .. } = Reply::recv(ch).unwrap() else { panic!("the add failed") };
+    view.show(segments).unwrap();
+    slots
+}
+
 /// Runs `f` in a forked child as `uid`; its return value is the exit code.
 fn as_uid(uid: u32, f: impl FnOnce() -> i32) -> i32 {
     // SAFETY: the child runs `f` and leaves with _exit.
@@ -205,26 +239,22 @@ fn hostile_requests_get_error_replies_and_never_stall_other_clients() {
     refused_with(&ch, "needs 40 bytes");
     let add = |pages: usize| advm::wire::Writer::default().u64s(&vec![7; pages]).body;
     ch.send(1, 3, &add(1), &[]).unwrap();
-    refused_with(&ch, "add without a staging pipe");
-    // Pages must come through a pipe: a file is refused, a pipe that ends early or
-    // stays empty past the timeout too, and none of them leaves a slot taken.
-    let m = advm::mem::Memfd::create("not-a-pipe").unwrap();
-    m.write_all_at(&[1u8; 4096], 0).unwrap();
-    ch.send(1, 3, &add(1), &[&m]).unwrap();
-    refused_with(&ch, "is not a pipe");
-    let (r, mut w) = std::io::pipe().unwrap();
-    std::io::Write::write_all(&mut w, &[1u8; 100]).unwrap();
-    drop(w);
-    ch.send(1, 3, &add(4), &[&r]).unwrap();
-    refused_with(&ch, "the staging pipe ended after 100 bytes, 4 pages were announced");
+    refused_with(&ch, "an add passes one sealed memfd, this one 0");
+    // Pages must come in a sealed memfd: a pipe, an unsealed memfd, one sealed only
+    // partly, and one of another size than announced are refused, keeping no slot.
     let (r, _w) = std::io::pipe().unwrap();
-    let t = Instant::now();
     ch.send(1, 3, &add(1), &[&r]).unwrap();
-    refused_with(&ch, "nothing came");
-    let pipes: Vec<_> = (0..3).map(|_| std::io::pipe().unwrap().0).collect();
-    ch.send(1, 3, &add(3), &[&pipes[0], &pipes[1], &pipes[2]]).unwrap();
-    refused_with(&ch, "an add with 3 pipes; at most 2");
-    assert!(t.elapsed() < Duration::from_secs(5), "the stalled add waited {:?}", t.elapsed());
+    refused_with(&ch, "not a regular file");
+    let page = vec![1u8; page_size()];
+    ch.send(1, 3, &add(1), &[&sealed(&page, 0)]).unwrap();
+    refused_with(&ch, "lacks F_SEAL_WRITE, F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL");
+    ch.send(1, 3, &add(1), &[&sealed(&page, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL)]).unwrap();
+    refused_with(&ch, "lacks F_SEAL_WRITE (");
+    ch.send(1, 3, &add(2), &[&sealed(&page, FROZEN)]).unwrap();
+    refused_with(&ch, "the request names");
+    let two = sealed(&page, FROZEN);
+    ch.send(1, 3, &add(1), &[&two, &two]).unwrap();
+    refused_with(&ch, "this one 2");
     Request::Usage.send(&ch).unwrap();
     assert!(matches!(Reply::recv(&ch).unwrap(), Reply::Usage(u) if u.pages == 0), "refused adds keep no page");
     ch.send(1, 1, &advm::wire::Writer::default().bytes(&[b'x'; 65]).body, &[]).unwrap();
@@ -311,104 +341,86 @@ fn the_image_service_hands_out_a_chain_that_maps_to_the_same_bytes() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The daemon hashes the pages it adopted itself: an add that names wrong hashes
+/// still indexes the pages under their true ones, so a hostile client cannot file a
+/// page under another page's hash.
 #[test]
-fn a_lookup_of_pages_another_session_is_adding_waits_for_them_instead_of_missing() {
-    if !fence_ok() {
-        return;
-    }
-    let (_d, sock) = start("inflight", |_| {});
-    let hello = |ch: &Channel| {
-        Request::Hello { tag: String::new() }.send(ch).unwrap();
-        let Reply::Hello { secret, .. } = Reply::recv(ch).unwrap() else { panic!("no hello") };
-        advm::merge::PageHasher::from_secret(&secret).unwrap()
-    };
-    let (a, b) = (Channel::connect(&sock).unwrap(), Channel::connect(&sock).unwrap());
-    let hasher = hello(&a);
-    hello(&b);
-    let pages = filled(8, 9);
-    let hashes: Vec<u64> = pages.bytes().chunks_exact(page_size()).map(|p| hasher.hash(p)).collect();
-    // A announces its add but has not sent the pages yet.
-    let (r, mut w) = std::io::pipe().unwrap();
-    Request::Add { hashes: hashes.clone(), staging: vec![r.into()] }.send(&a).unwrap();
-    std::thread::sleep(Duration::from_millis(50));
-    // B looks the same pages up meanwhile: it waits for A's add rather than miss.
-    let t = Instant::now();
-    let looker = std::thread::spawn(move || {
-        Request::Lookup { hashes }.send(&b).unwrap();
-        (Reply::recv(&b).unwrap(), t.elapsed())
-    });
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(!looker.is_finished(), "B's lookup answered before A's pages came");
-    std::io::Write::write_all(&mut w, pages.bytes()).unwrap();
-    let Reply::Added { slots: added, .. } = Reply::recv(&a).unwrap() else { panic!("A's add failed") };
-    let (Reply::Slots(found), waited) = looker.join().unwrap() else { panic!("B's lookup failed") };
-    assert_eq!(found, added, "B gets the slots A's pages landed in");
-    assert!(waited >= Duration::from_millis(200), "B waited for A ({waited:?})");
-}
-
-/// The daemon hashes the pages that landed in its store itself (outside its lock, as
-/// they arrive): an add that names wrong hashes still indexes the pages under their
-/// true ones, so a hostile client cannot file a page under another page's hash.
-#[test]
-fn an_add_is_indexed_under_the_hash_of_what_arrived_not_the_hash_the_client_named() {
+fn an_add_is_indexed_under_the_hash_of_its_pages_not_the_hash_the_client_named() {
     let (_d, sock) = start("claimed-hash", |_| {});
     let ch = Channel::connect(&sock).unwrap();
-    Request::Hello { tag: String::new() }.send(&ch).unwrap();
-    let Reply::Hello { secret, .. } = Reply::recv(&ch).unwrap() else { panic!("no hello") };
-    let hasher = advm::merge::PageHasher::from_secret(&secret).unwrap();
+    let (hasher, mut view) = hello(&ch);
     let pages = filled(6, 4);
     let truth: Vec<u64> = pages.bytes().chunks_exact(page_size()).map(|p| hasher.hash(p)).collect();
     let claimed: Vec<u64> = truth.iter().map(|h| h ^ 0x5a5a).collect();
-    let (r, mut w) = std::io::pipe().unwrap();
-    Request::Add { hashes: claimed.clone(), staging: vec![r.into()] }.send(&ch).unwrap();
-    std::io::Write::write_all(&mut w, pages.bytes()).unwrap();
-    let Reply::Added { slots, .. } = Reply::recv(&ch).unwrap() else { panic!("the add failed") };
+    let slots = add(&ch, &mut view, pages.bytes(), claimed.clone());
     let lookup = |hashes: Vec<u64>| {
         Request::Lookup { hashes }.send(&ch).unwrap();
-        let Reply::Slots(s) = Reply::recv(&ch).unwrap() else { panic!("the lookup failed") };
-        s
+        let Reply::Slots { slots, .. } = Reply::recv(&ch).unwrap() else { panic!("the lookup failed") };
+        slots
     };
     assert_eq!(lookup(truth), slots, "found under the hashes of their bytes");
     assert!(lookup(claimed).iter().all(|&s| s == advm::merge::protocol::NO_SLOT), "not under the claimed ones");
 }
 
-/// An add through two pipes: the daemon fills the first half of the pages from the
-/// first pipe and the second half from the second, each on its own thread, and the
-/// slots come back in page order. The second pipe is written in full first: a daemon
-/// reading the pipes one after the other would wait on the first until its timeout.
+/// An add's pages are adopted as they are: the slots show the bytes byte for byte,
+/// in page order, and the client that wrote the file can no longer change them
+/// (write, shrink, grow, punch a hole, map it shared and writable): all refused, and
+/// the store's bytes stay what the daemon hashed.
 #[test]
-fn an_add_through_two_pipes_lands_each_half_in_order() {
-    let (_d, sock) = start("two-pipes", |c| c.frame_timeout = Duration::from_secs(2));
+fn a_client_cannot_change_the_pages_it_handed_over() {
+    let (_d, sock) = start("adopted", |_| {});
     let ch = Channel::connect(&sock).unwrap();
-    Request::Hello { tag: String::new() }.send(&ch).unwrap();
-    let Reply::Hello { secret, store, .. } = Reply::recv(&ch).unwrap() else { panic!("no hello") };
-    let hasher = advm::merge::PageHasher::from_secret(&secret).unwrap();
+    let (hasher, mut view) = hello(&ch);
     let ps = page_size();
-    // 40 pages per pipe: more than a default pipe (16 pages) holds.
-    let pages = filled(80, 6);
+    let pages = filled(40, 6);
     let hashes: Vec<u64> = pages.bytes().chunks_exact(ps).map(|p| hasher.hash(p)).collect();
-    let ((r0, mut w0), (r1, mut w1)) = (std::io::pipe().unwrap(), std::io::pipe().unwrap());
-    Request::Add { hashes, staging: vec![r0.into(), r1.into()] }.send(&ch).unwrap();
-    let (first, second) = pages.bytes().split_at(40 * ps);
-    std::io::Write::write_all(&mut w1, second).expect("the second pipe is read while the first is empty");
-    std::io::Write::write_all(&mut w0, first).unwrap();
-    let Reply::Added { slots, .. } = Reply::recv(&ch).unwrap() else { panic!("the add failed") };
-    let store = std::fs::File::from(store);
-    for (k, &s) in slots.iter().enumerate() {
-        let mut got = vec![0u8; ps];
-        std::os::unix::fs::FileExt::read_exact_at(&store, &mut got, s as u64 * ps as u64).unwrap();
-        assert_eq!(got, pages.bytes()[k * ps..(k + 1) * ps], "page {k} in slot {s}");
+    let file = sealed(pages.bytes(), FROZEN);
+    Request::Add { hashes: hashes.clone(), pages: file.try_clone().unwrap() }.send(&ch).unwrap();
+    let Reply::Added { slots, segments, refusal, .. } = Reply::recv(&ch).unwrap() else { panic!("the add failed") };
+    assert_eq!((segments.len(), refusal.as_str()), (1, ""), "the add's own file is announced");
+    view.show(segments).unwrap();
+    let check = |view: &advm::merge::StoreView| {
+        for (k, &s) in slots.iter().enumerate() {
+            assert_eq!(view.page(s).unwrap(), &pages.bytes()[k * ps..(k + 1) * ps], "page {k} in slot {s}");
+        }
+    };
+    check(&view);
+    let fd = file.as_raw_fd();
+    // SAFETY: plain syscalls on our own fd and a live buffer; a mapping that succeeded
+    // would be unmapped below.
+    unsafe {
+        assert_eq!(libc::pwrite(fd, [0x55u8].as_ptr().cast(), 1, 0), -1, "write");
+        assert_eq!(libc::ftruncate(fd, ps as i64), -1, "shrink");
+        assert_eq!(libc::ftruncate(fd, (80 * ps) as i64), -1, "grow");
+        assert_eq!(
+            libc::fallocate(fd, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, 0, ps as i64),
+            -1,
+            "punch"
+        );
+        let m = libc::mmap(std::ptr::null_mut(), ps, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0);
+        assert_eq!(m, libc::MAP_FAILED, "map shared writable");
+        assert_eq!(libc::fcntl(fd, libc::F_GET_SEALS) & FROZEN, FROZEN);
     }
+    check(&view);
+    // A second session sees the same bytes.
+    let other = Channel::connect(&sock).unwrap();
+    let (_, mut view2) = hello(&other);
+    Request::Lookup { hashes }.send(&other).unwrap();
+    let Reply::Slots { slots: found, segments } = Reply::recv(&other).unwrap() else { panic!("the lookup failed") };
+    assert_eq!(found, slots);
+    view2.show(segments).unwrap();
+    check(&view2);
 }
 
-/// A merge of 4 MiB adds through two pipes (more than one CPU here); every page lands
-/// and is mapped without being compared again, and a second client shares them all.
+/// A merge through advmd maps the pages from the file the client handed over (no
+/// copy made by the daemon), every page lands with its content unchanged, and a
+/// second client shares them all.
 #[test]
-fn a_merge_large_enough_for_two_pipes_adds_every_page_and_a_second_client_shares_them() {
+fn a_merge_adds_pages_by_handing_over_a_sealed_file_and_a_second_client_shares_them() {
     if !fence_ok() {
         return;
     }
-    let (_d, sock) = start("two-pipe-merge", |_| {});
+    let (_d, sock) = start("adopt-merge", |_| {});
     let (a, b) = (filled(1024, 3), filled(1024, 3));
     let orig = a.bytes().to_vec();
     let (mut c1, mut c2) = (Client::connect(&sock, "").unwrap(), Client::connect(&sock, "").unwrap());
@@ -418,6 +430,33 @@ fn a_merge_large_enough_for_two_pipes_adds_every_page_and_a_second_client_shares
     assert_eq!(a.bytes(), &orig[..]);
     assert_eq!(b.bytes(), &orig[..]);
     assert_eq!(page_frames(a.range()).unwrap(), page_frames(b.range()).unwrap(), "one physical copy");
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let start = format!("{:x}-", a.range().start().0);
+    let line = maps.lines().find(|l| l.starts_with(&start)).expect("the merged range is mapped");
+    assert!(line.contains("advm-merge-add"), "mapped from the handed-over file: {line}");
+}
+
+/// A merge larger than one add (16,384 pages) hands its pages over in two, the
+/// second written while the daemon takes the first; past the domain's limit the
+/// second is refused whole, and the part that fits is sent again: every page that
+/// fits is added, the rest refused, nothing changes what the process reads.
+#[test]
+fn a_merge_of_two_adds_fills_the_store_to_its_limit_and_refuses_the_rest() {
+    if !fence_ok() {
+        return;
+    }
+    let ps = page_size();
+    let (_d, sock) = start("two-adds", |c| c.domain_limit_bytes = (16384 + 50) * ps as u64);
+    let a = filled(16384 + 100, 8);
+    let orig = a.bytes().to_vec();
+    let s = Client::connect(&sock, "").unwrap().merge(a.bytes()).unwrap();
+    assert_eq!((s.added, s.refused), (16384 + 50, 50), "{s:?}");
+    assert!(s.refusal.unwrap().contains("full"));
+    assert_eq!(a.bytes(), &orig[..]);
+    let b = filled(16384 + 100, 8);
+    let s = Client::connect(&sock, "").unwrap().merge(b.bytes()).unwrap();
+    assert_eq!((s.merged, s.added), (16384 + 50, 0), "{s:?}");
+    assert_eq!(b.bytes(), &orig[..]);
 }
 
 /// A lookup that misses claims the pages for its session: a second session's lookup of
@@ -427,18 +466,13 @@ fn a_merge_large_enough_for_two_pipes_adds_every_page_and_a_second_client_shares
 #[test]
 fn a_lookup_that_misses_claims_the_pages_and_other_lookups_wait_for_their_add() {
     let (_d, sock) = start("claims", |_| {});
-    let hello = |ch: &Channel| {
-        Request::Hello { tag: String::new() }.send(ch).unwrap();
-        let Reply::Hello { secret, .. } = Reply::recv(ch).unwrap() else { panic!("no hello") };
-        advm::merge::PageHasher::from_secret(&secret).unwrap()
-    };
     let lookup = |ch: &Channel, hashes: &[u64]| {
         Request::Lookup { hashes: hashes.to_vec() }.send(ch).unwrap();
-        let Reply::Slots(s) = Reply::recv(ch).unwrap() else { panic!("the lookup failed") };
-        s
+        let Reply::Slots { slots, .. } = Reply::recv(ch).unwrap() else { panic!("the lookup failed") };
+        slots
     };
     let (a, b) = (Channel::connect(&sock).unwrap(), Channel::connect(&sock).unwrap());
-    let hasher = hello(&a);
+    let (hasher, mut view) = hello(&a);
     hello(&b);
     let pages = filled(8, 5);
     let hashes: Vec<u64> = pages.bytes().chunks_exact(page_size()).map(|p| hasher.hash(p)).collect();
@@ -449,10 +483,7 @@ fn a_lookup_that_misses_claims_the_pages_and_other_lookups_wait_for_their_add() 
     let looker = std::thread::spawn(move || (lookup(&b, &h), t.elapsed(), b));
     std::thread::sleep(Duration::from_millis(200));
     assert!(!looker.is_finished(), "B's lookup answered before A added the pages it claimed");
-    let (r, mut w) = std::io::pipe().unwrap();
-    Request::Add { hashes: hashes.clone(), staging: vec![r.into()] }.send(&a).unwrap();
-    std::io::Write::write_all(&mut w, pages.bytes()).unwrap();
-    let Reply::Added { slots: added, .. } = Reply::recv(&a).unwrap() else { panic!("A's add failed") };
+    let added = add(&a, &mut view, pages.bytes(), hashes.clone());
     let (found, waited, _b) = looker.join().unwrap();
     assert_eq!(found, added, "B gets the slots A's pages landed in");
     assert!(waited >= Duration::from_millis(200), "B waited for A ({waited:?})");

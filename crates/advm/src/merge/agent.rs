@@ -325,15 +325,8 @@ fn plan_and_map(
 ) -> Result<()> {
     let ps = page_size();
     let n = len / ps;
-    let hasher = c.backend.hasher();
-    let (mut want, mut hashes) = (Vec::with_capacity(n), Vec::with_capacity(n));
     let snap = fence.snapshot();
-    for (i, p) in snap.chunks_exact(ps).enumerate() {
-        if p.iter().any(|&b| b != 0) {
-            want.push(i);
-            hashes.push(hasher.hash(p));
-        }
-    }
+    let (want, hashes) = c.backend.hasher().hash_nonzero(snap);
     r.stats.skipped += (n - want.len()) as u64;
     let found = c.backend.lookup(&hashes)?;
     // (target, whether it is new to the store)
@@ -386,8 +379,7 @@ fn plan_and_map(
             r.stats.skipped += 1;
         }
     }
-    let inode = c.backend.store_inode();
-    let fd = c.backend.store_fd();
+    let backend = &*c.backend;
     let writable = procmap::query(addr).ok().flatten().is_some_and(|v| v.writable);
     // Under the fence's lock: the range must still be one private mapping, anonymous or
     // the store's, with the writability it had.
@@ -398,7 +390,7 @@ fn plan_and_map(
                 && !v.shared
                 && v.readable
                 && v.writable == writable
-                && (!v.file_backed || v.inode == inode)
+                && (!v.file_backed || backend.holds_inode(v.inode))
         })
     };
     let mut mapped = vec![false; n];
@@ -408,13 +400,18 @@ fn plan_and_map(
             i += 1;
             continue;
         };
+        let Some((fd, offset, left)) = backend.locate(s) else {
+            r.stats.skipped += 1;
+            i += 1;
+            continue;
+        };
         let mut k = 1;
-        while i + k < n && equal[i + k].is_some_and(|(t, _)| t == s + k as u32) {
+        while i + k < n && k < left as usize && equal[i + k].is_some_and(|(t, _)| t == s + k as u32) {
             k += 1;
         }
         let mapped = &mut mapped[..k];
         mapped.fill(false);
-        fence.map_unwritten(i, k, writable, fd, s as u64 * ps as u64, &check, mapped).map_err(Error::Sys)?;
+        fence.map_unwritten(i, k, writable, fd, offset, &check, mapped).map_err(Error::Sys)?;
         for (e, &m) in equal[i..i + k].iter().zip(mapped.iter()) {
             match (m, e.is_some_and(|(_, new)| new)) {
                 (true, true) => r.stats.added += 1,

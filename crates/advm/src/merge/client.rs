@@ -6,9 +6,10 @@ use std::path::Path;
 
 use super::protocol::{Reply, Request, NO_SLOT};
 use super::store::{PageHasher, Store, StoreUsage};
+use super::view::StoreView;
 use crate::mem::page_size;
-use crate::sys::merge::{self as sys, StoreMap, Target};
-use crate::sys::splice;
+use crate::sys::merge::{StoreMap, Target};
+use crate::sys::seal;
 use crate::wire::Channel;
 use crate::{Error, Result};
 
@@ -17,10 +18,12 @@ pub(crate) trait Backend: Send {
     fn hasher(&self) -> &PageHasher;
     /// The store's pages, mapped read-only.
     fn view(&self) -> &StoreMap;
-    /// The store's memfd, to map slots from.
-    fn store_fd(&self) -> BorrowedFd<'_>;
-    /// The store memfd's inode, to recognise ranges already merged.
-    fn store_inode(&self) -> u64;
+    /// Where slot `s`'s page maps from: the file, the page's offset, and how many
+    /// slots from `s` on follow it there.
+    fn locate(&self, s: u32) -> Option<(BorrowedFd<'_>, u64, u32)>;
+    /// Whether a file with this inode is one of the store's (a range mapping it was
+    /// merged before).
+    fn holds_inode(&self, inode: u64) -> bool;
     /// A candidate slot per hash (`None`: not stored).
     fn lookup(&mut self, hashes: &[u64]) -> Result<Vec<Option<u32>>>;
     /// Stores the pages `bytes[i*ps..(i+1)*ps]` for `i` in `which` (`hashes`: theirs,
@@ -52,11 +55,12 @@ impl Backend for Local {
     fn view(&self) -> &StoreMap {
         self.store.view()
     }
-    fn store_fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+    fn locate(&self, s: u32) -> Option<(BorrowedFd<'_>, u64, u32)> {
+        let slots = (self.store.file_len() / page_size() as u64) as u32;
+        (s < slots).then(|| (self.fd.as_fd(), s as u64 * page_size() as u64, slots - s))
     }
-    fn store_inode(&self) -> u64 {
-        self.store.file_id().0
+    fn holds_inode(&self, inode: u64) -> bool {
+        inode == self.store.file_id().0
     }
     fn lookup(&mut self, hashes: &[u64]) -> Result<Vec<Option<u32>>> {
         Ok(hashes.iter().map(|&h| self.store.find(h)).collect())
@@ -71,16 +75,14 @@ impl Backend for Local {
     }
 }
 
-/// A session with `advmd`: the domain's store mapped read-only. New pages travel to
-/// the daemon through a pipe (`vmsplice` here, `splice` into the store there: one
-/// copy in all).
+/// A session with `advmd`: the domain's store mapped read-only. New pages go to the
+/// daemon in a memfd this process writes them into (`pwrite`: the one copy) and then
+/// seals; the daemon adopts the file into its store as it is.
 pub(crate) struct Daemon {
     /// Always `Some` until drop parks it.
     ch: Option<Channel>,
     hasher: PageHasher,
-    fd: OwnedFd,
-    view: StoreMap,
-    inode: u64,
+    view: StoreView,
 }
 
 impl Daemon {
@@ -90,9 +92,8 @@ impl Daemon {
         let Reply::Hello { limit_bytes, secret, store } = Reply::recv(&ch)? else {
             return Err(Error::InvalidArgument { what: "advmd reply", why: "expected the store after hello".into() });
         };
-        let view = StoreMap::new(store.as_fd(), limit_bytes as usize)?;
-        let inode = sys::file_id(store.as_fd())?.0;
-        Ok(Self { ch: Some(ch), hasher: PageHasher::from_secret(&secret)?, fd: store, view, inode })
+        let view = StoreView::new(store, limit_bytes as usize)?;
+        Ok(Self { ch: Some(ch), hasher: PageHasher::from_secret(&secret)?, view })
     }
 
     /// The slots of a reply about `n` pages; slots outside the store read as none.
@@ -103,8 +104,8 @@ impl Daemon {
                 why: format!("{} slots for {n} pages", s.len()),
             });
         }
-        let max = self.view.len() / page_size();
-        Ok(s.into_iter().map(|x| (x != NO_SLOT && (x as usize) < max).then_some(x)).collect())
+        let max = self.view.slots();
+        Ok(s.into_iter().map(|x| (x != NO_SLOT && x < max).then_some(x)).collect())
     }
 }
 
@@ -122,22 +123,10 @@ impl Drop for Daemon {
     }
 }
 
-/// Pages sent per add batch (8 MiB of 4 KiB pages).
-const ADD_BATCH: usize = 2048;
-/// Fewest pages per pipe worth a second pipe (and a second copying thread in the
-/// daemon): 1 MiB of 4 KiB pages, a pipe's worth.
-const PAGES_PER_PIPE: usize = 256;
-
-/// How many pipes an add of `pages` pages goes through: two (the daemon copies with
-/// two threads) when there are pages enough and more than one CPU, else one.
-fn staging_pipes(pages: usize) -> usize {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if cpus >= 2 && pages >= 2 * PAGES_PER_PIPE {
-        super::protocol::MAX_STAGING
-    } else {
-        1
-    }
-}
+/// Pages handed over per add (64 MiB of 4 KiB pages): each lands (and wakes the
+/// domain's lookups waiting for its pages) before the next is written, and each is one
+/// adopted file, held by the store until none of its pages is referenced.
+const ADD_BATCH: usize = 16384;
 
 /// The pages `which` (ascending indices) of `bytes`, as runs of consecutive pages.
 fn page_runs<'a>(bytes: &'a [u8], which: &[usize]) -> Vec<&'a [u8]> {
@@ -154,19 +143,39 @@ fn page_runs<'a>(bytes: &'a [u8], which: &[usize]) -> Vec<&'a [u8]> {
     }
     runs
 }
-/// How long sending pages may wait for the daemon to take some.
-const SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What the daemon made of one add.
+struct Handed {
+    slots: Vec<Option<u32>>,
+    refusal: Option<String>,
+    room: u64,
+}
+
+/// The adds of one merge: which pages got slots, which batches the store refused
+/// whole (`(first, count)` in the merge's new pages), and what it said last.
+struct Adds {
+    slots: Vec<Option<u32>>,
+    refused: Vec<(usize, usize)>,
+    refusal: Option<String>,
+    room: u64,
+}
+
+impl Adds {
+    fn settle(&mut self, (first, n): (usize, usize), h: Handed) {
+        match h.refusal {
+            Some(why) => {
+                self.refused.push((first, n));
+                self.refusal = Some(why);
+            }
+            None => self.slots[first..first + n].copy_from_slice(&h.slots),
+        }
+        self.room = h.room;
+    }
+}
 
 impl Daemon {
-    /// Asks the daemon to store the pages `which` and hands them over through pipes
-    /// (`vmsplice`): the daemon splices them into its store, a thread per pipe.
-    fn send_and_add(
-        &mut self,
-        bytes: &[u8],
-        which: &[usize],
-        hashes: Vec<u64>,
-        refusal: &mut Option<String>,
-    ) -> Result<Vec<Option<u32>>> {
+    /// Writes the pages `which` of `bytes` into a new memfd and seals it.
+    fn sealed_pages(bytes: &[u8], which: &[usize]) -> Result<OwnedFd> {
         let ps = page_size();
         if let Some(&last) = which.iter().max().filter(|&&i| (i + 1) * ps > bytes.len()) {
             return Err(Error::InvalidArgument {
@@ -174,31 +183,68 @@ impl Daemon {
                 why: format!("page {last} lies past the {} bytes given", bytes.len()),
             });
         }
-        let n_pipes = staging_pipes(which.len());
-        // Pipe k carries pages k*per.. of `which` (the split Request::Add documents),
-        // as runs consecutive in `bytes`.
-        let per = which.len().div_ceil(n_pipes).max(1);
-        let parts: Vec<Vec<&[u8]>> = which.chunks(per).map(|part| page_runs(bytes, part)).collect();
-        // A pipe per add: whatever an interrupted add left in it goes with it. This end
-        // keeps the read sides open too, so a daemon that stops reading never raises
-        // SIGPIPE in the client.
-        let pipes = (0..parts.len()).map(|_| splice::pipe()).collect::<std::result::Result<Vec<_>, _>>()?;
-        let staging =
-            pipes.iter().map(|(r, _)| r.try_clone().map_err(|e| Error::io("pipe", e))).collect::<Result<Vec<_>>>()?;
-        Request::Add { hashes, staging }.send(self.ch())?;
-        let sending: Vec<(BorrowedFd<'_>, &[&[u8]])> =
-            pipes.iter().zip(&parts).map(|((_, w), runs)| (w.as_fd(), runs.as_slice())).collect();
-        // A daemon that answers before it took every page (an error) ends the sending.
-        splice::send_pages(&sending, self.ch().as_fd(), SEND_TIMEOUT)?;
-        let Reply::Added { slots, refusal: why } = Reply::recv(self.ch())? else {
+        let file = seal::create("advm-merge-add")?;
+        seal::write_all_at(&file, &page_runs(bytes, which), 0)?;
+        seal::freeze(&file)?;
+        Ok(file)
+    }
+
+    /// Reads the daemon's answer to an add of `n` pages, and shows the files it names.
+    fn added(&mut self, n: usize) -> Result<Handed> {
+        let Reply::Added { slots, refusal, room, segments } = Reply::recv(self.ch())? else {
             return Err(Error::InvalidArgument { what: "advmd reply", why: "expected added slots".into() });
         };
-        drop(pipes);
-        let out = self.check_slots(slots, which.len())?;
-        if !why.is_empty() {
-            *refusal = Some(why);
+        self.view.show(segments)?;
+        let slots = self.check_slots(slots, n)?;
+        Ok(Handed { slots, refusal: (!refusal.is_empty()).then_some(refusal), room })
+    }
+
+    /// Hands the pages `which` of `bytes` over in batches, one add each, writing the
+    /// next batch's file while the daemon hashes the last one. A batch the store
+    /// refused whole for want of room is sent again afterwards, as much of it as fits.
+    fn add_batches(&mut self, bytes: &[u8], which: &[usize], hashes: &[u64]) -> Result<Adds> {
+        let mut adds = Adds { slots: vec![None; which.len()], refused: Vec::new(), refusal: None, room: u64::MAX };
+        let mut in_flight: Option<(usize, usize)> = None;
+        let mut first = 0;
+        while first < which.len() {
+            let n = ADD_BATCH.min(which.len() - first);
+            if adds.refusal.is_some() {
+                // The store was full a moment ago: kept for the retry below.
+                adds.refused.push((first, n));
+            } else {
+                let file = Self::sealed_pages(bytes, &which[first..first + n])?;
+                Request::Add { hashes: hashes[first..first + n].to_vec(), pages: file }.send(self.ch())?;
+                if let Some(batch) = in_flight.replace((first, n)) {
+                    match self.added(batch.1) {
+                        Ok(h) => adds.settle(batch, h),
+                        Err(e) => {
+                            // Read the answer to the batch just sent, so that the next
+                            // request's answer is its own.
+                            let _ = Reply::recv(self.ch());
+                            return Err(e);
+                        }
+                    }
+                }
+            }
+            first += n;
         }
-        Ok(out)
+        if let Some(batch) = in_flight {
+            let h = self.added(batch.1)?;
+            adds.settle(batch, h);
+        }
+        let mut retry = std::mem::take(&mut adds.refused);
+        retry.sort_unstable();
+        for (first, n) in retry {
+            let fits = (adds.room as usize).min(n);
+            if fits == 0 {
+                continue;
+            }
+            let file = Self::sealed_pages(bytes, &which[first..first + fits])?;
+            Request::Add { hashes: hashes[first..first + fits].to_vec(), pages: file }.send(self.ch())?;
+            let h = self.added(fits)?;
+            adds.settle((first, fits), h);
+        }
+        Ok(adds)
     }
 
     fn ch(&self) -> &Channel {
@@ -211,37 +257,31 @@ impl Backend for Daemon {
         &self.hasher
     }
     fn view(&self) -> &StoreMap {
-        &self.view
+        self.view.map()
     }
-    fn store_fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+    fn locate(&self, s: u32) -> Option<(BorrowedFd<'_>, u64, u32)> {
+        self.view.locate(s)
     }
-    fn store_inode(&self) -> u64 {
-        self.inode
+    fn holds_inode(&self, inode: u64) -> bool {
+        self.view.holds_inode(inode)
     }
     fn lookup(&mut self, hashes: &[u64]) -> Result<Vec<Option<u32>>> {
         let mut out = Vec::with_capacity(hashes.len());
         for chunk in hashes.chunks(super::protocol::MAX_PAGES) {
             Request::Lookup { hashes: chunk.to_vec() }.send(self.ch())?;
-            let Reply::Slots(s) = Reply::recv(self.ch())? else {
+            let Reply::Slots { slots, segments } = Reply::recv(self.ch())? else {
                 return Err(Error::InvalidArgument { what: "advmd reply", why: "expected slots".into() });
             };
-            out.extend(self.check_slots(s, chunk.len())?);
+            self.view.show(segments)?;
+            out.extend(self.check_slots(slots, chunk.len())?);
         }
         Ok(out)
     }
     fn add(&mut self, bytes: &[u8], which: &[usize], hashes: &[u64]) -> Result<(Vec<Option<Target>>, Option<String>)> {
-        let mut out = Vec::with_capacity(which.len());
-        let mut refusal = None;
-        // In batches: each lands (and wakes the domain's lookups waiting for its
-        // pages, which this session's lookup claimed) before the next is sent.
-        for (chunk, hashes) in which.chunks(ADD_BATCH).zip(hashes.chunks(ADD_BATCH)) {
-            let added = self.send_and_add(bytes, chunk, hashes.to_vec(), &mut refusal)?;
-            // The daemon copied each added page from the pipe, or compared it in full
-            // with the equal page it shares instead.
-            out.extend(added.into_iter().map(|s| s.map(Target::Vouched)));
-        }
-        Ok((out, refusal))
+        let adds = self.add_batches(bytes, which, hashes)?;
+        // The daemon adopted each page from a file this process wrote from the fenced
+        // range, or compared it in full with the equal page it shares.
+        Ok((adds.slots.into_iter().map(|s| s.map(Target::Vouched)).collect(), adds.refusal))
     }
     fn usage(&mut self) -> Result<StoreUsage> {
         Request::Usage.send(self.ch())?;

@@ -25,13 +25,15 @@ pub mod agent;
 mod client;
 pub mod protocol;
 pub mod store;
+mod view;
 
 use std::sync::Mutex;
 use std::time::Instant;
 
 pub use crate::wire::{socket_path, DEFAULT_SOCKET};
 use client::{Backend, Daemon, Local};
-pub use store::{PageHasher, Reserved, Store, StoreFull, StoreUsage};
+pub use store::{Adopting, PageHasher, Piece, SegmentMap, Store, StoreFull, StoreUsage};
+pub use view::StoreView;
 
 use crate::mem::{page_size, PageRange};
 use crate::sys::merge::{Target, WriteFence};
@@ -202,7 +204,6 @@ impl Client {
     fn check(&self, range: PageRange) -> Result<Vec<(usize, usize, bool)>> {
         let mut out = Vec::new();
         let mut a = range.start().0;
-        let inode = self.backend.store_inode();
         while a < range.end().0 {
             let refuse = |why: String| Error::InvalidArgument { what: "merge range", why };
             let v = procmap::query(a)?
@@ -214,7 +215,7 @@ impl Client {
                     v.start, v.end
                 )));
             }
-            if v.file_backed && v.inode != inode {
+            if v.file_backed && !self.backend.holds_inode(v.inode) {
                 return Err(refuse(format!(
                     "{:#x}..{:#x} is file-backed (inode {}); only anonymous memory can be merged",
                     v.start, v.end, v.inode
@@ -237,19 +238,9 @@ impl Client {
         stats: &mut MergeStats,
     ) -> Result<()> {
         let ps = page_size();
-        let zero = vec![0u8; ps];
-        let pages: Vec<&[u8]> = fence.bytes().chunks_exact(ps).collect();
-        let n_pages = pages.len();
+        let n_pages = fence.bytes().len() / ps;
         // Non-zero pages and their hashes.
-        let mut want: Vec<usize> = Vec::with_capacity(n_pages);
-        let mut hashes: Vec<u64> = Vec::with_capacity(n_pages);
-        let hasher = self.backend.hasher();
-        for (i, p) in pages.iter().enumerate() {
-            if *p != &zero[..] {
-                want.push(i);
-                hashes.push(hasher.hash(p));
-            }
-        }
+        let (want, hashes) = self.backend.hasher().hash_nonzero(fence.bytes());
         let found = self.backend.lookup(&hashes)?;
         let mut target: Vec<Option<Target>> = vec![None; n_pages];
         let mut is_new = vec![false; n_pages];
@@ -280,7 +271,8 @@ impl Client {
             let a = first + i * ps;
             mappings.iter().find(|m| m.0 <= a && a < m.1).is_some_and(|m| m.2)
         };
-        let mapped = fence.map_equal(&target, &writable, self.backend.view(), self.backend.store_fd())?;
+        let backend = &*self.backend;
+        let mapped = fence.map_equal(&target, &writable, backend.view(), &|s| backend.locate(s))?;
         for (i, m) in mapped.into_iter().enumerate() {
             match (m, is_new[i]) {
                 (true, true) => stats.added += 1,

@@ -3,7 +3,7 @@
 
 use std::os::fd::OwnedFd;
 
-use super::store::{StoreUsage, SECRET_LEN};
+use super::store::{Piece, SegmentMap, StoreUsage, SECRET_LEN};
 use crate::wire::{Channel, Frame, Reader, Writer};
 use crate::{Error, Result};
 
@@ -13,8 +13,8 @@ pub const SERVICE: u8 = 1;
 pub const MAX_PAGES: usize = 1 << 20;
 /// Longest domain tag.
 pub const MAX_TAG: usize = 64;
-/// Most pipes one add may carry its pages in.
-pub const MAX_STAGING: usize = 2;
+/// Most adopted files one frame announces (the rest go in frames before it).
+const SEGMENTS_PER_FRAME: usize = 32;
 /// A slot number meaning "not stored" (or "refused: the store is full").
 pub const NO_SLOT: u32 = u32::MAX;
 
@@ -24,6 +24,8 @@ mod kind {
     pub const LOOKUP: u8 = 2;
     pub const ADD: u8 = 3;
     pub const USAGE: u8 = 4;
+    /// Adopted files announced ahead of a reply that names their slots.
+    pub const SEGMENTS: u8 = 5;
 }
 
 /// What a client asks.
@@ -41,16 +43,17 @@ pub enum Request {
         /// One hash per page.
         hashes: Vec<u64>,
     },
-    /// Stores the pages that the client writes into the pipes `staging` after sending
-    /// this (the daemon splices them into its store, one thread per pipe); answers one
-    /// slot per page. With `n` pipes, pipe `k` carries pages `k*per..(k+1)*per` (the
-    /// last fewer), `per` being the page count divided by `n`, rounded up.
+    /// Stores the pages of `pages`, a memfd the client wrote them into and then sealed
+    /// against writing, shrinking, growing and resealing (one page per hash, in
+    /// order): the daemon adopts the file into its store without copying it, hashes
+    /// the pages itself, and answers one slot per page. An unsealed file is refused.
     Add {
         /// The pages' keyed hashes, in order (one per page): the domain's lookups of
-        /// these wait for this add instead of missing.
+        /// these wait for this add instead of missing. Only that: the daemon files the
+        /// pages under the hashes of their bytes.
         hashes: Vec<u64>,
-        /// The read ends of 1 to [`MAX_STAGING`] pipes carrying them.
-        staging: Vec<OwnedFd>,
+        /// The sealed memfd.
+        pages: OwnedFd,
     },
     /// How much the domain's store holds.
     Usage,
@@ -71,14 +74,24 @@ pub enum Reply {
         store: OwnedFd,
     },
     /// One slot per page looked up ([`NO_SLOT`]: not stored).
-    Slots(Vec<u32>),
+    Slots {
+        /// The slots.
+        slots: Vec<u32>,
+        /// Adopted files holding some of them that the session was not shown yet.
+        segments: Vec<SegmentMap>,
+    },
     /// One slot per page added ([`NO_SLOT`]: refused), and why any were refused
-    /// (empty when none was).
+    /// (empty when none was). An add that does not fit is refused whole.
     Added {
         /// The slots.
         slots: Vec<u32>,
         /// The store's refusal, e.g. that it reached its byte limit.
         refusal: String,
+        /// Pages the store has room for now: an add of at most that many would fit.
+        room: u64,
+        /// Adopted files holding some of the slots that the session was not shown yet
+        /// (the add's own file among them).
+        segments: Vec<SegmentMap>,
     },
     /// The store's usage.
     Usage(StoreUsage),
@@ -94,9 +107,8 @@ impl Request {
         match self {
             Request::Hello { tag } => ch.send(SERVICE, kind::HELLO, &Writer::default().bytes(tag.as_bytes()).body, &[]),
             Request::Lookup { hashes } => ch.send(SERVICE, kind::LOOKUP, &Writer::default().u64s(hashes).body, &[]),
-            Request::Add { hashes, staging } => {
-                let fds: Vec<&dyn std::os::fd::AsFd> = staging.iter().map(|f| f as &dyn std::os::fd::AsFd).collect();
-                ch.send(SERVICE, kind::ADD, &Writer::default().u64s(hashes).body, &fds)
+            Request::Add { hashes, pages } => {
+                ch.send(SERVICE, kind::ADD, &Writer::default().u64s(hashes).body, &[pages])
             }
             Request::Usage => ch.send(SERVICE, kind::USAGE, &[], &[]),
         }
@@ -113,13 +125,10 @@ impl Request {
             }
             kind::LOOKUP => Request::Lookup { hashes: r.u64s("hashes", MAX_PAGES)? },
             kind::ADD => {
-                if frame.fds.is_empty() {
-                    return Err(bad("add without a staging pipe".into()));
+                if frame.fds.len() != 1 {
+                    return Err(bad(format!("an add passes one sealed memfd, this one {}", frame.fds.len())));
                 }
-                if frame.fds.len() > MAX_STAGING {
-                    return Err(bad(format!("an add with {} pipes; at most {MAX_STAGING}", frame.fds.len())));
-                }
-                Request::Add { hashes: r.u64s("hashes", MAX_PAGES)?, staging: std::mem::take(&mut frame.fds) }
+                Request::Add { hashes: r.u64s("hashes", MAX_PAGES)?, pages: frame.fds.remove(0) }
             }
             kind::USAGE => Request::Usage,
             k => return Err(bad(format!("unknown kind {k}"))),
@@ -137,9 +146,16 @@ impl Reply {
             Reply::Hello { limit_bytes, secret, store } => {
                 ch.send(SERVICE, kind::HELLO, &Writer::default().u64(*limit_bytes).bytes(secret).body, &[store])
             }
-            Reply::Slots(s) => ch.send(SERVICE, kind::LOOKUP, &Writer::default().u32s(s).body, &[]),
-            Reply::Added { slots, refusal } => {
-                ch.send(SERVICE, kind::ADD, &Writer::default().u32s(slots).bytes(refusal.as_bytes()).body, &[])
+            Reply::Slots { slots, segments } => {
+                let last = send_segments(ch, segments)?;
+                let (w, fds) = with_segments(Writer::default().u32s(slots), last);
+                ch.send(SERVICE, kind::LOOKUP, &w.body, &fds)
+            }
+            Reply::Added { slots, refusal, room, segments } => {
+                let last = send_segments(ch, segments)?;
+                let w = Writer::default().u32s(slots).bytes(refusal.as_bytes()).u64(*room);
+                let (w, fds) = with_segments(w, last);
+                ch.send(SERVICE, kind::ADD, &w.body, &fds)
             }
             Reply::Usage(u) => {
                 ch.send(SERVICE, kind::USAGE, &Writer::default().u64(u.pages).u64(u.bytes).u64(u.limit_bytes).body, &[])
@@ -149,12 +165,21 @@ impl Reply {
 
     /// Receives a reply; a daemon's error reply becomes an `Err` carrying its text.
     pub fn recv(ch: &Channel) -> Result<Self> {
-        let Some(mut frame) = ch.recv()? else {
-            return Err(bad("advmd closed the connection".into()));
+        let mut segments = Vec::new();
+        let mut frame = loop {
+            let Some(mut frame) = ch.recv()? else {
+                return Err(bad("advmd closed the connection".into()));
+            };
+            if frame.service != SERVICE {
+                return Err(bad(format!("reply for service {} on the merge service", frame.service)));
+            }
+            if frame.kind != kind::SEGMENTS {
+                break frame;
+            }
+            let mut r = Reader::new(&frame.body);
+            segments.extend(read_segments(&mut r, &mut frame.fds)?);
+            r.finish("segments")?;
         };
-        if frame.service != SERVICE {
-            return Err(bad(format!("reply for service {} on the merge service", frame.service)));
-        }
         let mut r = Reader::new(&frame.body);
         let reply = match frame.kind {
             kind::ERROR => {
@@ -169,11 +194,18 @@ impl Reply {
                 }
                 Reply::Hello { limit_bytes, secret, store: frame.fds.remove(0) }
             }
-            kind::LOOKUP => Reply::Slots(r.u32s("slots", MAX_PAGES)?),
-            kind::ADD => Reply::Added {
-                slots: r.u32s("slots", MAX_PAGES)?,
-                refusal: String::from_utf8_lossy(r.bytes("refusal", 4096)?).into_owned(),
-            },
+            kind::LOOKUP => {
+                let slots = r.u32s("slots", MAX_PAGES)?;
+                segments.extend(read_segments(&mut r, &mut frame.fds)?);
+                Reply::Slots { slots, segments }
+            }
+            kind::ADD => {
+                let slots = r.u32s("slots", MAX_PAGES)?;
+                let refusal = String::from_utf8_lossy(r.bytes("refusal", 4096)?).into_owned();
+                let room = r.u64("room")?;
+                segments.extend(read_segments(&mut r, &mut frame.fds)?);
+                Reply::Added { slots, refusal, room, segments }
+            }
             kind::USAGE => Reply::Usage(StoreUsage {
                 pages: r.u64("pages")?,
                 bytes: r.u64("bytes")?,
@@ -184,4 +216,50 @@ impl Reply {
         r.finish("merge reply")?;
         Ok(reply)
     }
+}
+
+/// Sends all but the last [`SEGMENTS_PER_FRAME`] of `segments` in frames of their own
+/// (a frame carries at most [`crate::wire::MAX_FDS`] fds); returns the rest.
+fn send_segments<'a>(ch: &Channel, segments: &'a [SegmentMap]) -> Result<&'a [SegmentMap]> {
+    let mut rest = segments;
+    while rest.len() > SEGMENTS_PER_FRAME {
+        let (now, later) = rest.split_at(SEGMENTS_PER_FRAME);
+        let (w, fds) = with_segments(Writer::default(), now);
+        ch.send(SERVICE, kind::SEGMENTS, &w.body, &fds)?;
+        rest = later;
+    }
+    Ok(rest)
+}
+
+/// Appends `segments` to a body: their count, then per file its pieces as
+/// `(slot, page, pages)`; the files ride along as fds, in order.
+fn with_segments(mut w: Writer, segments: &[SegmentMap]) -> (Writer, Vec<&dyn std::os::fd::AsFd>) {
+    w = w.u32(segments.len() as u32);
+    for seg in segments {
+        w = w.u32(seg.pieces.len() as u32);
+        for p in &seg.pieces {
+            w = w.u32(p.slot).u32(p.page).u32(p.pages);
+        }
+    }
+    (w, segments.iter().map(|s| &s.file as &dyn std::os::fd::AsFd).collect())
+}
+
+fn read_segments(r: &mut Reader<'_>, fds: &mut Vec<OwnedFd>) -> Result<Vec<SegmentMap>> {
+    let n = r.u32("segments")? as usize;
+    if n != fds.len() {
+        return Err(bad(format!("{n} adopted files announced, {} passed", fds.len())));
+    }
+    let mut out = Vec::with_capacity(n);
+    for file in fds.drain(..) {
+        let count = r.u32("pieces")? as usize;
+        if count > MAX_PAGES {
+            return Err(bad(format!("{count} pieces in one adopted file; at most {MAX_PAGES}")));
+        }
+        let mut pieces = Vec::with_capacity(count.min(1024));
+        for _ in 0..count {
+            pieces.push(Piece { slot: r.u32("slot")?, page: r.u32("page")?, pages: r.u32("pages")? });
+        }
+        out.push(SegmentMap { file, pieces });
+    }
+    Ok(out)
 }

@@ -65,14 +65,14 @@ impl WriteFence {
     /// `writable(i)` whether page `i`'s mapping is writable. A [`Target::Candidate`]
     /// is compared in full here; a [`Target::Vouched`] page was compared or copied by
     /// the store itself, so what the process reads never changes either way. Runs
-    /// consecutive in both places are mapped with one `mmap`. Returns which pages
-    /// were mapped.
+    /// consecutive in both places (and in one file, as `locate` says) are mapped
+    /// with one `mmap`. Returns which pages were mapped.
     pub fn map_equal(
         &mut self,
         targets: &[Option<Target>],
         writable: &dyn Fn(usize) -> bool,
         store: &StoreMap,
-        fd: BorrowedFd<'_>,
+        locate: Locate<'_>,
     ) -> SysResult<Vec<bool>> {
         let ps = super::page_size();
         let n_pages = self.len / ps;
@@ -101,8 +101,12 @@ impl WriteFence {
                 continue;
             };
             let w = writable(i);
+            let Some((fd, offset, left)) = locate(s) else {
+                i += 1;
+                continue;
+            };
             let mut n = 1;
-            while i + n < n_pages && equal[i + n] == Some(s + n as u32) && writable(i + n) == w {
+            while i + n < n_pages && n < left as usize && equal[i + n] == Some(s + n as u32) && writable(i + n) == w {
                 n += 1;
             }
             // SAFETY: the range is the fence creator's (`new`'s contract), writers wait
@@ -110,12 +114,16 @@ impl WriteFence {
             // holds exactly these bytes at this offset (compared above, or by the store,
             // which could rewrite any page it maps here anyway): the process reads the
             // same content through the new mapping.
-            unsafe { map_private_over(self.addr + i * ps, n * ps, w, fd, s as u64 * ps as u64) }?;
+            unsafe { map_private_over(self.addr + i * ps, n * ps, w, fd, offset) }?;
             i += n;
         }
         Ok(equal.iter().map(Option::is_some).collect())
     }
 }
+
+/// Where store slot `s` can be mapped from: the file, the offset of its page, and how
+/// many slots from `s` on follow it in that file (`None`: nowhere).
+pub type Locate<'a> = &'a dyn Fn(u32) -> Option<(BorrowedFd<'a>, u64, u32)>;
 
 /// A store page (by index) proposed for a fenced page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,6 +210,27 @@ impl StoreMap {
         Ok(())
     }
 
+    /// Maps `len` bytes of `fd` from `file_off` shared and read-only over
+    /// `[off, off+len)` of this map: how a store shows a file it adopted (or its own
+    /// memfd again, once the adopted file is gone) at the slots it gave it. The caller
+    /// replaces only slots nobody reads meanwhile (not published, or no longer).
+    pub fn map_over(&self, off: usize, len: usize, fd: BorrowedFd<'_>, file_off: u64) -> SysResult<()> {
+        if len == 0 || !off.checked_add(len).is_some_and(|e| e <= self.map.len()) {
+            return Err(SysError::new("mmap(MAP_FIXED, store)", rustix::io::Errno::INVAL));
+        }
+        // SAFETY: inside our own mapping (checked above); the caller's contract says no
+        // reference reads these bytes while they are replaced.
+        unsafe {
+            mman::map_fixed(
+                self.map.as_ptr().add(off),
+                len,
+                Prot::READ,
+                Share::Shared,
+                Backing::File { fd, offset: file_off },
+            )
+        }
+    }
+
     /// The bytes at `[off, off+len)`, which the caller checked lie inside.
     pub fn read(&self, off: usize, len: usize) -> &[u8] {
         assert!(off.checked_add(len).is_some_and(|e| e <= self.map.len()), "store read outside the map");
@@ -277,7 +306,11 @@ mod tests {
         });
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(fence.bytes()[8], 7, "the writer waits at the fence");
-        let mapped = fence.map_equal(&[Some(Target::Candidate(0))], &|_| true, &store, fd.as_fd()).unwrap();
+        let mapped = fence
+            .map_equal(&[Some(Target::Candidate(0))], &|_| true, &store, &|s| {
+                Some((fd.as_fd(), s as u64 * ps as u64, 1))
+            })
+            .unwrap();
         assert_eq!(mapped, vec![true]);
         drop(fence);
         writer.join().unwrap();
@@ -309,7 +342,8 @@ mod tests {
         // SAFETY: the mapping is ours and outlives the fence; nobody writes it.
         let mut fence = unsafe { WriteFence::new(m.addr(), 3 * ps) }.unwrap();
         let targets = [Some(Target::Candidate(0)), Some(Target::Candidate(1)), Some(Target::Vouched(1))];
-        let mapped = fence.map_equal(&targets, &|_| true, &store, fd.as_fd()).unwrap();
+        let mapped =
+            fence.map_equal(&targets, &|_| true, &store, &|s| Some((fd.as_fd(), s as u64 * ps as u64, 2 - s))).unwrap();
         drop(fence);
         assert_eq!(mapped, vec![true, false, true]);
         // SAFETY: the fence is gone and nobody writes the mapping.
