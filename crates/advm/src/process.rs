@@ -25,6 +25,12 @@ pub fn is_root() -> bool {
     crate::sys::is_root()
 }
 
+/// Raises this process's soft limit of open files to its hard limit (a daemon holds
+/// a descriptor per client and per store file); returns the limit now in force.
+pub fn raise_open_files_limit() -> Result<u64> {
+    Ok(crate::sys::process::raise_open_files_limit()?)
+}
+
 /// Sends SIGTERM to process `pid` (a program asked to stop cleanly).
 pub fn terminate(pid: u32) -> Result<()> {
     let p = i32::try_from(pid)

@@ -106,6 +106,9 @@ impl Daemon {
     /// on (refuses to if a daemon does), and lets every uid connect (domains keep them apart).
     pub fn bind(config: Config) -> Result<Self, DaemonError> {
         let path = &config.socket;
+        // a descriptor per client, and per store file each client is shown: the
+        // default soft limit (1024) is reached by a few hundred clients
+        let _ = advm::process::raise_open_files_limit();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| DaemonError::io(dir, e))?;
         }

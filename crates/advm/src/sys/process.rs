@@ -93,3 +93,16 @@ pub fn fork_generation() -> Option<u64> {
     }
     HANDLER.get_or_init(|| at_fork(nothing, nothing, child).is_ok()).then(|| GENERATION.load(Ordering::Relaxed))
 }
+
+/// Raises this process's soft limit of open files to its hard limit; returns the limit
+/// now in force.
+pub fn raise_open_files_limit() -> SysResult<u64> {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let r = getrlimit(Resource::Nofile);
+    if r.current == r.maximum {
+        return Ok(r.current.unwrap_or(u64::MAX));
+    }
+    setrlimit(Resource::Nofile, Rlimit { current: r.maximum, maximum: r.maximum })
+        .map_err(|e| SysError::new("setrlimit(RLIMIT_NOFILE)", e))?;
+    Ok(r.maximum.unwrap_or(u64::MAX))
+}
