@@ -1,5 +1,5 @@
 //! `advm bench vm-fill`: how many VMs fit in a memory budget, for real. Under each method
-//! (`blk`, `blk-ksm`, `pmem`) VMs booting the chain of `advm vm image build` start one
+//! (`blk`, `blk-ksm`, `pmem`, `pmem-merge`) VMs booting the chain of `advm vm image build` start one
 //! by one in one memory cgroup whose limit is the budget, until one does not come up,
 //! one that ran stops answering, or the group's OOM killer fires. After each VM that
 //! came up (and a settling pause) both meters are read: the group's anon + shmem + page
@@ -8,11 +8,13 @@
 //! device (private pages, and the image pages it maps), QEMU's own memory; beside
 //! them each guest's page cache (its /proc/meminfo) and the image layers' pages in the
 //! host's page cache. Optionally writes an SVG of memory against N per method.
+//! Under `pmem-merge` an advmd (`advm daemon`) runs in the budget's group too: the
+//! merged guest RAM's store is charged to it, inside the budget.
 //!
 //! Settings (environment, with defaults): ADVM_VM_IMAGE (the built chain),
 //! ADVM_VM_BUDGET_MIB (1536), ADVM_VM_MEM_MIB (guest RAM, 128), ADVM_VM_TB_MIB (the
 //! translation buffer, 16), ADVM_VM_MAX (16; `--quick`: 2), ADVM_VM_METHODS
-//! (`blk,blk-ksm,pmem`), ADVM_VM_SVG (where to write the plot). ADVM_VM_PLOT_FROM
+//! (`blk,blk-ksm,pmem,pmem-merge`), ADVM_VM_SVG (where to write the plot). ADVM_VM_PLOT_FROM
 //! (a saved report of this bench) only draws that report's plot.
 
 use std::collections::BTreeMap;
@@ -26,6 +28,7 @@ use advm::stats::cgroup::Group;
 use advm::stats::mappings::{file_cached_pages, mapping_frames, MappingFrames};
 use advm::stats::{measure, Options};
 
+use super::vm::{method_args, read_merged, Advmd, Merged};
 use super::{Bench, BenchOpts, DemoRow, Figure, Report, Row};
 use crate::BenchError;
 
@@ -53,14 +56,7 @@ struct Settings {
 
 impl Settings {
     fn from_env(quick: bool) -> Result<Self, BenchError> {
-        let methods: Vec<String> = std::env::var("ADVM_VM_METHODS")
-            .unwrap_or_else(|_| "blk,blk-ksm,pmem".into())
-            .split(',')
-            .map(str::to_string)
-            .collect();
-        if let Some(m) = methods.iter().find(|m| !["blk", "blk-ksm", "pmem"].contains(&m.as_str())) {
-            return Err(BenchError::Usage(format!("ADVM_VM_METHODS: {m:?}: expected blk, blk-ksm or pmem")));
-        }
+        let methods = super::vm::methods()?;
         Ok(Self {
             image: super::vm::image()?,
             budget_mib: env_u64("ADVM_VM_BUDGET_MIB", 1536)?,
@@ -77,6 +73,7 @@ struct Vm {
     child: Child,
     port: u16,
     ready_s: f64,
+    merged: Option<Merged>,
 }
 
 /// One HTTP GET: the body of a 200 answer.
@@ -99,24 +96,34 @@ fn guest_cached(port: u16) -> Option<u64> {
 
 /// Starts `advm vm run` in `group` and waits for its `ready ... http://127.0.0.1:PORT/
 /// answered after N ms` line: `Err(reason)` when it ends without one.
-fn start(advm: &Path, s: &Settings, method: &str, group: &Group) -> Result<Result<Vm, String>, BenchError> {
+/// Starts `advm vm run` in `group` and waits for its `ready ... http://127.0.0.1:PORT/
+/// answered after N ms` line (and under `pmem-merge` its `merged:` line): `Err(reason)`
+/// when it ends without them.
+fn start(
+    advm: &Path,
+    s: &Settings,
+    method: &str,
+    group: &Group,
+    advmd: Option<&Advmd>,
+) -> Result<Result<Vm, String>, BenchError> {
     let mut cmd = Command::new(advm);
-    let disk = if method == "pmem" { "pmem" } else { "blk" };
-    cmd.args(["vm", "run", "--image"]).arg(&s.image).args(["--disk", disk, "--accel", "tcg", "--timeout", "300"]);
+    cmd.args(["vm", "run", "--image"]).arg(&s.image).args(method_args(method));
+    cmd.args(["--accel", "tcg", "--timeout", "300"]);
     cmd.args(["--mem", &s.mem_mib.to_string(), "--tb-size", &s.tb_mib.to_string()]);
-    if method == "blk-ksm" {
-        cmd.arg("--ksm");
+    if let Some(d) = advmd {
+        cmd.env("ADVM_SOCKET", &d.socket);
     }
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     group.join_at_exec(&mut cmd)?;
     let mut child = cmd.spawn().map_err(|e| BenchError::Io(format!("starting {} vm run", advm.display()), e))?;
     let mut line = String::new();
-    let out = child.stdout.take().expect("piped");
-    BufReader::new(out).read_line(&mut line).map_err(|e| BenchError::Io("advm vm run output".into(), e))?;
+    let mut out = BufReader::new(child.stdout.take().expect("piped"));
+    out.read_line(&mut line).map_err(|e| BenchError::Io("advm vm run output".into(), e))?;
     let port = line.split("127.0.0.1:").nth(1).and_then(|r| r.split('/').next()).and_then(|p| p.parse().ok());
     let ms = line.split("after ").nth(1).and_then(|r| r.split(' ').next()).and_then(|n| n.parse::<f64>().ok());
-    match (port, ms) {
-        (Some(port), Some(ms)) => Ok(Ok(Vm { child, port, ready_s: ms / 1000.0 })),
+    let merged = if advmd.is_some() && port.is_some() { read_merged(&mut out).ok() } else { None };
+    match (port, ms, merged.is_some() == advmd.is_some()) {
+        (Some(port), Some(ms), true) => Ok(Ok(Vm { child, port, ready_s: ms / 1000.0, merged })),
         _ => {
             let _ = child.kill();
             let mut err = String::new();
@@ -180,21 +187,23 @@ struct Parts {
 }
 
 impl Parts {
-    /// Sorts `maps` of one QEMU into the parts: guest RAM is the anonymous mapping of
-    /// exactly the guest's size, the translation buffer the executable anonymous one
-    /// of its size (less QEMU's guard page), the pmem device everything between the first and last
-    /// mapping of a layer file.
+    /// Sorts `maps` of one QEMU into the parts: guest RAM is the read-write private
+    /// memory of exactly the guest's size at consecutive addresses, anonymous or (once
+    /// merged) the merge store's; the translation buffer the executable anonymous
+    /// mapping of its size (less QEMU's guard page), the pmem device everything between
+    /// the first and last mapping of a layer file.
     fn add(&mut self, maps: Vec<MappingFrames>, s: &Settings, layers: &[PathBuf]) {
         let is_layer = |m: &MappingFrames| layers.iter().any(|l| Path::new(&m.path) == l);
         let device = maps.iter().filter(|m| is_layer(m)).fold(None, |r: Option<(u64, u64)>, m| {
             Some(r.map_or((m.start, m.end), |(a, b)| (a.min(m.start), b.max(m.end))))
         });
+        let ram = guest_ram(&maps, s.mem_mib << 20);
         for m in maps {
             let anon = m.path.is_empty();
             if device.is_some_and(|(a, b)| a <= m.start && m.end <= b) {
                 self.device_private.extend(m.anon);
                 self.device_image.extend(m.file);
-            } else if anon && m.perms.starts_with("rw-") && m.len() == s.mem_mib << 20 {
+            } else if ram.iter().any(|&(a, b)| a <= m.start && m.end <= b) {
                 self.guest_ram.extend(m.anon.into_iter().chain(m.file));
             } else if anon && m.perms.starts_with("rwx") && (s.tb_mib << 20).saturating_sub(m.len()) < 1 << 20 {
                 self.tb.extend(m.anon.into_iter().chain(m.file));
@@ -204,6 +213,33 @@ impl Parts {
             }
         }
     }
+}
+
+/// The address ranges of `size` bytes made of consecutive read-write private mappings,
+/// each anonymous or of a merge store (advmd's or a process's own memfd).
+fn guest_ram(maps: &[MappingFrames], size: u64) -> Vec<(u64, u64)> {
+    let ram_like = |m: &MappingFrames| m.perms == "rw-p" && (m.path.is_empty() || m.path.starts_with("/memfd:advm"));
+    let mut out = Vec::new();
+    let mut run: Option<(u64, u64)> = None;
+    for m in maps {
+        if m.path.is_empty() && m.perms == "rw-p" && m.len() == size {
+            out.push((m.start, m.end));
+        }
+        run = match run {
+            Some((a, b)) if ram_like(m) && m.start == b => Some((a, m.end)),
+            _ if ram_like(m) => Some((m.start, m.end)),
+            _ => None,
+        };
+        // Merged guest RAM lies between mappings of other kinds (QEMU's guard page after
+        // it): a run of exactly its size that the next mapping does not continue.
+        if let Some((a, b)) = run {
+            let continued = maps.iter().any(|n| n.start == b && ram_like(n));
+            if b - a == size && !continued && !out.contains(&(a, b)) {
+                out.push((a, b));
+            }
+        }
+    }
+    out
 }
 
 /// Distinct frames, bytes.
@@ -229,6 +265,7 @@ impl VmFillBench {
         vms: &[Vm],
         group: &Group,
         layers: &[PathBuf],
+        advmd: Option<&Advmd>,
         report: &mut Report,
     ) -> Result<(f64, f64), BenchError> {
         let n = vms.len() as f64;
@@ -259,26 +296,35 @@ impl VmFillBench {
             ));
         }
         let per = |b: f64| vec![b / n / MIB];
-        report.rows.push(
-            Row::new()
-                .with("method", method)
-                .with("VMs", vms.len())
-                .figure(Figure::new("cgroup anon+shmem per VM", "MiB", per(u.anon_shmem_bytes() as f64)))
-                .figure(Figure::new("cgroup page cache per VM", "MiB", per(u.page_cache_bytes as f64)))
-                .figure(Figure::new("memory per VM", "MiB", per(total)))
-                .figure(Figure::new("memory per VM less translation buffer", "MiB", per(total - tb)))
-                .figure(Figure::new("distinct pages per VM", "MiB", per(sample.physical_bytes as f64)))
-                .figure(Figure::new("guest RAM per VM", "MiB", per(distinct_bytes(&mut parts.guest_ram))))
-                .figure(Figure::new("guest page cache", "MiB", guest_cache))
-                .figure(Figure::new("translation buffer per VM", "MiB", per(tb)))
-                .figure(Figure::new("pmem private per VM", "MiB", per(distinct_bytes(&mut parts.device_private))))
-                .figure(Figure::new("pmem image mapped", "MiB", vec![distinct_bytes(&mut parts.device_image) / MIB]))
-                .figure(Figure::new("image in host page cache", "MiB", vec![image_cache as f64 * ps / MIB]))
-                .figure(Figure::new("QEMU anon per VM", "MiB", per(distinct_bytes(&mut parts.qemu_anon))))
-                .figure(Figure::new("QEMU files mapped", "MiB", vec![distinct_bytes(&mut parts.qemu_file) / MIB]))
-                .figure(Figure::new("advm vm run processes", "MiB", vec![distinct_bytes(&mut other) / MIB]))
-                .figure(Figure::new("boot to answer", "s", vms.iter().map(|v| v.ready_s).collect())),
-        );
+        let mut row = Row::new()
+            .with("method", method)
+            .with("VMs", vms.len())
+            .figure(Figure::new("cgroup anon+shmem per VM", "MiB", per(u.anon_shmem_bytes() as f64)))
+            .figure(Figure::new("cgroup page cache per VM", "MiB", per(u.page_cache_bytes as f64)))
+            .figure(Figure::new("memory per VM", "MiB", per(total)))
+            .figure(Figure::new("memory per VM less translation buffer", "MiB", per(total - tb)))
+            .figure(Figure::new("distinct pages per VM", "MiB", per(sample.physical_bytes as f64)))
+            .figure(Figure::new("guest RAM per VM", "MiB", per(distinct_bytes(&mut parts.guest_ram))))
+            .figure(Figure::new("guest page cache", "MiB", guest_cache))
+            .figure(Figure::new("translation buffer per VM", "MiB", per(tb)))
+            .figure(Figure::new("pmem private per VM", "MiB", per(distinct_bytes(&mut parts.device_private))))
+            .figure(Figure::new("pmem image mapped", "MiB", vec![distinct_bytes(&mut parts.device_image) / MIB]))
+            .figure(Figure::new("image in host page cache", "MiB", vec![image_cache as f64 * ps / MIB]))
+            .figure(Figure::new("QEMU anon per VM", "MiB", per(distinct_bytes(&mut parts.qemu_anon))))
+            .figure(Figure::new("QEMU files mapped", "MiB", vec![distinct_bytes(&mut parts.qemu_file) / MIB]))
+            .figure(Figure::new("advm processes (vm run, advmd)", "MiB", vec![distinct_bytes(&mut other) / MIB]))
+            .figure(Figure::new("boot to answer", "s", vms.iter().map(|v| v.ready_s).collect()));
+        if let Some(d) = advmd {
+            // The last VM's merge: the store held the others' pages by then.
+            let last = vms.last().and_then(|v| v.merged).unwrap_or_default();
+            row = row
+                .figure(Figure::new("merge wall time (last VM)", "s", vec![last.wall_s]))
+                .figure(Figure::new("merge CPU in QEMU (last VM)", "s", vec![last.agent_cpu_s]))
+                .figure(Figure::new("advmd CPU so far", "s", vec![d.cpu_seconds()]))
+                .figure(Figure::new("last VM: pages already in the store", "MiB", vec![last.merged as f64 * ps / MIB]))
+                .figure(Figure::new("last VM: pages added to the store", "MiB", vec![last.added as f64 * ps / MIB]));
+        }
+        report.rows.push(row);
         Ok((total, total - tb))
     }
 
@@ -298,13 +344,14 @@ impl VmFillBench {
         no_swap(&group)?;
         let ooms = oom_kills(&group);
         let settle = Duration::from_secs(if method == "blk-ksm" { 30 } else { 10 });
+        let advmd = if method == "pmem-merge" { Some(Advmd::start(advm, &group)?) } else { None };
         let mut vms: Vec<Vm> = Vec::new();
         let mut curve = Vec::new();
         let result = loop {
             if vms.len() == s.max {
                 break Ok(format!("stopped at ADVM_VM_MAX={}", s.max));
             }
-            match start(advm, s, method, &group) {
+            match start(advm, s, method, &group, advmd.as_ref()) {
                 Err(e) => break Err(e),
                 Ok(Err(why)) => break Ok(format!("VM {} {why}", vms.len() + 1)),
                 Ok(Ok(vm)) => vms.push(vm),
@@ -314,7 +361,7 @@ impl VmFillBench {
                 // The last VM did not fit; it is stopped with the others below.
                 break Ok(format!("with VM {}: {why}", vms.len()));
             }
-            match Self::point(s, method, &vms, &group, &layers, report) {
+            match Self::point(s, method, &vms, &group, &layers, advmd.as_ref(), report) {
                 Ok((total, less_tb)) => curve.push((vms.len(), total, less_tb)),
                 Err(e) => break Err(e),
             }
@@ -326,6 +373,7 @@ impl VmFillBench {
         for mut vm in vms {
             let _ = vm.child.wait();
         }
+        drop(advmd);
         for _ in 0..100 {
             if group.pids().map(|p| p.is_empty()).unwrap_or(true) {
                 break;
@@ -374,7 +422,7 @@ fn svg(curves: &BTreeMap<String, Curve>, budget_mib: u64, title: &str) -> String
         y(budget_mib as f64) - 4.0,
         b = y(budget_mib as f64)
     );
-    let colours = [("blk", "#d62728"), ("blk-ksm", "#ff7f0e"), ("pmem", "#1f77b4")];
+    let colours = [("blk", "#d62728"), ("blk-ksm", "#ff7f0e"), ("pmem", "#1f77b4"), ("pmem-merge", "#2ca02c")];
     for (i, (method, curve)) in curves.iter().enumerate() {
         let colour = colours.iter().find(|c| c.0 == method).map_or("black", |c| c.1);
         for (dash, pick) in [("", 1), ("5,4", 2)] {
@@ -534,6 +582,33 @@ mod tests {
         std::fs::write(&from, r#"{"configuration": {"budget_mib": 512}}"#).unwrap();
         assert!(replot(&from, &svg_path).is_err());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn merged_guest_ram_is_found_as_the_run_of_anonymous_and_store_pieces_of_its_size() {
+        let m = |start: u64, len: u64, perms: &str, path: &str| MappingFrames {
+            start,
+            end: start + len,
+            perms: perms.into(),
+            path: path.into(),
+            anon: vec![],
+            file: vec![],
+        };
+        let mib = 1u64 << 20;
+        let maps = vec![
+            m(0x1000_0000, 4 * mib, "rw-p", ""),
+            m(0x2000_0000, 100 * mib, "rw-p", "/memfd:advmd-store-0 (deleted)"),
+            m(0x2000_0000 + 100 * mib, 20 * mib, "rw-p", ""),
+            m(0x2000_0000 + 120 * mib, 8 * mib, "rw-p", "/memfd:advmd-store-0 (deleted)"),
+            m(0x2000_0000 + 128 * mib, 4096, "---p", ""),
+            m(0x4000_0000, 128 * mib, "rwxp", ""),
+        ];
+        assert_eq!(guest_ram(&maps, 128 * mib), vec![(0x2000_0000, 0x2000_0000 + 128 * mib)]);
+        // A run longer than the guest's RAM is not it; a single anonymous mapping is.
+        let mut longer = maps.clone();
+        longer[4] = m(0x2000_0000 + 128 * mib, 4 * mib, "rw-p", "");
+        assert!(guest_ram(&longer, 128 * mib).is_empty());
+        assert_eq!(guest_ram(&maps[..1], 4 * mib), vec![(0x1000_0000, 0x1000_0000 + 4 * mib)]);
     }
 
     #[test]
