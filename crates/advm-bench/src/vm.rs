@@ -74,6 +74,16 @@ pub(crate) fn method_args(method: &str) -> Vec<&'static str> {
     }
 }
 
+/// Guests boot with `--no-aslr` under every method (laid out alike, so KSM and the merge
+/// find equal pages) unless `ADVM_VM_ASLR=1` keeps randomisation on.
+pub(crate) fn aslr() -> Result<bool, BenchError> {
+    match std::env::var("ADVM_VM_ASLR").as_deref() {
+        Err(_) | Ok("0") => Ok(false),
+        Ok("1") => Ok(true),
+        Ok(v) => Err(BenchError::Usage(format!("ADVM_VM_ASLR={v:?}: expected 0 or 1"))),
+    }
+}
+
 /// An advmd (`advm daemon`) started for `pmem-merge`, stopped (by its pid) when dropped.
 pub(crate) struct Advmd {
     child: Child,
@@ -166,6 +176,9 @@ fn start(advm: &Path, image: &Path, method: &str, i: usize, advmd: Option<&Advmd
     let group = Group::create(&format!("vm-{method}-{i}"))?;
     let mut cmd = Command::new(advm);
     cmd.args(["vm", "run", "--image"]).arg(image).args(method_args(method)).args(["--timeout", "900"]);
+    if !aslr()? {
+        cmd.arg("--no-aslr");
+    }
     if let Some(d) = advmd {
         cmd.env("ADVM_SOCKET", &d.socket);
     }
@@ -237,6 +250,7 @@ impl Bench for VmDensityBench {
         let ns: &[usize] = if opts.quick { &[1, 2] } else { &[1, 2, 4, 8] };
         let settle = |method: &str| Duration::from_secs(if method == "blk-ksm" { 60 } else { 10 });
         report.configuration.insert("image".into(), image.display().to_string().into());
+        report.configuration.insert("guest_aslr".into(), aslr()?.into());
         for method in methods()? {
             let method = method.as_str();
             let merge = method == "pmem-merge";

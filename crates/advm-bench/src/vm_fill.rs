@@ -14,7 +14,8 @@
 //! Settings (environment, with defaults): ADVM_VM_IMAGE (the built chain),
 //! ADVM_VM_BUDGET_MIB (1536), ADVM_VM_MEM_MIB (guest RAM, 128), ADVM_VM_TB_MIB (the
 //! translation buffer, 16), ADVM_VM_MAX (16; `--quick`: 2), ADVM_VM_METHODS
-//! (`blk,blk-ksm,pmem,pmem-merge`), ADVM_VM_SVG (where to write the plot). ADVM_VM_PLOT_FROM
+//! (`blk,blk-ksm,pmem,pmem-merge`), ADVM_VM_ASLR (0: guests boot with `--no-aslr`;
+//! 1: randomised), ADVM_VM_SVG (where to write the plot). ADVM_VM_PLOT_FROM
 //! (a saved report of this bench) only draws that report's plot.
 
 use std::collections::BTreeMap;
@@ -52,6 +53,7 @@ struct Settings {
     max: usize,
     methods: Vec<String>,
     svg: Option<PathBuf>,
+    aslr: bool,
 }
 
 impl Settings {
@@ -65,6 +67,7 @@ impl Settings {
             max: env_u64("ADVM_VM_MAX", if quick { 2 } else { 16 })? as usize,
             methods,
             svg: std::env::var_os("ADVM_VM_SVG").map(PathBuf::from),
+            aslr: super::vm::aslr()?,
         })
     }
 }
@@ -109,6 +112,9 @@ fn start(
     let mut cmd = Command::new(advm);
     cmd.args(["vm", "run", "--image"]).arg(&s.image).args(method_args(method));
     cmd.args(["--accel", "tcg", "--timeout", "300"]);
+    if !s.aslr {
+        cmd.arg("--no-aslr");
+    }
     cmd.args(["--mem", &s.mem_mib.to_string(), "--tb-size", &s.tb_mib.to_string()]);
     if let Some(d) = advmd {
         cmd.env("ADVM_SOCKET", &d.socket);
@@ -527,6 +533,7 @@ impl Bench for VmFillBench {
             report.configuration.insert(k.into(), v.into());
         }
         report.configuration.insert("image".into(), s.image.display().to_string().into());
+        report.configuration.insert("guest_aslr".into(), s.aslr.into());
         let mut curves = BTreeMap::new();
         for method in &s.methods {
             let (curve, why) = Self::fill(&s, &advm, method, report)?;
@@ -621,6 +628,7 @@ mod tests {
             max: 1,
             methods: vec![],
             svg: None,
+            aslr: false,
         };
         let m = |start: u64, len: u64, perms: &str, path: &str, anon: &[u64], file: &[u64]| MappingFrames {
             start,

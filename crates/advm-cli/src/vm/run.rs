@@ -62,6 +62,11 @@ pub struct RunArgs {
     /// copy-on-write. No scanner runs before or after (see docs/vm.md).
     #[arg(long, conflicts_with = "ksm")]
     pub merge: bool,
+    /// Boot the guest without address-space randomisation (kernel, processes, Python's
+    /// hashes), so its memory is laid out as in every other such guest: more of it is
+    /// equal across VMs for `--merge` and `--ksm`. A security trade-off inside the guest.
+    #[arg(long)]
+    pub no_aslr: bool,
     /// Seconds between the service's first answer and the merge: the guest hands back
     /// what it frees while starting (free page reporting) before its RAM is merged.
     #[arg(long, default_value_t = 5.0, requires = "merge")]
@@ -294,6 +299,7 @@ pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
             accel,
             tb_mib: args.tb_size,
             ksm: args.ksm,
+            no_aslr: args.no_aslr,
             guest_writes: args.guest_writes,
             port,
             console: console.clone(),
