@@ -221,29 +221,36 @@ impl Parts {
     }
 }
 
-/// The address ranges of `size` bytes made of consecutive read-write private mappings,
-/// each anonymous or of a merge store (advmd's or a process's own memfd).
+/// Where guest RAM lies: a private anonymous read-write mapping of exactly `size`
+/// bytes, or once merged, the last `size` bytes of a run of consecutive read-write
+/// private mappings, anonymous or of a merge store (advmd's or a process's own memfd),
+/// that holds a store mapping. The last: QEMU's guest RAM may follow another anonymous
+/// mapping directly, but a guard page follows it.
 fn guest_ram(maps: &[MappingFrames], size: u64) -> Vec<(u64, u64)> {
-    let ram_like = |m: &MappingFrames| m.perms == "rw-p" && (m.path.is_empty() || m.path.starts_with("/memfd:advm"));
-    let mut out = Vec::new();
-    let mut run: Option<(u64, u64)> = None;
-    for m in maps {
-        if m.path.is_empty() && m.perms == "rw-p" && m.len() == size {
-            out.push((m.start, m.end));
+    let store = |m: &MappingFrames| m.path.starts_with("/memfd:advm");
+    let ram_like = |m: &MappingFrames| m.perms == "rw-p" && (m.path.is_empty() || store(m));
+    let mut out: Vec<(u64, u64)> = maps
+        .iter()
+        .filter(|m| m.path.is_empty() && m.perms == "rw-p" && m.len() == size)
+        .map(|m| (m.start, m.end))
+        .collect();
+    let mut k = 0;
+    while k < maps.len() {
+        if !ram_like(&maps[k]) {
+            k += 1;
+            continue;
         }
-        run = match run {
-            Some((a, b)) if ram_like(m) && m.start == b => Some((a, m.end)),
-            _ if ram_like(m) => Some((m.start, m.end)),
-            _ => None,
-        };
-        // Merged guest RAM lies between mappings of other kinds (QEMU's guard page after
-        // it): a run of exactly its size that the next mapping does not continue.
-        if let Some((a, b)) = run {
-            let continued = maps.iter().any(|n| n.start == b && ram_like(n));
-            if b - a == size && !continued && !out.contains(&(a, b)) {
-                out.push((a, b));
-            }
+        let first = k;
+        while k + 1 < maps.len() && ram_like(&maps[k + 1]) && maps[k + 1].start == maps[k].end {
+            k += 1;
         }
+        let run = &maps[first..=k];
+        let end = maps[k].end;
+        let start = end.wrapping_sub(size);
+        if run.iter().any(|m| m.start == start) && run.iter().filter(|m| m.start >= start).any(store) {
+            out.push((start, end));
+        }
+        k += 1;
     }
     out
 }
@@ -611,10 +618,14 @@ mod tests {
             m(0x4000_0000, 128 * mib, "rwxp", ""),
         ];
         assert_eq!(guest_ram(&maps, 128 * mib), vec![(0x2000_0000, 0x2000_0000 + 128 * mib)]);
-        // A run longer than the guest's RAM is not it; a single anonymous mapping is.
-        let mut longer = maps.clone();
-        longer[4] = m(0x2000_0000 + 128 * mib, 4 * mib, "rw-p", "");
-        assert!(guest_ram(&longer, 128 * mib).is_empty());
+        // QEMU's heap block right before guest RAM: guest RAM is the run's last 128 MiB.
+        let mut after_block = maps.clone();
+        after_block[0] = m(0x2000_0000 - 8 * mib, 8 * mib, "rw-p", "");
+        assert_eq!(guest_ram(&after_block, 128 * mib), vec![(0x2000_0000, 0x2000_0000 + 128 * mib)]);
+        // Without a store mapping a run is not merged guest RAM; a single anonymous
+        // mapping of the size is guest RAM.
+        let anon: Vec<MappingFrames> = maps.iter().map(|x| m(x.start, x.len(), &x.perms, "")).collect();
+        assert!(guest_ram(&anon, 128 * mib).is_empty());
         assert_eq!(guest_ram(&maps[..1], 4 * mib), vec![(0x1000_0000, 0x1000_0000 + 4 * mib)]);
     }
 
