@@ -13,6 +13,9 @@
 //! group of its own: the store's pages are charged to it, counted as shared). The
 //! merge's wall time, the CPU of the agent's threads in QEMU and of advmd are reported.
 //!
+//! `ADVM_VM_METHODS` picks methods (comma-separated); every method's guests boot with
+//! `--no-aslr` unless `ADVM_VM_ASLR=1`.
+//!
 //! The VMs are started as `advm vm run` processes of this same binary. How many fit in
 //! a budget is measured by `advm bench vm-fill`, not projected from these points.
 
