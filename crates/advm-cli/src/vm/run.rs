@@ -62,15 +62,15 @@ pub struct RunArgs {
     /// copy-on-write. No scanner runs before or after (see docs/vm.md).
     #[arg(long, conflicts_with = "ksm")]
     pub merge: bool,
+    /// Seconds between the service's first answer and the merge: the guest hands back
+    /// what it frees while starting (free page reporting) before its RAM is merged.
+    #[arg(long, default_value_t = 5.0, requires = "merge")]
+    pub merge_after: f64,
     /// Boot the guest without address-space randomisation (kernel, processes, Python's
     /// hashes), so its memory is laid out as in every other such guest: more of it is
     /// equal across VMs for `--merge` and `--ksm`. A security trade-off inside the guest.
     #[arg(long)]
     pub no_aslr: bool,
-    /// Seconds between the service's first answer and the merge: the guest hands back
-    /// what it frees while starting (free page reporting) before its RAM is merged.
-    #[arg(long, default_value_t = 5.0, requires = "merge")]
-    pub merge_after: f64,
     /// Keep QEMU's transparent huge pages for guest RAM (by default they are off: a
     /// guest touching one page of 2 MiB would hold all of it on the host).
     #[arg(long)]
@@ -425,16 +425,19 @@ fn run_in(args: &RunArgs, work: &Path) -> Result<bool, CliError> {
     eprintln!("console: {}; dump with `advm vm dump --vm {}`", vm.console.display(), std::process::id());
     if args.merge {
         std::thread::sleep(Duration::from_secs_f64(args.merge_after));
-        let merged = merge_guest(vm.child.id()).and_then(|m| match get(vm.port) {
-            Some(_) => Ok(m),
-            None => Err(usage("the guest's service stopped answering after its RAM was merged".into())),
-        });
-        match merged {
-            Ok(m) => println!("merged: {m}"),
-            Err(e) => {
-                drop(signals);
-                vm.stop();
-                return Err(e);
+        // A VM stopped meanwhile (a signal forwarded to QEMU) ends as it would unmerged.
+        if vm.child.try_wait().map_err(|e| CliError::Io("waiting for QEMU".into(), e))?.is_none() {
+            let merged = merge_guest(vm.child.id()).and_then(|m| match get(vm.port) {
+                Some(_) => Ok(m),
+                None => Err(usage("the guest's service stopped answering after its RAM was merged".into())),
+            });
+            match merged {
+                Ok(m) => println!("merged: {m}"),
+                Err(e) => {
+                    drop(signals);
+                    vm.stop();
+                    return Err(e);
+                }
             }
         }
     }
