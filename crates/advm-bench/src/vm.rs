@@ -8,12 +8,20 @@
 //! is the groups' anon + shmem + page cache over N, next to the distinct-page meter's
 //! figure for all VM processes.
 //!
+//! `pmem-merge` is `pmem` with `advm vm run --merge`: once each guest answers, its RAM
+//! is merged once into the store of an advmd started for the point (`advm daemon`, in a
+//! group of its own: the store's pages are charged to it, counted as shared). The
+//! merge's wall time, the CPU of the agent's threads in QEMU and of advmd are reported.
+//!
+//! `ADVM_VM_METHODS` picks methods (comma-separated); every method's guests boot with
+//! `--no-aslr` unless `ADVM_VM_ASLR=1`.
+//!
 //! The VMs are started as `advm vm run` processes of this same binary. How many fit in
 //! a budget is measured by `advm bench vm-fill`, not projected from these points.
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use advm::stats::cgroup::Group;
@@ -42,36 +50,163 @@ pub(crate) fn image() -> Result<PathBuf, BenchError> {
     Ok(path)
 }
 
-struct Vm {
-    child: Child,
-    group: Group,
-    ready_s: f64,
+/// The methods, in the order they run; `ADVM_VM_METHODS` picks some (comma-separated).
+pub(crate) const METHODS: [&str; 4] = ["blk", "blk-ksm", "pmem", "pmem-merge"];
+
+/// `ADVM_VM_METHODS`, checked against [`METHODS`]; all of them when unset.
+pub(crate) fn methods() -> Result<Vec<String>, BenchError> {
+    parse_methods(std::env::var("ADVM_VM_METHODS").ok().as_deref())
 }
 
-fn start(advm: &PathBuf, image: &PathBuf, method: &str, i: usize) -> Result<Vm, BenchError> {
+fn parse_methods(list: Option<&str>) -> Result<Vec<String>, BenchError> {
+    let Some(list) = list else { return Ok(METHODS.map(str::to_string).to_vec()) };
+    let picked: Vec<String> = list.split(',').map(|m| m.trim().to_string()).collect();
+    match picked.iter().find(|m| !METHODS.contains(&m.as_str())) {
+        Some(m) => Err(BenchError::Usage(format!("ADVM_VM_METHODS: {m:?}: expected some of {}", METHODS.join(", ")))),
+        None => Ok(picked),
+    }
+}
+
+/// `advm vm run`'s arguments for `method` after the image.
+pub(crate) fn method_args(method: &str) -> Vec<&'static str> {
+    match method {
+        "pmem" => vec!["--disk", "pmem"],
+        "pmem-merge" => vec!["--disk", "pmem", "--merge"],
+        "blk-ksm" => vec!["--disk", "blk", "--ksm"],
+        _ => vec!["--disk", "blk"],
+    }
+}
+
+/// Guests boot with `--no-aslr` under every method (laid out alike, so KSM and the merge
+/// find equal pages) unless `ADVM_VM_ASLR=1` keeps randomisation on.
+pub(crate) fn aslr() -> Result<bool, BenchError> {
+    match std::env::var("ADVM_VM_ASLR").as_deref() {
+        Err(_) | Ok("0") => Ok(false),
+        Ok("1") => Ok(true),
+        Ok(v) => Err(BenchError::Usage(format!("ADVM_VM_ASLR={v:?}: expected 0 or 1"))),
+    }
+}
+
+/// An advmd (`advm daemon`) started for `pmem-merge`, stopped (by its pid) when dropped.
+pub(crate) struct Advmd {
+    child: Child,
+    pub socket: PathBuf,
+}
+
+impl Advmd {
+    /// Starts `advm daemon` in `group` on a fresh socket and waits until it listens.
+    pub(crate) fn start(advm: &Path, group: &Group) -> Result<Self, BenchError> {
+        let socket = std::env::temp_dir().join(format!("advm-vm-advmd-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&socket);
+        let mut cmd = Command::new(advm);
+        cmd.args(["daemon", "--socket"]).arg(&socket).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+        group.join_at_exec(&mut cmd)?;
+        let child = cmd.spawn().map_err(|e| BenchError::Io(format!("starting {} daemon", advm.display()), e))?;
+        let d = Self { child, socket };
+        let t = Instant::now();
+        while std::os::unix::net::UnixStream::connect(&d.socket).is_err() {
+            if t.elapsed() > Duration::from_secs(10) {
+                return Err(BenchError::Usage("advm daemon did not listen within 10 s".into()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(d)
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// CPU seconds the daemon has used so far (all threads; USER_HZ is 100 on Linux).
+    pub(crate) fn cpu_seconds(&self) -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
+        let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);
+        rest.split(' ').skip(11).take(2).filter_map(|x| x.parse::<f64>().ok()).sum::<f64>() / 100.0
+    }
+}
+
+impl Drop for Advmd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// What `advm vm run --merge` printed: `merged: {JSON}`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Merged {
+    /// Pages mapped from store pages another VM (or this one) had put there.
+    pub merged: u64,
+    /// Pages this VM put into the store.
+    pub added: u64,
+    /// The request's wall time, s.
+    pub wall_s: f64,
+    /// CPU of the agent's threads in QEMU, s.
+    pub agent_cpu_s: f64,
+}
+
+impl Merged {
+    pub(crate) fn parse(line: &str) -> Option<Self> {
+        let v: serde_json::Value = serde_json::from_str(line.trim().strip_prefix("merged: ")?).ok()?;
+        Some(Self {
+            merged: v["merged"].as_u64()?,
+            added: v["added"].as_u64()?,
+            wall_s: v["wall_s"].as_f64()?,
+            agent_cpu_s: v["agent_cpu_s"].as_f64()?,
+        })
+    }
+}
+
+/// Reads `advm vm run --merge`'s `merged:` line from `out`.
+pub(crate) fn read_merged(out: &mut BufReader<ChildStdout>) -> Result<Merged, BenchError> {
+    let mut line = String::new();
+    out.read_line(&mut line).map_err(|e| BenchError::Io("advm vm run output".into(), e))?;
+    Merged::parse(&line).ok_or_else(|| {
+        BenchError::Usage(format!("a VM's merge did not report: {line:?} (see its console under /tmp/advm-vm-PID)"))
+    })
+}
+
+struct Vm {
+    child: Child,
+    out: Option<BufReader<ChildStdout>>,
+    group: Group,
+    ready_s: f64,
+    merged: Option<Merged>,
+}
+
+fn start(advm: &Path, image: &Path, method: &str, i: usize, advmd: Option<&Advmd>) -> Result<Vm, BenchError> {
     let group = Group::create(&format!("vm-{method}-{i}"))?;
     let mut cmd = Command::new(advm);
-    let disk = if method == "pmem" { "pmem" } else { "blk" };
-    cmd.args(["vm", "run", "--image"]).arg(image).args(["--disk", disk, "--timeout", "900"]);
-    if method == "blk-ksm" {
-        cmd.arg("--ksm");
+    cmd.args(["vm", "run", "--image"]).arg(image).args(method_args(method)).args(["--timeout", "900"]);
+    if !aslr()? {
+        cmd.arg("--no-aslr");
+    }
+    if let Some(d) = advmd {
+        cmd.env("ADVM_SOCKET", &d.socket);
     }
     cmd.stdout(Stdio::piped()).stderr(Stdio::null());
     group.join_at_exec(&mut cmd)?;
-    let child = cmd.spawn().map_err(|e| BenchError::Io(format!("starting {} vm run", advm.display()), e))?;
-    Ok(Vm { child, group, ready_s: f64::NAN })
+    let mut child = cmd.spawn().map_err(|e| BenchError::Io(format!("starting {} vm run", advm.display()), e))?;
+    let out = child.stdout.take().map(BufReader::new);
+    Ok(Vm { child, out, group, ready_s: f64::NAN, merged: None })
 }
 
-/// Reads each VM's `ready ... after N ms` line.
-fn wait_ready(vms: &mut [Vm]) -> Result<(), BenchError> {
+/// Reads each VM's `ready ... after N ms` line, and under `--merge` its `merged:` line.
+fn wait_ready(vms: &mut [Vm], merge: bool) -> Result<(), BenchError> {
     for vm in vms.iter_mut() {
         let mut line = String::new();
-        let out = vm.child.stdout.take().expect("piped");
-        BufReader::new(out).read_line(&mut line).map_err(|e| BenchError::Io("advm vm run output".into(), e))?;
+        let out = vm.out.as_mut().expect("piped");
+        out.read_line(&mut line).map_err(|e| BenchError::Io("advm vm run output".into(), e))?;
         let ms = line.split("after ").nth(1).and_then(|r| r.split(' ').next()).and_then(|n| n.parse::<f64>().ok());
         vm.ready_s = ms.ok_or_else(|| {
             BenchError::Usage(format!("a VM did not come up: {line:?} (see its console under /tmp/advm-vm-PID)"))
         })? / 1000.0;
+    }
+    if merge {
+        for vm in vms.iter_mut() {
+            vm.merged = Some(read_merged(vm.out.as_mut().expect("piped"))?);
+        }
     }
     Ok(())
 }
@@ -103,7 +238,7 @@ impl Bench for VmDensityBench {
     }
 
     fn description(&self) -> &'static str {
-        "N real VMs booting one qcow2 chain: memory per VM and boot time under blk, blk+KSM and pmem (FlexMem)"
+        "N real VMs booting one qcow2 chain: memory per VM and boot time under blk, blk+KSM, pmem (FlexMem) and pmem with guest RAM merged once (advmd)"
     }
 
     fn default_runs(&self) -> usize {
@@ -118,14 +253,19 @@ impl Bench for VmDensityBench {
         let ns: &[usize] = if opts.quick { &[1, 2] } else { &[1, 2, 4, 8] };
         let settle = |method: &str| Duration::from_secs(if method == "blk-ksm" { 60 } else { 10 });
         report.configuration.insert("image".into(), image.display().to_string().into());
-        for method in ["pmem", "blk", "blk-ksm"] {
+        report.configuration.insert("guest_aslr".into(), aslr()?.into());
+        for method in methods()? {
+            let method = method.as_str();
+            let merge = method == "pmem-merge";
             for &n in ns {
                 drop_caches();
                 std::thread::sleep(Duration::from_secs(1));
+                let daemon_group = if merge { Some(Group::create("vm-advmd")?) } else { None };
+                let advmd = daemon_group.as_ref().map(|g| Advmd::start(&advm, g)).transpose()?;
                 let t0 = Instant::now();
                 let mut vms = Vec::new();
                 for i in 0..n {
-                    match start(&advm, &image, method, i) {
+                    match start(&advm, &image, method, i, advmd.as_ref()) {
                         Ok(vm) => vms.push(vm),
                         Err(e) => {
                             stop(vms);
@@ -133,7 +273,7 @@ impl Bench for VmDensityBench {
                         }
                     }
                 }
-                if let Err(e) = wait_ready(&mut vms) {
+                if let Err(e) = wait_ready(&mut vms, merge) {
                     stop(vms);
                     return Err(e);
                 }
@@ -147,15 +287,23 @@ impl Bench for VmDensityBench {
                 let mut cg_anon_shmem = 0u64;
                 let mut cache = 0u64;
                 let mut pids = Vec::new();
-                for vm in &vms {
-                    let u = vm.group.usage()?;
+                // advmd's group holds the store: shared by the VMs, counted once.
+                for g in vms.iter().map(|v| &v.group).chain(daemon_group.as_ref()) {
+                    let u = g.usage()?;
                     cg_anon_shmem += u.anon_shmem_bytes();
                     cache += u.page_cache_bytes;
-                    pids.extend(vm.group.pids()?);
+                    pids.extend(g.pids()?);
                 }
+                let store = daemon_group.as_ref().map(|g| g.usage().map(|u| u.anon_shmem_bytes())).transpose()?;
+                let advmd_cpu = advmd.as_ref().map(Advmd::cpu_seconds);
                 let ready: Vec<f64> = vms.iter().map(|v| v.ready_s).collect();
+                let merged: Vec<Merged> = vms.iter().filter_map(|v| v.merged).collect();
                 let sample = measure(&pids, Options::default());
                 stop(vms);
+                drop(advmd);
+                if let Some(g) = daemon_group {
+                    let _ = g.remove();
+                }
                 let sample = sample?;
                 let total = (cg_anon_shmem + cache) as f64;
                 let mib = |b: f64| b / (1u64 << 20) as f64;
@@ -167,26 +315,32 @@ impl Bench for VmDensityBench {
                         cg_anon_shmem as f64,
                     ));
                 }
-                report.rows.push(
-                    Row::new()
-                        .with("method", method)
-                        .with("VMs", n)
-                        .figure(Figure::new(
-                            "cgroup anon+shmem per VM",
-                            "MiB",
-                            vec![mib(cg_anon_shmem as f64 / n as f64)],
-                        ))
-                        .figure(Figure::new("page cache per VM", "MiB", vec![mib(cache as f64 / n as f64)]))
-                        .figure(Figure::new("memory per VM", "MiB", vec![mib(total / n as f64)]))
-                        .figure(Figure::new(
-                            "distinct pages per VM",
-                            "MiB",
-                            vec![mib(sample.physical_bytes as f64 / n as f64)],
-                        ))
-                        .figure(Figure::new("boot to answer", "s", ready))
-                        .figure(Figure::new("all answering", "s", vec![boot]))
-                        .figure(Figure::new("ksmd CPU while settling", "s", vec![ksmd_s])),
-                );
+                let mut row = Row::new()
+                    .with("method", method)
+                    .with("VMs", n)
+                    .figure(Figure::new("cgroup anon+shmem per VM", "MiB", vec![mib(cg_anon_shmem as f64 / n as f64)]))
+                    .figure(Figure::new("page cache per VM", "MiB", vec![mib(cache as f64 / n as f64)]))
+                    .figure(Figure::new("memory per VM", "MiB", vec![mib(total / n as f64)]))
+                    .figure(Figure::new(
+                        "distinct pages per VM",
+                        "MiB",
+                        vec![mib(sample.physical_bytes as f64 / n as f64)],
+                    ))
+                    .figure(Figure::new("boot to answer", "s", ready))
+                    .figure(Figure::new("all answering", "s", vec![boot]))
+                    .figure(Figure::new("ksmd CPU while settling", "s", vec![ksmd_s]));
+                if merge {
+                    let ps = advm::mem::page_size() as f64;
+                    let each = |f: &dyn Fn(&Merged) -> f64| merged.iter().map(f).collect::<Vec<f64>>();
+                    row = row
+                        .figure(Figure::new("merge wall time", "s", each(&|m| m.wall_s)))
+                        .figure(Figure::new("merge CPU in QEMU", "s", each(&|m| m.agent_cpu_s)))
+                        .figure(Figure::new("advmd CPU (plans and merges)", "s", vec![advmd_cpu.unwrap_or(f64::NAN)]))
+                        .figure(Figure::new("pages already in the store", "MiB", each(&|m| mib(m.merged as f64 * ps))))
+                        .figure(Figure::new("pages added to the store", "MiB", each(&|m| mib(m.added as f64 * ps))))
+                        .figure(Figure::new("store (advmd anon+shmem)", "MiB", vec![mib(store.unwrap_or(0) as f64)]));
+                }
+                report.rows.push(row);
             }
         }
         Ok(())
@@ -195,5 +349,30 @@ impl Bench for VmDensityBench {
     fn demo(&self) -> Result<Vec<DemoRow>, BenchError> {
         // Booting VMs takes minutes; the demo table stays with the image benchmark.
         Ok(Vec::new())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn methods_default_to_all_four_and_an_unknown_one_is_named() {
+        assert_eq!(parse_methods(None).unwrap(), METHODS.to_vec());
+        assert_eq!(parse_methods(Some("pmem-merge, blk")).unwrap(), vec!["pmem-merge", "blk"]);
+        let e = parse_methods(Some("pmem,ksm")).unwrap_err().to_string();
+        assert!(e.contains("\"ksm\"") && e.contains("pmem-merge"), "{e}");
+        assert_eq!(method_args("pmem-merge"), vec!["--disk", "pmem", "--merge"]);
+        assert_eq!(method_args("blk-ksm"), vec!["--disk", "blk", "--ksm"]);
+    }
+
+    #[test]
+    fn a_merge_line_gives_its_counts_and_times_and_anything_else_is_refused() {
+        let line = r#"merged: {"added":7388,"agent_cpu_s":0.14,"busy":0,"merged":11748,"ok":true,"wall_s":0.245}"#;
+        let m = Merged::parse(line).unwrap();
+        assert_eq!((m.merged, m.added), (11748, 7388));
+        assert_eq!((m.wall_s, m.agent_cpu_s), (0.245, 0.14));
+        assert_eq!(Merged::parse("ready: http://127.0.0.1:1/ answered after 5 ms (x)"), None);
+        assert_eq!(Merged::parse(r#"merged: {"ok":false,"error":"x"}"#), None);
     }
 }

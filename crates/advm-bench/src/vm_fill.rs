@@ -1,5 +1,5 @@
 //! `advm bench vm-fill`: how many VMs fit in a memory budget, for real. Under each method
-//! (`blk`, `blk-ksm`, `pmem`) VMs booting the chain of `advm vm image build` start one
+//! (`blk`, `blk-ksm`, `pmem`, `pmem-merge`) VMs booting the chain of `advm vm image build` start one
 //! by one in one memory cgroup whose limit is the budget, until one does not come up,
 //! one that ran stops answering, or the group's OOM killer fires. After each VM that
 //! came up (and a settling pause) both meters are read: the group's anon + shmem + page
@@ -8,11 +8,14 @@
 //! device (private pages, and the image pages it maps), QEMU's own memory; beside
 //! them each guest's page cache (its /proc/meminfo) and the image layers' pages in the
 //! host's page cache. Optionally writes an SVG of memory against N per method.
+//! Under `pmem-merge` an advmd (`advm daemon`) runs in the budget's group too: the
+//! merged guest RAM's store is charged to it, inside the budget.
 //!
 //! Settings (environment, with defaults): ADVM_VM_IMAGE (the built chain),
 //! ADVM_VM_BUDGET_MIB (1536), ADVM_VM_MEM_MIB (guest RAM, 128), ADVM_VM_TB_MIB (the
 //! translation buffer, 16), ADVM_VM_MAX (16; `--quick`: 2), ADVM_VM_METHODS
-//! (`blk,blk-ksm,pmem`), ADVM_VM_SVG (where to write the plot). ADVM_VM_PLOT_FROM
+//! (`blk,blk-ksm,pmem,pmem-merge`), ADVM_VM_ASLR (0: guests boot with `--no-aslr`;
+//! 1: randomised), ADVM_VM_SVG (where to write the plot). ADVM_VM_PLOT_FROM
 //! (a saved report of this bench) only draws that report's plot.
 
 use std::collections::BTreeMap;
@@ -26,6 +29,7 @@ use advm::stats::cgroup::Group;
 use advm::stats::mappings::{file_cached_pages, mapping_frames, MappingFrames};
 use advm::stats::{measure, Options};
 
+use super::vm::{method_args, read_merged, Advmd, Merged};
 use super::{Bench, BenchOpts, DemoRow, Figure, Report, Row};
 use crate::BenchError;
 
@@ -49,18 +53,12 @@ struct Settings {
     max: usize,
     methods: Vec<String>,
     svg: Option<PathBuf>,
+    aslr: bool,
 }
 
 impl Settings {
     fn from_env(quick: bool) -> Result<Self, BenchError> {
-        let methods: Vec<String> = std::env::var("ADVM_VM_METHODS")
-            .unwrap_or_else(|_| "blk,blk-ksm,pmem".into())
-            .split(',')
-            .map(str::to_string)
-            .collect();
-        if let Some(m) = methods.iter().find(|m| !["blk", "blk-ksm", "pmem"].contains(&m.as_str())) {
-            return Err(BenchError::Usage(format!("ADVM_VM_METHODS: {m:?}: expected blk, blk-ksm or pmem")));
-        }
+        let methods = super::vm::methods()?;
         Ok(Self {
             image: super::vm::image()?,
             budget_mib: env_u64("ADVM_VM_BUDGET_MIB", 1536)?,
@@ -69,6 +67,7 @@ impl Settings {
             max: env_u64("ADVM_VM_MAX", if quick { 2 } else { 16 })? as usize,
             methods,
             svg: std::env::var_os("ADVM_VM_SVG").map(PathBuf::from),
+            aslr: super::vm::aslr()?,
         })
     }
 }
@@ -77,6 +76,7 @@ struct Vm {
     child: Child,
     port: u16,
     ready_s: f64,
+    merged: Option<Merged>,
 }
 
 /// One HTTP GET: the body of a 200 answer.
@@ -99,24 +99,37 @@ fn guest_cached(port: u16) -> Option<u64> {
 
 /// Starts `advm vm run` in `group` and waits for its `ready ... http://127.0.0.1:PORT/
 /// answered after N ms` line: `Err(reason)` when it ends without one.
-fn start(advm: &Path, s: &Settings, method: &str, group: &Group) -> Result<Result<Vm, String>, BenchError> {
+/// Starts `advm vm run` in `group` and waits for its `ready ... http://127.0.0.1:PORT/
+/// answered after N ms` line (and under `pmem-merge` its `merged:` line): `Err(reason)`
+/// when it ends without them.
+fn start(
+    advm: &Path,
+    s: &Settings,
+    method: &str,
+    group: &Group,
+    advmd: Option<&Advmd>,
+) -> Result<Result<Vm, String>, BenchError> {
     let mut cmd = Command::new(advm);
-    let disk = if method == "pmem" { "pmem" } else { "blk" };
-    cmd.args(["vm", "run", "--image"]).arg(&s.image).args(["--disk", disk, "--accel", "tcg", "--timeout", "300"]);
+    cmd.args(["vm", "run", "--image"]).arg(&s.image).args(method_args(method));
+    cmd.args(["--accel", "tcg", "--timeout", "300"]);
+    if !s.aslr {
+        cmd.arg("--no-aslr");
+    }
     cmd.args(["--mem", &s.mem_mib.to_string(), "--tb-size", &s.tb_mib.to_string()]);
-    if method == "blk-ksm" {
-        cmd.arg("--ksm");
+    if let Some(d) = advmd {
+        cmd.env("ADVM_SOCKET", &d.socket);
     }
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     group.join_at_exec(&mut cmd)?;
     let mut child = cmd.spawn().map_err(|e| BenchError::Io(format!("starting {} vm run", advm.display()), e))?;
     let mut line = String::new();
-    let out = child.stdout.take().expect("piped");
-    BufReader::new(out).read_line(&mut line).map_err(|e| BenchError::Io("advm vm run output".into(), e))?;
+    let mut out = BufReader::new(child.stdout.take().expect("piped"));
+    out.read_line(&mut line).map_err(|e| BenchError::Io("advm vm run output".into(), e))?;
     let port = line.split("127.0.0.1:").nth(1).and_then(|r| r.split('/').next()).and_then(|p| p.parse().ok());
     let ms = line.split("after ").nth(1).and_then(|r| r.split(' ').next()).and_then(|n| n.parse::<f64>().ok());
-    match (port, ms) {
-        (Some(port), Some(ms)) => Ok(Ok(Vm { child, port, ready_s: ms / 1000.0 })),
+    let merged = if advmd.is_some() && port.is_some() { read_merged(&mut out).ok() } else { None };
+    match (port, ms, merged.is_some() == advmd.is_some()) {
+        (Some(port), Some(ms), true) => Ok(Ok(Vm { child, port, ready_s: ms / 1000.0, merged })),
         _ => {
             let _ = child.kill();
             let mut err = String::new();
@@ -180,21 +193,23 @@ struct Parts {
 }
 
 impl Parts {
-    /// Sorts `maps` of one QEMU into the parts: guest RAM is the anonymous mapping of
-    /// exactly the guest's size, the translation buffer the executable anonymous one
-    /// of its size (less QEMU's guard page), the pmem device everything between the first and last
-    /// mapping of a layer file.
+    /// Sorts `maps` of one QEMU into the parts: guest RAM is the read-write private
+    /// memory of exactly the guest's size at consecutive addresses, anonymous or (once
+    /// merged) the merge store's; the translation buffer the executable anonymous
+    /// mapping of its size (less QEMU's guard page), the pmem device everything between
+    /// the first and last mapping of a layer file.
     fn add(&mut self, maps: Vec<MappingFrames>, s: &Settings, layers: &[PathBuf]) {
         let is_layer = |m: &MappingFrames| layers.iter().any(|l| Path::new(&m.path) == l);
         let device = maps.iter().filter(|m| is_layer(m)).fold(None, |r: Option<(u64, u64)>, m| {
             Some(r.map_or((m.start, m.end), |(a, b)| (a.min(m.start), b.max(m.end))))
         });
+        let ram = guest_ram(&maps, s.mem_mib << 20);
         for m in maps {
             let anon = m.path.is_empty();
             if device.is_some_and(|(a, b)| a <= m.start && m.end <= b) {
                 self.device_private.extend(m.anon);
                 self.device_image.extend(m.file);
-            } else if anon && m.perms.starts_with("rw-") && m.len() == s.mem_mib << 20 {
+            } else if ram.iter().any(|&(a, b)| a <= m.start && m.end <= b) {
                 self.guest_ram.extend(m.anon.into_iter().chain(m.file));
             } else if anon && m.perms.starts_with("rwx") && (s.tb_mib << 20).saturating_sub(m.len()) < 1 << 20 {
                 self.tb.extend(m.anon.into_iter().chain(m.file));
@@ -204,6 +219,40 @@ impl Parts {
             }
         }
     }
+}
+
+/// Where guest RAM lies: a private anonymous read-write mapping of exactly `size`
+/// bytes, or once merged, the last `size` bytes of a run of consecutive read-write
+/// private mappings, anonymous or of a merge store (advmd's or a process's own memfd),
+/// that holds a store mapping. The last: QEMU's guest RAM may follow another anonymous
+/// mapping directly, but a guard page follows it.
+fn guest_ram(maps: &[MappingFrames], size: u64) -> Vec<(u64, u64)> {
+    let store = |m: &MappingFrames| m.path.starts_with("/memfd:advm");
+    let ram_like = |m: &MappingFrames| m.perms == "rw-p" && (m.path.is_empty() || store(m));
+    let mut out: Vec<(u64, u64)> = maps
+        .iter()
+        .filter(|m| m.path.is_empty() && m.perms == "rw-p" && m.len() == size)
+        .map(|m| (m.start, m.end))
+        .collect();
+    let mut k = 0;
+    while k < maps.len() {
+        if !ram_like(&maps[k]) {
+            k += 1;
+            continue;
+        }
+        let first = k;
+        while k + 1 < maps.len() && ram_like(&maps[k + 1]) && maps[k + 1].start == maps[k].end {
+            k += 1;
+        }
+        let run = &maps[first..=k];
+        let end = maps[k].end;
+        let start = end.wrapping_sub(size);
+        if run.iter().any(|m| m.start == start) && run.iter().filter(|m| m.start >= start).any(store) {
+            out.push((start, end));
+        }
+        k += 1;
+    }
+    out
 }
 
 /// Distinct frames, bytes.
@@ -229,6 +278,7 @@ impl VmFillBench {
         vms: &[Vm],
         group: &Group,
         layers: &[PathBuf],
+        advmd: Option<&Advmd>,
         report: &mut Report,
     ) -> Result<(f64, f64), BenchError> {
         let n = vms.len() as f64;
@@ -259,26 +309,35 @@ impl VmFillBench {
             ));
         }
         let per = |b: f64| vec![b / n / MIB];
-        report.rows.push(
-            Row::new()
-                .with("method", method)
-                .with("VMs", vms.len())
-                .figure(Figure::new("cgroup anon+shmem per VM", "MiB", per(u.anon_shmem_bytes() as f64)))
-                .figure(Figure::new("cgroup page cache per VM", "MiB", per(u.page_cache_bytes as f64)))
-                .figure(Figure::new("memory per VM", "MiB", per(total)))
-                .figure(Figure::new("memory per VM less translation buffer", "MiB", per(total - tb)))
-                .figure(Figure::new("distinct pages per VM", "MiB", per(sample.physical_bytes as f64)))
-                .figure(Figure::new("guest RAM per VM", "MiB", per(distinct_bytes(&mut parts.guest_ram))))
-                .figure(Figure::new("guest page cache", "MiB", guest_cache))
-                .figure(Figure::new("translation buffer per VM", "MiB", per(tb)))
-                .figure(Figure::new("pmem private per VM", "MiB", per(distinct_bytes(&mut parts.device_private))))
-                .figure(Figure::new("pmem image mapped", "MiB", vec![distinct_bytes(&mut parts.device_image) / MIB]))
-                .figure(Figure::new("image in host page cache", "MiB", vec![image_cache as f64 * ps / MIB]))
-                .figure(Figure::new("QEMU anon per VM", "MiB", per(distinct_bytes(&mut parts.qemu_anon))))
-                .figure(Figure::new("QEMU files mapped", "MiB", vec![distinct_bytes(&mut parts.qemu_file) / MIB]))
-                .figure(Figure::new("advm vm run processes", "MiB", vec![distinct_bytes(&mut other) / MIB]))
-                .figure(Figure::new("boot to answer", "s", vms.iter().map(|v| v.ready_s).collect())),
-        );
+        let mut row = Row::new()
+            .with("method", method)
+            .with("VMs", vms.len())
+            .figure(Figure::new("cgroup anon+shmem per VM", "MiB", per(u.anon_shmem_bytes() as f64)))
+            .figure(Figure::new("cgroup page cache per VM", "MiB", per(u.page_cache_bytes as f64)))
+            .figure(Figure::new("memory per VM", "MiB", per(total)))
+            .figure(Figure::new("memory per VM less translation buffer", "MiB", per(total - tb)))
+            .figure(Figure::new("distinct pages per VM", "MiB", per(sample.physical_bytes as f64)))
+            .figure(Figure::new("guest RAM per VM", "MiB", per(distinct_bytes(&mut parts.guest_ram))))
+            .figure(Figure::new("guest page cache", "MiB", guest_cache))
+            .figure(Figure::new("translation buffer per VM", "MiB", per(tb)))
+            .figure(Figure::new("pmem private per VM", "MiB", per(distinct_bytes(&mut parts.device_private))))
+            .figure(Figure::new("pmem image mapped", "MiB", vec![distinct_bytes(&mut parts.device_image) / MIB]))
+            .figure(Figure::new("image in host page cache", "MiB", vec![image_cache as f64 * ps / MIB]))
+            .figure(Figure::new("QEMU anon per VM", "MiB", per(distinct_bytes(&mut parts.qemu_anon))))
+            .figure(Figure::new("QEMU files mapped", "MiB", vec![distinct_bytes(&mut parts.qemu_file) / MIB]))
+            .figure(Figure::new("advm processes (vm run, advmd)", "MiB", vec![distinct_bytes(&mut other) / MIB]))
+            .figure(Figure::new("boot to answer", "s", vms.iter().map(|v| v.ready_s).collect()));
+        if let Some(d) = advmd {
+            // The last VM's merge: the store held the others' pages by then.
+            let last = vms.last().and_then(|v| v.merged).unwrap_or_default();
+            row = row
+                .figure(Figure::new("merge wall time (last VM)", "s", vec![last.wall_s]))
+                .figure(Figure::new("merge CPU in QEMU (last VM)", "s", vec![last.agent_cpu_s]))
+                .figure(Figure::new("advmd CPU so far", "s", vec![d.cpu_seconds()]))
+                .figure(Figure::new("last VM: pages already in the store", "MiB", vec![last.merged as f64 * ps / MIB]))
+                .figure(Figure::new("last VM: pages added to the store", "MiB", vec![last.added as f64 * ps / MIB]));
+        }
+        report.rows.push(row);
         Ok((total, total - tb))
     }
 
@@ -298,13 +357,14 @@ impl VmFillBench {
         no_swap(&group)?;
         let ooms = oom_kills(&group);
         let settle = Duration::from_secs(if method == "blk-ksm" { 30 } else { 10 });
+        let advmd = if method == "pmem-merge" { Some(Advmd::start(advm, &group)?) } else { None };
         let mut vms: Vec<Vm> = Vec::new();
         let mut curve = Vec::new();
         let result = loop {
             if vms.len() == s.max {
                 break Ok(format!("stopped at ADVM_VM_MAX={}", s.max));
             }
-            match start(advm, s, method, &group) {
+            match start(advm, s, method, &group, advmd.as_ref()) {
                 Err(e) => break Err(e),
                 Ok(Err(why)) => break Ok(format!("VM {} {why}", vms.len() + 1)),
                 Ok(Ok(vm)) => vms.push(vm),
@@ -314,7 +374,7 @@ impl VmFillBench {
                 // The last VM did not fit; it is stopped with the others below.
                 break Ok(format!("with VM {}: {why}", vms.len()));
             }
-            match Self::point(s, method, &vms, &group, &layers, report) {
+            match Self::point(s, method, &vms, &group, &layers, advmd.as_ref(), report) {
                 Ok((total, less_tb)) => curve.push((vms.len(), total, less_tb)),
                 Err(e) => break Err(e),
             }
@@ -326,6 +386,7 @@ impl VmFillBench {
         for mut vm in vms {
             let _ = vm.child.wait();
         }
+        drop(advmd);
         for _ in 0..100 {
             if group.pids().map(|p| p.is_empty()).unwrap_or(true) {
                 break;
@@ -374,7 +435,7 @@ fn svg(curves: &BTreeMap<String, Curve>, budget_mib: u64, title: &str) -> String
         y(budget_mib as f64) - 4.0,
         b = y(budget_mib as f64)
     );
-    let colours = [("blk", "#d62728"), ("blk-ksm", "#ff7f0e"), ("pmem", "#1f77b4")];
+    let colours = [("blk", "#d62728"), ("blk-ksm", "#ff7f0e"), ("pmem", "#1f77b4"), ("pmem-merge", "#2ca02c")];
     for (i, (method, curve)) in curves.iter().enumerate() {
         let colour = colours.iter().find(|c| c.0 == method).map_or("black", |c| c.1);
         for (dash, pick) in [("", 1), ("5,4", 2)] {
@@ -479,6 +540,7 @@ impl Bench for VmFillBench {
             report.configuration.insert(k.into(), v.into());
         }
         report.configuration.insert("image".into(), s.image.display().to_string().into());
+        report.configuration.insert("guest_aslr".into(), s.aslr.into());
         let mut curves = BTreeMap::new();
         for method in &s.methods {
             let (curve, why) = Self::fill(&s, &advm, method, report)?;
@@ -537,6 +599,37 @@ mod tests {
     }
 
     #[test]
+    fn merged_guest_ram_is_found_as_the_run_of_anonymous_and_store_pieces_of_its_size() {
+        let m = |start: u64, len: u64, perms: &str, path: &str| MappingFrames {
+            start,
+            end: start + len,
+            perms: perms.into(),
+            path: path.into(),
+            anon: vec![],
+            file: vec![],
+        };
+        let mib = 1u64 << 20;
+        let maps = vec![
+            m(0x1000_0000, 4 * mib, "rw-p", ""),
+            m(0x2000_0000, 100 * mib, "rw-p", "/memfd:advmd-store-0 (deleted)"),
+            m(0x2000_0000 + 100 * mib, 20 * mib, "rw-p", ""),
+            m(0x2000_0000 + 120 * mib, 8 * mib, "rw-p", "/memfd:advmd-store-0 (deleted)"),
+            m(0x2000_0000 + 128 * mib, 4096, "---p", ""),
+            m(0x4000_0000, 128 * mib, "rwxp", ""),
+        ];
+        assert_eq!(guest_ram(&maps, 128 * mib), vec![(0x2000_0000, 0x2000_0000 + 128 * mib)]);
+        // QEMU's heap block right before guest RAM: guest RAM is the run's last 128 MiB.
+        let mut after_block = maps.clone();
+        after_block[0] = m(0x2000_0000 - 8 * mib, 8 * mib, "rw-p", "");
+        assert_eq!(guest_ram(&after_block, 128 * mib), vec![(0x2000_0000, 0x2000_0000 + 128 * mib)]);
+        // Without a store mapping a run is not merged guest RAM; a single anonymous
+        // mapping of the size is guest RAM.
+        let anon: Vec<MappingFrames> = maps.iter().map(|x| m(x.start, x.len(), &x.perms, "")).collect();
+        assert!(guest_ram(&anon, 128 * mib).is_empty());
+        assert_eq!(guest_ram(&maps[..1], 4 * mib), vec![(0x1000_0000, 0x1000_0000 + 4 * mib)]);
+    }
+
+    #[test]
     fn qemu_mappings_are_sorted_into_guest_ram_translation_buffer_device_and_qemu() {
         let s = Settings {
             image: PathBuf::new(),
@@ -546,6 +639,7 @@ mod tests {
             max: 1,
             methods: vec![],
             svg: None,
+            aslr: false,
         };
         let m = |start: u64, len: u64, perms: &str, path: &str, anon: &[u64], file: &[u64]| MappingFrames {
             start,

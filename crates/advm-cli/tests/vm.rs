@@ -205,3 +205,67 @@ fn a_pmem_guest_boots_under_the_emulator_with_a_read_only_root_on_dax_no_page_ca
     // The service read 32 MiB of files and python: through DAX none of it is cached.
     assert!(kib < 1024, "the guest caches its files: {cached}");
 }
+
+#[test]
+fn merge_refuses_ksm_and_a_merge_after_without_merge_or_out_of_range() {
+    let (okay, e) = advm(&["vm", "run", "--image", "/g/app.qcow2", "--merge", "--ksm"]);
+    assert!(!okay && e.contains("--merge") && e.contains("--ksm"), "{e}");
+    let (okay, e) = advm(&["vm", "run", "--image", "/g/app.qcow2", "--merge-after", "3"]);
+    assert!(!okay && e.contains("--merge"), "{e}");
+    let (okay, e) = advm(&["vm", "run", "--image", "/g/app.qcow2", "--merge", "--merge-after", "1e9"]);
+    assert!(!okay && e.contains("--merge-after 1000000000"), "{e}");
+}
+
+#[test]
+fn a_merged_pmem_guest_maps_its_ram_from_the_store_and_keeps_answering() {
+    if !have("qemu-system-x86_64") {
+        return;
+    }
+    let Some(image) = built_guest() else { return };
+    // libadvm.so (the agent QEMU preloads) comes from `cargo build -p advm-capi`.
+    let so = Path::new(ADVM).parent().unwrap().join("libadvm.so");
+    assert!(so.exists(), "{} missing: run `cargo build -p advm-capi` first (make test does)", so.display());
+    let mut vm = Command::new(ADVM)
+        .args(["vm", "run", "--image", image.to_str().unwrap(), "--disk", "pmem", "--accel", "tcg"])
+        .args(["--mem", "128", "--timeout", "120", "--merge", "--merge-after", "0"])
+        // QEMU's own store: no dependence on a daemon on this machine.
+        .env("ADVM_SOCKET", "/nonexistent/advmd.sock")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(vm.stdout.take().unwrap());
+    let (mut ready, mut merged) = (String::new(), String::new());
+    out.read_line(&mut ready).unwrap();
+    out.read_line(&mut merged).unwrap();
+    let mut err = BufReader::new(vm.stderr.take().unwrap());
+    if !merged.starts_with("merged: ") {
+        let mut e = String::new();
+        let _ = err.read_to_string(&mut e);
+        let _ = vm.wait();
+        panic!("no merge: {ready}{merged}{e}");
+    }
+    let m: serde_json::Value = serde_json::from_str(&merged["merged: ".len()..]).unwrap();
+    let port: u16 = ready.split("127.0.0.1:").nth(1).and_then(|r| r.split('/').next()).unwrap().parse().unwrap();
+    let mut line = String::new();
+    while !line.starts_with("console: ") {
+        line.clear();
+        assert!(err.read_line(&mut line).unwrap() > 0, "no console line from advm vm run");
+    }
+    let workdir = Path::new(line["console: ".len()..].split(';').next().unwrap()).parent().unwrap().to_path_buf();
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(workdir.join("vm.json")).unwrap()).unwrap();
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", info["qemu_pid"])).unwrap();
+    let answer = get(port, "/");
+    advm::process::terminate(vm.id()).unwrap();
+    assert!(vm.wait().unwrap().success(), "advm vm run failed on SIGTERM");
+    // Guest RAM only: one mapping of 128 MiB, none of QEMU's smaller ones.
+    assert_eq!(m["mappings"], 1, "{m}");
+    assert_eq!(m["bytes"], 128u64 << 20, "{m}");
+    // A booted guest holds tens of MiB of non-zero pages: all now the store's.
+    let stored = m["added"].as_u64().unwrap() + m["merged"].as_u64().unwrap();
+    assert!(stored >= 8 << 8, "only {stored} pages went to the store: {m}");
+    assert!(m["wall_s"].as_f64().unwrap() > 0.0 && m["agent_cpu_s"].as_f64().is_some(), "{m}");
+    assert!(maps.contains("advm-merge-local"), "guest RAM maps no store page:\n{maps}");
+    assert!(!answer.is_empty(), "the guest stopped answering after the merge");
+}

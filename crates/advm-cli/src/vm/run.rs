@@ -56,6 +56,21 @@ pub struct RunArgs {
     /// Mark guest RAM mergeable and run KSM while the VM runs.
     #[arg(long)]
     pub ksm: bool,
+    /// Once the guest's service answers (and `--merge-after` seconds later), merge guest
+    /// RAM once with advm::merge: pages equal to pages in the store (advmd's at
+    /// $ADVM_SOCKET, shared by every VM of the uid; else QEMU's own) are mapped from it
+    /// copy-on-write. No scanner runs before or after (see docs/vm.md).
+    #[arg(long, conflicts_with = "ksm")]
+    pub merge: bool,
+    /// Seconds between the service's first answer and the merge: the guest hands back
+    /// what it frees while starting (free page reporting) before its RAM is merged.
+    #[arg(long, default_value_t = 5.0, requires = "merge")]
+    pub merge_after: f64,
+    /// Boot the guest without address-space randomisation (kernel, processes, Python's
+    /// hashes), so its memory is laid out as in every other such guest: more of it is
+    /// equal across VMs for `--merge` and `--ksm`. A security trade-off inside the guest.
+    #[arg(long)]
+    pub no_aslr: bool,
     /// Keep QEMU's transparent huge pages for guest RAM (by default they are off: a
     /// guest touching one page of 2 MiB would hold all of it on the host).
     #[arg(long)]
@@ -185,6 +200,64 @@ fn pmem_backing(top: &Path, image: &Image) -> Result<PmemBacking, CliError> {
     Ok(PmemBacking::new(image, &MapOptions { writable: true, ..Default::default() }, PMEM_ALIGN)?)
 }
 
+/// QEMU's preload environment: the shim when the disk is pmem (`shim`: it maps the
+/// plan; `ADVM_MODE=off` keeps glibc's malloc), the merge agent under `--merge`
+/// (`agent`: libadvm.so). The agent merges only mappings of at least the guest's RAM,
+/// which is guest RAM itself (the translation buffer is executable, the pmem device a
+/// file mapping, the rest smaller), and never by itself: `advm vm run` asks it once.
+fn preload_env(shim: Option<&Path>, agent: Option<&Path>, mem_mib: u64) -> Vec<(&'static str, String)> {
+    let libs: Vec<String> = shim.iter().chain(agent.iter()).map(|p| p.display().to_string()).collect();
+    let mut env = Vec::new();
+    if !libs.is_empty() {
+        env.push(("LD_PRELOAD", libs.join(":")));
+    }
+    if shim.is_some() {
+        env.push((advm_preload::env::MODE, "off".to_string()));
+    }
+    if agent.is_some() {
+        use advm::merge::agent::{ENV_AGENT, ENV_MIN_BYTES, ENV_MIN_GROWTH};
+        env.push((ENV_AGENT, "1".to_string()));
+        env.push((ENV_MIN_BYTES, (mem_mib << 20).to_string()));
+        // 1 EiB of growth: never reached, so no quiet period starts a merge.
+        env.push((ENV_MIN_GROWTH, (1u64 << 60).to_string()));
+    }
+    env
+}
+
+/// CPU seconds the merge agent's threads in process `pid` have used (`advm-merge` and
+/// its fence's servicer `advm-merge-wp`; /proc counts USER_HZ ticks, 100 per second).
+fn agent_cpu_seconds(pid: u32) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0.0 };
+    let mut ticks = 0u64;
+    for t in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else { continue };
+        // `TID (COMM) STATE ...`: utime and stime are fields 14 and 15.
+        let Some((head, rest)) = stat.rsplit_once(") ") else { continue };
+        if !head.split_once(" (").is_some_and(|(_, comm)| comm.starts_with("advm-merge")) {
+            continue;
+        }
+        let f: Vec<u64> = rest.split(' ').skip(11).take(2).filter_map(|x| x.parse().ok()).collect();
+        ticks += f.iter().sum::<u64>();
+    }
+    ticks as f64 / 100.0
+}
+
+/// `--merge`: asks the agent in QEMU (process `qemu`) to merge guest RAM now. The
+/// agent's reply (counts in pages, `seconds`, `via`) with the request's wall time
+/// (`wall_s`) and the CPU the agent's threads spent (`agent_cpu_s`; advmd's own, when
+/// it holds the store, is not in it).
+fn merge_guest(qemu: u32) -> Result<serde_json::Value, CliError> {
+    let cpu = agent_cpu_seconds(qemu);
+    let t = Instant::now();
+    let mut reply = advm::merge::agent::request(qemu)?;
+    if reply["ok"] != true {
+        return Err(usage(format!("merging guest RAM: {}", reply["error"].as_str().unwrap_or("no reason given"))));
+    }
+    reply["wall_s"] = t.elapsed().as_secs_f64().into();
+    reply["agent_cpu_s"] = (agent_cpu_seconds(qemu) - cpu).into();
+    Ok(reply)
+}
+
 /// Starts QEMU for `args` (checked by [`preflight`] first).
 pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
     let dir = args.image.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -226,6 +299,7 @@ pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
             accel,
             tb_mib: args.tb_size,
             ksm: args.ksm,
+            no_aslr: args.no_aslr,
             guest_writes: args.guest_writes,
             port,
             console: console.clone(),
@@ -237,10 +311,12 @@ pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| CliError::Io("qemu log".into(), e))?)
             .stderr(log);
+        let shim = backing.as_ref().map(|_| advm_preload::launch::shim_path()).transpose()?;
+        let agent = args.merge.then(advm_preload::launch::agent_library).transpose()?;
+        cmd.envs(preload_env(shim.as_deref(), agent.as_deref(), args.mem));
         if let Some(b) = &backing {
-            let shim = advm_preload::launch::shim_path()?;
             let (k, v) = b.env();
-            cmd.env("LD_PRELOAD", shim).env(advm_preload::env::MODE, "off").env(k, v).env(DUMP_DIR_ENV, workdir);
+            cmd.env(k, v).env(DUMP_DIR_ENV, workdir);
         }
         let started = Instant::now();
         let mut child = cmd.spawn().map_err(|e| CliError::Io(format!("starting {}", settings.qemu), e))?;
@@ -324,6 +400,9 @@ pub fn workdir_of(pid: u32) -> PathBuf {
 /// Runs `advm vm run`. The work directory (console, logs, dump scratch) goes when the
 /// VM ends cleanly and stays, named on stderr, when anything failed.
 pub fn run(args: RunArgs) -> Result<(), CliError> {
+    if !(args.merge_after.is_finite() && (0.0..=3600.0).contains(&args.merge_after)) {
+        return Err(usage(format!("--merge-after {}: expected seconds from 0 to 3600", args.merge_after)));
+    }
     let work = workdir_of(std::process::id());
     let result = run_in(&args, &work);
     match &result {
@@ -344,6 +423,24 @@ fn run_in(args: &RunArgs, work: &Path) -> Result<bool, CliError> {
     let (t, body) = vm.wait_ready(Duration::from_secs(args.timeout))?;
     println!("ready: http://127.0.0.1:{}/ answered after {} ms ({})", vm.port, t.as_millis(), body);
     eprintln!("console: {}; dump with `advm vm dump --vm {}`", vm.console.display(), std::process::id());
+    if args.merge {
+        std::thread::sleep(Duration::from_secs_f64(args.merge_after));
+        // A VM stopped meanwhile (a signal forwarded to QEMU) ends as it would unmerged.
+        if vm.child.try_wait().map_err(|e| CliError::Io("waiting for QEMU".into(), e))?.is_none() {
+            let merged = merge_guest(vm.child.id()).and_then(|m| match get(vm.port) {
+                Some(_) => Ok(m),
+                None => Err(usage("the guest's service stopped answering after its RAM was merged".into())),
+            });
+            match merged {
+                Ok(m) => println!("merged: {m}"),
+                Err(e) => {
+                    drop(signals);
+                    vm.stop();
+                    return Err(e);
+                }
+            }
+        }
+    }
     if args.exit_when_ready {
         drop(signals);
         vm.stop();
@@ -353,4 +450,34 @@ fn run_in(args: &RunArgs, work: &Path) -> Result<bool, CliError> {
     drop(signals);
     eprintln!("advm vm run: QEMU exited ({status})");
     Ok(status.success())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn get<'a>(env: &'a [(&str, String)], k: &str) -> Option<&'a str> {
+        env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn merge_preloads_the_agent_beside_the_shim_for_guest_ram_only_and_never_on_its_own() {
+        let (shim, agent) = (Path::new("/l/libadvm_preload.so"), Path::new("/l/libadvm.so"));
+        let env = preload_env(Some(shim), Some(agent), 128);
+        assert_eq!(get(&env, "LD_PRELOAD"), Some("/l/libadvm_preload.so:/l/libadvm.so"));
+        assert_eq!(get(&env, advm_preload::env::MODE), Some("off"));
+        assert_eq!(get(&env, advm::merge::agent::ENV_AGENT), Some("1"));
+        // Mappings below the guest's 128 MiB (QEMU's heap, its arenas) stay as they are.
+        assert_eq!(get(&env, advm::merge::agent::ENV_MIN_BYTES), Some("134217728"));
+        let growth: u64 = get(&env, advm::merge::agent::ENV_MIN_GROWTH).unwrap().parse().unwrap();
+        assert!(growth >= 1 << 50, "the agent would merge by itself after {growth} bytes of growth");
+        // blk: the agent alone; no merge: no agent.
+        let env = preload_env(None, Some(agent), 256);
+        assert_eq!(get(&env, "LD_PRELOAD"), Some("/l/libadvm.so"));
+        assert_eq!(get(&env, advm_preload::env::MODE), None);
+        let env = preload_env(Some(shim), None, 256);
+        assert_eq!(get(&env, "LD_PRELOAD"), Some("/l/libadvm_preload.so"));
+        assert_eq!(get(&env, advm::merge::agent::ENV_AGENT), None);
+        assert!(preload_env(None, None, 256).is_empty());
+    }
 }
