@@ -139,6 +139,9 @@ struct Measured {
     times: ProcessTimes,
     minors: u64,
     majors: u64,
+    /// Summed pauses of the minor and of the other (major, full) collections.
+    minor_pause_s: f64,
+    major_pause_s: f64,
     checksum: u64,
     pager: Option<Stats>,
     swap_in_pages: u64,
@@ -161,6 +164,7 @@ fn run_in_child(
     g: Generational,
     setting: Setting,
     s: Sizes,
+    fault_mode: FaultMode,
 ) -> Result<Measured, BenchError> {
     let path = group.path().to_path_buf();
     let reply = group.run_in_child(move || {
@@ -190,6 +194,7 @@ fn run_in_child(
                 pc.swap_io = advm::pager::SwapIo::PageCache;
             }
             pc.needed_paging = setting.needed_paging();
+            pc.fault_mode = fault_mode;
             pc.cgroup = Some(path.clone());
             let pager = Arc::new(Pager::new(pc).map_err(|e| e.to_string())?);
             cfg.paging = Some(Paging { pager: pager.clone(), flush_after_major: setting.flush_after_major() });
@@ -213,6 +218,8 @@ fn run_in_child(
             },
             minors: hs.history.iter().filter(|c| c.kind == "minor").count() as u64,
             majors: hs.history.iter().filter(|c| c.kind != "minor").count() as u64,
+            minor_pause_s: pauses(&hs.history, true),
+            major_pause_s: pauses(&hs.history, false),
             checksum,
             pager: pager.map(|p| p.stats()),
             swap_in_pages: vmstat("pswpin ") - pin,
@@ -225,6 +232,11 @@ fn run_in_child(
     })?;
     let bytes = reply.map_err(BenchError::Usage)?;
     serde_json::from_slice(&bytes).map_err(|e| BenchError::Usage(format!("reply of the measured child: {e}")))
+}
+
+/// The summed pauses of the minor (`minor`) or the other collections, seconds.
+fn pauses(history: &[advm_gc::Collection], minor: bool) -> f64 {
+    history.iter().filter(|c| (c.kind == "minor") == minor).map(|c| c.pause_ns as f64 / 1e9).sum()
 }
 
 /// The median time of `pages` faults, each timed alone, in microseconds.
@@ -324,7 +336,9 @@ impl PagerBench {
                 .figure(fig("kernel swap in", "pages", &|m| m.swap_in_pages as f64))
                 .figure(fig("kernel swap out", "pages", &|m| m.swap_out_pages as f64))
                 .figure(fig("minor collections", "", &|m| m.minors as f64))
-                .figure(fig("major collections", "", &|m| m.majors as f64));
+                .figure(fig("major collections", "", &|m| m.majors as f64))
+                .figure(fig("minor collection pauses", "s", &|m| m.minor_pause_s))
+                .figure(fig("major collection pauses", "s", &|m| m.major_pause_s));
             if !matches!(setting, Setting::NP | Setting::NoLimit) {
                 for (name, unit, f) in [
                     ("read faults zero-filled", "pages", pf(|p| p.read_faults.zero_filled) as _),
@@ -343,6 +357,9 @@ impl PagerBench {
                     ("swap bytes written", "MiB", pf(|p| p.bytes_written >> 20)),
                     ("swap bytes read", "MiB", pf(|p| p.bytes_read >> 20)),
                     ("handler time per fault", "ns", pf(|p| p.fault_ns / p.faults().max(1))),
+                    ("fault time", "ms", pf(|p| p.fault_ns / 1_000_000)),
+                    ("eviction time", "ms", pf(|p| p.evict_ns / 1_000_000)),
+                    ("of which swap writes", "ms", pf(|p| p.write_ns / 1_000_000)),
                 ] {
                     let f: Box<dyn Fn(&Measured) -> f64> = Box::new(f);
                     row = row.figure(fig(name, unit, &*f));
@@ -388,6 +405,7 @@ impl Bench for PagerBench {
             None => vec![None],
         };
         let picked_settings = picked_settings()?;
+        let fault_mode = picked_fault_mode()?;
         let sweep: Vec<Sizes> = limits.iter().map(|&l| sizes(opts.quick, l)).collect();
         let interrupts = Interrupts::catch()?;
         let swap_path = std::path::PathBuf::from(format!("/var/tmp/advm-bench-pager-{}.swap", std::process::id()));
@@ -404,6 +422,7 @@ impl Bench for PagerBench {
         conf.insert("primes_candidates".into(), ((s0.primes as u64) << 16).into());
         conf.insert("pager_budget_bytes".into(), "the cgroup limit - 6 MiB".into());
         conf.insert("pf_headroom_bytes".into(), "the budget / 8".into());
+        conf.insert("pager_fault_mode".into(), serde_json::json!(fault_mode));
         conf.insert("kernel_swap_file".into(), swap_path.display().to_string().into());
         for (name, g) in &heap_configs(s0.limit as usize) {
             conf.insert(format!("heap {name} (at the first limit)"), serde_json::json!(g.policy));
@@ -456,7 +475,7 @@ impl Bench for PagerBench {
                     for _ in 0..opts.runs {
                         for (si, &setting) in settings.iter().enumerate() {
                             group.set_limit_bytes(if setting == Setting::NoLimit { 1 << 46 } else { s.limit })?;
-                            let m = run_in_child(&group, w, g, setting, s);
+                            let m = run_in_child(&group, w, g, setting, s, fault_mode);
                             bar.inc(1);
                             if let Some(sig) = interrupts.caught() {
                                 result = Err(BenchError::Interrupted(format!("signal {sig}")));
@@ -588,6 +607,24 @@ fn picked_settings() -> Result<Option<Vec<Setting>>, BenchError> {
         })
     })?;
     Ok(named.map(|named| std::iter::once(Setting::NP).chain(named.into_iter().filter(|&s| s != Setting::NP)).collect()))
+}
+
+/// `$ADVM_BENCH_PAGER_FAULT_MODE` (`thread`, `sigbus` or `auto`; the library's
+/// default when unset): where the pager settings' faults are served.
+fn picked_fault_mode() -> Result<FaultMode, BenchError> {
+    let modes = [("thread", FaultMode::Thread), ("sigbus", FaultMode::Sigbus), ("auto", FaultMode::Auto)];
+    let picked = env_list("ADVM_BENCH_PAGER_FAULT_MODE", |name| {
+        modes
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|&(_, m)| m)
+            .ok_or_else(|| format!("no fault mode {name:?} (there are thread, sigbus, auto)"))
+    })?;
+    match picked.as_deref() {
+        None | Some([]) => Ok(Config::new(1 << 20).fault_mode),
+        Some([one]) => Ok(*one),
+        Some(_) => Err(BenchError::Usage("$ADVM_BENCH_PAGER_FAULT_MODE names one fault mode".into())),
+    }
 }
 
 /// `$ADVM_BENCH_PAGER_HEAPS` (comma separated numbers 0-3, in the order of

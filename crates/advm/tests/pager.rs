@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use advm::pager::{self, Config, FaultMode, Pager};
+use advm::pager::{self, Config, FaultMode, NeededPaging, Pager};
 
 fn ps() -> usize {
     advm::mem::page_size()
@@ -600,4 +600,33 @@ fn sigbus_mode_resolves_faults_on_the_faulting_thread() {
         Some(d) => eprintln!("SIGBUS-mode zero-fill: {:.2} us a fault", d.as_secs_f64() * 1e6),
         None => eprintln!("skipped: no UFFD_FEATURE_SIGBUS"),
     }
+}
+
+/// Needed pages left to the kernel, faults served on the faulting thread: the budget
+/// bounds no needed page there, so a fault past it is served at once. (The faulting
+/// thread used to wait for room that the handler thread, which drops discardable
+/// pages only, never made: the benchmark's child livelocked in its first collection.)
+#[test]
+fn with_kernel_paging_faults_past_the_budget_are_served_in_sigbus_mode() {
+    let mut cfg = Config::new(16 * ps());
+    cfg.needed_paging = NeededPaging::Kernel;
+    let Some(p) = pager_with(FaultMode::Sigbus, cfg) else { return };
+    let r = p.map(64 * ps()).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let toucher = std::thread::spawn(move || {
+        for i in 0..64 {
+            r.write(i * ps(), &(i as u32 + 1).to_ne_bytes()).unwrap();
+        }
+        let mut b = [0u8; 4];
+        for i in 0..64 {
+            r.read(i * ps(), &mut b).unwrap();
+            assert_eq!(u32::from_ne_bytes(b), i as u32 + 1, "page {i}");
+        }
+        tx.send(()).unwrap();
+    });
+    // a hang fails here (the stuck thread is left behind)
+    rx.recv_timeout(std::time::Duration::from_secs(20)).expect("64 faults past a 16-page budget not served in 20 s");
+    toucher.join().unwrap();
+    let s = p.stats();
+    assert_eq!((s.resident_pages, s.written_pages), (64, 0), "{s:?}");
 }

@@ -220,6 +220,13 @@ pub struct Stats {
     /// Time spent serving faults, nanoseconds: on the handler thread, not counting the
     /// eviction that made room first; in SIGBUS mode, the whole signal handler.
     pub fault_ns: u64,
+    /// Time the eviction lock was held, nanoseconds: page-outs for the budget, the
+    /// cgroup watch and the pre-flushes, [`Pager::flush`], and the short holds of
+    /// [`Pager::lock`] and unmap. On the handler thread it delays the fault it makes
+    /// room for.
+    pub evict_ns: u64,
+    /// Of `evict_ns`, the writes to the swap file.
+    pub write_ns: u64,
     /// Budget evictions that could not write a needed page (swap file full or an
     /// I/O error); the budget was exceeded meanwhile.
     pub eviction_failures: u64,
@@ -258,6 +265,8 @@ struct Counters {
     zero_ahead: AtomicU64,
     clean_dropped: AtomicU64,
     fault_ns: AtomicU64,
+    evict_ns: AtomicU64,
+    write_ns: AtomicU64,
     failures: AtomicU64,
 }
 
@@ -744,6 +753,8 @@ impl Pager {
             resident_pages: self.shared.resident.load(Ordering::Acquire) as u64,
             swapped_pages: self.shared.slots.lock().unwrap_or_else(|p| p.into_inner()).used(),
             fault_ns: ld(&c.fault_ns),
+            evict_ns: ld(&c.evict_ns),
+            write_ns: ld(&c.write_ns),
             eviction_failures: ld(&c.failures),
         }
     }
@@ -771,9 +782,24 @@ impl Drop for Pager {
     }
 }
 
+/// The eviction lock held: adds the time it was held to a counter when dropped.
+struct Evicting<'a> {
+    _guard: MutexGuard<'a, ()>,
+    since: Instant,
+    ns: &'a AtomicU64,
+}
+
+impl Drop for Evicting<'_> {
+    fn drop(&mut self) {
+        self.ns.fetch_add(self.since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+}
+
 impl Shared {
-    fn lock_evicting(&self) -> MutexGuard<'_, ()> {
-        self.evicting.lock().unwrap_or_else(|p| p.into_inner())
+    /// The eviction lock; the time it is held is counted in `evict_ns`.
+    fn lock_evicting(&self) -> Evicting<'_> {
+        let guard = self.evicting.lock().unwrap_or_else(|p| p.into_inner());
+        Evicting { _guard: guard, since: Instant::now(), ns: &self.counters.evict_ns }
     }
 
     /// The region holding `[addr, addr+len)`, and the range as pages.
@@ -886,7 +912,9 @@ impl Shared {
     /// was made first; on a faulting thread (`signal`), the count is taken only below
     /// the budget, else the handler thread is asked for room and waited for, until
     /// it has room, an eviction failed (the budget gives way, as on the handler
-    /// thread) or the pager stops.
+    /// thread) or the pager stops. With [`NeededPaging::Kernel`] the budget bounds
+    /// no needed page (the handler thread makes room by dropping discardable pages
+    /// only, and there may be none), so the faulting thread asks and goes on.
     fn reserve(&self, signal: bool) {
         if !signal {
             self.resident.fetch_add(1, Ordering::AcqRel);
@@ -895,14 +923,16 @@ impl Shared {
         let failures = self.counters.failures.load(Ordering::Acquire);
         loop {
             let r = self.resident.load(Ordering::Acquire);
-            let forced =
-                self.stop.load(Ordering::Acquire) || self.counters.failures.load(Ordering::Acquire) != failures;
+            let forced = self.kernel_needed
+                || self.stop.load(Ordering::Acquire)
+                || self.counters.failures.load(Ordering::Acquire) != failures;
             if r < self.budget || forced {
                 if self.resident.compare_exchange_weak(r, r + 1, Ordering::AcqRel, Ordering::Acquire).is_err() {
                     continue;
                 }
-                // the pre-flush headroom reached: the handler thread drops discardable pages
-                if self.headroom.is_some_and(|h| r + 1 + h >= self.budget) {
+                // the pre-flush headroom or the budget reached: the handler thread
+                // drops discardable pages meanwhile
+                if r + 1 + self.headroom.unwrap_or(0) >= self.budget {
                     self.ask_room();
                 }
                 return;
@@ -1261,6 +1291,7 @@ impl Shared {
         while done < want {
             // a batch of the oldest resident pages, each claimed and moved to staging
             let mut claimed: Vec<(Arc<Managed>, usize)> = Vec::new();
+            let mut unmoved = Vec::new();
             while claimed.len() < (want - done).min(STAGE_PAGES) {
                 let Some((id, page, gen)) = self.oldest() else {
                     break;
@@ -1275,11 +1306,15 @@ impl Shared {
                     continue;
                 }
                 if sp::move_pages(&self.fd, &self.staging, claimed.len(), &m.area, page, 1).is_err() {
+                    // not moved (pinned or shared for now): resident still
                     m.state[page].store(RESIDENT, Ordering::Release);
+                    unmoved.push((id, page as u32, gen));
                     continue;
                 }
                 claimed.push((m, page));
             }
+            // queued again as the youngest, or no later eviction would find them
+            self.queue.lock().unwrap_or_else(|p| p.into_inner()).extend(unmoved);
             if claimed.is_empty() {
                 break;
             }
@@ -1469,11 +1504,13 @@ impl Shared {
             while end < slots.len() && keep[end] == keep[end - 1] + 1 && slots[end] == slots[end - 1] + 1 {
                 end += 1;
             }
+            let t = Instant::now();
             let written = self
                 .staging
                 .staged(keep[j], end - j)
                 .map_err(Error::from)
                 .and_then(|data| Ok(self.swap.write_page(slots[j] as usize, data)?));
+            self.counters.write_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
             match written {
                 Ok(()) => {
                     for (&i, &slot) in keep[j..end].iter().zip(&slots[j..end]) {
