@@ -58,6 +58,8 @@ in_both_fault_modes!(
     purgeable_lock_reports_discarded_pages,
     a_full_swap_file_is_a_clear_error_and_loses_nothing,
     a_region_unmapped_while_pages_are_evicted,
+    discarded_pages_marked_needed_are_zero_filled_ahead_of_their_faults,
+    empty_pages_after_a_first_touch_are_zero_filled_ahead_within_the_budget,
     a_written_out_page_marked_discardable_is_never_read_back,
     flush_discardable_drops_only_the_discardable_pages,
 );
@@ -440,9 +442,8 @@ fn read_ahead_stays_within_the_budget_and_skips_discardable_pages() {
     assert!(p.stats().resident_pages <= 8, "{:?}", p.stats());
 }
 
-#[test]
-fn discarded_pages_marked_needed_are_zero_filled_ahead_of_their_faults() {
-    let Some(p) = pager(FaultMode::Thread, 1024) else { return };
+fn discarded_pages_marked_needed_are_zero_filled_ahead_of_their_faults(mode: FaultMode) {
+    let Some(p) = pager(mode, 1024) else { return };
     let r = p.map(32 * ps()).unwrap();
     let a = r.as_ptr() as usize;
     r.write(0, &vec![9; r.len()]).unwrap();
@@ -464,9 +465,8 @@ fn discarded_pages_marked_needed_are_zero_filled_ahead_of_their_faults() {
     assert_eq!(p.stats().faults(), before.faults() + 1, "no fault on the pages filled ahead");
 }
 
-#[test]
-fn empty_pages_after_a_first_touch_are_zero_filled_ahead_within_the_budget() {
-    let Some(p) = pager(FaultMode::Thread, 40) else { return };
+fn empty_pages_after_a_first_touch_are_zero_filled_ahead_within_the_budget(mode: FaultMode) {
+    let Some(p) = pager(mode, 40) else { return };
     let r = p.map(64 * ps()).unwrap();
     // one fault per 16 pages while the budget has room
     r.write(0, &vec![3; 32 * ps()]).unwrap();

@@ -63,6 +63,9 @@ const STAGE_PAGES: usize = 256;
 /// Most pages one read-back brings in: the faulting page and the pages after it that
 /// were written to the slots after its slot (read-ahead, handler thread only).
 const READ_AHEAD: usize = 16;
+/// Most pages one zero-fill fault fills: the faulting page and the needed pages in
+/// the same state after it (zero-fill ahead, both fault modes).
+const ZERO_AHEAD: usize = 16;
 /// How often the handler thread looks at the cgroup and at its stop flag.
 const TICK: Duration = Duration::from_millis(10);
 
@@ -943,6 +946,18 @@ impl Shared {
         }
     }
 
+    /// Counts one more resident page if the budget has room for it (with
+    /// [`NeededPaging::Kernel`], whose budget bounds no needed page (the cgroup's
+    /// limit does): always). Never waits.
+    fn take_room(&self) -> bool {
+        if self.kernel_needed {
+            self.resident.fetch_add(1, Ordering::AcqRel);
+            return true;
+        }
+        let budget = self.budget;
+        self.resident.fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| (r < budget).then_some(r + 1)).is_ok()
+    }
+
     fn ask_room(&self) {
         if !self.room_asked.swap(true, Ordering::AcqRel) {
             self.bell.ring();
@@ -1018,8 +1033,8 @@ impl Shared {
                         self.counters.fault[w][kind].fetch_add(1, Ordering::Relaxed);
                     }
                     self.filled_from(m, page, st, done, None, signal);
-                    if done && !signal {
-                        self.zero_ahead(m, page, st, buf.len() / page_size() - 1);
+                    if done {
+                        self.zero_ahead(m, page, st, ZERO_AHEAD - 1, signal);
                     }
                     return true;
                 }
@@ -1085,23 +1100,23 @@ impl Shared {
     /// application marked needed again is about to be reused: a collector's next
     /// allocation buffer; memory is used upwards) get their fresh zero pages now, up
     /// to `most` and while the budget has room (with [`NeededPaging::Kernel`]: up to
-    /// `most`), each without a fault of its own.
-    fn zero_ahead(&self, m: &Managed, page: usize, st: u8, most: usize) {
-        // with the kernel paging needed pages, the budget bounds no needed page (the
-        // cgroup's limit does): only the batch limits the pages filled ahead
-        let room =
-            if self.kernel_needed { most } else { self.budget.saturating_sub(self.resident.load(Ordering::Acquire)) };
-        for p in page + 1..(page + 1 + most.min(room)).min(m.pages()) {
+    /// `most`), each without a fault of its own. `signal`: on a faulting thread's
+    /// SIGBUS handler (no lock, no wait for room).
+    fn zero_ahead(&self, m: &Managed, page: usize, st: u8, most: usize, signal: bool) {
+        for p in page + 1..(page + 1 + most).min(m.pages()) {
             if m.discardable.get(p)
                 || m.state[p].compare_exchange(st, EVICTING, Ordering::AcqRel, Ordering::Acquire).is_err()
             {
                 return;
             }
-            self.reserve(false);
+            if !self.take_room() {
+                let _ = m.state[p].compare_exchange(EVICTING, st, Ordering::AcqRel, Ordering::Acquire);
+                return;
+            }
             let done = m.area.fill_zero(&self.fd, p, true).unwrap_or(false);
             if done {
                 self.counters.zero_ahead.fetch_add(1, Ordering::Relaxed);
-                self.filled_from(m, p, EVICTING, true, None, false);
+                self.filled_from(m, p, EVICTING, true, None, signal);
             } else {
                 // not filled: as it was (or unmapped meanwhile)
                 self.resident.fetch_sub(1, Ordering::AcqRel);
