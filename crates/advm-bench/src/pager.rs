@@ -20,7 +20,8 @@
 //! file through the page cache (POCache). NoLimit is NP with the limit lifted: the
 //! time without paging, the floor of every setting. `$ADVM_BENCH_PAGER_LIMITS_MIB` runs
 //! several cgroup limits (a sweep), `$ADVM_BENCH_PAGER_SETTINGS` and
-//! `$ADVM_BENCH_PAGER_HEAPS` pick settings and heap configurations.
+//! `$ADVM_BENCH_PAGER_HEAPS` pick settings and heap configurations,
+//! `$ADVM_BENCH_PAGER_FAULT_MODES` the fault modes each pager setting runs in.
 
 mod workloads;
 
@@ -314,11 +315,12 @@ impl PagerBench {
         &self,
         report: &mut Report,
         (w, cname, limit): (Workload, &str, u64),
-        settings: &[Setting],
+        settings: &[(Setting, FaultMode)],
         per: &[Vec<Measured>],
     ) {
         let np_elapsed = crate::median(&per[0].iter().map(|m| m.elapsed_s).collect::<Vec<_>>());
-        for (ms, &setting) in per.iter().zip(settings) {
+        for (ms, &(setting, fault_mode)) in per.iter().zip(settings) {
+            let pager = !matches!(setting, Setting::NP | Setting::NoLimit);
             let fig = |name: &str, unit: &str, f: &dyn Fn(&Measured) -> f64| {
                 Figure::new(name, unit, ms.iter().map(f).collect())
             };
@@ -328,6 +330,7 @@ impl PagerBench {
                 .with("heap", cname)
                 .with("limit", format!("{} MiB", limit >> 20))
                 .with("setting", format!("{setting:?}"))
+                .with("faults", if pager { fault_mode_name(fault_mode) } else { "-" })
                 .figure(fig("elapsed", "s", &|m| m.elapsed_s))
                 .figure(fig("NP/this", "x", &|m| np_elapsed / m.elapsed_s))
                 .figure(fig("user", "s", &|m| m.times.user_s))
@@ -339,7 +342,7 @@ impl PagerBench {
                 .figure(fig("major collections", "", &|m| m.majors as f64))
                 .figure(fig("minor collection pauses", "s", &|m| m.minor_pause_s))
                 .figure(fig("major collection pauses", "s", &|m| m.major_pause_s));
-            if !matches!(setting, Setting::NP | Setting::NoLimit) {
+            if pager {
                 for (name, unit, f) in [
                     ("read faults zero-filled", "pages", pf(|p| p.read_faults.zero_filled) as _),
                     ("read faults not read", "pages", pf(|p| p.read_faults.not_read)),
@@ -372,7 +375,7 @@ impl PagerBench {
             for m in ms {
                 crate::meters::check(
                     &mut report.meter_disagreements,
-                    &format!("{} {cname} {} MiB {setting:?}", w.name(), limit >> 20),
+                    &format!("{} {cname} {} MiB {setting:?} ({})", w.name(), limit >> 20, fault_mode_name(fault_mode)),
                     m.distinct_bytes as f64,
                     Some(m.cgroup_bytes as f64),
                 );
@@ -405,7 +408,7 @@ impl Bench for PagerBench {
             None => vec![None],
         };
         let picked_settings = picked_settings()?;
-        let fault_mode = picked_fault_mode()?;
+        let fault_modes = picked_fault_modes()?;
         let sweep: Vec<Sizes> = limits.iter().map(|&l| sizes(opts.quick, l)).collect();
         let interrupts = Interrupts::catch()?;
         let swap_path = std::path::PathBuf::from(format!("/var/tmp/advm-bench-pager-{}.swap", std::process::id()));
@@ -422,7 +425,7 @@ impl Bench for PagerBench {
         conf.insert("primes_candidates".into(), ((s0.primes as u64) << 16).into());
         conf.insert("pager_budget_bytes".into(), "the cgroup limit - 6 MiB".into());
         conf.insert("pf_headroom_bytes".into(), "the budget / 8".into());
-        conf.insert("pager_fault_mode".into(), serde_json::json!(fault_mode));
+        conf.insert("pager_fault_modes".into(), serde_json::json!(fault_modes));
         conf.insert("kernel_swap_file".into(), swap_path.display().to_string().into());
         for (name, g) in &heap_configs(s0.limit as usize) {
             conf.insert(format!("heap {name} (at the first limit)"), serde_json::json!(g.policy));
@@ -439,9 +442,19 @@ impl Bench for PagerBench {
         if let Some(picked) = picked_heaps()? {
             config_ix = picked;
         }
-        let settings = |w: Workload, ci: usize| {
+        let settings = |w: Workload, ci: usize| -> Vec<(Setting, FaultMode)> {
+            // each pager setting in each fault mode; NP and NoLimit have no pager
+            let with_modes = |v: Vec<Setting>| -> Vec<(Setting, FaultMode)> {
+                v.into_iter()
+                    .flat_map(|s| {
+                        let modes =
+                            if matches!(s, Setting::NP | Setting::NoLimit) { &fault_modes[..1] } else { &fault_modes };
+                        modes.iter().map(move |&m| (s, m))
+                    })
+                    .collect()
+            };
             if let Some(p) = &picked_settings {
-                return p.clone();
+                return with_modes(p.clone());
             }
             let mut v = vec![
                 Setting::NP,
@@ -456,7 +469,7 @@ impl Bench for PagerBench {
             if !opts.quick && w == Workload::CompilerLike && ci == 2 {
                 v.push(Setting::POCache);
             }
-            v
+            with_modes(v)
         };
         let total: usize = sweep.len()
             * workloads
@@ -473,7 +486,7 @@ impl Bench for PagerBench {
                     let mut per: Vec<Vec<Measured>> = vec![Vec::new(); settings.len()];
                     // settings interleaved run by run, so drifting machine load hits all alike
                     for _ in 0..opts.runs {
-                        for (si, &setting) in settings.iter().enumerate() {
+                        for (si, &(setting, fault_mode)) in settings.iter().enumerate() {
                             group.set_limit_bytes(if setting == Setting::NoLimit { 1 << 46 } else { s.limit })?;
                             let m = run_in_child(&group, w, g, setting, s, fault_mode);
                             bar.inc(1);
@@ -487,9 +500,10 @@ impl Bench for PagerBench {
                                 // reported as FAILED in the notes, the other configurations run
                                 Err(BenchError::Usage(e)) => {
                                     report.notes.push(format!(
-                                        "FAILED: {} {cname} {} MiB {setting:?}: {e}",
+                                        "FAILED: {} {cname} {} MiB {setting:?} ({} faults): {e}",
                                         w.name(),
-                                        s.limit >> 20
+                                        s.limit >> 20,
+                                        fault_mode_name(fault_mode)
                                     ));
                                     continue 'limits;
                                 }
@@ -609,22 +623,26 @@ fn picked_settings() -> Result<Option<Vec<Setting>>, BenchError> {
     Ok(named.map(|named| std::iter::once(Setting::NP).chain(named.into_iter().filter(|&s| s != Setting::NP)).collect()))
 }
 
-/// `$ADVM_BENCH_PAGER_FAULT_MODE` (`thread`, `sigbus` or `auto`; the library's
-/// default when unset): where the pager settings' faults are served.
-fn picked_fault_mode() -> Result<FaultMode, BenchError> {
-    let modes = [("thread", FaultMode::Thread), ("sigbus", FaultMode::Sigbus), ("auto", FaultMode::Auto)];
-    let picked = env_list("ADVM_BENCH_PAGER_FAULT_MODE", |name| {
-        modes
+/// The fault modes `$ADVM_BENCH_PAGER_FAULT_MODES` may name.
+const FAULT_MODES: [(&str, FaultMode); 3] =
+    [("thread", FaultMode::Thread), ("sigbus", FaultMode::Sigbus), ("auto", FaultMode::Auto)];
+
+/// `$ADVM_BENCH_PAGER_FAULT_MODES` (comma separated: `thread`, `sigbus`, `auto`; the
+/// library's default when unset): where the pager settings' faults are served. Each
+/// pager setting runs in each mode, interleaved.
+fn picked_fault_modes() -> Result<Vec<FaultMode>, BenchError> {
+    let picked = env_list("ADVM_BENCH_PAGER_FAULT_MODES", |name| {
+        FAULT_MODES
             .iter()
             .find(|(n, _)| *n == name)
             .map(|&(_, m)| m)
             .ok_or_else(|| format!("no fault mode {name:?} (there are thread, sigbus, auto)"))
     })?;
-    match picked.as_deref() {
-        None | Some([]) => Ok(Config::new(1 << 20).fault_mode),
-        Some([one]) => Ok(*one),
-        Some(_) => Err(BenchError::Usage("$ADVM_BENCH_PAGER_FAULT_MODE names one fault mode".into())),
-    }
+    Ok(picked.filter(|m| !m.is_empty()).unwrap_or_else(|| vec![Config::new(1 << 20).fault_mode]))
+}
+
+fn fault_mode_name(mode: FaultMode) -> &'static str {
+    FAULT_MODES.iter().find(|(_, m)| *m == mode).map_or("?", |(n, _)| n)
 }
 
 /// `$ADVM_BENCH_PAGER_HEAPS` (comma separated numbers 0-3, in the order of
