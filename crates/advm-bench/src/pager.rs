@@ -166,6 +166,7 @@ fn run_in_child(
     setting: Setting,
     s: Sizes,
     fault_mode: FaultMode,
+    tlab_kib: Option<usize>,
 ) -> Result<Measured, BenchError> {
     let path = group.path().to_path_buf();
     let reply = group.run_in_child(move || {
@@ -183,6 +184,9 @@ fn run_in_child(
         let mut cfg = advm_gc::Config::new(s.heap);
         // one GC thread: the paper's collector is sequential, and the cores are shared
         cfg.gc_threads = 1;
+        if let Some(kib) = tlab_kib {
+            cfg.tlab_bytes = kib << 10;
+        }
         cfg.generational = Some(g);
         let pager = if matches!(setting, Setting::NP | Setting::NoLimit) {
             None
@@ -409,6 +413,7 @@ impl Bench for PagerBench {
         };
         let picked_settings = picked_settings()?;
         let fault_modes = picked_fault_modes()?;
+        let tlab_kib = picked_tlab_kib()?;
         let sweep: Vec<Sizes> = limits.iter().map(|&l| sizes(opts.quick, l)).collect();
         let interrupts = Interrupts::catch()?;
         let swap_path = std::path::PathBuf::from(format!("/var/tmp/advm-bench-pager-{}.swap", std::process::id()));
@@ -426,6 +431,7 @@ impl Bench for PagerBench {
         conf.insert("pager_budget_bytes".into(), "the cgroup limit - 6 MiB".into());
         conf.insert("pf_headroom_bytes".into(), "the budget / 8".into());
         conf.insert("pager_fault_modes".into(), serde_json::json!(fault_modes));
+        conf.insert("tlab_kib".into(), serde_json::json!(tlab_kib));
         conf.insert("kernel_swap_file".into(), swap_path.display().to_string().into());
         for (name, g) in &heap_configs(s0.limit as usize) {
             conf.insert(format!("heap {name} (at the first limit)"), serde_json::json!(g.policy));
@@ -488,7 +494,7 @@ impl Bench for PagerBench {
                     for _ in 0..opts.runs {
                         for (si, &(setting, fault_mode)) in settings.iter().enumerate() {
                             group.set_limit_bytes(if setting == Setting::NoLimit { 1 << 46 } else { s.limit })?;
-                            let m = run_in_child(&group, w, g, setting, s, fault_mode);
+                            let m = run_in_child(&group, w, g, setting, s, fault_mode, tlab_kib);
                             bar.inc(1);
                             if let Some(sig) = interrupts.caught() {
                                 result = Err(BenchError::Interrupted(format!("signal {sig}")));
@@ -643,6 +649,20 @@ fn picked_fault_modes() -> Result<Vec<FaultMode>, BenchError> {
 
 fn fault_mode_name(mode: FaultMode) -> &'static str {
     FAULT_MODES.iter().find(|(_, m)| *m == mode).map_or("?", |(n, _)| n)
+}
+
+/// `$ADVM_BENCH_PAGER_TLAB_KIB`: the heap's allocation buffer in KiB, the unit in
+/// which it marks nursery pages needed again (advm-gc's default when unset).
+fn picked_tlab_kib() -> Result<Option<usize>, BenchError> {
+    let v = env_list("ADVM_BENCH_PAGER_TLAB_KIB", |v| match v.parse::<usize>() {
+        Ok(k) if (1..=16 << 10).contains(&k) => Ok(k),
+        _ => Err(format!("{v:?} is not a size in KiB from 1 to 16384")),
+    })?;
+    match v.as_deref() {
+        None | Some([]) => Ok(None),
+        Some([k]) => Ok(Some(*k)),
+        Some(_) => Err(BenchError::Usage("$ADVM_BENCH_PAGER_TLAB_KIB takes one size".into())),
+    }
 }
 
 /// `$ADVM_BENCH_PAGER_HEAPS` (comma separated numbers 0-3, in the order of

@@ -466,16 +466,16 @@ fn discarded_pages_marked_needed_are_zero_filled_ahead_of_their_faults(mode: Fau
 }
 
 fn empty_pages_after_a_first_touch_are_zero_filled_ahead_within_the_budget(mode: FaultMode) {
-    let Some(p) = pager(mode, 40) else { return };
-    let r = p.map(64 * ps()).unwrap();
-    // one fault per 16 pages while the budget has room
-    r.write(0, &vec![3; 32 * ps()]).unwrap();
+    let Some(p) = pager(mode, 80) else { return };
+    let r = p.map(128 * ps()).unwrap();
+    // one fault fills up to 64 pages while the budget has room
+    r.write(0, &vec![3; 64 * ps()]).unwrap();
     let s = p.stats();
-    assert_eq!((s.write_faults.zero_filled, s.zero_ahead_pages, s.resident_pages), (2, 30, 32), "{s:?}");
-    // 8 pages of room left: the next fault fills 1 + 7
-    r.write(32 * ps(), &[3]).unwrap();
+    assert_eq!((s.write_faults.zero_filled, s.zero_ahead_pages, s.resident_pages), (1, 63, 64), "{s:?}");
+    // 16 pages of room left: the next fault fills 1 + 15
+    r.write(64 * ps(), &[3]).unwrap();
     let s = p.stats();
-    assert_eq!((s.zero_ahead_pages, s.resident_pages), (37, 40), "{s:?}");
+    assert_eq!((s.zero_ahead_pages, s.resident_pages), (78, 80), "{s:?}");
 }
 
 #[test]

@@ -65,7 +65,7 @@ const STAGE_PAGES: usize = 256;
 const READ_AHEAD: usize = 16;
 /// Most pages one zero-fill fault fills: the faulting page and the needed pages in
 /// the same state after it (zero-fill ahead, both fault modes).
-const ZERO_AHEAD: usize = 16;
+const ZERO_AHEAD: usize = 64;
 /// How often the handler thread looks at the cgroup and at its stop flag.
 const TICK: Duration = Duration::from_millis(10);
 
