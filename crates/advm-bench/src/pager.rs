@@ -21,7 +21,8 @@
 //! time without paging, the floor of every setting. `$ADVM_BENCH_PAGER_LIMITS_MIB` runs
 //! several cgroup limits (a sweep), `$ADVM_BENCH_PAGER_SETTINGS` and
 //! `$ADVM_BENCH_PAGER_HEAPS` pick settings and heap configurations,
-//! `$ADVM_BENCH_PAGER_FAULT_MODES` the fault modes each pager setting runs in.
+//! `$ADVM_BENCH_PAGER_FAULT_MODES` the fault modes each pager setting runs in,
+//! `$ADVM_BENCH_PAGER_TLAB_KIB` the heap's allocation buffer.
 
 mod workloads;
 
