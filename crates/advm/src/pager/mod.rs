@@ -64,8 +64,8 @@ const STAGE_PAGES: usize = 256;
 /// were written to the slots after its slot (read-ahead, handler thread only).
 const READ_AHEAD: usize = 16;
 /// Most pages one zero-fill fault fills: the faulting page and the needed pages in
-/// the same state after it (zero-fill ahead, both fault modes).
-const ZERO_AHEAD: usize = 64;
+/// the same state after it (zero-fill ahead, both fault modes, in one call).
+const ZERO_AHEAD: usize = sp::ZERO_FILL_PAGES;
 /// How often the handler thread looks at the cgroup and at its stop flag.
 const TICK: Duration = Duration::from_millis(10);
 
@@ -1101,25 +1101,34 @@ impl Shared {
     /// `most`), each without a fault of its own. `signal`: on a faulting thread's
     /// SIGBUS handler (no lock, no wait for room).
     fn zero_ahead(&self, m: &Managed, page: usize, st: u8, most: usize, signal: bool) {
-        for p in page + 1..(page + 1 + most).min(m.pages()) {
+        // the run claimed first (each page's state and count), then filled in one call
+        let end = (page + 1 + most).min(m.pages());
+        let mut n = 0;
+        while page + 1 + n < end {
+            let p = page + 1 + n;
             if m.discardable.get(p)
                 || m.state[p].compare_exchange(st, EVICTING, Ordering::AcqRel, Ordering::Acquire).is_err()
             {
-                return;
+                break;
             }
             if !self.take_room() {
                 let _ = m.state[p].compare_exchange(EVICTING, st, Ordering::AcqRel, Ordering::Acquire);
-                return;
+                break;
             }
-            let done = m.area.fill_zero(&self.fd, p, true).unwrap_or(false);
-            if done {
+            n += 1;
+        }
+        if n == 0 {
+            return;
+        }
+        let filled = m.area.fill_zeros(&self.fd, page + 1, n).unwrap_or(0);
+        for p in page + 1..page + 1 + n {
+            if p < page + 1 + filled {
                 self.counters.zero_ahead.fetch_add(1, Ordering::Relaxed);
                 self.filled_from(m, p, EVICTING, true, None, signal);
             } else {
                 // not filled: as it was (or unmapped meanwhile)
                 self.resident.fetch_sub(1, Ordering::AcqRel);
                 let _ = m.state[p].compare_exchange(EVICTING, st, Ordering::AcqRel, Ordering::Acquire);
-                return;
             }
         }
     }
