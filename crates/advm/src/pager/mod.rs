@@ -94,7 +94,8 @@ pub enum FaultMode {
     /// that touches a page not resident gets `EFAULT` in this mode.
     Sigbus,
     /// On the pager's handler thread, which reads the userfaultfd's events (the
-    /// default: it also reads ahead, which SIGBUS mode does not; docs/pager.md).
+    /// default: SIGBUS mode still livelocked once in the paging benchmark, and it
+    /// does not read ahead; docs/pager.md).
     Thread,
 }
 
@@ -128,7 +129,8 @@ pub enum NeededPaging {
     /// pager. The budget and the cgroup watch then only drop discardable pages, and
     /// [`Pager::flush`] hands the needed pages of its range to the kernel
     /// (`MADV_PAGEOUT`). The budget bounds no needed page here: the memory
-    /// cgroup's limit does (docs/pager.md has its runs).
+    /// cgroup's limit does. With [`FaultMode::Sigbus`] one livelock is unexplained
+    /// (docs/pager.md has the runs).
     Kernel,
 }
 
