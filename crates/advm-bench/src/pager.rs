@@ -20,7 +20,9 @@
 //! file through the page cache (POCache). NoLimit is NP with the limit lifted: the
 //! time without paging, the floor of every setting. `$ADVM_BENCH_PAGER_LIMITS_MIB` runs
 //! several cgroup limits (a sweep), `$ADVM_BENCH_PAGER_SETTINGS` and
-//! `$ADVM_BENCH_PAGER_HEAPS` pick settings and heap configurations.
+//! `$ADVM_BENCH_PAGER_HEAPS` pick settings and heap configurations,
+//! `$ADVM_BENCH_PAGER_FAULT_MODES` the fault modes each pager setting runs in,
+//! `$ADVM_BENCH_PAGER_TLAB_KIB` the heap's allocation buffer.
 
 mod workloads;
 
@@ -139,6 +141,9 @@ struct Measured {
     times: ProcessTimes,
     minors: u64,
     majors: u64,
+    /// Summed pauses of the minor and of the other (major, full) collections.
+    minor_pause_s: f64,
+    major_pause_s: f64,
     checksum: u64,
     pager: Option<Stats>,
     swap_in_pages: u64,
@@ -161,6 +166,8 @@ fn run_in_child(
     g: Generational,
     setting: Setting,
     s: Sizes,
+    fault_mode: FaultMode,
+    tlab_kib: Option<usize>,
 ) -> Result<Measured, BenchError> {
     let path = group.path().to_path_buf();
     let reply = group.run_in_child(move || {
@@ -178,6 +185,9 @@ fn run_in_child(
         let mut cfg = advm_gc::Config::new(s.heap);
         // one GC thread: the paper's collector is sequential, and the cores are shared
         cfg.gc_threads = 1;
+        if let Some(kib) = tlab_kib {
+            cfg.tlab_bytes = kib << 10;
+        }
         cfg.generational = Some(g);
         let pager = if matches!(setting, Setting::NP | Setting::NoLimit) {
             None
@@ -190,6 +200,7 @@ fn run_in_child(
                 pc.swap_io = advm::pager::SwapIo::PageCache;
             }
             pc.needed_paging = setting.needed_paging();
+            pc.fault_mode = fault_mode;
             pc.cgroup = Some(path.clone());
             let pager = Arc::new(Pager::new(pc).map_err(|e| e.to_string())?);
             cfg.paging = Some(Paging { pager: pager.clone(), flush_after_major: setting.flush_after_major() });
@@ -213,6 +224,8 @@ fn run_in_child(
             },
             minors: hs.history.iter().filter(|c| c.kind == "minor").count() as u64,
             majors: hs.history.iter().filter(|c| c.kind != "minor").count() as u64,
+            minor_pause_s: pauses(&hs.history, true),
+            major_pause_s: pauses(&hs.history, false),
             checksum,
             pager: pager.map(|p| p.stats()),
             swap_in_pages: vmstat("pswpin ") - pin,
@@ -225,6 +238,11 @@ fn run_in_child(
     })?;
     let bytes = reply.map_err(BenchError::Usage)?;
     serde_json::from_slice(&bytes).map_err(|e| BenchError::Usage(format!("reply of the measured child: {e}")))
+}
+
+/// The summed pauses of the minor (`minor`) or the other collections, seconds.
+fn pauses(history: &[advm_gc::Collection], minor: bool) -> f64 {
+    history.iter().filter(|c| (c.kind == "minor") == minor).map(|c| c.pause_ns as f64 / 1e9).sum()
 }
 
 /// The median time of `pages` faults, each timed alone, in microseconds.
@@ -302,11 +320,12 @@ impl PagerBench {
         &self,
         report: &mut Report,
         (w, cname, limit): (Workload, &str, u64),
-        settings: &[Setting],
+        settings: &[(Setting, FaultMode)],
         per: &[Vec<Measured>],
     ) {
         let np_elapsed = crate::median(&per[0].iter().map(|m| m.elapsed_s).collect::<Vec<_>>());
-        for (ms, &setting) in per.iter().zip(settings) {
+        for (ms, &(setting, fault_mode)) in per.iter().zip(settings) {
+            let pager = !matches!(setting, Setting::NP | Setting::NoLimit);
             let fig = |name: &str, unit: &str, f: &dyn Fn(&Measured) -> f64| {
                 Figure::new(name, unit, ms.iter().map(f).collect())
             };
@@ -316,6 +335,7 @@ impl PagerBench {
                 .with("heap", cname)
                 .with("limit", format!("{} MiB", limit >> 20))
                 .with("setting", format!("{setting:?}"))
+                .with("faults", if pager { fault_mode_name(fault_mode) } else { "-" })
                 .figure(fig("elapsed", "s", &|m| m.elapsed_s))
                 .figure(fig("NP/this", "x", &|m| np_elapsed / m.elapsed_s))
                 .figure(fig("user", "s", &|m| m.times.user_s))
@@ -324,8 +344,10 @@ impl PagerBench {
                 .figure(fig("kernel swap in", "pages", &|m| m.swap_in_pages as f64))
                 .figure(fig("kernel swap out", "pages", &|m| m.swap_out_pages as f64))
                 .figure(fig("minor collections", "", &|m| m.minors as f64))
-                .figure(fig("major collections", "", &|m| m.majors as f64));
-            if !matches!(setting, Setting::NP | Setting::NoLimit) {
+                .figure(fig("major collections", "", &|m| m.majors as f64))
+                .figure(fig("minor collection pauses", "s", &|m| m.minor_pause_s))
+                .figure(fig("major collection pauses", "s", &|m| m.major_pause_s));
+            if pager {
                 for (name, unit, f) in [
                     ("read faults zero-filled", "pages", pf(|p| p.read_faults.zero_filled) as _),
                     ("read faults not read", "pages", pf(|p| p.read_faults.not_read)),
@@ -343,6 +365,9 @@ impl PagerBench {
                     ("swap bytes written", "MiB", pf(|p| p.bytes_written >> 20)),
                     ("swap bytes read", "MiB", pf(|p| p.bytes_read >> 20)),
                     ("handler time per fault", "ns", pf(|p| p.fault_ns / p.faults().max(1))),
+                    ("fault time", "ms", pf(|p| p.fault_ns / 1_000_000)),
+                    ("eviction time", "ms", pf(|p| p.evict_ns / 1_000_000)),
+                    ("of which swap writes", "ms", pf(|p| p.write_ns / 1_000_000)),
                 ] {
                     let f: Box<dyn Fn(&Measured) -> f64> = Box::new(f);
                     row = row.figure(fig(name, unit, &*f));
@@ -355,7 +380,7 @@ impl PagerBench {
             for m in ms {
                 crate::meters::check(
                     &mut report.meter_disagreements,
-                    &format!("{} {cname} {} MiB {setting:?}", w.name(), limit >> 20),
+                    &format!("{} {cname} {} MiB {setting:?} ({})", w.name(), limit >> 20, fault_mode_name(fault_mode)),
                     m.distinct_bytes as f64,
                     Some(m.cgroup_bytes as f64),
                 );
@@ -388,6 +413,8 @@ impl Bench for PagerBench {
             None => vec![None],
         };
         let picked_settings = picked_settings()?;
+        let fault_modes = picked_fault_modes()?;
+        let tlab_kib = picked_tlab_kib()?;
         let sweep: Vec<Sizes> = limits.iter().map(|&l| sizes(opts.quick, l)).collect();
         let interrupts = Interrupts::catch()?;
         let swap_path = std::path::PathBuf::from(format!("/var/tmp/advm-bench-pager-{}.swap", std::process::id()));
@@ -404,6 +431,8 @@ impl Bench for PagerBench {
         conf.insert("primes_candidates".into(), ((s0.primes as u64) << 16).into());
         conf.insert("pager_budget_bytes".into(), "the cgroup limit - 6 MiB".into());
         conf.insert("pf_headroom_bytes".into(), "the budget / 8".into());
+        conf.insert("pager_fault_modes".into(), serde_json::json!(fault_modes));
+        conf.insert("tlab_kib".into(), serde_json::json!(tlab_kib));
         conf.insert("kernel_swap_file".into(), swap_path.display().to_string().into());
         for (name, g) in &heap_configs(s0.limit as usize) {
             conf.insert(format!("heap {name} (at the first limit)"), serde_json::json!(g.policy));
@@ -420,9 +449,19 @@ impl Bench for PagerBench {
         if let Some(picked) = picked_heaps()? {
             config_ix = picked;
         }
-        let settings = |w: Workload, ci: usize| {
+        let settings = |w: Workload, ci: usize| -> Vec<(Setting, FaultMode)> {
+            // each pager setting in each fault mode; NP and NoLimit have no pager
+            let with_modes = |v: Vec<Setting>| -> Vec<(Setting, FaultMode)> {
+                v.into_iter()
+                    .flat_map(|s| {
+                        let modes =
+                            if matches!(s, Setting::NP | Setting::NoLimit) { &fault_modes[..1] } else { &fault_modes };
+                        modes.iter().map(move |&m| (s, m))
+                    })
+                    .collect()
+            };
             if let Some(p) = &picked_settings {
-                return p.clone();
+                return with_modes(p.clone());
             }
             let mut v = vec![
                 Setting::NP,
@@ -437,7 +476,7 @@ impl Bench for PagerBench {
             if !opts.quick && w == Workload::CompilerLike && ci == 2 {
                 v.push(Setting::POCache);
             }
-            v
+            with_modes(v)
         };
         let total: usize = sweep.len()
             * workloads
@@ -454,9 +493,9 @@ impl Bench for PagerBench {
                     let mut per: Vec<Vec<Measured>> = vec![Vec::new(); settings.len()];
                     // settings interleaved run by run, so drifting machine load hits all alike
                     for _ in 0..opts.runs {
-                        for (si, &setting) in settings.iter().enumerate() {
+                        for (si, &(setting, fault_mode)) in settings.iter().enumerate() {
                             group.set_limit_bytes(if setting == Setting::NoLimit { 1 << 46 } else { s.limit })?;
-                            let m = run_in_child(&group, w, g, setting, s);
+                            let m = run_in_child(&group, w, g, setting, s, fault_mode, tlab_kib);
                             bar.inc(1);
                             if let Some(sig) = interrupts.caught() {
                                 result = Err(BenchError::Interrupted(format!("signal {sig}")));
@@ -468,9 +507,10 @@ impl Bench for PagerBench {
                                 // reported as FAILED in the notes, the other configurations run
                                 Err(BenchError::Usage(e)) => {
                                     report.notes.push(format!(
-                                        "FAILED: {} {cname} {} MiB {setting:?}: {e}",
+                                        "FAILED: {} {cname} {} MiB {setting:?} ({} faults): {e}",
                                         w.name(),
-                                        s.limit >> 20
+                                        s.limit >> 20,
+                                        fault_mode_name(fault_mode)
                                     ));
                                     continue 'limits;
                                 }
@@ -588,6 +628,42 @@ fn picked_settings() -> Result<Option<Vec<Setting>>, BenchError> {
         })
     })?;
     Ok(named.map(|named| std::iter::once(Setting::NP).chain(named.into_iter().filter(|&s| s != Setting::NP)).collect()))
+}
+
+/// The fault modes `$ADVM_BENCH_PAGER_FAULT_MODES` may name.
+const FAULT_MODES: [(&str, FaultMode); 3] =
+    [("thread", FaultMode::Thread), ("sigbus", FaultMode::Sigbus), ("auto", FaultMode::Auto)];
+
+/// `$ADVM_BENCH_PAGER_FAULT_MODES` (comma separated: `thread`, `sigbus`, `auto`; the
+/// library's default when unset): where the pager settings' faults are served. Each
+/// pager setting runs in each mode, interleaved.
+fn picked_fault_modes() -> Result<Vec<FaultMode>, BenchError> {
+    let picked = env_list("ADVM_BENCH_PAGER_FAULT_MODES", |name| {
+        FAULT_MODES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|&(_, m)| m)
+            .ok_or_else(|| format!("no fault mode {name:?} (there are thread, sigbus, auto)"))
+    })?;
+    Ok(picked.filter(|m| !m.is_empty()).unwrap_or_else(|| vec![Config::new(1 << 20).fault_mode]))
+}
+
+fn fault_mode_name(mode: FaultMode) -> &'static str {
+    FAULT_MODES.iter().find(|(_, m)| *m == mode).map_or("?", |(n, _)| n)
+}
+
+/// `$ADVM_BENCH_PAGER_TLAB_KIB`: the heap's allocation buffer in KiB, the unit in
+/// which it marks nursery pages needed again (advm-gc's default when unset).
+fn picked_tlab_kib() -> Result<Option<usize>, BenchError> {
+    let v = env_list("ADVM_BENCH_PAGER_TLAB_KIB", |v| match v.parse::<usize>() {
+        Ok(k) if (1..=16 << 10).contains(&k) => Ok(k),
+        _ => Err(format!("{v:?} is not a size in KiB from 1 to 16384")),
+    })?;
+    match v.as_deref() {
+        None | Some([]) => Ok(None),
+        Some([k]) => Ok(Some(*k)),
+        Some(_) => Err(BenchError::Usage("$ADVM_BENCH_PAGER_TLAB_KIB takes one size".into())),
+    }
 }
 
 /// `$ADVM_BENCH_PAGER_HEAPS` (comma separated numbers 0-3, in the order of

@@ -63,6 +63,9 @@ const STAGE_PAGES: usize = 256;
 /// Most pages one read-back brings in: the faulting page and the pages after it that
 /// were written to the slots after its slot (read-ahead, handler thread only).
 const READ_AHEAD: usize = 16;
+/// Most pages one zero-fill fault fills: the faulting page and the needed pages in
+/// the same state after it (zero-fill ahead, both fault modes, in one call).
+const ZERO_AHEAD: usize = sp::ZERO_FILL_PAGES;
 /// How often the handler thread looks at the cgroup and at its stop flag.
 const TICK: Duration = Duration::from_millis(10);
 
@@ -91,7 +94,8 @@ pub enum FaultMode {
     /// that touches a page not resident gets `EFAULT` in this mode.
     Sigbus,
     /// On the pager's handler thread, which reads the userfaultfd's events (the
-    /// default: SIGBUS mode hung once in the paging benchmark, see docs/pager.md).
+    /// default: SIGBUS mode still livelocked once in the paging benchmark, and it
+    /// does not read ahead; docs/pager.md).
     Thread,
 }
 
@@ -124,10 +128,9 @@ pub enum NeededPaging {
     /// memory cgroup reaches its limit, and swaps them in without a fault to the
     /// pager. The budget and the cgroup watch then only drop discardable pages, and
     /// [`Pager::flush`] hands the needed pages of its range to the kernel
-    /// (`MADV_PAGEOUT`). Experimental: twice under memory pressure a faulting thread
-    /// was livelocked on a page the pager held resident with no page-table entry;
-    /// the likely cause (a move the kernel reported failed though it was done) is
-    /// fixed, but that path was not run long since (docs/pager.md).
+    /// (`MADV_PAGEOUT`). The budget bounds no needed page here: the memory
+    /// cgroup's limit does. With [`FaultMode::Sigbus`] one livelock is unexplained
+    /// (docs/pager.md has the runs).
     Kernel,
 }
 
@@ -220,6 +223,13 @@ pub struct Stats {
     /// Time spent serving faults, nanoseconds: on the handler thread, not counting the
     /// eviction that made room first; in SIGBUS mode, the whole signal handler.
     pub fault_ns: u64,
+    /// Time the eviction lock was held, nanoseconds: page-outs for the budget, the
+    /// cgroup watch and the pre-flushes, [`Pager::flush`], and the short holds of
+    /// [`Pager::lock`] and unmap. On the handler thread it delays the fault it makes
+    /// room for.
+    pub evict_ns: u64,
+    /// Of `evict_ns`, the writes to the swap file.
+    pub write_ns: u64,
     /// Budget evictions that could not write a needed page (swap file full or an
     /// I/O error); the budget was exceeded meanwhile.
     pub eviction_failures: u64,
@@ -258,6 +268,8 @@ struct Counters {
     zero_ahead: AtomicU64,
     clean_dropped: AtomicU64,
     fault_ns: AtomicU64,
+    evict_ns: AtomicU64,
+    write_ns: AtomicU64,
     failures: AtomicU64,
 }
 
@@ -744,6 +756,8 @@ impl Pager {
             resident_pages: self.shared.resident.load(Ordering::Acquire) as u64,
             swapped_pages: self.shared.slots.lock().unwrap_or_else(|p| p.into_inner()).used(),
             fault_ns: ld(&c.fault_ns),
+            evict_ns: ld(&c.evict_ns),
+            write_ns: ld(&c.write_ns),
             eviction_failures: ld(&c.failures),
         }
     }
@@ -771,9 +785,24 @@ impl Drop for Pager {
     }
 }
 
+/// The eviction lock held: adds the time it was held to a counter when dropped.
+struct Evicting<'a> {
+    _guard: MutexGuard<'a, ()>,
+    since: Instant,
+    ns: &'a AtomicU64,
+}
+
+impl Drop for Evicting<'_> {
+    fn drop(&mut self) {
+        self.ns.fetch_add(self.since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+}
+
 impl Shared {
-    fn lock_evicting(&self) -> MutexGuard<'_, ()> {
-        self.evicting.lock().unwrap_or_else(|p| p.into_inner())
+    /// The eviction lock; the time it is held is counted in `evict_ns`.
+    fn lock_evicting(&self) -> Evicting<'_> {
+        let guard = self.evicting.lock().unwrap_or_else(|p| p.into_inner());
+        Evicting { _guard: guard, since: Instant::now(), ns: &self.counters.evict_ns }
     }
 
     /// The region holding `[addr, addr+len)`, and the range as pages.
@@ -886,7 +915,9 @@ impl Shared {
     /// was made first; on a faulting thread (`signal`), the count is taken only below
     /// the budget, else the handler thread is asked for room and waited for, until
     /// it has room, an eviction failed (the budget gives way, as on the handler
-    /// thread) or the pager stops.
+    /// thread) or the pager stops. With [`NeededPaging::Kernel`] the budget bounds
+    /// no needed page (the handler thread makes room by dropping discardable pages
+    /// only, and there may be none), so the faulting thread asks and goes on.
     fn reserve(&self, signal: bool) {
         if !signal {
             self.resident.fetch_add(1, Ordering::AcqRel);
@@ -895,14 +926,16 @@ impl Shared {
         let failures = self.counters.failures.load(Ordering::Acquire);
         loop {
             let r = self.resident.load(Ordering::Acquire);
-            let forced =
-                self.stop.load(Ordering::Acquire) || self.counters.failures.load(Ordering::Acquire) != failures;
+            let forced = self.kernel_needed
+                || self.stop.load(Ordering::Acquire)
+                || self.counters.failures.load(Ordering::Acquire) != failures;
             if r < self.budget || forced {
                 if self.resident.compare_exchange_weak(r, r + 1, Ordering::AcqRel, Ordering::Acquire).is_err() {
                     continue;
                 }
-                // the pre-flush headroom reached: the handler thread drops discardable pages
-                if self.headroom.is_some_and(|h| r + 1 + h >= self.budget) {
+                // the pre-flush headroom or the budget reached: the handler thread
+                // drops discardable pages meanwhile
+                if r + 1 + self.headroom.unwrap_or(0) >= self.budget {
                     self.ask_room();
                 }
                 return;
@@ -911,6 +944,18 @@ impl Shared {
             self.ask_room();
             sp::wait_while(&self.answered, seen, TICK);
         }
+    }
+
+    /// Counts one more resident page if the budget has room for it (with
+    /// [`NeededPaging::Kernel`], whose budget bounds no needed page (the cgroup's
+    /// limit does): always). Never waits.
+    fn take_room(&self) -> bool {
+        if self.kernel_needed {
+            self.resident.fetch_add(1, Ordering::AcqRel);
+            return true;
+        }
+        let budget = self.budget;
+        self.resident.fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| (r < budget).then_some(r + 1)).is_ok()
     }
 
     fn ask_room(&self) {
@@ -988,8 +1033,8 @@ impl Shared {
                         self.counters.fault[w][kind].fetch_add(1, Ordering::Relaxed);
                     }
                     self.filled_from(m, page, st, done, None, signal);
-                    if done && !signal {
-                        self.zero_ahead(m, page, st, buf.len() / page_size() - 1);
+                    if done {
+                        self.zero_ahead(m, page, st, ZERO_AHEAD - 1, signal);
                     }
                     return true;
                 }
@@ -1055,28 +1100,37 @@ impl Shared {
     /// application marked needed again is about to be reused: a collector's next
     /// allocation buffer; memory is used upwards) get their fresh zero pages now, up
     /// to `most` and while the budget has room (with [`NeededPaging::Kernel`]: up to
-    /// `most`), each without a fault of its own.
-    fn zero_ahead(&self, m: &Managed, page: usize, st: u8, most: usize) {
-        // with the kernel paging needed pages, the budget bounds no needed page (the
-        // cgroup's limit does): only the batch limits the pages filled ahead
-        let room =
-            if self.kernel_needed { most } else { self.budget.saturating_sub(self.resident.load(Ordering::Acquire)) };
-        for p in page + 1..(page + 1 + most.min(room)).min(m.pages()) {
+    /// `most`), each without a fault of its own. `signal`: on a faulting thread's
+    /// SIGBUS handler (no lock, no wait for room).
+    fn zero_ahead(&self, m: &Managed, page: usize, st: u8, most: usize, signal: bool) {
+        // the run claimed first (each page's state and count), then filled in one call
+        let end = (page + 1 + most).min(m.pages());
+        let mut n = 0;
+        while page + 1 + n < end {
+            let p = page + 1 + n;
             if m.discardable.get(p)
                 || m.state[p].compare_exchange(st, EVICTING, Ordering::AcqRel, Ordering::Acquire).is_err()
             {
-                return;
+                break;
             }
-            self.reserve(false);
-            let done = m.area.fill_zero(&self.fd, p, true).unwrap_or(false);
-            if done {
+            if !self.take_room() {
+                let _ = m.state[p].compare_exchange(EVICTING, st, Ordering::AcqRel, Ordering::Acquire);
+                break;
+            }
+            n += 1;
+        }
+        if n == 0 {
+            return;
+        }
+        let filled = m.area.fill_zeros(&self.fd, page + 1, n).unwrap_or(0);
+        for p in page + 1..page + 1 + n {
+            if p < page + 1 + filled {
                 self.counters.zero_ahead.fetch_add(1, Ordering::Relaxed);
-                self.filled_from(m, p, EVICTING, true, None, false);
+                self.filled_from(m, p, EVICTING, true, None, signal);
             } else {
                 // not filled: as it was (or unmapped meanwhile)
                 self.resident.fetch_sub(1, Ordering::AcqRel);
                 let _ = m.state[p].compare_exchange(EVICTING, st, Ordering::AcqRel, Ordering::Acquire);
-                return;
             }
         }
     }
@@ -1261,6 +1315,7 @@ impl Shared {
         while done < want {
             // a batch of the oldest resident pages, each claimed and moved to staging
             let mut claimed: Vec<(Arc<Managed>, usize)> = Vec::new();
+            let mut unmoved = Vec::new();
             while claimed.len() < (want - done).min(STAGE_PAGES) {
                 let Some((id, page, gen)) = self.oldest() else {
                     break;
@@ -1275,11 +1330,15 @@ impl Shared {
                     continue;
                 }
                 if sp::move_pages(&self.fd, &self.staging, claimed.len(), &m.area, page, 1).is_err() {
+                    // not moved (pinned or shared for now): resident still
                     m.state[page].store(RESIDENT, Ordering::Release);
+                    unmoved.push((id, page as u32, gen));
                     continue;
                 }
                 claimed.push((m, page));
             }
+            // queued again as the youngest, or no later eviction would find them
+            self.queue.lock().unwrap_or_else(|p| p.into_inner()).extend(unmoved);
             if claimed.is_empty() {
                 break;
             }
@@ -1469,11 +1528,13 @@ impl Shared {
             while end < slots.len() && keep[end] == keep[end - 1] + 1 && slots[end] == slots[end - 1] + 1 {
                 end += 1;
             }
+            let t = Instant::now();
             let written = self
                 .staging
                 .staged(keep[j], end - j)
                 .map_err(Error::from)
                 .and_then(|data| Ok(self.swap.write_page(slots[j] as usize, data)?));
+            self.counters.write_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
             match written {
                 Ok(()) => {
                     for (&i, &slot) in keep[j..end].iter().zip(&slots[j..end]) {

@@ -285,3 +285,47 @@ fn a_move_racing_write_protection_is_counted_where_the_page_went() {
     eprintln!("{moved} moved, {kept} kept in {:?}", started.elapsed());
     assert!(moved > 0);
 }
+
+/// A needed page the eviction could not move (shared with a forked child, so
+/// `UFFDIO_MOVE` refuses it) stays a candidate: once it can move, a later budget
+/// eviction writes it out. (It used to leave the replacement queue for good, and
+/// the budget stayed exceeded; in SIGBUS mode a faulting thread then waited for room
+/// for ever.)
+#[test]
+fn a_page_the_eviction_could_not_move_is_evicted_later() {
+    if let Err(why) = available() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let ps = page_size();
+    let p = Pager::new(Config::new(16 * ps)).unwrap();
+    let r = p.map(32 * ps).unwrap();
+    for i in 0..16 {
+        r.write(i * ps, &[i as u8 + 1; 8]).unwrap();
+    }
+    // the child shares every page until it exits (when told): moves of them fail (EBUSY)
+    let (mut tell, wait) = std::os::unix::net::UnixStream::pair().unwrap();
+    let child = crate::sys::process::fork_run(|| {
+        use std::io::Read;
+        let _ = (&wait).read(&mut [0u8]);
+        0
+    })
+    .unwrap();
+    r.write(16 * ps, &[17; 8]).unwrap();
+    let shared = p.stats();
+    std::io::Write::write_all(&mut tell, &[1]).unwrap();
+    assert_eq!(crate::sys::process::wait_child(child).unwrap(), 0);
+    // written again after the child's exit: each page is the parent's alone
+    for i in 0..16 {
+        r.write(i * ps, &[i as u8 + 1; 8]).unwrap();
+    }
+    r.write(17 * ps, &[18; 8]).unwrap();
+    let s = p.stats();
+    assert!(shared.written_pages == 0 && shared.resident_pages == 17, "while shared: {shared:?}");
+    assert!(s.resident_pages <= 16 && s.written_pages >= 2, "after: {s:?}");
+    let mut b = [0u8; 8];
+    for i in 0..18 {
+        r.read(i * ps, &mut b).unwrap();
+        assert_eq!(b, [i as u8 + 1; 8], "page {i}");
+    }
+}

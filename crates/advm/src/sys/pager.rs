@@ -18,6 +18,11 @@ use super::mman::{self, Advice, Mapping};
 use super::uffd::{self, Partial, Userfaultfd};
 use super::{page_size, SysError, SysResult};
 
+/// The source of zero-filled pages: up to [`ZERO_FILL_PAGES`] 4 KiB pages in one call.
+static ZEROS: [u8; ZERO_FILL_PAGES * 4096] = [0; ZERO_FILL_PAGES * 4096];
+/// Most 4 KiB pages [`Area::fill_zeros`] fills in one call.
+pub const ZERO_FILL_PAGES: usize = 64;
+
 /// Private anonymous memory owned by the pager and registered on its userfaultfd.
 #[derive(Debug)]
 pub struct Area {
@@ -76,7 +81,6 @@ impl Area {
     pub fn fill_zero(&self, fd: &Userfaultfd, page: usize, write: bool) -> SysResult<bool> {
         let dst = self.page_ptr(page, 1)?;
         let r = if write {
-            static ZEROS: [u8; 65536] = [0; 65536];
             let ps = page_size();
             let src =
                 if ps <= ZEROS.len() { ZEROS.as_ptr() } else { return Err(SysError::new("pager", Errno::INVAL)) };
@@ -87,6 +91,24 @@ impl Area {
             unsafe { fd.zeropage(dst, page_size(), uffd::MODE_DONTWAKE) }
         };
         settled(r)
+    }
+
+    /// Fills the empty pages `[page, page+n)` with fresh zero pages, writable, in one
+    /// `UFFDIO_COPY`, without waking anyone. Returns how many were filled from `page`
+    /// on: fewer when one was already there (or the copy failed part way).
+    pub fn fill_zeros(&self, fd: &Userfaultfd, page: usize, n: usize) -> SysResult<usize> {
+        let ps = page_size();
+        if n * ps > ZEROS.len() {
+            return Err(SysError::new("ioctl(UFFDIO_COPY)", Errno::INVAL));
+        }
+        let dst = self.page_ptr(page, n)?;
+        // SAFETY: `dst` is `n` pages of this registered area; `ZEROS` is readable for
+        // `n * ps` bytes (checked above).
+        match unsafe { fd.copy(dst, ZEROS.as_ptr(), n * ps, uffd::MODE_DONTWAKE) } {
+            Ok(bytes) => Ok(bytes / ps),
+            Err(p) if p.done > 0 || p.error.errno == Errno::EXIST => Ok(p.done / ps),
+            Err(p) => Err(p.error),
+        }
     }
 
     /// Fills the empty page `page` with `data` (one page), without waking the
