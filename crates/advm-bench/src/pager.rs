@@ -581,8 +581,9 @@ impl Bench for PagerBench {
         Ok(vec![DemoRow {
             capability: "pager".into(),
             workload: format!(
-                "{} region under a {} budget: first half written then marked discardable (a collector's \
-                 from-space), second half written, all read through",
+                "{} region under a {} budget, one copying-collector cycle: from-space (first half) written, \
+                 marked discardable after the copy, to-space (second half) written, from-space marked needed \
+                 and reused (written again), all read",
                 crate::table::fmt_bytes(2 * budget as u64),
                 crate::table::fmt_bytes(budget as u64)
             ),
@@ -696,25 +697,34 @@ fn demo_pass(budget: usize, mark: bool) -> Result<DemoPass, BenchError> {
     let region = pager.map(len)?;
     let t = Instant::now();
     let mut page = vec![0xA5u8; ps];
-    let mut write = |from: usize, to: usize| -> Result<(), BenchError> {
+    // each page's first word: its offset and the cycle that wrote it
+    let word_of = |off: usize, cycle: u64| (off as u64 + 1) << 8 | cycle;
+    let mut write = |from: usize, to: usize, cycle: u64| -> Result<(), BenchError> {
         for off in (from..to).step_by(ps) {
-            page[..8].copy_from_slice(&(off as u64 + 1).to_ne_bytes());
+            page[..8].copy_from_slice(&word_of(off, cycle).to_ne_bytes());
             region.write(off, &page)?;
         }
         Ok(())
     };
-    write(0, budget)?;
+    // one cycle of a copying collector: from-space (the first half) filled, its live
+    // data copied to to-space (the second half), from-space garbage; then the flip:
+    // from-space is the next allocation space, marked needed before it is written
+    write(0, budget, 1)?;
     if mark {
         pager.discardable(region.as_ptr() as usize, budget)?;
     }
-    write(budget, len)?;
+    write(budget, len, 1)?;
+    if mark {
+        pager.needed(region.as_ptr() as usize, budget)?;
+    }
+    write(0, budget, 2)?;
     let mut word = [0u8; 8];
     for off in (0..len).step_by(ps) {
         region.read(off, &mut word)?;
-        let want = if mark && off < budget { 0 } else { off as u64 + 1 };
+        let want = word_of(off, if off < budget { 2 } else { 1 });
         if u64::from_ne_bytes(word) != want {
             return Err(BenchError::Usage(format!(
-                "pager demo: page at {off} reads {} (want {want})",
+                "pager demo: page at {off} reads {:#x} (want {want:#x})",
                 u64::from_ne_bytes(word)
             )));
         }

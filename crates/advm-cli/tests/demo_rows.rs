@@ -43,8 +43,9 @@ fn demo_merge_row_counts_the_store_and_halves_two_identical_buffers() {
     assert!(a[2] > 0.0 && a[3] > 0.0 && a[4] > 0.0, "merge time and throughputs: {advm}");
 }
 
-/// Half of a region over its budget marked discardable: its evicted pages are dropped,
-/// not written, where the same pager told nothing writes every evicted page.
+/// One copying-collector cycle over a region twice its budget: from-space, marked
+/// discardable after the copy, is dropped when evicted, not written, where the same
+/// pager told nothing writes it (and reads it back when from-space is reused).
 #[test]
 fn demo_pager_row_writes_no_discardable_page() {
     let row = demo_row("pager");
@@ -61,11 +62,12 @@ fn demo_pager_row_writes_no_discardable_page() {
     };
     let (told, blind) = (pages(advm, " pages written"), pages(baseline, " pages written"));
     let dropped = pages(advm, " evicted pages dropped");
-    // the first half (16 MiB), discardable, is evicted at least once and never written;
-    // the blind pass writes it, and the needed half at least as often as the told one
+    // from-space (16 MiB), discardable, is evicted once and never written; the blind
+    // pass writes it too (give or take one eviction step, a 64th of the budget), and
+    // the needed pages as often as the told one
     let half = (16 << 20) / advm::mem::page_size() as u64;
     assert!(dropped >= half, "{advm}");
-    assert!(blind >= told + half, "blind {baseline}, told {advm}");
+    assert!(blind + half / 64 >= told + half, "blind {baseline}, told {advm}");
     assert!(pages(advm, " zero-filled") > pages(baseline, " zero-filled"), "{advm} / {baseline}");
     assert!(row["gain"].as_str().unwrap().contains("fewer pages written"), "{row}");
 }
