@@ -29,7 +29,7 @@ impl Remembered {
     /// The barrier: called for every store of `value` into the slot at `slot`.
     #[inline]
     pub(crate) fn on_store(&self, nursery: &Span, slot: usize, value: usize) {
-        if nursery.contains(value) && !nursery.contains(slot) {
+        if nursery.contains_object(value) && !nursery.contains(slot) {
             lock(self.shard(slot)).insert(slot);
         }
     }

@@ -278,6 +278,13 @@ fn units(starts: &[usize], top: usize) -> Vec<(usize, usize)> {
     out
 }
 
+/// Whether the object at pointer `p` lies in the dense prefix `stay` (a range of
+/// headers): by its header, since an object with no slots and no bytes is a bare
+/// header, and its pointer is the next object's header (or the prefix's end).
+fn stays(stay: (usize, usize), p: usize) -> bool {
+    p - HDR >= stay.0 && p - HDR < stay.1
+}
+
 /// Rewrites pointer slots to their targets' new addresses (header word 1). Each
 /// target's forwarding word is prefetched when its slot is read and used [`PREFETCH`]
 /// slots later: the targets of a shuffled list lie anywhere, and waiting for each one
@@ -302,7 +309,7 @@ impl<'m> Adjust<'m> {
         for i in 0..nptrs_of(h0) {
             let slot = h + HDR + 8 * i;
             let p = self.mem.load(slot);
-            if p == 0 || (p >= self.stay.0 && p < self.stay.1) {
+            if p == 0 || stays(self.stay, p) {
                 continue;
             }
             self.mem.prefetch(p - HDR + 8);
@@ -449,7 +456,7 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
         a.object(h, mem.load(h));
     }
     a.finish();
-    let fwd = |p: usize| if p == 0 || (p >= stay.0 && p < stay.1) { p } else { mem.load(p - HDR + 8) };
+    let fwd = |p: usize| if p == 0 || stays(stay, p) { p } else { mem.load(p - HDR + 8) };
     for s in stacks.iter_mut() {
         for v in s.iter_mut() {
             *v = fwd(*v);

@@ -102,7 +102,7 @@ impl Copier<'_> {
     /// (header word 1 keeps the copy's address), itself otherwise.
     fn forward(&mut self, p: usize) -> usize {
         let mem = &self.inner.mem;
-        if !mem.nursery.contains(p) {
+        if !mem.nursery.contains_object(p) {
             return p;
         }
         let h = p - HDR;
@@ -226,7 +226,9 @@ pub(crate) fn copy_back(
         return 0;
     }
     let shift = from - base;
-    let moved = |p: usize| if p >= from + HDR && p < top { p - shift } else { p };
+    // an object's pointer is its header's address + HDR, so the last object's may
+    // be `top` itself (an object with no pointers and no bytes is a bare header)
+    let moved = |p: usize| if p >= from + HDR && p <= top { p - shift } else { p };
     inner.reuse(base, top - from);
     mem.copy(base, from, top - from);
     let new_top = top - shift;

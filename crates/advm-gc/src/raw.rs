@@ -20,6 +20,15 @@ impl Span {
         a >= self.base && a < self.end
     }
 
+    /// True when the object at pointer `p` (null or an object's first slot) lies
+    /// inside: judged by its header, since an object with no slots and no bytes is a
+    /// bare header whose pointer is the address just past it (the span's end, or the
+    /// next span's base).
+    #[inline]
+    pub(crate) fn contains_object(&self, p: usize) -> bool {
+        p != 0 && self.contains(p - crate::heap::HDR)
+    }
+
     /// Two comparisons (`a - base` wraps for an address below the span): every heap
     /// word access checks this, in the collector's innermost loops.
     #[inline]

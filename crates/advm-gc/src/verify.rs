@@ -68,7 +68,7 @@ pub(crate) fn check(inner: &Inner, alloc: &Alloc, roots: &Roots) -> Result<(), S
                 return Err(format!("object {:#x} slot {i} holds {p:#x}, not an object", h + HDR));
             }
             let slot = h + HDR + 8 * i;
-            if mem.nursery.contains(p) && !mem.nursery.contains(slot) && !inner.remembered.holds(slot) {
+            if mem.nursery.contains_object(p) && !mem.nursery.contains(slot) && !inner.remembered.holds(slot) {
                 return Err(format!("old object {:#x} slot {i} points into the nursery unremembered", h + HDR));
             }
         }
@@ -76,7 +76,14 @@ pub(crate) fn check(inner: &Inner, alloc: &Alloc, roots: &Roots) -> Result<(), S
     for s in &roots.stacks {
         for &p in crate::heap::lock(s).iter() {
             if !valid(p) {
-                return Err(format!("a root holds {p:#x}, not an object"));
+                return Err(format!(
+                    "a root holds {p:#x}, not an object (small space [{:#x}, {:#x}), nursery [{:#x}, {:#x}), {} large)",
+                    alloc.small_bottom,
+                    alloc.small_top,
+                    mem.nursery.base,
+                    alloc.nursery_top,
+                    alloc.large.len()
+                ));
             }
         }
     }
