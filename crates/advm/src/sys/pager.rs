@@ -251,16 +251,18 @@ pub fn move_pages(
         Ok(bytes) => Ok(bytes),
         Err(mut partial) => {
             // Linux 6.18 (measured here, tests/pager.rs `a_move_racing_write_protection_
-            // is_counted_where_the_page_went`): a move racing UFFDIO_WRITEPROTECT on its
-            // source page can move the page, retry it internally and report EEXIST with
-            // nothing moved. Where the page went is read from the page tables, so the
-            // caller never takes a page sitting at the destination for one still in place.
-            let next = partial.done / page_size();
-            if next < n && !src.mapped(src_page + next) && dst.mapped(dst_page + next) {
+            // is_counted_where_the_page_went`): a move racing UFFDIO_WRITEPROTECT on a
+            // source page can move that page (and the present pages after it, moved as
+            // one batch), retry it internally and report EEXIST with those pages not
+            // counted. Where the pages went is read from the page tables, so the caller
+            // never takes a page sitting at the destination for one still in place.
+            let mut next = partial.done / page_size();
+            while next < n && !src.mapped(src_page + next) && dst.mapped(dst_page + next) {
                 partial.done += page_size();
-                if next + 1 == n {
-                    return Ok(partial.done);
-                }
+                next += 1;
+            }
+            if next == n {
+                return Ok(partial.done);
             }
             Err(partial)
         }
