@@ -28,7 +28,7 @@ use advm::remap::{Batch, Choice, Options};
 use crossbeam_deque::{Injector, Stealer, Worker};
 
 use crate::heap::{large_align, lock, nptrs_of, size_of, Alloc, Inner, ALIGN, HDR, MARK};
-use crate::raw::Mem;
+use crate::raw::{Mem, Span};
 use crate::stats::Collection;
 use crate::{Engine, Error, Result};
 
@@ -278,13 +278,6 @@ fn units(starts: &[usize], top: usize) -> Vec<(usize, usize)> {
     out
 }
 
-/// Whether the object at pointer `p` lies in the dense prefix `stay` (a range of
-/// headers): by its header, since an object with no slots and no bytes is a bare
-/// header, and its pointer is the next object's header (or the prefix's end).
-fn stays(stay: (usize, usize), p: usize) -> bool {
-    p - HDR >= stay.0 && p - HDR < stay.1
-}
-
 /// Rewrites pointer slots to their targets' new addresses (header word 1). Each
 /// target's forwarding word is prefetched when its slot is read and used [`PREFETCH`]
 /// slots later: the targets of a shuffled list lie anywhere, and waiting for each one
@@ -292,7 +285,7 @@ fn stays(stay: (usize, usize), p: usize) -> bool {
 struct Adjust<'m> {
     mem: &'m Mem,
     /// The dense prefix: its objects keep their place and have no forwarding word.
-    stay: (usize, usize),
+    stay: Span,
     /// (slot, its target) read but not yet rewritten, oldest at `head`.
     queue: [(usize, usize); PREFETCH],
     head: usize,
@@ -300,7 +293,7 @@ struct Adjust<'m> {
 }
 
 impl<'m> Adjust<'m> {
-    fn new(mem: &'m Mem, stay: (usize, usize)) -> Self {
+    fn new(mem: &'m Mem, stay: Span) -> Self {
         Adjust { mem, stay, queue: [(0, 0); PREFETCH], head: 0, len: 0 }
     }
 
@@ -309,7 +302,7 @@ impl<'m> Adjust<'m> {
         for i in 0..nptrs_of(h0) {
             let slot = h + HDR + 8 * i;
             let p = self.mem.load(slot);
-            if p == 0 || stays(self.stay, p) {
+            if p == 0 || self.stay.contains_object(p) {
                 continue;
             }
             self.mem.prefetch(p - HDR + 8);
@@ -409,7 +402,7 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
             break;
         }
     }
-    let stay = (alloc.small_bottom, in_place);
+    let stay = Span { base: alloc.small_bottom, end: in_place };
     c.bytes_in_place = (in_place - alloc.small_bottom) as u64;
     let recorded = par_map(us.len(), threads, |k| {
         let (s, e) = us[k];
@@ -456,7 +449,7 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
         a.object(h, mem.load(h));
     }
     a.finish();
-    let fwd = |p: usize| if p == 0 || stays(stay, p) { p } else { mem.load(p - HDR + 8) };
+    let fwd = |p: usize| if p == 0 || stay.contains_object(p) { p } else { mem.load(p - HDR + 8) };
     for s in stacks.iter_mut() {
         for v in s.iter_mut() {
             *v = fwd(*v);
