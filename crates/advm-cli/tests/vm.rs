@@ -146,6 +146,19 @@ fn built_guest() -> Option<PathBuf> {
 }
 
 /// One HTTP GET to the guest's forwarded port: the body.
+/// The service's port in `advm vm run`'s ready line (`ready: http://127.0.0.1:PORT/`).
+fn port_of(ready: &str) -> u16 {
+    ready.split("127.0.0.1:").nth(1).and_then(|r| r.split('/').next()).unwrap().parse().unwrap()
+}
+
+/// Fails the test with `what` and the rest of the VM's stderr, once it has ended.
+fn give_up(vm: &mut std::process::Child, err: &mut impl Read, what: &str) -> ! {
+    let mut e = String::new();
+    let _ = err.read_to_string(&mut e);
+    let _ = vm.wait();
+    panic!("{what}{e}");
+}
+
 fn get(port: u16, path: &str) -> String {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     write!(s, "GET {path} HTTP/1.0\r\n\r\n").unwrap();
@@ -171,12 +184,9 @@ fn a_pmem_guest_boots_under_the_emulator_with_a_read_only_root_on_dax_no_page_ca
     BufReader::new(vm.stdout.take().unwrap()).read_line(&mut ready).unwrap();
     let mut err = BufReader::new(vm.stderr.take().unwrap());
     if !ready.starts_with("ready:") {
-        let mut e = String::new();
-        let _ = err.read_to_string(&mut e);
-        let _ = vm.wait();
-        panic!("the guest did not come up: {ready}{e}");
+        give_up(&mut vm, &mut err, &format!("the guest did not come up: {ready}"));
     }
-    let port: u16 = ready.split("127.0.0.1:").nth(1).and_then(|r| r.split('/').next()).unwrap().parse().unwrap();
+    let port = port_of(&ready);
     let meminfo = get(port, "/meminfo");
     // `console: PATH; dump with ...` follows the ready line on stderr.
     let mut line = String::new();
@@ -240,13 +250,10 @@ fn a_merged_pmem_guest_maps_its_ram_from_the_store_and_keeps_answering() {
     out.read_line(&mut merged).unwrap();
     let mut err = BufReader::new(vm.stderr.take().unwrap());
     if !merged.starts_with("merged: ") {
-        let mut e = String::new();
-        let _ = err.read_to_string(&mut e);
-        let _ = vm.wait();
-        panic!("no merge: {ready}{merged}{e}");
+        give_up(&mut vm, &mut err, &format!("no merge: {ready}{merged}"));
     }
     let m: serde_json::Value = serde_json::from_str(&merged["merged: ".len()..]).unwrap();
-    let port: u16 = ready.split("127.0.0.1:").nth(1).and_then(|r| r.split('/').next()).unwrap().parse().unwrap();
+    let port = port_of(&ready);
     let mut line = String::new();
     while !line.starts_with("console: ") {
         line.clear();
