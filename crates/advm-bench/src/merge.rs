@@ -150,6 +150,28 @@ impl Drop for Daemon {
     }
 }
 
+impl Daemon {
+    /// Starts `advm daemon` on `sock` (in `group` when given) and waits up to 10 s
+    /// for it to listen.
+    fn start(sock: &Path, group: Option<&Group>) -> Result<Self, BenchError> {
+        let exe = std::env::current_exe().map_err(|e| io("current exe", e))?;
+        let mut cmd = Command::new(exe);
+        cmd.args(["daemon", "--socket"]).arg(sock).stderr(Stdio::null());
+        if let Some(g) = group {
+            g.join_at_exec(&mut cmd)?;
+        }
+        let d = Daemon(cmd.spawn().map_err(|e| io("advm daemon", e))?);
+        let t = Instant::now();
+        while std::os::unix::net::UnixStream::connect(sock).is_err() {
+            if t.elapsed() > Duration::from_secs(10) {
+                return Err(BenchError::Usage("advm daemon did not start listening in 10 s".into()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(d)
+    }
+}
+
 fn run_one(
     py: &Path,
     models: &Path,
@@ -162,19 +184,8 @@ fn run_one(
     let sock = bench_dir().join(format!("advmd-{}.sock", std::process::id()));
     let mut pids: Vec<i32> = Vec::new();
     let daemon = if matches!(method, Method::Merge | Method::RunMerge) {
-        let exe = std::env::current_exe().map_err(|e| io("current exe", e))?;
-        let mut cmd = Command::new(exe);
-        cmd.args(["daemon", "--socket"]).arg(&sock).stderr(Stdio::null());
-        group.join_at_exec(&mut cmd)?;
-        let d = Daemon(cmd.spawn().map_err(|e| io("advm daemon", e))?);
+        let d = Daemon::start(&sock, Some(&group))?;
         pids.push(d.0.id() as i32);
-        let t = Instant::now();
-        while std::os::unix::net::UnixStream::connect(&sock).is_err() {
-            if t.elapsed() > Duration::from_secs(10) {
-                return Err(BenchError::Usage("advm daemon did not start listening in 10 s".into()));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
         Some(d)
     } else {
         None
@@ -464,23 +475,8 @@ fn throughput_rows(opts: &BenchOpts, report: &mut Report) -> Result<(), BenchErr
     let mut local = advm::merge::Client::local(4 << 30, "bench: the process's own store")?;
     let own = throughput(&mut local, None, None, mib, runs)?;
     let sock = bench_dir().join(format!("advmd-tp-{}.sock", std::process::id()));
-    let exe = std::env::current_exe().map_err(|e| io("current exe", e))?;
-    let daemon_proc = Daemon(
-        Command::new(exe)
-            .args(["daemon", "--socket"])
-            .arg(&sock)
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| io("advm daemon", e))?,
-    );
-    let t = Instant::now();
-    let mut daemon = loop {
-        match advm::merge::Client::connect(&sock, "") {
-            Ok(c) => break c,
-            Err(_) if t.elapsed() < Duration::from_secs(10) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(e.into()),
-        }
-    };
+    let daemon_proc = Daemon::start(&sock, None)?;
+    let mut daemon = advm::merge::Client::connect(&sock, "")?;
     let mut other = advm::merge::Client::connect(&sock, "")?;
     let via_daemon = throughput(&mut daemon, Some(&mut other), Some(daemon_proc.0.id()), mib, runs)?;
     let _ = std::fs::remove_file(&sock);
@@ -518,20 +514,9 @@ fn charging_rows(mib: usize, report: &mut Report) -> Result<(), BenchError> {
         }
     };
     let sock = bench_dir().join(format!("advmd-charge-{}.sock", std::process::id()));
-    let exe = std::env::current_exe().map_err(|e| io("current exe", e))?;
-    let mut cmd = Command::new(exe);
-    cmd.args(["daemon", "--socket"]).arg(&sock).stderr(Stdio::null());
-    daemon_group.join_at_exec(&mut cmd)?;
-    let daemon = Daemon(cmd.spawn().map_err(|e| io("advm daemon", e))?);
+    let daemon = Daemon::start(&sock, Some(&daemon_group))?;
+    let mut holder = advm::merge::Client::connect(&sock, "")?;
     let daemon_pid = daemon.0.id() as i32;
-    let t = Instant::now();
-    let mut holder = loop {
-        match advm::merge::Client::connect(&sock, "") {
-            Ok(c) => break c,
-            Err(_) if t.elapsed() < Duration::from_secs(10) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(e.into()),
-        }
-    };
     let mib_of = |b: u64| b as f64 / (1 << 20) as f64;
     let daemon_now = || -> Result<(u64, u64), BenchError> {
         Ok((st::measure(&[daemon_pid], Options::default())?.anon_shmem_bytes, daemon_group.usage()?.anon_shmem_bytes()))
