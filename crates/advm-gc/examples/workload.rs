@@ -39,7 +39,7 @@ fn main() -> Result<(), advm_gc::Error> {
     let s = h.stats();
     for c in &s.history {
         println!(
-            "{:5} pause {:7.3} ms  stop {:.3} mark {:.3} fwd {:.3} adj {:.3} move {:.3} (large {:.3})  live {} objs, {} KiB after, {} KiB in place, {} KiB as pages",
+            "{:5} pause {:7.3} ms  stop {:.3} mark {:.3} fwd {:.3} adj {:.3} move {:.3} (large {:.3})  live {} objs, {} KiB after, {} KiB in place, {} KiB as pages, {} KiB parked",
             c.kind,
             ms(c.pause_ns),
             ms(c.stop_ns),
@@ -51,7 +51,8 @@ fn main() -> Result<(), advm_gc::Error> {
             c.live_objects,
             c.heap_after >> 10,
             c.bytes_in_place >> 10,
-            c.bytes_remap >> 10
+            c.bytes_remap >> 10,
+            c.bytes_parked >> 10
         );
     }
     let max = s.history.iter().map(|c| c.pause_ns).max().unwrap_or(0);
