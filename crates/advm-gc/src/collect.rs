@@ -908,4 +908,64 @@ mod tests {
             "nothing left parked"
         );
     }
+
+    #[test]
+    fn random_large_objects_survive_repeated_collections_with_parked_dead_pages() {
+        if !advm::remap::uffd_move_available() {
+            eprintln!("skipped: no UFFDIO_MOVE here");
+            return;
+        }
+        let ps = page_size();
+        for seed in 1..=6u64 {
+            let mut c = Config::new(32 << 20);
+            c.large_object_bytes = Some(4 * ps);
+            c.verify = true;
+            let mut heap = Heap::with_config(c).unwrap();
+            {
+                let inner = std::sync::Arc::get_mut(&mut heap.inner).expect("no mutator yet");
+                inner.break_even = (8, usize::MAX);
+                inner.move_costs = Some(pages_win());
+            }
+            let mut m = heap.attach();
+            let mut rng = seed;
+            let mut next = move || {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng
+            };
+            // (root, length, fill byte) of the live objects
+            let mut live: Vec<(usize, usize, u8)> = Vec::new();
+            let mut parked = 0;
+            for round in 0..12 {
+                for _ in 0..6 {
+                    let n = (4 + next() as usize % 60) * ps - HDR - (next() as usize % 3) * 8;
+                    let fill = next() as u8;
+                    let o = m.alloc(0, n).unwrap();
+                    m.write_bytes(o, 0, &vec![fill; n]);
+                    if next() % 3 != 0 {
+                        live.push((m.push_root(Some(o)), n, fill));
+                    }
+                }
+                // drop some of the older ones
+                for l in live.iter_mut() {
+                    if next() % 4 == 0 {
+                        m.set_root(l.0, None);
+                        l.1 = 0;
+                    }
+                }
+                live.retain(|l| l.1 > 0);
+                let c = m.collect().unwrap();
+                parked += c.bytes_parked;
+                for &(r, n, fill) in &live {
+                    let mut got = vec![0u8; n];
+                    m.read_bytes(m.root(r).unwrap(), 0, &mut got);
+                    assert!(got.iter().all(|&b| b == fill), "seed {seed} round {round}");
+                }
+                let end = heap.inner.mem.large.end;
+                assert_eq!(present_pages(end, end + (4 << 20)), 0, "nothing left parked");
+            }
+            assert!(parked > 0, "seed {seed}: no collection parked dead pages");
+        }
+    }
 }
