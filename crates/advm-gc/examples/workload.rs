@@ -2,7 +2,7 @@
 //! phases, for profiling: `cargo run --release -p advm-gc --example workload -- gcbench 8.4 [quick] [threads]
 //! [gen|gen-copy-back]` (THREADS: that many GC threads whatever the heap's size; the last:
 //! generational, the modified policy with `mem_lim` the heap, as `advm bench gc` runs it,
-//! drifting or with copy-back).
+//! drifting or with copy-back). `ADVM_GC_ENGINE=memmove` picks the engine.
 
 use advm_gc::{Config, Generational, Heap, Policy};
 
@@ -26,6 +26,9 @@ fn main() -> Result<(), advm_gc::Error> {
         let policy = Policy::Modified { mem_lim: heap, min_new_size: heap / 8, min_old_incr: heap / 4 };
         c.generational = Some(Generational { policy, copy_back: g == "gen-copy-back" });
     }
+    if let Ok(e) = std::env::var("ADVM_GC_ENGINE") {
+        c.engine = e.parse()?;
+    }
     let h = Heap::with_config(c)?;
     let mut m = h.attach();
     let t = std::time::Instant::now();
@@ -36,7 +39,7 @@ fn main() -> Result<(), advm_gc::Error> {
     let s = h.stats();
     for c in &s.history {
         println!(
-            "{:5} pause {:7.3} ms  stop {:.3} mark {:.3} fwd {:.3} adj {:.3} move {:.3}  live {} objs, {} KiB after, {} KiB in place",
+            "{:5} pause {:7.3} ms  stop {:.3} mark {:.3} fwd {:.3} adj {:.3} move {:.3} (large {:.3})  live {} objs, {} KiB after, {} KiB in place, {} KiB as pages, {} KiB parked",
             c.kind,
             ms(c.pause_ns),
             ms(c.stop_ns),
@@ -44,9 +47,12 @@ fn main() -> Result<(), advm_gc::Error> {
             ms(c.forward_ns),
             ms(c.adjust_ns),
             ms(c.move_ns),
+            ms(c.move_large_ns),
             c.live_objects,
             c.heap_after >> 10,
-            c.bytes_in_place >> 10
+            c.bytes_in_place >> 10,
+            c.bytes_remap >> 10,
+            c.bytes_parked >> 10
         );
     }
     let max = s.history.iter().map(|c| c.pause_ns).max().unwrap_or(0);

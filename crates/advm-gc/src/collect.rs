@@ -38,24 +38,6 @@ const UNIT: usize = 256 << 10;
 /// collection's units.
 pub(crate) const GRANULE: usize = 64 << 10;
 
-/// True when `[s, e)` lies inside the union of `vacated` (ascending, disjoint).
-fn covered(vacated: &[(usize, usize)], s: usize, e: usize) -> bool {
-    let mut at = s;
-    for &(vs, ve) in vacated {
-        if ve <= at {
-            continue;
-        }
-        if vs > at {
-            return false;
-        }
-        at = ve;
-        if at >= e {
-            return true;
-        }
-    }
-    at >= e
-}
-
 /// Runs `f(i)` for every `i < n` on up to `threads` threads; results in order.
 fn par_map<T: Send, F: Fn(usize) -> T + Sync>(n: usize, threads: usize, f: F) -> Vec<T> {
     let threads = threads.min(n).max(1);
@@ -199,48 +181,55 @@ fn mark_alone(mem: &Mem, marks: &MarkMap, roots: &[usize]) -> u64 {
 }
 
 /// Marks everything reachable from `roots`; returns the number of live objects.
+/// Threads share work through work-stealing deques. No counter is touched per object:
+/// a thread counts its own objects, and termination is an idle count that a thread
+/// raises only when it found no work anywhere (its own deque is empty then, and an
+/// idle thread pushes nothing), lowers before stealing again, and that ends the
+/// phase when it reaches the number of threads (every deque empty, nobody scanning).
 fn mark(mem: &Mem, marks: &MarkMap, roots: &[usize], threads: usize) -> u64 {
     if threads == 1 {
         return mark_alone(mem, marks, roots);
     }
     let injector = Injector::new();
-    let pending = AtomicUsize::new(0);
-    let live = AtomicU64::new(0);
     for &r in roots {
         if r != 0 && marks.mark(mem, r - HDR) {
-            pending.fetch_add(1, Ordering::SeqCst);
             injector.push(r);
         }
     }
+    let idle = AtomicUsize::new(0);
+    let live = AtomicU64::new(0);
     let workers: Vec<Worker<usize>> = (0..threads).map(|_| Worker::new_lifo()).collect();
     let stealers: Vec<Stealer<usize>> = workers.iter().map(|w| w.stealer()).collect();
+    let steal = |w: &Worker<usize>| {
+        std::iter::repeat_with(|| {
+            injector.steal_batch_and_pop(w).or_else(|| stealers.iter().map(|s| s.steal_batch_and_pop(w)).collect())
+        })
+        .find(|s| !s.is_retry())
+        .and_then(|s| s.success())
+    };
     let run = |w: Worker<usize>| {
         let mut n = 0u64;
-        loop {
-            let task = w.pop().or_else(|| {
-                std::iter::repeat_with(|| {
-                    injector.steal_batch_and_pop(&w).or_else(|| stealers.iter().map(|s| s.steal()).collect())
-                })
-                .find(|s| !s.is_retry())
-                .and_then(|s| s.success())
-            });
-            match task {
-                Some(o) => {
-                    n += 1;
-                    let k = nptrs_of(mem.load(o - HDR));
-                    for i in 0..k {
-                        let p = mem.load(o + 8 * i);
-                        if p != 0 && marks.mark(mem, p - HDR) {
-                            pending.fetch_add(1, Ordering::SeqCst);
-                            w.push(p);
-                        }
+        'work: loop {
+            while let Some(o) = w.pop().or_else(|| steal(&w)) {
+                n += 1;
+                for i in 0..nptrs_of(mem.load(o - HDR)) {
+                    let p = mem.load(o + 8 * i);
+                    if p != 0 && marks.mark(mem, p - HDR) {
+                        w.push(p);
                     }
-                    // Children are counted before this object is done, so zero pending
-                    // means no object anywhere waits to be scanned.
-                    pending.fetch_sub(1, Ordering::SeqCst);
                 }
-                None if pending.load(Ordering::SeqCst) == 0 => break,
-                None => std::thread::yield_now(),
+            }
+            idle.fetch_add(1, Ordering::SeqCst);
+            loop {
+                if idle.load(Ordering::SeqCst) == threads {
+                    break 'work;
+                }
+                if !injector.is_empty() || stealers.iter().any(|s| !s.is_empty()) {
+                    idle.fetch_sub(1, Ordering::SeqCst);
+                    continue 'work;
+                }
+                std::hint::spin_loop();
+                std::thread::yield_now();
             }
         }
         live.fetch_add(n, Ordering::Relaxed);
@@ -326,6 +315,181 @@ impl<'m> Adjust<'m> {
         while self.len > 0 {
             self.rewrite_oldest();
         }
+    }
+}
+
+/// The measured costs of moving one large object (microseconds), from
+/// `advm::remap`'s break-even measurement.
+#[derive(Debug, Clone)]
+pub(crate) struct MoveCosts {
+    /// (pages, memmove, batch of page moves) per object sliding into space the one
+    /// before it vacated, ascending by pages (`BreakEven::compaction`).
+    points: Vec<(usize, f64, f64)>,
+    /// Per page of a destination that holds pages: freeing it before a page move
+    /// (`MADV_DONTNEED`); also what a copy into emptied space pays per page to fault
+    /// it in again.
+    pub(crate) populated_us_per_page: f64,
+}
+
+impl MoveCosts {
+    /// `None` when the break-even was set rather than measured (no curves).
+    pub(crate) fn from_break_even(be: &advm::remap::BreakEven) -> Option<Self> {
+        let points: Vec<_> = be.compaction.iter().map(|p| (p.pages, p.memmove_us, p.batch_us)).collect();
+        // The largest point of the single-move curve measured both ways: the extra a
+        // populated destination costs, per page.
+        let last = be.curve.iter().rev().find(|p| p.uffd_move_populated_us > 0.0 && p.uffd_move_us > 0.0)?;
+        let populated_us_per_page = ((last.uffd_move_populated_us - last.uffd_move_us) / last.pages as f64).max(0.0);
+        (!points.is_empty()).then_some(MoveCosts { points, populated_us_per_page })
+    }
+
+    /// (memmove, page move) of an object of `pages` pages. memmove: `pages` times the
+    /// median per-page rate of the measured sizes (a copy costs in proportion to its
+    /// length; one slow point of a measurement on a busy machine, such as 1.4 µs a page
+    /// at 511 pages against 0.35-0.43 at the others, must not make every object near
+    /// it look expensive to copy). Page moves: interpolated between the measured sizes
+    /// (a call's fixed cost fades with the size), in proportion outside them.
+    fn at(&self, pages: usize) -> (f64, f64) {
+        let p = &self.points;
+        let mut rates: Vec<f64> = p.iter().map(|q| q.1 / q.0.max(1) as f64).collect();
+        rates.sort_by(f64::total_cmp);
+        let copy = pages as f64 * rates[rates.len() / 2];
+        let i = p.partition_point(|q| q.0 < pages);
+        let scaled = |q: (usize, f64, f64)| q.2 * pages as f64 / q.0.max(1) as f64;
+        let remap = if i == 0 {
+            scaled(p[0])
+        } else if i == p.len() {
+            scaled(p[i - 1])
+        } else {
+            let (a, b) = (p[i - 1], p[i]);
+            a.2 + (pages - a.0) as f64 / (b.0 - a.0) as f64 * (b.2 - a.2)
+        };
+        (copy, remap)
+    }
+}
+
+/// The parts of `[s, e)` outside the union of `vacated` (ascending, disjoint).
+fn uncovered(vacated: &[(usize, usize)], s: usize, e: usize) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut at = s;
+    for &(vs, ve) in &vacated[vacated.partition_point(|v| v.1 <= s)..] {
+        if vs >= e {
+            break;
+        }
+        if vs > at {
+            out.push((at, vs));
+        }
+        at = at.max(ve);
+    }
+    if at < e {
+        out.push((at, e));
+    }
+    out
+}
+
+/// How a compaction moves its large objects.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct LargePlan {
+    /// Per move: as pages (else copied).
+    pub(crate) as_pages: Vec<bool>,
+    /// (move, start, end): dead pages under that move's destination, parked (moved
+    /// above the large space) before the move and put back into `tail` after all of
+    /// them, so the heap keeps its pages as with memmove instead of freeing them and
+    /// faulting them in again at the next allocations.
+    pub(crate) parked: Vec<(usize, usize, usize)>,
+    /// Where the parked pages go: the parts of the freed tail that page moves vacated,
+    /// ascending; at least as long as the parked pages.
+    pub(crate) tail: Vec<(usize, usize)>,
+    /// The measured costs' estimate (µs; 0 without costs).
+    pub(crate) cost_us: f64,
+}
+
+/// One way to move a compaction's large objects (`park`: page moves into space that
+/// holds dead pages park them first). `None` when parking is asked and the vacated
+/// tail cannot take the parked pages back.
+fn plan_page_moves(
+    moves: &[(usize, usize, usize)],
+    (into_vacated, into_populated): (usize, usize),
+    costs: Option<&MoveCosts>,
+    park: bool,
+) -> Option<LargePlan> {
+    let ps = page_size();
+    let pmd = advm::remap::PMD_SIZE;
+    let mut vacated: Vec<(usize, usize)> = Vec::new(); // sources of page moves, ascending
+    let mut plan = LargePlan::default();
+    for (i, &(to, from, len)) in moves.iter().enumerate() {
+        if to == from {
+            plan.as_pages.push(false);
+            continue;
+        }
+        // The part of the destination the object's own old pages do not cover.
+        let (s, e) = (to, (to + len).min(from));
+        let dead = uncovered(&vacated, s, e);
+        let populated: usize = dead.iter().map(|d| d.1 - d.0).sum();
+        let pages = len / ps;
+        let aligned = len % pmd == 0 && to % pmd == 0 && from % pmd == 0;
+        let as_pages = aligned || pages >= if populated == 0 { into_vacated } else { into_populated };
+        if let Some(c) = costs {
+            let (copy, remap) = c.at(pages);
+            plan.cost_us += match (as_pages, park) {
+                // two moves per dead range: out, and back into the tail
+                (true, true) => remap + dead.iter().map(|d| 2.0 * c.at((d.1 - d.0) / ps).1).sum::<f64>(),
+                (true, false) => remap + c.populated_us_per_page * (populated / ps) as f64,
+                (false, _) => copy + c.populated_us_per_page * ((e - s - populated) / ps) as f64,
+            };
+        }
+        if as_pages {
+            if park {
+                plan.parked.extend(dead.iter().map(|d| (i, d.0, d.1)));
+            }
+            // A page-table move into space that still holds pages exchanges them
+            // (mremap): its source then holds the dead pages, and a later move into it
+            // would have to free them. Other page moves leave their source empty.
+            if populated == 0 || park || !aligned {
+                match vacated.last_mut() {
+                    Some(last) if last.1 == from => last.1 = from + len,
+                    _ => vacated.push((from, from + len)),
+                }
+            }
+        }
+        plan.as_pages.push(as_pages);
+    }
+    if park {
+        let new_top = moves.last().map_or(0, |m| m.0 + m.2);
+        plan.tail = vacated.iter().filter(|v| v.1 > new_top).map(|v| (v.0.max(new_top), v.1)).collect();
+        let room: usize = plan.tail.iter().map(|t| t.1 - t.0).sum();
+        if plan.parked.iter().map(|p| p.2 - p.1).sum::<usize>() > room {
+            return None;
+        }
+    }
+    Some(plan)
+}
+
+/// How a compaction's large objects move, chosen for the whole compaction:
+/// 2 MiB-aligned objects as pages always (whole page tables move, whatever the
+/// destination holds); into space earlier page moves of this compaction vacated,
+/// objects at the compaction break-even (measured for a batch of objects sliding into
+/// vacated space, where a UFFDIO_MOVE per object competes with a memmove that streams
+/// through them). Into space that still holds (dead) pages two plans are costed with
+/// the measured curves:
+/// - copy there (the break-even for a populated destination: no size below 2 MiB wins
+///   alone), so the objects after it slide into populated space too;
+/// - move as pages anyway, parking the dead pages above the large space first and
+///   putting them back into the vacated tail at the end (two page moves each, instead
+///   of freeing them inside the pause and faulting them in again at the next
+///   allocations). Every later object of the slide then lands in vacated space.
+///
+/// The cheaper estimate wins, so a compaction moves pages only where its estimate is
+/// below memmove's. Not merged: adjacent objects sliding together would become one
+/// overlapping slide, moved entry by entry, where each aligned object alone is a
+/// page-table move.
+pub(crate) fn page_moves(moves: &[(usize, usize, usize)], be: (usize, usize), costs: Option<&MoveCosts>) -> LargePlan {
+    let copying = plan_page_moves(moves, be, costs, false).expect("a plan that parks nothing");
+    if costs.is_none() || be.1 <= be.0 {
+        return copying;
+    }
+    match plan_page_moves(moves, (be.0, be.0), costs, true) {
+        Some(parking) if parking.cost_us < copying.cost_us => parking,
+        _ => copying,
     }
 }
 
@@ -510,53 +674,55 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
         c.bytes_memmove += b;
     }
     let tl = Instant::now();
-    // Page moves are chosen per object: always for a 2 MiB aligned object (whole page
-    // tables move, whatever the destination holds); otherwise at the machine's
-    // compaction break-even (measured for a batch of objects sliding into vacated
-    // space, which is where a UFFDIO_MOVE per object competes with a memmove that
-    // streams through them) for a destination that earlier page moves of this
-    // compaction vacated, or its break-even for a destination still holding (dead)
-    // pages, which must be freed first. Not merged:
-    // adjacent objects sliding together would become one overlapping slide, moved
-    // entry by entry, where each aligned object alone is a page-table move.
+    // Which objects move as pages: see `page_moves`.
     let mut batch = Batch::with_options(Options { engine: Choice::Auto, break_even_pages: Some(0), coalesce: false });
-    let ps = page_size();
-    let pmd = advm::remap::PMD_SIZE;
-    let mut vacated: Vec<(usize, usize)> = Vec::new(); // sources of page moves, ascending
+    let plan = if engine == Engine::Remap {
+        page_moves(&large_moves, inner.break_even, inner.move_costs.as_ref())
+    } else {
+        LargePlan { as_pages: vec![false; large_moves.len()], ..Default::default() }
+    };
     let (mut by_pages, mut by_copy) = (0u64, 0u64);
-    for &(to, from, len) in &large_moves {
+    // Parked dead pages: above the large space (its region is twice as long), in order.
+    let mut parking = mem.large.end;
+    let mut parked = plan.parked.iter().peekable();
+    let mut stash: Vec<(usize, usize)> = Vec::new();
+    for (i, (&(to, from, len), &pages)) in large_moves.iter().zip(&plan.as_pages).enumerate() {
+        while let Some(&&(_, s, e)) = parked.peek().filter(|p| p.0 == i) {
+            batch.push_move(HostAddr(parking), HostAddr(s), e - s);
+            stash.push((parking, e - s));
+            parking += e - s;
+            parked.next();
+        }
         if to == from {
             continue;
         }
-        // The part of the destination the object's own old pages do not cover.
-        let (s, e) = (to, (to + len).min(from));
-        let empty = covered(&vacated, s, e);
-        let pages = len / ps;
-        let aligned = len % pmd == 0 && to % pmd == 0 && from % pmd == 0;
-        let remap = engine == Engine::Remap
-            && (aligned || pages >= if empty { inner.break_even.0 } else { inner.break_even.1 });
-        if remap {
+        if pages {
             batch.push_move(HostAddr(to), HostAddr(from), len);
             by_pages += 1;
-            // A page-table move into space that still holds pages exchanges them
-            // (mremap): its source then holds the dead pages, and a later move into it
-            // would have to free them. Other page moves leave their source empty.
-            if empty || !aligned {
-                match vacated.last_mut() {
-                    Some(last) if last.1 == from => last.1 = from + len,
-                    _ => vacated.push((from, from + len)),
-                }
-            }
         } else {
             batch.push_move_by_copy(HostAddr(to), HostAddr(from), len);
             by_copy += 1;
+        }
+    }
+    // The parked pages go back into the vacated tail (page_moves made sure it has room).
+    let mut tail = plan.tail.iter().copied();
+    let mut room = (0, 0);
+    for (mut at, mut len) in stash {
+        while len > 0 {
+            if room.0 == room.1 {
+                room = tail.next().expect("page_moves left room in the tail for every parked page");
+            }
+            let n = len.min(room.1 - room.0);
+            batch.push_move(HostAddr(room.0), HostAddr(at), n);
+            (room.0, at, len) = (room.0 + n, at + n, len - n);
         }
     }
     if !batch.is_empty() {
         match lock(&inner.large_region).as_mut() {
             Some(region) => {
                 let out = region.run(&batch)?;
-                c.bytes_remap = (out.uffd_move_bytes + out.mremap_bytes) as u64;
+                c.bytes_parked = plan.parked.iter().map(|p| (p.2 - p.1) as u64).sum();
+                c.bytes_remap = (out.uffd_move_bytes + out.mremap_bytes) as u64 - 2 * c.bytes_parked;
                 c.bytes_memmove += out.memmove_bytes as u64;
                 c.objects_remap = by_pages;
                 c.objects_memmove += by_copy;
@@ -626,4 +792,180 @@ fn free_tails(inner: &Inner, alloc: &Alloc, (old_b, old_t): (usize, usize), old_
         }
     }
     Ok(freed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Config, Heap, Mutator};
+
+    /// Costs under which page moves win at every size, and freeing a page costs a
+    /// microsecond.
+    fn pages_win() -> MoveCosts {
+        MoveCosts { points: vec![(1, 1.0, 0.9), (512, 512.0, 60.0)], populated_us_per_page: 1.0 }
+    }
+
+    fn memmove_wins() -> MoveCosts {
+        MoveCosts { points: vec![(1, 0.1, 2.0), (512, 50.0, 200.0)], populated_us_per_page: 1.0 }
+    }
+
+    #[test]
+    fn a_slide_over_a_dead_object_is_costed_as_a_whole_and_parks_the_dead_pages_in_the_tail() {
+        let ps = page_size();
+        let p = |n: usize| 0x1000_0000 + n * ps;
+        // [dead 4][live 4][live 4] -> both live objects slide down by 4 pages.
+        let moves = [(p(0), p(4), 4 * ps), (p(4), p(8), 4 * ps)];
+        // Copying into the dead object's place would leave every later object populated
+        // space: the whole slide is copied.
+        let copy = page_moves(&moves, (1, usize::MAX), Some(&memmove_wins()));
+        assert_eq!(copy.as_pages, [false, false]);
+        assert!(copy.parked.is_empty());
+        // Where pages win, the first move parks the dead pages under its destination,
+        // the second lands in the space the first vacated, and the parked pages go to
+        // the vacated tail.
+        let pages = page_moves(&moves, (1, usize::MAX), Some(&pages_win()));
+        assert_eq!(pages.as_pages, [true, true]);
+        assert_eq!(pages.parked, [(0, p(0), p(4))]);
+        assert_eq!(pages.tail, [(p(8), p(12))]);
+        // Without measured costs (a break-even set by hand) each object decides alone.
+        let alone = page_moves(&moves, (1, usize::MAX), None);
+        assert_eq!(alone.as_pages, [false, false]);
+    }
+
+    #[test]
+    fn parking_is_not_chosen_when_the_vacated_tail_cannot_take_the_dead_pages_back() {
+        let ps = page_size();
+        let p = |n: usize| 0x1000_0000 + n * ps;
+        // [dead 4][live 4][live 2 (below the break-even: copied)]: the first object parks
+        // 4 dead pages, the second is copied into 2 of the pages the first vacated, and
+        // the vacated tail keeps only 2 pages.
+        let moves = [(p(0), p(4), 4 * ps), (p(4), p(8), 2 * ps)];
+        let plan = page_moves(&moves, (3, usize::MAX), Some(&pages_win()));
+        assert!(plan.parked.is_empty(), "{plan:?}");
+    }
+
+    /// Pages of `[start, end)` present in this process (pagemap bit 63).
+    fn present_pages(start: usize, end: usize) -> usize {
+        use std::io::{Read, Seek, SeekFrom};
+        let ps = page_size();
+        let mut f = std::fs::File::open("/proc/self/pagemap").unwrap();
+        f.seek(SeekFrom::Start((start / ps * 8) as u64)).unwrap();
+        let mut buf = vec![0u8; (end - start) / ps * 8];
+        f.read_exact(&mut buf).unwrap();
+        buf.chunks(8).filter(|c| c[7] >> 7 == 1).count()
+    }
+
+    #[test]
+    fn large_objects_sliding_over_a_dead_one_move_as_pages_and_the_heap_keeps_the_dead_pages() {
+        if !advm::remap::uffd_move_available() {
+            eprintln!("skipped: no UFFDIO_MOVE here");
+            return;
+        }
+        let ps = page_size();
+        let mut c = Config::new(64 << 20);
+        c.large_object_bytes = Some(16 * ps);
+        c.verify = true;
+        let mut heap = Heap::with_config(c).unwrap();
+        {
+            let inner = std::sync::Arc::get_mut(&mut heap.inner).expect("no mutator yet");
+            // Copy into populated space when deciding alone; pages win as a whole.
+            inner.break_even = (1, usize::MAX);
+            inner.move_costs = Some(pages_win());
+        }
+        let base = heap.inner.mem.large.base;
+        let mut m = heap.attach();
+        let n = 32 * ps - HDR; // 32 pages with the header
+        let fill = |m: &mut Mutator, o, seed: u8| {
+            let bytes: Vec<u8> = (0..n).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect();
+            m.write_bytes(o, 0, &bytes);
+        };
+        let dead = m.alloc(0, n).unwrap();
+        fill(&mut m, dead, 0xff);
+        let mut roots = Vec::new();
+        for k in 0..6u8 {
+            let o = m.alloc(0, n).unwrap();
+            fill(&mut m, o, k);
+            roots.push(m.push_root(Some(o)));
+        }
+        assert_eq!(present_pages(base, base + 7 * 32 * ps), 7 * 32);
+        let c = m.collect().unwrap();
+        assert_eq!(c.objects_remap, 6, "every survivor moved as pages: {c:?}");
+        assert_eq!((c.bytes_remap, c.bytes_parked), (6 * 32 * ps as u64, 32 * ps as u64), "{c:?}");
+        for (k, &r) in roots.iter().enumerate() {
+            let o = m.root(r).unwrap();
+            assert_eq!(o.addr(), base + k * 32 * ps + HDR);
+            let mut got = vec![0u8; n];
+            m.read_bytes(o, 0, &mut got);
+            assert!(got.iter().enumerate().all(|(i, &b)| b == (i as u8).wrapping_mul(31) ^ k as u8), "object {k}");
+        }
+        // The dead object's pages were parked and put back in the freed tail: the heap
+        // still holds all 7 objects' pages, as memmove would have left it.
+        assert_eq!(present_pages(base, base + 7 * 32 * ps), 7 * 32, "{c:?}");
+        assert_eq!(present_pages(base + 7 * 32 * ps, base + 14 * 32 * ps), 0);
+        assert_eq!(
+            present_pages(heap.inner.mem.large.end, heap.inner.mem.large.end + 32 * ps),
+            0,
+            "nothing left parked"
+        );
+    }
+
+    #[test]
+    fn random_large_objects_survive_repeated_collections_with_parked_dead_pages() {
+        if !advm::remap::uffd_move_available() {
+            eprintln!("skipped: no UFFDIO_MOVE here");
+            return;
+        }
+        let ps = page_size();
+        for seed in 1..=6u64 {
+            let mut c = Config::new(32 << 20);
+            c.large_object_bytes = Some(4 * ps);
+            c.verify = true;
+            let mut heap = Heap::with_config(c).unwrap();
+            {
+                let inner = std::sync::Arc::get_mut(&mut heap.inner).expect("no mutator yet");
+                inner.break_even = (8, usize::MAX);
+                inner.move_costs = Some(pages_win());
+            }
+            let mut m = heap.attach();
+            let mut rng = seed;
+            let mut next = move || {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng
+            };
+            // (root, length, fill byte) of the live objects
+            let mut live: Vec<(usize, usize, u8)> = Vec::new();
+            let mut parked = 0;
+            for round in 0..12 {
+                for _ in 0..6 {
+                    let n = (4 + next() as usize % 60) * ps - HDR - (next() as usize % 3) * 8;
+                    let fill = next() as u8;
+                    let o = m.alloc(0, n).unwrap();
+                    m.write_bytes(o, 0, &vec![fill; n]);
+                    if next() % 3 != 0 {
+                        live.push((m.push_root(Some(o)), n, fill));
+                    }
+                }
+                // drop some of the older ones
+                for l in live.iter_mut() {
+                    if next() % 4 == 0 {
+                        m.set_root(l.0, None);
+                        l.1 = 0;
+                    }
+                }
+                live.retain(|l| l.1 > 0);
+                let c = m.collect().unwrap();
+                parked += c.bytes_parked;
+                for &(r, n, fill) in &live {
+                    let mut got = vec![0u8; n];
+                    m.read_bytes(m.root(r).unwrap(), 0, &mut got);
+                    assert!(got.iter().all(|&b| b == fill), "seed {seed} round {round}");
+                }
+                let end = heap.inner.mem.large.end;
+                assert_eq!(present_pages(end, end + (4 << 20)), 0, "nothing left parked");
+            }
+            assert!(parked > 0, "seed {seed}: no collection parked dead pages");
+        }
+    }
 }

@@ -231,6 +231,9 @@ pub(crate) struct Inner {
     /// Remap break-even in pages: into space earlier moves of the compaction's batch
     /// vacated (measured for a batch of sliding objects), into space holding pages.
     pub(crate) break_even: (usize, usize),
+    /// The measured costs of large-object moves, from which each compaction chooses
+    /// its plan (`None` when the break-even was set, not measured).
+    pub(crate) move_costs: Option<crate::collect::MoveCosts>,
     /// Held for its mapping: the small space is only reached through `mem`. `None`
     /// when the old generation drifts (`drift` holds the space then) or when the
     /// spaces are pager regions (the large one too then).
@@ -336,15 +339,21 @@ impl Heap {
                 let drifts = cfg.generational.is_some_and(|g| !g.copy_back);
                 let drift = drifts.then(|| crate::nursery::Drift::new(small_len, len)).transpose()?;
                 let small = (!drifts).then(|| Region::for_remap(small_len)).transpose()?;
-                let large = Region::for_remap(len)?;
+                // The large space's upper half is address space for compaction to park
+                // dead pages in while live objects slide over their place (see
+                // collect::page_moves); objects live in the lower half.
+                let large = Region::for_remap(len.saturating_mul(2))?;
                 let nursery = cfg.generational.map(|_| Region::new(len)).transpose()?;
                 let small_span = match (&small, &drift) {
                     (Some(r), _) => span(r),
                     (None, Some(d)) => d.span(),
                     (None, None) => unreachable!("one of the two is made"),
                 };
-                let mem =
-                    Mem { small: small_span, large: span(&large), nursery: nursery.as_ref().map_or(no_nursery, span) };
+                let mem = Mem {
+                    small: small_span,
+                    large: Span { base: large.addr().0, end: large.addr().0 + len },
+                    nursery: nursery.as_ref().map_or(no_nursery, span),
+                };
                 (small, drift, Some(large), nursery, None, mem)
             }
             // Pager regions: the old generation drifts through the small space's region
@@ -390,6 +399,7 @@ impl Heap {
                     _ => be.pages_populated,
                 },
             ),
+            move_costs: crate::collect::MoveCosts::from_break_even(&be),
             _small_region: small,
             drift,
             large_region: Mutex::new(large),

@@ -37,8 +37,11 @@ pub struct Collection {
     pub bytes_memmove: u64,
     /// Large objects moved by page remapping.
     pub objects_remap: u64,
-    /// Bytes moved by page remapping.
+    /// Bytes of objects moved by page remapping.
     pub bytes_remap: u64,
+    /// Dead pages' bytes that page moves parked out of their objects' way and put back
+    /// into the freed tail (two page moves each; not in `bytes_remap`).
+    pub bytes_parked: u64,
     /// Heap bytes in use before.
     pub heap_before: usize,
     /// Heap bytes in use after (live data, compacted).

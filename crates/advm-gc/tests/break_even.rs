@@ -13,7 +13,7 @@ fn default_large_object_size_is_the_compaction_break_even() {
 }
 
 #[test]
-fn an_object_sliding_into_space_an_exchange_left_holding_dead_pages_is_copied() {
+fn an_object_sliding_into_space_an_exchange_left_holding_dead_pages_is_copied_unless_they_were_parked() {
     let be = advm::remap::break_even();
     let populated_never = be.curve.last().is_some_and(|l| be.pages_populated > l.pages);
     if !advm::remap::uffd_move_available() || be.pages_compaction > 511 || !populated_never {
@@ -33,7 +33,15 @@ fn an_object_sliding_into_space_an_exchange_left_holding_dead_pages_is_copied() 
     m.write_bytes(b, 0, &[7; 64]);
     m.push_root(Some(b));
     let c = m.collect().unwrap();
-    assert_eq!((c.objects_remap, c.bytes_remap), (1, 2 << 20), "only the aligned object moved as pages: {c:?}");
+    // Two plans (the measured costs choose): b is copied (its destination holds the
+    // dead pages the exchange left), or the dead object's pages are parked first, a
+    // moves into emptied space, leaving its source vacated, and b follows as pages.
+    if c.bytes_parked == 0 {
+        assert_eq!((c.objects_remap, c.bytes_remap), (1, 2 << 20), "only the aligned object moved as pages: {c:?}");
+    } else {
+        assert_eq!(c.bytes_parked, 2 << 20, "{c:?}");
+        assert_eq!((c.objects_remap, c.bytes_remap), (2, (2 << 20) + 511 * 4096), "{c:?}");
+    }
     let mut buf = [0; 64];
     m.read_bytes(m.root(1).unwrap(), 0, &mut buf);
     assert_eq!(buf, [7; 64]);
