@@ -374,6 +374,10 @@ struct Shared {
     resident: AtomicUsize,
     counters: Counters,
     stop: AtomicBool,
+    /// Tests: run by `written` between its read of the page's slot and its take of
+    /// the clean bit (an eviction racing the write-protect fault).
+    #[cfg(test)]
+    written_race: Mutex<Option<Box<dyn Fn(&Shared) + Send + Sync>>>,
 }
 
 /// A region of memory managed by a [`Pager`]. Access it through its address
@@ -561,6 +565,8 @@ impl Pager {
             resident: AtomicUsize::new(0),
             counters: Counters::default(),
             stop: AtomicBool::new(false),
+            #[cfg(test)]
+            written_race: Mutex::new(None),
         });
         let s = shared.clone();
         let handler = std::thread::Builder::new()
@@ -1168,12 +1174,28 @@ impl Shared {
     /// is stale from now on (the slot is freed, unless an eviction kept it first);
     /// then the writer goes on (or, the page evicted meanwhile, faults again).
     fn written(&self, m: &Managed, page: usize) {
+        // The slot is read before the bit is taken. Read after, it could be the slot of
+        // a write-out that ran in between (an eviction that found the bit already
+        // taken writes the page to a new slot): that live slot was freed, the old one
+        // leaked, and the next free of the live slot freed it twice. While the bit is
+        // set the slot stays put (only a write-out changes it, and only once the bit is
+        // clear), and only this thread sets the bit again (it serves every read-back).
+        let slot = m.slot[page].load(Ordering::Acquire);
+        #[cfg(test)]
+        self.between_slot_and_clean();
         if m.clean.take_range(page, 1) {
-            self.record(m.id, None, Some(m.slot[page].load(Ordering::Acquire)), false);
+            self.record(m.id, None, Some(slot), false);
         }
         if m.area.unprotect(&self.fd, page).is_err() {
             // unregistered meanwhile: the writer must not wait for ever
             let _ = m.area.wake(&self.fd, page);
+        }
+    }
+
+    #[cfg(test)]
+    fn between_slot_and_clean(&self) {
+        if let Some(f) = self.written_race.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            f(self);
         }
     }
 

@@ -329,3 +329,48 @@ fn a_page_the_eviction_could_not_move_is_evicted_later() {
         assert_eq!(b, [i as u8 + 1; 8], "page {i}");
     }
 }
+
+/// A write-protect fault on a clean page (read back, its swap slot kept) raced by an
+/// eviction that writes the page out, driven step by step: the eviction runs inside
+/// `written`, between its read of the page's slot and its take of the clean bit. The
+/// slot freed is never the one the page was just written to. (`written` used to take
+/// the bit first and read the slot after: an eviction in between found the page not
+/// clean and wrote it to a new slot, which `written` then freed while the page was
+/// swapped there. The next free of that slot panicked "freed twice" in the flusher of
+/// `a_write_racing_the_eviction_of_a_clean_page_is_never_lost`, whose pages then stayed
+/// mid-eviction, and the test's next fault on one of them waited for ever.)
+#[test]
+fn a_write_protect_fault_raced_by_a_write_out_never_frees_the_new_slot() {
+    let Some(p) = pager(FaultMode::Thread) else { return };
+    if !p.tracks_clean_pages() {
+        eprintln!("skipped: no userfaultfd write protection");
+        return;
+    }
+    let s = p.shared.clone();
+    let ps = page_size();
+    let r = p.map(ps).unwrap();
+    let a = r.as_ptr() as usize;
+    r.write(0, &[7; 64]).unwrap();
+    p.flush(a, ps).unwrap();
+    let mut b = [0u8; 64];
+    r.read(0, &mut b).unwrap();
+    assert!(r.m.clean.get(0) && b == [7; 64], "not read back clean: {:?}", p.stats());
+    let m = r.m.clone();
+    *s.written_race.lock().unwrap() = Some(Box::new(move |s: &Shared| {
+        let _ev = s.lock_evicting();
+        s.evict_range(&m, 0, 1, Cause::User).unwrap();
+    }));
+    s.written(&r.m, 0);
+    *s.written_race.lock().unwrap() = None;
+    s.drain();
+    let slot = r.m.slot[0].load(Ordering::Acquire);
+    assert_eq!(r.m.state[0].load(Ordering::Acquire), SWAPPED);
+    let free = s.slots.lock().unwrap().free.clone();
+    assert!(!free.contains(&slot), "the page is swapped to slot {slot}, and the slot is free: {free:?}");
+    r.read(0, &mut b).unwrap();
+    assert_eq!(b, [7; 64]);
+    // read back clean again, then written: its slot freed once, nothing left swapped
+    r.write(0, &[8; 64]).unwrap();
+    let st = p.stats();
+    assert_eq!((st.swapped_pages, st.resident_pages), (0, 1), "{st:?}");
+}
