@@ -36,6 +36,7 @@
 
 mod bitmap;
 mod kernel_swap;
+mod report;
 mod ring;
 
 use std::collections::VecDeque;
@@ -49,6 +50,7 @@ use serde::{Deserialize, Serialize};
 
 pub use bitmap::Bitmap;
 pub use kernel_swap::{Interrupts, KernelSwap, ProcessTimes};
+pub use report::{report, run_bounded};
 
 use crate::mem::{page_size, HostAddr, PageRange};
 use crate::stats::cgroup::Group;
@@ -273,6 +275,10 @@ struct Counters {
     failures: AtomicU64,
 }
 
+/// Tests: a step run inside a race window of the pager (see `Shared::written_race`).
+#[cfg(test)]
+type RaceStep = Box<dyn Fn(&Shared) + Send + Sync>;
+
 /// Who asked for an eviction, for the statistics.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Cause {
@@ -377,7 +383,12 @@ struct Shared {
     /// Tests: run by `written` between its read of the page's slot and its take of
     /// the clean bit (an eviction racing the write-protect fault).
     #[cfg(test)]
-    written_race: Mutex<Option<Box<dyn Fn(&Shared) + Send + Sync>>>,
+    written_race: Mutex<Option<RaceStep>>,
+    /// The handler thread: 0 running, 1 ended, 2 ended by a panic.
+    handler_state: AtomicU8,
+    /// Faults (address, flags) whose swap read failed, served again each tick by the
+    /// handler thread (their threads wait meanwhile).
+    unread: Mutex<Vec<(usize, u64)>>,
 }
 
 /// A region of memory managed by a [`Pager`]. Access it through its address
@@ -567,7 +578,10 @@ impl Pager {
             stop: AtomicBool::new(false),
             #[cfg(test)]
             written_race: Mutex::new(None),
+            handler_state: AtomicU8::new(0),
+            unread: Mutex::new(Vec::new()),
         });
+        report::enlist(&shared);
         let s = shared.clone();
         let handler = std::thread::Builder::new()
             .name("advm-pager".into())
@@ -835,6 +849,14 @@ impl Shared {
     }
 
     fn handle_faults(&self) {
+        // says how the thread ended (a panic too) to `report`
+        struct Ended<'a>(&'a AtomicU8);
+        impl Drop for Ended<'_> {
+            fn drop(&mut self) {
+                self.0.store(if std::thread::panicking() { 2 } else { 1 }, Ordering::Release);
+            }
+        }
+        let _ended = Ended(&self.handler_state);
         let mut buf = match PageBuf::new(READ_AHEAD) {
             Ok(b) => b,
             Err(_) => return,
@@ -852,28 +874,16 @@ impl Shared {
                             }
                             continue;
                         }
-                        self.keep_budget(1);
-                        // the fault itself, without the eviction that made room for it
-                        let t = Instant::now();
-                        match self.find(address as usize) {
-                            Some((m, page)) => {
-                                let write = flags & uffd::fault_flag::WRITE != 0;
-                                // an I/O error leaves the thread blocked rather than handing
-                                // it wrong data (the next fault retries)
-                                if self.serve(&m, page, write, buf.bytes_mut(), false) {
-                                    let _ = m.area.wake(&self.fd, page);
-                                }
-                            }
-                            // A region being unmapped: the kernel wakes the faults waiting
-                            // when it unregisters, but one that got in between that wake
-                            // and the unregistering itself (a fault under the VMA lock,
-                            // not mmap_lock) waits for us. Woken, it faults again: on
-                            // plain memory, or here once more until the unregistering ends.
-                            None => self.wake_unheld(address as usize),
+                        if !self.serve_fault(address as usize, flags, buf.bytes_mut()) {
+                            self.unread.lock().unwrap_or_else(|p| p.into_inner()).push((address as usize, flags));
                         }
-                        self.counters.fault_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
                     }
                 }
+            }
+            if last_look.elapsed() >= TICK {
+                last_look = Instant::now();
+                self.retry_unread(buf.bytes_mut());
+                self.watch_cgroup();
             }
             if self.sigbus {
                 self.answer_bell();
@@ -885,6 +895,46 @@ impl Shared {
         }
         // faulting threads waiting for room go ahead without it
         self.answer_bell();
+    }
+
+    /// Serves the missing-page fault of a thread blocked at `addr` (its `flags`) and
+    /// wakes it. False: the swap file could not be read, and the thread still waits
+    /// (it is not handed wrong data, nor woken to fault again at once): the fault is
+    /// to be retried.
+    fn serve_fault(&self, addr: usize, flags: u64, buf: &mut [u8]) -> bool {
+        self.keep_budget(1);
+        // the fault itself, without the eviction that made room for it
+        let t = Instant::now();
+        let served = match self.find(addr) {
+            Some((m, page)) => {
+                let served = self.serve(&m, page, flags & uffd::fault_flag::WRITE != 0, buf, false);
+                if served {
+                    let _ = m.area.wake(&self.fd, page);
+                }
+                served
+            }
+            // A region being unmapped: the kernel wakes the faults waiting when it
+            // unregisters, but one that got in between that wake and the unregistering
+            // itself (a fault under the VMA lock, not mmap_lock) waits for us. Woken, it
+            // faults again: on plain memory, or here once more until the unregistering ends.
+            None => {
+                self.wake_unheld(addr);
+                true
+            }
+        };
+        self.counters.fault_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        served
+    }
+
+    /// Serves again the faults whose swap read failed (once a tick): a thread blocked
+    /// on one is never woken otherwise, since it does not fault again.
+    fn retry_unread(&self, buf: &mut [u8]) {
+        let waiting = std::mem::take(&mut *self.unread.lock().unwrap_or_else(|p| p.into_inner()));
+        for (addr, flags) in waiting {
+            if !self.serve_fault(addr, flags, buf) {
+                self.unread.lock().unwrap_or_else(|p| p.into_inner()).push((addr, flags));
+            }
+        }
     }
 
     /// Makes the room faulting threads asked for (or drains their records), then
