@@ -309,11 +309,11 @@ fn a_move_racing_write_protection_is_counted_where_the_page_went() {
     });
 }
 
-/// A needed page the eviction could not move (shared with a forked child, so
-/// `UFFDIO_MOVE` refuses it) stays a candidate: once it can move, a later budget
-/// eviction writes it out. (It used to leave the replacement queue for good, and
-/// the budget stayed exceeded; in SIGBUS mode a faulting thread then waited for room
-/// for ever.)
+/// A needed page the eviction could not move (here: its staging page already taken,
+/// so `UFFDIO_MOVE` finds the destination full; in use, a page pinned for I/O) stays
+/// a candidate: once it can move, a later budget eviction writes it out. (It used to
+/// leave the replacement queue for good, and the budget stayed exceeded; in SIGBUS
+/// mode a faulting thread then waited for room for ever.)
 #[test]
 fn a_page_the_eviction_could_not_move_is_evicted_later() {
     bounded(|| {
@@ -323,11 +323,43 @@ fn a_page_the_eviction_could_not_move_is_evicted_later() {
         }
         let ps = page_size();
         let p = Pager::new(Config::new(16 * ps)).unwrap();
+        let s = p.shared.clone();
         let r = p.map(32 * ps).unwrap();
         for i in 0..16 {
             r.write(i * ps, &[i as u8 + 1; 8]).unwrap();
         }
-        // the child shares every page until it exits (when told): moves of them fail (EBUSY)
+        // every move of the next eviction goes to staging page 0: taken, so they all fail
+        s.staging.write(0, &[1]).unwrap();
+        r.write(16 * ps, &[17; 8]).unwrap();
+        let stuck = p.stats();
+        s.staging.drop_pages(0, 1).unwrap();
+        r.write(17 * ps, &[18; 8]).unwrap();
+        let after = p.stats();
+        assert!(stuck.written_pages == 0 && stuck.resident_pages == 17, "while stuck: {stuck:?}");
+        assert!(after.resident_pages <= 16 && after.written_pages >= 2, "after: {after:?}");
+        let mut b = [0u8; 8];
+        for i in 0..18 {
+            r.read(i * ps, &mut b).unwrap();
+            assert_eq!(b, [i as u8 + 1; 8], "page {i}");
+        }
+    });
+}
+
+/// A fork does not keep the pager from evicting: its regions are not inherited
+/// (`MADV_DONTFORK`). A child's copy would share their pages, and `UFFDIO_MOVE`
+/// refuses a page that is not its process's alone (even after the child exits, until
+/// the page is written again), so no eviction could take them. Another test's fork
+/// in the same test binary made `with_kernel_paging_the_pager_writes_no_page_and_drops_the_discardable_ones`
+/// fail this way.
+#[test]
+fn a_forked_child_keeps_no_page_of_the_pager_from_eviction() {
+    bounded(|| {
+        let Some(p) = pager(FaultMode::Thread) else { return };
+        let ps = page_size();
+        let r = p.map(16 * ps).unwrap();
+        for i in 0..16 {
+            r.write(i * ps, &[i as u8 + 1; 8]).unwrap();
+        }
         let (mut tell, wait) = std::os::unix::net::UnixStream::pair().unwrap();
         let child = crate::sys::process::fork_run(|| {
             use std::io::Read;
@@ -335,20 +367,12 @@ fn a_page_the_eviction_could_not_move_is_evicted_later() {
             0
         })
         .unwrap();
-        r.write(16 * ps, &[17; 8]).unwrap();
-        let shared = p.stats();
+        let flushed = p.flush(r.as_ptr() as usize, r.len());
         std::io::Write::write_all(&mut tell, &[1]).unwrap();
         assert_eq!(crate::sys::process::wait_child(child).unwrap(), 0);
-        // written again after the child's exit: each page is the parent's alone
-        for i in 0..16 {
-            r.write(i * ps, &[i as u8 + 1; 8]).unwrap();
-        }
-        r.write(17 * ps, &[18; 8]).unwrap();
-        let s = p.stats();
-        assert!(shared.written_pages == 0 && shared.resident_pages == 17, "while shared: {shared:?}");
-        assert!(s.resident_pages <= 16 && s.written_pages >= 2, "after: {s:?}");
+        assert_eq!(flushed.unwrap(), 16, "{:?}", p.stats());
         let mut b = [0u8; 8];
-        for i in 0..18 {
+        for i in 0..16 {
             r.read(i * ps, &mut b).unwrap();
             assert_eq!(b, [i as u8 + 1; 8], "page {i}");
         }
