@@ -233,7 +233,8 @@ pub struct Stats {
     /// Of `evict_ns`, the writes to the swap file.
     pub write_ns: u64,
     /// Budget evictions that could not write a needed page (swap file full or an
-    /// I/O error); the budget was exceeded meanwhile.
+    /// I/O error) or could take no page at all (every candidate's move refused, e.g.
+    /// pinned); the budget was exceeded meanwhile.
     pub eviction_failures: u64,
 }
 
@@ -1335,7 +1336,10 @@ impl Shared {
                 return;
             }
             let _ev = self.lock_evicting();
-            if self.evict(want, Cause::Budget).is_err() {
+            // Failed, or not one page could be taken (every candidate pinned, or its
+            // move refused): the budget gives way, and a faulting thread waiting for
+            // room in SIGBUS mode goes ahead (it would otherwise wait for ever).
+            if !matches!(self.evict(want, Cause::Budget), Ok(n) if n > 0) {
                 self.counters.failures.fetch_add(1, Ordering::Relaxed);
             }
         }

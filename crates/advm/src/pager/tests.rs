@@ -345,6 +345,41 @@ fn a_page_the_eviction_could_not_move_is_evicted_later() {
     });
 }
 
+/// In SIGBUS mode a fault past the budget when no page can be evicted (every move
+/// refused: here the staging page is taken) is served over the budget, as on the
+/// handler thread. (The faulting thread waited for room that no eviction made, and
+/// rang for it again every tick, for ever.)
+#[test]
+fn in_sigbus_mode_a_fault_is_served_when_no_page_can_be_evicted() {
+    bounded(|| {
+        let Some(_) = pager(FaultMode::Sigbus) else { return };
+        let ps = page_size();
+        let mut cfg = Config::new(16 * ps);
+        cfg.fault_mode = FaultMode::Sigbus;
+        let p = Pager::new(cfg).unwrap();
+        let s = p.shared.clone();
+        let r = Arc::new(p.map(32 * ps).unwrap());
+        for i in 0..16 {
+            r.write(i * ps, &[i as u8 + 1; 8]).unwrap();
+        }
+        s.staging.write(0, &[1]).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let writer = {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                r.write(16 * ps, &[17; 8]).unwrap();
+                tx.send(()).unwrap();
+            })
+        };
+        let served = rx.recv_timeout(Duration::from_secs(10));
+        s.staging.drop_pages(0, 1).unwrap();
+        served.expect("a fault past the budget waited 10 s for room no eviction could make");
+        writer.join().unwrap();
+        let st = p.stats();
+        assert!(st.resident_pages == 17 && st.eviction_failures >= 1, "{st:?}");
+    });
+}
+
 /// A fork does not keep the pager from evicting: its regions are not inherited
 /// (`MADV_DONTFORK`). A child's copy would share their pages, and `UFFDIO_MOVE`
 /// refuses a page that is not its process's alone (even after the child exits, until
