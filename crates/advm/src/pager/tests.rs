@@ -332,7 +332,10 @@ fn a_page_the_eviction_could_not_move_is_evicted_later() {
         s.staging.write(0, &[1]).unwrap();
         r.write(16 * ps, &[17; 8]).unwrap();
         let stuck = p.stats();
-        s.staging.drop_pages(0, 1).unwrap();
+        {
+            let _ev = s.lock_evicting();
+            s.staging.drop_pages(0, 1).unwrap();
+        }
         r.write(17 * ps, &[18; 8]).unwrap();
         let after = p.stats();
         assert!(stuck.written_pages == 0 && stuck.resident_pages == 17, "while stuck: {stuck:?}");
@@ -372,11 +375,21 @@ fn in_sigbus_mode_a_fault_is_served_when_no_page_can_be_evicted() {
             })
         };
         let served = rx.recv_timeout(Duration::from_secs(10));
-        s.staging.drop_pages(0, 1).unwrap();
+        // while still no page can move (afterwards evictions bring the count down)
+        let st = p.stats();
+        {
+            // not under an eviction's feet: it may be moving into the staging page
+            let _ev = s.lock_evicting();
+            s.staging.drop_pages(0, 1).unwrap();
+        }
         served.expect("a fault past the budget waited 10 s for room no eviction could make");
         writer.join().unwrap();
-        let st = p.stats();
         assert!(st.resident_pages == 17 && st.eviction_failures >= 1, "{st:?}");
+        let mut b = [0u8; 8];
+        for i in 0..17 {
+            r.read(i * ps, &mut b).unwrap();
+            assert_eq!(b, [i as u8 + 1; 8], "page {i}");
+        }
     });
 }
 
