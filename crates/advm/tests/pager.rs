@@ -698,18 +698,31 @@ fn a_test_that_hangs_fails_with_the_state_of_its_pagers() {
         eprintln!("skipped: {why}");
         return;
     }
+    // the pager is made first, by a thread of the name the bounded body gets (so the
+    // report finds it whatever the load), and kept until the test lets go
+    let name = "a hanging body";
+    let (ready, made) = std::sync::mpsc::channel();
     let (release, hang) = std::sync::mpsc::channel::<()>();
-    let failed = std::panic::catch_unwind(move || {
-        pager::run_bounded("a hanging body", std::time::Duration::from_millis(300), move || {
+    let maker = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
             let p = Pager::new(Config::new(8 * ps())).unwrap();
             let r = p.map(4 * ps()).unwrap();
             r.write(0, &[1]).unwrap();
-            // waits until the test lets go
+            ready.send(()).unwrap();
             let _ = hang.recv();
         })
+        .unwrap();
+    made.recv().unwrap();
+    let (release_body, hang_body) = std::sync::mpsc::channel::<()>();
+    let failed = std::panic::catch_unwind(move || {
+        pager::run_bounded(name, std::time::Duration::from_millis(300), move || {
+            let _ = hang_body.recv();
+        })
     });
+    drop((release, release_body));
+    maker.join().unwrap();
     let why = failed.expect_err("a body that never returns did not fail");
-    drop(release);
     let why = why.downcast_ref::<String>().expect("a message");
     for part in ["a hanging body: not done in 300ms", "handler thread running", "4 pages: empty 0, resident 4"] {
         assert!(why.contains(part), "{part:?} is not in {why}");
