@@ -659,6 +659,14 @@ fn with_kernel_paging_faults_past_the_budget_are_served_in_sigbus_mode() {
 fn a_failed_swap_read_is_retried_and_the_fault_served_once_the_file_reads(mode: FaultMode) {
     use std::os::unix::fs::FileExt;
     let path = std::path::PathBuf::from(format!("/var/tmp/advm-test-pager-unread-{}-{mode:?}", std::process::id()));
+    // removed also when the test fails
+    struct Removed(std::path::PathBuf);
+    impl Drop for Removed {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _removed = Removed(path.clone());
     let mut cfg = Config::new(64 * ps());
     cfg.swap_path = Some(path.clone());
     let Some(p) = pager_with(mode, cfg) else { return };
@@ -687,7 +695,6 @@ fn a_failed_swap_read_is_retried_and_the_fault_served_once_the_file_reads(mode: 
     let s = p.stats();
     // read back clean where clean pages are tracked: its swap copy kept
     assert_eq!((s.read_pages(), s.swapped_pages), (1, u64::from(p.tracks_clean_pages())), "{s:?}");
-    std::fs::remove_file(&path).unwrap();
 }
 
 /// A test that never ends fails instead, after its limit, and says what its pagers
