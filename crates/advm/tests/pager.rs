@@ -8,6 +8,14 @@ fn ps() -> usize {
     advm::mem::page_size()
 }
 
+/// Runs a test body bounded in time: a thread left waiting for ever (a fault the pager
+/// never serves) fails the test after this long, with the state of the pagers it made,
+/// instead of hanging the test run.
+fn bounded(body: impl FnOnce() + Send + 'static) {
+    let name = std::thread::current().name().unwrap_or("pager test").to_string();
+    pager::run_bounded(&name, std::time::Duration::from_secs(180), body)
+}
+
 /// A pager serving faults in `mode`, or None (with the reason printed) where
 /// userfaultfd/UFFDIO_MOVE, or the SIGBUS mode asked for, is missing.
 fn pager(mode: FaultMode, budget_pages: usize) -> Option<Pager> {
@@ -36,11 +44,11 @@ macro_rules! in_both_fault_modes {
         mod $name {
             #[test]
             fn handler_thread() {
-                super::$name(advm::pager::FaultMode::Thread)
+                super::bounded(|| super::$name(advm::pager::FaultMode::Thread))
             }
             #[test]
             fn sigbus() {
-                super::$name(advm::pager::FaultMode::Sigbus)
+                super::bounded(|| super::$name(advm::pager::FaultMode::Sigbus))
             }
         }
     )*};
@@ -62,6 +70,7 @@ in_both_fault_modes!(
     empty_pages_after_a_first_touch_are_zero_filled_ahead_within_the_budget,
     a_written_out_page_marked_discardable_is_never_read_back,
     flush_discardable_drops_only_the_discardable_pages,
+    a_failed_swap_read_is_retried_and_the_fault_served_once_the_file_reads,
 );
 
 /// A small deterministic generator (xorshift).
@@ -340,26 +349,28 @@ fn a_region_unmapped_while_pages_are_evicted(mode: FaultMode) {
 
 #[test]
 fn bad_use_gets_clear_errors() {
-    if let Err(why) = pager::available() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let e = Pager::new(Config::new(ps() - 1)).unwrap_err();
-    assert!(e.to_string().contains("below one"), "{e}");
-    let mut cfg = Config::new(ps());
-    cfg.swap_path = Some("/nonexistent-dir/swap".into());
-    let e = Pager::new(cfg).unwrap_err();
-    assert!(e.to_string().contains("/nonexistent-dir/swap"), "{e}");
-    let p = Pager::new(Config::new(16 * ps())).unwrap();
-    let r = p.map(4 * ps()).unwrap();
-    let a = r.as_ptr() as usize;
-    let e = p.discardable(a + 1, ps()).unwrap_err();
-    assert!(e.to_string().contains("not aligned"), "{e}");
-    let e = p.needed(a, 5 * ps()).unwrap_err();
-    assert!(e.to_string().contains("not inside one region"), "{e}");
-    let e = p.flush(4096, ps()).unwrap_err();
-    assert!(e.to_string().contains("not inside one region"), "{e}");
-    assert!(r.mark_discardable(3, 2).is_err());
+    bounded(|| {
+        if let Err(why) = pager::available() {
+            eprintln!("skipped: {why}");
+            return;
+        }
+        let e = Pager::new(Config::new(ps() - 1)).unwrap_err();
+        assert!(e.to_string().contains("below one"), "{e}");
+        let mut cfg = Config::new(ps());
+        cfg.swap_path = Some("/nonexistent-dir/swap".into());
+        let e = Pager::new(cfg).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent-dir/swap"), "{e}");
+        let p = Pager::new(Config::new(16 * ps())).unwrap();
+        let r = p.map(4 * ps()).unwrap();
+        let a = r.as_ptr() as usize;
+        let e = p.discardable(a + 1, ps()).unwrap_err();
+        assert!(e.to_string().contains("not aligned"), "{e}");
+        let e = p.needed(a, 5 * ps()).unwrap_err();
+        assert!(e.to_string().contains("not inside one region"), "{e}");
+        let e = p.flush(4096, ps()).unwrap_err();
+        assert!(e.to_string().contains("not inside one region"), "{e}");
+        assert!(r.mark_discardable(3, 2).is_err());
+    });
 }
 
 fn a_written_out_page_marked_discardable_is_never_read_back(mode: FaultMode) {
@@ -402,44 +413,48 @@ fn flush_discardable_drops_only_the_discardable_pages(mode: FaultMode) {
 
 #[test]
 fn a_read_back_brings_the_following_swapped_pages_in_the_same_read() {
-    let Some(p) = pager(FaultMode::Thread, 1024) else { return };
-    let r = p.map(64 * ps()).unwrap();
-    for i in 0..64 {
-        r.write(i * ps(), &vec![i as u8 + 1; ps()]).unwrap();
-    }
-    p.flush(r.as_ptr() as usize, r.len()).unwrap();
-    let mut b = vec![0; ps()];
-    for i in 0..64 {
-        r.read(i * ps(), &mut b).unwrap();
-        assert!(b.iter().all(|&x| x == i as u8 + 1), "page {i}");
-    }
-    let s = p.stats();
-    // one fault per 16 pages: the other 15 came with it
-    assert_eq!((s.read_pages(), s.read_ahead_pages), (4, 60), "{s:?}");
-    assert_eq!(s.bytes_read, 64 * ps() as u64);
-    assert_eq!(s.resident_pages, 64);
+    bounded(|| {
+        let Some(p) = pager(FaultMode::Thread, 1024) else { return };
+        let r = p.map(64 * ps()).unwrap();
+        for i in 0..64 {
+            r.write(i * ps(), &vec![i as u8 + 1; ps()]).unwrap();
+        }
+        p.flush(r.as_ptr() as usize, r.len()).unwrap();
+        let mut b = vec![0; ps()];
+        for i in 0..64 {
+            r.read(i * ps(), &mut b).unwrap();
+            assert!(b.iter().all(|&x| x == i as u8 + 1), "page {i}");
+        }
+        let s = p.stats();
+        // one fault per 16 pages: the other 15 came with it
+        assert_eq!((s.read_pages(), s.read_ahead_pages), (4, 60), "{s:?}");
+        assert_eq!(s.bytes_read, 64 * ps() as u64);
+        assert_eq!(s.resident_pages, 64);
+    });
 }
 
 #[test]
 fn read_ahead_stays_within_the_budget_and_skips_discardable_pages() {
-    let Some(p) = pager(FaultMode::Thread, 8) else { return };
-    let r = p.map(32 * ps()).unwrap();
-    r.write(0, &vec![7; r.len()]).unwrap();
-    p.flush(r.as_ptr() as usize, r.len()).unwrap();
-    p.discardable(r.as_ptr() as usize + 4 * ps(), ps()).unwrap();
-    let before = p.stats();
-    let mut b = [0u8];
-    r.read(0, &mut b).unwrap();
-    let s = p.stats();
-    // pages 1..4 come along; page 4 is garbage and ends the run
-    assert_eq!(
-        (s.read_pages() - before.read_pages(), s.read_ahead_pages - before.read_ahead_pages, b[0]),
-        (1, 3, 7),
-        "{s:?}"
-    );
-    r.read(8 * ps(), &mut b).unwrap();
-    r.read(16 * ps(), &mut b).unwrap();
-    assert!(p.stats().resident_pages <= 8, "{:?}", p.stats());
+    bounded(|| {
+        let Some(p) = pager(FaultMode::Thread, 8) else { return };
+        let r = p.map(32 * ps()).unwrap();
+        r.write(0, &vec![7; r.len()]).unwrap();
+        p.flush(r.as_ptr() as usize, r.len()).unwrap();
+        p.discardable(r.as_ptr() as usize + 4 * ps(), ps()).unwrap();
+        let before = p.stats();
+        let mut b = [0u8];
+        r.read(0, &mut b).unwrap();
+        let s = p.stats();
+        // pages 1..4 come along; page 4 is garbage and ends the run
+        assert_eq!(
+            (s.read_pages() - before.read_pages(), s.read_ahead_pages - before.read_ahead_pages, b[0]),
+            (1, 3, 7),
+            "{s:?}"
+        );
+        r.read(8 * ps(), &mut b).unwrap();
+        r.read(16 * ps(), &mut b).unwrap();
+        assert!(p.stats().resident_pages <= 8, "{:?}", p.stats());
+    });
 }
 
 fn discarded_pages_marked_needed_are_zero_filled_ahead_of_their_faults(mode: FaultMode) {
@@ -480,126 +495,136 @@ fn empty_pages_after_a_first_touch_are_zero_filled_ahead_within_the_budget(mode:
 
 #[test]
 fn a_page_read_back_and_not_written_since_is_evicted_without_a_write() {
-    let Some(p) = pager(FaultMode::Thread, 1024) else { return };
-    if !p.tracks_clean_pages() {
-        eprintln!("skipped: no userfaultfd write protection here");
-        return;
-    }
-    let r = p.map(32 * ps()).unwrap();
-    let a = r.as_ptr() as usize;
-    for i in 0..32 {
-        r.write(i * ps(), &vec![i as u8 + 1; ps()]).unwrap();
-    }
-    p.flush(a, r.len()).unwrap();
-    let mut b = vec![0; ps()];
-    for round in 0..3 {
-        // all read back, page 5 written in the last round only
-        for i in 0..32 {
-            r.read(i * ps(), &mut b).unwrap();
-            assert!(b.iter().all(|&x| x == i as u8 + 1), "page {i}, round {round}");
+    bounded(|| {
+        let Some(p) = pager(FaultMode::Thread, 1024) else { return };
+        if !p.tracks_clean_pages() {
+            eprintln!("skipped: no userfaultfd write protection here");
+            return;
         }
-        if round == 2 {
-            r.write(5 * ps(), &vec![6; ps()]).unwrap();
+        let r = p.map(32 * ps()).unwrap();
+        let a = r.as_ptr() as usize;
+        for i in 0..32 {
+            r.write(i * ps(), &vec![i as u8 + 1; ps()]).unwrap();
         }
         p.flush(a, r.len()).unwrap();
-    }
-    let s = p.stats();
-    // written once at first, and page 5 once more; every other eviction dropped a clean page
-    assert_eq!((s.written_pages, s.clean_dropped_pages), (33, 2 * 32 + 31), "{s:?}");
-    assert_eq!(s.swapped_pages, 32, "{s:?}");
-    for i in 0..32 {
-        r.read(i * ps(), &mut b).unwrap();
-        assert!(b.iter().all(|&x| x == i as u8 + 1), "page {i} at the end");
-    }
-    // a clean page unmapped gives its slot back
-    p.unmap(r).unwrap();
-    assert_eq!(p.stats().swapped_pages, 0);
+        let mut b = vec![0; ps()];
+        for round in 0..3 {
+            // all read back, page 5 written in the last round only
+            for i in 0..32 {
+                r.read(i * ps(), &mut b).unwrap();
+                assert!(b.iter().all(|&x| x == i as u8 + 1), "page {i}, round {round}");
+            }
+            if round == 2 {
+                r.write(5 * ps(), &vec![6; ps()]).unwrap();
+            }
+            p.flush(a, r.len()).unwrap();
+        }
+        let s = p.stats();
+        // written once at first, and page 5 once more; every other eviction dropped a clean page
+        assert_eq!((s.written_pages, s.clean_dropped_pages), (33, 2 * 32 + 31), "{s:?}");
+        assert_eq!(s.swapped_pages, 32, "{s:?}");
+        for i in 0..32 {
+            r.read(i * ps(), &mut b).unwrap();
+            assert!(b.iter().all(|&x| x == i as u8 + 1), "page {i} at the end");
+        }
+        // a clean page unmapped gives its slot back
+        p.unmap(r).unwrap();
+        assert_eq!(p.stats().swapped_pages, 0);
+    });
 }
 
 #[test]
 fn a_write_racing_the_eviction_of_a_clean_page_is_never_lost() {
-    let Some(p) = pager(FaultMode::Thread, 1024) else { return };
-    let p = Arc::new(p);
-    let r = Arc::new(p.map(16 * ps()).unwrap());
-    let a = r.as_ptr() as usize;
-    r.write(0, &vec![0; r.len()]).unwrap();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flusher = {
-        let (p, stop) = (p.clone(), stop.clone());
-        std::thread::spawn(move || {
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                p.flush(a, 16 * ps()).unwrap();
-            }
-        })
-    };
-    // each page read (back, clean) then written with a counter; the counter must stick
-    let mut b = [0u8; 8];
-    for n in 1..=3000u64 {
-        let off = (n as usize % 16) * ps();
-        r.read(off, &mut b).unwrap();
-        r.write(off, &n.to_ne_bytes()).unwrap();
-        r.read(off, &mut b).unwrap();
-        assert_eq!(u64::from_ne_bytes(b), n, "write {n} lost");
-    }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    flusher.join().unwrap();
-    for k in 0..16u64 {
-        r.read(k as usize * ps(), &mut b).unwrap();
-        let last = (1..=3000u64).rev().find(|n| n % 16 == k).unwrap();
-        assert_eq!(u64::from_ne_bytes(b), last, "page {k}");
-    }
+    bounded(|| {
+        let Some(p) = pager(FaultMode::Thread, 1024) else { return };
+        let p = Arc::new(p);
+        let r = Arc::new(p.map(16 * ps()).unwrap());
+        let a = r.as_ptr() as usize;
+        r.write(0, &vec![0; r.len()]).unwrap();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flusher = {
+            let (p, stop) = (p.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    p.flush(a, 16 * ps()).unwrap();
+                }
+            })
+        };
+        // each page read (back, clean) then written with a counter; the counter must stick
+        let mut b = [0u8; 8];
+        for n in 1..=3000u64 {
+            let off = (n as usize % 16) * ps();
+            r.read(off, &mut b).unwrap();
+            r.write(off, &n.to_ne_bytes()).unwrap();
+            r.read(off, &mut b).unwrap();
+            assert_eq!(u64::from_ne_bytes(b), n, "write {n} lost");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        flusher.join().unwrap();
+        for k in 0..16u64 {
+            r.read(k as usize * ps(), &mut b).unwrap();
+            let last = (1..=3000u64).rev().find(|n| n % 16 == k).unwrap();
+            assert_eq!(u64::from_ne_bytes(b), last, "page {k}");
+        }
+    });
 }
 
 #[test]
 fn a_kernel_swap_file_is_disabled_and_removed_on_drop() {
-    if !advm::process::is_root() {
-        eprintln!("skipped: swapon needs root");
-        return;
-    }
-    let path = std::path::PathBuf::from(format!("/var/tmp/advm-test-swap-{}", std::process::id()));
-    let listed = || std::fs::read_to_string("/proc/swaps").unwrap().contains(path.to_str().unwrap());
-    {
-        let swap = match advm::pager::KernelSwap::create(&path, 4 << 20) {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = std::fs::remove_file(&path);
-                eprintln!("skipped: no swap file here: {e}");
-                return;
-            }
-        };
-        assert!(listed(), "{} not in /proc/swaps", swap.path().display());
-    }
-    assert!(!listed(), "still enabled after drop");
-    assert!(!path.exists(), "still on disk after drop");
+    bounded(|| {
+        if !advm::process::is_root() {
+            eprintln!("skipped: swapon needs root");
+            return;
+        }
+        let path = std::path::PathBuf::from(format!("/var/tmp/advm-test-swap-{}", std::process::id()));
+        let listed = || std::fs::read_to_string("/proc/swaps").unwrap().contains(path.to_str().unwrap());
+        {
+            let swap = match advm::pager::KernelSwap::create(&path, 4 << 20) {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = std::fs::remove_file(&path);
+                    eprintln!("skipped: no swap file here: {e}");
+                    return;
+                }
+            };
+            assert!(listed(), "{} not in /proc/swaps", swap.path().display());
+        }
+        assert!(!listed(), "still enabled after drop");
+        assert!(!path.exists(), "still on disk after drop");
+    });
 }
 
 #[test]
 fn a_cgroup_limit_is_set_and_read_back() {
-    let g = match advm::stats::cgroup::Group::create("pager-test") {
-        Ok(g) => g,
-        Err(e) => {
-            eprintln!("skipped: {e}");
-            return;
-        }
-    };
-    g.set_limit_bytes(64 << 20).unwrap();
-    assert_eq!(g.limit_bytes().unwrap(), 64 << 20);
-    assert!(g.usage_bytes().unwrap() < 64 << 20);
-    let dir = g.path().to_path_buf();
-    g.remove().unwrap();
-    assert!(!dir.exists());
+    bounded(|| {
+        let g = match advm::stats::cgroup::Group::create("pager-test") {
+            Ok(g) => g,
+            Err(e) => {
+                eprintln!("skipped: {e}");
+                return;
+            }
+        };
+        g.set_limit_bytes(64 << 20).unwrap();
+        assert_eq!(g.limit_bytes().unwrap(), 64 << 20);
+        assert!(g.usage_bytes().unwrap() < 64 << 20);
+        let dir = g.path().to_path_buf();
+        g.remove().unwrap();
+        assert!(!dir.exists());
+    });
 }
 
 #[test]
 fn sigbus_mode_resolves_faults_on_the_faulting_thread() {
-    if let Err(why) = pager::available() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    match pager::sigbus_zero_fill_cost(2048).unwrap() {
-        Some(d) => eprintln!("SIGBUS-mode zero-fill: {:.2} us a fault", d.as_secs_f64() * 1e6),
-        None => eprintln!("skipped: no UFFD_FEATURE_SIGBUS"),
-    }
+    bounded(|| {
+        if let Err(why) = pager::available() {
+            eprintln!("skipped: {why}");
+            return;
+        }
+        match pager::sigbus_zero_fill_cost(2048).unwrap() {
+            Some(d) => eprintln!("SIGBUS-mode zero-fill: {:.2} us a fault", d.as_secs_f64() * 1e6),
+            None => eprintln!("skipped: no UFFD_FEATURE_SIGBUS"),
+        }
+    });
 }
 
 /// Needed pages left to the kernel, faults served on the faulting thread: the budget
@@ -608,12 +633,12 @@ fn sigbus_mode_resolves_faults_on_the_faulting_thread() {
 /// pages only, never made: the benchmark's child livelocked in its first collection.)
 #[test]
 fn with_kernel_paging_faults_past_the_budget_are_served_in_sigbus_mode() {
-    let mut cfg = Config::new(16 * ps());
-    cfg.needed_paging = NeededPaging::Kernel;
-    let Some(p) = pager_with(FaultMode::Sigbus, cfg) else { return };
-    let r = p.map(64 * ps()).unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let toucher = std::thread::spawn(move || {
+    bounded(|| {
+        let mut cfg = Config::new(16 * ps());
+        cfg.needed_paging = NeededPaging::Kernel;
+        let Some(p) = pager_with(FaultMode::Sigbus, cfg) else { return };
+        let r = p.map(64 * ps()).unwrap();
+        // a hang fails the test (bounded)
         for i in 0..64 {
             r.write(i * ps(), &(i as u32 + 1).to_ne_bytes()).unwrap();
         }
@@ -622,11 +647,91 @@ fn with_kernel_paging_faults_past_the_budget_are_served_in_sigbus_mode() {
             r.read(i * ps(), &mut b).unwrap();
             assert_eq!(u32::from_ne_bytes(b), i as u32 + 1, "page {i}");
         }
-        tx.send(()).unwrap();
+        let s = p.stats();
+        assert_eq!((s.resident_pages, s.written_pages), (64, 0), "{s:?}");
     });
-    // a hang fails here (the stuck thread is left behind)
-    rx.recv_timeout(std::time::Duration::from_secs(20)).expect("64 faults past a 16-page budget not served in 20 s");
-    toucher.join().unwrap();
+}
+
+/// A swap read that fails (here: the swap file cut to nothing under the pager) leaves
+/// the faulting thread waiting, not handed wrong data, and the fault is served once
+/// the file reads again. (On the handler thread the fault used to be dropped: its
+/// thread, which never faults again by itself, waited for ever.)
+fn a_failed_swap_read_is_retried_and_the_fault_served_once_the_file_reads(mode: FaultMode) {
+    use std::os::unix::fs::FileExt;
+    let path = std::path::PathBuf::from(format!("/var/tmp/advm-test-pager-unread-{}-{mode:?}", std::process::id()));
+    // removed also when the test fails
+    struct Removed(std::path::PathBuf);
+    impl Drop for Removed {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _removed = Removed(path.clone());
+    let mut cfg = Config::new(64 * ps());
+    cfg.swap_path = Some(path.clone());
+    let Some(p) = pager_with(mode, cfg) else { return };
+    // one page: nothing read ahead
+    let r = Arc::new(p.map(ps()).unwrap());
+    r.write(0, &[9; 64]).unwrap();
+    p.flush(r.as_ptr() as usize, ps()).unwrap();
+    let saved = std::fs::read(&path).unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.set_len(0).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = {
+        let r = r.clone();
+        std::thread::spawn(move || {
+            let mut b = [0u8; 64];
+            r.read(0, &mut b).unwrap();
+            tx.send(b).unwrap();
+        })
+    };
+    let waited = rx.recv_timeout(std::time::Duration::from_millis(200));
+    assert!(waited.is_err(), "served from a swap file that reads nothing: {waited:?}");
+    file.write_all_at(&saved, 0).unwrap();
+    let b = rx.recv_timeout(std::time::Duration::from_secs(30)).expect("not served once the swap file reads again");
+    assert_eq!(b, [9; 64]);
+    reader.join().unwrap();
     let s = p.stats();
-    assert_eq!((s.resident_pages, s.written_pages), (64, 0), "{s:?}");
+    // read back clean where clean pages are tracked: its swap copy kept
+    assert_eq!((s.read_pages(), s.swapped_pages), (1, u64::from(p.tracks_clean_pages())), "{s:?}");
+}
+
+/// A test that never ends fails instead, after its limit, and says what its pagers
+/// were doing.
+#[test]
+fn a_test_that_hangs_fails_with_the_state_of_its_pagers() {
+    if let Err(why) = pager::available() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    // the pager is made first, by a thread of the name the bounded body gets (so the
+    // report finds it whatever the load), and kept until the test lets go
+    let name = "a hanging body";
+    let (ready, made) = std::sync::mpsc::channel();
+    let (release, hang) = std::sync::mpsc::channel::<()>();
+    let maker = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let p = Pager::new(Config::new(8 * ps())).unwrap();
+            let r = p.map(4 * ps()).unwrap();
+            r.write(0, &[1]).unwrap();
+            ready.send(()).unwrap();
+            let _ = hang.recv();
+        })
+        .unwrap();
+    made.recv().unwrap();
+    let (release_body, hang_body) = std::sync::mpsc::channel::<()>();
+    let failed = std::panic::catch_unwind(move || {
+        pager::run_bounded(name, std::time::Duration::from_millis(300), move || {
+            let _ = hang_body.recv();
+        })
+    });
+    drop((release, release_body));
+    maker.join().unwrap();
+    let why = failed.expect_err("a body that never returns did not fail");
+    let why = why.downcast_ref::<String>().expect("a message");
+    for part in ["a hanging body: not done in 300ms", "handler thread running", "4 pages: empty 0, resident 4"] {
+        assert!(why.contains(part), "{part:?} is not in {why}");
+    }
 }

@@ -36,6 +36,7 @@
 
 mod bitmap;
 mod kernel_swap;
+mod report;
 mod ring;
 
 use std::collections::VecDeque;
@@ -49,6 +50,7 @@ use serde::{Deserialize, Serialize};
 
 pub use bitmap::Bitmap;
 pub use kernel_swap::{Interrupts, KernelSwap, ProcessTimes};
+pub use report::{report, run_bounded};
 
 use crate::mem::{page_size, HostAddr, PageRange};
 use crate::stats::cgroup::Group;
@@ -231,7 +233,8 @@ pub struct Stats {
     /// Of `evict_ns`, the writes to the swap file.
     pub write_ns: u64,
     /// Budget evictions that could not write a needed page (swap file full or an
-    /// I/O error); the budget was exceeded meanwhile.
+    /// I/O error) or could take no page at all (every candidate's move refused, e.g.
+    /// pinned); the budget was exceeded meanwhile.
     pub eviction_failures: u64,
 }
 
@@ -272,6 +275,10 @@ struct Counters {
     write_ns: AtomicU64,
     failures: AtomicU64,
 }
+
+/// Tests: a step run inside a race window of the pager (see `Shared::written_race`).
+#[cfg(test)]
+type RaceStep = Box<dyn Fn(&Shared) + Send + Sync>;
 
 /// Who asked for an eviction, for the statistics.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -374,6 +381,15 @@ struct Shared {
     resident: AtomicUsize,
     counters: Counters,
     stop: AtomicBool,
+    /// Tests: run by `written` between its read of the page's slot and its take of
+    /// the clean bit (an eviction racing the write-protect fault).
+    #[cfg(test)]
+    written_race: Mutex<Option<RaceStep>>,
+    /// The handler thread: 0 running, 1 ended, 2 ended by a panic.
+    handler_state: AtomicU8,
+    /// Faults (address, flags) whose swap read failed, served again each tick by the
+    /// handler thread (their threads wait meanwhile).
+    unread: Mutex<Vec<(usize, u64)>>,
 }
 
 /// A region of memory managed by a [`Pager`]. Access it through its address
@@ -561,7 +577,12 @@ impl Pager {
             resident: AtomicUsize::new(0),
             counters: Counters::default(),
             stop: AtomicBool::new(false),
+            #[cfg(test)]
+            written_race: Mutex::new(None),
+            handler_state: AtomicU8::new(0),
+            unread: Mutex::new(Vec::new()),
         });
+        report::enlist(&shared);
         let s = shared.clone();
         let handler = std::thread::Builder::new()
             .name("advm-pager".into())
@@ -829,6 +850,14 @@ impl Shared {
     }
 
     fn handle_faults(&self) {
+        // says how the thread ended (a panic too) to `report`
+        struct Ended<'a>(&'a AtomicU8);
+        impl Drop for Ended<'_> {
+            fn drop(&mut self) {
+                self.0.store(if std::thread::panicking() { 2 } else { 1 }, Ordering::Release);
+            }
+        }
+        let _ended = Ended(&self.handler_state);
         let mut buf = match PageBuf::new(READ_AHEAD) {
             Ok(b) => b,
             Err(_) => return,
@@ -846,28 +875,16 @@ impl Shared {
                             }
                             continue;
                         }
-                        self.keep_budget(1);
-                        // the fault itself, without the eviction that made room for it
-                        let t = Instant::now();
-                        match self.find(address as usize) {
-                            Some((m, page)) => {
-                                let write = flags & uffd::fault_flag::WRITE != 0;
-                                // an I/O error leaves the thread blocked rather than handing
-                                // it wrong data (the next fault retries)
-                                if self.serve(&m, page, write, buf.bytes_mut(), false) {
-                                    let _ = m.area.wake(&self.fd, page);
-                                }
-                            }
-                            // A region being unmapped: the kernel wakes the faults waiting
-                            // when it unregisters, but one that got in between that wake
-                            // and the unregistering itself (a fault under the VMA lock,
-                            // not mmap_lock) waits for us. Woken, it faults again: on
-                            // plain memory, or here once more until the unregistering ends.
-                            None => self.wake_unheld(address as usize),
+                        if !self.serve_fault(address as usize, flags, buf.bytes_mut()) {
+                            self.unread.lock().unwrap_or_else(|p| p.into_inner()).push((address as usize, flags));
                         }
-                        self.counters.fault_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
                     }
                 }
+            }
+            if last_look.elapsed() >= TICK {
+                last_look = Instant::now();
+                self.retry_unread(buf.bytes_mut());
+                self.watch_cgroup();
             }
             if self.sigbus {
                 self.answer_bell();
@@ -879,6 +896,46 @@ impl Shared {
         }
         // faulting threads waiting for room go ahead without it
         self.answer_bell();
+    }
+
+    /// Serves the missing-page fault of a thread blocked at `addr` (its `flags`) and
+    /// wakes it. False: the swap file could not be read, and the thread still waits
+    /// (it is not handed wrong data, nor woken to fault again at once): the fault is
+    /// to be retried.
+    fn serve_fault(&self, addr: usize, flags: u64, buf: &mut [u8]) -> bool {
+        self.keep_budget(1);
+        // the fault itself, without the eviction that made room for it
+        let t = Instant::now();
+        let served = match self.find(addr) {
+            Some((m, page)) => {
+                let served = self.serve(&m, page, flags & uffd::fault_flag::WRITE != 0, buf, false);
+                if served {
+                    let _ = m.area.wake(&self.fd, page);
+                }
+                served
+            }
+            // A region being unmapped: the kernel wakes the faults waiting when it
+            // unregisters, but one that got in between that wake and the unregistering
+            // itself (a fault under the VMA lock, not mmap_lock) waits for us. Woken, it
+            // faults again: on plain memory, or here once more until the unregistering ends.
+            None => {
+                self.wake_unheld(addr);
+                true
+            }
+        };
+        self.counters.fault_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        served
+    }
+
+    /// Serves again the faults whose swap read failed (once a tick): a thread blocked
+    /// on one is never woken otherwise, since it does not fault again.
+    fn retry_unread(&self, buf: &mut [u8]) {
+        let waiting = std::mem::take(&mut *self.unread.lock().unwrap_or_else(|p| p.into_inner()));
+        for (addr, flags) in waiting {
+            if !self.serve_fault(addr, flags, buf) {
+                self.unread.lock().unwrap_or_else(|p| p.into_inner()).push((addr, flags));
+            }
+        }
     }
 
     /// Makes the room faulting threads asked for (or drains their records), then
@@ -1168,12 +1225,28 @@ impl Shared {
     /// is stale from now on (the slot is freed, unless an eviction kept it first);
     /// then the writer goes on (or, the page evicted meanwhile, faults again).
     fn written(&self, m: &Managed, page: usize) {
+        // The slot is read before the bit is taken. Read after, it could be the slot of
+        // a write-out that ran in between (an eviction that found the bit already
+        // taken writes the page to a new slot): that live slot was freed, the old one
+        // leaked, and the next free of the live slot freed it twice. While the bit is
+        // set the slot stays put (only a write-out changes it, and only once the bit is
+        // clear), and only this thread sets the bit again (it serves every read-back).
+        let slot = m.slot[page].load(Ordering::Acquire);
+        #[cfg(test)]
+        self.between_slot_and_clean();
         if m.clean.take_range(page, 1) {
-            self.record(m.id, None, Some(m.slot[page].load(Ordering::Acquire)), false);
+            self.record(m.id, None, Some(slot), false);
         }
         if m.area.unprotect(&self.fd, page).is_err() {
             // unregistered meanwhile: the writer must not wait for ever
             let _ = m.area.wake(&self.fd, page);
+        }
+    }
+
+    #[cfg(test)]
+    fn between_slot_and_clean(&self) {
+        if let Some(f) = self.written_race.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            f(self);
         }
     }
 
@@ -1263,7 +1336,10 @@ impl Shared {
                 return;
             }
             let _ev = self.lock_evicting();
-            if self.evict(want, Cause::Budget).is_err() {
+            // Failed, or not one page could be taken (every candidate pinned, or its
+            // move refused): the budget gives way, and a faulting thread waiting for
+            // room in SIGBUS mode goes ahead (it would otherwise wait for ever).
+            if !matches!(self.evict(want, Cause::Budget), Ok(n) if n > 0) {
                 self.counters.failures.fetch_add(1, Ordering::Relaxed);
             }
         }

@@ -40,6 +40,12 @@ impl Area {
         // SAFETY: the mapping is ours and unused; huge pages are declined so that the
         // pager moves and fills single pages.
         unsafe { mman::madvise(map.as_ptr(), len, Advice::LinuxNoHugepage) }?;
+        // Not inherited by a fork's child: a child's copy would share the pages (and
+        // `UFFDIO_MOVE` refuses a page not exclusively its process's, even after the
+        // child is gone, until the page is written again: no eviction could take it),
+        // and a child has no pager to serve its evicted pages anyway.
+        // SAFETY: as above; only a future child's view of the range changes.
+        unsafe { mman::madvise(map.as_ptr(), len, Advice::LinuxDontFork) }?;
         let mode = match (missing, clean) {
             (true, true) => uffd::mode::MISSING | uffd::mode::WP,
             (true, false) => uffd::mode::MISSING,
