@@ -1,8 +1,10 @@
 # ab.py: adds of new pages through two builds of advm side by side, with the kernel's
 # floor between them, so a slow phase of the machine hits every variant alike.
 #
-#   python3 bench/merge/ab.py ROUNDS NAME=ADVM_BINARY... [--floor FLOOR_BINARY]
+#   python3 bench/merge/ab.py ROUNDS NAME=ADVM_BINARY[,VAR=VALUE...]... [--floor FLOOR_BINARY]
 #
+# (VAR=VALUE: environment of that variant's runs, e.g.
+# ADVM_BENCH_MERGE_DAEMON_ARGS=--check-hashes-one-in 1 for the daemon it starts.)
 # Each round runs, for each binary in turn, `advm bench merge --runs 3 --json` with
 # ADVM_BENCH_MERGE_MODELS=none (the 1 GiB throughput rows and, for builds that have
 # them, the charging rows), then `FLOOR 1024` once.
@@ -11,11 +13,15 @@
 import json, os, statistics, subprocess, sys
 
 
-def bench(binary):
-    env = dict(os.environ, ADVM_BENCH_MERGE_MODELS='none')
+def bench(spec):
+    binary, *assign = spec.split(',')
+    env = dict(os.environ, ADVM_BENCH_MERGE_MODELS='none', **dict(a.split('=', 1) for a in assign))
     out = subprocess.run([binary, 'bench', 'merge', '--runs', '3', '--json'], env=env, check=True,
                          capture_output=True, text=True).stdout
     rep = json.loads(out)
+    for note in rep.get('notes', []):
+        if 'by phase' in note:
+            print('   ', note, flush=True)
     got = {}
     for row in rep['rows']:
         method = dict(row['config']).get('method', '')

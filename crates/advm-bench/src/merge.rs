@@ -70,6 +70,36 @@ struct Outcome {
     lat_after: Vec<f64>,
     /// (seconds since start, distinct bytes, cgroup bytes) every 100 ms.
     series: Vec<(f64, u64, Option<u64>)>,
+    /// Where the workers' merges spent their time (advm.merge), for the notes.
+    phases: Option<String>,
+}
+
+/// Each worker's merge in one line: seconds, pages added and merged, and its phases
+/// (seconds), slowest first.
+fn merge_phases(merges: &[&serde_json::Value]) -> Option<String> {
+    let mut rows: Vec<(f64, String)> = merges
+        .iter()
+        .filter_map(|m| {
+            let p = &m["phases"];
+            let f = |k: &str| p[k].as_f64().unwrap_or(f64::NAN);
+            let s = m["seconds"].as_f64()?;
+            Some((
+                s,
+                format!(
+                    "{s:.2} s ({} added, {} merged: fence {:.2}, hash {:.2}, lookup {:.2}, add {:.2}, map {:.2})",
+                    m["added"],
+                    m["merged"],
+                    f("fence"),
+                    f("hash"),
+                    f("lookup"),
+                    f("add"),
+                    f("map")
+                ),
+            ))
+        })
+        .collect();
+    rows.sort_by(|a, b| b.0.total_cmp(&a.0));
+    (!rows.is_empty()).then(|| rows.into_iter().map(|r| r.1).collect::<Vec<_>>().join("; "))
 }
 
 fn bench_dir() -> PathBuf {
@@ -152,11 +182,14 @@ impl Drop for Daemon {
 
 impl Daemon {
     /// Starts `advm daemon` on `sock` (in `group` when given) and waits up to 10 s
-    /// for it to listen.
+    /// for it to listen. `$ADVM_BENCH_MERGE_DAEMON_ARGS` (split at spaces) is added to
+    /// its command line, e.g. `--check-hashes-one-in 1` to compare settings.
     fn start(sock: &Path, group: Option<&Group>) -> Result<Self, BenchError> {
         let exe = std::env::current_exe().map_err(|e| io("current exe", e))?;
         let mut cmd = Command::new(exe);
         cmd.args(["daemon", "--socket"]).arg(sock).stderr(Stdio::null());
+        let extra = std::env::var("ADVM_BENCH_MERGE_DAEMON_ARGS").unwrap_or_default();
+        cmd.args(extra.split_whitespace());
         if let Some(g) = group {
             g.join_at_exec(&mut cmd)?;
         }
@@ -322,6 +355,7 @@ fn run_one(
         ready.iter().filter_map(|r| r.get("merge").filter(|m| !m.is_null())).chain(agent_reports.iter()).collect();
     let throughput_gbs: Vec<f64> =
         merges.iter().filter_map(|m| Some(m["bytes"].as_f64()? / m["seconds"].as_f64()? / 1e9)).collect();
+    let phases = (method == Method::Merge).then(|| merge_phases(&merges)).flatten();
     let to_saving_s = if method == Method::Merge {
         merges.iter().filter_map(|m| m["seconds"].as_f64()).fold(0.0, f64::max)
     } else {
@@ -339,7 +373,7 @@ fn run_one(
     drop(daemon);
     let _ = std::fs::remove_file(&sock);
     group.remove()?;
-    Ok(Outcome { distinct, cgroup, to_saving_s, throughput_gbs, ksmd_cpu_s, lat_before, lat_after, series })
+    Ok(Outcome { distinct, cgroup, to_saving_s, throughput_gbs, ksmd_cpu_s, lat_before, lat_after, series, phases })
 }
 
 /// The curves of one model and N: each method's name and samples.
@@ -430,6 +464,39 @@ struct Rates {
     merge: Vec<f64>,
     add_cpu: Vec<f64>,
     merge_cpu: Vec<f64>,
+    /// Each merge's phases, seconds per GB.
+    add_phases: Vec<advm::merge::Phases>,
+    merge_phases: Vec<advm::merge::Phases>,
+}
+
+/// Seconds per GB of a merge's phases.
+fn phases_per_gb(s: &advm::merge::MergeStats) -> advm::merge::Phases {
+    let gb = s.bytes as f64 / 1e9;
+    let p = &s.phases;
+    advm::merge::Phases {
+        fence_s: p.fence_s / gb,
+        hash_s: p.hash_s / gb,
+        lookup_s: p.lookup_s / gb,
+        add_s: p.add_s / gb,
+        map_s: p.map_s / gb,
+    }
+}
+
+/// The medians of each phase, as "fence 0.01, hash 0.05, ..." (s/GB).
+fn phase_medians(v: &[advm::merge::Phases]) -> String {
+    let median = |f: fn(&advm::merge::Phases) -> f64| {
+        let mut x: Vec<f64> = v.iter().map(f).collect();
+        x.sort_by(f64::total_cmp);
+        x.get(x.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    format!(
+        "fence {:.3}, hash {:.3}, lookup {:.3}, add {:.3}, map {:.3}",
+        median(|p| p.fence_s),
+        median(|p| p.hash_s),
+        median(|p| p.lookup_s),
+        median(|p| p.add_s),
+        median(|p| p.map_s)
+    )
 }
 
 /// One process merging `mib` MiB twice (new pages through `client`, then the same
@@ -457,6 +524,7 @@ fn throughput(
         let c1 = cpu()?;
         r.add.push(s.throughput() / 1e9);
         r.add_cpu.push((c1 - c0) / (s.bytes as f64 / 1e9));
+        r.add_phases.push(phases_per_gb(&s));
         let second = match again.as_deref_mut() {
             Some(c) => c,
             None => &mut *client,
@@ -464,6 +532,7 @@ fn throughput(
         let s = second.merge(b.bytes())?;
         r.merge.push(s.throughput() / 1e9);
         r.merge_cpu.push((cpu()? - c1) / (s.bytes as f64 / 1e9));
+        r.merge_phases.push(phases_per_gb(&s));
     }
     Ok(r)
 }
@@ -482,6 +551,11 @@ fn throughput_rows(opts: &BenchOpts, report: &mut Report) -> Result<(), BenchErr
     let _ = std::fs::remove_file(&sock);
     charging_rows(if opts.quick { 64 } else { 256 }, report)?;
     for (store, r) in [("own store", own), ("advmd", via_daemon)] {
+        report.notes.push(format!(
+            "throughput, {store}: wall-clock s/GB by phase (medians): adding new pages: {}; merging stored pages: {}",
+            phase_medians(&r.add_phases),
+            phase_medians(&r.merge_phases)
+        ));
         report.rows.push(
             Row::new()
                 .with("model", format!("{mib} MiB buffer"))
@@ -669,6 +743,11 @@ impl Bench for MergeBench {
                 let mut plotted: Plotted = Vec::new();
                 for &m in &methods {
                     let o = run_one(&py, &models, model, n, m, opts.quick)?;
+                    if let Some(p) = &o.phases {
+                        report
+                            .notes
+                            .push(format!("{model}, {n} workers, {}: each merge, slowest first: {p}", m.name()));
+                    }
                     plotted.push((
                         m.name(),
                         o.series.iter().map(|s| (s.0, s.1 as f64, s.2.map_or(f64::NAN, |c| c as f64))).collect(),

@@ -19,6 +19,11 @@ pub struct DaemonArgs {
     /// Seconds a request may take to arrive once begun (and a reply to be read).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub frame_timeout_s: u64,
+    /// Of each add's pages, hash one in N (picked at random) to check the client's
+    /// hashes, and file the pages under the client's hashes; 1: hash every page and
+    /// use none of the client's. Sharing is decided by full compares either way.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub check_hashes_one_in: u64,
 }
 
 /// Serves until killed.
@@ -28,6 +33,7 @@ pub fn run(args: DaemonArgs) -> Result<(), CliError> {
     cfg.domain_limit_bytes = args.domain_limit_mib << 20;
     cfg.max_clients = args.max_clients as usize;
     cfg.frame_timeout = Duration::from_secs(args.frame_timeout_s);
+    cfg.hash_check_one_in = args.check_hashes_one_in as usize;
     let d = advmd::Daemon::bind(cfg).map_err(|e| CliError::Usage(format!("advm daemon: {e}")))?;
     eprintln!("advmd: serving on {} (stores of at most {} MiB per domain)", socket.display(), args.domain_limit_mib);
     d.serve();

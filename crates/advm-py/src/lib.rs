@@ -66,6 +66,13 @@ fn stats_dict<'py>(py: Python<'py>, s: &advm::merge::MergeStats) -> PyResult<Bou
     d.set_item("refusal", s.refusal.clone())?;
     d.set_item("bytes", s.bytes)?;
     d.set_item("seconds", s.seconds)?;
+    let phases = PyDict::new(py);
+    let p = &s.phases;
+    for (k, v) in [("fence", p.fence_s), ("hash", p.hash_s), ("lookup", p.lookup_s), ("add", p.add_s), ("map", p.map_s)]
+    {
+        phases.set_item(k, v)?;
+    }
+    d.set_item("phases", phases)?;
     let (via, why) = match &s.via {
         advm::merge::Via::Daemon { socket } => ("daemon", socket.clone()),
         advm::merge::Via::Local { reason } => ("local", reason.clone()),

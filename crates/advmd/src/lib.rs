@@ -35,16 +35,23 @@ pub struct Config {
     pub max_clients: usize,
     /// How long a frame may take once begun, and a reply to be taken.
     pub frame_timeout: Duration,
+    /// Of an add's pages, the daemon hashes one in this many (picked at random) to
+    /// check the client's hashes, and files the pages under the client's hashes; 1
+    /// hashes every page and uses none of the client's. Sharing is decided by full
+    /// compares either way (docs/merge.md, "Whose hashes").
+    pub hash_check_one_in: usize,
 }
 
 impl Config {
-    /// Defaults at `socket`: 4 GiB per domain, 4096 clients, 10 s per frame.
+    /// Defaults at `socket`: 4 GiB per domain, 4096 clients, 10 s per frame, one
+    /// page in 64 of each add hashed by the daemon.
     pub fn at(socket: impl Into<PathBuf>) -> Self {
         Self {
             socket: socket.into(),
             domain_limit_bytes: 4 << 30,
             max_clients: 4096,
             frame_timeout: Duration::from_secs(10),
+            hash_check_one_in: 64,
         }
     }
 }
@@ -160,9 +167,10 @@ impl Daemon {
             }
             live.fetch_add(1, Ordering::SeqCst);
             let (services, live2, timeout) = (self.services.clone(), live.clone(), self.config.frame_timeout);
+            let check = self.config.hash_check_one_in;
             let spawned =
                 std::thread::Builder::new().name("advmd-client".into()).stack_size(256 << 10).spawn(move || {
-                    serve_client(ch, &services, timeout);
+                    serve_client(ch, &services, timeout, check);
                     live2.fetch_sub(1, Ordering::SeqCst);
                 });
             if spawned.is_err() {
@@ -174,9 +182,9 @@ impl Daemon {
 
 /// One connection: frames in, replies out, until the client leaves or breaks the
 /// framing; then everything it held is released.
-fn serve_client(ch: Channel, services: &Services, timeout: Duration) {
+fn serve_client(ch: Channel, services: &Services, timeout: Duration, hash_check_one_in: usize) {
     let Ok(peer) = ch.peer() else { return };
-    let mut merge = merge_service::Session::new(peer, timeout);
+    let mut merge = merge_service::Session::new(peer, timeout, hash_check_one_in);
     loop {
         let frame = match ch.recv() {
             Ok(Some(f)) => f,

@@ -150,6 +150,9 @@ pub struct Session {
     shown: HashSet<u64>,
     /// How long a lookup may wait for pages another session is adding.
     timeout: Duration,
+    /// An add's pages whose hashes the daemon computes itself: one in this many,
+    /// picked at random (1: every page, and the client's hashes are not used).
+    hash_check_one_in: usize,
 }
 
 fn refused(why: impl Into<String>) -> advm::Error {
@@ -158,11 +161,21 @@ fn refused(why: impl Into<String>) -> advm::Error {
 
 impl Session {
     /// A session for the client `peer`, whose lookups may wait `timeout` for pages
-    /// other sessions are adding.
-    pub fn new(peer: Peer, timeout: Duration) -> Self {
+    /// other sessions are adding, and whose adds' hashes are checked on one page in
+    /// `hash_check_one_in` (1: every page hashed by the daemon).
+    pub fn new(peer: Peer, timeout: Duration, hash_check_one_in: usize) -> Self {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Self { peer, open: None, held: Vec::new(), id, claimed: Vec::new(), shown: HashSet::new(), timeout }
+        Self {
+            peer,
+            open: None,
+            held: Vec::new(),
+            id,
+            claimed: Vec::new(),
+            shown: HashSet::new(),
+            timeout,
+            hash_check_one_in,
+        }
     }
 
     /// Answers one request. An `Err` is turned into an error reply by the caller; the
@@ -232,9 +245,10 @@ impl Session {
         }
     }
 
-    /// Adopts the client's sealed memfd into the store (no copy), hashes its pages
-    /// outside the store's lock (a large add stalls its own session only), then
-    /// publishes them, sharing any that are stored already.
+    /// Adopts the client's sealed memfd into the store (no copy), checks the client's
+    /// hashes on a sample of its pages (or hashes them all) outside the store's lock
+    /// (a large add stalls its own session only), then publishes them, sharing any
+    /// that are stored already (compared in full).
     fn add(&mut self, shared: &Shared, hashes: &[u64], pages: OwnedFd) -> advm::Result<Reply> {
         let n = hashes.len();
         let adopted = {
@@ -255,7 +269,18 @@ impl Session {
                 return Ok(Reply::Added { slots: vec![NO_SLOT; n], refusal: full.to_string(), room, segments: vec![] });
             }
         };
-        let hashed = adopting.hashes();
+        // Every page hashed here (one in 1), or the client's hashes checked on a
+        // sample and trusted to file the pages: sharing is decided by full compares
+        // either way (`Store::commit_adopted`), and the domain's clients hold its key.
+        let hashed = if self.hash_check_one_in <= 1 {
+            adopting.hashes()
+        } else {
+            adopting.check_sample(hashes, self.hash_check_one_in).and_then(|checked| {
+                checked
+                    .map(|()| hashes.to_vec())
+                    .map_err(|why| refused(format!("the add's hashes do not match its pages: {why}")))
+            })
+        };
         let mut g = lock(&shared.state);
         g.withdraw(hashes);
         g.unclaim(self.id, hashes);

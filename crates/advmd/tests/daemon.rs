@@ -341,12 +341,11 @@ fn the_image_service_hands_out_a_chain_that_maps_to_the_same_bytes() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The daemon hashes the pages it adopted itself: an add that names wrong hashes
-/// still indexes the pages under their true ones, so a hostile client cannot file a
-/// page under another page's hash.
+/// With every page hashed by the daemon (`hash_check_one_in` 1), an add is filed
+/// under the hashes of its bytes, never under the hashes the client named.
 #[test]
-fn an_add_is_indexed_under_the_hash_of_its_pages_not_the_hash_the_client_named() {
-    let (_d, sock) = start("claimed-hash", |_| {});
+fn hashing_every_page_files_an_add_under_the_hash_of_its_pages_not_the_hash_the_client_named() {
+    let (_d, sock) = start("claimed-hash", |c| c.hash_check_one_in = 1);
     let ch = Channel::connect(&sock).unwrap();
     let (hasher, mut view) = hello(&ch);
     let pages = filled(6, 4);
@@ -360,6 +359,27 @@ fn an_add_is_indexed_under_the_hash_of_its_pages_not_the_hash_the_client_named()
     };
     assert_eq!(lookup(truth), slots, "found under the hashes of their bytes");
     assert!(lookup(claimed).iter().all(|&s| s == advm::merge::protocol::NO_SLOT), "not under the claimed ones");
+}
+
+/// By default the daemon checks an add's hashes on a random sample of its pages: an
+/// add whose hashes are not its pages' is refused with a reply saying so, nothing of
+/// it is stored, and the session goes on (a correct add then lands).
+#[test]
+fn an_add_whose_hashes_are_not_the_hashes_of_its_pages_is_refused_and_the_session_goes_on() {
+    let (_d, sock) = start("false-hashes", |_| {});
+    let ch = Channel::connect(&sock).unwrap();
+    let (hasher, mut view) = hello(&ch);
+    let pages = filled(200, 9);
+    let truth: Vec<u64> = pages.bytes().chunks_exact(page_size()).map(|p| hasher.hash(p)).collect();
+    let claimed: Vec<u64> = truth.iter().map(|h| h ^ 0x5a5a).collect();
+    Request::Add { hashes: claimed, pages: sealed(pages.bytes(), FROZEN) }.send(&ch).unwrap();
+    let e = Reply::recv(&ch).unwrap_err().to_string();
+    assert!(e.contains("the add's hashes do not match its pages"), "{e}");
+    Request::Usage.send(&ch).unwrap();
+    let Reply::Usage(u) = Reply::recv(&ch).unwrap() else { panic!("no usage") };
+    assert_eq!(u.pages, 0, "nothing of the refused add is stored");
+    let slots = add(&ch, &mut view, pages.bytes(), truth);
+    assert!(slots.iter().all(|&s| s != advm::merge::protocol::NO_SLOT), "a correct add lands");
 }
 
 /// An add's pages are adopted as they are: the slots show the bytes byte for byte,

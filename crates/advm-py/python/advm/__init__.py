@@ -41,6 +41,11 @@ class MergeStats(TypedDict):
     """Bytes of the buffer."""
     seconds: float
     """Time the merge took."""
+    phases: dict[str, float]
+    """Where that time went, seconds: ``fence`` (checking and write-protecting the
+    range), ``hash`` (this process hashing its pages), ``lookup`` (asking the store,
+    including waits for pages other processes are adding), ``add`` (handing new pages
+    over), ``map`` (mapping store pages over the buffer)."""
     via: str
     """``"daemon"`` (advmd's store for this uid) or ``"local"`` (this process's own)."""
     via_detail: str

@@ -273,6 +273,7 @@ pub fn merge_process(min_bytes: u64) -> Result<ProcessMerge> {
                 refusal: None,
                 bytes: 0,
                 seconds: 0.0,
+                phases: Default::default(),
                 via: c.via().clone(),
             },
             mappings: 0,

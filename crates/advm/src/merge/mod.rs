@@ -77,8 +77,39 @@ pub struct MergeStats {
     pub bytes: u64,
     /// Wall-clock seconds the merge took.
     pub seconds: f64,
+    /// Where those seconds went.
+    pub phases: Phases,
     /// The store used.
     pub via: Via,
+}
+
+/// Wall-clock seconds of each step of a merge (summed over the calls of a
+/// process-wide merge): where a merge's time goes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Phases {
+    /// Checking the range's mappings and write-protecting it.
+    pub fence_s: f64,
+    /// Finding the non-zero pages and hashing them (this process).
+    pub hash_s: f64,
+    /// Asking the store which pages it holds, including waits for pages other
+    /// sessions are adding.
+    pub lookup_s: f64,
+    /// Handing new pages to the store (the copy) and waiting for it to take them.
+    pub add_s: f64,
+    /// Comparing candidates and mapping store pages over the range, then lifting the
+    /// write protection.
+    pub map_s: f64,
+}
+
+impl Phases {
+    /// Adds another merge's phases to these.
+    pub fn add(&mut self, o: &Phases) {
+        self.fence_s += o.fence_s;
+        self.hash_s += o.hash_s;
+        self.lookup_s += o.lookup_s;
+        self.add_s += o.add_s;
+        self.map_s += o.map_s;
+    }
 }
 
 impl MergeStats {
@@ -180,6 +211,7 @@ impl Client {
             refusal: None,
             bytes: len as u64,
             seconds: 0.0,
+            phases: Phases::default(),
             via: self.via.clone(),
         };
         if start >= stop {
@@ -193,9 +225,12 @@ impl Client {
         // SAFETY: the caller keeps the range mapped and does not write it; checked above
         // to be anonymous or store memory, which userfaultfd can protect.
         let mut fence = unsafe { WriteFence::new(start, stop - start) }.map_err(|e| fence_error(range, e))?;
+        stats.phases.fence_s = t0.elapsed().as_secs_f64();
         self.merge_fenced(&mut fence, &writable, &mut stats)?;
         drop(fence);
         stats.seconds = t0.elapsed().as_secs_f64();
+        stats.phases.map_s =
+            stats.seconds - stats.phases.fence_s - stats.phases.hash_s - stats.phases.lookup_s - stats.phases.add_s;
         Ok(stats)
     }
 
@@ -240,8 +275,12 @@ impl Client {
         let ps = page_size();
         let n_pages = fence.bytes().len() / ps;
         // Non-zero pages and their hashes.
+        let t = Instant::now();
         let (want, hashes) = self.backend.hasher().hash_nonzero(fence.bytes());
+        stats.phases.hash_s = t.elapsed().as_secs_f64();
+        let t = Instant::now();
         let found = self.backend.lookup(&hashes)?;
+        stats.phases.lookup_s = t.elapsed().as_secs_f64();
         let mut target: Vec<Option<Target>> = vec![None; n_pages];
         let mut is_new = vec![false; n_pages];
         let mut new_at: Vec<usize> = Vec::new();
@@ -255,7 +294,9 @@ impl Client {
                 }
             }
         }
+        let t = Instant::now();
         let (added, refusal) = self.backend.add(fence.bytes(), &new_at, &new_hashes)?;
+        stats.phases.add_s = t.elapsed().as_secs_f64();
         stats.refusal = refusal;
         for (&i, slot) in new_at.iter().zip(added) {
             match slot {

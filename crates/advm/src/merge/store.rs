@@ -381,10 +381,19 @@ impl Store {
         Ok(Ok(Adopting { id, slots, file, hasher: self.hasher.clone() }))
     }
 
-    /// Publishes the pages of an adopted file, each with a reference taken, under the
-    /// hashes [`Adopting::hashes`] computed (one per page, in order): a page equal to
-    /// one stored already (or earlier in the file) gets that page's slot instead, and
-    /// its own stays unused until the whole file goes. Returns one slot per page.
+    /// Publishes the pages of an adopted file, each with a reference taken, under
+    /// `hashes` (one per page, in order): a page equal to one stored already (or
+    /// earlier in the file) gets that page's slot instead, and its own stays unused
+    /// until the whole file goes. Returns one slot per page.
+    ///
+    /// The hashes may be the sender's ([`Adopting::check_sample`] checked some of
+    /// them): they only say where a page is filed. Sharing is decided by comparing
+    /// the bytes in full, here and in the client that maps a slot it looked up. When
+    /// a hash is filed already but no page under it is equal (distinct pages under
+    /// one hash, which honest clients meet once in 2^64), the store hashes the page
+    /// and the pages filed there itself and files each under its own hash: a page
+    /// filed under a false hash cannot keep an honest page of that hash from being
+    /// shared once the honest page is added.
     pub fn commit_adopted(&mut self, a: Adopting, hashes: &[u64]) -> Result<Vec<u32>> {
         if hashes.len() != a.slots.len() {
             self.drop_segment(a.id)?;
@@ -395,9 +404,16 @@ impl Store {
         }
         let mut out = Vec::with_capacity(a.slots.len());
         let mut unused = 0;
-        for (&slot, &hash) in a.slots.iter().zip(hashes) {
+        for (&slot, &named) in a.slots.iter().zip(hashes) {
             let p = self.page(slot);
-            let s = match self.index.get(&hash).and_then(|l| l.slots().iter().copied().find(|&s| self.page(s) == p)) {
+            let mut hash = named;
+            let mut equal = self.equal_under(hash, p);
+            if equal.is_none() && self.index.contains_key(&hash) {
+                self.refile_misfiled(hash);
+                hash = self.hasher.hash(self.page(slot));
+                equal = self.equal_under(hash, self.page(slot));
+            }
+            let s = match equal {
                 Some(s) => {
                     unused += 1;
                     s
@@ -413,6 +429,21 @@ impl Store {
         }
         self.unreference(a.id, unused)?;
         Ok(out)
+    }
+
+    /// A slot filed under `hash` whose page equals `p`.
+    fn equal_under(&self, hash: u64, p: &[u8]) -> Option<u32> {
+        self.index.get(&hash).and_then(|l| l.slots().iter().copied().find(|&s| self.page(s) == p))
+    }
+
+    /// Files every page filed under `hash` whose bytes hash otherwise under its own hash.
+    fn refile_misfiled(&mut self, hash: u64) {
+        let Some(listed) = self.index.remove(&hash) else { return };
+        for s in listed.slots().to_vec() {
+            let own = self.hasher.hash(self.page(s));
+            self.slots[s as usize].0 = own;
+            file(&mut self.index, own, s);
+        }
     }
 
     /// Gives an adopted file back unpublished.
@@ -653,6 +684,44 @@ impl Adopting {
         })
     }
 
+    /// Checks the sender's hashes of the file's pages (one per page, in order) on a
+    /// random sample of one page in each run of `one_in` (1: every page), hashing those pages
+    /// itself: `Err` names a page whose hash is not the hash of its bytes. The sender
+    /// cannot tell which pages are checked. This catches a client with another key
+    /// or a bug, at a small part of the cost of hashing every page; it is not what
+    /// keeps sharing safe (see [`Store::commit_adopted`]).
+    pub fn check_sample(&self, hashes: &[u64], one_in: usize) -> Result<std::result::Result<(), String>> {
+        let n = self.slots.len();
+        if hashes.len() != n {
+            return Ok(Err(format!("{} hashes for {n} pages", hashes.len())));
+        }
+        let ps = page_size();
+        let mut seed = [0u8; 8];
+        sys::random_bytes(&mut seed)?;
+        let mut x = u64::from_le_bytes(seed) | 1;
+        let mut buf = vec![0u8; ps];
+        // One page picked at random in each run of `one_in` pages.
+        let one_in = one_in.max(1);
+        for first in (0..n).step_by(one_in) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let page = first + (x % one_in.min(n - first) as u64) as usize;
+            let mut got = 0;
+            while got < ps {
+                let r = crate::sys::memfd::pread(&self.file, &mut buf[got..], (page * ps + got) as u64)?;
+                if r == 0 {
+                    return Ok(Err(format!("the file ended at {} bytes", page * ps + got)));
+                }
+                got += r;
+            }
+            if self.hasher.hash(&buf) != hashes[page] {
+                return Ok(Err(format!("page {page}'s hash is not the store's hash of its bytes")));
+            }
+        }
+        Ok(Ok(()))
+    }
+
     /// Hashes pages `first..first+count` of the file.
     fn hash_pages(&self, first: usize, count: usize) -> Result<Vec<u64>> {
         const CHUNK: usize = 64;
@@ -736,6 +805,46 @@ mod tests {
         }
         assert_eq!((store.usage().pages, store.segments.len()), (0, 0));
         assert!(store.page(sa[0]).iter().all(|&b| b == 0), "the store's own empty memfd shows again");
+    }
+
+    /// A page filed under a false hash (a client's hashes are trusted to file pages)
+    /// is never shared with a page of other bytes, and once a page whose bytes do
+    /// hash so is added, the collision makes the store hash both: each is then filed
+    /// under its own hash, and lookups of the true hash find the true page.
+    #[test]
+    fn a_page_filed_under_a_false_hash_is_refiled_when_the_true_page_comes() {
+        let ps = page_size();
+        let mut store = Store::create("misfiled", 64 * ps as u64).unwrap();
+        let (p, q) = (vec![1u8; ps], vec![2u8; ps]);
+        let (hp, hq) = (store.hasher().hash(&p), store.hasher().hash(&q));
+        let a = store.adopt(frozen(&[&p]), 1).unwrap().unwrap();
+        let liar = store.commit_adopted(a, &[hq]).unwrap()[0];
+        assert_eq!(store.find(hq), Some(liar), "filed where the client said");
+        let a = store.adopt(frozen(&[&q]), 1).unwrap().unwrap();
+        let honest = store.commit_adopted(a, &[hq]).unwrap()[0];
+        assert_ne!(honest, liar, "unequal bytes are never shared");
+        assert_eq!(store.page(honest), &q[..]);
+        assert_eq!(store.find(hq), Some(honest), "the true hash finds the true page");
+        assert_eq!(store.find(hp), Some(liar), "the false page is filed under its own hash");
+    }
+
+    /// The sampled check passes the sender's true hashes and, checking every page,
+    /// names a page whose hash is false.
+    #[test]
+    fn the_sampled_check_passes_true_hashes_and_names_a_false_one() {
+        let ps = page_size();
+        let mut store = Store::create("sampled", 64 * ps as u64).unwrap();
+        let pages: Vec<Vec<u8>> = (0..8).map(|k| vec![k as u8 + 1; ps]).collect();
+        let refs: Vec<&[u8]> = pages.iter().map(|p| &p[..]).collect();
+        let mut hashes: Vec<u64> = pages.iter().map(|p| store.hasher().hash(p)).collect();
+        let a = store.adopt(frozen(&refs), 8).unwrap().unwrap();
+        assert_eq!(a.check_sample(&hashes, 1).unwrap(), Ok(()));
+        assert_eq!(a.check_sample(&hashes, 64).unwrap(), Ok(()));
+        hashes[5] ^= 1;
+        let e = a.check_sample(&hashes, 1).unwrap().unwrap_err();
+        assert!(e.contains("page 5"), "{e}");
+        assert!(a.check_sample(&hashes[..7], 1).unwrap().is_err(), "one hash short");
+        store.cancel_adopted(a).unwrap();
     }
 
     /// A file that does not fit is refused whole; an unsealed one, or one whose size
