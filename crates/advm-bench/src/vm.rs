@@ -375,7 +375,8 @@ mod tests {
         let line = r#"merged: {"added":7388,"agent_cpu_s":0.14,"busy":0,"merged":11748,"ok":true,"wall_s":0.245}"#;
         let m = Merged::parse(line).unwrap();
         assert_eq!((m.merged, m.added, m.zero_dropped), (11748, 7388, 0));
-        let line = r#"merged: {"added":7,"agent_cpu_s":0.1,"busy":0,"merged":11,"ok":true,"wall_s":0.2,"zero_dropped":6656}"#;
+        let line =
+            r#"merged: {"added":7,"agent_cpu_s":0.1,"busy":0,"merged":11,"ok":true,"wall_s":0.2,"zero_dropped":6656}"#;
         assert_eq!(Merged::parse(line).unwrap().zero_dropped, 6656);
         assert_eq!((m.wall_s, m.agent_cpu_s), (0.245, 0.14));
         assert_eq!(Merged::parse("ready: http://127.0.0.1:1/ answered after 5 ms (x)"), None);

@@ -341,7 +341,11 @@ impl VmFillBench {
                 .figure(Figure::new("advmd CPU so far", "s", vec![d.cpu_seconds()]))
                 .figure(Figure::new("last VM: pages already in the store", "MiB", vec![last.merged as f64 * ps / MIB]))
                 .figure(Figure::new("last VM: pages added to the store", "MiB", vec![last.added as f64 * ps / MIB]))
-                .figure(Figure::new("last VM: zero pages given back", "MiB", vec![last.zero_dropped as f64 * ps / MIB]));
+                .figure(Figure::new(
+                    "last VM: zero pages given back",
+                    "MiB",
+                    vec![last.zero_dropped as f64 * ps / MIB],
+                ));
         }
         report.rows.push(row);
         Ok((total, total - tb))

@@ -60,7 +60,13 @@ impl AnonAdvice {
     /// From the `VmFlags:` line's two-letter flags.
     pub fn from_vm_flags(flags: &str) -> Self {
         let has = |f: &str| flags.split_whitespace().any(|x| x == f);
-        Self { hugepage: has("hg"), no_hugepage: has("nh"), dont_fork: has("dc"), dont_dump: has("dd"), mergeable: has("mg") }
+        Self {
+            hugepage: has("hg"),
+            no_hugepage: has("nh"),
+            dont_fork: has("dc"),
+            dont_dump: has("dd"),
+            mergeable: has("mg"),
+        }
     }
 
     /// Advises `[addr, addr+len)` so (flags only: no content changes, no userfaultfd
