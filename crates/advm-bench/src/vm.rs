@@ -140,6 +140,9 @@ pub(crate) struct Merged {
     pub merged: u64,
     /// Pages this VM put into the store.
     pub added: u64,
+    /// All-zero pages the guest held that the merge gave back (0 from an agent that
+    /// did not report them).
+    pub zero_dropped: u64,
     /// The request's wall time, s.
     pub wall_s: f64,
     /// CPU of the agent's threads in QEMU, s.
@@ -152,6 +155,7 @@ impl Merged {
         Some(Self {
             merged: v["merged"].as_u64()?,
             added: v["added"].as_u64()?,
+            zero_dropped: v["zero_dropped"].as_u64().unwrap_or(0),
             wall_s: v["wall_s"].as_f64()?,
             agent_cpu_s: v["agent_cpu_s"].as_f64()?,
         })
@@ -370,7 +374,10 @@ mod tests {
     fn a_merge_line_gives_its_counts_and_times_and_anything_else_is_refused() {
         let line = r#"merged: {"added":7388,"agent_cpu_s":0.14,"busy":0,"merged":11748,"ok":true,"wall_s":0.245}"#;
         let m = Merged::parse(line).unwrap();
-        assert_eq!((m.merged, m.added), (11748, 7388));
+        assert_eq!((m.merged, m.added, m.zero_dropped), (11748, 7388, 0));
+        let line =
+            r#"merged: {"added":7,"agent_cpu_s":0.1,"busy":0,"merged":11,"ok":true,"wall_s":0.2,"zero_dropped":6656}"#;
+        assert_eq!(Merged::parse(line).unwrap().zero_dropped, 6656);
         assert_eq!((m.wall_s, m.agent_cpu_s), (0.245, 0.14));
         assert_eq!(Merged::parse("ready: http://127.0.0.1:1/ answered after 5 ms (x)"), None);
         assert_eq!(Merged::parse(r#"merged: {"ok":false,"error":"x"}"#), None);

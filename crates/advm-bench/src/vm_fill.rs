@@ -272,6 +272,7 @@ type Curve = Vec<(usize, f64, f64)>;
 
 impl VmFillBench {
     /// Measures the `vms` running in `group`: one row.
+    #[allow(clippy::too_many_arguments)]
     fn point(
         s: &Settings,
         method: &str,
@@ -279,6 +280,7 @@ impl VmFillBench {
         group: &Group,
         layers: &[PathBuf],
         advmd: Option<&Advmd>,
+        ksmd_cpu_at_start: Option<f64>,
         report: &mut Report,
     ) -> Result<(f64, f64), BenchError> {
         let n = vms.len() as f64;
@@ -327,6 +329,9 @@ impl VmFillBench {
             .figure(Figure::new("QEMU files mapped", "MiB", vec![distinct_bytes(&mut parts.qemu_file) / MIB]))
             .figure(Figure::new("advm processes (vm run, advmd)", "MiB", vec![distinct_bytes(&mut other) / MIB]))
             .figure(Figure::new("boot to answer", "s", vms.iter().map(|v| v.ready_s).collect()));
+        if let (Some(t0), Some(t)) = (ksmd_cpu_at_start, advm::ksm::ksmd_cpu_seconds()) {
+            row = row.figure(Figure::new("ksmd CPU so far", "s", vec![t - t0]));
+        }
         if let Some(d) = advmd {
             // The last VM's merge: the store held the others' pages by then.
             let last = vms.last().and_then(|v| v.merged).unwrap_or_default();
@@ -335,7 +340,12 @@ impl VmFillBench {
                 .figure(Figure::new("merge CPU in QEMU (last VM)", "s", vec![last.agent_cpu_s]))
                 .figure(Figure::new("advmd CPU so far", "s", vec![d.cpu_seconds()]))
                 .figure(Figure::new("last VM: pages already in the store", "MiB", vec![last.merged as f64 * ps / MIB]))
-                .figure(Figure::new("last VM: pages added to the store", "MiB", vec![last.added as f64 * ps / MIB]));
+                .figure(Figure::new("last VM: pages added to the store", "MiB", vec![last.added as f64 * ps / MIB]))
+                .figure(Figure::new(
+                    "last VM: zero pages given back",
+                    "MiB",
+                    vec![last.zero_dropped as f64 * ps / MIB],
+                ));
         }
         report.rows.push(row);
         Ok((total, total - tb))
@@ -358,6 +368,7 @@ impl VmFillBench {
         let ooms = oom_kills(&group);
         let settle = Duration::from_secs(if method == "blk-ksm" { 30 } else { 10 });
         let advmd = if method == "pmem-merge" { Some(Advmd::start(advm, &group)?) } else { None };
+        let ksmd_cpu = if method == "blk-ksm" { advm::ksm::ksmd_cpu_seconds() } else { None };
         let mut vms: Vec<Vm> = Vec::new();
         let mut curve = Vec::new();
         let result = loop {
@@ -374,7 +385,7 @@ impl VmFillBench {
                 // The last VM did not fit; it is stopped with the others below.
                 break Ok(format!("with VM {}: {why}", vms.len()));
             }
-            match Self::point(s, method, &vms, &group, &layers, advmd.as_ref(), report) {
+            match Self::point(s, method, &vms, &group, &layers, advmd.as_ref(), ksmd_cpu, report) {
                 Ok((total, less_tb)) => curve.push((vms.len(), total, less_tb)),
                 Err(e) => break Err(e),
             }

@@ -14,7 +14,9 @@
 //! (`sys::merge_serviced`): a thread that writes a chunk while it is merged goes on at
 //! once, and the page it wrote is simply not merged this time. Pages go to the
 //! process-wide store ([`super::with_default`]): advmd when it answers, else this
-//! process's own.
+//! process's own. All-zero pages the process holds are not stored but given back
+//! under the same fence (a fresh anonymous mapping in their place, as `MADV_DONTNEED`
+//! would leave them: they read as zeros and hold nothing until written).
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::linux::net::SocketAddrExt;
@@ -24,7 +26,8 @@ use std::time::{Duration, Instant};
 use super::{Client, MergeStats};
 use crate::mem::page_size;
 use crate::sys::merge::Target;
-use crate::sys::merge_serviced::ServicedFence;
+use crate::sys::merge_serviced::{AnonAdvice, ServicedFence};
+use crate::sys::pagemap::{self, Entry, Pagemap};
 use crate::sys::procmap;
 use crate::{Error, Result};
 
@@ -56,6 +59,9 @@ pub struct ProcessMerge {
     pub mappings: u64,
     /// Of `skipped`: pages written, unmapped or remapped while their chunk was merged.
     pub busy: u64,
+    /// Of `skipped`: all-zero pages the process held (resident, not the shared zero
+    /// page), given back.
+    pub zero_dropped: u64,
     /// Why merging stopped early, if it did (e.g. the process's mapping budget).
     pub stopped: Option<String>,
 }
@@ -258,6 +264,8 @@ pub fn merge_process(min_bytes: u64) -> Result<ProcessMerge> {
     let maps = std::fs::read_to_string("/proc/self/maps")
         .map_err(|e| Error::Sys(crate::sys::SysError::from_io("read(/proc/self/maps)", &e)))?;
     let todo = candidates(&parse_maps(&maps), min_bytes, &exclude);
+    let advice = std::fs::read_to_string("/proc/self/smaps").map(|t| vm_flags(&t)).unwrap_or_default();
+    let zeros = HeldPages { pagemap: Pagemap::open("self").ok(), zero_pfn: pagemap::zero_pfn() };
     let budget = std::fs::read_to_string("/proc/sys/vm/max_map_count")
         .ok()
         .and_then(|t| t.trim().parse::<usize>().ok())
@@ -278,10 +286,12 @@ pub fn merge_process(min_bytes: u64) -> Result<ProcessMerge> {
             },
             mappings: 0,
             busy: 0,
+            zero_dropped: 0,
             stopped: None,
         };
         'maps: for &(start, end) in &todo {
             r.mappings += 1;
+            let advice = advice.get(&start).map_or_else(AnonAdvice::default, |f| AnonAdvice::from_vm_flags(f));
             r.stats.bytes += (end - start) as u64;
             let mut a = start;
             while a < end {
@@ -290,7 +300,7 @@ pub fn merge_process(min_bytes: u64) -> Result<ProcessMerge> {
                     break 'maps;
                 }
                 let len = (end - a).min(CHUNK_BYTES);
-                merge_chunk(c, &mut fence, a, len, &mut r)?;
+                merge_chunk(c, &mut fence, Chunk { addr: a, len, advice, zeros: &zeros }, &mut r)?;
                 a += len;
             }
         }
@@ -299,10 +309,56 @@ pub fn merge_process(min_bytes: u64) -> Result<ProcessMerge> {
     })
 }
 
+/// The `VmFlags` of each mapping in /proc/PID/smaps text, by its start address.
+fn vm_flags(smaps: &str) -> std::collections::HashMap<usize, String> {
+    let mut out = std::collections::HashMap::new();
+    let mut start = None;
+    for line in smaps.lines() {
+        if let Some(flags) = line.strip_prefix("VmFlags:") {
+            if let Some(s) = start.take() {
+                out.insert(s, flags.trim().to_string());
+            }
+        } else if let Some(m) = parse_maps(line).first() {
+            start = Some(m.start);
+        }
+    }
+    out
+}
+
+/// Which pages hold memory of their own (present, and not the shared zero page), from
+/// this process's pagemap; every page when it cannot be read.
+struct HeldPages {
+    pagemap: Option<Pagemap>,
+    zero_pfn: Option<u64>,
+}
+
+impl HeldPages {
+    fn of(&self, addr: usize, n: usize) -> Vec<bool> {
+        let mut e = vec![0u64; n];
+        match &self.pagemap {
+            Some(p) if p.read((addr / page_size()) as u64, &mut e).is_ok_and(|got| got == n) => e
+                .iter()
+                .map(|&x| Entry(x).present() && (self.zero_pfn.is_none() || Entry(x).pfn() != self.zero_pfn))
+                .collect(),
+            _ => vec![true; n],
+        }
+    }
+}
+
+/// One chunk of a candidate mapping, and what it needs besides the fence.
+struct Chunk<'a> {
+    addr: usize,
+    len: usize,
+    /// The mapping's advice, for the anonymous memory that replaces zero pages.
+    advice: AnonAdvice,
+    zeros: &'a HeldPages,
+}
+
 /// Merges one chunk under the fence.
 #[allow(unsafe_code)] // the chunk comes from this process's own maps: protect's contract
-fn merge_chunk(c: &mut Client, fence: &mut ServicedFence, addr: usize, len: usize, r: &mut ProcessMerge) -> Result<()> {
+fn merge_chunk(c: &mut Client, fence: &mut ServicedFence, chunk: Chunk<'_>, r: &mut ProcessMerge) -> Result<()> {
     let ps = page_size();
+    let (addr, len) = (chunk.addr, chunk.len);
     let n = len / ps;
     // SAFETY: `addr..addr+len` lies in one of this process's mappings (read from
     // /proc/self/maps; if it has gone, protect reports it), and this thread writes it
@@ -312,20 +368,14 @@ fn merge_chunk(c: &mut Client, fence: &mut ServicedFence, addr: usize, len: usiz
         r.busy += n as u64;
         return Ok(());
     }
-    let result = plan_and_map(c, fence, len, addr, r);
+    let result = plan_and_map(c, fence, &chunk, r);
     fence.lift();
     result
 }
 
-fn plan_and_map(
-    c: &mut Client,
-    fence: &mut ServicedFence,
-    len: usize,
-    addr: usize,
-    r: &mut ProcessMerge,
-) -> Result<()> {
+fn plan_and_map(c: &mut Client, fence: &mut ServicedFence, chunk: &Chunk<'_>, r: &mut ProcessMerge) -> Result<()> {
     let ps = page_size();
-    let n = len / ps;
+    let (addr, n) = (chunk.addr, chunk.len / ps);
     let snap = fence.snapshot();
     let (want, hashes) = c.backend.hasher().hash_nonzero(snap);
     r.stats.skipped += (n - want.len()) as u64;
@@ -422,6 +472,43 @@ fn plan_and_map(
                     r.busy += 1;
                 }
             }
+        }
+        i += k;
+    }
+    drop_zero_pages(fence, chunk, &want, writable, &check, r)
+}
+
+/// Gives back the chunk's all-zero pages (those `hash_nonzero` left out of `nonzero`)
+/// in runs that hold any memory, unless written meanwhile.
+fn drop_zero_pages(
+    fence: &mut ServicedFence,
+    chunk: &Chunk<'_>,
+    nonzero: &[usize],
+    writable: bool,
+    check: &dyn Fn(usize, usize) -> bool,
+    r: &mut ProcessMerge,
+) -> Result<()> {
+    let n = chunk.len / page_size();
+    let mut zero = vec![true; n];
+    for &i in nonzero {
+        zero[i] = false;
+    }
+    let held = chunk.zeros.of(chunk.addr, n);
+    let mut dropped = vec![false; n];
+    let mut i = 0;
+    while i < n {
+        if !zero[i] {
+            i += 1;
+            continue;
+        }
+        let mut k = 1;
+        while i + k < n && zero[i + k] {
+            k += 1;
+        }
+        if held[i..i + k].iter().any(|&h| h) {
+            let d = &mut dropped[i..i + k];
+            fence.drop_unwritten_zeros(i, k, writable, chunk.advice, check, d).map_err(Error::Sys)?;
+            r.zero_dropped += d.iter().zip(&held[i..i + k]).filter(|&(&d, &h)| d && h).count() as u64;
         }
         i += k;
     }

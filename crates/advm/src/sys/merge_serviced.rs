@@ -39,6 +39,57 @@ const FEATURES: u64 =
 /// Header of the shared scratch mapping (before the marks and the snapshot).
 const HEADER: usize = 64;
 
+/// The `madvise` flags a private anonymous mapping had (its `VmFlags` in
+/// /proc/PID/smaps: `hg`, `nh`, `dc`, `dd`, `mg`), given again to the anonymous
+/// mapping that replaces part of it, so that the two join once the fence is lifted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AnonAdvice {
+    /// `MADV_HUGEPAGE`.
+    pub hugepage: bool,
+    /// `MADV_NOHUGEPAGE`.
+    pub no_hugepage: bool,
+    /// `MADV_DONTFORK`.
+    pub dont_fork: bool,
+    /// `MADV_DONTDUMP`.
+    pub dont_dump: bool,
+    /// `MADV_MERGEABLE` (KSM).
+    pub mergeable: bool,
+}
+
+impl AnonAdvice {
+    /// From the `VmFlags:` line's two-letter flags.
+    pub fn from_vm_flags(flags: &str) -> Self {
+        let has = |f: &str| flags.split_whitespace().any(|x| x == f);
+        Self {
+            hugepage: has("hg"),
+            no_hugepage: has("nh"),
+            dont_fork: has("dc"),
+            dont_dump: has("dd"),
+            mergeable: has("mg"),
+        }
+    }
+
+    /// Advises `[addr, addr+len)` so (flags only: no content changes, no userfaultfd
+    /// event, no allocation).
+    fn apply(self, addr: usize, len: usize) -> SysResult<()> {
+        use super::mman::Advice;
+        let all = [
+            (self.hugepage, Advice::LinuxHugepage),
+            (self.no_hugepage, Advice::LinuxNoHugepage),
+            (self.dont_fork, Advice::LinuxDontFork),
+            (self.dont_dump, Advice::LinuxDontDump),
+            (self.mergeable, Advice::LinuxMergeable),
+        ];
+        for (on, advice) in all {
+            if on {
+                // SAFETY: these advices change a mapping's flags, never its content.
+                unsafe { super::mman::madvise(addr as *mut u8, len, advice) }?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The shared scratch: lock, stop flag, the fenced chunk, marks, snapshot.
 #[derive(Debug)]
 struct Scratch {
@@ -236,7 +287,52 @@ impl ServicedFence {
         check: &dyn Fn(usize, usize) -> bool,
         mapped: &mut [bool],
     ) -> SysResult<()> {
-        assert_eq!(mapped.len(), pages, "one flag per page");
+        let ps = super::page_size();
+        // The file holds the pages' bytes there (the caller compared), so the program
+        // reads the same content through the new mapping.
+        let backing = |j: usize| Backing::File { fd, offset: offset + (j * ps) as u64 };
+        self.replace_unwritten(first, pages, writable, &backing, AnonAdvice::default(), check, mapped)
+    }
+
+    /// Gives back the chunk's pages from `first` on, which the snapshot holds as all
+    /// zeros, except pages written, remapped or zapped since [`Self::protect`]: each
+    /// stretch of the others that is still `check`ed good becomes a fresh private
+    /// anonymous mapping (advised as `advice` says, like the mapping it replaces), so
+    /// it reads as zeros as before and holds no memory until written. Sets `dropped[j]`
+    /// for each page `first + j` given back.
+    ///
+    /// Not `MADV_DONTNEED`: on a registered range it raises a remove event that the
+    /// servicer must read before the call returns, and the servicer may be waiting for
+    /// the lock held here. Replacing the mapping raises no event this fence asks for.
+    pub fn drop_unwritten_zeros(
+        &mut self,
+        first: usize,
+        pages: usize,
+        writable: bool,
+        advice: AnonAdvice,
+        check: &dyn Fn(usize, usize) -> bool,
+        dropped: &mut [bool],
+    ) -> SysResult<()> {
+        // The pages read as zeros, and so does fresh anonymous memory.
+        let backing = |_: usize| Backing::Anonymous;
+        self.replace_unwritten(first, pages, writable, &backing, advice, check, dropped)
+    }
+
+    /// Replaces each stretch of unmarked pages from `first` (page `first + j` from
+    /// `backing(j)`) whose mapping is still `check`ed good, under the lock. The
+    /// callers say why the new backing reads as the snapshot does.
+    #[allow(clippy::too_many_arguments)]
+    fn replace_unwritten<'fd>(
+        &mut self,
+        first: usize,
+        pages: usize,
+        writable: bool,
+        backing: &dyn Fn(usize) -> Backing<'fd>,
+        advice: AnonAdvice,
+        check: &dyn Fn(usize, usize) -> bool,
+        replaced: &mut [bool],
+    ) -> SysResult<()> {
+        assert_eq!(replaced.len(), pages, "one flag per page");
         let ps = super::page_size();
         let s = &self.scratch;
         let base = s.base().load(Ordering::Relaxed);
@@ -256,15 +352,16 @@ impl ServicedFence {
             }
             let addr = base + (first + j) * ps;
             if check(addr, k * ps) {
-                let backing = Backing::File { fd, offset: offset + (j * ps) as u64 };
                 // SAFETY: the pages are this process's (protect's contract), still
                 // protected and unchanged (not marked, under the lock that marking
-                // takes), and the file holds their bytes there (the caller compared):
-                // the program reads the same content through the new mapping, and its
+                // takes), and the new backing reads as the snapshot (the callers): the
+                // program reads the same content through the new mapping, and its
                 // writes wait for the lock.
-                r = unsafe { super::mman::map_fixed(addr as *mut u8, k * ps, prot, Share::Private, backing) };
+                r = unsafe { super::mman::map_fixed(addr as *mut u8, k * ps, prot, Share::Private, backing(j)) };
                 if r.is_ok() {
-                    mapped[j..j + k].fill(true);
+                    replaced[j..j + k].fill(true);
+                    // Flags only: no content change, no userfaultfd event.
+                    r = advice.apply(addr, k * ps);
                 }
             }
             j += k;

@@ -1,0 +1,108 @@
+//! The merge agent's whole-process merge (`advm::merge::agent::merge_process`, what
+//! `advm run --mode merge` and `advm vm run --merge` run) gives back all-zero pages the
+//! process holds: they read as zeros after, hold no memory, and their mapping joins its
+//! neighbours again with the flags it had; a thread writing zero pages throughout the
+//! merge loses no write.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use advm::mem::{page_size, PageRange, Region};
+use advm::stats::page_frames;
+
+/// The mapping of /proc/self/maps holding `addr`: (start, end, the VmFlags line of smaps).
+fn mapping_of(addr: usize) -> (usize, usize, String) {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut cur: Option<(usize, usize)> = None;
+    for line in smaps.lines() {
+        if let Some(flags) = line.strip_prefix("VmFlags:") {
+            if let Some((s, e)) = cur.filter(|&(s, e)| s <= addr && addr < e) {
+                return (s, e, flags.trim().to_string());
+            }
+        } else if let Some((s, e)) = line.split_whitespace().next().and_then(|r| r.split_once('-')) {
+            if let (Ok(s), Ok(e)) = (usize::from_str_radix(s, 16), usize::from_str_radix(e, 16)) {
+                cur = Some((s, e));
+            }
+        }
+    }
+    panic!("{addr:#x} is not mapped");
+}
+
+#[test]
+fn zero_pages_are_given_back_and_a_writer_during_the_merge_loses_nothing() {
+    if advm::probe::facts().uffd_features.is_none() {
+        eprintln!("skipped: userfaultfd not available here");
+        return;
+    }
+    // The process's own store, whatever daemon runs on this machine (set before any
+    // thread starts).
+    std::env::set_var("ADVM_SOCKET", "/nonexistent/advmd.sock");
+    let ps = page_size();
+    let words = ps / 8;
+
+    // A: 2048 pages, the first half distinct non-zero pages, the second half written
+    // and zeroed again (resident all-zero pages), marked mergeable (a flag the anonymous
+    // memory that replaces them must carry too, or the mapping stays split).
+    let n = 2048;
+    let mut a = Region::new(n * ps).unwrap();
+    let flagged = a.set_mergeable(true).is_ok();
+    for (i, page) in a.bytes_mut().chunks_exact_mut(ps).enumerate() {
+        page.fill(if i < n / 2 { (i % 251 + 1) as u8 } else { 0x5a });
+        page[..8].copy_from_slice(&(i as u64 + 1).to_le_bytes());
+        if i >= n / 2 {
+            page.fill(0);
+        }
+    }
+    let resident = |r: PageRange| page_frames(r).unwrap().iter().filter(|f| f.is_some()).count();
+    let zero_half = PageRange::new("zero half", a.addr().0 + n / 2 * ps, n / 2 * ps).unwrap();
+    assert_eq!(resident(zero_half), n / 2, "the zero half is resident before the merge");
+
+    // B: 1024 pages of zeros (written, so resident), one thread writing pages 0..64 of
+    // it throughout the merge; its last value per page is what must be there after.
+    let bn = 1024;
+    let b: Vec<AtomicU64> = (0..bn * words + words).map(|_| AtomicU64::new(0)).collect();
+    let stop = AtomicBool::new(false);
+    let written = 64;
+    let (r, last) = std::thread::scope(|s| {
+        let w = s.spawn(|| {
+            let mut last = vec![0u64; written];
+            let mut k = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                k += 1;
+                let p = (k as usize * 7) % written;
+                b[p * words + words / 2].store(k, Ordering::Relaxed);
+                last[p] = k;
+            }
+            last
+        });
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let r = advm::merge::agent::merge_process(1 << 20).unwrap();
+        stop.store(true, Ordering::Relaxed);
+        (r, w.join().unwrap())
+    });
+    eprintln!("{r:?}");
+
+    // A's zero half is given back (a full chunk of it at least: the merge goes in
+    // 4 MiB chunks), and reads as zeros; its first half is intact.
+    assert!(r.zero_dropped >= (n / 2 + bn - written - 2) as u64, "{r:?}");
+    assert_eq!(resident(zero_half), 0, "zero pages still resident after the merge: {r:?}");
+    for (i, page) in a.bytes().chunks_exact(ps).enumerate() {
+        if i < n / 2 {
+            assert_eq!(page[..8], (i as u64 + 1).to_le_bytes(), "page {i}");
+            assert!(page[8..].iter().all(|&x| x == (i % 251 + 1) as u8), "page {i}");
+        } else {
+            assert!(page.iter().all(|&x| x == 0), "page {i} is not zero after the merge");
+        }
+    }
+    // One mapping again over the zero half, with the flag it had.
+    let (start, end, flags) = mapping_of(zero_half.start().0 + ps);
+    assert!(start <= zero_half.start().0 + ps && end >= zero_half.end().0, "{start:#x}-{end:#x} vs {zero_half:?}");
+    if flagged {
+        assert!(flags.split_whitespace().any(|f| f == "mg"), "the replaced zero pages lost MADV_MERGEABLE: {flags}");
+    }
+    // B: every write of the writer is there, and nothing else.
+    for (i, w) in b.iter().enumerate() {
+        let p = i / words;
+        let expect = if p < written && i % words == words / 2 { last[p] } else { 0 };
+        assert_eq!(w.load(Ordering::Relaxed), expect, "word {i} (page {p})");
+    }
+}
