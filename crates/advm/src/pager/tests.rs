@@ -23,6 +23,22 @@ fn pager(mode: FaultMode) -> Option<Pager> {
     Some(Pager::new(cfg).unwrap())
 }
 
+/// Writes page i's mark (8 bytes of i + 1) into the first `n` pages of `r`.
+fn mark_pages(r: &PagedRegion, n: usize) {
+    for i in 0..n {
+        r.write(i * page_size(), &[i as u8 + 1; 8]).unwrap();
+    }
+}
+
+/// Asserts that the first `n` pages of `r` still hold the marks of [`mark_pages`].
+fn check_marks(r: &PagedRegion, n: usize) {
+    let mut b = [0u8; 8];
+    for i in 0..n {
+        r.read(i * page_size(), &mut b).unwrap();
+        assert_eq!(b, [i as u8 + 1; 8], "page {i}");
+    }
+}
+
 /// A fault is filled, then the region is unmapped before the fault's bookkeeping
 /// runs (the window between `UFFDIO_ZEROPAGE`/`UFFDIO_COPY` and the state update):
 /// the resident count and the swap slots come out exact.
@@ -325,9 +341,7 @@ fn a_page_the_eviction_could_not_move_is_evicted_later() {
         let p = Pager::new(Config::new(16 * ps)).unwrap();
         let s = p.shared.clone();
         let r = p.map(32 * ps).unwrap();
-        for i in 0..16 {
-            r.write(i * ps, &[i as u8 + 1; 8]).unwrap();
-        }
+        mark_pages(&r, 16);
         // every move of the next eviction goes to staging page 0: taken, so they all fail
         s.staging.write(0, &[1]).unwrap();
         r.write(16 * ps, &[17; 8]).unwrap();
@@ -340,11 +354,7 @@ fn a_page_the_eviction_could_not_move_is_evicted_later() {
         let after = p.stats();
         assert!(stuck.written_pages == 0 && stuck.resident_pages == 17, "while stuck: {stuck:?}");
         assert!(after.resident_pages <= 16 && after.written_pages >= 2, "after: {after:?}");
-        let mut b = [0u8; 8];
-        for i in 0..18 {
-            r.read(i * ps, &mut b).unwrap();
-            assert_eq!(b, [i as u8 + 1; 8], "page {i}");
-        }
+        check_marks(&r, 18);
     });
 }
 
@@ -362,9 +372,7 @@ fn in_sigbus_mode_a_fault_is_served_when_no_page_can_be_evicted() {
         let p = Pager::new(cfg).unwrap();
         let s = p.shared.clone();
         let r = Arc::new(p.map(32 * ps).unwrap());
-        for i in 0..16 {
-            r.write(i * ps, &[i as u8 + 1; 8]).unwrap();
-        }
+        mark_pages(&r, 16);
         s.staging.write(0, &[1]).unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         let writer = {
@@ -385,11 +393,7 @@ fn in_sigbus_mode_a_fault_is_served_when_no_page_can_be_evicted() {
         served.expect("a fault past the budget waited 30 s for room no eviction could make");
         writer.join().unwrap();
         assert!(st.resident_pages == 17 && st.eviction_failures >= 1, "{st:?}");
-        let mut b = [0u8; 8];
-        for i in 0..17 {
-            r.read(i * ps, &mut b).unwrap();
-            assert_eq!(b, [i as u8 + 1; 8], "page {i}");
-        }
+        check_marks(&r, 17);
     });
 }
 
@@ -405,9 +409,7 @@ fn a_forked_child_keeps_no_page_of_the_pager_from_eviction() {
         let Some(p) = pager(FaultMode::Thread) else { return };
         let ps = page_size();
         let r = p.map(16 * ps).unwrap();
-        for i in 0..16 {
-            r.write(i * ps, &[i as u8 + 1; 8]).unwrap();
-        }
+        mark_pages(&r, 16);
         let (mut tell, wait) = std::os::unix::net::UnixStream::pair().unwrap();
         let child = crate::sys::process::fork_run(|| {
             use std::io::Read;
@@ -419,11 +421,7 @@ fn a_forked_child_keeps_no_page_of_the_pager_from_eviction() {
         std::io::Write::write_all(&mut tell, &[1]).unwrap();
         assert_eq!(crate::sys::process::wait_child(child).unwrap(), 0);
         assert_eq!(flushed.unwrap(), 16, "{:?}", p.stats());
-        let mut b = [0u8; 8];
-        for i in 0..16 {
-            r.read(i * ps, &mut b).unwrap();
-            assert_eq!(b, [i as u8 + 1; 8], "page {i}");
-        }
+        check_marks(&r, 16);
     });
 }
 
