@@ -881,16 +881,12 @@ impl Shared {
                     }
                 }
             }
-            if last_look.elapsed() >= TICK {
-                last_look = Instant::now();
-                self.retry_unread(buf.bytes_mut());
-                self.watch_cgroup();
-            }
             if self.sigbus {
                 self.answer_bell();
             }
             if last_look.elapsed() >= TICK {
                 last_look = Instant::now();
+                self.retry_unread(buf.bytes_mut());
                 self.watch_cgroup();
             }
         }
