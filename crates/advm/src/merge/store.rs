@@ -707,14 +707,7 @@ impl Adopting {
             x ^= x >> 7;
             x ^= x << 17;
             let page = first + (x % one_in.min(n - first) as u64) as usize;
-            let mut got = 0;
-            while got < ps {
-                let r = crate::sys::memfd::pread(&self.file, &mut buf[got..], (page * ps + got) as u64)?;
-                if r == 0 {
-                    return Ok(Err(format!("the file ended at {} bytes", page * ps + got)));
-                }
-                got += r;
-            }
+            self.read_pages(page, &mut buf)?;
             if self.hasher.hash(&buf) != hashes[page] {
                 return Ok(Err(format!("page {page}'s hash is not the store's hash of its bytes")));
             }
@@ -731,21 +724,28 @@ impl Adopting {
         let mut page = first;
         while page < first + count {
             let n = CHUNK.min(first + count - page);
-            let mut got = 0;
-            while got < n * ps {
-                let r = crate::sys::memfd::pread(&self.file, &mut buf[got..n * ps], (page * ps + got) as u64)?;
-                if r == 0 {
-                    return Err(Error::InvalidArgument {
-                        what: "adopted pages",
-                        why: format!("the file ended at {} bytes", page * ps + got),
-                    });
-                }
-                got += r;
-            }
+            self.read_pages(page, &mut buf[..n * ps])?;
             out.extend(buf[..n * ps].chunks_exact(ps).map(|p| self.hasher.hash(p)));
             page += n;
         }
         Ok(out)
+    }
+
+    /// Fills `buf` with the file's pages from `first` on.
+    fn read_pages(&self, first: usize, buf: &mut [u8]) -> Result<()> {
+        let at = (first * page_size()) as u64;
+        let mut got = 0;
+        while got < buf.len() {
+            let r = crate::sys::memfd::pread(&self.file, &mut buf[got..], at + got as u64)?;
+            if r == 0 {
+                return Err(Error::InvalidArgument {
+                    what: "adopted pages",
+                    why: format!("the file ended at {} bytes", at + got as u64),
+                });
+            }
+            got += r;
+        }
+        Ok(())
     }
 }
 
