@@ -325,6 +325,8 @@ pub(crate) struct MoveCosts {
     /// (pages, memmove, batch of page moves) per object sliding into space the one
     /// before it vacated, ascending by pages (`BreakEven::compaction`).
     points: Vec<(usize, f64, f64)>,
+    /// memmove's median per-page rate over `points` (see [`Self::at`]).
+    copy_us_per_page: f64,
     /// Per page of a destination that holds pages: freeing it before a page move
     /// (`MADV_DONTNEED`); also what a copy into emptied space pays per page to fault
     /// it in again.
@@ -339,7 +341,15 @@ impl MoveCosts {
         // populated destination costs, per page.
         let last = be.curve.iter().rev().find(|p| p.uffd_move_populated_us > 0.0 && p.uffd_move_us > 0.0)?;
         let populated_us_per_page = ((last.uffd_move_populated_us - last.uffd_move_us) / last.pages as f64).max(0.0);
-        (!points.is_empty()).then_some(MoveCosts { points, populated_us_per_page })
+        (!points.is_empty()).then(|| MoveCosts::new(points, populated_us_per_page))
+    }
+
+    /// Costs from measured `points` (not empty, ascending by pages).
+    fn new(points: Vec<(usize, f64, f64)>, populated_us_per_page: f64) -> Self {
+        let mut rates: Vec<f64> = points.iter().map(|q| q.1 / q.0.max(1) as f64).collect();
+        rates.sort_by(f64::total_cmp);
+        let copy_us_per_page = rates[rates.len() / 2];
+        MoveCosts { points, copy_us_per_page, populated_us_per_page }
     }
 
     /// (memmove, page move) of an object of `pages` pages. memmove: `pages` times the
@@ -350,9 +360,7 @@ impl MoveCosts {
     /// (a call's fixed cost fades with the size), in proportion outside them.
     fn at(&self, pages: usize) -> (f64, f64) {
         let p = &self.points;
-        let mut rates: Vec<f64> = p.iter().map(|q| q.1 / q.0.max(1) as f64).collect();
-        rates.sort_by(f64::total_cmp);
-        let copy = pages as f64 * rates[rates.len() / 2];
+        let copy = pages as f64 * self.copy_us_per_page;
         let i = p.partition_point(|q| q.0 < pages);
         let scaled = |q: (usize, f64, f64)| q.2 * pages as f64 / q.0.max(1) as f64;
         let remap = if i == 0 {
@@ -805,11 +813,11 @@ mod tests {
     /// Costs under which page moves win at every size, and freeing a page costs a
     /// microsecond.
     fn pages_win() -> MoveCosts {
-        MoveCosts { points: vec![(1, 1.0, 0.9), (512, 512.0, 60.0)], populated_us_per_page: 1.0 }
+        MoveCosts::new(vec![(1, 1.0, 0.9), (512, 512.0, 60.0)], 1.0)
     }
 
     fn memmove_wins() -> MoveCosts {
-        MoveCosts { points: vec![(1, 0.1, 2.0), (512, 50.0, 200.0)], populated_us_per_page: 1.0 }
+        MoveCosts::new(vec![(1, 0.1, 2.0), (512, 50.0, 200.0)], 1.0)
     }
 
     #[test]
