@@ -484,11 +484,7 @@ fn phases_per_gb(s: &advm::merge::MergeStats) -> advm::merge::Phases {
 
 /// The medians of each phase, as "fence 0.01, hash 0.05, ..." (s/GB).
 fn phase_medians(v: &[advm::merge::Phases]) -> String {
-    let median = |f: fn(&advm::merge::Phases) -> f64| {
-        let mut x: Vec<f64> = v.iter().map(f).collect();
-        x.sort_by(f64::total_cmp);
-        x.get(x.len() / 2).copied().unwrap_or(f64::NAN)
-    };
+    let median = |f: fn(&advm::merge::Phases) -> f64| crate::median(&v.iter().map(f).collect::<Vec<_>>());
     format!(
         "fence {:.3}, hash {:.3}, lookup {:.3}, add {:.3}, map {:.3}",
         median(|p| p.fence_s),
