@@ -244,3 +244,44 @@ fn a_thread_writing_during_the_merge_never_loses_a_write() {
     assert!(merged > 0, "some pages were merged while the writer ran");
     assert_eq!(lost, 0, "writes lost");
 }
+
+/// New pages are mapped over the range batch by batch as they land in the store, so
+/// the range's own pages are freed while the copy goes on: a merge that adds a whole
+/// range never holds it twice. Peak anon+shmem of the merging child against the
+/// range's size (mapping only at the end peaks at twice the range).
+#[test]
+fn adding_a_range_never_holds_it_twice() {
+    use advm::stats::cgroup::Group;
+    use std::time::Duration;
+    if !fence_ok() {
+        return;
+    }
+    let g = match Group::create("test-merge-peak") {
+        Ok(g) => g,
+        Err(e) => return eprintln!("skipped: {e}"),
+    };
+    const LEN: usize = 384 << 20;
+    let sampler = g.sample_every(Duration::from_millis(5));
+    let reply = g
+        .run_in_child(|| {
+            let mut r = Region::new(LEN).map_err(|e| e.to_string())?;
+            fill(&mut r, 11);
+            let mut c = Client::local(1 << 30, "test").map_err(|e| e.to_string())?;
+            let s = c.merge(r.bytes()).map_err(|e| e.to_string())?;
+            Ok(s.added.to_le_bytes().to_vec())
+        })
+        .unwrap()
+        .unwrap();
+    let summary = sampler.stop().unwrap();
+    g.remove().unwrap();
+    let added = u64::from_le_bytes(reply.try_into().unwrap());
+    assert_eq!(added as usize, LEN / page_size(), "every page is new to the store");
+    let peak = summary.anon_shmem_bytes.max;
+    eprintln!("peak anon+shmem {:.0} MiB for a {} MiB range", peak / (1 << 20) as f64, LEN >> 20);
+    assert!(
+        peak < LEN as f64 * 1.6,
+        "peak anon+shmem {:.0} MiB for a {} MiB range: the range was held twice",
+        peak / (1 << 20) as f64,
+        LEN >> 20
+    );
+}

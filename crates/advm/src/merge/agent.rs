@@ -23,9 +23,10 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::time::{Duration, Instant};
 
+use super::client::Landing;
 use super::{Client, MergeStats};
 use crate::mem::page_size;
-use crate::sys::merge::Target;
+use crate::sys::merge::{Locate, StoreMap, Target};
 use crate::sys::merge_serviced::{AnonAdvice, ServicedFence};
 use crate::sys::pagemap::{self, Entry, Pagemap};
 use crate::sys::procmap;
@@ -373,6 +374,24 @@ fn merge_chunk(c: &mut Client, fence: &mut ServicedFence, chunk: Chunk<'_>, r: &
     result
 }
 
+/// Notes where a snapshot's new pages landed; they are mapped with the others, each
+/// where it was not written since the snapshot.
+struct Noted<'a> {
+    snap: &'a [u8],
+    targets: Vec<(usize, Option<Target>)>,
+}
+
+impl Landing for Noted<'_> {
+    fn bytes(&self) -> &[u8] {
+        self.snap
+    }
+
+    fn landed(&mut self, which: &[usize], targets: &[Option<Target>], _: &StoreMap, _: Locate<'_>) -> Result<()> {
+        self.targets.extend(which.iter().copied().zip(targets.iter().copied()));
+        Ok(())
+    }
+}
+
 fn plan_and_map(c: &mut Client, fence: &mut ServicedFence, chunk: &Chunk<'_>, r: &mut ProcessMerge) -> Result<()> {
     let ps = page_size();
     let (addr, n) = (chunk.addr, chunk.len / ps);
@@ -392,11 +411,12 @@ fn plan_and_map(c: &mut Client, fence: &mut ServicedFence, chunk: &Chunk<'_>, r:
             }
         }
     }
-    let (added, refusal) = c.backend.add(snap, &new_at, &new_hashes)?;
+    let mut landing = Noted { snap, targets: Vec::with_capacity(new_at.len()) };
+    let refusal = c.backend.add(&mut landing, &new_at, &new_hashes)?;
     if refusal.is_some() {
         r.stats.refusal = refusal;
     }
-    for (&i, slot) in new_at.iter().zip(added) {
+    for (i, slot) in landing.targets {
         match slot {
             Some(t) => target[i] = Some((t, true)),
             None => {

@@ -8,7 +8,7 @@ use super::protocol::{Reply, Request, NO_SLOT};
 use super::store::{PageHasher, Store, StoreUsage};
 use super::view::StoreView;
 use crate::mem::page_size;
-use crate::sys::merge::{StoreMap, Target};
+use crate::sys::merge::{Locate, StoreMap, Target};
 use crate::sys::seal;
 use crate::wire::Channel;
 use crate::{Error, Result};
@@ -26,13 +26,35 @@ pub(crate) trait Backend: Send {
     fn holds_inode(&self, inode: u64) -> bool;
     /// A candidate slot per hash (`None`: not stored).
     fn lookup(&mut self, hashes: &[u64]) -> Result<Vec<Option<u32>>>;
-    /// Stores the pages `bytes[i*ps..(i+1)*ps]` for `i` in `which` (`hashes`: theirs,
-    /// in order); `None` where the store refused one (full), with the store's reason.
-    /// A page the store copied or compared in full comes back [`Target::Vouched`],
-    /// one it only found by hash [`Target::Candidate`].
-    fn add(&mut self, bytes: &[u8], which: &[usize], hashes: &[u64]) -> Result<(Vec<Option<Target>>, Option<String>)>;
+    /// Stores the pages `i` in `which` (ascending) of `src.bytes()` (`hashes`: theirs,
+    /// in order), in batches; after each batch, and before the next is copied, tells
+    /// `src` where its pages landed ([`Landing::landed`]: every page of `which` once).
+    /// `None` where the store refused one (full); the store's reason is returned. A
+    /// page the store copied or compared in full lands [`Target::Vouched`], one it
+    /// only found by hash [`Target::Candidate`].
+    fn add(&mut self, src: &mut dyn Landing, which: &[usize], hashes: &[u64]) -> Result<Option<String>>;
     fn usage(&mut self) -> Result<StoreUsage>;
 }
+
+/// The pages an add copies from, and what becomes of them once their batch has landed.
+pub(crate) trait Landing {
+    /// The bytes the added pages are read from; borrowed only while a batch is copied.
+    fn bytes(&self) -> &[u8];
+    /// The pages `which` (indices into [`Self::bytes`]'s pages) landed at `targets`
+    /// (`None`: refused), in `store` (`locate`: where a slot maps from).
+    fn landed(
+        &mut self,
+        which: &[usize],
+        targets: &[Option<Target>],
+        store: &StoreMap,
+        locate: Locate<'_>,
+    ) -> Result<()>;
+}
+
+/// Pages added per batch (64 MiB of 4 KiB pages). Through advmd each batch is one
+/// adopted file, held by the store until none of its pages is referenced, and lands
+/// (waking the domain's lookups waiting for its pages) before the next is written.
+const ADD_BATCH: usize = 16384;
 
 /// A store of this process's own.
 pub(crate) struct Local {
@@ -65,10 +87,18 @@ impl Backend for Local {
     fn lookup(&mut self, hashes: &[u64]) -> Result<Vec<Option<u32>>> {
         Ok(hashes.iter().map(|&h| self.store.find(h)).collect())
     }
-    fn add(&mut self, bytes: &[u8], which: &[usize], hashes: &[u64]) -> Result<(Vec<Option<Target>>, Option<String>)> {
-        // insert_pages compares every page it shares in full and writes the others.
-        let (slots, full) = self.store.insert_pages(bytes, which, hashes)?;
-        Ok((slots.into_iter().map(|s| s.map(Target::Vouched)).collect(), full.map(|f| f.to_string())))
+    fn add(&mut self, src: &mut dyn Landing, which: &[usize], hashes: &[u64]) -> Result<Option<String>> {
+        let mut refusal = None;
+        for (which, hashes) in which.chunks(ADD_BATCH).zip(hashes.chunks(ADD_BATCH)) {
+            // insert_pages compares every page it shares in full and writes the others.
+            let (slots, full) = self.store.insert_pages(src.bytes(), which, hashes)?;
+            if let Some(f) = full {
+                refusal = Some(f.to_string());
+            }
+            let targets: Vec<Option<Target>> = slots.into_iter().map(|s| s.map(Target::Vouched)).collect();
+            src.landed(which, &targets, self.store.view(), &|s| self.locate(s))?;
+        }
+        Ok(refusal)
     }
     fn usage(&mut self) -> Result<StoreUsage> {
         Ok(self.store.usage())
@@ -123,11 +153,6 @@ impl Drop for Daemon {
     }
 }
 
-/// Pages handed over per add (64 MiB of 4 KiB pages): each lands (and wakes the
-/// domain's lookups waiting for its pages) before the next is written, and each is one
-/// adopted file, held by the store until none of its pages is referenced.
-const ADD_BATCH: usize = 16384;
-
 /// The pages `which` (ascending indices) of `bytes`, as runs of consecutive pages.
 fn page_runs<'a>(bytes: &'a [u8], which: &[usize]) -> Vec<&'a [u8]> {
     let ps = page_size();
@@ -151,25 +176,26 @@ struct Handed {
     room: u64,
 }
 
-/// The adds of one merge: which pages got slots, which batches the store refused
-/// whole (`(first, count)` in the merge's new pages), and what it said last.
+/// The adds of one merge: which batches the store refused whole (`(first, count)`
+/// in the merge's new pages), and what it said last.
 struct Adds {
-    slots: Vec<Option<u32>>,
     refused: Vec<(usize, usize)>,
     refusal: Option<String>,
     room: u64,
 }
 
 impl Adds {
-    fn settle(&mut self, (first, n): (usize, usize), h: Handed) {
+    /// Notes the daemon's answer about a batch; its slots when it took the batch.
+    fn settle(&mut self, (first, n): (usize, usize), h: Handed) -> Option<Vec<Option<u32>>> {
+        self.room = h.room;
         match h.refusal {
             Some(why) => {
                 self.refused.push((first, n));
                 self.refusal = Some(why);
+                None
             }
-            None => self.slots[first..first + n].copy_from_slice(&h.slots),
+            None => Some(h.slots),
         }
-        self.room = h.room;
     }
 }
 
@@ -199,11 +225,12 @@ impl Daemon {
         Ok(Handed { slots, refusal: (!refusal.is_empty()).then_some(refusal), room })
     }
 
-    /// Hands the pages `which` of `bytes` over in batches, one add each, writing the
-    /// next batch's file while the daemon hashes the last one. A batch the store
-    /// refused whole for want of room is sent again afterwards, as much of it as fits.
-    fn add_batches(&mut self, bytes: &[u8], which: &[usize], hashes: &[u64]) -> Result<Adds> {
-        let mut adds = Adds { slots: vec![None; which.len()], refused: Vec::new(), refusal: None, room: u64::MAX };
+    /// Hands the pages `which` of `src.bytes()` over in batches, one add each, writing
+    /// the next batch's file while the daemon takes the last one, and tells `src` where
+    /// each batch landed as its answer comes. A batch the store refused whole for want
+    /// of room is sent again afterwards, as much of it as fits.
+    fn add_batches(&mut self, src: &mut dyn Landing, which: &[usize], hashes: &[u64]) -> Result<Adds> {
+        let mut adds = Adds { refused: Vec::new(), refusal: None, room: u64::MAX };
         let mut in_flight: Option<(usize, usize)> = None;
         let mut first = 0;
         while first < which.len() {
@@ -212,11 +239,11 @@ impl Daemon {
                 // The store was full a moment ago: kept for the retry below.
                 adds.refused.push((first, n));
             } else {
-                let file = Self::sealed_pages(bytes, &which[first..first + n])?;
+                let file = Self::sealed_pages(src.bytes(), &which[first..first + n])?;
                 Request::Add { hashes: hashes[first..first + n].to_vec(), pages: file }.send(self.ch())?;
                 if let Some(batch) = in_flight.replace((first, n)) {
                     match self.added(batch.1) {
-                        Ok(h) => adds.settle(batch, h),
+                        Ok(h) => self.land(src, which, batch, adds.settle(batch, h))?,
                         Err(e) => {
                             // Read the answer to the batch just sent, so that the next
                             // request's answer is its own.
@@ -230,21 +257,40 @@ impl Daemon {
         }
         if let Some(batch) = in_flight {
             let h = self.added(batch.1)?;
-            adds.settle(batch, h);
+            self.land(src, which, batch, adds.settle(batch, h))?;
         }
         let mut retry = std::mem::take(&mut adds.refused);
         retry.sort_unstable();
         for (first, n) in retry {
             let fits = (adds.room as usize).min(n);
-            if fits == 0 {
-                continue;
+            let mut slots = vec![None; n];
+            if fits > 0 {
+                let file = Self::sealed_pages(src.bytes(), &which[first..first + fits])?;
+                Request::Add { hashes: hashes[first..first + fits].to_vec(), pages: file }.send(self.ch())?;
+                let h = self.added(fits)?;
+                if let Some(s) = adds.settle((first, fits), h) {
+                    slots[..fits].copy_from_slice(&s);
+                }
             }
-            let file = Self::sealed_pages(bytes, &which[first..first + fits])?;
-            Request::Add { hashes: hashes[first..first + fits].to_vec(), pages: file }.send(self.ch())?;
-            let h = self.added(fits)?;
-            adds.settle((first, fits), h);
+            self.land(src, which, (first, n), Some(slots))?;
         }
         Ok(adds)
+    }
+
+    /// Tells `src` where the batch `(first, n)` of `which` landed (`slots`: `None` while
+    /// it waits for a retry).
+    fn land(
+        &self,
+        src: &mut dyn Landing,
+        which: &[usize],
+        (first, n): (usize, usize),
+        slots: Option<Vec<Option<u32>>>,
+    ) -> Result<()> {
+        let Some(slots) = slots else { return Ok(()) };
+        // The daemon adopted each page from a file this process wrote from the fenced
+        // range, or compared it in full with the equal page it shares.
+        let targets: Vec<Option<Target>> = slots.into_iter().map(|s| s.map(Target::Vouched)).collect();
+        src.landed(&which[first..first + n], &targets, self.view.map(), &|s| self.view.locate(s))
     }
 
     fn ch(&self) -> &Channel {
@@ -277,11 +323,8 @@ impl Backend for Daemon {
         }
         Ok(out)
     }
-    fn add(&mut self, bytes: &[u8], which: &[usize], hashes: &[u64]) -> Result<(Vec<Option<Target>>, Option<String>)> {
-        let adds = self.add_batches(bytes, which, hashes)?;
-        // The daemon adopted each page from a file this process wrote from the fenced
-        // range, or compared it in full with the equal page it shares.
-        Ok((adds.slots.into_iter().map(|s| s.map(Target::Vouched)).collect(), adds.refusal))
+    fn add(&mut self, src: &mut dyn Landing, which: &[usize], hashes: &[u64]) -> Result<Option<String>> {
+        Ok(self.add_batches(src, which, hashes)?.refusal)
     }
     fn usage(&mut self) -> Result<StoreUsage> {
         Request::Usage.send(self.ch())?;

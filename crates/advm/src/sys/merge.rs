@@ -61,23 +61,24 @@ impl WriteFence {
     }
 
     /// Maps store pages over the fenced pages whose bytes equal them, copy-on-write:
-    /// `targets[i]` names the store page proposed for fenced page `i`, and
-    /// `writable(i)` whether page `i`'s mapping is writable. A [`Target::Candidate`]
+    /// `targets[k]` names the store page proposed for fenced page `first + k`, and
+    /// `writable(i)` whether fenced page `i`'s mapping is writable. A [`Target::Candidate`]
     /// is compared in full here; a [`Target::Vouched`] page was compared or copied by
     /// the store itself, so what the process reads never changes either way. Runs
     /// consecutive in both places (and in one file, as `locate` says) are mapped
     /// with one `mmap`. Returns which pages were mapped.
     pub fn map_equal(
         &mut self,
+        first: usize,
         targets: &[Option<Target>],
         writable: &dyn Fn(usize) -> bool,
         store: &StoreMap,
         locate: Locate<'_>,
     ) -> SysResult<Vec<bool>> {
         let ps = super::page_size();
-        let n_pages = self.len / ps;
-        assert_eq!(targets.len(), n_pages, "one target per fenced page");
-        let bytes = self.bytes();
+        let n_pages = targets.len();
+        assert!(first + n_pages <= self.len / ps, "targets past the fenced pages");
+        let bytes = &self.bytes()[first * ps..(first + n_pages) * ps];
         let store_pages = store.len() / ps;
         store.populate_slots(targets.iter().map(|t| match t {
             Some(Target::Candidate(s)) => Some(*s),
@@ -100,13 +101,17 @@ impl WriteFence {
                 i += 1;
                 continue;
             };
-            let w = writable(i);
+            let w = writable(first + i);
             let Some((fd, offset, left)) = locate(s) else {
                 i += 1;
                 continue;
             };
             let mut n = 1;
-            while i + n < n_pages && n < left as usize && equal[i + n] == Some(s + n as u32) && writable(i + n) == w {
+            while i + n < n_pages
+                && n < left as usize
+                && equal[i + n] == Some(s + n as u32)
+                && writable(first + i + n) == w
+            {
                 n += 1;
             }
             // SAFETY: the range is the fence creator's (`new`'s contract), writers wait
@@ -114,7 +119,7 @@ impl WriteFence {
             // holds exactly these bytes at this offset (compared above, or by the store,
             // which could rewrite any page it maps here anyway): the process reads the
             // same content through the new mapping.
-            unsafe { map_private_over(self.addr + i * ps, n * ps, w, fd, offset) }?;
+            unsafe { map_private_over(self.addr + (first + i) * ps, n * ps, w, fd, offset) }?;
             i += n;
         }
         Ok(equal.iter().map(Option::is_some).collect())
@@ -307,7 +312,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(fence.bytes()[8], 7, "the writer waits at the fence");
         let mapped = fence
-            .map_equal(&[Some(Target::Candidate(0))], &|_| true, &store, &|s| {
+            .map_equal(0, &[Some(Target::Candidate(0))], &|_| true, &store, &|s| {
                 Some((fd.as_fd(), s as u64 * ps as u64, 1))
             })
             .unwrap();
@@ -342,8 +347,9 @@ mod tests {
         // SAFETY: the mapping is ours and outlives the fence; nobody writes it.
         let mut fence = unsafe { WriteFence::new(m.addr(), 3 * ps) }.unwrap();
         let targets = [Some(Target::Candidate(0)), Some(Target::Candidate(1)), Some(Target::Vouched(1))];
-        let mapped =
-            fence.map_equal(&targets, &|_| true, &store, &|s| Some((fd.as_fd(), s as u64 * ps as u64, 2 - s))).unwrap();
+        let mapped = fence
+            .map_equal(0, &targets, &|_| true, &store, &|s| Some((fd.as_fd(), s as u64 * ps as u64, 2 - s)))
+            .unwrap();
         drop(fence);
         assert_eq!(mapped, vec![true, false, true]);
         // SAFETY: the fence is gone and nobody writes the mapping.
