@@ -166,7 +166,7 @@ fn run_in_child(
     g: Generational,
     setting: Setting,
     s: Sizes,
-    fault_mode: FaultMode,
+    mode: Mode,
     tlab_kib: Option<usize>,
 ) -> Result<Measured, BenchError> {
     let path = group.path().to_path_buf();
@@ -200,17 +200,39 @@ fn run_in_child(
                 pc.swap_io = advm::pager::SwapIo::PageCache;
             }
             pc.needed_paging = setting.needed_paging();
-            pc.fault_mode = fault_mode;
+            pc.fault_mode = mode.fault;
+            pc.second_chance = mode.second_chance;
             pc.cgroup = Some(path.clone());
             let pager = Arc::new(Pager::new(pc).map_err(|e| e.to_string())?);
             cfg.paging = Some(Paging { pager: pager.clone(), flush_after_major: setting.flush_after_major() });
             Some(pager)
         };
+        // a child that livelocks (a fault that never resolves) is reported with the
+        // pager's state and ended, so the benchmark goes on (its run is FAILED)
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        if pager.is_some() {
+            let (done, limit) = (done.clone(), child_limit());
+            std::thread::spawn(move || {
+                let t = Instant::now();
+                while t.elapsed() < limit {
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                    if done.load(std::sync::atomic::Ordering::Acquire) {
+                        return;
+                    }
+                }
+                eprintln!(
+                    "advm bench pager: the measured child ran past {limit:?}: ended. The pager:\n{}",
+                    advm::pager::report(None)
+                );
+                std::process::exit(97);
+            });
+        }
         let heap = Heap::with_config(cfg).map_err(|e| e.to_string())?;
         let mut m = heap.attach();
         let size = if w == Workload::Primes { s.primes } else { s.live_mib };
         let checksum = w.run(&mut m, size).map_err(|e| format!("{}: {e}", w.name()))?;
         let elapsed_s = start.elapsed().as_secs_f64();
+        done.store(true, std::sync::atomic::Ordering::Release);
         let t1 = ProcessTimes::now().map_err(|e| e.to_string())?;
         let end = meters()?;
         drop(m);
@@ -320,7 +342,7 @@ impl PagerBench {
         &self,
         report: &mut Report,
         (w, cname, limit): (Workload, &str, u64),
-        settings: &[(Setting, FaultMode)],
+        settings: &[(Setting, Mode)],
         per: &[Vec<Measured>],
     ) {
         let np_elapsed = crate::median(&per[0].iter().map(|m| m.elapsed_s).collect::<Vec<_>>());
@@ -431,7 +453,10 @@ impl Bench for PagerBench {
         conf.insert("primes_candidates".into(), ((s0.primes as u64) << 16).into());
         conf.insert("pager_budget_bytes".into(), "the cgroup limit - 6 MiB".into());
         conf.insert("pf_headroom_bytes".into(), "the budget / 8".into());
-        conf.insert("pager_fault_modes".into(), serde_json::json!(fault_modes));
+        conf.insert(
+            "pager_fault_modes".into(),
+            serde_json::json!(fault_modes.iter().map(|&m| fault_mode_name(m)).collect::<Vec<_>>()),
+        );
         conf.insert("tlab_kib".into(), serde_json::json!(tlab_kib));
         conf.insert("kernel_swap_file".into(), swap_path.display().to_string().into());
         for (name, g) in &heap_configs(s0.limit as usize) {
@@ -449,9 +474,9 @@ impl Bench for PagerBench {
         if let Some(picked) = picked_heaps()? {
             config_ix = picked;
         }
-        let settings = |w: Workload, ci: usize| -> Vec<(Setting, FaultMode)> {
+        let settings = |w: Workload, ci: usize| -> Vec<(Setting, Mode)> {
             // each pager setting in each fault mode; NP and NoLimit have no pager
-            let with_modes = |v: Vec<Setting>| -> Vec<(Setting, FaultMode)> {
+            let with_modes = |v: Vec<Setting>| -> Vec<(Setting, Mode)> {
                 v.into_iter()
                     .flat_map(|s| {
                         let modes =
@@ -631,26 +656,50 @@ fn picked_settings() -> Result<Option<Vec<Setting>>, BenchError> {
     Ok(named.map(|named| std::iter::once(Setting::NP).chain(named.into_iter().filter(|&s| s != Setting::NP)).collect()))
 }
 
-/// The fault modes `$ADVM_BENCH_PAGER_FAULT_MODES` may name.
-const FAULT_MODES: [(&str, FaultMode); 3] =
-    [("thread", FaultMode::Thread), ("sigbus", FaultMode::Sigbus), ("auto", FaultMode::Auto)];
-
-/// `$ADVM_BENCH_PAGER_FAULT_MODES` (comma separated: `thread`, `sigbus`, `auto`; the
-/// library's default when unset): where the pager settings' faults are served. Each
-/// pager setting runs in each mode, interleaved.
-fn picked_fault_modes() -> Result<Vec<FaultMode>, BenchError> {
-    let picked = env_list("ADVM_BENCH_PAGER_FAULT_MODES", |name| {
-        FAULT_MODES
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|&(_, m)| m)
-            .ok_or_else(|| format!("no fault mode {name:?} (there are thread, sigbus, auto)"))
-    })?;
-    Ok(picked.filter(|m| !m.is_empty()).unwrap_or_else(|| vec![Config::new(1 << 20).fault_mode]))
+/// Where a pager setting's faults are served, and whether its pager gives
+/// discardable pages a second chance ([`Config::second_chance`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Mode {
+    fault: FaultMode,
+    second_chance: bool,
 }
 
-fn fault_mode_name(mode: FaultMode) -> &'static str {
+/// The modes `$ADVM_BENCH_PAGER_FAULT_MODES` may name.
+const FAULT_MODES: [(&str, Mode); 6] = [
+    ("thread", Mode { fault: FaultMode::Thread, second_chance: false }),
+    ("sigbus", Mode { fault: FaultMode::Sigbus, second_chance: false }),
+    ("auto", Mode { fault: FaultMode::Auto, second_chance: false }),
+    ("thread+2c", Mode { fault: FaultMode::Thread, second_chance: true }),
+    ("sigbus+2c", Mode { fault: FaultMode::Sigbus, second_chance: true }),
+    ("auto+2c", Mode { fault: FaultMode::Auto, second_chance: true }),
+];
+
+/// `$ADVM_BENCH_PAGER_FAULT_MODES` (comma separated: `thread`, `sigbus`, `auto`, each
+/// also with `+2c`: second chance for discardable pages; the library's defaults when
+/// unset): where the pager settings' faults are served. Each pager setting runs in
+/// each mode, interleaved.
+fn picked_fault_modes() -> Result<Vec<Mode>, BenchError> {
+    let picked = env_list("ADVM_BENCH_PAGER_FAULT_MODES", |name| {
+        FAULT_MODES.iter().find(|(n, _)| *n == name).map(|&(_, m)| m).ok_or_else(|| {
+            let names: Vec<&str> = FAULT_MODES.iter().map(|(n, _)| *n).collect();
+            format!("no fault mode {name:?} (there are {})", names.join(", "))
+        })
+    })?;
+    let default = Config::new(1 << 20);
+    Ok(picked
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| vec![Mode { fault: default.fault_mode, second_chance: default.second_chance }]))
+}
+
+fn fault_mode_name(mode: Mode) -> &'static str {
     FAULT_MODES.iter().find(|(_, m)| *m == mode).map_or("?", |(n, _)| n)
+}
+
+/// `$ADVM_BENCH_PAGER_CHILD_LIMIT_S`: how long one measured child with a pager may
+/// run before it is ended as livelocked (its state printed); default 600 s.
+fn child_limit() -> std::time::Duration {
+    let s = std::env::var("ADVM_BENCH_PAGER_CHILD_LIMIT_S").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(600);
+    std::time::Duration::from_secs(s.max(1))
 }
 
 /// `$ADVM_BENCH_PAGER_TLAB_KIB`: the heap's allocation buffer in KiB, the unit in

@@ -471,3 +471,51 @@ fn a_write_protect_fault_raced_by_a_write_out_never_frees_the_new_slot() {
         assert_eq!((st.swapped_pages, st.resident_pages), (0, 1), "{st:?}");
     });
 }
+
+/// Second chance: a pager-initiated drop takes only the pages that stayed discardable
+/// since the aging before, not marked needed in between; a range freed and reused
+/// within an epoch (a nursery) stays resident, and a drop that asks for any page
+/// (the budget before a write, `flush`) still takes it. Without second chance the
+/// first drop takes every discardable page.
+#[test]
+fn with_second_chance_only_pages_discardable_for_a_whole_epoch_are_dropped() {
+    bounded(|| {
+        if let Err(why) = available() {
+            eprintln!("skipped: {why}");
+            return;
+        }
+        for second_chance in [false, true] {
+            let mut cfg = Config::new(1024 * page_size());
+            cfg.second_chance = second_chance;
+            let p = Pager::new(cfg).unwrap();
+            let s = p.shared.clone();
+            let r = p.map(16 * page_size()).unwrap();
+            mark_pages(&r, 16);
+            r.mark_discardable(0, 16).unwrap();
+            let drop = |young: bool| {
+                let _ev = s.lock_evicting();
+                s.drop_discardable(usize::MAX, Cause::Pager, young)
+            };
+            if !second_chance {
+                assert_eq!(drop(false), 16);
+                continue;
+            }
+            // the first aging: every page seen discardable, none aged yet
+            assert_eq!(drop(false), 0);
+            // pages 0..8 reused (marked needed, written) and freed again in the next epoch
+            r.mark_needed(0, 8).unwrap();
+            mark_pages(&r, 8);
+            std::thread::sleep(EPOCH + Duration::from_millis(5));
+            r.mark_discardable(0, 8).unwrap();
+            // pages 8..16 stayed discardable through the epoch: those go, 0..8 stay
+            assert_eq!(drop(false), 8);
+            assert_eq!((p.stats().discarded_pages, p.stats().resident_pages), (8, 8));
+            check_marks(&r, 8);
+            // no new marks: no new aging, nothing more to drop
+            assert_eq!(drop(false), 0);
+            // asked for any discardable page, the young ones go too
+            assert_eq!(drop(true), 8);
+            assert_eq!(p.stats().resident_pages, 0);
+        }
+    })
+}
