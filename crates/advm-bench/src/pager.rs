@@ -166,7 +166,7 @@ fn run_in_child(
     g: Generational,
     setting: Setting,
     s: Sizes,
-    mode: Mode,
+    fault_mode: FaultMode,
     tlab_kib: Option<usize>,
 ) -> Result<Measured, BenchError> {
     let path = group.path().to_path_buf();
@@ -200,8 +200,7 @@ fn run_in_child(
                 pc.swap_io = advm::pager::SwapIo::PageCache;
             }
             pc.needed_paging = setting.needed_paging();
-            pc.fault_mode = mode.fault;
-            pc.second_chance = mode.second_chance;
+            pc.fault_mode = fault_mode;
             pc.cgroup = Some(path.clone());
             let pager = Arc::new(Pager::new(pc).map_err(|e| e.to_string())?);
             cfg.paging = Some(Paging { pager: pager.clone(), flush_after_major: setting.flush_after_major() });
@@ -342,7 +341,7 @@ impl PagerBench {
         &self,
         report: &mut Report,
         (w, cname, limit): (Workload, &str, u64),
-        settings: &[(Setting, Mode)],
+        settings: &[(Setting, FaultMode)],
         per: &[Vec<Measured>],
     ) {
         let np_elapsed = crate::median(&per[0].iter().map(|m| m.elapsed_s).collect::<Vec<_>>());
@@ -453,10 +452,7 @@ impl Bench for PagerBench {
         conf.insert("primes_candidates".into(), ((s0.primes as u64) << 16).into());
         conf.insert("pager_budget_bytes".into(), "the cgroup limit - 6 MiB".into());
         conf.insert("pf_headroom_bytes".into(), "the budget / 8".into());
-        conf.insert(
-            "pager_fault_modes".into(),
-            serde_json::json!(fault_modes.iter().map(|&m| fault_mode_name(m)).collect::<Vec<_>>()),
-        );
+        conf.insert("pager_fault_modes".into(), serde_json::json!(fault_modes));
         conf.insert("tlab_kib".into(), serde_json::json!(tlab_kib));
         conf.insert("kernel_swap_file".into(), swap_path.display().to_string().into());
         for (name, g) in &heap_configs(s0.limit as usize) {
@@ -474,9 +470,9 @@ impl Bench for PagerBench {
         if let Some(picked) = picked_heaps()? {
             config_ix = picked;
         }
-        let settings = |w: Workload, ci: usize| -> Vec<(Setting, Mode)> {
+        let settings = |w: Workload, ci: usize| -> Vec<(Setting, FaultMode)> {
             // each pager setting in each fault mode; NP and NoLimit have no pager
-            let with_modes = |v: Vec<Setting>| -> Vec<(Setting, Mode)> {
+            let with_modes = |v: Vec<Setting>| -> Vec<(Setting, FaultMode)> {
                 v.into_iter()
                     .flat_map(|s| {
                         let modes =
@@ -656,42 +652,25 @@ fn picked_settings() -> Result<Option<Vec<Setting>>, BenchError> {
     Ok(named.map(|named| std::iter::once(Setting::NP).chain(named.into_iter().filter(|&s| s != Setting::NP)).collect()))
 }
 
-/// Where a pager setting's faults are served, and whether its pager gives
-/// discardable pages a second chance ([`Config::second_chance`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Mode {
-    fault: FaultMode,
-    second_chance: bool,
-}
+/// The fault modes `$ADVM_BENCH_PAGER_FAULT_MODES` may name.
+const FAULT_MODES: [(&str, FaultMode); 3] =
+    [("thread", FaultMode::Thread), ("sigbus", FaultMode::Sigbus), ("auto", FaultMode::Auto)];
 
-/// The modes `$ADVM_BENCH_PAGER_FAULT_MODES` may name.
-const FAULT_MODES: [(&str, Mode); 6] = [
-    ("thread", Mode { fault: FaultMode::Thread, second_chance: false }),
-    ("sigbus", Mode { fault: FaultMode::Sigbus, second_chance: false }),
-    ("auto", Mode { fault: FaultMode::Auto, second_chance: false }),
-    ("thread+2c", Mode { fault: FaultMode::Thread, second_chance: true }),
-    ("sigbus+2c", Mode { fault: FaultMode::Sigbus, second_chance: true }),
-    ("auto+2c", Mode { fault: FaultMode::Auto, second_chance: true }),
-];
-
-/// `$ADVM_BENCH_PAGER_FAULT_MODES` (comma separated: `thread`, `sigbus`, `auto`, each
-/// also with `+2c`: second chance for discardable pages; the library's defaults when
-/// unset): where the pager settings' faults are served. Each pager setting runs in
-/// each mode, interleaved.
-fn picked_fault_modes() -> Result<Vec<Mode>, BenchError> {
+/// `$ADVM_BENCH_PAGER_FAULT_MODES` (comma separated: `thread`, `sigbus`, `auto`; the
+/// library's default when unset): where the pager settings' faults are served. Each
+/// pager setting runs in each mode, interleaved.
+fn picked_fault_modes() -> Result<Vec<FaultMode>, BenchError> {
     let picked = env_list("ADVM_BENCH_PAGER_FAULT_MODES", |name| {
-        FAULT_MODES.iter().find(|(n, _)| *n == name).map(|&(_, m)| m).ok_or_else(|| {
-            let names: Vec<&str> = FAULT_MODES.iter().map(|(n, _)| *n).collect();
-            format!("no fault mode {name:?} (there are {})", names.join(", "))
-        })
+        FAULT_MODES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|&(_, m)| m)
+            .ok_or_else(|| format!("no fault mode {name:?} (there are thread, sigbus, auto)"))
     })?;
-    let default = Config::new(1 << 20);
-    Ok(picked
-        .filter(|m| !m.is_empty())
-        .unwrap_or_else(|| vec![Mode { fault: default.fault_mode, second_chance: default.second_chance }]))
+    Ok(picked.filter(|m| !m.is_empty()).unwrap_or_else(|| vec![Config::new(1 << 20).fault_mode]))
 }
 
-fn fault_mode_name(mode: Mode) -> &'static str {
+fn fault_mode_name(mode: FaultMode) -> &'static str {
     FAULT_MODES.iter().find(|(_, m)| *m == mode).map_or("?", |(n, _)| n)
 }
 

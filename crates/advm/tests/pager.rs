@@ -71,7 +71,6 @@ in_both_fault_modes!(
     a_written_out_page_marked_discardable_is_never_read_back,
     flush_discardable_drops_only_the_discardable_pages,
     a_failed_swap_read_is_retried_and_the_fault_served_once_the_file_reads,
-    with_second_chance_needed_data_is_kept_and_the_budget_held,
 );
 
 /// A small deterministic generator (xorshift).
@@ -108,50 +107,6 @@ fn needed_data_is_never_lost_over_twice_the_budget(mode: FaultMode) {
     let s = p.stats();
     assert!(s.written_pages > 0 && s.read_pages() > 0, "{s:?}");
     assert_eq!(s.discarded_pages, 0);
-}
-
-/// Second chance ([`Config::second_chance`]) with a pre-flush: ranges freed and
-/// reused over several aging epochs, as a collector does; needed data always reads
-/// back as written and the budget is held.
-fn with_second_chance_needed_data_is_kept_and_the_budget_held(mode: FaultMode) {
-    let mut cfg = Config::new(64 * ps());
-    cfg.second_chance = true;
-    cfg.preflush_headroom_bytes = Some(8 * ps());
-    let Some(p) = pager_with(mode, cfg) else { return };
-    let r = p.map(128 * ps()).unwrap();
-    let base = r.as_ptr() as usize;
-    let mut copy = vec![0u8; r.len()];
-    let mut needed = vec![false; 128];
-    r.mark_discardable(0, 128).unwrap();
-    let mut rng = Rng(11);
-    for round in 0..120 {
-        let first = (rng.next() % 112) as usize;
-        if rng.next() % 2 == 0 {
-            p.discardable(base + first * ps(), 16 * ps()).unwrap();
-            needed[first..first + 16].iter_mut().for_each(|n| *n = false);
-        } else {
-            p.needed(base + first * ps(), 16 * ps()).unwrap();
-            for pg in first..first + 16 {
-                let v = rng.next().to_ne_bytes();
-                r.write(pg * ps(), &v).unwrap();
-                copy[pg * ps()..pg * ps() + 8].copy_from_slice(&v);
-                needed[pg] = true;
-            }
-        }
-        if round % 10 == 9 {
-            // past an aging epoch (20 ms)
-            std::thread::sleep(std::time::Duration::from_millis(25));
-        }
-        for pg in (0..128).filter(|&pg| needed[pg]) {
-            let mut got = [0u8; 8];
-            r.read(pg * ps(), &mut got).unwrap();
-            assert_eq!(got, copy[pg * ps()..pg * ps() + 8], "page {pg}, round {round}");
-        }
-        let s = p.stats();
-        assert!(s.resident_pages <= 64, "round {round}: {s:?}");
-    }
-    let s = p.stats();
-    assert!(s.discarded_pages > 0, "{s:?}");
 }
 
 fn discardable_pages_read_back_as_zeros_and_are_never_written(mode: FaultMode) {

@@ -76,16 +76,6 @@ impl Bitmap {
     pub(crate) fn word(&self, w: usize) -> u64 {
         self.words[w].load(Ordering::SeqCst)
     }
-
-    /// Number of words.
-    pub(crate) fn words(&self) -> usize {
-        self.words.len()
-    }
-
-    /// Sets word `w` to `v` (the pager's own maps only: no mark is counted).
-    pub(crate) fn set_word(&self, w: usize, v: u64) {
-        self.words[w].store(v, Ordering::SeqCst);
-    }
 }
 
 #[cfg(test)]

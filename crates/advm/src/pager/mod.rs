@@ -70,8 +70,6 @@ const READ_AHEAD: usize = 16;
 const ZERO_AHEAD: usize = sp::ZERO_FILL_PAGES;
 /// How often the handler thread looks at the cgroup and at its stop flag.
 const TICK: Duration = Duration::from_millis(10);
-/// Second chance: the shortest aging epoch (a collection's marks come in one burst).
-const EPOCH: Duration = Duration::from_millis(20);
 
 // Page states.
 const EMPTY: u8 = 0;
@@ -160,17 +158,6 @@ pub struct Config {
     pub fault_mode: FaultMode,
     /// Who pages out needed pages.
     pub needed_paging: NeededPaging,
-    /// Second chance for discardable pages: the pager-initiated drops (pre-flush, the
-    /// cgroup watch, and with [`NeededPaging::Kernel`] the budget) take only pages
-    /// that have stayed discardable since the aging before last, and not been marked
-    /// needed since: a range freed and reused within one aging epoch (a collector's
-    /// nursery: freed at each minor collection, refilled at once) stays resident
-    /// instead of being dropped and zero-filled again. An epoch ends when pages were
-    /// marked discardable since the last one and 20 ms have passed (a collection's
-    /// marks come in one burst). With [`NeededPaging::SwapFile`] the budget still
-    /// drops the younger discardable pages before it writes a needed page;
-    /// [`Pager::flush`] and [`Pager::flush_discardable`] drop every one. Default off.
-    pub second_chance: bool,
 }
 
 impl Config {
@@ -187,7 +174,6 @@ impl Config {
             cgroup: None,
             fault_mode: FaultMode::Thread,
             needed_paging: NeededPaging::SwapFile,
-            second_chance: false,
         }
     }
 }
@@ -312,11 +298,6 @@ struct Managed {
     discardable: Bitmap,
     /// Pages dropped as discardable since the last [`Pager::lock`] of them.
     purged: Bitmap,
-    /// Second chance: pages discardable at the last aging (cleared when marked needed).
-    seen: Bitmap,
-    /// Second chance: pages discardable at the last two agings and not marked needed
-    /// in between: the ones pager-initiated drops take.
-    aged: Bitmap,
     /// Resident pages read back and not written since (installed write-protected):
     /// each still owns its swap slot, and whoever clears the bit decides the slot's
     /// fate (the eviction keeps it, a write frees it).
@@ -330,14 +311,6 @@ struct Managed {
 impl Managed {
     fn pages(&self) -> usize {
         self.state.len()
-    }
-
-    /// Pages `[first, first+n)` needed (bit flips): their discardable bits cleared, and
-    /// their age with them (second chance).
-    fn mark_needed(&self, first: usize, n: usize) {
-        self.discardable.set_range(first, n, false);
-        self.seen.set_range(first, n, false);
-        self.aged.set_range(first, n, false);
     }
 }
 
@@ -379,10 +352,6 @@ struct Shared {
     track_clean: bool,
     /// Needed pages are left to the kernel's reclaim ([`NeededPaging::Kernel`]).
     kernel_needed: bool,
-    /// [`Config::second_chance`].
-    second_chance: bool,
-    /// Second chance: the marks and the time of the last aging.
-    epoch: Mutex<(u64, Option<Instant>)>,
     /// The sum of the regions' bitmap marks when pre-flush last scanned them.
     preflush_seen: AtomicU64,
     /// The sum of the marks when a budget eviction last found fewer discardable pages
@@ -476,7 +445,7 @@ impl PagedRegion {
     /// Marks pages `[first, first+n)` needed: from now on their contents are kept.
     pub fn mark_needed(&self, first: usize, n: usize) -> Result<()> {
         self.check_pages(first, n)?;
-        self.m.mark_needed(first, n);
+        self.m.discardable.set_range(first, n, false);
         Ok(())
     }
 
@@ -591,8 +560,6 @@ impl Pager {
             sigbus,
             track_clean,
             kernel_needed,
-            second_chance: cfg.second_chance,
-            epoch: Mutex::new((0, None)),
             preflush_seen: AtomicU64::new(0),
             budget_seen: AtomicU64::new(u64::MAX),
             filled: Ring::new((cfg.budget_bytes / ps).clamp(1024, 1 << 16)),
@@ -668,8 +635,6 @@ impl Pager {
             area,
             discardable: Bitmap::new(pages),
             purged: Bitmap::new(pages),
-            seen: Bitmap::new(pages),
-            aged: Bitmap::new(pages),
             clean: Bitmap::new(pages),
             state: (0..pages).map(|_| AtomicU8::new(EMPTY)).collect(),
             slot: (0..pages).map(|_| AtomicU32::new(0)).collect(),
@@ -737,7 +702,7 @@ impl Pager {
     /// Marks `[addr, addr+len)` needed again.
     pub fn needed(&self, addr: usize, len: usize) -> Result<()> {
         let (m, first, n) = self.shared.locate(addr, len)?;
-        m.mark_needed(first, n);
+        m.discardable.set_range(first, n, false);
         Ok(())
     }
 
@@ -750,7 +715,7 @@ impl Pager {
         let (m, first, n) = self.shared.locate(addr, len)?;
         let _ev = self.shared.lock_evicting();
         if self.shared.kernel_needed {
-            let dropped = self.shared.drop_discardable_in(&m, first, first + n, usize::MAX, Cause::User, true);
+            let dropped = self.shared.drop_discardable_in(&m, first, first + n, usize::MAX, Cause::User);
             m.area.page_out(first, n)?;
             return Ok(dropped);
         }
@@ -772,7 +737,7 @@ impl Pager {
     pub fn flush_discardable(&self, addr: usize, len: usize) -> Result<usize> {
         let (m, first, n) = self.shared.locate(addr, len)?;
         let _ev = self.shared.lock_evicting();
-        Ok(self.shared.drop_discardable_in(&m, first, first + n, usize::MAX, Cause::User, true))
+        Ok(self.shared.drop_discardable_in(&m, first, first + n, usize::MAX, Cause::User))
     }
 
     /// Purgeable memory: makes `[addr, addr+len)` needed and says whether its
@@ -781,7 +746,7 @@ impl Pager {
         let (m, first, n) = self.shared.locate(addr, len)?;
         // under the eviction lock, no page is between its move and its re-check
         let _ev = self.shared.lock_evicting();
-        m.mark_needed(first, n);
+        m.discardable.set_range(first, n, false);
         Ok(!m.purged.take_range(first, n))
     }
 
@@ -1350,7 +1315,7 @@ impl Shared {
         if let Some(h) = self.headroom {
             if resident + h >= self.budget && self.marked_since(&self.preflush_seen) {
                 let _ev = self.lock_evicting();
-                self.drop_discardable(usize::MAX, Cause::Pager, false);
+                self.drop_discardable(usize::MAX, Cause::Pager);
             }
         }
         let resident = self.resident.load(Ordering::Acquire) + incoming;
@@ -1366,7 +1331,7 @@ impl Shared {
                     return;
                 }
                 let _ev = self.lock_evicting();
-                if self.drop_discardable(want, Cause::Budget, false) < want {
+                if self.drop_discardable(want, Cause::Budget) < want {
                     self.budget_seen.store(marks, Ordering::Release);
                 }
                 return;
@@ -1396,7 +1361,7 @@ impl Shared {
         // with a headroom, every discardable page goes (pre-flush); the rest of the
         // excess is a page-out the limit forces, as the budget's are
         let dropped = match self.headroom {
-            Some(_) => self.drop_discardable(usize::MAX, Cause::Pager, false),
+            Some(_) => self.drop_discardable(usize::MAX, Cause::Pager),
             None => 0,
         };
         if dropped < over && self.evict(over - dropped, Cause::Budget).is_err() {
@@ -1420,14 +1385,9 @@ impl Shared {
     /// Evicts `want` pages: discardable ones first, then needed ones in fill order
     /// (none with [`NeededPaging::Kernel`]). The caller holds the eviction lock.
     fn evict(&self, want: usize, cause: Cause) -> Result<usize> {
-        // the older discardable pages first; with the kernel paging needed pages, only
-        // those (second chance), else the younger ones too before a needed page is written
-        let mut done = self.drop_discardable(want, cause, false);
+        let mut done = self.drop_discardable(want, cause);
         if self.kernel_needed {
             return Ok(done);
-        }
-        if done < want && self.second_chance {
-            done += self.drop_discardable(want - done, cause, true);
         }
         while done < want {
             // a batch of the oldest resident pages, each claimed and moved to staging
@@ -1477,69 +1437,30 @@ impl Shared {
         Ok(done)
     }
 
-    /// Drops up to `want` resident discardable pages; returns how many. `young`: any
-    /// discardable page; else, with second chance, only the aged ones (see
-    /// [`Config::second_chance`]), after an aging if an epoch ended.
-    fn drop_discardable(&self, want: usize, cause: Cause, young: bool) -> usize {
+    /// Drops up to `want` resident discardable pages; returns how many.
+    fn drop_discardable(&self, want: usize, cause: Cause) -> usize {
         let regions: Vec<Arc<Managed>> = self.regions.read().unwrap_or_else(|p| p.into_inner()).clone();
-        if !young {
-            self.age(&regions);
-        }
         let mut done = 0;
         for m in &regions {
             if done >= want {
                 break;
             }
-            done += self.drop_discardable_in(m, 0, m.pages(), want - done, cause, young);
+            done += self.drop_discardable_in(m, 0, m.pages(), want - done, cause);
         }
         done
     }
 
-    /// Second chance: ends an aging epoch when pages were marked discardable since the
-    /// last one and it is at least [`EPOCH`] old: a page discardable now that was
-    /// discardable at the last aging, and not marked needed since, is aged.
-    fn age(&self, regions: &[Arc<Managed>]) {
-        if !self.second_chance {
-            return;
-        }
-        let marks = regions.iter().fold(0u64, |a, m| a.wrapping_add(m.discardable.marks()));
-        let mut epoch = self.epoch.lock().unwrap_or_else(|p| p.into_inner());
-        if epoch.0 == marks || epoch.1.is_some_and(|t| t.elapsed() < EPOCH) {
-            return;
-        }
-        *epoch = (marks, Some(Instant::now()));
-        for m in regions {
-            for w in 0..m.discardable.words() {
-                let d = m.discardable.word(w);
-                m.aged.set_word(w, d & m.seen.word(w));
-                m.seen.set_word(w, d);
-            }
-        }
-    }
-
-    /// Drops up to `want` resident discardable pages of pages `[from, to)` of `m`
-    /// (`young`: any; else, with second chance, aged ones only); returns how many.
-    /// The caller holds the eviction lock.
-    fn drop_discardable_in(
-        &self,
-        m: &Managed,
-        from: usize,
-        to: usize,
-        want: usize,
-        cause: Cause,
-        young: bool,
-    ) -> usize {
-        let old_only = self.second_chance && !young;
-        let candidate = |p: usize| m.discardable.get(p) && (!old_only || m.aged.get(p));
+    /// Drops up to `want` resident discardable pages of pages `[from, to)` of `m`;
+    /// returns how many. The caller holds the eviction lock.
+    fn drop_discardable_in(&self, m: &Managed, from: usize, to: usize, want: usize, cause: Cause) -> usize {
         let mut done = 0;
         let mut p = from;
         while p < to && done < want {
-            let w = p / 64;
-            if m.discardable.word(w) & if old_only { m.aged.word(w) } else { u64::MAX } == 0 {
-                p = (w + 1) * 64;
+            if m.discardable.word(p / 64) == 0 {
+                p = (p / 64 + 1) * 64;
                 continue;
             }
-            if !(candidate(p) && m.state[p].load(Ordering::Acquire) == RESIDENT) {
+            if !(m.discardable.get(p) && m.state[p].load(Ordering::Acquire) == RESIDENT) {
                 p += 1;
                 continue;
             }
@@ -1547,7 +1468,7 @@ impl Shared {
             while end < to
                 && end - p < STAGE_PAGES
                 && end - p < want - done
-                && candidate(end)
+                && m.discardable.get(end)
                 && m.state[end].load(Ordering::Acquire) == RESIDENT
             {
                 end += 1;
