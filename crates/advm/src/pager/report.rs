@@ -124,9 +124,8 @@ impl Shared {
             // (SIGBUS mode and the kernel path; on the handler thread a resident page
             // with an empty entry is the same livelock)
             let mapped = m.area.mapped_pages(0, m.pages());
-            let lost: Vec<usize> = (0..mapped.len())
-                .filter(|&p| !mapped[p] && m.state[p].load(Ordering::Acquire) == RESIDENT)
-                .collect();
+            let lost: Vec<usize> =
+                (0..mapped.len()).filter(|&p| !mapped[p] && m.state[p].load(Ordering::Acquire) == RESIDENT).collect();
             let clean = (0..m.pages()).filter(|&p| m.clean.get(p)).count();
             let discardable = (0..m.pages()).filter(|&p| m.discardable.get(p)).count();
             let _ = writeln!(
