@@ -206,11 +206,32 @@ fn run_in_child(
             cfg.paging = Some(Paging { pager: pager.clone(), flush_after_major: setting.flush_after_major() });
             Some(pager)
         };
+        // a child that livelocks (a fault that never resolves) is reported with the
+        // pager's state and ended, so the benchmark goes on (its run is FAILED)
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        if pager.is_some() {
+            let (done, limit) = (done.clone(), child_limit());
+            std::thread::spawn(move || {
+                let t = Instant::now();
+                while t.elapsed() < limit {
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                    if done.load(std::sync::atomic::Ordering::Acquire) {
+                        return;
+                    }
+                }
+                eprintln!(
+                    "advm bench pager: the measured child ran past {limit:?}: ended. The pager:\n{}",
+                    advm::pager::report(None)
+                );
+                std::process::exit(97);
+            });
+        }
         let heap = Heap::with_config(cfg).map_err(|e| e.to_string())?;
         let mut m = heap.attach();
         let size = if w == Workload::Primes { s.primes } else { s.live_mib };
         let checksum = w.run(&mut m, size).map_err(|e| format!("{}: {e}", w.name()))?;
         let elapsed_s = start.elapsed().as_secs_f64();
+        done.store(true, std::sync::atomic::Ordering::Release);
         let t1 = ProcessTimes::now().map_err(|e| e.to_string())?;
         let end = meters()?;
         drop(m);
@@ -651,6 +672,13 @@ fn picked_fault_modes() -> Result<Vec<FaultMode>, BenchError> {
 
 fn fault_mode_name(mode: FaultMode) -> &'static str {
     FAULT_MODES.iter().find(|(_, m)| *m == mode).map_or("?", |(n, _)| n)
+}
+
+/// `$ADVM_BENCH_PAGER_CHILD_LIMIT_S`: how long one measured child with a pager may
+/// run before it is ended as livelocked (its state printed); default 600 s.
+fn child_limit() -> std::time::Duration {
+    let s = std::env::var("ADVM_BENCH_PAGER_CHILD_LIMIT_S").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(600);
+    std::time::Duration::from_secs(s.max(1))
 }
 
 /// `$ADVM_BENCH_PAGER_TLAB_KIB`: the heap's allocation buffer in KiB, the unit in

@@ -390,6 +390,8 @@ struct Shared {
     /// Faults (address, flags) whose swap read failed, served again each tick by the
     /// handler thread (their threads wait meanwhile).
     unread: Mutex<Vec<(usize, u64)>>,
+    /// The address of the last fault served (either mode), for [`report`].
+    last_fault: AtomicUsize,
 }
 
 /// A region of memory managed by a [`Pager`]. Access it through its address
@@ -581,6 +583,7 @@ impl Pager {
             written_race: Mutex::new(None),
             handler_state: AtomicU8::new(0),
             unread: Mutex::new(Vec::new()),
+            last_fault: AtomicUsize::new(0),
         });
         report::enlist(&shared);
         let s = shared.clone();
@@ -899,6 +902,7 @@ impl Shared {
     /// (it is not handed wrong data, nor woken to fault again at once): the fault is
     /// to be retried.
     fn serve_fault(&self, addr: usize, flags: u64, buf: &mut [u8]) -> bool {
+        self.last_fault.store(addr, Ordering::Relaxed);
         self.keep_budget(1);
         // the fault itself, without the eviction that made room for it
         let t = Instant::now();
@@ -952,6 +956,7 @@ impl Shared {
         #[repr(C, align(4096))]
         struct OnePage([u8; SIGBUS_PAGE]);
         let t = Instant::now();
+        self.last_fault.store(addr, Ordering::Relaxed);
         let mut buf = OnePage([0; SIGBUS_PAGE]);
         if addr < m.area.addr() || addr >= m.area.addr() + m.area.len() {
             return;

@@ -120,6 +120,12 @@ impl Shared {
                     mid.push(p);
                 }
             }
+            // resident by its state, no page-table entry: every access faults for ever
+            // (SIGBUS mode and the kernel path; on the handler thread a resident page
+            // with an empty entry is the same livelock)
+            let mapped = m.area.mapped_pages(0, m.pages());
+            let lost: Vec<usize> =
+                (0..mapped.len()).filter(|&p| !mapped[p] && m.state[p].load(Ordering::Acquire) == RESIDENT).collect();
             let clean = (0..m.pages()).filter(|&p| m.clean.get(p)).count();
             let discardable = (0..m.pages()).filter(|&p| m.discardable.get(p)).count();
             let _ = writeln!(
@@ -136,6 +142,38 @@ impl Shared {
                 count[usize::from(SWAPPED)],
                 count[usize::from(GONE)],
             );
+            if !lost.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "  region {}: {} RESIDENT pages have no page-table entry (first: {:?})",
+                    m.id,
+                    lost.len(),
+                    &lost[..lost.len().min(16)]
+                );
+            }
+            let last = self.last_fault.load(Ordering::Relaxed);
+            if last >= m.area.addr() && last < m.area.addr() + m.area.len() {
+                let page = (last - m.area.addr()) / crate::mem::page_size();
+                let from = page.saturating_sub(8);
+                let to = (page + 9).min(m.pages());
+                let mapped = m.area.mapped_pages(from, to - from);
+                let around: Vec<String> = (from..to)
+                    .map(|p| {
+                        format!(
+                            "{p}:{}{}{}",
+                            ["empty", "resident", "EVICTING", "discarded", "swapped", "gone"]
+                                [usize::from(m.state[p].load(Ordering::Acquire)).min(5)],
+                            if m.discardable.get(p) { "/disc" } else { "" },
+                            match mapped.get(p - from) {
+                                Some(true) => "/mapped",
+                                Some(false) => "/unmapped",
+                                None => "",
+                            }
+                        )
+                    })
+                    .collect();
+                let _ = writeln!(out, "  last fault at {last:#x}, page {page} of region {}: {around:?}", m.id);
+            }
         }
     }
 }

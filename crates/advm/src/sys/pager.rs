@@ -165,6 +165,25 @@ impl Area {
         matches!(read, Ok(1)) && (entry.present() || entry.swapped())
     }
 
+    /// Whether each page of `[page, page+n)` has a page-table entry (present or
+    /// swapped), in one pagemap read; for reports. Empty if pagemap cannot be read.
+    pub fn mapped_pages(&self, page: usize, n: usize) -> Vec<bool> {
+        let Ok(p) = self.page_ptr(page, n) else { return Vec::new() };
+        let mut e = vec![0u64; n];
+        let read =
+            super::pagemap::Pagemap::open("self").and_then(|pm| pm.read((p as usize / page_size()) as u64, &mut e));
+        match read {
+            Ok(k) if k == n => e
+                .into_iter()
+                .map(|v| {
+                    let entry = super::pagemap::Entry(v);
+                    entry.present() || entry.swapped()
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// Wakes threads blocked on faults at `page`, once the pager has recorded the fill.
     pub fn wake(&self, fd: &Userfaultfd, page: usize) -> SysResult<()> {
         fd.wake(self.page_ptr(page, 1)?, page_size())
