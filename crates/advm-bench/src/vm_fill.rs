@@ -15,7 +15,8 @@
 //! ADVM_VM_BUDGET_MIB (1536), ADVM_VM_MEM_MIB (guest RAM, 128), ADVM_VM_TB_MIB (the
 //! translation buffer, 16), ADVM_VM_MAX (16; `--quick`: 2), ADVM_VM_METHODS
 //! (`blk,blk-ksm,pmem,pmem-merge`), ADVM_VM_ASLR (0: guests boot with `--no-aslr`;
-//! 1: randomised), ADVM_VM_SVG (where to write the plot). ADVM_VM_PLOT_FROM
+//! 1: randomised), ADVM_VM_TIMEOUT_S (300: a VM that has not answered by then did not
+//! fit), ADVM_VM_MERGE_SCOPE (`--merge-scope` of pmem-merge's VMs), ADVM_VM_SVG (where to write the plot). ADVM_VM_PLOT_FROM
 //! (a saved report of this bench) only draws that report's plot.
 
 use std::collections::BTreeMap;
@@ -54,6 +55,10 @@ struct Settings {
     methods: Vec<String>,
     svg: Option<PathBuf>,
     aslr: bool,
+    /// How long a VM may take to answer before it counts as not fitting, s.
+    timeout_s: u64,
+    /// `--merge-scope` of the pmem-merge VMs (unset: `advm vm run`'s default).
+    merge_scope: Option<String>,
 }
 
 impl Settings {
@@ -68,6 +73,8 @@ impl Settings {
             methods,
             svg: std::env::var_os("ADVM_VM_SVG").map(PathBuf::from),
             aslr: super::vm::aslr()?,
+            timeout_s: env_u64("ADVM_VM_TIMEOUT_S", 300)?.max(1),
+            merge_scope: std::env::var("ADVM_VM_MERGE_SCOPE").ok(),
         })
     }
 }
@@ -111,13 +118,16 @@ fn start(
 ) -> Result<Result<Vm, String>, BenchError> {
     let mut cmd = Command::new(advm);
     cmd.args(["vm", "run", "--image"]).arg(&s.image).args(method_args(method));
-    cmd.args(["--accel", "tcg", "--timeout", "300"]);
+    cmd.args(["--accel", "tcg", "--timeout", &s.timeout_s.to_string()]);
     if !s.aslr {
         cmd.arg("--no-aslr");
     }
     cmd.args(["--mem", &s.mem_mib.to_string(), "--tb-size", &s.tb_mib.to_string()]);
     if let Some(d) = advmd {
         cmd.env("ADVM_SOCKET", &d.socket);
+        if let Some(scope) = &s.merge_scope {
+            cmd.args(["--merge-scope", scope]);
+        }
     }
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     group.join_at_exec(&mut cmd)?;
@@ -221,6 +231,26 @@ impl Parts {
     }
 }
 
+/// The frames the advm processes in the group (`advm vm run`, advmd) map, split into
+/// their own memory (anonymous pages and private copies: what they add to the group)
+/// and pages they map that are held anyway: the advm binary and libraries (page cache,
+/// shared with every other advm process) and, in advmd, pages of the merge store it
+/// reads (the store's shmem, counted once in the group whoever maps it).
+#[derive(Default)]
+struct AdvmProcesses {
+    own: Vec<u64>,
+    mapped: Vec<u64>,
+}
+
+impl AdvmProcesses {
+    fn add(&mut self, maps: Vec<MappingFrames>) {
+        for m in maps {
+            self.own.extend(m.anon);
+            self.mapped.extend(m.file);
+        }
+    }
+}
+
 /// Where guest RAM lies: a private anonymous read-write mapping of exactly `size`
 /// bytes, or once merged, the last `size` bytes of a run of consecutive read-write
 /// private mappings, anonymous or of a merge store (advmd's or a process's own memfd),
@@ -288,14 +318,14 @@ impl VmFillBench {
         let pids = group.pids()?;
         let sample = measure(&pids, Options::default())?;
         let mut parts = Parts::default();
-        let mut other = Vec::new();
+        let mut advm_procs = AdvmProcesses::default();
         for &pid in &pids {
             let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
             let Ok(maps) = mapping_frames(pid) else { continue };
             if comm.starts_with("qemu-system") {
                 parts.add(maps, s, layers);
             } else {
-                other.extend(maps.into_iter().flat_map(|m| m.anon.into_iter().chain(m.file)));
+                advm_procs.add(maps);
             }
         }
         let ps = advm::mem::page_size() as f64;
@@ -327,7 +357,16 @@ impl VmFillBench {
             .figure(Figure::new("image in host page cache", "MiB", vec![image_cache as f64 * ps / MIB]))
             .figure(Figure::new("QEMU anon per VM", "MiB", per(distinct_bytes(&mut parts.qemu_anon))))
             .figure(Figure::new("QEMU files mapped", "MiB", vec![distinct_bytes(&mut parts.qemu_file) / MIB]))
-            .figure(Figure::new("advm processes (vm run, advmd)", "MiB", vec![distinct_bytes(&mut other) / MIB]))
+            .figure(Figure::new(
+                "advm processes' own memory (vm run, advmd)",
+                "MiB",
+                vec![distinct_bytes(&mut advm_procs.own) / MIB],
+            ))
+            .figure(Figure::new(
+                "advm processes' mapped files and store pages",
+                "MiB",
+                vec![distinct_bytes(&mut advm_procs.mapped) / MIB],
+            ))
             .figure(Figure::new("boot to answer", "s", vms.iter().map(|v| v.ready_s).collect()));
         if let (Some(t0), Some(t)) = (ksmd_cpu_at_start, advm::ksm::ksmd_cpu_seconds()) {
             row = row.figure(Figure::new("ksmd CPU so far", "s", vec![t - t0]));
@@ -547,11 +586,19 @@ impl Bench for VmFillBench {
         }
         let s = Settings::from_env(opts.quick)?;
         let advm = std::env::current_exe().map_err(|e| BenchError::Io("this program's path".into(), e))?;
-        for (k, v) in [("budget_mib", s.budget_mib), ("guest_mem_mib", s.mem_mib), ("tb_size_mib", s.tb_mib)] {
+        for (k, v) in [
+            ("budget_mib", s.budget_mib),
+            ("guest_mem_mib", s.mem_mib),
+            ("tb_size_mib", s.tb_mib),
+            ("vm_timeout_s", s.timeout_s),
+        ] {
             report.configuration.insert(k.into(), v.into());
         }
         report.configuration.insert("image".into(), s.image.display().to_string().into());
         report.configuration.insert("guest_aslr".into(), s.aslr.into());
+        report
+            .configuration
+            .insert("merge_scope".into(), s.merge_scope.clone().unwrap_or_else(|| "default (qemu)".into()).into());
         let mut curves = BTreeMap::new();
         for method in &s.methods {
             let (curve, why) = Self::fill(&s, &advm, method, report)?;
@@ -641,6 +688,30 @@ mod tests {
     }
 
     #[test]
+    fn advm_processes_own_only_their_anonymous_pages_not_the_store_or_binary_pages_they_map() {
+        let m = |path: &str, anon: &[u64], file: &[u64]| MappingFrames {
+            start: 0x1000,
+            end: 0x1000 + 4096 * 4,
+            perms: "rw-p".into(),
+            path: path.into(),
+            anon: anon.to_vec(),
+            file: file.to_vec(),
+        };
+        let mut a = AdvmProcesses::default();
+        // advmd: its heap, the binary, store pages it read for a hash check.
+        a.add(vec![
+            m("[heap]", &[1, 2], &[]),
+            m("/bin/advm", &[3], &[10, 11]),
+            m("/memfd:advm-merge-add", &[], &[20, 21]),
+        ]);
+        // Two `advm vm run`: own heaps, the same binary pages.
+        a.add(vec![m("[heap]", &[4], &[]), m("/bin/advm", &[], &[10, 11])]);
+        a.add(vec![m("[heap]", &[5], &[]), m("/bin/advm", &[], &[10])]);
+        assert_eq!(distinct_bytes(&mut a.own), 5.0 * 4096.0, "heaps and the binary's relocated page");
+        assert_eq!(distinct_bytes(&mut a.mapped), 4.0 * 4096.0, "binary and store pages once");
+    }
+
+    #[test]
     fn qemu_mappings_are_sorted_into_guest_ram_translation_buffer_device_and_qemu() {
         let s = Settings {
             image: PathBuf::new(),
@@ -651,6 +722,8 @@ mod tests {
             methods: vec![],
             svg: None,
             aslr: false,
+            timeout_s: 300,
+            merge_scope: None,
         };
         let m = |start: u64, len: u64, perms: &str, path: &str, anon: &[u64], file: &[u64]| MappingFrames {
             start,

@@ -34,6 +34,33 @@ pub enum DiskKind {
     Blk,
 }
 
+/// `--merge-scope`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MergeScope {
+    /// Guest RAM and QEMU's own private anonymous blocks of at least [`QEMU_BLOCK_MIN`].
+    Qemu,
+    /// Guest RAM only.
+    Ram,
+}
+
+/// The smallest of QEMU's own blocks `--merge-scope qemu` merges. QEMU keeps a copy of
+/// the guest's kernel (`-kernel`, 7.9 MiB here, the same bytes in every VM) in one
+/// such block for as long as it runs, and a 2 MiB block of zeros; its heap and
+/// arenas are larger. Smaller mappings (about 1 MiB of QEMU's) are left alone.
+pub const QEMU_BLOCK_MIN: u64 = 2 << 20;
+
+impl MergeScope {
+    /// The agent's smallest mapping for a guest of `mem_mib` MiB: guest RAM is the only
+    /// anonymous read-write mapping that large (the translation buffer is executable,
+    /// the pmem device a file mapping).
+    fn min_bytes(self, mem_mib: u64) -> u64 {
+        match self {
+            Self::Qemu => QEMU_BLOCK_MIN,
+            Self::Ram => mem_mib << 20,
+        }
+    }
+}
+
 /// Arguments of `advm vm run`.
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
@@ -66,6 +93,11 @@ pub struct RunArgs {
     /// what it frees while starting (free page reporting) before its RAM is merged.
     #[arg(long, default_value_t = 5.0, requires = "merge")]
     pub merge_after: f64,
+    /// What `--merge` merges: `qemu` (guest RAM and QEMU's own private anonymous
+    /// blocks of at least 2 MiB: its copy of the guest's kernel, identical in every VM,
+    /// its heap and malloc arenas) or `ram` (guest RAM only). See docs/vm.md.
+    #[arg(long, value_enum, default_value = "qemu", requires = "merge")]
+    pub merge_scope: MergeScope,
     /// Boot the guest without address-space randomisation (kernel, processes, Python's
     /// hashes), so its memory is laid out as in every other such guest: more of it is
     /// equal across VMs for `--merge` and `--ksm`. A security trade-off inside the guest.
@@ -202,10 +234,10 @@ fn pmem_backing(top: &Path, image: &Image) -> Result<PmemBacking, CliError> {
 
 /// QEMU's preload environment: the shim when the disk is pmem (`shim`: it maps the
 /// plan; `ADVM_MODE=off` keeps glibc's malloc), the merge agent under `--merge`
-/// (`agent`: libadvm.so). The agent merges only mappings of at least the guest's RAM,
-/// which is guest RAM itself (the translation buffer is executable, the pmem device a
-/// file mapping, the rest smaller), and never by itself: `advm vm run` asks it once.
-fn preload_env(shim: Option<&Path>, agent: Option<&Path>, mem_mib: u64) -> Vec<(&'static str, String)> {
+/// (`agent`: libadvm.so). The agent merges only private anonymous read-write mappings
+/// of at least `min_bytes` ([`MergeScope::min_bytes`]), never thread stacks nor its own,
+/// and never by itself: `advm vm run` asks it once.
+fn preload_env(shim: Option<&Path>, agent: Option<&Path>, min_bytes: u64) -> Vec<(&'static str, String)> {
     let libs: Vec<String> = shim.iter().chain(agent.iter()).map(|p| p.display().to_string()).collect();
     let mut env = Vec::new();
     if !libs.is_empty() {
@@ -217,7 +249,7 @@ fn preload_env(shim: Option<&Path>, agent: Option<&Path>, mem_mib: u64) -> Vec<(
     if agent.is_some() {
         use advm::merge::agent::{ENV_AGENT, ENV_MIN_BYTES, ENV_MIN_GROWTH};
         env.push((ENV_AGENT, "1".to_string()));
-        env.push((ENV_MIN_BYTES, (mem_mib << 20).to_string()));
+        env.push((ENV_MIN_BYTES, min_bytes.to_string()));
         // 1 EiB of growth: never reached, so no quiet period starts a merge.
         env.push((ENV_MIN_GROWTH, (1u64 << 60).to_string()));
     }
@@ -313,7 +345,7 @@ pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
             .stderr(log);
         let shim = backing.as_ref().map(|_| advm_preload::launch::shim_path()).transpose()?;
         let agent = args.merge.then(advm_preload::launch::agent_library).transpose()?;
-        cmd.envs(preload_env(shim.as_deref(), agent.as_deref(), args.mem));
+        cmd.envs(preload_env(shim.as_deref(), agent.as_deref(), args.merge_scope.min_bytes(args.mem)));
         if let Some(b) = &backing {
             let (k, v) = b.env();
             cmd.env(k, v).env(DUMP_DIR_ENV, workdir);
@@ -461,14 +493,20 @@ mod tests {
     }
 
     #[test]
-    fn merge_preloads_the_agent_beside_the_shim_for_guest_ram_only_and_never_on_its_own() {
+    fn merge_preloads_the_agent_beside_the_shim_for_guest_ram_and_qemus_blocks_and_never_on_its_own() {
         let (shim, agent) = (Path::new("/l/libadvm_preload.so"), Path::new("/l/libadvm.so"));
-        let env = preload_env(Some(shim), Some(agent), 128);
+        let env = preload_env(Some(shim), Some(agent), MergeScope::Ram.min_bytes(128));
         assert_eq!(get(&env, "LD_PRELOAD"), Some("/l/libadvm_preload.so:/l/libadvm.so"));
         assert_eq!(get(&env, advm_preload::env::MODE), Some("off"));
         assert_eq!(get(&env, advm::merge::agent::ENV_AGENT), Some("1"));
-        // Mappings below the guest's 128 MiB (QEMU's heap, its arenas) stay as they are.
+        // `--merge-scope ram`: mappings below the guest's 128 MiB (QEMU's heap, its
+        // arenas, its kernel copy) stay as they are.
         assert_eq!(get(&env, advm::merge::agent::ENV_MIN_BYTES), Some("134217728"));
+        // `qemu` (the default): QEMU's blocks of 2 MiB and more too, whatever the guest's size.
+        for mem in [128, 4096] {
+            let env = preload_env(Some(shim), Some(agent), MergeScope::Qemu.min_bytes(mem));
+            assert_eq!(get(&env, advm::merge::agent::ENV_MIN_BYTES), Some("2097152"));
+        }
         let growth: u64 = get(&env, advm::merge::agent::ENV_MIN_GROWTH).unwrap().parse().unwrap();
         assert!(growth >= 1 << 50, "the agent would merge by itself after {growth} bytes of growth");
         // blk: the agent alone; no merge: no agent.
