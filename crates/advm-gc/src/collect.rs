@@ -85,19 +85,13 @@ fn par_map<T: Send, F: Fn(usize) -> T + Sync>(n: usize, threads: usize, f: F) ->
 struct MarkMap {
     base: usize,
     top: usize,
-    /// The first granule of each marked object: the mark.
     words: Vec<AtomicU64>,
-    /// The other granules of each marked object, kept apart so that the marker's
-    /// test of the next object's mark never waits for a store that waited for a
-    /// header (the misses of a pointer graph overlap only if nothing chains them).
-    rest: Vec<AtomicU64>,
 }
 
 impl MarkMap {
     fn new(base: usize, top: usize) -> Self {
         let words = ((top - base) / ALIGN).div_ceil(64);
-        let zeros = || (0..words).map(|_| AtomicU64::new(0)).collect();
-        MarkMap { base, top, words: zeros(), rest: zeros() }
+        MarkMap { base, top, words: (0..words).map(|_| AtomicU64::new(0)).collect() }
     }
 
     /// Marks the object whose header is at `h`; true when it was not marked before.
@@ -115,13 +109,14 @@ impl MarkMap {
     fn mark_alone(&self, mem: &Mem, h: usize) -> Option<usize> {
         if h >= self.base && h < self.top {
             let (b, w) = self.bit(h);
-            let old = w.load(Ordering::Relaxed);
-            if old & b != 0 {
+            if w.load(Ordering::Relaxed) & b != 0 {
                 return None;
             }
-            w.store(old | b, Ordering::Relaxed);
             let h0 = mem.load(h);
-            self.cover(h, size_of(h0), true);
+            let size = size_of(h0);
+            assert!(size >= HDR && size <= self.top - h, "broken header at {h:#x} (size {size})");
+            let g = (h - self.base) / ALIGN;
+            self.set(g, g + size / ALIGN, true);
             Some(h0)
         } else {
             let h0 = mem.load(h);
@@ -148,7 +143,7 @@ impl MarkMap {
         // most objects lie inside one word: one mask, no loop
         if g < end && end - g < 64 && g % 64 + (end - g) <= 64 {
             let m = ((1u64 << (end - g)) - 1) << (g % 64);
-            let word = &self.rest[g / 64];
+            let word = &self.words[g / 64];
             if alone {
                 word.store(word.load(Ordering::Relaxed) | m, Ordering::Relaxed);
             } else {
@@ -160,7 +155,7 @@ impl MarkMap {
             let (w, lo) = (g / 64, g % 64);
             let hi = (end - w * 64).min(64);
             let m = if hi - lo == 64 { !0 } else { ((1u64 << (hi - lo)) - 1) << lo };
-            let word = &self.rest[w];
+            let word = &self.words[w];
             if alone {
                 word.store(word.load(Ordering::Relaxed) | m, Ordering::Relaxed);
             } else {
@@ -194,9 +189,8 @@ impl LiveMap {
         let table = marks
             .words
             .into_iter()
-            .zip(marks.rest)
-            .map(|(w, r)| {
-                let bits = w.into_inner() | r.into_inner();
+            .map(|w| {
+                let bits = w.into_inner();
                 let e = (bits, below);
                 below += u64::from(bits.count_ones());
                 e
@@ -919,10 +913,9 @@ mod tests {
                     continue;
                 }
                 if k % 2 == 0 {
-                    // the lone marker's path: plain stores
-                    let (b, w) = marks.bit(h);
-                    w.store(w.load(Ordering::Relaxed) | b, Ordering::Relaxed);
-                    marks.cover(h, size, true);
+                    // the lone marker's path: start and rest at once
+                    let g = (h - base) / ALIGN;
+                    marks.set(g, g + size / ALIGN, true);
                 } else {
                     // the parallel marker's path: the start bit, then the rest
                     let (b, w) = marks.bit(h);
