@@ -64,6 +64,20 @@ impl Mem {
         unsafe { AtomicUsize::from_ptr(a as *mut usize) }
     }
 
+    /// The `n` words from `a`, bounds-checked once for all of them (the collector's
+    /// loops over an object's slots or a run of objects).
+    #[inline]
+    pub(crate) fn words(&self, a: usize, n: usize) -> &[AtomicUsize] {
+        assert!(
+            a % 8 == 0 && n <= isize::MAX as usize / 8 && self.holds(a, 8 * n),
+            "heap words {a:#x}+{n} leave the heap"
+        );
+        // SAFETY: as in `word`, for each of the `n` words: `[a, a + 8n)` is aligned and
+        // inside one region mapped read-write for as long as the heap lives, and
+        // every access to them is atomic.
+        unsafe { std::slice::from_raw_parts(a as *const AtomicUsize, n) }
+    }
+
     /// The word at `a`.
     #[inline]
     pub(crate) fn load(&self, a: usize) -> usize {

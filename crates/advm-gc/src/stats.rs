@@ -25,9 +25,11 @@ pub struct Collection {
     pub mark_ns: u64,
     /// Computing forwarding addresses.
     pub forward_ns: u64,
-    /// Rewriting pointers (objects and roots).
+    /// Rewriting pointers: roots and large objects' slots (a full collection adjusts
+    /// the small objects' slots as it moves them, in `move_ns`).
     pub adjust_ns: u64,
-    /// Moving objects (memmove of small ones, the batch of large ones).
+    /// Moving objects (adjusting and memmoving small ones run by run, the batch of
+    /// large ones).
     pub move_ns: u64,
     /// Of `move_ns`, the large objects' batch.
     pub move_large_ns: u64,

@@ -1,5 +1,5 @@
 //! The heap verifier: every object's header is sane, the spaces (and the nursery)
-//! parse from bottom to top, no mark or forwarding word is left, every pointer (slots
+//! parse from bottom to top, the recorded object starts are objects, no mark or forwarding word is left, every pointer (slots
 //! and roots) is null or the start of an object of this heap, and every slot outside
 //! the nursery that points into it is in the write barrier's remembered set.
 
@@ -60,6 +60,20 @@ pub(crate) fn check(inner: &Inner, alloc: &Alloc, roots: &Roots) -> Result<(), S
         return Err(format!("large objects end at {end:#x}, the space's top is {:#x}", alloc.large_top));
     }
     let set: HashSet<usize> = objects.iter().map(|h| h + HDR).collect();
+    // The next collection cuts the small space into units at these.
+    for w in alloc.starts.windows(2) {
+        if w[0] >= w[1] {
+            return Err(format!("recorded object starts not ascending: {:#x}, {:#x}", w[0], w[1]));
+        }
+    }
+    for &a in &alloc.starts {
+        if a < alloc.small_bottom || a >= alloc.small_top || !set.contains(&(a + HDR)) {
+            return Err(format!(
+                "recorded object start {a:#x} is not an object of the small space [{:#x}, {:#x})",
+                alloc.small_bottom, alloc.small_top
+            ));
+        }
+    }
     let valid = |p: usize| p == 0 || set.contains(&p);
     for &h in &objects {
         for i in 0..nptrs_of(mem.load(h)) {
