@@ -156,7 +156,6 @@ impl Shared {
                 let page = (last - m.area.addr()) / crate::mem::page_size();
                 let from = page.saturating_sub(8);
                 let to = (page + 9).min(m.pages());
-                let mapped = m.area.mapped_pages(from, to - from);
                 let around: Vec<String> = (from..to)
                     .map(|p| {
                         format!(
@@ -164,7 +163,7 @@ impl Shared {
                             ["empty", "resident", "EVICTING", "discarded", "swapped", "gone"]
                                 [usize::from(m.state[p].load(Ordering::Acquire)).min(5)],
                             if m.discardable.get(p) { "/disc" } else { "" },
-                            match mapped.get(p - from) {
+                            match mapped.get(p) {
                                 Some(true) => "/mapped",
                                 Some(false) => "/unmapped",
                                 None => "",

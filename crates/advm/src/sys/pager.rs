@@ -157,16 +157,12 @@ impl Area {
     /// `/proc/self/pagemap`, opened for the call so that a fork's child reads its own
     /// page tables): never faults. False if pagemap cannot be read.
     pub fn mapped(&self, page: usize) -> bool {
-        let Ok(p) = self.page_ptr(page, 1) else { return false };
-        let mut e = [0u64; 1];
-        let read =
-            super::pagemap::Pagemap::open("self").and_then(|pm| pm.read((p as usize / page_size()) as u64, &mut e));
-        let entry = super::pagemap::Entry(e[0]);
-        matches!(read, Ok(1)) && (entry.present() || entry.swapped())
+        self.mapped_pages(page, 1) == [true]
     }
 
     /// Whether each page of `[page, page+n)` has a page-table entry (present or
-    /// swapped), in one pagemap read; for reports. Empty if pagemap cannot be read.
+    /// swapped), in one pagemap read (opened for the call, as [`Self::mapped`]).
+    /// Empty if pagemap cannot be read.
     pub fn mapped_pages(&self, page: usize, n: usize) -> Vec<bool> {
         let Ok(p) = self.page_ptr(page, n) else { return Vec::new() };
         let mut e = vec![0u64; n];
