@@ -208,22 +208,18 @@ fn run_in_child(
         };
         // a child that livelocks (a fault that never resolves) is reported with the
         // pager's state and ended, so the benchmark goes on (its run is FAILED)
-        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // (the run is over when `done` is dropped)
+        let (done, watched) = std::sync::mpsc::channel::<()>();
         if pager.is_some() {
-            let (done, limit) = (done.clone(), child_limit());
+            let limit = child_limit();
             std::thread::spawn(move || {
-                let t = Instant::now();
-                while t.elapsed() < limit {
-                    std::thread::sleep(std::time::Duration::from_millis(100));
-                    if done.load(std::sync::atomic::Ordering::Acquire) {
-                        return;
-                    }
+                if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = watched.recv_timeout(limit) {
+                    eprintln!(
+                        "advm bench pager: the measured child ran past {limit:?}: ended. The pager:\n{}",
+                        advm::pager::report(None)
+                    );
+                    std::process::exit(97);
                 }
-                eprintln!(
-                    "advm bench pager: the measured child ran past {limit:?}: ended. The pager:\n{}",
-                    advm::pager::report(None)
-                );
-                std::process::exit(97);
             });
         }
         let heap = Heap::with_config(cfg).map_err(|e| e.to_string())?;
@@ -231,7 +227,7 @@ fn run_in_child(
         let size = if w == Workload::Primes { s.primes } else { s.live_mib };
         let checksum = w.run(&mut m, size).map_err(|e| format!("{}: {e}", w.name()))?;
         let elapsed_s = start.elapsed().as_secs_f64();
-        done.store(true, std::sync::atomic::Ordering::Release);
+        drop(done);
         let t1 = ProcessTimes::now().map_err(|e| e.to_string())?;
         let end = meters()?;
         drop(m);
