@@ -456,27 +456,31 @@ fn a_merge_adds_pages_by_handing_over_a_sealed_file_and_a_second_client_shares_t
     assert!(line.contains("advm-merge-add"), "mapped from the handed-over file: {line}");
 }
 
-/// A merge larger than one add (16,384 pages) hands its pages over in two, the
-/// second written while the daemon takes the first; past the domain's limit the
-/// second is refused whole, and the part that fits is sent again: every page that
-/// fits is added, the rest refused, nothing changes what the process reads.
+/// A merge larger than one add (4,096 pages) hands its pages over in several, written
+/// a group at a time (one per CPU) while the daemon takes the last group; past the
+/// domain's limit the rest are refused whole, and the part that fits is sent again:
+/// every page that fits is added, the rest refused, nothing changes what the process
+/// reads. The limit falls after the last add, and inside the third one (the second
+/// group on two CPUs, whose second add is sent before the first's refusal is known).
 #[test]
-fn a_merge_of_two_adds_fills_the_store_to_its_limit_and_refuses_the_rest() {
+fn a_merge_of_several_adds_fills_the_store_to_its_limit_and_refuses_the_rest() {
     if !fence_ok() {
         return;
     }
     let ps = page_size();
-    let (_d, sock) = start("two-adds", |c| c.domain_limit_bytes = (16384 + 50) * ps as u64);
-    let a = filled(16384 + 100, 8);
-    let orig = a.bytes().to_vec();
-    let s = Client::connect(&sock, "").unwrap().merge(a.bytes()).unwrap();
-    assert_eq!((s.added, s.refused), (16384 + 50, 50), "{s:?}");
-    assert!(s.refusal.unwrap().contains("full"));
-    assert_eq!(a.bytes(), &orig[..]);
-    let b = filled(16384 + 100, 8);
-    let s = Client::connect(&sock, "").unwrap().merge(b.bytes()).unwrap();
-    assert_eq!((s.merged, s.added), (16384 + 50, 0), "{s:?}");
-    assert_eq!(b.bytes(), &orig[..]);
+    for fits in [16384 + 50, 8192 + 50] {
+        let (_d, sock) = start(&format!("several-adds-{fits}"), |c| c.domain_limit_bytes = fits * ps as u64);
+        let a = filled(16384 + 100, 8);
+        let orig = a.bytes().to_vec();
+        let s = Client::connect(&sock, "").unwrap().merge(a.bytes()).unwrap();
+        assert_eq!((s.added, s.refused), (fits, 16384 + 100 - fits), "{s:?}");
+        assert!(s.refusal.unwrap().contains("full"));
+        assert_eq!(a.bytes(), &orig[..]);
+        let b = filled(16384 + 100, 8);
+        let s = Client::connect(&sock, "").unwrap().merge(b.bytes()).unwrap();
+        assert_eq!((s.merged, s.added), (fits, 0), "{s:?}");
+        assert_eq!(b.bytes(), &orig[..]);
+    }
 }
 
 /// A lookup that misses claims the pages for its session: a second session's lookup of
