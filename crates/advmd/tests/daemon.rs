@@ -483,6 +483,43 @@ fn a_merge_of_several_adds_fills_the_store_to_its_limit_and_refuses_the_rest() {
     }
 }
 
+/// While a large add lands one group of batches, its copying threads read the next
+/// groups from the same range, and so may any thread of the process: a thread reading
+/// the range throughout a merge of several groups sees the original bytes on every
+/// pass, never a hole or another page.
+#[test]
+fn a_thread_reading_the_range_throughout_a_large_add_always_sees_the_same_bytes() {
+    if !fence_ok() {
+        return;
+    }
+    let (_d, sock) = start("reader", |c| c.domain_limit_bytes = 256 << 20);
+    let ps = page_size();
+    let a = filled(8 * 4096 + 7, 11);
+    let orig = a.bytes().to_vec();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let bytes = a.bytes();
+    std::thread::scope(|scope| {
+        let reader = scope.spawn(|| {
+            let mut passes = 0u32;
+            loop {
+                let last = done.load(std::sync::atomic::Ordering::Acquire);
+                for (i, (p, q)) in bytes.chunks(ps).zip(orig.chunks(ps)).enumerate() {
+                    assert!(p == q, "page {i} read differently on pass {passes}");
+                }
+                passes += 1;
+                if last {
+                    return passes;
+                }
+            }
+        });
+        let s = Client::connect(&sock, "").unwrap().merge(bytes).unwrap();
+        done.store(true, std::sync::atomic::Ordering::Release);
+        assert_eq!(s.added, 8 * 4096 + 7, "{s:?}");
+        assert!(reader.join().unwrap() >= 2, "the reader ran during the merge");
+    });
+    assert_eq!(a.bytes(), &orig[..]);
+}
+
 /// A lookup that misses claims the pages for its session: a second session's lookup of
 /// them waits for the first one's add (instead of missing and sending them again), and
 /// gets its slots. A session that ends without adding leaves no claim behind: the next
