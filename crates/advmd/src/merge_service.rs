@@ -22,7 +22,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use advm::merge::protocol::{Reply, Request, NO_SLOT};
-use advm::merge::{SegmentMap, Store};
+use advm::merge::{PageHashMap, SegmentMap, Store};
 use advm::wire::Peer;
 
 /// A security domain: a uid, narrowed by a tag.
@@ -53,9 +53,9 @@ struct Shared {
 struct State {
     store: Store,
     /// Hash -> adds in flight that carry a page with it.
-    adding: HashMap<u64, u32>,
+    adding: PageHashMap<u32>,
     /// Hash -> the session that missed it first and will add it.
-    claims: HashMap<u64, u64>,
+    claims: PageHashMap<u64>,
 }
 
 impl State {
@@ -110,7 +110,7 @@ impl Stores {
         }
         let store = Store::create(&format!("advmd-store-{}", d.uid), self.limit_bytes)?;
         let s = Arc::new(Shared {
-            state: Mutex::new(State { store, adding: HashMap::new(), claims: HashMap::new() }),
+            state: Mutex::new(State { store, adding: PageHashMap::default(), claims: PageHashMap::default() }),
             landed: Condvar::new(),
         });
         map.insert(d.clone(), s.clone());
@@ -208,6 +208,8 @@ impl Session {
                 // One pass: stored pages, pages to wait for, and claims on the rest.
                 let mut slots = vec![NO_SLOT; hashes.len()];
                 let mut waits = Vec::new();
+                // At once rather than doubling through a large lookup's misses.
+                g.claims.reserve(hashes.len());
                 for (k, &h) in hashes.iter().enumerate() {
                     if let Some(s) = g.store.find(h) {
                         self.held.push(s);

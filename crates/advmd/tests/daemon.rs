@@ -456,27 +456,68 @@ fn a_merge_adds_pages_by_handing_over_a_sealed_file_and_a_second_client_shares_t
     assert!(line.contains("advm-merge-add"), "mapped from the handed-over file: {line}");
 }
 
-/// A merge larger than one add (16,384 pages) hands its pages over in two, the
-/// second written while the daemon takes the first; past the domain's limit the
-/// second is refused whole, and the part that fits is sent again: every page that
-/// fits is added, the rest refused, nothing changes what the process reads.
+/// A merge larger than one add (4,096 pages) hands its pages over in several, written
+/// a group at a time (one per CPU) while the daemon takes the last group; past the
+/// domain's limit the rest are refused whole, and the part that fits is sent again:
+/// every page that fits is added, the rest refused, nothing changes what the process
+/// reads. The limit falls after the last add, and inside the third one (the second
+/// group on two CPUs, whose second add is sent before the first's refusal is known).
 #[test]
-fn a_merge_of_two_adds_fills_the_store_to_its_limit_and_refuses_the_rest() {
+fn a_merge_of_several_adds_fills_the_store_to_its_limit_and_refuses_the_rest() {
     if !fence_ok() {
         return;
     }
     let ps = page_size();
-    let (_d, sock) = start("two-adds", |c| c.domain_limit_bytes = (16384 + 50) * ps as u64);
-    let a = filled(16384 + 100, 8);
+    for fits in [16384 + 50, 8192 + 50] {
+        let (_d, sock) = start(&format!("several-adds-{fits}"), |c| c.domain_limit_bytes = fits * ps as u64);
+        let a = filled(16384 + 100, 8);
+        let orig = a.bytes().to_vec();
+        let s = Client::connect(&sock, "").unwrap().merge(a.bytes()).unwrap();
+        assert_eq!((s.added, s.refused), (fits, 16384 + 100 - fits), "{s:?}");
+        assert!(s.refusal.unwrap().contains("full"));
+        assert_eq!(a.bytes(), &orig[..]);
+        let b = filled(16384 + 100, 8);
+        let s = Client::connect(&sock, "").unwrap().merge(b.bytes()).unwrap();
+        assert_eq!((s.merged, s.added), (fits, 0), "{s:?}");
+        assert_eq!(b.bytes(), &orig[..]);
+    }
+}
+
+/// While a large add lands one group of batches, its copying threads read the next
+/// groups from the same range, and so may any thread of the process: a thread reading
+/// the range throughout a merge of several groups sees the original bytes on every
+/// pass, never a hole or another page.
+#[test]
+fn a_thread_reading_the_range_throughout_a_large_add_always_sees_the_same_bytes() {
+    if !fence_ok() {
+        return;
+    }
+    let (_d, sock) = start("reader", |c| c.domain_limit_bytes = 256 << 20);
+    let ps = page_size();
+    let a = filled(8 * 4096 + 7, 11);
     let orig = a.bytes().to_vec();
-    let s = Client::connect(&sock, "").unwrap().merge(a.bytes()).unwrap();
-    assert_eq!((s.added, s.refused), (16384 + 50, 50), "{s:?}");
-    assert!(s.refusal.unwrap().contains("full"));
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let bytes = a.bytes();
+    std::thread::scope(|scope| {
+        let reader = scope.spawn(|| {
+            let mut passes = 0u32;
+            loop {
+                let last = done.load(std::sync::atomic::Ordering::Acquire);
+                for (i, (p, q)) in bytes.chunks(ps).zip(orig.chunks(ps)).enumerate() {
+                    assert!(p == q, "page {i} read differently on pass {passes}");
+                }
+                passes += 1;
+                if last {
+                    return passes;
+                }
+            }
+        });
+        let s = Client::connect(&sock, "").unwrap().merge(bytes).unwrap();
+        done.store(true, std::sync::atomic::Ordering::Release);
+        assert_eq!(s.added, 8 * 4096 + 7, "{s:?}");
+        assert!(reader.join().unwrap() >= 2, "the reader ran during the merge");
+    });
     assert_eq!(a.bytes(), &orig[..]);
-    let b = filled(16384 + 100, 8);
-    let s = Client::connect(&sock, "").unwrap().merge(b.bytes()).unwrap();
-    assert_eq!((s.merged, s.added), (16384 + 50, 0), "{s:?}");
-    assert_eq!(b.bytes(), &orig[..]);
 }
 
 /// A lookup that misses claims the pages for its session: a second session's lookup of

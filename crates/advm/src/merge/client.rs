@@ -55,8 +55,16 @@ pub(crate) trait Landing {
 /// slower in three side-by-side rounds: each batch in flight takes fresh memory).
 /// Through advmd each batch is one adopted file, held by the store until none of its
 /// pages is referenced, and lands (waking the domain's lookups waiting for its
-/// pages) before the next is written.
+/// pages) before the group after the next is written.
 const ADD_BATCH: usize = 4096;
+
+/// Batches written at once by one add (see `Daemon::sealed_batches`): as many as there
+/// are CPUs for this process, at most four; `$ADVM_MERGE_COPY_THREADS` sets it (1: one
+/// thread).
+fn copy_threads() -> usize {
+    let cpus = std::thread::available_parallelism().map_or(1, |c| c.get()).min(4);
+    std::env::var("ADVM_MERGE_COPY_THREADS").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(cpus).clamp(1, 16)
+}
 
 /// A store of this process's own.
 pub(crate) struct Local {
@@ -227,40 +235,70 @@ impl Daemon {
         Ok(Handed { slots, refusal: (!refusal.is_empty()).then_some(refusal), room })
     }
 
-    /// Hands the pages `which` of `src.bytes()` over in batches, one add each, writing
-    /// the next batch's file while the daemon takes the last one, and tells `src` where
-    /// each batch landed as its answer comes. A batch the store refused whole for want
-    /// of room is sent again afterwards, as much of it as fits.
+    /// Writes the batches `group` (each `(first, n)` in `which`) into sealed files, one
+    /// thread per batch: the copy into new shmem pages costs mostly the kernel's page
+    /// allocation and charging, per page and per CPU, so two threads copy faster where
+    /// a CPU is free. A thread that cannot be started: its batch is written here.
+    fn sealed_batches(bytes: &[u8], which: &[usize], group: &[(usize, usize)]) -> Result<Vec<OwnedFd>> {
+        let write = |&(first, n): &(usize, usize)| Self::sealed_pages(bytes, &which[first..first + n]);
+        let Some((head, rest)) = group.split_first() else { return Ok(Vec::new()) };
+        std::thread::scope(|scope| {
+            let spawned: Vec<_> = rest
+                .iter()
+                .map(|b| {
+                    let t = std::thread::Builder::new()
+                        .name("advm-merge-copy".into())
+                        .stack_size(64 << 10)
+                        .spawn_scoped(scope, move || write(b));
+                    (b, t)
+                })
+                .collect();
+            let mut out = vec![write(head)?];
+            for (b, t) in spawned {
+                out.push(match t {
+                    Ok(t) => t.join().unwrap_or_else(|_| {
+                        Err(Error::InvalidArgument { what: "pages to add", why: "a copying thread panicked".into() })
+                    })?,
+                    Err(_) => write(b)?,
+                });
+            }
+            Ok(out)
+        })
+    }
+
+    /// Hands the pages `which` of `src.bytes()` over in batches, one add each, and
+    /// tells `src` where each batch landed as its answer comes. Batches are written
+    /// [`copy_threads`] at a time (a group), and the next group is written while the
+    /// daemon takes the last one; a group lands once the next is sent, so at most two
+    /// groups of fresh pages are in flight before the range's own pages are freed. A
+    /// batch the store refused whole for want of room is sent again afterwards, as
+    /// much of it as fits.
     fn add_batches(&mut self, src: &mut dyn Landing, which: &[usize], hashes: &[u64]) -> Result<Adds> {
         let mut adds = Adds { refused: Vec::new(), refusal: None, room: u64::MAX };
-        let mut in_flight: Option<(usize, usize)> = None;
-        let mut first = 0;
-        while first < which.len() {
-            let n = ADD_BATCH.min(which.len() - first);
+        let batches: Vec<(usize, usize)> =
+            (0..which.len()).step_by(ADD_BATCH).map(|first| (first, ADD_BATCH.min(which.len() - first))).collect();
+        let mut in_flight: Vec<(usize, usize)> = Vec::new();
+        for group in batches.chunks(copy_threads()) {
             if adds.refusal.is_some() {
                 // The store was full a moment ago: kept for the retry below.
-                adds.refused.push((first, n));
-            } else {
-                let file = Self::sealed_pages(src.bytes(), &which[first..first + n])?;
-                Request::Add { hashes: hashes[first..first + n].to_vec(), pages: file }.send(self.ch())?;
-                if let Some(batch) = in_flight.replace((first, n)) {
-                    match self.added(batch.1) {
-                        Ok(h) => self.land(src, which, batch, adds.settle(batch, h))?,
-                        Err(e) => {
-                            // Read the answer to the batch just sent, so that the next
-                            // request's answer is its own.
-                            let _ = Reply::recv(self.ch());
-                            return Err(e);
-                        }
-                    }
-                }
+                adds.refused.extend_from_slice(group);
+                continue;
             }
-            first += n;
+            let files = Self::sealed_batches(src.bytes(), which, group)?;
+            let mut sent = Vec::with_capacity(group.len());
+            for (&(first, n), file) in group.iter().zip(files) {
+                let req = Request::Add { hashes: hashes[first..first + n].to_vec(), pages: file }.send(self.ch());
+                if let Err(e) = req {
+                    self.drain(in_flight.len() + sent.len());
+                    return Err(e);
+                }
+                sent.push((first, n));
+            }
+            let landing = std::mem::replace(&mut in_flight, sent);
+            self.land_all(src, which, &landing, &mut adds, in_flight.len())?;
         }
-        if let Some(batch) = in_flight {
-            let h = self.added(batch.1)?;
-            self.land(src, which, batch, adds.settle(batch, h))?;
-        }
+        let landing = std::mem::take(&mut in_flight);
+        self.land_all(src, which, &landing, &mut adds, 0)?;
         let mut retry = std::mem::take(&mut adds.refused);
         retry.sort_unstable();
         for (first, n) in retry {
@@ -293,6 +331,34 @@ impl Daemon {
         // range, or compared it in full with the equal page it shares.
         let targets: Vec<Option<Target>> = slots.into_iter().map(|s| s.map(Target::Vouched)).collect();
         src.landed(&which[first..first + n], &targets, self.view.map(), &|s| self.view.locate(s))
+    }
+
+    /// Reads the answers to the batches `sent` (in order) and lands each; `behind`:
+    /// requests sent after them, whose answers are read and dropped if one fails, so
+    /// that the next request's answer is its own.
+    fn land_all(
+        &mut self,
+        src: &mut dyn Landing,
+        which: &[usize],
+        sent: &[(usize, usize)],
+        adds: &mut Adds,
+        behind: usize,
+    ) -> Result<()> {
+        for (k, &batch) in sent.iter().enumerate() {
+            let landed = self.added(batch.1).and_then(|h| self.land(src, which, batch, adds.settle(batch, h)));
+            if let Err(e) = landed {
+                self.drain(sent.len() - k - 1 + behind);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads and drops the answers to `n` requests sent.
+    fn drain(&self, n: usize) {
+        for _ in 0..n {
+            let _ = Reply::recv(self.ch());
+        }
     }
 
     fn ch(&self) -> &Channel {

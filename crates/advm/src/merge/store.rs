@@ -278,7 +278,7 @@ impl Store {
         let mut out = Vec::with_capacity(which.len());
         // (source page, slot) of the pages new to the store, in order.
         let mut fresh: Vec<(usize, u32)> = Vec::new();
-        let mut pending: HashMap<u64, Vec<(usize, u32)>, BuildHasherDefault<KeyAsHash>> = HashMap::default();
+        let mut pending: PageHashMap<Vec<(usize, u32)>> = HashMap::default();
         for (&i, &hash) in which.iter().zip(hashes) {
             let p = page(i);
             let stored = self.index.get(&hash).and_then(|l| l.slots().iter().copied().find(|&s| self.page(s) == p));
@@ -563,11 +563,17 @@ impl Store {
 /// The store's slots by keyed hash. The keys are already uniform (keyed xxh3 of
 /// content, computed by the store's owner before filing), so they index the table as
 /// they are, without hashing them again; a client only ever names keys to look up.
-type Index = HashMap<u64, Filed, BuildHasherDefault<KeyAsHash>>;
+type Index = PageHashMap<Filed>;
+
+/// A map keyed by a store's page hashes, which index the table as they are (see
+/// [`Index`]): for the daemon's tables of hashes in flight, as for the store's own.
+/// Every key comes from the domain's own clients, so crafted keys can slow down only
+/// their own domain's tables.
+pub type PageHashMap<V> = HashMap<u64, V, BuildHasherDefault<KeyAsHash>>;
 
 /// A u64 key used as its own table hash.
 #[derive(Default)]
-struct KeyAsHash(u64);
+pub struct KeyAsHash(u64);
 
 impl Hasher for KeyAsHash {
     fn finish(&self) -> u64 {
