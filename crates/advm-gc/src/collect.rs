@@ -31,6 +31,7 @@ use advm::remap::{Batch, Choice, Options};
 use crossbeam_deque::{Injector, Stealer, Worker};
 
 use crate::heap::{large_align, lock, nptrs_of, size_of, Alloc, Inner, ALIGN, HDR, MARK};
+use crate::pool::Pool;
 use crate::raw::{Mem, Span};
 use crate::stats::Collection;
 use crate::{Engine, Error, Result};
@@ -40,36 +41,6 @@ const UNIT: usize = 256 << 10;
 /// After compaction, an object start is recorded at least this often, for the next
 /// collection's units.
 pub(crate) const GRANULE: usize = 64 << 10;
-
-/// Runs `f(i)` for every `i < n` on up to `threads` threads; results in order.
-fn par_map<T: Send, F: Fn(usize) -> T + Sync>(n: usize, threads: usize, f: F) -> Vec<T> {
-    let threads = threads.min(n).max(1);
-    if threads == 1 {
-        return (0..n).map(f).collect();
-    }
-    let next = AtomicUsize::new(0);
-    let out: Mutex<Vec<(usize, T)>> = Mutex::new(Vec::with_capacity(n));
-    let work = || {
-        let mut mine = Vec::new();
-        loop {
-            let i = next.fetch_add(1, Ordering::Relaxed);
-            if i >= n {
-                break;
-            }
-            mine.push((i, f(i)));
-        }
-        lock(&out).extend(mine);
-    };
-    std::thread::scope(|s| {
-        for _ in 1..threads {
-            s.spawn(work);
-        }
-        work();
-    });
-    let mut v = out.into_inner().unwrap_or_else(|e| e.into_inner());
-    v.sort_unstable_by_key(|p| p.0);
-    v.into_iter().map(|p| p.1).collect()
-}
 
 /// The marks of the small space's objects: one bit per [`ALIGN`] bytes (a granule) of
 /// `[base, top)`, set for every granule a marked object covers, header included. A
@@ -303,7 +274,7 @@ fn mark_alone(mem: &Mem, marks: &MarkMap, roots: &[usize]) -> u64 {
 /// raises only when it found no work anywhere (its own deque is empty then, and an
 /// idle thread pushes nothing), lowers before stealing again, and that ends the
 /// phase when it reaches the number of threads (every deque empty, nobody scanning).
-fn mark(mem: &Mem, marks: &MarkMap, roots: &[usize], threads: usize) -> u64 {
+fn mark(mem: &Mem, marks: &MarkMap, roots: &[usize], pool: &Pool, threads: usize) -> u64 {
     if threads == 1 {
         return mark_alone(mem, marks, roots);
     }
@@ -317,6 +288,8 @@ fn mark(mem: &Mem, marks: &MarkMap, roots: &[usize], threads: usize) -> u64 {
     let live = AtomicU64::new(0);
     let workers: Vec<Worker<usize>> = (0..threads).map(|_| Worker::new_lifo()).collect();
     let stealers: Vec<Stealer<usize>> = workers.iter().map(|w| w.stealer()).collect();
+    // each GC thread takes its own deque by its index
+    let workers: Vec<Mutex<Option<Worker<usize>>>> = workers.into_iter().map(|w| Mutex::new(Some(w))).collect();
     let steal = |w: &Worker<usize>| {
         std::iter::repeat_with(|| {
             injector.steal_batch_and_pop(w).or_else(|| stealers.iter().map(|s| s.steal_batch_and_pop(w)).collect())
@@ -353,14 +326,7 @@ fn mark(mem: &Mem, marks: &MarkMap, roots: &[usize], threads: usize) -> u64 {
         }
         live.fetch_add(n, Ordering::Relaxed);
     };
-    let mut workers = workers.into_iter();
-    let first = workers.next().expect("at least one GC thread");
-    std::thread::scope(|s| {
-        for w in workers {
-            s.spawn(move || run(w));
-        }
-        run(first);
-    });
+    pool.run(threads, |i| run(lock(&workers[i]).take().expect("one deque per GC thread")));
     live.into_inner()
 }
 
@@ -575,7 +541,7 @@ pub(crate) fn page_moves(moves: &[(usize, usize, usize)], be: (usize, usize), co
 /// Full collection with the world stopped.
 pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     let mem = inner.mem;
-    let threads = inner.gc_threads;
+    let threads = inner.pool.threads();
     // pager regions move large objects by memmove (see paged.rs)
     let engine = if inner.paged.is_some() { Engine::Memmove } else { inner.engine() };
     let mut alloc = lock(&inner.alloc);
@@ -599,7 +565,7 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     let root_vals: Vec<usize> =
         stacks.iter().flat_map(|s| s.iter().copied()).chain(roots.slots.iter().map(|s| s.load())).collect();
     let marks = MarkMap::new(alloc.small_bottom, alloc.small_top);
-    c.live_objects = mark(&mem, &marks, &root_vals, threads);
+    c.live_objects = mark(&mem, &marks, &root_vals, &inner.pool, threads);
     c.mark_ns = t.elapsed().as_nanos() as u64;
 
     let t = Instant::now();
@@ -682,7 +648,7 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     let t = Instant::now();
     let done: Vec<AtomicBool> = us.iter().map(|_| AtomicBool::new(false)).collect();
     let next = AtomicUsize::new(0);
-    let moved = par_map(threads, threads, |_| {
+    let moved = inner.pool.run(threads, |_| {
         let (mut objs, mut bytes) = (0u64, 0u64);
         let mut recorded = Vec::new(); // (unit, the object starts it recorded)
         loop {
