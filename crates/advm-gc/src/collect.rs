@@ -270,10 +270,14 @@ fn mark_alone(mem: &Mem, marks: &MarkMap, roots: &[usize]) -> u64 {
 
 /// Marks everything reachable from `roots`; returns the number of live objects.
 /// Threads share work through work-stealing deques. No counter is touched per object:
-/// a thread counts its own objects, and termination is an idle count that a thread
-/// raises only when it found no work anywhere (its own deque is empty then, and an
-/// idle thread pushes nothing), lowers before stealing again, and that ends the
-/// phase when it reaches the number of threads (every deque empty, nobody scanning).
+/// a thread counts its own objects, and termination is an active count that a thread
+/// raises when it starts and before it steals again after going idle, and lowers when
+/// it found no work anywhere (its own deque is empty then, and an idle thread pushes
+/// nothing): at zero every deque is empty and nobody scans, and the first thread to
+/// see it ends the phase. A thread that was not running yet (the pool's jobs start as
+/// threads wake; on a busy machine one may wait milliseconds for a CPU) does not hold
+/// the others up: it is not counted until it starts, and leaves at once if the phase
+/// ended before it did.
 fn mark(mem: &Mem, marks: &MarkMap, roots: &[usize], pool: &Pool, threads: usize) -> u64 {
     if threads == 1 {
         return mark_alone(mem, marks, roots);
@@ -284,11 +288,14 @@ fn mark(mem: &Mem, marks: &MarkMap, roots: &[usize], pool: &Pool, threads: usize
             injector.push(r);
         }
     }
-    let idle = AtomicUsize::new(0);
+    // Threads scanning or about to look for work; a thread counts itself in when it
+    // starts and whenever it goes back to stealing, out when it found no work.
+    let active = AtomicUsize::new(0);
+    let done = AtomicBool::new(false);
     let live = AtomicU64::new(0);
     let workers: Vec<Worker<usize>> = (0..threads).map(|_| Worker::new_lifo()).collect();
     let stealers: Vec<Stealer<usize>> = workers.iter().map(|w| w.stealer()).collect();
-    // each GC thread takes its own deque by its index
+    // each job takes its own deque by its index
     let workers: Vec<Mutex<Option<Worker<usize>>>> = workers.into_iter().map(|w| Mutex::new(Some(w))).collect();
     let steal = |w: &Worker<usize>| {
         std::iter::repeat_with(|| {
@@ -298,6 +305,12 @@ fn mark(mem: &Mem, marks: &MarkMap, roots: &[usize], pool: &Pool, threads: usize
         .and_then(|s| s.success())
     };
     let run = |w: Worker<usize>| {
+        active.fetch_add(1, Ordering::SeqCst);
+        if done.load(Ordering::SeqCst) {
+            // started after the others finished (the thread was busy or descheduled)
+            active.fetch_sub(1, Ordering::SeqCst);
+            return;
+        }
         let mut n = 0u64;
         'work: loop {
             while let Some(o) = w.pop().or_else(|| steal(&w)) {
@@ -311,13 +324,17 @@ fn mark(mem: &Mem, marks: &MarkMap, roots: &[usize], pool: &Pool, threads: usize
                     }
                 }
             }
-            idle.fetch_add(1, Ordering::SeqCst);
+            active.fetch_sub(1, Ordering::SeqCst);
             loop {
-                if idle.load(Ordering::SeqCst) == threads {
+                if done.load(Ordering::SeqCst) {
+                    break 'work;
+                }
+                if active.load(Ordering::SeqCst) == 0 {
+                    done.store(true, Ordering::SeqCst);
                     break 'work;
                 }
                 if !injector.is_empty() || stealers.iter().any(|s| !s.is_empty()) {
-                    idle.fetch_sub(1, Ordering::SeqCst);
+                    active.fetch_add(1, Ordering::SeqCst);
                     continue 'work;
                 }
                 std::hint::spin_loop();
@@ -326,7 +343,7 @@ fn mark(mem: &Mem, marks: &MarkMap, roots: &[usize], pool: &Pool, threads: usize
         }
         live.fetch_add(n, Ordering::Relaxed);
     };
-    pool.run(threads, |i| run(lock(&workers[i]).take().expect("one deque per GC thread")));
+    pool.run(threads, |i| run(lock(&workers[i]).take().expect("one deque per job")));
     live.into_inner()
 }
 
