@@ -31,6 +31,7 @@ use advm::remap::{Batch, Choice, Options};
 use crossbeam_deque::{Injector, Stealer, Worker};
 
 use crate::heap::{large_align, lock, nptrs_of, size_of, Alloc, Inner, ALIGN, HDR, MARK};
+use crate::pool::Pool;
 use crate::raw::{Mem, Span};
 use crate::stats::Collection;
 use crate::{Engine, Error, Result};
@@ -40,36 +41,6 @@ const UNIT: usize = 256 << 10;
 /// After compaction, an object start is recorded at least this often, for the next
 /// collection's units.
 pub(crate) const GRANULE: usize = 64 << 10;
-
-/// Runs `f(i)` for every `i < n` on up to `threads` threads; results in order.
-fn par_map<T: Send, F: Fn(usize) -> T + Sync>(n: usize, threads: usize, f: F) -> Vec<T> {
-    let threads = threads.min(n).max(1);
-    if threads == 1 {
-        return (0..n).map(f).collect();
-    }
-    let next = AtomicUsize::new(0);
-    let out: Mutex<Vec<(usize, T)>> = Mutex::new(Vec::with_capacity(n));
-    let work = || {
-        let mut mine = Vec::new();
-        loop {
-            let i = next.fetch_add(1, Ordering::Relaxed);
-            if i >= n {
-                break;
-            }
-            mine.push((i, f(i)));
-        }
-        lock(&out).extend(mine);
-    };
-    std::thread::scope(|s| {
-        for _ in 1..threads {
-            s.spawn(work);
-        }
-        work();
-    });
-    let mut v = out.into_inner().unwrap_or_else(|e| e.into_inner());
-    v.sort_unstable_by_key(|p| p.0);
-    v.into_iter().map(|p| p.1).collect()
-}
 
 /// The marks of the small space's objects: one bit per [`ALIGN`] bytes (a granule) of
 /// `[base, top)`, set for every granule a marked object covers, header included. A
@@ -299,11 +270,15 @@ fn mark_alone(mem: &Mem, marks: &MarkMap, roots: &[usize]) -> u64 {
 
 /// Marks everything reachable from `roots`; returns the number of live objects.
 /// Threads share work through work-stealing deques. No counter is touched per object:
-/// a thread counts its own objects, and termination is an idle count that a thread
-/// raises only when it found no work anywhere (its own deque is empty then, and an
-/// idle thread pushes nothing), lowers before stealing again, and that ends the
-/// phase when it reaches the number of threads (every deque empty, nobody scanning).
-fn mark(mem: &Mem, marks: &MarkMap, roots: &[usize], threads: usize) -> u64 {
+/// a thread counts its own objects, and termination is an active count that a thread
+/// raises when it starts and before it steals again after going idle, and lowers when
+/// it found no work anywhere (its own deque is empty then, and an idle thread pushes
+/// nothing): at zero every deque is empty and nobody scans, and the first thread to
+/// see it ends the phase. A thread that was not running yet (the pool's jobs start as
+/// threads wake; on a busy machine one may wait milliseconds for a CPU) does not hold
+/// the others up: it is not counted until it starts, and leaves at once if the phase
+/// ended before it did.
+fn mark(mem: &Mem, marks: &MarkMap, roots: &[usize], pool: &Pool, threads: usize) -> u64 {
     if threads == 1 {
         return mark_alone(mem, marks, roots);
     }
@@ -313,10 +288,15 @@ fn mark(mem: &Mem, marks: &MarkMap, roots: &[usize], threads: usize) -> u64 {
             injector.push(r);
         }
     }
-    let idle = AtomicUsize::new(0);
+    // Threads scanning or about to look for work; a thread counts itself in when it
+    // starts and whenever it goes back to stealing, out when it found no work.
+    let active = AtomicUsize::new(0);
+    let done = AtomicBool::new(false);
     let live = AtomicU64::new(0);
     let workers: Vec<Worker<usize>> = (0..threads).map(|_| Worker::new_lifo()).collect();
     let stealers: Vec<Stealer<usize>> = workers.iter().map(|w| w.stealer()).collect();
+    // each job takes its own deque by its index
+    let workers: Vec<Mutex<Option<Worker<usize>>>> = workers.into_iter().map(|w| Mutex::new(Some(w))).collect();
     let steal = |w: &Worker<usize>| {
         std::iter::repeat_with(|| {
             injector.steal_batch_and_pop(w).or_else(|| stealers.iter().map(|s| s.steal_batch_and_pop(w)).collect())
@@ -325,6 +305,12 @@ fn mark(mem: &Mem, marks: &MarkMap, roots: &[usize], threads: usize) -> u64 {
         .and_then(|s| s.success())
     };
     let run = |w: Worker<usize>| {
+        active.fetch_add(1, Ordering::SeqCst);
+        if done.load(Ordering::SeqCst) {
+            // started after the others finished (the thread was busy or descheduled)
+            active.fetch_sub(1, Ordering::SeqCst);
+            return;
+        }
         let mut n = 0u64;
         'work: loop {
             while let Some(o) = w.pop().or_else(|| steal(&w)) {
@@ -338,13 +324,17 @@ fn mark(mem: &Mem, marks: &MarkMap, roots: &[usize], threads: usize) -> u64 {
                     }
                 }
             }
-            idle.fetch_add(1, Ordering::SeqCst);
+            active.fetch_sub(1, Ordering::SeqCst);
             loop {
-                if idle.load(Ordering::SeqCst) == threads {
+                if done.load(Ordering::SeqCst) {
+                    break 'work;
+                }
+                if active.load(Ordering::SeqCst) == 0 {
+                    done.store(true, Ordering::SeqCst);
                     break 'work;
                 }
                 if !injector.is_empty() || stealers.iter().any(|s| !s.is_empty()) {
-                    idle.fetch_sub(1, Ordering::SeqCst);
+                    active.fetch_add(1, Ordering::SeqCst);
                     continue 'work;
                 }
                 std::hint::spin_loop();
@@ -353,14 +343,7 @@ fn mark(mem: &Mem, marks: &MarkMap, roots: &[usize], threads: usize) -> u64 {
         }
         live.fetch_add(n, Ordering::Relaxed);
     };
-    let mut workers = workers.into_iter();
-    let first = workers.next().expect("at least one GC thread");
-    std::thread::scope(|s| {
-        for w in workers {
-            s.spawn(move || run(w));
-        }
-        run(first);
-    });
+    pool.run(threads, |i| run(lock(&workers[i]).take().expect("one deque per job")));
     live.into_inner()
 }
 
@@ -575,7 +558,7 @@ pub(crate) fn page_moves(moves: &[(usize, usize, usize)], be: (usize, usize), co
 /// Full collection with the world stopped.
 pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     let mem = inner.mem;
-    let threads = inner.gc_threads;
+    let threads = inner.pool.threads();
     // pager regions move large objects by memmove (see paged.rs)
     let engine = if inner.paged.is_some() { Engine::Memmove } else { inner.engine() };
     let mut alloc = lock(&inner.alloc);
@@ -599,7 +582,7 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     let root_vals: Vec<usize> =
         stacks.iter().flat_map(|s| s.iter().copied()).chain(roots.slots.iter().map(|s| s.load())).collect();
     let marks = MarkMap::new(alloc.small_bottom, alloc.small_top);
-    c.live_objects = mark(&mem, &marks, &root_vals, threads);
+    c.live_objects = mark(&mem, &marks, &root_vals, &inner.pool, threads);
     c.mark_ns = t.elapsed().as_nanos() as u64;
 
     let t = Instant::now();
@@ -682,7 +665,7 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     let t = Instant::now();
     let done: Vec<AtomicBool> = us.iter().map(|_| AtomicBool::new(false)).collect();
     let next = AtomicUsize::new(0);
-    let moved = par_map(threads, threads, |_| {
+    let moved = inner.pool.run(threads, |_| {
         let (mut objs, mut bytes) = (0u64, 0u64);
         let mut recorded = Vec::new(); // (unit, the object starts it recorded)
         loop {

@@ -223,7 +223,8 @@ pub(crate) struct Roots {
 pub(crate) struct Inner {
     pub(crate) mem: Mem,
     pub(crate) heap_bytes: usize,
-    pub(crate) gc_threads: usize,
+    /// The GC threads, started with the heap (see pool.rs).
+    pub(crate) pool: crate::pool::Pool,
     pub(crate) parallel_from_bytes: usize,
     pub(crate) large_bytes: usize,
     pub(crate) tlab_bytes: usize,
@@ -386,7 +387,7 @@ impl Heap {
         let inner = Inner {
             mem,
             heap_bytes: cfg.heap_bytes,
-            gc_threads: cfg.gc_threads,
+            pool: crate::pool::Pool::new(cfg.gc_threads)?,
             parallel_from_bytes: cfg.parallel_from_bytes,
             large_bytes,
             tlab_bytes: cfg.tlab_bytes,

@@ -23,6 +23,7 @@ mod heap;
 mod nursery;
 mod paged;
 mod policy;
+mod pool;
 mod raw;
 mod stats;
 mod verify;
