@@ -223,7 +223,7 @@ pub(crate) struct Roots {
 pub(crate) struct Inner {
     pub(crate) mem: Mem,
     pub(crate) heap_bytes: usize,
-    /// The GC threads, started with the heap (see pool.rs).
+    /// The GC threads, started by its first parallel phase (see pool.rs).
     pub(crate) pool: crate::pool::Pool,
     pub(crate) parallel_from_bytes: usize,
     pub(crate) large_bytes: usize,
