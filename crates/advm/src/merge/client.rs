@@ -240,30 +240,11 @@ impl Daemon {
     /// allocation and charging, per page and per CPU, so two threads copy faster where
     /// a CPU is free. A thread that cannot be started: its batch is written here.
     fn sealed_batches(bytes: &[u8], which: &[usize], group: &[(usize, usize)]) -> Result<Vec<OwnedFd>> {
-        let write = |&(first, n): &(usize, usize)| Self::sealed_pages(bytes, &which[first..first + n]);
-        let Some((head, rest)) = group.split_first() else { return Ok(Vec::new()) };
-        std::thread::scope(|scope| {
-            let spawned: Vec<_> = rest
-                .iter()
-                .map(|b| {
-                    let t = std::thread::Builder::new()
-                        .name("advm-merge-copy".into())
-                        .stack_size(64 << 10)
-                        .spawn_scoped(scope, move || write(b));
-                    (b, t)
-                })
-                .collect();
-            let mut out = vec![write(head)?];
-            for (b, t) in spawned {
-                out.push(match t {
-                    Ok(t) => t.join().unwrap_or_else(|_| {
-                        Err(Error::InvalidArgument { what: "pages to add", why: "a copying thread panicked".into() })
-                    })?,
-                    Err(_) => write(b)?,
-                });
-            }
-            Ok(out)
+        super::threads::in_threads("advm-merge-copy", group, |&(first, n)| {
+            Self::sealed_pages(bytes, &which[first..first + n])
         })
+        .into_iter()
+        .collect()
     }
 
     /// Hands the pages `which` of `src.bytes()` over in batches, one add each, and

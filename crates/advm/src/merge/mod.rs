@@ -25,6 +25,7 @@ pub mod agent;
 mod client;
 pub mod protocol;
 pub mod store;
+mod threads;
 mod view;
 
 use std::sync::Mutex;

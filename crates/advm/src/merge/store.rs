@@ -58,37 +58,26 @@ impl PageHasher {
     /// hashes, in order. Large ranges are split among up to four threads (as many as
     /// there are CPUs), each taking at least 16 MiB of 4 KiB pages.
     pub fn hash_nonzero(&self, bytes: &[u8]) -> (Vec<usize>, Vec<u64>) {
-        const PER_THREAD: usize = 4096;
         let ps = page_size();
-        let n = bytes.len() / ps;
-        let threads = std::thread::available_parallelism().map_or(1, |c| c.get()).min(4);
-        let per = n.div_ceil(threads).max(PER_THREAD);
-        let part = |first: usize| {
-            let zero = vec![0u8; ps];
-            let (mut at, mut hashes) = (Vec::new(), Vec::new());
-            for i in first..(first + per).min(n) {
-                let p = &bytes[i * ps..(i + 1) * ps];
-                if p != &zero[..] {
-                    at.push(i);
-                    hashes.push(self.hash(p));
+        let zero = vec![0u8; ps];
+        let parts = super::threads::in_threads(
+            "advm-merge-hash",
+            &super::threads::split(bytes.len() / ps, 4096),
+            |&(first, n)| {
+                let (mut at, mut hashes) = (Vec::new(), Vec::new());
+                for i in first..first + n {
+                    let p = &bytes[i * ps..(i + 1) * ps];
+                    if p != &zero[..] {
+                        at.push(i);
+                        hashes.push(self.hash(p));
+                    }
                 }
-            }
-            (at, hashes)
-        };
-        std::thread::scope(|scope| {
-            let spawned: Vec<_> = (per..n)
-                .step_by(per.max(1))
-                .map(|first| {
-                    (first, std::thread::Builder::new().stack_size(64 << 10).spawn_scoped(scope, move || part(first)))
-                })
-                .collect();
-            let (mut at, mut hashes) = part(0);
-            for (first, t) in spawned {
-                // A thread that could not be started, or failed: its part is done here.
-                let (a, h) = t.ok().and_then(|t| t.join().ok()).unwrap_or_else(|| part(first));
-                at.extend(a);
-                hashes.extend(h);
-            }
+                (at, hashes)
+            },
+        );
+        parts.into_iter().fold((Vec::new(), Vec::new()), |(mut at, mut hashes), (a, h)| {
+            at.extend(a);
+            hashes.extend(h);
             (at, hashes)
         })
     }
@@ -660,34 +649,9 @@ impl Adopting {
     /// up and tear down: 40% faster here); several threads share the work when there
     /// are CPUs and pages enough. The store's lock is not needed.
     pub fn hashes(&self) -> Result<Vec<u64>> {
-        const PER_THREAD: usize = 4096;
-        let n = self.slots.len();
-        let threads = std::thread::available_parallelism().map_or(1, |c| c.get()).min(4);
-        let per = n.div_ceil(threads).max(PER_THREAD);
-        std::thread::scope(|scope| {
-            let spawned: Vec<_> = (per..n)
-                .step_by(per)
-                .map(|first| {
-                    let t = std::thread::Builder::new()
-                        .name("advm-store-hash".into())
-                        .stack_size(64 << 10)
-                        .spawn_scoped(scope, move || self.hash_pages(first, per.min(n - first)));
-                    (first, t)
-                })
-                .collect();
-            let mut out = self.hash_pages(0, per.min(n))?;
-            for (first, t) in spawned {
-                // A thread that could not be started: its part is hashed here.
-                let h = match t {
-                    Ok(t) => t.join().unwrap_or_else(|_| {
-                        Err(Error::InvalidArgument { what: "adopted pages", why: "a hashing thread panicked".into() })
-                    })?,
-                    Err(_) => self.hash_pages(first, per.min(n - first))?,
-                };
-                out.extend(h);
-            }
-            Ok(out)
-        })
+        let parts = super::threads::split(self.slots.len(), 4096);
+        let hashed = super::threads::in_threads("advm-store-hash", &parts, |&(first, n)| self.hash_pages(first, n));
+        Ok(hashed.into_iter().collect::<Result<Vec<_>>>()?.concat())
     }
 
     /// Checks the sender's hashes of the file's pages (one per page, in order) on a
