@@ -17,6 +17,7 @@ pub mod process;
 pub mod remap;
 pub mod stats;
 pub(crate) mod sys;
+mod threads;
 pub mod vcopy;
 pub mod wire;
 

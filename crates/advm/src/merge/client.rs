@@ -240,7 +240,7 @@ impl Daemon {
     /// allocation and charging, per page and per CPU, so two threads copy faster where
     /// a CPU is free. A thread that cannot be started: its batch is written here.
     fn sealed_batches(bytes: &[u8], which: &[usize], group: &[(usize, usize)]) -> Result<Vec<OwnedFd>> {
-        super::threads::in_threads("advm-merge-copy", group, |&(first, n)| {
+        crate::threads::in_threads("advm-merge-copy", group, |&(first, n)| {
             Self::sealed_pages(bytes, &which[first..first + n])
         })
         .into_iter()

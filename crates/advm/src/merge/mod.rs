@@ -25,7 +25,6 @@ pub mod agent;
 mod client;
 pub mod protocol;
 pub mod store;
-mod threads;
 mod view;
 
 use std::sync::Mutex;

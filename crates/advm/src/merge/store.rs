@@ -60,9 +60,9 @@ impl PageHasher {
     pub fn hash_nonzero(&self, bytes: &[u8]) -> (Vec<usize>, Vec<u64>) {
         let ps = page_size();
         let zero = vec![0u8; ps];
-        let parts = super::threads::in_threads(
+        let parts = crate::threads::in_threads(
             "advm-merge-hash",
-            &super::threads::split(bytes.len() / ps, 4096),
+            &crate::threads::split(bytes.len() / ps, 4096),
             |&(first, n)| {
                 let (mut at, mut hashes) = (Vec::new(), Vec::new());
                 for i in first..first + n {
@@ -649,8 +649,8 @@ impl Adopting {
     /// up and tear down: 40% faster here); several threads share the work when there
     /// are CPUs and pages enough. The store's lock is not needed.
     pub fn hashes(&self) -> Result<Vec<u64>> {
-        let parts = super::threads::split(self.slots.len(), 4096);
-        let hashed = super::threads::in_threads("advm-store-hash", &parts, |&(first, n)| self.hash_pages(first, n));
+        let parts = crate::threads::split(self.slots.len(), 4096);
+        let hashed = crate::threads::in_threads("advm-store-hash", &parts, |&(first, n)| self.hash_pages(first, n));
         Ok(hashed.into_iter().collect::<Result<Vec<_>>>()?.concat())
     }
 

@@ -80,21 +80,33 @@ impl WriteFence {
         assert!(first + n_pages <= self.len / ps, "targets past the fenced pages");
         let bytes = &self.bytes()[first * ps..(first + n_pages) * ps];
         let store_pages = store.len() / ps;
-        store.populate_slots(targets.iter().map(|t| match t {
-            Some(Target::Candidate(s)) => Some(*s),
-            _ => None,
-        }))?;
-        let equal: Vec<Option<u32>> = targets
-            .iter()
-            .enumerate()
-            .map(|(i, t)| match *t {
-                Some(Target::Candidate(s)) => Some(s)
-                    .filter(|&s| (s as usize) < store_pages)
-                    .filter(|&s| bytes[i * ps..(i + 1) * ps] == *store.read(s as usize * ps, ps)),
-                Some(Target::Vouched(s)) => Some(s).filter(|&s| (s as usize) < store_pages),
-                None => None,
-            })
-            .collect();
+        // Faulting the store's pages in and comparing them cost about as much as the
+        // rest of a merge of stored pages: split over threads when there are CPUs.
+        let parts = crate::threads::split(n_pages, 4096);
+        let equal: Vec<Option<u32>> = crate::threads::in_threads("advm-merge-compare", &parts, |&(lo, n)| {
+            let targets = &targets[lo..lo + n];
+            store.populate_slots(targets.iter().map(|t| match t {
+                Some(Target::Candidate(s)) => Some(*s),
+                _ => None,
+            }))?;
+            Ok(targets
+                .iter()
+                .enumerate()
+                .map(|(k, t)| {
+                    let i = lo + k;
+                    match *t {
+                        Some(Target::Candidate(s)) => Some(s)
+                            .filter(|&s| (s as usize) < store_pages)
+                            .filter(|&s| bytes[i * ps..(i + 1) * ps] == *store.read(s as usize * ps, ps)),
+                        Some(Target::Vouched(s)) => Some(s).filter(|&s| (s as usize) < store_pages),
+                        None => None,
+                    }
+                })
+                .collect::<Vec<_>>())
+        })
+        .into_iter()
+        .collect::<SysResult<Vec<_>>>()?
+        .concat();
         let mut i = 0;
         while i < n_pages {
             let Some(s) = equal[i] else {
@@ -356,5 +368,53 @@ mod tests {
         let now = unsafe { m.as_slice() };
         assert!(now[ps..2 * ps].iter().all(|&b| b == 7), "the unequal candidate was left alone");
         assert!(now[2 * ps..].iter().all(|&b| b == 8), "the vouched page was mapped as it is");
+    }
+
+    /// A range large enough to be compared in parts on several threads: every part
+    /// compares its own candidates (an unequal page in a later part is left alone) and
+    /// the answer comes back in order.
+    #[test]
+    fn a_large_range_is_compared_in_parts_and_answered_in_order() {
+        if WriteFence::available().is_err() {
+            eprintln!("skipped: {}", WriteFence::available().unwrap_err());
+            return;
+        }
+        let ps = crate::sys::page_size();
+        let n = 9000;
+        let page = |i: usize| vec![(i % 251) as u8 + 1; ps];
+        let fd = crate::sys::memfd::create("parts-test").unwrap();
+        crate::sys::memfd::set_len(&fd, (n * ps) as u64).unwrap();
+        for i in 0..n {
+            crate::sys::memfd::pwrite(&fd, &page(i), (i * ps) as u64).unwrap();
+        }
+        let store = StoreMap::new(fd.as_fd(), n * ps).unwrap();
+        let m = Mapping::anonymous(n * ps).unwrap();
+        let unequal = [5, 4096, 4097, 8999];
+        // SAFETY: our fresh mapping, no other user yet.
+        let bytes = unsafe { m.as_mut_slice() };
+        for i in 0..n {
+            bytes[i * ps..(i + 1) * ps].copy_from_slice(&page(i));
+        }
+        for &i in &unequal {
+            bytes[i * ps + 9] ^= 0xff;
+        }
+        // SAFETY: the mapping is ours and outlives the fence; nobody writes it.
+        let mut fence = unsafe { WriteFence::new(m.addr(), n * ps) }.unwrap();
+        let targets: Vec<_> = (0..n as u32).map(|s| Some(Target::Candidate(s))).collect();
+        let mapped = fence
+            .map_equal(0, &targets, &|_| true, &store, &|s| Some((fd.as_fd(), s as u64 * ps as u64, n as u32 - s)))
+            .unwrap();
+        drop(fence);
+        let expected: Vec<bool> = (0..n).map(|i| !unequal.contains(&i)).collect();
+        assert_eq!(mapped, expected);
+        // SAFETY: the fence is gone and nobody writes the mapping.
+        let now = unsafe { m.as_slice() };
+        for i in 0..n {
+            let mut want = page(i);
+            if unequal.contains(&i) {
+                want[9] ^= 0xff;
+            }
+            assert!(now[i * ps..(i + 1) * ps] == want[..], "page {i} changed");
+        }
     }
 }

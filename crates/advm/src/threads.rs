@@ -1,4 +1,4 @@
-//! Splitting a merge's per-page work (hashing, copying) over a few threads.
+//! Splitting per-page work (hashing, copying, comparing) over a few threads.
 
 /// Runs `work` on each of `parts` and returns the results in order: the first part on
 /// this thread, each other on a scoped thread named `name` (small stack: the work
