@@ -212,6 +212,7 @@ fn run_one(
     n: usize,
     method: Method,
     quick: bool,
+    stagger: bool,
 ) -> Result<Outcome, BenchError> {
     let group = Group::create(&format!("advm-bench-merge-{}", std::process::id()))?;
     let sock = bench_dir().join(format!("advmd-{}.sock", std::process::id()));
@@ -235,6 +236,7 @@ fn run_one(
     std::fs::create_dir_all(&reports).map_err(|e| io("agent report dir", e))?;
     let t0 = Instant::now();
     let mut workers = Vec::new();
+    let mut ready = Vec::new();
     for _ in 0..n {
         let args = [
             bench_dir().join("worker.py").display().to_string(),
@@ -274,6 +276,12 @@ fn run_one(
         let (stdin, out) = (child.stdin.take().expect("piped"), child.stdout.take().expect("piped"));
         pids.push(child.id() as i32);
         workers.push(Worker { child, stdin, out: BufReader::new(out) });
+        if stagger {
+            // Scale-out: the next worker starts once this one has loaded, merged and
+            // served (its ready line), not all at one moment on shared cores.
+            let w = workers.last_mut().expect("just pushed");
+            ready.push(line(w)?);
+        }
     }
     let _signals = advm::process::ForwardSignals::to(workers[0].child.id()).ok();
     // Sample both meters every 100 ms on a thread while the workers load.
@@ -292,8 +300,7 @@ fn run_one(
             out
         })
     };
-    let mut ready = Vec::new();
-    for w in &mut workers {
+    for w in workers.iter_mut().skip(ready.len()) {
         ready.push(line(w)?);
     }
     let t_ready = t0.elapsed().as_secs_f64();
@@ -729,6 +736,13 @@ impl Bench for MergeBench {
             Method::RunMerge => "run-merge".into(),
         };
         let methods: Vec<Method> = all.into_iter().filter(|&m| wanted.contains(&key(m))).collect();
+        // $ADVM_BENCH_MERGE_STAGGER=1: each worker starts once the one before it is
+        // ready (scale-out), instead of all at one moment (a burst).
+        let stagger = std::env::var("ADVM_BENCH_MERGE_STAGGER").is_ok_and(|v| v == "1");
+        report.configuration.insert(
+            "workers start".into(),
+            serde_json::json!(if stagger { "one after another (ADVM_BENCH_MERGE_STAGGER=1)" } else { "together" }),
+        );
         throughput_rows(opts, report)?;
         let bar = opts.progress_bar((names.len() * ns.len() * methods.len()) as u64, "bench merge");
         let mut curves = serde_json::Map::new();
@@ -738,7 +752,7 @@ impl Bench for MergeBench {
                 let mut base: Option<(f64, Option<f64>)> = None;
                 let mut plotted: Plotted = Vec::new();
                 for &m in &methods {
-                    let o = run_one(&py, &models, model, n, m, opts.quick)?;
+                    let o = run_one(&py, &models, model, n, m, opts.quick, stagger)?;
                     if let Some(p) = &o.phases {
                         report
                             .notes
