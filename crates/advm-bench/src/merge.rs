@@ -124,6 +124,21 @@ fn python() -> Result<PathBuf, BenchError> {
             py.display()
         )));
     }
+    // The workers merge through the package's own copy of the library: a package built
+    // from other sources would measure other code than this build's.
+    let out = Command::new(&py)
+        .args(["-c", "import advm._advm as a; print(getattr(a, '__source_id__', 'none'))"])
+        .output()
+        .map_err(|e| io("python", e))?;
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if id != advm::SOURCE_ID {
+        return Err(BenchError::Usage(format!(
+            "the advm package in {} was built from other sources than this advm (source id {id}, this build {}): \
+             run `make test-python` (or `pip install ./crates/advm-py` into it) first",
+            py.display(),
+            advm::SOURCE_ID
+        )));
+    }
     Ok(py)
 }
 

@@ -190,5 +190,6 @@ fn _advm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(vcopy_stats_json, m)?)?;
     m.add_class::<Block>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("__source_id__", advm::SOURCE_ID)?;
     Ok(())
 }

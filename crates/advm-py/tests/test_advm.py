@@ -87,3 +87,10 @@ def test_vcopy_of_an_array_is_equal_independent_and_virtual_the_second_time():
     pages = src.nbytes // PAGE
     assert after["vcopies"] == before["vcopies"] + 1, "the copy of an arena block is virtual"
     assert after["pages_shared"] >= before["pages_shared"] + pages - 1
+
+
+def test_the_package_names_the_library_sources_it_was_built_from() -> None:
+    # `advm bench merge` compares this with its own build's id before it measures.
+    sid = advm._advm.__source_id__
+    assert isinstance(sid, str) and len(sid) == 16
+    int(sid, 16)

@@ -23,6 +23,10 @@ pub mod wire;
 
 pub use error::{Error, Result};
 
+/// A hash of this library's source files: equal in two programs built from the same
+/// sources, different otherwise (a stale build of one of them).
+pub const SOURCE_ID: &str = env!("ADVM_SOURCE_ID");
+
 /// Addresses and page ranges; moved to [`mem`] (the memory vocabulary).
 pub mod addr {
     pub use crate::mem::{is_page_aligned, page_align_up, page_size, HostAddr, PageRange};

@@ -1,6 +1,7 @@
 from typing import Any
 
 __version__: str
+__source_id__: str
 
 class Block:
     def __len__(self) -> int: ...
