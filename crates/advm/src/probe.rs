@@ -300,6 +300,7 @@ pub fn report() -> Vec<Check> {
         .map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("virtio")).count())
         .unwrap_or(0);
     out.push(page_reporting_check(reporting_order, balloons));
+    out.push(damon_check(&damon_schemes()));
     let v2_memory =
         read_trim("/sys/fs/cgroup/cgroup.controllers").is_some_and(|c| c.split_whitespace().any(|w| w == "memory"));
     let v1_memory = std::path::Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists();
@@ -327,9 +328,85 @@ fn page_reporting_check(order: Option<u32>, balloons: usize) -> Check {
     }
 }
 
+/// A DAMON scheme running on this machine: its monitoring operations (`vaddr`,
+/// `paddr`), its action, and how long a region must have been idle for it to act.
+#[derive(Debug, Clone, PartialEq)]
+struct DamonScheme {
+    ops: String,
+    action: String,
+    min_idle_s: f64,
+}
+
+/// The schemes of every DAMON context that is on, from DAMON's sysfs interface.
+fn damon_schemes() -> Vec<DamonScheme> {
+    let root = std::path::Path::new("/sys/kernel/mm/damon/admin/kdamonds");
+    let dirs = |p: &std::path::Path| -> Vec<std::path::PathBuf> {
+        let mut v: Vec<_> = std::fs::read_dir(p)
+            .map(|d| d.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect())
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+    let mut out = Vec::new();
+    for k in dirs(root) {
+        if read_trim(&k.join("state").to_string_lossy()).as_deref() != Some("on") {
+            continue;
+        }
+        for c in dirs(&k.join("contexts")) {
+            let ops = read_trim(&c.join("operations").to_string_lossy()).unwrap_or_default();
+            let attrs = c.join("monitoring_attrs/intervals");
+            let aggr_us: f64 =
+                read_trim(&attrs.join("aggr_us").to_string_lossy()).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+            for sc in dirs(&c.join("schemes")) {
+                let Some(action) = read_trim(&sc.join("action").to_string_lossy()) else { continue };
+                let age: f64 = read_trim(&sc.join("access_pattern/age/min").to_string_lossy())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0.0);
+                out.push(DamonScheme { ops: ops.clone(), action, min_idle_s: age * aggr_us / 1e6 });
+            }
+        }
+    }
+    out
+}
+
+/// DAMON schemes that reclaim memory on their own (`pageout`, `lru_deprio`) move pages
+/// a program has not touched for a while, whatever the program knows about them.
+fn damon_check(schemes: &[DamonScheme]) -> Check {
+    let acting: Vec<String> = schemes
+        .iter()
+        .filter(|s| s.action == "pageout" || s.action == "lru_deprio")
+        .map(|s| format!("{} on {} after {:.0} s idle", s.action, s.ops, s.min_idle_s))
+        .collect();
+    if acting.is_empty() {
+        let value = if schemes.is_empty() {
+            "off".to_string()
+        } else {
+            format!("{} scheme(s), none reclaiming", schemes.len())
+        };
+        return check("DAMON", Status::Ok, value, "the kernel reclaims only under memory pressure");
+    }
+    check(
+        "DAMON",
+        Status::Degraded,
+        acting.join("; "),
+        "the kernel pages out memory idle that long on its own (to swap when there is swap): \
+         long-idle pages of a benchmark may be out when it touches them again",
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn damon_is_a_warning_only_when_a_scheme_reclaims() {
+        let s = |action: &str| DamonScheme { ops: "paddr".into(), action: action.into(), min_idle_s: 60.0 };
+        assert_eq!(damon_check(&[]).status, Status::Ok);
+        assert_eq!(damon_check(&[s("stat")]).status, Status::Ok);
+        let c = damon_check(&[s("stat"), s("pageout")]);
+        assert_eq!(c.status, Status::Degraded);
+        assert!(c.value.contains("pageout on paddr after 60 s idle"), "{}", c.value);
+    }
 
     #[test]
     fn parses_versions_and_selectors() {
