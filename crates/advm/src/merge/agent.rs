@@ -8,7 +8,9 @@
 //! `ADVM_MERGE_MIN_GROWTH` (default 32 MiB) since it started or since the last merge,
 //! and then grown by less than 1 MiB for `ADVM_MERGE_AFTER` seconds (default 2).
 //! `advm merge PID` asks it to merge now through an abstract UNIX socket,
-//! `@advm-merge/<pid>`, open to the same uid and root.
+//! `@advm-merge/<pid>`, open to the same uid and root: a line `merge`, or `lookup`
+//! for a merge that maps only pages the store already holds and adds none (cheap, for
+//! a program still loading: `advm vm run --merge` sends it while the guest boots).
 //!
 //! Memory in use is merged chunk by chunk through a serviced fence
 //! (`sys::merge_serviced`): a thread that writes a chunk while it is merged goes on at
@@ -177,10 +179,11 @@ fn serve_request(conn: UnixStream) {
     let mut line = String::new();
     let reply = if !allowed {
         serde_json::json!({"ok": false, "error": "only the same uid or root may ask this process to merge"})
-    } else if BufReader::new(&conn).read_line(&mut line).is_err() || line.trim() != "merge" {
-        serde_json::json!({"ok": false, "error": format!("unknown request {:?} (expected \"merge\")", line.trim())})
+    } else if BufReader::new(&conn).read_line(&mut line).is_err() || !matches!(line.trim(), "merge" | "lookup") {
+        serde_json::json!({"ok": false, "error": format!("unknown request {:?} (expected \"merge\" or \"lookup\")", line.trim())})
     } else {
-        match merge_process(Settings::from_env().map(|s| s.min_bytes).unwrap_or(1 << 20)) {
+        let min_bytes = Settings::from_env().map(|s| s.min_bytes).unwrap_or(1 << 20);
+        match merge_process_with(min_bytes, line.trim() == "merge") {
             Ok(r) => {
                 let mut v = serde_json::to_value(&r).unwrap_or_default();
                 v["ok"] = true.into();
@@ -256,6 +259,13 @@ fn candidates(maps: &[MapLine], min_bytes: u64, exclude: &[usize]) -> Vec<(usize
 /// Merges this process's large private anonymous mappings now (see the module doc),
 /// with the process-wide client.
 pub fn merge_process(min_bytes: u64) -> Result<ProcessMerge> {
+    merge_process_with(min_bytes, true)
+}
+
+/// [`merge_process`], or with `add_new` false a lookup-only merge: pages the store
+/// already holds are mapped from it (and all-zero pages given back), pages new to the
+/// store stay where they are (counted in `skipped`) and the store does not grow.
+pub fn merge_process_with(min_bytes: u64, add_new: bool) -> Result<ProcessMerge> {
     let t0 = Instant::now();
     let mut fence = ServicedFence::new(CHUNK_BYTES).map_err(Error::Sys)?;
     let here = 0u8;
@@ -301,7 +311,7 @@ pub fn merge_process(min_bytes: u64) -> Result<ProcessMerge> {
                     break 'maps;
                 }
                 let len = (end - a).min(CHUNK_BYTES);
-                merge_chunk(c, &mut fence, Chunk { addr: a, len, advice, zeros: &zeros }, &mut r)?;
+                merge_chunk(c, &mut fence, Chunk { addr: a, len, advice, zeros: &zeros, add_new }, &mut r)?;
                 a += len;
             }
         }
@@ -353,6 +363,8 @@ struct Chunk<'a> {
     /// The mapping's advice, for the anonymous memory that replaces zero pages.
     advice: AnonAdvice,
     zeros: &'a HeldPages,
+    /// Whether pages new to the store are added (false: a lookup-only merge).
+    add_new: bool,
 }
 
 /// Merges one chunk under the fence.
@@ -412,9 +424,13 @@ fn plan_and_map(c: &mut Client, fence: &mut ServicedFence, chunk: &Chunk<'_>, r:
         }
     }
     let mut landing = Noted { snap, targets: Vec::with_capacity(new_at.len()) };
-    let refusal = c.backend.add(&mut landing, &new_at, &new_hashes)?;
-    if refusal.is_some() {
-        r.stats.refusal = refusal;
+    if chunk.add_new {
+        let refusal = c.backend.add(&mut landing, &new_at, &new_hashes)?;
+        if refusal.is_some() {
+            r.stats.refusal = refusal;
+        }
+    } else {
+        r.stats.skipped += new_at.len() as u64;
     }
     for (i, slot) in landing.targets {
         match slot {
@@ -538,6 +554,11 @@ fn drop_zero_pages(
 /// Asks process `pid`'s agent to merge now and returns its reply (a JSON object with
 /// `ok`); a clear error when `pid` does not run under `advm run --mode merge`.
 pub fn request(pid: u32) -> Result<serde_json::Value> {
+    request_kind(pid, true)
+}
+
+/// [`request`], or with `add_new` false a lookup-only merge (see the module doc).
+pub fn request_kind(pid: u32, add_new: bool) -> Result<serde_json::Value> {
     let refuse = |why: String| Error::InvalidArgument { what: "pid", why };
     if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
         return Err(refuse(format!("no process {pid} is running")));
@@ -550,7 +571,7 @@ pub fn request(pid: u32) -> Result<serde_json::Value> {
             socket_name(pid)
         ))
     })?;
-    (&conn).write_all(b"merge\n").map_err(|e| refuse(format!("sending the request to process {pid}: {e}")))?;
+    (&conn).write_all(if add_new { &b"merge\n"[..] } else { b"lookup\n" }).map_err(|e| refuse(format!("sending the request to process {pid}: {e}")))?;
     let mut line = String::new();
     BufReader::new(&conn).read_line(&mut line).map_err(|e| refuse(format!("reading process {pid}'s reply: {e}")))?;
     serde_json::from_str(&line).map_err(|e| refuse(format!("process {pid} replied {line:?}, not JSON: {e}")))
