@@ -96,8 +96,9 @@ pub struct RunArgs {
     /// Under `--merge`, every this many seconds while the guest boots (until the merge
     /// above), a lookup-only merge: pages the store already holds (other VMs' merged
     /// pages) are mapped from it, none are added. It keeps a booting VM from holding
-    /// its whole boot peak until it is ready. 0: none.
-    #[arg(long, default_value_t = 2.0, requires = "merge")]
+    /// its whole boot peak until it is ready. 0 (the default): none; measured in
+    /// docs/vm.md, they did not lower the memory per VM.
+    #[arg(long, default_value_t = 0.0, requires = "merge")]
     pub boot_lookup_every: f64,
     /// What `--merge` merges: `qemu` (guest RAM and QEMU's own private anonymous
     /// blocks of at least 2 MiB: its copy of the guest's kernel, identical in every VM,
