@@ -16,7 +16,8 @@
 //! translation buffer, 16), ADVM_VM_MAX (16; `--quick`: 2), ADVM_VM_METHODS
 //! (`blk,blk-ksm,pmem,pmem-merge`), ADVM_VM_ASLR (0: guests boot with `--no-aslr`;
 //! 1: randomised), ADVM_VM_TIMEOUT_S (300: a VM that has not answered by then did not
-//! fit), ADVM_VM_MERGE_SCOPE (`--merge-scope` of pmem-merge's VMs), ADVM_VM_SVG (where to write the plot). ADVM_VM_PLOT_FROM
+//! fit), ADVM_VM_MERGE_SCOPE (`--merge-scope` of pmem-merge's VMs), ADVM_VM_BOOT_LOOKUP
+//! (`--boot-lookup-every` of pmem-merge's VMs), ADVM_VM_SVG (where to write the plot). ADVM_VM_PLOT_FROM
 //! (a saved report of this bench) only draws that report's plot. ADVM_VM_PARTIAL
 //! (default `$TMPDIR/advm-vm-fill-PID.json`): after every point the report so far is
 //! written there (JSON) and beside it as a table (`.txt`), so a run that is killed keeps
@@ -68,6 +69,8 @@ struct Settings {
     timeout_s: u64,
     /// `--merge-scope` of the pmem-merge VMs (unset: `advm vm run`'s default).
     merge_scope: Option<String>,
+    /// `--boot-lookup-every` of the pmem-merge VMs (unset: `advm vm run`'s default).
+    boot_lookup: Option<String>,
     /// Where the report so far is written after every point (and `.txt`: its table).
     partial: PathBuf,
 }
@@ -86,9 +89,10 @@ impl Settings {
             aslr: super::vm::aslr()?,
             timeout_s: env_u64("ADVM_VM_TIMEOUT_S", 300)?.max(1),
             merge_scope: std::env::var("ADVM_VM_MERGE_SCOPE").ok(),
-            partial: std::env::var_os("ADVM_VM_PARTIAL").map(PathBuf::from).unwrap_or_else(|| {
-                std::env::temp_dir().join(format!("advm-vm-fill-{}.json", std::process::id()))
-            }),
+            boot_lookup: std::env::var("ADVM_VM_BOOT_LOOKUP").ok(),
+            partial: std::env::var_os("ADVM_VM_PARTIAL")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| std::env::temp_dir().join(format!("advm-vm-fill-{}.json", std::process::id()))),
         })
     }
 }
@@ -170,7 +174,9 @@ fn interrupted(sig: i32, method: &str, n: usize) -> BenchError {
         libc::SIGHUP => "SIGHUP",
         _ => "a signal",
     };
-    BenchError::Interrupted(format!("{name} during the {method} fill with {n} VM(s) up; VMs, advmd and the group stopped"))
+    BenchError::Interrupted(format!(
+        "{name} during the {method} fill with {n} VM(s) up; VMs, advmd and the group stopped"
+    ))
 }
 
 /// One HTTP GET: the body of a 200 answer.
@@ -214,6 +220,9 @@ fn start(
         cmd.env("ADVM_SOCKET", &d.socket);
         if let Some(scope) = &s.merge_scope {
             cmd.args(["--merge-scope", scope]);
+        }
+        if let Some(every) = &s.boot_lookup {
+            cmd.args(["--boot-lookup-every", every]);
         }
     }
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -707,6 +716,9 @@ impl Bench for VmFillBench {
         report
             .configuration
             .insert("merge_scope".into(), s.merge_scope.clone().unwrap_or_else(|| "default (qemu)".into()).into());
+        report
+            .configuration
+            .insert("boot_lookup_every".into(), s.boot_lookup.clone().unwrap_or_else(|| "default (0)".into()).into());
         let stop = Arc::new(advm::process::StopSignals::install()?);
         eprintln!("vm-fill: the report so far goes to {} after every point", s.partial.display());
         let mut curves = BTreeMap::new();
@@ -754,18 +766,19 @@ mod tests {
         let path = dir.join("fill.json");
         let mut report = empty_report();
         for n in 1..=2usize {
-            report.rows.push(
-                Row::new().with("method", "pmem-merge").with("VMs", n).figure(Figure::new(
-                    "memory per VM",
-                    "MiB",
-                    vec![60.0 + n as f64],
-                )),
-            );
+            report.rows.push(Row::new().with("method", "pmem-merge").with("VMs", n).figure(Figure::new(
+                "memory per VM",
+                "MiB",
+                vec![60.0 + n as f64],
+            )));
             write_partial(&path, &report).unwrap();
             let saved: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
             assert_eq!(saved["rows"].as_array().unwrap().len(), n);
             let table = std::fs::read_to_string(path.with_extension("txt")).unwrap();
-            assert!(table.contains(&format!("{:.1}", 60.0 + n as f64)) || table.contains(&format!("{}", 60 + n)), "{table}");
+            assert!(
+                table.contains(&format!("{:.1}", 60.0 + n as f64)) || table.contains(&format!("{}", 60 + n)),
+                "{table}"
+            );
         }
         report.notes.push("pmem-merge: 2 VMs fit so far; then interrupted".into());
         write_partial(&path, &report).unwrap();
@@ -804,7 +817,9 @@ mod tests {
         drop(watch);
         assert!(group_pids(group.path()).is_empty());
         group.remove().unwrap();
-        assert!(matches!(interrupted(libc::SIGTERM, "blk-ksm", 3), BenchError::Interrupted(m) if m.contains("SIGTERM") && m.contains("3 VM")));
+        assert!(
+            matches!(interrupted(libc::SIGTERM, "blk-ksm", 3), BenchError::Interrupted(m) if m.contains("SIGTERM") && m.contains("3 VM"))
+        );
     }
 
     #[test]
@@ -910,6 +925,7 @@ mod tests {
             aslr: false,
             timeout_s: 300,
             merge_scope: None,
+            boot_lookup: None,
             partial: PathBuf::new(),
         };
         let m = |start: u64, len: u64, perms: &str, path: &str, anon: &[u64], file: &[u64]| MappingFrames {

@@ -354,14 +354,12 @@ pub fn merge_process_with(min_bytes: u64, add_new: bool) -> Result<ProcessMerge>
                     r.stopped = Some(format!("the process has {budget} mappings, half of vm.max_map_count"));
                     break 'maps;
                 }
-                let chunk = Chunk { addr: a, len, advice, zeros: &zeros, add_new, only: only.as_ref().map(|o| &o.0[..]) };
+                let chunk =
+                    Chunk { addr: a, len, advice, zeros: &zeros, add_new, only: only.as_ref().map(|o| &o.0[..]) };
                 match merge_chunk(c, &mut fence, chunk, &mut r) {
                     // A store file the fence cannot protect (an adopted file that is not
                     // shmem): its copies stay as they are.
-                    Err(Error::Sys(e)) if store => {
-                        r.stats.skipped += (len / ps) as u64;
-                        let _ = e;
-                    }
+                    Err(Error::Sys(_)) if store => r.stats.skipped += (len / ps) as u64,
                     other => other?,
                 }
                 a = only.map_or(a + len, |o| o.1);
@@ -639,7 +637,9 @@ pub fn request_kind(pid: u32, add_new: bool) -> Result<serde_json::Value> {
             socket_name(pid)
         ))
     })?;
-    (&conn).write_all(if add_new { &b"merge\n"[..] } else { b"lookup\n" }).map_err(|e| refuse(format!("sending the request to process {pid}: {e}")))?;
+    (&conn)
+        .write_all(if add_new { &b"merge\n"[..] } else { b"lookup\n" })
+        .map_err(|e| refuse(format!("sending the request to process {pid}: {e}")))?;
     let mut line = String::new();
     BufReader::new(&conn).read_line(&mut line).map_err(|e| refuse(format!("reading process {pid}'s reply: {e}")))?;
     serde_json::from_str(&line).map_err(|e| refuse(format!("process {pid} replied {line:?}, not JSON: {e}")))
