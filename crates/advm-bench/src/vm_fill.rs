@@ -16,14 +16,24 @@
 //! translation buffer, 16), ADVM_VM_MAX (16; `--quick`: 2), ADVM_VM_METHODS
 //! (`blk,blk-ksm,pmem,pmem-merge`), ADVM_VM_ASLR (0: guests boot with `--no-aslr`;
 //! 1: randomised), ADVM_VM_TIMEOUT_S (300: a VM that has not answered by then did not
-//! fit), ADVM_VM_MERGE_SCOPE (`--merge-scope` of pmem-merge's VMs), ADVM_VM_SVG (where to write the plot). ADVM_VM_PLOT_FROM
-//! (a saved report of this bench) only draws that report's plot.
+//! fit), ADVM_VM_MERGE_SCOPE (`--merge-scope` of pmem-merge's VMs), ADVM_VM_BOOT_LOOKUP
+//! (`--boot-lookup-every` of pmem-merge's VMs), ADVM_VM_SVG (where to write the plot). ADVM_VM_PLOT_FROM
+//! (a saved report of this bench) only draws that report's plot. ADVM_VM_PARTIAL
+//! (default `$TMPDIR/advm-vm-fill-PID.json`): after every point the report so far is
+//! written there (JSON) and beside it as a table (`.txt`), so a run that is killed keeps
+//! its figures.
+//!
+//! SIGTERM, SIGINT and SIGHUP stop a fill cleanly: every process in the method's
+//! group (VMs, advmd) gets SIGTERM, the group is removed, the partial report says where
+//! it stopped, and the bench ends with an error (`interrupted`).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use advm::stats::cgroup::Group;
@@ -59,6 +69,10 @@ struct Settings {
     timeout_s: u64,
     /// `--merge-scope` of the pmem-merge VMs (unset: `advm vm run`'s default).
     merge_scope: Option<String>,
+    /// `--boot-lookup-every` of the pmem-merge VMs (unset: `advm vm run`'s default).
+    boot_lookup: Option<String>,
+    /// Where the report so far is written after every point (and `.txt`: its table).
+    partial: PathBuf,
 }
 
 impl Settings {
@@ -75,6 +89,10 @@ impl Settings {
             aslr: super::vm::aslr()?,
             timeout_s: env_u64("ADVM_VM_TIMEOUT_S", 300)?.max(1),
             merge_scope: std::env::var("ADVM_VM_MERGE_SCOPE").ok(),
+            boot_lookup: std::env::var("ADVM_VM_BOOT_LOOKUP").ok(),
+            partial: std::env::var_os("ADVM_VM_PARTIAL")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| std::env::temp_dir().join(format!("advm-vm-fill-{}.json", std::process::id()))),
         })
     }
 }
@@ -84,6 +102,81 @@ struct Vm {
     port: u16,
     ready_s: f64,
     merged: Option<Merged>,
+}
+
+/// Writes `report` as it stands to `path` (JSON) and its table beside it (`.txt`),
+/// each through a temporary file renamed into place, so a reader (or a run killed
+/// meanwhile) sees a whole report.
+fn write_partial(path: &Path, report: &Report) -> Result<(), BenchError> {
+    let json = serde_json::to_string_pretty(report).expect("reports serialize");
+    let mut table = format!("{}: {}\n{}", report.name, report.description, crate::render_table(&report.rows));
+    for n in &report.notes {
+        table += &format!("note: {n}\n");
+    }
+    for (to, text) in [(path.to_path_buf(), json), (path.with_extension("txt"), table)] {
+        let tmp = to.with_extension("partial-tmp");
+        std::fs::write(&tmp, text)
+            .and_then(|()| std::fs::rename(&tmp, &to))
+            .map_err(|e| BenchError::Io(to.display().to_string(), e))?;
+    }
+    Ok(())
+}
+
+/// While alive, a thread that, once a stopping signal has come (`stop`), sends SIGTERM
+/// to every process in `group` (VMs starting or running, advmd) until it is empty: the
+/// fill, blocked on a VM's output or sleeping, then sees its VMs end and cleans up.
+struct StopWatch {
+    done: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl StopWatch {
+    fn start(stop: Arc<advm::process::StopSignals>, group: PathBuf) -> Self {
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
+        let thread = std::thread::spawn(move || {
+            while !d.load(Ordering::Relaxed) {
+                if stop.received().is_some() {
+                    for pid in group_pids(&group) {
+                        let _ = advm::process::terminate(pid);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        Self { done, thread: Some(thread) }
+    }
+}
+
+impl Drop for StopWatch {
+    fn drop(&mut self) {
+        self.done.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The processes in the cgroup at `dir` (`cgroup.procs`; none when it has gone).
+fn group_pids(dir: &Path) -> Vec<u32> {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// The error a fill stopped by signal `sig` ends with.
+fn interrupted(sig: i32, method: &str, n: usize) -> BenchError {
+    let name = match sig {
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGHUP => "SIGHUP",
+        _ => "a signal",
+    };
+    BenchError::Interrupted(format!(
+        "{name} during the {method} fill with {n} VM(s) up; VMs, advmd and the group stopped"
+    ))
 }
 
 /// One HTTP GET: the body of a 200 answer.
@@ -127,6 +220,9 @@ fn start(
         cmd.env("ADVM_SOCKET", &d.socket);
         if let Some(scope) = &s.merge_scope {
             cmd.args(["--merge-scope", scope]);
+        }
+        if let Some(every) = &s.boot_lookup {
+            cmd.args(["--boot-lookup-every", every]);
         }
     }
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -392,7 +488,13 @@ impl VmFillBench {
 
     /// Fills the budget with VMs of `method`: the points measured and why the next VM
     /// did not fit.
-    fn fill(s: &Settings, advm: &Path, method: &str, report: &mut Report) -> Result<(Curve, String), BenchError> {
+    fn fill(
+        s: &Settings,
+        advm: &Path,
+        method: &str,
+        stop: &Arc<advm::process::StopSignals>,
+        report: &mut Report,
+    ) -> Result<(Curve, String), BenchError> {
         let layers: Vec<PathBuf> = advm::image::Image::open(&s.image)
             .map_err(|e| BenchError::Usage(format!("{}: {e}", s.image.display())))?
             .layers()
@@ -402,6 +504,7 @@ impl VmFillBench {
         drop_caches();
         std::thread::sleep(Duration::from_secs(1));
         let group = Group::create(&format!("vm-fill-{method}"))?;
+        let watch = StopWatch::start(stop.clone(), group.path().to_path_buf());
         group.set_limit_bytes(s.budget_mib << 20)?;
         no_swap(&group)?;
         let ooms = oom_kills(&group);
@@ -411,6 +514,9 @@ impl VmFillBench {
         let mut vms: Vec<Vm> = Vec::new();
         let mut curve = Vec::new();
         let result = loop {
+            if let Some(sig) = stop.received() {
+                break Err(interrupted(sig, method, vms.len()));
+            }
             if vms.len() == s.max {
                 break Ok(format!("stopped at ADVM_VM_MAX={}", s.max));
             }
@@ -420,6 +526,9 @@ impl VmFillBench {
                 Ok(Ok(vm)) => vms.push(vm),
             }
             std::thread::sleep(settle);
+            if let Some(sig) = stop.received() {
+                break Err(interrupted(sig, method, vms.len()));
+            }
             if let Some(why) = trouble(&mut vms, &group, ooms) {
                 // The last VM did not fit; it is stopped with the others below.
                 break Ok(format!("with VM {}: {why}", vms.len()));
@@ -427,6 +536,9 @@ impl VmFillBench {
             match Self::point(s, method, &vms, &group, &layers, advmd.as_ref(), ksmd_cpu, report) {
                 Ok((total, less_tb)) => curve.push((vms.len(), total, less_tb)),
                 Err(e) => break Err(e),
+            }
+            if let Err(e) = write_partial(&s.partial, report) {
+                break Err(e);
             }
             eprintln!("vm-fill: {method}: {} VM(s) up", vms.len());
         };
@@ -443,7 +555,12 @@ impl VmFillBench {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+        drop(watch);
         let _ = group.remove();
+        if let Err(e) = &result {
+            report.notes.push(format!("{method}: {} VMs fit so far; then {e}", curve.len()));
+            let _ = write_partial(&s.partial, report);
+        }
         result.map(|why| (curve, why))
     }
 }
@@ -599,10 +716,16 @@ impl Bench for VmFillBench {
         report
             .configuration
             .insert("merge_scope".into(), s.merge_scope.clone().unwrap_or_else(|| "default (qemu)".into()).into());
+        report
+            .configuration
+            .insert("boot_lookup_every".into(), s.boot_lookup.clone().unwrap_or_else(|| "default (0)".into()).into());
+        let stop = Arc::new(advm::process::StopSignals::install()?);
+        eprintln!("vm-fill: the report so far goes to {} after every point", s.partial.display());
         let mut curves = BTreeMap::new();
         for method in &s.methods {
-            let (curve, why) = Self::fill(&s, &advm, method, report)?;
+            let (curve, why) = Self::fill(&s, &advm, method, &stop, report)?;
             report.notes.push(format!("{method}: {} VMs fit in {} MiB; then {why}", curve.len(), s.budget_mib));
+            write_partial(&s.partial, report)?;
             curves.insert(method.clone(), curve);
         }
         if let Some(path) = &s.svg {
@@ -620,6 +743,84 @@ impl Bench for VmFillBench {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn empty_report() -> Report {
+        Report {
+            name: "vm-fill".into(),
+            description: "t".into(),
+            quick: true,
+            runs: 1,
+            configuration: BTreeMap::new(),
+            rows: Vec::new(),
+            notes: Vec::new(),
+            meter_disagreements: Vec::new(),
+            machine: advm::probe::facts().clone(),
+            elapsed_s: 0.0,
+        }
+    }
+
+    #[test]
+    fn the_partial_report_is_rewritten_whole_after_every_point() {
+        let dir = std::env::temp_dir().join(format!("advm-vm-fill-partial-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("fill.json");
+        let mut report = empty_report();
+        for n in 1..=2usize {
+            report.rows.push(Row::new().with("method", "pmem-merge").with("VMs", n).figure(Figure::new(
+                "memory per VM",
+                "MiB",
+                vec![60.0 + n as f64],
+            )));
+            write_partial(&path, &report).unwrap();
+            let saved: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            assert_eq!(saved["rows"].as_array().unwrap().len(), n);
+            let table = std::fs::read_to_string(path.with_extension("txt")).unwrap();
+            assert!(
+                table.contains(&format!("{:.1}", 60.0 + n as f64)) || table.contains(&format!("{}", 60 + n)),
+                "{table}"
+            );
+        }
+        report.notes.push("pmem-merge: 2 VMs fit so far; then interrupted".into());
+        write_partial(&path, &report).unwrap();
+        assert!(std::fs::read_to_string(path.with_extension("txt")).unwrap().contains("note: pmem-merge: 2 VMs"));
+        assert!(!path.with_extension("partial-tmp").exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_stopping_signal_is_noted_and_ends_every_process_in_the_group() {
+        let stop = Arc::new(advm::process::StopSignals::install().unwrap());
+        let group = Group::create(&format!("vm-fill-test-stop-{}", std::process::id())).unwrap();
+        let mut kids: Vec<Child> = (0..2)
+            .map(|_| {
+                let mut cmd = Command::new("sleep");
+                cmd.arg("300");
+                group.join_at_exec(&mut cmd).unwrap();
+                cmd.spawn().unwrap()
+            })
+            .collect();
+        let watch = StopWatch::start(stop.clone(), group.path().to_path_buf());
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(kids.iter_mut().all(|k| matches!(k.try_wait(), Ok(None))), "nothing is stopped before a signal");
+        assert_eq!(group_pids(group.path()).len(), 2);
+        // SIGTERM to this test process: noted, not fatal.
+        advm::process::terminate(std::process::id()).unwrap();
+        let t = std::time::Instant::now();
+        while stop.received().is_none() && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(stop.received(), Some(libc::SIGTERM));
+        for k in &mut kids {
+            let status = k.wait().unwrap();
+            assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGTERM));
+        }
+        drop(watch);
+        assert!(group_pids(group.path()).is_empty());
+        group.remove().unwrap();
+        assert!(
+            matches!(interrupted(libc::SIGTERM, "blk-ksm", 3), BenchError::Interrupted(m) if m.contains("SIGTERM") && m.contains("3 VM"))
+        );
+    }
 
     #[test]
     fn the_plot_draws_each_method_both_ways_with_the_budget_and_the_max() {
@@ -724,6 +925,8 @@ mod tests {
             aslr: false,
             timeout_s: 300,
             merge_scope: None,
+            boot_lookup: None,
+            partial: PathBuf::new(),
         };
         let m = |start: u64, len: u64, perms: &str, path: &str, anon: &[u64], file: &[u64]| MappingFrames {
             start,

@@ -20,6 +20,25 @@ impl ForwardSignals {
     }
 }
 
+/// While alive, SIGTERM, SIGINT and SIGHUP are noted instead of ending the process,
+/// so a long run (a benchmark with VMs and cgroups) can stop and clean up; the old
+/// dispositions come back on drop. One at a time per process.
+pub struct StopSignals {
+    inner: signal::StopSignals,
+}
+
+impl StopSignals {
+    /// Installs the handler.
+    pub fn install() -> Result<Self> {
+        Ok(Self { inner: signal::StopSignals::install()? })
+    }
+
+    /// The signal number received since installed, if any.
+    pub fn received(&self) -> Option<i32> {
+        self.inner.received()
+    }
+}
+
 /// True when this process runs with effective uid 0.
 pub fn is_root() -> bool {
     crate::sys::is_root()

@@ -93,6 +93,13 @@ pub struct RunArgs {
     /// what it frees while starting (free page reporting) before its RAM is merged.
     #[arg(long, default_value_t = 5.0, requires = "merge")]
     pub merge_after: f64,
+    /// Under `--merge`, every this many seconds while the guest boots (until the merge
+    /// above), a lookup-only merge: pages the store already holds (other VMs' merged
+    /// pages) are mapped from it, none are added. It keeps a booting VM from holding
+    /// its whole boot peak until it is ready. 0 (the default): none; measured in
+    /// docs/vm.md, they did not lower the memory per VM.
+    #[arg(long, default_value_t = 0.0, requires = "merge")]
+    pub boot_lookup_every: f64,
     /// What `--merge` merges: `qemu` (guest RAM and QEMU's own private anonymous
     /// blocks of at least 2 MiB: its copy of the guest's kernel, identical in every VM,
     /// its heap and malloc arenas) or `ram` (guest RAM only). See docs/vm.md.
@@ -281,13 +288,51 @@ fn agent_cpu_seconds(pid: u32) -> f64 {
 fn merge_guest(qemu: u32) -> Result<serde_json::Value, CliError> {
     let cpu = agent_cpu_seconds(qemu);
     let t = Instant::now();
-    let mut reply = advm::merge::agent::request(qemu)?;
+    let mut reply = advm::merge::agent::request_kind(qemu, true)?;
     if reply["ok"] != true {
         return Err(usage(format!("merging guest RAM: {}", reply["error"].as_str().unwrap_or("no reason given"))));
     }
     reply["wall_s"] = t.elapsed().as_secs_f64().into();
     reply["agent_cpu_s"] = (agent_cpu_seconds(qemu) - cpu).into();
     Ok(reply)
+}
+
+/// `--boot-lookup-every`: a thread that asks the agent in QEMU (process `qemu`) for a
+/// lookup-only merge every `every` until dropped. It reports nothing but a failure's
+/// reason on stderr (once): a guest still booting may be killed, or its agent not up yet.
+struct BootLookups {
+    stop: std::sync::mpsc::Sender<()>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl BootLookups {
+    fn start(qemu: u32, every: Duration) -> Self {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let mut told = false;
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(every) {
+                let why = match advm::merge::agent::request_kind(qemu, false) {
+                    Ok(r) if r["ok"] == true => continue,
+                    Ok(r) => r["error"].as_str().unwrap_or("no reason given").to_string(),
+                    Err(e) => e.to_string(),
+                };
+                if !told {
+                    eprintln!("advm vm run: a lookup-only merge while booting failed: {why}");
+                    told = true;
+                }
+            }
+        });
+        Self { stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for BootLookups {
+    fn drop(&mut self) {
+        let _ = self.stop.send(());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// Starts QEMU for `args` (checked by [`preflight`] first).
@@ -435,6 +480,9 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     if !(args.merge_after.is_finite() && (0.0..=3600.0).contains(&args.merge_after)) {
         return Err(usage(format!("--merge-after {}: expected seconds from 0 to 3600", args.merge_after)));
     }
+    if !(args.boot_lookup_every.is_finite() && (0.0..=3600.0).contains(&args.boot_lookup_every)) {
+        return Err(usage(format!("--boot-lookup-every {}: expected seconds from 0 to 3600", args.boot_lookup_every)));
+    }
     let work = workdir_of(std::process::id());
     let result = run_in(&args, &work);
     match &result {
@@ -452,11 +500,14 @@ fn run_in(args: &RunArgs, work: &Path) -> Result<bool, CliError> {
     let _ksm = if args.ksm { Some(advm::ksm::Session::start(1000, 20)?) } else { None };
     let mut vm = start(args, work)?;
     let signals = advm::process::ForwardSignals::to(vm.child.id())?;
+    let lookups = (args.merge && args.boot_lookup_every > 0.0)
+        .then(|| BootLookups::start(vm.child.id(), Duration::from_secs_f64(args.boot_lookup_every)));
     let (t, body) = vm.wait_ready(Duration::from_secs(args.timeout))?;
     println!("ready: http://127.0.0.1:{}/ answered after {} ms ({})", vm.port, t.as_millis(), body);
     eprintln!("console: {}; dump with `advm vm dump --vm {}`", vm.console.display(), std::process::id());
     if args.merge {
         std::thread::sleep(Duration::from_secs_f64(args.merge_after));
+        drop(lookups);
         // A VM stopped meanwhile (a signal forwarded to QEMU) ends as it would unmerged.
         if vm.child.try_wait().map_err(|e| CliError::Io("waiting for QEMU".into(), e))?.is_none() {
             let merged = merge_guest(vm.child.id()).and_then(|m| match get(vm.port) {

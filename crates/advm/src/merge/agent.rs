@@ -8,7 +8,9 @@
 //! `ADVM_MERGE_MIN_GROWTH` (default 32 MiB) since it started or since the last merge,
 //! and then grown by less than 1 MiB for `ADVM_MERGE_AFTER` seconds (default 2).
 //! `advm merge PID` asks it to merge now through an abstract UNIX socket,
-//! `@advm-merge/<pid>`, open to the same uid and root.
+//! `@advm-merge/<pid>`, open to the same uid and root: a line `merge`, or `lookup`
+//! for a merge that maps only pages the store already holds and adds none (cheap, for
+//! a program still loading: `advm vm run --merge` sends it while the guest boots).
 //!
 //! Memory in use is merged chunk by chunk through a serviced fence
 //! (`sys::merge_serviced`): a thread that writes a chunk while it is merged goes on at
@@ -17,6 +19,12 @@
 //! process's own. All-zero pages the process holds are not stored but given back
 //! under the same fence (a fresh anonymous mapping in their place, as `MADV_DONTNEED`
 //! would leave them: they read as zeros and hold nothing until written).
+//!
+//! A merge leaves merged memory mapped privately from the store's files, and the
+//! program goes on writing some of those pages: each write makes a private anonymous
+//! copy inside a store mapping. A later merge takes those copies too (only the present
+//! anonymous pages there; the store's own pages are left as they are), and the pieces
+//! of anonymous memory left between store mappings whatever their size.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::linux::net::SocketAddrExt;
@@ -177,10 +185,11 @@ fn serve_request(conn: UnixStream) {
     let mut line = String::new();
     let reply = if !allowed {
         serde_json::json!({"ok": false, "error": "only the same uid or root may ask this process to merge"})
-    } else if BufReader::new(&conn).read_line(&mut line).is_err() || line.trim() != "merge" {
-        serde_json::json!({"ok": false, "error": format!("unknown request {:?} (expected \"merge\")", line.trim())})
+    } else if BufReader::new(&conn).read_line(&mut line).is_err() || !matches!(line.trim(), "merge" | "lookup") {
+        serde_json::json!({"ok": false, "error": format!("unknown request {:?} (expected \"merge\" or \"lookup\")", line.trim())})
     } else {
-        match merge_process(Settings::from_env().map(|s| s.min_bytes).unwrap_or(1 << 20)) {
+        let min_bytes = Settings::from_env().map(|s| s.min_bytes).unwrap_or(1 << 20);
+        match merge_process_with(min_bytes, line.trim() == "merge") {
             Ok(r) => {
                 let mut v = serde_json::to_value(&r).unwrap_or_default();
                 v["ok"] = true.into();
@@ -206,6 +215,7 @@ struct MapLine {
     end: usize,
     perms: String,
     anonymous: bool,
+    inode: u64,
     name: String,
 }
 
@@ -224,30 +234,45 @@ fn parse_maps(text: &str) -> Vec<MapLine> {
                 end: usize::from_str_radix(e, 16).ok()?,
                 perms,
                 anonymous: dev == "00:00" && inode == "0",
+                inode: inode.parse().ok()?,
                 name,
             })
         })
         .collect()
 }
 
+/// A mapping to merge, and whether it is one of the store's (mapped by an earlier
+/// merge: only its present anonymous pages, copies the program wrote, are merged).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Candidate {
+    start: usize,
+    end: usize,
+    store: bool,
+}
+
 /// The mappings to merge: private anonymous read-write ones (unnamed or `[heap]`) of
-/// at least `min_bytes`, except thread stacks (an anonymous mapping right above a
-/// guard of at most 16 pages) and mappings holding any address in `exclude`.
-fn candidates(maps: &[MapLine], min_bytes: u64, exclude: &[usize]) -> Vec<(usize, usize)> {
+/// at least `min_bytes`, or of any size right beside a store mapping (a piece of a
+/// mapping an earlier merge split), and private read-write mappings of a store file
+/// (`is_store(inode)`); except thread stacks (an anonymous mapping right above a guard
+/// of at most 16 pages) and mappings holding any address in `exclude`.
+fn candidates(maps: &[MapLine], min_bytes: u64, exclude: &[usize], is_store: &dyn Fn(u64) -> bool) -> Vec<Candidate> {
     let ps = page_size();
+    let store = |m: &MapLine| !m.anonymous && m.perms == "rw-p" && is_store(m.inode);
     let mut out = Vec::new();
     for (k, m) in maps.iter().enumerate() {
-        let eligible = m.anonymous
+        let beside_store = (k > 0 && maps[k - 1].end == m.start && store(&maps[k - 1]))
+            || maps.get(k + 1).is_some_and(|n| n.start == m.end && store(n));
+        let anonymous = m.anonymous
             && m.perms == "rw-p"
             && (m.name.is_empty() || m.name == "[heap]")
-            && (m.end - m.start) as u64 >= min_bytes.max(ps as u64);
+            && ((m.end - m.start) as u64 >= min_bytes.max(ps as u64) || beside_store);
         let stack = k > 0 && {
             let g = &maps[k - 1];
             g.end == m.start && g.perms == "---p" && g.anonymous && g.end - g.start <= 16 * ps
         };
         let own = exclude.iter().any(|&a| m.start <= a && a < m.end);
-        if eligible && !stack && !own {
-            out.push((m.start, m.end));
+        if (anonymous || store(m)) && !stack && !own {
+            out.push(Candidate { start: m.start, end: m.end, store: !anonymous });
         }
     }
     out
@@ -256,6 +281,13 @@ fn candidates(maps: &[MapLine], min_bytes: u64, exclude: &[usize]) -> Vec<(usize
 /// Merges this process's large private anonymous mappings now (see the module doc),
 /// with the process-wide client.
 pub fn merge_process(min_bytes: u64) -> Result<ProcessMerge> {
+    merge_process_with(min_bytes, true)
+}
+
+/// [`merge_process`], or with `add_new` false a lookup-only merge: pages the store
+/// already holds are mapped from it (and all-zero pages given back), pages new to the
+/// store stay where they are (counted in `skipped`) and the store does not grow.
+pub fn merge_process_with(min_bytes: u64, add_new: bool) -> Result<ProcessMerge> {
     let t0 = Instant::now();
     let mut fence = ServicedFence::new(CHUNK_BYTES).map_err(Error::Sys)?;
     let here = 0u8;
@@ -264,7 +296,7 @@ pub fn merge_process(min_bytes: u64) -> Result<ProcessMerge> {
     exclude.push(&super::DEFAULT as *const _ as usize);
     let maps = std::fs::read_to_string("/proc/self/maps")
         .map_err(|e| Error::Sys(crate::sys::SysError::from_io("read(/proc/self/maps)", &e)))?;
-    let todo = candidates(&parse_maps(&maps), min_bytes, &exclude);
+    let maps = parse_maps(&maps);
     let advice = std::fs::read_to_string("/proc/self/smaps").map(|t| vm_flags(&t)).unwrap_or_default();
     let zeros = HeldPages { pagemap: Pagemap::open("self").ok(), zero_pfn: pagemap::zero_pfn() };
     let budget = std::fs::read_to_string("/proc/sys/vm/max_map_count")
@@ -272,7 +304,9 @@ pub fn merge_process(min_bytes: u64) -> Result<ProcessMerge> {
         .and_then(|t| t.trim().parse::<usize>().ok())
         .unwrap_or(65530)
         / 2;
+    let ps = page_size();
     super::with_default(|c| {
+        let todo = candidates(&maps, min_bytes, &exclude, &|inode| c.backend.holds_inode(inode));
         let mut r = ProcessMerge {
             stats: MergeStats {
                 merged: 0,
@@ -290,19 +324,45 @@ pub fn merge_process(min_bytes: u64) -> Result<ProcessMerge> {
             zero_dropped: 0,
             stopped: None,
         };
-        'maps: for &(start, end) in &todo {
-            r.mappings += 1;
+        'maps: for &Candidate { start, end, store } in &todo {
             let advice = advice.get(&start).map_or_else(AnonAdvice::default, |f| AnonAdvice::from_vm_flags(f));
-            r.stats.bytes += (end - start) as u64;
+            let mut counted = false;
             let mut a = start;
             while a < end {
+                let mut len = (end - a).min(CHUNK_BYTES);
+                // In a store mapping only the program's own copies: the stretch from
+                // the first to the last present anonymous page of this chunk.
+                let only = if store {
+                    let Some(own) = zeros.anonymous_of(a, len / ps) else { break };
+                    let (Some(first), Some(last)) = (own.iter().position(|&o| o), own.iter().rposition(|&o| o)) else {
+                        a += len;
+                        continue;
+                    };
+                    let next = a + len;
+                    a += first * ps;
+                    len = (last + 1 - first) * ps;
+                    Some((own[first..=last].to_vec(), next))
+                } else {
+                    None
+                };
+                if !counted {
+                    counted = true;
+                    r.mappings += 1;
+                    r.stats.bytes += (end - start) as u64;
+                }
                 if procmap::vma_count().unwrap_or(0) >= budget {
                     r.stopped = Some(format!("the process has {budget} mappings, half of vm.max_map_count"));
                     break 'maps;
                 }
-                let len = (end - a).min(CHUNK_BYTES);
-                merge_chunk(c, &mut fence, Chunk { addr: a, len, advice, zeros: &zeros }, &mut r)?;
-                a += len;
+                let chunk =
+                    Chunk { addr: a, len, advice, zeros: &zeros, add_new, only: only.as_ref().map(|o| &o.0[..]) };
+                match merge_chunk(c, &mut fence, chunk, &mut r) {
+                    // A store file the fence cannot protect (an adopted file that is not
+                    // shmem): its copies stay as they are.
+                    Err(Error::Sys(_)) if store => r.stats.skipped += (len / ps) as u64,
+                    other => other?,
+                }
+                a = only.map_or(a + len, |o| o.1);
             }
         }
         r.stats.seconds = t0.elapsed().as_secs_f64();
@@ -344,6 +404,15 @@ impl HeldPages {
             _ => vec![true; n],
         }
     }
+
+    /// Which pages are present anonymous pages (in a private file mapping: copies the
+    /// program wrote), from this process's pagemap; None when it cannot be read.
+    fn anonymous_of(&self, addr: usize, n: usize) -> Option<Vec<bool>> {
+        let mut e = vec![0u64; n];
+        let p = self.pagemap.as_ref()?;
+        p.read((addr / page_size()) as u64, &mut e).ok().filter(|&got| got == n)?;
+        Some(e.iter().map(|&x| Entry(x).present() && !Entry(x).file_or_shared()).collect())
+    }
 }
 
 /// One chunk of a candidate mapping, and what it needs besides the fence.
@@ -353,6 +422,11 @@ struct Chunk<'a> {
     /// The mapping's advice, for the anonymous memory that replaces zero pages.
     advice: AnonAdvice,
     zeros: &'a HeldPages,
+    /// Whether pages new to the store are added (false: a lookup-only merge).
+    add_new: bool,
+    /// In a store mapping, the pages that may be merged (the program's copies); the
+    /// others are left as they are. None: every page.
+    only: Option<&'a [bool]>,
 }
 
 /// Merges one chunk under the fence.
@@ -396,7 +470,11 @@ fn plan_and_map(c: &mut Client, fence: &mut ServicedFence, chunk: &Chunk<'_>, r:
     let ps = page_size();
     let (addr, n) = (chunk.addr, chunk.len / ps);
     let snap = fence.snapshot();
-    let (want, hashes) = c.backend.hasher().hash_nonzero(snap);
+    let (mut want, mut hashes) = c.backend.hasher().hash_nonzero(snap);
+    if let Some(only) = chunk.only {
+        let (w, h): (Vec<usize>, Vec<u64>) = want.iter().zip(&hashes).filter(|&(&i, _)| only[i]).unzip();
+        (want, hashes) = (w, h);
+    }
     r.stats.skipped += (n - want.len()) as u64;
     let found = c.backend.lookup(&hashes)?;
     // (target, whether it is new to the store)
@@ -412,9 +490,13 @@ fn plan_and_map(c: &mut Client, fence: &mut ServicedFence, chunk: &Chunk<'_>, r:
         }
     }
     let mut landing = Noted { snap, targets: Vec::with_capacity(new_at.len()) };
-    let refusal = c.backend.add(&mut landing, &new_at, &new_hashes)?;
-    if refusal.is_some() {
-        r.stats.refusal = refusal;
+    if chunk.add_new {
+        let refusal = c.backend.add(&mut landing, &new_at, &new_hashes)?;
+        if refusal.is_some() {
+            r.stats.refusal = refusal;
+        }
+    } else {
+        r.stats.skipped += new_at.len() as u64;
     }
     for (i, slot) in landing.targets {
         match slot {
@@ -509,7 +591,7 @@ fn drop_zero_pages(
     r: &mut ProcessMerge,
 ) -> Result<()> {
     let n = chunk.len / page_size();
-    let mut zero = vec![true; n];
+    let mut zero = chunk.only.map_or_else(|| vec![true; n], <[bool]>::to_vec);
     for &i in nonzero {
         zero[i] = false;
     }
@@ -538,6 +620,11 @@ fn drop_zero_pages(
 /// Asks process `pid`'s agent to merge now and returns its reply (a JSON object with
 /// `ok`); a clear error when `pid` does not run under `advm run --mode merge`.
 pub fn request(pid: u32) -> Result<serde_json::Value> {
+    request_kind(pid, true)
+}
+
+/// [`request`], or with `add_new` false a lookup-only merge (see the module doc).
+pub fn request_kind(pid: u32, add_new: bool) -> Result<serde_json::Value> {
     let refuse = |why: String| Error::InvalidArgument { what: "pid", why };
     if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
         return Err(refuse(format!("no process {pid} is running")));
@@ -550,7 +637,9 @@ pub fn request(pid: u32) -> Result<serde_json::Value> {
             socket_name(pid)
         ))
     })?;
-    (&conn).write_all(b"merge\n").map_err(|e| refuse(format!("sending the request to process {pid}: {e}")))?;
+    (&conn)
+        .write_all(if add_new { &b"merge\n"[..] } else { b"lookup\n" })
+        .map_err(|e| refuse(format!("sending the request to process {pid}: {e}")))?;
     let mut line = String::new();
     BufReader::new(&conn).read_line(&mut line).map_err(|e| refuse(format!("reading process {pid}'s reply: {e}")))?;
     serde_json::from_str(&line).map_err(|e| refuse(format!("process {pid} replied {line:?}, not JSON: {e}")))
@@ -574,7 +663,32 @@ mod tests {
 7ffd00000000-7ffd00800000 rw-p 00000000 00:00 0 [stack]
 ";
         let maps = parse_maps(text);
-        let got = candidates(&maps, 1 << 20, &[0x7f0009000100]);
-        assert_eq!(got, vec![(0x0100_0000, 0x0300_0000), (0x7f00_0100_0000, 0x7f00_0500_0000)]);
+        let got = candidates(&maps, 1 << 20, &[0x7f0009000100], &|_| false);
+        let got: Vec<_> = got.iter().map(|c| (c.start, c.end, c.store)).collect();
+        assert_eq!(got, vec![(0x0100_0000, 0x0300_0000, false), (0x7f00_0100_0000, 0x7f00_0500_0000, false)]);
+    }
+
+    #[test]
+    fn candidates_include_store_mappings_and_the_small_anonymous_pieces_beside_them() {
+        let text = "\
+7f0001000000-7f0001010000 rw-p 00000000 00:00 0
+7f0001010000-7f0001020000 rw-p 00010000 00:01 77 /memfd:advm-merge-store (deleted)
+7f0001020000-7f0001021000 rw-p 00000000 00:00 0
+7f0001021000-7f0001022000 r--p 00021000 00:01 77 /memfd:advm-merge-store (deleted)
+7f0001030000-7f0001031000 rw-p 00000000 00:00 0
+7f0001040000-7f0001041000 rw-p 00000000 00:01 78 /memfd:other (deleted)
+7f0001041000-7f0001042000 rw-p 00000000 00:00 0
+";
+        let maps = parse_maps(text);
+        let got = candidates(&maps, 1 << 20, &[], &|inode| inode == 77);
+        let got: Vec<_> = got.iter().map(|c| (c.start, c.end, c.store)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (0x7f00_0100_0000, 0x7f00_0101_0000, false),
+                (0x7f00_0101_0000, 0x7f00_0102_0000, true),
+                (0x7f00_0102_0000, 0x7f00_0102_1000, false),
+            ]
+        );
     }
 }

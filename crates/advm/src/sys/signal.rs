@@ -62,3 +62,55 @@ impl Drop for ChildSignals {
         CHILD.store(0, Ordering::Relaxed);
     }
 }
+
+static STOP: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn note_stop(sig: libc::c_int) {
+    STOP.store(sig, Ordering::Relaxed);
+}
+
+const STOPPING: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
+
+/// While alive, SIGTERM, SIGINT and SIGHUP do not kill the process but are noted
+/// ([`StopSignals::received`]), so a long-running caller can stop its work and clean
+/// up; the old dispositions come back on drop. One at a time per process.
+pub struct StopSignals {
+    old: Vec<(libc::c_int, libc::sigaction)>,
+}
+
+impl StopSignals {
+    /// Installs the noting handler.
+    pub fn install() -> SysResult<Self> {
+        STOP.store(0, Ordering::Relaxed);
+        let mut guard = Self { old: Vec::new() };
+        for sig in STOPPING {
+            // SAFETY: sigaction structs are plain data; zeroed is a valid empty mask.
+            let mut new: libc::sigaction = unsafe { std::mem::zeroed() };
+            new.sa_sigaction = note_stop as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            new.sa_flags = libc::SA_RESTART;
+            // SAFETY: zeroed is a valid sigaction to receive the old disposition.
+            let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+            // SAFETY: both pointers are to live sigaction structs; the handler is
+            // async-signal-safe (one atomic store).
+            if unsafe { libc::sigaction(sig, &new, &mut old) } < 0 {
+                return Err(SysError::last("sigaction"));
+            }
+            guard.old.push((sig, old));
+        }
+        Ok(guard)
+    }
+
+    /// The last stopping signal received since [`StopSignals::install`], if any.
+    pub fn received(&self) -> Option<i32> {
+        Some(STOP.load(Ordering::Relaxed)).filter(|&s| s != 0)
+    }
+}
+
+impl Drop for StopSignals {
+    fn drop(&mut self) {
+        for (sig, old) in &self.old {
+            // SAFETY: restores a disposition sigaction gave us.
+            unsafe { libc::sigaction(*sig, old, std::ptr::null_mut()) };
+        }
+    }
+}
