@@ -478,7 +478,6 @@ fn a_write_protect_fault_raced_by_a_write_out_never_frees_the_new_slot() {
 /// discardable once more; pages already dropped are not counted twice.
 fn refilled_pages_are_dropped_again(mode: FaultMode) {
     let Some(p) = pager(mode) else { return };
-    let s = p.shared.clone();
     let ps = page_size();
     let n = 192;
     let r = p.map(n * ps).unwrap();
