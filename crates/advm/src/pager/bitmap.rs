@@ -57,6 +57,16 @@ impl Bitmap {
         }
     }
 
+    /// Sets bit `i` (no mark counted: for the pager's own maps).
+    pub(crate) fn set(&self, i: usize) {
+        self.words[i / 64].fetch_or(1 << (i % 64), Ordering::SeqCst);
+    }
+
+    /// Clears bit `i`.
+    pub(crate) fn clear(&self, i: usize) {
+        self.words[i / 64].fetch_and(!(1 << (i % 64)), Ordering::SeqCst);
+    }
+
     /// Clears bits `[first, first+n)` and says whether any was set.
     pub(crate) fn take_range(&self, first: usize, n: usize) -> bool {
         let mut any = false;

@@ -302,6 +302,10 @@ struct Managed {
     /// each still owns its swap slot, and whoever clears the bit decides the slot's
     /// fate (the eviction keeps it, a write frees it).
     clean: Bitmap,
+    /// Pages resident (a hint for the scans that drop discardable pages, so they never
+    /// walk pages already dropped): set once a page is RESIDENT, cleared before it
+    /// leaves that state, so a resident page always has its bit. The state decides.
+    resident: Bitmap,
     state: Box<[AtomicU8]>,
     slot: Box<[AtomicU32]>,
     /// Incremented at each fill: queue entries of an earlier residency are stale.
@@ -636,6 +640,7 @@ impl Pager {
             discardable: Bitmap::new(pages),
             purged: Bitmap::new(pages),
             clean: Bitmap::new(pages),
+            resident: Bitmap::new(pages),
             state: (0..pages).map(|_| AtomicU8::new(EMPTY)).collect(),
             slot: (0..pages).map(|_| AtomicU32::new(0)).collect(),
             gen: (0..pages).map(|_| AtomicU32::new(0)).collect(),
@@ -1297,6 +1302,7 @@ impl Shared {
             false
         };
         if done && kept {
+            m.resident.set(page);
             self.record(m.id, Some((page, gen)), slot, signal);
             return;
         }
@@ -1453,14 +1459,23 @@ impl Shared {
     /// Drops up to `want` resident discardable pages of pages `[from, to)` of `m`;
     /// returns how many. The caller holds the eviction lock.
     fn drop_discardable_in(&self, m: &Managed, from: usize, to: usize, want: usize, cause: Cause) -> usize {
+        // a page resident and discardable by the bitmaps (the state decides)
+        let candidate = |i: usize| m.discardable.get(i) && m.resident.get(i);
         let mut done = 0;
         let mut p = from;
         while p < to && done < want {
-            if m.discardable.word(p / 64) == 0 {
-                p = (p / 64 + 1) * 64;
+            // pages already dropped (or needed) are skipped a word at a time
+            let w = p / 64;
+            let bits = m.discardable.word(w) & m.resident.word(w) & (u64::MAX << (p % 64));
+            if bits == 0 {
+                p = (w + 1) * 64;
                 continue;
             }
-            if !(m.discardable.get(p) && m.state[p].load(Ordering::Acquire) == RESIDENT) {
+            p = w * 64 + bits.trailing_zeros() as usize;
+            if p >= to {
+                break;
+            }
+            if m.state[p].load(Ordering::Acquire) != RESIDENT {
                 p += 1;
                 continue;
             }
@@ -1468,7 +1483,7 @@ impl Shared {
             while end < to
                 && end - p < STAGE_PAGES
                 && end - p < want - done
-                && m.discardable.get(end)
+                && candidate(end)
                 && m.state[end].load(Ordering::Acquire) == RESIDENT
             {
                 end += 1;
@@ -1553,6 +1568,9 @@ impl Shared {
         let mut settled = 0;
         let mut keep: Vec<usize> = Vec::new();
         for (i, &(m, page)) in staged.iter().enumerate() {
+            // no longer resident (cleared while it is EVICTING, before a fill can set
+            // it again; a page put back gets it back)
+            m.resident.clear(page);
             // taken away from the region: a writer waiting on its protection has not
             // written it, so a page still marked clean is its swap copy
             let clean = m.clean.take_range(page, 1);
@@ -1674,6 +1692,7 @@ impl Shared {
             }
         }
         m.state[page].store(RESIDENT, Ordering::Release);
+        m.resident.set(page);
     }
 }
 

@@ -471,3 +471,74 @@ fn a_write_protect_fault_raced_by_a_write_out_never_frees_the_new_slot() {
         assert_eq!((st.swapped_pages, st.resident_pages), (0, 1), "{st:?}");
     });
 }
+
+/// The drops walk only pages the resident map shows: a page dropped and filled
+/// again (by its own fault, by zero-fill ahead, or put back after it was taken back
+/// as needed mid-drop) is resident by that map and dropped again when marked
+/// discardable once more; pages already dropped are not counted twice.
+fn refilled_pages_are_dropped_again(mode: FaultMode) {
+    let Some(p) = pager(mode) else { return };
+    let ps = page_size();
+    let n = 192;
+    let r = p.map(n * ps).unwrap();
+    let base = r.as_ptr() as usize;
+    mark_pages(&r, n);
+    for round in 0..3 {
+        p.discardable(base, n * ps).unwrap();
+        assert_eq!(p.flush_discardable(base, n * ps).unwrap(), n, "round {round}: {:?}", p.stats());
+        // nothing resident is left to drop
+        assert_eq!(p.flush_discardable(base, n * ps).unwrap(), 0, "round {round}");
+        let mut b = [9u8; 8];
+        for i in 0..n {
+            r.read(i * ps, &mut b).unwrap();
+            assert_eq!(b, [0; 8], "round {round}, page {i}");
+        }
+        // the first half written while still discardable (a fault a page), the second
+        // marked needed first (zero-fill ahead), then all marked again
+        mark_pages(&r, n / 2);
+        p.needed(base, n * ps).unwrap();
+        mark_pages(&r, n);
+        check_marks(&r, n);
+        assert_eq!(p.stats().resident_pages as usize, n, "round {round}");
+    }
+    p.discardable(base, n * ps).unwrap();
+    assert_eq!(p.flush_discardable(base, n * ps).unwrap(), n);
+    assert_eq!(p.stats().written_pages, 0);
+}
+
+#[test]
+fn refilled_pages_are_dropped_again_handler_thread() {
+    bounded(|| refilled_pages_are_dropped_again(FaultMode::Thread));
+}
+
+#[test]
+fn refilled_pages_are_dropped_again_sigbus() {
+    bounded(|| refilled_pages_are_dropped_again(FaultMode::Sigbus));
+}
+
+/// A page marked needed while it is dropped goes back resident (needed pages left to
+/// the kernel), and the next drop after it is marked discardable again takes it.
+#[test]
+fn a_page_put_back_mid_drop_is_dropped_by_the_next_flush() {
+    bounded(|| {
+        let Some(p) = kernel_paged(64) else { return };
+        let s = p.shared.clone();
+        let ps = page_size();
+        let r = p.map(4 * ps).unwrap();
+        let base = r.as_ptr() as usize;
+        mark_pages(&r, 4);
+        let m = r.m.clone();
+        {
+            let _ev = s.lock_evicting();
+            p.discardable(base + ps, ps).unwrap();
+            assert!(m.state[1].compare_exchange(RESIDENT, EVICTING, Ordering::AcqRel, Ordering::Acquire).is_ok());
+            sp::move_pages(&s.fd, &s.staging, 0, &m.area, 1, 1).unwrap();
+            p.needed(base + ps, ps).unwrap();
+            assert_eq!(s.settle(&[(&m, 1)], Cause::Pager).unwrap(), 0);
+        }
+        check_marks(&r, 4);
+        p.discardable(base, 4 * ps).unwrap();
+        assert_eq!(p.flush_discardable(base, 4 * ps).unwrap(), 4, "{:?}", p.stats());
+        assert_eq!(p.stats().resident_pages, 0);
+    });
+}
