@@ -250,24 +250,29 @@ pub fn run(name: &str, opts: &BenchOpts) -> Result<Report, BenchError> {
         BenchError::Usage(format!("no benchmark named {name:?}; available: {}", names.join(", ")))
     })?;
     let started = Instant::now();
-    let mut report = Report {
-        name: name.to_string(),
-        description: bench.description().to_string(),
-        quick: opts.quick,
-        runs: opts.runs,
-        configuration: BTreeMap::new(),
-        rows: Vec::new(),
-        notes: Vec::new(),
-        meter_disagreements: Vec::new(),
-        machine: advm::probe::facts().clone(),
-        elapsed_s: 0.0,
-    };
+    let mut report = Report::new(name, bench.description(), opts.quick, opts.runs);
     bench.run(opts, &mut report)?;
     report.elapsed_s = started.elapsed().as_secs_f64();
     Ok(report)
 }
 
 impl Report {
+    /// An empty report of benchmark `name`, with this machine's facts.
+    pub fn new(name: &str, description: &str, quick: bool, runs: usize) -> Self {
+        Self {
+            name: name.to_string(),
+            description: description.to_string(),
+            quick,
+            runs,
+            configuration: BTreeMap::new(),
+            rows: Vec::new(),
+            notes: Vec::new(),
+            meter_disagreements: Vec::new(),
+            machine: advm::probe::facts().clone(),
+            elapsed_s: 0.0,
+        }
+    }
+
     /// The rows, notes, configuration and disagreements, to be merged into another report.
     pub fn into_part(self) -> meters::Part {
         meters::Part {

@@ -745,18 +745,7 @@ mod tests {
     use super::*;
 
     fn empty_report() -> Report {
-        Report {
-            name: "vm-fill".into(),
-            description: "t".into(),
-            quick: true,
-            runs: 1,
-            configuration: BTreeMap::new(),
-            rows: Vec::new(),
-            notes: Vec::new(),
-            meter_disagreements: Vec::new(),
-            machine: advm::probe::facts().clone(),
-            elapsed_s: 0.0,
-        }
+        Report::new("vm-fill", "t", true, 1)
     }
 
     #[test]

@@ -1,11 +1,49 @@
 //! Signal dispositions for a parent that waits on a child and must clean up after it
 //! (e.g. `advm run` restoring KSM settings): interactive signals are ignored, as
 //! `system(3)` does, since the terminal delivers them to the child too; SIGTERM and
-//! SIGHUP are forwarded to the child, so the parent lives to clean up.
+//! SIGHUP are forwarded to the child, so the parent lives to clean up. And for a long
+//! run that stops itself: stopping signals only noted.
 
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use super::{SysError, SysResult};
+
+/// Handlers installed for some signals; the old dispositions come back on drop.
+struct Dispositions {
+    old: Vec<(libc::c_int, libc::sigaction)>,
+}
+
+impl Dispositions {
+    /// Installs `handler` (a function pointer, `SIG_IGN` or `SIG_DFL`) for each signal.
+    /// Handlers must be async-signal-safe.
+    fn install(handlers: impl IntoIterator<Item = (libc::c_int, libc::sighandler_t)>) -> SysResult<Self> {
+        let mut guard = Self { old: Vec::new() };
+        for (sig, handler) in handlers {
+            // SAFETY: sigaction structs are plain data; zeroed is a valid empty mask.
+            let mut new: libc::sigaction = unsafe { std::mem::zeroed() };
+            new.sa_sigaction = handler;
+            new.sa_flags = libc::SA_RESTART;
+            // SAFETY: zeroed is a valid sigaction to receive the old disposition.
+            let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+            // SAFETY: both pointers are to live sigaction structs; the handlers given
+            // here are async-signal-safe (the callers' contract).
+            if unsafe { libc::sigaction(sig, &new, &mut old) } < 0 {
+                return Err(SysError::last("sigaction"));
+            }
+            guard.old.push((sig, old));
+        }
+        Ok(guard)
+    }
+}
+
+impl Drop for Dispositions {
+    fn drop(&mut self) {
+        for (sig, old) in &self.old {
+            // SAFETY: restores a disposition sigaction gave us.
+            unsafe { libc::sigaction(*sig, old, std::ptr::null_mut()) };
+        }
+    }
+}
 
 static CHILD: AtomicI32 = AtomicI32::new(0);
 
@@ -23,42 +61,23 @@ const FORWARDED: [libc::c_int; 2] = [libc::SIGTERM, libc::SIGHUP];
 /// While alive, SIGINT/SIGQUIT are ignored and SIGTERM/SIGHUP go to `child`; the old
 /// dispositions come back on drop. One at a time per process.
 pub struct ChildSignals {
-    old: Vec<(libc::c_int, libc::sigaction)>,
+    _set: Dispositions,
 }
 
 impl ChildSignals {
     /// Installs the dispositions for `child`.
     pub fn install(child: i32) -> SysResult<Self> {
         CHILD.store(child, Ordering::Relaxed);
-        let mut guard = Self { old: Vec::new() };
-        for (sig, handler) in IGNORED
+        let handlers = IGNORED
             .iter()
             .map(|&s| (s, libc::SIG_IGN))
-            .chain(FORWARDED.iter().map(|&s| (s, forward as extern "C" fn(libc::c_int) as libc::sighandler_t)))
-        {
-            // SAFETY: sigaction structs are plain data; zeroed is a valid empty mask.
-            let mut new: libc::sigaction = unsafe { std::mem::zeroed() };
-            new.sa_sigaction = handler;
-            new.sa_flags = libc::SA_RESTART;
-            // SAFETY: zeroed is a valid sigaction to receive the old disposition.
-            let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-            // SAFETY: both pointers are to live sigaction structs; the handler is
-            // async-signal-safe (one atomic load and kill).
-            if unsafe { libc::sigaction(sig, &new, &mut old) } < 0 {
-                return Err(SysError::last("sigaction"));
-            }
-            guard.old.push((sig, old));
-        }
-        Ok(guard)
+            .chain(FORWARDED.iter().map(|&s| (s, forward as extern "C" fn(libc::c_int) as libc::sighandler_t)));
+        Ok(Self { _set: Dispositions::install(handlers)? })
     }
 }
 
 impl Drop for ChildSignals {
     fn drop(&mut self) {
-        for (sig, old) in &self.old {
-            // SAFETY: restores a disposition sigaction gave us.
-            unsafe { libc::sigaction(*sig, old, std::ptr::null_mut()) };
-        }
         CHILD.store(0, Ordering::Relaxed);
     }
 }
@@ -75,42 +94,19 @@ const STOPPING: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
 /// ([`StopSignals::received`]), so a long-running caller can stop its work and clean
 /// up; the old dispositions come back on drop. One at a time per process.
 pub struct StopSignals {
-    old: Vec<(libc::c_int, libc::sigaction)>,
+    _set: Dispositions,
 }
 
 impl StopSignals {
     /// Installs the noting handler.
     pub fn install() -> SysResult<Self> {
         STOP.store(0, Ordering::Relaxed);
-        let mut guard = Self { old: Vec::new() };
-        for sig in STOPPING {
-            // SAFETY: sigaction structs are plain data; zeroed is a valid empty mask.
-            let mut new: libc::sigaction = unsafe { std::mem::zeroed() };
-            new.sa_sigaction = note_stop as extern "C" fn(libc::c_int) as libc::sighandler_t;
-            new.sa_flags = libc::SA_RESTART;
-            // SAFETY: zeroed is a valid sigaction to receive the old disposition.
-            let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-            // SAFETY: both pointers are to live sigaction structs; the handler is
-            // async-signal-safe (one atomic store).
-            if unsafe { libc::sigaction(sig, &new, &mut old) } < 0 {
-                return Err(SysError::last("sigaction"));
-            }
-            guard.old.push((sig, old));
-        }
-        Ok(guard)
+        let handlers = STOPPING.iter().map(|&s| (s, note_stop as extern "C" fn(libc::c_int) as libc::sighandler_t));
+        Ok(Self { _set: Dispositions::install(handlers)? })
     }
 
     /// The last stopping signal received since [`StopSignals::install`], if any.
     pub fn received(&self) -> Option<i32> {
         Some(STOP.load(Ordering::Relaxed)).filter(|&s| s != 0)
-    }
-}
-
-impl Drop for StopSignals {
-    fn drop(&mut self) {
-        for (sig, old) in &self.old {
-            // SAFETY: restores a disposition sigaction gave us.
-            unsafe { libc::sigaction(*sig, old, std::ptr::null_mut()) };
-        }
     }
 }
