@@ -257,6 +257,15 @@ pub fn run(name: &str, opts: &BenchOpts) -> Result<Report, BenchError> {
 }
 
 impl Report {
+    /// The report as `advm bench` prints it: its name and description, the table, the notes.
+    pub fn text(&self) -> String {
+        let mut text = format!("{}: {}\n{}", self.name, self.description, render_table(&self.rows));
+        for n in &self.notes {
+            text += &format!("note: {n}\n");
+        }
+        text
+    }
+
     /// An empty report of benchmark `name`, with this machine's facts.
     pub fn new(name: &str, description: &str, quick: bool, runs: usize) -> Self {
         Self {

@@ -109,11 +109,7 @@ struct Vm {
 /// meanwhile) sees a whole report.
 fn write_partial(path: &Path, report: &Report) -> Result<(), BenchError> {
     let json = serde_json::to_string_pretty(report).expect("reports serialize");
-    let mut table = format!("{}: {}\n{}", report.name, report.description, crate::render_table(&report.rows));
-    for n in &report.notes {
-        table += &format!("note: {n}\n");
-    }
-    for (to, text) in [(path.to_path_buf(), json), (path.with_extension("txt"), table)] {
+    for (to, text) in [(path.to_path_buf(), json), (path.with_extension("txt"), report.text())] {
         let tmp = to.with_extension("partial-tmp");
         std::fs::write(&tmp, text)
             .and_then(|()| std::fs::rename(&tmp, &to))
@@ -137,7 +133,9 @@ impl StopWatch {
         let thread = std::thread::spawn(move || {
             while !d.load(Ordering::Relaxed) {
                 if stop.received().is_some() {
-                    for pid in group_pids(&group) {
+                    // none when the group has gone
+                    let pids = Group::open(&group).and_then(|g| g.pids()).unwrap_or_default();
+                    for pid in pids.into_iter().filter_map(|p| u32::try_from(p).ok()) {
                         let _ = advm::process::terminate(pid);
                     }
                 }
@@ -155,15 +153,6 @@ impl Drop for StopWatch {
             let _ = t.join();
         }
     }
-}
-
-/// The processes in the cgroup at `dir` (`cgroup.procs`; none when it has gone).
-fn group_pids(dir: &Path) -> Vec<u32> {
-    std::fs::read_to_string(dir.join("cgroup.procs"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect()
 }
 
 /// The error a fill stopped by signal `sig` ends with.
@@ -791,7 +780,7 @@ mod tests {
         let watch = StopWatch::start(stop.clone(), group.path().to_path_buf());
         std::thread::sleep(Duration::from_millis(300));
         assert!(kids.iter_mut().all(|k| matches!(k.try_wait(), Ok(None))), "nothing is stopped before a signal");
-        assert_eq!(group_pids(group.path()).len(), 2);
+        assert_eq!(group.pids().unwrap().len(), 2);
         // SIGTERM to this test process: noted, not fatal.
         advm::process::terminate(std::process::id()).unwrap();
         let t = std::time::Instant::now();
@@ -804,7 +793,7 @@ mod tests {
             assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGTERM));
         }
         drop(watch);
-        assert!(group_pids(group.path()).is_empty());
+        assert!(group.pids().unwrap().is_empty());
         group.remove().unwrap();
         assert!(
             matches!(interrupted(libc::SIGTERM, "blk-ksm", 3), BenchError::Interrupted(m) if m.contains("SIGTERM") && m.contains("3 VM"))

@@ -10,7 +10,7 @@ mod vm;
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use advm_bench::{self as bench, render_cells, render_table};
+use advm_bench::{self as bench, render_cells};
 use clap::{Parser, Subcommand};
 
 /// The command's one error type.
@@ -171,11 +171,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             if json {
                 println!("{text}");
             } else {
-                println!("{}: {}", report.name, report.description);
-                print!("{}", render_table(&report.rows));
-                for n in &report.notes {
-                    println!("note: {n}");
-                }
+                print!("{}", report.text());
                 println!("({} runs per point, {:.1} s)", report.runs, report.elapsed_s);
             }
             if !report.meter_disagreements.is_empty() {
