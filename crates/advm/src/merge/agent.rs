@@ -394,24 +394,25 @@ struct HeldPages {
 }
 
 impl HeldPages {
-    fn of(&self, addr: usize, n: usize) -> Vec<bool> {
+    /// The pagemap entries of the `n` pages from `addr`; None when they cannot be read.
+    fn entries(&self, addr: usize, n: usize) -> Option<Vec<Entry>> {
         let mut e = vec![0u64; n];
-        match &self.pagemap {
-            Some(p) if p.read((addr / page_size()) as u64, &mut e).is_ok_and(|got| got == n) => e
-                .iter()
-                .map(|&x| Entry(x).present() && (self.zero_pfn.is_none() || Entry(x).pfn() != self.zero_pfn))
-                .collect(),
-            _ => vec![true; n],
+        let p = self.pagemap.as_ref()?;
+        p.read((addr / page_size()) as u64, &mut e).ok().filter(|&got| got == n)?;
+        Some(e.into_iter().map(Entry).collect())
+    }
+
+    fn of(&self, addr: usize, n: usize) -> Vec<bool> {
+        match self.entries(addr, n) {
+            Some(e) => e.iter().map(|x| x.present() && (self.zero_pfn.is_none() || x.pfn() != self.zero_pfn)).collect(),
+            None => vec![true; n],
         }
     }
 
     /// Which pages are present anonymous pages (in a private file mapping: copies the
     /// program wrote), from this process's pagemap; None when it cannot be read.
     fn anonymous_of(&self, addr: usize, n: usize) -> Option<Vec<bool>> {
-        let mut e = vec![0u64; n];
-        let p = self.pagemap.as_ref()?;
-        p.read((addr / page_size()) as u64, &mut e).ok().filter(|&got| got == n)?;
-        Some(e.iter().map(|&x| Entry(x).present() && !Entry(x).file_or_shared()).collect())
+        Some(self.entries(addr, n)?.iter().map(|x| x.present() && !x.file_or_shared()).collect())
     }
 }
 
