@@ -93,7 +93,7 @@ impl Facts {
     }
 }
 
-fn read_trim(path: &str) -> Option<String> {
+fn read_trim(path: impl AsRef<std::path::Path>) -> Option<String> {
     std::fs::read_to_string(path).ok().map(|s| s.trim().to_string())
 }
 
@@ -349,19 +349,16 @@ fn damon_schemes() -> Vec<DamonScheme> {
     };
     let mut out = Vec::new();
     for k in dirs(root) {
-        if read_trim(&k.join("state").to_string_lossy()).as_deref() != Some("on") {
+        if read_trim(k.join("state")).as_deref() != Some("on") {
             continue;
         }
         for c in dirs(&k.join("contexts")) {
-            let ops = read_trim(&c.join("operations").to_string_lossy()).unwrap_or_default();
+            let ops = read_trim(c.join("operations")).unwrap_or_default();
             let attrs = c.join("monitoring_attrs/intervals");
-            let aggr_us: f64 =
-                read_trim(&attrs.join("aggr_us").to_string_lossy()).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+            let aggr_us: f64 = read_trim(attrs.join("aggr_us")).and_then(|v| v.parse().ok()).unwrap_or(0.0);
             for sc in dirs(&c.join("schemes")) {
-                let Some(action) = read_trim(&sc.join("action").to_string_lossy()) else { continue };
-                let age: f64 = read_trim(&sc.join("access_pattern/age/min").to_string_lossy())
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0.0);
+                let Some(action) = read_trim(sc.join("action")) else { continue };
+                let age: f64 = read_trim(sc.join("access_pattern/age/min")).and_then(|v| v.parse().ok()).unwrap_or(0.0);
                 out.push(DamonScheme { ops: ops.clone(), action, min_idle_s: age * aggr_us / 1e6 });
             }
         }
