@@ -112,24 +112,26 @@ fn python() -> Result<PathBuf, BenchError> {
     let py = std::env::var_os("ADVM_PYTHON")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/pyenv/bin/python"));
-    let ok = Command::new(&py)
-        .args(["-c", "import onnxruntime, onnx, numpy, advm, rapidocr_onnxruntime"])
+    // One interpreter start checks the packages and prints the advm package's source
+    // id: the workers merge through the package's own copy of the library, and a
+    // package built from other sources would measure other code than this build's.
+    let out = Command::new(&py)
+        .args([
+            "-c",
+            "import onnxruntime, onnx, numpy, advm, rapidocr_onnxruntime; \
+             print(getattr(advm._advm, '__source_id__', 'none'))",
+        ])
         .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
+        .output()
+        .ok()
+        .filter(|o| o.status.success());
+    let Some(out) = out else {
         return Err(BenchError::Usage(format!(
             "bench merge needs {} with onnxruntime, onnx, rapidocr-onnxruntime, numpy and the advm package: \
              run `make deps-python-bench test-python` (or set ADVM_PYTHON)",
             py.display()
         )));
-    }
-    // The workers merge through the package's own copy of the library: a package built
-    // from other sources would measure other code than this build's.
-    let out = Command::new(&py)
-        .args(["-c", "import advm._advm as a; print(getattr(a, '__source_id__', 'none'))"])
-        .output()
-        .map_err(|e| io("python", e))?;
+    };
     let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if id != advm::SOURCE_ID {
         return Err(BenchError::Usage(format!(
