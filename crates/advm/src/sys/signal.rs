@@ -61,7 +61,7 @@ const FORWARDED: [libc::c_int; 2] = [libc::SIGTERM, libc::SIGHUP];
 /// While alive, SIGINT/SIGQUIT are ignored and SIGTERM/SIGHUP go to `child`; the old
 /// dispositions come back on drop. One at a time per process.
 pub struct ChildSignals {
-    _set: Dispositions,
+    set: Option<Dispositions>,
 }
 
 impl ChildSignals {
@@ -72,12 +72,15 @@ impl ChildSignals {
             .iter()
             .map(|&s| (s, libc::SIG_IGN))
             .chain(FORWARDED.iter().map(|&s| (s, forward as extern "C" fn(libc::c_int) as libc::sighandler_t)));
-        Ok(Self { _set: Dispositions::install(handlers)? })
+        Ok(Self { set: Some(Dispositions::install(handlers)?) })
     }
 }
 
 impl Drop for ChildSignals {
     fn drop(&mut self) {
+        // Old dispositions first, then forget the child: in the other order a SIGTERM
+        // arriving in between would be neither forwarded nor acted on.
+        drop(self.set.take());
         CHILD.store(0, Ordering::Relaxed);
     }
 }
