@@ -1,7 +1,8 @@
 /* advm: application-directed virtual memory — C API.
  *
  * Link with -ladvm (libadvm.so or libadvm.a from `cargo build -p advm-capi`).
- * Functions returning int return 0 on success or a negative errno.
+ * Functions returning int return 0 on success or a negative errno (errno is set to
+ * it too, for callers that check errno).
  *
  * Naming: functions are advm_<verb> or advm_<capability>_<verb> (advm_dup,
  * advm_vcopy_get_stats, advm_batch_run). Types are `struct advm_<name>`, always

@@ -1,6 +1,7 @@
 /* advm_gc: a precise, moving garbage-collected heap — C API (libadvm).
  *
- * Link with -ladvm. Functions returning int return 0 on success or a negative errno.
+ * Link with -ladvm. Functions returning int return 0 on success or a negative errno
+ * (errno is set to it too).
  *
  * Objects: advm_gc_alloc returns an object's first pointer slot; its nptrs slots
  * (void *, NULL or objects of the same heap) come first, then nbytes raw bytes at

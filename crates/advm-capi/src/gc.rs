@@ -86,24 +86,7 @@ fn gc_errno(e: &Error) -> i32 {
 
 /// Runs `f` under `guard`, with the heap's error turned into a negative errno.
 fn call(f: impl FnOnce() -> Result<i32, Error>) -> i32 {
-    let mut r = 0;
-    let g = guard(|| {
-        r = match f() {
-            Ok(v) => v,
-            Err(e) => gc_errno(&e),
-        };
-        Ok(0)
-    });
-    if g < 0 {
-        g
-    } else {
-        r
-    }
-}
-
-fn set_errno(e: i32) {
-    // SAFETY: __errno_location returns this thread's errno slot.
-    unsafe { *libc::__errno_location() = e.abs() };
+    guard(|| Ok(f().unwrap_or_else(|e| gc_errno(&e))))
 }
 
 fn handle<'a>(gc: *mut AdvmGc) -> Result<&'a AdvmGc, Error> {
@@ -144,15 +127,12 @@ fn config(heap_bytes: usize, policy: Option<&AdvmGcPolicy>) -> Result<Config, Er
 /// either fails.
 fn new_handle(make: impl FnOnce() -> Result<Config, Error>) -> *mut AdvmGc {
     let mut out = std::ptr::null_mut();
-    let r = call(|| {
+    call(|| {
         let heap = Heap::with_config(make()?)?;
         let m = Mutex::new(heap.attach());
         out = Box::into_raw(Box::new(AdvmGc { heap, m }));
         Ok(0)
     });
-    if r < 0 {
-        set_errno(r);
-    }
     out
 }
 
@@ -229,14 +209,11 @@ pub unsafe extern "C" fn advm_gc_destroy(gc: *mut AdvmGc) {
 #[no_mangle]
 pub unsafe extern "C" fn advm_gc_alloc(gc: *mut AdvmGc, nptrs: usize, nbytes: usize) -> *mut c_void {
     let mut out = std::ptr::null_mut();
-    let r = call(|| {
+    call(|| {
         let o = lock(handle(gc)?).alloc(nptrs, nbytes)?;
         out = o.addr() as *mut c_void;
         Ok(0)
     });
-    if r < 0 {
-        set_errno(r);
-    }
     out
 }
 

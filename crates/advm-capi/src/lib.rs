@@ -32,13 +32,30 @@ pub fn errno_of(e: &advm::Error) -> i32 {
 }
 
 /// Runs `f`, turning a panic into `-EIO` so it never unwinds across the C boundary
-/// (an arena that panicked then refuses every later call: `-ENOTRECOVERABLE`).
+/// (an arena that panicked then refuses every later call: `-ENOTRECOVERABLE`). A
+/// negative result is also left in `errno`, for callers that check it instead.
 pub fn guard(f: impl FnOnce() -> Result<i32, advm::Error>) -> i32 {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+    let r = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(Ok(v)) => v,
         Ok(Err(e)) => errno_of(&e),
         Err(_) => -libc::EIO,
+    };
+    if r < 0 {
+        set_errno(r);
     }
+    r
+}
+
+/// `-EINVAL`, with errno set: a NULL handle or output pointer.
+pub fn einval() -> i32 {
+    set_errno(libc::EINVAL);
+    -libc::EINVAL
+}
+
+/// Sets this thread's `errno` to the error `e` (given either as `-errno` or `errno`).
+pub fn set_errno(e: i32) {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() = e.abs() };
 }
 
 /// `const char *advm_version(void)`: the library version, a static string.

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use advm::pager::{Config, PagedRegion, Pager};
 
-use crate::guard;
+use crate::{guard, set_errno};
 
 /// `advm_pager`: a pager and the regions it mapped for C (unmapped with it).
 #[allow(non_camel_case_types)] // the C name
@@ -58,7 +58,7 @@ pub struct advm_pager_stats {
 #[no_mangle]
 pub unsafe extern "C" fn advm_pager_new(budget_bytes: usize, swap_path: *const c_char) -> *mut advm_pager {
     let mut out = std::ptr::null_mut();
-    let r = guard(|| {
+    guard(|| {
         let mut cfg = Config::new(budget_bytes);
         if !swap_path.is_null() {
             // SAFETY: the caller passes a NUL-terminated string.
@@ -69,15 +69,7 @@ pub unsafe extern "C" fn advm_pager_new(budget_bytes: usize, swap_path: *const c
         out = Box::into_raw(Box::new(advm_pager { regions: Mutex::new(Vec::new()), pager }));
         Ok(0)
     });
-    if r < 0 {
-        set_errno(-r);
-    }
     out
-}
-
-fn set_errno(e: i32) {
-    // SAFETY: __errno_location returns this thread's errno slot.
-    unsafe { *libc::__errno_location() = e };
 }
 
 /// `void *advm_pager_map(advm_pager *, size_t len)`: a new region (NULL on error, errno set).
@@ -92,15 +84,12 @@ pub unsafe extern "C" fn advm_pager_map(p: *mut advm_pager, len: usize) -> *mut 
         return std::ptr::null_mut();
     };
     let mut out = std::ptr::null_mut();
-    let r = guard(|| {
+    guard(|| {
         let region = p.pager.map(len)?;
         out = region.as_ptr().cast();
         p.regions.lock().unwrap_or_else(|e| e.into_inner()).push(region);
         Ok(0)
     });
-    if r < 0 {
-        set_errno(-r);
-    }
     out
 }
 
@@ -109,7 +98,7 @@ unsafe fn with(p: *mut advm_pager, f: impl FnOnce(&advm_pager) -> Result<i32, ad
     // SAFETY: the caller passes a live pager or NULL.
     match unsafe { p.as_ref() } {
         Some(p) => guard(|| f(p)),
-        None => -libc::EINVAL,
+        None => crate::einval(),
     }
 }
 
@@ -171,7 +160,7 @@ pub unsafe extern "C" fn advm_pager_unlock(p: *mut advm_pager, addr: *mut c_void
 #[no_mangle]
 pub unsafe extern "C" fn advm_pager_stats(p: *mut advm_pager, out: *mut advm_pager_stats) -> i32 {
     if out.is_null() {
-        return -libc::EINVAL;
+        return crate::einval();
     }
     // SAFETY: forwarded.
     unsafe {

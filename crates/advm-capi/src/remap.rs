@@ -209,7 +209,7 @@ pub extern "C" fn advm_batch_new() -> *mut advm_batch {
 
 fn with_batch(b: *mut advm_batch, f: impl FnOnce(&mut advm_batch) -> Result<i32, advm::Error>) -> i32 {
     if b.is_null() {
-        return -libc::EINVAL;
+        return crate::einval();
     }
     // SAFETY: a non-null batch comes from advm_batch_new and is not freed or used by
     // another thread concurrently (header).

@@ -34,24 +34,16 @@ pub fn arena_touches(addr: usize, len: usize) -> bool {
     ARENA.get().is_some_and(|made| made.as_ref().is_ok_and(|a| a.touches(HostAddr(addr), len)))
 }
 
-fn set_errno(e: i32) {
-    // SAFETY: __errno_location returns this thread's errno slot.
-    unsafe { *libc::__errno_location() = e.abs() };
-}
-
 /// `void *advm_alloc(size_t len)`: a zeroed, page-aligned block of `len` bytes, or NULL
 /// with errno set (ENOMEM when it does not fit). `len` 0 gives a unique one-page block,
 /// as glibc's `malloc(0)` gives a unique pointer that `free` takes.
 #[no_mangle]
 pub extern "C" fn advm_alloc(len: usize) -> *mut c_void {
     let mut out = std::ptr::null_mut();
-    let r = guard(|| {
+    guard(|| {
         out = arena()?.alloc(len.max(1))?.as_ptr().cast();
         Ok(0)
     });
-    if r < 0 {
-        set_errno(r);
-    }
     out
 }
 
@@ -62,10 +54,7 @@ pub extern "C" fn advm_free(p: *mut c_void) {
     if p.is_null() {
         return;
     }
-    let r = guard(|| arena()?.free(HostAddr::of(p)).map(|_| 0));
-    if r < 0 {
-        set_errno(r);
-    }
+    guard(|| arena()?.free(HostAddr::of(p)).map(|_| 0));
 }
 
 /// `void *advm_dup(const void *p, size_t len)`: a new block, a virtual copy of
@@ -73,13 +62,10 @@ pub extern "C" fn advm_free(p: *mut c_void) {
 #[no_mangle]
 pub extern "C" fn advm_dup(p: *const c_void, len: usize) -> *mut c_void {
     let mut out = std::ptr::null_mut();
-    let r = guard(|| {
+    guard(|| {
         out = arena()?.dup(HostAddr::of(p), len)?.as_ptr().cast();
         Ok(0)
     });
-    if r < 0 {
-        set_errno(r);
-    }
     out
 }
 
@@ -122,7 +108,7 @@ pub struct AdvmVcopyStats {
 #[no_mangle]
 pub unsafe extern "C" fn advm_vcopy_get_stats(out: *mut AdvmVcopyStats) -> i32 {
     if out.is_null() {
-        return -libc::EINVAL;
+        return crate::einval();
     }
     guard(|| {
         let s = arena()?.try_stats()?;
