@@ -15,13 +15,21 @@
 //! waits, and only for claims made before it, so waits never form a cycle. A claim
 //! ends when the session's add of that page lands, at the session's next lookup, or
 //! when the session ends. The wait depends on the domain's own sessions only.
+//!
+//! Waiting for the first session leaves its add to one process while the others idle
+//! (16 workers on 2 CPUs: the last waited seconds). So a lookup may carry a window: it
+//! claims at most that many of its misses and, having claimed some, answers "later"
+//! for the rest (pages past its window, and pages others claimed) instead of waiting;
+//! the client adds its window and looks the rest up again. Sessions that missed the
+//! same pages at once then add a window each, side by side. A lookup that claimed
+//! nothing waits as before; it holds no claims then, so waits still form no cycle.
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use advm::merge::protocol::{Reply, Request, NO_SLOT};
+use advm::merge::protocol::{Reply, Request, LATER, NO_SLOT};
 use advm::merge::{PageHashMap, SegmentMap, Store};
 use advm::wire::Peer;
 
@@ -199,25 +207,43 @@ impl Session {
         };
         match req {
             Request::Hello { .. } => unreachable!("answered above"),
-            Request::Lookup { hashes } => {
+            Request::Lookup { hashes, window } => {
                 let deadline = Instant::now() + self.timeout;
                 let mut g = lock(&store.state);
-                // A new lookup starts a new merge: the last one's claims are over.
+                // A new lookup starts a new merge (or its next window): the last one's
+                // claims are over.
                 g.unclaim(self.id, &std::mem::take(&mut self.claimed));
                 store.landed.notify_all();
-                // One pass: stored pages, pages to wait for, and claims on the rest.
+                // One pass: stored pages, pages to wait for, and claims on the rest (at
+                // most `window` of them).
                 let mut slots = vec![NO_SLOT; hashes.len()];
                 let mut waits = Vec::new();
+                let most = window.map_or(usize::MAX, |w| w as usize);
+                let looking_only = most == 0;
                 // At once rather than doubling through a large lookup's misses.
-                g.claims.reserve(hashes.len());
+                g.claims.reserve(hashes.len().min(most));
                 for (k, &h) in hashes.iter().enumerate() {
+                    if !looking_only && self.claimed.len() >= most {
+                        // The window is full: the rest are looked up next time (a large
+                        // merge asks again for what is left after each window).
+                        slots[k..].fill(LATER);
+                        break;
+                    }
                     if let Some(s) = g.store.find(h) {
                         self.held.push(s);
                         slots[k] = s;
+                    } else if looking_only {
+                        // Not stored: NO_SLOT.
                     } else if g.pending_elsewhere(h, self.id) {
                         waits.push(k);
                     } else if g.claims.insert(h, self.id).is_none() {
                         self.claimed.push(h);
+                    }
+                }
+                if window.is_some() && !self.claimed.is_empty() {
+                    // Pages to add now: the others' pages can wait for the next look.
+                    for k in waits.drain(..) {
+                        slots[k] = LATER;
                     }
                 }
                 // Then wait for the pages other sessions claimed or are adding.

@@ -224,7 +224,7 @@ fn hostile_requests_get_error_replies_and_never_stall_other_clients() {
     let (_d, sock) = start("hostile", |c| c.frame_timeout = Duration::from_millis(300));
     // Out of order: lookup before hello.
     let ch = Channel::connect(&sock).unwrap();
-    Request::Lookup { hashes: vec![1, 2] }.send(&ch).unwrap();
+    Request::Lookup { hashes: vec![1, 2], window: None }.send(&ch).unwrap();
     refused_with(&ch, "send hello first");
     // Unknown kind and unknown service: an error, and the connection goes on.
     ch.send(1, 77, &[], &[]).unwrap();
@@ -353,7 +353,7 @@ fn hashing_every_page_files_an_add_under_the_hash_of_its_pages_not_the_hash_the_
     let claimed: Vec<u64> = truth.iter().map(|h| h ^ 0x5a5a).collect();
     let slots = add(&ch, &mut view, pages.bytes(), claimed.clone());
     let lookup = |hashes: Vec<u64>| {
-        Request::Lookup { hashes }.send(&ch).unwrap();
+        Request::Lookup { hashes, window: None }.send(&ch).unwrap();
         let Reply::Slots { slots, .. } = Reply::recv(&ch).unwrap() else { panic!("the lookup failed") };
         slots
     };
@@ -425,7 +425,7 @@ fn a_client_cannot_change_the_pages_it_handed_over() {
     // A second session sees the same bytes.
     let other = Channel::connect(&sock).unwrap();
     let (_, mut view2) = hello(&other);
-    Request::Lookup { hashes }.send(&other).unwrap();
+    Request::Lookup { hashes, window: None }.send(&other).unwrap();
     let Reply::Slots { slots: found, segments } = Reply::recv(&other).unwrap() else { panic!("the lookup failed") };
     assert_eq!(found, slots);
     view2.show(segments).unwrap();
@@ -528,7 +528,7 @@ fn a_thread_reading_the_range_throughout_a_large_add_always_sees_the_same_bytes(
 fn a_lookup_that_misses_claims_the_pages_and_other_lookups_wait_for_their_add() {
     let (_d, sock) = start("claims", |_| {});
     let lookup = |ch: &Channel, hashes: &[u64]| {
-        Request::Lookup { hashes: hashes.to_vec() }.send(ch).unwrap();
+        Request::Lookup { hashes: hashes.to_vec(), window: None }.send(ch).unwrap();
         let Reply::Slots { slots, .. } = Reply::recv(ch).unwrap() else { panic!("the lookup failed") };
         slots
     };
@@ -559,4 +559,96 @@ fn a_lookup_that_misses_claims_the_pages_and_other_lookups_wait_for_their_add() 
     let t = Instant::now();
     assert!(lookup(&d, &other_hashes).iter().all(|&s| s == none));
     assert!(t.elapsed() < Duration::from_secs(3), "D waited {:?} for a claim whose session ended", t.elapsed());
+}
+
+/// A lookup with a window claims at most that many of the pages it misses and answers
+/// "later" for the rest and for pages another session claimed, instead of waiting: two
+/// sessions that miss the same pages at once add a window each. A lookup that claimed
+/// nothing waits as before, and a window of 0 only looks (claims nothing, so nobody
+/// waits for it, and waits for nobody).
+#[test]
+fn a_lookup_with_a_window_claims_that_many_and_answers_later_for_the_rest() {
+    use advm::merge::protocol::{LATER, NO_SLOT};
+    let (_d, sock) = start("windows", |_| {});
+    let lookup = |ch: &Channel, hashes: &[u64], window: u32| {
+        Request::Lookup { hashes: hashes.to_vec(), window: Some(window) }.send(ch).unwrap();
+        let Reply::Slots { slots, .. } = Reply::recv(ch).unwrap() else { panic!("the lookup failed") };
+        slots
+    };
+    let (a, b, c) =
+        (Channel::connect(&sock).unwrap(), Channel::connect(&sock).unwrap(), Channel::connect(&sock).unwrap());
+    let (hasher, mut view) = hello(&a);
+    hello(&b);
+    hello(&c);
+    let pages = filled(6, 9);
+    let ps = page_size();
+    let hashes: Vec<u64> = pages.bytes().chunks_exact(ps).map(|p| hasher.hash(p)).collect();
+    // C only looks: it claims nothing, so A's window below is the first two pages.
+    assert_eq!(lookup(&c, &hashes, 0), vec![NO_SLOT; 6], "looking only: not stored");
+    assert_eq!(lookup(&a, &hashes, 2), [NO_SLOT, NO_SLOT, LATER, LATER, LATER, LATER], "A claims two");
+    let t = Instant::now();
+    assert_eq!(lookup(&b, &hashes, 2), [LATER, LATER, NO_SLOT, NO_SLOT, LATER, LATER], "B claims the next two");
+    assert!(t.elapsed() < Duration::from_secs(1), "B waited {:?} though it had pages to add", t.elapsed());
+    // Looking only waits for nobody, though A and B hold claims.
+    let t = Instant::now();
+    assert_eq!(lookup(&c, &hashes, 0), vec![NO_SLOT; 6]);
+    assert!(t.elapsed() < Duration::from_secs(1), "a look-only lookup waited {:?}", t.elapsed());
+    let a_slots = add(&a, &mut view, &pages.bytes()[..2 * ps], hashes[..2].to_vec());
+    let b_slots = add(&b, &mut view, &pages.bytes()[2 * ps..4 * ps], hashes[2..4].to_vec());
+    // A looks again: the first four are stored, A claims the last two.
+    let again = lookup(&a, &hashes, 2);
+    assert_eq!(&again[..2], &a_slots[..]);
+    assert_eq!(&again[2..4], &b_slots[..]);
+    assert_eq!(&again[4..], [NO_SLOT, NO_SLOT]);
+    // B has nothing left to claim: its lookup waits for A's add of the last two.
+    let h = hashes.clone();
+    let t = Instant::now();
+    let looker = std::thread::spawn(move || (lookup(&b, &h[4..], 2), t.elapsed(), b));
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!looker.is_finished(), "B answered before A added the pages it claimed");
+    let last = add(&a, &mut view, &pages.bytes()[4 * ps..], hashes[4..].to_vec());
+    let (found, waited, _b) = looker.join().unwrap();
+    assert_eq!(found, last, "B gets the slots A's last pages landed in");
+    assert!(waited >= Duration::from_millis(200), "B waited for A ({waited:?})");
+}
+
+/// Clients that merge the same large range at once split its adds a window each (each
+/// page is still added once), and every range keeps its bytes.
+#[test]
+fn clients_merging_the_same_pages_at_once_add_them_once_between_them() {
+    if !fence_ok() {
+        return;
+    }
+    let (_d, sock) = start("at-once", |c| c.domain_limit_bytes = 512 << 20);
+    // Several windows of the default size (at most 4 copy threads x 4096 pages).
+    let pages = 4 * 4 * 4096 + 5;
+    let ranges: Vec<Region> = (0..3).map(|_| filled(pages, 21)).collect();
+    let orig = ranges[0].bytes().to_vec();
+    let barrier = std::sync::Barrier::new(ranges.len());
+    let stats: Vec<_> = std::thread::scope(|scope| {
+        let workers: Vec<_> = ranges
+            .iter()
+            .map(|r| {
+                let (sock, barrier) = (&sock, &barrier);
+                scope.spawn(move || {
+                    let mut c = Client::connect(sock, "").unwrap();
+                    barrier.wait();
+                    (c.merge(r.bytes()).unwrap(), c)
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    let added: u64 = stats.iter().map(|(s, _)| s.added).sum();
+    let merged: u64 = stats.iter().map(|(s, _)| s.merged).sum();
+    assert_eq!(
+        added,
+        pages as u64,
+        "each page added once between them: {:?}",
+        stats.iter().map(|s| &s.0).collect::<Vec<_>>()
+    );
+    assert_eq!(merged, 2 * pages as u64, "the others merged every page");
+    for r in &ranges {
+        assert!(r.bytes() == &orig[..], "a merged range changed");
+    }
 }

@@ -477,27 +477,16 @@ fn plan_and_map(c: &mut Client, fence: &mut ServicedFence, chunk: &Chunk<'_>, r:
         (want, hashes) = (w, h);
     }
     r.stats.skipped += (n - want.len()) as u64;
-    let found = c.backend.lookup(&hashes)?;
+    let mut landing = Noted { snap, targets: Vec::new() };
+    let resolved = c.backend.resolve(&mut landing, &want, &hashes, chunk.add_new)?;
+    if resolved.refusal.is_some() {
+        r.stats.refusal = resolved.refusal;
+    }
+    r.stats.skipped += resolved.not_added as u64;
     // (target, whether it is new to the store)
     let mut target: Vec<Option<(Target, bool)>> = vec![None; n];
-    let (mut new_at, mut new_hashes) = (Vec::new(), Vec::new());
-    for ((&i, slot), &h) in want.iter().zip(found).zip(&hashes) {
-        match slot {
-            Some(s) => target[i] = Some((Target::Candidate(s), false)),
-            None => {
-                new_at.push(i);
-                new_hashes.push(h);
-            }
-        }
-    }
-    let mut landing = Noted { snap, targets: Vec::with_capacity(new_at.len()) };
-    if chunk.add_new {
-        let refusal = c.backend.add(&mut landing, &new_at, &new_hashes)?;
-        if refusal.is_some() {
-            r.stats.refusal = refusal;
-        }
-    } else {
-        r.stats.skipped += new_at.len() as u64;
+    for (&i, slot) in want.iter().zip(&resolved.found) {
+        target[i] = slot.map(|s| (Target::Candidate(s), false));
     }
     for (i, slot) in landing.targets {
         match slot {

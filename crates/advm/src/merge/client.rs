@@ -3,8 +3,9 @@
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
+use std::time::Instant;
 
-use super::protocol::{Reply, Request, NO_SLOT};
+use super::protocol::{Reply, Request, LATER, MAX_PAGES, NO_SLOT};
 use super::store::{PageHasher, Store, StoreUsage};
 use super::view::StoreView;
 use crate::mem::page_size;
@@ -24,8 +25,11 @@ pub(crate) trait Backend: Send {
     /// Whether a file with this inode is one of the store's (a range mapping it was
     /// merged before).
     fn holds_inode(&self, inode: u64) -> bool;
-    /// A candidate slot per hash (`None`: not stored).
-    fn lookup(&mut self, hashes: &[u64]) -> Result<Vec<Option<u32>>>;
+    /// What the store holds for each hash. `window`: most pages of those it lacks that
+    /// this session will add now, the rest answered [`Found::Later`] when another
+    /// session adds them side by side ([`Request::Lookup`]); `Some(0)` only looks
+    /// (claims nothing, waits for nothing); `None` claims all and waits.
+    fn lookup(&mut self, hashes: &[u64], window: Option<u32>) -> Result<Vec<Found>>;
     /// Stores the pages `i` in `which` (ascending) of `src.bytes()` (`hashes`: theirs,
     /// in order), in batches; after each batch, and before the next is copied, tells
     /// `src` where its pages landed ([`Landing::landed`]: every page of `which` once).
@@ -34,6 +38,90 @@ pub(crate) trait Backend: Send {
     /// only found by hash [`Target::Candidate`].
     fn add(&mut self, src: &mut dyn Landing, which: &[usize], hashes: &[u64]) -> Result<Option<String>>;
     fn usage(&mut self) -> Result<StoreUsage>;
+
+    /// Looks the pages `want` (with `hashes`) up and, with `add_new`, adds those the
+    /// store lacks (landing them through `src`), a window at a time: pages another
+    /// session is adding are looked up again after this session's window landed.
+    fn resolve(&mut self, src: &mut dyn Landing, want: &[usize], hashes: &[u64], add_new: bool) -> Result<Resolved> {
+        let mut r = Resolved { found: vec![None; want.len()], ..Resolved::default() };
+        let mut window = if add_new { lookup_window() } else { Some(0) };
+        let mut ask: Vec<usize> = (0..want.len()).collect();
+        while !ask.is_empty() {
+            // A lookup with a window is one request: the next would end its claims.
+            let now = if window.is_some() { ask.len().min(MAX_PAGES) } else { ask.len() };
+            let t = Instant::now();
+            let asked: Vec<u64> = ask[..now].iter().map(|&k| hashes[k]).collect();
+            let answers = self.lookup(&asked, window)?;
+            r.lookup_s += t.elapsed().as_secs_f64();
+            let (mut new_at, mut new_hashes) = (Vec::new(), Vec::new());
+            let mut later = ask.split_off(now);
+            for (&k, a) in ask.iter().zip(answers) {
+                match a {
+                    Found::Slot(s) => r.found[k] = Some(s),
+                    Found::Add => {
+                        new_at.push(want[k]);
+                        new_hashes.push(hashes[k]);
+                    }
+                    Found::Later => later.push(k),
+                }
+            }
+            if add_new {
+                let t = Instant::now();
+                if let Some(why) = self.add(src, &new_at, &new_hashes)? {
+                    r.refusal = Some(why);
+                }
+                r.add_s += t.elapsed().as_secs_f64();
+            } else {
+                r.not_added += new_at.len();
+            }
+            later.sort_unstable();
+            ask = later;
+            // Each window ends in a wait for its last adds to land and a lookup: a
+            // window twice the last keeps their number to the log of a large merge's
+            // size, while the first windows of merges that start at once stay small.
+            window = window.map(|w| w.saturating_mul(2));
+        }
+        Ok(r)
+    }
+}
+
+/// What a lookup found for one page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Found {
+    /// A stored page with the hash (compare it before mapping it).
+    Slot(u32),
+    /// Not stored: this session adds it (or, looking only, leaves it).
+    Add,
+    /// Not stored yet: another session is adding it, or it lies past the window.
+    Later,
+}
+
+/// What [`Backend::resolve`] found and did.
+#[derive(Debug, Default)]
+pub(crate) struct Resolved {
+    /// Per page asked about, a stored page with its hash (pages added land through
+    /// the [`Landing`] instead).
+    pub found: Vec<Option<u32>>,
+    /// The store's reason for refusing pages, if it did.
+    pub refusal: Option<String>,
+    /// Pages the store lacks that were not added (a lookup-only resolve).
+    pub not_added: usize,
+    /// Seconds in lookups (waits for other sessions' pages included) and in adds.
+    pub lookup_s: f64,
+    pub add_s: f64,
+}
+
+/// Most pages a merge's first lookup claims for this session to add before it looks
+/// again (each later window is twice the last): one group of batches ([`copy_threads`]
+/// of [`ADD_BATCH`]); `$ADVM_MERGE_WINDOW_PAGES` sets it (0: no window, every page
+/// missed is claimed and others' pages are waited for).
+fn lookup_window() -> Option<u32> {
+    let default = (ADD_BATCH * copy_threads()) as u32;
+    match std::env::var("ADVM_MERGE_WINDOW_PAGES").ok().and_then(|v| v.parse::<u32>().ok()) {
+        Some(0) => None,
+        Some(w) => Some(w),
+        None => Some(default),
+    }
 }
 
 /// The pages an add copies from, and what becomes of them once their batch has landed.
@@ -94,8 +182,9 @@ impl Backend for Local {
     fn holds_inode(&self, inode: u64) -> bool {
         inode == self.store.file_id().0
     }
-    fn lookup(&mut self, hashes: &[u64]) -> Result<Vec<Option<u32>>> {
-        Ok(hashes.iter().map(|&h| self.store.find(h)).collect())
+    fn lookup(&mut self, hashes: &[u64], _window: Option<u32>) -> Result<Vec<Found>> {
+        // One process: nobody else adds to this store.
+        Ok(hashes.iter().map(|&h| self.store.find(h).map_or(Found::Add, Found::Slot)).collect())
     }
     fn add(&mut self, src: &mut dyn Landing, which: &[usize], hashes: &[u64]) -> Result<Option<String>> {
         let mut refusal = None;
@@ -123,6 +212,8 @@ pub(crate) struct Daemon {
     ch: Option<Channel>,
     hasher: PageHasher,
     view: StoreView,
+    /// Whether the daemon takes lookups with a window (false after one refused it).
+    windows: bool,
 }
 
 impl Daemon {
@@ -133,20 +224,23 @@ impl Daemon {
             return Err(Error::InvalidArgument { what: "advmd reply", why: "expected the store after hello".into() });
         };
         let view = StoreView::new(store, limit_bytes as usize)?;
-        Ok(Self { ch: Some(ch), hasher: PageHasher::from_secret(&secret)?, view })
+        Ok(Self { ch: Some(ch), hasher: PageHasher::from_secret(&secret)?, view, windows: true })
     }
 
     /// The slots of a reply about `n` pages; slots outside the store read as none.
     fn check_slots(&self, s: Vec<u32>, n: usize) -> Result<Vec<Option<u32>>> {
-        if s.len() != n {
-            return Err(Error::InvalidArgument {
-                what: "advmd reply",
-                why: format!("{} slots for {n} pages", s.len()),
-            });
-        }
+        count_slots(&s, n)?;
         let max = self.view.slots();
         Ok(s.into_iter().map(|x| (x != NO_SLOT && x < max).then_some(x)).collect())
     }
+}
+
+/// A reply about `n` pages has one slot each.
+fn count_slots(s: &[u32], n: usize) -> Result<()> {
+    if s.len() != n {
+        return Err(Error::InvalidArgument { what: "advmd reply", why: format!("{} slots for {n} pages", s.len()) });
+    }
+    Ok(())
 }
 
 /// Sessions whose clients were dropped. The daemon keeps a session's pages until the
@@ -360,15 +454,32 @@ impl Backend for Daemon {
     fn holds_inode(&self, inode: u64) -> bool {
         self.view.holds_inode(inode)
     }
-    fn lookup(&mut self, hashes: &[u64]) -> Result<Vec<Option<u32>>> {
+    fn lookup(&mut self, hashes: &[u64], window: Option<u32>) -> Result<Vec<Found>> {
+        let window = window.filter(|_| self.windows);
         let mut out = Vec::with_capacity(hashes.len());
-        for chunk in hashes.chunks(super::protocol::MAX_PAGES) {
-            Request::Lookup { hashes: chunk.to_vec() }.send(self.ch())?;
-            let Reply::Slots { slots, segments } = Reply::recv(self.ch())? else {
-                return Err(Error::InvalidArgument { what: "advmd reply", why: "expected slots".into() });
+        for chunk in hashes.chunks(MAX_PAGES) {
+            Request::Lookup { hashes: chunk.to_vec(), window }.send(self.ch())?;
+            let slots = match Reply::recv(self.ch()) {
+                Ok(Reply::Slots { slots, segments }) => {
+                    self.view.show(segments)?;
+                    slots
+                }
+                Ok(_) => return Err(Error::InvalidArgument { what: "advmd reply", why: "expected slots".into() }),
+                Err(e) if window.is_some() && e.to_string().contains("unknown kind") => {
+                    // A daemon from before lookup windows: claim all and wait, as it does.
+                    self.windows = false;
+                    return self.lookup(hashes, None);
+                }
+                Err(e) => return Err(e),
             };
-            self.view.show(segments)?;
-            out.extend(self.check_slots(slots, chunk.len())?);
+            count_slots(&slots, chunk.len())?;
+            let max = self.view.slots();
+            // Slots outside the store read as not stored.
+            out.extend(slots.into_iter().map(|x| match x {
+                LATER if window.is_some() => Found::Later,
+                x if x != NO_SLOT && x < max => Found::Slot(x),
+                _ => Found::Add,
+            }));
         }
         Ok(out)
     }

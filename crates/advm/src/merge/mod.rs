@@ -278,31 +278,20 @@ impl Client {
         let t = Instant::now();
         let (want, hashes) = self.backend.hasher().hash_nonzero(fence.bytes());
         stats.phases.hash_s = t.elapsed().as_secs_f64();
-        let t = Instant::now();
-        let found = self.backend.lookup(&hashes)?;
-        stats.phases.lookup_s = t.elapsed().as_secs_f64();
-        let mut target: Vec<Option<Target>> = vec![None; n_pages];
-        let mut new_at: Vec<usize> = Vec::new();
-        let mut new_hashes: Vec<u64> = Vec::new();
-        for ((&i, slot), &h) in want.iter().zip(found).zip(&hashes) {
-            match slot {
-                Some(s) => target[i] = Some(Target::Candidate(s)),
-                None => {
-                    new_at.push(i);
-                    new_hashes.push(h);
-                }
-            }
-        }
         let first = mappings[0].0;
         let writable = |i: usize| {
             let a = first + i * ps;
             mappings.iter().find(|m| m.0 <= a && a < m.1).is_some_and(|m| m.2)
         };
-        let t = Instant::now();
         let mut landing = MapOnLanding { fence: &mut *fence, writable: &writable, stats: &mut *stats };
-        let refusal = self.backend.add(&mut landing, &new_at, &new_hashes)?;
-        stats.phases.add_s = t.elapsed().as_secs_f64();
-        stats.refusal = refusal;
+        let resolved = self.backend.resolve(&mut landing, &want, &hashes, true)?;
+        let mut target: Vec<Option<Target>> = vec![None; n_pages];
+        for (&i, slot) in want.iter().zip(&resolved.found) {
+            target[i] = slot.map(Target::Candidate);
+        }
+        stats.phases.lookup_s = resolved.lookup_s;
+        stats.phases.add_s = resolved.add_s;
+        stats.refusal = resolved.refusal;
         let backend = &*self.backend;
         let mapped = fence.map_equal(0, &target, &writable, backend.view(), &|s| backend.locate(s))?;
         for (m, t) in mapped.into_iter().zip(&target) {

@@ -15,8 +15,12 @@ pub const MAX_PAGES: usize = 1 << 20;
 pub const MAX_TAG: usize = 64;
 /// Most adopted files one frame announces (the rest go in frames before it).
 const SEGMENTS_PER_FRAME: usize = 32;
-/// A slot number meaning "not stored" (or "refused: the store is full").
+/// A slot number meaning "not stored" (or "refused: the store is full"): in a lookup's
+/// answer, "add it".
 pub const NO_SLOT: u32 = u32::MAX;
+/// In the answer to a lookup with a window: "not stored, and another session is adding
+/// it or it lies past your window: add your window first, then look it up again".
+pub const LATER: u32 = u32::MAX - 1;
 
 mod kind {
     pub const ERROR: u8 = 0;
@@ -26,6 +30,8 @@ mod kind {
     pub const USAGE: u8 = 4;
     /// Adopted files announced ahead of a reply that names their slots.
     pub const SEGMENTS: u8 = 5;
+    /// A lookup with a window (answered as [`LOOKUP`]).
+    pub const LOOKUP_WINDOW: u8 = 6;
 }
 
 /// What a client asks.
@@ -39,9 +45,20 @@ pub enum Request {
     },
     /// Slots holding pages with these keyed hashes ([`NO_SLOT`] where none); the
     /// client compares the bytes before it maps a slot.
+    ///
+    /// Without a window, the lookup claims every page it misses (the session will add
+    /// them) and waits for pages other sessions of the domain claimed or are adding.
+    /// With one, it claims at most `window` of the pages it misses and, when it claimed
+    /// any, answers [`LATER`] for the rest instead of waiting: sessions that missed the
+    /// same pages at once then add them a window each, side by side, rather than all
+    /// waiting for the first. Only a lookup that claimed nothing waits. A window of 0
+    /// only looks: it claims nothing, waits for nothing, and answers [`NO_SLOT`] for
+    /// every page not stored.
     Lookup {
         /// One hash per page.
         hashes: Vec<u64>,
+        /// Most pages the lookup may claim (`None`: all it misses).
+        window: Option<u32>,
     },
     /// Stores the pages of `pages`, a memfd the client wrote them into and then sealed
     /// against writing, shrinking, growing and resealing (one page per hash, in
@@ -106,7 +123,12 @@ impl Request {
     pub fn send(&self, ch: &Channel) -> Result<()> {
         match self {
             Request::Hello { tag } => ch.send(SERVICE, kind::HELLO, &Writer::default().bytes(tag.as_bytes()).body, &[]),
-            Request::Lookup { hashes } => ch.send(SERVICE, kind::LOOKUP, &Writer::default().u64s(hashes).body, &[]),
+            Request::Lookup { hashes, window: None } => {
+                ch.send(SERVICE, kind::LOOKUP, &Writer::default().u64s(hashes).body, &[])
+            }
+            Request::Lookup { hashes, window: Some(w) } => {
+                ch.send(SERVICE, kind::LOOKUP_WINDOW, &Writer::default().u32(*w).u64s(hashes).body, &[])
+            }
             Request::Add { hashes, pages } => {
                 ch.send(SERVICE, kind::ADD, &Writer::default().u64s(hashes).body, &[pages])
             }
@@ -123,7 +145,11 @@ impl Request {
                 let tag = std::str::from_utf8(tag).map_err(|_| bad("the tag is not UTF-8".into()))?;
                 Request::Hello { tag: tag.to_string() }
             }
-            kind::LOOKUP => Request::Lookup { hashes: r.u64s("hashes", MAX_PAGES)? },
+            kind::LOOKUP => Request::Lookup { hashes: r.u64s("hashes", MAX_PAGES)?, window: None },
+            kind::LOOKUP_WINDOW => {
+                let window = r.u32("window")?;
+                Request::Lookup { window: Some(window), hashes: r.u64s("hashes", MAX_PAGES)? }
+            }
             kind::ADD => {
                 if frame.fds.len() != 1 {
                     return Err(bad(format!("an add passes one sealed memfd, this one {}", frame.fds.len())));
