@@ -55,6 +55,7 @@ pub(crate) trait Backend: Send {
             r.lookup_s += t.elapsed().as_secs_f64();
             let (mut new_at, mut new_hashes) = (Vec::new(), Vec::new());
             let mut later = ask.split_off(now);
+            let carried = later.len();
             for (&k, a) in ask.iter().zip(answers) {
                 match a {
                     Found::Slot(s) => r.found[k] = Some(s),
@@ -74,12 +75,15 @@ pub(crate) trait Backend: Send {
             } else {
                 r.not_added += new_at.len();
             }
+            let progress = later.len() - carried < now;
             later.sort_unstable();
             ask = later;
             // Each window ends in a wait for its last adds to land and a lookup: a
             // window twice the last keeps their number to the log of a large merge's
             // size, while the first windows of merges that start at once stay small.
-            window = window.map(|w| w.saturating_mul(2));
+            // A round that settled nothing (a daemon answering only "later") is not
+            // repeated: the next lookup claims all and waits.
+            window = window.filter(|_| progress).map(|w| w.saturating_mul(2));
         }
         Ok(r)
     }
@@ -492,5 +496,74 @@ impl Backend for Daemon {
             Reply::Usage(u) => Ok(u),
             _ => Err(Error::InvalidArgument { what: "advmd reply", why: "expected usage".into() }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store that answers "later" to every lookup with a window: a daemon that never
+    /// lets a merge claim anything.
+    struct AlwaysLater {
+        store: Local,
+        lookups: Vec<Option<u32>>,
+    }
+
+    impl Backend for AlwaysLater {
+        fn hasher(&self) -> &PageHasher {
+            self.store.hasher()
+        }
+        fn view(&self) -> &StoreMap {
+            self.store.view()
+        }
+        fn locate(&self, s: u32) -> Option<(BorrowedFd<'_>, u64, u32)> {
+            self.store.locate(s)
+        }
+        fn holds_inode(&self, inode: u64) -> bool {
+            self.store.holds_inode(inode)
+        }
+        fn lookup(&mut self, hashes: &[u64], window: Option<u32>) -> Result<Vec<Found>> {
+            self.lookups.push(window);
+            match window {
+                Some(w) if w > 0 => Ok(vec![Found::Later; hashes.len()]),
+                _ => self.store.lookup(hashes, window),
+            }
+        }
+        fn add(&mut self, src: &mut dyn Landing, which: &[usize], hashes: &[u64]) -> Result<Option<String>> {
+            self.store.add(src, which, hashes)
+        }
+        fn usage(&mut self) -> Result<StoreUsage> {
+            self.store.usage()
+        }
+    }
+
+    struct Landed {
+        bytes: Vec<u8>,
+        pages: Vec<usize>,
+    }
+
+    impl Landing for Landed {
+        fn bytes(&self) -> &[u8] {
+            &self.bytes
+        }
+        fn landed(&mut self, which: &[usize], _: &[Option<Target>], _: &StoreMap, _: Locate<'_>) -> Result<()> {
+            self.pages.extend_from_slice(which);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_round_that_settles_nothing_is_not_repeated() {
+        let mut b = AlwaysLater { store: Local::new(16 << 20).unwrap(), lookups: Vec::new() };
+        let ps = page_size();
+        let bytes: Vec<u8> = (0..4 * ps).map(|i| (i / ps + 1) as u8).collect();
+        let hashes: Vec<u64> = bytes.chunks(ps).map(|p| b.hasher().hash(p)).collect();
+        let mut src = Landed { bytes, pages: Vec::new() };
+        let r = b.resolve(&mut src, &[0, 1, 2, 3], &hashes, true).unwrap();
+        assert_eq!(src.pages, [0, 1, 2, 3], "every page added once the windows gave up");
+        assert!(r.found.iter().all(Option::is_none));
+        assert_eq!(b.lookups.len(), 2, "one windowed round, then one that claims all: {:?}", b.lookups);
+        assert_eq!(b.lookups[1], None);
     }
 }
