@@ -84,6 +84,10 @@ fn advm(args: &[&str]) -> (bool, String) {
 fn run_refuses_a_missing_qemu_kernel_or_chain_with_what_is_missing() {
     let d = dir("errors");
     let img = d.0.join("app.qcow2");
+    // A missing image is named first (not the kernel that defaults to a file beside it).
+    let (okay, e) = advm(&["vm", "run", "--image", img.to_str().unwrap(), "--qemu", "/nonexistent/qemu-system-x86_64"]);
+    assert!(!okay && e.contains("app.qcow2: not found"), "{e}");
+    std::fs::write(&img, b"not a qcow2 image").unwrap();
     let (okay, e) = advm(&["vm", "run", "--image", img.to_str().unwrap(), "--qemu", "/nonexistent/qemu-system-x86_64"]);
     assert!(!okay && e.contains("/nonexistent/qemu-system-x86_64: not found"), "{e}");
     if !have("qemu-system-x86_64") {
@@ -93,8 +97,16 @@ fn run_refuses_a_missing_qemu_kernel_or_chain_with_what_is_missing() {
     assert!(!okay && e.contains("vmlinuz") && e.contains("advm vm image build"), "{e}");
     std::fs::write(d.0.join("vmlinuz"), b"k").unwrap();
     std::fs::write(d.0.join("initrd.img"), b"i").unwrap();
-    let (okay, e) = advm(&["vm", "run", "--image", img.to_str().unwrap(), "--accel", "tcg"]);
-    assert!(!okay && e.contains("app.qcow2"), "a missing chain is named: {e}");
+    // A chain whose backing layer is gone: the missing layer is named.
+    let base = d.0.join("base.qcow2");
+    let made = |args: &[&str]| Command::new("qemu-img").args(args).status().is_ok_and(|s| s.success());
+    if made(&["create", "-q", "-f", "qcow2", base.to_str().unwrap(), "64M"])
+        && made(&["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", base.to_str().unwrap(), img.to_str().unwrap()])
+    {
+        std::fs::remove_file(&base).unwrap();
+        let (okay, e) = advm(&["vm", "run", "--image", img.to_str().unwrap(), "--accel", "tcg"]);
+        assert!(!okay && e.contains("base.qcow2"), "the missing layer is named: {e}");
+    }
     let (okay, e) = advm(&["vm", "run", "--image", img.to_str().unwrap(), "--accel", "warp"]);
     assert!(!okay && e.contains("--accel warp"), "{e}");
 }

@@ -186,8 +186,12 @@ pub fn accel(requested: &str) -> Result<Accel, CliError> {
     }
 }
 
-/// Checks what a VM needs before anything starts: QEMU, kernel, initrd.
-pub fn preflight(qemu: &str, kernel: &Path, initrd: &Path) -> Result<(), CliError> {
+/// Checks what a VM needs before anything starts: the image, QEMU, kernel, initrd.
+pub fn preflight(image: &Path, qemu: &str, kernel: &Path, initrd: &Path) -> Result<(), CliError> {
+    // First: the kernel and initrd default to files beside it.
+    if !image.is_file() {
+        return Err(usage(format!("image {}: not found (--image names the chain's top qcow2 layer)", image.display())));
+    }
     let found = if qemu.contains('/') {
         Path::new(qemu).is_file()
     } else {
@@ -340,7 +344,7 @@ pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
     let dir = args.image.parent().map(Path::to_path_buf).unwrap_or_default();
     let kernel = args.kernel.clone().unwrap_or_else(|| dir.join("vmlinuz"));
     let initrd = args.initrd.clone().unwrap_or_else(|| dir.join("initrd.img"));
-    preflight(&args.qemu, &kernel, &initrd)?;
+    preflight(&args.image, &args.qemu, &kernel, &initrd)?;
     let accel = accel(&args.accel)?;
     let image = Image::open(&args.image)?;
     if !args.thp {
