@@ -75,6 +75,67 @@ fn a_program_mapping_the_backing_file_under_the_shim_sees_the_image_and_writes_s
     assert_ne!(&plain.stdout[..8], &got[..8]);
 }
 
+/// Maps the backing like QEMU, writes two pages, holds 64 MiB of other memory, asks the
+/// shim for a dump (signal 61) and overwrites the two pages while the copier runs; then
+/// says whether the 64 MiB mapping carries MADV_DONTFORK after the dump.
+const DUMPER: &str = r#"
+import ctypes, mmap, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR)
+d = sys.argv[3]
+m = mmap.mmap(fd, int(sys.argv[2]), mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+big = bytearray(b"\x01") * (64 << 20)
+m[4096:4100] = b"VMWR"
+m[(1 << 20) + 8192:(1 << 20) + 8196] = b"TWO!"
+os.kill(os.getpid(), 61)
+for i in range(4000):
+    m[4096:4100] = b"LATE"
+    m[(1 << 20) + 8192:(1 << 20) + 8196] = b"LATE"
+    big[i * 4096] = 2
+t = time.time()
+while not os.path.exists(os.path.join(d, "dump.done")) and time.time() - t < 20:
+    time.sleep(0.01)
+a = ctypes.addressof((ctypes.c_char * 1).from_buffer(big))
+lo = None
+for line in open("/proc/self/smaps"):
+    if line[0] in "0123456789abcdef" and "-" in line.split()[0]:
+        s, e = (int(x, 16) for x in line.split()[0].split("-"))
+        lo = s if s <= a < e else None
+    elif line.startswith("VmFlags") and lo is not None:
+        print("dc" if " dc" in line else "no dc")
+"#;
+
+#[test]
+fn the_shims_dump_copies_the_device_as_at_the_signal_leaves_other_memory_out_and_unmarks_it() {
+    if !have("qemu-img") || !have("python3") {
+        return;
+    }
+    let d = dir("shimdump");
+    chain(&d.0);
+    let image = Image::open(d.0.join("top.qcow2")).unwrap();
+    let b = PmemBacking::new(&image, &MapOptions { writable: true, ..Default::default() }, 2 << 20).unwrap();
+    let (k, v) = b.env();
+    let out = Command::new("python3")
+        .args(["-c", DUMPER, &b.backing_path(), &b.size().to_string(), &d.0.display().to_string()])
+        .env("LD_PRELOAD", advm_preload::launch::shim_path().unwrap())
+        .env("ADVM_MODE", "off")
+        .env(advm::image::DUMP_DIR_ENV, &d.0)
+        .env(k, v)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let read = |n: &str| std::fs::read_to_string(d.0.join(n)).unwrap_or_else(|e| panic!("{n}: {e}"));
+    assert_eq!(read("dump.done").trim(), "0", "the copier finished");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "no dc", "the other memory is unmarked after the fork");
+    let clusters: Vec<u64> = read("dump.clusters").lines().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(clusters, [0, 16], "the two written clusters");
+    let raw = std::fs::read(d.0.join("dump.raw")).unwrap();
+    assert_eq!(&raw[4096..4100], b"VMWR", "the device as it was at the signal");
+    assert_eq!(&raw[(1 << 20) + 8192..(1 << 20) + 8196], b"TWO!");
+    // scan, marks, fork, after, ranges, KiB left out: at least the 64 MiB
+    let timing: Vec<u64> = read("dump.timing").lines().map(|l| l.parse().unwrap()).collect();
+    assert!(timing.len() == 6 && timing[4] >= 1 && timing[5] >= 64 << 10, "left out of the fork: {timing:?}");
+}
+
 fn advm(args: &[&str]) -> (bool, String) {
     let out = Command::new(ADVM).args(args).output().unwrap();
     (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())

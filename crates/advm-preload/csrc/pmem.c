@@ -9,13 +9,16 @@
  * kernel. Independent of the arena: ADVM_MODE=off leaves malloc to glibc.
  *
  * Fast dump of a running VM (`advm vm dump`): with ADVM_PMEM_DUMP_DIR set, signal
- * ADVM_DUMP_SIGNAL makes the program fork (the pause); a grandchild, whose memory is
+ * ADVM_DUMP_SIGNAL makes the program fork (the pause), with everything but the device
+ * and what the copier touches marked MADV_DONTFORK for that instant (so the fork copies
+ * and write-protects only the device's page tables); a grandchild, whose memory is
  * the copy-on-write view frozen at that fork, writes the 64 KiB clusters of the device
  * holding pages the guest wrote (present, anonymous, not the zero page) to
  * DIR/dump.raw at their guest offsets, their indices to DIR/dump.clusters, and then
  * DIR/dump.done; advm turns them into a qcow2 overlay. Raw syscalls only: this runs
  * in a signal handler and in a child of a threaded program. */
 #include "shim.h"
+#include <sched.h>
 #include <sys/stat.h>
 
 /* SIGRTMAX - 3 on Linux x86_64; crates/advm/src/image/pmem.rs sends it. */
@@ -60,6 +63,8 @@ static int read_plan_fd(void) {
 static char *dump_base;
 static size_t dump_len;
 static char dump_dir[200];
+/* ADVM_PMEM_DUMP_WHOLE=1: fork all of the program, as before stop 29 (for comparison) */
+static int dump_whole;
 
 /* dir + "/" + name into out (sizeof >= 256) */
 static void path_of(char *out, const char *name) {
@@ -99,6 +104,157 @@ static void finish(int status) {
     syscall(SYS_exit_group, status);
 }
 
+/* ---- leaving the rest of the program out of the dump's fork --------------------- */
+
+/* The dump's fork needs only the device, this thread's stack and thread block, and the
+ * shim's own variables. Everything else with pages in it (guest RAM QEMU did not mark
+ * MADV_DONTFORK itself, the TCG translation buffer, heaps, thread arenas, a merged
+ * guest's store mappings) would have its page tables copied and write-protected by the
+ * fork, every page of it a copy-on-write fault for the VM until the copier exits. So
+ * before the fork such mappings are marked MADV_DONTFORK, and right after it (in the
+ * parent, whatever the fork did) the mark is lifted again from exactly those: the ones
+ * QEMU marked itself (`dc` in /proc/self/smaps) are never touched.
+ *
+ * Left out: private mappings, anonymous or of a memfd, holding at least LEAVE_MIN_KB
+ * (Rss), that hold none of the addresses the copier touches. Kept: files (the
+ * program's and libraries' text and data: the copier calls libc), [stack], [vdso] and
+ * the like. A mapping made after the scan is forked as before; one unmapped after it
+ * and its range reused is marked and unmarked in turn, a no-op unless its owner marked
+ * it MADV_DONTFORK in that instant (QEMU does so only when it adds RAM). */
+#define LEAVE_MAX 8192
+#define LEAVE_MIN_KB 64
+
+static struct {
+    uintptr_t lo, hi;
+} leave[LEAVE_MAX];
+static int n_leave;
+static uint64_t leave_kb;
+static char smaps_buf[32768];
+
+/* the mapping being read, decided when the next one starts */
+static struct {
+    uintptr_t lo, hi;
+    int candidate, dont_fork;
+    uint64_t rss_kb;
+} cur;
+
+static int hexval(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+}
+
+static const char *skip_spaces(const char *p, const char *end) {
+    while (p < end && (*p == ' ' || *p == '\t')) p++;
+    return p;
+}
+
+static int starts(const char *p, const char *end, const char *s) {
+    for (; *s; s++, p++)
+        if (p >= end || *p != *s) return 0;
+    return 1;
+}
+
+static void decide(const uintptr_t *keep, int nkeep) {
+    if (!cur.hi || !cur.candidate || cur.dont_fork || cur.rss_kb < LEAVE_MIN_KB) return;
+    uintptr_t dlo = (uintptr_t)dump_base, dhi = dlo + dump_len;
+    if (cur.lo < dhi && cur.hi > dlo) return;
+    for (int i = 0; i < nkeep; i++)
+        if (keep[i] >= cur.lo && keep[i] < cur.hi) return;
+    leave_kb += cur.rss_kb;
+    if (n_leave && leave[n_leave - 1].hi == cur.lo)
+        leave[n_leave - 1].hi = cur.hi;
+    else if (n_leave < LEAVE_MAX)
+        leave[n_leave].lo = cur.lo, leave[n_leave].hi = cur.hi, n_leave++;
+}
+
+static void smaps_line(const char *p, const char *end, const uintptr_t *keep, int nkeep) {
+    if (p < end && hexval(*p) >= 0) {
+        /* "lo-hi perms offset dev inode   path" */
+        decide(keep, nkeep);
+        cur.lo = cur.hi = 0;
+        cur.candidate = cur.dont_fork = 0;
+        cur.rss_kb = 0;
+        uintptr_t lo = 0, hi = 0;
+        for (; p < end && hexval(*p) >= 0; p++) lo = lo << 4 | (uintptr_t)hexval(*p);
+        if (p >= end || *p++ != '-') return;
+        for (; p < end && hexval(*p) >= 0; p++) hi = hi << 4 | (uintptr_t)hexval(*p);
+        p = skip_spaces(p, end);
+        if (end - p < 4) return;
+        int private_ = p[3] == 'p';
+        p += 4;
+        for (int field = 0; field < 3; field++) { /* offset, dev, inode */
+            p = skip_spaces(p, end);
+            while (p < end && *p != ' ') p++;
+        }
+        p = skip_spaces(p, end);
+        int anonymous = p == end || starts(p, end, "[heap]") || starts(p, end, "[anon");
+        int memfd = starts(p, end, "/memfd:");
+        cur.lo = lo;
+        cur.hi = hi;
+        cur.candidate = private_ && (anonymous || memfd);
+    } else if (starts(p, end, "Rss:")) {
+        p = skip_spaces(p + 4, end);
+        uint64_t kb = 0;
+        for (; p < end && *p >= '0' && *p <= '9'; p++) kb = kb * 10 + (uint64_t)(*p - '0');
+        cur.rss_kb = kb;
+    } else if (starts(p, end, "VmFlags:")) {
+        for (p += 8; p + 1 < end; p++)
+            if (p[0] == 'd' && p[1] == 'c' && p[-1] == ' ' && (p + 2 == end || p[2] == ' ')) cur.dont_fork = 1;
+    }
+}
+
+/* Fills leave[] from /proc/self/smaps; 0, or -1 when it cannot be read (nothing is
+ * left out then). */
+static int scan_leave(const uintptr_t *keep, int nkeep) {
+    n_leave = 0;
+    leave_kb = 0;
+    cur.hi = 0;
+    int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/smaps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    size_t have = 0;
+    for (;;) {
+        long got = syscall(SYS_read, fd, smaps_buf + have, sizeof smaps_buf - have);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) {
+            syscall(SYS_close, fd);
+            n_leave = 0;
+            return -1;
+        }
+        have += (size_t)got;
+        size_t start = 0;
+        for (size_t i = 0; i < have; i++)
+            if (smaps_buf[i] == '\n') {
+                smaps_line(smaps_buf + start, smaps_buf + i, keep, nkeep);
+                start = i + 1;
+            }
+        if (got == 0) {
+            if (start < have) smaps_line(smaps_buf + start, smaps_buf + have, keep, nkeep);
+            break;
+        }
+        if (start == 0 && have == sizeof smaps_buf) start = have; /* a line longer than the buffer: dropped */
+        for (size_t i = start; i < have; i++) smaps_buf[i - start] = smaps_buf[i];
+        have -= start;
+    }
+    decide(keep, nkeep);
+    syscall(SYS_close, fd);
+    return 0;
+}
+
+static void mark_leave(int advice) {
+    for (int i = 0; i < n_leave; i++) syscall(SYS_madvise, leave[i].lo, leave[i].hi - leave[i].lo, advice);
+}
+
+static uintptr_t thread_pointer(void) {
+#ifdef __x86_64__
+    uintptr_t fs = 0;
+    if (syscall(SYS_arch_prctl, 0x1003 /* ARCH_GET_FS */, &fs)) return 0;
+    return fs;
+#else
+    return (uintptr_t)__builtin_thread_pointer();
+#endif
+}
+
 /* The grandchild: writes the written clusters of its frozen view. */
 static void dump_clusters(void) {
     long ps = 4096;
@@ -133,28 +289,67 @@ static void dump_clusters(void) {
     finish(0);
 }
 
+#define COPIER_STACK (256u << 10)
+
+static int copier(void *arg) {
+    (void)arg;
+    dump_clusters();
+    return 0;
+}
+
+static uint64_t ns_between(const struct timespec *a, const struct timespec *b) {
+    return (uint64_t)((b->tv_sec - a->tv_sec) * 1000000000L + (b->tv_nsec - a->tv_nsec));
+}
+
 static void on_dump(int sig) {
     (void)sig;
     int saved = errno;
-    struct timespec t0, t1;
+    struct timespec t0, t1, t2, t3, t4;
     clock_gettime(CLOCK_MONOTONIC, &t0);
+    /* what the copier touches besides the device: this stack, this thread's block
+     * (errno, the stack guard), the shim's variables */
+    uintptr_t keep[] = {(uintptr_t)&saved, thread_pointer(), (uintptr_t)&errno, (uintptr_t)dump_dir,
+                        (uintptr_t)&dump_base, (uintptr_t)&dump_len};
+    int scanned = dump_whole ? -1 : scan_leave(keep, (int)(sizeof keep / sizeof keep[0]));
+    if (scanned < 0) n_leave = 0;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    mark_leave(MADV_DONTFORK);
     /* QEMU marks guest memory MADV_DONTFORK: let this fork see the device, then put
      * the mark back */
     syscall(SYS_madvise, dump_base, dump_len, MADV_DOFORK);
+    clock_gettime(CLOCK_MONOTONIC, &t2);
     /* a raw fork: no atfork handlers (they take locks); the child forks the writer and
      * leaves at once, so the program never has a child of ours to reap */
     long pid = syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0);
-    if (pid != 0) syscall(SYS_madvise, dump_base, dump_len, MADV_DONTFORK);
     if (pid == 0) {
-        long g = syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0);
-        if (g == 0) dump_clusters();
+        /* The copier shares this child's memory (CLONE_VM, on a stack of its own): no
+         * second copy of the page tables, and none to tear down when this child leaves
+         * at once, which is what the program waits for. */
+        char *stack = sys_mmap(NULL, COPIER_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        long g = stack == MAP_FAILED ? -1 : clone(copier, stack + COPIER_STACK, CLONE_VM | SIGCHLD, NULL);
         syscall(SYS_exit_group, g < 0 ? 1 : 0);
     }
+    clock_gettime(CLOCK_MONOTONIC, &t3);
+    /* whether the fork worked or not */
+    syscall(SYS_madvise, dump_base, dump_len, MADV_DONTFORK);
+    mark_leave(MADV_DOFORK);
     if (pid > 0) syscall(SYS_wait4, pid, 0, 0, 0);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
+    clock_gettime(CLOCK_MONOTONIC, &t4);
+    /* the pause as before (marks, fork, unmarks, the first child's clone and exit);
+     * then the parts */
     int fd = open_out("dump.pause_ns");
     if (fd >= 0) {
-        put_u64(fd, (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000L + (t1.tv_nsec - t0.tv_nsec)));
+        put_u64(fd, ns_between(&t1, &t4));
+        syscall(SYS_close, fd);
+    }
+    fd = open_out("dump.timing");
+    if (fd >= 0) {
+        put_u64(fd, ns_between(&t0, &t1)); /* scan of smaps */
+        put_u64(fd, ns_between(&t1, &t2)); /* marks */
+        put_u64(fd, ns_between(&t2, &t3)); /* fork */
+        put_u64(fd, ns_between(&t3, &t4)); /* unmarks, the first child's clone and exit */
+        put_u64(fd, scanned < 0 ? 0 : (uint64_t)n_leave);
+        put_u64(fd, scanned < 0 ? 0 : leave_kb);
         syscall(SYS_close, fd);
     }
     errno = saved;
@@ -165,6 +360,8 @@ static void arm_dump(char *base, size_t len) {
     dump_len = len;
     const char *d = getvar("ADVM_PMEM_DUMP_DIR");
     if (!d) return;
+    const char *w = getvar("ADVM_PMEM_DUMP_WHOLE");
+    dump_whole = w && w[0] == '1';
     size_t n = 0;
     while (d[n] && n + 1 < sizeof dump_dir) dump_dir[n] = d[n], n++;
     dump_dir[n] = 0;

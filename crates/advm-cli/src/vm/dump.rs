@@ -1,6 +1,7 @@
 //! `advm vm dump`: asks the shim inside a running `--disk pmem` VM's QEMU for the
-//! clusters its guest wrote (it forks: that is the pause; a grandchild copies from the
-//! frozen view while the guest runs on) and turns them into a qcow2 overlay whose
+//! clusters its guest wrote (it forks, leaving all but the device and what the copier
+//! touches out of the fork: that is the pause; a grandchild copies from the frozen view
+//! while the guest runs on) and turns them into a qcow2 overlay whose
 //! backing file is the chain's top layer.
 
 use std::os::unix::fs::FileExt;
@@ -36,9 +37,10 @@ pub fn run(vm: u32, out: &Path, timeout: Duration) -> Result<(), CliError> {
     if out.exists() {
         return Err(usage(format!("{}: already exists; a dump never overwrites a file", out.display())));
     }
-    for f in ["dump.done", "dump.raw", "dump.clusters", "dump.pause_ns"] {
+    for f in ["dump.done", "dump.raw", "dump.clusters", "dump.pause_ns", "dump.timing"] {
         let _ = std::fs::remove_file(dir.join(f));
     }
+    let faults_before = minor_faults(qemu);
     let t0 = Instant::now();
     request_dump(qemu as u32)?;
     while !dir.join("dump.done").exists() {
@@ -48,6 +50,7 @@ pub fn run(vm: u32, out: &Path, timeout: Duration) -> Result<(), CliError> {
         std::thread::sleep(Duration::from_millis(20));
     }
     let copied = t0.elapsed();
+    let faults = faults_before.zip(minor_faults(qemu)).map(|(a, b)| b.saturating_sub(a));
     let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
     let status = read("dump.done");
     if status.trim() != "0" {
@@ -62,12 +65,37 @@ pub fn run(vm: u32, out: &Path, timeout: Duration) -> Result<(), CliError> {
     let _ = std::fs::remove_file(&raw_path);
     let pause_ns: u64 = read("dump.pause_ns").trim().parse().unwrap_or(0);
     println!(
-        "{}: {} clusters of 64 KiB ({} bytes) over {image}; guest paused {:.3} ms (fork), copy done after {} ms",
+        "{}: {} clusters of 64 KiB ({} bytes) over {image}; QEMU's signal handler paused {:.3} ms (marks, fork, \
+         unmarks, first child), copy done after {} ms",
         out.display(),
         clusters.len(),
         bytes,
         pause_ns as f64 / 1e6,
         copied.as_millis()
     );
+    // The shim's parts of that (a shim before stop 29 writes none).
+    let t: Vec<u64> = read("dump.timing").lines().filter_map(|l| l.parse().ok()).collect();
+    if let [scan, marks, fork, after, ranges, kib] = t[..] {
+        let ms = |ns: u64| ns as f64 / 1e6;
+        println!(
+            "  smaps scan {:.3} ms (guest running), marks {:.3} ms, fork {:.3} ms, unmarks + first child {:.3} ms; \
+             left out of the fork: {ranges} ranges, {:.1} MiB",
+            ms(scan),
+            ms(marks),
+            ms(fork),
+            ms(after),
+            kib as f64 / 1024.0
+        );
+    }
+    if let Some(n) = faults {
+        println!("  QEMU's minor faults from the request until the copy was done: {n}");
+    }
     Ok(())
+}
+
+/// The minor faults of process `pid` so far, all its threads (/proc/PID/stat field 10).
+fn minor_faults(pid: u64) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command's closing parenthesis: state is field 3, minflt field 10.
+    stat.rsplit_once(')')?.1.split_whitespace().nth(7)?.parse().ok()
 }
