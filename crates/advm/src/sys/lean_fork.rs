@@ -10,12 +10,18 @@
 //! /proc/self/smaps) is never touched.
 //!
 //! Left out of the child: private mappings, anonymous (`[heap]` too) or of a memfd,
-//! holding at least [`LEAVE_MIN_BYTES`], that contain none of the caller's `keep`
-//! ranges, nor the calling thread's stack pointer, thread block (`%fs`: errno, the stack
-//! guard) or errno. Kept: every mapping of a file (program and library text and data),
+//! holding at least [`LEAVE_MIN_BYTES`], except within [`KEEP_MARGIN`] of the caller's
+//! `keep` ranges, the calling thread's stack pointer, thread block (`%fs`: errno, the
+//! stack guard) and errno. Kept: every mapping of a file (program and library text and data),
 //! `[stack]`, `[vdso]` and the like, and small mappings. The child must touch nothing
 //! else: what it does touch in a left-out mapping kills it with SIGSEGV (its parent
 //! sees a signal, never wrong data).
+//!
+//! Another thread's `fork()` waits while the marks are on (a fork handler takes the
+//! lock a lean fork holds from mark to unmark), so its child is never short of memory;
+//! two lean forks of one process take turns. `vfork`/`posix_spawn` and raw `clone`
+//! calls are not held back (the first two share the parent's memory, so a mark does
+//! not matter to them).
 //!
 //! Races with the program's other threads, between the scan of smaps and the unmark:
 //! a mapping made meanwhile is forked as usual; one unmapped meanwhile is skipped by the
@@ -88,19 +94,45 @@ fn parse(text: &str) -> Vec<Smap> {
     out
 }
 
-/// The ranges to leave out of a fork, given the mappings and the ranges to keep.
+/// Around each kept range this much more stays in the child: a kept stack pointer
+/// needs the caller's frames above it (what the child's closure captured) and the
+/// child's own below it. A big mapping holding a kept range (a thread's stack joined
+/// with the heap allocation beside it) is left out apart from that window.
+const KEEP_MARGIN: usize = 1 << 20;
+
+/// The ranges to leave out of a fork, given the mappings and the ranges to keep, and
+/// their resident bytes (a mapping left out in part counted in proportion).
 fn plan(maps: &[Smap], keep: &[(usize, usize)]) -> (Vec<(usize, usize)>, u64) {
+    let ps = super::page_size();
+    let windows: Vec<(usize, usize)> = keep
+        .iter()
+        .map(|&(a, len)| {
+            let lo = a.saturating_sub(KEEP_MARGIN) / ps * ps;
+            let hi = a.saturating_add(len.max(1)).saturating_add(KEEP_MARGIN).div_ceil(ps).saturating_mul(ps);
+            (lo, hi)
+        })
+        .collect();
     let mut ranges: Vec<(usize, usize)> = Vec::new();
     let mut bytes = 0;
     for m in maps {
-        let kept = keep.iter().any(|&(a, len)| a < m.end && a.saturating_add(len.max(1)) > m.start);
-        if !m.private || !m.leavable || m.dont_fork || m.rss_bytes < LEAVE_MIN_BYTES || kept {
+        if !m.private || !m.leavable || m.dont_fork || m.rss_bytes < LEAVE_MIN_BYTES {
             continue;
         }
-        bytes += m.rss_bytes;
-        match ranges.last_mut() {
-            Some(last) if last.1 == m.start => last.1 = m.end,
-            _ => ranges.push((m.start, m.end)),
+        let mut pieces = vec![(m.start, m.end)];
+        for &(lo, hi) in &windows {
+            pieces = pieces
+                .into_iter()
+                .flat_map(|(s, e)| if hi <= s || lo >= e { [(s, e), (0, 0)] } else { [(s, lo.max(s)), (hi.min(e), e)] })
+                .filter(|&(s, e)| s < e)
+                .collect();
+        }
+        let len = (m.end - m.start) as u64;
+        for (s, e) in pieces {
+            bytes += m.rss_bytes * (e - s) as u64 / len;
+            match ranges.last_mut() {
+                Some(last) if last.1 == s => last.1 = e,
+                _ => ranges.push((s, e)),
+            }
         }
     }
     (ranges, bytes)
@@ -120,6 +152,50 @@ fn thread_pointer() -> usize {
         }
     }
     0
+}
+
+/// Held by a lean fork while its marks are on, and by every `fork()` of the process
+/// (a `pthread_atfork` prepare handler takes it, the parent and child handlers give it
+/// back); the lean fork itself is a raw clone and runs no handler. A pthread mutex: it
+/// is taken in one handler and given back in another.
+struct ForkLock(std::cell::UnsafeCell<libc::pthread_mutex_t>);
+
+// SAFETY: a pthread mutex is made to be used from several threads at once.
+unsafe impl Sync for ForkLock {}
+
+static FORKS: ForkLock = ForkLock(std::cell::UnsafeCell::new(libc::PTHREAD_MUTEX_INITIALIZER));
+
+extern "C" fn lock_forks() {
+    // SAFETY: FORKS is a static, initialized mutex (a normal one: no owner checks).
+    unsafe { libc::pthread_mutex_lock(FORKS.0.get()) };
+}
+
+extern "C" fn unlock_forks() {
+    // SAFETY: as above; called only where this thread (or, in a fork's child, the
+    // thread it is a copy of) locked it.
+    unsafe { libc::pthread_mutex_unlock(FORKS.0.get()) };
+}
+
+/// [`FORKS`], held until dropped.
+struct ForksHeld;
+
+impl ForksHeld {
+    fn take() -> Self {
+        static HANDLERS: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+        // Without the handlers (registration failed) a fork() meanwhile is not held
+        // back: the race the module comment describes.
+        HANDLERS.get_or_init(|| {
+            let _ = super::process::at_fork(lock_forks, unlock_forks, unlock_forks);
+        });
+        lock_forks();
+        Self
+    }
+}
+
+impl Drop for ForksHeld {
+    fn drop(&mut self) {
+        unlock_forks();
+    }
 }
 
 /// Marks on a set of ranges, lifted when dropped.
@@ -162,6 +238,9 @@ pub fn fork_run_lean(keep: &[(usize, usize)], child: impl FnOnce() -> i32) -> Sy
         Err(_) => (Vec::new(), 0),
     };
     let mut left = LeftOut { ranges: ranges.len(), bytes, ..LeftOut::default() };
+    // While the marks are on, another thread's fork() would give its child none of the
+    // marked memory (a thread's stack among it): it waits, as does another lean fork.
+    let _forks_held = ForksHeld::take();
     let marks = Marks(ranges);
     marks.advise(Advice::LinuxDontFork);
     let t = std::time::Instant::now();
@@ -274,16 +353,20 @@ VmFlags: rd wr mr mw me gd ac
             ]
         );
         assert_eq!(bytes, (2048 + 4096 + 1024 + 1024) << 10);
-        // A kept range that only overlaps a mapping's end keeps it too.
-        let (ranges, _) = plan(&maps, &[(0x7f00_00ff_f000, 0x2000)]);
-        assert!(!ranges.iter().any(|r| r.0 <= 0x7f00_0080_0000 && r.1 > 0x7f00_0080_0000), "{ranges:x?}");
+        // A kept range near a big mapping's end: the mapping is left out but for the
+        // window around the range, here its last 1 MiB + 4 KiB.
+        let (ranges, bytes) = plan(&maps, &[(0x7f00_00ff_f000, 0x2000)]);
+        assert!(ranges.contains(&(0x7f00_0080_0000, 0x7f00_00ef_f000)), "{ranges:x?}");
+        assert!(!ranges.iter().any(|r| r.0 < 0x7f00_0110_1000 && r.1 > 0x7f00_00ef_f000), "{ranges:x?}");
+        assert_eq!(bytes, (2048 + 1024 + 1024 + 1024) * 1024 + 4096 * 1024 * 0x6f_f000 / 0x80_0000);
     }
 
     #[test]
     fn the_child_lacks_what_was_left_out_and_the_parent_keeps_its_flags() {
         use super::super::mman::Mapping;
         let ps = super::super::page_size();
-        let big = Mapping::anonymous(256 * ps).unwrap();
+        // 4 MiB: its middle lies beyond the window kept around `kept` wherever it lands.
+        let big = Mapping::anonymous(1024 * ps).unwrap();
         let marked = Mapping::anonymous(256 * ps).unwrap();
         let kept = Mapping::anonymous(256 * ps).unwrap();
         for m in [&big, &marked, &kept] {
@@ -301,7 +384,7 @@ VmFlags: rd wr mr mw me gd ac
             maps.iter().find(|s| s.start <= a && a < s.end).unwrap().dont_fork
         };
         let probe = |m: &Mapping| m.as_ptr() as usize;
-        let (b, k) = (probe(&big), probe(&kept));
+        let (b, k) = (probe(&big) + big.len() / 2, probe(&kept));
         // A file the kernel copies into (it reads what pwrite names; /dev/null would not).
         let fd = super::super::memfd::create("advm-lean-fork-test").unwrap();
         let (pid, left) = fork_run_lean(&[(k, 1)], || {
@@ -318,5 +401,23 @@ VmFlags: rd wr mr mw me gd ac
         assert_eq!(super::super::process::wait_child(pid).unwrap(), 0, "0: big left out; 10: big forked");
         assert!(left.ranges >= 1 && left.bytes >= (256 * ps) as u64, "{left:?}");
         assert!(!flags(&big) && flags(&marked) && !flags(&kept));
+    }
+
+    #[test]
+    fn a_fork_of_another_thread_waits_while_a_lean_fork_holds_its_marks() {
+        let held = ForksHeld::take();
+        let forked = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let t = scope.spawn(|| {
+                let pid = super::super::process::fork_run(|| 0).unwrap();
+                forked.store(true, std::sync::atomic::Ordering::SeqCst);
+                super::super::process::wait_child(pid).unwrap()
+            });
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            assert!(!forked.load(std::sync::atomic::Ordering::SeqCst), "fork() went ahead while the marks were on");
+            drop(held);
+            assert_eq!(t.join().unwrap(), 0);
+        });
+        assert!(forked.load(std::sync::atomic::Ordering::SeqCst));
     }
 }
