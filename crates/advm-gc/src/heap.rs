@@ -135,6 +135,13 @@ pub struct Config {
     /// discardable (see [`Paging`]); large objects then move by memmove. `None`: plain
     /// memory the kernel pages.
     pub paging: Option<Paging>,
+    /// Generational mode without copy-back: a major collection slides the old
+    /// generation down where it lies, its to-space over its own from-space, whose
+    /// pages are resident, instead of placing it beside itself (the drift, default).
+    /// Under a memory limit the drift needs from-space and to-space at once, and its
+    /// to-space lands on pages freed (and, in a pager, dropped) a major collection
+    /// ago; in place it needs no page it does not hold. Ignored with copy-back.
+    pub old_in_place: bool,
 }
 
 impl Config {
@@ -151,6 +158,7 @@ impl Config {
             free_hook: None,
             generational: None,
             paging: None,
+            old_in_place: false,
         }
     }
 }
@@ -168,6 +176,7 @@ impl std::fmt::Debug for Config {
             .field("free_hook", &self.free_hook.is_some())
             .field("generational", &self.generational)
             .field("paging", &self.paging.is_some())
+            .field("old_in_place", &self.old_in_place)
             .finish()
     }
 }
@@ -250,6 +259,9 @@ pub(crate) struct Inner {
     pub(crate) stats: Mutex<Stats>,
     pub(crate) free_hook: Mutex<Option<FreeHook>>,
     pub(crate) generational: Option<Generational>,
+    /// Major collections compact the old generation where it lies (see
+    /// [`Config::old_in_place`]).
+    pub(crate) old_in_place: bool,
     pub(crate) sizing: Mutex<Option<Sizing>>,
     pub(crate) remembered: Remembered,
     /// Held for its mapping, like the small space.
@@ -410,6 +422,7 @@ impl Heap {
             stats: Mutex::new(Stats::default()),
             free_hook: Mutex::new(free_hook),
             generational: cfg.generational,
+            old_in_place: cfg.old_in_place,
             sizing: Mutex::new(cfg.generational.map(|g| Sizing::new(g.policy))),
             remembered: Remembered::default(),
             _nursery_region: nursery,

@@ -198,9 +198,13 @@ impl Drift {
 /// brings them there anyway and nothing fits above), else right above the current old
 /// generation (a to-space that does not overlap it). The reservation is four heaps
 /// long, so the space above is always there while the old generation sits in the lower
-/// half.
+/// half. With [`crate::Config::old_in_place`] (copy-back off): where the old
+/// generation starts now (compacted in place).
 pub(crate) fn place_old(inner: &Inner, alloc: &Alloc, live: usize) -> usize {
     let base = inner.mem.small.base;
+    if inner.old_in_place && inner.generational.is_some_and(|g| !g.copy_back) {
+        return alloc.small_bottom;
+    }
     if base + live <= alloc.small_bottom {
         return base;
     }
