@@ -185,7 +185,10 @@ fn accel_kvm_says_why_when_dev_kvm_cannot_run_the_guest() {
         eprintln!("skipping: hardware KVM is present, --accel kvm is accepted here");
         return;
     }
+    // The image must exist (it is checked first); the accelerator is refused before
+    // it is read.
     let img = d.0.join("app.qcow2");
+    std::fs::write(&img, b"").unwrap();
     let (okay, e) = advm(&["vm", "run", "--image", img.to_str().unwrap(), "--accel", "kvm"]);
     assert!(!okay && e.contains("/dev/kvm"), "{e}");
 }
