@@ -221,22 +221,14 @@ struct MapLine {
 
 fn parse_maps(text: &str) -> Vec<MapLine> {
     text.lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let (s, e) = f.next()?.split_once('-')?;
-            let perms = f.next()?.to_string();
-            let _off = f.next()?;
-            let dev = f.next()?;
-            let inode = f.next()?;
-            let name = f.collect::<Vec<_>>().join(" ");
-            Some(MapLine {
-                start: usize::from_str_radix(s, 16).ok()?,
-                end: usize::from_str_radix(e, 16).ok()?,
-                perms,
-                anonymous: dev == "00:00" && inode == "0",
-                inode: inode.parse().ok()?,
-                name,
-            })
+        .filter_map(procmap::parse_named)
+        .map(|(v, name)| MapLine {
+            start: v.start,
+            end: v.end,
+            perms: v.perms(),
+            anonymous: !v.file_backed,
+            inode: v.inode,
+            name: name.to_string(),
         })
         .collect()
 }
@@ -379,7 +371,7 @@ fn vm_flags(smaps: &str) -> std::collections::HashMap<usize, String> {
             if let Some(s) = start.take() {
                 out.insert(s, flags.trim().to_string());
             }
-        } else if let Some(m) = parse_maps(line).first() {
+        } else if let Some((m, _)) = procmap::parse_named(line) {
             start = Some(m.start);
         }
     }

@@ -66,21 +66,12 @@ struct Smap {
 fn parse(text: &str) -> Vec<Smap> {
     let mut out: Vec<Smap> = Vec::new();
     for line in text.lines() {
-        let first = line.as_bytes().first().copied().unwrap_or(b' ');
-        if first.is_ascii_digit() || (b'a'..=b'f').contains(&first) {
-            let mut f = line.split_whitespace();
-            let (Some(range), Some(perms)) = (f.next(), f.next()) else { continue };
-            let Some((a, b)) = range.split_once('-') else { continue };
-            let (Ok(start), Ok(end)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else {
-                continue;
-            };
-            let inode = f.nth(2).unwrap_or("0");
-            let path = f.next().unwrap_or("");
-            let anonymous = inode == "0" && (path.is_empty() || path == "[heap]" || path.starts_with("[anon"));
+        if let Some((v, path)) = super::procmap::parse_named(line) {
+            let anonymous = !v.file_backed && (path.is_empty() || path == "[heap]" || path.starts_with("[anon"));
             out.push(Smap {
-                start,
-                end,
-                private: perms.ends_with('p'),
+                start: v.start,
+                end: v.end,
+                private: !v.shared,
                 leavable: anonymous || path.starts_with("/memfd:"),
                 ..Smap::default()
             });

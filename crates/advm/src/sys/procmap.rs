@@ -151,13 +151,23 @@ fn query_text(addr: usize) -> SysResult<Option<Vma>> {
 }
 
 fn parse_line(line: &str) -> Option<Vma> {
+    parse_named(line).map(|(v, _)| v)
+}
+
+/// One line of /proc/PID/maps (or a mapping's first line in smaps): the mapping and its
+/// name (a path, `[heap]`, `[anon:NAME]`, or empty); None for any other line.
+pub fn parse_named(line: &str) -> Option<(Vma, &str)> {
     let mut f = line.split_whitespace();
     let (s, e) = f.next()?.split_once('-')?;
     let perms = f.next()?.as_bytes();
     let _offset = f.next()?;
     let dev = f.next()?;
-    let inode: u64 = f.next()?.parse().ok()?;
-    Some(Vma {
+    let inode_field = f.next()?;
+    let inode: u64 = inode_field.parse().ok()?;
+    // The name is the rest of the line after the inode, spaces inside it kept.
+    let at = inode_field.as_ptr() as usize - line.as_ptr() as usize + inode_field.len();
+    let name = line[at..].trim();
+    let vma = Vma {
         start: usize::from_str_radix(s, 16).ok()?,
         end: usize::from_str_radix(e, 16).ok()?,
         readable: perms.first() == Some(&b'r'),
@@ -166,7 +176,8 @@ fn parse_line(line: &str) -> Option<Vma> {
         shared: perms.get(3) == Some(&b's'),
         file_backed: inode != 0 || dev != "00:00",
         inode,
-    })
+    };
+    Some((vma, name))
 }
 
 /// Number of mappings (VMAs) of this process: lines of /proc/self/maps.
@@ -199,6 +210,10 @@ mod tests {
     fn parses_a_maps_line() {
         let v = parse_line("7f00-7f10 r--s 00000000 00:01 1234 /memfd:x (deleted)").unwrap();
         assert_eq!((v.start, v.end, v.perms(), v.file_backed), (0x7f00, 0x7f10, "r--s".to_string(), true));
+        let (v, name) = parse_named("7f00-7f10 rw-p 00000000 00:00 0          [heap]").unwrap();
+        assert_eq!((v.file_backed, name), (false, "[heap]"));
+        assert_eq!(parse_named("7f00-7f10 rw-p 00000000 00:00 0 ").unwrap().1, "");
+        assert!(parse_named("Rss:                 132 kB").is_none());
     }
 
     #[test]
