@@ -13,7 +13,8 @@
 //! group of its own: the store's pages are charged to it, counted as shared). The
 //! merge's wall time, the CPU of the agent's threads in QEMU and of advmd are reported.
 //!
-//! `ADVM_VM_METHODS` picks methods (comma-separated); every method's guests boot with
+//! `ADVM_VM_METHODS` picks methods (comma-separated), `ADVM_VM_COUNTS` the numbers of VMs
+//! (default 1, 2, 4, 8, 16); every method's guests boot with
 //! `--no-aslr` unless `ADVM_VM_ASLR=1`.
 //!
 //! The VMs are started as `advm vm run` processes of this same binary. How many fit in
@@ -85,6 +86,28 @@ pub(crate) fn aslr() -> Result<bool, BenchError> {
         Ok("1") => Ok(true),
         Ok(v) => Err(BenchError::Usage(format!("ADVM_VM_ASLR={v:?}: expected 0 or 1"))),
     }
+}
+
+/// The numbers of VMs, one point each: 1, 2, 4, 8, 16 (the issue's sweep; `--quick`: 1, 2),
+/// or `ADVM_VM_COUNTS` (comma-separated), so a long sweep can be split over several runs.
+pub(crate) fn counts(quick: bool) -> Result<Vec<usize>, BenchError> {
+    parse_counts(std::env::var("ADVM_VM_COUNTS").ok().as_deref(), quick)
+}
+
+fn parse_counts(v: Option<&str>, quick: bool) -> Result<Vec<usize>, BenchError> {
+    let Some(v) = v else {
+        return Ok(if quick { vec![1, 2] } else { vec![1, 2, 4, 8, 16] });
+    };
+    let bad = || BenchError::Usage(format!("ADVM_VM_COUNTS={v:?}: expected VM counts like 1,2,4 (each at least 1)"));
+    let ns = v
+        .split(',')
+        .map(|n| n.trim().parse::<usize>().ok().filter(|&n| n >= 1))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(bad)?;
+    if ns.is_empty() {
+        return Err(bad());
+    }
+    Ok(ns)
 }
 
 /// An advmd (`advm daemon`) started for `pmem-merge`, stopped (by its pid) when dropped.
@@ -254,14 +277,14 @@ impl Bench for VmDensityBench {
         report.runs = 1;
         let image = image()?;
         let advm = std::env::current_exe().map_err(|e| BenchError::Io("this program's path".into(), e))?;
-        let ns: &[usize] = if opts.quick { &[1, 2] } else { &[1, 2, 4, 8] };
+        let ns = counts(opts.quick)?;
         let settle = |method: &str| Duration::from_secs(if method == "blk-ksm" { 60 } else { 10 });
         report.configuration.insert("image".into(), image.display().to_string().into());
         report.configuration.insert("guest_aslr".into(), aslr()?.into());
         for method in methods()? {
             let method = method.as_str();
             let merge = method == "pmem-merge";
-            for &n in ns {
+            for &n in &ns {
                 drop_caches();
                 std::thread::sleep(Duration::from_secs(1));
                 let daemon_group = if merge { Some(Group::create("vm-advmd")?) } else { None };
@@ -368,6 +391,18 @@ mod tests {
         assert!(e.contains("\"ksm\"") && e.contains("pmem-merge"), "{e}");
         assert_eq!(method_args("pmem-merge"), vec!["--disk", "pmem", "--merge"]);
         assert_eq!(method_args("blk-ksm"), vec!["--disk", "blk", "--ksm"]);
+    }
+
+    #[test]
+    fn counts_default_to_the_issues_sweep_and_bad_ones_are_named() {
+        assert_eq!(parse_counts(None, false).unwrap(), vec![1, 2, 4, 8, 16]);
+        assert_eq!(parse_counts(None, true).unwrap(), vec![1, 2]);
+        assert_eq!(parse_counts(Some("16"), true).unwrap(), vec![16]);
+        assert_eq!(parse_counts(Some("4, 12"), false).unwrap(), vec![4, 12]);
+        for bad in ["", "0", "2,x", "-1"] {
+            let e = parse_counts(Some(bad), false).unwrap_err().to_string();
+            assert!(e.contains("ADVM_VM_COUNTS"), "{bad:?}: {e}");
+        }
     }
 
     #[test]
