@@ -186,17 +186,17 @@ impl Merged {
 }
 
 /// Reads `advm vm run --merge`'s `merged:` line from `out`.
-pub(crate) fn read_merged(out: &mut BufReader<ChildStdout>) -> Result<Merged, BenchError> {
+pub(crate) fn read_merged(out: &mut BufReader<ChildStdout>) -> Result<Merged, String> {
     let mut line = String::new();
-    out.read_line(&mut line).map_err(|e| BenchError::Io("advm vm run output".into(), e))?;
-    Merged::parse(&line).ok_or_else(|| {
-        BenchError::Usage(format!("a VM's merge did not report: {line:?} (see its console under /tmp/advm-vm-PID)"))
-    })
+    out.read_line(&mut line).map_err(|e| format!("reading advm vm run's output: {e}"))?;
+    Merged::parse(&line).ok_or_else(|| format!("a VM's merge did not report: {line:?}"))
 }
 
 struct Vm {
     child: Child,
     out: Option<BufReader<ChildStdout>>,
+    /// Where `advm vm run` writes its errors: their last line goes into the bench's.
+    stderr: PathBuf,
     group: Group,
     ready_s: f64,
     merged: Option<Merged>,
@@ -212,11 +212,23 @@ fn start(advm: &Path, image: &Path, method: &str, i: usize, advmd: Option<&Advmd
     if let Some(d) = advmd {
         cmd.env("ADVM_SOCKET", &d.socket);
     }
-    cmd.stdout(Stdio::piped()).stderr(Stdio::null());
+    let stderr = std::env::temp_dir().join(format!("advm-bench-vm-{}-{method}-{i}.err", std::process::id()));
+    let file = std::fs::File::create(&stderr).map_err(|e| BenchError::Io(stderr.display().to_string(), e))?;
+    cmd.stdout(Stdio::piped()).stderr(file);
     group.join_at_exec(&mut cmd)?;
     let mut child = cmd.spawn().map_err(|e| BenchError::Io(format!("starting {} vm run", advm.display()), e))?;
     let out = child.stdout.take().map(BufReader::new);
-    Ok(Vm { child, out, group, ready_s: f64::NAN, merged: None })
+    Ok(Vm { child, out, stderr, group, ready_s: f64::NAN, merged: None })
+}
+
+impl Vm {
+    /// A VM that failed, with the last line `advm vm run` wrote on stderr (it names the
+    /// console's directory when QEMU got that far).
+    fn failed(&self, what: String) -> BenchError {
+        let err = std::fs::read_to_string(&self.stderr).unwrap_or_default();
+        let last = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no error output");
+        BenchError::Usage(format!("{what}; advm vm run said: {last}"))
+    }
 }
 
 /// Reads each VM's `ready ... after N ms` line, and under `--merge` its `merged:` line.
@@ -226,13 +238,12 @@ fn wait_ready(vms: &mut [Vm], merge: bool) -> Result<(), BenchError> {
         let out = vm.out.as_mut().expect("piped");
         out.read_line(&mut line).map_err(|e| BenchError::Io("advm vm run output".into(), e))?;
         let ms = line.split("after ").nth(1).and_then(|r| r.split(' ').next()).and_then(|n| n.parse::<f64>().ok());
-        vm.ready_s = ms.ok_or_else(|| {
-            BenchError::Usage(format!("a VM did not come up: {line:?} (see its console under /tmp/advm-vm-PID)"))
-        })? / 1000.0;
+        vm.ready_s = ms.ok_or_else(|| vm.failed(format!("a VM did not come up: {line:?}")))? / 1000.0;
     }
     if merge {
         for vm in vms.iter_mut() {
-            vm.merged = Some(read_merged(vm.out.as_mut().expect("piped"))?);
+            let merged = read_merged(vm.out.as_mut().expect("piped"));
+            vm.merged = Some(merged.map_err(|e| vm.failed(e))?);
         }
     }
     Ok(())
@@ -252,6 +263,7 @@ fn stop(vms: Vec<Vm>) {
             std::thread::sleep(Duration::from_millis(100));
         }
         let _ = vm.group.remove();
+        let _ = std::fs::remove_file(&vm.stderr);
     }
 }
 

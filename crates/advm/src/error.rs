@@ -34,7 +34,10 @@ pub enum Error {
         pid: i32,
     },
     /// We may not look at the process.
-    #[error("process {pid}: permission denied reading {what} (run as root or as the process's owner)")]
+    #[error(
+        "process {pid}: permission denied reading {what} (it takes ptrace read access: the process's owner, or root in \
+         the process's user namespace; Yama's kernel.yama.ptrace_scope may forbid it even then)"
+    )]
     PermissionDenied {
         /// The pid.
         pid: i32,
