@@ -290,105 +290,206 @@ impl Bench for VmDensityBench {
         let image = image()?;
         let advm = std::env::current_exe().map_err(|e| BenchError::Io("this program's path".into(), e))?;
         let ns = counts(opts.quick)?;
-        let settle = |method: &str| Duration::from_secs(if method == "blk-ksm" { 60 } else { 10 });
         report.configuration.insert("image".into(), image.display().to_string().into());
         report.configuration.insert("guest_aslr".into(), aslr()?.into());
         for method in methods()? {
-            let method = method.as_str();
-            let merge = method == "pmem-merge";
             for &n in &ns {
-                drop_caches();
-                std::thread::sleep(Duration::from_secs(1));
-                let daemon_group = if merge { Some(Group::create("vm-advmd")?) } else { None };
-                let advmd = daemon_group.as_ref().map(|g| Advmd::start(&advm, g)).transpose()?;
-                let t0 = Instant::now();
-                let mut vms = Vec::new();
-                for i in 0..n {
-                    match start(&advm, &image, method, i, advmd.as_ref()) {
-                        Ok(vm) => vms.push(vm),
-                        Err(e) => {
-                            stop(vms);
-                            return Err(e);
-                        }
-                    }
-                }
-                if let Err(e) = wait_ready(&mut vms, merge) {
-                    stop(vms);
-                    return Err(e);
-                }
-                let boot = t0.elapsed().as_secs_f64();
-                let ksmd_before = advm::ksm::ksmd_cpu_seconds();
-                std::thread::sleep(settle(method));
-                let ksmd_s = match (ksmd_before, advm::ksm::ksmd_cpu_seconds()) {
-                    (Some(a), Some(b)) => b - a,
-                    _ => f64::NAN,
-                };
-                let mut cg_anon_shmem = 0u64;
-                let mut cache = 0u64;
-                let mut pids = Vec::new();
-                // advmd's group holds the store: shared by the VMs, counted once.
-                for g in vms.iter().map(|v| &v.group).chain(daemon_group.as_ref()) {
-                    let u = g.usage()?;
-                    cg_anon_shmem += u.anon_shmem_bytes();
-                    cache += u.page_cache_bytes;
-                    pids.extend(g.pids()?);
-                }
-                let store = daemon_group.as_ref().map(|g| g.usage().map(|u| u.anon_shmem_bytes())).transpose()?;
-                let advmd_cpu = advmd.as_ref().map(Advmd::cpu_seconds);
-                let ready: Vec<f64> = vms.iter().map(|v| v.ready_s).collect();
-                let merged: Vec<Merged> = vms.iter().filter_map(|v| v.merged).collect();
-                let sample = measure(&pids, Options::default());
-                stop(vms);
-                drop(advmd);
-                if let Some(g) = daemon_group {
-                    let _ = g.remove();
-                }
-                let sample = sample?;
-                let total = (cg_anon_shmem + cache) as f64;
-                let mib = |b: f64| b / (1u64 << 20) as f64;
-                if method != "blk-ksm" {
-                    // KSM merges pages across groups that stay charged where they were.
-                    report.meter_disagreements.extend(crate::meters::disagreement(
-                        &format!("{method} N={n}: anon+shmem of all VMs"),
-                        sample.anon_shmem_bytes as f64,
-                        cg_anon_shmem as f64,
-                    ));
-                }
-                let mut row = Row::new()
-                    .with("method", method)
-                    .with("VMs", n)
-                    .figure(Figure::new("cgroup anon+shmem per VM", "MiB", vec![mib(cg_anon_shmem as f64 / n as f64)]))
-                    .figure(Figure::new("page cache per VM", "MiB", vec![mib(cache as f64 / n as f64)]))
-                    .figure(Figure::new("memory per VM", "MiB", vec![mib(total / n as f64)]))
-                    .figure(Figure::new(
-                        "distinct pages per VM",
-                        "MiB",
-                        vec![mib(sample.physical_bytes as f64 / n as f64)],
-                    ))
-                    .figure(Figure::new("boot to answer", "s", ready))
-                    .figure(Figure::new("all answering", "s", vec![boot]))
-                    .figure(Figure::new("ksmd CPU while settling", "s", vec![ksmd_s]));
-                if merge {
-                    let ps = advm::mem::page_size() as f64;
-                    let each = |f: &dyn Fn(&Merged) -> f64| merged.iter().map(f).collect::<Vec<f64>>();
-                    row = row
-                        .figure(Figure::new("merge wall time", "s", each(&|m| m.wall_s)))
-                        .figure(Figure::new("merge CPU in QEMU", "s", each(&|m| m.agent_cpu_s)))
-                        .figure(Figure::new("advmd CPU (plans and merges)", "s", vec![advmd_cpu.unwrap_or(f64::NAN)]))
-                        .figure(Figure::new("pages already in the store", "MiB", each(&|m| mib(m.merged as f64 * ps))))
-                        .figure(Figure::new("pages added to the store", "MiB", each(&|m| mib(m.added as f64 * ps))))
-                        .figure(Figure::new("store (advmd anon+shmem)", "MiB", vec![mib(store.unwrap_or(0) as f64)]));
-                }
-                report.rows.push(row);
+                let p = point(&advm, &image, &method, n)?;
+                report.meter_disagreements.extend(p.disagreement.clone());
+                report.rows.push(p.row());
             }
         }
         Ok(())
     }
 
     fn demo(&self) -> Result<Vec<DemoRow>, BenchError> {
-        // Booting VMs takes minutes; the demo table stays with the image benchmark.
-        Ok(Vec::new())
+        let skipped = |why: String| {
+            Ok(vec![DemoRow {
+                capability: "vm-density".into(),
+                workload: "-".into(),
+                advm: format!("skipped: {why}"),
+                baseline: "-".into(),
+                gain: "-".into(),
+            }])
+        };
+        let image = match image() {
+            Ok(i) => i,
+            Err(e) => return skipped(e.to_string()),
+        };
+        if let Err(e) = Command::new("qemu-system-x86_64").arg("--version").output() {
+            return skipped(format!("qemu-system-x86_64: {e} (Debian: qemu-system-x86)"));
+        }
+        let advm = std::env::current_exe().map_err(|e| BenchError::Io("this program's path".into(), e))?;
+        let n = 2;
+        let blk = point(&advm, &image, "blk", n)?;
+        let pmem = point(&advm, &image, "pmem", n)?;
+        let merged = point(&advm, &image, "pmem-merge", n)?;
+        let problems: Vec<String> = [&blk, &pmem, &merged].iter().filter_map(|p| p.disagreement.clone()).collect();
+        if !problems.is_empty() {
+            return Err(BenchError::Usage(problems.join("; ")));
+        }
+        let per = |p: &Point| {
+            format!(
+                "{:.0} MiB/VM (distinct {:.0}), answers after {:.0} s",
+                p.memory_mib() / n as f64,
+                p.distinct_mib() / n as f64,
+                p.boot_s
+            )
+        };
+        Ok(vec![DemoRow {
+            capability: "vm-density".into(),
+            workload: format!(
+                "{n} VMs boot one qcow2 chain (Debian guest, {} MiB, HTTP service), host memory per VM (cgroup: anon+shmem+page cache)",
+                GUEST_MIB
+            ),
+            advm: format!("pmem (FlexMem): {}; pmem + merge: {}", per(&pmem), per(&merged)),
+            baseline: format!("blk (virtio-blk, QEMU's qcow2): {}", per(&blk)),
+            gain: format!(
+                "pmem {:+.0}%, pmem + merge {:+.0}% (cgroup)",
+                (pmem.memory_mib() / blk.memory_mib() - 1.0) * 100.0,
+                (merged.memory_mib() / blk.memory_mib() - 1.0) * 100.0
+            ),
+        }])
     }
+}
+
+/// `advm vm run`'s default `--mem`, which the benches keep.
+const GUEST_MIB: u32 = 256;
+
+/// One point: `n` VMs of one method booted together, measured after they answer and settle.
+struct Point {
+    method: String,
+    n: usize,
+    cg_anon_shmem: u64,
+    cache: u64,
+    distinct: u64,
+    ready: Vec<f64>,
+    boot_s: f64,
+    ksmd_s: f64,
+    merged: Vec<Merged>,
+    store: Option<u64>,
+    advmd_cpu: Option<f64>,
+    /// The anon + shmem meters' disagreement, if any (not checked under KSM).
+    disagreement: Option<String>,
+}
+
+const MIB: f64 = (1u64 << 20) as f64;
+
+impl Point {
+    /// All the VMs' memory by the cgroups: anon + shmem + page cache, MiB.
+    fn memory_mib(&self) -> f64 {
+        (self.cg_anon_shmem + self.cache) as f64 / MIB
+    }
+
+    fn distinct_mib(&self) -> f64 {
+        self.distinct as f64 / MIB
+    }
+
+    fn row(&self) -> Row {
+        let n = self.n as f64;
+        let mut row = Row::new()
+            .with("method", self.method.as_str())
+            .with("VMs", self.n)
+            .figure(Figure::new("cgroup anon+shmem per VM", "MiB", vec![self.cg_anon_shmem as f64 / MIB / n]))
+            .figure(Figure::new("page cache per VM", "MiB", vec![self.cache as f64 / MIB / n]))
+            .figure(Figure::new("memory per VM", "MiB", vec![self.memory_mib() / n]))
+            .figure(Figure::new("distinct pages per VM", "MiB", vec![self.distinct_mib() / n]))
+            .figure(Figure::new("boot to answer", "s", self.ready.clone()))
+            .figure(Figure::new("all answering", "s", vec![self.boot_s]))
+            .figure(Figure::new("ksmd CPU while settling", "s", vec![self.ksmd_s]));
+        if self.method == "pmem-merge" {
+            let ps = advm::mem::page_size() as f64;
+            let each = |f: &dyn Fn(&Merged) -> f64| self.merged.iter().map(f).collect::<Vec<f64>>();
+            row = row
+                .figure(Figure::new("merge wall time", "s", each(&|m| m.wall_s)))
+                .figure(Figure::new("merge CPU in QEMU", "s", each(&|m| m.agent_cpu_s)))
+                .figure(Figure::new("advmd CPU (plans and merges)", "s", vec![self.advmd_cpu.unwrap_or(f64::NAN)]))
+                .figure(Figure::new("pages already in the store", "MiB", each(&|m| m.merged as f64 * ps / MIB)))
+                .figure(Figure::new("pages added to the store", "MiB", each(&|m| m.added as f64 * ps / MIB)))
+                .figure(Figure::new("store (advmd anon+shmem)", "MiB", vec![self.store.unwrap_or(0) as f64 / MIB]));
+        }
+        row
+    }
+}
+
+/// Boots `n` VMs of `method` together, lets them settle, reads both meters, stops them.
+fn point(advm: &Path, image: &Path, method: &str, n: usize) -> Result<Point, BenchError> {
+    let merge = method == "pmem-merge";
+    let settle = Duration::from_secs(if method == "blk-ksm" { 60 } else { 10 });
+    drop_caches();
+    std::thread::sleep(Duration::from_secs(1));
+    let daemon_group = if merge { Some(Group::create("vm-advmd")?) } else { None };
+    let advmd = daemon_group.as_ref().map(|g| Advmd::start(advm, g)).transpose()?;
+    let t0 = Instant::now();
+    let mut vms = Vec::new();
+    for i in 0..n {
+        match start(advm, image, method, i, advmd.as_ref()) {
+            Ok(vm) => vms.push(vm),
+            Err(e) => {
+                stop(vms);
+                return Err(e);
+            }
+        }
+    }
+    if let Err(e) = wait_ready(&mut vms, merge) {
+        stop(vms);
+        return Err(e);
+    }
+    let boot_s = t0.elapsed().as_secs_f64();
+    let ksmd_before = advm::ksm::ksmd_cpu_seconds();
+    std::thread::sleep(settle);
+    let ksmd_s = match (ksmd_before, advm::ksm::ksmd_cpu_seconds()) {
+        (Some(a), Some(b)) => b - a,
+        _ => f64::NAN,
+    };
+    let read = || -> Result<(u64, u64, Vec<i32>, Option<u64>), BenchError> {
+        let (mut anon_shmem, mut cache, mut pids) = (0, 0, Vec::new());
+        // advmd's group holds the store: shared by the VMs, counted once.
+        for g in vms.iter().map(|v| &v.group).chain(daemon_group.as_ref()) {
+            let u = g.usage()?;
+            anon_shmem += u.anon_shmem_bytes();
+            cache += u.page_cache_bytes;
+            pids.extend(g.pids()?);
+        }
+        let store = daemon_group.as_ref().map(|g| g.usage().map(|u| u.anon_shmem_bytes())).transpose()?;
+        Ok((anon_shmem, cache, pids, store))
+    };
+    let groups = read();
+    let advmd_cpu = advmd.as_ref().map(Advmd::cpu_seconds);
+    let ready: Vec<f64> = vms.iter().map(|v| v.ready_s).collect();
+    let merged: Vec<Merged> = vms.iter().filter_map(|v| v.merged).collect();
+    let sample = groups.as_ref().ok().map(|g| measure(&g.2, Options::default()));
+    stop(vms);
+    drop(advmd);
+    if let Some(g) = daemon_group {
+        let _ = g.remove();
+    }
+    let (cg_anon_shmem, cache, _, store) = groups?;
+    let sample = sample.expect("measured when the groups were read")?;
+    // KSM merges pages across groups that stay charged where they were.
+    let disagreement = (method != "blk-ksm")
+        .then(|| {
+            crate::meters::disagreement(
+                &format!("{method} N={n}: anon+shmem of all VMs"),
+                sample.anon_shmem_bytes as f64,
+                cg_anon_shmem as f64,
+            )
+        })
+        .flatten();
+    Ok(Point {
+        method: method.to_string(),
+        n,
+        cg_anon_shmem,
+        cache,
+        distinct: sample.physical_bytes,
+        ready,
+        boot_s,
+        ksmd_s,
+        merged,
+        store,
+        advmd_cpu,
+        disagreement,
+    })
 }
 
 #[cfg(test)]
