@@ -764,7 +764,7 @@ impl Mutator {
         let mut a = lock(&inner.alloc);
         let used = a.used(mem);
         if inner.generational.is_some() && size < inner.large_bytes {
-            let room = (mem.nursery.base + capacity).min(mem.nursery.end).saturating_sub(a.nursery_top);
+            let room = mem.nursery.base.saturating_add(capacity).min(mem.nursery.end).saturating_sub(a.nursery_top);
             let left = room.min(inner.heap_bytes.saturating_sub(used)) & !(ALIGN - 1);
             let direct = size > inner.tlab_bytes / 4;
             let want = if direct { size } else { inner.tlab_bytes };
