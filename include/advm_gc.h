@@ -43,7 +43,7 @@ struct advm_gc_stats {
 };
 
 /* A heap whose objects may take heap_bytes (headers included); NULL with errno set
- * (EINVAL: zero or above 1 TiB; ENOMEM: no address space for it). */
+ * (EINVAL: below one page (4096) or above 1 TiB; ENOMEM: no address space for it). */
 advm_gc *advm_gc_new(size_t heap_bytes);
 
 /* Heap sizing of a generational heap (SML/NJ's policies, sizes in bytes). */
