@@ -37,6 +37,7 @@ pub use view::StoreView;
 
 use crate::mem::{page_size, PageRange};
 use crate::sys::merge::{Locate, StoreMap, Target, WriteFence};
+use crate::sys::process::PerProcess;
 use crate::sys::procmap;
 use crate::{Error, Result};
 
@@ -374,18 +375,18 @@ fn fence_error(range: PageRange, e: crate::sys::SysError) -> Error {
     Error::Sys(e)
 }
 
-/// The process-wide client, made on first use (and again in a forked child, which
-/// must not share its parent's session).
-static DEFAULT: Mutex<Option<(u32, Client)>> = Mutex::new(None);
+/// The process-wide client, made on first use, and again in a forked child, which
+/// must not share its parent's session, under a lock of its own: a parent thread
+/// merging at the fork held the parent's, and no thread of the child would release it.
+static DEFAULT: PerProcess<Mutex<Option<Client>>> = PerProcess::new();
 
 /// Runs `f` with the process-wide client ([`Client::default_for_process`]).
 pub fn with_default<T>(f: impl FnOnce(&mut Client) -> Result<T>) -> Result<T> {
-    let mut g = DEFAULT.lock().unwrap_or_else(|p| p.into_inner());
-    let pid = std::process::id();
-    if !matches!(g.as_ref(), Some((p, _)) if *p == pid) {
-        *g = Some((pid, Client::default_for_process()?));
+    let mut g = DEFAULT.get(|| Mutex::new(None)).lock().unwrap_or_else(|p| p.into_inner());
+    if g.is_none() {
+        *g = Some(Client::default_for_process()?);
     }
-    f(&mut g.as_mut().expect("set above").1)
+    f(g.as_mut().expect("set above"))
 }
 
 /// Merges the full pages of `buf` with the process-wide client.
