@@ -94,3 +94,12 @@ def test_the_package_names_the_library_sources_it_was_built_from() -> None:
     sid = advm._advm.__source_id__
     assert isinstance(sid, str) and len(sid) == 16
     int(sid, 16)
+
+
+def test_vcopy_refuses_arrays_of_python_objects_before_copying():
+    # Their bytes are references: a copy of them would hold objects it does not own.
+    for a in (np.array([object(), "x"], dtype=object), np.zeros(3, dtype=[("a", "O"), ("b", "i4")])):
+        before = advm.vcopy_stats()
+        with pytest.raises(TypeError, match="array of Python objects"):
+            advm.vcopy(a)
+        assert advm.vcopy_stats() == before, "nothing was copied into the arena"
