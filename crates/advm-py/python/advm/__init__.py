@@ -65,7 +65,11 @@ def merge(obj: Any) -> MergeStats:
 
 def stat(pid: int) -> dict[str, Any]:
     """The ``advm stat`` figures of process ``pid`` (needs permission to read its
-    /proc files: the same user, or root)."""
+    /proc files: the same user, or root).
+
+    Raises ``ProcessLookupError`` when no process ``pid`` exists (or it exits while
+    measured) and ``PermissionError`` when its files may not be read; both are
+    ``OSError``s."""
     return json.loads(_advm.stat_json(pid))  # type: ignore[no-any-return]
 
 
