@@ -15,7 +15,10 @@
  * advm_gc_store, never by writing a slot directly: its write barrier remembers old
  * objects that point to young ones (a direct write may lose the young object).
  *
- * Threads: any thread may call; calls on one heap run one at a time.
+ * Threads: any thread may call; calls on one heap run one at a time. fork() waits
+ * for calls in progress on any heap to finish, so a child can use the heaps it
+ * inherits (a heap placed in an advm_pager excepted: the pager's regions are not
+ * inherited, see advm.h).
  */
 #ifndef ADVM_GC_H
 #define ADVM_GC_H
