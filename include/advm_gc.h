@@ -97,7 +97,11 @@ int advm_gc_unroot(advm_gc *gc, void **slot);
 
 /* Runs a collection now: full nonzero, a full mark-compact (on a generational heap a
  * major collection: a minor one, then the old generation's); 0, a minor collection
- * (a full one on a non-generational heap). */
+ * (a full one on a non-generational heap). A root or slot that holds something other
+ * than NULL or an object of this heap (a slot written directly with a foreign
+ * pointer) fails the collection with -EIO; objects may then be half moved, and every
+ * later collection of the heap (advm_gc_alloc's included) fails with
+ * -ENOTRECOVERABLE. */
 int advm_gc_collect(advm_gc *gc, int full);
 
 /* "remap" (default: large objects moved as pages) or "memmove"; -EINVAL otherwise. */
