@@ -343,7 +343,7 @@ mod tests {
                 &|_| true,
                 &store,
                 &|s| Some((fd.as_fd(), s as u64 * ps as u64, 1)),
-                &mut usize::MAX,
+                &mut { usize::MAX },
             )
             .unwrap();
         assert_eq!(mapped, vec![true]);
@@ -378,14 +378,9 @@ mod tests {
         let mut fence = unsafe { WriteFence::new(m.addr(), 3 * ps) }.unwrap();
         let targets = [Some(Target::Candidate(0)), Some(Target::Candidate(1)), Some(Target::Vouched(1))];
         let mapped = fence
-            .map_equal(
-                0,
-                &targets,
-                &|_| true,
-                &store,
-                &|s| Some((fd.as_fd(), s as u64 * ps as u64, 2 - s)),
-                &mut usize::MAX,
-            )
+            .map_equal(0, &targets, &|_| true, &store, &|s| Some((fd.as_fd(), s as u64 * ps as u64, 2 - s)), &mut {
+                usize::MAX
+            })
             .unwrap();
         drop(fence);
         assert_eq!(mapped, vec![true, false, true]);
@@ -433,7 +428,7 @@ mod tests {
                 &|_| true,
                 &store,
                 &|s| Some((fd.as_fd(), s as u64 * ps as u64, n as u32 - s)),
-                &mut usize::MAX,
+                &mut { usize::MAX },
             )
             .unwrap();
         drop(fence);
