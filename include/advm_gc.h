@@ -15,7 +15,10 @@
  * advm_gc_store, never by writing a slot directly: its write barrier remembers old
  * objects that point to young ones (a direct write may lose the young object).
  *
- * Threads: any thread may call; calls on one heap run one at a time.
+ * Threads: any thread may call; calls on one heap run one at a time. fork() waits
+ * for calls in progress on any heap to finish, so a child can use the heaps it
+ * inherits (a heap placed in an advm_pager excepted: the pager's regions are not
+ * inherited, see advm.h).
  */
 #ifndef ADVM_GC_H
 #define ADVM_GC_H
@@ -43,7 +46,7 @@ struct advm_gc_stats {
 };
 
 /* A heap whose objects may take heap_bytes (headers included); NULL with errno set
- * (EINVAL: zero or above 1 TiB; ENOMEM: no address space for it). */
+ * (EINVAL: below one page (4096) or above 1 TiB; ENOMEM: no address space for it). */
 advm_gc *advm_gc_new(size_t heap_bytes);
 
 /* Heap sizing of a generational heap (SML/NJ's policies, sizes in bytes). */
@@ -94,7 +97,11 @@ int advm_gc_unroot(advm_gc *gc, void **slot);
 
 /* Runs a collection now: full nonzero, a full mark-compact (on a generational heap a
  * major collection: a minor one, then the old generation's); 0, a minor collection
- * (a full one on a non-generational heap). */
+ * (a full one on a non-generational heap). A root or slot that holds something other
+ * than NULL or an object of this heap (a slot written directly with a foreign
+ * pointer) fails the collection with -EIO; objects may then be half moved, and every
+ * later collection of the heap (advm_gc_alloc's included) fails with
+ * -ENOTRECOVERABLE. */
 int advm_gc_collect(advm_gc *gc, int full);
 
 /* "remap" (default: large objects moved as pages) or "memmove"; -EINVAL otherwise. */

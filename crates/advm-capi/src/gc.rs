@@ -98,6 +98,54 @@ fn lock(gc: &AdvmGc) -> std::sync::MutexGuard<'_, Mutator> {
     gc.m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The live handles, by address: a `fork` waits until no call is inside any of them.
+/// Without that, a thread in a call at the fork left the handle's lock held in the
+/// child, where no thread would ever release it: the child's next call on that heap
+/// waited for ever.
+static HANDLES: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+thread_local! {
+    /// What the forking thread holds from `before_fork` until the fork is done: the
+    /// registry and every handle's lock.
+    static HELD: std::cell::RefCell<Option<Held>> = const { std::cell::RefCell::new(None) };
+}
+
+struct Held {
+    _handles: Vec<std::sync::MutexGuard<'static, Mutator>>,
+    _registry: std::sync::MutexGuard<'static, Vec<usize>>,
+}
+
+extern "C" fn before_fork() {
+    let registry = HANDLES.lock().unwrap_or_else(|e| e.into_inner());
+    let handles = registry
+        .iter()
+        .map(|&a| {
+            // SAFETY: a registered address is a live handle: advm_gc_destroy removes it
+            // under the registry lock, held here until after the fork.
+            let gc: &'static AdvmGc = unsafe { &*(a as *const AdvmGc) };
+            lock(gc)
+        })
+        .collect();
+    HELD.with(|h| *h.borrow_mut() = Some(Held { _handles: handles, _registry: registry }));
+}
+
+extern "C" fn after_fork() {
+    // In the parent and in the child (whose only thread is the one that forked):
+    // the locks taken before the fork are released.
+    HELD.with(|h| h.borrow_mut().take());
+}
+
+/// Registers the fork handlers once, and `gc` as a live handle.
+fn register(gc: *mut AdvmGc) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: the handlers are `extern "C" fn()`s of this library, which is never
+        // unloaded while handles live (a dlclose with live handles is the caller's bug).
+        unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork)) };
+    });
+    HANDLES.lock().unwrap_or_else(|e| e.into_inner()).push(gc as usize);
+}
+
 /// `advm_gc *advm_gc_new(size_t heap_bytes)`: NULL with errno set on failure.
 #[no_mangle]
 pub extern "C" fn advm_gc_new(heap_bytes: usize) -> *mut AdvmGc {
@@ -131,6 +179,7 @@ fn new_handle(make: impl FnOnce() -> Result<Config, Error>) -> *mut AdvmGc {
         let heap = Heap::with_config(make()?)?;
         let m = Mutex::new(heap.attach());
         out = Box::into_raw(Box::new(AdvmGc { heap, m }));
+        register(out);
         Ok(0)
     });
     out
@@ -195,6 +244,9 @@ pub unsafe extern "C" fn advm_gc_store(gc: *mut AdvmGc, obj: *mut c_void, i: usi
 #[no_mangle]
 pub unsafe extern "C" fn advm_gc_destroy(gc: *mut AdvmGc) {
     if !gc.is_null() {
+        let mut registry = HANDLES.lock().unwrap_or_else(|e| e.into_inner());
+        registry.retain(|&a| a != gc as usize);
+        drop(registry);
         // SAFETY: a handle from advm_gc_new, destroyed once (the header's contract).
         drop(unsafe { Box::from_raw(gc) });
     }

@@ -268,6 +268,18 @@ fn mark_alone(mem: &Mem, marks: &MarkMap, roots: &[usize]) -> u64 {
     }
 }
 
+/// Sets a phase's end flag when a job panics out of it, so that the other jobs stop
+/// waiting for it and the panic reaches the collecting thread.
+struct EndOnPanic<'a>(&'a AtomicBool);
+
+impl Drop for EndOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
 /// Marks everything reachable from `roots`; returns the number of live objects.
 /// Threads share work through work-stealing deques. No counter is touched per object:
 /// a thread counts its own objects, and termination is an active count that a thread
@@ -311,6 +323,9 @@ fn mark(mem: &Mem, marks: &MarkMap, roots: &[usize], pool: &Pool, threads: usize
             active.fetch_sub(1, Ordering::SeqCst);
             return;
         }
+        // A job that panics (a slot holding something that is not an object) ends
+        // the phase for all: the others would wait for it to go idle for ever.
+        let _end_on_panic = EndOnPanic(&done);
         let mut n = 0u64;
         'work: loop {
             while let Some(o) = w.pop().or_else(|| steal(&w)) {
@@ -864,6 +879,40 @@ fn free_tails(inner: &Inner, alloc: &Alloc, (old_b, old_t): (usize, usize), old_
 mod tests {
     use super::*;
     use crate::{Config, Heap, Mutator};
+
+    /// A slot holding something that is not an object (a C caller's direct write) makes
+    /// a parallel mark panic on a GC thread: the phase ends for every job, the panic
+    /// reaches the collecting thread, the world restarts, and later collections fail
+    /// with `Corrupt` instead of waiting for ever (the other jobs waited for the one
+    /// that panicked to go idle; a second collection waited for the world to restart).
+    #[test]
+    fn a_panic_in_a_parallel_mark_fails_the_collection_and_breaks_the_heap() {
+        let mut c = Config::new(16 << 20);
+        c.gc_threads = 2;
+        c.parallel_from_bytes = 0;
+        let heap = Heap::with_config(c).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let h = heap.clone();
+        std::thread::spawn(move || {
+            let mut m = h.attach();
+            let root = m.push_root(None);
+            for _ in 0..20_000 {
+                let next = m.root(root);
+                let o = m.alloc(2, 8).unwrap();
+                m.set(o, 0, next);
+                m.set_root(root, Some(o));
+            }
+            let deep = (0..10_000).fold(m.root(root).unwrap(), |o, _| m.get(o, 0).unwrap());
+            h.inner.mem.store(deep.addr() + 8, 0x1234);
+            let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| m.collect().map(|_| ())));
+            let second = m.collect().map(|_| ());
+            let _ = tx.send((first.is_err(), format!("{second:?}")));
+        });
+        let (panicked, second) =
+            rx.recv_timeout(std::time::Duration::from_secs(30)).expect("the collections waited for ever");
+        assert!(panicked, "the junk slot was followed without a panic");
+        assert!(second.starts_with("Err(Corrupt(\"an earlier collection of this heap panicked"), "{second}");
+    }
 
     /// Random objects (sizes 16 B to 2 KiB, so some cross bitmap words) of which a
     /// random subset is marked by both markers: the live map's runs, new addresses and

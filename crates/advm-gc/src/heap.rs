@@ -269,6 +269,10 @@ pub(crate) struct Inner {
     created: Instant,
     engine: AtomicU8,
     stop: AtomicBool,
+    /// A collection panicked part way (a bug, or a root or slot holding something that
+    /// is not an object of this heap): objects may be half moved, so every later
+    /// collection fails with [`Error::Corrupt`] instead of running on them.
+    broken: AtomicBool,
     /// Collections run (finished or failed): stamps every [`Obj`] handed out, so a
     /// handle kept across a collection is caught.
     epoch: AtomicU64,
@@ -429,6 +433,7 @@ impl Heap {
             created: Instant::now(),
             engine: AtomicU8::new(cfg.engine as u8),
             stop: AtomicBool::new(false),
+            broken: AtomicBool::new(false),
             epoch: AtomicU64::new(0),
             world: Mutex::new(World::default()),
             cv: Condvar::new(),
@@ -534,6 +539,26 @@ impl Heap {
     }
 }
 
+/// Restarts the world after a collection, when dropped: normally, or while a panic
+/// unwinds out of the collection (the heap is then marked broken).
+struct Restart<'a>(&'a Inner);
+
+impl Drop for Restart<'_> {
+    fn drop(&mut self) {
+        let inner = self.0;
+        if std::thread::panicking() {
+            inner.broken.store(true, Ordering::SeqCst);
+        }
+        // Objects may have moved even when the collection failed part way.
+        inner.epoch.fetch_add(1, Ordering::Relaxed);
+        let mut w = lock(&inner.world);
+        w.stopping = false;
+        inner.stop.store(false, Ordering::SeqCst);
+        w.epoch += 1;
+        inner.cv.notify_all();
+    }
+}
+
 impl Inner {
     pub(crate) fn engine(&self) -> Engine {
         if self.engine.load(Ordering::Relaxed) == Engine::Memmove as u8 {
@@ -581,19 +606,22 @@ impl Inner {
         drop(w);
         let stop_ns = t0.elapsed().as_nanos() as u64;
         let (at_ns, allocated_before) = (self.created.elapsed().as_nanos() as u64, lock(&self.alloc).allocated);
-        let result =
-            if self.generational.is_some() { self.generational(why, major) } else { crate::collect::full(self, why) };
+        // The world restarts also when the collection panics (the panic goes on to the
+        // caller): stopped mutators and later collections would otherwise wait for ever.
+        let restart = Restart(self);
+        let result = if self.broken.load(Ordering::SeqCst) {
+            Err(Error::Corrupt(
+                "an earlier collection of this heap panicked part way; objects may be half moved".into(),
+            ))
+        } else if self.generational.is_some() {
+            self.generational(why, major)
+        } else {
+            crate::collect::full(self, why)
+        };
         if let Ok(c) = &result {
             self.after_collection(c);
         }
-        // Objects may have moved even when the collection failed part way.
-        self.epoch.fetch_add(1, Ordering::Relaxed);
-        let mut w = lock(&self.world);
-        w.stopping = false;
-        self.stop.store(false, Ordering::SeqCst);
-        w.epoch += 1;
-        self.cv.notify_all();
-        drop(w);
+        drop(restart);
         let mut c = result?;
         c.at_ns = at_ns;
         c.allocated_before = allocated_before;
@@ -764,7 +792,7 @@ impl Mutator {
         let mut a = lock(&inner.alloc);
         let used = a.used(mem);
         if inner.generational.is_some() && size < inner.large_bytes {
-            let room = (mem.nursery.base + capacity).min(mem.nursery.end).saturating_sub(a.nursery_top);
+            let room = mem.nursery.base.saturating_add(capacity).min(mem.nursery.end).saturating_sub(a.nursery_top);
             let left = room.min(inner.heap_bytes.saturating_sub(used)) & !(ALIGN - 1);
             let direct = size > inner.tlab_bytes / 4;
             let want = if direct { size } else { inner.tlab_bytes };

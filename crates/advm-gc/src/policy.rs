@@ -88,17 +88,17 @@ impl Sizing {
                 let by_ratio = (ratio * live as f64) as usize;
                 self.target = if by_ratio < mem_limit {
                     by_ratio
-                } else if 3 * live < mem_limit {
+                } else if live.saturating_mul(3) < mem_limit {
                     mem_limit
                 } else {
-                    3 * live
+                    live.saturating_mul(3)
                 };
                 self.nursery = (self.target.saturating_sub(live) / 2).max(MIN_NURSERY_BYTES);
                 format!("original: live {live}, heap {}, nursery {}", self.target, self.nursery)
             }
             Policy::Modified { mem_lim, min_new_size, min_old_incr } => {
                 self.nursery = mem_lim.saturating_sub(live).max(min_new_size);
-                self.target = (mem_lim / 2).max(live + min_old_incr);
+                self.target = (mem_lim / 2).max(live.saturating_add(min_old_incr));
                 format!("modified: live {live}, nursery {}, old limit {}", self.nursery, self.target)
             }
         }
@@ -107,7 +107,7 @@ impl Sizing {
     /// Whether an old generation of `old` bytes calls for a major collection.
     pub(crate) fn over(&self, old: usize) -> bool {
         match self.policy {
-            Policy::Original { .. } => 2 * old >= self.target,
+            Policy::Original { .. } => old.saturating_mul(2) >= self.target,
             Policy::Modified { .. } => old > self.target,
         }
     }

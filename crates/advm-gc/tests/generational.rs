@@ -440,3 +440,36 @@ fn several_mutator_threads_keep_their_lists_through_minor_and_major_collections(
     let s = h.stats();
     assert!(s.history.iter().any(|c| c.kind == "minor") && s.history.iter().any(|c| c.kind == "major"));
 }
+
+/// Policy sizes near `usize::MAX` (a C caller's `SIZE_MAX`, "no limit") neither panic
+/// on overflow nor wedge the heap: allocation runs until the heap is full and then
+/// reports exhaustion, and collections of both kinds run.
+#[test]
+fn policy_sizes_at_usize_max_do_not_overflow() {
+    for policy in [
+        Policy::Modified { mem_lim: usize::MAX, min_new_size: usize::MAX, min_old_incr: usize::MAX },
+        Policy::Original { ratio: 1e30, mem_limit: usize::MAX },
+    ] {
+        let h = heap(policy, false);
+        let mut m = h.attach();
+        let r = m.push_root(None);
+        let mut n = 0;
+        let err = loop {
+            match m.alloc(1, 1000) {
+                Ok(o) => {
+                    m.set(o, 0, m.root(r));
+                    m.set_root(r, Some(o));
+                    n += 1;
+                }
+                Err(e) => break e,
+            }
+            if n % 4096 == 0 {
+                m.collect_minor().unwrap();
+            }
+        };
+        assert!(n > 1000, "{policy:?}: only {n} objects before {err}");
+        assert!(matches!(err, advm_gc::Error::HeapExhausted { .. }), "{policy:?}: {err}");
+        m.collect().unwrap();
+        m.collect_minor().unwrap();
+    }
+}

@@ -11,13 +11,20 @@ use std::sync::OnceLock;
 
 use advm::mem::HostAddr;
 use advm::vcopy::Arena;
-use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::exceptions::{PyOSError, PyPermissionError, PyProcessLookupError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+/// advm's errors as Python's: a bad argument is a `ValueError`, a process that does
+/// not exist a `ProcessLookupError`, one we may not read a `PermissionError` (both
+/// `OSError`s, as every other failure is).
 fn to_py(e: advm::Error) -> PyErr {
     match e {
         advm::Error::InvalidArgument { .. } => PyValueError::new_err(e.to_string()),
+        advm::Error::NoSuchProcess { .. } | advm::Error::ProcessExited { .. } => {
+            PyProcessLookupError::new_err(e.to_string())
+        }
+        advm::Error::PermissionDenied { .. } => PyPermissionError::new_err(e.to_string()),
         _ => PyOSError::new_err(e.to_string()),
     }
 }

@@ -94,3 +94,40 @@ def test_the_package_names_the_library_sources_it_was_built_from() -> None:
     sid = advm._advm.__source_id__
     assert isinstance(sid, str) and len(sid) == 16
     int(sid, 16)
+
+
+def test_vcopy_refuses_arrays_of_python_objects_before_copying():
+    # Their bytes are references: a copy of them would hold objects it does not own.
+    for a in (np.array([object(), "x"], dtype=object), np.zeros(3, dtype=[("a", "O"), ("b", "i4")])):
+        before = advm.vcopy_stats()
+        with pytest.raises(TypeError, match="array of Python objects"):
+            advm.vcopy(a)
+        assert advm.vcopy_stats() == before, "nothing was copied into the arena"
+
+
+def test_stat_of_a_process_that_does_not_exist_raises_process_lookup_error():
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)  # reaped: the pid names no process now
+    with pytest.raises(ProcessLookupError, match=f"process {pid} does not exist"):
+        advm.stat(pid)
+
+
+def test_stat_of_another_users_process_raises_permission_error():
+    import shutil
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run a process as another user")
+    code = (
+        "import advm\n"
+        "try:\n    advm.stat(1)\nexcept PermissionError as e:\n    print('PermissionError', e)\n"
+        "except Exception as e:\n    print(type(e).__name__, e)\n"
+    )
+    out = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
+        capture_output=True, text=True, timeout=60, cwd="/",
+    )
+    assert out.stdout.startswith("PermissionError process 1: permission denied"), out.stdout + out.stderr

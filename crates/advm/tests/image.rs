@@ -888,3 +888,53 @@ fn a_layer_truncated_while_mapped_gives_an_error_not_sigbus() {
     assert!(t.elapsed().as_secs() < 5, "the writer waited {:?}", t.elapsed());
     assert_eq!(space.read(GuestOffset(4 * M), &mut b).unwrap_err().to_string(), broken);
 }
+
+/// An image of a format qemu knows and advm does not read, named as the image to open
+/// (which is probed: qcow2 or raw) or as a backing file without a format, is refused
+/// by name; read as raw it was mapped with its metadata as disk bytes.
+#[test]
+fn images_of_other_formats_are_refused_not_read_as_raw() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = Dir::new("other-formats");
+    let d = &dir.0;
+    let cases: [(&str, &[&str], &str); 7] = [
+        ("a.vmdk", &["-f", "vmdk"], "vmdk"),
+        ("flat.vmdk", &["-f", "vmdk", "-o", "subformat=monolithicFlat"], "vmdk (descriptor)"),
+        ("a.vdi", &["-f", "vdi"], "vdi"),
+        ("a.qed", &["-f", "qed"], "qed"),
+        ("a.vpc", &["-f", "vpc"], "vpc (VHD)"),
+        ("a.vhdx", &["-f", "vhdx"], "vhdx"),
+        ("a.hdd", &["-f", "parallels"], "parallels"),
+    ];
+    for (name, args, what) in cases {
+        let mut a = vec!["create", "-q"];
+        a.extend_from_slice(args);
+        a.extend_from_slice(&[name, "1M"]);
+        run(d, "qemu-img", &a);
+        let p = d.join(name);
+        assert_eq!(
+            open_err(&p),
+            format!(
+                "{}: is a {what} image, not qcow2 or raw; refusing to read it as raw \
+                 (convert it: qemu-img convert -O qcow2 {} out.qcow2)",
+                p.display(),
+                p.display()
+            )
+        );
+    }
+    run(
+        d,
+        "qemu-img",
+        &["create", "-q", "-f", "luks", "--object", "secret,id=s0,data=pw", "-o", "key-secret=s0", "a.luks", "1M"],
+    );
+    assert!(open_err(&d.join("a.luks")).contains("is a LUKS (encrypted) image"), "{}", open_err(&d.join("a.luks")));
+    // A backing file of such a format without a backing format is refused the same way.
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "a.vmdk", "-F", "vmdk", "over.qcow2"]);
+    strip_backing_format(&d.join("over.qcow2"));
+    assert!(open_err(&d.join("over.qcow2")).contains("a.vmdk: is a vmdk image"), "{}", open_err(&d.join("over.qcow2")));
+    // A raw image is still probed as raw.
+    run(d, "qemu-img", &["create", "-q", "-f", "raw", "plain.raw", "1M"]);
+    assert!(Image::open(d.join("plain.raw")).is_ok());
+}

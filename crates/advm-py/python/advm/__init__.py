@@ -65,7 +65,11 @@ def merge(obj: Any) -> MergeStats:
 
 def stat(pid: int) -> dict[str, Any]:
     """The ``advm stat`` figures of process ``pid`` (needs permission to read its
-    /proc files: the same user, or root)."""
+    /proc files: the same user, or root).
+
+    Raises ``ProcessLookupError`` when no process ``pid`` exists (or it exits while
+    measured) and ``PermissionError`` when its files may not be read; both are
+    ``OSError``s."""
     return json.loads(_advm.stat_json(pid))  # type: ignore[no-any-return]
 
 
@@ -75,13 +79,19 @@ def vcopy(array: numpy.ndarray) -> numpy.ndarray:
     Copying an array that already lives in the arena (the result of an earlier
     ``vcopy``) shares its pages copy-on-write instead of copying bytes; copying any
     other array copies its bytes once into the arena. The result is writable and
-    independent of the source.
+    independent of the source. An array of Python objects (a dtype holding ``object``
+    fields) raises ``TypeError``: its elements are references, not bytes.
     """
     import numpy as np
 
     src = np.asarray(array)
     if not (src.flags.c_contiguous or src.flags.f_contiguous):
         raise BufferError("vcopy needs a contiguous array (use numpy.ascontiguousarray first)")
+    if src.dtype.hasobject:
+        raise TypeError(
+            f"vcopy cannot copy an array of Python objects (dtype {src.dtype}): "
+            "its elements are references, not bytes (use array.copy())"
+        )
     if src.nbytes == 0:
         return src.copy()
     block = _advm.vcopy_block(src)

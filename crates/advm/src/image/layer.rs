@@ -165,6 +165,34 @@ fn sniff(file: &File, path: &Path) -> Result<bool> {
     Ok(n == 4 && magic == qcow2::MAGIC)
 }
 
+/// The format a file that is not qcow2 carries by its magic, when it is one qemu
+/// knows and advm does not read: probing such a file as raw would map its metadata as
+/// disk bytes (qemu's probe recognises them too).
+fn other_format(file: &File, path: &Path) -> Result<Option<&'static str>> {
+    let mut head = [0u8; 0x44];
+    let n = FileExt::read_at(file, &mut head, 0).map_err(|e| Error::io(path, e))?;
+    let head = &head[..n];
+    let known: [(&[u8], &str); 9] = [
+        (b"KDMV", "vmdk"),
+        (b"COWD", "vmdk (version 3)"),
+        (b"# Disk DescriptorFile", "vmdk (descriptor)"),
+        (b"QED\0", "qed"),
+        (b"conectix", "vpc (VHD)"),
+        (b"vhdxfile", "vhdx"),
+        (b"LUKS\xba\xbe", "LUKS (encrypted)"),
+        (b"WithoutFreeSpace", "parallels"),
+        (b"WithouFreSpacExt", "parallels"),
+    ];
+    if let Some((_, name)) = known.iter().find(|(magic, _)| head.starts_with(magic)) {
+        return Ok(Some(name));
+    }
+    // VirtualBox: a text banner, then the signature 0xbeda107f at 0x40.
+    if head.len() >= 0x44 && head[0x40..0x44] == 0xbeda_107f_u32.to_le_bytes() {
+        return Ok(Some("vdi"));
+    }
+    Ok(None)
+}
+
 /// The length of a regular file or block device (whose `st_size` is 0).
 pub(crate) fn current_len(file: &File) -> std::io::Result<u64> {
     use std::io::{Seek, SeekFrom};
@@ -214,6 +242,15 @@ fn open_layer(path: &Path, format: Option<&str>) -> Result<Layer> {
     }
     let file_len = current_len(&file).map_err(|e| Error::io(path, e))?;
     let is_qcow2 = sniff(&file, path)?;
+    if format.is_none() && !is_qcow2 {
+        if let Some(other) = other_format(&file, path)? {
+            return Err(err(format!(
+                "is a {other} image, not qcow2 or raw; refusing to read it as raw \
+                 (convert it: qemu-img convert -O qcow2 {} out.qcow2)",
+                path.display()
+            )));
+        }
+    }
     let driver = match format {
         Some("qcow2") | None if is_qcow2 => Driver::Qcow2(qcow2::Qcow2::parse(&file, file_len).map_err(err)?),
         Some("qcow2") => return Err(err("backing format says qcow2 but the file has no qcow2 magic".into())),

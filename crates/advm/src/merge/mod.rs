@@ -37,6 +37,7 @@ pub use view::StoreView;
 
 use crate::mem::{page_size, PageRange};
 use crate::sys::merge::{Locate, StoreMap, Target, WriteFence};
+use crate::sys::process::PerProcess;
 use crate::sys::procmap;
 use crate::{Error, Result};
 
@@ -283,7 +284,13 @@ impl Client {
             let a = first + i * ps;
             mappings.iter().find(|m| m.0 <= a && a < m.1).is_some_and(|m| m.2)
         };
-        let mut landing = MapOnLanding { fence: &mut *fence, writable: &writable, stats: &mut *stats };
+        // Equal pages map one store page each (offsets do not advance), one mapping
+        // apiece: a merge never takes the process past half of vm.max_map_count (as
+        // remap and vcopy keep under it); pages past that are left alone.
+        let half = crate::probe::facts().max_map_count as usize / 2;
+        let mut vmas_left = half.saturating_sub(procmap::vma_count()?);
+        let mut landing =
+            MapOnLanding { fence: &mut *fence, writable: &writable, stats: &mut *stats, vmas_left: &mut vmas_left };
         let resolved = self.backend.resolve(&mut landing, &want, &hashes, true)?;
         let mut target: Vec<Option<Target>> = vec![None; n_pages];
         for (&i, slot) in want.iter().zip(&resolved.found) {
@@ -293,7 +300,7 @@ impl Client {
         stats.phases.add_s = resolved.add_s;
         stats.refusal = resolved.refusal;
         let backend = &*self.backend;
-        let mapped = fence.map_equal(0, &target, &writable, backend.view(), &|s| backend.locate(s))?;
+        let mapped = fence.map_equal(0, &target, &writable, backend.view(), &|s| backend.locate(s), &mut vmas_left)?;
         for (m, t) in mapped.into_iter().zip(&target) {
             match (m, t) {
                 (true, _) => stats.merged += 1,
@@ -317,6 +324,8 @@ struct MapOnLanding<'a> {
     fence: &'a mut WriteFence,
     writable: &'a dyn Fn(usize) -> bool,
     stats: &'a mut MergeStats,
+    /// Mappings this merge may still add (see `map_equal`).
+    vmas_left: &'a mut usize,
 }
 
 impl Landing for MapOnLanding<'_> {
@@ -338,7 +347,7 @@ impl Landing for MapOnLanding<'_> {
         for (&i, &t) in which.iter().zip(targets) {
             span[i - lo] = t;
         }
-        let mapped = self.fence.map_equal(lo, &span, self.writable, store, locate)?;
+        let mapped = self.fence.map_equal(lo, &span, self.writable, store, locate, self.vmas_left)?;
         for (&i, t) in which.iter().zip(targets) {
             match (t, mapped[i - lo]) {
                 (None, _) => {
@@ -366,18 +375,18 @@ fn fence_error(range: PageRange, e: crate::sys::SysError) -> Error {
     Error::Sys(e)
 }
 
-/// The process-wide client, made on first use (and again in a forked child, which
-/// must not share its parent's session).
-static DEFAULT: Mutex<Option<(u32, Client)>> = Mutex::new(None);
+/// The process-wide client, made on first use, and again in a forked child, which
+/// must not share its parent's session, under a lock of its own: a parent thread
+/// merging at the fork held the parent's, and no thread of the child would release it.
+static DEFAULT: PerProcess<Mutex<Option<Client>>> = PerProcess::new();
 
 /// Runs `f` with the process-wide client ([`Client::default_for_process`]).
 pub fn with_default<T>(f: impl FnOnce(&mut Client) -> Result<T>) -> Result<T> {
-    let mut g = DEFAULT.lock().unwrap_or_else(|p| p.into_inner());
-    let pid = std::process::id();
-    if !matches!(g.as_ref(), Some((p, _)) if *p == pid) {
-        *g = Some((pid, Client::default_for_process()?));
+    let mut g = DEFAULT.get(|| Mutex::new(None)).lock().unwrap_or_else(|p| p.into_inner());
+    if g.is_none() {
+        *g = Some(Client::default_for_process()?);
     }
-    f(&mut g.as_mut().expect("set above").1)
+    f(g.as_mut().expect("set above"))
 }
 
 /// Merges the full pages of `buf` with the process-wide client.

@@ -66,7 +66,10 @@ impl WriteFence {
     /// is compared in full here; a [`Target::Vouched`] page was compared or copied by
     /// the store itself, so what the process reads never changes either way. Runs
     /// consecutive in both places (and in one file, as `locate` says) are mapped
-    /// with one `mmap`. Returns which pages were mapped.
+    /// with one `mmap`. Each `mmap` may add two mappings (VMAs) to the process (it
+    /// splits the one it lands in; one when it follows a page mapped just before): it
+    /// is made only while `vmas_left` allows that, and takes them from it; pages past
+    /// the allowance are left alone. Returns which pages were mapped.
     pub fn map_equal(
         &mut self,
         first: usize,
@@ -74,6 +77,7 @@ impl WriteFence {
         writable: &dyn Fn(usize) -> bool,
         store: &StoreMap,
         locate: Locate<'_>,
+        vmas_left: &mut usize,
     ) -> SysResult<Vec<bool>> {
         let ps = super::page_size();
         let n_pages = targets.len();
@@ -107,6 +111,7 @@ impl WriteFence {
         .into_iter()
         .collect::<SysResult<Vec<_>>>()?
         .concat();
+        let mut mapped = vec![false; n_pages];
         let mut i = 0;
         while i < n_pages {
             let Some(s) = equal[i] else {
@@ -126,15 +131,23 @@ impl WriteFence {
             {
                 n += 1;
             }
+            // Right after a page mapped here, the mmap only shortens the mapping it
+            // lands in: one more VMA; elsewhere it may split it in two.
+            let cost = if i > 0 && mapped[i - 1] { 1 } else { 2 };
+            if *vmas_left < cost {
+                break;
+            }
+            *vmas_left -= cost;
             // SAFETY: the range is the fence creator's (`new`'s contract), writers wait
             // at the fence, nothing borrows the bytes now (`&mut self`), and the store
             // holds exactly these bytes at this offset (compared above, or by the store,
             // which could rewrite any page it maps here anyway): the process reads the
             // same content through the new mapping.
             unsafe { map_private_over(self.addr + (first + i) * ps, n * ps, w, fd, offset) }?;
+            mapped[i..i + n].fill(true);
             i += n;
         }
-        Ok(equal.iter().map(Option::is_some).collect())
+        Ok(mapped)
     }
 }
 
@@ -324,9 +337,14 @@ mod tests {
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(fence.bytes()[8], 7, "the writer waits at the fence");
         let mapped = fence
-            .map_equal(0, &[Some(Target::Candidate(0))], &|_| true, &store, &|s| {
-                Some((fd.as_fd(), s as u64 * ps as u64, 1))
-            })
+            .map_equal(
+                0,
+                &[Some(Target::Candidate(0))],
+                &|_| true,
+                &store,
+                &|s| Some((fd.as_fd(), s as u64 * ps as u64, 1)),
+                &mut { usize::MAX },
+            )
             .unwrap();
         assert_eq!(mapped, vec![true]);
         drop(fence);
@@ -360,7 +378,9 @@ mod tests {
         let mut fence = unsafe { WriteFence::new(m.addr(), 3 * ps) }.unwrap();
         let targets = [Some(Target::Candidate(0)), Some(Target::Candidate(1)), Some(Target::Vouched(1))];
         let mapped = fence
-            .map_equal(0, &targets, &|_| true, &store, &|s| Some((fd.as_fd(), s as u64 * ps as u64, 2 - s)))
+            .map_equal(0, &targets, &|_| true, &store, &|s| Some((fd.as_fd(), s as u64 * ps as u64, 2 - s)), &mut {
+                usize::MAX
+            })
             .unwrap();
         drop(fence);
         assert_eq!(mapped, vec![true, false, true]);
@@ -402,7 +422,14 @@ mod tests {
         let mut fence = unsafe { WriteFence::new(m.addr(), n * ps) }.unwrap();
         let targets: Vec<_> = (0..n as u32).map(|s| Some(Target::Candidate(s))).collect();
         let mapped = fence
-            .map_equal(0, &targets, &|_| true, &store, &|s| Some((fd.as_fd(), s as u64 * ps as u64, n as u32 - s)))
+            .map_equal(
+                0,
+                &targets,
+                &|_| true,
+                &store,
+                &|s| Some((fd.as_fd(), s as u64 * ps as u64, n as u32 - s)),
+                &mut { usize::MAX },
+            )
             .unwrap();
         drop(fence);
         let expected: Vec<bool> = (0..n).map(|i| !unequal.contains(&i)).collect();

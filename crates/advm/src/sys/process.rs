@@ -5,7 +5,7 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use super::{Errno, SysError, SysResult};
@@ -105,4 +105,49 @@ pub fn raise_open_files_limit() -> SysResult<u64> {
     setrlimit(Resource::Nofile, Rlimit { current: r.maximum, maximum: r.maximum })
         .map_err(|e| SysError::new("setrlimit(RLIMIT_NOFILE)", e))?;
     Ok(r.maximum.unwrap_or(u64::MAX))
+}
+
+/// A value of this process, made on first use, and made again in a forked child on its
+/// first use there: the child never uses its parent's, which it leaves alone (leaked:
+/// a lock in it may be held for ever by a parent thread that does not exist in the
+/// child, and dropping it could act on the parent's state, a session or a file).
+#[derive(Debug)]
+pub struct PerProcess<T: 'static> {
+    current: AtomicPtr<(u32, T)>,
+}
+
+impl<T: 'static> PerProcess<T> {
+    /// None made yet.
+    pub const fn new() -> Self {
+        Self { current: AtomicPtr::new(std::ptr::null_mut()) }
+    }
+
+    /// This process's value, made by `make` on its first use in this process.
+    pub fn get(&self, make: impl FnOnce() -> T) -> &'static T {
+        let pid = std::process::id();
+        let seen = self.current.load(Ordering::Acquire);
+        // SAFETY: a non-null pointer here came from Box::into_raw below and is never
+        // freed (a value, once published, lives as long as the process).
+        if let Some(v) = unsafe { seen.as_ref() }.filter(|v| v.0 == pid) {
+            return &v.1;
+        }
+        let mine = Box::into_raw(Box::new((pid, make())));
+        match self.current.compare_exchange(seen, mine, Ordering::AcqRel, Ordering::Acquire) {
+            // SAFETY: just published, never freed.
+            Ok(_) => unsafe { &(*mine).1 },
+            Err(other) => {
+                // SAFETY: `mine` was never published: ours to free.
+                drop(unsafe { Box::from_raw(mine) });
+                // SAFETY: another thread's value, published and never freed; made by
+                // this process (a value is published only by a thread of its process).
+                unsafe { &(*other).1 }
+            }
+        }
+    }
+}
+
+impl<T: 'static> Default for PerProcess<T> {
+    fn default() -> Self {
+        Self::new()
+    }
 }
