@@ -435,3 +435,15 @@ fn serve(uffd: &Userfaultfd, s: &Scratch) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::AnonAdvice;
+
+    #[test]
+    fn a_store_mapping_keeps_the_programs_dont_fork_and_dont_dump_only() {
+        let a = AnonAdvice::from_vm_flags("rd wr mr mw me ac dc dd hg mg");
+        assert_eq!(a.for_file(), AnonAdvice { dont_fork: true, dont_dump: true, ..AnonAdvice::default() });
+        assert_eq!(AnonAdvice::from_vm_flags("rd wr hg").for_file(), AnonAdvice::default());
+    }
+}
