@@ -14,6 +14,10 @@ pmem guest with --guest-writes (a QMP socket added), waits DUMPS_WAIT_S, then
   the dump requested, QMP `cont` as soon as the shim has forked (so the guest writes
   during the copy), then `qemu-img check` and `qemu-img compare` of the overlay against
   the truth.
+With MERGE=1 each guest is booted with `--merge --merge-after 0` (QEMU's own store, no
+daemon, as the merged boot test does): guest RAM is then thousands of store mappings, and
+the number of QEMU's mappings (and of those marked `dc`) before the first dump is
+recorded.
 Writes OUTDIR/report.json and prints a table; the load (uptime) before and after each VM.
 """
 import json
@@ -29,6 +33,18 @@ IMAGE = os.path.expanduser(os.environ.get("ADVM_VM_IMAGE", "~/.cache/advm/vm/app
 DUMPS = int(os.environ.get("DUMPS", "5"))
 ROUNDS = int(os.environ.get("ROUNDS", "2"))
 WAIT_S = float(os.environ.get("DUMPS_WAIT_S", "8"))
+MERGE = os.environ.get("MERGE", "0") == "1"
+
+
+def mappings(pid):
+    """QEMU's mappings, and how many of them carry MADV_DONTFORK (`dc`)."""
+    n = dc = 0
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            if line.startswith("VmFlags:"):
+                n += 1
+                dc += " dc" in line
+    return n, dc
 
 
 def uptime():
@@ -73,10 +89,11 @@ def dump(advm, vm, out, qemu):
     if r.returncode:
         raise RuntimeError(f"dump failed: {r.stdout} {r.stderr}")
     m = re.search(r"(\d+) clusters.*paused ([\d.]+) ms.*after (\d+) ms", r.stdout)
-    parts = re.search(r"smaps scan ([\d.]+) ms.*marks ([\d.]+) ms, fork ([\d.]+) ms, unmarks \+ first child ([\d.]+) ms.*"
+    parts = re.search(r"(?:smaps|maps) scan ([\d.]+) ms.*marks ([\d.]+) ms, fork ([\d.]+) ms, unmarks \+ first child ([\d.]+) ms.*"
                       r"left out of the fork: (\d+) ranges, ([\d.]+) MiB", r.stdout)
+    kind = re.search(r"\n  (smaps|maps) scan", r.stdout)
     d = {"clusters": int(m[1]), "pause_ms": float(m[2]), "copy_ms": int(m[3]), "faults": f1 - f0, "cli_s": el,
-         "out": r.stdout.strip()}
+         "out": r.stdout.strip(), "scan": kind[1] if kind else None}
     if parts:
         d.update(scan_ms=float(parts[1]), marks_ms=float(parts[2]), fork_ms=float(parts[3]),
                  after_ms=float(parts[4]), left_ranges=int(parts[5]), left_mib=float(parts[6]))
@@ -119,17 +136,28 @@ def one_vm(label, spec, outdir, i):
     env = dict(os.environ, **dict(e.split("=", 1) for e in env))
     sock = os.path.join(outdir, f"qmp-{label}-{i}.sock")
     load0 = uptime()
+    merge = ["--merge", "--merge-after", "0"] if MERGE else []
+    if MERGE:
+        env.setdefault("ADVM_SOCKET", "/nonexistent/advmd.sock")
     vm = subprocess.Popen([advm, "vm", "run", "--image", IMAGE, "--disk", "pmem", "--mem", "128", "--guest-writes",
-                           "--", "-qmp", f"unix:{sock},server=on,wait=off"],
+                           *merge, "--", "-qmp", f"unix:{sock},server=on,wait=off"],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = vm.stdout.readline()
         if "ready" not in line:
             raise RuntimeError(f"{label}: no ready line: {line!r} {vm.stderr.read()[-2000:]}")
+        merged = None
+        if MERGE:
+            m = vm.stdout.readline()
+            if not m.startswith("merged: "):
+                raise RuntimeError(f"{label}: no merged line: {m!r}")
+            merged = json.loads(m[len("merged: "):])
         with open(f"/tmp/advm-vm-{vm.pid}/vm.json") as f:
             qemu = json.load(f)["qemu_pid"]
         qmp = Qmp(sock)
         time.sleep(WAIT_S)
+        maps_before = mappings(qemu)
+        print(f"{label} vm{i}: QEMU has {maps_before[0]} mappings, {maps_before[1]} marked dc", flush=True)
         rows = []
         for k in range(DUMPS):
             b0 = minflt(qemu)
@@ -144,7 +172,9 @@ def one_vm(label, spec, outdir, i):
             time.sleep(2.0)
         loss = loss_check(advm, vm.pid, qemu, qmp, outdir, label, i)
         print(f"{label} vm{i} loss check: {loss}", flush=True)
-        return {"label": label, "vm": i, "load_before": load0, "load_after": uptime(), "dumps": rows, "loss": loss}
+        return {"label": label, "vm": i, "load_before": load0, "load_after": uptime(), "dumps": rows, "loss": loss,
+                "merged": merged, "mappings": maps_before[0], "mappings_dc": maps_before[1],
+                "mappings_after": mappings(qemu)}
     finally:
         vm.send_signal(signal.SIGTERM)
         try:
@@ -170,6 +200,16 @@ def main():
         print(f"{r['label']:6} {r['vm']:2}  {' '.join('%.2f' % d['pause_ms'] for d in ds):35} "
               f"{' '.join(str(d['faults']) for d in ds):20} ({ds[0]['baseline_faults_per_s']})  "
               f"{' '.join(str(d['copy_ms']) for d in ds)}  check {r['loss']['check_rc']} compare {r['loss']['compare_rc']}")
+    print("\nmedians [range] per build: handler ms, scan ms, marks ms, fork ms, faults during copy, left out MiB, mappings")
+    med = lambda xs: sorted(xs)[len(xs) // 2] if xs else float("nan")
+    for label, _ in builds:
+        ds = [d for r in runs if r["label"] == label for d in r["dumps"]]
+        row = []
+        for k in ("pause_ms", "scan_ms", "marks_ms", "fork_ms", "faults", "left_mib"):
+            xs = [d[k] for d in ds if k in d]
+            row.append(f"{k} {med(xs):.2f} [{min(xs, default=0):.2f}-{max(xs, default=0):.2f}]")
+        maps = [r["mappings"] for r in runs if r["label"] == label]
+        print(f"{label:6} " + ", ".join(row) + f", mappings {maps}")
 
 
 if __name__ == "__main__":

@@ -84,6 +84,10 @@ fd = os.open(sys.argv[1], os.O_RDWR)
 d = sys.argv[3]
 m = mmap.mmap(fd, int(sys.argv[2]), mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
 big = bytearray(b"\x01") * (64 << 20)
+# memory the program marks MADV_DONTFORK itself, through madvise() (QEMU's guest RAM)
+own = mmap.mmap(-1, 4 << 20, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+own.madvise(mmap.MADV_DONTFORK)
+own[:] = b"\x03" * (4 << 20)
 m[4096:4100] = b"VMWR"
 m[(1 << 20) + 8192:(1 << 20) + 8196] = b"TWO!"
 os.kill(os.getpid(), 61)
@@ -94,14 +98,14 @@ for i in range(4000):
 t = time.time()
 while not os.path.exists(os.path.join(d, "dump.done")) and time.time() - t < 20:
     time.sleep(0.01)
-a = ctypes.addressof((ctypes.c_char * 1).from_buffer(big))
-lo = None
-for line in open("/proc/self/smaps"):
-    if line[0] in "0123456789abcdef" and "-" in line.split()[0]:
-        s, e = (int(x, 16) for x in line.split()[0].split("-"))
-        lo = s if s <= a < e else None
-    elif line.startswith("VmFlags") and lo is not None:
-        print("dc" if " dc" in line else "no dc")
+for a in (ctypes.addressof((ctypes.c_char * 1).from_buffer(big)), ctypes.addressof((ctypes.c_char * 1).from_buffer(own))):
+    lo = None
+    for line in open("/proc/self/smaps"):
+        if line[0] in "0123456789abcdef" and "-" in line.split()[0]:
+            s, e = (int(x, 16) for x in line.split()[0].split("-"))
+            lo = s if s <= a < e else None
+        elif line.startswith("VmFlags") and lo is not None:
+            print("dc" if " dc" in line else "no dc")
 "#;
 
 #[test]
@@ -125,15 +129,39 @@ fn the_shims_dump_copies_the_device_as_at_the_signal_leaves_other_memory_out_and
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let read = |n: &str| std::fs::read_to_string(d.0.join(n)).unwrap_or_else(|e| panic!("{n}: {e}"));
     assert_eq!(read("dump.done").trim(), "0", "the copier finished");
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "no dc", "the other memory is unmarked after the fork");
+    let flags: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect();
+    assert_eq!(flags, ["no dc", "dc"], "the other memory is unmarked after the fork, the program's own mark kept");
     let clusters: Vec<u64> = read("dump.clusters").lines().map(|l| l.parse().unwrap()).collect();
     assert_eq!(clusters, [0, 16], "the two written clusters");
     let raw = std::fs::read(d.0.join("dump.raw")).unwrap();
     assert_eq!(&raw[4096..4100], b"VMWR", "the device as it was at the signal");
     assert_eq!(&raw[(1 << 20) + 8192..(1 << 20) + 8196], b"TWO!");
-    // scan, marks, fork, after, ranges, KiB left out: at least the 64 MiB
+    // scan, marks, fork, after, ranges, KiB left out (at least the 64 MiB), and how the
+    // shim learnt the program's own marks: 1, from its record of the program's
+    // madvise() calls and /proc/self/maps (no page-table walk of smaps)
     let timing: Vec<u64> = read("dump.timing").lines().map(|l| l.parse().unwrap()).collect();
-    assert!(timing.len() == 6 && timing[4] >= 1 && timing[5] >= 64 << 10, "left out of the fork: {timing:?}");
+    assert!(timing.len() == 7 && timing[4] >= 1 && timing[5] >= 64 << 10, "left out of the fork: {timing:?}");
+    assert_eq!(timing[6], 1, "the shim read smaps: {timing:?}");
+}
+
+/// The mappings of process `pid` that carry `MADV_DONTFORK` (`dc`), with their names.
+fn dont_fork_ranges(pid: u64) -> Vec<((usize, usize), String)> {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
+    let mut out = Vec::new();
+    let mut cur = None;
+    for line in smaps.lines() {
+        let head = line.split_whitespace().next().unwrap_or("");
+        if let Some((a, b)) = head.split_once('-').filter(|_| line.len() > 40) {
+            if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                cur = Some(((a, b), line.split_whitespace().nth(5).unwrap_or("").to_string()));
+                continue;
+            }
+        }
+        if line.starts_with("VmFlags:") && line.split_whitespace().any(|f| f == "dc") {
+            out.extend(cur.take());
+        }
+    }
+    out
 }
 
 fn advm(args: &[&str]) -> (bool, String) {
@@ -342,15 +370,48 @@ fn a_merged_pmem_guest_maps_its_ram_from_the_store_and_keeps_answering() {
     let workdir = Path::new(line["console: ".len()..].split(';').next().unwrap()).parent().unwrap().to_path_buf();
     let info: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(workdir.join("vm.json")).unwrap()).unwrap();
-    let maps = std::fs::read_to_string(format!("/proc/{}/maps", info["qemu_pid"])).unwrap();
+    let qemu = info["qemu_pid"].as_u64().unwrap();
+    let maps = std::fs::read_to_string(format!("/proc/{qemu}/maps")).unwrap();
     let answer = get(port, "/");
+    // A dump of the merged VM: it leaves QEMU's marks as they were.
+    let marks_before = dont_fork_ranges(qemu);
+    let d = dir("mergeddump");
+    let overlay = d.0.join("dump.qcow2");
+    let (dumped, dump_err) = advm(&["vm", "dump", "--vm", &vm.id().to_string(), "--out", overlay.to_str().unwrap()]);
+    let marks_after = dont_fork_ranges(qemu);
     advm::process::terminate(vm.id()).unwrap();
     assert!(vm.wait().unwrap().success(), "advm vm run failed on SIGTERM");
+    assert!(dumped, "advm vm dump of the merged VM failed: {dump_err}");
+    let check = Command::new("qemu-img").args(["check", "-q"]).arg(&overlay).status().unwrap();
+    assert!(check.success(), "qemu-img check of the merged VM's dump");
+    let lost: Vec<_> = marks_before.iter().filter(|m| !marks_after.contains(m)).take(5).collect();
+    assert!(
+        marks_before == marks_after,
+        "the dump changed QEMU's MADV_DONTFORK marks: {} before, {} after; lost e.g. {lost:?}",
+        marks_before.len(),
+        marks_after.len()
+    );
+    // The device (the span of QEMU's mappings of the image's layers) is never merged:
+    // a page the guest wrote there, once a store page, is a file page to the dump,
+    // which left it out (lost).
+    let lines: Vec<&str> = maps.lines().collect();
+    let layers: Vec<usize> = (0..lines.len()).filter(|&i| lines[i].ends_with(".qcow2")).collect();
+    let (first, last) = (layers[0], *layers.last().unwrap());
+    let in_device = lines[first..=last].iter().filter(|l| l.contains("advm-merge-local")).count();
+    assert_eq!(in_device, 0, "{in_device} store mappings in the pmem device");
+    // Guest RAM keeps QEMU's MADV_DONTFORK as store mappings: a fork (the dump's)
+    // copies none of their page tables.
+    let store_dc: usize =
+        marks_before.iter().filter(|(_, name)| name.contains("advm-merge-local")).map(|(r, _)| r.1 - r.0).sum();
+    assert!(store_dc >= 8 << 20, "only {store_dc} bytes of store mappings carry QEMU's MADV_DONTFORK");
     // Guest RAM (128 MiB) and QEMU's own blocks of 2 MiB or more (`--merge-scope qemu`,
     // the default): at least its copy of the guest's kernel (vmlinuz, several MiB).
     assert!(m["mappings"].as_u64().unwrap() >= 2, "{m}");
     let kernel = std::fs::metadata(image.with_file_name("vmlinuz")).unwrap().len();
     assert!(m["bytes"].as_u64().unwrap() >= (128u64 << 20) + kernel, "{m}");
+    // ... and not the pmem device's zeros (hundreds of MiB of private memory): the
+    // shim maps them from /dev/zero, which the agent leaves alone.
+    assert!(m["bytes"].as_u64().unwrap() < (128u64 + 96) << 20, "the merge took more than RAM and QEMU's blocks: {m}");
     // A booted guest holds tens of MiB of non-zero pages: all now the store's.
     let stored = m["added"].as_u64().unwrap() + m["merged"].as_u64().unwrap();
     assert!(stored >= 8 << 8, "only {stored} pages went to the store: {m}");

@@ -241,6 +241,171 @@ static int scan_leave(const uintptr_t *keep, int nkeep) {
     return 0;
 }
 
+/* ---- the program's own MADV_DONTFORK marks, as it makes them ---------------------
+ *
+ * /proc/self/smaps says which mappings carry MADV_DONTFORK (`dc`), but reading it walks
+ * the page tables of the whole program (8-50 ms for QEMU, the guest running on). The
+ * program marks through madvise(), which this shim interposes: it records every range
+ * the program marks MADV_DONTFORK and unmarks MADV_DOFORK, and forgets a range a new
+ * mmap() (through the shim) replaces. The dump then reads /proc/self/maps (no page
+ * tables) and never touches a mapping that overlaps a recorded range. A stale record
+ * (the range unmapped, or mapped again other than through mmap()) only keeps that
+ * mapping in the fork. A mark made without madvise() (a raw syscall) is not seen: the
+ * dump would lift it; advm's merge agent marks with raw syscalls, but only store
+ * mappings and zeros that replace memory the program marked itself (recorded), and
+ * QEMU marks through madvise(). A full table falls back to smaps.
+ * ADVM_PMEM_DUMP_SMAPS=1 reads smaps as before stop 30 (for comparison). */
+#define OWN_MAX 512
+
+static struct {
+    uintptr_t lo, hi;
+} own_dc[OWN_MAX];
+static int n_own;
+static int own_full;
+/* 0 free, else the thread id holding it */
+static int own_lock;
+static int dump_smaps;
+
+static int my_tid(void) {
+    return (int)syscall(SYS_gettid);
+}
+
+static void own_take(void) {
+    int me = my_tid(), free_ = 0;
+    while (!__atomic_compare_exchange_n(&own_lock, &free_, me, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+        free_ = 0;
+        syscall(SYS_sched_yield);
+    }
+}
+
+static void own_give(void) {
+    __atomic_store_n(&own_lock, 0, __ATOMIC_RELEASE);
+}
+
+/* Cuts [lo, hi) out of the records. */
+static void own_cut(uintptr_t lo, uintptr_t hi) {
+    for (int i = 0; i < n_own; i++) {
+        uintptr_t a = own_dc[i].lo, b = own_dc[i].hi;
+        if (b <= lo || a >= hi) continue;
+        if (a < lo && b > hi) { /* a hole in the middle: two records */
+            if (n_own == OWN_MAX) {
+                own_full = 1;
+                continue;
+            }
+            own_dc[n_own].lo = hi, own_dc[n_own].hi = b, n_own++;
+            own_dc[i].hi = lo;
+        } else if (a < lo) {
+            own_dc[i].hi = lo;
+        } else if (b > hi) {
+            own_dc[i].lo = hi;
+        } else {
+            own_dc[i--] = own_dc[--n_own];
+        }
+    }
+}
+
+static void own_add(uintptr_t lo, uintptr_t hi) {
+    own_cut(lo, hi);
+    if (n_own == OWN_MAX)
+        own_full = 1;
+    else
+        own_dc[n_own].lo = lo, own_dc[n_own].hi = hi, n_own++;
+}
+
+static int own_overlaps(uintptr_t lo, uintptr_t hi) {
+    for (int i = 0; i < n_own; i++)
+        if (own_dc[i].lo < hi && own_dc[i].hi > lo) return 1;
+    return 0;
+}
+
+/* A new mapping through the shim's mmap carries no MADV_DONTFORK. */
+static void own_mapped(void *r, size_t len) {
+    if (r == MAP_FAILED || !__atomic_load_n(&n_own, __ATOMIC_RELAXED)) return;
+    uintptr_t lo = (uintptr_t)r / 4096 * 4096, hi = ((uintptr_t)r + len + 4095) / 4096 * 4096;
+    own_take();
+    own_cut(lo, hi);
+    own_give();
+}
+
+/* Fills leave[] from /proc/self/maps and the records (the caller holds own_lock):
+ * private mappings, anonymous or of a memfd, readable or writable, of at least
+ * LEAVE_MIN_KB (size: a mapping left out that holds nothing costs nothing) or right
+ * after one left out, not
+ * overlapping a recorded mark, the device or a kept address, and not an anonymous
+ * mapping that starts where a file mapping ends (a library's .bss: the copier calls
+ * libc). 0, or -1 when maps cannot be read. */
+static void maps_line(const char *p, const char *end, const uintptr_t *keep, int nkeep, uintptr_t *prev_file_hi) {
+    uintptr_t lo = 0, hi = 0;
+    for (; p < end && hexval(*p) >= 0; p++) lo = lo << 4 | (uintptr_t)hexval(*p);
+    if (p >= end || *p++ != '-') return;
+    for (; p < end && hexval(*p) >= 0; p++) hi = hi << 4 | (uintptr_t)hexval(*p);
+    p = skip_spaces(p, end);
+    if (end - p < 4) return;
+    int private_ = p[3] == 'p', accessible = p[0] == 'r' || p[1] == 'w';
+    p += 4;
+    const char *inode = p;
+    for (int field = 0; field < 3; field++) { /* offset, dev, inode */
+        p = skip_spaces(p, end);
+        inode = p;
+        while (p < end && *p != ' ') p++;
+    }
+    int no_inode = p - inode == 1 && *inode == '0';
+    p = skip_spaces(p, end);
+    int anonymous = no_inode && (p == end || starts(p, end, "[heap]") || starts(p, end, "[anon"));
+    int memfd = starts(p, end, "/memfd:");
+    uintptr_t after_file = *prev_file_hi;
+    *prev_file_hi = no_inode ? 0 : hi;
+    /* a small one right after one left out joins it (no call more): the pieces a
+     * merge leaves of QEMU's heap, between its store mappings */
+    int joins = n_leave && leave[n_leave - 1].hi == lo;
+    if (!private_ || !accessible || !(anonymous || memfd) || (hi - lo < LEAVE_MIN_KB * 1024 && !joins)) return;
+    if (anonymous && p == end && after_file == lo) return;
+    uintptr_t dlo = (uintptr_t)dump_base, dhi = dlo + dump_len;
+    if (lo < dhi && hi > dlo) return;
+    for (int i = 0; i < nkeep; i++)
+        if (keep[i] >= lo && keep[i] < hi) return;
+    if (own_overlaps(lo, hi)) return;
+    leave_kb += (hi - lo) >> 10;
+    if (n_leave && leave[n_leave - 1].hi == lo)
+        leave[n_leave - 1].hi = hi;
+    else if (n_leave < LEAVE_MAX)
+        leave[n_leave].lo = lo, leave[n_leave].hi = hi, n_leave++;
+}
+
+static int scan_leave_maps(const uintptr_t *keep, int nkeep) {
+    n_leave = 0;
+    leave_kb = 0;
+    uintptr_t prev_file_hi = 0;
+    int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    size_t have = 0;
+    for (;;) {
+        long got = syscall(SYS_read, fd, smaps_buf + have, sizeof smaps_buf - have);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) {
+            syscall(SYS_close, fd);
+            n_leave = 0;
+            return -1;
+        }
+        have += (size_t)got;
+        size_t start = 0;
+        for (size_t i = 0; i < have; i++)
+            if (smaps_buf[i] == '\n') {
+                maps_line(smaps_buf + start, smaps_buf + i, keep, nkeep, &prev_file_hi);
+                start = i + 1;
+            }
+        if (got == 0) {
+            if (start < have) maps_line(smaps_buf + start, smaps_buf + have, keep, nkeep, &prev_file_hi);
+            break;
+        }
+        if (start == 0 && have == sizeof smaps_buf) start = have;
+        for (size_t i = start; i < have; i++) smaps_buf[i - start] = smaps_buf[i];
+        have -= start;
+    }
+    syscall(SYS_close, fd);
+    return 0;
+}
+
 static void mark_leave(int advice) {
     for (int i = 0; i < n_leave; i++) syscall(SYS_madvise, leave[i].lo, leave[i].hi - leave[i].lo, advice);
 }
@@ -310,7 +475,25 @@ static void on_dump(int sig) {
      * (errno, the stack guard), the shim's variables */
     uintptr_t keep[] = {(uintptr_t)&saved, thread_pointer(), (uintptr_t)&errno, (uintptr_t)dump_dir,
                         (uintptr_t)&dump_base, (uintptr_t)&dump_len};
-    int scanned = dump_whole ? -1 : scan_leave(keep, (int)(sizeof keep / sizeof keep[0]));
+    int nkeep = (int)(sizeof keep / sizeof keep[0]);
+    /* The records stay still until the marks are lifted: a madvise(MADV_DONTFORK) of
+     * another thread meanwhile waits. Interrupted inside the shim's own bookkeeping
+     * (this thread holds the lock), or with a full table: smaps. */
+    int me = my_tid(), free_ = 0, held = 0, kind = 0;
+    if (!dump_whole && !dump_smaps && __atomic_load_n(&own_lock, __ATOMIC_RELAXED) != me) {
+        while (!__atomic_compare_exchange_n(&own_lock, &free_, me, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+            free_ = 0;
+            syscall(SYS_sched_yield);
+        }
+        held = 1;
+    }
+    int scanned = -1;
+    if (dump_whole)
+        scanned = -1;
+    else if (held && !own_full)
+        scanned = scan_leave_maps(keep, nkeep), kind = 1;
+    else
+        scanned = scan_leave(keep, nkeep);
     if (scanned < 0) n_leave = 0;
     clock_gettime(CLOCK_MONOTONIC, &t1);
     mark_leave(MADV_DONTFORK);
@@ -333,6 +516,7 @@ static void on_dump(int sig) {
     /* whether the fork worked or not */
     syscall(SYS_madvise, dump_base, dump_len, MADV_DONTFORK);
     mark_leave(MADV_DOFORK);
+    if (held) own_give();
     if (pid > 0) syscall(SYS_wait4, pid, 0, 0, 0);
     clock_gettime(CLOCK_MONOTONIC, &t4);
     /* the pause as before (marks, fork, unmarks, the first child's clone and exit);
@@ -350,6 +534,7 @@ static void on_dump(int sig) {
         put_u64(fd, ns_between(&t3, &t4)); /* unmarks, the first child's clone and exit */
         put_u64(fd, scanned < 0 ? 0 : (uint64_t)n_leave);
         put_u64(fd, scanned < 0 ? 0 : leave_kb);
+        put_u64(fd, (uint64_t)kind); /* 1: maps and the records (sizes), 0: smaps (Rss) */
         syscall(SYS_close, fd);
     }
     errno = saved;
@@ -362,6 +547,8 @@ static void arm_dump(char *base, size_t len) {
     if (!d) return;
     const char *w = getvar("ADVM_PMEM_DUMP_WHOLE");
     dump_whole = w && w[0] == '1';
+    const char *sm = getvar("ADVM_PMEM_DUMP_SMAPS");
+    dump_smaps = sm && sm[0] == '1';
     size_t n = 0;
     while (d[n] && n + 1 < sizeof dump_dir) dump_dir[n] = d[n], n++;
     dump_dir[n] = 0;
@@ -403,6 +590,13 @@ static void *map_plan(void *addr, size_t len, int prot, int flags, off_t off) {
     int fixed = flags & MAP_FIXED;
     char *base = fixed ? addr : sys_mmap(addr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (base == MAP_FAILED) return MAP_FAILED;
+    /* The image's zeros: private mappings of /dev/zero, anonymous memory to the kernel
+     * (zero page, copies the guest writes are anonymous pages, as the dump expects) but
+     * a file in /proc/PID/maps. Plain anonymous mappings of a few MiB would be taken by
+     * `--merge`'s agent (it merges private anonymous mappings), and a page the guest
+     * wrote there, once a store page, reads as a file page: the dump lost it. Plain
+     * anonymous memory where /dev/zero cannot be opened. */
+    int zero = (int)syscall(SYS_openat, AT_FDCWD, "/dev/zero", O_RDONLY | O_CLOEXEC);
     int keep = MAP_PRIVATE | MAP_FIXED | (flags & MAP_NORESERVE);
     uint64_t e[4 * 64];
     for (uint64_t i = 0; i < h[3]; i += 64) {
@@ -411,8 +605,9 @@ static void *map_plan(void *addr, size_t len, int prot, int flags, off_t off) {
         for (uint64_t j = 0; j < k; j++) {
             uint64_t *p = &e[4 * j];
             if (p[0] + p[1] > len) goto fail;
-            void *r = p[2] == UINT64_MAX ? sys_mmap(base + p[0], p[1], prot, keep | MAP_ANONYMOUS, -1, 0)
-                                         : sys_mmap(base + p[0], p[1], prot, keep, (int)p[2], (off_t)p[3]);
+            void *r = p[2] != UINT64_MAX ? sys_mmap(base + p[0], p[1], prot, keep, (int)p[2], (off_t)p[3])
+                      : zero >= 0        ? sys_mmap(base + p[0], p[1], prot, keep, zero, 0)
+                                         : sys_mmap(base + p[0], p[1], prot, keep | MAP_ANONYMOUS, -1, 0);
             if (r == MAP_FAILED) goto fail;
             /* A guest reads its disk a page here and a page there (DAX): the kernel's
              * read-around of 32 pages per page-cache miss would read most of the
@@ -421,11 +616,13 @@ static void *map_plan(void *addr, size_t len, int prot, int flags, off_t off) {
             if (p[2] != UINT64_MAX) syscall(SYS_madvise, r, p[1], MADV_RANDOM);
         }
     }
+    if (zero >= 0) syscall(SYS_close, zero);
     arm_dump(base, len);
     return base;
 fail:
     say("advm pmem: mapping a piece of the image plan failed\n");
     int saved = errno ? errno : EINVAL;
+    if (zero >= 0) syscall(SYS_close, zero);
     sys_mmap(base, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
     if (!fixed) syscall(SYS_munmap, base, len);
     errno = saved;
@@ -433,8 +630,10 @@ fail:
 }
 
 EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off) {
-    if (fd >= 0 && !(flags & MAP_ANONYMOUS) && is_plan(fd)) return map_plan(addr, len, prot, flags, off);
-    return sys_mmap(addr, len, prot, flags, fd, off);
+    void *r = fd >= 0 && !(flags & MAP_ANONYMOUS) && is_plan(fd) ? map_plan(addr, len, prot, flags, off)
+                                                                  : sys_mmap(addr, len, prot, flags, fd, off);
+    own_mapped(r, len);
+    return r;
 }
 
 /* QEMU asks for transparent huge pages on all guest memory. On the plan's file
@@ -449,7 +648,20 @@ EXPORT int madvise(void *addr, size_t len, int advice) {
         if (r == 0 && b > hi) r = (int)syscall(SYS_madvise, hi, (size_t)(b - hi), advice);
         return r;
     }
-    return (int)syscall(SYS_madvise, addr, len, advice);
+    if (advice != MADV_DONTFORK && advice != MADV_DOFORK) return (int)syscall(SYS_madvise, addr, len, advice);
+    /* the mark and its record together: a dump in between would see neither or both */
+    own_take();
+    int r = (int)syscall(SYS_madvise, addr, len, advice);
+    /* ENOMEM (a hole in the range) still marks what is mapped */
+    if (r == 0 || errno == ENOMEM) {
+        uintptr_t lo = (uintptr_t)addr, hi = ((uintptr_t)addr + len + 4095) / 4096 * 4096;
+        if (advice == MADV_DONTFORK)
+            own_add(lo, hi);
+        else
+            own_cut(lo, hi);
+    }
+    own_give();
+    return r;
 }
 
 EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off) {

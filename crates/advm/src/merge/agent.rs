@@ -546,7 +546,7 @@ fn plan_and_map(c: &mut Client, fence: &mut ServicedFence, chunk: &Chunk<'_>, r:
         }
         let mapped = &mut mapped[..k];
         mapped.fill(false);
-        fence.map_unwritten(i, k, writable, fd, offset, &check, mapped).map_err(Error::Sys)?;
+        fence.map_unwritten(i, k, writable, fd, offset, chunk.advice, &check, mapped).map_err(Error::Sys)?;
         for (e, &m) in equal[i..i + k].iter().zip(mapped.iter()) {
             match (m, e.is_some_and(|(_, new)| new)) {
                 (true, true) => r.stats.added += 1,

@@ -69,6 +69,15 @@ impl AnonAdvice {
         }
     }
 
+    /// What of it a store mapping (private, of a memfd) that replaces part of the
+    /// mapping keeps: `MADV_DONTFORK` and `MADV_DONTDUMP`, the program's say over its
+    /// memory (QEMU marks guest RAM so: without the mark a fork of the merged program
+    /// copied the page tables of thousands of store mappings). Huge pages and KSM are
+    /// the anonymous memory's.
+    pub fn for_file(self) -> Self {
+        Self { dont_fork: self.dont_fork, dont_dump: self.dont_dump, ..Self::default() }
+    }
+
     /// Advises `[addr, addr+len)` so (flags only: no content changes, no userfaultfd
     /// event, no allocation).
     fn apply(self, addr: usize, len: usize) -> SysResult<()> {
@@ -276,6 +285,8 @@ impl ServicedFence {
     /// [`Self::protect`]; each stretch of the others is mapped when the mapping there
     /// is still `check`ed good (still mapped, as it was). The caller compared the
     /// snapshot with the file's bytes. Sets `mapped[j]` for each page `first + j` mapped.
+    /// The new mappings get `advice` (the replaced mapping's) as
+    /// [`AnonAdvice::for_file`] keeps it.
     #[allow(clippy::too_many_arguments)]
     pub fn map_unwritten(
         &mut self,
@@ -284,6 +295,7 @@ impl ServicedFence {
         writable: bool,
         fd: BorrowedFd<'_>,
         offset: u64,
+        advice: AnonAdvice,
         check: &dyn Fn(usize, usize) -> bool,
         mapped: &mut [bool],
     ) -> SysResult<()> {
@@ -291,7 +303,7 @@ impl ServicedFence {
         // The file holds the pages' bytes there (the caller compared), so the program
         // reads the same content through the new mapping.
         let backing = |j: usize| Backing::File { fd, offset: offset + (j * ps) as u64 };
-        self.replace_unwritten(first, pages, writable, &backing, AnonAdvice::default(), check, mapped)
+        self.replace_unwritten(first, pages, writable, &backing, advice.for_file(), check, mapped)
     }
 
     /// Gives back the chunk's pages from `first` on, which the snapshot holds as all
@@ -421,5 +433,17 @@ fn serve(uffd: &Userfaultfd, s: &Scratch) {
             }
             s.unlock();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AnonAdvice;
+
+    #[test]
+    fn a_store_mapping_keeps_the_programs_dont_fork_and_dont_dump_only() {
+        let a = AnonAdvice::from_vm_flags("rd wr mr mw me ac dc dd hg mg");
+        assert_eq!(a.for_file(), AnonAdvice { dont_fork: true, dont_dump: true, ..AnonAdvice::default() });
+        assert_eq!(AnonAdvice::from_vm_flags("rd wr hg").for_file(), AnonAdvice::default());
     }
 }
