@@ -123,6 +123,7 @@ fn the_shims_dump_copies_the_device_as_at_the_signal_leaves_other_memory_out_and
         .env("LD_PRELOAD", advm_preload::launch::shim_path().unwrap())
         .env("ADVM_MODE", "off")
         .env(advm::image::DUMP_DIR_ENV, &d.0)
+        .env("ADVM_PMEM_DUMP_MAPS", "1")
         .env(k, v)
         .output()
         .unwrap();
@@ -141,7 +142,7 @@ fn the_shims_dump_copies_the_device_as_at_the_signal_leaves_other_memory_out_and
     // madvise() calls and /proc/self/maps (no page-table walk of smaps)
     let timing: Vec<u64> = read("dump.timing").lines().map(|l| l.parse().unwrap()).collect();
     assert!(timing.len() == 7 && timing[4] >= 1 && timing[5] >= 64 << 10, "left out of the fork: {timing:?}");
-    assert_eq!(timing[6], 1, "the shim read smaps: {timing:?}");
+    assert_eq!(timing[6], 1, "ADVM_PMEM_DUMP_MAPS=1, but the shim read smaps: {timing:?}");
 }
 
 /// The mappings of process `pid` that carry `MADV_DONTFORK` (`dc`), with their names.
