@@ -204,13 +204,20 @@ static void smaps_line(const char *p, const char *end, const uintptr_t *keep, in
     }
 }
 
-/* Fills leave[] from /proc/self/smaps; 0, or -1 when it cannot be read (nothing is
- * left out then). */
-static int scan_leave(const uintptr_t *keep, int nkeep) {
-    n_leave = 0;
-    leave_kb = 0;
-    cur.hi = 0;
-    int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/smaps", O_RDONLY | O_CLOEXEC);
+/* What a scan's line handler needs: the addresses to keep in the fork, and (maps) the
+ * end of the last file mapping seen. */
+struct scan_ctx {
+    const uintptr_t *keep;
+    int nkeep;
+    uintptr_t prev_file_hi;
+};
+
+/* Calls line(ctx, start, end) for each line of a /proc file, read with raw system calls
+ * into smaps_buf (a line longer than the buffer is dropped); 0, or -1 when it cannot be
+ * read. */
+static int for_each_line(const char *path, void (*line)(struct scan_ctx *, const char *, const char *),
+                         struct scan_ctx *ctx) {
+    int fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return -1;
     size_t have = 0;
     for (;;) {
@@ -218,26 +225,43 @@ static int scan_leave(const uintptr_t *keep, int nkeep) {
         if (got < 0 && errno == EINTR) continue;
         if (got < 0) {
             syscall(SYS_close, fd);
-            n_leave = 0;
             return -1;
         }
         have += (size_t)got;
         size_t start = 0;
         for (size_t i = 0; i < have; i++)
             if (smaps_buf[i] == '\n') {
-                smaps_line(smaps_buf + start, smaps_buf + i, keep, nkeep);
+                line(ctx, smaps_buf + start, smaps_buf + i);
                 start = i + 1;
             }
         if (got == 0) {
-            if (start < have) smaps_line(smaps_buf + start, smaps_buf + have, keep, nkeep);
+            if (start < have) line(ctx, smaps_buf + start, smaps_buf + have);
             break;
         }
-        if (start == 0 && have == sizeof smaps_buf) start = have; /* a line longer than the buffer: dropped */
+        if (start == 0 && have == sizeof smaps_buf) start = have;
         for (size_t i = start; i < have; i++) smaps_buf[i - start] = smaps_buf[i];
         have -= start;
     }
-    decide(keep, nkeep);
     syscall(SYS_close, fd);
+    return 0;
+}
+
+static void smaps_scan_line(struct scan_ctx *c, const char *p, const char *end) {
+    smaps_line(p, end, c->keep, c->nkeep);
+}
+
+/* Fills leave[] from /proc/self/smaps; 0, or -1 when it cannot be read (nothing is
+ * left out then). */
+static int scan_leave(const uintptr_t *keep, int nkeep) {
+    n_leave = 0;
+    leave_kb = 0;
+    cur.hi = 0;
+    struct scan_ctx c = {keep, nkeep, 0};
+    if (for_each_line("/proc/self/smaps", smaps_scan_line, &c) < 0) {
+        n_leave = 0;
+        return -1;
+    }
+    decide(keep, nkeep);
     return 0;
 }
 
@@ -376,37 +400,18 @@ static void maps_line(const char *p, const char *end, const uintptr_t *keep, int
         leave[n_leave].lo = lo, leave[n_leave].hi = hi, n_leave++;
 }
 
+static void maps_scan_line(struct scan_ctx *c, const char *p, const char *end) {
+    maps_line(p, end, c->keep, c->nkeep, &c->prev_file_hi);
+}
+
 static int scan_leave_maps(const uintptr_t *keep, int nkeep) {
     n_leave = 0;
     leave_kb = 0;
-    uintptr_t prev_file_hi = 0;
-    int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/maps", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return -1;
-    size_t have = 0;
-    for (;;) {
-        long got = syscall(SYS_read, fd, smaps_buf + have, sizeof smaps_buf - have);
-        if (got < 0 && errno == EINTR) continue;
-        if (got < 0) {
-            syscall(SYS_close, fd);
-            n_leave = 0;
-            return -1;
-        }
-        have += (size_t)got;
-        size_t start = 0;
-        for (size_t i = 0; i < have; i++)
-            if (smaps_buf[i] == '\n') {
-                maps_line(smaps_buf + start, smaps_buf + i, keep, nkeep, &prev_file_hi);
-                start = i + 1;
-            }
-        if (got == 0) {
-            if (start < have) maps_line(smaps_buf + start, smaps_buf + have, keep, nkeep, &prev_file_hi);
-            break;
-        }
-        if (start == 0 && have == sizeof smaps_buf) start = have;
-        for (size_t i = start; i < have; i++) smaps_buf[i - start] = smaps_buf[i];
-        have -= start;
+    struct scan_ctx c = {keep, nkeep, 0};
+    if (for_each_line("/proc/self/maps", maps_scan_line, &c) < 0) {
+        n_leave = 0;
+        return -1;
     }
-    syscall(SYS_close, fd);
     return 0;
 }
 
