@@ -7,8 +7,7 @@
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering};
 
 use rustix::io::Errno;
 
@@ -107,9 +106,19 @@ fn maps_file() -> Option<&'static File> {
 
 /// The mapping that contains `addr`, or `None` when `addr` is not mapped.
 pub fn query(addr: usize) -> SysResult<Option<Vma>> {
-    static IOCTL_WORKS: OnceLock<bool> = OnceLock::new();
+    // 0 not probed yet, 1 works, 2 does not. An atomic rather than a OnceLock: a child
+    // forked while another thread probed would wait for ever on the lock's "running".
+    static IOCTL_WORKS: AtomicU8 = AtomicU8::new(0);
     let file = maps_file().ok_or_else(|| SysError::new("open(/proc/self/maps)", Errno::NOENT))?;
-    if *IOCTL_WORKS.get_or_init(|| query_ioctl(file, 0).is_ok() || query_ioctl(file, 0) == Err(Errno::NOENT)) {
+    let works = match IOCTL_WORKS.load(Ordering::Relaxed) {
+        0 => {
+            let w = query_ioctl(file, 0).is_ok() || query_ioctl(file, 0) == Err(Errno::NOENT);
+            IOCTL_WORKS.store(if w { 1 } else { 2 }, Ordering::Relaxed);
+            w
+        }
+        v => v == 1,
+    };
+    if works {
         return match query_ioctl(file, addr) {
             Ok(v) => Ok(Some(v)),
             Err(Errno::NOENT) => Ok(None),
