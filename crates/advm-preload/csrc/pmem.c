@@ -155,44 +155,67 @@ static int starts(const char *p, const char *end, const char *s) {
     return 1;
 }
 
+/* Adds [lo, hi) (holding kb KiB) to leave[], joined to the range before it when they
+ * touch, unless it overlaps the device or holds a kept address. */
+static void leave_range(uintptr_t lo, uintptr_t hi, uint64_t kb, const uintptr_t *keep, int nkeep) {
+    uintptr_t dlo = (uintptr_t)dump_base, dhi = dlo + dump_len;
+    if (lo < dhi && hi > dlo) return;
+    for (int i = 0; i < nkeep; i++)
+        if (keep[i] >= lo && keep[i] < hi) return;
+    leave_kb += kb;
+    if (n_leave && leave[n_leave - 1].hi == lo)
+        leave[n_leave - 1].hi = hi;
+    else if (n_leave < LEAVE_MAX)
+        leave[n_leave].lo = lo, leave[n_leave].hi = hi, n_leave++;
+}
+
 static void decide(const uintptr_t *keep, int nkeep) {
     if (!cur.hi || !cur.candidate || cur.dont_fork || cur.rss_kb < LEAVE_MIN_KB) return;
-    uintptr_t dlo = (uintptr_t)dump_base, dhi = dlo + dump_len;
-    if (cur.lo < dhi && cur.hi > dlo) return;
-    for (int i = 0; i < nkeep; i++)
-        if (keep[i] >= cur.lo && keep[i] < cur.hi) return;
-    leave_kb += cur.rss_kb;
-    if (n_leave && leave[n_leave - 1].hi == cur.lo)
-        leave[n_leave - 1].hi = cur.hi;
-    else if (n_leave < LEAVE_MAX)
-        leave[n_leave].lo = cur.lo, leave[n_leave].hi = cur.hi, n_leave++;
+    leave_range(cur.lo, cur.hi, cur.rss_kb, keep, nkeep);
+}
+
+/* A maps line's head, "lo-hi perms offset dev inode   path". */
+struct maps_head {
+    uintptr_t lo, hi;
+    int private_, accessible, no_inode;
+    const char *path; /* at the end of the line when there is none */
+};
+
+/* 0, or -1 when the line does not start like a mapping's. */
+static int parse_head(const char *p, const char *end, struct maps_head *h) {
+    h->lo = h->hi = 0;
+    for (; p < end && hexval(*p) >= 0; p++) h->lo = h->lo << 4 | (uintptr_t)hexval(*p);
+    if (p >= end || *p++ != '-') return -1;
+    for (; p < end && hexval(*p) >= 0; p++) h->hi = h->hi << 4 | (uintptr_t)hexval(*p);
+    p = skip_spaces(p, end);
+    if (end - p < 4) return -1;
+    h->private_ = p[3] == 'p';
+    h->accessible = p[0] == 'r' || p[1] == 'w';
+    p += 4;
+    const char *inode = p;
+    for (int field = 0; field < 3; field++) { /* offset, dev, inode */
+        p = skip_spaces(p, end);
+        inode = p;
+        while (p < end && *p != ' ') p++;
+    }
+    h->no_inode = p - inode == 1 && *inode == '0';
+    h->path = skip_spaces(p, end);
+    return 0;
 }
 
 static void smaps_line(const char *p, const char *end, const uintptr_t *keep, int nkeep) {
     if (p < end && hexval(*p) >= 0) {
-        /* "lo-hi perms offset dev inode   path" */
         decide(keep, nkeep);
         cur.lo = cur.hi = 0;
         cur.candidate = cur.dont_fork = 0;
         cur.rss_kb = 0;
-        uintptr_t lo = 0, hi = 0;
-        for (; p < end && hexval(*p) >= 0; p++) lo = lo << 4 | (uintptr_t)hexval(*p);
-        if (p >= end || *p++ != '-') return;
-        for (; p < end && hexval(*p) >= 0; p++) hi = hi << 4 | (uintptr_t)hexval(*p);
-        p = skip_spaces(p, end);
-        if (end - p < 4) return;
-        int private_ = p[3] == 'p';
-        p += 4;
-        for (int field = 0; field < 3; field++) { /* offset, dev, inode */
-            p = skip_spaces(p, end);
-            while (p < end && *p != ' ') p++;
-        }
-        p = skip_spaces(p, end);
-        int anonymous = p == end || starts(p, end, "[heap]") || starts(p, end, "[anon");
-        int memfd = starts(p, end, "/memfd:");
-        cur.lo = lo;
-        cur.hi = hi;
-        cur.candidate = private_ && (anonymous || memfd);
+        struct maps_head h;
+        if (parse_head(p, end, &h) < 0) return;
+        int anonymous = h.path == end || starts(h.path, end, "[heap]") || starts(h.path, end, "[anon");
+        int memfd = starts(h.path, end, "/memfd:");
+        cur.lo = h.lo;
+        cur.hi = h.hi;
+        cur.candidate = h.private_ && (anonymous || memfd);
     } else if (starts(p, end, "Rss:")) {
         p = skip_spaces(p + 4, end);
         uint64_t kb = 0;
@@ -363,41 +386,21 @@ static void own_mapped(void *r, size_t len) {
  * mapping that starts where a file mapping ends (a library's .bss: the copier calls
  * libc). 0, or -1 when maps cannot be read. */
 static void maps_line(const char *p, const char *end, const uintptr_t *keep, int nkeep, uintptr_t *prev_file_hi) {
-    uintptr_t lo = 0, hi = 0;
-    for (; p < end && hexval(*p) >= 0; p++) lo = lo << 4 | (uintptr_t)hexval(*p);
-    if (p >= end || *p++ != '-') return;
-    for (; p < end && hexval(*p) >= 0; p++) hi = hi << 4 | (uintptr_t)hexval(*p);
-    p = skip_spaces(p, end);
-    if (end - p < 4) return;
-    int private_ = p[3] == 'p', accessible = p[0] == 'r' || p[1] == 'w';
-    p += 4;
-    const char *inode = p;
-    for (int field = 0; field < 3; field++) { /* offset, dev, inode */
-        p = skip_spaces(p, end);
-        inode = p;
-        while (p < end && *p != ' ') p++;
-    }
-    int no_inode = p - inode == 1 && *inode == '0';
-    p = skip_spaces(p, end);
-    int anonymous = no_inode && (p == end || starts(p, end, "[heap]") || starts(p, end, "[anon"));
-    int memfd = starts(p, end, "/memfd:");
+    struct maps_head h;
+    if (parse_head(p, end, &h) < 0) return;
+    uintptr_t lo = h.lo, hi = h.hi;
+    const char *path = h.path;
+    int anonymous = h.no_inode && (path == end || starts(path, end, "[heap]") || starts(path, end, "[anon"));
+    int memfd = starts(path, end, "/memfd:");
     uintptr_t after_file = *prev_file_hi;
-    *prev_file_hi = no_inode ? 0 : hi;
+    *prev_file_hi = h.no_inode ? 0 : hi;
     /* a small one right after one left out joins it (no call more): the pieces a
      * merge leaves of QEMU's heap, between its store mappings */
     int joins = n_leave && leave[n_leave - 1].hi == lo;
-    if (!private_ || !accessible || !(anonymous || memfd) || (hi - lo < LEAVE_MIN_KB * 1024 && !joins)) return;
-    if (anonymous && p == end && after_file == lo) return;
-    uintptr_t dlo = (uintptr_t)dump_base, dhi = dlo + dump_len;
-    if (lo < dhi && hi > dlo) return;
-    for (int i = 0; i < nkeep; i++)
-        if (keep[i] >= lo && keep[i] < hi) return;
+    if (!h.private_ || !h.accessible || !(anonymous || memfd) || (hi - lo < LEAVE_MIN_KB * 1024 && !joins)) return;
+    if (anonymous && path == end && after_file == lo) return;
     if (own_overlaps(lo, hi)) return;
-    leave_kb += (hi - lo) >> 10;
-    if (n_leave && leave[n_leave - 1].hi == lo)
-        leave[n_leave - 1].hi = hi;
-    else if (n_leave < LEAVE_MAX)
-        leave[n_leave].lo = lo, leave[n_leave].hi = hi, n_leave++;
+    leave_range(lo, hi, (hi - lo) >> 10, keep, nkeep);
 }
 
 static void maps_scan_line(struct scan_ctx *c, const char *p, const char *end) {
