@@ -202,6 +202,19 @@ pub struct DemoRow {
     pub gain: String,
 }
 
+impl DemoRow {
+    /// The row of a capability that cannot run here, saying why.
+    pub fn skipped(capability: &str, why: &str) -> Self {
+        DemoRow {
+            capability: capability.into(),
+            workload: "-".into(),
+            advm: format!("skipped: {why}"),
+            baseline: "-".into(),
+            gain: "-".into(),
+        }
+    }
+}
+
 /// A benchmark.
 pub trait Bench {
     /// `advm bench <name>`.

@@ -587,13 +587,7 @@ impl Bench for PagerBench {
 
     fn demo(&self) -> Result<Vec<DemoRow>, BenchError> {
         if let Err(why) = advm::pager::available() {
-            return Ok(vec![DemoRow {
-                capability: "pager".into(),
-                workload: "-".into(),
-                advm: format!("skipped: the pager cannot run here: {why}"),
-                baseline: "-".into(),
-                gain: "-".into(),
-            }]);
+            return Ok(vec![DemoRow::skipped("pager", &format!("the pager cannot run here: {why}"))]);
         }
         let budget = 16 << 20;
         let told = demo_pass(budget, true)?;

@@ -303,15 +303,7 @@ impl Bench for VmDensityBench {
     }
 
     fn demo(&self) -> Result<Vec<DemoRow>, BenchError> {
-        let skipped = |why: String| {
-            Ok(vec![DemoRow {
-                capability: "vm-density".into(),
-                workload: "-".into(),
-                advm: format!("skipped: {why}"),
-                baseline: "-".into(),
-                gain: "-".into(),
-            }])
-        };
+        let skipped = |why: String| Ok(vec![DemoRow::skipped("vm-density", &why)]);
         let image = match image() {
             Ok(i) => i,
             Err(e) => return skipped(e.to_string()),
