@@ -203,7 +203,24 @@ pub(crate) struct Alloc {
     pub(crate) allocated: u64,
 }
 
+/// The bump-allocated spaces of [`Alloc`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Space {
+    Nursery,
+    Small,
+    Large,
+}
+
 impl Alloc {
+    /// A space's bump pointer and its zeroed frontier.
+    fn bump(&mut self, space: Space) -> (&mut usize, &mut usize) {
+        match space {
+            Space::Nursery => (&mut self.nursery_top, &mut self.nursery_clean),
+            Space::Small => (&mut self.small_top, &mut self.small_clean),
+            Space::Large => (&mut self.large_top, &mut self.large_clean),
+        }
+    }
+
     pub(crate) fn used(&self, mem: &Mem) -> usize {
         self.old(mem) + (self.nursery_top - mem.nursery.base)
     }
@@ -560,6 +577,20 @@ impl Drop for Restart<'_> {
 }
 
 impl Inner {
+    /// Claims `[h, h + len)` for allocation in `space` (`h` at or above its bump
+    /// pointer): the pager is told the bytes are needed again, the bump pointer moves
+    /// past them, and what an earlier use left below the zeroed frontier is zeroed.
+    fn claim(&self, a: &mut Alloc, space: Space, h: usize, len: usize) {
+        self.reuse(h, len);
+        a.allocated += len as u64;
+        let (top, clean) = a.bump(space);
+        *top = h + len;
+        if h < *clean {
+            self.mem.zero(h, (*clean).min(h + len) - h);
+        }
+        *clean = (*clean).max(h + len);
+    }
+
     pub(crate) fn engine(&self) -> Engine {
         if self.engine.load(Ordering::Relaxed) == Engine::Memmove as u8 {
             Engine::Memmove
@@ -799,21 +830,9 @@ impl Mutator {
             let take = if want <= left { Some(want) } else { (!direct && size <= left).then_some(left) };
             if let Some(take) = take {
                 let h = a.nursery_top;
-                inner.reuse(h, take);
-                a.nursery_top += take;
-                a.allocated += take as u64;
-                if h < a.nursery_clean {
-                    mem.zero(h, a.nursery_clean.min(h + take) - h);
-                }
-                a.nursery_clean = a.nursery_clean.max(h + take);
+                inner.claim(&mut a, Space::Nursery, h, take);
                 drop(a);
-                if direct {
-                    return Some(self.init(h, size, nptrs));
-                }
-                self.retire_buffer();
-                self.cur = h + size;
-                self.end = h + take;
-                return Some(self.init(h, size, nptrs));
+                return Some(self.start(h, size, nptrs, (!direct).then_some(take)));
             }
             if !pretenure {
                 return None;
@@ -823,14 +842,8 @@ impl Mutator {
             if used + size > inner.heap_bytes || h + size > mem.small.end {
                 return None;
             }
-            inner.reuse(h, size);
-            a.small_top += size;
+            inner.claim(&mut a, Space::Small, h, size);
             a.starts.push(h);
-            a.allocated += size as u64;
-            if h < a.small_clean {
-                mem.zero(h, a.small_clean.min(h + size) - h);
-            }
-            a.small_clean = a.small_clean.max(h + size);
             drop(a);
             return Some(self.init(h, size, nptrs));
         }
@@ -846,14 +859,8 @@ impl Mutator {
             if !pretenure && sizing.is_some_and(|s| s.over(a.old(mem) + len)) {
                 return None;
             }
-            inner.reuse(h, len);
-            a.large_top = h + len;
+            inner.claim(&mut a, Space::Large, h, len);
             a.large.push(h);
-            a.allocated += len as u64;
-            if h < a.large_clean {
-                mem.zero(h, a.large_clean.min(h + len) - h);
-            }
-            a.large_clean = a.large_clean.max(h + len);
             drop(a);
             // The object's size is its page-rounded length, so compaction moves pages.
             return Some(self.init(h, len, nptrs));
@@ -870,22 +877,21 @@ impl Mutator {
             return None;
         };
         let h = a.small_top;
-        inner.reuse(h, take);
-        a.small_top += take;
+        inner.claim(&mut a, Space::Small, h, take);
         a.starts.push(h);
-        a.allocated += take as u64;
-        if h < a.small_clean {
-            mem.zero(h, a.small_clean.min(h + take) - h);
-        }
-        a.small_clean = a.small_clean.max(h + take);
         drop(a);
-        if direct {
-            return Some(self.init(h, size, nptrs));
+        Some(self.start(h, size, nptrs, (!direct).then_some(take)))
+    }
+
+    /// The object at `h`, and with `buffer` the bytes from `h` on become this
+    /// mutator's allocation buffer (the object first in it).
+    fn start(&mut self, h: usize, size: usize, nptrs: usize, buffer: Option<usize>) -> Obj {
+        if let Some(take) = buffer {
+            self.retire_buffer();
+            self.cur = h + size;
+            self.end = h + take;
         }
-        self.retire_buffer();
-        self.cur = h + size;
-        self.end = h + take;
-        Some(self.init(h, size, nptrs))
+        self.init(h, size, nptrs)
     }
 
     /// Leaves the allocation buffer: its unused rest becomes a filler object, so the
