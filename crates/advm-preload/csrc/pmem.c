@@ -155,6 +155,12 @@ static int starts(const char *p, const char *end, const char *s) {
     return 1;
 }
 
+static int contains(const char *p, const char *end, const char *s) {
+    for (; p < end; p++)
+        if (starts(p, end, s)) return 1;
+    return 0;
+}
+
 /* Adds [lo, hi) (holding kb KiB) to leave[], joined to the range before it when they
  * touch, unless it overlaps the device or holds a kept address. */
 static void leave_range(uintptr_t lo, uintptr_t hi, uint64_t kb, const uintptr_t *keep, int nkeep) {
@@ -301,11 +307,12 @@ static int scan_leave(const uintptr_t *keep, int nkeep) {
  * dump would lift it; advm's merge agent marks with raw syscalls, but only store
  * mappings and zeros that replace memory the program marked itself (recorded), and
  * QEMU marks through madvise(). A full table falls back to smaps.
- * Measured (docs/vm.md, stop 30): the maps scan takes 0.5 ms against smaps' 11, but,
- * leaving out every mapping by its size rather than what it holds, it made the fork
- * of an unmerged VM slower (5.6 against 3.2 ms) and QEMU fault more during the copy
- * (85 against 11), not yet explained; so smaps stays the default and
- * ADVM_PMEM_DUMP_MAPS=1 picks the maps scan. */
+ * Measured (docs/vm.md, stops 30-31): the maps scan takes 0.5-0.7 ms against smaps'
+ * 11-18 (unmerged VMs; 6-7 against 52-54 merged, its marks 0.2 ms against 0.03), but
+ * the guest waits only for the marks, the fork and the unmarks, and those were the same
+ * within the noise (unmerged: medians 5.2-6.0 ms against 6.1-11.2 in two runs; merged:
+ * 9.5 against 7.0 in one); so smaps stays the default and ADVM_PMEM_DUMP_MAPS=1 picks
+ * the maps scan. */
 #define OWN_MAX 512
 
 static struct {
@@ -383,8 +390,10 @@ static void own_mapped(void *r, size_t len) {
  * LEAVE_MIN_KB (size: a mapping left out that holds nothing costs nothing) or right
  * after one left out, not
  * overlapping a recorded mark, the device or a kept address, and not an anonymous
- * mapping that starts where a file mapping ends (a library's .bss: the copier calls
- * libc). 0, or -1 when maps cannot be read. */
+ * mapping that starts where a shared library's mapping ends (its .bss: the copier calls
+ * libc). The program's own .bss is left out as smaps would leave it (QEMU's: 204 KiB, 80
+ * resident, written by its threads: kept, it cost copy-on-write faults during the copy).
+ * 0, or -1 when maps cannot be read. */
 static void maps_line(const char *p, const char *end, const uintptr_t *keep, int nkeep, uintptr_t *prev_file_hi) {
     struct maps_head h;
     if (parse_head(p, end, &h) < 0) return;
@@ -393,7 +402,7 @@ static void maps_line(const char *p, const char *end, const uintptr_t *keep, int
     int anonymous = h.no_inode && (path == end || starts(path, end, "[heap]") || starts(path, end, "[anon"));
     int memfd = starts(path, end, "/memfd:");
     uintptr_t after_file = *prev_file_hi;
-    *prev_file_hi = h.no_inode ? 0 : hi;
+    *prev_file_hi = !h.no_inode && contains(path, end, ".so") ? hi : 0;
     /* a small one right after one left out joins it (no call more): the pieces a
      * merge leaves of QEMU's heap, between its store mappings */
     int joins = n_leave && leave[n_leave - 1].hi == lo;
