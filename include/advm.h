@@ -152,7 +152,13 @@ void advm_remap_set_break_even_pages(size_t pages);
  * to the pager's swap file (O_DIRECT) and read back on the next touch by the pager's
  * handler thread (userfaultfd). Functions return 0 (flush: pages evicted) or -errno:
  * -EINVAL for a range not page aligned or not inside one region of this pager, -ENOMEM
- * when the swap file is full (every page stays readable). See docs/pager.md. */
+ * when the swap file is full (every page stays readable). See docs/pager.md.
+ *
+ * fork(): a pager and its regions stay with the process that made it. The regions are
+ * not inherited (MADV_DONTFORK: touching them in a child is a segmentation fault), and
+ * in a child every function on an inherited pager fails at once with -ENOTRECOVERABLE
+ * (advm_pager_map: NULL, errno ENOTRECOVERABLE); advm_pager_destroy there frees
+ * nothing of the parent's. A child that needs a pager makes its own. */
 typedef struct advm_pager advm_pager;
 
 struct advm_pager_stats {
