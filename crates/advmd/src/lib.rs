@@ -13,6 +13,7 @@ mod error;
 pub mod merge_service;
 mod request;
 
+use std::io::ErrorKind;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -23,6 +24,10 @@ use std::time::Duration;
 use advm::wire::Channel;
 pub use error::DaemonError;
 pub use request::Request;
+
+/// How long the accept loop waits before trying again after accept failed for want of
+/// a resource (a descriptor, kernel memory).
+const ACCEPT_RETRY: Duration = Duration::from_millis(20);
 
 /// How the daemon runs.
 #[derive(Debug, Clone)]
@@ -151,11 +156,27 @@ impl Daemon {
     /// Accepts connections until stopped, one thread each.
     pub fn serve(self) {
         let live = Arc::new(AtomicUsize::new(0));
+        let mut starved = false;
         for conn in self.listener.incoming() {
             if self.stop.load(Ordering::SeqCst) {
                 break;
             }
-            let Ok(sock) = conn else { continue };
+            let sock = match conn {
+                Ok(s) => s,
+                Err(e) if matches!(e.kind(), ErrorKind::Interrupted | ErrorKind::ConnectionAborted) => continue,
+                Err(e) => {
+                    // Out of descriptors or kernel memory (EMFILE, ENFILE, ENOBUFS,
+                    // ENOMEM): the connection stays queued and accept fails again at
+                    // once, so retrying at once spins a CPU. Wait for a client to leave.
+                    if !starved {
+                        eprintln!("advmd: accept: {e}; waiting connections are served once a client leaves");
+                        starved = true;
+                    }
+                    std::thread::sleep(ACCEPT_RETRY);
+                    continue;
+                }
+            };
+            starved = false;
             let mut ch = Channel::from_stream(sock);
             if ch.set_frame_timeout(self.config.frame_timeout).is_err() {
                 continue;
