@@ -22,7 +22,8 @@
  * uses of objects, or give each thread a heap of its own. fork() waits
  * for calls in progress on any heap to finish, so a child can use the heaps it
  * inherits (a heap placed in an advm_pager excepted: the pager's regions are not
- * inherited, see advm.h).
+ * inherited, see advm.h; in a child every call on such a heap fails with
+ * -ENOTRECOVERABLE, NULL and errno ENOTRECOVERABLE from advm_gc_alloc).
  */
 #ifndef ADVM_GC_H
 #define ADVM_GC_H
