@@ -207,8 +207,9 @@ typedef struct advm_batch advm_batch ADVM_DEPRECATED("use struct advm_batch");
  * /run/advm/advmd.sock), else one of this process's own (advm_merge_via says which).
  * Returns 0, or -EINVAL for a range that is unmapped, shared or file-backed. */
 struct advm_merge_stats {
-    uint64_t merged;      /* pages now mapping a page the store already held */
-    uint64_t added;       /* pages added to the store */
+    uint64_t merged;      /* pages now mapping a page the store already held (or one an
+                             earlier, equal page of the range added) */
+    uint64_t added;       /* pages added to the store: one per distinct new page */
     uint64_t skipped;     /* pages left alone */
     uint64_t refused;     /* of skipped: the store reached its byte limit */
     uint64_t nanoseconds; /* time taken */
