@@ -14,7 +14,7 @@ pub mod merge_service;
 mod request;
 
 use std::io::ErrorKind;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -103,7 +103,10 @@ impl Handle {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let _ = std::fs::remove_file(&self.socket);
+        // ours, unless something else has been put there since
+        if std::fs::symlink_metadata(&self.socket).is_ok_and(|m| m.file_type().is_socket()) {
+            let _ = std::fs::remove_file(&self.socket);
+        }
     }
 }
 
@@ -124,7 +127,19 @@ impl Daemon {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| DaemonError::io(dir, e))?;
         }
-        if path.exists() {
+        // Only a socket left behind by a daemon that died is replaced: the path may
+        // name any file (the daemon runs as root), and binding needs it gone.
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            let t = meta.file_type();
+            if !t.is_socket() {
+                let what = match () {
+                    _ if t.is_file() => "a regular file",
+                    _ if t.is_dir() => "a directory",
+                    _ if t.is_symlink() => "a symbolic link",
+                    _ => "a device or FIFO",
+                };
+                return Err(DaemonError::NotASocket { path: path.clone(), what });
+            }
             if UnixStream::connect(path).is_ok() {
                 return Err(DaemonError::Busy(path.clone()));
             }

@@ -280,6 +280,42 @@ fn hostile_requests_get_error_replies_and_never_stall_other_clients() {
     refused_with(&stalled, "reading");
 }
 
+/// The socket path may name any file, and the daemon runs as root: only a socket left
+/// behind by a daemon that died is replaced. A regular file, a directory or a symbolic
+/// link there is refused and left as it was (`advm daemon --socket /etc/passwd`
+/// deleted /etc/passwd and put its socket there).
+#[test]
+fn binding_replaces_only_a_stale_socket_never_another_file() {
+    let dir = std::env::temp_dir().join(format!("advmd-test-{}-bindpath", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("precious.txt");
+    std::fs::write(&file, b"keep me").unwrap();
+    let link = dir.join("link.sock");
+    std::os::unix::fs::symlink(&file, &link).unwrap();
+    let sub = dir.join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    for (path, what) in [(&file, "a regular file"), (&link, "a symbolic link"), (&sub, "a directory")] {
+        let e = Daemon::bind(Config::at(path)).err().expect("refused").to_string();
+        assert_eq!(
+            e,
+            format!(
+                "{}: is {what}, not a socket; refusing to replace it (name a free path with --socket or ADVM_SOCKET)",
+                path.display()
+            )
+        );
+    }
+    assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink() && sub.is_dir());
+    // A socket nobody answers on (a daemon killed with SIGKILL leaves one) is replaced.
+    let stale = dir.join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    let h = Daemon::bind(Config::at(&stale)).unwrap().spawn();
+    assert!(Channel::connect(&stale).is_ok());
+    h.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_thousand_concurrent_clients_are_all_served() {
     if !fence_ok() {
