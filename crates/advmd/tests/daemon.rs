@@ -296,7 +296,10 @@ fn binding_replaces_only_a_stale_socket_never_another_file() {
     let sub = dir.join("sub");
     std::fs::create_dir(&sub).unwrap();
     for (path, what) in [(&file, "a regular file"), (&link, "a symbolic link"), (&sub, "a directory")] {
-        let e = Daemon::bind(Config::at(path)).err().expect("refused").to_string();
+        let e = match Daemon::bind(Config::at(path)) {
+            Ok(_) => panic!("{} was replaced by the socket", path.display()),
+            Err(e) => e.to_string(),
+        };
         assert_eq!(
             e,
             format!(
