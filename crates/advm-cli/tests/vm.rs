@@ -227,6 +227,10 @@ fn run_follows_a_backing_file_outside_the_overlays_directory_when_allowed() {
     assert!(!okay && e.contains("outside") && e.contains("--allow-backing-outside"), "{e}");
     // Allowed, the chain is mapped and QEMU (here /bin/false) is started.
     let (okay, e) = vm_run(&["--allow-backing-outside"]);
+    // the failed VM's console and logs are kept, named on stderr: not a test's to keep
+    if let Some(kept) = e.lines().find_map(|l| l.strip_prefix("advm vm run: console and logs kept in ")) {
+        let _ = std::fs::remove_dir_all(kept.trim());
+    }
     assert!(!okay && !e.contains("outside") && !e.contains("unexpected argument") && e.contains("QEMU"), "{e}");
 }
 
