@@ -152,7 +152,13 @@ void advm_remap_set_break_even_pages(size_t pages);
  * to the pager's swap file (O_DIRECT) and read back on the next touch by the pager's
  * handler thread (userfaultfd). Functions return 0 (flush: pages evicted) or -errno:
  * -EINVAL for a range not page aligned or not inside one region of this pager, -ENOMEM
- * when the swap file is full (every page stays readable). See docs/pager.md. */
+ * when the swap file is full (every page stays readable). See docs/pager.md.
+ *
+ * fork(): a pager and its regions stay with the process that made it. The regions are
+ * not inherited (MADV_DONTFORK: touching them in a child is a segmentation fault), and
+ * in a child every function on an inherited pager fails at once with -ENOTRECOVERABLE
+ * (advm_pager_map: NULL, errno ENOTRECOVERABLE); advm_pager_destroy there frees
+ * nothing of the parent's. A child that needs a pager makes its own. */
 typedef struct advm_pager advm_pager;
 
 struct advm_pager_stats {
@@ -201,8 +207,9 @@ typedef struct advm_batch advm_batch ADVM_DEPRECATED("use struct advm_batch");
  * /run/advm/advmd.sock), else one of this process's own (advm_merge_via says which).
  * Returns 0, or -EINVAL for a range that is unmapped, shared or file-backed. */
 struct advm_merge_stats {
-    uint64_t merged;      /* pages now mapping a page the store already held */
-    uint64_t added;       /* pages added to the store */
+    uint64_t merged;      /* pages now mapping a page the store already held (or one an
+                             earlier, equal page of the range added) */
+    uint64_t added;       /* pages added to the store: one per distinct new page */
     uint64_t skipped;     /* pages left alone */
     uint64_t refused;     /* of skipped: the store reached its byte limit */
     uint64_t nanoseconds; /* time taken */

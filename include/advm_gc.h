@@ -15,10 +15,15 @@
  * advm_gc_store, never by writing a slot directly: its write barrier remembers old
  * objects that point to young ones (a direct write may lose the young object).
  *
- * Threads: any thread may call; calls on one heap run one at a time. fork() waits
+ * Threads: any thread may call; calls on one heap run one at a time. A call from one
+ * thread may move every object of the heap, including an object another thread holds
+ * in a local variable between its calls (one advm_gc_alloc returned and not yet stored
+ * in a root): threads sharing a heap hold their own lock around each call and their
+ * uses of objects, or give each thread a heap of its own. fork() waits
  * for calls in progress on any heap to finish, so a child can use the heaps it
  * inherits (a heap placed in an advm_pager excepted: the pager's regions are not
- * inherited, see advm.h).
+ * inherited, see advm.h; in a child every call on such a heap fails with
+ * -ENOTRECOVERABLE, NULL and errno ENOTRECOVERABLE from advm_gc_alloc).
  */
 #ifndef ADVM_GC_H
 #define ADVM_GC_H

@@ -14,6 +14,10 @@ use crate::guard;
 pub struct AdvmGc {
     heap: Heap,
     m: Mutex<Mutator>,
+    /// The pager a paged heap lives in: in a child forked from its process the heap's
+    /// memory is not mapped (the pager's regions are not inherited), so every call
+    /// there fails with the pager's error instead of faulting on it.
+    pager: Option<std::sync::Arc<advm::pager::Pager>>,
 }
 
 /// `struct advm_gc_stats`, as declared in the header.
@@ -91,7 +95,11 @@ fn call(f: impl FnOnce() -> Result<i32, Error>) -> i32 {
 
 fn handle<'a>(gc: *mut AdvmGc) -> Result<&'a AdvmGc, Error> {
     // SAFETY: the header's contract: `gc` is NULL or a live handle from advm_gc_new.
-    unsafe { gc.as_ref() }.ok_or(Error::InvalidArgument { what: "gc", why: "NULL handle".into() })
+    let h = unsafe { gc.as_ref() }.ok_or(Error::InvalidArgument { what: "gc", why: "NULL handle".into() })?;
+    if let Some(p) = &h.pager {
+        p.usable()?;
+    }
+    Ok(h)
 }
 
 fn lock(gc: &AdvmGc) -> std::sync::MutexGuard<'_, Mutator> {
@@ -176,9 +184,11 @@ fn config(heap_bytes: usize, policy: Option<&AdvmGcPolicy>) -> Result<Config, Er
 fn new_handle(make: impl FnOnce() -> Result<Config, Error>) -> *mut AdvmGc {
     let mut out = std::ptr::null_mut();
     call(|| {
-        let heap = Heap::with_config(make()?)?;
+        let cfg = make()?;
+        let pager = cfg.paging.as_ref().map(|p| p.pager.clone());
+        let heap = Heap::with_config(cfg)?;
         let m = Mutex::new(heap.attach());
-        out = Box::into_raw(Box::new(AdvmGc { heap, m }));
+        out = Box::into_raw(Box::new(AdvmGc { heap, m, pager }));
         register(out);
         Ok(0)
     });
@@ -248,7 +258,13 @@ pub unsafe extern "C" fn advm_gc_destroy(gc: *mut AdvmGc) {
         registry.retain(|&a| a != gc as usize);
         drop(registry);
         // SAFETY: a handle from advm_gc_new, destroyed once (the header's contract).
-        drop(unsafe { Box::from_raw(gc) });
+        let b = unsafe { Box::from_raw(gc) };
+        if b.pager.as_ref().is_some_and(|p| p.usable().is_err()) {
+            // A forked child: the heap's memory is the parent's, not mapped here.
+            std::mem::forget(b);
+            return;
+        }
+        drop(b);
     }
 }
 

@@ -165,6 +165,7 @@ pub unsafe extern "C" fn advm_pager_stats(p: *mut advm_pager, out: *mut advm_pag
     // SAFETY: forwarded.
     unsafe {
         with(p, |p| {
+            p.pager.usable()?;
             let s = p.pager.stats();
             let v = advm_pager_stats {
                 discarded_pages: s.discarded_pages,

@@ -22,7 +22,8 @@ pub struct ChainArgs {
 }
 
 impl ChainArgs {
-    fn options(self) -> ImageOptions {
+    /// The library's options for these flags.
+    pub fn options(self) -> ImageOptions {
         ImageOptions { allow_backing_outside: self.allow_backing_outside, allow_probed_raw: self.allow_probed_raw }
     }
 }

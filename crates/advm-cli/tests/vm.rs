@@ -213,6 +213,39 @@ fn run_refuses_a_missing_qemu_kernel_or_chain_with_what_is_missing() {
     assert!(!okay && e.contains("--accel warp"), "{e}");
 }
 
+/// An overlay a user makes beside their own files over the built guest (`qemu-img
+/// create -b ~/.cache/advm/vm/app.qcow2`) has its backing outside its directory: the
+/// refusal names `--allow-backing-outside`, and `advm vm run` takes it (it was
+/// `advm image`'s flag only: clap refused it as an unexpected argument).
+#[test]
+fn run_follows_a_backing_file_outside_the_overlays_directory_when_allowed() {
+    let (d, base_dir) = (dir("outside"), dir("outside-base"));
+    if !have("qemu-img") {
+        return;
+    }
+    let base = base_dir.0.join("app.qcow2");
+    run(&base_dir.0, "qemu-img", &["create", "-q", "-f", "qcow2", "app.qcow2", "16M"]);
+    run(&d.0, "qemu-img", &["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", base.to_str().unwrap(), "my.qcow2"]);
+    std::fs::write(d.0.join("vmlinuz"), b"k").unwrap();
+    std::fs::write(d.0.join("initrd.img"), b"i").unwrap();
+    let img = d.0.join("my.qcow2");
+    let vm_run = |extra: &[&str]| {
+        let mut args = vec!["vm", "run", "--image", img.to_str().unwrap(), "--accel", "tcg", "--qemu", "/bin/false"];
+        args.extend_from_slice(extra);
+        let out = Command::new(ADVM).args(&args).env("ADVM_SOCKET", d.0.join("no-advmd.sock")).output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (okay, e) = vm_run(&[]);
+    assert!(!okay && e.contains("outside") && e.contains("--allow-backing-outside"), "{e}");
+    // Allowed, the chain is mapped and QEMU (here /bin/false) is started.
+    let (okay, e) = vm_run(&["--allow-backing-outside"]);
+    // the failed VM's console and logs are kept, named on stderr: not a test's to keep
+    if let Some(kept) = e.lines().find_map(|l| l.strip_prefix("advm vm run: console and logs kept in ")) {
+        let _ = std::fs::remove_dir_all(kept.trim());
+    }
+    assert!(!okay && !e.contains("outside") && !e.contains("unexpected argument") && e.contains("QEMU"), "{e}");
+}
+
 #[test]
 fn accel_kvm_says_why_when_dev_kvm_cannot_run_the_guest() {
     let d = dir("kvm");

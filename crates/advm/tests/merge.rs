@@ -31,6 +31,29 @@ fn fence_ok() -> bool {
     ok
 }
 
+/// Pages equal to each other in one range (a buffer filled with one value) all map one
+/// store page: one is added, the others are merged, and they share one frame. (They
+/// were all counted as added, 64 of 64, while the store gained one page: the stats
+/// hid what the merge saved.)
+#[test]
+fn equal_pages_in_one_range_count_one_added_and_the_rest_merged() {
+    if !fence_ok() {
+        return;
+    }
+    let ps = page_size();
+    let mut c = local(1 << 30);
+    let mut a = Region::new(64 * ps).unwrap();
+    a.bytes_mut().fill(0x5a);
+    let mut b = Region::new(8 * ps).unwrap();
+    fill(&mut b, 3);
+    a.bytes_mut()[..8 * ps].copy_from_slice(b.bytes());
+    let s = c.merge(a.bytes()).unwrap();
+    assert_eq!((s.added, s.merged, s.skipped), (9, 55, 0), "8 distinct pages and one repeated 56 times: {s:?}");
+    assert!(a.bytes()[8 * ps..].iter().all(|&x| x == 0x5a));
+    let f = frames(&a);
+    assert!(f[8..].iter().all(|x| x.is_some() && *x == f[8]), "the equal pages share one frame: {:?}", &f[8..12]);
+}
+
 #[test]
 fn merged_content_is_identical_and_pages_are_shared() {
     if !fence_ok() {

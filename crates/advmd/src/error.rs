@@ -20,6 +20,14 @@ pub enum DaemonError {
     /// Another daemon answers on the socket.
     #[error("{}: another advmd is already serving on this socket", .0.display())]
     Busy(PathBuf),
+    /// Something other than a socket is where the socket should go.
+    #[error("{}: is {what}, not a socket; refusing to replace it (name a free path with --socket or ADVM_SOCKET)", path.display())]
+    NotASocket {
+        /// The path.
+        path: PathBuf,
+        /// What is there ("a regular file", "a directory", "a symbolic link", ...).
+        what: &'static str,
+    },
 }
 
 impl DaemonError {

@@ -13,7 +13,8 @@ mod error;
 pub mod merge_service;
 mod request;
 
-use std::os::unix::fs::PermissionsExt;
+use std::io::ErrorKind;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -23,6 +24,10 @@ use std::time::Duration;
 use advm::wire::Channel;
 pub use error::DaemonError;
 pub use request::Request;
+
+/// How long the accept loop waits before trying again after accept failed for want of
+/// a resource (a descriptor, kernel memory).
+const ACCEPT_RETRY: Duration = Duration::from_millis(20);
 
 /// How the daemon runs.
 #[derive(Debug, Clone)]
@@ -98,7 +103,10 @@ impl Handle {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let _ = std::fs::remove_file(&self.socket);
+        // ours, unless something else has been put there since
+        if std::fs::symlink_metadata(&self.socket).is_ok_and(|m| m.file_type().is_socket()) {
+            let _ = std::fs::remove_file(&self.socket);
+        }
     }
 }
 
@@ -119,7 +127,19 @@ impl Daemon {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| DaemonError::io(dir, e))?;
         }
-        if path.exists() {
+        // Only a socket left behind by a daemon that died is replaced: the path may
+        // name any file (the daemon runs as root), and binding needs it gone.
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            let t = meta.file_type();
+            if !t.is_socket() {
+                let what = match () {
+                    _ if t.is_file() => "a regular file",
+                    _ if t.is_dir() => "a directory",
+                    _ if t.is_symlink() => "a symbolic link",
+                    _ => "a device or FIFO",
+                };
+                return Err(DaemonError::NotASocket { path: path.clone(), what });
+            }
             if UnixStream::connect(path).is_ok() {
                 return Err(DaemonError::Busy(path.clone()));
             }
@@ -151,11 +171,27 @@ impl Daemon {
     /// Accepts connections until stopped, one thread each.
     pub fn serve(self) {
         let live = Arc::new(AtomicUsize::new(0));
+        let mut starved = false;
         for conn in self.listener.incoming() {
             if self.stop.load(Ordering::SeqCst) {
                 break;
             }
-            let Ok(sock) = conn else { continue };
+            let sock = match conn {
+                Ok(s) => s,
+                Err(e) if matches!(e.kind(), ErrorKind::Interrupted | ErrorKind::ConnectionAborted) => continue,
+                Err(e) => {
+                    // Out of descriptors or kernel memory (EMFILE, ENFILE, ENOBUFS,
+                    // ENOMEM): the connection stays queued and accept fails again at
+                    // once, so retrying at once spins a CPU. Wait for a client to leave.
+                    if !starved {
+                        eprintln!("advmd: accept: {e}; waiting connections are served once a client leaves");
+                        starved = true;
+                    }
+                    std::thread::sleep(ACCEPT_RETRY);
+                    continue;
+                }
+            };
+            starved = false;
             let mut ch = Channel::from_stream(sock);
             if ch.set_frame_timeout(self.config.frame_timeout).is_err() {
                 continue;

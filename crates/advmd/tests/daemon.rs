@@ -2,6 +2,7 @@
 //! write, reclaim, the byte limit, and hostile or many clients.
 
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -279,6 +280,45 @@ fn hostile_requests_get_error_replies_and_never_stall_other_clients() {
     refused_with(&stalled, "reading");
 }
 
+/// The socket path may name any file, and the daemon runs as root: only a socket left
+/// behind by a daemon that died is replaced. A regular file, a directory or a symbolic
+/// link there is refused and left as it was (`advm daemon --socket /etc/passwd`
+/// deleted /etc/passwd and put its socket there).
+#[test]
+fn binding_replaces_only_a_stale_socket_never_another_file() {
+    let dir = std::env::temp_dir().join(format!("advmd-test-{}-bindpath", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("precious.txt");
+    std::fs::write(&file, b"keep me").unwrap();
+    let link = dir.join("link.sock");
+    std::os::unix::fs::symlink(&file, &link).unwrap();
+    let sub = dir.join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    for (path, what) in [(&file, "a regular file"), (&link, "a symbolic link"), (&sub, "a directory")] {
+        let e = match Daemon::bind(Config::at(path)) {
+            Ok(_) => panic!("{} was replaced by the socket", path.display()),
+            Err(e) => e.to_string(),
+        };
+        assert_eq!(
+            e,
+            format!(
+                "{}: is {what}, not a socket; refusing to replace it (name a free path with --socket or ADVM_SOCKET)",
+                path.display()
+            )
+        );
+    }
+    assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink() && sub.is_dir());
+    // A socket nobody answers on (a daemon killed with SIGKILL leaves one) is replaced.
+    let stale = dir.join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    let h = Daemon::bind(Config::at(&stale)).unwrap().spawn();
+    assert!(Channel::connect(&stale).is_ok());
+    h.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_thousand_concurrent_clients_are_all_served() {
     if !fence_ok() {
@@ -337,6 +377,52 @@ fn the_image_service_hands_out_a_chain_that_maps_to_the_same_bytes() {
     assert!(e.contains("missing.qcow2"), "{e}");
     assert!(advm::image::service::attach(&ch, &top, false).is_ok());
     drop(ch);
+    handle.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A layer changed in place whose old mtime was put back (`touch -d`, `cp -p`,
+/// `rsync --inplace -t`, `tar -x` restore it; the size stays when a cluster is zeroed)
+/// is planned again, never served from the plan of its old contents: the key holds the
+/// ctime, which nobody can set. (Keyed by mtime, the second attach was served the old
+/// plan and read the zeroed cluster's old bytes.)
+#[test]
+fn a_layer_changed_in_place_with_its_mtime_put_back_is_planned_again() {
+    if !std::process::Command::new("qemu-img").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        eprintln!("skipping: qemu-img not found (Debian package qemu-utils)");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("advmd-image-mtime-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(args[0]).args(&args[1..]).current_dir(&dir).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    run(&["qemu-img", "create", "-q", "-f", "qcow2", "base.qcow2", "16M"]);
+    run(&["qemu-io", "-f", "qcow2", "-c", "write -P 7 1M 128k", "base.qcow2"]);
+    run(&["qemu-img", "create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "top.qcow2"]);
+    let (base, top) = (dir.join("base.qcow2"), dir.join("top.qcow2"));
+    let (handle, sock) = start("image-mtime", |_| {});
+    let ch = Channel::connect(&sock).unwrap();
+    let byte = |space: &advm::image::ImageSpace| {
+        let mut b = [0u8; 1];
+        space.read(advm::image::GuestOffset(1 << 20), &mut b).unwrap();
+        b[0]
+    };
+    let (space, _) = advm::image::service::attach(&ch, &top, false).unwrap();
+    assert_eq!(byte(&space), 7);
+    drop(space);
+    let before = std::fs::metadata(&base).unwrap();
+    run(&["qemu-io", "-f", "qcow2", "-c", "write -z 1M 128k", "base.qcow2"]);
+    let when = format!("@{}.{:09}", before.mtime(), before.mtime_nsec());
+    run(&["touch", "-m", "-d", &when, "base.qcow2"]);
+    let after = std::fs::metadata(&base).unwrap();
+    assert_eq!((after.len(), after.mtime(), after.mtime_nsec()), (before.len(), before.mtime(), before.mtime_nsec()));
+    let (space, cached) = advm::image::service::attach(&ch, &top, false).unwrap();
+    let b = byte(&space);
+    assert!(!cached && b == 0, "served from the old plan: cached {cached}, byte {b} where zeros were written");
+    drop((space, ch));
     handle.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use advm::image::{Image, MapOptions, PmemBacking, DUMP_DIR_ENV};
+use advm::image::{Image, ImageOptions, MapOptions, PmemBacking, DUMP_DIR_ENV};
 
 use super::qemu::{self, Accel, Disk, Settings};
 use crate::CliError;
@@ -67,6 +67,9 @@ pub struct RunArgs {
     /// The chain's top layer (e.g. app.qcow2 from `advm vm image build`).
     #[arg(long)]
     pub image: PathBuf,
+    /// What the chain's backing files may lead to (as `advm image`).
+    #[command(flatten)]
+    pub chain: crate::image_cmd::ChainArgs,
     /// How the guest sees the disk.
     #[arg(long, value_enum, default_value = "pmem")]
     pub disk: DiskKind,
@@ -218,7 +221,7 @@ fn free_port() -> Result<u16, CliError> {
 
 /// The pmem device's plan: from `advmd`'s image service when a daemon answers at
 /// `$ADVM_SOCKET` (the chain's plan is computed once for every VM), else planned here.
-fn pmem_backing(top: &Path, image: &Image) -> Result<PmemBacking, CliError> {
+fn pmem_backing(top: &Path, image: &Image, options: ImageOptions) -> Result<PmemBacking, CliError> {
     let socket = advm::wire::socket_path();
     if let Ok(ch) = advm::wire::Channel::connect(&socket) {
         let t = std::time::Instant::now();
@@ -240,7 +243,7 @@ fn pmem_backing(top: &Path, image: &Image) -> Result<PmemBacking, CliError> {
             }
         }
     }
-    Ok(PmemBacking::new(image, &MapOptions { writable: true, ..Default::default() }, PMEM_ALIGN)?)
+    Ok(PmemBacking::new(image, &MapOptions { image: options, writable: true, ..Default::default() }, PMEM_ALIGN)?)
 }
 
 /// QEMU's preload environment: the shim when the disk is pmem (`shim`: it maps the
@@ -346,7 +349,7 @@ pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
     let initrd = args.initrd.clone().unwrap_or_else(|| dir.join("initrd.img"));
     preflight(&args.image, &args.qemu, &kernel, &initrd)?;
     let accel = accel(&args.accel)?;
-    let image = Image::open(&args.image)?;
+    let image = Image::open_with(&args.image, &args.chain.options())?;
     if !args.thp {
         advm::process::disable_thp()?;
     }
@@ -355,7 +358,7 @@ pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
     let qemu_log = workdir.join("qemu.log");
     let (disk, backing) = match args.disk {
         DiskKind::Pmem => {
-            let b = pmem_backing(&args.image, &image)?;
+            let b = pmem_backing(&args.image, &image, args.chain.options())?;
             (Disk::Pmem { backing: b.backing_path(), size: b.size() }, Some(b))
         }
         DiskKind::Blk => (

@@ -28,9 +28,11 @@ class MergeStats(TypedDict):
     """What one merge did."""
 
     merged: int
-    """Pages now mapping a page the store already held."""
+    """Pages now mapping a page the store already held (or one an earlier, equal page
+    of the same range added)."""
     added: int
-    """Pages added to the store (the next process shares them)."""
+    """Pages added to the store, one per distinct new page (the next process shares
+    them)."""
     skipped: int
     """Pages left alone: partial end pages, zero pages, refused or mismatched pages."""
     refused: int

@@ -14,9 +14,10 @@
 //! permission on each of its directories, judged by the peer's uid and primary gid;
 //! supplementary groups and ACLs are not consulted, so the check errs on refusing).
 //!
-//! Plans are keyed by every layer's (device, inode, size, mtime), read when the chain
+//! Plans are keyed by every layer's (device, inode, size, ctime), read when the chain
 //! is opened for the request, so a layer rewritten, replaced or touched since is never
-//! served from a stale plan; the plan of the old version is dropped.
+//! served from a stale plan, even with its old mtime put back; the plan of the old
+//! version is dropped.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -140,7 +141,10 @@ impl Reply {
     }
 }
 
-/// A layer's identity: a change of any field means a different layer.
+/// A layer's identity: a change of any field means a different layer. Device, inode,
+/// size, and the ctime (seconds, nanoseconds): every write, truncate or attribute
+/// change sets it to now, and nobody can set it back, where the mtime can be put back
+/// (`touch -d`, `cp -p`, `tar -x`) over changed contents.
 type LayerKey = (u64, u64, u64, i64, i64);
 
 struct Served {
@@ -167,7 +171,7 @@ fn key_of(image: &Image) -> Result<Vec<LayerKey>> {
         .iter()
         .map(|l| {
             let m = l.file().metadata().map_err(|e| Error::io(l.path(), e))?;
-            Ok((m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
+            Ok((m.dev(), m.ino(), m.size(), m.ctime(), m.ctime_nsec()))
         })
         .collect()
 }

@@ -63,9 +63,10 @@ pub enum Via {
 /// What one merge did.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct MergeStats {
-    /// Pages now mapping a page the store already held.
+    /// Pages now mapping a page the store already held, or one an earlier page of the
+    /// same range added (pages equal to each other).
     pub merged: u64,
-    /// Pages added to the store (and now mapping it).
+    /// Pages added to the store (and now mapping it): one per distinct new page.
     pub added: u64,
     /// Pages left as they were: partial pages at the ends, all-zero pages, pages the
     /// full store refused, pages whose hash matched but bytes did not.
@@ -289,8 +290,13 @@ impl Client {
         // remap and vcopy keep under it); pages past that are left alone.
         let half = crate::probe::facts().max_map_count as usize / 2;
         let mut vmas_left = half.saturating_sub(procmap::vma_count()?);
-        let mut landing =
-            MapOnLanding { fence: &mut *fence, writable: &writable, stats: &mut *stats, vmas_left: &mut vmas_left };
+        let mut landing = MapOnLanding {
+            fence: &mut *fence,
+            writable: &writable,
+            stats: &mut *stats,
+            vmas_left: &mut vmas_left,
+            brought: Default::default(),
+        };
         let resolved = self.backend.resolve(&mut landing, &want, &hashes, true)?;
         let mut target: Vec<Option<Target>> = vec![None; n_pages];
         for (&i, slot) in want.iter().zip(&resolved.found) {
@@ -326,6 +332,9 @@ struct MapOnLanding<'a> {
     stats: &'a mut MergeStats,
     /// Mappings this merge may still add (see `map_equal`).
     vmas_left: &'a mut usize,
+    /// Store pages this merge's adds brought in: a later page of the range mapped to
+    /// one of them (a page equal to an earlier one) is merged, not added again.
+    brought: std::collections::HashSet<u32>,
 }
 
 impl Landing for MapOnLanding<'_> {
@@ -354,7 +363,10 @@ impl Landing for MapOnLanding<'_> {
                     self.stats.refused += 1;
                     self.stats.skipped += 1;
                 }
-                (Some(_), true) => self.stats.added += 1,
+                (Some(Target::Candidate(slot) | Target::Vouched(slot)), true) => match self.brought.insert(*slot) {
+                    true => self.stats.added += 1,
+                    false => self.stats.merged += 1,
+                },
                 (Some(_), false) => self.stats.skipped += 1,
             }
         }

@@ -60,6 +60,47 @@ use crate::sys::uffd_sigbus::{self, Registration};
 use crate::{Error, Result};
 use ring::Ring;
 
+/// The process a pager belongs to. Its regions are `MADV_DONTFORK` and its handler
+/// thread is not copied by `fork`, so in a forked child the pager is only a shell whose
+/// locks a parent thread may have held at the fork: every use there fails at once.
+#[derive(Debug, Clone, Copy)]
+struct Owner {
+    pid: u32,
+    /// Forks seen as the child when the pager was made (a counter read without a system
+    /// call; `None` when the fork handler could not be registered: then the pid decides).
+    forks: Option<u64>,
+}
+
+impl Owner {
+    fn this_process() -> Self {
+        Self { pid: std::process::id(), forks: crate::sys::process::fork_generation() }
+    }
+
+    /// Whether this is still the process that made the pager.
+    fn is_here(&self) -> bool {
+        match (self.forks, crate::sys::process::fork_generation()) {
+            (Some(then), Some(now)) => then == now,
+            _ => self.pid == std::process::id(),
+        }
+    }
+
+    /// Ok in the owner; in a forked child, the error every use of the pager gets.
+    fn check(&self) -> Result<()> {
+        if self.is_here() {
+            return Ok(());
+        }
+        Err(Error::Unrecoverable {
+            what: "pager",
+            why: format!(
+                "it was made by process {} and this is a child forked from it (pid {}): its regions are not \
+                 mapped here (MADV_DONTFORK) and its handler thread stayed in the parent; make a new pager in the child",
+                self.pid,
+                std::process::id()
+            ),
+        })
+    }
+}
+
 /// Pages moved out per `UFFDIO_MOVE` while discardable pages are dropped.
 const STAGE_PAGES: usize = 256;
 /// Most pages one read-back brings in: the faulting page and the pages after it that
@@ -291,6 +332,8 @@ enum Cause {
 /// One managed region's pages.
 struct Managed {
     id: u64,
+    /// The pager's process (the region is not mapped in a forked child).
+    owner: Owner,
     /// SIGBUS mode: the route from the signal handler, retired at unmap and dropped
     /// (before the area is unmapped) with the region.
     route: OnceLock<Registration>,
@@ -349,6 +392,8 @@ impl Slots {
 
 struct Shared {
     fd: Userfaultfd,
+    /// The process that made the pager (uses in a forked child fail).
+    owner: Owner,
     /// Faults are served on the faulting threads (SIGBUS mode).
     sigbus: bool,
     /// Pages read back on a read fault are installed write-protected and keep their
@@ -465,11 +510,13 @@ impl PagedRegion {
 
     /// Copies bytes out from offset `off`.
     pub fn read(&self, off: usize, out: &mut [u8]) -> Result<()> {
+        self.m.owner.check()?;
         self.m.area.read(off, out).map_err(|_| self.out_of_bounds(off, out.len()))
     }
 
     /// Copies bytes in at offset `off`.
     pub fn write(&self, off: usize, data: &[u8]) -> Result<()> {
+        self.m.owner.check()?;
         self.m.area.write(off, data).map_err(|_| self.out_of_bounds(off, data.len()))
     }
 
@@ -561,6 +608,7 @@ impl Pager {
         let track_clean = !sigbus && !kernel_needed && fd.info().features & uffd::feature::PAGEFAULT_FLAG_WP != 0;
         let shared = Arc::new(Shared {
             fd,
+            owner: Owner::this_process(),
             sigbus,
             track_clean,
             kernel_needed,
@@ -621,6 +669,7 @@ impl Pager {
     /// Maps a new region of `len` bytes (rounded up to pages), every page empty:
     /// the first touch of each is a zero-fill fault.
     pub fn map(&self, len: usize) -> Result<PagedRegion> {
+        self.shared.owner.check()?;
         let ps = page_size();
         let len = match crate::mem::page_align_up(len) {
             Some(l) if l > 0 => l,
@@ -635,6 +684,7 @@ impl Pager {
         let area = Area::new(&self.shared.fd, len, true, self.shared.track_clean)?;
         let m = Arc::new(Managed {
             id: self.shared.next_id.fetch_add(1, Ordering::Relaxed),
+            owner: self.shared.owner,
             route: OnceLock::new(),
             area,
             discardable: Bitmap::new(pages),
@@ -669,6 +719,7 @@ impl Pager {
     /// unmaps it (once the caller's last handle is gone).
     pub fn unmap(&self, region: PagedRegion) -> Result<()> {
         let s = &self.shared;
+        s.owner.check()?;
         let m = &region.m;
         // no new faults from here; then wait out the signal handlers running in it
         // (before the eviction lock: one may be waiting for an eviction to make room)
@@ -761,8 +812,14 @@ impl Pager {
     }
 
     /// The statistics so far.
+    ///
+    /// In a child forked from the pager's process: the figures as the fork left them,
+    /// taking no lock (see [`Pager::usable`]).
     pub fn stats(&self) -> Stats {
-        self.shared.drain();
+        let here = self.shared.owner.is_here();
+        if here {
+            self.shared.drain();
+        }
         let c = &self.shared.counters;
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let fc = |w: usize| FaultCounts {
@@ -783,12 +840,24 @@ impl Pager {
             zero_ahead_pages: ld(&c.zero_ahead),
             clean_dropped_pages: ld(&c.clean_dropped),
             resident_pages: self.shared.resident.load(Ordering::Acquire) as u64,
-            swapped_pages: self.shared.slots.lock().unwrap_or_else(|p| p.into_inner()).used(),
+            swapped_pages: match here {
+                true => self.shared.slots.lock().unwrap_or_else(|p| p.into_inner()).used(),
+                false => self.shared.slots.try_lock().map_or(0, |s| s.used()),
+            },
             fault_ns: ld(&c.fault_ns),
             evict_ns: ld(&c.evict_ns),
             write_ns: ld(&c.write_ns),
             eviction_failures: ld(&c.failures),
         }
+    }
+
+    /// Ok in the process that made the pager. In a child forked from it, an
+    /// [`Error::Unrecoverable`] saying so: there every call that takes a range, maps or
+    /// unmaps fails with it (the regions are not inherited, and a parent thread may have
+    /// held one of the pager's locks at the fork), and dropping the pager leaves the
+    /// parent's state alone.
+    pub fn usable(&self) -> Result<()> {
+        self.shared.owner.check()
     }
 
     /// The budget, pages.
@@ -799,6 +868,15 @@ impl Pager {
 
 impl Drop for Pager {
     fn drop(&mut self) {
+        if !self.shared.owner.is_here() {
+            // A forked child: the handler thread is the parent's (joining it panicked),
+            // the uffd acts on the parent's memory and the regions' addresses are not
+            // this process's mappings (unmapping them could hit the child's own): leave
+            // it all alone, leaked.
+            std::mem::forget(self.handler.take());
+            std::mem::forget(self.shared.clone());
+            return;
+        }
         self.shared.stop.store(true, Ordering::Release);
         if let Some(h) = self.handler.take() {
             let _ = h.join();
@@ -836,6 +914,8 @@ impl Shared {
 
     /// The region holding `[addr, addr+len)`, and the range as pages.
     fn locate(&self, addr: usize, len: usize) -> Result<(Arc<Managed>, usize, usize)> {
+        // before any lock: in a forked child one may be held for ever
+        self.owner.check()?;
         let r = PageRange::new("range", addr, len)?;
         if r.is_empty() {
             return Err(Error::InvalidArgument { what: "range", why: format!("{addr:#x}+0 is empty") });

@@ -425,6 +425,58 @@ fn a_forked_child_keeps_no_page_of_the_pager_from_eviction() {
     });
 }
 
+/// A child forked from a pager's process cannot use the pager: its regions are not
+/// inherited, its handler thread stayed in the parent, and a lock a parent thread held
+/// at the fork (here the eviction lock) is held for ever in the child. Every use fails
+/// at once with an error saying so, and dropping the pager there neither waits for the
+/// parent's handler thread nor panics. (Before: the child's `flush` waited for ever on
+/// the eviction lock, `discardable` and `lock` reported success on memory the child
+/// does not have, and `advm_pager_destroy` panicked joining the missing thread.)
+#[test]
+fn a_forked_child_gets_an_error_from_the_parents_pager_never_a_hang() {
+    bounded(|| {
+        let Some(p) = pager(FaultMode::Thread) else { return };
+        let ps = page_size();
+        let r = p.map(16 * ps).unwrap();
+        mark_pages(&r, 16);
+        let a = r.as_ptr() as usize;
+        let p = Arc::new(p);
+        let pc = p.clone();
+        let held = p.shared.lock_evicting();
+        let child = crate::sys::process::fork_run(move || {
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let forked = |e: Error| matches!(e, Error::Unrecoverable { ref why, .. } if why.contains("forked"));
+                let mut b = [0u8; 8];
+                let ok = pc.discardable(a, ps).err().is_some_and(forked)
+                    && pc.lock(a, ps).err().is_some_and(forked)
+                    && pc.map(ps).err().is_some_and(forked)
+                    && r.read(0, &mut b).err().is_some_and(forked)
+                    && pc.flush(a, ps).err().is_some_and(forked);
+                let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+                    drop(r);
+                    drop(pc);
+                }))
+                .is_ok();
+                let _ = tx.send(if !ok {
+                    1
+                } else if !dropped {
+                    3
+                } else {
+                    0
+                });
+            });
+            rx.recv_timeout(Duration::from_secs(20)).unwrap_or(2)
+        })
+        .unwrap();
+        drop(held);
+        let code = crate::sys::process::wait_child(child).unwrap();
+        assert_eq!(code, 0, "child: 1 a call did not fail as forked, 2 a call hung, 3 the drop panicked");
+        // the parent's pager is untouched
+        assert_eq!(p.flush(a, 16 * ps).unwrap(), 16);
+    });
+}
+
 /// A write-protect fault on a clean page (read back, its swap slot kept) raced by an
 /// eviction that writes the page out, driven step by step: the eviction runs inside
 /// `written`, between its read of the page's slot and its take of the clean bit. The
