@@ -12,22 +12,13 @@ use std::time::Instant;
 use advm::image::{GuestOffset, Image, ImageSpace, MapOptions};
 use advm::stats::{Meter, Options};
 
-use super::{fmt_bytes, Bench, BenchOpts, DemoRow, Figure, Report, Row};
+use super::{fmt_bytes, Bench, BenchOpts, DemoRow, Figure, Report, Row, Scratch};
 use crate::meters::{self, in_group};
 use crate::BenchError;
 use advm::stats::cgroup::Group;
 
 /// See the module doc.
 pub struct ImageBench;
-
-/// A scratch directory, removed on drop.
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn sh(dir: &Path, prog: &str, args: &[String]) -> Result<(), BenchError> {
     let out = Command::new(prog)
@@ -167,13 +158,6 @@ fn measure_here(image: &Path, n: usize, private: bool, group: Option<&Group>) ->
     })
 }
 
-fn scratch() -> Result<Scratch, BenchError> {
-    let dir = std::env::temp_dir().join(format!("advm-bench-image-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|e| BenchError::Io(dir.display().to_string(), e))?;
-    Ok(Scratch(dir))
-}
-
 impl Bench for ImageBench {
     fn name(&self) -> &'static str {
         "image"
@@ -185,8 +169,8 @@ impl Bench for ImageBench {
 
     fn run(&self, opts: &BenchOpts, report: &mut Report) -> Result<(), BenchError> {
         let (mib, ns): (u64, &[usize]) = if opts.quick { (16, &[1, 2, 4]) } else { (256, &[1, 2, 4, 8, 16]) };
-        let dir = scratch()?;
-        let image = build_chain(&dir.0, mib)?;
+        let dir = Scratch::new("bench-image")?;
+        let image = build_chain(dir.path(), mib)?;
         let img = Image::open(&image)?;
         let map = img.extent_map()?;
         let ps = advm::addr::page_size() as u64;
@@ -271,8 +255,8 @@ impl Bench for ImageBench {
 
     fn demo(&self) -> Result<Vec<DemoRow>, BenchError> {
         let (mib, n) = (64, 4);
-        let dir = scratch()?;
-        let image = build_chain(&dir.0, mib)?;
+        let dir = Scratch::new("bench-image")?;
+        let image = build_chain(dir.path(), mib)?;
         let mut unavailable = None;
         let mapped = measure(&image, n, false, &mut unavailable)?;
         let private = measure(&image, n, true, &mut unavailable)?;

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{median, Bench, BenchOpts, DemoRow, Figure, Report, Row};
+use super::{median, Bench, BenchOpts, DemoRow, Figure, Report, Row, Scratch};
 use crate::meters;
 use crate::workloads::{python_workload, r_script, r_workloads, Workload, COMMON_R, FORK_SCRIPT, THRESHOLD_PROBE};
 use crate::BenchError;
@@ -144,10 +144,9 @@ pub fn measure(
     // unique per call: the paired runs measure two programs at once
     static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let out_dir = std::env::temp_dir().join(format!("advm-bench-r-out-{}-{call}", std::process::id()));
-    std::fs::create_dir_all(&out_dir).map_err(|e| BenchError::Io(out_dir.display().to_string(), e))?;
-    let out_path = out_dir.join("stdout");
-    let err_path = out_dir.join("stderr");
+    let out_dir = Scratch::new(&format!("bench-r-out-{call}"))?;
+    let out_path = out_dir.path().join("stdout");
+    let err_path = out_dir.path().join("stderr");
     let open = |p: &PathBuf| std::fs::File::create(p).map_err(|e| BenchError::Io(p.display().to_string(), e));
     prepared.command.envs(env.iter().map(|(k, v)| (*k, v.as_str())));
     prepared.command.stdin(Stdio::null()).stdout(open(&out_path)?).stderr(open(&err_path)?);
@@ -216,7 +215,7 @@ pub fn measure(
     };
     let stdout = std::fs::read(&out_path).unwrap_or_default();
     let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
-    let _ = std::fs::remove_dir_all(&out_dir);
+    drop(out_dir);
     if let Some(sig) = std::os::unix::process::ExitStatusExt::signal(&status) {
         if [libc::SIGTERM, libc::SIGHUP, libc::SIGINT].contains(&sig) {
             return Err(BenchError::Interrupted(format!("{program} under mode {} got signal {sig}", mode.name())));
@@ -346,8 +345,9 @@ impl Bench for RBench {
             // a mean to set beside the cgroup's
             (w, 1.0, Duration::from_millis(250))
         };
-        let dir = std::env::temp_dir().join(format!("advm-bench-r-{}", std::process::id()));
-        write_workloads(&dir, &workloads)?;
+        let scratch = Scratch::new("bench-r")?;
+        let dir = scratch.path();
+        write_workloads(dir, &workloads)?;
         report.configuration.insert("scale".into(), serde_json::json!(scale));
         report.configuration.insert("sample_interval_ms".into(), serde_json::json!(interval.as_millis() as u64));
         report.configuration.insert("threshold_pages".into(), serde_json::json!(2));
@@ -386,7 +386,7 @@ impl Bench for RBench {
             workloads.into_iter().filter(|w| wanted("ADVM_BENCH_R_WORKLOADS", w.file)).collect();
         let mut skipped = vec![false; workloads.len()];
         for (wi, w) in workloads.iter().enumerate() {
-            let (program, _) = invocation(w, &dir);
+            let (program, _) = invocation(w, dir);
             if w.python
                 && !Command::new(&program).args(["-c", "import numpy, pandas"]).status().is_ok_and(|s| s.success())
             {
@@ -402,7 +402,7 @@ impl Bench for RBench {
                 if skipped[wi] {
                     continue;
                 }
-                let (program, args) = invocation(w, &dir);
+                let (program, args) = invocation(w, dir);
                 for (mi, &mode) in modes.iter().enumerate() {
                     bar.set_message(format!("run {} {} {}", run + 1, w.file, mode.name()));
                     bar.inc(1);
@@ -464,7 +464,7 @@ impl Bench for RBench {
                 if skipped[wi] {
                     continue;
                 }
-                let (program, args) = invocation(w, &dir);
+                let (program, args) = invocation(w, dir);
                 for &mi in &pair_modes {
                     bar.set_message(format!("pair {} {} {}", round + 1, w.file, modes[mi].name()));
                     bar.inc(1);
@@ -617,7 +617,7 @@ impl Bench for RBench {
                 );
             }
         }
-        match threshold_probe(&dir, if opts.quick { 50 } else { 1000 }) {
+        match threshold_probe(dir, if opts.quick { 50 } else { 1000 }) {
             Ok((rows, crossover)) => {
                 report.rows.extend(rows);
                 report.notes.push(match crossover {
@@ -670,7 +670,6 @@ impl Bench for RBench {
                     .figure(Figure::single("paper ksmd", "% of cpu", pk.unwrap_or(nan))),
             );
         }
-        let _ = std::fs::remove_dir_all(&dir);
         Ok(())
     }
 
@@ -681,15 +680,16 @@ impl Bench for RBench {
 
     fn demo(&self) -> Result<Vec<DemoRow>, BenchError> {
         ensure_tool("Rscript", &["--version"], R_PACKAGES)?;
-        let dir = std::env::temp_dir().join(format!("advm-demo-r-{}", std::process::id()));
+        let scratch = Scratch::new("demo-r")?;
+        let dir = scratch.path();
         let w = r_script!("b25_sort.R");
-        write_workloads(&dir, std::slice::from_ref(&w))?;
+        write_workloads(dir, std::slice::from_ref(&w))?;
         let env = vec![("ADVM_BENCH_SCALE", "0.5".to_string()), ("ADVM_BENCH_DIR", dir.display().to_string())];
-        let (program, args) = invocation(&w, &dir);
+        let (program, args) = invocation(&w, dir);
         let interval = Duration::from_millis(250);
         let off = measure(Mode::Off, &program, &args, &env, interval)?;
         let cow = measure(Mode::Vcopy, &program, &args, &env, interval)?;
-        let _ = std::fs::remove_dir_all(&dir);
+        drop(scratch);
         let mib = |p: f64| p * advm::addr::page_size() as f64 / (1 << 20) as f64;
         let mut disagreements = Vec::new();
         for (what, m) in [("R demo, vcopy", &cow), ("R demo, untouched", &off)] {

@@ -11,7 +11,9 @@ use advm::merge::protocol::{Reply, Request};
 use advm::merge::{Client, Via};
 use advm::stats::page_frames;
 use advm::wire::Channel;
-use advmd::{Config, Daemon, Handle};
+use advmd::{Config, Daemon};
+
+mod common;
 
 fn fence_ok() -> bool {
     let ok = advm::probe::facts().uffd_features.is_some();
@@ -21,15 +23,12 @@ fn fence_ok() -> bool {
     ok
 }
 
-fn start(name: &str, tweak: impl FnOnce(&mut Config)) -> (Handle, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("advmd-test-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let sock = dir.join("advmd.sock");
-    let mut cfg = Config::at(&sock);
-    cfg.domain_limit_bytes = 64 << 20;
-    tweak(&mut cfg);
-    (Daemon::bind(cfg).unwrap().spawn(), sock)
+/// A daemon with a 64 MiB limit per domain unless `tweak` says otherwise.
+fn start(name: &str, tweak: impl FnOnce(&mut Config)) -> (common::Running, PathBuf) {
+    common::start(name, |c| {
+        c.domain_limit_bytes = 64 << 20;
+        tweak(c)
+    })
 }
 
 fn filled(pages: usize, seed: u8) -> Region {

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use advm::mem::{page_size, Region};
 use advm::merge::Client;
-use advmd::{Config, Daemon, Handle};
+mod common;
 
 /// Pages per probe: a merge of 256 KiB, long enough (a few hundred microseconds) for
 /// a shortcut that skipped copying to show, short enough for many trials.
@@ -24,13 +24,8 @@ const PAGES: usize = 64;
 const TRIALS: usize = 120;
 const WARMUP: usize = 6;
 
-fn start() -> (Handle, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("advmd-oracle-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let sock = dir.join("advmd.sock");
-    let mut cfg = Config::at(&sock);
-    cfg.domain_limit_bytes = 256 << 20;
-    (Daemon::bind(cfg).unwrap().spawn(), sock)
+fn start() -> (common::Running, PathBuf) {
+    common::start("oracle", |c| c.domain_limit_bytes = 256 << 20)
 }
 
 /// `PAGES` pages of xorshift bytes from `seed`: no two seeds share a page.

@@ -1,0 +1,50 @@
+//! What the daemon tests share: a daemon on a socket in a directory of its own, which
+//! goes when the test ends (each run left a dozen directories in /tmp before).
+
+use std::ops::Deref;
+use std::path::PathBuf;
+
+use advmd::{Config, Daemon, Handle};
+
+/// A daemon serving at `dir/advmd.sock`; dropping it stops the daemon, then removes
+/// `dir`.
+pub struct Running {
+    handle: Option<Handle>,
+    dir: PathBuf,
+}
+
+impl Running {
+    /// Stops the daemon now (the directory goes with the value).
+    #[allow(dead_code)] // not every test binary stops a daemon early
+    pub fn stop(mut self) {
+        if let Some(h) = self.handle.take() {
+            h.stop();
+        }
+    }
+}
+
+impl Deref for Running {
+    type Target = Handle;
+    fn deref(&self) -> &Handle {
+        self.handle.as_ref().expect("running until dropped or stopped")
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        drop(self.handle.take());
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A daemon for test `name` (unique within the test binary), `tweak` applied to its
+/// configuration, and its socket's path.
+pub fn start(name: &str, tweak: impl FnOnce(&mut Config)) -> (Running, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("advmd-test-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let sock = dir.join("advmd.sock");
+    let mut cfg = Config::at(&sock);
+    tweak(&mut cfg);
+    (Running { handle: Some(Daemon::bind(cfg).unwrap().spawn()), dir }, sock)
+}
