@@ -133,7 +133,8 @@ pub struct Config {
     pub generational: Option<Generational>,
     /// Place the spaces in regions of an `advm::pager` pager, freed ranges marked
     /// discardable (see [`Paging`]); large objects then move by memmove. `None`: plain
-    /// memory the kernel pages.
+    /// memory the kernel pages. Such a heap cannot be used in a child forked from its
+    /// process: the pager's regions, and so the heap's memory, are not inherited.
     pub paging: Option<Paging>,
     /// Generational mode without copy-back: a major collection slides the old
     /// generation down where it lies, its to-space over its own from-space, whose
