@@ -172,12 +172,10 @@ struct ForksHeld;
 
 impl ForksHeld {
     fn take() -> Self {
-        static HANDLERS: std::sync::OnceLock<()> = std::sync::OnceLock::new();
         // Without the handlers (registration failed) a fork() meanwhile is not held
-        // back: the race the module comment describes.
-        HANDLERS.get_or_init(|| {
-            let _ = super::process::at_fork(lock_forks, unlock_forks, unlock_forks);
-        });
+        // back: the race the module comment describes. Registered on first use (again
+        // is a no-op).
+        let _ = super::process::at_fork(lock_forks, unlock_forks, unlock_forks);
         lock_forks();
         Self
     }
