@@ -171,7 +171,8 @@ struct advm_pager_stats {
 };
 
 /* budget_bytes: at least one page. swap_path: a file to create, or NULL (or a
- * directory): an unlinked temporary file (in /var/tmp). NULL on error, errno set. */
+ * directory): an unlinked temporary file (in /var/tmp). NULL on error, errno set
+ * (a swap file that cannot be created: the open's own errno, ENOENT, EACCES...). */
 advm_pager *advm_pager_new(size_t budget_bytes, const char *swap_path);
 /* A new region of len bytes (rounded up to pages), reading as zeros. NULL on error. */
 void *advm_pager_map(advm_pager *p, size_t len);
