@@ -20,7 +20,7 @@ use pyo3::types::PyDict;
 /// `OSError`s, as every other failure is).
 fn to_py(e: advm::Error) -> PyErr {
     match e {
-        advm::Error::InvalidArgument { .. } => PyValueError::new_err(e.to_string()),
+        advm::Error::InvalidArgument { .. } | advm::Error::KernelThread { .. } => PyValueError::new_err(e.to_string()),
         advm::Error::NoSuchProcess { .. } | advm::Error::ProcessExited { .. } => {
             PyProcessLookupError::new_err(e.to_string())
         }
