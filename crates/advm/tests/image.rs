@@ -938,3 +938,24 @@ fn images_of_other_formats_are_refused_not_read_as_raw() {
     run(d, "qemu-img", &["create", "-q", "-f", "raw", "plain.raw", "1M"]);
     assert!(Image::open(d.join("plain.raw")).is_ok());
 }
+
+/// A size-0 image (qcow2 or raw) is an empty disk: it opens, resolves to no extent and
+/// reads nothing; only mapping it is refused (a mapping of no bytes has no address).
+#[test]
+fn a_size_0_image_reads_as_empty() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = Dir::new("size-0");
+    let d = &dir.0;
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "empty.qcow2", "0"]);
+    fs::write(d.join("empty.raw"), b"").unwrap();
+    for name in ["empty.qcow2", "empty.raw"] {
+        let img = Image::open(d.join(name)).unwrap();
+        assert_eq!(img.virtual_size(), 0, "{name}");
+        assert!(img.extent_map().unwrap().extents.is_empty(), "{name}");
+        img.read_at(GuestOffset(0), &mut []).unwrap();
+        let err = ImageSpace::map(d.join(name), &MapOptions::default()).unwrap_err().to_string();
+        assert!(err.ends_with("cannot map an image of virtual size 0"), "{name}: {err}");
+    }
+}
