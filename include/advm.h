@@ -210,7 +210,8 @@ struct advm_merge_stats {
     uint32_t via_daemon;  /* 1: advmd's store; 0: this process's own */
 };
 int advm_merge(const void *addr, size_t len, struct advm_merge_stats *out);
-/* Which store merges use, and why not advmd when not; owned by the library. */
+/* Which store merges use, and why not advmd when not; owned by the library, valid
+ * until the next call on the same thread. */
 const char *advm_merge_via(void);
 /* ---- end merging ---- */
 

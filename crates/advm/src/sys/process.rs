@@ -230,6 +230,50 @@ impl ProcessKey {
     }
 }
 
+/// Held by every `fork()` of the process (a `pthread_atfork` prepare handler takes it,
+/// the parent and child handlers give it back) and by [`ForksHeld`]: so no fork copies
+/// it held, and work done under it is never cut in half in a child (a lean fork's
+/// marks, which it holds while they are on; the SIGBUS route table's edits). A pthread
+/// mutex: it is taken in one handler and given back in another.
+struct ForkLock(std::cell::UnsafeCell<libc::pthread_mutex_t>);
+
+// SAFETY: a pthread mutex is made to be used from several threads at once.
+unsafe impl Sync for ForkLock {}
+
+static FORKS: ForkLock = ForkLock(std::cell::UnsafeCell::new(libc::PTHREAD_MUTEX_INITIALIZER));
+
+extern "C" fn lock_forks() {
+    // SAFETY: FORKS is a static, initialized mutex (a normal one: no owner checks).
+    unsafe { libc::pthread_mutex_lock(FORKS.0.get()) };
+}
+
+extern "C" fn unlock_forks() {
+    // SAFETY: as above; called only where this thread (or, in a fork's child, the
+    // thread it is a copy of) locked it.
+    unsafe { libc::pthread_mutex_unlock(FORKS.0.get()) };
+}
+
+/// [`FORKS`], held until dropped: no `fork()` of this process runs meanwhile (a raw
+/// clone, as a lean fork's, runs no handler). Not reentrant: a thread takes it once.
+pub struct ForksHeld;
+
+impl ForksHeld {
+    /// Waits for a fork under way, then holds forks back until dropped.
+    pub fn take() -> Self {
+        // Without the handlers (registration failed) a fork() meanwhile is not held
+        // back. Registered on first use (again is a no-op).
+        let _ = super::process::at_fork(lock_forks, unlock_forks, unlock_forks);
+        lock_forks();
+        Self
+    }
+}
+
+impl Drop for ForksHeld {
+    fn drop(&mut self) {
+        unlock_forks();
+    }
+}
+
 /// Raises this process's soft limit of open files to its hard limit; returns the limit
 /// now in force.
 pub fn raise_open_files_limit() -> SysResult<u64> {
