@@ -15,9 +15,12 @@ use super::{Managed, Shared, DISCARDED, EMPTY, EVICTING, GONE, RESIDENT, SWAPPED
 
 /// Every pager made in this process, with the name of the thread that made it. Per
 /// process: a child forked while a parent thread held the list gets its own.
-static LIVE: PerProcess<Mutex<Vec<(Weak<Shared>, String)>>> = PerProcess::new();
+static LIVE: PerProcess<Mutex<Live>> = PerProcess::new();
 
-fn live() -> &'static Mutex<Vec<(Weak<Shared>, String)>> {
+/// Pagers and the names of the threads that made them.
+type Live = Vec<(Weak<Shared>, String)>;
+
+fn live() -> &'static Mutex<Live> {
     LIVE.get(|| Mutex::new(Vec::new()))
 }
 

@@ -226,7 +226,7 @@ impl ProcessKey {
 
     /// Whether a key taken earlier (`self`) was taken in this process.
     pub fn is_this_process(&self) -> bool {
-        self.generation == GENERATION.load(Ordering::Relaxed) && self.pid.is_none_or(|p| p == std::process::id())
+        self.generation == GENERATION.load(Ordering::Relaxed) && self.pid.map_or(true, |p| p == std::process::id())
     }
 }
 
