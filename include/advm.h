@@ -177,7 +177,8 @@ struct advm_pager_stats {
 };
 
 /* budget_bytes: at least one page. swap_path: a file to create, or NULL (or a
- * directory): an unlinked temporary file (in /var/tmp). NULL on error, errno set. */
+ * directory): an unlinked temporary file (in /var/tmp). NULL on error, errno set
+ * (a swap file that cannot be created: the open's own errno, ENOENT, EACCES...). */
 advm_pager *advm_pager_new(size_t budget_bytes, const char *swap_path);
 /* A new region of len bytes (rounded up to pages), reading as zeros. NULL on error. */
 void *advm_pager_map(advm_pager *p, size_t len);
@@ -216,7 +217,8 @@ struct advm_merge_stats {
     uint32_t via_daemon;  /* 1: advmd's store; 0: this process's own */
 };
 int advm_merge(const void *addr, size_t len, struct advm_merge_stats *out);
-/* Which store merges use, and why not advmd when not; owned by the library. */
+/* Which store merges use, and why not advmd when not; owned by the library, valid
+ * until the next call on the same thread. */
 const char *advm_merge_via(void);
 /* ---- end merging ---- */
 

@@ -143,14 +143,13 @@ extern "C" fn after_fork() {
     HELD.with(|h| h.borrow_mut().take());
 }
 
-/// Registers the fork handlers once, and `gc` as a live handle.
+/// Registers the fork handlers (once), and `gc` as a live handle.
 fn register(gc: *mut AdvmGc) {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        // SAFETY: the handlers are `extern "C" fn()`s of this library, which is never
-        // unloaded while handles live (a dlclose with live handles is the caller's bug).
-        unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork)) };
-    });
+    // On every handle: registering them again is a no-op. Not behind a `Once`, which a
+    // child forked while another thread ran it would find "running" for ever. The
+    // handlers are `extern "C" fn`s of this library, which is never unloaded while
+    // handles live (a dlclose with live handles is the caller's bug).
+    let _ = advm::process::at_fork(before_fork, after_fork, after_fork);
     HANDLES.lock().unwrap_or_else(|e| e.into_inner()).push(gc as usize);
 }
 

@@ -25,6 +25,7 @@ pub fn errno_of(e: &advm::Error) -> i32 {
         advm::Error::Unsupported { .. } => libc::ENOSYS,
         advm::Error::NoSuchProcess { .. } | advm::Error::ProcessExited { .. } => libc::ESRCH,
         advm::Error::PermissionDenied { .. } => libc::EPERM,
+        advm::Error::KernelThread { .. } => libc::EINVAL,
         advm::Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
         _ => libc::EIO,
     };

@@ -50,18 +50,24 @@ pub unsafe extern "C" fn advm_merge(addr: *const u8, len: usize, out: *mut AdvmM
 }
 
 /// `const char *advm_merge_via(void)`: which store merges use and why, as a
-/// NUL-terminated string owned by the library (valid until the next call).
+/// NUL-terminated string owned by the library (valid until the next call on the
+/// same thread; one buffer per thread, so another thread's call never frees it).
 #[no_mangle]
 pub extern "C" fn advm_merge_via() -> *const c_char {
-    use std::sync::Mutex;
-    static TEXT: Mutex<Vec<u8>> = Mutex::new(Vec::new());
+    thread_local! {
+        // Per thread, not a static Mutex: a fork while another thread held that would
+        // leave the child's locked for ever.
+        static TEXT: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
     let text = match advm::merge::with_default(|c| Ok(c.via().clone())) {
         Ok(advm::merge::Via::Daemon { socket }) => format!("advmd at {socket}"),
         Ok(advm::merge::Via::Local { reason }) => format!("this process's own store: {reason}"),
         Err(e) => format!("no store: {e}"),
     };
-    let mut g = TEXT.lock().unwrap_or_else(|p| p.into_inner());
-    *g = text.replace('\0', " ").into_bytes();
-    g.push(0);
-    g.as_ptr().cast()
+    TEXT.with(|t| {
+        let mut g = t.borrow_mut();
+        *g = text.replace('\0', " ").into_bytes();
+        g.push(0);
+        g.as_ptr().cast()
+    })
 }

@@ -164,15 +164,20 @@ pub fn run(cmd: ImageCmd) -> Result<(), CliError> {
                 image: chain.options(),
                 ..Default::default()
             };
-            let space = ImageSpace::map(&image, &options)?;
-            let length = length.unwrap_or(space.size().saturating_sub(offset));
-            if offset.checked_add(length).map_or(true, |end| end > space.size()) {
+            let opened = Image::open_with(&image, &options.image)?;
+            let size = opened.virtual_size();
+            let length = length.unwrap_or(size.saturating_sub(offset));
+            if offset.checked_add(length).map_or(true, |end| end > size) {
                 return Err(CliError::Usage(format!(
-                    "--offset {offset} --length {length} runs past the {}-byte virtual size of {}",
-                    space.size(),
+                    "--offset {offset} --length {length} runs past the {size}-byte virtual size of {}",
                     image.display()
                 )));
             }
+            if length == 0 {
+                // Nothing to write (a size-0 image, which cannot be mapped, among them).
+                return Ok(());
+            }
+            let space = ImageSpace::map_image(&opened, &options)?;
             let mut out = std::io::stdout().lock();
             let mut buf = vec![0u8; 1 << 20];
             let mut at = offset;

@@ -54,8 +54,9 @@ pub struct RunArgs {
     /// the anon+shmem and page cache charged to it (mean and peak, sampled every 50 ms).
     #[arg(long)]
     pub cgroup: bool,
-    /// With --cgroup: print that report as JSON (on stderr, after the program's output).
-    #[arg(long, requires = "cgroup")]
+    /// With --cgroup or --stats: print those reports as JSON (on stderr, after the
+    /// program's output; the cgroup's first, then the statistics, one document each).
+    #[arg(long)]
     pub json: bool,
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
@@ -146,6 +147,30 @@ pub fn render_stats(mode: Mode, stats: &BTreeMap<String, u64>, processes: usize)
     out
 }
 
+/// Renders the merge agents' totals for `--mode merge --stats`.
+pub fn render_merge_totals(t: &advm::merge::agent::AgentTotals) -> String {
+    let ps = advm::addr::page_size() as u64;
+    if t.merges == 0 {
+        return format!(
+            "advm run: mode merge, {} process(es) reported: no merge ran (the program ended before its memory, once grown, stayed quiet for --merge-after seconds)\n",
+            t.processes
+        );
+    }
+    format!(
+        "advm run: mode merge, {} process(es) reported\n  agent merges         {} ({} of mappings in {:.3} s)\n  pages                {} merged ({}), {} added to the store, {} skipped ({} busy, {} all-zero given back)\n",
+        t.processes,
+        t.merges,
+        fmt_bytes(t.bytes),
+        t.seconds,
+        t.merged,
+        fmt_bytes(t.merged * ps),
+        t.added,
+        t.skipped,
+        t.busy,
+        t.zero_dropped
+    )
+}
+
 /// Renders the cgroup meter's report for `--cgroup`.
 pub fn render_cgroup(s: &cgroup::Summary) -> String {
     let agg =
@@ -164,6 +189,9 @@ pub fn render_cgroup(s: &cgroup::Summary) -> String {
 /// `advm run`: runs the program, then exits with its status.
 pub fn run(args: RunArgs) -> Result<(), CliError> {
     let (program, rest) = args.command.split_first().ok_or_else(|| CliError::Usage("no command given".into()))?;
+    if args.json && !args.cgroup && !args.stats {
+        return Err(CliError::Usage("--json prints the --cgroup or --stats report: give one of them".into()));
+    }
     let mut prepared = launch::prepare(args.mode, args.threshold_pages, program, rest, args.stats)?;
     if args.mode == Mode::Merge {
         prepared.command.env(launch::MERGE_AFTER, args.merge_after.to_string());
@@ -192,12 +220,27 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         }
     }
     if args.stats {
-        match &prepared.stats_dir {
-            Some(d) => {
+        let mode = args.mode.name();
+        match (&prepared.stats_dir, &prepared.merge_report_dir) {
+            (Some(d), _) => {
                 let (stats, n) = launch::read_stats(d);
-                eprint!("{}", render_stats(args.mode, &stats, n));
+                if args.json {
+                    let v = serde_json::json!({"mode": mode, "processes": n, "counters": stats});
+                    eprintln!("{}", serde_json::to_string_pretty(&v).expect("serializes"));
+                } else {
+                    eprint!("{}", render_stats(args.mode, &stats, n));
+                }
             }
-            None => eprintln!("advm run: mode {}: the shim was not loaded, nothing to report", args.mode.name()),
+            (None, Some(d)) => {
+                let totals = advm::merge::agent::read_totals(d);
+                if args.json {
+                    let v = serde_json::json!({"mode": mode, "merge_agent": totals});
+                    eprintln!("{}", serde_json::to_string_pretty(&v).expect("serializes"));
+                } else {
+                    eprint!("{}", render_merge_totals(&totals));
+                }
+            }
+            (None, None) => eprintln!("advm run: mode {mode}: the shim was not loaded, nothing to report"),
         }
     }
     drop(prepared);

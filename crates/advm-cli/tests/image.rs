@@ -71,6 +71,12 @@ fn info_map_cat() {
         String::from_utf8_lossy(&out.stderr),
         "advm: --offset 2097000 --length 1000 runs past the 2097152-byte virtual size of top.qcow2\n"
     );
+    // a size-0 image (qcow2 and raw) is an empty disk: nothing written, success
+    run(&d.0, "qemu-img", &["create", "-q", "-f", "qcow2", "empty.qcow2", "0"]);
+    std::fs::write(d.0.join("empty.raw"), b"").unwrap();
+    for empty in ["empty.qcow2", "empty.raw"] {
+        assert_eq!(run(&d.0, ADVM, &["image", "cat", empty]), b"", "{empty}");
+    }
     let out = Command::new(ADVM).args(["image", "map", "nothere.qcow2"]).current_dir(&d.0).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stderr), "advm: nothere.qcow2: No such file or directory (os error 2)\n");
 }

@@ -36,14 +36,21 @@ fn rustix_is_root() -> bool {
 }
 
 fn start(mode: &str, after: &str) -> std::process::Child {
+    start_with(mode, after, &[])
+}
+
+fn start_with(mode: &str, after: &str, options: &[&str]) -> std::process::Child {
     Command::new(ADVM)
-        .args(["run", "--mode", "merge", "--merge-after", after, "--", "python3"])
+        .args(["run", "--mode", "merge", "--merge-after", after])
+        .args(options)
+        .args(["--", "python3"])
         .arg(program())
         .arg(mode)
         // the process's own store: no dependence on a daemon on this machine
         .env("ADVM_SOCKET", "/nonexistent/advmd.sock")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
+        .stderr(if options.is_empty() { Stdio::inherit() } else { Stdio::piped() })
         .spawn()
         .expect("start advm run")
 }
@@ -54,7 +61,13 @@ fn target_pid(advm: u32) -> u32 {
     kids.split_whitespace().next().expect("advm run has a child").parse().unwrap()
 }
 
-fn finish(mut child: std::process::Child, mut out: BufReader<std::process::ChildStdout>) {
+fn finish(child: std::process::Child, out: BufReader<std::process::ChildStdout>) {
+    finish_with_stderr(child, out);
+}
+
+/// Waits for the program's "ok" and its end; returns what advm wrote on stderr (when
+/// piped).
+fn finish_with_stderr(mut child: std::process::Child, mut out: BufReader<std::process::ChildStdout>) -> String {
     let mut line = String::new();
     while line.trim().is_empty() || line.trim() == "ready" {
         line.clear();
@@ -62,9 +75,14 @@ fn finish(mut child: std::process::Child, mut out: BufReader<std::process::Child
             break;
         }
     }
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        std::io::Read::read_to_string(&mut e, &mut err).unwrap();
+    }
     let status = child.wait().unwrap();
-    assert!(status.success() && line.starts_with("ok"), "the program failed ({status}): {line}");
+    assert!(status.success() && line.starts_with("ok"), "the program failed ({status}): {line} {err}");
     eprintln!("{line}");
+    err
 }
 
 #[test]
@@ -98,6 +116,31 @@ fn a_program_under_merge_mode_is_merged_after_a_quiet_period() {
     let mut child = start("auto", "0.5");
     let out = BufReader::new(child.stdout.take().unwrap());
     finish(child, out);
+}
+
+/// `--stats` reports the agent's merges, in text and in JSON.
+#[test]
+fn merge_mode_stats_report_the_agents_merges() {
+    if !ready() {
+        return;
+    }
+    let mut child = start_with("auto", "0.5", &["--stats", "--json"]);
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let err = finish_with_stderr(child, out);
+    let v: serde_json::Value = serde_json::from_str(&err).unwrap_or_else(|e| panic!("{e}: {err}"));
+    let t = &v["merge_agent"];
+    let n = |k: &str| t[k].as_u64().unwrap_or_else(|| panic!("{k} in {v}"));
+    assert_eq!(v["mode"], "merge", "{v}");
+    assert_eq!(n("processes"), 1, "{v}");
+    assert!(n("merges") >= 1, "{v}");
+    // b alone is 8192 pages nobody writes (equal to a's, and repeating every 256 pages)
+    assert!(n("merged") + n("added") >= 8192, "{v}");
+    assert!(t["seconds"].as_f64().unwrap() > 0.0 && n("bytes") > 0, "{v}");
+
+    let mut child = start_with("auto", "0.5", &["--stats"]);
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let err = finish_with_stderr(child, out);
+    assert!(err.starts_with("advm run: mode merge, 1 process(es) reported\n  agent merges "), "{err}");
 }
 
 #[test]

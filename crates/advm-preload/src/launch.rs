@@ -111,7 +111,7 @@ impl Mode {
 }
 
 /// Environment variables of the merge agent (libadvm's `advm::merge::agent`).
-pub use advm::merge::agent::{ENV_AFTER as MERGE_AFTER, ENV_AGENT as MERGE_AGENT};
+pub use advm::merge::agent::{ENV_AFTER as MERGE_AFTER, ENV_AGENT as MERGE_AGENT, ENV_REPORT_DIR as MERGE_REPORT_DIR};
 
 /// libadvm.so, which holds the merge agent: `$ADVM_LIB`, else next to the running
 /// executable (`target/*/advm` beside `target/*/libadvm.so`, or `bin/` beside `lib/`).
@@ -149,12 +149,14 @@ pub struct Prepared {
     pub command: Command,
     /// Where the shim's processes write their statistics.
     pub stats_dir: Option<PathBuf>,
+    /// Where the merge agents write their reports (`--mode merge` with statistics).
+    pub merge_report_dir: Option<PathBuf>,
     _ksm: Option<advm::ksm::Session>,
 }
 
 impl Drop for Prepared {
     fn drop(&mut self) {
-        if let Some(d) = &self.stats_dir {
+        for d in self.stats_dir.iter().chain(&self.merge_report_dir) {
             let _ = std::fs::remove_dir_all(d);
         }
     }
@@ -187,7 +189,7 @@ pub fn prepare(
 ) -> Result<Prepared, Error> {
     let mut command = Command::new(program);
     command.args(args);
-    let mut stats_dir = None;
+    let (mut stats_dir, mut merge_report_dir) = (None, None);
     if let Some(shim_mode) = mode.shim_mode() {
         prepend_preload(&mut command, &shim_path()?);
         command.env(crate::env::MODE, shim_mode).env(crate::env::THRESHOLD_PAGES, threshold_pages.to_string());
@@ -200,9 +202,14 @@ pub fn prepare(
     if mode == Mode::Merge {
         prepend_preload(&mut command, &agent_library()?);
         command.env(MERGE_AGENT, "1");
+        if stats {
+            let d = fresh_stats_dir()?;
+            command.env(MERGE_REPORT_DIR, &d);
+            merge_report_dir = Some(d);
+        }
     }
     let ksm = mode.ksm_pages_to_scan().map(|pages| advm::ksm::Session::start(pages, 20)).transpose()?;
-    Ok(Prepared { command, stats_dir, _ksm: ksm })
+    Ok(Prepared { command, stats_dir, merge_report_dir, _ksm: ksm })
 }
 
 /// The shim's counters summed over every process that wrote `<pid>.stats`, and how many

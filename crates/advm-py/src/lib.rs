@@ -20,7 +20,7 @@ use pyo3::types::PyDict;
 /// `OSError`s, as every other failure is).
 fn to_py(e: advm::Error) -> PyErr {
     match e {
-        advm::Error::InvalidArgument { .. } => PyValueError::new_err(e.to_string()),
+        advm::Error::InvalidArgument { .. } | advm::Error::KernelThread { .. } => PyValueError::new_err(e.to_string()),
         advm::Error::NoSuchProcess { .. } | advm::Error::ProcessExited { .. } => {
             PyProcessLookupError::new_err(e.to_string())
         }
@@ -116,7 +116,13 @@ fn stat_json(py: Python<'_>, pid: i32) -> PyResult<String> {
 
 fn arena() -> PyResult<&'static Arena> {
     static ARENA: OnceLock<Result<Arena, String>> = OnceLock::new();
-    ARENA.get_or_init(|| Arena::new().map_err(|e| e.to_string())).as_ref().map_err(|e| PyOSError::new_err(e.clone()))
+    // Made under the fork gate (as the C API's): a fork by another thread during the
+    // first call would leave the child's copy of the once-lock "being made" for ever.
+    let made = ARENA.get().unwrap_or_else(|| {
+        let _gate = advm::vcopy::ForkGate::hold();
+        ARENA.get_or_init(|| Arena::new().map_err(|e| e.to_string()))
+    });
+    made.as_ref().map_err(|e| PyOSError::new_err(e.clone()))
 }
 
 /// A block of the process's virtual-copy arena, freed when the last reference goes.

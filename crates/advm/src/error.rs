@@ -27,6 +27,13 @@ pub enum Error {
         /// The pid asked for.
         pid: i32,
     },
+    /// The process is a kernel thread: it has no user address space (an empty
+    /// /proc/PID/maps and no pagemap), so there is nothing of its to measure.
+    #[error("process {pid} is a kernel thread: it has no user memory to measure")]
+    KernelThread {
+        /// The pid.
+        pid: i32,
+    },
     /// The process went away while it was being measured.
     #[error("process {pid} exited during measurement")]
     ProcessExited {

@@ -13,11 +13,11 @@
 //! process id would not do, since processes in another PID namespace (containers,
 //! sandboxes sharing `/run`) have ids this one cannot see, and would be taken for dead.
 
+use crate::sys::lazy::Lazy;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
 
 use procfs::process::Process;
 use serde::{Deserialize, Serialize};
@@ -223,7 +223,8 @@ pub fn system() -> Option<System> {
 }
 
 fn ksmd_process() -> Option<&'static Process> {
-    static KSMD: OnceLock<Option<Process>> = OnceLock::new();
+    // A read of /proc: looking twice is harmless.
+    static KSMD: Lazy<Option<Process>> = Lazy::new();
     KSMD.get_or_init(|| {
         procfs::process::all_processes().ok()?.flatten().find(|p| p.stat().map(|s| s.comm == "ksmd").unwrap_or(false))
     })

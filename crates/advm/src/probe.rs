@@ -2,7 +2,7 @@
 //! report `advm doctor` prints (one line per feature: OK / degraded / missing, and what
 //! that means for advm).
 
-use std::sync::OnceLock;
+use crate::sys::lazy::Lazy;
 
 use serde::Serialize;
 
@@ -123,7 +123,9 @@ fn mem_total_bytes() -> u64 {
 
 /// The facts, probed on first use and cached for the process.
 pub fn facts() -> &'static Facts {
-    static FACTS: OnceLock<Facts> = OnceLock::new();
+    // Every probe reads or makes and drops something of its own (a userfaultfd, a
+    // memfd, mappings): probing twice when threads race on the first use is harmless.
+    static FACTS: Lazy<Facts> = Lazy::new();
     FACTS.get_or_init(|| {
         let release = sys::kernel_release();
         let uffd = Userfaultfd::probe().ok();

@@ -63,3 +63,16 @@ pub fn terminate(pid: u32) -> Result<()> {
 pub fn disable_thp() -> Result<()> {
     Ok(crate::sys::thp::disable()?)
 }
+
+/// Registers handlers run by `fork()`: `prepare` in the parent before the fork, `parent`
+/// in the parent and `child` in the child after it (in registration order, `prepare`
+/// in reverse). Idempotent: registering the same three again does nothing, so call it
+/// on every use that needs them rather than behind a `std::sync::Once`, which a child
+/// forked while another thread ran it would find "running" for ever.
+///
+/// In the child only the forking thread exists: a handler must not wait for locks
+/// other threads might have held. The functions must stay loaded as long as the process
+/// may fork.
+pub fn at_fork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern "C" fn()) -> Result<()> {
+    Ok(crate::sys::process::at_fork(prepare, parent, child)?)
+}

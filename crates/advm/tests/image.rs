@@ -938,3 +938,61 @@ fn images_of_other_formats_are_refused_not_read_as_raw() {
     run(d, "qemu-img", &["create", "-q", "-f", "raw", "plain.raw", "1M"]);
     assert!(Image::open(d.join("plain.raw")).is_ok());
 }
+
+/// A size-0 image (qcow2 or raw) is an empty disk: it opens, resolves to no extent and
+/// reads nothing; only mapping it is refused (a mapping of no bytes has no address).
+#[test]
+fn a_size_0_image_reads_as_empty() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = Dir::new("size-0");
+    let d = &dir.0;
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "empty.qcow2", "0"]);
+    fs::write(d.join("empty.raw"), b"").unwrap();
+    for name in ["empty.qcow2", "empty.raw"] {
+        let img = Image::open(d.join(name)).unwrap();
+        assert_eq!(img.virtual_size(), 0, "{name}");
+        assert!(img.extent_map().unwrap().extents.is_empty(), "{name}");
+        img.read_at(GuestOffset(0), &mut []).unwrap();
+        let err = ImageSpace::map(d.join(name), &MapOptions::default()).unwrap_err().to_string();
+        assert!(err.ends_with("cannot map an image of virtual size 0"), "{name}: {err}");
+    }
+}
+
+/// A qcow2 image on a block device (a loop device here) is read as qcow2: the format
+/// is sniffed by `pread` at offset 0, not at the file position, which measuring a
+/// block device's length leaves at its end (it was read as a raw disk of its own
+/// metadata).
+#[test]
+fn a_qcow2_image_on_a_block_device_is_qcow2() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = Dir::new("on-a-block-device");
+    let d = &dir.0;
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-o", "cluster_size=64k", "b.qcow2", "4M"]);
+    run(d, "qemu-io", &["-c", "write -P 0x5a 64k 64k", "b.qcow2"]);
+    // a whole number of 512-byte sectors, so the loop device holds all of it
+    let len = fs::metadata(d.join("b.qcow2")).unwrap().len();
+    fs::OpenOptions::new().write(true).open(d.join("b.qcow2")).unwrap().set_len(len.div_ceil(4096) * 4096).unwrap();
+    let attach =
+        std::process::Command::new("losetup").args(["-f", "--show", "--read-only"]).arg(d.join("b.qcow2")).output();
+    let dev = match attach {
+        Ok(o) if o.status.success() => String::from_utf8(o.stdout).unwrap().trim().to_string(),
+        Ok(o) => return eprintln!("skipped: no loop device here: {}", String::from_utf8_lossy(&o.stderr).trim()),
+        Err(e) => return eprintln!("skipped: losetup: {e}"),
+    };
+    struct Detach(String);
+    impl Drop for Detach {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("losetup").arg("-d").arg(&self.0).status();
+        }
+    }
+    let _detach = Detach(dev.clone());
+    let img = Image::open(&dev).unwrap();
+    assert_eq!(img.virtual_size(), 4 << 20, "{dev} read as raw: {img:?}");
+    let mut buf = vec![0u8; 128 << 10];
+    img.read_at(GuestOffset(0), &mut buf).unwrap();
+    assert!(buf[..64 << 10].iter().all(|&b| b == 0) && buf[64 << 10..].iter().all(|&b| b == 0x5a));
+}

@@ -12,7 +12,9 @@
 int main(void) {
     size_t ps = (size_t)sysconf(_SC_PAGESIZE);
     CHECK(advm_pager_new(ps - 1, NULL) == NULL && errno == EINVAL);
-    CHECK(advm_pager_new(ps, "/nonexistent-dir/swap") == NULL && errno == EINVAL);
+    /* a swap file that cannot be created: the open's own errno */
+    CHECK(advm_pager_new(ps, "/nonexistent-dir/swap") == NULL && errno == ENOENT);
+    CHECK(advm_pager_new(ps, "/dev/null/swap") == NULL && errno == ENOTDIR);
     advm_pager *p = advm_pager_new(16 * ps, NULL);
     if (!p && errno == ENOSYS) {
         printf("skipped: the pager needs userfaultfd with UFFDIO_MOVE\n");

@@ -2,7 +2,6 @@
 //! which backing files a header may name ([`ImageOptions`]).
 
 use std::fs::File;
-use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -159,19 +158,42 @@ pub struct Image {
     pub(super) layers: Vec<Layer>,
 }
 
-fn sniff(file: &File, path: &Path) -> Result<bool> {
-    let mut magic = [0u8; 4];
-    let n = file.take(4).read(&mut magic).map_err(|e| Error::io(path, e))?;
-    Ok(n == 4 && magic == qcow2::MAGIC)
+/// The first bytes of a file, where every format's magic is: read once, by `pread` at
+/// offset 0 (the file position is not 0 after [`current_len`] of a block device).
+struct Head {
+    bytes: [u8; 0x44],
+    len: usize,
+}
+
+impl Head {
+    fn read(file: &File, path: &Path) -> Result<Self> {
+        let mut bytes = [0u8; 0x44];
+        let mut len = 0;
+        while len < bytes.len() {
+            match FileExt::read_at(file, &mut bytes[len..], len as u64) {
+                Ok(0) => break,
+                Ok(n) => len += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::io(path, e)),
+            }
+        }
+        Ok(Self { bytes, len })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+
+    fn is_qcow2(&self) -> bool {
+        self.bytes().starts_with(&qcow2::MAGIC)
+    }
 }
 
 /// The format a file that is not qcow2 carries by its magic, when it is one qemu
 /// knows and advm does not read: probing such a file as raw would map its metadata as
 /// disk bytes (qemu's probe recognises them too).
-fn other_format(file: &File, path: &Path) -> Result<Option<&'static str>> {
-    let mut head = [0u8; 0x44];
-    let n = FileExt::read_at(file, &mut head, 0).map_err(|e| Error::io(path, e))?;
-    let head = &head[..n];
+fn other_format(head: &Head) -> Option<&'static str> {
+    let head = head.bytes();
     let known: [(&[u8], &str); 9] = [
         (b"KDMV", "vmdk"),
         (b"COWD", "vmdk (version 3)"),
@@ -184,13 +206,13 @@ fn other_format(file: &File, path: &Path) -> Result<Option<&'static str>> {
         (b"WithouFreSpacExt", "parallels"),
     ];
     if let Some((_, name)) = known.iter().find(|(magic, _)| head.starts_with(magic)) {
-        return Ok(Some(name));
+        return Some(name);
     }
     // VirtualBox: a text banner, then the signature 0xbeda107f at 0x40.
     if head.len() >= 0x44 && head[0x40..0x44] == 0xbeda_107f_u32.to_le_bytes() {
-        return Ok(Some("vdi"));
+        return Some("vdi");
     }
-    Ok(None)
+    None
 }
 
 /// The length of a regular file or block device (whose `st_size` is 0).
@@ -241,9 +263,10 @@ fn open_layer(path: &Path, format: Option<&str>) -> Result<Layer> {
         return Err(unfit(what));
     }
     let file_len = current_len(&file).map_err(|e| Error::io(path, e))?;
-    let is_qcow2 = sniff(&file, path)?;
+    let head = Head::read(&file, path)?;
+    let is_qcow2 = head.is_qcow2();
     if format.is_none() && !is_qcow2 {
-        if let Some(other) = other_format(&file, path)? {
+        if let Some(other) = other_format(&head) {
             return Err(err(format!(
                 "is a {other} image, not qcow2 or raw; refusing to read it as raw \
                  (convert it: qemu-img convert -O qcow2 {} out.qcow2)",

@@ -49,7 +49,8 @@ pub const ENV_MIN_BYTES: &str = "ADVM_MERGE_MIN_BYTES";
 /// Growth of anonymous memory, bytes, that makes a quiet period worth a merge.
 pub const ENV_MIN_GROWTH: &str = "ADVM_MERGE_MIN_GROWTH";
 /// A directory where the agent writes `<pid>.json`, the last quiet-period merge's
-/// [`ProcessMerge`] (for benchmarks; unset: reported nowhere but to `advm merge`).
+/// [`ProcessMerge`] with `"totals"`, the [`AgentTotals`] of all its merges so far (for
+/// benchmarks and `advm run --stats`; unset: reported nowhere but to `advm merge`).
 pub const ENV_REPORT_DIR: &str = "ADVM_MERGE_REPORT_DIR";
 
 /// Chunk merged under one fence: small enough for a snapshot, large enough to batch
@@ -73,6 +74,75 @@ pub struct ProcessMerge {
     pub zero_dropped: u64,
     /// Why merging stopped early, if it did (e.g. the process's mapping budget).
     pub stopped: Option<String>,
+}
+
+/// What the agents' quiet-period merges did, summed (over one process's merges, or
+/// over the processes of [`read_totals`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AgentTotals {
+    /// Processes whose agent reported.
+    pub processes: u64,
+    /// Quiet-period merges run.
+    pub merges: u64,
+    /// Pages now mapping a page the store already held.
+    pub merged: u64,
+    /// Pages added to the store.
+    pub added: u64,
+    /// Pages left as they were (of them: `busy` and `zero_dropped`).
+    pub skipped: u64,
+    /// Of `skipped`: pages written, unmapped or remapped while being merged.
+    pub busy: u64,
+    /// Of `skipped`: all-zero pages given back.
+    pub zero_dropped: u64,
+    /// Bytes of the mappings merged.
+    pub bytes: u64,
+    /// Wall-clock seconds spent merging.
+    pub seconds: f64,
+}
+
+impl AgentTotals {
+    /// Adds one merge of this process.
+    pub fn add(&mut self, r: &ProcessMerge) {
+        self.processes = 1;
+        self.merges += 1;
+        self.merged += r.stats.merged;
+        self.added += r.stats.added;
+        self.skipped += r.stats.skipped;
+        self.busy += r.busy;
+        self.zero_dropped += r.zero_dropped;
+        self.bytes += r.stats.bytes;
+        self.seconds += r.stats.seconds;
+    }
+
+    fn sum(&mut self, o: &AgentTotals) {
+        self.processes += o.processes;
+        self.merges += o.merges;
+        self.merged += o.merged;
+        self.added += o.added;
+        self.skipped += o.skipped;
+        self.busy += o.busy;
+        self.zero_dropped += o.zero_dropped;
+        self.bytes += o.bytes;
+        self.seconds += o.seconds;
+    }
+}
+
+/// The totals of every agent that reported into `dir` ([`ENV_REPORT_DIR`]); zero when
+/// none did (no quiet period came, or the agent was not started).
+pub fn read_totals(dir: &std::path::Path) -> AgentTotals {
+    #[derive(serde::Deserialize)]
+    struct Report {
+        totals: AgentTotals,
+    }
+    let mut sum = AgentTotals::default();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.path().extension().is_some_and(|x| x == "json") {
+            if let Some(r) = std::fs::read(e.path()).ok().and_then(|b| serde_json::from_slice::<Report>(&b).ok()) {
+                sum.sum(&r.totals);
+            }
+        }
+    }
+    sum
 }
 
 /// The agent's settings.
@@ -142,6 +212,7 @@ fn run(listener: UnixListener, s: Settings) {
     let mut since = anon_resident().unwrap_or(0);
     let mut mark = since;
     let mut last_growth = Instant::now();
+    let mut totals = AgentTotals::default();
     loop {
         // A forked child inherits no thread: this loop only ever runs in `pid`.
         while let Ok((conn, _)) = listener.accept() {
@@ -154,7 +225,10 @@ fn run(listener: UnixListener, s: Settings) {
         }
         if mark >= since + s.min_growth && last_growth.elapsed() >= s.after {
             match merge_process(s.min_bytes) {
-                Ok(r) => report(pid, &r),
+                Ok(r) => {
+                    totals.add(&r);
+                    report(pid, &r, &totals)
+                }
                 Err(e) => eprintln!("advm merge agent (pid {pid}): {e}"),
             }
             since = anon_resident().unwrap_or(0);
@@ -165,12 +239,13 @@ fn run(listener: UnixListener, s: Settings) {
     }
 }
 
-/// Writes `r` to `$ADVM_MERGE_REPORT_DIR/<pid>.json` when that is set.
-fn report(pid: u32, r: &ProcessMerge) {
+/// Writes `r` and `totals` to `$ADVM_MERGE_REPORT_DIR/<pid>.json` when that is set.
+fn report(pid: u32, r: &ProcessMerge, totals: &AgentTotals) {
     let Some(dir) = std::env::var_os(ENV_REPORT_DIR) else { return };
     let path = std::path::Path::new(&dir).join(format!("{pid}.json"));
-    let text = serde_json::to_string(r).unwrap_or_default();
-    if let Err(e) = std::fs::write(&path, text) {
+    let mut v = serde_json::to_value(r).unwrap_or_default();
+    v["totals"] = serde_json::to_value(totals).unwrap_or_default();
+    if let Err(e) = std::fs::write(&path, v.to_string()) {
         eprintln!("advm merge agent (pid {pid}): writing {}: {e}", path.display());
     }
 }

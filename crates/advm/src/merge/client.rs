@@ -251,12 +251,14 @@ fn count_slots(s: &[u32], n: usize) -> Result<()> {
 /// connection closes, and this process may still map them (a merged page reads from
 /// the store until it is written), so the connection stays open until the process
 /// exits (or execs: it is close-on-exec, and exec drops the mappings too).
-static PARKED: std::sync::Mutex<Vec<Channel>> = std::sync::Mutex::new(Vec::new());
+/// Per process: a child forked while a parent thread held the list gets a list of its
+/// own (the parent's channels stay open in it, left alone, as before).
+static PARKED: crate::sys::process::PerProcess<std::sync::Mutex<Vec<Channel>>> = crate::sys::process::PerProcess::new();
 
 impl Drop for Daemon {
     fn drop(&mut self) {
         if let Some(ch) = self.ch.take() {
-            PARKED.lock().unwrap_or_else(|p| p.into_inner()).push(ch);
+            PARKED.get(|| std::sync::Mutex::new(Vec::new())).lock().unwrap_or_else(|p| p.into_inner()).push(ch);
         }
     }
 }

@@ -563,10 +563,8 @@ fn open_swap(cfg: &Config) -> Result<SwapFile> {
         Some(p) if p.is_dir() => (p.clone(), true),
         Some(p) => (p.clone(), false),
     };
-    SwapFile::open(&path, temporary, direct).map_err(|e| Error::InvalidArgument {
-        what: "swap path",
-        why: format!("{}: cannot create the pager's swap file: {e}", path.display()),
-    })
+    // The open's own error (ENOENT, EACCES, ENOTDIR...) so a C caller's errno says why.
+    SwapFile::open(&path, temporary, direct).map_err(|e| Error::io(&path, e))
 }
 
 impl Pager {

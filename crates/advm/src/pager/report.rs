@@ -9,15 +9,25 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, TryLockError, Weak};
 use std::time::Duration;
 
+use crate::sys::process::PerProcess;
+
 use super::{Managed, Shared, DISCARDED, EMPTY, EVICTING, GONE, RESIDENT, SWAPPED};
 
-/// Every pager made in this process, with the name of the thread that made it.
-static LIVE: Mutex<Vec<(Weak<Shared>, String)>> = Mutex::new(Vec::new());
+/// Every pager made in this process, with the name of the thread that made it. Per
+/// process: a child forked while a parent thread held the list gets its own.
+static LIVE: PerProcess<Mutex<Live>> = PerProcess::new();
+
+/// Pagers and the names of the threads that made them.
+type Live = Vec<(Weak<Shared>, String)>;
+
+fn live() -> &'static Mutex<Live> {
+    LIVE.get(|| Mutex::new(Vec::new()))
+}
 
 /// Notes a new pager (made on the current thread).
 pub(super) fn enlist(shared: &Arc<Shared>) {
     let name = std::thread::current().name().unwrap_or("unnamed").to_string();
-    let mut live = LIVE.lock().unwrap_or_else(|p| p.into_inner());
+    let mut live = live().lock().unwrap_or_else(|p| p.into_inner());
     live.retain(|(w, _)| w.strong_count() > 0);
     live.push((Arc::downgrade(shared), name));
 }
@@ -25,7 +35,7 @@ pub(super) fn enlist(shared: &Arc<Shared>) {
 /// The state of every pager alive in the process that a thread named `thread` made
 /// (every pager: `None`), one paragraph each.
 pub fn report(thread: Option<&str>) -> String {
-    let live: Vec<(Arc<Shared>, String)> = LIVE
+    let live: Vec<(Arc<Shared>, String)> = live()
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .iter()

@@ -10,14 +10,14 @@
 //! not available (then only 2 MiB-aligned moves use pages, through mremap).
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
 use super::{move_pages_with, uffd_move_available, Choice, Engine, Options, PMD_SIZE};
 use crate::mem::{page_size, HostAddr};
+use crate::sys::lazy::Lazy;
 use crate::sys::mman::grant::RwMapping;
 use crate::Result;
 
@@ -153,12 +153,16 @@ pub(super) fn break_even_pages() -> (usize, usize) {
 /// [`ENV_BREAK_EVEN`], read once: the environment is the process's start-up setting,
 /// and reading it takes the environment lock on every call.
 fn env_pages() -> Option<usize> {
-    static ENV: OnceLock<Option<usize>> = OnceLock::new();
+    // Reading it twice is harmless.
+    static ENV: Lazy<Option<usize>> = Lazy::new();
     *ENV.get_or_init(|| std::env::var(ENV_BREAK_EVEN).ok().and_then(|v| v.trim().parse().ok()))
 }
 
 fn measured() -> &'static BreakEven {
-    static MEASURED: OnceLock<BreakEven> = OnceLock::new();
+    // Threads that race on the first use may each measure (a cache hit is a read); each
+    // writes the cache file whole under its own temporary name, then renames it, so the
+    // file holds one whole measurement, and all use the first published.
+    static MEASURED: Lazy<BreakEven> = Lazy::new();
     MEASURED.get_or_init(load_or_measure)
 }
 
@@ -215,7 +219,9 @@ fn load_or_measure() -> BreakEven {
                     let _ = std::fs::create_dir_all(dir);
                 }
                 // Write then rename, so a concurrent reader never sees half a file.
-                let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+                static WRITES: AtomicU64 = AtomicU64::new(0);
+                let n = WRITES.fetch_add(1, Ordering::Relaxed);
+                let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
                 if std::fs::write(&tmp, serde_json::to_vec_pretty(&file).unwrap_or_default()).is_ok() {
                     let _ = std::fs::rename(&tmp, &path);
                 }

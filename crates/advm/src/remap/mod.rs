@@ -84,7 +84,9 @@ mod intervals;
 mod region;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
+
+use crate::sys::lazy::Lazy;
 
 use serde::Serialize;
 

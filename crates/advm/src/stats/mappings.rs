@@ -49,6 +49,9 @@ const CHUNK_PAGES: usize = 4096;
 /// frame reads as 0 and the result says nothing about sharing.
 pub fn mapping_frames(pid: i32) -> Result<Vec<MappingFrames>> {
     let process = Process::new(pid).map_err(|_| Error::NoSuchProcess { pid })?;
+    if super::is_kernel_thread(&process) {
+        return Err(Error::KernelThread { pid });
+    }
     let gone = |what: &str, e: procfs::ProcError| {
         if process.is_alive() {
             Error::io(format!("/proc/{pid}/{what}"), std::io::Error::other(e.to_string()))

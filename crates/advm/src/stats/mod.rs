@@ -185,6 +185,12 @@ fn open_error(pid: i32, what: &str, e: procfs::ProcError) -> Error {
     }
 }
 
+/// Whether `process` is a kernel thread (`PF_KTHREAD` in its flags).
+pub(crate) fn is_kernel_thread(process: &Process) -> bool {
+    const PF_KTHREAD: u32 = 0x0020_0000;
+    process.stat().is_ok_and(|s| s.flags & PF_KTHREAD != 0)
+}
+
 /// A refused /proc/PID/`what` as [`Error::PermissionDenied`], other failures as they are.
 fn permission_or(pid: i32, what: &str, e: SysError) -> Error {
     match e.errno {
@@ -211,7 +217,11 @@ impl Meter {
                 return Err(Error::NoSuchProcess { pid });
             }
             let process = Process::new(pid).map_err(|e| open_error(pid, "", e))?;
-            let pagemap = open_pagemap(pid, &process)?;
+            let pagemap = open_pagemap(pid, &process).map_err(|e| match e {
+                // a kernel thread has no mm: its pagemap cannot be opened (ESRCH)
+                Error::NoSuchProcess { .. } if is_kernel_thread(&process) => Error::KernelThread { pid },
+                e => e,
+            })?;
             let dir = process.open_relative(".").map_err(|e| open_error(pid, "", e))?.into();
             targets.push(Target { pid, process, dir, pagemap });
         }
@@ -552,5 +562,19 @@ mod tests {
         assert!(is_shmem_path("/memfd:advm-arena (deleted)"));
         assert!(is_shmem_path("/dev/zero (deleted)"));
         assert!(!is_shmem_path("/usr/lib/x86_64-linux-gnu/libc.so.6"));
+    }
+
+    /// A kernel thread (kthreadd, pid 2, where it is visible) has no user memory: the
+    /// error says so, not that the process does not exist.
+    #[test]
+    fn a_kernel_thread_is_named_as_one() {
+        let Some(pid) = (2..64).find(|&p| Process::new(p).is_ok_and(|pr| is_kernel_thread(&pr))) else {
+            eprintln!("skipped: no kernel thread visible in /proc here (a pid namespace)");
+            return;
+        };
+        let want = format!("process {pid} is a kernel thread: it has no user memory to measure");
+        assert_eq!(measure(&[pid], Options::default()).expect_err("a kernel thread").to_string(), want);
+        assert_eq!(mappings::mapping_frames(pid).expect_err("a kernel thread").to_string(), want);
+        assert!(!is_kernel_thread(&Process::myself().expect("self")));
     }
 }

@@ -145,50 +145,6 @@ fn thread_pointer() -> usize {
     0
 }
 
-/// Held by a lean fork while its marks are on, and by every `fork()` of the process
-/// (a `pthread_atfork` prepare handler takes it, the parent and child handlers give it
-/// back); the lean fork itself is a raw clone and runs no handler. A pthread mutex: it
-/// is taken in one handler and given back in another.
-struct ForkLock(std::cell::UnsafeCell<libc::pthread_mutex_t>);
-
-// SAFETY: a pthread mutex is made to be used from several threads at once.
-unsafe impl Sync for ForkLock {}
-
-static FORKS: ForkLock = ForkLock(std::cell::UnsafeCell::new(libc::PTHREAD_MUTEX_INITIALIZER));
-
-extern "C" fn lock_forks() {
-    // SAFETY: FORKS is a static, initialized mutex (a normal one: no owner checks).
-    unsafe { libc::pthread_mutex_lock(FORKS.0.get()) };
-}
-
-extern "C" fn unlock_forks() {
-    // SAFETY: as above; called only where this thread (or, in a fork's child, the
-    // thread it is a copy of) locked it.
-    unsafe { libc::pthread_mutex_unlock(FORKS.0.get()) };
-}
-
-/// [`FORKS`], held until dropped.
-struct ForksHeld;
-
-impl ForksHeld {
-    fn take() -> Self {
-        static HANDLERS: std::sync::OnceLock<()> = std::sync::OnceLock::new();
-        // Without the handlers (registration failed) a fork() meanwhile is not held
-        // back: the race the module comment describes.
-        HANDLERS.get_or_init(|| {
-            let _ = super::process::at_fork(lock_forks, unlock_forks, unlock_forks);
-        });
-        lock_forks();
-        Self
-    }
-}
-
-impl Drop for ForksHeld {
-    fn drop(&mut self) {
-        unlock_forks();
-    }
-}
-
 /// Marks on a set of ranges, lifted when dropped.
 struct Marks(Vec<(usize, usize)>);
 
@@ -231,7 +187,7 @@ pub fn fork_run_lean(keep: &[(usize, usize)], child: impl FnOnce() -> i32) -> Sy
     let mut left = LeftOut { ranges: ranges.len(), bytes, ..LeftOut::default() };
     // While the marks are on, another thread's fork() would give its child none of the
     // marked memory (a thread's stack among it): it waits, as does another lean fork.
-    let _forks_held = ForksHeld::take();
+    let _forks_held = super::process::ForksHeld::take();
     let marks = Marks(ranges);
     marks.advise(Advice::LinuxDontFork);
     let t = std::time::Instant::now();
@@ -396,7 +352,7 @@ VmFlags: rd wr mr mw me gd ac
 
     #[test]
     fn a_fork_of_another_thread_waits_while_a_lean_fork_holds_its_marks() {
-        let held = ForksHeld::take();
+        let held = crate::sys::process::ForksHeld::take();
         let forked = std::sync::atomic::AtomicBool::new(false);
         std::thread::scope(|scope| {
             let t = scope.spawn(|| {

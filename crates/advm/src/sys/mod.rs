@@ -8,6 +8,7 @@
 pub mod fdpass;
 pub mod fs;
 pub mod ksm;
+pub mod lazy;
 pub mod lean_fork;
 pub mod memfd;
 pub mod merge;

@@ -77,25 +77,17 @@ impl Pagemap {
 /// The PFN of the shared zero page, found by read-faulting a fresh anonymous page;
 /// `None` when PFNs are hidden or the probe fails.
 pub fn zero_pfn() -> Option<u64> {
-    // u64::MAX not probed yet, 0 none; an atomic rather than a OnceLock, which a child
-    // forked while another thread probed would wait on for ever.
-    static ZERO: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
-    let z = ZERO.load(std::sync::atomic::Ordering::Relaxed);
-    if z != u64::MAX {
-        return (z != 0).then_some(z);
-    }
-    let probe = || {
+    // Probing twice is harmless: a page of our own, unmapped after.
+    static ZERO: super::lazy::Lazy<Option<u64>> = super::lazy::Lazy::new();
+    *ZERO.get_or_init(|| {
         let ps = super::page_size();
         let m = super::mman::Mapping::anonymous(ps).ok()?;
         // SAFETY: the mapping is ours and readable; a volatile read forces the fault.
         unsafe { std::ptr::read_volatile(m.as_ptr()) };
         let mut out = [0u64; 1];
         Pagemap::open("self").ok()?.read((m.addr() / ps) as u64, &mut out).ok()?;
-        Entry(out[0]).pfn().filter(|&p| p != 0 && p != u64::MAX)
-    };
-    let found = probe();
-    ZERO.store(found.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
-    found
+        Entry(out[0]).pfn().filter(|&p| p != 0)
+    })
 }
 
 /// Whether this process can see PFNs in pagemap (needs CAP_SYS_ADMIN): writes a fresh

@@ -5,8 +5,7 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 use super::{Errno, SysError, SysResult};
 
@@ -64,20 +63,138 @@ pub fn wait_child(pid: i32) -> SysResult<i32> {
     Ok(if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) })
 }
 
+/// Handler sets registered through [`at_fork`], run by the one set this module
+/// registers with `pthread_atfork` (in slot order; `prepare` in reverse, as glibc does).
+const SLOTS: usize = 16;
+
+/// One handler set: the three functions, then `state` (0 free, 1 being written,
+/// 2 ready). A slot never becomes free again.
+struct Slot {
+    prepare: AtomicUsize,
+    parent: AtomicUsize,
+    child: AtomicUsize,
+    state: AtomicU8,
+}
+
+#[allow(clippy::declare_interior_mutable_const)] // only as the array's initialiser
+const FREE: Slot = Slot {
+    prepare: AtomicUsize::new(0),
+    parent: AtomicUsize::new(0),
+    child: AtomicUsize::new(0),
+    state: AtomicU8::new(0),
+};
+static HANDLERS: [Slot; SLOTS] = [FREE; SLOTS];
+
+/// Forks this process went through as the child, counted by [`child_all`].
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// Whether the handlers below are registered with `pthread_atfork`: [`UNREGISTERED`],
+/// [`REGISTERED`], [`FAILED`], or (pid << 2 | [`CLAIMED`]) while a thread of process
+/// `pid` registers them.
+static MASTER: AtomicU64 = AtomicU64::new(UNREGISTERED);
+const UNREGISTERED: u64 = 0;
+const REGISTERED: u64 = 1;
+const FAILED: u64 = 2;
+const CLAIMED: u64 = 3;
+
+/// Whether slot `i` holds a ready handler set that no earlier slot holds too (two
+/// threads that register the same set at once may both take a slot).
+fn runs(i: usize) -> bool {
+    let ready = |s: &Slot| s.state.load(Ordering::Acquire) == 2;
+    let fns = |s: &Slot| [&s.prepare, &s.parent, &s.child].map(|f| f.load(Ordering::Relaxed));
+    ready(&HANDLERS[i]) && !HANDLERS[..i].iter().any(|e| ready(e) && fns(e) == fns(&HANDLERS[i]))
+}
+
+fn call(f: &AtomicUsize) {
+    let p = f.load(Ordering::Relaxed);
+    // SAFETY: a slot's fields hold `extern "C" fn()`s written by `at_fork` before the
+    // slot was marked ready (Release, read with Acquire by `runs`).
+    let f: extern "C" fn() = unsafe { std::mem::transmute::<usize, extern "C" fn()>(p) };
+    f();
+}
+
+extern "C" fn prepare_all() {
+    (0..SLOTS).rev().filter(|&i| runs(i)).for_each(|i| call(&HANDLERS[i].prepare));
+}
+
+extern "C" fn parent_all() {
+    (0..SLOTS).filter(|&i| runs(i)).for_each(|i| call(&HANDLERS[i].parent));
+}
+
+extern "C" fn child_all() {
+    GENERATION.fetch_add(1, Ordering::Relaxed);
+    // These handlers ran in this child, so they are registered here, whatever state a
+    // parent thread that was registering them at the fork left behind.
+    MASTER.store(REGISTERED, Ordering::Release);
+    (0..SLOTS).filter(|&i| runs(i)).for_each(|i| call(&HANDLERS[i].child));
+}
+
+/// Registers this module's handlers with `pthread_atfork` exactly once per process,
+/// without a lock a forked child could find held: a thread of this process that finds
+/// another registering waits for it (microseconds); a forked child that finds its
+/// parent's claim (the parent was registering at the fork, and the handlers, which
+/// would have said so, did not run) registers them itself.
+fn register_master() -> bool {
+    loop {
+        let s = MASTER.load(Ordering::Acquire);
+        match s {
+            REGISTERED => return true,
+            FAILED => return false,
+            _ => {
+                let me = u64::from(std::process::id()) << 2 | CLAIMED;
+                if s != UNREGISTERED && s == me {
+                    // another thread of this process is registering them
+                    std::thread::yield_now();
+                    continue;
+                }
+                if MASTER.compare_exchange(s, me, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                    continue;
+                }
+                // SAFETY: the three are `extern "C" fn()`s of this crate, valid for the
+                // life of the code that registers them.
+                let r = unsafe { libc::pthread_atfork(Some(prepare_all), Some(parent_all), Some(child_all)) };
+                let _ = MASTER.compare_exchange(
+                    me,
+                    if r == 0 { REGISTERED } else { FAILED },
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                );
+                return r == 0;
+            }
+        }
+    }
+}
+
 /// Registers handlers run by `fork()` (not by `vfork`/`posix_spawn`): `prepare` in the
 /// parent before the fork, `parent` in the parent and `child` in the child after it.
-/// Handlers stay registered for the life of the process; register once.
+/// Handlers stay registered for the life of the process. Idempotent: registering the
+/// same three again does nothing, so a caller may call it on every use instead of
+/// guarding it with a once-cell (a forked child could find such a cell "running").
 ///
 /// Handlers run with the process in the middle of a fork: in the child only the forking
 /// thread exists, so a handler must not wait for locks other threads might have held.
 pub fn at_fork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern "C" fn()) -> SysResult<()> {
-    // SAFETY: the three are valid `extern "C" fn()` for the life of the process (fn
-    // items are never unloaded from a Rust binary's own text).
-    let r = unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
-    if r != 0 {
-        return Err(SysError::new("pthread_atfork", Errno::from_raw_os_error(r)));
+    if !register_master() {
+        return Err(SysError::new("pthread_atfork", Errno::NOMEM));
     }
-    Ok(())
+    let want = [prepare as usize, parent as usize, child as usize];
+    let is = |s: &Slot| {
+        s.state.load(Ordering::Acquire) == 2
+            && [&s.prepare, &s.parent, &s.child].iter().zip(want).all(|(f, w)| f.load(Ordering::Relaxed) == w)
+    };
+    if HANDLERS.iter().any(is) {
+        return Ok(());
+    }
+    for s in &HANDLERS {
+        if s.state.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            for (f, w) in [&s.prepare, &s.parent, &s.child].into_iter().zip(want) {
+                f.store(w, Ordering::Relaxed);
+            }
+            s.state.store(2, Ordering::Release);
+            return Ok(());
+        }
+    }
+    Err(SysError::new("pthread_atfork (advm's handler slots are full)", Errno::NOMEM))
 }
 
 /// Forks this process went through as the child since advm first asked, counted by a
@@ -85,13 +202,76 @@ pub fn at_fork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern 
 /// one, at no cost per call where comparing process ids costs a `getpid` each. `None`
 /// when the handler could not be registered.
 pub fn fork_generation() -> Option<u64> {
-    static GENERATION: AtomicU64 = AtomicU64::new(0);
-    static HANDLER: OnceLock<bool> = OnceLock::new();
-    extern "C" fn nothing() {}
-    extern "C" fn child() {
-        GENERATION.fetch_add(1, Ordering::Relaxed);
+    register_master().then(|| GENERATION.load(Ordering::Relaxed))
+}
+
+/// Which process this is, for values that must be made anew in a forked child: the
+/// fork generation, and the process id when the fork handler was not registered yet
+/// (or could not be) when the key was taken. Two keys are equal only in one process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessKey {
+    generation: u64,
+    /// `Some` when forks may have gone uncounted: the generation alone cannot tell.
+    pid: Option<u32>,
+}
+
+impl ProcessKey {
+    /// This process's key.
+    pub fn current() -> Self {
+        match fork_generation() {
+            Some(generation) => Self { generation, pid: None },
+            None => Self { generation: GENERATION.load(Ordering::Relaxed), pid: Some(std::process::id()) },
+        }
     }
-    HANDLER.get_or_init(|| at_fork(nothing, nothing, child).is_ok()).then(|| GENERATION.load(Ordering::Relaxed))
+
+    /// Whether a key taken earlier (`self`) was taken in this process.
+    pub fn is_this_process(&self) -> bool {
+        self.generation == GENERATION.load(Ordering::Relaxed) && self.pid.map_or(true, |p| p == std::process::id())
+    }
+}
+
+/// Held by every `fork()` of the process (a `pthread_atfork` prepare handler takes it,
+/// the parent and child handlers give it back) and by [`ForksHeld`]: so no fork copies
+/// it held, and work done under it is never cut in half in a child (a lean fork's
+/// marks, which it holds while they are on; the SIGBUS route table's edits). A pthread
+/// mutex: it is taken in one handler and given back in another.
+struct ForkLock(std::cell::UnsafeCell<libc::pthread_mutex_t>);
+
+// SAFETY: a pthread mutex is made to be used from several threads at once.
+unsafe impl Sync for ForkLock {}
+
+static FORKS: ForkLock = ForkLock(std::cell::UnsafeCell::new(libc::PTHREAD_MUTEX_INITIALIZER));
+
+extern "C" fn lock_forks() {
+    // SAFETY: FORKS is a static, initialized mutex (a normal one: no owner checks).
+    unsafe { libc::pthread_mutex_lock(FORKS.0.get()) };
+}
+
+extern "C" fn unlock_forks() {
+    // SAFETY: as above; called only where this thread (or, in a fork's child, the
+    // thread it is a copy of) locked it.
+    unsafe { libc::pthread_mutex_unlock(FORKS.0.get()) };
+}
+
+/// [`FORKS`], held until dropped: no `fork()` of this process runs meanwhile (a raw
+/// clone, as a lean fork's, runs no handler). Not reentrant: a thread takes it once.
+pub struct ForksHeld;
+
+impl ForksHeld {
+    /// Waits for a fork under way, then holds forks back until dropped.
+    pub fn take() -> Self {
+        // Without the handlers (registration failed) a fork() meanwhile is not held
+        // back. Registered on first use (again is a no-op).
+        let _ = super::process::at_fork(lock_forks, unlock_forks, unlock_forks);
+        lock_forks();
+        Self
+    }
+}
+
+impl Drop for ForksHeld {
+    fn drop(&mut self) {
+        unlock_forks();
+    }
 }
 
 /// Raises this process's soft limit of open files to its hard limit; returns the limit
@@ -108,12 +288,15 @@ pub fn raise_open_files_limit() -> SysResult<u64> {
 }
 
 /// A value of this process, made on first use, and made again in a forked child on its
-/// first use there: the child never uses its parent's, which it leaves alone (leaked:
-/// a lock in it may be held for ever by a parent thread that does not exist in the
-/// child, and dropping it could act on the parent's state, a session or a file).
+/// first use there (also in a grandchild that got its grandparent's pid back: the key is
+/// the fork generation): the child never uses its parent's, which it leaves alone
+/// (leaked: a lock in it may be held for ever by a parent thread that does not exist in
+/// the child, and dropping it could act on the parent's state, a session or a file).
+/// No lock: threads that find no value make one each and the first to publish wins (a
+/// loser drops its own), so `make` must be idempotent, as for [`super::lazy::Lazy`].
 #[derive(Debug)]
 pub struct PerProcess<T: 'static> {
-    current: AtomicPtr<(u32, T)>,
+    current: AtomicPtr<(ProcessKey, T)>,
 }
 
 impl<T: 'static> PerProcess<T> {
@@ -124,14 +307,13 @@ impl<T: 'static> PerProcess<T> {
 
     /// This process's value, made by `make` on its first use in this process.
     pub fn get(&self, make: impl FnOnce() -> T) -> &'static T {
-        let pid = std::process::id();
         let seen = self.current.load(Ordering::Acquire);
         // SAFETY: a non-null pointer here came from Box::into_raw below and is never
         // freed (a value, once published, lives as long as the process).
-        if let Some(v) = unsafe { seen.as_ref() }.filter(|v| v.0 == pid) {
+        if let Some(v) = unsafe { seen.as_ref() }.filter(|v| v.0.is_this_process()) {
             return &v.1;
         }
-        let mine = Box::into_raw(Box::new((pid, make())));
+        let mine = Box::into_raw(Box::new((ProcessKey::current(), make())));
         match self.current.compare_exchange(seen, mine, Ordering::AcqRel, Ordering::Acquire) {
             // SAFETY: just published, never freed.
             Ok(_) => unsafe { &(*mine).1 },
@@ -139,7 +321,8 @@ impl<T: 'static> PerProcess<T> {
                 // SAFETY: `mine` was never published: ours to free.
                 drop(unsafe { Box::from_raw(mine) });
                 // SAFETY: another thread's value, published and never freed; made by
-                // this process (a value is published only by a thread of its process).
+                // this process (a value is published only by a thread of its process,
+                // over the one it saw, and a child starts from what its parent saw).
                 unsafe { &(*other).1 }
             }
         }
@@ -149,5 +332,41 @@ impl<T: 'static> PerProcess<T> {
 impl<T: 'static> Default for PerProcess<T> {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static CHILD_RUNS: AtomicU64 = AtomicU64::new(0);
+    extern "C" fn nothing() {}
+    extern "C" fn count_child() {
+        CHILD_RUNS.fetch_add(1, Ordering::Relaxed);
+    }
+
+    #[test]
+    fn registering_the_same_handlers_twice_runs_them_once_per_fork() {
+        at_fork(nothing, nothing, count_child).expect("at_fork");
+        at_fork(nothing, nothing, count_child).expect("at_fork again");
+        let before = CHILD_RUNS.load(Ordering::Relaxed);
+        let pid = fork_run(|| (CHILD_RUNS.load(Ordering::Relaxed) - before) as i32).expect("fork");
+        assert_eq!(wait_child(pid).expect("wait"), 1);
+    }
+
+    #[test]
+    fn a_per_process_value_is_made_anew_in_a_child_and_a_grandchild() {
+        static MADE: AtomicU64 = AtomicU64::new(0);
+        static VALUE: PerProcess<u64> = PerProcess::new();
+        let mine = *VALUE.get(|| MADE.fetch_add(1, Ordering::Relaxed) + 1);
+        assert_eq!(*VALUE.get(|| 0), mine, "made once in this process");
+        let pid = fork_run(|| {
+            let child = *VALUE.get(|| 100);
+            let grandchild = fork_run(|| i32::from(*VALUE.get(|| 200) == 200)).expect("fork");
+            i32::from(child == 100 && *VALUE.get(|| 0) == 100) + 2 * wait_child(grandchild).unwrap_or(0)
+        })
+        .expect("fork");
+        assert_eq!(wait_child(pid).expect("wait"), 3);
+        assert_eq!(*VALUE.get(|| 0), mine, "the parent keeps its own");
     }
 }

@@ -7,10 +7,11 @@
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering};
 
 use rustix::io::Errno;
 
+use super::lazy::Lazy;
+use super::process::PerProcess;
 use super::{SysError, SysResult};
 
 /// One mapping (VMA) of this process.
@@ -77,48 +78,18 @@ const VMA_SHARED: u64 = 0x08;
 
 /// This process's maps file, opened once per process: `/proc/self` is resolved at
 /// open time, so a forked child must open its own (the parent's would describe the
-/// parent's address space); the fork generation tells it (the process id where fork
-/// handlers are missing). Files are leaked on purpose (one per process, two in a
-/// child), to hand out `'static` borrows; no lock, so a child forked while another
-/// thread was here cannot block on it.
+/// parent's address space). Opening it twice is harmless (the loser's file is closed).
 fn maps_file() -> Option<&'static File> {
-    static MAPS: AtomicPtr<File> = AtomicPtr::new(std::ptr::null_mut());
-    /// Whose the open file is: a fork generation, or a process id with the top bit set.
-    static OWNER: AtomicU64 = AtomicU64::new(u64::MAX);
-    let owner = super::process::fork_generation().unwrap_or_else(|| u64::from(std::process::id()) | 1 << 63);
-    if OWNER.load(Ordering::Relaxed) != owner {
-        OWNER.store(owner, Ordering::Relaxed);
-        MAPS.store(std::ptr::null_mut(), Ordering::Release);
-    }
-    let p = MAPS.load(Ordering::Acquire);
-    if !p.is_null() {
-        // SAFETY: a non-null pointer here came from Box::leak below and is never freed.
-        return Some(unsafe { &*p });
-    }
-    let f: &'static File = Box::leak(Box::new(File::open("/proc/self/maps").ok()?));
-    let mine = f as *const File as *mut File;
-    match MAPS.compare_exchange(std::ptr::null_mut(), mine, Ordering::AcqRel, Ordering::Acquire) {
-        Ok(_) => Some(f),
-        // SAFETY: as above: another thread's leaked file, never freed.
-        Err(other) => Some(unsafe { &*other }),
-    }
+    static MAPS: PerProcess<Option<File>> = PerProcess::new();
+    MAPS.get(|| File::open("/proc/self/maps").ok()).as_ref()
 }
 
 /// The mapping that contains `addr`, or `None` when `addr` is not mapped.
 pub fn query(addr: usize) -> SysResult<Option<Vma>> {
-    // 0 not probed yet, 1 works, 2 does not. An atomic rather than a OnceLock: a child
-    // forked while another thread probed would wait for ever on the lock's "running".
-    static IOCTL_WORKS: AtomicU8 = AtomicU8::new(0);
+    // The probe is a read-only query: running it twice is harmless.
+    static IOCTL_WORKS: Lazy<bool> = Lazy::new();
     let file = maps_file().ok_or_else(|| SysError::new("open(/proc/self/maps)", Errno::NOENT))?;
-    let works = match IOCTL_WORKS.load(Ordering::Relaxed) {
-        0 => {
-            let w = query_ioctl(file, 0).is_ok() || query_ioctl(file, 0) == Err(Errno::NOENT);
-            IOCTL_WORKS.store(if w { 1 } else { 2 }, Ordering::Relaxed);
-            w
-        }
-        v => v == 1,
-    };
-    if works {
+    if *IOCTL_WORKS.get_or_init(|| query_ioctl(file, 0).is_ok() || query_ioctl(file, 0) == Err(Errno::NOENT)) {
         return match query_ioctl(file, addr) {
             Ok(v) => Ok(Some(v)),
             Err(Errno::NOENT) => Ok(None),

@@ -9,13 +9,13 @@
 //! process, as it would have). The handler is installed once and stays: a program
 //! that installs its own SIGBUS handler later must chain to the one it replaces.
 
-use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use rustix::io::Errno;
 
 use super::mman::Mapping;
+use super::process::ForksHeld;
 use super::uffd::{self, Userfaultfd};
 use super::{page_size, SysError, SysResult};
 
@@ -45,8 +45,10 @@ const FREE: Slot = Slot {
 static TABLE: [Slot; SLOTS] = [FREE; SLOTS];
 /// Slots ever used: the handler scans `TABLE[..USED]`.
 static USED: AtomicUsize = AtomicUsize::new(0);
-/// Registration and removal, one at a time (never taken by the handler).
-static EDIT: Mutex<bool> = Mutex::new(false);
+/// Whether the handler is installed; set under [`ForksHeld`], which also makes
+/// registration and removal one at a time (never taken by the handler). Not a
+/// `Mutex`: a fork while another thread edited would leave the child's held for ever.
+static INSTALLED: AtomicBool = AtomicBool::new(false);
 /// The disposition replaced by ours: its handler and its `sa_flags`.
 static PREVIOUS: AtomicUsize = AtomicUsize::new(libc::SIG_DFL);
 static PREVIOUS_FLAGS: AtomicI32 = AtomicI32::new(0);
@@ -118,9 +120,9 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     }
 }
 
-/// Installs the handler once (the caller holds `EDIT`; `installed` is its flag).
-fn install(installed: &mut bool) -> SysResult<()> {
-    if *installed {
+/// Installs the handler once (the caller holds [`ForksHeld`]).
+fn install() -> SysResult<()> {
+    if INSTALLED.load(Ordering::Acquire) {
         return Ok(());
     }
     // SAFETY: sigaction structs are plain data; zeroed is an empty mask.
@@ -136,7 +138,7 @@ fn install(installed: &mut bool) -> SysResult<()> {
     }
     PREVIOUS_FLAGS.store(old.sa_flags, Ordering::Release);
     PREVIOUS.store(old.sa_sigaction, Ordering::Release);
-    *installed = true;
+    INSTALLED.store(true, Ordering::Release);
     Ok(())
 }
 
@@ -155,8 +157,8 @@ impl std::fmt::Debug for Registration {
 /// Routes SIGBUS faults in `[start, start+len)` to `serve` (installing the handler on
 /// first use). Fails when all slots are taken.
 pub fn register(start: usize, len: usize, serve: Box<Serve>) -> SysResult<Registration> {
-    let mut installed = EDIT.lock().unwrap_or_else(|p| p.into_inner());
-    install(&mut installed)?;
+    let _edit = ForksHeld::take();
+    install()?;
     let used = USED.load(Ordering::Acquire);
     let slot = match TABLE[..used].iter().position(|s| s.end.load(Ordering::Acquire) == 0) {
         Some(i) => i,
@@ -193,7 +195,7 @@ impl Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         self.retire();
-        let _edit = EDIT.lock().unwrap_or_else(|p| p.into_inner());
+        let _edit = ForksHeld::take();
         let s = &TABLE[self.slot];
         s.start.store(0, Ordering::Release);
         s.end.store(0, Ordering::Release);

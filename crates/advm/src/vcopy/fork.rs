@@ -12,7 +12,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::os::fd::AsFd;
-use std::sync::{Arc, Mutex, Once, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 use super::arena::{Inner, Shared};
 use super::frames::{Frame, Piece};
@@ -21,7 +21,6 @@ use crate::Result;
 
 static GATE: RwLock<()> = RwLock::new(());
 static ARENAS: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
-static REGISTER: Once = Once::new();
 
 thread_local! {
     /// The write side of the gate, held by the forking thread from `prepare` until
@@ -60,13 +59,9 @@ impl Drop for ForkGate {
 
 /// Registers an arena for freezing at fork (and the handlers, once per process).
 pub(super) fn register(shared: &Arc<Shared>) -> Result<()> {
-    let mut err = None;
-    REGISTER.call_once(|| {
-        err = crate::sys::process::at_fork(prepare, after, after).err();
-    });
-    if let Some(e) = err {
-        return Err(e.into());
-    }
+    // On every registration: registering the handlers again is a no-op (and no
+    // once-cell that a child forked during the first registration would find running).
+    crate::sys::process::at_fork(prepare, after, after)?;
     let _gate = ForkGate::hold();
     let mut list = ARENAS.lock().unwrap_or_else(|e| e.into_inner());
     list.retain(|w| w.strong_count() > 0);

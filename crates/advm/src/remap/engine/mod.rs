@@ -25,7 +25,9 @@ pub(crate) struct Kernel {
 pub(crate) const SCRATCH_LEN: usize = 16 << 20;
 
 pub(crate) fn kernel() -> &'static Kernel {
-    static K: OnceLock<Kernel> = OnceLock::new();
+    // Made twice when threads race on the first use: the loser's userfaultfd is closed
+    // with it, nothing else changes.
+    static K: Lazy<Kernel> = Lazy::new();
     K.get_or_init(|| {
         let want = feature::MOVE | feature::PAGEFAULT_FLAG_WP;
         // Without the fork handler a child could not tell it is one: no userfaultfd.

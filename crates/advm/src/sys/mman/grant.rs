@@ -10,7 +10,6 @@
 
 use std::marker::PhantomData;
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::sync::OnceLock;
 
 use rustix::io::Errno;
 
@@ -410,10 +409,11 @@ fn pidfd_raw(fd: &OwnedFd) -> i32 {
 }
 
 /// A pidfd of this process, when `process_madvise(MADV_DONTNEED)` on ourselves works
-/// (Linux 6.13+ accepts any advice for the calling process).
+/// (Linux 6.13+ accepts any advice for the calling process). Per process: a forked
+/// child's would otherwise name its parent. Made twice, the loser's fd is closed.
 fn self_pidfd() -> Option<&'static OwnedFd> {
-    static FD: OnceLock<Option<OwnedFd>> = OnceLock::new();
-    FD.get_or_init(|| {
+    static FD: crate::sys::process::PerProcess<Option<OwnedFd>> = crate::sys::process::PerProcess::new();
+    FD.get(|| {
         // SAFETY: pidfd_open returns a new fd or -1.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
         if fd < 0 {

@@ -267,7 +267,8 @@ pub fn dontunmap_available() -> SysResult<()> {
 /// Whether `mremap(MREMAP_MAYMOVE|MREMAP_FIXED|MREMAP_DONTUNMAP)` works here, probed
 /// once on two pages of our own.
 pub fn dontunmap_fixed_available() -> bool {
-    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    // Probing twice is harmless: two pages of our own, unmapped after.
+    static OK: crate::sys::lazy::Lazy<bool> = crate::sys::lazy::Lazy::new();
     *OK.get_or_init(|| {
         let ps = super::page_size();
         let (Ok(a), Ok(b)) = (Mapping::anonymous(ps), Mapping::anonymous(ps)) else { return false };
