@@ -792,6 +792,29 @@ fn backing_files_outside_the_image_directory_are_refused() {
     assert_eq!(b, [0x62; 4]);
 }
 
+/// QEMU's `file:` protocol names a local file: followed (qemu-img writes such names and
+/// QEMU opens them); any other protocol is refused by name.
+#[test]
+fn a_file_protocol_backing_name_is_followed_and_other_protocols_refused() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = Dir::new("fileproto");
+    let d = fs::canonicalize(&dir.0).unwrap();
+    fs::write(d.join("base.raw"), vec![0x62u8; 64 * 1024]).unwrap();
+    let create = |name: &str, backing: &str| {
+        run(&d, "qemu-img", &["create", "-q", "-f", "qcow2", "-u", "-b", backing, "-F", "raw", name, "64k"]);
+        d.join(name)
+    };
+    let file = create("file.qcow2", &format!("file:{}", d.join("base.raw").display()));
+    let mut b = [0u8; 4];
+    Image::open(&file).unwrap().read_at(GuestOffset(0), &mut b).unwrap();
+    assert_eq!(b, [0x62; 4]);
+    let nbd = create("nbd.qcow2", "nbd:localhost:10809");
+    let e = open_err(&nbd);
+    assert!(e.contains("\"nbd:localhost:10809\" uses a protocol prefix"), "{e}");
+}
+
 #[test]
 fn a_backing_file_without_format_is_not_probed_as_raw() {
     if !have_qemu() {

@@ -306,18 +306,28 @@ impl Image {
             let last = layers.last().expect("at least the top layer");
             let Driver::Qcow2(q) = &last.driver else { break };
             let Some(name) = &q.backing else { break };
-            let name_path = Path::new(std::ffi::OsStr::from_bytes(name));
-            let text = name_path.display().to_string();
-            if text.contains(':') && !name_path.exists() && text.split(':').next().is_some_and(|p| !p.contains('/')) {
-                return Err(
-                    last.err(format!("backing file {text:?} uses a protocol prefix; only local files are supported"))
-                );
-            }
-            let resolved = if name_path.is_absolute() {
+            let text = Path::new(std::ffi::OsStr::from_bytes(name)).display().to_string();
+            // QEMU's `file:` protocol names a local file; like every name with a
+            // protocol, QEMU does not resolve it against the overlay's directory, so a
+            // relative one is relative to the current directory.
+            let (name_path, protocol) = match name.strip_prefix(b"file:") {
+                Some(local) => (Path::new(std::ffi::OsStr::from_bytes(local)), true),
+                None => (Path::new(std::ffi::OsStr::from_bytes(name)), false),
+            };
+            let resolved = if name_path.is_absolute() || protocol {
                 name_path.to_path_buf()
             } else {
                 last.path.parent().unwrap_or(Path::new(".")).join(name_path)
             };
+            if !protocol
+                && text.contains(':')
+                && !resolved.exists()
+                && text.split(':').next().is_some_and(|p| !p.contains('/'))
+            {
+                return Err(last.err(format!(
+                    "backing file {text:?} uses a protocol prefix; only local files (and file:) are supported"
+                )));
+            }
             let canon = std::fs::canonicalize(&resolved)
                 .map_err(|e| last.err(format!("backing file {text:?} (resolved to {}): {e}", resolved.display())))?;
             if let Some(i) = seen.iter().position(|s| *s == canon) {
