@@ -23,7 +23,9 @@ pub fn errno_of(e: &advm::Error) -> i32 {
         advm::Error::OutOfMemory { .. } => libc::ENOMEM,
         advm::Error::Unrecoverable { .. } => libc::ENOTRECOVERABLE,
         advm::Error::Unsupported { .. } => libc::ENOSYS,
-        advm::Error::NoSuchProcess { .. } | advm::Error::ProcessExited { .. } => libc::ESRCH,
+        advm::Error::NoSuchProcess { .. } | advm::Error::ProcessExited { .. } | advm::Error::Zombie { .. } => {
+            libc::ESRCH
+        }
         advm::Error::PermissionDenied { .. } => libc::EPERM,
         advm::Error::KernelThread { .. } => libc::EINVAL,
         advm::Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),

@@ -21,7 +21,7 @@ use pyo3::types::PyDict;
 fn to_py(e: advm::Error) -> PyErr {
     match e {
         advm::Error::InvalidArgument { .. } | advm::Error::KernelThread { .. } => PyValueError::new_err(e.to_string()),
-        advm::Error::NoSuchProcess { .. } | advm::Error::ProcessExited { .. } => {
+        advm::Error::NoSuchProcess { .. } | advm::Error::ProcessExited { .. } | advm::Error::Zombie { .. } => {
             PyProcessLookupError::new_err(e.to_string())
         }
         advm::Error::PermissionDenied { .. } => PyPermissionError::new_err(e.to_string()),

@@ -34,6 +34,12 @@ pub enum Error {
         /// The pid.
         pid: i32,
     },
+    /// The process has exited and its parent has not reaped it yet: its memory is gone.
+    #[error("process {pid} has exited and is not yet reaped by its parent (a zombie): it has no memory to measure")]
+    Zombie {
+        /// The pid.
+        pid: i32,
+    },
     /// The process went away while it was being measured.
     #[error("process {pid} exited during measurement")]
     ProcessExited {

@@ -70,7 +70,7 @@ def stat(pid: int) -> dict[str, Any]:
     /proc files: the same user, or root).
 
     Raises ``ProcessLookupError`` when no process ``pid`` exists (or it exits while
-    measured) and ``PermissionError`` when its files may not be read; both are
+    measured, or is a zombie) and ``PermissionError`` when its files may not be read; both are
     ``OSError``s. A kernel thread (no user memory) raises ``ValueError``."""
     return json.loads(_advm.stat_json(pid))  # type: ignore[no-any-return]
 

@@ -49,8 +49,8 @@ const CHUNK_PAGES: usize = 4096;
 /// frame reads as 0 and the result says nothing about sharing.
 pub fn mapping_frames(pid: i32) -> Result<Vec<MappingFrames>> {
     let process = Process::new(pid).map_err(|_| Error::NoSuchProcess { pid })?;
-    if super::is_kernel_thread(&process) {
-        return Err(Error::KernelThread { pid });
+    if let Some(e) = super::without_memory(pid, &process) {
+        return Err(e);
     }
     let gone = |what: &str, e: procfs::ProcError| {
         if process.is_alive() {

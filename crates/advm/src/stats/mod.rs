@@ -191,6 +191,18 @@ pub(crate) fn is_kernel_thread(process: &Process) -> bool {
     process.stat().is_ok_and(|s| s.flags & PF_KTHREAD != 0)
 }
 
+/// Why `process`, which is there, has no address space to measure: a kernel thread,
+/// or a zombie (exited, not yet reaped); `None` when it has one.
+pub(crate) fn without_memory(pid: i32, process: &Process) -> Option<Error> {
+    if is_kernel_thread(process) {
+        Some(Error::KernelThread { pid })
+    } else if process.stat().is_ok_and(|s| s.state == 'Z') {
+        Some(Error::Zombie { pid })
+    } else {
+        None
+    }
+}
+
 /// A refused /proc/PID/`what` as [`Error::PermissionDenied`], other failures as they are.
 fn permission_or(pid: i32, what: &str, e: SysError) -> Error {
     match e.errno {
@@ -219,7 +231,7 @@ impl Meter {
             let process = Process::new(pid).map_err(|e| open_error(pid, "", e))?;
             let pagemap = open_pagemap(pid, &process).map_err(|e| match e {
                 // a kernel thread has no mm: its pagemap cannot be opened (ESRCH)
-                Error::NoSuchProcess { .. } if is_kernel_thread(&process) => Error::KernelThread { pid },
+                Error::NoSuchProcess { .. } => without_memory(pid, &process).unwrap_or(e),
                 e => e,
             })?;
             let dir = process.open_relative(".").map_err(|e| open_error(pid, "", e))?.into();
@@ -576,5 +588,26 @@ mod tests {
         assert_eq!(measure(&[pid], Options::default()).expect_err("a kernel thread").to_string(), want);
         assert_eq!(mappings::mapping_frames(pid).expect_err("a kernel thread").to_string(), want);
         assert!(!is_kernel_thread(&Process::myself().expect("self")));
+    }
+
+    /// A zombie (exited, not reaped) is named as one, not as a process that does not
+    /// exist.
+    #[test]
+    fn a_zombie_is_named_as_one() {
+        let mut child = std::process::Command::new("true").spawn().expect("spawn true");
+        let pid = child.id() as i32;
+        let t = std::time::Instant::now();
+        while !Process::new(pid).is_ok_and(|p| p.stat().is_ok_and(|s| s.state == 'Z')) {
+            assert!(t.elapsed() < std::time::Duration::from_secs(10), "true never exited");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let got = measure(&[pid], Options::default()).expect_err("a zombie").to_string();
+        child.wait().expect("reap");
+        assert_eq!(
+            got,
+            format!(
+                "process {pid} has exited and is not yet reaped by its parent (a zombie): it has no memory to measure"
+            )
+        );
     }
 }
