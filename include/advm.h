@@ -176,8 +176,9 @@ struct advm_pager_stats {
     uint64_t clean_dropped_pages; /* page-outs of pages read back and not written since: no write */
 };
 
-/* budget_bytes: at least one page. swap_path: a file to create, or NULL (or a
- * directory): an unlinked temporary file (in /var/tmp). NULL on error, errno set
+/* budget_bytes: at least one page. swap_path: a file to create (an existing file is
+ * refused with EEXIST, never overwritten; a block device is used as it is), or NULL
+ * (or a directory): an unlinked temporary file (in /var/tmp). NULL on error, errno set
  * (a swap file that cannot be created: the open's own errno, ENOENT, EACCES...). */
 advm_pager *advm_pager_new(size_t budget_bytes, const char *swap_path);
 /* A new region of len bytes (rounded up to pages), reading as zeros. NULL on error. */

@@ -360,6 +360,19 @@ fn bad_use_gets_clear_errors() {
         cfg.swap_path = Some("/nonexistent-dir/swap".into());
         let e = Pager::new(cfg).unwrap_err();
         assert!(e.to_string().contains("/nonexistent-dir/swap"), "{e}");
+        // An existing file is refused, never overwritten.
+        let kept = std::env::temp_dir().join(format!("advm-test-pager-kept-{}", std::process::id()));
+        std::fs::write(&kept, b"the user's data").unwrap();
+        let mut cfg = Config::new(ps());
+        cfg.swap_path = Some(kept.clone());
+        let e = Pager::new(cfg).unwrap_err();
+        let data = std::fs::read(&kept).unwrap();
+        let _ = std::fs::remove_file(&kept);
+        assert!(
+            matches!(&e, advm::Error::Io { source, .. } if source.kind() == std::io::ErrorKind::AlreadyExists),
+            "{e}"
+        );
+        assert_eq!(data, b"the user's data");
         let p = Pager::new(Config::new(16 * ps())).unwrap();
         let r = p.map(4 * ps()).unwrap();
         let a = r.as_ptr() as usize;

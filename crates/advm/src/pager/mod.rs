@@ -182,8 +182,9 @@ pub enum NeededPaging {
 pub struct Config {
     /// Most bytes of its regions the pager keeps resident (at least one page).
     pub budget_bytes: usize,
-    /// The swap file: created (and truncated) at this path; `None`, or a directory:
-    /// an unlinked temporary file there (`None`: in `/var/tmp`).
+    /// The swap file: created at this path (an existing file is refused, never
+    /// overwritten; a block device is used as it is); `None`, or a directory: an
+    /// unlinked temporary file there (`None`: in `/var/tmp`).
     pub swap_path: Option<PathBuf>,
     /// Most bytes the swap file may hold; eviction of needed pages beyond it fails.
     pub swap_capacity_bytes: u64,

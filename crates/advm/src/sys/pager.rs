@@ -317,8 +317,9 @@ pub struct SwapFile {
 }
 
 impl SwapFile {
-    /// Opens `path` (created, truncated) or, with `temporary`, an unlinked file in
-    /// the directory `path` (`O_TMPFILE`). `direct`: `O_DIRECT`, no page cache.
+    /// Opens `path` (a new file: an existing one is refused with `EEXIST`, never
+    /// overwritten; a block device is used as it is) or, with `temporary`, an unlinked
+    /// file in the directory `path` (`O_TMPFILE`). `direct`: `O_DIRECT`, no page cache.
     pub fn open(path: &Path, temporary: bool, direct: bool) -> std::io::Result<Self> {
         let mut flags = libc::O_CLOEXEC;
         if direct {
@@ -329,7 +330,12 @@ impl SwapFile {
         if temporary {
             opts.custom_flags(flags | libc::O_TMPFILE);
         } else {
-            opts.create(true).truncate(true).custom_flags(flags);
+            let device =
+                std::fs::metadata(path).is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()));
+            if !device {
+                opts.create_new(true);
+            }
+            opts.custom_flags(flags);
         }
         let file = opts.open(path)?;
         Ok(Self { file, direct })
