@@ -344,24 +344,47 @@ fn a_thousand_concurrent_clients_are_all_served() {
     assert!(!d.services.merge.usage().is_empty());
 }
 
+/// A qcow2 chain in a directory of its own, removed on drop: `base.qcow2` (16 MiB,
+/// 128 KiB of 7s at 1 MiB) under `top.qcow2`.
+struct Chain {
+    dir: PathBuf,
+}
+
+impl Chain {
+    /// `None` (said on stderr) without qemu-img.
+    fn new(name: &str) -> Option<Self> {
+        if !std::process::Command::new("qemu-img").arg("--version").output().is_ok_and(|o| o.status.success()) {
+            eprintln!("skipping: qemu-img not found (Debian package qemu-utils)");
+            return None;
+        }
+        let dir = std::env::temp_dir().join(format!("advmd-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let chain = Self { dir };
+        chain.run(&["qemu-img", "create", "-q", "-f", "qcow2", "base.qcow2", "16M"]);
+        chain.run(&["qemu-io", "-f", "qcow2", "-c", "write -P 7 1M 128k", "base.qcow2"]);
+        chain.run(&["qemu-img", "create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "top.qcow2"]);
+        Some(chain)
+    }
+
+    /// Runs `args` in the chain's directory; it must succeed.
+    fn run(&self, args: &[&str]) {
+        let out = std::process::Command::new(args[0]).args(&args[1..]).current_dir(&self.dir).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+impl Drop for Chain {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 #[test]
 fn the_image_service_hands_out_a_chain_that_maps_to_the_same_bytes() {
-    if !std::process::Command::new("qemu-img").arg("--version").output().is_ok_and(|o| o.status.success()) {
-        eprintln!("skipping: qemu-img not found (Debian package qemu-utils)");
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("advmd-image-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new(args[0]).args(&args[1..]).current_dir(&dir).output().unwrap();
-        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    };
-    run(&["qemu-img", "create", "-q", "-f", "qcow2", "base.qcow2", "16M"]);
-    run(&["qemu-io", "-f", "qcow2", "-c", "write -P 7 1M 128k", "base.qcow2"]);
-    run(&["qemu-img", "create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "top.qcow2"]);
-    run(&["qemu-io", "-f", "qcow2", "-c", "write -P 9 3M 64k", "top.qcow2"]);
-    let top = dir.join("top.qcow2");
+    let Some(chain) = Chain::new("image") else { return };
+    chain.run(&["qemu-io", "-f", "qcow2", "-c", "write -P 9 3M 64k", "top.qcow2"]);
+    let (dir, top) = (&chain.dir, chain.dir.join("top.qcow2"));
     let (handle, sock) = start("image", |_| {});
     let ch = Channel::connect(&sock).unwrap();
     let (space, cached) = advm::image::service::attach(&ch, &top, false).unwrap();
@@ -377,7 +400,6 @@ fn the_image_service_hands_out_a_chain_that_maps_to_the_same_bytes() {
     assert!(advm::image::service::attach(&ch, &top, false).is_ok());
     drop(ch);
     handle.stop();
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A layer changed in place whose old mtime was put back (`touch -d`, `cp -p`,
@@ -387,21 +409,9 @@ fn the_image_service_hands_out_a_chain_that_maps_to_the_same_bytes() {
 /// plan and read the zeroed cluster's old bytes.)
 #[test]
 fn a_layer_changed_in_place_with_its_mtime_put_back_is_planned_again() {
-    if !std::process::Command::new("qemu-img").arg("--version").output().is_ok_and(|o| o.status.success()) {
-        eprintln!("skipping: qemu-img not found (Debian package qemu-utils)");
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("advmd-image-mtime-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new(args[0]).args(&args[1..]).current_dir(&dir).output().unwrap();
-        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    };
-    run(&["qemu-img", "create", "-q", "-f", "qcow2", "base.qcow2", "16M"]);
-    run(&["qemu-io", "-f", "qcow2", "-c", "write -P 7 1M 128k", "base.qcow2"]);
-    run(&["qemu-img", "create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "top.qcow2"]);
-    let (base, top) = (dir.join("base.qcow2"), dir.join("top.qcow2"));
+    let Some(chain) = Chain::new("image-mtime") else { return };
+    let run = |args: &[&str]| chain.run(args);
+    let (base, top) = (chain.dir.join("base.qcow2"), chain.dir.join("top.qcow2"));
     let (handle, sock) = start("image-mtime", |_| {});
     let ch = Channel::connect(&sock).unwrap();
     let byte = |space: &advm::image::ImageSpace| {
@@ -423,7 +433,6 @@ fn a_layer_changed_in_place_with_its_mtime_put_back_is_planned_again() {
     assert!(!cached && b == 0, "served from the old plan: cached {cached}, byte {b} where zeros were written");
     drop((space, ch));
     handle.stop();
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// With every page hashed by the daemon (`hash_check_one_in` 1), an add is filed
