@@ -38,21 +38,40 @@ fn mtime(p: &Path) -> Option<std::time::SystemTime> {
     std::fs::metadata(p).and_then(|m| m.modified()).ok()
 }
 
-/// `libadvm.so`'s directory; panics when it is missing or older than the Rust library
-/// it wraps (a stale one would test old code).
+/// The newest modification time of the sources `libadvm.so` is built from (the
+/// advm, advm-gc and advm-capi crates' src/ and include/). Compared with the .so, not
+/// with the rlibs in target/: a test run of a subset of the crates may rebuild an rlib
+/// (another feature set, another hash) after the .so without any source changing.
+fn newest_source() -> Option<std::time::SystemTime> {
+    fn walk(dir: &Path, newest: &mut Option<std::time::SystemTime>) {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, newest);
+            } else if let Ok(t) = e.metadata().and_then(|m| m.modified()) {
+                *newest = (*newest).max(Some(t));
+            }
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut newest = None;
+    for d in ["crates/advm/src", "crates/advm-gc/src", "crates/advm-capi/src", "include"] {
+        walk(&root.join(d), &mut newest);
+    }
+    newest
+}
+
+/// `libadvm.so`'s directory; panics when it is missing or older than the sources it is
+/// built from (a stale one would test old code).
 fn libadvm_dir() -> PathBuf {
     let dir = target_dir();
     let so = dir.join("libadvm.so");
     assert!(so.exists(), "{} missing: run `cargo build -p advm-capi` first (make test does)", so.display());
-    // the library crate's rlib: in <profile>/ when built as a workspace member, in deps/ as a dependency
-    let mut rlibs = vec![dir.join("libadvm.rlib")];
-    if let Ok(rd) = std::fs::read_dir(dir.join("deps")) {
-        rlibs.extend(rd.flatten().map(|e| e.path()).filter(|p| {
-            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libadvm-") && n.ends_with(".rlib"))
-        }));
-    }
-    let newest = rlibs.iter().filter_map(|p| mtime(p)).max();
-    assert!(mtime(&so) >= newest, "{} is older than the advm rlib: run `cargo build -p advm-capi`", so.display());
+    assert!(
+        mtime(&so) >= newest_source(),
+        "{} is older than its sources: run `cargo build -p advm-capi`",
+        so.display()
+    );
     dir
 }
 
