@@ -7,6 +7,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+#[path = "support/fresh_so.rs"]
+mod fresh_so;
+
 fn target_dir() -> PathBuf {
     // .../target/<profile>/deps/c_programs-HASH -> .../target/<profile>
     let exe = std::env::current_exe().unwrap();
@@ -46,29 +49,6 @@ fn compile_and_run(src: &Path, libdir: &Path, include: &Path, out_dir: &Path) {
     eprintln!("{}: ok\n{text}", src.display());
 }
 
-/// The newest modification time of the sources `libadvm.so` is built from (the
-/// advm, advm-gc and advm-capi crates' src/ and include/). Compared with the .so, not
-/// with the rlibs in target/: a test run of a subset of the crates may rebuild an rlib
-/// (another feature set, another hash) after the .so without any source changing.
-fn newest_source() -> Option<std::time::SystemTime> {
-    fn walk(dir: &Path, newest: &mut Option<std::time::SystemTime>) {
-        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                walk(&p, newest);
-            } else if let Ok(t) = e.metadata().and_then(|m| m.modified()) {
-                *newest = (*newest).max(Some(t));
-            }
-        }
-    }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let mut newest = None;
-    for d in ["crates/advm/src", "crates/advm-gc/src", "crates/advm-capi/src", "include"] {
-        walk(&root.join(d), &mut newest);
-    }
-    newest
-}
-
 /// The include directory, the directory of a fresh `libadvm.so`, and where programs
 /// are built; None (reason printed) without a C compiler.
 fn setup() -> Option<(PathBuf, PathBuf, PathBuf)> {
@@ -85,7 +65,7 @@ fn setup() -> Option<(PathBuf, PathBuf, PathBuf)> {
     let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
     assert!(so.exists(), "{} missing: run `cargo build -p advm-capi` first (make test does)", so.display());
     assert!(
-        mtime(&so) >= newest_source(),
+        mtime(&so) >= fresh_so::newest_source(),
         "{} is older than its sources: run `cargo build -p advm-capi`",
         so.display()
     );

@@ -20,6 +20,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "../../advm-capi/tests/support/fresh_so.rs"]
+mod fresh_so;
+
 /// Runs that fail on today's code because of known defects being fixed elsewhere:
 /// (program, variant, defect). Printed as KNOWN FAILING whether they fail or not;
 /// remove an entry once its fix is merged (the run then has to pass).
@@ -38,29 +41,6 @@ fn mtime(p: &Path) -> Option<std::time::SystemTime> {
     std::fs::metadata(p).and_then(|m| m.modified()).ok()
 }
 
-/// The newest modification time of the sources `libadvm.so` is built from (the
-/// advm, advm-gc and advm-capi crates' src/ and include/). Compared with the .so, not
-/// with the rlibs in target/: a test run of a subset of the crates may rebuild an rlib
-/// (another feature set, another hash) after the .so without any source changing.
-fn newest_source() -> Option<std::time::SystemTime> {
-    fn walk(dir: &Path, newest: &mut Option<std::time::SystemTime>) {
-        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                walk(&p, newest);
-            } else if let Ok(t) = e.metadata().and_then(|m| m.modified()) {
-                *newest = (*newest).max(Some(t));
-            }
-        }
-    }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let mut newest = None;
-    for d in ["crates/advm/src", "crates/advm-gc/src", "crates/advm-capi/src", "include"] {
-        walk(&root.join(d), &mut newest);
-    }
-    newest
-}
-
 /// `libadvm.so`'s directory; panics when it is missing or older than the sources it is
 /// built from (a stale one would test old code).
 fn libadvm_dir() -> PathBuf {
@@ -68,7 +48,7 @@ fn libadvm_dir() -> PathBuf {
     let so = dir.join("libadvm.so");
     assert!(so.exists(), "{} missing: run `cargo build -p advm-capi` first (make test does)", so.display());
     assert!(
-        mtime(&so) >= newest_source(),
+        mtime(&so) >= fresh_so::newest_source(),
         "{} is older than its sources: run `cargo build -p advm-capi`",
         so.display()
     );
