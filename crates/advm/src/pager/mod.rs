@@ -65,23 +65,20 @@ use ring::Ring;
 /// locks a parent thread may have held at the fork: every use there fails at once.
 #[derive(Debug, Clone, Copy)]
 struct Owner {
+    /// Which process (read without a system call: see `ProcessKey`).
+    key: crate::sys::process::ProcessKey,
+    /// Its pid, for the error message.
     pid: u32,
-    /// Forks seen as the child when the pager was made (a counter read without a system
-    /// call; `None` when the fork handler could not be registered: then the pid decides).
-    forks: Option<u64>,
 }
 
 impl Owner {
     fn this_process() -> Self {
-        Self { pid: std::process::id(), forks: crate::sys::process::fork_generation() }
+        Self { key: crate::sys::process::ProcessKey::current(), pid: std::process::id() }
     }
 
     /// Whether this is still the process that made the pager.
     fn is_here(&self) -> bool {
-        match (self.forks, crate::sys::process::fork_generation()) {
-            (Some(then), Some(now)) => then == now,
-            _ => self.pid == std::process::id(),
-        }
+        self.key.is_this_process()
     }
 
     /// Ok in the owner; in a forked child, the error every use of the pager gets.
