@@ -103,15 +103,18 @@ pub struct AgentTotals {
 impl AgentTotals {
     /// Adds one merge of this process.
     pub fn add(&mut self, r: &ProcessMerge) {
+        self.sum(&AgentTotals {
+            processes: 0,
+            merges: 1,
+            merged: r.stats.merged,
+            added: r.stats.added,
+            skipped: r.stats.skipped,
+            busy: r.busy,
+            zero_dropped: r.zero_dropped,
+            bytes: r.stats.bytes,
+            seconds: r.stats.seconds,
+        });
         self.processes = 1;
-        self.merges += 1;
-        self.merged += r.stats.merged;
-        self.added += r.stats.added;
-        self.skipped += r.stats.skipped;
-        self.busy += r.busy;
-        self.zero_dropped += r.zero_dropped;
-        self.bytes += r.stats.bytes;
-        self.seconds += r.stats.seconds;
     }
 
     fn sum(&mut self, o: &AgentTotals) {
