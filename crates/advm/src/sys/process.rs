@@ -85,6 +85,17 @@ const FREE: Slot = Slot {
 };
 static HANDLERS: [Slot; SLOTS] = [FREE; SLOTS];
 
+impl Slot {
+    fn ready(&self) -> bool {
+        self.state.load(Ordering::Acquire) == 2
+    }
+
+    /// The three functions' addresses (read after [`Slot::ready`]).
+    fn fns(&self) -> [usize; 3] {
+        [&self.prepare, &self.parent, &self.child].map(|f| f.load(Ordering::Relaxed))
+    }
+}
+
 /// Forks this process went through as the child, counted by [`child_all`].
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 
@@ -100,9 +111,8 @@ const CLAIMED: u64 = 3;
 /// Whether slot `i` holds a ready handler set that no earlier slot holds too (two
 /// threads that register the same set at once may both take a slot).
 fn runs(i: usize) -> bool {
-    let ready = |s: &Slot| s.state.load(Ordering::Acquire) == 2;
-    let fns = |s: &Slot| [&s.prepare, &s.parent, &s.child].map(|f| f.load(Ordering::Relaxed));
-    ready(&HANDLERS[i]) && !HANDLERS[..i].iter().any(|e| ready(e) && fns(e) == fns(&HANDLERS[i]))
+    let s = &HANDLERS[i];
+    s.ready() && !HANDLERS[..i].iter().any(|e| e.ready() && e.fns() == s.fns())
 }
 
 fn call(f: &AtomicUsize) {
@@ -178,11 +188,7 @@ pub fn at_fork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern 
         return Err(SysError::new("pthread_atfork", Errno::NOMEM));
     }
     let want = [prepare as usize, parent as usize, child as usize];
-    let is = |s: &Slot| {
-        s.state.load(Ordering::Acquire) == 2
-            && [&s.prepare, &s.parent, &s.child].iter().zip(want).all(|(f, w)| f.load(Ordering::Relaxed) == w)
-    };
-    if HANDLERS.iter().any(is) {
+    if HANDLERS.iter().any(|s| s.ready() && s.fns() == want) {
         return Ok(());
     }
     for s in &HANDLERS {
