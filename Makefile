@@ -2,6 +2,9 @@
 #   make demo   every capability on its built-in workload against its baseline, one table
 #   make test   fmt check, clippy -D warnings, all tests
 
+# rustup installs into ~/.cargo/bin, which a fresh shell's PATH may lack: put it on PATH
+# here so the cargo that deps-rust installs is the one the next rules run.
+export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := build-essential pkg-config qemu-utils qemu-system-x86 debootstrap busybox-static cpio python3 python3-pip python3-venv \
