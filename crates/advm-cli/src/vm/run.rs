@@ -73,7 +73,7 @@ pub struct RunArgs {
     /// How the guest sees the disk.
     #[arg(long, value_enum, default_value = "pmem")]
     pub disk: DiskKind,
-    /// Guest RAM in MiB.
+    /// Guest RAM in MiB (the guest of `advm vm image build` needs at least 112).
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(64..=65536))]
     pub mem: u64,
     /// CPU: kvm, tcg, or auto (kvm when /dev/kvm is hardware KVM, else tcg; see docs/vm.md).
@@ -148,7 +148,35 @@ pub struct Vm {
     pub console: PathBuf,
     pub qemu_log: PathBuf,
     pub started: Instant,
+    /// Guest RAM in MiB, for [`memory_hint`].
+    pub mem_mib: u64,
     _backing: Option<PmemBacking>,
+}
+
+/// Guest RAM the guest of `advm vm image build` boots and answers in, measured for both
+/// disk methods (TCG, 2026-11-28): 112 MiB answered in 24 s; at 96 MiB a pmem guest ran
+/// out of memory in its initramfs and a blk guest did not answer within 140 s (its page
+/// cache too small for the service's files); at 64 MiB the kernel stopped before its
+/// first console line.
+pub const MIN_GUEST_MIB: u64 = 112;
+
+/// A line naming guest memory as the likely reason the guest did not answer: the
+/// guest's kernel said it ran out of memory, or `mem_mib` is below what the built guest
+/// needs. None when neither holds.
+pub fn memory_hint(console: &str, mem_mib: u64) -> Option<String> {
+    let oom = ["Out of memory", "System is deadlocked on memory", "oom-kill"].iter().any(|m| console.contains(m));
+    if oom {
+        return Some(format!(
+            "the guest ran out of memory with --mem {mem_mib} (the guest of `advm vm image build` needs at least \
+             {MIN_GUEST_MIB} MiB; a larger service more)"
+        ));
+    }
+    (mem_mib < MIN_GUEST_MIB).then(|| {
+        format!(
+            "--mem {mem_mib} is below the {MIN_GUEST_MIB} MiB the guest of `advm vm image build` needs (below it \
+             the kernel may stop before it prints anything, or the guest may page its files in and out for ever)"
+        )
+    })
 }
 
 fn usage(s: String) -> CliError {
@@ -420,7 +448,7 @@ pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
         "size": backing.as_ref().map(PmemBacking::size),
     });
     std::fs::write(workdir.join(VM_INFO), info.to_string()).map_err(|e| CliError::Io(VM_INFO.into(), e))?;
-    Ok(Vm { child, port, console, qemu_log, started, _backing: backing })
+    Ok(Vm { child, port, console, qemu_log, started, mem_mib: args.mem, _backing: backing })
 }
 
 /// The last `n` lines of a file.
@@ -448,9 +476,10 @@ impl Vm {
         loop {
             if let Some(status) = self.child.try_wait().map_err(|e| CliError::Io("waiting for QEMU".into(), e))? {
                 return Err(usage(format!(
-                    "QEMU exited ({status}) before the guest's service answered\nQEMU said:\n{}\nconsole tail:\n{}",
+                    "QEMU exited ({status}) before the guest's service answered\nQEMU said:\n{}\nconsole tail:\n{}{}",
                     tail(&self.qemu_log, 10),
-                    tail(&self.console, 20)
+                    tail(&self.console, 20),
+                    self.hint()
                 )));
             }
             if let Some(body) = get(self.port) {
@@ -460,13 +489,21 @@ impl Vm {
                 let _ = self.child.kill();
                 let _ = self.child.wait();
                 return Err(usage(format!(
-                    "the guest's service did not answer within {} s; console tail:\n{}",
+                    "the guest's service did not answer within {} s; console tail:\n{}{}",
                     timeout.as_secs(),
-                    tail(&self.console, 20)
+                    tail(&self.console, 20),
+                    self.hint()
                 )));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// [`memory_hint`] for this VM's console, as a last line of an error ("" when none).
+    fn hint(&self) -> String {
+        let console =
+            std::fs::read(&self.console).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+        memory_hint(&console, self.mem_mib).map(|h| format!("\nhint: {h}")).unwrap_or_default()
     }
 
     /// Stops QEMU (SIGKILL: its state is disposable) and reaps it.
@@ -548,6 +585,19 @@ mod tests {
 
     fn get<'a>(env: &'a [(&str, String)], k: &str) -> Option<&'a str> {
         env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn a_guest_out_of_memory_or_given_too_little_gets_a_hint_naming_mem() {
+        let panic = "[    6.09] Out of memory: Killed process 103 (insmod)\n[    6.20] Kernel panic - not syncing: System is deadlocked on memory";
+        let h = memory_hint(panic, 96).unwrap();
+        assert!(h.contains("ran out of memory with --mem 96") && h.contains("112 MiB"), "{h}");
+        // Out of memory said by a guest with plenty: still the reason.
+        assert!(memory_hint(panic, 4096).unwrap().contains("ran out of memory"));
+        // Nothing printed and too little memory: the kernel may not have unpacked itself.
+        assert!(memory_hint("", 64).unwrap().contains("below the 112 MiB"));
+        // A guest given enough that failed for another reason: no hint.
+        assert_eq!(memory_hint("advm-init: root /dev/vda mounted with -o ro", 256), None);
     }
 
     #[test]
