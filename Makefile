@@ -1,6 +1,6 @@
 # advm: two commands. Both install what they need on a fresh Debian machine.
 #   make demo   every capability on its built-in workload against its baseline, one table
-#   make test   fmt check, clippy -D warnings, all tests
+#   make test   fmt check, clippy -D warnings, API docs without warnings, all tests
 
 # rustup installs into ~/.cargo/bin, which a fresh shell's PATH may lack: put it on PATH
 # here so the cargo that deps-rust installs is the one the next rules run.
@@ -12,7 +12,7 @@ APT_PACKAGES := build-essential pkg-config qemu-utils qemu-system-x86 debootstra
 	r-cran-gbm r-cran-class r-cran-glmnet python3-numpy python3-pandas \
 	openjdk-17-jdk-headless
 
-.PHONY: demo test deps deps-system deps-rust deps-python deps-python-bench build release fmt clippy test-python
+.PHONY: demo test deps deps-system deps-rust deps-python deps-python-bench build release fmt clippy doc test-python
 
 # The Python package's tests and `advm bench merge` run in this virtualenv.
 PYENV := target/pyenv
@@ -64,8 +64,12 @@ fmt:
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
+# The API docs build without a warning (broken or private intra-doc links).
+doc:
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --workspace
+
 # cargo test builds only rlibs; the C tests need libadvm.so from cargo build.
-test: deps fmt clippy
+test: deps fmt clippy doc
 	$(CARGO) build --workspace
 	$(CARGO) test --workspace
 	$(MAKE) test-python

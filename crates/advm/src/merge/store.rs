@@ -554,8 +554,9 @@ impl Store {
 /// they are, without hashing them again; a client only ever names keys to look up.
 type Index = PageHashMap<Filed>;
 
-/// A map keyed by a store's page hashes, which index the table as they are (see
-/// [`Index`]): for the daemon's tables of hashes in flight, as for the store's own.
+/// A map keyed by a store's page hashes, which index the table as they are (the keys
+/// are keyed xxh3 of content, already uniform): for the daemon's tables of hashes in
+/// flight, as for the store's own slot index.
 /// Every key comes from the domain's own clients, so crafted keys can slow down only
 /// their own domain's tables.
 pub type PageHashMap<V> = HashMap<u64, V, BuildHasherDefault<KeyAsHash>>;
