@@ -18,7 +18,7 @@ fn usage(s: String) -> CliError {
 }
 
 /// Runs `advm vm dump --vm PID --out FILE`.
-pub fn run(vm: u32, out: &Path, timeout: Duration) -> Result<(), CliError> {
+pub fn run(vm: u32, out: &Path, timeout: Duration, json: bool) -> Result<(), CliError> {
     let dir = workdir_of(vm);
     let info_path = dir.join(VM_INFO);
     let text = std::fs::read_to_string(&info_path).map_err(|e| {
@@ -64,31 +64,58 @@ pub fn run(vm: u32, out: &Path, timeout: Duration) -> Result<(), CliError> {
     })?;
     let _ = std::fs::remove_file(&raw_path);
     let pause_ns: u64 = read("dump.pause_ns").trim().parse().unwrap_or(0);
+    // The shim's parts of the pause (a shim before stop 29 writes none). Stop 30's shim
+    // adds how it scanned: 1 /proc/self/maps and its own records of the program's
+    // MADV_DONTFORK (bytes mapped), 0 /proc/self/smaps (bytes resident).
+    let t: Vec<u64> = read("dump.timing").lines().filter_map(|l| l.parse().ok()).collect();
+    let (parts, kind) = match t[..] {
+        [a, b, c, d, e, f, kind] => (Some([a, b, c, d, e, f]), kind),
+        [a, b, c, d, e, f] => (Some([a, b, c, d, e, f]), 0),
+        _ => (None, 0),
+    };
+    let ms = |ns: u64| ns as f64 / 1e6;
+    let (scan, bytes_kind) = if kind == 1 { ("maps", "mapped") } else { ("smaps", "resident") };
+    if json {
+        let parts = parts.map(|[scan_ns, marks, fork, after, ranges, kib]| {
+            serde_json::json!({
+                "scan": scan,
+                "scan_ms": ms(scan_ns),
+                "marks_ms": ms(marks),
+                "fork_ms": ms(fork),
+                "unmarks_and_first_child_ms": ms(after),
+                "ranges_left_out": ranges,
+                "left_out_kib": kib,
+                "left_out_kind": bytes_kind,
+            })
+        });
+        let report = serde_json::json!({
+            "out": out.display().to_string(),
+            "backing": image,
+            "clusters": clusters.len(),
+            "cluster_bytes": dump::DUMP_CLUSTER,
+            "bytes": bytes,
+            "pause_ms": ms(pause_ns),
+            "copy_ms": copied.as_secs_f64() * 1e3,
+            "parts": parts,
+            "qemu_minor_faults": faults,
+        });
+        println!("{report}");
+        return Ok(());
+    }
     println!(
         "{}: {} clusters of 64 KiB ({} bytes) over {image}; QEMU's signal handler paused {:.3} ms (marks, fork, \
          unmarks, first child), copy done after {} ms",
         out.display(),
         clusters.len(),
         bytes,
-        pause_ns as f64 / 1e6,
+        ms(pause_ns),
         copied.as_millis()
     );
-    // The shim's parts of that (a shim before stop 29 writes none).
-    let t: Vec<u64> = read("dump.timing").lines().filter_map(|l| l.parse().ok()).collect();
-    // Stop 30's shim adds how it scanned: 1 /proc/self/maps and its own records of the
-    // program's MADV_DONTFORK (bytes mapped), 0 /proc/self/smaps (bytes resident).
-    let (parts, kind) = match t[..] {
-        [a, b, c, d, e, f, kind] => (Some([a, b, c, d, e, f]), kind),
-        [a, b, c, d, e, f] => (Some([a, b, c, d, e, f]), 0),
-        _ => (None, 0),
-    };
-    if let Some([scan, marks, fork, after, ranges, kib]) = parts {
-        let ms = |ns: u64| ns as f64 / 1e6;
-        let (what, bytes) = if kind == 1 { ("maps", "mapped") } else { ("smaps", "resident") };
+    if let Some([scan_ns, marks, fork, after, ranges, kib]) = parts {
         println!(
-            "  {what} scan {:.3} ms (guest running), marks {:.3} ms, fork {:.3} ms, unmarks + first child {:.3} ms; \
-             left out of the fork: {ranges} ranges, {:.1} MiB {bytes}",
-            ms(scan),
+            "  {scan} scan {:.3} ms (guest running), marks {:.3} ms, fork {:.3} ms, unmarks + first child {:.3} ms; \
+             left out of the fork: {ranges} ranges, {:.1} MiB {bytes_kind}",
+            ms(scan_ns),
             ms(marks),
             ms(fork),
             ms(after),

@@ -32,6 +32,9 @@ pub enum VmCmd {
         /// Seconds to wait for the copy.
         #[arg(long, default_value_t = 120)]
         timeout: u64,
+        /// One JSON object on stdout instead of the text lines.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -69,6 +72,6 @@ pub fn run(cmd: VmCmd) -> Result<(), CliError> {
             Ok(())
         }
         VmCmd::Run(args) => run::run(args),
-        VmCmd::Dump { vm, out, timeout } => dump::run(vm, &out, std::time::Duration::from_secs(timeout)),
+        VmCmd::Dump { vm, out, timeout, json } => dump::run(vm, &out, std::time::Duration::from_secs(timeout), json),
     }
 }
