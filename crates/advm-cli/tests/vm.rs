@@ -423,13 +423,23 @@ fn a_merged_pmem_guest_maps_its_ram_from_the_store_and_keeps_answering() {
     let marks_before = dont_fork_ranges(qemu);
     let d = dir("mergeddump");
     let overlay = d.0.join("dump.qcow2");
-    let (dumped, dump_err) = advm(&["vm", "dump", "--vm", &vm.id().to_string(), "--out", overlay.to_str().unwrap()]);
+    let dump = Command::new(ADVM)
+        .args(["vm", "dump", "--json", "--vm", &vm.id().to_string(), "--out", overlay.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let (dumped, dump_err) = (dump.status.success(), String::from_utf8_lossy(&dump.stderr).into_owned());
     let marks_after = dont_fork_ranges(qemu);
     advm::process::terminate(vm.id()).unwrap();
     assert!(vm.wait().unwrap().success(), "advm vm run failed on SIGTERM");
     assert!(dumped, "advm vm dump of the merged VM failed: {dump_err}");
     let check = Command::new("qemu-img").args(["check", "-q"]).arg(&overlay).status().unwrap();
     assert!(check.success(), "qemu-img check of the merged VM's dump");
+    // `--json`: one object whose figures are those of the overlay written.
+    let report: serde_json::Value = serde_json::from_slice(&dump.stdout).unwrap();
+    let clusters = report["clusters"].as_u64().unwrap();
+    assert_eq!(report["cluster_bytes"], 65536, "{report}");
+    assert!(report["pause_ms"].as_f64().unwrap() > 0.0 && report["parts"]["fork_ms"].as_f64().is_some(), "{report}");
+    assert!(std::fs::metadata(&overlay).unwrap().len() >= clusters * 65536, "{report}");
     let lost: Vec<_> = marks_before.iter().filter(|m| !marks_after.contains(m)).take(5).collect();
     assert!(
         marks_before == marks_after,
