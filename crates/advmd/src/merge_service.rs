@@ -279,6 +279,9 @@ impl Session {
     /// that are stored already (compared in full).
     fn add(&mut self, shared: &Shared, hashes: &[u64], pages: OwnedFd) -> advm::Result<Reply> {
         let n = hashes.len();
+        if n < advm::merge::COPY_BELOW_PAGES {
+            return self.add_copied(shared, hashes, pages);
+        }
         let adopted = {
             let mut g = lock(&shared.state);
             let a = g.store.adopt(pages, n)?;
@@ -324,6 +327,49 @@ impl Session {
             self.held.extend(&slots);
             let segments = announce(&mut self.shown, &g.store, &slots)?;
             Ok(Reply::Added { slots, refusal: String::new(), room, segments })
+        });
+        drop(g);
+        shared.landed.notify_all();
+        reply
+    }
+
+    /// A small add (see [`advm::merge::COPY_BELOW_PAGES`]): the pages are read from
+    /// the client's frozen memfd and hashed here, outside the store's lock, then
+    /// copied into the store's own memfd, which every client maps already: no file
+    /// for the clients to hold.
+    fn add_copied(&mut self, shared: &Shared, hashes: &[u64], pages: OwnedFd) -> advm::Result<Reply> {
+        let n = hashes.len();
+        let read = advm::merge::read_frozen(pages, n);
+        let hasher = lock(&shared.state).store.hasher().clone();
+        // Every page is hashed here (cheap at this size): filed under those hashes, and
+        // the client's checked against them unless the daemon uses none of them
+        // (`hash_check_one_in` 1), as a sampled check of an adopted file would.
+        let checked = read.and_then(|bytes| {
+            let own: Vec<u64> = bytes.chunks_exact(advm::mem::page_size()).map(|p| hasher.hash(p)).collect();
+            match own.iter().zip(hashes).position(|(a, b)| a != b).filter(|_| self.hash_check_one_in > 1) {
+                Some(k) => Err(refused(format!(
+                    "the add's hashes do not match its pages: page {k}'s hash is not the store's hash of its bytes"
+                ))),
+                None => Ok((bytes, own)),
+            }
+        });
+        let mut g = lock(&shared.state);
+        let inserted = checked.and_then(|(bytes, own)| g.store.insert_copied(&bytes, &own));
+        match &inserted {
+            // The session will not add what it claimed: nobody waits for it.
+            Ok(Err(_)) => g.unclaim(self.id, &std::mem::take(&mut self.claimed)),
+            _ => g.unclaim(self.id, hashes),
+        }
+        let room = {
+            let u = g.store.usage();
+            (u.limit_bytes - u.bytes) / advm::mem::page_size() as u64
+        };
+        let reply = inserted.map(|r| match r {
+            Ok(slots) => {
+                self.held.extend(&slots);
+                Reply::Added { slots, refusal: String::new(), room, segments: vec![] }
+            }
+            Err(full) => Reply::Added { slots: vec![NO_SLOT; n], refusal: full.to_string(), room, segments: vec![] },
         });
         drop(g);
         shared.landed.notify_all();

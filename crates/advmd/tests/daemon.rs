@@ -442,17 +442,23 @@ fn hashing_every_page_files_an_add_under_the_hash_of_its_pages_not_the_hash_the_
     let (_d, sock) = start("claimed-hash", |c| c.hash_check_one_in = 1);
     let ch = Channel::connect(&sock).unwrap();
     let (hasher, mut view) = hello(&ch);
-    let pages = filled(6, 4);
-    let truth: Vec<u64> = pages.bytes().chunks_exact(page_size()).map(|p| hasher.hash(p)).collect();
-    let claimed: Vec<u64> = truth.iter().map(|h| h ^ 0x5a5a).collect();
-    let slots = add(&ch, &mut view, pages.bytes(), claimed.clone());
-    let lookup = |hashes: Vec<u64>| {
-        Request::Lookup { hashes, window: None }.send(&ch).unwrap();
-        let Reply::Slots { slots, .. } = Reply::recv(&ch).unwrap() else { panic!("the lookup failed") };
-        slots
-    };
-    assert_eq!(lookup(truth), slots, "found under the hashes of their bytes");
-    assert!(lookup(claimed).iter().all(|&s| s == advm::merge::protocol::NO_SLOT), "not under the claimed ones");
+    // A small add (copied into the store's memfd) and one adopted as a file.
+    for (n, seed) in [(6, 4), (advm::merge::COPY_BELOW_PAGES, 5)] {
+        let pages = filled(n, seed);
+        let truth: Vec<u64> = pages.bytes().chunks_exact(page_size()).map(|p| hasher.hash(p)).collect();
+        let claimed: Vec<u64> = truth.iter().map(|h| h ^ 0x5a5a).collect();
+        let slots = add(&ch, &mut view, pages.bytes(), claimed.clone());
+        let lookup = |hashes: Vec<u64>| {
+            Request::Lookup { hashes, window: None }.send(&ch).unwrap();
+            let Reply::Slots { slots, .. } = Reply::recv(&ch).unwrap() else { panic!("the lookup failed") };
+            slots
+        };
+        assert_eq!(lookup(truth), slots, "{n} pages: found under the hashes of their bytes");
+        assert!(
+            lookup(claimed).iter().all(|&s| s == advm::merge::protocol::NO_SLOT),
+            "{n}: not under the claimed ones"
+        );
+    }
 }
 
 /// By default the daemon checks an add's hashes on a random sample of its pages: an
@@ -463,17 +469,22 @@ fn an_add_whose_hashes_are_not_the_hashes_of_its_pages_is_refused_and_the_sessio
     let (_d, sock) = start("false-hashes", |_| {});
     let ch = Channel::connect(&sock).unwrap();
     let (hasher, mut view) = hello(&ch);
-    let pages = filled(200, 9);
-    let truth: Vec<u64> = pages.bytes().chunks_exact(page_size()).map(|p| hasher.hash(p)).collect();
-    let claimed: Vec<u64> = truth.iter().map(|h| h ^ 0x5a5a).collect();
-    Request::Add { hashes: claimed, pages: sealed(pages.bytes(), FROZEN) }.send(&ch).unwrap();
-    let e = Reply::recv(&ch).unwrap_err().to_string();
-    assert!(e.contains("the add's hashes do not match its pages"), "{e}");
-    Request::Usage.send(&ch).unwrap();
-    let Reply::Usage(u) = Reply::recv(&ch).unwrap() else { panic!("no usage") };
-    assert_eq!(u.pages, 0, "nothing of the refused add is stored");
-    let slots = add(&ch, &mut view, pages.bytes(), truth);
-    assert!(slots.iter().all(|&s| s != advm::merge::protocol::NO_SLOT), "a correct add lands");
+    // A small add (copied into the store's memfd) and one adopted as a file.
+    let mut stored = 0;
+    for (n, seed) in [(200, 9), (advm::merge::COPY_BELOW_PAGES + 1, 10)] {
+        let pages = filled(n, seed);
+        let truth: Vec<u64> = pages.bytes().chunks_exact(page_size()).map(|p| hasher.hash(p)).collect();
+        let claimed: Vec<u64> = truth.iter().map(|h| h ^ 0x5a5a).collect();
+        Request::Add { hashes: claimed, pages: sealed(pages.bytes(), FROZEN) }.send(&ch).unwrap();
+        let e = Reply::recv(&ch).unwrap_err().to_string();
+        assert!(e.contains("the add's hashes do not match its pages"), "{n} pages: {e}");
+        Request::Usage.send(&ch).unwrap();
+        let Reply::Usage(u) = Reply::recv(&ch).unwrap() else { panic!("no usage") };
+        assert_eq!(u.pages, stored, "{n} pages: nothing of the refused add is stored");
+        let slots = add(&ch, &mut view, pages.bytes(), truth);
+        assert!(slots.iter().all(|&s| s != advm::merge::protocol::NO_SLOT), "{n} pages: a correct add lands");
+        stored += n as u64;
+    }
 }
 
 /// An add's pages are adopted as they are: the slots show the bytes byte for byte,
@@ -486,7 +497,8 @@ fn a_client_cannot_change_the_pages_it_handed_over() {
     let ch = Channel::connect(&sock).unwrap();
     let (hasher, mut view) = hello(&ch);
     let ps = page_size();
-    let pages = filled(40, 6);
+    // Large enough to be adopted rather than copied (`COPY_BELOW_PAGES`).
+    let pages = filled(advm::merge::COPY_BELOW_PAGES, 6);
     let hashes: Vec<u64> = pages.bytes().chunks_exact(ps).map(|p| hasher.hash(p)).collect();
     let file = sealed(pages.bytes(), FROZEN);
     Request::Add { hashes: hashes.clone(), pages: file.try_clone().unwrap() }.send(&ch).unwrap();
@@ -744,5 +756,54 @@ fn clients_merging_the_same_pages_at_once_add_them_once_between_them() {
     assert_eq!(merged, 2 * pages as u64, "the others merged every page");
     for r in &ranges {
         assert!(r.bytes() == &orig[..], "a merged range changed");
+    }
+}
+
+#[test]
+fn many_small_merges_hold_no_descriptor_each_and_their_pages_are_shared() {
+    if !fence_ok() {
+        return;
+    }
+    let (_d, sock) = start("smalladds", |_| {});
+    let fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
+    // 2-page buffers of distinct content, merged one call each (a program merging each
+    // of a model's small tensors): before small adds were copied into the store's own
+    // memfd, each call's pages came back as an adopted file this session held a
+    // descriptor and a mapping for until it ended (EMFILE after ~1,000 calls).
+    let bufs: Vec<Region> = (0..300).map(|i| filled(2, i as u8).tap_seed(i)).collect();
+    let copies: Vec<Vec<u8>> = bufs.iter().map(|b| b.bytes().to_vec()).collect();
+    let mut c = Client::connect(&sock, "").unwrap();
+    c.merge(bufs[0].bytes()).unwrap();
+    let before = fds();
+    for b in &bufs[1..] {
+        assert_eq!(c.merge(b.bytes()).unwrap().added, 2);
+    }
+    let grown = fds().saturating_sub(before);
+    // Other tests of this binary open descriptors meanwhile; 299 adds held 299 before.
+    assert!(grown < 100, "{grown} more descriptors after 299 small merges");
+    for (b, copy) in bufs.iter().zip(&copies) {
+        assert_eq!(b.bytes(), &copy[..], "a merged buffer changed");
+    }
+    // A second process's equal buffers map the same physical pages.
+    let mut c2 = Client::connect(&sock, "").unwrap();
+    let again = filled(2, 7).tap_seed(7);
+    let s = c2.merge(again.bytes()).unwrap();
+    assert_eq!((s.merged, s.added), (2, 0), "{s:?}");
+    assert_eq!(again.bytes(), &copies[7][..]);
+    assert_eq!(page_frames(again.range()).unwrap(), page_frames(bufs[7].range()).unwrap());
+}
+
+/// Makes `filled`'s content depend on a seed wider than its u8.
+trait TapSeed {
+    fn tap_seed(self, seed: usize) -> Self;
+}
+
+impl TapSeed for Region {
+    fn tap_seed(mut self, seed: usize) -> Self {
+        let ps = page_size();
+        for (p, page) in self.bytes_mut().chunks_exact_mut(ps).enumerate() {
+            page[..16].copy_from_slice(&[(seed as u64).to_le_bytes(), (p as u64).to_le_bytes()].concat());
+        }
+        self
     }
 }

@@ -32,7 +32,10 @@ use std::time::Instant;
 
 pub use crate::wire::{socket_path, DEFAULT_SOCKET};
 use client::{Backend, Daemon, Landing, Local};
-pub use store::{Adopting, KeyAsHash, PageHashMap, PageHasher, Piece, SegmentMap, Store, StoreFull, StoreUsage};
+pub use store::{
+    read_frozen, Adopting, KeyAsHash, PageHashMap, PageHasher, Piece, SegmentMap, Store, StoreFull, StoreUsage,
+    COPY_BELOW_PAGES,
+};
 pub use view::StoreView;
 
 use crate::mem::{page_size, PageRange};
