@@ -131,3 +131,36 @@ def test_stat_of_another_users_process_raises_permission_error():
         capture_output=True, text=True, timeout=60, cwd="/",
     )
     assert out.stdout.startswith("PermissionError process 1: permission denied"), out.stdout + out.stderr
+
+
+CLOSES_EVERY_FD = r"""
+import os, sys, numpy as np, advm
+a = np.arange(1 << 20, dtype=np.float64)
+x = advm.vcopy(a)
+y = advm.vcopy(x)  # the arena's memfd is open now
+os.closerange(3, 1024)  # as a daemon does
+files = [open(os.path.join(sys.argv[1], f"f{i}"), "wb+", buffering=0) for i in range(8)]
+for f in files:
+    f.write(b"U" * (1 << 20))
+z = advm.vcopy(a[: 1 << 18])
+w = advm.vcopy(z)
+assert np.array_equal(w, a[: 1 << 18]) and np.array_equal(y, a)
+y[5] = -1.0
+assert x[5] == 5.0
+del x, y, z, w
+for f in files:
+    f.seek(0)
+    assert f.read() == b"U" * (1 << 20), f"{f.name} changed"
+    f.close()
+print("ok")
+"""
+
+
+def test_vcopy_after_the_program_closed_every_fd_leaves_its_files_alone(tmp_path):
+    # The arena's memfd number comes back for the program's own file: the arena must
+    # not map, write or punch it (the process died of SIGBUS mapping it).
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", CLOSES_EVERY_FD, str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout == "ok\n", (r.returncode, r.stdout, r.stderr)
