@@ -164,3 +164,34 @@ def test_vcopy_after_the_program_closed_every_fd_leaves_its_files_alone(tmp_path
 
     r = subprocess.run([sys.executable, "-c", CLOSES_EVERY_FD, str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout == "ok\n", (r.returncode, r.stdout, r.stderr)
+
+
+MERGES_AFTER_CLOSING_EVERY_FD = r"""
+import os, sys, numpy as np, advm
+a = np.full(8 << 20, 3, dtype=np.uint8)
+advm.merge(a)  # the process's own store, its memfds and the maps file are open now
+os.closerange(3, 1024)
+files = [open(os.path.join(sys.argv[1], f"f{i}"), "wb+", buffering=0) for i in range(8)]
+for f in files:
+    f.write(b"U" * (1 << 20))
+b = np.full(8 << 20, 3, dtype=np.uint8)
+c = np.random.default_rng(1).integers(0, 256, 8 << 20, dtype=np.uint8)
+before = c.copy()
+sb, sc = advm.merge(b), advm.merge(c)
+assert sb["merged"] + sb["added"] >= 2000 and sc["added"] >= 2000, (sb, sc)
+assert (b == 3).all() and np.array_equal(c, before)
+for f in files:
+    f.seek(0)
+    assert f.read() == b"U" * (1 << 20), f"{f.name} changed"
+print("ok")
+"""
+
+
+def test_merge_after_the_program_closed_every_fd_works_and_leaves_its_files_alone(tmp_path):
+    # It failed for good (ioctl(PROCMAP_QUERY) on the closed maps file); past that, the
+    # store would have written and punched the program's files at its memfds' numbers.
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", MERGES_AFTER_CLOSING_EVERY_FD, str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout == "ok\n", (r.returncode, r.stdout, r.stderr)
