@@ -195,3 +195,30 @@ def test_merge_after_the_program_closed_every_fd_works_and_leaves_its_files_alon
 
     r = subprocess.run([sys.executable, "-c", MERGES_AFTER_CLOSING_EVERY_FD, str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout == "ok\n", (r.returncode, r.stdout, r.stderr)
+
+
+def test_vcopy_releases_the_gil_while_it_copies():
+    # Another Python thread runs on during a long copy (it used to wait for all of it).
+    import threading
+    import time
+
+    ticks = [0]
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            ticks[0] += 1
+
+    t = threading.Thread(target=spin)
+    t.start()
+    t0, n0 = time.perf_counter(), ticks[0]
+    time.sleep(0.2)  # its rate alone (the main thread sleeps)
+    rate = (ticks[0] - n0) / (time.perf_counter() - t0)
+    a = np.ones(256 << 20, dtype=np.uint8)  # not in the arena: its bytes are copied
+    t0, n0 = time.perf_counter(), ticks[0]
+    b = advm.vcopy(a)
+    took, during = time.perf_counter() - t0, ticks[0] - n0
+    stop.set()
+    t.join()
+    assert b[123456] == 1
+    assert during >= 0.2 * rate * took, f"{during} ticks in {took:.3f} s, {rate:.0f}/s alone"
