@@ -144,6 +144,12 @@ pub fn render_stats(mode: Mode, stats: &BTreeMap<String, u64>, processes: usize)
             g("generations_exhausted")
         );
     }
+    if g("fds_closed_by_program") > 0 {
+        out += &format!(
+            "  descriptors lost     {} (the program closed the shim's memfd or pagemap: forgotten, never reused)\n",
+            g("fds_closed_by_program")
+        );
+    }
     out
 }
 

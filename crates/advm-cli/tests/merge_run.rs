@@ -155,3 +155,25 @@ fn advm_merge_on_a_process_not_under_merge_mode_says_so() {
     let r = Command::new(ADVM).args(["merge", "4000000"]).output().unwrap();
     assert!(String::from_utf8_lossy(&r.stderr).contains("no process 4000000"));
 }
+
+/// A program that closes every descriptor above stderr and gets the merge agent's
+/// control socket number back for a listening socket of its own accepts all its
+/// connections (the agent used to accept one and close it), and the agent binds its
+/// name again: a lookup on it still answers.
+#[test]
+fn a_program_that_closes_every_fd_keeps_its_connections_and_the_agent_still_answers() {
+    if !ready() {
+        return;
+    }
+    let prog = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/closes_fds.py");
+    let out = Command::new(ADVM)
+        .args(["run", "--mode", "merge", "--", "python3"])
+        .arg(prog)
+        .env("ADVM_SOCKET", "/nonexistent/advmd.sock")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.starts_with("accepted 5 of 5\n"), "{text}");
+    assert!(text.contains("\"ok\":true"), "{text}");
+}

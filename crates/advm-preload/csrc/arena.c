@@ -119,30 +119,82 @@ int budget_ok(void) { return A.segs + 8 < A.seg_budget; }
 
 /* ---- memfd generations ----------------------------------------------------------- */
 
-int cur_fd(void) {
-    if (A.gen < 0) return -1;
-    if (A.gen_fd[A.gen] < 0) {
-        int fd = memfd_create("advm-arena", MFD_CLOEXEC);
-        if (fd < 0) return -1;
-        if (ftruncate(fd, (off_t)(ARENA_PAGES << A.pshift)) != 0) {
-            close(fd);
-            return -1;
-        }
-        A.gen_fd[A.gen] = fd;
-    }
-    return A.gen_fd[A.gen];
+/* ---- the shim's descriptors --------------------------------------------------------
+ * A program may close descriptors it did not open (a daemon closing every fd above 2,
+ * closefrom, close_range) and get the same numbers back for its own files: the shim
+ * then punched holes into the program's file, wrote into it, mapped it as a copy's
+ * source and closed it at fork. So each of its descriptors (a generation's memfd, the
+ * pagemap file) is checked by device and inode (one fstat) before every use; a number
+ * that is no longer the shim's is forgotten: never written, punched, mapped or closed.
+ * A generation whose memfd is gone is retired as at fork (lock_take: new_generation):
+ * its pages stay mapped by their views and go back when the last one is unmapped;
+ * its shared runs are copied private at fork (unshare_lost). */
+int fd_is(int fd, dev_t dev, ino_t ino) {
+    struct stat st;
+    return fd >= 0 && fstat(fd, &st) == 0 && st.st_dev == dev && st.st_ino == ino;
 }
 
-static void gen_unref(int g, uint64_t n) {
-    A.gen_refs[g] -= n;
-    if (A.gen_refs[g] == 0 && g != A.gen && A.gen_fd[g] >= 0) {
-        close(A.gen_fd[g]);
-        A.gen_fd[g] = -1;
+/* Generation g's memfd, or -1 when it has none or the program closed it (then lost). */
+int gen_fd(int g) {
+    int fd = A.gen_fd[g];
+    if (fd < 0 || fd_is(fd, A.gen_dev[g], A.gen_ino[g])) return fd;
+    A.gen_fd[g] = -1;
+    A.gen_lost |= 1ull << g;
+    if (g == A.gen) A.retire = 1;
+    st_add(S_FDS_LOST, 1);
+    return -1;
+}
+
+int cur_fd(void) {
+    if (A.gen < 0) return -1;
+    int have = gen_fd(A.gen);
+    if (have >= 0 || ((A.gen_lost >> A.gen) & 1)) return have;
+    int fd = memfd_create("advm-arena", MFD_CLOEXEC);
+    if (fd < 0) return -1;
+    struct stat st;
+    if (ftruncate(fd, (off_t)(ARENA_PAGES << A.pshift)) != 0 || fstat(fd, &st) != 0) {
+        close(fd);
+        return -1;
     }
+    A.gen_dev[A.gen] = st.st_dev;
+    A.gen_ino[A.gen] = st.st_ino;
+    A.gen_fd[A.gen] = fd;
+    return fd;
+}
+
+void gen_unref(int g, uint64_t n) {
+    A.gen_refs[g] -= n;
+    if (A.gen_refs[g] == 0 && g != A.gen) {
+        int fd = gen_fd(g);
+        if (fd >= 0) close(fd);
+        A.gen_fd[g] = -1;
+        A.gen_lost &= ~(1ull << g); /* the slot is free again */
+    }
+}
+
+/* [v, v+n), a shared run of a generation whose memfd the program closed, becomes
+ * anonymous memory with the same bytes (before fork: a shared mapping would be shared
+ * with the child, and without the memfd it cannot be remapped private). A thread of
+ * the program writing the run meanwhile may lose that write: only in this corner. */
+void unshare_lost(uint64_t v, uint64_t n) {
+    size_t len = n << A.pshift;
+    void *tmp = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (tmp == MAP_FAILED) return;
+    real_memcpy(tmp, page_addr(v), len);
+    if (mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, page_addr(v)) == MAP_FAILED) {
+        munmap(tmp, len);
+        return;
+    }
+    int g = (int)((A.vmeta[v] & VM_GEN_MASK) >> VM_GEN_SHIFT);
+    for (uint64_t i = 0; i < n; i++) A.vmeta[v + i] = (A.vmeta[v + i] & (VM_HEAD | VM_NPAGES_MASK)) | VM_MAPPED | VM_ANON;
+    seg_mapped(v, n);
+    gen_unref(g, n);
 }
 
 static void punch(int g, uint64_t f, uint64_t k) {
-    fallocate(A.gen_fd[g], FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(f << A.pshift),
+    int fd = gen_fd(g);
+    if (fd >= 0)
+        fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(f << A.pshift),
               (off_t)(k << A.pshift));
     ext_free(&A.fd, (uint32_t)f, (uint32_t)k);
 }
@@ -178,8 +230,9 @@ static int single_threaded(void) {
  * shorter than a copy worth making virtual are left private: converting them costs a
  * mapping split for little. */
 static void adopt(uint64_t f, uint64_t w, uint64_t k) {
-    if ((k << A.pshift) < copy_min || !budget_ok()) return;
-    if (mmap(page_addr(w), k << A.pshift, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, A.gen_fd[A.gen],
+    int fd = gen_fd(A.gen);
+    if ((k << A.pshift) < copy_min || !budget_ok() || fd < 0) return;
+    if (mmap(page_addr(w), k << A.pshift, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
              (off_t)(f << A.pshift)) == MAP_FAILED)
         return; /* the old mapping stays: still a correct private view */
     for (uint64_t i = 0; i < k; i++) A.vmeta[w + i] &= ~VM_PRIV;

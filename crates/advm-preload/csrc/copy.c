@@ -6,8 +6,25 @@
 #define SALVAGE_MIN_PAGES 16
 #define REMAP_STEP 2048 /* pages of a first copy written into the memfd between remaps (8 MiB) */ /* below this, moving pages costs more than faulting them again */
 
+/* This process's pagemap, opened once; reopened when the program closed the number (it
+ * is forgotten, not closed: the number may be the program's own file now). */
 int pagemap_fd(void) {
-    if (A.pagemap_fd < 0) A.pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    if (A.pagemap_fd >= 0 && !fd_is(A.pagemap_fd, A.pm_dev, A.pm_ino)) {
+        A.pagemap_fd = -1;
+        st_add(S_FDS_LOST, 1);
+    }
+    if (A.pagemap_fd < 0) {
+        int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+        struct stat st;
+        if (fd < 0) return -1;
+        if (fstat(fd, &st) != 0) {
+            close(fd);
+            return -1;
+        }
+        A.pm_dev = st.st_dev;
+        A.pm_ino = st.st_ino;
+        A.pagemap_fd = fd;
+    }
     return A.pagemap_fd;
 }
 
@@ -108,7 +125,8 @@ static void salvage_end(uint64_t v, uint64_t k, struct salvage sv, int ok) {
  * first, then drops the old ones, so a page mapped on both sides is never punched.
  * keep: [v, v+k) is a copy's destination, whose pages may be kept (see salvage). */
 static int remap_private(uint64_t v, uint64_t k, int g, uint64_t f, int keep) {
-    if (!budget_ok()) return -1;
+    int fd = gen_fd(g);
+    if (!budget_ok() || fd < 0) return -1;
     /* a source's shared run is remapped onto its own pages: nothing to keep */
     int same = 0;
     for (uint64_t i = 0; i < k && !same; i++) {
@@ -118,8 +136,8 @@ static int remap_private(uint64_t v, uint64_t k, int g, uint64_t f, int keep) {
     }
     struct salvage kept = {-1, 0, 0};
     if (keep && !same) kept = salvage_begin(v, k);
-    if (mmap(page_addr(v), k << A.pshift, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, A.gen_fd[g],
-             (off_t)(f << A.pshift)) == MAP_FAILED) {
+    if (mmap(page_addr(v), k << A.pshift, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd, (off_t)(f << A.pshift)) ==
+        MAP_FAILED) {
         salvage_end(v, k, kept, 0);
         return -1;
     }

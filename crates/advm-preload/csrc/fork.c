@@ -19,9 +19,11 @@ void fork_prepare(void) {
         }
         uint64_t r = run_len(v, A.va_high - v);
         if (!(m & (VM_ANON | VM_PRIV))) {
-            int g = (int)((m & VM_GEN_MASK) >> VM_GEN_SHIFT);
-            if (mmap(page_addr(v), r << A.pshift, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, A.gen_fd[g],
-                     off_of(m)) != MAP_FAILED) {
+            int fd = gen_fd((int)((m & VM_GEN_MASK) >> VM_GEN_SHIFT));
+            if (fd < 0) {
+                unshare_lost(v, r); /* the program closed its memfd */
+            } else if (mmap(page_addr(v), r << A.pshift, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd,
+                            off_of(m)) != MAP_FAILED) {
                 for (uint64_t i = 0; i < r; i++) A.vmeta[v + i] |= VM_PRIV;
                 seg_mapped(v, r);
             }
@@ -33,17 +35,20 @@ void fork_prepare(void) {
 
 /* After fork, in both processes: the generation in use is frozen (never written or
  * punched again: the other process may map its pages) and a new one starts. */
-static void new_generation(void) {
+void new_generation(void) {
     int old = A.gen;
     A.gen = -1;
+    A.retire = 0;
     for (int g = 0; g < MAX_GENS; g++)
-        if (A.gen_fd[g] < 0 && A.gen_refs[g] == 0 && g != old) {
+        if (A.gen_fd[g] < 0 && A.gen_refs[g] == 0 && !((A.gen_lost >> g) & 1) && g != old) {
             A.gen = g;
             break;
         }
-    if (old >= 0 && A.gen_refs[old] == 0 && A.gen_fd[old] >= 0) {
-        close(A.gen_fd[old]);
+    if (old >= 0 && A.gen_refs[old] == 0) {
+        int fd = gen_fd(old);
+        if (fd >= 0) close(fd);
         A.gen_fd[old] = -1;
+        A.gen_lost &= ~(1ull << old);
     }
     /* the new generation starts with no references and the whole memfd free */
     mmap(A.fref, sizeof(uint32_t) * ARENA_PAGES, PROT_READ | PROT_WRITE,
@@ -66,7 +71,8 @@ void fork_parent(void) {
 void fork_child(void) {
     if (state == 2) {
         new_generation();
-        if (A.pagemap_fd >= 0) close(A.pagemap_fd); /* it reads the parent's pagemap */
+        /* it reads the parent's pagemap (closed only while it is still the shim's) */
+        if (A.pagemap_fd >= 0 && fd_is(A.pagemap_fd, A.pm_dev, A.pm_ino)) close(A.pagemap_fd);
         A.pagemap_fd = -1;
         for (int i = 0; i < S_NSTATS; i++)
             if (i != S_LIVE_BYTES) stats[i] = 0;

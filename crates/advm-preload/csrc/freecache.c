@@ -62,10 +62,11 @@ static int give_back(uint64_t v, uint64_t n) {
     uint64_t i = 0;
     while (i < n) {
         uint64_t m = A.vmeta[v + i], r = run_len(v + i, n - i);
+        int fd = (m & VM_ANON) ? -1 : gen_fd((int)((m & VM_GEN_MASK) >> VM_GEN_SHIFT));
+        /* a shared run whose memfd the program closed: the mapping punches it instead */
         int rc = (m & VM_ANON) ? madvise(page_addr(v + i), r << A.pshift, MADV_DONTNEED)
-                               : fallocate(A.gen_fd[(m & VM_GEN_MASK) >> VM_GEN_SHIFT],
-                                           FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_of(m),
-                                           (off_t)(r << A.pshift));
+                 : fd >= 0     ? fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_of(m), (off_t)(r << A.pshift))
+                               : madvise(page_addr(v + i), r << A.pshift, MADV_REMOVE);
         if (rc != 0) return rc;
         i += r;
     }

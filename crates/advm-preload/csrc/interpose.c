@@ -20,6 +20,7 @@ void lock_take(void) {
     lock_mine = 1;
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     pthread_mutex_lock(&lock);
+    if (UNLIKELY(A.retire)) new_generation(); /* the program closed the current memfd (arena.c) */
 }
 void lock_drop(void) {
     pthread_mutex_unlock(&lock);

@@ -46,6 +46,7 @@
 #include <stdlib.h>
 #include <string.h> /* memset only: the shim does not replace it */
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -110,7 +111,15 @@ struct arena {
     int gen;          /* current memfd generation, -1 when none is free */
     int gen_fd[MAX_GENS];
     uint64_t gen_refs[MAX_GENS];
+    /* device and inode of each generation's memfd and of the pagemap file, checked before
+     * every use (fd_is): the program may have closed the number and reused it */
+    dev_t gen_dev[MAX_GENS];
+    ino_t gen_ino[MAX_GENS];
+    uint64_t gen_lost; /* generations whose memfd the program closed (one bit each) */
+    int retire;        /* the current generation is lost: lock_take starts a new one */
     int pagemap_fd;
+    dev_t pm_dev;
+    ino_t pm_ino;
     pid_t pid;
     const char *stats_dir;
 };
@@ -169,7 +178,7 @@ enum counter {
     S_FB_NOT_ARENA, S_FB_OFFSET, S_FB_OVERLAP, S_FB_SHORT, S_FB_BUDGET,
     S_FB_ERROR, S_FB_BYTES, S_REALLOC_INPLACE, S_REALLOC_MREMAP, S_REALLOC_SHRINK,
     S_FB_REENTRANT, S_FORKS, S_GENS_EXHAUSTED, S_CACHE_HITS, S_DIRTY_HITS, S_PAGES_SALVAGED, S_PAGES_FRESH, S_PAGES_RETURNED,
-    S_PAGES_DETACHED, S_PAGES_ADOPTED, S_NSTATS
+    S_PAGES_DETACHED, S_PAGES_ADOPTED, S_FDS_LOST, S_NSTATS
 };
 extern uint64_t stats[S_NSTATS];
 
@@ -203,6 +212,11 @@ int64_t ext_alloc(struct extents *e, uint32_t len);
 void ext_free(struct extents *e, uint32_t start, uint32_t len);
 void seg_mapped(uint64_t v, uint64_t n);
 int budget_ok(void);
+int fd_is(int fd, dev_t dev, ino_t ino);
+int gen_fd(int g);
+void gen_unref(int g, uint64_t n);
+void new_generation(void);
+void unshare_lost(uint64_t v, uint64_t n);
 int cur_fd(void);
 void unref_pages(uint64_t v, uint64_t n);
 void view_moved(uint64_t from, uint64_t to, uint64_t n);

@@ -174,18 +174,23 @@ fn vcopy_block(obj: &Bound<'_, PyAny>) -> PyResult<Block> {
     }
     let a = arena()?;
     let src = HostAddr(addr);
-    let dst = if a.touches(src, len) {
-        a.dup(src, len).map_err(to_py)?
-    } else {
-        let dst = a.alloc(len).map_err(to_py)?;
+    // The GIL is released for the copy (seconds for a few GiB): other threads run on,
+    // as during a NumPy copy. The view keeps the source's memory alive meanwhile.
+    let dst = obj.py().allow_threads(|| -> advm::Result<HostAddr> {
+        if a.touches(src, len) {
+            return a.dup(src, len);
+        }
+        let dst = a.alloc(len)?;
         // SAFETY: the view keeps `len` readable bytes at `addr` for this call.
         let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
         if let Err(e) = a.write(dst, bytes) {
             let _ = a.free(dst);
-            return Err(to_py(e));
+            return Err(e);
         }
-        dst
-    };
+        Ok(dst)
+    });
+    let dst = dst.map_err(to_py)?;
+    drop(view);
     Ok(Block { addr: dst, len })
 }
 

@@ -131,3 +131,94 @@ def test_stat_of_another_users_process_raises_permission_error():
         capture_output=True, text=True, timeout=60, cwd="/",
     )
     assert out.stdout.startswith("PermissionError process 1: permission denied"), out.stdout + out.stderr
+
+
+CLOSES_EVERY_FD = r"""
+import os, sys, numpy as np, advm
+a = np.arange(1 << 20, dtype=np.float64)
+x = advm.vcopy(a)
+y = advm.vcopy(x)  # the arena's memfd is open now
+os.closerange(3, 1024)  # as a daemon does
+files = [open(os.path.join(sys.argv[1], f"f{i}"), "wb+", buffering=0) for i in range(8)]
+for f in files:
+    f.write(b"U" * (1 << 20))
+z = advm.vcopy(a[: 1 << 18])
+w = advm.vcopy(z)
+assert np.array_equal(w, a[: 1 << 18]) and np.array_equal(y, a)
+y[5] = -1.0
+assert x[5] == 5.0
+del x, y, z, w
+for f in files:
+    f.seek(0)
+    assert f.read() == b"U" * (1 << 20), f"{f.name} changed"
+    f.close()
+print("ok")
+"""
+
+
+def test_vcopy_after_the_program_closed_every_fd_leaves_its_files_alone(tmp_path):
+    # The arena's memfd number comes back for the program's own file: the arena must
+    # not map, write or punch it (the process died of SIGBUS mapping it).
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", CLOSES_EVERY_FD, str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout == "ok\n", (r.returncode, r.stdout, r.stderr)
+
+
+MERGES_AFTER_CLOSING_EVERY_FD = r"""
+import os, sys, numpy as np, advm
+a = np.full(8 << 20, 3, dtype=np.uint8)
+advm.merge(a)  # the process's own store, its memfds and the maps file are open now
+os.closerange(3, 1024)
+files = [open(os.path.join(sys.argv[1], f"f{i}"), "wb+", buffering=0) for i in range(8)]
+for f in files:
+    f.write(b"U" * (1 << 20))
+b = np.full(8 << 20, 3, dtype=np.uint8)
+c = np.random.default_rng(1).integers(0, 256, 8 << 20, dtype=np.uint8)
+before = c.copy()
+sb, sc = advm.merge(b), advm.merge(c)
+assert sb["merged"] + sb["added"] >= 2000 and sc["added"] >= 2000, (sb, sc)
+assert (b == 3).all() and np.array_equal(c, before)
+for f in files:
+    f.seek(0)
+    assert f.read() == b"U" * (1 << 20), f"{f.name} changed"
+print("ok")
+"""
+
+
+def test_merge_after_the_program_closed_every_fd_works_and_leaves_its_files_alone(tmp_path):
+    # It failed for good (ioctl(PROCMAP_QUERY) on the closed maps file); past that, the
+    # store would have written and punched the program's files at its memfds' numbers.
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", MERGES_AFTER_CLOSING_EVERY_FD, str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout == "ok\n", (r.returncode, r.stdout, r.stderr)
+
+
+def test_vcopy_releases_the_gil_while_it_copies():
+    # Another Python thread runs on during a long copy (it used to wait for all of it).
+    import threading
+    import time
+
+    ticks = [0]
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            ticks[0] += 1
+
+    t = threading.Thread(target=spin)
+    t.start()
+    t0, n0 = time.perf_counter(), ticks[0]
+    time.sleep(0.2)  # its rate alone (the main thread sleeps)
+    rate = (ticks[0] - n0) / (time.perf_counter() - t0)
+    a = np.ones(256 << 20, dtype=np.uint8)  # not in the arena: its bytes are copied
+    t0, n0 = time.perf_counter(), ticks[0]
+    b = advm.vcopy(a)
+    took, during = time.perf_counter() - t0, ticks[0] - n0
+    stop.set()
+    t.join()
+    assert b[123456] == 1
+    assert during >= 0.2 * rate * took, f"{during} ticks in {took:.3f} s, {rate:.0f}/s alone"

@@ -81,7 +81,8 @@ def vcopy(array: numpy.ndarray) -> numpy.ndarray:
     Copying an array that already lives in the arena (the result of an earlier
     ``vcopy``) shares its pages copy-on-write instead of copying bytes; copying any
     other array copies its bytes once into the arena. The result is writable and
-    independent of the source. An array of Python objects (a dtype holding ``object``
+    independent of the source. The GIL is released while it copies (other threads
+    run on), as during ``merge``. An array of Python objects (a dtype holding ``object``
     fields) raises ``TypeError``: its elements are references, not bytes.
     """
     import numpy as np

@@ -197,20 +197,59 @@ pub fn start_from_env() {
         return eprintln!("advm merge agent: not started: {why}");
     }
     let pid = std::process::id();
-    let listener = match SocketAddr::from_abstract_name(socket_name(pid).as_bytes())
-        .and_then(|a| UnixListener::bind_addr(&a))
-        .and_then(|l| l.set_nonblocking(true).map(|()| l))
-    {
-        Ok(l) => l,
+    let control = match Control::bind(pid) {
+        Ok(c) => c,
         Err(e) => return eprintln!("advm merge agent: not started: control socket @{}: {e}", socket_name(pid)),
     };
-    if let Err(e) = std::thread::Builder::new().name("advm-merge".into()).spawn(move || run(listener, settings)) {
+    if let Err(e) = std::thread::Builder::new().name("advm-merge".into()).spawn(move || run(control, settings)) {
         eprintln!("advm merge agent: not started: {e}");
     }
 }
 
+/// The control socket, and its identity (device, inode) when it was bound. A program
+/// may close descriptors it did not open (a daemon closing every one above stderr) and
+/// get the number back for a socket of its own: the agent then accepted the program's
+/// connections (and closed them). So each round first checks that the number is still
+/// the agent's socket; when it is not, the number is forgotten (never closed: it is the
+/// program's now) and the name bound again, so `advm merge PID` keeps working.
+struct Control {
+    listener: Option<UnixListener>,
+    id: (u64, u64),
+}
+
+impl Control {
+    fn bind(pid: u32) -> std::io::Result<Self> {
+        let listener = UnixListener::bind_addr(&SocketAddr::from_abstract_name(socket_name(pid).as_bytes())?)?;
+        listener.set_nonblocking(true)?;
+        let st = rustix::fs::fstat(&listener)?;
+        Ok(Self { listener: Some(listener), id: (st.st_dev, st.st_ino) })
+    }
+
+    /// Serves the requests waiting.
+    fn serve(&mut self, pid: u32) {
+        let Some(l) = &self.listener else { return };
+        if !rustix::fs::fstat(l).is_ok_and(|st| (st.st_dev, st.st_ino) == self.id) {
+            use std::os::fd::IntoRawFd;
+            let _forgotten = self.listener.take().map(IntoRawFd::into_raw_fd);
+            match Self::bind(pid) {
+                Ok(c) => *self = c,
+                Err(e) => {
+                    return eprintln!(
+                        "advm merge agent (pid {pid}): the program closed the control socket; binding @{} again: {e}",
+                        socket_name(pid)
+                    )
+                }
+            }
+        }
+        let Some(l) = &self.listener else { return };
+        while let Ok((conn, _)) = l.accept() {
+            serve_request(conn);
+        }
+    }
+}
+
 /// The agent loop: answers requests, watches anonymous memory, merges when quiet.
-fn run(listener: UnixListener, s: Settings) {
+fn run(mut control: Control, s: Settings) {
     let pid = std::process::id();
     let mut since = anon_resident().unwrap_or(0);
     let mut mark = since;
@@ -218,9 +257,7 @@ fn run(listener: UnixListener, s: Settings) {
     let mut totals = AgentTotals::default();
     loop {
         // A forked child inherits no thread: this loop only ever runs in `pid`.
-        while let Ok((conn, _)) = listener.accept() {
-            serve_request(conn);
-        }
+        control.serve(pid);
         let Some(now) = anon_resident() else { return };
         if now > mark + QUIET_BYTES {
             mark = now;

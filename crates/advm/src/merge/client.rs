@@ -38,6 +38,12 @@ pub(crate) trait Backend: Send {
     /// only found by hash [`Target::Candidate`].
     fn add(&mut self, src: &mut dyn Landing, which: &[usize], hashes: &[u64]) -> Result<Option<String>>;
     fn usage(&mut self) -> Result<StoreUsage>;
+    /// Whether the descriptors it keeps still name their files (the program may have
+    /// closed them and got the numbers back for files of its own; then nothing of this
+    /// backend may be used or dropped: [`super::with_default`] forgets it).
+    fn intact(&self) -> bool {
+        true
+    }
 
     /// Looks the pages `want` (with `hashes`) up and, with `add_new`, adds those the
     /// store lacks (landing them through `src`), a window at a time: pages another
@@ -173,6 +179,9 @@ impl Local {
 }
 
 impl Backend for Local {
+    fn intact(&self) -> bool {
+        self.store.intact() && crate::sys::merge::file_id(self.fd.as_fd()).is_ok_and(|id| id == self.store.file_id())
+    }
     fn hasher(&self) -> &PageHasher {
         self.store.hasher()
     }
@@ -218,6 +227,8 @@ pub(crate) struct Daemon {
     view: StoreView,
     /// Whether the daemon takes lookups with a window (false after one refused it).
     windows: bool,
+    /// The connection's and the store's file identities when connected ([`Backend::intact`]).
+    ids: [(u64, u64); 2],
 }
 
 impl Daemon {
@@ -228,7 +239,8 @@ impl Daemon {
             return Err(Error::InvalidArgument { what: "advmd reply", why: "expected the store after hello".into() });
         };
         let view = StoreView::new(store, limit_bytes as usize)?;
-        Ok(Self { ch: Some(ch), hasher: PageHasher::from_secret(&secret)?, view, windows: true })
+        let ids = [crate::sys::merge::file_id(ch.as_fd())?, crate::sys::merge::file_id(view.store_fd())?];
+        Ok(Self { ch: Some(ch), hasher: PageHasher::from_secret(&secret)?, view, windows: true, ids })
     }
 
     /// The slots of a reply about `n` pages; slots outside the store read as none.
@@ -448,6 +460,11 @@ impl Daemon {
 }
 
 impl Backend for Daemon {
+    fn intact(&self) -> bool {
+        let now = |fd: BorrowedFd<'_>| crate::sys::merge::file_id(fd).ok();
+        self.ch.as_ref().is_some_and(|ch| now(ch.as_fd()) == Some(self.ids[0]))
+            && now(self.view.store_fd()) == Some(self.ids[1])
+    }
     fn hasher(&self) -> &PageHasher {
         &self.hasher
     }

@@ -398,6 +398,14 @@ static DEFAULT: PerProcess<Mutex<Option<Client>>> = PerProcess::new();
 /// Runs `f` with the process-wide client ([`Client::default_for_process`]).
 pub fn with_default<T>(f: impl FnOnce(&mut Client) -> Result<T>) -> Result<T> {
     let mut g = DEFAULT.get(|| Mutex::new(None)).lock().unwrap_or_else(|p| p.into_inner());
+    if g.as_ref().is_some_and(|c| !c.backend.intact()) {
+        // The program closed the client's descriptors (a daemon closing every one above
+        // stderr, `os.closerange`) and may have got the numbers back for its own files:
+        // the client wrote store pages into them, punched and mapped them. It is
+        // forgotten, never dropped (dropping would close the program's files); its
+        // mappings stay, as merged memory maps the store's files by itself.
+        std::mem::forget(g.take());
+    }
     if g.is_none() {
         *g = Some(Client::default_for_process()?);
     }

@@ -211,6 +211,12 @@ impl Store {
         self.id
     }
 
+    /// Whether the store's memfd descriptor still names its file: a program may close
+    /// descriptors it did not open and get the number back for a file of its own.
+    pub fn intact(&self) -> bool {
+        sys::file_id(self.memfd.as_fd()).is_ok_and(|id| id == self.id)
+    }
+
     /// Size of the memfd in bytes (the limit).
     pub fn file_len(&self) -> u64 {
         self.limit_pages as u64 * page_size() as u64

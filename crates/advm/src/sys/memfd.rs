@@ -1,6 +1,6 @@
 //! memfd: anonymous, sparse, shareable files that back advm arenas.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, IntoRawFd, OwnedFd};
 
 use rustix::fs::{FallocateFlags, MemfdFlags};
 
@@ -31,4 +31,49 @@ pub fn pread(fd: impl AsFd, buf: &mut [u8], offset: u64) -> SysResult<usize> {
 /// Writes `buf` at `offset` of a file (one `pwrite`, may be short).
 pub fn pwrite(fd: impl AsFd, buf: &[u8], offset: u64) -> SysResult<usize> {
     rustix::io::pwrite(fd, buf, offset).map_err(|e| SysError::new("pwrite", e))
+}
+
+/// A descriptor kept for the life of something long-lived (an arena's memfd), with the
+/// identity (device, inode) of the file it named when it was made. A program may close
+/// descriptors it did not open (a daemon closing every one above stderr, `closefrom`,
+/// Python's `os.closerange`) and get the number back for a file of its own: using the
+/// number then wrote into, punched or mapped the program's file (a Python program died
+/// of SIGBUS in `advm.vcopy`). [`Held::get`] checks the identity first (one `fstat`)
+/// and gives the descriptor only while it still names its file; dropping a `Held`
+/// whose number is someone else's now forgets the number instead of closing it.
+#[derive(Debug)]
+pub struct Held {
+    fd: Option<OwnedFd>,
+    id: (u64, u64),
+}
+
+impl Held {
+    /// Keeps `fd`, remembering the file it names now.
+    pub fn new(fd: OwnedFd) -> SysResult<Self> {
+        let st = rustix::fs::fstat(&fd).map_err(|e| SysError::new("fstat", e))?;
+        Ok(Self { id: (st.st_dev, st.st_ino), fd: Some(fd) })
+    }
+
+    /// The descriptor, or an `EBADF` error naming `what` when the program closed it
+    /// (the number may name another file now: it is never used again).
+    pub fn get(&self, what: &'static str) -> SysResult<BorrowedFd<'_>> {
+        match &self.fd {
+            Some(fd) if rustix::fs::fstat(fd).is_ok_and(|st| (st.st_dev, st.st_ino) == self.id) => Ok(fd.as_fd()),
+            _ => Err(SysError::new(what, rustix::io::Errno::BADF)),
+        }
+    }
+
+    /// Whether the descriptor still names its file.
+    pub fn intact(&self) -> bool {
+        self.get("fstat").is_ok()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if !self.intact() {
+            // the number is the program's now (or closed): never close it
+            let _forgotten = self.fd.take().map(IntoRawFd::into_raw_fd);
+        }
+    }
 }

@@ -90,7 +90,18 @@ pub fn query(addr: usize) -> SysResult<Option<Vma>> {
     static IOCTL_WORKS: Lazy<bool> = Lazy::new();
     let file = maps_file().ok_or_else(|| SysError::new("open(/proc/self/maps)", Errno::NOENT))?;
     if *IOCTL_WORKS.get_or_init(|| query_ioctl(file, 0).is_ok() || query_ioctl(file, 0) == Err(Errno::NOENT)) {
-        return match query_ioctl(file, addr) {
+        let answer = match query_ioctl(file, addr) {
+            // The program closed the cached maps file (it may have got the number back
+            // for a file of its own, never closed here): this query opens its own.
+            Err(Errno::BADF | Errno::NOTTY) => {
+                let own = File::open("/proc/self/maps").map_err(|e| {
+                    SysError::new("open(/proc/self/maps)", Errno::from_io_error(&e).unwrap_or(Errno::IO))
+                })?;
+                query_ioctl(&own, addr)
+            }
+            other => other,
+        };
+        return match answer {
             Ok(v) => Ok(Some(v)),
             Err(Errno::NOENT) => Ok(None),
             Err(e) => Err(SysError::new("ioctl(PROCMAP_QUERY)", e)),

@@ -311,7 +311,7 @@ impl Arena {
         s.memfds = files.clone().count() as u64;
         s.memfd_pages_live = files.clone().map(|f| f.live as u64).sum();
         s.memfd_resident_bytes =
-            files.map(|f| crate::sys::mman::reservation::allocated_bytes(&f.fd).unwrap_or(0)).sum();
+            files.filter_map(|f| crate::sys::mman::reservation::allocated_bytes(f.fd.get("fstat").ok()?).ok()).sum();
         s
     }
 }

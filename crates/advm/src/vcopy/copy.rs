@@ -2,8 +2,6 @@
 //! copied), finding a source's written pages in pagemap and re-homing them into
 //! fresh memfd pages, and remapping source and destination run by run.
 
-use std::os::fd::AsFd;
-
 use super::arena::Inner;
 use super::extent::Run;
 use super::frames::{intersect, lay_out, push_run, Frame, Piece};
@@ -59,7 +57,7 @@ impl Inner {
                 }
             }
         }
-        let fd = self.files[file as usize].as_ref().expect("open file").fd.as_fd();
+        let fd = self.files[file as usize].as_ref().expect("open file").fd.get(super::frames::CLOSED)?;
         Ok(self.res.map_file(page * ps, n * ps, share, fd, file_page as u64 * ps as u64)?)
     }
 
@@ -299,8 +297,11 @@ impl Inner {
 
         // Re-home written pages: their bytes go into the fresh memfd pages.
         for &(i, len, fr) in &rehome {
-            let fd = self.files[fr.file as usize].as_ref().expect("open").fd.as_fd();
-            if let Err(e) = self.res.write_to_file((skey + sidx + i) * ps, len * ps, fd, fr.page as u64 * ps as u64) {
+            let written =
+                self.files[fr.file as usize].as_ref().expect("open").fd.get(super::frames::CLOSED).and_then(|fd| {
+                    self.res.write_to_file((skey + sidx + i) * ps, len * ps, fd, fr.page as u64 * ps as u64)
+                });
+            if let Err(e) = written {
                 self.decref(&fresh)?;
                 return Err(e.into());
             }

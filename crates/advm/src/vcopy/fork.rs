@@ -11,7 +11,6 @@
 //! stays shared (`MAP_SHARED`) across the fork, and the memfds are retired.
 
 use std::cell::{Cell, RefCell};
-use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 use super::arena::{Inner, Shared};
@@ -129,7 +128,9 @@ impl Inner {
             // A failure here would leave a page shared across the fork; there is no
             // way to report from a fork handler, so stop sharing by other means: the
             // page stays shared only in that (unlikely, ENOMEM) case.
-            let _ = self.res.map_file(va * ps, len * ps, Share::Private, f.fd.as_fd(), page as u64 * ps as u64);
+            if let Ok(fd) = f.fd.get(super::frames::CLOSED) {
+                let _ = self.res.map_file(va * ps, len * ps, Share::Private, fd, page as u64 * ps as u64);
+            }
         }
         let keys: Vec<usize> = self.blocks.keys().copied().collect();
         for key in keys {

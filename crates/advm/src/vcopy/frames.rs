@@ -4,7 +4,6 @@
 //! reference, [`Inner::trim`] for pages every sharer rewrote).
 
 use std::collections::BTreeMap;
-use std::os::fd::OwnedFd;
 
 use super::arena::Inner;
 use super::extent::{Count, Extents, Run, RunMap};
@@ -60,7 +59,8 @@ pub(super) struct Block {
 
 #[derive(Debug)]
 pub(super) struct MemFile {
-    pub(super) fd: OwnedFd,
+    /// Checked before every use: the program may have closed the number ([`Held`]).
+    pub(super) fd: crate::sys::memfd::Held,
     /// Reference counts per run of pages with the same count; unreferenced pages
     /// are absent.
     pub(super) refs: RunMap<Count>,
@@ -69,6 +69,9 @@ pub(super) struct MemFile {
     /// Retired by a fork: never punched, never reused, closed when unused.
     pub(super) retired: bool,
 }
+
+/// What an arena memfd's error names when the program closed its descriptor.
+pub(super) const CLOSED: &str = "arena memfd (its descriptor was closed by the program)";
 
 /// A run of block pages: (first index, pages, frame of the first page).
 pub(super) type Piece = (usize, usize, Frame);
@@ -189,12 +192,19 @@ impl Inner {
     }
 
     /// The memfd new pages come from (a fresh one after a fork retired the last).
+    /// A memfd the program closed is retired as after a fork: its pages stay mapped where
+    /// they are shown, and new pages come from a new one.
     pub(super) fn active_file(&mut self) -> Result<u16> {
         if let Some(id) = self.active {
-            return Ok(id);
+            if self.file(id).fd.intact() {
+                return Ok(id);
+            }
+            self.file(id).retired = true;
+            self.active = None;
         }
         let fd = crate::sys::memfd::create("advm-arena")?;
         crate::sys::memfd::set_len(&fd, self.res.len() as u64)?;
+        let fd = crate::sys::memfd::Held::new(fd)?;
         let pages = self.res.len() / self.ps;
         let f = MemFile { fd, refs: RunMap::new(), free: Extents::new(pages), live: 0, retired: false };
         let id = match self.files.iter().position(|f| f.is_none()) {
@@ -287,7 +297,11 @@ impl Inner {
         for (file, start, n) in merged {
             let f = self.file(file);
             if !f.retired {
-                match crate::sys::memfd::punch_hole(&f.fd, (start * ps) as u64, (n * ps) as u64) {
+                match f
+                    .fd
+                    .get(CLOSED)
+                    .and_then(|fd| crate::sys::memfd::punch_hole(fd, (start * ps) as u64, (n * ps) as u64))
+                {
                     Ok(()) => f.free.free(start, n),
                     // The pages stay allocated and are not reused; the memory is freed
                     // when the file closes.
@@ -394,7 +408,7 @@ impl Inner {
             let written: Vec<(usize, usize)> =
                 self.written_runs(key + i, &[(0, l, f)])?.into_iter().map(|(w, wl)| (i + w, wl)).collect();
             for &(s, sl) in &written {
-                let fd = &self.files[f.file as usize].as_ref().expect("open").fd;
+                let fd = self.files[f.file as usize].as_ref().expect("open").fd.get(CLOSED)?;
                 crate::sys::memfd::punch_hole(fd, (f.page as usize + s - i) as u64 * ps as u64, (sl * ps) as u64)?;
             }
             if !alone {
@@ -459,7 +473,7 @@ impl Inner {
                 let covered: Vec<(usize, usize)> =
                     reading.pieces(s, s + l).into_iter().map(|(a, b, _)| (a, b)).collect();
                 for (a, b) in subtract((s, l), &covered) {
-                    crate::sys::memfd::punch_hole(&f.fd, (a * ps) as u64, (b * ps) as u64)?;
+                    crate::sys::memfd::punch_hole(f.fd.get(CLOSED)?, (a * ps) as u64, (b * ps) as u64)?;
                     released += b as u64;
                 }
             }
