@@ -45,8 +45,12 @@ const char *advm_version(void);
 
 /* A zero-filled, page-aligned block of len bytes (rounded up to whole pages); NULL
  * with errno set on failure: ENOMEM when len does not fit (e.g. SIZE_MAX, or more
- * than the arena's free 256 GiB of address space). advm_alloc(0) returns a unique
- * one-page block, to be freed like any other (as glibc's malloc(0)). */
+ * than the arena's free address space). advm_alloc(0) returns a unique one-page
+ * block, to be freed like any other (as glibc's malloc(0)).
+ * The arena is made by the first call: it reserves 256 GiB of address space (no
+ * memory), or under an address-space limit (RLIMIT_AS) the largest half of that which
+ * fits, down to 64 MiB. A first call that cannot make it fails with the reason's
+ * errno (ENOMEM, EMFILE...) and the next call tries again. */
 void *advm_alloc(size_t len);
 /* Frees a block from advm_alloc/advm_dup (NULL: no-op; a non-block pointer sets errno
  * to EINVAL and is left alone). */
