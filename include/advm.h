@@ -1,6 +1,9 @@
 /* advm: application-directed virtual memory — C API.
  *
  * Link with -ladvm (libadvm.so or libadvm.a from `cargo build -p advm-capi`).
+ * Both headers need C99 or later (stdint.h, long long) or C++11 or later; tested with
+ * -std=c99/c11 -pedantic and -std=c++11/c++17 (tests/c_programs.rs).
+ * No function is async-signal-safe: do not call them from a signal handler.
  * Functions returning int return 0 on success or a negative errno (errno is set to
  * it too, for callers that check errno).
  *

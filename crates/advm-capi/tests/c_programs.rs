@@ -103,3 +103,40 @@ fn deprecated_c_names_warn_with_their_replacement() {
         assert!(err.contains(replacement), "no deprecation naming `{replacement}`:\n{err}");
     }
 }
+
+/// Each header compiles alone and with the other in either order, as strict C99 and
+/// C11 (`-pedantic -Werror`) and as C++11 and C++17 (`extern "C"`, nothing C-only),
+/// the language levels include/advm.h names.
+#[test]
+fn headers_compile_alone_and_together_as_c_and_cxx() {
+    let Some((include, _, out_dir)) = setup() else { return };
+    let orders: [&[&str]; 4] = [&["advm.h"], &["advm_gc.h"], &["advm.h", "advm_gc.h"], &["advm_gc.h", "advm.h"]];
+    let cxx = Command::new("c++").arg("--version").output().is_ok();
+    if !cxx {
+        eprintln!("C++ part skipped: no C++ compiler (c++) on PATH");
+    }
+    for (i, headers) in orders.iter().enumerate() {
+        let mut src: String = headers.iter().map(|h| format!("#include <{h}>\n")).collect();
+        src.push_str("int main(void) { return 0; }\n");
+        let (c, cc_file) = (out_dir.join(format!("headers{i}.c")), out_dir.join(format!("headers{i}.cc")));
+        std::fs::write(&c, &src).unwrap();
+        std::fs::write(&cc_file, src.replace("(void)", "()")).unwrap();
+        let mut runs: Vec<(&str, &str, &Path)> = vec![("cc", "-std=c99", &c), ("cc", "-std=c11", &c)];
+        if cxx {
+            runs.extend([("c++", "-std=c++11", cc_file.as_path()), ("c++", "-std=c++17", cc_file.as_path())]);
+        }
+        for (compiler, std, file) in runs {
+            let out = Command::new(compiler)
+                .args([std, "-pedantic", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", "-I"])
+                .arg(&include)
+                .arg(file)
+                .output()
+                .expect("run the compiler");
+            assert!(
+                out.status.success(),
+                "{headers:?} with {compiler} {std}:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
