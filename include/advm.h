@@ -214,7 +214,12 @@ typedef struct advm_batch advm_batch ADVM_DEPRECATED("use struct advm_batch");
  * change; a thread writing the range meanwhile waits and its write lands afterwards.
  * The store is advmd's for the caller's uid (socket $ADVM_SOCKET, else
  * /run/advm/advmd.sock), else one of this process's own (advm_merge_via says which).
- * Returns 0, or -EINVAL for a range that is unmapped, shared or file-backed. */
+ * Returns 0, or -EINVAL for a range that is unmapped, shared or file-backed.
+ * Through advmd every call that adds new pages leaves the process one more open fd
+ * and mapping (the store file its pages went to, up to 16 MiB each), held until the
+ * process exits: 1,000 calls that each add a few pages hold 1,000 fds, and at the
+ * RLIMIT_NOFILE soft limit (often 1024) advm_merge fails with -EMFILE and so do the
+ * program's own opens. Merge large ranges once rather than small ones often. */
 struct advm_merge_stats {
     uint64_t merged;      /* pages now mapping a page the store already held (or one an
                              earlier, equal page of the range added) */
