@@ -186,7 +186,9 @@ struct advm_pager_stats {
 /* budget_bytes: at least one page. swap_path: a file to create (an existing file is
  * refused with EEXIST, never overwritten; a block device is used as it is), or NULL
  * (or a directory): an unlinked temporary file (in /var/tmp). NULL on error, errno set
- * (a swap file that cannot be created: the open's own errno, ENOENT, EACCES...). */
+ * (a swap file that cannot be created: the open's own errno, ENOENT, EACCES...;
+ * ENOSYS where userfaultfd with UFFDIO_MOVE is missing: Linux before 6.8, or under
+ * valgrind, which has no userfaultfd; EMFILE when the process is out of fds). */
 advm_pager *advm_pager_new(size_t budget_bytes, const char *swap_path);
 /* A new region of len bytes (rounded up to pages), reading as zeros. NULL on error. */
 void *advm_pager_map(advm_pager *p, size_t len);

@@ -19,7 +19,8 @@ static ARENA: OnceLock<Arena> = OnceLock::new();
 static MAKING: Mutex<()> = Mutex::new(());
 
 /// The address space the arena reserves first, and the least it settles for when an
-/// address-space limit (RLIMIT_AS) refuses more: halved from the first until it fits.
+/// address-space limit (RLIMIT_AS: ENOMEM) or a tool's address-space manager
+/// (valgrind: EINVAL) refuses more: halved from the first until it fits.
 const RESERVE_BYTES: usize = 256 << 30;
 const RESERVE_MIN_BYTES: usize = 64 << 20;
 
@@ -42,7 +43,9 @@ fn make_arena() -> Result<Arena, advm::Error> {
     let mut reserve = RESERVE_BYTES;
     loop {
         match Arena::with_config(Config::default().reserve_bytes(reserve)) {
-            Err(e) if crate::errno_of(&e) == -libc::ENOMEM && reserve / 2 >= RESERVE_MIN_BYTES => reserve /= 2,
+            Err(e) if [-libc::ENOMEM, -libc::EINVAL].contains(&crate::errno_of(&e)) && reserve / 2 >= RESERVE_MIN_BYTES => {
+                reserve /= 2
+            }
             made => return made,
         }
     }
