@@ -4,7 +4,9 @@
  *   for the life of the process;
  * - out of fds (RLIMIT_NOFILE reached), advm_move and advm_pager_new fail with EMFILE
  *   (not ENOENT, not ENOSYS), and once fds are freed both work again (the maps file's
- *   failed open was kept for the process's life: every later advm_move said ENOENT). */
+ *   failed open was kept for the process's life: every later advm_move said ENOENT),
+ *   and moves use UFFDIO_MOVE again (the remap engine's userfaultfd, not opened while
+ *   out of fds, was done without for the process's life). */
 #define _GNU_SOURCE
 #include <advm.h>
 #include <errno.h>
@@ -67,6 +69,7 @@ int main(void) {
     errno = 0;
     advm_pager *p = advm_pager_new(1 << 20, NULL);
     int pe = errno;
+    size_t be_out_of_fds = advm_remap_break_even_pages(); /* no userfaultfd to be had now */
     free_fds();
     printf("out of fds: advm_move %d (%s), advm_pager_new %s (%s)\n", r, strerror(e), p ? "made" : "NULL", strerror(pe));
     CHECK(r == -EMFILE && e == EMFILE);
@@ -78,7 +81,21 @@ int main(void) {
     if (r) fprintf(stderr, "advm_move after the fds came back: %s\n", strerror(-r));
     CHECK(r == 0 && all(m, 16 * ps, 2));
     p = advm_pager_new(1 << 20, NULL);
-    CHECK(p != NULL);
+    CHECK(p != NULL); /* so this kernel has UFFDIO_MOVE */
+    /* A move of 128 pages into empty memory: by UFFDIO_MOVE again, not memmove (the
+     * userfaultfd the remap engine could not open while out of fds was given up on for
+     * the process's life, and the break-even stayed at the 512 pages of a kernel
+     * without it). */
+    unsigned char *big = mmap(NULL, 256 * ps, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(big != MAP_FAILED && madvise(big, 256 * ps, MADV_NOHUGEPAGE) == 0);
+    memset(big + 128 * ps, 4, 128 * ps);
+    struct advm_remap_stats st;
+    memset(&st, 0, sizeof st);
+    CHECK(advm_move_stats(big, big + 128 * ps, 128 * ps, &st) == 0 && all(big, 128 * ps, 4));
+    printf("break-even out of fds %zu, after %zu; 128-page move: %zu bytes by UFFDIO_MOVE, %zu by memmove\n",
+           be_out_of_fds, advm_remap_break_even_pages(), st.uffd_move_bytes, st.memmove_bytes);
+    CHECK(st.uffd_move_bytes == 128 * ps);
+    munmap(big, 256 * ps);
     unsigned char *pm = advm_pager_map(p, 4 * ps);
     CHECK(pm != NULL);
     pm[0] = 9;
