@@ -14,6 +14,9 @@ use crate::pager::advm_pager_stats;
 use crate::remap::advm_remap_stats;
 use crate::vcopy::AdvmVcopyStats;
 
+/// A C struct's name, Rust size and alignment, and its fields' (name, offset, size).
+type Layout = (&'static str, usize, usize, Vec<(&'static str, usize, usize)>);
+
 fn size_of_field<T, F>(_: fn(&T) -> &F) -> usize {
     size_of::<F>()
 }
@@ -33,24 +36,71 @@ fn header_structs_have_the_layout_of_their_rust_twins() {
         eprintln!("skipped: no C compiler (cc) on PATH");
         return;
     }
-    let all: Vec<(&str, usize, usize, Vec<(&str, usize, usize)>)> = layouts![
-        ("advm_vcopy_stats", AdvmVcopyStats, [
-            blocks, memfd_pages_live, memfd_resident_bytes, pages_shared, bytes_copied, pages_rehomed,
-            fallback_unaligned, fallback_small, fallback_vma_budget, vmas,
-        ]),
-        ("advm_remap_stats", advm_remap_stats, [
-            uffd_move_bytes, mremap_bytes, memmove_bytes, fallback_bytes, syscalls, arena_vcopy_bytes,
-            completed_ops, memory_changed,
-        ]),
-        ("advm_pager_stats", advm_pager_stats, [
-            discarded_pages, written_pages, read_pages, zero_fills, resident_pages, preflushed_by_pager,
-            preflushed_by_user, bytes_written, bytes_read, read_ahead_pages, zero_ahead_pages, clean_dropped_pages,
-        ]),
+    let all: Vec<Layout> = layouts![
+        (
+            "advm_vcopy_stats",
+            AdvmVcopyStats,
+            [
+                blocks,
+                memfd_pages_live,
+                memfd_resident_bytes,
+                pages_shared,
+                bytes_copied,
+                pages_rehomed,
+                fallback_unaligned,
+                fallback_small,
+                fallback_vma_budget,
+                vmas,
+            ]
+        ),
+        (
+            "advm_remap_stats",
+            advm_remap_stats,
+            [
+                uffd_move_bytes,
+                mremap_bytes,
+                memmove_bytes,
+                fallback_bytes,
+                syscalls,
+                arena_vcopy_bytes,
+                completed_ops,
+                memory_changed,
+            ]
+        ),
+        (
+            "advm_pager_stats",
+            advm_pager_stats,
+            [
+                discarded_pages,
+                written_pages,
+                read_pages,
+                zero_fills,
+                resident_pages,
+                preflushed_by_pager,
+                preflushed_by_user,
+                bytes_written,
+                bytes_read,
+                read_ahead_pages,
+                zero_ahead_pages,
+                clean_dropped_pages,
+            ]
+        ),
         ("advm_merge_stats", AdvmMergeStats, [merged, added, skipped, refused, nanoseconds, via_daemon]),
-        ("advm_gc_stats", AdvmGcStats, [
-            collections, last_pause_ns, max_pause_ns, total_pause_ns, bytes_moved_memmove, bytes_moved_remap,
-            heap_bytes, used_bytes, large_object_bytes,
-        ]),
+        (
+            "advm_gc_stats",
+            AdvmGcStats,
+            [
+                collections,
+                last_pause_ns,
+                max_pause_ns,
+                total_pause_ns,
+                bytes_moved_memmove,
+                bytes_moved_remap,
+                heap_bytes,
+                used_bytes,
+                large_object_bytes,
+            ]
+        ),
         ("advm_gc_policy", AdvmGcPolicy, [kind, ratio, mem_limit, mem_lim, min_new_size, min_old_incr, copy_back]),
     ];
     let mut src = String::from(

@@ -43,7 +43,10 @@ fn make_arena() -> Result<Arena, advm::Error> {
     let mut reserve = RESERVE_BYTES;
     loop {
         match Arena::with_config(Config::default().reserve_bytes(reserve)) {
-            Err(e) if [-libc::ENOMEM, -libc::EINVAL].contains(&crate::errno_of(&e)) && reserve / 2 >= RESERVE_MIN_BYTES => {
+            Err(e)
+                if [-libc::ENOMEM, -libc::EINVAL].contains(&crate::errno_of(&e))
+                    && reserve / 2 >= RESERVE_MIN_BYTES =>
+            {
                 reserve /= 2
             }
             made => return made,
