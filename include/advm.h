@@ -1,6 +1,9 @@
 /* advm: application-directed virtual memory — C API.
  *
  * Link with -ladvm (libadvm.so or libadvm.a from `cargo build -p advm-capi`).
+ * Both headers need C99 or later (stdint.h, long long) or C++11 or later; tested with
+ * -std=c99/c11 -pedantic and -std=c++11/c++17 (tests/c_programs.rs).
+ * No function is async-signal-safe: do not call them from a signal handler.
  * Functions returning int return 0 on success or a negative errno (errno is set to
  * it too, for callers that check errno).
  *
@@ -45,8 +48,12 @@ const char *advm_version(void);
 
 /* A zero-filled, page-aligned block of len bytes (rounded up to whole pages); NULL
  * with errno set on failure: ENOMEM when len does not fit (e.g. SIZE_MAX, or more
- * than the arena's free 256 GiB of address space). advm_alloc(0) returns a unique
- * one-page block, to be freed like any other (as glibc's malloc(0)). */
+ * than the arena's free address space). advm_alloc(0) returns a unique one-page
+ * block, to be freed like any other (as glibc's malloc(0)).
+ * The arena is made by the first call: it reserves 256 GiB of address space (no
+ * memory), or under an address-space limit (RLIMIT_AS) the largest half of that which
+ * fits, down to 64 MiB. A first call that cannot make it fails with the reason's
+ * errno (ENOMEM, EMFILE...) and the next call tries again. */
 void *advm_alloc(size_t len);
 /* Frees a block from advm_alloc/advm_dup (NULL: no-op; a non-block pointer sets errno
  * to EINVAL and is left alone). */
@@ -177,9 +184,13 @@ struct advm_pager_stats {
 };
 
 /* budget_bytes: at least one page. swap_path: a file to create (an existing file is
- * refused with EEXIST, never overwritten; a block device is used as it is), or NULL
- * (or a directory): an unlinked temporary file (in /var/tmp). NULL on error, errno set
- * (a swap file that cannot be created: the open's own errno, ENOENT, EACCES...). */
+ * refused with EEXIST, never overwritten; a block device is used as it is; the file
+ * stays after advm_pager_destroy, so a second run naming it gets EEXIST until it is
+ * removed), or NULL (or a directory): an unlinked temporary file (in /var/tmp), gone
+ * with the pager. NULL on error, errno set
+ * (a swap file that cannot be created: the open's own errno, ENOENT, EACCES...;
+ * ENOSYS where userfaultfd with UFFDIO_MOVE is missing: Linux before 6.8, or under
+ * valgrind, which has no userfaultfd; EMFILE when the process is out of fds). */
 advm_pager *advm_pager_new(size_t budget_bytes, const char *swap_path);
 /* A new region of len bytes (rounded up to pages), reading as zeros. NULL on error. */
 void *advm_pager_map(advm_pager *p, size_t len);
@@ -207,7 +218,12 @@ typedef struct advm_batch advm_batch ADVM_DEPRECATED("use struct advm_batch");
  * change; a thread writing the range meanwhile waits and its write lands afterwards.
  * The store is advmd's for the caller's uid (socket $ADVM_SOCKET, else
  * /run/advm/advmd.sock), else one of this process's own (advm_merge_via says which).
- * Returns 0, or -EINVAL for a range that is unmapped, shared or file-backed. */
+ * Returns 0, or -EINVAL for a range that is unmapped, shared or file-backed.
+ * Through advmd, pages added in runs of 1 MiB or more go to a store file of their
+ * own (up to 16 MiB each) that the process keeps one fd and mapping of until it exits;
+ * smaller adds cost no fd. So a process holds at most 1,024 such fds per GiB it adds
+ * or merges (64 with large ranges); near the RLIMIT_NOFILE soft limit (often 1024)
+ * advm_merge fails with -EMFILE. */
 struct advm_merge_stats {
     uint64_t merged;      /* pages now mapping a page the store already held (or one an
                              earlier, equal page of the range added) */

@@ -51,7 +51,12 @@ struct advm_gc_stats {
 };
 
 /* A heap whose objects may take heap_bytes (headers included); NULL with errno set
- * (EINVAL: below one page (4096) or above 1 TiB; ENOMEM: no address space for it). */
+ * (EINVAL: below one page (4096) or above 1 TiB; ENOMEM: no address space for it).
+ * The heap maps its spaces read-write up front (pages cost memory only once written):
+ * 2 x heap_bytes in one mapping (4 x for a generational heap with copy_back), which
+ * Linux's default overcommit heuristic refuses (ENOMEM) when larger than RAM + swap.
+ * On a 24 GiB machine without swap: 8 GiB works, 16 GiB does not (4 and 8 GiB with
+ * copy_back). */
 advm_gc *advm_gc_new(size_t heap_bytes);
 
 /* Heap sizing of a generational heap (SML/NJ's policies, sizes in bytes). */

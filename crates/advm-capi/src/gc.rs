@@ -263,7 +263,8 @@ pub unsafe extern "C" fn advm_gc_destroy(gc: *mut AdvmGc) {
             std::mem::forget(b);
             return;
         }
-        drop(b);
+        // Never unwinds into C (a panic would abort the caller's process).
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(b)));
     }
 }
 

@@ -10,6 +10,8 @@ use std::ffi::c_char;
 
 pub mod agent;
 pub mod gc;
+#[cfg(test)]
+mod layout_tests;
 pub mod merge;
 pub mod pager;
 pub mod remap;

@@ -3,26 +3,54 @@
 //! become [`HostAddr`] here, at the boundary.
 
 use std::ffi::c_void;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use advm::mem::HostAddr;
 use advm::vcopy::{Arena, Config, ForkGate};
 
 use crate::guard;
 
-/// The process-wide arena, once made (or the reason it could not be).
-static ARENA: OnceLock<Result<Arena, String>> = OnceLock::new();
+/// The process-wide arena, once made. A failure to make it is not kept: the call
+/// reports it (its own errno) and the next call tries again.
+static ARENA: OnceLock<Arena> = OnceLock::new();
+
+/// Held while the arena is made, so two first calls do not both reserve its range.
+/// Taken under the fork gate only: a fork never finds it held.
+static MAKING: Mutex<()> = Mutex::new(());
+
+/// The address space the arena reserves first, and the least it settles for when an
+/// address-space limit (RLIMIT_AS: ENOMEM) or a tool's address-space manager
+/// (valgrind: EINVAL) refuses more: halved from the first until it fits.
+const RESERVE_BYTES: usize = 256 << 30;
+const RESERVE_MIN_BYTES: usize = 64 << 20;
 
 fn arena() -> Result<&'static Arena, advm::Error> {
+    if let Some(a) = ARENA.get() {
+        return Ok(a);
+    }
     // Made under the fork gate: a fork during the first call would leave the child's
-    // copy of the once-lock "being made" forever.
-    let made = ARENA.get().unwrap_or_else(|| {
-        let _gate = ForkGate::hold();
-        ARENA.get_or_init(|| Arena::with_config(Config::default()).map_err(|e| e.to_string()))
-    });
-    match made {
-        Ok(a) => Ok(a),
-        Err(why) => Err(advm::Error::Unsupported { what: "the advm arena", why: why.clone() }),
+    // copy of MAKING held for ever.
+    let _gate = ForkGate::hold();
+    let _making = MAKING.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(a) = ARENA.get() {
+        return Ok(a);
+    }
+    let made = make_arena()?;
+    Ok(ARENA.get_or_init(|| made))
+}
+
+fn make_arena() -> Result<Arena, advm::Error> {
+    let mut reserve = RESERVE_BYTES;
+    loop {
+        match Arena::with_config(Config::default().reserve_bytes(reserve)) {
+            Err(e)
+                if [-libc::ENOMEM, -libc::EINVAL].contains(&crate::errno_of(&e))
+                    && reserve / 2 >= RESERVE_MIN_BYTES =>
+            {
+                reserve /= 2
+            }
+            made => return made,
+        }
     }
 }
 
@@ -31,7 +59,7 @@ fn arena() -> Result<&'static Arena, advm::Error> {
 /// read of /proc; false when the arena was never made (it is not made here), for
 /// an empty or wrapping range, and after a panic inside the arena.
 pub fn arena_touches(addr: usize, len: usize) -> bool {
-    ARENA.get().is_some_and(|made| made.as_ref().is_ok_and(|a| a.touches(HostAddr(addr), len)))
+    ARENA.get().is_some_and(|a| a.touches(HostAddr(addr), len))
 }
 
 /// `void *advm_alloc(size_t len)`: a zeroed, page-aligned block of `len` bytes, or NULL

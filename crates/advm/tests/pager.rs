@@ -748,3 +748,25 @@ fn a_test_that_hangs_fails_with_the_state_of_its_pagers() {
         assert!(why.contains(part), "{part:?} is not in {why}");
     }
 }
+
+/// Dropping a pager wakes its handler thread instead of waiting for the thread's poll
+/// to time out (10 ms a pager before: a loop making and dropping pagers crawled).
+#[test]
+fn dropping_a_pager_does_not_wait_for_the_handler_threads_tick() {
+    bounded(|| {
+        let mut drops = Vec::new();
+        for _ in 0..20 {
+            let Some(p) = pager(FaultMode::Thread, 16) else { return };
+            let r = p.map(4 * ps()).expect("map");
+            // SAFETY: the region's 4 pages are ours; the pager serves their faults.
+            unsafe { std::ptr::write_bytes(r.as_ptr(), 1, 4 * ps()) };
+            drop(r);
+            let t = std::time::Instant::now();
+            drop(p);
+            drops.push(t.elapsed());
+        }
+        drops.sort();
+        let median = drops[drops.len() / 2];
+        assert!(median < std::time::Duration::from_millis(5), "median drop {median:?} (each: {drops:?})");
+    });
+}

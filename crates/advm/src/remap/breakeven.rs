@@ -163,6 +163,15 @@ fn measured() -> &'static BreakEven {
     // writes the cache file whole under its own temporary name, then renames it, so the
     // file holds one whole measurement, and all use the first published.
     static MEASURED: Lazy<BreakEven> = Lazy::new();
+    // While the userfaultfd could not be opened for want of fds, moves use memmove and
+    // mremap only (as without UFFDIO_MOVE), and nothing is kept: measured on a later call.
+    static UNSETTLED: Lazy<BreakEven> = Lazy::new();
+    if let Some(m) = MEASURED.get() {
+        return m;
+    }
+    if !super::engine::kernel_settled() {
+        return UNSETTLED.get_or_init(|| BreakEven::fixed(PMD_SIZE / page_size(), BreakEvenSource::Default));
+    }
     MEASURED.get_or_init(load_or_measure)
 }
 

@@ -333,6 +333,19 @@ impl<T: 'static> PerProcess<T> {
             }
         }
     }
+
+    /// As [`PerProcess::get`] for a value whose making may fail: only a success is
+    /// kept, so a failure (an fd limit reached, say) is the caller's to report and the
+    /// next call tries again, instead of finding that failure for the process's life.
+    pub fn try_get<E>(&self, make: impl FnOnce() -> Result<T, E>) -> Result<&'static T, E> {
+        let seen = self.current.load(Ordering::Acquire);
+        // SAFETY: as in `get`: a published value is never freed.
+        if let Some(v) = unsafe { seen.as_ref() }.filter(|v| v.0.is_this_process()) {
+            return Ok(&v.1);
+        }
+        let made = make()?;
+        Ok(self.get(|| made))
+    }
 }
 
 impl<T: 'static> Default for PerProcess<T> {
@@ -358,6 +371,14 @@ mod tests {
         let before = CHILD_RUNS.load(Ordering::Relaxed);
         let pid = fork_run(|| (CHILD_RUNS.load(Ordering::Relaxed) - before) as i32).expect("fork");
         assert_eq!(wait_child(pid).expect("wait"), 1);
+    }
+
+    #[test]
+    fn a_failure_to_make_a_per_process_value_is_not_kept() {
+        static VALUE: PerProcess<u64> = PerProcess::new();
+        assert_eq!(VALUE.try_get(|| Err::<u64, &str>("EMFILE")), Err("EMFILE"));
+        assert_eq!(VALUE.try_get(|| Ok::<u64, &str>(7)), Ok(&7), "made on the next call");
+        assert_eq!(VALUE.try_get(|| Err::<u64, &str>("EMFILE")), Ok(&7), "kept once made");
     }
 
     #[test]

@@ -79,16 +79,18 @@ const VMA_SHARED: u64 = 0x08;
 /// This process's maps file, opened once per process: `/proc/self` is resolved at
 /// open time, so a forked child must open its own (the parent's would describe the
 /// parent's address space). Opening it twice is harmless (the loser's file is closed).
-fn maps_file() -> Option<&'static File> {
-    static MAPS: PerProcess<Option<File>> = PerProcess::new();
-    MAPS.get(|| File::open("/proc/self/maps").ok()).as_ref()
+/// A failed open (EMFILE while the process is out of fds) is reported with its errno
+/// and tried again on the next call, never kept.
+fn maps_file() -> SysResult<&'static File> {
+    static MAPS: PerProcess<File> = PerProcess::new();
+    MAPS.try_get(|| File::open("/proc/self/maps")).map_err(|e| SysError::from_io("open(/proc/self/maps)", &e))
 }
 
 /// The mapping that contains `addr`, or `None` when `addr` is not mapped.
 pub fn query(addr: usize) -> SysResult<Option<Vma>> {
     // The probe is a read-only query: running it twice is harmless.
     static IOCTL_WORKS: Lazy<bool> = Lazy::new();
-    let file = maps_file().ok_or_else(|| SysError::new("open(/proc/self/maps)", Errno::NOENT))?;
+    let file = maps_file()?;
     if *IOCTL_WORKS.get_or_init(|| query_ioctl(file, 0).is_ok() || query_ioctl(file, 0) == Err(Errno::NOENT)) {
         let answer = match query_ioctl(file, addr) {
             // The program closed the cached maps file (it may have got the number back

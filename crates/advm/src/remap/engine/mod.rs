@@ -24,25 +24,58 @@ pub(crate) struct Kernel {
 /// Bytes of scratch used per swap step (swaps of more are done in steps).
 pub(crate) const SCRATCH_LEN: usize = 16 << 20;
 
+/// The process's kernel resources, once made with the userfaultfd the kernel offers.
+static KERNEL: Lazy<Kernel> = Lazy::new();
+
 pub(crate) fn kernel() -> &'static Kernel {
     // Made twice when threads race on the first use: the loser's userfaultfd is closed
-    // with it, nothing else changes.
-    static K: Lazy<Kernel> = Lazy::new();
-    K.get_or_init(|| {
-        let want = feature::MOVE | feature::PAGEFAULT_FLAG_WP;
-        // Without the fork handler a child could not tell it is one: no userfaultfd.
-        let generation = crate::sys::process::fork_generation();
-        let uffd = Userfaultfd::probe()
-            .ok()
-            .filter(|i| i.features & want == want && generation.is_some())
-            .and_then(|_| Userfaultfd::new(want, true).ok());
-        Kernel {
-            uffd,
-            fork_generation: generation.unwrap_or(0),
-            scratch: Mutex::new(None),
-            remap_scratch: Mutex::new(None),
-        }
-    })
+    // with it, nothing else changes. Made while the process is out of fds or memory
+    // (EMFILE, ENFILE, ENOMEM opening the userfaultfd), it is not kept: those calls get
+    // one without a userfaultfd and the next call tries again; kept, the process would
+    // have done without UFFDIO_MOVE for its life after one moment without fds.
+    static OUT_OF_FDS: Lazy<Kernel> = Lazy::new();
+    if let Some(k) = KERNEL.get() {
+        return k;
+    }
+    match make_kernel() {
+        Ok(k) => KERNEL.get_or_init(|| k),
+        Err(without) => OUT_OF_FDS.get_or_init(|| without),
+    }
+}
+
+/// Whether [`kernel`] is the settled one (not a stand-in made while out of fds).
+pub(crate) fn kernel_settled() -> bool {
+    kernel();
+    KERNEL.get().is_some()
+}
+
+/// The kernel resources, or (`Err`) ones without a userfaultfd when opening it failed
+/// for want of fds or memory.
+fn make_kernel() -> std::result::Result<Kernel, Kernel> {
+    let want = feature::MOVE | feature::PAGEFAULT_FLAG_WP;
+    // Without the fork handler a child could not tell it is one: no userfaultfd.
+    let generation = crate::sys::process::fork_generation();
+    let transient = |e: &crate::sys::SysError| matches!(e.raw_errno(), libc::EMFILE | libc::ENFILE | libc::ENOMEM);
+    let uffd = match Userfaultfd::probe() {
+        Ok(i) if i.features & want == want && generation.is_some() => Userfaultfd::new(want, true).map(Some),
+        Ok(_) => Ok(None),
+        Err(e) => Err(e),
+    };
+    let (uffd, settled) = match uffd {
+        Ok(u) => (u, true),
+        Err(e) => (None, !transient(&e)),
+    };
+    let k = Kernel {
+        uffd,
+        fork_generation: generation.unwrap_or(0),
+        scratch: Mutex::new(None),
+        remap_scratch: Mutex::new(None),
+    };
+    if settled {
+        Ok(k)
+    } else {
+        Err(k)
+    }
 }
 
 /// The process's userfaultfd, unless this is a forked child of the process that

@@ -411,24 +411,29 @@ fn pidfd_raw(fd: &OwnedFd) -> i32 {
 /// A pidfd of this process, when `process_madvise(MADV_DONTNEED)` on ourselves works
 /// (Linux 6.13+ accepts any advice for the calling process). Per process: a forked
 /// child's would otherwise name its parent. Made twice, the loser's fd is closed.
+/// Out of fds or memory (EMFILE, ENFILE, ENOMEM) nothing is kept: the next call asks
+/// again, so a moment without fds does not cost the process this path for good.
 fn self_pidfd() -> Option<&'static OwnedFd> {
     static FD: crate::sys::process::PerProcess<Option<OwnedFd>> = crate::sys::process::PerProcess::new();
-    FD.get(|| {
+    let transient = |e: std::io::Error| matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM));
+    FD.try_get(|| {
         // SAFETY: pidfd_open returns a new fd or -1.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
         if fd < 0 {
-            return None;
+            let e = std::io::Error::last_os_error();
+            return if transient(e) { Err(()) } else { Ok(None) };
         }
         // SAFETY: a fresh fd nobody else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
         // Probe on an empty page of our own.
-        let m = Mapping::anonymous(crate::sys::page_size()).ok()?;
+        let m = Mapping::anonymous(crate::sys::page_size()).map_err(|_| ())?;
         let iov = libc::iovec { iov_base: m.as_ptr().cast(), iov_len: m.len() };
         // SAFETY: the page is ours and holds nothing.
         let r = unsafe { libc::syscall(libc::SYS_process_madvise, pidfd_raw(&fd), &iov, 1, libc::MADV_DONTNEED, 0) };
-        (r == m.len() as i64).then_some(fd)
+        Ok((r == m.len() as i64).then_some(fd))
     })
-    .as_ref()
+    .ok()
+    .and_then(|fd| fd.as_ref())
 }
 
 /// An owned private anonymous read-write mapping: the safe home of a [`Grant`].
