@@ -80,10 +80,7 @@ pub fn run(cmd: ImageCmd) -> Result<(), CliError> {
             let img = Image::open_with(&image, &chain.options())?;
             let info = img.info();
             if json {
-                println!(
-                    "{}",
-                    to_json(&serde_json::json!({ "virtual_size_bytes": img.virtual_size(), "layers": info }))
-                );
+                outln!("{}", to_json(&serde_json::json!({ "virtual_size_bytes": img.virtual_size(), "layers": info })));
                 return Ok(());
             }
             let mut cells =
@@ -118,7 +115,7 @@ pub fn run(cmd: ImageCmd) -> Result<(), CliError> {
                     notes.join(", "),
                 ]);
             }
-            print!("{}", render_cells(&cells));
+            out!("{}", render_cells(&cells));
         }
         ImageCmd::Map { image, json, chain } => {
             let img = Image::open_with(&image, &chain.options())?;
@@ -134,7 +131,7 @@ pub fn run(cmd: ImageCmd) -> Result<(), CliError> {
                         v
                     })
                     .collect();
-                println!("{}", to_json(&serde_json::json!({ "size": map.size, "extents": extents })));
+                outln!("{}", to_json(&serde_json::json!({ "size": map.size, "extents": extents })));
                 return Ok(());
             }
             let mut cells = vec![["start", "length", "kind", "depth", "file", "offset"].map(String::from).to_vec()];
@@ -155,7 +152,7 @@ pub fn run(cmd: ImageCmd) -> Result<(), CliError> {
                     offset,
                 ]);
             }
-            print!("{}", render_cells(&cells));
+            out!("{}", render_cells(&cells));
         }
         ImageCmd::Cat { image, offset, length, copy_over_budget, max_materialised, chain } => {
             let options = MapOptions {
@@ -185,10 +182,10 @@ pub fn run(cmd: ImageCmd) -> Result<(), CliError> {
                 let n = buf.len().min((offset + length - at) as usize);
                 // Checks, before each chunk, that no layer shrank or is being written.
                 space.read(GuestOffset(at), &mut buf[..n])?;
-                out.write_all(&buf[..n]).map_err(|e| CliError::Io("stdout".into(), e))?;
+                out.write_all(&buf[..n]).map_err(crate::stdout_error)?;
                 at += n as u64;
             }
-            out.flush().map_err(|e| CliError::Io("stdout".into(), e))?;
+            out.flush().map_err(crate::stdout_error)?;
         }
     }
     Ok(())

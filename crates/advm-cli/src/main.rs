@@ -1,5 +1,16 @@
 //! `advm`: application-directed virtual memory from the command line.
 
+/// `print!` to stdout that returns from the enclosing function (`Result<_, CliError>`)
+/// when the write fails: a reader that closed the pipe ends the command quietly.
+macro_rules! out {
+    ($($t:tt)*) => { $crate::write_out(format_args!($($t)*))? };
+}
+
+/// `println!` to stdout, as [`out!`].
+macro_rules! outln {
+    ($($t:tt)*) => { $crate::write_out(format_args!("{}\n", format_args!($($t)*)))? };
+}
+
 mod daemon_cmd;
 mod image_cmd;
 mod merge_cmd;
@@ -28,6 +39,10 @@ pub enum CliError {
     /// Bad usage.
     #[error("{0}")]
     Usage(String),
+    /// stdout was closed by its reader (`advm image cat X | head -c 10`): not an error
+    /// for the user; the command stops and exits 0 without a message.
+    #[error("stdout closed by its reader")]
+    StdoutClosed,
     /// I/O on something named.
     #[error("{0}: {1}")]
     Io(String, #[source] std::io::Error),
@@ -90,21 +105,37 @@ enum Command {
     },
 }
 
+/// Writes to stdout; a closed pipe is [`CliError::StdoutClosed`], never a panic.
+pub(crate) fn write_out(args: std::fmt::Arguments<'_>) -> Result<(), CliError> {
+    use std::io::Write;
+    std::io::stdout().lock().write_fmt(args).map_err(stdout_error)
+}
+
+/// The error for a failed write to stdout.
+pub(crate) fn stdout_error(e: std::io::Error) -> CliError {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        CliError::StdoutClosed
+    } else {
+        CliError::Io("stdout".into(), e)
+    }
+}
+
 fn to_json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string_pretty(v).expect("reports serialize")
 }
 
-fn doctor(json: bool) {
+fn doctor(json: bool) -> Result<(), CliError> {
     let checks = advm::probe::report();
     if json {
-        println!("{}", to_json(&serde_json::json!({ "facts": advm::probe::facts(), "checks": checks })));
-        return;
+        outln!("{}", to_json(&serde_json::json!({ "facts": advm::probe::facts(), "checks": checks })));
+        return Ok(());
     }
     let mut cells = vec![vec!["feature".to_string(), "status".into(), "seen".into(), "consequence".into()]];
     for c in &checks {
         cells.push(vec![c.name.to_string(), c.status.label().into(), c.value.clone(), c.consequence.clone()]);
     }
-    print!("{}", render_cells(&cells));
+    out!("{}", render_cells(&cells));
+    Ok(())
 }
 
 fn demo(json: bool, only: &[String]) -> Result<(), CliError> {
@@ -121,7 +152,7 @@ fn demo(json: bool, only: &[String]) -> Result<(), CliError> {
         }
     }
     if json {
-        println!("{}", to_json(&serde_json::json!({ "rows": rows, "failures": failures })));
+        outln!("{}", to_json(&serde_json::json!({ "rows": rows, "failures": failures })));
     } else {
         let mut cells =
             vec![vec!["capability".to_string(), "workload".into(), "advm".into(), "baseline".into(), "gain".into()]];
@@ -134,7 +165,7 @@ fn demo(json: bool, only: &[String]) -> Result<(), CliError> {
                 r.gain.clone(),
             ]);
         }
-        print!("{}", render_cells(&cells));
+        out!("{}", render_cells(&cells));
         for f in &failures {
             eprintln!("demo row failed: {f}");
         }
@@ -148,13 +179,14 @@ fn demo(json: bool, only: &[String]) -> Result<(), CliError> {
 
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
-        Command::Doctor { json } => doctor(json),
+        Command::Doctor { json } => doctor(json)?,
         Command::Stat(args) => stat_cmd::run(args)?,
         Command::Image(cmd) => image_cmd::run(cmd)?,
         Command::Bench { name, json, quick, runs, out } => {
             if name == "list" {
+                let width = bench::all().iter().map(|b| b.name().len()).max().unwrap_or(0);
                 for b in bench::all() {
-                    println!("{:<10} {}", b.name(), b.description());
+                    outln!("{:<width$}  {}", b.name(), b.description());
                 }
                 return Ok(());
             }
@@ -169,10 +201,10 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 std::fs::write(&path, &text).map_err(|e| CliError::Io(path.display().to_string(), e))?;
             }
             if json {
-                println!("{text}");
+                outln!("{text}");
             } else {
-                print!("{}", report.text());
-                println!("({} runs per point, {:.1} s)", report.runs, report.elapsed_s);
+                out!("{}", report.text());
+                outln!("({} runs per point, {:.1} s)", report.runs, report.elapsed_s);
             }
             if !report.meter_disagreements.is_empty() {
                 for d in &report.meter_disagreements {
@@ -197,7 +229,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
 
 fn main() -> ExitCode {
     match run(Cli::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) | Err(CliError::StdoutClosed) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("advm: {e}");
             ExitCode::FAILURE

@@ -23,7 +23,7 @@ pub fn run(args: MergeArgs) -> Result<(), CliError> {
         return Err(CliError::Usage(format!("process {}: merge failed: {why}", args.pid)));
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&reply).expect("a JSON value serializes"));
+        outln!("{}", serde_json::to_string_pretty(&reply).expect("a JSON value serializes"));
         return Ok(());
     }
     let n = |k: &str| reply[k].as_u64().unwrap_or(0);
@@ -32,7 +32,7 @@ pub fn run(args: MergeArgs) -> Result<(), CliError> {
         v if v.get("daemon").is_some() => format!("advmd at {}", v["daemon"]["socket"].as_str().unwrap_or("?")),
         v => format!("this process's own store: {}", v["local"]["reason"].as_str().unwrap_or("?")),
     };
-    println!(
+    outln!(
         "process {}: {} mapping(s), {} in {:.3} s\n  merged   {} pages ({}) with pages the store held\n  added    {} pages ({}) to the store\n  skipped  {} pages (zero, partial, refused, or written while merged: {})\n  store    {via}",
         args.pid,
         n("mappings"),
@@ -46,7 +46,7 @@ pub fn run(args: MergeArgs) -> Result<(), CliError> {
         n("busy"),
     );
     if let Some(s) = reply["stopped"].as_str() {
-        println!("  stopped early: {s}");
+        outln!("  stopped early: {s}");
     }
     Ok(())
 }

@@ -146,9 +146,9 @@ fn run_cgroup(args: &StatArgs, path: &std::path::Path) -> Result<(), CliError> {
         if args.json {
             let v = serde_json::json!({ "group": g.path(), "version": g.version(), "usage": u,
                 "anon_shmem_bytes": u.anon_shmem_bytes() });
-            println!("{}", serde_json::to_string_pretty(&v).expect("serializes"));
+            outln!("{}", serde_json::to_string_pretty(&v).expect("serializes"));
         } else {
-            print!("{}", human_usage(&g, &u));
+            out!("{}", human_usage(&g, &u));
         }
         return Ok(());
     };
@@ -166,11 +166,11 @@ fn run_cgroup(args: &StatArgs, path: &std::path::Path) -> Result<(), CliError> {
     }
     let s = sampler.stop()?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&s).expect("serializes"));
+        outln!("{}", serde_json::to_string_pretty(&s).expect("serializes"));
     } else {
-        print!("{}", human_usage(&g, &s.last));
+        out!("{}", human_usage(&g, &s.last));
         let agg = |a: stats::Aggregate| format!("mean {}  max {}", fmt_bytes(a.mean as u64), fmt_bytes(a.max as u64));
-        print!(
+        out!(
             "{}",
             render_cells(&[
                 vec![
@@ -195,9 +195,9 @@ pub fn run(args: StatArgs) -> Result<(), CliError> {
     let Some(secs) = args.watch else {
         let s = meter.sample()?;
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&s).expect("serializes"));
+            outln!("{}", serde_json::to_string_pretty(&s).expect("serializes"));
         } else {
-            print!("{}", human(&s));
+            out!("{}", human(&s));
         }
         return Ok(());
     };
@@ -206,19 +206,29 @@ pub fn run(args: StatArgs) -> Result<(), CliError> {
     }
     let duration = (secs > 0.0).then(|| Duration::from_secs_f64(secs));
     let mut header = !args.json;
+    // A watch without a duration runs until stopped: a reader closing the pipe stops
+    // it (exit 0, as every command whose stdout is closed), any other error is named.
+    let closed = |e: CliError| {
+        if !matches!(e, CliError::StdoutClosed) {
+            eprintln!("advm: {e}");
+            std::process::exit(1);
+        }
+        std::process::exit(0)
+    };
     let summary = stats::watch(&mut meter, duration, Duration::from_millis(args.interval), |s| {
         if args.json {
             return;
         }
         if header {
-            println!(
-                "{:>10}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>10}",
+            crate::write_out(format_args!(
+                "{:>10}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>10}\n",
                 "t", "physical", "held", "anon+shmem", "RSS", "PSS", "ksmd CPU"
-            );
+            ))
+            .unwrap_or_else(closed);
             header = false;
         }
-        println!(
-            "{:>10}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>10}",
+        crate::write_out(format_args!(
+            "{:>10}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>10}\n",
             format!("{:.1} ms", s.measure_ms),
             fmt_bytes(s.physical_bytes),
             fmt_bytes(s.held_pages * s.page_size_bytes),
@@ -226,10 +236,11 @@ pub fn run(args: StatArgs) -> Result<(), CliError> {
             fmt_bytes(s.rss_bytes),
             fmt_bytes(s.pss_bytes),
             s.ksmd_cpu_seconds.map_or("-".into(), |c| format!("{c:.2} s"))
-        );
+        ))
+        .unwrap_or_else(closed);
     })?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&summary).expect("serializes"));
+        outln!("{}", serde_json::to_string_pretty(&summary).expect("serializes"));
         return Ok(());
     }
     let agg = |a: stats::Aggregate| format!("mean {}  max {}", fmt_bytes(a.mean as u64), fmt_bytes(a.max as u64));
@@ -246,6 +257,6 @@ pub fn run(args: StatArgs) -> Result<(), CliError> {
     if let Some(why) = &summary.ended_early {
         cells.push(vec!["ended early".into(), why.clone()]);
     }
-    print!("{}", render_cells(&cells));
+    out!("{}", render_cells(&cells));
     Ok(())
 }

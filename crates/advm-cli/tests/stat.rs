@@ -453,3 +453,24 @@ fn stat_of_a_large_sparse_memfd_process_is_fast() {
     assert_eq!(s.held_pages, 0, "every written page is mapped");
     assert!(times[1] < 500.0, "median {} ms for 64k present pages in a 2 GiB mapping", times[1]);
 }
+
+/// A reader that stops reading (`advm stat --watch 0 PID | head -2`) ends the watch
+/// quietly with status 0; it used to panic ("failed printing to stdout: Broken pipe")
+/// with a backtrace and status 101.
+#[test]
+fn a_watch_whose_reader_went_away_ends_quietly() {
+    let mut child = Command::new(ADVM)
+        .args(["stat", "--watch", "0", "--interval", "20", &std::process::id().to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert!(line.contains("physical"), "the header first: {line}");
+    drop(out);
+    let done = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&done.stderr);
+    assert!(done.status.success() && !err.contains("panicked"), "{:?}: {err}", done.status);
+}

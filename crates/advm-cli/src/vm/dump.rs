@@ -99,10 +99,10 @@ pub fn run(vm: u32, out: &Path, timeout: Duration, json: bool) -> Result<(), Cli
             "parts": parts,
             "qemu_minor_faults": faults,
         });
-        println!("{report}");
+        outln!("{report}");
         return Ok(());
     }
-    println!(
+    outln!(
         "{}: {} clusters of 64 KiB ({} bytes) over {image}; QEMU's signal handler paused {:.3} ms (marks, fork, \
          unmarks, first child), copy done after {} ms",
         out.display(),
@@ -112,7 +112,7 @@ pub fn run(vm: u32, out: &Path, timeout: Duration, json: bool) -> Result<(), Cli
         copied.as_millis()
     );
     if let Some([scan_ns, marks, fork, after, ranges, kib]) = parts {
-        println!(
+        outln!(
             "  {scan} scan {:.3} ms (guest running), marks {:.3} ms, fork {:.3} ms, unmarks + first child {:.3} ms; \
              left out of the fork: {ranges} ranges, {:.1} MiB {bytes_kind}",
             ms(scan_ns),
@@ -123,7 +123,7 @@ pub fn run(vm: u32, out: &Path, timeout: Duration, json: bool) -> Result<(), Cli
         );
     }
     if let Some(n) = faults {
-        println!("  QEMU's minor faults from the request until the copy was done: {n}");
+        outln!("  QEMU's minor faults from the request until the copy was done: {n}");
     }
     Ok(())
 }

@@ -68,7 +68,7 @@ pub fn run(cmd: VmCmd) -> Result<(), CliError> {
         VmCmd::Image(ImageCmd::Build { out, mirror }) => {
             let dir = out.unwrap_or_else(default_dir);
             let built = build::build(&dir, &mirror)?;
-            println!("{}", built.app.display());
+            outln!("{}", built.app.display());
             Ok(())
         }
         VmCmd::Run(args) => run::run(args),

@@ -547,7 +547,13 @@ fn run_in(args: &RunArgs, work: &Path) -> Result<bool, CliError> {
     let lookups = (args.merge && args.boot_lookup_every > 0.0)
         .then(|| BootLookups::start(vm.child.id(), Duration::from_secs_f64(args.boot_lookup_every)));
     let (t, body) = vm.wait_ready(Duration::from_secs(args.timeout))?;
-    println!("ready: http://127.0.0.1:{}/ answered after {} ms ({})", vm.port, t.as_millis(), body);
+    // The VM runs on when the reader of stdout has gone (`| head -1`): until killed.
+    let _ = crate::write_out(format_args!(
+        "ready: http://127.0.0.1:{}/ answered after {} ms ({})\n",
+        vm.port,
+        t.as_millis(),
+        body
+    ));
     eprintln!("console: {}; dump with `advm vm dump --vm {}`", vm.console.display(), std::process::id());
     if args.merge {
         std::thread::sleep(Duration::from_secs_f64(args.merge_after));
@@ -559,7 +565,9 @@ fn run_in(args: &RunArgs, work: &Path) -> Result<bool, CliError> {
                 None => Err(usage("the guest's service stopped answering after its RAM was merged".into())),
             });
             match merged {
-                Ok(m) => println!("merged: {m}"),
+                Ok(m) => {
+                    let _ = crate::write_out(format_args!("merged: {m}\n"));
+                }
                 Err(e) => {
                     drop(signals);
                     vm.stop();
