@@ -306,3 +306,23 @@ fn cat_of_a_layer_truncated_while_mapped_fails_clearly() {
         "advm: base.raw: shrank from 8388608 to 1048576 bytes while mapped; refusing to read through the mapping\n",
     );
 }
+
+/// A header whose virtual size is not a multiple of 512 (written by hand: qemu-img
+/// rounds up when it creates) reads as QEMU reads it: rounded down to whole sectors.
+#[test]
+fn a_virtual_size_not_a_multiple_of_512_reads_as_qemu_reads_it() {
+    if !have("qemu-img") {
+        return;
+    }
+    let d = dir("oddsize");
+    run(&d.0, "qemu-img", &["create", "-q", "-f", "qcow2", "odd.qcow2", "1000448"]);
+    run(&d.0, "qemu-io", &["-c", "write -P 0x5a 0 1000448", "odd.qcow2"]);
+    let f = std::fs::OpenOptions::new().write(true).open(d.0.join("odd.qcow2")).unwrap();
+    f.write_all_at(&1_000_001u64.to_be_bytes(), 24).unwrap();
+    run(&d.0, "qemu-img", &["convert", "-O", "raw", "odd.qcow2", "odd.raw"]);
+    let want = std::fs::read(d.0.join("odd.raw")).unwrap();
+    assert_eq!(want.len(), 999_936, "QEMU's reading of the size");
+    let out = Command::new(ADVM).args(["image", "cat", "odd.qcow2"]).current_dir(&d.0).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stdout == want, "advm read {} bytes, QEMU {}", out.stdout.len(), want.len());
+}

@@ -130,7 +130,10 @@ impl Qcow2 {
             return Err(format!("cluster_bits {cluster_bits} out of range (9..=21: 512 B to 2 MiB clusters)"));
         }
         let cluster_size = 1u64 << cluster_bits;
-        let size = be64(&h, 24);
+        // QEMU counts a disk in 512-byte sectors (`total_sectors = size / 512`): a size
+        // that is not a multiple of 512 (never written by qemu-img, possible by hand)
+        // reads as QEMU reads it, rounded down.
+        let size = be64(&h, 24) / 512 * 512;
         let crypt_method = be32(&h, 32);
         let l1_size = u64::from(be32(&h, 36));
         let l1_offset = be64(&h, 40);
