@@ -552,7 +552,7 @@ pub fn available() -> std::result::Result<(), String> {
 fn usable_here() -> Result<()> {
     let info = match Userfaultfd::probe() {
         Ok(info) => info,
-        Err(e) if matches!(e.raw_errno(), libc::EMFILE | libc::ENFILE | libc::ENOMEM) => return Err(e.into()),
+        Err(e) if e.is_out_of_resources() => return Err(e.into()),
         Err(e) => return Err(Error::Unsupported { what: "pager", why: format!("userfaultfd: {e}") }),
     };
     if info.features & uffd::feature::MOVE == 0 {

@@ -60,6 +60,18 @@ impl SysError {
     pub fn raw_errno(&self) -> i32 {
         self.errno.raw_os_error()
     }
+
+    /// Whether the call failed for want of descriptors or memory ([`out_of_resources`]).
+    pub fn is_out_of_resources(&self) -> bool {
+        out_of_resources(self.raw_errno())
+    }
+}
+
+/// Whether `errno` says the process or the system was out of descriptors or memory
+/// (EMFILE, ENFILE, ENOMEM): a failure that goes when they are freed, so it is reported
+/// and tried again later, never kept as the answer for the process's life.
+pub fn out_of_resources(errno: i32) -> bool {
+    matches!(errno, libc::EMFILE | libc::ENFILE | libc::ENOMEM)
 }
 
 /// The kernel's description of an errno, e.g. "Cannot allocate memory (os error 12)".

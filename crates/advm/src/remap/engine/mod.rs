@@ -55,7 +55,6 @@ fn make_kernel() -> std::result::Result<Kernel, Kernel> {
     let want = feature::MOVE | feature::PAGEFAULT_FLAG_WP;
     // Without the fork handler a child could not tell it is one: no userfaultfd.
     let generation = crate::sys::process::fork_generation();
-    let transient = |e: &crate::sys::SysError| matches!(e.raw_errno(), libc::EMFILE | libc::ENFILE | libc::ENOMEM);
     let uffd = match Userfaultfd::probe() {
         Ok(i) if i.features & want == want && generation.is_some() => Userfaultfd::new(want, true).map(Some),
         Ok(_) => Ok(None),
@@ -63,7 +62,7 @@ fn make_kernel() -> std::result::Result<Kernel, Kernel> {
     };
     let (uffd, settled) = match uffd {
         Ok(u) => (u, true),
-        Err(e) => (None, !transient(&e)),
+        Err(e) => (None, !e.is_out_of_resources()),
     };
     let k = Kernel {
         uffd,

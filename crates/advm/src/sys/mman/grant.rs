@@ -415,13 +415,12 @@ fn pidfd_raw(fd: &OwnedFd) -> i32 {
 /// again, so a moment without fds does not cost the process this path for good.
 fn self_pidfd() -> Option<&'static OwnedFd> {
     static FD: crate::sys::process::PerProcess<Option<OwnedFd>> = crate::sys::process::PerProcess::new();
-    let transient = |e: std::io::Error| matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM));
     FD.try_get(|| {
         // SAFETY: pidfd_open returns a new fd or -1.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
         if fd < 0 {
-            let e = std::io::Error::last_os_error();
-            return if transient(e) { Err(()) } else { Ok(None) };
+            let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+            return if crate::sys::out_of_resources(errno) { Err(()) } else { Ok(None) };
         }
         // SAFETY: a fresh fd nobody else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
