@@ -27,6 +27,7 @@
 //! of anonymous memory left between store mappings whatever their size.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::time::{Duration, Instant};
@@ -221,14 +222,14 @@ impl Control {
     fn bind(pid: u32) -> std::io::Result<Self> {
         let listener = UnixListener::bind_addr(&SocketAddr::from_abstract_name(socket_name(pid).as_bytes())?)?;
         listener.set_nonblocking(true)?;
-        let st = rustix::fs::fstat(&listener)?;
-        Ok(Self { listener: Some(listener), id: (st.st_dev, st.st_ino) })
+        let id = crate::sys::merge::file_id(listener.as_fd()).map_err(std::io::Error::other)?;
+        Ok(Self { listener: Some(listener), id })
     }
 
     /// Serves the requests waiting.
     fn serve(&mut self, pid: u32) {
         let Some(l) = &self.listener else { return };
-        if !rustix::fs::fstat(l).is_ok_and(|st| (st.st_dev, st.st_ino) == self.id) {
+        if !crate::sys::merge::file_id(l.as_fd()).is_ok_and(|id| id == self.id) {
             use std::os::fd::IntoRawFd;
             let _forgotten = self.listener.take().map(IntoRawFd::into_raw_fd);
             match Self::bind(pid) {

@@ -34,7 +34,7 @@ pub fn pwrite(fd: impl AsFd, buf: &[u8], offset: u64) -> SysResult<usize> {
 }
 
 /// A descriptor kept for the life of something long-lived (an arena's memfd), with the
-/// identity (device, inode) of the file it named when it was made. A program may close
+/// identity (inode, device) of the file it named when it was made. A program may close
 /// descriptors it did not open (a daemon closing every one above stderr, `closefrom`,
 /// Python's `os.closerange`) and get the number back for a file of its own: using the
 /// number then wrote into, punched or mapped the program's file (a Python program died
@@ -50,15 +50,14 @@ pub struct Held {
 impl Held {
     /// Keeps `fd`, remembering the file it names now.
     pub fn new(fd: OwnedFd) -> SysResult<Self> {
-        let st = rustix::fs::fstat(&fd).map_err(|e| SysError::new("fstat", e))?;
-        Ok(Self { id: (st.st_dev, st.st_ino), fd: Some(fd) })
+        Ok(Self { id: super::merge::file_id(fd.as_fd())?, fd: Some(fd) })
     }
 
     /// The descriptor, or an `EBADF` error naming `what` when the program closed it
     /// (the number may name another file now: it is never used again).
     pub fn get(&self, what: &'static str) -> SysResult<BorrowedFd<'_>> {
         match &self.fd {
-            Some(fd) if rustix::fs::fstat(fd).is_ok_and(|st| (st.st_dev, st.st_ino) == self.id) => Ok(fd.as_fd()),
+            Some(fd) if super::merge::file_id(fd.as_fd()).is_ok_and(|id| id == self.id) => Ok(fd.as_fd()),
             _ => Err(SysError::new(what, rustix::io::Errno::BADF)),
         }
     }
