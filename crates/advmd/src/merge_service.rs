@@ -319,10 +319,7 @@ impl Session {
             Ok(h) => g.store.commit_adopted(adopting, &h),
             Err(e) => g.store.cancel_adopted(adopting).and(Err(e)),
         };
-        let room = {
-            let u = g.store.usage();
-            (u.limit_bytes - u.bytes) / advm::mem::page_size() as u64
-        };
+        let room = room_pages(&g.store);
         let reply = result.and_then(|slots| {
             self.held.extend(&slots);
             let segments = announce(&mut self.shown, &g.store, &slots)?;
@@ -360,10 +357,7 @@ impl Session {
             Ok(Err(_)) => g.unclaim(self.id, &std::mem::take(&mut self.claimed)),
             _ => g.unclaim(self.id, hashes),
         }
-        let room = {
-            let u = g.store.usage();
-            (u.limit_bytes - u.bytes) / advm::mem::page_size() as u64
-        };
+        let room = room_pages(&g.store);
         let reply = inserted.map(|r| match r {
             Ok(slots) => {
                 self.held.extend(&slots);
@@ -391,6 +385,12 @@ impl Session {
             stores.close(&domain);
         }
     }
+}
+
+/// Pages the store has room for (an add's reply says so, for a retry of what fits).
+fn room_pages(store: &Store) -> u64 {
+    let u = store.usage();
+    (u.limit_bytes - u.bytes) / advm::mem::page_size() as u64
 }
 
 /// The adopted files holding `slots` that this session was not shown yet.

@@ -356,13 +356,7 @@ impl Store {
     /// [`Store::cancel_adopted`] gives the file back.
     pub fn adopt(&mut self, file: OwnedFd, pages: usize) -> Result<std::result::Result<Adopting, StoreFull>> {
         let ps = page_size();
-        let refuse = |why: String| Error::InvalidArgument { what: "added pages", why };
-        if pages == 0 {
-            return Err(refuse("an add of no pages".into()));
-        }
-        if let Err(why) = crate::sys::seal::check_frozen(&file, (pages * ps) as u64)? {
-            return Err(refuse(format!("the file passed is refused: {why}")));
-        }
+        check_added(&file, pages)?;
         if pages > (self.limit_pages - self.used) as usize {
             return Ok(Err(self.full()));
         }
@@ -653,17 +647,24 @@ pub const COPY_BELOW_PAGES: usize = 256;
 /// one (not a memfd sealed against writing, shrinking, growing and resealing, or not
 /// exactly `pages` pages long). Read with `pread`; no store lock is needed.
 pub fn read_frozen(file: OwnedFd, pages: usize) -> Result<Vec<u8>> {
-    let len = pages * page_size();
-    if pages == 0 {
-        return Err(Error::InvalidArgument { what: "added pages", why: "an add of no pages".into() });
-    }
-    if let Err(why) = crate::sys::seal::check_frozen(&file, len as u64)? {
-        return Err(Error::InvalidArgument { what: "added pages", why: format!("the file passed is refused: {why}") });
-    }
-    let mut bytes = vec![0u8; len];
+    check_added(&file, pages)?;
+    let mut bytes = vec![0u8; pages * page_size()];
     std::os::unix::fs::FileExt::read_exact_at(&std::fs::File::from(file), &mut bytes, 0)
         .map_err(|e| Error::io("the added pages' memfd", e))?;
     Ok(bytes)
+}
+
+/// Refuses an add's file unless it holds `pages` pages (at least one) and is a memfd
+/// sealed against writing, shrinking, growing and resealing.
+fn check_added(file: &OwnedFd, pages: usize) -> Result<()> {
+    let refuse = |why: String| Error::InvalidArgument { what: "added pages", why };
+    if pages == 0 {
+        return Err(refuse("an add of no pages".into()));
+    }
+    match crate::sys::seal::check_frozen(file, (pages * page_size()) as u64)? {
+        Ok(()) => Ok(()),
+        Err(why) => Err(refuse(format!("the file passed is refused: {why}"))),
+    }
 }
 
 /// Runs of consecutive slots: `(first, length)`.
