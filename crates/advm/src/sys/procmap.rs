@@ -83,7 +83,11 @@ const VMA_SHARED: u64 = 0x08;
 /// and tried again on the next call, never kept.
 fn maps_file() -> SysResult<&'static File> {
     static MAPS: PerProcess<File> = PerProcess::new();
-    MAPS.try_get(|| File::open("/proc/self/maps")).map_err(|e| SysError::from_io("open(/proc/self/maps)", &e))
+    MAPS.try_get(open_maps)
+}
+
+fn open_maps() -> SysResult<File> {
+    File::open("/proc/self/maps").map_err(|e| SysError::from_io("open(/proc/self/maps)", &e))
 }
 
 /// The mapping that contains `addr`, or `None` when `addr` is not mapped.
@@ -95,12 +99,7 @@ pub fn query(addr: usize) -> SysResult<Option<Vma>> {
         let answer = match query_ioctl(file, addr) {
             // The program closed the cached maps file (it may have got the number back
             // for a file of its own, never closed here): this query opens its own.
-            Err(Errno::BADF | Errno::NOTTY) => {
-                let own = File::open("/proc/self/maps").map_err(|e| {
-                    SysError::new("open(/proc/self/maps)", Errno::from_io_error(&e).unwrap_or(Errno::IO))
-                })?;
-                query_ioctl(&own, addr)
-            }
+            Err(Errno::BADF | Errno::NOTTY) => query_ioctl(&open_maps()?, addr),
             other => other,
         };
         return match answer {
