@@ -61,7 +61,7 @@ impl SysError {
         self.errno.raw_os_error()
     }
 
-    /// Whether the call failed for want of descriptors or memory ([`out_of_resources`]).
+    /// Whether the call failed for want of descriptors or memory (`out_of_resources`).
     pub fn is_out_of_resources(&self) -> bool {
         out_of_resources(self.raw_errno())
     }
