@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// advm's examples that the docs show, run by [`advm_examples_run`].
-const ADVM_EXAMPLES: &[&str] = &["stat", "vcopy", "remap", "pager", "merge"];
+const ADVM_EXAMPLES: &[&str] = &["stat", "vcopy", "remap", "pager", "merge", "image"];
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
@@ -110,9 +110,16 @@ fn every_example_block_equals_its_file_and_every_example_is_shown() {
     assert!(unshown.is_empty(), "examples no page shows: {unshown:?}");
 }
 
-/// Why the pager example cannot run here, if it cannot.
-fn no_pager() -> Option<String> {
-    advm::pager::Pager::new(advm::pager::Config::new(1 << 20)).err().map(|e| e.to_string())
+/// Why an example cannot run here, if it cannot.
+fn cannot_run(name: &str) -> Option<String> {
+    match name {
+        "pager" => advm::pager::Pager::new(advm::pager::Config::new(1 << 20)).err().map(|e| e.to_string()),
+        "image" => ["qemu-img", "qemu-io"]
+            .into_iter()
+            .find(|t| Command::new(t).arg("--version").output().is_err())
+            .map(|t| format!("no {t} (Debian's qemu-utils)")),
+        _ => None,
+    }
 }
 
 #[test]
@@ -120,11 +127,9 @@ fn advm_examples_run() {
     // .../target/<profile>/deps/doc_examples-HASH -> .../target/<profile>/examples
     let dir = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("examples");
     for name in ADVM_EXAMPLES {
-        if *name == "pager" {
-            if let Some(why) = no_pager() {
-                eprintln!("pager example skipped: {why}");
-                continue;
-            }
+        if let Some(why) = cannot_run(name) {
+            eprintln!("{name} example skipped: {why}");
+            continue;
         }
         let exe = dir.join(name);
         assert!(exe.exists(), "{} missing: cargo test builds the examples", exe.display());
