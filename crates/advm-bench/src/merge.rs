@@ -234,6 +234,9 @@ fn run_one(
     let group = Group::create(&format!("advm-bench-merge-{}", std::process::id()))?;
     let sock = bench_dir().join(format!("advmd-{}.sock", std::process::id()));
     let mut pids: Vec<i32> = Vec::new();
+    // Ctrl-C and kill end the first worker, not the bench, which then cleans up (KSM,
+    // the cgroup, the daemon); held until that worker exists.
+    let signals = advm::process::ForwardSignals::hold().ok();
     let daemon = if matches!(method, Method::Merge | Method::RunMerge) {
         let d = Daemon::start(&sock, Some(&group))?;
         pids.push(d.0.id() as i32);
@@ -293,6 +296,9 @@ fn run_one(
         let (stdin, out) = (child.stdin.take().expect("piped"), child.stdout.take().expect("piped"));
         pids.push(child.id() as i32);
         workers.push(Worker { child, stdin, out: BufReader::new(out) });
+        if let (1, Some(s)) = (workers.len(), &signals) {
+            s.child(workers[0].child.id())?;
+        }
         if stagger {
             // Scale-out: the next worker starts once this one has loaded, merged and
             // served (its ready line), not all at one moment on shared cores.
@@ -300,7 +306,6 @@ fn run_one(
             ready.push(line(w)?);
         }
     }
-    let _signals = advm::process::ForwardSignals::to(workers[0].child.id()).ok();
     // Sample both meters every 100 ms on a thread while the workers load.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sampler = {

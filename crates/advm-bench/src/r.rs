@@ -140,6 +140,12 @@ pub fn measure(
     env: &[(&str, String)],
     interval: Duration,
 ) -> Result<Measured, BenchError> {
+    // A KSM mode changes the system's KSM settings for this run (in `prepare`): Ctrl-C
+    // and kill end the program, not the bench, so the settings are restored when the
+    // run's session drops (KSM modes are never run in concurrent pairs, so one forwarder
+    // at a time). Installed before the settings change: a kill until the program
+    // exists is held for it.
+    let signals = if mode.ksm_pages_to_scan().is_some() { advm::process::ForwardSignals::hold().ok() } else { None };
     let mut prepared = launch::prepare(mode, 2, program, args, true)?;
     // unique per call: the paired runs measure two programs at once
     static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -163,10 +169,9 @@ pub fn measure(
     let started = Instant::now();
     let mut child = prepared.command.spawn().map_err(|e| BenchError::Io(format!("running {program}"), e))?;
     let pid = child.id();
-    // A KSM mode changed the system's KSM settings for this run: Ctrl-C and kill end
-    // the program, not the bench, so the settings are restored when the run's session
-    // drops (KSM modes are never run in concurrent pairs, so one forwarder at a time).
-    let _signals = if mode.ksm_pages_to_scan().is_some() { advm::process::ForwardSignals::to(pid).ok() } else { None };
+    if let Some(s) = &signals {
+        s.child(pid)?;
+    }
     let mut pages = Vec::new();
     // Samples at interval/2, 3*interval/2, ...: the exec'ing first instant is left out.
     let mut next = started + interval / 2;

@@ -198,6 +198,10 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     if args.json && !args.cgroup && !args.stats {
         return Err(CliError::Usage("--json prints the --cgroup or --stats report: give one of them".into()));
     }
+    // Ctrl-C and kill must end the program, not advm: advm still has to restore KSM
+    // settings (changed in `prepare`) and report. Installed first: a kill until the
+    // program exists is held for it.
+    let signals = advm::process::ForwardSignals::hold()?;
     let mut prepared = launch::prepare(args.mode, args.threshold_pages, program, rest, args.stats)?;
     if args.mode == Mode::Merge {
         prepared.command.env(launch::MERGE_AFTER, args.merge_after.to_string());
@@ -211,9 +215,7 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     }
     let sampler = group.as_ref().map(|g| g.sample_every(DEFAULT_INTERVAL));
     let mut child = prepared.command.spawn().map_err(|e| CliError::Io(format!("running {program}"), e))?;
-    // Ctrl-C and kill must end the program, not advm: advm still has to restore KSM
-    // settings and report.
-    let signals = advm::process::ForwardSignals::to(child.id())?;
+    signals.child(child.id())?;
     let status = child.wait().map_err(|e| CliError::Io(format!("waiting for {program}"), e))?;
     drop(signals);
     if let (Some(g), Some(sampler)) = (group, sampler) {

@@ -1,5 +1,6 @@
 //! `advm stat PID...`.
 
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use advm::stats::cgroup::{Group, Usage};
@@ -208,37 +209,42 @@ pub fn run(args: StatArgs) -> Result<(), CliError> {
     let mut header = !args.json;
     // A watch without a duration runs until stopped: a reader closing the pipe stops
     // it (exit 0, as every command whose stdout is closed), any other error is named.
-    let closed = |e: CliError| {
-        if !matches!(e, CliError::StdoutClosed) {
-            eprintln!("advm: {e}");
-            std::process::exit(1);
-        }
-        std::process::exit(0)
-    };
+    let mut failed = None;
     let summary = stats::watch(&mut meter, duration, Duration::from_millis(args.interval), |s| {
         if args.json {
-            return;
+            return ControlFlow::Continue(());
         }
-        if header {
+        let header_line = if std::mem::take(&mut header) {
             crate::write_out(format_args!(
                 "{:>10}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>10}\n",
                 "t", "physical", "held", "anon+shmem", "RSS", "PSS", "ksmd CPU"
             ))
-            .unwrap_or_else(closed);
-            header = false;
+        } else {
+            Ok(())
+        };
+        let written = header_line.and_then(|()| {
+            crate::write_out(format_args!(
+                "{:>10}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>10}\n",
+                format!("{:.1} ms", s.measure_ms),
+                fmt_bytes(s.physical_bytes),
+                fmt_bytes(s.held_pages * s.page_size_bytes),
+                fmt_bytes(s.anon_shmem_bytes),
+                fmt_bytes(s.rss_bytes),
+                fmt_bytes(s.pss_bytes),
+                s.ksmd_cpu_seconds.map_or("-".into(), |c| format!("{c:.2} s"))
+            ))
+        });
+        match written {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => {
+                failed = Some(e);
+                ControlFlow::Break(())
+            }
         }
-        crate::write_out(format_args!(
-            "{:>10}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>10}\n",
-            format!("{:.1} ms", s.measure_ms),
-            fmt_bytes(s.physical_bytes),
-            fmt_bytes(s.held_pages * s.page_size_bytes),
-            fmt_bytes(s.anon_shmem_bytes),
-            fmt_bytes(s.rss_bytes),
-            fmt_bytes(s.pss_bytes),
-            s.ksmd_cpu_seconds.map_or("-".into(), |c| format!("{c:.2} s"))
-        ))
-        .unwrap_or_else(closed);
     })?;
+    if let Some(e) = failed {
+        return Err(e);
+    }
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&summary).expect("serializes"));
         return Ok(());

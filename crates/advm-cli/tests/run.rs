@@ -192,12 +192,9 @@ fn killing_bench_r_during_a_ksm_mode_stops_it_and_restores_ksm() {
         .spawn()
         .unwrap();
     let t = std::time::Instant::now();
-    // Wait for the ksm-aggr run's program itself: the bench sets KSM up just before it
-    // starts the program and hands signals on to it, so a kill in between is the
-    // bench's to take (it dies before it can restore; a window of microseconds).
-    let children = format!("/proc/{0}/task/{0}/children", child.id());
-    let running = || !std::fs::read_to_string(&children).unwrap_or_default().trim().is_empty();
-    while knob("pages_to_scan").as_deref().map(str::trim) != Some("1000") || !running() {
+    // Kill as soon as the ksm-aggr run has changed KSM: the bench holds stopping
+    // signals from before that change until its program exists, then hands them on.
+    while knob("pages_to_scan").as_deref().map(str::trim) != Some("1000") {
         if child.try_wait().unwrap().is_some() {
             eprintln!("skipped: the bench ended before its ksm-aggr run (no KSM modes without root)");
             return;
@@ -205,7 +202,6 @@ fn killing_bench_r_during_a_ksm_mode_stops_it_and_restores_ksm() {
         assert!(t.elapsed() < std::time::Duration::from_secs(120), "ksm-aggr run never started");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    std::thread::sleep(std::time::Duration::from_millis(30));
     // SAFETY: kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
     let out = child.wait_with_output().unwrap();

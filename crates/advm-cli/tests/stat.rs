@@ -148,6 +148,25 @@ fn process_exiting_mid_measurement_is_a_clear_error() {
 }
 
 #[test]
+fn watch_stops_when_the_callback_says_so() {
+    let p = Proc::spawn(&["anon", "--mib", "1"]);
+    let mut meter = advm::stats::Meter::new(&[p.pid()], Default::default()).unwrap();
+    let mut n = 0;
+    let summary = advm::stats::watch(&mut meter, None, std::time::Duration::from_millis(10), |_| {
+        n += 1;
+        if n == 2 {
+            std::ops::ControlFlow::Break(())
+        } else {
+            std::ops::ControlFlow::Continue(())
+        }
+    })
+    .unwrap();
+    assert_eq!(summary.samples, 2);
+    assert_eq!(summary.ended_early.as_deref(), Some("stopped by the caller"));
+    assert!(summary.last.is_some());
+}
+
+#[test]
 fn watch_ends_early_when_the_process_exits() {
     let mut p = Proc::spawn(&["anon", "--mib", "4"]);
     let mut meter = advm::stats::Meter::new(&[p.pid()], Default::default()).unwrap();
@@ -158,6 +177,7 @@ fn watch_ends_early_when_the_process_exits() {
             p.0.kill().unwrap();
             p.0.wait().unwrap();
         }
+        std::ops::ControlFlow::Continue(())
     })
     .unwrap();
     assert_eq!(summary.samples, 3);

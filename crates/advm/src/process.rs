@@ -3,20 +3,34 @@
 use crate::sys::signal;
 use crate::Result;
 
-/// While alive, SIGINT and SIGQUIT are ignored (the terminal delivers them to the
-/// child too, as `system(3)` does) and SIGTERM and SIGHUP are forwarded to `child`, so
-/// the parent lives to clean up after it; the old dispositions come back on drop. One
-/// at a time per process.
+/// While alive, SIGINT and SIGQUIT are left to the child (the terminal delivers them
+/// to the child too, as `system(3)` does) and SIGTERM and SIGHUP are forwarded to it,
+/// so the parent lives to clean up after it; the old dispositions come back on drop.
+/// One at a time per process.
+///
+/// Install it with [`ForwardSignals::hold`] *before* spawning the child and name the
+/// child with [`ForwardSignals::child`]: a signal that arrives in between is held and
+/// given to the child when it is named, instead of killing the parent before it can
+/// clean up. A signal held for a child never named is dropped with the guard.
 pub struct ForwardSignals {
-    _inner: signal::ChildSignals,
+    inner: signal::ChildSignals,
 }
 
 impl ForwardSignals {
-    /// Installs the dispositions for the child with pid `child`.
-    pub fn to(child: u32) -> Result<Self> {
+    /// Installs the dispositions before the child exists; signals are held until
+    /// [`ForwardSignals::child`].
+    pub fn hold() -> Result<Self> {
+        Ok(Self { inner: signal::ChildSignals::hold()? })
+    }
+
+    /// Names the child (its pid): a signal held until now is forwarded to it at once.
+    pub fn child(&self, child: u32) -> Result<()> {
         let pid = i32::try_from(child)
-            .map_err(|_| crate::Error::InvalidArgument { what: "child", why: format!("pid {child} out of range") })?;
-        Ok(Self { _inner: signal::ChildSignals::install(pid)? })
+            .ok()
+            .filter(|&p| p > 0)
+            .ok_or_else(|| crate::Error::InvalidArgument { what: "child", why: format!("pid {child} out of range") })?;
+        self.inner.child(pid);
+        Ok(())
     }
 }
 

@@ -301,6 +301,15 @@ fn purgeable_lock_reports_discarded_pages(mode: FaultMode) {
     assert_eq!(b[0], 5, "locked page kept its data");
     r.read(2 * ps(), &mut b).unwrap();
     assert_eq!(b[0], 0, "discarded page reads zero");
+
+    // A range dropped as garbage (discardable, no lock), reused as a purgeable entry:
+    // its next lock reports only what was dropped since its unlock.
+    p.discardable(a, len).unwrap();
+    p.flush(a, len).unwrap();
+    p.needed(a, len).unwrap();
+    r.write(0, &vec![6; len]).unwrap();
+    p.unlock(a, len).unwrap();
+    assert!(p.lock(a, len).unwrap(), "a drop before the unlock is not this period's loss");
 }
 
 fn a_full_swap_file_is_a_clear_error_and_loses_nothing(mode: FaultMode) {

@@ -541,9 +541,12 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
 
 /// Runs the VM in `work`; true when it ended cleanly.
 fn run_in(args: &RunArgs, work: &Path) -> Result<bool, CliError> {
+    // Held from before QEMU starts: a SIGTERM while it starts still lets the KSM
+    // settings be restored.
+    let signals = advm::process::ForwardSignals::hold()?;
     let _ksm = if args.ksm { Some(advm::ksm::Session::start(1000, 20)?) } else { None };
     let mut vm = start(args, work)?;
-    let signals = advm::process::ForwardSignals::to(vm.child.id())?;
+    signals.child(vm.child.id())?;
     let lookups = (args.merge && args.boot_lookup_every > 0.0)
         .then(|| BootLookups::start(vm.child.id(), Duration::from_secs_f64(args.boot_lookup_every)));
     let (t, body) = vm.wait_ready(Duration::from_secs(args.timeout))?;

@@ -817,8 +817,16 @@ impl Pager {
     }
 
     /// Purgeable memory: `[addr, addr+len)` may be discarded until locked again.
+    /// Starts a new unlocked period: the next [`Pager::lock`] reports only pages
+    /// discarded from now on (not a drop from an earlier use of the range, e.g. as a
+    /// collector's garbage, that no lock reported).
     pub fn unlock(&self, addr: usize, len: usize) -> Result<()> {
-        self.discardable(addr, len)
+        let (m, first, n) = self.shared.locate(addr, len)?;
+        // under the eviction lock, no drop of this range is between its bit and ours
+        let _ev = self.shared.lock_evicting();
+        m.purged.take_range(first, n);
+        m.discardable.set_range(first, n, true);
+        Ok(())
     }
 
     /// The statistics so far.

@@ -1,5 +1,6 @@
 //! Repeated sampling: the paper samples once a second and averages the samples.
 
+use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -61,12 +62,13 @@ pub struct WatchSummary {
 /// Samples `meter` every `interval` for `duration` (or until the processes exit when
 /// `duration` is `None`), calling `on_sample` after each. A process exiting ends the run
 /// early and is reported in the summary, not as an error, once at least one sample was
-/// taken.
+/// taken; so does `on_sample` returning `ControlFlow::Break` (e.g. the caller's output
+/// was closed), with `ended_early` "stopped by the caller".
 pub fn watch(
     meter: &mut Meter,
     duration: Option<Duration>,
     interval: Duration,
-    mut on_sample: impl FnMut(&Sample),
+    mut on_sample: impl FnMut(&Sample) -> ControlFlow<()>,
 ) -> Result<WatchSummary> {
     let start = Instant::now();
     let ksmd_start = super::ksmd_cpu_seconds();
@@ -86,8 +88,12 @@ pub fn watch(
                 }
                 rss.push(s.rss_bytes as f64);
                 pss.push(s.pss_bytes as f64);
-                on_sample(&s);
+                let flow = on_sample(&s);
                 last = Some(s);
+                if flow.is_break() {
+                    ended_early = Some("stopped by the caller".to_string());
+                    break;
+                }
             }
             Err(e @ (Error::ProcessExited { .. } | Error::NoSuchProcess { .. })) if last.is_some() => {
                 ended_early = Some(e.to_string());

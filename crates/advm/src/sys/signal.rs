@@ -1,7 +1,8 @@
 //! Signal dispositions for a parent that waits on a child and must clean up after it
-//! (e.g. `advm run` restoring KSM settings): interactive signals are ignored, as
-//! `system(3)` does, since the terminal delivers them to the child too; SIGTERM and
-//! SIGHUP are forwarded to the child, so the parent lives to clean up. And for a long
+//! (e.g. `advm run` restoring KSM settings): interactive signals are left to the
+//! child, as `system(3)` does, since the terminal delivers them to the child too;
+//! SIGTERM and SIGHUP are forwarded to the child, so the parent lives to clean up;
+//! signals that come before the child exists are held for it. And for a long
 //! run that stops itself: stopping signals only noted.
 
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -46,42 +47,79 @@ impl Drop for Dispositions {
 }
 
 static CHILD: AtomicI32 = AtomicI32::new(0);
+/// A signal that came before the child was named, for the child once it is.
+static HELD: AtomicI32 = AtomicI32::new(0);
 
-extern "C" fn forward(sig: libc::c_int) {
-    let pid = CHILD.load(Ordering::Relaxed);
-    if pid > 0 {
+/// Gives a held signal, if any, to the child: called by whichever of the naming thread
+/// and the handler sees both the child and the held signal; the swap lets only one send.
+fn forward_held(pid: i32) {
+    let sig = HELD.swap(0, Ordering::SeqCst);
+    if sig != 0 {
         // SAFETY: kill(2) is async-signal-safe and takes no pointers.
         unsafe { libc::kill(pid, sig) };
     }
 }
 
-const IGNORED: [libc::c_int; 2] = [libc::SIGINT, libc::SIGQUIT];
+extern "C" fn forward(sig: libc::c_int) {
+    let pid = CHILD.load(Ordering::SeqCst);
+    if pid > 0 {
+        // Interactive signals reach the child from the terminal by themselves.
+        if FORWARDED.contains(&sig) {
+            // SAFETY: kill(2) is async-signal-safe and takes no pointers.
+            unsafe { libc::kill(pid, sig) };
+        }
+        return;
+    }
+    // No child yet: hold the signal. If the child was named meanwhile, the naming
+    // thread may have looked for a held signal before this store: send it from here.
+    HELD.store(sig, Ordering::SeqCst);
+    let pid = CHILD.load(Ordering::SeqCst);
+    if pid > 0 {
+        forward_held(pid);
+    }
+}
+
+/// Interactive signals: the terminal delivers them to the child as well, so the parent
+/// does nothing with them once the child runs (as `system(3)` ignores them).
+const INTERACTIVE: [libc::c_int; 2] = [libc::SIGINT, libc::SIGQUIT];
 const FORWARDED: [libc::c_int; 2] = [libc::SIGTERM, libc::SIGHUP];
 
-/// While alive, SIGINT/SIGQUIT are ignored and SIGTERM/SIGHUP go to `child`; the old
-/// dispositions come back on drop. One at a time per process.
+/// While alive, SIGTERM and SIGHUP go to the child, SIGINT and SIGQUIT are left to it;
+/// any of them arriving before [`ChildSignals::child`] names the child is held and
+/// given to it then (a parent killed between spawning and naming its child could not
+/// clean up). The old dispositions come back on drop. One at a time per process.
+///
+/// Handlers, not `SIG_IGN`, even for the interactive signals: a child spawned while
+/// they are installed must not inherit ignored signals across `exec`.
 pub struct ChildSignals {
     set: Option<Dispositions>,
 }
 
 impl ChildSignals {
-    /// Installs the dispositions for `child`.
-    pub fn install(child: i32) -> SysResult<Self> {
-        CHILD.store(child, Ordering::Relaxed);
-        let handlers = IGNORED
-            .iter()
-            .map(|&s| (s, libc::SIG_IGN))
-            .chain(FORWARDED.iter().map(|&s| (s, forward as extern "C" fn(libc::c_int) as libc::sighandler_t)));
+    /// Installs the dispositions, before the child exists.
+    pub fn hold() -> SysResult<Self> {
+        CHILD.store(0, Ordering::SeqCst);
+        HELD.store(0, Ordering::SeqCst);
+        let handler = forward as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        let handlers = INTERACTIVE.iter().chain(FORWARDED.iter()).map(|&s| (s, handler));
         Ok(Self { set: Some(Dispositions::install(handlers)?) })
+    }
+
+    /// Names the child: signals from now on, and one held until now, go to `child`.
+    pub fn child(&self, child: i32) {
+        CHILD.store(child, Ordering::SeqCst);
+        forward_held(child);
     }
 }
 
 impl Drop for ChildSignals {
     fn drop(&mut self) {
         // Old dispositions first, then forget the child: in the other order a SIGTERM
-        // arriving in between would be neither forwarded nor acted on.
+        // arriving in between would be neither forwarded nor acted on. A signal held
+        // for a child never named is dropped: the caller failed to spawn and returns.
         drop(self.set.take());
-        CHILD.store(0, Ordering::Relaxed);
+        CHILD.store(0, Ordering::SeqCst);
+        HELD.store(0, Ordering::SeqCst);
     }
 }
 
