@@ -158,7 +158,7 @@ pub fn render_merge_totals(t: &advm::merge::agent::AgentTotals) -> String {
     let ps = advm::addr::page_size() as u64;
     if t.merges == 0 {
         return format!(
-            "advm run: mode merge, {} process(es) reported: no merge ran (the program ended before its memory, once grown, stayed quiet for --merge-after seconds)\n",
+            "advm run: mode merge, {} process(es) reported: no merge ran (the program ended before its memory, once grown, stayed quiet for --merge-after seconds, and no `advm merge PID` asked)\n",
             t.processes
         );
     }

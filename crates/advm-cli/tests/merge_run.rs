@@ -90,7 +90,7 @@ fn advm_merge_pid_merges_a_running_program_while_its_threads_write_and_it_forks_
     if !ready() {
         return;
     }
-    let mut child = start("ask", "3600");
+    let mut child = start_with("ask", "3600", &["--stats", "--json"]);
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
@@ -105,7 +105,11 @@ fn advm_merge_pid_merges_a_running_program_while_its_threads_write_and_it_forks_
     assert!(pages("mappings") >= 2, "{v}");
     assert!(v["via"]["local"]["reason"].as_str().unwrap().contains("not reachable"), "{v}");
     child.stdin.as_mut().unwrap().write_all(b"check\n").unwrap();
-    finish(child, out);
+    // --stats counts the requested merge (no quiet period came in 3600 s)
+    let err = finish_with_stderr(child, out);
+    let s: serde_json::Value = serde_json::from_str(&err).unwrap_or_else(|e| panic!("{e}: {err}"));
+    assert_eq!(s["merge_agent"]["merges"], 1, "{s}");
+    assert_eq!(s["merge_agent"]["merged"], v["merged"], "{s} against {v}");
 }
 
 #[test]

@@ -29,7 +29,9 @@ mod fresh_so;
 const KNOWN_FAILING: &[(&str, &str, &str)] = &[];
 
 const VARIANTS: &[&str] = &["capi", "shim", "shim-memfd"];
-const TIME_LIMIT: Duration = Duration::from_secs(30);
+/// A hang's limit, not a speed check: vma_budget takes 1.2 s on a quiet machine, 5-7.5 s
+/// at load 8, and once hit 30 s at load 9.
+const TIME_LIMIT: Duration = Duration::from_secs(90);
 
 fn target_dir() -> PathBuf {
     // .../target/<profile>/deps/conformance-HASH -> .../target/<profile>

@@ -49,9 +49,10 @@ pub const ENV_AFTER: &str = "ADVM_MERGE_AFTER";
 pub const ENV_MIN_BYTES: &str = "ADVM_MERGE_MIN_BYTES";
 /// Growth of anonymous memory, bytes, that makes a quiet period worth a merge.
 pub const ENV_MIN_GROWTH: &str = "ADVM_MERGE_MIN_GROWTH";
-/// A directory where the agent writes `<pid>.json`, the last quiet-period merge's
-/// [`ProcessMerge`] with `"totals"`, the [`AgentTotals`] of all its merges so far (for
-/// benchmarks and `advm run --stats`; unset: reported nowhere but to `advm merge`).
+/// A directory where the agent writes `<pid>.json`, the last merge's [`ProcessMerge`]
+/// (after a quiet period or on request: `advm merge PID`) with `"totals"`, the
+/// [`AgentTotals`] of all its merges so far (for benchmarks and `advm run --stats`;
+/// unset: reported nowhere but to `advm merge`).
 pub const ENV_REPORT_DIR: &str = "ADVM_MERGE_REPORT_DIR";
 
 /// Chunk merged under one fence: small enough for a snapshot, large enough to batch
@@ -132,7 +133,7 @@ impl AgentTotals {
 }
 
 /// The totals of every agent that reported into `dir` ([`ENV_REPORT_DIR`]); zero when
-/// none did (no quiet period came, or the agent was not started).
+/// none did (no quiet period came and nobody asked, or the agent was not started).
 pub fn read_totals(dir: &std::path::Path) -> AgentTotals {
     #[derive(serde::Deserialize)]
     struct Report {
@@ -226,8 +227,9 @@ impl Control {
         Ok(Self { listener: Some(listener), id })
     }
 
-    /// Serves the requests waiting.
-    fn serve(&mut self, pid: u32) {
+    /// Serves the requests waiting; their merges count in `totals` as the quiet
+    /// period's do.
+    fn serve(&mut self, pid: u32, totals: &mut AgentTotals) {
         let Some(l) = &self.listener else { return };
         if !crate::sys::merge::file_id(l.as_fd()).is_ok_and(|id| id == self.id) {
             use std::os::fd::IntoRawFd;
@@ -244,7 +246,7 @@ impl Control {
         }
         let Some(l) = &self.listener else { return };
         while let Ok((conn, _)) = l.accept() {
-            serve_request(conn);
+            serve_request(conn, pid, totals);
         }
     }
 }
@@ -258,7 +260,7 @@ fn run(mut control: Control, s: Settings) {
     let mut totals = AgentTotals::default();
     loop {
         // A forked child inherits no thread: this loop only ever runs in `pid`.
-        control.serve(pid);
+        control.serve(pid, &mut totals);
         let Some(now) = anon_resident() else { return };
         if now > mark + QUIET_BYTES {
             mark = now;
@@ -291,8 +293,9 @@ fn report(pid: u32, r: &ProcessMerge, totals: &AgentTotals) {
     }
 }
 
-/// One request: a line `merge`, answered with one JSON line.
-fn serve_request(conn: UnixStream) {
+/// One request: a line `merge`, answered with one JSON line; a merge it runs is
+/// added to `totals` and reported (`advm run --stats` counts it).
+fn serve_request(conn: UnixStream, pid: u32, totals: &mut AgentTotals) {
     let _ = conn.set_nonblocking(false);
     let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
     let allowed = crate::sys::fdpass::peer_credentials(&conn)
@@ -307,6 +310,8 @@ fn serve_request(conn: UnixStream) {
         let min_bytes = Settings::from_env().map(|s| s.min_bytes).unwrap_or(1 << 20);
         match merge_process_with(min_bytes, line.trim() == "merge") {
             Ok(r) => {
+                totals.add(&r);
+                report(pid, &r, totals);
                 let mut v = serde_json::to_value(&r).unwrap_or_default();
                 v["ok"] = true.into();
                 v
