@@ -313,7 +313,6 @@ impl Qcow2 {
         // The unit is a subcluster with extended L2 entries, else a cluster.
         let sub_bits = if self.extended_l2 { self.cluster_bits - 5 } else { self.cluster_bits };
         let unit = 1u64 << sub_bits;
-        let page = crate::addr::page_size() as u64;
         let classify = |g: u64| -> Result<Shallow, String> {
             let idx = ((g >> self.cluster_bits) % l2_entries) as usize;
             let width = if self.extended_l2 { 16 } else { 8 };
@@ -365,14 +364,11 @@ impl Qcow2 {
             if alloc != 0 && host == 0 {
                 return Err(format!("cluster for guest {g:#x}: allocated subclusters but no host cluster"));
             }
-            let state = |i: u32| (alloc >> i & 1, zero >> i & 1);
-            if unit < page && !(0..32).all(|i| state(i) == state(0)) {
-                return Ok(Shallow::Unsupported(format!(
-                    "cluster mixes subcluster states and its {unit}-byte subclusters are smaller than the {page}-byte page"
-                )));
-            }
+            // Subclusters smaller than a page answer one by one like small clusters:
+            // the mapping builds the pages they share from the pieces (data of this
+            // layer, zeros, the backing chain).
             let i = ((g >> sub_bits) & 31) as u32;
-            match state(i) {
+            match (alloc >> i & 1, zero >> i & 1) {
                 (1, _) => data(host),
                 (_, 1) => Ok(Shallow::Zero),
                 _ => Ok(Shallow::Below),
