@@ -326,3 +326,44 @@ fn a_virtual_size_not_a_multiple_of_512_reads_as_qemu_reads_it() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(out.stdout == want, "advm read {} bytes, QEMU {}", out.stdout.len(), want.len());
 }
+
+#[test]
+fn an_image_a_qemu_writes_is_refused_and_force_share_reads_it() {
+    if !have("qemu-io") {
+        return;
+    }
+    let d = dir("writer");
+    let d = &d.0;
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "w.qcow2", "1M"]);
+    run(d, "qemu-io", &["-c", "write -P 0x77 0 4k", "w.qcow2"]);
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _writer = Kill(
+        Command::new("qemu-io")
+            .args(["-c", "sleep 60000", "w.qcow2"])
+            .current_dir(d)
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let refused = "advm: w.qcow2: another process has it open for writing (it holds QEMU's write lock, byte 101 \
+                   of the file), so the disk may change while it is read; refusing to read it (stop the writer, \
+                   which `fuser w.qcow2` names, or read anyway with --force-share/-U, ImageOptions::force_share)\n";
+    // qemu-io takes its locks when it has opened the image.
+    let start = std::time::Instant::now();
+    while advm_within_10s(d, &["image", "info", "w.qcow2"]).status.success() {
+        assert!(start.elapsed().as_secs() < 10, "qemu-io took no lock in 10 s");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    for cmd in ["info", "map", "cat"] {
+        fails_with(&advm_within_10s(d, &["image", cmd, "w.qcow2"]), refused);
+    }
+    let out = run(d, ADVM, &["image", "cat", "-U", "w.qcow2", "--length", "2"]);
+    assert_eq!(out, [0x77, 0x77]);
+    run(d, ADVM, &["image", "map", "--force-share", "w.qcow2"]);
+}

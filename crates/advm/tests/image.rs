@@ -1083,3 +1083,117 @@ fn a_qcow2_image_on_a_block_device_is_qcow2() {
     img.read_at(GuestOffset(0), &mut buf).unwrap();
     assert!(buf[..64 << 10].iter().all(|&b| b == 0) && buf[64 << 10..].iter().all(|&b| b == 0x5a));
 }
+
+/// A process holding an image open (qemu-io, qemu-system), killed on drop.
+struct Holder(std::process::Child);
+
+impl Holder {
+    /// Starts `prog args` in `dir` and waits (up to 10 s) until it holds an OFD lock
+    /// covering byte `byte` of `file`: QEMU has then opened the image.
+    fn start(dir: &Path, prog: &str, args: &[&str], file: &Path, byte: u64) -> Holder {
+        use std::os::unix::fs::MetadataExt;
+        use std::process::{Command, Stdio};
+        let child = Command::new(prog)
+            .args(args)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let holder = Holder(child);
+        let ino = format!(":{}", fs::metadata(file).unwrap().ino());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            // `N: OFDLCK ADVISORY READ -1 MAJ:MIN:INODE START END`
+            let locks = fs::read_to_string("/proc/locks").unwrap();
+            let held = locks.lines().any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() == 8
+                    && f[1] == "OFDLCK"
+                    && f[5].ends_with(&ino)
+                    && f[6].parse::<u64>().is_ok_and(|s| s <= byte)
+                    && f[7].parse::<u64>().is_ok_and(|e| e >= byte)
+            });
+            if held {
+                return holder;
+            }
+            assert!(std::time::Instant::now() < deadline, "{prog} {args:?} took no lock on byte {byte} in 10 s");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn an_image_a_qemu_writes_is_refused_unless_force_share() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = Dir::new("writer-lock");
+    let d = &dir.0;
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "base.qcow2", "1M"]);
+    qemu_io(d, "base.qcow2", &["write -P 0x61 0 64k".into()]);
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "top.qcow2", "1M"]);
+    let (top, base) = (d.join("top.qcow2"), d.join("base.qcow2"));
+    let force = advm::image::ImageOptions { force_share: true, ..Default::default() };
+    let refused = |p: &Path| {
+        format!(
+            "{}: another process has it open for writing (it holds QEMU's write lock, byte 101 of the file), so \
+             the disk may change while it is read; refusing to read it (stop the writer, which `fuser {}` names, \
+             or read anyway with --force-share/-U, ImageOptions::force_share)",
+            p.display(),
+            p.display()
+        )
+    };
+    // QEMU's write lock is byte 101 (its permission bytes start at 100; writing is bit 1).
+    {
+        let _w = Holder::start(d, "qemu-io", &["-c", "sleep 60000", "top.qcow2"], &top, 101);
+        assert_eq!(open_err(&top), refused(&top));
+        let err = ImageSpace::map(&top, &MapOptions::default()).unwrap_err().to_string();
+        assert_eq!(err, refused(&top));
+        let space = ImageSpace::map(&top, &MapOptions { image: force, ..Default::default() }).unwrap();
+        let mut b = [0u8; 2];
+        space.read(GuestOffset(65535), &mut b).unwrap();
+        assert_eq!(b, [0x61, 0]);
+    }
+    // A writer of a backing file (a block-commit, another VM using it as its top).
+    {
+        let _w = Holder::start(d, "qemu-io", &["-f", "qcow2", "-c", "sleep 60000", "base.qcow2"], &base, 101);
+        assert_eq!(open_err(&top), refused(&base));
+        Image::open_with(&top, &force).unwrap();
+    }
+    // Readers sharing the image are not writers: a read-only qemu-io, and a QEMU
+    // with the image as its disk under a temporary overlay (`advm vm run --disk blk`).
+    {
+        let _r = Holder::start(d, "qemu-io", &["-r", "-c", "sleep 60000", "top.qcow2"], &top, 100);
+        check_bytes(d, "top.qcow2", &MapOptions::default());
+    }
+    let qemu = "qemu-system-x86_64";
+    if std::process::Command::new(qemu).arg("--version").output().is_ok_and(|o| o.status.success()) {
+        let vm = |extra: &str| {
+            let drive = format!("file=top.qcow2,if=none,id=d0,format=qcow2{extra}");
+            ["-M", "none", "-nodefaults", "-display", "none", "-S", "-drive"]
+                .map(String::from)
+                .into_iter()
+                .chain([drive])
+        };
+        let args: Vec<String> = vm(",snapshot=on").collect();
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        let snapshot = Holder::start(d, qemu, &a, &top, 100);
+        check_bytes(d, "top.qcow2", &MapOptions::default());
+        drop(snapshot);
+        let args: Vec<String> = vm("").collect();
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        let _writer = Holder::start(d, qemu, &a, &top, 101);
+        assert_eq!(open_err(&top), refused(&top));
+    } else {
+        eprintln!("{qemu} not found: the VM cases are skipped");
+    }
+}

@@ -33,6 +33,34 @@ pub struct ImageOptions {
     /// raw. Default: refused (qemu requires the format for the same reason: probing
     /// turns any file a header names into disk contents).
     pub allow_probed_raw: bool,
+    /// Read layers that another process (a running QEMU) holds open for writing, as
+    /// `qemu-img -U` does. Default: refused, since the disk may change under the
+    /// reader and its metadata may be half written.
+    pub force_share: bool,
+}
+
+/// The byte of an image file on which QEMU holds a shared OFD lock while it has the
+/// image open with write permission (its lock bytes start at 100, one per permission
+/// bit; writing is bit 1).
+const QEMU_WRITE_LOCK_BYTE: i64 = 101;
+
+/// Refuses `layer` when another process holds QEMU's write lock on it, unless
+/// `options.force_share`. Filesystems without OFD locks cannot tell; they pass.
+fn refuse_writer(layer: &Layer, options: &ImageOptions) -> Result<()> {
+    if options.force_share {
+        return Ok(());
+    }
+    let locked = crate::sys::fs::layer::byte_locked_by_other(&layer.file, QEMU_WRITE_LOCK_BYTE)
+        .map_err(|e| layer.err(format!("checking for a writer's lock: {e}")))?;
+    if locked == Some(true) {
+        let path = layer.path.display();
+        return Err(layer.err(format!(
+            "another process has it open for writing (it holds QEMU's write lock, byte {QEMU_WRITE_LOCK_BYTE} \
+             of the file), so the disk may change while it is read; refusing to read it (stop the writer, \
+             which `fuser {path}` names, or read anyway with --force-share/-U, ImageOptions::force_share)"
+        )));
+    }
+    Ok(())
 }
 
 /// One layer of a chain: its file, opened read-only, and what its header says.
@@ -295,10 +323,14 @@ impl Image {
     /// stay inside the directory tree of `path` (after symlinks) unless
     /// `allow_backing_outside`. The backing-format extension is honoured; without it
     /// a qcow2 backing file is recognised by its magic, and anything else is refused
-    /// unless `allow_probed_raw`. Every layer must be a regular file or block device.
+    /// unless `allow_probed_raw`. Every layer must be a regular file or block device,
+    /// and none may be open for writing in a QEMU (its write lock held) unless
+    /// `force_share`.
     pub fn open_with(path: impl AsRef<Path>, options: &ImageOptions) -> Result<Self> {
         let path = path.as_ref();
-        let mut layers = vec![open_layer(path, None)?];
+        let top = open_layer(path, None)?;
+        refuse_writer(&top, options)?;
+        let mut layers = vec![top];
         let mut seen = vec![std::fs::canonicalize(path).map_err(|e| Error::io(path, e))?];
         let top_dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
         let tree = std::fs::canonicalize(top_dir).map_err(|e| Error::io(top_dir, e))?;
@@ -359,6 +391,7 @@ impl Image {
                     canon.display()
                 )));
             }
+            refuse_writer(&layer, options)?;
             seen.push(canon);
             layers.push(layer);
         }
