@@ -367,3 +367,43 @@ fn an_image_a_qemu_writes_is_refused_and_force_share_reads_it() {
     assert_eq!(out, [0x77, 0x77]);
     run(d, ADVM, &["image", "map", "--force-share", "w.qcow2"]);
 }
+
+#[test]
+fn qcow_v1_and_external_data_files_are_refused_with_the_command_that_converts_them() {
+    if !have("qemu-img") {
+        return;
+    }
+    let d = dir("convert");
+    let d = std::fs::canonicalize(&d.0).unwrap();
+    std::fs::create_dir(d.join("sub")).unwrap();
+    run(&d, "qemu-img", &["create", "-q", "-f", "qcow", "v1.qcow", "1M"]);
+    fails_with(
+        &advm_within_10s(&d, &["image", "info", "v1.qcow"]),
+        "advm: v1.qcow: is a qcow (version 1) image, not qcow2; convert it: qemu-img convert -O qcow2 v1.qcow \
+         out.qcow2\n",
+    );
+    run(&d, "qemu-img", &["create", "-q", "-f", "qcow2", "-o", "data_file=df.raw", "df.qcow2", "1M"]);
+    fails_with(
+        &advm_within_10s(&d, &["image", "cat", "df.qcow2"]),
+        "advm: df.qcow2: keeps its data in an external data file (incompatible bit 2), which advm does not read; \
+         convert it to a self-contained qcow2: qemu-img convert -O qcow2 df.qcow2 out.qcow2\n",
+    );
+    // Below an overlay: the copy, and the overlay pointed at it; both commands work.
+    run(&d, "qemu-img", &["create", "-q", "-f", "qcow", "sub/base.qcow", "1M"]);
+    run(&d, "qemu-io", &["-f", "qcow", "-c", "write -P 0x21 0 8k", "sub/base.qcow"]);
+    run(&d, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "base.qcow", "-F", "qcow", "sub/top.qcow2"]);
+    run(&d, "qemu-io", &["-c", "write -P 0x22 4k 8k", "sub/top.qcow2"]);
+    let out = d.join("sub/out.qcow2");
+    let out = out.display();
+    fails_with(
+        &advm_within_10s(&d, &["image", "map", "sub/top.qcow2"]),
+        &format!(
+            "advm: sub/base.qcow: unsupported layer format \"qcow\" (supported: qcow2, raw); convert it: qemu-img \
+             convert -O qcow2 sub/base.qcow {out}, then qemu-img rebase -u -b {out} -F qcow2 sub/top.qcow2\n"
+        ),
+    );
+    run(&d, "qemu-img", &["convert", "-O", "raw", "sub/top.qcow2", "expect.raw"]);
+    run(&d, "qemu-img", &["convert", "-O", "qcow2", "sub/base.qcow", &out.to_string()]);
+    run(&d, "qemu-img", &["rebase", "-u", "-b", &out.to_string(), "-F", "qcow2", "sub/top.qcow2"]);
+    assert!(run(&d, ADVM, &["image", "cat", "sub/top.qcow2"]) == std::fs::read(d.join("expect.raw")).unwrap());
+}

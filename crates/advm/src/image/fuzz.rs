@@ -11,7 +11,7 @@ use crate::{Error, Result};
 /// the parser fuzz target and the garbage-input tests. Never panics.
 pub fn parse_layer_bytes(bytes: &[u8], max_runs: usize) -> Result<Vec<(u64, u64, String)>> {
     let err = |why: String| Error::Image { path: PathBuf::from("<memory>"), why };
-    let q = qcow2::Qcow2::parse(&bytes, bytes.len() as u64).map_err(err)?;
+    let q = qcow2::Qcow2::parse(&bytes, bytes.len() as u64, "qemu-img convert -O qcow2 IN OUT").map_err(err)?;
     let mut cache = qcow2::L2Cache::default();
     let mut out = Vec::new();
     let mut at = 0;

@@ -275,7 +275,30 @@ fn unfit_type(t: std::fs::FileType) -> Option<&'static str> {
     }
 }
 
-fn open_layer(path: &Path, format: Option<&str>) -> Result<Layer> {
+/// The commands that turn the layer at `path` into one advm reads: a qcow2 copy, and
+/// for a backing file (of `overlay`) the overlay pointed at the copy (same contents,
+/// so an unsafe rebase).
+fn convert_hint(path: &Path, overlay: Option<&Path>) -> String {
+    match overlay {
+        None => format!("qemu-img convert -O qcow2 {} out.qcow2", path.display()),
+        Some(overlay) => {
+            // Absolute, since rebase reads a relative name from the overlay's directory.
+            let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            let out = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf()).join("out.qcow2");
+            format!(
+                "qemu-img convert -O qcow2 {} {}, then qemu-img rebase -u -b {} -F qcow2 {}",
+                path.display(),
+                out.display(),
+                out.display(),
+                overlay.display()
+            )
+        }
+    }
+}
+
+/// Opens the layer at `path`, read as `format` (`None`: probed), the backing file of
+/// `overlay` (`None`: the image opened).
+fn open_layer(path: &Path, format: Option<&str>, overlay: Option<&Path>) -> Result<Layer> {
     let err = |why: String| Error::Image { path: path.to_path_buf(), why };
     let unfit = |what: &str| err(format!("is {what}; image layers must be regular files or block devices"));
     // The type is checked before opening (opening a device can have effects of its
@@ -293,20 +316,23 @@ fn open_layer(path: &Path, format: Option<&str>) -> Result<Layer> {
     let file_len = current_len(&file).map_err(|e| Error::io(path, e))?;
     let head = Head::read(&file, path)?;
     let is_qcow2 = head.is_qcow2();
+    let convert = convert_hint(path, overlay);
     if format.is_none() && !is_qcow2 {
         if let Some(other) = other_format(&head) {
             return Err(err(format!(
-                "is a {other} image, not qcow2 or raw; refusing to read it as raw \
-                 (convert it: qemu-img convert -O qcow2 {} out.qcow2)",
-                path.display()
+                "is a {other} image, not qcow2 or raw; refusing to read it as raw (convert it: {convert})"
             )));
         }
     }
     let driver = match format {
-        Some("qcow2") | None if is_qcow2 => Driver::Qcow2(qcow2::Qcow2::parse(&file, file_len).map_err(err)?),
+        Some("qcow2") | None if is_qcow2 => Driver::Qcow2(qcow2::Qcow2::parse(&file, file_len, &convert).map_err(err)?),
         Some("qcow2") => return Err(err("backing format says qcow2 but the file has no qcow2 magic".into())),
         Some("raw") | None => Driver::Raw,
-        Some(other) => return Err(err(format!("unsupported layer format {other:?} (supported: qcow2, raw)"))),
+        Some(other) => {
+            return Err(err(format!(
+                "unsupported layer format {other:?} (supported: qcow2, raw); convert it: {convert}"
+            )))
+        }
     };
     Ok(Layer { path: path.to_path_buf(), file, file_len, driver })
 }
@@ -328,7 +354,7 @@ impl Image {
     /// `force_share`.
     pub fn open_with(path: impl AsRef<Path>, options: &ImageOptions) -> Result<Self> {
         let path = path.as_ref();
-        let top = open_layer(path, None)?;
+        let top = open_layer(path, None, None)?;
         refuse_writer(&top, options)?;
         let mut layers = vec![top];
         let mut seen = vec![std::fs::canonicalize(path).map_err(|e| Error::io(path, e))?];
@@ -382,7 +408,7 @@ impl Image {
                 return Err(last.err(format!("backing chain deeper than {MAX_CHAIN_DEPTH} layers")));
             }
             let format = q.backing_format.clone();
-            let layer = open_layer(&resolved, format.as_deref())?;
+            let layer = open_layer(&resolved, format.as_deref(), Some(&last.path))?;
             if format.is_none() && layer.format() == LayerFormat::Raw && !options.allow_probed_raw {
                 return Err(last.err(format!(
                     "backing file {text:?} ({}) has no backing format and is not qcow2; refusing to probe it as raw \

@@ -108,8 +108,9 @@ pub(crate) struct L2Cache {
 
 impl Qcow2 {
     /// Parses the header, its extensions and the L1 table. Errors say which field is
-    /// wrong and the limit it breaks.
-    pub fn parse(file: &dyn ReadAt, file_len: u64) -> Result<Self, String> {
+    /// wrong and the limit it breaks; `convert` is the command that makes a readable
+    /// copy, named when qemu-img can make one (qcow version 1, an external data file).
+    pub fn parse(file: &dyn ReadAt, file_len: u64, convert: &str) -> Result<Self, String> {
         if file_len < 72 {
             return Err(format!("truncated qcow2 header: file is {file_len} bytes, a header needs at least 72"));
         }
@@ -120,6 +121,9 @@ impl Qcow2 {
             return Err("not a qcow2 file (bad magic)".into());
         }
         let version = be32(&h, 4);
+        if version == 1 {
+            return Err(format!("is a qcow (version 1) image, not qcow2; convert it: {convert}"));
+        }
         if version != 2 && version != 3 {
             return Err(format!("unsupported qcow2 version {version} (supported: 2, 3)"));
         }
@@ -176,7 +180,10 @@ impl Qcow2 {
             return Err("image is marked corrupt (incompatible bit 1); run `qemu-img check -r all` first".into());
         }
         if incompatible & INCOMPAT_EXTERNAL_DATA != 0 {
-            return Err("images with an external data file (incompatible bit 2) are not supported".into());
+            return Err(format!(
+                "keeps its data in an external data file (incompatible bit 2), which advm does not read; \
+                 convert it to a self-contained qcow2: {convert}"
+            ));
         }
         let extended_l2 = incompatible & INCOMPAT_EXTENDED_L2 != 0;
         if extended_l2 && cluster_bits < 14 {
