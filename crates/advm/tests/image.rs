@@ -1197,3 +1197,38 @@ fn an_image_a_qemu_writes_is_refused_unless_force_share() {
         eprintln!("{qemu} not found: the VM cases are skipped");
     }
 }
+
+#[test]
+fn backing_names_and_formats_end_at_a_nul_as_qemu_reads_them() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = Dir::new("nul-names");
+    let d = &dir.0;
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "base.qcow2", "1M"]);
+    qemu_io(d, "base.qcow2", &["write -P 0x41 0 128k".into()]);
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "top.qcow2", "1M"]);
+    qemu_io(d, "top.qcow2", &["write -P 0x42 64k 4k".into()]);
+    let top = fs::read(d.join("top.qcow2")).unwrap();
+    let be32 = |at: usize| u32::from_be_bytes(top[at..at + 4].try_into().unwrap());
+    let (name_at, name_len) = (u64::from_be_bytes(top[8..16].try_into().unwrap()) as usize, be32(16) as usize);
+    assert_eq!(&top[name_at..name_at + name_len], b"base.qcow2");
+    assert!(top[name_at + name_len..name_at + name_len + 6].iter().all(|&b| b == 0));
+    // The name's length counts 6 NULs after it: still base.qcow2.
+    fs::write(d.join("padded.qcow2"), &top).unwrap();
+    patch(&d.join("padded.qcow2"), 16, &(name_len as u32 + 6).to_be_bytes());
+    check_bytes(d, "padded.qcow2", &MapOptions::default());
+    // An all-NUL name: no backing file at all.
+    fs::write(d.join("none.qcow2"), &top).unwrap();
+    patch(&d.join("none.qcow2"), name_at as u64, &vec![0u8; name_len]);
+    assert_eq!(Image::open(d.join("none.qcow2")).unwrap().layers().len(), 1);
+    check_bytes(d, "none.qcow2", &MapOptions::default());
+    // An all-NUL backing format: none given, so the qcow2 magic decides.
+    fs::write(d.join("noformat.qcow2"), &top).unwrap();
+    let mut at = be32(100) as usize;
+    while be32(at) != 0xe279_2aca {
+        at += 8 + (be32(at + 4) as usize).div_ceil(8) * 8;
+    }
+    patch(&d.join("noformat.qcow2"), at as u64 + 8, &vec![0u8; be32(at + 4) as usize]);
+    check_bytes(d, "noformat.qcow2", &MapOptions::default());
+}

@@ -240,14 +240,14 @@ impl Qcow2 {
             }
             let mut name = vec![0u8; backing_len as usize];
             file.read_exact_at(&mut name, backing_offset).map_err(|e| format!("reading the backing file name: {e}"))?;
-            Some(name)
+            Some(c_string(name)).filter(|n| !n.is_empty())
         } else {
             None
         };
         let mut backing_format = None;
         for (ty, data) in extensions(file, file_len, version, header_len, cluster_size)? {
             if ty == EXT_BACKING_FORMAT {
-                backing_format = Some(String::from_utf8_lossy(&data).into_owned());
+                backing_format = Some(String::from_utf8_lossy(&c_string(data)).into_owned()).filter(|f| !f.is_empty());
             }
         }
         Ok(Self {
@@ -405,6 +405,13 @@ impl Qcow2 {
         }
         Ok((first, len))
     }
+}
+
+/// `bytes` up to the first NUL: QEMU reads the backing file name and format as C
+/// strings, so a name padded with NULs is the name, and an all-NUL one is none.
+fn c_string(mut bytes: Vec<u8>) -> Vec<u8> {
+    bytes.truncate(bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len()));
+    bytes
 }
 
 /// Header extensions as (type, data), bounded by the first cluster.
