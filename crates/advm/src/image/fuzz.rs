@@ -93,6 +93,14 @@ mod tests {
             parse_layer_bytes(&f, 10).unwrap_err().to_string(),
             "<memory>: L2 table at 0x100000 is past the end of the file (24576 bytes)"
         );
+        // A zero entry whose host offset is not cluster aligned is a corrupt table (QEMU
+        // refuses to read it), not zeros.
+        let mut f = tiny_qcow2();
+        f[2 * 4096 + 8..2 * 4096 + 16].copy_from_slice(&(0x1234_5600u64 | 1).to_be_bytes());
+        assert_eq!(
+            parse_layer_bytes(&f, 10).unwrap_err().to_string(),
+            "<memory>: cluster for guest 0x1000 at 0x12345600 is not cluster aligned"
+        );
     }
 
     proptest! {

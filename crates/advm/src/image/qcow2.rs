@@ -341,10 +341,12 @@ impl Qcow2 {
                 return Ok(Shallow::Compressed { offset, stored_len });
             }
             let host = e & OFFSET_MASK;
+            // Checked whatever the entry says (zero, unallocated subclusters), as QEMU
+            // does: an unaligned host offset means a corrupt table, not zeros.
+            if host % cs != 0 {
+                return Err(format!("cluster for guest {g:#x} at {host:#x} is not cluster aligned"));
+            }
             let data = |off: u64| -> Result<Shallow, String> {
-                if off % cs != 0 {
-                    return Err(format!("data cluster for guest {g:#x} at {off:#x} is not cluster aligned"));
-                }
                 let at = off + (g & (cs - 1));
                 if off >= self.file_len {
                     return Err(format!(
