@@ -1232,3 +1232,33 @@ fn backing_names_and_formats_end_at_a_nul_as_qemu_reads_them() {
     patch(&d.join("noformat.qcow2"), at as u64 + 8, &vec![0u8; be32(at + 4) as usize]);
     check_bytes(d, "noformat.qcow2", &MapOptions::default());
 }
+
+#[test]
+fn header_extensions_end_where_the_backing_name_starts() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = Dir::new("ext-end");
+    let d = &dir.0;
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "base.qcow2", "1M"]);
+    qemu_io(d, "base.qcow2", &["write -P 0x41 0 64k".into()]);
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "top.qcow2", "1M"]);
+    let top = fs::read(d.join("top.qcow2")).unwrap();
+    let be32 = |at: usize| u32::from_be_bytes(top[at..at + 4].try_into().unwrap());
+    let mut at = be32(100) as usize;
+    while be32(at) != 0 {
+        at += 8 + (be32(at + 4) as usize).div_ceil(8) * 8;
+    }
+    assert_eq!(u64::from_be_bytes(top[8..16].try_into().unwrap()), at as u64 + 8, "the name follows the end mark");
+    // The end mark turned into an empty unknown extension: QEMU stops at the name and
+    // reads the image; so must we, not take the name for an extension.
+    patch(&d.join("top.qcow2"), at as u64, &0x1234_5678_u32.to_be_bytes());
+    check_bytes(d, "top.qcow2", &MapOptions::default());
+    // A backing file name offset past the first cluster is refused, as QEMU refuses it.
+    patch(&d.join("top.qcow2"), 8, &0x10008_u64.to_be_bytes());
+    let p = d.join("top.qcow2");
+    assert_eq!(
+        open_err(&p),
+        format!("{}: backing file name offset 0x10008 is past the first cluster (65536 bytes)", p.display())
+    );
+}

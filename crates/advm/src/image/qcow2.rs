@@ -134,6 +134,14 @@ impl Qcow2 {
             return Err(format!("cluster_bits {cluster_bits} out of range (9..=21: 512 B to 2 MiB clusters)"));
         }
         let cluster_size = 1u64 << cluster_bits;
+        if backing_offset > cluster_size {
+            return Err(format!(
+                "backing file name offset {backing_offset:#x} is past the first cluster ({cluster_size} bytes)"
+            ));
+        }
+        // Header extensions end where the backing file name starts, as QEMU reads them
+        // (bytes between the last extension and the name are not extensions).
+        let ext_end = if backing_offset != 0 { backing_offset } else { cluster_size };
         // QEMU counts a disk in 512-byte sectors (`total_sectors = size / 512`): a size
         // that is not a multiple of 512 (never written by qemu-img, possible by hand)
         // reads as QEMU reads it, rounded down.
@@ -166,7 +174,7 @@ impl Qcow2 {
         }
         let unknown = incompatible & !INCOMPAT_KNOWN;
         if unknown != 0 {
-            let names = feature_names(file, file_len, version, header_len, cluster_size).unwrap_or_default();
+            let names = feature_names(file, file_len, version, header_len, ext_end).unwrap_or_default();
             let named: Vec<String> = (0..64)
                 .filter(|b| unknown & (1u64 << b) != 0)
                 .map(|b| match names.iter().find(|(bit, _)| *bit == b) {
@@ -245,7 +253,7 @@ impl Qcow2 {
             None
         };
         let mut backing_format = None;
-        for (ty, data) in extensions(file, file_len, version, header_len, cluster_size)? {
+        for (ty, data) in extensions(file, file_len, version, header_len, ext_end)? {
             if ty == EXT_BACKING_FORMAT {
                 backing_format = Some(String::from_utf8_lossy(&c_string(data)).into_owned()).filter(|f| !f.is_empty());
             }
@@ -416,16 +424,16 @@ fn c_string(mut bytes: Vec<u8>) -> Vec<u8> {
     bytes
 }
 
-/// Header extensions as (type, data), bounded by the first cluster.
+/// Header extensions as (type, data), from the end of the header to `ext_end`.
 fn extensions(
     file: &dyn ReadAt,
     file_len: u64,
     version: u32,
     header_len: u64,
-    cluster_size: u64,
+    ext_end: u64,
 ) -> Result<Vec<(u32, Vec<u8>)>, String> {
     let mut out = Vec::new();
-    let limit = cluster_size.min(file_len);
+    let limit = ext_end.min(file_len);
     let mut at = if version == 2 { 72 } else { header_len };
     while at + 8 <= limit {
         let mut h = [0u8; 8];
@@ -436,7 +444,8 @@ fn extensions(
         }
         if at + 8 + len > limit {
             return Err(format!(
-                "header extension {ty:#x} at {at:#x} ({len} bytes) runs past the first cluster ({limit} bytes)"
+                "header extension {ty:#x} at {at:#x} ({len} bytes) runs past the end of the extensions at \
+                 {limit:#x} (the backing file name, the first cluster's end or the file's)"
             ));
         }
         let mut data = vec![0u8; len as usize];
@@ -453,9 +462,9 @@ fn feature_names(
     file_len: u64,
     version: u32,
     header_len: u64,
-    cluster_size: u64,
+    ext_end: u64,
 ) -> Option<Vec<(u32, String)>> {
-    let exts = extensions(file, file_len, version, header_len, cluster_size).ok()?;
+    let exts = extensions(file, file_len, version, header_len, ext_end).ok()?;
     let (_, table) = exts.into_iter().find(|(t, _)| *t == EXT_FEATURE_NAMES)?;
     Some(
         table
