@@ -93,6 +93,22 @@ mod tests {
             parse_layer_bytes(&f, 10).unwrap_err().to_string(),
             "<memory>: L2 table at 0x100000 is past the end of the file (24576 bytes)"
         );
+        // A compression type the header names must agree with incompatible bit 3, as
+        // QEMU requires: zstd without the bit, or the bit with deflate, is refused.
+        let mut f = tiny_qcow2();
+        f[100..104].copy_from_slice(&112u32.to_be_bytes());
+        f[104] = 1;
+        assert_eq!(
+            parse_layer_bytes(&f, 10).unwrap_err().to_string(),
+            "<memory>: compression type Zstd but the compression type bit (incompatible bit 3) is clear"
+        );
+        f[104] = 0;
+        f[79] = 1 << 3;
+        assert_eq!(
+            parse_layer_bytes(&f, 10).unwrap_err().to_string(),
+            "<memory>: compression type Deflate but the compression type bit (incompatible bit 3) is set (it must \
+             be set only for a type other than deflate)"
+        );
         // A zero entry whose host offset is not cluster aligned is a corrupt table (QEMU
         // refuses to read it), not zeros.
         let mut f = tiny_qcow2();

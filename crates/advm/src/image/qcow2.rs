@@ -161,15 +161,22 @@ impl Qcow2 {
                     "header_length {header_len} out of range (104 to the {cluster_size}-byte cluster and the {file_len}-byte file)"
                 ));
             }
-            if incompatible & INCOMPAT_COMPRESSION != 0 {
-                if header_len < 105 {
-                    return Err("compression type bit set but header has no compression_type field".into());
-                }
-                compression = match h[104] {
-                    0 => Compression::Deflate,
-                    1 => Compression::Zstd,
-                    t => return Err(format!("unknown compression type {t} (known: 0 deflate, 1 zstd)")),
-                };
+            let bit = incompatible & INCOMPAT_COMPRESSION != 0;
+            if bit && header_len < 105 {
+                return Err("compression type bit set but header has no compression_type field".into());
+            }
+            // The field counts whenever the header has it, and the bit must say whether it
+            // is not deflate (QEMU refuses the image otherwise, either way).
+            compression = match if header_len >= 105 { h[104] } else { 0 } {
+                0 => Compression::Deflate,
+                1 => Compression::Zstd,
+                t => return Err(format!("unknown compression type {t} (known: 0 deflate, 1 zstd)")),
+            };
+            if bit != (compression != Compression::Deflate) {
+                return Err(format!(
+                    "compression type {compression:?} but the compression type bit (incompatible bit 3) is {}",
+                    if bit { "set (it must be set only for a type other than deflate)" } else { "clear" }
+                ));
             }
         }
         let unknown = incompatible & !INCOMPAT_KNOWN;
