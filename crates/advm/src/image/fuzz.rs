@@ -109,6 +109,13 @@ mod tests {
             "<memory>: compression type Deflate but the compression type bit (incompatible bit 3) is set (it must \
              be set only for a type other than deflate)"
         );
+        // An encryption method QEMU does not know is refused, as QEMU refuses it.
+        let mut f = tiny_qcow2();
+        f[32..36].copy_from_slice(&3u32.to_be_bytes());
+        assert_eq!(
+            parse_layer_bytes(&f, 10).unwrap_err().to_string(),
+            "<memory>: unknown encryption method 3 (known: 0 none, 1 AES, 2 LUKS)"
+        );
         // A zero entry whose host offset is not cluster aligned is a corrupt table (QEMU
         // refuses to read it), not zeros.
         let mut f = tiny_qcow2();

@@ -147,6 +147,9 @@ impl Qcow2 {
         // reads as QEMU reads it, rounded down.
         let size = be64(&h, 24) / 512 * 512;
         let crypt_method = be32(&h, 32);
+        if crypt_method > 2 {
+            return Err(format!("unknown encryption method {crypt_method} (known: 0 none, 1 AES, 2 LUKS)"));
+        }
         let l1_size = u64::from(be32(&h, 36));
         let l1_offset = be64(&h, 40);
         let (mut incompatible, mut header_len, mut compression) = (0u64, 72u64, Compression::Deflate);
