@@ -126,7 +126,7 @@ def main():
     os.makedirs(ROOT)
     origs = originals()
     counts, advm_only_refused, qemu_refused = collections.Counter(), collections.Counter(), collections.Counter()
-    defects = []
+    defects, first_seed = [], {}
     w = f"{ROOT}/work"
     start = time.time()
     for i in range(N):
@@ -181,10 +181,14 @@ def main():
                 counts["both read, equal"] += 1
         elif ours.returncode == 0:
             counts["advm read, qemu refused"] += 1
-            qemu_refused[(q_err.strip().splitlines() or ["?"])[0][:110]] += 1
+            key = (q_err.strip().splitlines() or ["?"])[0][:110]
+            qemu_refused[key] += 1
+            first_seed.setdefault(key, seed)
         elif q_read and check_clean(w):
             counts["advm refused, qemu read and check clean"] += 1
-            advm_only_refused[err.strip().split(": ", 1)[-1][:110]] += 1
+            key = err.strip().split(": ", 1)[-1][:110]
+            advm_only_refused[key] += 1
+            first_seed.setdefault(key, seed)
         elif q_read:
             counts["advm refused, qemu read, check finds corruption"] += 1
         else:
@@ -192,12 +196,12 @@ def main():
         if (i + 1) % 500 == 0:
             print(f"{i + 1} mutants, {time.time() - start:.0f} s: {dict(counts)}", flush=True)
     print(f"{N} mutants (seeds {SEED}-{SEED + N - 1}) in {time.time() - start:.0f} s: {dict(counts)}")
-    print("advm refused, qemu-img read and check found nothing:")
+    print("advm refused, qemu-img read and check found nothing (count, first seed, advm's reason):")
     for k, v in advm_only_refused.most_common(40):
-        print(f"  {v:5} {k}")
-    print("advm read, qemu-img refused:")
+        print(f"  {v:5} {first_seed[k]:7} {k}")
+    print("advm read, qemu-img refused (count, first seed, qemu's reason):")
     for k, v in qemu_refused.most_common(40):
-        print(f"  {v:5} {k}")
+        print(f"  {v:5} {first_seed[k]:7} {k}")
     print(f"defects: {len(defects)}")
     for d in defects:
         print("  ", d)
