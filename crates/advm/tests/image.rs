@@ -1084,6 +1084,13 @@ fn a_qcow2_image_on_a_block_device_is_qcow2() {
     assert!(buf[..64 << 10].iter().all(|&b| b == 0) && buf[64 << 10..].iter().all(|&b| b == 0x5a));
 }
 
+/// base.qcow2 (1 MiB, its first 64 KiB `fill`) under top.qcow2 (empty), in `d`.
+fn base_and_top(d: &Path, fill: u8) {
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "base.qcow2", "1M"]);
+    qemu_io(d, "base.qcow2", &[format!("write -P {fill} 0 64k")]);
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "top.qcow2", "1M"]);
+}
+
 /// A process holding an image open (qemu-io, qemu-system), killed on drop.
 struct Holder(std::process::Child);
 
@@ -1138,9 +1145,7 @@ fn an_image_a_qemu_writes_is_refused_unless_force_share() {
     }
     let dir = Dir::new("writer-lock");
     let d = &dir.0;
-    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "base.qcow2", "1M"]);
-    qemu_io(d, "base.qcow2", &["write -P 0x61 0 64k".into()]);
-    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "top.qcow2", "1M"]);
+    base_and_top(d, 0x61);
     let (top, base) = (d.join("top.qcow2"), d.join("base.qcow2"));
     let force = advm::image::ImageOptions { force_share: true, ..Default::default() };
     let refused = |p: &Path| {
@@ -1205,9 +1210,7 @@ fn backing_names_and_formats_end_at_a_nul_as_qemu_reads_them() {
     }
     let dir = Dir::new("nul-names");
     let d = &dir.0;
-    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "base.qcow2", "1M"]);
-    qemu_io(d, "base.qcow2", &["write -P 0x41 0 128k".into()]);
-    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "top.qcow2", "1M"]);
+    base_and_top(d, 0x41);
     qemu_io(d, "top.qcow2", &["write -P 0x42 64k 4k".into()]);
     let top = fs::read(d.join("top.qcow2")).unwrap();
     let be32 = |at: usize| u32::from_be_bytes(top[at..at + 4].try_into().unwrap());
@@ -1240,9 +1243,7 @@ fn header_extensions_end_where_the_backing_name_starts() {
     }
     let dir = Dir::new("ext-end");
     let d = &dir.0;
-    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "base.qcow2", "1M"]);
-    qemu_io(d, "base.qcow2", &["write -P 0x41 0 64k".into()]);
-    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "top.qcow2", "1M"]);
+    base_and_top(d, 0x41);
     let top = fs::read(d.join("top.qcow2")).unwrap();
     let be32 = |at: usize| u32::from_be_bytes(top[at..at + 4].try_into().unwrap());
     let mut at = be32(100) as usize;
