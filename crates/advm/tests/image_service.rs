@@ -199,7 +199,7 @@ fn a_pmem_backing_from_the_service_plans_the_device_as_one_planned_here() {
 }
 
 #[test]
-fn a_chain_a_qemu_writes_is_not_served_and_mixed_subclusters_are() {
+fn a_chain_a_qemu_writes_is_not_served_and_mixed_subclusters_are_and_stay_private() {
     if !have_qemu() {
         return;
     }
@@ -213,10 +213,19 @@ fn a_chain_a_qemu_writes_is_not_served_and_mixed_subclusters_are() {
     run(&d.0, "qemu-img", &[&["create", "-q", "-f", "qcow2"][..], &opts].concat());
     run(&d.0, "qemu-io", &["-c", "write -P 0x33 2k 2k", "-c", "write -z 8k 2k", "top.qcow2"]);
     with_service(|sock, _| {
-        let (space, _) = attach(sock, &top, false).unwrap();
+        // The mixed page comes from the service's memfd: a writable client's writes
+        // stay its own.
+        let (writer, _) = attach(sock, &top, true).unwrap();
+        // SAFETY: the mapping is writable and 1 MiB long; nothing else references its
+        // first 4 KiB.
+        unsafe { std::ptr::write_bytes(writer.addr() as *mut u8, 0x99, 4096) };
+        let (space, cached) = attach(sock, &top, false).unwrap();
+        assert!(cached);
         let mut b = vec![0u8; 16 << 10];
         space.read(advm::image::GuestOffset(0), &mut b).unwrap();
         assert_eq!((b[0], b[2048], b[4096], b[8192], b[10240]), (0x5a, 0x33, 0x5a, 0, 0x5a));
+        writer.read(advm::image::GuestOffset(0), &mut b).unwrap();
+        assert_eq!((b[0], b[4095], b[4096]), (0x99, 0x99, 0x5a));
     });
     struct Kill(std::process::Child);
     impl Drop for Kill {
