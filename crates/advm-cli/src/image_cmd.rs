@@ -19,12 +19,20 @@ pub struct ChainArgs {
     /// Read a backing file that has no backing format and is not qcow2 as raw.
     #[arg(long)]
     allow_probed_raw: bool,
+    /// Read layers another process (a running QEMU) holds open for writing, as
+    /// `qemu-img -U`; the disk may change while it is read.
+    #[arg(short = 'U', long)]
+    force_share: bool,
 }
 
 impl ChainArgs {
     /// The library's options for these flags.
     pub fn options(self) -> ImageOptions {
-        ImageOptions { allow_backing_outside: self.allow_backing_outside, allow_probed_raw: self.allow_probed_raw }
+        ImageOptions {
+            allow_backing_outside: self.allow_backing_outside,
+            allow_probed_raw: self.allow_probed_raw,
+            force_share: self.force_share,
+        }
     }
 }
 

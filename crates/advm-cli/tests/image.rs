@@ -326,3 +326,84 @@ fn a_virtual_size_not_a_multiple_of_512_reads_as_qemu_reads_it() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(out.stdout == want, "advm read {} bytes, QEMU {}", out.stdout.len(), want.len());
 }
+
+#[test]
+fn an_image_a_qemu_writes_is_refused_and_force_share_reads_it() {
+    if !have("qemu-io") {
+        return;
+    }
+    let d = dir("writer");
+    let d = &d.0;
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "w.qcow2", "1M"]);
+    run(d, "qemu-io", &["-c", "write -P 0x77 0 4k", "w.qcow2"]);
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _writer = Kill(
+        Command::new("qemu-io")
+            .args(["-c", "sleep 60000", "w.qcow2"])
+            .current_dir(d)
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let refused = "advm: w.qcow2: another process has it open for writing (it holds QEMU's write lock, byte 101 \
+                   of the file), so the disk may change while it is read; refusing to read it (stop the writer, \
+                   which `fuser w.qcow2` names, or read anyway with --force-share/-U, ImageOptions::force_share)\n";
+    // qemu-io takes its locks when it has opened the image.
+    let start = std::time::Instant::now();
+    while advm_within_10s(d, &["image", "info", "w.qcow2"]).status.success() {
+        assert!(start.elapsed().as_secs() < 10, "qemu-io took no lock in 10 s");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    for cmd in ["info", "map", "cat"] {
+        fails_with(&advm_within_10s(d, &["image", cmd, "w.qcow2"]), refused);
+    }
+    let out = run(d, ADVM, &["image", "cat", "-U", "w.qcow2", "--length", "2"]);
+    assert_eq!(out, [0x77, 0x77]);
+    run(d, ADVM, &["image", "map", "--force-share", "w.qcow2"]);
+}
+
+#[test]
+fn qcow_v1_and_external_data_files_are_refused_with_the_command_that_converts_them() {
+    if !have("qemu-img") {
+        return;
+    }
+    let d = dir("convert");
+    let d = std::fs::canonicalize(&d.0).unwrap();
+    std::fs::create_dir(d.join("sub")).unwrap();
+    run(&d, "qemu-img", &["create", "-q", "-f", "qcow", "v1.qcow", "1M"]);
+    fails_with(
+        &advm_within_10s(&d, &["image", "info", "v1.qcow"]),
+        "advm: v1.qcow: is a qcow (version 1) image, not qcow2; convert it: qemu-img convert -O qcow2 v1.qcow \
+         out.qcow2\n",
+    );
+    run(&d, "qemu-img", &["create", "-q", "-f", "qcow2", "-o", "data_file=df.raw", "df.qcow2", "1M"]);
+    fails_with(
+        &advm_within_10s(&d, &["image", "cat", "df.qcow2"]),
+        "advm: df.qcow2: keeps its data in an external data file (incompatible bit 2), which advm does not read; \
+         convert it to a self-contained qcow2: qemu-img convert -O qcow2 df.qcow2 out.qcow2\n",
+    );
+    // Below an overlay: the copy, and the overlay pointed at it; both commands work.
+    run(&d, "qemu-img", &["create", "-q", "-f", "qcow", "sub/base.qcow", "1M"]);
+    run(&d, "qemu-io", &["-f", "qcow", "-c", "write -P 0x21 0 8k", "sub/base.qcow"]);
+    run(&d, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "base.qcow", "-F", "qcow", "sub/top.qcow2"]);
+    run(&d, "qemu-io", &["-c", "write -P 0x22 4k 8k", "sub/top.qcow2"]);
+    let out = d.join("sub/out.qcow2");
+    let out = out.display();
+    fails_with(
+        &advm_within_10s(&d, &["image", "map", "sub/top.qcow2"]),
+        &format!(
+            "advm: sub/base.qcow: unsupported layer format \"qcow\" (supported: qcow2, raw); convert it: qemu-img \
+             convert -O qcow2 sub/base.qcow {out}, then qemu-img rebase -u -b {out} -F qcow2 sub/top.qcow2\n"
+        ),
+    );
+    run(&d, "qemu-img", &["convert", "-O", "raw", "sub/top.qcow2", "expect.raw"]);
+    run(&d, "qemu-img", &["convert", "-O", "qcow2", "sub/base.qcow", &out.to_string()]);
+    run(&d, "qemu-img", &["rebase", "-u", "-b", &out.to_string(), "-F", "qcow2", "sub/top.qcow2"]);
+    assert!(run(&d, ADVM, &["image", "cat", "sub/top.qcow2"]) == std::fs::read(d.join("expect.raw")).unwrap());
+}

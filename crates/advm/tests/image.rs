@@ -492,6 +492,25 @@ fn bad_images_give_clear_errors() {
     );
 }
 
+/// Random writes, zero writes and discards at 512-byte granularity: with extended L2
+/// entries they leave clusters whose subclusters are allocated, zero and unallocated
+/// side by side.
+fn scribble_sectors(dir: &Path, image: &str, size: u64, seed: u64) {
+    let mut r = Lcg(seed);
+    let cmds: Vec<String> = (0..12)
+        .map(|_| {
+            let off = r.below(size / 512) * 512;
+            let len = ((1 + r.below(32)) * 512).min(size - off);
+            match r.below(4) {
+                0 => format!("write -z {off} {len}"),
+                1 => format!("discard {off} {len}"),
+                _ => format!("write -P {} {off} {len}", 1 + r.below(250)),
+            }
+        })
+        .collect();
+    qemu_io(dir, image, &cmds);
+}
+
 #[test]
 fn extended_l2_subclusters() {
     if !have_qemu() {
@@ -508,19 +527,64 @@ fn extended_l2_subclusters() {
     );
     check_map(d, "big.qcow2");
     check_bytes(d, "big.qcow2", &MapOptions::default());
-    // 64 KiB clusters: 2 KiB subclusters; a cluster with mixed states is unsupported.
-    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-o", "cluster_size=64k,extended_l2=on", "small.qcow2", "1M"]);
-    qemu_io(d, "small.qcow2", &["write -P 0x33 2k 2k".into()]);
-    let p = d.join("small.qcow2");
-    let msg = ImageSpace::map(&p, &MapOptions::default()).unwrap_err().to_string();
-    assert_eq!(
-        msg,
-        format!(
-            "{}: cannot map guest 0x0+65536 (layer 0): cluster mixes subcluster states and its 2048-byte subclusters are smaller than the {}-byte page",
-            p.display(),
-            advm::addr::page_size()
-        )
-    );
+    // 64 KiB clusters: 2 KiB subclusters, smaller than a page. One cluster holds
+    // written, zero and unallocated subclusters over a backing file that has data:
+    // the pages are built from the pieces.
+    run(d, "qemu-img", &["create", "-q", "-f", "raw", "base.raw", "1M"]);
+    qemu_io(d, "base.raw", &["write -P 0x5a 0 1M".into()]);
+    let small = ["create", "-q", "-f", "qcow2", "-o", "cluster_size=64k,extended_l2=on"];
+    run(d, "qemu-img", &[&small[..], &["-b", "base.raw", "-F", "raw", "small.qcow2", "1M"]].concat());
+    qemu_io(d, "small.qcow2", &["write -P 0x33 2k 2k".into(), "write -z 8k 4k".into(), "write -P 0x34 14k 2k".into()]);
+    check_map(d, "small.qcow2");
+    let stats = check_bytes(d, "small.qcow2", &MapOptions::default());
+    assert!(stats.materialised_bytes > 0, "the mixed pages are materialised: {stats:?}");
+    // Random mixes at every subcluster size, alone and over a backing file (raw, or
+    // extended-L2 qcow2 scribbled the same way).
+    let mut images = 0;
+    for (i, cs) in [16 * K, 32 * K, 64 * K, 128 * K, 2 * M].into_iter().enumerate() {
+        let size = (cs * 8).max(M);
+        for backing in [None, Some("raw"), Some("qcow2")] {
+            let dir = Dir::new(&format!("subclusters-{cs}-{backing:?}"));
+            let d = &dir.0;
+            let seed = 1000 * i as u64 + images;
+            let opts = format!("cluster_size={cs},extended_l2=on");
+            let mut args = vec!["create", "-q", "-f", "qcow2", "-o", &opts];
+            match backing {
+                Some("raw") => {
+                    run(d, "qemu-img", &["create", "-q", "-f", "raw", "base", &size.to_string()]);
+                    qemu_io(d, "base", &[format!("write -P 0x5a 0 {size}")]);
+                    args.extend(["-b", "base", "-F", "raw"]);
+                }
+                Some(_) => {
+                    run(d, "qemu-img", &[&args[..], &["base", &size.to_string()]].concat());
+                    scribble_sectors(d, "base", size, seed + 500);
+                    args.extend(["-b", "base", "-F", "qcow2"]);
+                }
+                None => {}
+            }
+            let size_arg = size.to_string();
+            run(d, "qemu-img", &[&args[..], &["top.qcow2", &size_arg]].concat());
+            scribble_sectors(d, "top.qcow2", size, seed);
+            check_map(d, "top.qcow2");
+            check_bytes(d, "top.qcow2", &MapOptions::default());
+            images += 1;
+        }
+    }
+    // Writes to a writable mapping of mixed pages stay in this process.
+    let before = fs::read(d.join("small.qcow2")).unwrap();
+    let space = ImageSpace::map(d.join("small.qcow2"), &MapOptions { writable: true, ..Default::default() }).unwrap();
+    let other = ImageSpace::map(d.join("small.qcow2"), &MapOptions::default()).unwrap();
+    // SAFETY: the mapping is writable and 1 MiB long; nothing else in this test
+    // references its first 16 KiB.
+    unsafe { std::ptr::write_bytes(space.addr() as *mut u8, 0x99, 16 * K as usize) };
+    let (mut a, mut b) = (vec![0u8; 16 * K as usize], vec![0u8; 16 * K as usize]);
+    space.read(GuestOffset(0), &mut a).unwrap();
+    other.read(GuestOffset(0), &mut b).unwrap();
+    assert!(a.iter().all(|&x| x == 0x99), "the writer sees its writes");
+    assert_eq!((b[0], b[2048], b[8192], b[14336]), (0x5a, 0x33, 0, 0x34), "another mapping does not");
+    assert!(fs::read(d.join("small.qcow2")).unwrap() == before, "the layer file is unchanged");
+    drop((space, other));
+    check_bytes(d, "small.qcow2", &MapOptions::default());
 }
 
 #[test]
@@ -1018,4 +1082,184 @@ fn a_qcow2_image_on_a_block_device_is_qcow2() {
     let mut buf = vec![0u8; 128 << 10];
     img.read_at(GuestOffset(0), &mut buf).unwrap();
     assert!(buf[..64 << 10].iter().all(|&b| b == 0) && buf[64 << 10..].iter().all(|&b| b == 0x5a));
+}
+
+/// base.qcow2 (1 MiB, its first 64 KiB `fill`) under top.qcow2 (empty), in `d`.
+fn base_and_top(d: &Path, fill: u8) {
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "base.qcow2", "1M"]);
+    qemu_io(d, "base.qcow2", &[format!("write -P {fill} 0 64k")]);
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "top.qcow2", "1M"]);
+}
+
+/// A process holding an image open (qemu-io, qemu-system), killed on drop.
+struct Holder(std::process::Child);
+
+impl Holder {
+    /// Starts `prog args` in `dir` and waits (up to 10 s) until it holds an OFD lock
+    /// covering byte `byte` of `file`: QEMU has then opened the image.
+    fn start(dir: &Path, prog: &str, args: &[&str], file: &Path, byte: u64) -> Holder {
+        use std::os::unix::fs::MetadataExt;
+        use std::process::{Command, Stdio};
+        let child = Command::new(prog)
+            .args(args)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let holder = Holder(child);
+        let ino = format!(":{}", fs::metadata(file).unwrap().ino());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            // `N: OFDLCK ADVISORY READ -1 MAJ:MIN:INODE START END`
+            let locks = fs::read_to_string("/proc/locks").unwrap();
+            let held = locks.lines().any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() == 8
+                    && f[1] == "OFDLCK"
+                    && f[5].ends_with(&ino)
+                    && f[6].parse::<u64>().is_ok_and(|s| s <= byte)
+                    && f[7].parse::<u64>().is_ok_and(|e| e >= byte)
+            });
+            if held {
+                return holder;
+            }
+            assert!(std::time::Instant::now() < deadline, "{prog} {args:?} took no lock on byte {byte} in 10 s");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn an_image_a_qemu_writes_is_refused_unless_force_share() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = Dir::new("writer-lock");
+    let d = &dir.0;
+    base_and_top(d, 0x61);
+    let (top, base) = (d.join("top.qcow2"), d.join("base.qcow2"));
+    let force = advm::image::ImageOptions { force_share: true, ..Default::default() };
+    let refused = |p: &Path| {
+        format!(
+            "{}: another process has it open for writing (it holds QEMU's write lock, byte 101 of the file), so \
+             the disk may change while it is read; refusing to read it (stop the writer, which `fuser {}` names, \
+             or read anyway with --force-share/-U, ImageOptions::force_share)",
+            p.display(),
+            p.display()
+        )
+    };
+    // QEMU's write lock is byte 101 (its permission bytes start at 100; writing is bit 1).
+    {
+        let _w = Holder::start(d, "qemu-io", &["-c", "sleep 60000", "top.qcow2"], &top, 101);
+        assert_eq!(open_err(&top), refused(&top));
+        let err = ImageSpace::map(&top, &MapOptions::default()).unwrap_err().to_string();
+        assert_eq!(err, refused(&top));
+        let space = ImageSpace::map(&top, &MapOptions { image: force, ..Default::default() }).unwrap();
+        let mut b = [0u8; 2];
+        space.read(GuestOffset(65535), &mut b).unwrap();
+        assert_eq!(b, [0x61, 0]);
+    }
+    // A writer of a backing file (a block-commit, another VM using it as its top).
+    {
+        let _w = Holder::start(d, "qemu-io", &["-f", "qcow2", "-c", "sleep 60000", "base.qcow2"], &base, 101);
+        assert_eq!(open_err(&top), refused(&base));
+        Image::open_with(&top, &force).unwrap();
+    }
+    // Readers sharing the image are not writers: a read-only qemu-io, and a QEMU
+    // with the image as its disk under a temporary overlay (`advm vm run --disk blk`).
+    {
+        let _r = Holder::start(d, "qemu-io", &["-r", "-c", "sleep 60000", "top.qcow2"], &top, 100);
+        check_bytes(d, "top.qcow2", &MapOptions::default());
+    }
+    let qemu = "qemu-system-x86_64";
+    if std::process::Command::new(qemu).arg("--version").output().is_ok_and(|o| o.status.success()) {
+        let vm = |extra: &str| {
+            let drive = format!("file=top.qcow2,if=none,id=d0,format=qcow2{extra}");
+            ["-M", "none", "-nodefaults", "-display", "none", "-S", "-drive"]
+                .map(String::from)
+                .into_iter()
+                .chain([drive])
+        };
+        let args: Vec<String> = vm(",snapshot=on").collect();
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        let snapshot = Holder::start(d, qemu, &a, &top, 100);
+        check_bytes(d, "top.qcow2", &MapOptions::default());
+        drop(snapshot);
+        let args: Vec<String> = vm("").collect();
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        let _writer = Holder::start(d, qemu, &a, &top, 101);
+        assert_eq!(open_err(&top), refused(&top));
+    } else {
+        eprintln!("{qemu} not found: the VM cases are skipped");
+    }
+}
+
+#[test]
+fn backing_names_and_formats_end_at_a_nul_as_qemu_reads_them() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = Dir::new("nul-names");
+    let d = &dir.0;
+    base_and_top(d, 0x41);
+    qemu_io(d, "top.qcow2", &["write -P 0x42 64k 4k".into()]);
+    let top = fs::read(d.join("top.qcow2")).unwrap();
+    let be32 = |at: usize| u32::from_be_bytes(top[at..at + 4].try_into().unwrap());
+    let (name_at, name_len) = (u64::from_be_bytes(top[8..16].try_into().unwrap()) as usize, be32(16) as usize);
+    assert_eq!(&top[name_at..name_at + name_len], b"base.qcow2");
+    assert!(top[name_at + name_len..name_at + name_len + 6].iter().all(|&b| b == 0));
+    // The name's length counts 6 NULs after it: still base.qcow2.
+    fs::write(d.join("padded.qcow2"), &top).unwrap();
+    patch(&d.join("padded.qcow2"), 16, &(name_len as u32 + 6).to_be_bytes());
+    check_bytes(d, "padded.qcow2", &MapOptions::default());
+    // An all-NUL name: no backing file at all.
+    fs::write(d.join("none.qcow2"), &top).unwrap();
+    patch(&d.join("none.qcow2"), name_at as u64, &vec![0u8; name_len]);
+    assert_eq!(Image::open(d.join("none.qcow2")).unwrap().layers().len(), 1);
+    check_bytes(d, "none.qcow2", &MapOptions::default());
+    // An all-NUL backing format: none given, so the qcow2 magic decides.
+    fs::write(d.join("noformat.qcow2"), &top).unwrap();
+    let mut at = be32(100) as usize;
+    while be32(at) != 0xe279_2aca {
+        at += 8 + (be32(at + 4) as usize).div_ceil(8) * 8;
+    }
+    patch(&d.join("noformat.qcow2"), at as u64 + 8, &vec![0u8; be32(at + 4) as usize]);
+    check_bytes(d, "noformat.qcow2", &MapOptions::default());
+}
+
+#[test]
+fn header_extensions_end_where_the_backing_name_starts() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = Dir::new("ext-end");
+    let d = &dir.0;
+    base_and_top(d, 0x41);
+    let top = fs::read(d.join("top.qcow2")).unwrap();
+    let be32 = |at: usize| u32::from_be_bytes(top[at..at + 4].try_into().unwrap());
+    let mut at = be32(100) as usize;
+    while be32(at) != 0 {
+        at += 8 + (be32(at + 4) as usize).div_ceil(8) * 8;
+    }
+    assert_eq!(u64::from_be_bytes(top[8..16].try_into().unwrap()), at as u64 + 8, "the name follows the end mark");
+    // The end mark turned into an empty unknown extension: QEMU stops at the name and
+    // reads the image; so must we, not take the name for an extension.
+    patch(&d.join("top.qcow2"), at as u64, &0x1234_5678_u32.to_be_bytes());
+    check_bytes(d, "top.qcow2", &MapOptions::default());
+    // A backing file name offset past the first cluster is refused, as QEMU refuses it.
+    patch(&d.join("top.qcow2"), 8, &0x10008_u64.to_be_bytes());
+    let p = d.join("top.qcow2");
+    assert_eq!(
+        open_err(&p),
+        format!("{}: backing file name offset 0x10008 is past the first cluster (65536 bytes)", p.display())
+    );
 }

@@ -197,3 +197,59 @@ fn a_pmem_backing_from_the_service_plans_the_device_as_one_planned_here() {
     assert!(a.1.len() > 3, "{:?}", a.1);
     assert_eq!(a, b);
 }
+
+#[test]
+fn a_chain_a_qemu_writes_is_not_served_and_mixed_subclusters_are_and_stay_private() {
+    if !have_qemu() {
+        return;
+    }
+    let d = Dir::new("served");
+    let top = d.0.join("top.qcow2");
+    // Extended L2 with 64 KiB clusters: 2 KiB subclusters, written, zeroed and left to
+    // the backing file within one page.
+    run(&d.0, "qemu-img", &["create", "-q", "-f", "raw", "base.raw", "1M"]);
+    run(&d.0, "qemu-io", &["-f", "raw", "-c", "write -P 0x5a 0 1M", "base.raw"]);
+    let opts = ["-o", "cluster_size=64k,extended_l2=on", "-b", "base.raw", "-F", "raw", "top.qcow2"];
+    run(&d.0, "qemu-img", &[&["create", "-q", "-f", "qcow2"][..], &opts].concat());
+    run(&d.0, "qemu-io", &["-c", "write -P 0x33 2k 2k", "-c", "write -z 8k 2k", "top.qcow2"]);
+    with_service(|sock, _| {
+        // The mixed page comes from the service's memfd: a writable client's writes
+        // stay its own.
+        let (writer, _) = attach(sock, &top, true).unwrap();
+        // SAFETY: the mapping is writable and 1 MiB long; nothing else references its
+        // first 4 KiB.
+        unsafe { std::ptr::write_bytes(writer.addr() as *mut u8, 0x99, 4096) };
+        let (space, cached) = attach(sock, &top, false).unwrap();
+        assert!(cached);
+        let mut b = vec![0u8; 16 << 10];
+        space.read(advm::image::GuestOffset(0), &mut b).unwrap();
+        assert_eq!((b[0], b[2048], b[4096], b[8192], b[10240]), (0x5a, 0x33, 0x5a, 0, 0x5a));
+        writer.read(advm::image::GuestOffset(0), &mut b).unwrap();
+        assert_eq!((b[0], b[4095], b[4096]), (0x99, 0x99, 0x5a));
+    });
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _writer = Kill(
+        std::process::Command::new("qemu-io")
+            .args(["-c", "sleep 60000", "top.qcow2"])
+            .current_dir(&d.0)
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // qemu-io takes its locks when it has opened the image.
+    let start = Instant::now();
+    while advm::image::Image::open(&top).is_ok() {
+        assert!(start.elapsed() < Duration::from_secs(10), "qemu-io took no lock in 10 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    with_service(|sock, _| {
+        let e = attach(sock, &top, false).unwrap_err().to_string();
+        assert!(e.contains("another process has it open for writing") && e.contains("top.qcow2"), "{e}");
+    });
+}

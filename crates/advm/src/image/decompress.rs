@@ -1,7 +1,5 @@
 //! Compressed qcow2 clusters: reading one and inflating it to exactly a cluster.
 
-use std::io::Read;
-
 use super::layer::{Driver, Layer};
 use super::{qcow2, Compression, LayerOffset};
 use crate::Result;
@@ -43,11 +41,26 @@ pub(super) fn decompress_cluster(c: Compression, input: &[u8], cluster_size: usi
             }
         }
         Compression::Zstd => {
-            // One frame; the sector padding after it is not a second frame.
-            let mut dec =
-                zstd::stream::read::Decoder::with_buffer(input).map_err(|e| format!("zstd: {e}"))?.single_frame();
-            dec.read_exact(&mut out)
-                .map_err(|e| format!("zstd stream shorter than the {cluster_size}-byte cluster: {e}"))?;
+            // As QEMU decodes: frames until the cluster is full (the sector padding after
+            // them is never reached), and the last frame must end there: one that goes
+            // on past the cluster is a damaged cluster, not a longer one.
+            use zstd::stream::raw::{Decoder, InBuffer, Operation, OutBuffer};
+            let mut dec = Decoder::new().map_err(|e| format!("zstd: {e}"))?;
+            let mut src = InBuffer::around(input);
+            let mut dst = OutBuffer::around(&mut out[..]);
+            let mut frame_left = 0;
+            while dst.pos() < cluster_size {
+                let (read, written) = (src.pos, dst.pos());
+                frame_left = dec.run(&mut src, &mut dst).map_err(|e| format!("zstd: {e}"))?;
+                if src.pos == read && dst.pos() == written {
+                    return Err(format!(
+                        "zstd stream gave {written} bytes, shorter than the {cluster_size}-byte cluster"
+                    ));
+                }
+            }
+            if frame_left != 0 {
+                return Err(format!("zstd frame runs past the end of the {cluster_size}-byte cluster"));
+            }
         }
     }
     Ok(out)
@@ -73,5 +86,22 @@ mod tests {
         c.compress(&[7u8; 4096], &mut out, flate2::FlushCompress::Finish).unwrap();
         let n = c.total_out() as usize;
         assert_eq!(decompress_cluster(Compression::Deflate, &out[..n], 4096).unwrap(), vec![7u8; 4096]);
+    }
+
+    #[test]
+    fn a_zstd_cluster_is_whole_frames_that_end_with_the_cluster() {
+        let data: Vec<u8> = (0..8192u32).map(|i| (i * 7 / 13) as u8).collect();
+        let frame = |d: &[u8]| zstd::bulk::compress(d, 3).unwrap();
+        let mut padded = frame(&data[..4096]);
+        padded.extend([0u8; 300]);
+        assert_eq!(decompress_cluster(Compression::Zstd, &padded, 4096).unwrap(), data[..4096]);
+        // Two frames filling the cluster, as QEMU accepts.
+        let two = [frame(&data[..1000]), frame(&data[1000..4096])].concat();
+        assert_eq!(decompress_cluster(Compression::Zstd, &two, 4096).unwrap(), data[..4096]);
+        // A frame of 8 KiB is not a 4 KiB cluster (QEMU: EIO), nor is a short one.
+        let e = decompress_cluster(Compression::Zstd, &frame(&data), 4096).unwrap_err();
+        assert_eq!(e, "zstd frame runs past the end of the 4096-byte cluster");
+        let e = decompress_cluster(Compression::Zstd, &frame(&data[..1000]), 4096).unwrap_err();
+        assert!(e.starts_with("zstd"), "{e}");
     }
 }

@@ -11,7 +11,7 @@ use crate::{Error, Result};
 /// the parser fuzz target and the garbage-input tests. Never panics.
 pub fn parse_layer_bytes(bytes: &[u8], max_runs: usize) -> Result<Vec<(u64, u64, String)>> {
     let err = |why: String| Error::Image { path: PathBuf::from("<memory>"), why };
-    let q = qcow2::Qcow2::parse(&bytes, bytes.len() as u64).map_err(err)?;
+    let q = qcow2::Qcow2::parse(&bytes, bytes.len() as u64, "qemu-img convert -O qcow2 IN OUT").map_err(err)?;
     let mut cache = qcow2::L2Cache::default();
     let mut out = Vec::new();
     let mut at = 0;
@@ -92,6 +92,37 @@ mod tests {
         assert_eq!(
             parse_layer_bytes(&f, 10).unwrap_err().to_string(),
             "<memory>: L2 table at 0x100000 is past the end of the file (24576 bytes)"
+        );
+        // A compression type the header names must agree with incompatible bit 3, as
+        // QEMU requires: zstd without the bit, or the bit with deflate, is refused.
+        let mut f = tiny_qcow2();
+        f[100..104].copy_from_slice(&112u32.to_be_bytes());
+        f[104] = 1;
+        assert_eq!(
+            parse_layer_bytes(&f, 10).unwrap_err().to_string(),
+            "<memory>: compression type Zstd but the compression type bit (incompatible bit 3) is clear"
+        );
+        f[104] = 0;
+        f[79] = 1 << 3;
+        assert_eq!(
+            parse_layer_bytes(&f, 10).unwrap_err().to_string(),
+            "<memory>: compression type Deflate but the compression type bit (incompatible bit 3) is set (it must \
+             be set only for a type other than deflate)"
+        );
+        // An encryption method QEMU does not know is refused, as QEMU refuses it.
+        let mut f = tiny_qcow2();
+        f[32..36].copy_from_slice(&3u32.to_be_bytes());
+        assert_eq!(
+            parse_layer_bytes(&f, 10).unwrap_err().to_string(),
+            "<memory>: unknown encryption method 3 (known: 0 none, 1 AES, 2 LUKS)"
+        );
+        // A zero entry whose host offset is not cluster aligned is a corrupt table (QEMU
+        // refuses to read it), not zeros.
+        let mut f = tiny_qcow2();
+        f[2 * 4096 + 8..2 * 4096 + 16].copy_from_slice(&(0x1234_5600u64 | 1).to_be_bytes());
+        assert_eq!(
+            parse_layer_bytes(&f, 10).unwrap_err().to_string(),
+            "<memory>: cluster for guest 0x1000 at 0x12345600 is not cluster aligned"
         );
     }
 

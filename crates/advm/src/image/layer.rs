@@ -33,6 +33,34 @@ pub struct ImageOptions {
     /// raw. Default: refused (qemu requires the format for the same reason: probing
     /// turns any file a header names into disk contents).
     pub allow_probed_raw: bool,
+    /// Read layers that another process (a running QEMU) holds open for writing, as
+    /// `qemu-img -U` does. Default: refused, since the disk may change under the
+    /// reader and its metadata may be half written.
+    pub force_share: bool,
+}
+
+/// The byte of an image file on which QEMU holds a shared OFD lock while it has the
+/// image open with write permission (its lock bytes start at 100, one per permission
+/// bit; writing is bit 1).
+const QEMU_WRITE_LOCK_BYTE: i64 = 101;
+
+/// Refuses `layer` when another process holds QEMU's write lock on it, unless
+/// `options.force_share`. Filesystems without OFD locks cannot tell; they pass.
+fn refuse_writer(layer: &Layer, options: &ImageOptions) -> Result<()> {
+    if options.force_share {
+        return Ok(());
+    }
+    let locked = crate::sys::fs::layer::byte_locked_by_other(&layer.file, QEMU_WRITE_LOCK_BYTE)
+        .map_err(|e| layer.err(format!("checking for a writer's lock: {e}")))?;
+    if locked == Some(true) {
+        let path = layer.path.display();
+        return Err(layer.err(format!(
+            "another process has it open for writing (it holds QEMU's write lock, byte {QEMU_WRITE_LOCK_BYTE} \
+             of the file), so the disk may change while it is read; refusing to read it (stop the writer, \
+             which `fuser {path}` names, or read anyway with --force-share/-U, ImageOptions::force_share)"
+        )));
+    }
+    Ok(())
 }
 
 /// One layer of a chain: its file, opened read-only, and what its header says.
@@ -247,7 +275,30 @@ fn unfit_type(t: std::fs::FileType) -> Option<&'static str> {
     }
 }
 
-fn open_layer(path: &Path, format: Option<&str>) -> Result<Layer> {
+/// The commands that turn the layer at `path` into one advm reads: a qcow2 copy, and
+/// for a backing file (of `overlay`) the overlay pointed at the copy (same contents,
+/// so an unsafe rebase).
+fn convert_hint(path: &Path, overlay: Option<&Path>) -> String {
+    match overlay {
+        None => format!("qemu-img convert -O qcow2 {} out.qcow2", path.display()),
+        Some(overlay) => {
+            // Absolute, since rebase reads a relative name from the overlay's directory.
+            let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            let out = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf()).join("out.qcow2");
+            format!(
+                "qemu-img convert -O qcow2 {} {}, then qemu-img rebase -u -b {} -F qcow2 {}",
+                path.display(),
+                out.display(),
+                out.display(),
+                overlay.display()
+            )
+        }
+    }
+}
+
+/// Opens the layer at `path`, read as `format` (`None`: probed), the backing file of
+/// `overlay` (`None`: the image opened).
+fn open_layer(path: &Path, format: Option<&str>, overlay: Option<&Path>) -> Result<Layer> {
     let err = |why: String| Error::Image { path: path.to_path_buf(), why };
     let unfit = |what: &str| err(format!("is {what}; image layers must be regular files or block devices"));
     // The type is checked before opening (opening a device can have effects of its
@@ -265,20 +316,23 @@ fn open_layer(path: &Path, format: Option<&str>) -> Result<Layer> {
     let file_len = current_len(&file).map_err(|e| Error::io(path, e))?;
     let head = Head::read(&file, path)?;
     let is_qcow2 = head.is_qcow2();
+    let convert = convert_hint(path, overlay);
     if format.is_none() && !is_qcow2 {
         if let Some(other) = other_format(&head) {
             return Err(err(format!(
-                "is a {other} image, not qcow2 or raw; refusing to read it as raw \
-                 (convert it: qemu-img convert -O qcow2 {} out.qcow2)",
-                path.display()
+                "is a {other} image, not qcow2 or raw; refusing to read it as raw (convert it: {convert})"
             )));
         }
     }
     let driver = match format {
-        Some("qcow2") | None if is_qcow2 => Driver::Qcow2(qcow2::Qcow2::parse(&file, file_len).map_err(err)?),
+        Some("qcow2") | None if is_qcow2 => Driver::Qcow2(qcow2::Qcow2::parse(&file, file_len, &convert).map_err(err)?),
         Some("qcow2") => return Err(err("backing format says qcow2 but the file has no qcow2 magic".into())),
         Some("raw") | None => Driver::Raw,
-        Some(other) => return Err(err(format!("unsupported layer format {other:?} (supported: qcow2, raw)"))),
+        Some(other) => {
+            return Err(err(format!(
+                "unsupported layer format {other:?} (supported: qcow2, raw); convert it: {convert}"
+            )))
+        }
     };
     Ok(Layer { path: path.to_path_buf(), file, file_len, driver })
 }
@@ -295,10 +349,14 @@ impl Image {
     /// stay inside the directory tree of `path` (after symlinks) unless
     /// `allow_backing_outside`. The backing-format extension is honoured; without it
     /// a qcow2 backing file is recognised by its magic, and anything else is refused
-    /// unless `allow_probed_raw`. Every layer must be a regular file or block device.
+    /// unless `allow_probed_raw`. Every layer must be a regular file or block device,
+    /// and none may be open for writing in a QEMU (its write lock held) unless
+    /// `force_share`.
     pub fn open_with(path: impl AsRef<Path>, options: &ImageOptions) -> Result<Self> {
         let path = path.as_ref();
-        let mut layers = vec![open_layer(path, None)?];
+        let top = open_layer(path, None, None)?;
+        refuse_writer(&top, options)?;
+        let mut layers = vec![top];
         let mut seen = vec![std::fs::canonicalize(path).map_err(|e| Error::io(path, e))?];
         let top_dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
         let tree = std::fs::canonicalize(top_dir).map_err(|e| Error::io(top_dir, e))?;
@@ -350,7 +408,7 @@ impl Image {
                 return Err(last.err(format!("backing chain deeper than {MAX_CHAIN_DEPTH} layers")));
             }
             let format = q.backing_format.clone();
-            let layer = open_layer(&resolved, format.as_deref())?;
+            let layer = open_layer(&resolved, format.as_deref(), Some(&last.path))?;
             if format.is_none() && layer.format() == LayerFormat::Raw && !options.allow_probed_raw {
                 return Err(last.err(format!(
                     "backing file {text:?} ({}) has no backing format and is not qcow2; refusing to probe it as raw \
@@ -359,6 +417,7 @@ impl Image {
                     canon.display()
                 )));
             }
+            refuse_writer(&layer, options)?;
             seen.push(canon);
             layers.push(layer);
         }

@@ -108,8 +108,9 @@ pub(crate) struct L2Cache {
 
 impl Qcow2 {
     /// Parses the header, its extensions and the L1 table. Errors say which field is
-    /// wrong and the limit it breaks.
-    pub fn parse(file: &dyn ReadAt, file_len: u64) -> Result<Self, String> {
+    /// wrong and the limit it breaks; `convert` is the command that makes a readable
+    /// copy, named when qemu-img can make one (qcow version 1, an external data file).
+    pub fn parse(file: &dyn ReadAt, file_len: u64, convert: &str) -> Result<Self, String> {
         if file_len < 72 {
             return Err(format!("truncated qcow2 header: file is {file_len} bytes, a header needs at least 72"));
         }
@@ -120,6 +121,9 @@ impl Qcow2 {
             return Err("not a qcow2 file (bad magic)".into());
         }
         let version = be32(&h, 4);
+        if version == 1 {
+            return Err(format!("is a qcow (version 1) image, not qcow2; convert it: {convert}"));
+        }
         if version != 2 && version != 3 {
             return Err(format!("unsupported qcow2 version {version} (supported: 2, 3)"));
         }
@@ -130,11 +134,22 @@ impl Qcow2 {
             return Err(format!("cluster_bits {cluster_bits} out of range (9..=21: 512 B to 2 MiB clusters)"));
         }
         let cluster_size = 1u64 << cluster_bits;
+        if backing_offset > cluster_size {
+            return Err(format!(
+                "backing file name offset {backing_offset:#x} is past the first cluster ({cluster_size} bytes)"
+            ));
+        }
+        // Header extensions end where the backing file name starts, as QEMU reads them
+        // (bytes between the last extension and the name are not extensions).
+        let ext_end = if backing_offset != 0 { backing_offset } else { cluster_size };
         // QEMU counts a disk in 512-byte sectors (`total_sectors = size / 512`): a size
         // that is not a multiple of 512 (never written by qemu-img, possible by hand)
         // reads as QEMU reads it, rounded down.
         let size = be64(&h, 24) / 512 * 512;
         let crypt_method = be32(&h, 32);
+        if crypt_method > 2 {
+            return Err(format!("unknown encryption method {crypt_method} (known: 0 none, 1 AES, 2 LUKS)"));
+        }
         let l1_size = u64::from(be32(&h, 36));
         let l1_offset = be64(&h, 40);
         let (mut incompatible, mut header_len, mut compression) = (0u64, 72u64, Compression::Deflate);
@@ -149,20 +164,27 @@ impl Qcow2 {
                     "header_length {header_len} out of range (104 to the {cluster_size}-byte cluster and the {file_len}-byte file)"
                 ));
             }
-            if incompatible & INCOMPAT_COMPRESSION != 0 {
-                if header_len < 105 {
-                    return Err("compression type bit set but header has no compression_type field".into());
-                }
-                compression = match h[104] {
-                    0 => Compression::Deflate,
-                    1 => Compression::Zstd,
-                    t => return Err(format!("unknown compression type {t} (known: 0 deflate, 1 zstd)")),
-                };
+            let bit = incompatible & INCOMPAT_COMPRESSION != 0;
+            if bit && header_len < 105 {
+                return Err("compression type bit set but header has no compression_type field".into());
+            }
+            // The field counts whenever the header has it, and the bit must say whether it
+            // is not deflate (QEMU refuses the image otherwise, either way).
+            compression = match if header_len >= 105 { h[104] } else { 0 } {
+                0 => Compression::Deflate,
+                1 => Compression::Zstd,
+                t => return Err(format!("unknown compression type {t} (known: 0 deflate, 1 zstd)")),
+            };
+            if bit != (compression != Compression::Deflate) {
+                return Err(format!(
+                    "compression type {compression:?} but the compression type bit (incompatible bit 3) is {}",
+                    if bit { "set (it must be set only for a type other than deflate)" } else { "clear" }
+                ));
             }
         }
         let unknown = incompatible & !INCOMPAT_KNOWN;
         if unknown != 0 {
-            let names = feature_names(file, file_len, version, header_len, cluster_size).unwrap_or_default();
+            let names = feature_names(file, file_len, version, header_len, ext_end).unwrap_or_default();
             let named: Vec<String> = (0..64)
                 .filter(|b| unknown & (1u64 << b) != 0)
                 .map(|b| match names.iter().find(|(bit, _)| *bit == b) {
@@ -176,7 +198,10 @@ impl Qcow2 {
             return Err("image is marked corrupt (incompatible bit 1); run `qemu-img check -r all` first".into());
         }
         if incompatible & INCOMPAT_EXTERNAL_DATA != 0 {
-            return Err("images with an external data file (incompatible bit 2) are not supported".into());
+            return Err(format!(
+                "keeps its data in an external data file (incompatible bit 2), which advm does not read; \
+                 convert it to a self-contained qcow2: {convert}"
+            ));
         }
         let extended_l2 = incompatible & INCOMPAT_EXTENDED_L2 != 0;
         if extended_l2 && cluster_bits < 14 {
@@ -233,14 +258,14 @@ impl Qcow2 {
             }
             let mut name = vec![0u8; backing_len as usize];
             file.read_exact_at(&mut name, backing_offset).map_err(|e| format!("reading the backing file name: {e}"))?;
-            Some(name)
+            Some(c_string(name)).filter(|n| !n.is_empty())
         } else {
             None
         };
         let mut backing_format = None;
-        for (ty, data) in extensions(file, file_len, version, header_len, cluster_size)? {
+        for (ty, data) in extensions(file, file_len, version, header_len, ext_end)? {
             if ty == EXT_BACKING_FORMAT {
-                backing_format = Some(String::from_utf8_lossy(&data).into_owned());
+                backing_format = Some(String::from_utf8_lossy(&c_string(data)).into_owned()).filter(|f| !f.is_empty());
             }
         }
         Ok(Self {
@@ -313,7 +338,6 @@ impl Qcow2 {
         // The unit is a subcluster with extended L2 entries, else a cluster.
         let sub_bits = if self.extended_l2 { self.cluster_bits - 5 } else { self.cluster_bits };
         let unit = 1u64 << sub_bits;
-        let page = crate::addr::page_size() as u64;
         let classify = |g: u64| -> Result<Shallow, String> {
             let idx = ((g >> self.cluster_bits) % l2_entries) as usize;
             let width = if self.extended_l2 { 16 } else { 8 };
@@ -335,10 +359,12 @@ impl Qcow2 {
                 return Ok(Shallow::Compressed { offset, stored_len });
             }
             let host = e & OFFSET_MASK;
+            // Checked whatever the entry says (zero, unallocated subclusters), as QEMU
+            // does: an unaligned host offset means a corrupt table, not zeros.
+            if host % cs != 0 {
+                return Err(format!("cluster for guest {g:#x} at {host:#x} is not cluster aligned"));
+            }
             let data = |off: u64| -> Result<Shallow, String> {
-                if off % cs != 0 {
-                    return Err(format!("data cluster for guest {g:#x} at {off:#x} is not cluster aligned"));
-                }
                 let at = off + (g & (cs - 1));
                 if off >= self.file_len {
                     return Err(format!(
@@ -365,14 +391,11 @@ impl Qcow2 {
             if alloc != 0 && host == 0 {
                 return Err(format!("cluster for guest {g:#x}: allocated subclusters but no host cluster"));
             }
-            let state = |i: u32| (alloc >> i & 1, zero >> i & 1);
-            if unit < page && !(0..32).all(|i| state(i) == state(0)) {
-                return Ok(Shallow::Unsupported(format!(
-                    "cluster mixes subcluster states and its {unit}-byte subclusters are smaller than the {page}-byte page"
-                )));
-            }
+            // Subclusters smaller than a page answer one by one like small clusters:
+            // the mapping builds the pages they share from the pieces (data of this
+            // layer, zeros, the backing chain).
             let i = ((g >> sub_bits) & 31) as u32;
-            match state(i) {
+            match (alloc >> i & 1, zero >> i & 1) {
                 (1, _) => data(host),
                 (_, 1) => Ok(Shallow::Zero),
                 _ => Ok(Shallow::Below),
@@ -404,16 +427,23 @@ impl Qcow2 {
     }
 }
 
-/// Header extensions as (type, data), bounded by the first cluster.
+/// `bytes` up to the first NUL: QEMU reads the backing file name and format as C
+/// strings, so a name padded with NULs is the name, and an all-NUL one is none.
+fn c_string(mut bytes: Vec<u8>) -> Vec<u8> {
+    bytes.truncate(bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len()));
+    bytes
+}
+
+/// Header extensions as (type, data), from the end of the header to `ext_end`.
 fn extensions(
     file: &dyn ReadAt,
     file_len: u64,
     version: u32,
     header_len: u64,
-    cluster_size: u64,
+    ext_end: u64,
 ) -> Result<Vec<(u32, Vec<u8>)>, String> {
     let mut out = Vec::new();
-    let limit = cluster_size.min(file_len);
+    let limit = ext_end.min(file_len);
     let mut at = if version == 2 { 72 } else { header_len };
     while at + 8 <= limit {
         let mut h = [0u8; 8];
@@ -424,7 +454,8 @@ fn extensions(
         }
         if at + 8 + len > limit {
             return Err(format!(
-                "header extension {ty:#x} at {at:#x} ({len} bytes) runs past the first cluster ({limit} bytes)"
+                "header extension {ty:#x} at {at:#x} ({len} bytes) runs past the end of the extensions at \
+                 {limit:#x} (the backing file name, the first cluster's end or the file's)"
             ));
         }
         let mut data = vec![0u8; len as usize];
@@ -441,9 +472,9 @@ fn feature_names(
     file_len: u64,
     version: u32,
     header_len: u64,
-    cluster_size: u64,
+    ext_end: u64,
 ) -> Option<Vec<(u32, String)>> {
-    let exts = extensions(file, file_len, version, header_len, cluster_size).ok()?;
+    let exts = extensions(file, file_len, version, header_len, ext_end).ok()?;
     let (_, table) = exts.into_iter().find(|(t, _)| *t == EXT_FEATURE_NAMES)?;
     Some(
         table

@@ -11,6 +11,9 @@
 //! seconds or until the holder lets go; meanwhile [`lease_state`] reports the break.
 //! The kernel would also send the holder SIGIO (whose default action kills the
 //! process); [`take_read_lease`] turns that signal off, so breaks are seen by polling.
+//!
+//! [`byte_locked_by_other`] tests one byte for an open-file-description lock
+//! (`F_OFD_GETLK`), the way QEMU announces which permissions it holds on an image.
 
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd};
@@ -84,4 +87,28 @@ pub fn lease_state(file: &File) -> SysResult<LeaseState> {
 /// Gives up the lease on `file`, letting a waiting writer go on at once.
 pub fn release_lease(file: &File) -> SysResult<()> {
     fcntl(file, "fcntl(F_SETLEASE)", libc::F_SETLEASE, libc::F_UNLCK).map(|_| ())
+}
+
+/// Whether an open file description other than `file`'s holds an OFD or POSIX lock on
+/// byte `at` of the file: `F_OFD_GETLK` asks whether a write lock could be taken there,
+/// which any other lock, shared or not, would block. `Ok(None)` when the filesystem
+/// keeps no such locks (the question has no answer there).
+pub fn byte_locked_by_other(file: &File, at: i64) -> SysResult<Option<bool>> {
+    // SAFETY: `flock` is a plain C struct of integers, for which all zeroes is valid.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_WRLCK as libc::c_short;
+    lock.l_whence = libc::SEEK_SET as libc::c_short;
+    lock.l_start = at;
+    lock.l_len = 1;
+    // SAFETY: F_OFD_GETLK reads and writes the `flock` we pass, which lives across
+    // the call; the descriptor is open for the duration of the borrow.
+    let r = unsafe { libc::fcntl(file.as_fd().as_raw_fd(), libc::F_OFD_GETLK, &mut lock as *mut libc::flock) };
+    if r < 0 {
+        let e = SysError::last("fcntl(F_OFD_GETLK)");
+        return match e.raw_errno() {
+            libc::EINVAL | libc::ENOLCK | libc::EOPNOTSUPP | libc::ENOSYS => Ok(None),
+            _ => Err(e),
+        };
+    }
+    Ok(Some(lock.l_type != libc::F_UNLCK as libc::c_short))
 }
