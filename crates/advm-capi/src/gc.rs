@@ -65,8 +65,7 @@ pub struct AdvmGcPolicy {
 
 fn policy_of(p: &AdvmGcPolicy) -> Result<Generational, Error> {
     let policy = match p.kind {
-        1 if p.ratio.is_finite() && p.ratio >= 1.0 => Policy::Original { ratio: p.ratio, mem_limit: p.mem_limit },
-        1 => return Err(Error::InvalidArgument { what: "ratio", why: format!("{} is not a number >= 1", p.ratio) }),
+        1 => Policy::Original { ratio: p.ratio, mem_limit: p.mem_limit },
         2 => Policy::Modified { mem_lim: p.mem_lim, min_new_size: p.min_new_size, min_old_incr: p.min_old_incr },
         k => {
             return Err(Error::InvalidArgument {

@@ -348,6 +348,9 @@ impl Heap {
                 why: format!("{} is not a multiple of {ALIGN} in 256..=16 MiB", cfg.tlab_bytes),
             });
         }
+        if let Some(g) = &cfg.generational {
+            g.policy.check(cfg.tlab_bytes)?;
+        }
         let be = advm::remap::break_even();
         let large_bytes = match cfg.large_object_bytes {
             Some(b) if b < 2 * HDR => {

@@ -473,3 +473,32 @@ fn policy_sizes_at_usize_max_do_not_overflow() {
         m.collect_minor().unwrap();
     }
 }
+
+/// A nursery smaller than one allocation buffer made every allocation run a minor
+/// collection (a C caller's zeroed policy struct: 98,304 collections for as many
+/// cells, 4 minutes): refused with the limit named, as a ratio that is not a number.
+#[test]
+fn a_nursery_below_one_allocation_buffer_and_a_ratio_below_one_are_refused() {
+    for (policy, what) in [
+        (Policy::Modified { mem_lim: 1 << 20, min_new_size: 0, min_old_incr: 0 }, "min_new_size"),
+        (Policy::Modified { mem_lim: 1 << 20, min_new_size: (32 << 10) - 16, min_old_incr: 0 }, "min_new_size"),
+        (Policy::Original { ratio: f64::NAN, mem_limit: 1 << 20 }, "ratio"),
+        (Policy::Original { ratio: 0.5, mem_limit: 1 << 20 }, "ratio"),
+    ] {
+        let mut c = Config::new(1 << 20);
+        c.tlab_bytes = 32 << 10;
+        c.generational = Some(Generational { policy, copy_back: false });
+        let err = Heap::with_config(c).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.starts_with(&format!("invalid {what}: ")), "{policy:?}: {err:?}");
+    }
+    let mut c = Config::new(1 << 20);
+    c.tlab_bytes = 32 << 10;
+    c.generational =
+        Some(Generational { policy: Policy::Modified { mem_lim: 0, min_new_size: 32 << 10, min_old_incr: 0 }, copy_back: false });
+    let h = Heap::with_config(c).unwrap();
+    let mut m = h.attach();
+    for _ in 0..10_000 {
+        m.alloc(1, 8).unwrap();
+    }
+    assert!(h.stats().collections < 100, "{} collections for 10,000 small objects", h.stats().collections);
+}
