@@ -89,7 +89,9 @@ advm_gc *advm_gc_new_paged(size_t heap_bytes, const struct advm_gc_policy *polic
                            int flush_after_major);
 
 /* Pointer slot i of obj := value (NULL or an object of this heap), through the write
- * barrier. -EINVAL: obj or value not in the heap, i not below obj's nptrs. */
+ * barrier. -EINVAL: obj or value not the start of an object of this heap (as far as
+ * its header tells: a pointer into an object's raw bytes that look like a header may
+ * pass), i not below obj's nptrs. */
 int advm_gc_store(advm_gc *gc, void *obj, size_t i, void *value);
 
 /* Frees the heap and all its objects (NULL: no-op). */
@@ -107,11 +109,13 @@ int advm_gc_unroot(advm_gc *gc, void **slot);
 
 /* Runs a collection now: full nonzero, a full mark-compact (on a generational heap a
  * major collection: a minor one, then the old generation's); 0, a minor collection
- * (a full one on a non-generational heap). A root or slot that holds something other
- * than NULL or an object of this heap (a slot written directly with a foreign
- * pointer) fails the collection with -EIO; objects may then be half moved, and every
- * later collection of the heap (advm_gc_alloc's included) fails with
- * -ENOTRECOVERABLE. */
+ * (a full one on a non-generational heap). A root slot that holds something other
+ * than NULL or an object of this heap fails the collection with -EIO before anything
+ * moves (every collection does, advm_gc_alloc's included, until the root is fixed).
+ * A slot of an object written directly with such a pointer fails the collection with
+ * -EIO too; objects may then be half moved, and every later collection of the heap
+ * fails with -ENOTRECOVERABLE. (A pointer into the middle of an object is caught
+ * only where its bytes do not look like an object's header.) */
 int advm_gc_collect(advm_gc *gc, int full);
 
 /* "remap" (default: large objects moved as pages) or "memmove"; -EINVAL otherwise. */

@@ -82,6 +82,7 @@ fn gc_errno(e: &Error) -> i32 {
         Error::HeapExhausted { .. } => libc::ENOMEM,
         Error::InvalidArgument { .. } | Error::UnknownEngine(_) => libc::EINVAL,
         Error::Corrupt(_) => libc::ENOTRECOVERABLE,
+        Error::BadRoot(_) => libc::EIO,
         Error::Memory(e) => -crate::errno_of(e),
         _ => libc::EIO,
     }

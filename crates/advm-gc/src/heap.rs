@@ -595,6 +595,55 @@ impl Inner {
         *clean = (*clean).max(h + len);
     }
 
+    /// Whether `p` looks like an object's pointer: its header lies in the used part of
+    /// one of the spaces (a recorded large object in the large space), and fits there.
+    /// Only the used parts are read: the rest of a space may be unmapped (the drifting
+    /// old generation's reservation is `PROT_NONE` outside its window: reading there
+    /// was a segmentation fault), and zeroed space above a top is no object (its zero
+    /// header was taken for one). An address inside an object may still pass when its
+    /// bytes look like a header.
+    pub(crate) fn is_object(&self, a: &Alloc, p: usize) -> bool {
+        let mem = &self.mem;
+        let h = p.wrapping_sub(HDR);
+        let end = if h % ALIGN != 0 {
+            return false;
+        } else if h >= a.small_bottom && h < a.small_top {
+            a.small_top
+        } else if h >= mem.nursery.base && h < a.nursery_top {
+            a.nursery_top
+        } else if a.large.binary_search(&h).is_ok() {
+            a.large_top
+        } else {
+            return false;
+        };
+        let h0 = mem.load(h);
+        let size = size_of(h0);
+        h0 & MARK == 0
+            && mem.load(h + 8) == 0
+            && size >= HDR
+            && size % ALIGN == 0
+            && size <= end - h
+            && HDR + 8 * nptrs_of(h0) <= size
+    }
+
+    /// Before a collection: every root holds null or an object, else the collection is
+    /// refused before anything moves (a root above a space's top was nulled, one in
+    /// the drifting old generation's `PROT_NONE` reservation faulted).
+    fn check_roots(&self) -> Result<()> {
+        let a = lock(&self.alloc);
+        let roots = lock(&self.roots);
+        let bad = |p: usize| p != 0 && !self.is_object(&a, p);
+        for s in &roots.stacks {
+            if let Some(p) = lock(s).iter().copied().find(|&p| bad(p)) {
+                return Err(Error::BadRoot(format!("a mutator's root holds {p:#x}, not an object of this heap")));
+            }
+        }
+        if let Some(s) = roots.slots.iter().find(|s| bad(s.load())) {
+            return Err(Error::BadRoot(format!("root slot {:#x} holds {:#x}, not an object of this heap", s.0, s.load())));
+        }
+        Ok(())
+    }
+
     pub(crate) fn engine(&self) -> Engine {
         if self.engine.load(Ordering::Relaxed) == Engine::Memmove as u8 {
             Engine::Memmove
@@ -648,6 +697,8 @@ impl Inner {
             Err(Error::Corrupt(
                 "an earlier collection of this heap panicked part way; objects may be half moved".into(),
             ))
+        } else if let Err(e) = self.check_roots() {
+            Err(e)
         } else if self.generational.is_some() {
             self.generational(why, major)
         } else {
@@ -965,12 +1016,15 @@ impl Mutator {
         lock(&self.roots).truncate(n);
     }
 
-    /// The object at `addr` (a C `void *`), checked to lie inside this heap.
+    /// The object at `addr` (a C `void *`), checked to be one of this heap's (see
+    /// [`Inner::is_object`]).
     pub fn object_at(&self, addr: usize) -> Result<Obj> {
         let inner = &self.heap.inner;
-        let h = addr.wrapping_sub(HDR);
-        if addr % 8 != 0 || !inner.mem.holds(h, HDR) || !inner.mem.holds(h, size_of(inner.mem.load(h))) {
-            return Err(Error::InvalidArgument { what: "object", why: format!("{addr:#x} is not in this heap") });
+        if !inner.is_object(&lock(&inner.alloc), addr) {
+            return Err(Error::InvalidArgument {
+                what: "object",
+                why: format!("{addr:#x} is not the start of an object of this heap"),
+            });
         }
         Ok(inner.obj(addr))
     }
