@@ -134,7 +134,10 @@ pub struct Config {
     /// Place the spaces in regions of an `advm::pager` pager, freed ranges marked
     /// discardable (see [`Paging`]); large objects then move by memmove. `None`: plain
     /// memory the kernel pages. Such a heap cannot be used in a child forked from its
-    /// process: the pager's regions, and so the heap's memory, are not inherited.
+    /// process: the pager's regions, and so the heap's memory, are not inherited. There
+    /// allocation and collection fail with the pager's [`advm::Error::Unrecoverable`],
+    /// reading or writing an object panics saying so, and dropping the heap and its
+    /// mutators leaves the parent's memory alone.
     pub paging: Option<Paging>,
     /// Generational mode without copy-back: a major collection slides the old
     /// generation down where it lies, its to-space over its own from-space, whose
@@ -595,6 +598,18 @@ impl Inner {
         *clean = (*clean).max(h + len);
     }
 
+    /// Ok, except in a child forked from the process that made a paged heap: the
+    /// pager's regions, the heap's memory, are not mapped there (every use of it
+    /// faulted), so allocation and collection fail with the pager's error and object
+    /// access panics with it. One branch for a heap not in a pager.
+    #[inline]
+    pub(crate) fn usable(&self) -> Result<()> {
+        match &self.paged {
+            Some(p) => p.usable(),
+            None => Ok(()),
+        }
+    }
+
     /// Whether `p` looks like an object's pointer: its header lies in the used part of
     /// one of the spaces (a recorded large object in the large space), and fits there.
     /// Only the used parts are read: the rest of a space may be unmapped (the drifting
@@ -656,6 +671,7 @@ impl Inner {
     /// buffer), collects, restarts it. When another thread is already collecting, the
     /// caller waits for that collection instead and gets `None`.
     pub(crate) fn collect(&self, attached: bool, why: &str, major: bool) -> Result<Collection> {
+        self.usable()?;
         let t0 = Instant::now();
         let mut w = lock(&self.world);
         // Mutators parked by the previous collection must have left before a new one
@@ -776,6 +792,9 @@ impl Inner {
             o.0,
             o.1 + 1
         );
+        if let Err(e) = self.usable() {
+            panic!("object {:#x} cannot be used here: {e}", o.0);
+        }
         let h = o.0.wrapping_sub(HDR);
         assert!(self.mem.holds(h, HDR), "object {:#x} is not in this heap", o.0);
         let h0 = self.mem.load(h);
@@ -814,6 +833,7 @@ impl Mutator {
     /// [`Error::HeapExhausted`] when that does not make room.
     pub fn alloc(&mut self, nptrs: usize, nbytes: usize) -> Result<Obj> {
         self.safepoint();
+        self.heap.inner.usable()?;
         let size = match word_count(nptrs, nbytes) {
             Some(s) if s <= MAX_SIZE && nptrs <= MAX_NPTRS => s,
             _ => {
@@ -952,7 +972,7 @@ impl Mutator {
     /// Leaves the allocation buffer: its unused rest becomes a filler object, so the
     /// space stays parsable.
     fn retire_buffer(&mut self) {
-        if self.cur < self.end {
+        if self.cur < self.end && self.heap.inner.usable().is_ok() {
             let mem = &self.heap.inner.mem;
             mem.store(self.cur, header(self.end - self.cur, 0));
             mem.store(self.cur + 8, 0);
