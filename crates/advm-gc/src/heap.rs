@@ -239,6 +239,9 @@ impl Alloc {
 struct World {
     attached: usize,
     parked: usize,
+    /// Attached mutators inside [`Mutator::blocking`]: stopped as far as a collection
+    /// is concerned, for as long as they stay there.
+    blocked: usize,
     stopping: bool,
     epoch: u64,
 }
@@ -700,7 +703,7 @@ impl Inner {
         w.stopping = true;
         self.stop.store(true, Ordering::SeqCst);
         let others = w.attached - usize::from(attached);
-        while w.parked < others {
+        while w.parked + w.blocked < others {
             w = self.cv.wait(w).unwrap_or_else(|e| e.into_inner());
         }
         drop(w);
@@ -982,12 +985,46 @@ impl Mutator {
     }
 
     /// Takes part in a collection that another thread asked for. Allocation does this
-    /// itself; a thread that runs long without allocating calls it.
+    /// itself; a thread that runs long without allocating calls it, and one that may
+    /// block wraps that call in [`Mutator::blocking`].
     pub fn safepoint(&mut self) {
         if self.heap.inner.stop.load(Ordering::SeqCst) {
             self.retire_buffer();
             self.heap.inner.park();
         }
+    }
+
+    /// Runs `f`, which must not touch the heap, with this thread counted as stopped:
+    /// collections that other threads run meanwhile do not wait for it. Wrap every
+    /// call that may block (a lock, a channel, I/O, joining a thread): a mutator
+    /// thread blocked outside it, waiting for another thread that needs a collection,
+    /// waits for ever, since a collection waits until every attached mutator reaches a
+    /// safepoint. Objects may move meanwhile: read them back from their roots after.
+    /// On return it waits for a collection in progress to finish.
+    pub fn blocking<R>(&mut self, f: impl FnOnce() -> R) -> R {
+        self.retire_buffer();
+        let inner = &*self.heap.inner;
+        {
+            let mut w = lock(&inner.world);
+            w.blocked += 1;
+            inner.cv.notify_all();
+        }
+        // Leaves the region also when `f` panics: a count left behind would make every
+        // later collection go on while this mutator runs.
+        struct Leave<'a>(&'a Inner);
+        impl Drop for Leave<'_> {
+            fn drop(&mut self) {
+                let inner = self.0;
+                let mut w = lock(&inner.world);
+                while w.stopping {
+                    w = inner.cv.wait(w).unwrap_or_else(|e| e.into_inner());
+                }
+                w.blocked -= 1;
+                inner.cv.notify_all();
+            }
+        }
+        let _leave = Leave(inner);
+        f()
     }
 
     /// Runs a full collection now (a major one in generational mode).
