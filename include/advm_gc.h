@@ -94,7 +94,9 @@ advm_gc *advm_gc_new_paged(size_t heap_bytes, const struct advm_gc_policy *polic
  * pass), i not below obj's nptrs. */
 int advm_gc_store(advm_gc *gc, void *obj, size_t i, void *value);
 
-/* Frees the heap and all its objects (NULL: no-op). */
+/* Frees the heap and all its objects (NULL: no-op). No call on the heap may be in
+ * progress on another thread, nor come after it; registered root slots need no
+ * unroot (they keep the freed objects' addresses). */
 void advm_gc_destroy(advm_gc *gc);
 
 /* A new object, or NULL with errno ENOMEM when a full collection cannot make room
@@ -102,8 +104,11 @@ void advm_gc_destroy(advm_gc *gc);
 void *advm_gc_alloc(advm_gc *gc, size_t nptrs, size_t nbytes);
 
 /* Registers / forgets a root slot: each collection reads *slot and rewrites it when
- * its object moves. The slot must stay valid until unrooted. -EINVAL: NULL,
- * misaligned, already a root (root) or not a root (unroot). */
+ * its object moves. The slot must stay valid until unrooted (a slot on the C stack is
+ * unrooted before its function returns) and lie outside the heap (an object's slot
+ * moves with it). Both take constant time, however many slots are registered.
+ * -EINVAL: NULL, misaligned, inside the heap, already a root (root) or not a root
+ * (unroot). */
 int advm_gc_root(advm_gc *gc, void **slot);
 int advm_gc_unroot(advm_gc *gc, void **slot);
 

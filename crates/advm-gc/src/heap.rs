@@ -251,6 +251,10 @@ struct World {
 pub(crate) struct Roots {
     pub(crate) stacks: Vec<Arc<Mutex<Vec<usize>>>>,
     pub(crate) slots: Vec<Slot>,
+    /// Where each of `slots` is, by address: registering and forgetting a slot cost
+    /// the same with 100,000 registered as with 10 (a search of `slots` made 50,000
+    /// roots registered and forgotten take 11 s).
+    slot_index: std::collections::HashMap<usize, usize>,
 }
 
 pub(crate) struct Inner {
@@ -544,8 +548,18 @@ impl Heap {
         if a == 0 || a % std::mem::align_of::<usize>() != 0 {
             return Err(Error::InvalidArgument { what: "slot", why: format!("{a:#x} is null or not word aligned") });
         }
+        if self.inner.mem.holds(a, 8) {
+            // An object's slot moves with it: the collector would write the old place.
+            return Err(Error::InvalidArgument {
+                what: "slot",
+                why: format!("{a:#x} is inside the heap (an object's slot moves with it; roots live outside the heap)"),
+            });
+        }
         let mut r = lock(&self.inner.roots);
-        if r.slots.contains(&Slot(a)) {
+        let at = r.slots.len();
+        if let std::collections::hash_map::Entry::Vacant(e) = r.slot_index.entry(a) {
+            e.insert(at);
+        } else {
             return Err(Error::InvalidArgument { what: "slot", why: format!("{a:#x} is already a root") });
         }
         r.slots.push(Slot(a));
@@ -556,13 +570,14 @@ impl Heap {
     pub fn remove_root_slot(&self, slot: *mut *mut std::ffi::c_void) -> Result<()> {
         let a = slot as usize;
         let mut r = lock(&self.inner.roots);
-        match r.slots.iter().position(|s| s.0 == a) {
-            Some(i) => {
-                r.slots.swap_remove(i);
-                Ok(())
-            }
-            None => Err(Error::InvalidArgument { what: "slot", why: format!("{a:#x} is not a registered root") }),
+        let Some(i) = r.slot_index.remove(&a) else {
+            return Err(Error::InvalidArgument { what: "slot", why: format!("{a:#x} is not a registered root") });
+        };
+        r.slots.swap_remove(i);
+        if let Some(moved) = r.slots.get(i).map(|s| s.0) {
+            r.slot_index.insert(moved, i);
         }
+        Ok(())
     }
 }
 
