@@ -9,7 +9,8 @@
  * the heap's top was taken for an object; an address in the drifting old
  * generation's PROT_NONE reservation was a segmentation fault), roots holding
  * non-objects (one above the top was silently nulled, one in the reservation a
- * segmentation fault), and 200,000 roots registered one by one (quadratic). */
+ * segmentation fault; a young slot pointing at the nursery's unused part was
+ * forwarded to another object), and 200,000 roots registered one by one (quadratic). */
 #include <advm_gc.h>
 #include <errno.h>
 #include <signal.h>
@@ -193,6 +194,19 @@ static void bad_input(void) {
         CHECK(r == bad);
         advm_gc_destroy(gc);
     }
+
+    /* a young object's slot written directly with the nursery's unused part: a minor
+     * collection "copied" a zero-size object there and pointed the slot at whatever
+     * it copied next; now it fails, then every collection says the heap is broken */
+    gc = drifting();
+    void *young = NULL;
+    CHECK(advm_gc_root(gc, &young) == 0);
+    young = advm_gc_alloc(gc, 1, 8);
+    CHECK(young != NULL);
+    ((void **)young)[0] = (char *)young + (128 << 10);
+    CHECK(advm_gc_collect(gc, 0) == -EIO);
+    CHECK(advm_gc_collect(gc, 0) == -ENOTRECOVERABLE);
+    advm_gc_destroy(gc);
 }
 
 static double seconds(void) {
