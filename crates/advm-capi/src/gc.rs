@@ -174,6 +174,8 @@ pub unsafe extern "C" fn advm_gc_new_with(heap_bytes: usize, policy: *const Advm
 /// The settings of a heap of `heap_bytes`, generational when `policy` is given.
 fn config(heap_bytes: usize, policy: Option<&AdvmGcPolicy>) -> Result<Config, Error> {
     let mut cfg = Config::new(heap_bytes);
+    // C reads totals only: the last collection is all the heap needs to keep.
+    cfg.history_limit = 1;
     cfg.generational = policy.map(policy_of).transpose()?;
     Ok(cfg)
 }
@@ -358,7 +360,7 @@ pub unsafe extern "C" fn advm_gc_stats(gc: *mut AdvmGc, out: *mut AdvmGcStats) -
         // SAFETY: `out` is NULL or points to a writable struct advm_gc_stats.
         let out =
             unsafe { out.as_mut() }.ok_or(Error::InvalidArgument { what: "out", why: "NULL stats pointer".into() })?;
-        let s = g.heap.stats();
+        let s = g.heap.totals();
         *out = AdvmGcStats {
             collections: s.collections,
             last_pause_ns: s.last_pause_ns,

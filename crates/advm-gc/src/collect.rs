@@ -600,7 +600,7 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     let mut alloc = lock(&inner.alloc);
     let roots = lock(&inner.roots);
     let mut stacks: Vec<MutexGuard<'_, Vec<usize>>> = roots.stacks.iter().map(|s| lock(s)).collect();
-    let index = lock(&inner.stats).collections + 1;
+    let index = lock(&inner.stats).totals.collections + 1;
     let mut c = Collection {
         index,
         engine,

@@ -28,7 +28,7 @@ pub(crate) fn minor(inner: &Inner, why: &str) -> Result<Collection> {
         crate::verify::check(inner, &alloc, &roots).map_err(Error::Corrupt)?;
     }
     let mut stacks: Vec<MutexGuard<'_, Vec<usize>>> = roots.stacks.iter().map(|s| lock(s)).collect();
-    let index = lock(&inner.stats).collections + 1;
+    let index = lock(&inner.stats).totals.collections + 1;
     let mut c = Collection {
         index,
         engine: inner.engine(),
