@@ -687,7 +687,11 @@ impl Inner {
             }
         }
         if let Some(s) = roots.slots.iter().find(|s| bad(s.load())) {
-            return Err(Error::BadRoot(format!("root slot {:#x} holds {:#x}, not an object of this heap", s.0, s.load())));
+            return Err(Error::BadRoot(format!(
+                "root slot {:#x} holds {:#x}, not an object of this heap",
+                s.0,
+                s.load()
+            )));
         }
         Ok(())
     }
@@ -1103,8 +1107,9 @@ impl Mutator {
         lock(&self.roots).truncate(n);
     }
 
-    /// The object at `addr` (a C `void *`), checked to be one of this heap's (see
-    /// [`Inner::is_object`]).
+    /// The object at `addr` (a C `void *`), checked to be one of this heap's: its
+    /// header lies in the used part of a space and fits there (an address inside an
+    /// object whose bytes look like a header may still pass).
     pub fn object_at(&self, addr: usize) -> Result<Obj> {
         let inner = &self.heap.inner;
         if !inner.is_object(&lock(&inner.alloc), addr) {

@@ -493,8 +493,10 @@ fn a_nursery_below_one_allocation_buffer_and_a_ratio_below_one_are_refused() {
     }
     let mut c = Config::new(1 << 20);
     c.tlab_bytes = 32 << 10;
-    c.generational =
-        Some(Generational { policy: Policy::Modified { mem_lim: 0, min_new_size: 32 << 10, min_old_incr: 0 }, copy_back: false });
+    c.generational = Some(Generational {
+        policy: Policy::Modified { mem_lim: 0, min_new_size: 32 << 10, min_old_incr: 0 },
+        copy_back: false,
+    });
     let h = Heap::with_config(c).unwrap();
     let mut m = h.attach();
     for _ in 0..10_000 {

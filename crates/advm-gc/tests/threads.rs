@@ -31,7 +31,9 @@ fn within_30s(name: &str, f: impl FnOnce() + Send + 'static) {
     match finished.recv_timeout(Duration::from_secs(30)) {
         Ok(()) => t.join().unwrap(),
         Err(mpsc::RecvTimeoutError::Disconnected) => t.join().unwrap(), // its panic
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("{name}: still running after 30 s (a collection waits for ever)"),
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            panic!("{name}: still running after 30 s (a collection waits for ever)")
+        }
     }
 }
 
