@@ -850,6 +850,10 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     let old_large_top = alloc.large_top;
     alloc.small_bottom = new_small_bottom;
     alloc.small_top = new_small_top;
+    // In generational mode the to-space may lie above everything allocated so far:
+    // once the old generation leaves it, allocation there must zero what it left
+    // (new objects read stale bytes of earlier copies).
+    alloc.small_clean = alloc.small_clean.max(new_small_top);
     alloc.large_top = new_large_top;
     alloc.large = large_moves.iter().map(|m| m.0).collect();
     alloc.starts = recorded.into_iter().flatten().collect();
