@@ -4,7 +4,8 @@
  * ranges that are not one region's pages, many pagers at once destroyed with pages
  * evicted, threads sharing a pager under a budget smaller than their data, and a
  * swap file on a full filesystem (root only: a 64 KiB tmpfs in a private mount
- * namespace): flush says ENOSPC and every page reads back. */
+ * namespace): flush says ENOSPC and every page reads back; a swap file name that is
+ * not UTF-8. */
 #define _GNU_SOURCE
 #include <advm.h>
 #include <errno.h>
@@ -136,6 +137,25 @@ static void threads(void) {
     advm_pager_destroy(shared);
 }
 
+/* A swap file name that is not UTF-8 names that file, byte for byte (it was read
+ * lossily: the file got U+FFFD in its name). */
+static void swap_path_bytes(void) {
+    char dir[] = "/tmp/advm-pager-name-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char path[64];
+    snprintf(path, sizeof path, "%s/swap-\xff\xfe", dir);
+    advm_pager *p = advm_pager_new(4 * ps, path);
+    CHECK(p != NULL);
+    unsigned char *m = advm_pager_map(p, 16 * ps);
+    CHECK(m != NULL);
+    memset(m, 9, 16 * ps);
+    CHECK(all(m, 16 * ps, 9));
+    advm_pager_destroy(p);
+    struct stat st;
+    CHECK(stat(path, &st) == 0); /* the file stays after the pager, as documented */
+    CHECK(unlink(path) == 0 && rmdir(dir) == 0);
+}
+
 static void full_filesystem(void) {
     if (geteuid() != 0 || unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) {
         printf("full filesystem: skipped (needs root for a private tmpfs)\n");
@@ -170,6 +190,7 @@ int main(void) {
     image_cache_under_budget();
     many_pagers();
     threads();
+    swap_path_bytes();
     full_filesystem();
     printf("pager_cache: ok\n");
     return 0;
