@@ -233,17 +233,7 @@ pub unsafe extern "C" fn advm_gc_new_paged(
 #[no_mangle]
 pub unsafe extern "C" fn advm_gc_store(gc: *mut AdvmGc, obj: *mut c_void, i: usize, value: *mut c_void) -> c_int {
     call(|| {
-        let mut m = lock(handle(gc)?);
-        let o = m.object_at(obj as usize)?;
-        let n = m.nptrs(o);
-        if i >= n {
-            return Err(Error::InvalidArgument {
-                what: "slot",
-                why: format!("{i} is not below the object's {n} pointers"),
-            });
-        }
-        let v = if value.is_null() { None } else { Some(m.object_at(value as usize)?) };
-        m.set(o, i, v);
+        lock(handle(gc)?).set_at(obj as usize, i, value as usize)?;
         Ok(0)
     })
 }
