@@ -102,7 +102,8 @@ int advm_gc_store(advm_gc *gc, void *obj, size_t i, void *value);
 void advm_gc_destroy(advm_gc *gc);
 
 /* A new object, or NULL with errno ENOMEM when a full collection cannot make room
- * (the heap stays usable), EINVAL for an impossible size. */
+ * (the heap stays usable), EINVAL for an impossible size, EIO or ENOTRECOVERABLE when
+ * the collection it needed failed (see advm_gc_collect). */
 void *advm_gc_alloc(advm_gc *gc, size_t nptrs, size_t nbytes);
 
 /* Registers / forgets a root slot: each collection reads *slot and rewrites it when
