@@ -159,7 +159,9 @@ void advm_remap_set_break_even_pages(size_t pages);
  * to the pager's swap file (O_DIRECT) and read back on the next touch by the pager's
  * handler thread (userfaultfd). Functions return 0 (flush: pages evicted) or -errno:
  * -EINVAL for a range not page aligned or not inside one region of this pager, -ENOMEM
- * when the swap file is full (every page stays readable). See docs/pager.md.
+ * when the swap file is full, -ENOSPC when the filesystem under it is (every page
+ * stays readable; the pages that could not be written stay resident, over the budget).
+ * See docs/pager.md.
  *
  * fork(): a pager and its regions stay with the process that made it. The regions are
  * not inherited (MADV_DONTFORK: touching them in a child is a segmentation fault), and

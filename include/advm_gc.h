@@ -67,7 +67,8 @@ struct advm_gc_policy {
     double ratio;        /* original: target heap size / live size (>= 1) */
     size_t mem_limit;    /* original: memory use target */
     size_t mem_lim;      /* modified: memory use target */
-    size_t min_new_size; /* modified: smallest nursery */
+    size_t min_new_size; /* modified: smallest nursery, at least 32768 (one allocation
+                            buffer: a smaller nursery would collect at every allocation) */
     size_t min_old_incr; /* modified: smallest old-generation increment */
     int copy_back;       /* nonzero: the old generation is copied back to the start of its
                             reservation after a major collection; 0: it drifts */
@@ -75,7 +76,8 @@ struct advm_gc_policy {
 
 /* A generational heap: a nursery copied into an old generation, sized by *policy
  * (NULL: a non-generational heap, as advm_gc_new). NULL with errno EINVAL for a bad
- * policy, as advm_gc_new otherwise. */
+ * policy (an unknown kind, a ratio that is not a number >= 1, a min_new_size below
+ * 32768), as advm_gc_new otherwise. */
 advm_gc *advm_gc_new_with(size_t heap_bytes, const struct advm_gc_policy *policy);
 
 /* As advm_gc_new_with, with the heap's spaces in regions of an advm_pager (advm.h):
@@ -89,29 +91,39 @@ advm_gc *advm_gc_new_paged(size_t heap_bytes, const struct advm_gc_policy *polic
                            int flush_after_major);
 
 /* Pointer slot i of obj := value (NULL or an object of this heap), through the write
- * barrier. -EINVAL: obj or value not in the heap, i not below obj's nptrs. */
+ * barrier. -EINVAL: obj or value not the start of an object of this heap (as far as
+ * its header tells: a pointer into an object's raw bytes that look like a header may
+ * pass), i not below obj's nptrs. */
 int advm_gc_store(advm_gc *gc, void *obj, size_t i, void *value);
 
-/* Frees the heap and all its objects (NULL: no-op). */
+/* Frees the heap and all its objects (NULL: no-op). No call on the heap may be in
+ * progress on another thread, nor come after it; registered root slots need no
+ * unroot (they keep the freed objects' addresses). */
 void advm_gc_destroy(advm_gc *gc);
 
 /* A new object, or NULL with errno ENOMEM when a full collection cannot make room
- * (the heap stays usable), EINVAL for an impossible size. */
+ * (the heap stays usable), EINVAL for an impossible size, EIO or ENOTRECOVERABLE when
+ * the collection it needed failed (see advm_gc_collect). */
 void *advm_gc_alloc(advm_gc *gc, size_t nptrs, size_t nbytes);
 
 /* Registers / forgets a root slot: each collection reads *slot and rewrites it when
- * its object moves. The slot must stay valid until unrooted. -EINVAL: NULL,
- * misaligned, already a root (root) or not a root (unroot). */
+ * its object moves. The slot must stay valid until unrooted (a slot on the C stack is
+ * unrooted before its function returns) and lie outside the heap (an object's slot
+ * moves with it). Both take constant time, however many slots are registered.
+ * -EINVAL: NULL, misaligned, inside the heap, already a root (root) or not a root
+ * (unroot). */
 int advm_gc_root(advm_gc *gc, void **slot);
 int advm_gc_unroot(advm_gc *gc, void **slot);
 
 /* Runs a collection now: full nonzero, a full mark-compact (on a generational heap a
  * major collection: a minor one, then the old generation's); 0, a minor collection
- * (a full one on a non-generational heap). A root or slot that holds something other
- * than NULL or an object of this heap (a slot written directly with a foreign
- * pointer) fails the collection with -EIO; objects may then be half moved, and every
- * later collection of the heap (advm_gc_alloc's included) fails with
- * -ENOTRECOVERABLE. */
+ * (a full one on a non-generational heap). A root slot that holds something other
+ * than NULL or an object of this heap fails the collection with -EIO before anything
+ * moves (every collection does, advm_gc_alloc's included, until the root is fixed).
+ * A slot of an object written directly with such a pointer fails the collection with
+ * -EIO too; objects may then be half moved, and every later collection of the heap
+ * fails with -ENOTRECOVERABLE. (A pointer into the middle of an object is caught
+ * only where its bytes do not look like an object's header.) */
 int advm_gc_collect(advm_gc *gc, int full);
 
 /* "remap" (default: large objects moved as pages) or "memmove"; -EINVAL otherwise. */

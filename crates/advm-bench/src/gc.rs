@@ -104,6 +104,8 @@ fn run_advm(
     gen: bool,
 ) -> Result<Option<RunFigures>, BenchError> {
     let mut cfg = Config::new(heap);
+    // the figures come from every collection
+    cfg.history_limit = usize::MAX;
     cfg.engine = engine;
     cfg.generational = gen.then(|| generational(heap));
     let h = Heap::with_config(cfg).map_err(gc_err)?;
@@ -183,6 +185,8 @@ fn run_policy(
         // arena, which a full-collection warm-up does not reach.
         let config = || {
             let mut cfg = Config::new(heap);
+            // the figures come from every collection
+            cfg.history_limit = usize::MAX;
             cfg.generational = Some(g);
             cfg
         };
@@ -294,6 +298,8 @@ const SIZE_ROUNDS: usize = 10;
 /// large-object moves (ms), and the bytes moved as pages.
 fn size_run(size: usize, engine: Engine) -> Result<(Vec<f64>, Vec<f64>, u64), BenchError> {
     let mut cfg = Config::new(4 * size + (1 << 20));
+    // the figures come from every collection
+    cfg.history_limit = usize::MAX;
     cfg.engine = engine;
     let h = Heap::with_config(cfg).map_err(gc_err)?;
     let mut m = h.attach();

@@ -189,6 +189,8 @@ fn run_in_child(
         let t0 = ProcessTimes::now().map_err(|e| e.to_string())?;
         let start = Instant::now();
         let mut cfg = advm_gc::Config::new(s.heap);
+        // the figures come from every collection
+        cfg.history_limit = usize::MAX;
         // one GC thread: the paper's collector is sequential, and the cores are shared
         cfg.gc_threads = 1;
         if let Some(kib) = tlab_kib {

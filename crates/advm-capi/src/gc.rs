@@ -65,8 +65,7 @@ pub struct AdvmGcPolicy {
 
 fn policy_of(p: &AdvmGcPolicy) -> Result<Generational, Error> {
     let policy = match p.kind {
-        1 if p.ratio.is_finite() && p.ratio >= 1.0 => Policy::Original { ratio: p.ratio, mem_limit: p.mem_limit },
-        1 => return Err(Error::InvalidArgument { what: "ratio", why: format!("{} is not a number >= 1", p.ratio) }),
+        1 => Policy::Original { ratio: p.ratio, mem_limit: p.mem_limit },
         2 => Policy::Modified { mem_lim: p.mem_lim, min_new_size: p.min_new_size, min_old_incr: p.min_old_incr },
         k => {
             return Err(Error::InvalidArgument {
@@ -83,6 +82,7 @@ fn gc_errno(e: &Error) -> i32 {
         Error::HeapExhausted { .. } => libc::ENOMEM,
         Error::InvalidArgument { .. } | Error::UnknownEngine(_) => libc::EINVAL,
         Error::Corrupt(_) => libc::ENOTRECOVERABLE,
+        Error::BadRoot(_) => libc::EIO,
         Error::Memory(e) => -crate::errno_of(e),
         _ => libc::EIO,
     }
@@ -174,6 +174,8 @@ pub unsafe extern "C" fn advm_gc_new_with(heap_bytes: usize, policy: *const Advm
 /// The settings of a heap of `heap_bytes`, generational when `policy` is given.
 fn config(heap_bytes: usize, policy: Option<&AdvmGcPolicy>) -> Result<Config, Error> {
     let mut cfg = Config::new(heap_bytes);
+    // C reads totals only: the last collection is all the heap needs to keep.
+    cfg.history_limit = 1;
     cfg.generational = policy.map(policy_of).transpose()?;
     Ok(cfg)
 }
@@ -231,17 +233,7 @@ pub unsafe extern "C" fn advm_gc_new_paged(
 #[no_mangle]
 pub unsafe extern "C" fn advm_gc_store(gc: *mut AdvmGc, obj: *mut c_void, i: usize, value: *mut c_void) -> c_int {
     call(|| {
-        let mut m = lock(handle(gc)?);
-        let o = m.object_at(obj as usize)?;
-        let n = m.nptrs(o);
-        if i >= n {
-            return Err(Error::InvalidArgument {
-                what: "slot",
-                why: format!("{i} is not below the object's {n} pointers"),
-            });
-        }
-        let v = if value.is_null() { None } else { Some(m.object_at(value as usize)?) };
-        m.set(o, i, v);
+        lock(handle(gc)?).set_at(obj as usize, i, value as usize)?;
         Ok(0)
     })
 }
@@ -358,7 +350,7 @@ pub unsafe extern "C" fn advm_gc_stats(gc: *mut AdvmGc, out: *mut AdvmGcStats) -
         // SAFETY: `out` is NULL or points to a writable struct advm_gc_stats.
         let out =
             unsafe { out.as_mut() }.ok_or(Error::InvalidArgument { what: "out", why: "NULL stats pointer".into() })?;
-        let s = g.heap.stats();
+        let s = g.heap.totals();
         *out = AdvmGcStats {
             collections: s.collections,
             last_pause_ns: s.last_pause_ns,

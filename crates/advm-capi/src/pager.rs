@@ -2,6 +2,7 @@
 //! discardable marks, flush, and the appendix statistics.
 
 use std::ffi::{c_char, c_void, CStr};
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -63,7 +64,8 @@ pub unsafe extern "C" fn advm_pager_new(budget_bytes: usize, swap_path: *const c
         if !swap_path.is_null() {
             // SAFETY: the caller passes a NUL-terminated string.
             let s = unsafe { CStr::from_ptr(swap_path) };
-            cfg.swap_path = Some(PathBuf::from(s.to_string_lossy().into_owned()));
+            // The bytes as they are: a name that is not UTF-8 made a file of another name.
+            cfg.swap_path = Some(PathBuf::from(std::ffi::OsStr::from_bytes(s.to_bytes())));
         }
         let pager = Arc::new(Pager::new(cfg)?);
         out = Box::into_raw(Box::new(advm_pager { regions: Mutex::new(Vec::new()), pager }));

@@ -7,6 +7,8 @@ fn main() -> Result<(), advm_gc::Error> {
     let mib: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(10);
     for engine in [Engine::Remap, Engine::Memmove, Engine::Remap, Engine::Memmove] {
         let mut c = Config::new((4 * mib) << 20);
+        // the figures come from every collection
+        c.history_limit = usize::MAX;
         c.engine = engine;
         let h = Heap::with_config(c)?;
         let mut m = h.attach();

@@ -28,6 +28,8 @@ fn main() -> Result<(), advm_gc::Error> {
     let depth: u32 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(20);
     let rounds: usize = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(8);
     let mut c = Config::new(512 << 20);
+    // the figures come from every collection
+    c.history_limit = usize::MAX;
     c.gc_threads = threads;
     let h = Heap::with_config(c)?;
     let mut m = h.attach();

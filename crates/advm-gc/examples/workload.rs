@@ -17,6 +17,8 @@ fn main() -> Result<(), advm_gc::Error> {
     let quick = args.get(3).is_some_and(|a| a == "quick");
     let (_, w) = workloads::ALL.iter().find(|(n, _)| *n == name).expect("a workload of bench/gc/workloads.rs");
     let mut c = Config::new((mib * (1 << 20) as f64) as usize / 4096 * 4096);
+    // the figures come from every collection
+    c.history_limit = usize::MAX;
     if let Some(t) = args.get(4).and_then(|a| a.parse().ok()) {
         c.gc_threads = t;
         c.parallel_from_bytes = 0; // as many threads as asked, whatever the heap

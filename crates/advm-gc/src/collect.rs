@@ -57,12 +57,31 @@ struct MarkMap {
     base: usize,
     top: usize,
     words: Vec<AtomicU64>,
+    /// The used part of the large space, `[start, end)`: any other header address is
+    /// no object of this heap.
+    large: (usize, usize),
+    /// The page size less one (large objects start on pages).
+    page_mask: usize,
 }
 
 impl MarkMap {
-    fn new(base: usize, top: usize) -> Self {
+    fn new(base: usize, top: usize, large: (usize, usize)) -> Self {
         let words = ((top - base) / ALIGN).div_ceil(64);
-        MarkMap { base, top, words: (0..words).map(|_| AtomicU64::new(0)).collect() }
+        MarkMap { base, top, words: (0..words).map(|_| AtomicU64::new(0)).collect(), large, page_mask: page_size() - 1 }
+    }
+
+    /// A header outside the small space must be a large object's: in the used part
+    /// of the large space, on a page. Else the pointer is not an object (a slot the
+    /// program wrote directly): marking it would write a mark bit into whatever lies
+    /// there, or fault (the drifting old generation's reservation is `PROT_NONE`
+    /// outside its window), so the collection fails instead.
+    #[inline]
+    fn check_large(&self, h: usize) {
+        assert!(
+            h >= self.large.0 && h < self.large.1 && h & self.page_mask == 0,
+            "a slot holds {:#x}, not an object of this heap",
+            h.wrapping_add(HDR)
+        );
     }
 
     /// Marks the object whose header is at `h`; true when it was not marked before.
@@ -71,6 +90,7 @@ impl MarkMap {
             let (b, w) = self.bit(h);
             w.fetch_or(b, Ordering::Relaxed) & b == 0
         } else {
+            self.check_large(h);
             mem.fetch_or(h, MARK) & MARK == 0
         }
     }
@@ -90,6 +110,7 @@ impl MarkMap {
             self.set(g, g + size / ALIGN, true);
             Some(h0)
         } else {
+            self.check_large(h);
             let h0 = mem.load(h);
             mem.store(h, h0 | MARK);
             (h0 & MARK == 0).then_some(h0)
@@ -579,7 +600,7 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     let mut alloc = lock(&inner.alloc);
     let roots = lock(&inner.roots);
     let mut stacks: Vec<MutexGuard<'_, Vec<usize>>> = roots.stacks.iter().map(|s| lock(s)).collect();
-    let index = lock(&inner.stats).collections + 1;
+    let index = lock(&inner.stats).totals.collections + 1;
     let mut c = Collection {
         index,
         engine,
@@ -596,7 +617,7 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     let t = Instant::now();
     let root_vals: Vec<usize> =
         stacks.iter().flat_map(|s| s.iter().copied()).chain(roots.slots.iter().map(|s| s.load())).collect();
-    let marks = MarkMap::new(alloc.small_bottom, alloc.small_top);
+    let marks = MarkMap::new(alloc.small_bottom, alloc.small_top, (mem.large.base, alloc.large_top));
     c.live_objects = mark(&mem, &marks, &root_vals, &inner.pool, threads);
     c.mark_ns = t.elapsed().as_nanos() as u64;
 
@@ -829,6 +850,10 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     let old_large_top = alloc.large_top;
     alloc.small_bottom = new_small_bottom;
     alloc.small_top = new_small_top;
+    // In generational mode the to-space may lie above everything allocated so far:
+    // once the old generation leaves it, allocation there must zero what it left
+    // (new objects read stale bytes of earlier copies).
+    alloc.small_clean = alloc.small_clean.max(new_small_top);
     alloc.large_top = new_large_top;
     alloc.large = large_moves.iter().map(|m| m.0).collect();
     alloc.starts = recorded.into_iter().flatten().collect();
@@ -939,7 +964,7 @@ mod tests {
                 a += size;
             }
             let top = a;
-            let marks = MarkMap::new(base, top);
+            let marks = MarkMap::new(base, top, (0, 0));
             for (k, &(h, size, m)) in objs.iter().enumerate() {
                 if !m {
                     continue;

@@ -31,6 +31,10 @@ pub enum Error {
     /// pointer that is not an object of this heap).
     #[error("heap verification failed: {0}")]
     Corrupt(String),
+    /// A root holds something that is not an object of this heap: the collection was
+    /// refused before anything moved.
+    #[error("bad root: {0}")]
+    BadRoot(String),
     /// The memory under the heap (address space, mappings, page moves).
     #[error("heap memory: {0}")]
     Memory(#[from] advm::Error),

@@ -28,7 +28,7 @@ pub(crate) fn minor(inner: &Inner, why: &str) -> Result<Collection> {
         crate::verify::check(inner, &alloc, &roots).map_err(Error::Corrupt)?;
     }
     let mut stacks: Vec<MutexGuard<'_, Vec<usize>>> = roots.stacks.iter().map(|s| lock(s)).collect();
-    let index = lock(&inner.stats).collections + 1;
+    let index = lock(&inner.stats).totals.collections + 1;
     let mut c = Collection {
         index,
         engine: inner.engine(),
@@ -106,11 +106,22 @@ impl Copier<'_> {
             return p;
         }
         let h = p - HDR;
+        let top = self.alloc.nursery_top;
+        // A slot written directly with a pointer into the nursery's unused part (or
+        // into an object) would "copy" a zero-size object and take the next copy's
+        // address: the collection fails instead.
+        let bad = || panic!("a slot holds {p:#x}, not an object of this heap");
+        if h >= top {
+            bad();
+        }
         let done = mem.load(h + 8);
         if done != 0 {
             return done;
         }
         let size = size_of(mem.load(h));
+        if size < HDR || size > top - h {
+            bad();
+        }
         let to = self.alloc.small_top;
         mem.copy(to, h, size);
         mem.store(h + 8, to + HDR);

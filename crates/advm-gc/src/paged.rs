@@ -96,6 +96,12 @@ impl PagedSpaces {
         }
     }
 
+    /// Ok in the process that made the pager (see [`Pager::usable`]).
+    #[inline]
+    pub(crate) fn usable(&self) -> Result<()> {
+        Ok(self.paging.pager.usable()?)
+    }
+
     /// PU: drops every resident discardable page of the heap's regions.
     fn flush(&self) {
         for r in &self.regions {

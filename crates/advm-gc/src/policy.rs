@@ -19,7 +19,7 @@ pub enum Policy {
     /// `(heap - old)/2`, recomputed after every minor collection; a major collection
     /// runs when the old generation reaches half the heap.
     Original {
-        /// Target ratio of heap size to live size.
+        /// Target ratio of heap size to live size (a number, at least 1).
         ratio: f64,
         /// Memory use target in bytes.
         mem_limit: usize,
@@ -32,7 +32,8 @@ pub enum Policy {
     Modified {
         /// Memory use target in bytes.
         mem_lim: usize,
-        /// Smallest nursery in bytes.
+        /// Smallest nursery in bytes: at least one allocation buffer
+        /// ([`crate::Config::tlab_bytes`], 32 KiB by default).
         min_new_size: usize,
         /// Smallest room for old-generation growth after a major collection, in bytes.
         min_old_incr: usize,
@@ -45,6 +46,26 @@ impl Policy {
         match self {
             Policy::Original { .. } => "original",
             Policy::Modified { .. } => "modified",
+        }
+    }
+
+    /// Refuses settings the heap cannot run well with: a ratio that is not a number of
+    /// at least 1, and a smallest nursery below one allocation buffer (`tlab_bytes`),
+    /// with which every allocation ran a minor collection (98,304 collections for as
+    /// many cells under `min_new_size` 0).
+    pub(crate) fn check(&self, tlab_bytes: usize) -> crate::Result<()> {
+        match *self {
+            Policy::Original { ratio, .. } if !(ratio.is_finite() && ratio >= 1.0) => {
+                Err(crate::Error::InvalidArgument { what: "ratio", why: format!("{ratio} is not a number >= 1") })
+            }
+            Policy::Modified { min_new_size, .. } if min_new_size < tlab_bytes => Err(crate::Error::InvalidArgument {
+                what: "min_new_size",
+                why: format!(
+                    "{min_new_size} is below one allocation buffer ({tlab_bytes} bytes): every allocation would run \
+                     a minor collection"
+                ),
+            }),
+            _ => Ok(()),
         }
     }
 }

@@ -85,18 +85,52 @@ pub struct Stats {
     /// Bytes handed out by the shared allocator: whole allocation buffers, direct
     /// and large objects (headers and padding included).
     pub bytes_allocated: u64,
-    /// Every collection, oldest first.
+    /// The most recent collections, oldest first: the last
+    /// [`Config::history_limit`](crate::Config::history_limit) of them (empty from
+    /// [`Heap::totals`](crate::Heap::totals)).
     pub history: Vec<Collection>,
 }
 
-impl Stats {
+/// The totals and the most recent collections, kept by the heap.
+#[derive(Debug)]
+pub(crate) struct Record {
+    /// Totals over every collection (`history` unused).
+    pub(crate) totals: Stats,
+    recent: std::collections::VecDeque<Collection>,
+    /// Most collections kept in `recent` (at least the last one).
+    limit: usize,
+}
+
+impl Record {
+    pub(crate) fn new(limit: usize) -> Self {
+        Record { totals: Stats::default(), recent: Default::default(), limit: limit.max(1) }
+    }
+
     pub(crate) fn record(&mut self, c: Collection) {
-        self.collections += 1;
-        self.last_pause_ns = c.pause_ns;
-        self.max_pause_ns = self.max_pause_ns.max(c.pause_ns);
-        self.total_pause_ns += c.pause_ns;
-        self.bytes_moved_memmove += c.bytes_memmove;
-        self.bytes_moved_remap += c.bytes_remap;
-        self.history.push(c);
+        let t = &mut self.totals;
+        t.collections += 1;
+        t.last_pause_ns = c.pause_ns;
+        t.max_pause_ns = t.max_pause_ns.max(c.pause_ns);
+        t.total_pause_ns += c.pause_ns;
+        t.bytes_moved_memmove += c.bytes_memmove;
+        t.bytes_moved_remap += c.bytes_remap;
+        if self.recent.len() == self.limit {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(c);
+    }
+
+    /// The last collection recorded.
+    pub(crate) fn last(&self) -> Option<&Collection> {
+        self.recent.back()
+    }
+
+    /// The totals, with the recent collections when `history`.
+    pub(crate) fn stats(&self, history: bool) -> Stats {
+        let mut s = self.totals.clone();
+        if history {
+            s.history = self.recent.iter().cloned().collect();
+        }
+        s
     }
 }

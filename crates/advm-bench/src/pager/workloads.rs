@@ -272,6 +272,8 @@ mod tests {
 
     fn run(w: Workload, size: usize, g: Option<Generational>) -> u64 {
         let mut c = Config::new(64 << 20);
+        // the figures come from every collection
+        c.history_limit = usize::MAX;
         c.generational = g;
         c.gc_threads = 1;
         let h = Heap::with_config(c).unwrap();
@@ -296,6 +298,8 @@ mod tests {
         // list grows, and each moves the list's young head. The sort checks order and
         // count itself.
         let mut c = Config::new(16 << 20);
+        // the figures come from every collection
+        c.history_limit = usize::MAX;
         c.gc_threads = 1;
         c.generational = Some(Generational {
             policy: Policy::Modified { mem_lim: 128 << 10, min_new_size: 64 << 10, min_old_incr: 256 << 10 },
