@@ -10,12 +10,6 @@ use std::process::Command;
 #[path = "support/fresh_so.rs"]
 mod fresh_so;
 
-fn target_dir() -> PathBuf {
-    // .../target/<profile>/deps/c_programs-HASH -> .../target/<profile>
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().to_path_buf()
-}
-
 /// Whether `src` exercises the deprecated aliases (built without deprecation errors).
 fn uses_deprecated_names(src: &Path) -> bool {
     src.file_name().unwrap().to_string_lossy().starts_with("deprecated_")
@@ -58,17 +52,7 @@ fn setup() -> Option<(PathBuf, PathBuf, PathBuf)> {
     }
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let include = manifest.join("../../include");
-    let libdir = target_dir();
-    // cargo test links tests against the rlib only; the C library comes from
-    // `cargo build` (make test runs it first). A stale one would test old code.
-    let so = libdir.join("libadvm.so");
-    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    assert!(so.exists(), "{} missing: run `cargo build -p advm-capi` first (make test does)", so.display());
-    assert!(
-        mtime(&so) >= fresh_so::newest_source(),
-        "{} is older than its sources: run `cargo build -p advm-capi`",
-        so.display()
-    );
+    let libdir = fresh_so::libadvm_dir();
     let out_dir = libdir.join("c-tests");
     std::fs::create_dir_all(&out_dir).unwrap();
     Some((include, libdir, out_dir))

@@ -15,16 +15,7 @@ fn c_examples_build_and_run() {
         return;
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    // .../target/<profile>/deps/doc_examples-HASH -> .../target/<profile>
-    let libdir: PathBuf = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().to_path_buf();
-    let so = libdir.join("libadvm.so");
-    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    assert!(so.exists(), "{} missing: run `cargo build -p advm-capi` first (make test does)", so.display());
-    assert!(
-        mtime(&so) >= fresh_so::newest_source(),
-        "{} is older than its sources: run `cargo build -p advm-capi`",
-        so.display()
-    );
+    let libdir = fresh_so::libadvm_dir();
     let out_dir = libdir.join("c-examples");
     std::fs::create_dir_all(&out_dir).unwrap();
     let no_pager = advm::pager::Pager::new(advm::pager::Config::new(1 << 20)).err().map(|e| e.to_string());

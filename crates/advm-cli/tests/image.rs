@@ -6,6 +6,10 @@ use std::process::Command;
 
 mod common;
 use common::{dir, have, run};
+// The advm image tests' helpers; only `Holder` is used here.
+#[allow(dead_code)]
+#[path = "../../advm/tests/qemu/mod.rs"]
+mod qemu;
 
 const ADVM: &str = env!("CARGO_BIN_EXE_advm");
 
@@ -336,21 +340,7 @@ fn an_image_a_qemu_writes_is_refused_and_force_share_reads_it() {
     let d = &d.0;
     run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "w.qcow2", "1M"]);
     run(d, "qemu-io", &["-c", "write -P 0x77 0 4k", "w.qcow2"]);
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _writer = Kill(
-        Command::new("qemu-io")
-            .args(["-c", "sleep 60000", "w.qcow2"])
-            .current_dir(d)
-            .stdin(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let _writer = qemu::Holder::start(d, "qemu-io", &["-c", "sleep 60000", "w.qcow2"], &d.join("w.qcow2"), 101);
     let refused = "advm: w.qcow2: another process has it open for writing (it holds QEMU's write lock, byte 101 \
                    of the file), so the disk may change while it is read; refusing to read it (stop the writer, \
                    which `fuser w.qcow2` names, or read anyway with --force-share/-U, ImageOptions::force_share)\n";

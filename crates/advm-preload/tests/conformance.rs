@@ -33,30 +33,6 @@ const VARIANTS: &[&str] = &["capi", "shim", "shim-memfd"];
 /// at load 8, and once hit 30 s at load 9.
 const TIME_LIMIT: Duration = Duration::from_secs(90);
 
-fn target_dir() -> PathBuf {
-    // .../target/<profile>/deps/conformance-HASH -> .../target/<profile>
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().to_path_buf()
-}
-
-fn mtime(p: &Path) -> Option<std::time::SystemTime> {
-    std::fs::metadata(p).and_then(|m| m.modified()).ok()
-}
-
-/// `libadvm.so`'s directory; panics when it is missing or older than the sources it is
-/// built from (a stale one would test old code).
-fn libadvm_dir() -> PathBuf {
-    let dir = target_dir();
-    let so = dir.join("libadvm.so");
-    assert!(so.exists(), "{} missing: run `cargo build -p advm-capi` first (make test does)", so.display());
-    assert!(
-        mtime(&so) >= fresh_so::newest_source(),
-        "{} is older than its sources: run `cargo build -p advm-capi`",
-        so.display()
-    );
-    dir
-}
-
 fn compile(src: &Path, backend: &str, out: &Path, include: &Path, libdir: &Path) -> Result<(), String> {
     let mut cc = Command::new("cc");
     // -fno-builtin: every malloc/memcpy is a real call (the shim backend's subject);
@@ -158,8 +134,8 @@ fn vcopy_conformance_both_backends() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let suite = root.join("tests/conformance/vcopy");
     let include = root.join("include");
-    let libdir = libadvm_dir();
-    let work = target_dir().join("vcopy-conformance");
+    let libdir = fresh_so::libadvm_dir();
+    let work = fresh_so::target_dir().join("vcopy-conformance");
     std::fs::create_dir_all(&work).unwrap();
     let shim = advm_preload::install(&work).unwrap();
     let mut sources: Vec<PathBuf> = std::fs::read_dir(&suite)

@@ -8,7 +8,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 mod qemu;
-use qemu::{have_qemu, run, Dir};
+use qemu::{have_qemu, run, Dir, Holder};
 
 use advm::image::{ExtentKind, GuestOffset, Image, ImageSpace, MapOptions, OverBudget};
 
@@ -1089,53 +1089,6 @@ fn base_and_top(d: &Path, fill: u8) {
     run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "base.qcow2", "1M"]);
     qemu_io(d, "base.qcow2", &[format!("write -P {fill} 0 64k")]);
     run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "top.qcow2", "1M"]);
-}
-
-/// A process holding an image open (qemu-io, qemu-system), killed on drop.
-struct Holder(std::process::Child);
-
-impl Holder {
-    /// Starts `prog args` in `dir` and waits (up to 10 s) until it holds an OFD lock
-    /// covering byte `byte` of `file`: QEMU has then opened the image.
-    fn start(dir: &Path, prog: &str, args: &[&str], file: &Path, byte: u64) -> Holder {
-        use std::os::unix::fs::MetadataExt;
-        use std::process::{Command, Stdio};
-        let child = Command::new(prog)
-            .args(args)
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let holder = Holder(child);
-        let ino = format!(":{}", fs::metadata(file).unwrap().ino());
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
-            // `N: OFDLCK ADVISORY READ -1 MAJ:MIN:INODE START END`
-            let locks = fs::read_to_string("/proc/locks").unwrap();
-            let held = locks.lines().any(|l| {
-                let f: Vec<&str> = l.split_whitespace().collect();
-                f.len() == 8
-                    && f[1] == "OFDLCK"
-                    && f[5].ends_with(&ino)
-                    && f[6].parse::<u64>().is_ok_and(|s| s <= byte)
-                    && f[7].parse::<u64>().is_ok_and(|e| e >= byte)
-            });
-            if held {
-                return holder;
-            }
-            assert!(std::time::Instant::now() < deadline, "{prog} {args:?} took no lock on byte {byte} in 10 s");
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Holder {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[test]

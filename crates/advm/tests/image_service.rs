@@ -227,27 +227,8 @@ fn a_chain_a_qemu_writes_is_not_served_and_mixed_subclusters_are_and_stay_privat
         writer.read(advm::image::GuestOffset(0), &mut b).unwrap();
         assert_eq!((b[0], b[4095], b[4096]), (0x99, 0x99, 0x5a));
     });
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _writer = Kill(
-        std::process::Command::new("qemu-io")
-            .args(["-c", "sleep 60000", "top.qcow2"])
-            .current_dir(&d.0)
-            .stdin(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
     // qemu-io takes its locks when it has opened the image.
-    let start = Instant::now();
-    while advm::image::Image::open(&top).is_ok() {
-        assert!(start.elapsed() < Duration::from_secs(10), "qemu-io took no lock in 10 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let _writer = qemu::Holder::start(&d.0, "qemu-io", &["-c", "sleep 60000", "top.qcow2"], &top, 101);
     with_service(|sock, _| {
         let e = attach(sock, &top, false).unwrap_err().to_string();
         assert!(e.contains("another process has it open for writing") && e.contains("top.qcow2"), "{e}");

@@ -1,7 +1,30 @@
 //! Shared by the C test programs of advm-capi and advm-preload (included by path):
-//! whether `libadvm.so` is as new as the code it is built from.
+//! where `libadvm.so` is, and whether it is as new as the code it is built from.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// The test binary's target directory: .../target/<profile>/deps/NAME-HASH ->
+/// .../target/<profile>, where `cargo build` puts `libadvm.so`.
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().to_path_buf()
+}
+
+/// `libadvm.so`'s directory; panics when it is missing or older than the sources it is
+/// built from (a stale one would test old code). `cargo test` links tests against the
+/// rlib only; the C library comes from `cargo build` (which `make test` runs first).
+pub fn libadvm_dir() -> PathBuf {
+    let dir = target_dir();
+    let so = dir.join("libadvm.so");
+    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    assert!(so.exists(), "{} missing: run `cargo build -p advm-capi` first (make test does)", so.display());
+    assert!(
+        mtime(&so) >= newest_source(),
+        "{} is older than its sources: run `cargo build -p advm-capi`",
+        so.display()
+    );
+    dir
+}
 
 /// The newest modification time of the sources `libadvm.so` is built from (the
 /// advm, advm-gc and advm-capi crates' src/ and include/). Compared with the .so, not

@@ -54,3 +54,53 @@ pub fn run(dir: &Path, prog: &str, args: &[&str]) -> String {
     );
     String::from_utf8(out.stdout).unwrap()
 }
+
+/// A process holding an image open (qemu-io, qemu-system), killed on drop. (Not every
+/// test file that includes this module holds an image open.)
+#[allow(dead_code)]
+pub struct Holder(std::process::Child);
+
+#[allow(dead_code)]
+impl Holder {
+    /// Starts `prog args` in `dir` and waits (up to 10 s) until it holds an OFD lock
+    /// covering byte `byte` of `file`: QEMU has then opened the image.
+    pub fn start(dir: &Path, prog: &str, args: &[&str], file: &Path, byte: u64) -> Holder {
+        use std::os::unix::fs::MetadataExt;
+        use std::process::{Command, Stdio};
+        let child = Command::new(prog)
+            .args(args)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let holder = Holder(child);
+        let ino = format!(":{}", fs::metadata(file).unwrap().ino());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            // `N: OFDLCK ADVISORY READ -1 MAJ:MIN:INODE START END`
+            let locks = fs::read_to_string("/proc/locks").unwrap();
+            let held = locks.lines().any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() == 8
+                    && f[1] == "OFDLCK"
+                    && f[5].ends_with(&ino)
+                    && f[6].parse::<u64>().is_ok_and(|s| s <= byte)
+                    && f[7].parse::<u64>().is_ok_and(|e| e >= byte)
+            });
+            if held {
+                return holder;
+            }
+            assert!(std::time::Instant::now() < deadline, "{prog} {args:?} took no lock on byte {byte} in 10 s");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
