@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use advm::process::Awaited;
+
 use crate::CliError;
 
 /// Arguments of `advm daemon`.
@@ -26,7 +28,8 @@ pub struct DaemonArgs {
     pub check_hashes_one_in: u64,
 }
 
-/// Serves until killed.
+/// Serves until SIGTERM or SIGINT, then removes the socket and returns; SIGHUP is
+/// ignored (nothing to reload: every setting is an argument).
 pub fn run(args: DaemonArgs) -> Result<(), CliError> {
     let socket = args.socket.unwrap_or_else(advm::wire::socket_path);
     let mut cfg = advmd::Config::at(&socket);
@@ -34,8 +37,22 @@ pub fn run(args: DaemonArgs) -> Result<(), CliError> {
     cfg.max_clients = args.max_clients as usize;
     cfg.frame_timeout = Duration::from_secs(args.frame_timeout_s);
     cfg.hash_check_one_in = args.check_hashes_one_in as usize;
+    // Before any thread starts, so that every thread leaves them to this one.
+    let signals = advm::process::AwaitedSignals::block()?;
     let d = advmd::Daemon::bind(cfg).map_err(|e| CliError::Usage(format!("advm daemon: {e}")))?;
     eprintln!("advmd: serving on {} (stores of at most {} MiB per domain)", socket.display(), args.domain_limit_mib);
-    d.serve();
-    Ok(())
+    let handle = d.spawn();
+    loop {
+        match signals.wait()? {
+            Awaited::Hangup => eprintln!("advmd: SIGHUP ignored (no configuration to reload; restart to change settings)"),
+            sig => {
+                let name = if sig == Awaited::Interrupt { "SIGINT" } else { "SIGTERM" };
+                // Removes the socket; the connections end with the process, and their
+                // clients' next requests fail at once (docs/deploy.md, "Stopping").
+                handle.stop();
+                eprintln!("advmd: stopped on {name}; {} removed", socket.display());
+                return Ok(());
+            }
+        }
+    }
 }

@@ -179,7 +179,21 @@ impl Client {
 
     /// What the store holds.
     pub fn usage(&mut self) -> Result<StoreUsage> {
-        self.backend.usage()
+        self.backend.usage().map_err(|e| self.lost(e))
+    }
+
+    /// A daemon that went away named as such, with its socket; other errors as they are.
+    fn lost(&self, e: Error) -> Error {
+        match &self.via {
+            Via::Daemon { socket } if e.is_disconnect() => {
+                let why = match e {
+                    Error::Disconnected { why, .. } => why,
+                    e => e.to_string(),
+                };
+                Error::Disconnected { socket: socket.clone(), why }
+            }
+            _ => e,
+        }
     }
 
     /// Merges the full pages of `buf` (see the module documentation).
@@ -231,7 +245,7 @@ impl Client {
         // to be anonymous or store memory, which userfaultfd can protect.
         let mut fence = unsafe { WriteFence::new(start, stop - start) }.map_err(|e| fence_error(range, e))?;
         stats.phases.fence_s = t0.elapsed().as_secs_f64();
-        self.merge_fenced(&mut fence, &writable, &mut stats)?;
+        self.merge_fenced(&mut fence, &writable, &mut stats).map_err(|e| self.lost(e))?;
         drop(fence);
         stats.seconds = t0.elapsed().as_secs_f64();
         stats.phases.map_s =
