@@ -40,6 +40,7 @@ pub fn run(args: DaemonArgs) -> Result<(), CliError> {
     // Before any thread starts, so that every thread leaves them to this one.
     let signals = advm::process::AwaitedSignals::block()?;
     let d = advmd::Daemon::bind(cfg).map_err(|e| CliError::Usage(format!("advm daemon: {e}")))?;
+    let socket = d.socket().to_path_buf();
     eprintln!("advmd: serving on {} (stores of at most {} MiB per domain)", socket.display(), args.domain_limit_mib);
     let handle = d.spawn();
     loop {

@@ -61,6 +61,10 @@ impl Config {
     }
 }
 
+/// Longest socket path a UNIX socket address holds (`sun_path` is 108 bytes, with
+/// the terminating NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
 /// A bound daemon, ready to serve.
 #[derive(Debug)]
 pub struct Daemon {
@@ -119,8 +123,15 @@ impl Drop for Handle {
 impl Daemon {
     /// Binds the socket: creates its directory, replaces a stale socket nobody answers
     /// on (refuses to if a daemon does), and lets every uid connect (domains keep them apart).
-    pub fn bind(config: Config) -> Result<Self, DaemonError> {
+    pub fn bind(mut config: Config) -> Result<Self, DaemonError> {
+        // Clients name the socket from their own directories: a relative path would
+        // be found by none of them (and the daemon's messages would not say where).
+        config.socket = std::path::absolute(&config.socket).map_err(|e| DaemonError::io(&config.socket, e))?;
         let path = &config.socket;
+        let len = path.as_os_str().len();
+        if len > MAX_SOCKET_PATH {
+            return Err(DaemonError::TooLong { path: path.clone(), len });
+        }
         // a descriptor per client, and per store file each client is shown: the
         // default soft limit (1024) is reached by a few hundred clients
         let _ = advm::process::raise_open_files_limit();
@@ -140,8 +151,12 @@ impl Daemon {
                 };
                 return Err(DaemonError::NotASocket { path: path.clone(), what });
             }
-            if UnixStream::connect(path).is_ok() {
-                return Err(DaemonError::Busy(path.clone()));
+            match UnixStream::connect(path) {
+                Ok(_) => return Err(DaemonError::Busy(path.clone())),
+                // nobody listens: left by a daemon that died
+                Err(e) if e.kind() == ErrorKind::ConnectionRefused => {}
+                // (no permission, a full backlog...) a daemon may well be serving there
+                Err(e) => return Err(DaemonError::Unknown { path: path.clone(), source: e }),
             }
             std::fs::remove_file(path).map_err(|e| DaemonError::io(path, e))?;
         }

@@ -807,3 +807,52 @@ impl TapSeed for Region {
         self
     }
 }
+
+/// A second daemon on a live socket is refused and leaves it serving; a relative path
+/// is made absolute (clients name it from other directories); a path longer than a
+/// socket address holds is refused saying so; a socket whose state cannot be told (no
+/// permission to connect) is not replaced.
+#[test]
+fn binding_refuses_a_live_socket_and_names_odd_paths_clearly() {
+    let (d, sock) = start("bindodd", |_| {});
+    let e = Daemon::bind(Config::at(&sock)).unwrap_err().to_string();
+    assert_eq!(e, format!("{}: another advmd is already serving on this socket", sock.display()));
+    assert!(Channel::connect(&sock).is_ok(), "the refused daemon took the socket");
+
+    let dir = sock.parent().unwrap().to_path_buf();
+    let long = dir.join("x".repeat(120));
+    let e = Daemon::bind(Config::at(&long)).unwrap_err().to_string();
+    let n = long.as_os_str().len();
+    assert_eq!(
+        e,
+        format!(
+            "{}: {n} bytes long; a UNIX socket path holds at most 107 bytes (name a shorter path with --socket or \
+             ADVM_SOCKET)",
+            long.display()
+        )
+    );
+
+    let rel = std::path::Path::new("advmd-test-relative.sock");
+    let _ = std::fs::remove_file(rel);
+    let b = Daemon::bind(Config::at(rel)).unwrap();
+    assert_eq!(b.socket(), std::env::current_dir().unwrap().join(rel));
+    drop(b);
+    let _ = std::fs::remove_file(rel);
+    d.stop();
+}
+
+/// A socket this process may not connect to (mode 0) may have a daemon behind it: it
+/// is left alone, not replaced. Root connects regardless of the mode: skipped as root.
+#[test]
+fn binding_leaves_a_socket_it_cannot_probe() {
+    if advm::process::is_root() {
+        eprintln!("skipping: root connects to a mode-0 socket (the probe cannot be refused)");
+        return;
+    }
+    let (d, sock) = start("bindnoperm", |_| {});
+    std::fs::set_permissions(&sock, std::os::unix::fs::PermissionsExt::from_mode(0)).unwrap();
+    let e = Daemon::bind(Config::at(&sock)).unwrap_err().to_string();
+    assert!(e.contains("not replacing it in case a daemon serves there"), "{e}");
+    assert!(sock.exists());
+    d.stop();
+}
