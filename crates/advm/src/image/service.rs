@@ -17,7 +17,8 @@
 //! Plans are keyed by every layer's (device, inode, size, ctime), read when the chain
 //! is opened for the request, so a layer rewritten, replaced or touched since is never
 //! served from a stale plan, even with its old mtime put back; the plan of the old
-//! version is dropped.
+//! version is dropped. A layer changed within the last 2 s is not cached at all: a
+//! second write within one clock tick would leave its ctime as it was.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -176,6 +177,23 @@ fn key_of(image: &Image) -> Result<Vec<LayerKey>> {
         .collect()
 }
 
+/// How recent a layer's ctime may be for its plan to be kept. A ctime is taken from
+/// the kernel's coarse clock (one tick, up to 10 ms, behind) and cut to the file
+/// system's granularity (1 ns on ext4, xfs, btrfs, tmpfs; 2 s on FAT), so a write
+/// just after the key was read can leave the key as it was: the plan of a layer
+/// changed this recently is computed for each request until the layer is older.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Whether every layer's ctime in `key` is at least [`SETTLE`] older than `read_at`,
+/// when the key was read: no later write can then leave it unchanged.
+fn settled(key: &[LayerKey], read_at: std::time::SystemTime) -> bool {
+    let Ok(now) = read_at.duration_since(std::time::UNIX_EPOCH) else { return false };
+    let limit = now.saturating_sub(SETTLE);
+    key.iter().all(|&(.., sec, nsec)| {
+        u64::try_from(sec).is_ok_and(|s| std::time::Duration::new(s, nsec.clamp(0, 999_999_999) as u32) < limit)
+    })
+}
+
 impl Service {
     /// A service that maps chains under `options` (their `image` part decides which
     /// backing files may be followed).
@@ -206,7 +224,9 @@ impl Service {
                 peer_may_read(peer, layer.path(), layer.file())?;
             }
         }
+        let read_at = std::time::SystemTime::now();
         let key = key_of(&image)?;
+        let settled = settled(&key, read_at);
         let found = self.plans.lock().expect("no panics under the lock").get(&key).cloned();
         let cached = found.is_some();
         let served = match found {
@@ -218,7 +238,9 @@ impl Service {
                 let mut plans = self.plans.lock().expect("no panics under the lock");
                 // An older version of this chain (same top file) is dropped.
                 plans.retain(|k, _| (k[0].0, k[0].1) != (key[0].0, key[0].1));
-                plans.insert(key, s.clone());
+                if settled {
+                    plans.insert(key, s.clone());
+                }
                 s
             }
         };
