@@ -856,3 +856,31 @@ fn binding_leaves_a_socket_it_cannot_probe() {
     assert!(sock.exists());
     d.stop();
 }
+
+/// A client that cannot reach the daemon is told why and what to do: nothing at the
+/// path, a socket nobody answers on, a socket this user may not reach (as uid 65534,
+/// behind a directory of mode 0700; root only).
+#[test]
+fn a_client_that_cannot_connect_is_told_why() {
+    let (d, sock) = start("connerr", |_| {});
+    let dir = sock.parent().unwrap().to_path_buf();
+    let e = Client::connect(&dir.join("absent.sock"), "").unwrap_err().to_string();
+    assert!(e.ends_with("No such file or directory (os error 2): no advmd serves there (start one with `advm daemon --socket PATH`, or set ADVM_SOCKET to its socket)"), "{e}");
+    let stale = dir.join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    let e = Client::connect(&stale, "").unwrap_err().to_string();
+    assert!(e.contains("no advmd answers (one that died left it"), "{e}");
+    if advm::process::is_root() {
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+        let s = sock.clone();
+        let code = as_uid(65534, move || match Client::connect(&s, "") {
+            Err(e) if e.to_string().contains("Permission denied (os error 13): this user may not connect") => 0,
+            Err(_) => 2,
+            Ok(_) => 1,
+        });
+        assert_eq!(code, 0, "uid 65534 connected through a 0700 directory (1) or was not told why (2)");
+    } else {
+        eprintln!("skipping the uid 65534 part: not root");
+    }
+    d.stop();
+}
