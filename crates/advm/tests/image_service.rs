@@ -204,3 +204,48 @@ fn a_pmem_backing_from_the_service_plans_the_device_as_one_planned_here() {
     assert!(a.1.len() > 3, "{:?}", a.1);
     assert_eq!(a, b);
 }
+
+/// The service opens files as root for others: what it says about a path a peer may
+/// not read must be no more than "may not", whatever the file holds (its format, size,
+/// backing file) or whether it exists, and a file the peer may not read is not opened
+/// at all (opening a device can have effects of its own). Before, the chain was opened
+/// and parsed first: a stranger was told `truncated qcow2 header: file is 50 bytes`
+/// about a file in a directory it may not search, and `No such file` about an absent one.
+#[test]
+fn a_peer_learns_nothing_about_files_it_may_not_read() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = Dir::new("peerleak");
+    let private = d.0.join("private");
+    fs::create_dir(&private).unwrap();
+    fs::write(private.join("secret.qcow2"), b"QFI\xfb plus 45 more bytes of something secret..").unwrap();
+    fs::set_permissions(&private, fs::Permissions::from_mode(0o700)).unwrap();
+    let open_dir = d.0.join("open");
+    fs::create_dir(&open_dir).unwrap();
+    let unreadable = open_dir.join("unreadable.qcow2");
+    fs::write(&unreadable, b"QFI\xfb and then too short").unwrap();
+    fs::set_permissions(&unreadable, fs::Permissions::from_mode(0o600)).unwrap();
+    fs::set_permissions(&open_dir, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(&d.0, fs::Permissions::from_mode(0o755)).unwrap();
+
+    let service = Service::new(MapOptions::default());
+    let me = owner_uid(&d.0);
+    let stranger = Peer { uid: me + 1, gid: me + 1, pid: 1 };
+    let ask = |path: &Path| match service.handle(Some(stranger), &Request::Attach { path: path.to_path_buf() }) {
+        (Reply::Error(why), fds) => {
+            assert!(fds.is_empty());
+            why
+        }
+        (Reply::Plan(_), _) => panic!("{} was served to a stranger", path.display()),
+    };
+    for name in ["secret.qcow2", "absent.qcow2"] {
+        let why = ask(&private.join(name));
+        assert!(why.ends_with(&format!("uid {} may not search {}", me + 1, private.display())), "{why}");
+    }
+    let why = ask(&unreadable);
+    assert!(why.ends_with(&format!("uid {} may not read it (mode 600)", me + 1)), "{why}");
+}
+
+/// The uid owning `dir` (the test's own).
+fn owner_uid(dir: &Path) -> u32 {
+    std::os::unix::fs::MetadataExt::uid(&fs::metadata(dir).unwrap())
+}

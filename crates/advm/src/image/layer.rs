@@ -297,7 +297,18 @@ impl Image {
     /// a qcow2 backing file is recognised by its magic, and anything else is refused
     /// unless `allow_probed_raw`. Every layer must be a regular file or block device.
     pub fn open_with(path: impl AsRef<Path>, options: &ImageOptions) -> Result<Self> {
-        let path = path.as_ref();
+        Self::open_checked(path.as_ref(), options, &|_| Ok(()))
+    }
+
+    /// [`Image::open_with`], asking `may_open` before each layer is looked at or opened
+    /// (the image service refuses a path its peer may not read before anything about
+    /// the file is seen).
+    pub(crate) fn open_checked(
+        path: &Path,
+        options: &ImageOptions,
+        may_open: &dyn Fn(&Path) -> Result<()>,
+    ) -> Result<Self> {
+        may_open(path)?;
         let mut layers = vec![open_layer(path, None)?];
         let mut seen = vec![std::fs::canonicalize(path).map_err(|e| Error::io(path, e))?];
         let top_dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
@@ -328,6 +339,7 @@ impl Image {
                     "backing file {text:?} uses a protocol prefix; only local files (and file:) are supported"
                 )));
             }
+            may_open(&resolved)?;
             let canon = std::fs::canonicalize(&resolved)
                 .map_err(|e| last.err(format!("backing file {text:?} (resolved to {}): {e}", resolved.display())))?;
             if let Some(i) = seen.iter().position(|s| *s == canon) {

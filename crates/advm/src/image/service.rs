@@ -12,7 +12,9 @@
 //! A daemon runs as root and opens files for others: a chain is served to a peer only
 //! when the peer could read every layer itself (permission bits of each file and search
 //! permission on each of its directories, judged by the peer's uid and primary gid;
-//! supplementary groups and ACLs are not consulted, so the check errs on refusing).
+//! supplementary groups and ACLs are not consulted, so the check errs on refusing),
+//! judged before each layer is opened (a refused peer learns nothing of the file) and
+//! again on the file opened.
 //!
 //! Plans are keyed by every layer's (device, inode, size, ctime), read when the chain
 //! is opened for the request, so a layer rewritten, replaced or touched since is never
@@ -218,8 +220,12 @@ impl Service {
     }
 
     fn plan(&self, peer: Option<Peer>, path: &Path) -> Result<(Reply, Vec<OwnedFd>)> {
-        let image = Image::open_with(path, &self.options.image)?;
-        if let Some(peer) = peer.filter(|p| p.uid != 0) {
+        let stranger = peer.filter(|p| p.uid != 0);
+        let image = match stranger {
+            Some(peer) => Image::open_checked(path, &self.options.image, &|p| peer_may_open(peer, p))?,
+            None => Image::open_with(path, &self.options.image)?,
+        };
+        if let Some(peer) = stranger {
             for layer in image.layers() {
                 peer_may_read(peer, layer.path(), layer.file())?;
             }
@@ -298,6 +304,28 @@ fn allows(peer: Peer, meta: &std::fs::Metadata, bit: u32) -> bool {
         0
     };
     meta.mode() >> shift & bit != 0
+}
+
+/// Refuses unless `peer` may reach `path` (search on each directory as the path names
+/// them) and read it, by mode bits: asked before the service looks at or opens the
+/// file, so that a peer learns nothing of a file it may not read (its format, size,
+/// backing file, or whether it exists) and no device is opened for it.
+fn peer_may_open(peer: Peer, path: &Path) -> Result<()> {
+    let refuse = |why: String| Error::Image { path: path.to_path_buf(), why };
+    let parts: Vec<_> = path.components().collect();
+    let mut dir = PathBuf::new();
+    for part in &parts[..parts.len().saturating_sub(1)] {
+        dir.push(part);
+        let m = std::fs::metadata(&dir).map_err(|e| Error::io(&dir, e))?;
+        if !allows(peer, &m, 1) {
+            return Err(refuse(format!("uid {} may not search {}", peer.uid, dir.display())));
+        }
+    }
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if !allows(peer, &meta, 4) {
+        return Err(refuse(format!("uid {} may not read it (mode {:o})", peer.uid, meta.mode() & 0o7777)));
+    }
+    Ok(())
 }
 
 /// Refuses unless `peer` could open `path` (the file the service opened, `file`) for
