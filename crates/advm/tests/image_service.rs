@@ -249,3 +249,42 @@ fn a_peer_learns_nothing_about_files_it_may_not_read() {
 fn owner_uid(dir: &Path) -> u32 {
     std::os::unix::fs::MetadataExt::uid(&fs::metadata(dir).unwrap())
 }
+
+/// Any user may have plans made (of images of its own, deleted after): the service
+/// keeps at most `MAX_CACHED_PLANS`, dropping the least recently served. Each kept plan
+/// holds its layers open: unbounded, every image ever attached (deleted or not) stayed
+/// open in the daemon until it ran out of descriptors, and then its accept failed for
+/// every client.
+#[test]
+fn the_plans_kept_are_bounded_and_the_least_recently_served_go_first() {
+    use advm::image::service::MAX_CACHED_PLANS;
+    let d = Dir::new("bounded");
+    let n = MAX_CACHED_PLANS + 36;
+    let open_fds = || fs::read_dir("/proc/self/fd").unwrap().count();
+    let paths: Vec<_> = (0..n).map(|i| d.0.join(format!("img{i}.raw"))).collect();
+    for p in &paths {
+        fs::write(p, vec![7u8; 4096]).unwrap();
+    }
+    // Plans of layers written less than 2 s ago are not kept.
+    std::thread::sleep(Duration::from_millis(2100));
+    let service = Service::new(MapOptions::default());
+    let fds_before = open_fds();
+    let attach = |p: &Path| match service.handle(None, &Request::Attach { path: p.to_path_buf() }) {
+        (Reply::Plan(plan), _) => plan.cached,
+        (Reply::Error(e), _) => panic!("{e}"),
+    };
+    for p in &paths {
+        assert!(!attach(p));
+        // keep the first one recently served
+        assert!(attach(&paths[0]));
+        if p != &paths[0] {
+            fs::remove_file(p).unwrap();
+        }
+    }
+    // Other tests of this binary open files meanwhile: a margin, well under the 36.
+    let held = open_fds().saturating_sub(fds_before);
+    assert!(held <= MAX_CACHED_PLANS + 16, "{held} descriptors held after {n} images attached");
+    assert_eq!(service.kept(), MAX_CACHED_PLANS);
+    assert_eq!(service.computed(), n);
+    assert!(attach(&paths[0]), "the most recently served plan was dropped");
+}

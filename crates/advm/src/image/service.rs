@@ -155,10 +155,55 @@ struct Served {
     layout: Layout,
 }
 
-/// The service's state: one plan per chain version.
+/// Most plans kept at once. Each keeps its layers open and its decompressed clusters
+/// in memory, and any user may have plans made (of images of its own, then deleted):
+/// unbounded, they ran the daemon out of descriptors (every client's accept failing)
+/// or memory. The least recently served go first; their clients keep what they mapped.
+pub const MAX_CACHED_PLANS: usize = 64;
+/// Most decompressed bytes (memfds) the kept plans may hold together.
+pub const MAX_CACHED_MEMFD_BYTES: u64 = 1 << 30;
+
+/// Kept plans by chain version, each with when it was last served.
+#[derive(Default)]
+struct Plans {
+    by_key: HashMap<Vec<LayerKey>, (Arc<Served>, u64)>,
+    clock: u64,
+}
+
+impl Plans {
+    fn get(&mut self, key: &[LayerKey]) -> Option<Arc<Served>> {
+        self.clock += 1;
+        let now = self.clock;
+        self.by_key.get_mut(key).map(|(s, used)| {
+            *used = now;
+            s.clone()
+        })
+    }
+
+    /// Keeps `s` under `key`, dropping the older versions of its chain (same top file)
+    /// and then the least recently served plans over the bounds.
+    fn keep(&mut self, key: Vec<LayerKey>, s: Arc<Served>) {
+        self.by_key.retain(|k, _| (k[0].0, k[0].1) != (key[0].0, key[0].1));
+        self.clock += 1;
+        self.by_key.insert(key, (s, self.clock));
+        let memfd_bytes = |p: &HashMap<_, (Arc<Served>, u64)>| -> u64 {
+            p.values().map(|(s, _)| s.layout.stats.memfd_bytes).sum()
+        };
+        while self.by_key.len() > MAX_CACHED_PLANS
+            || (self.by_key.len() > 1 && memfd_bytes(&self.by_key) > MAX_CACHED_MEMFD_BYTES)
+        {
+            let Some(oldest) = self.by_key.iter().min_by_key(|(_, (_, used))| *used).map(|(k, _)| k.clone()) else {
+                break;
+            };
+            self.by_key.remove(&oldest);
+        }
+    }
+}
+
+/// The service's state: one plan per chain version, the most recently served kept.
 pub struct Service {
     options: MapOptions,
-    plans: Mutex<HashMap<Vec<LayerKey>, Arc<Served>>>,
+    plans: Mutex<Plans>,
     computed: std::sync::atomic::AtomicUsize,
 }
 
@@ -200,12 +245,17 @@ impl Service {
     /// A service that maps chains under `options` (their `image` part decides which
     /// backing files may be followed).
     pub fn new(options: MapOptions) -> Self {
-        Self { options, plans: Mutex::new(HashMap::new()), computed: 0.into() }
+        Self { options, plans: Mutex::new(Plans::default()), computed: 0.into() }
     }
 
     /// How many plans were computed (not served from the cache).
     pub fn computed(&self) -> usize {
         self.computed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many plans are kept now (at most [`MAX_CACHED_PLANS`]).
+    pub fn kept(&self) -> usize {
+        self.plans.lock().expect("no panics under the lock").by_key.len()
     }
 
     /// Answers one request from `peer` (`None`: a caller of this process, trusted):
@@ -233,7 +283,7 @@ impl Service {
         let read_at = std::time::SystemTime::now();
         let key = key_of(&image)?;
         let settled = settled(&key, read_at);
-        let found = self.plans.lock().expect("no panics under the lock").get(&key).cloned();
+        let found = self.plans.lock().expect("no panics under the lock").get(&key);
         let cached = found.is_some();
         let served = match found {
             Some(s) => s,
@@ -241,11 +291,8 @@ impl Service {
                 let layout = layout(&image, &self.options)?;
                 self.computed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let s = Arc::new(Served { image, layout });
-                let mut plans = self.plans.lock().expect("no panics under the lock");
-                // An older version of this chain (same top file) is dropped.
-                plans.retain(|k, _| (k[0].0, k[0].1) != (key[0].0, key[0].1));
                 if settled {
-                    plans.insert(key, s.clone());
+                    self.plans.lock().expect("no panics under the lock").keep(key, s.clone());
                 }
                 s
             }
