@@ -884,3 +884,38 @@ fn a_client_that_cannot_connect_is_told_why() {
     }
     d.stop();
 }
+
+/// A tag narrows a uid's domain and must not widen its budget: the limit covers all of
+/// a uid's tags (with a full limit per tag, one uid made the daemon hold the limit once
+/// per tag it named, and small adds are copied into the daemon's own memory).
+#[test]
+fn a_uids_tags_share_one_limit() {
+    if !fence_ok() {
+        return;
+    }
+    let ps = page_size();
+    let (_d, sock) = start("taglimit", |c| c.domain_limit_bytes = 64 * ps as u64);
+    let a = filled(48, 31);
+    let mut ca = Client::connect(&sock, "tenant-a").unwrap();
+    let s = ca.merge(a.bytes()).unwrap();
+    assert_eq!((s.added, s.refused), (48, 0), "{s:?}");
+    let b = filled(32, 32);
+    let orig = b.bytes().to_vec();
+    let mut cb = Client::connect(&sock, "tenant-b").unwrap();
+    let s = cb.merge(b.bytes()).unwrap();
+    assert!(s.added <= 16 && s.refused >= 16, "{s:?}");
+    let why = s.refusal.unwrap_or_default();
+    assert!(why.contains("covers all of a uid's tags"), "{why}");
+    assert_eq!(b.bytes(), &orig[..]);
+    // Another uid is not bounded by this one's pages.
+    let s2 = sock.clone();
+    let code = as_uid(1000, move || {
+        let c = filled(32, 33);
+        match Client::connect(&s2, "tenant-b").and_then(|mut k| k.merge(c.bytes())) {
+            Ok(s) if (s.added, s.refused) == (32, 0) => 0,
+            _ => 1,
+        }
+    });
+    assert_eq!(code, 0, "uid 1000's add was refused for uid 0's pages");
+    drop(ca);
+}
