@@ -45,7 +45,9 @@ pub fn run(args: DaemonArgs) -> Result<(), CliError> {
     let handle = d.spawn();
     loop {
         match signals.wait()? {
-            Awaited::Hangup => eprintln!("advmd: SIGHUP ignored (no configuration to reload; restart to change settings)"),
+            Awaited::Hangup => {
+                eprintln!("advmd: SIGHUP ignored (no configuration to reload; restart to change settings)")
+            }
             sig => {
                 let name = if sig == Awaited::Interrupt { "SIGINT" } else { "SIGTERM" };
                 // Removes the socket; the connections end with the process, and their

@@ -1,5 +1,6 @@
 //! `advm daemon` as a deployment runs it: the process, its socket and its signals.
 
+#[allow(dead_code)] // the scratch directory only
 mod common;
 
 use std::path::{Path, PathBuf};

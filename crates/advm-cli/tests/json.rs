@@ -2,6 +2,7 @@
 //! document on stdout with the field names its docs page lists, nothing on stderr;
 //! with an error, nothing on stdout, the message on stderr, status 1.
 
+#[allow(dead_code)] // the scratch directory only
 mod common;
 
 use std::process::Command;
@@ -80,7 +81,10 @@ fn each_json_command_prints_one_document_with_its_documented_fields() {
 fn a_json_command_that_fails_prints_nothing_on_stdout_and_the_error_on_stderr() {
     let d = common::dir("json-errors");
     for (args, says) in [
-        (&["image", "info", "--json", "nothere.qcow2"][..], "advm: nothere.qcow2: No such file or directory (os error 2)\n"),
+        (
+            &["image", "info", "--json", "nothere.qcow2"][..],
+            "advm: nothere.qcow2: No such file or directory (os error 2)\n",
+        ),
         (&["stat", "--json", "0"][..], "advm: "),
     ] {
         let (code, out, err) = advm(&d.0, args);

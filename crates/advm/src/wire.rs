@@ -76,7 +76,9 @@ fn wire_err(what: &'static str, why: impl Into<String>) -> Error {
 fn connect_error(e: std::io::Error) -> std::io::Error {
     use std::io::ErrorKind as K;
     let hint = match e.kind() {
-        K::NotFound => "no advmd serves there (start one with `advm daemon --socket PATH`, or set ADVM_SOCKET to its socket)",
+        K::NotFound => {
+            "no advmd serves there (start one with `advm daemon --socket PATH`, or set ADVM_SOCKET to its socket)"
+        }
         K::ConnectionRefused => "a socket is there but no advmd answers (one that died left it; start a new one)",
         K::PermissionDenied => {
             "this user may not connect: advmd makes its socket mode 0666, so a directory above it (or a changed \

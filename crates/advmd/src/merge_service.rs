@@ -320,7 +320,12 @@ impl Session {
                             domain.uid
                         );
                         let room = limit.saturating_sub(held) / advm::mem::page_size() as u64;
-                        return Ok(Reply::Added { slots: vec![NO_SLOT; hashes.len()], refusal, room, segments: vec![] });
+                        return Ok(Reply::Added {
+                            slots: vec![NO_SLOT; hashes.len()],
+                            refusal,
+                            room,
+                            segments: vec![],
+                        });
                     }
                 };
                 self.add(&store, &hashes, pages)

@@ -850,7 +850,7 @@ fn binding_leaves_a_socket_it_cannot_probe() {
         return;
     }
     let (d, sock) = start("bindnoperm", |_| {});
-    std::fs::set_permissions(&sock, std::os::unix::fs::PermissionsExt::from_mode(0)).unwrap();
+    std::fs::set_permissions(&sock, std::os::unix::fs::PermissionsExt::from_mode(0o0)).unwrap();
     let e = Daemon::bind(Config::at(&sock)).unwrap_err().to_string();
     assert!(e.contains("not replacing it in case a daemon serves there"), "{e}");
     assert!(sock.exists());

@@ -186,9 +186,8 @@ impl Plans {
         self.by_key.retain(|k, _| (k[0].0, k[0].1) != (key[0].0, key[0].1));
         self.clock += 1;
         self.by_key.insert(key, (s, self.clock));
-        let memfd_bytes = |p: &HashMap<_, (Arc<Served>, u64)>| -> u64 {
-            p.values().map(|(s, _)| s.layout.stats.memfd_bytes).sum()
-        };
+        let memfd_bytes =
+            |p: &HashMap<_, (Arc<Served>, u64)>| -> u64 { p.values().map(|(s, _)| s.layout.stats.memfd_bytes).sum() };
         while self.by_key.len() > MAX_CACHED_PLANS
             || (self.by_key.len() > 1 && memfd_bytes(&self.by_key) > MAX_CACHED_MEMFD_BYTES)
         {

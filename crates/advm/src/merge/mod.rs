@@ -174,7 +174,10 @@ impl std::fmt::Debug for Client {
 impl Client {
     /// A store of this process's own, of at most `limit_bytes`.
     pub fn local(limit_bytes: u64, reason: &str) -> Result<Self> {
-        Ok(Self { backend: Kept(Some(Box::new(Local::new(limit_bytes)?))), via: Via::Local { reason: reason.to_string() } })
+        Ok(Self {
+            backend: Kept(Some(Box::new(Local::new(limit_bytes)?))),
+            via: Via::Local { reason: reason.to_string() },
+        })
     }
 
     /// The store of this process's uid in the `advmd` at `socket`, or of the
