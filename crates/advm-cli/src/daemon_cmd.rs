@@ -41,19 +41,23 @@ pub fn run(args: DaemonArgs) -> Result<(), CliError> {
     let signals = advm::process::AwaitedSignals::block()?;
     let d = advmd::Daemon::bind(cfg).map_err(|e| CliError::Usage(format!("advm daemon: {e}")))?;
     let socket = d.socket().to_path_buf();
-    eprintln!("advmd: serving on {} (stores of at most {} MiB per domain)", socket.display(), args.domain_limit_mib);
+    advmd::say(format_args!(
+        "serving on {} (stores of at most {} MiB per domain)",
+        socket.display(),
+        args.domain_limit_mib
+    ));
     let handle = d.spawn();
     loop {
         match signals.wait()? {
             Awaited::Hangup => {
-                eprintln!("advmd: SIGHUP ignored (no configuration to reload; restart to change settings)")
+                advmd::say(format_args!("SIGHUP ignored (no configuration to reload; restart to change settings)"))
             }
             sig => {
                 let name = if sig == Awaited::Interrupt { "SIGINT" } else { "SIGTERM" };
                 // Removes the socket; the connections end with the process, and their
                 // clients' next requests fail at once (docs/deploy.md, "Stopping").
                 handle.stop();
-                eprintln!("advmd: stopped on {name}; {} removed", socket.display());
+                advmd::say(format_args!("stopped on {name}; {} removed", socket.display()));
                 return Ok(());
             }
         }

@@ -93,3 +93,34 @@ fn sigterm_and_sigint_stop_the_daemon_cleanly_and_sighup_is_ignored() {
         assert_eq!(buf.bytes()[1..], want[1..]);
     }
 }
+
+/// A daemon whose stderr reader went away (a journald restart, `advm daemon 2>&1 |
+/// head -1`) goes on serving, and stops cleanly: its messages are dropped. (Its first
+/// message panicked on the closed pipe and the daemon died, leaving its socket.)
+#[test]
+fn a_daemon_whose_stderr_is_closed_goes_on_serving() {
+    let dir = common::dir("daemon-stderr");
+    let sock = sock_in(&dir);
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let mut daemon = Command::new(env!("CARGO_BIN_EXE_advm"))
+        .args(["daemon", "--socket"])
+        .arg(&sock)
+        .stderr(writer)
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        assert!(daemon.try_wait().unwrap().is_none(), "the daemon died: {:?}", daemon.try_wait());
+        assert!(t0.elapsed() < Duration::from_secs(20), "advm daemon did not listen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    kill(&daemon, "HUP");
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(daemon.try_wait().unwrap().is_none(), "SIGHUP with stderr closed ended the daemon");
+    assert!(advm::merge::Client::connect(&sock, "").is_ok());
+    kill(&daemon, "TERM");
+    let (status, _) = wait_exit(daemon);
+    assert!(status.success(), "{status}");
+    assert!(!sock.exists());
+}

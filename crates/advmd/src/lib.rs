@@ -29,6 +29,15 @@ pub use request::Request;
 /// a resource (a descriptor, kernel memory).
 const ACCEPT_RETRY: Duration = Duration::from_millis(20);
 
+/// Writes `advmd: MESSAGE` on stderr in one write, and ignores a failure: stderr may
+/// be a pipe whose reader went away (a journald restart, `advm daemon 2>&1 | head`),
+/// and `eprintln!` would panic there, ending the daemon (or its accept loop).
+pub fn say(message: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let line = format!("advmd: {message}\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
 /// How the daemon runs.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -199,7 +208,7 @@ impl Daemon {
                     // ENOMEM): the connection stays queued and accept fails again at
                     // once, so retrying at once spins a CPU. Wait for a client to leave.
                     if !starved {
-                        eprintln!("advmd: accept: {e}; waiting connections are served once a client leaves");
+                        say(format_args!("accept: {e}; waiting connections are served once a client leaves"));
                         starved = true;
                     }
                     std::thread::sleep(ACCEPT_RETRY);
