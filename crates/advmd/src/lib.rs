@@ -14,7 +14,7 @@ pub mod merge_service;
 mod request;
 
 use std::io::ErrorKind;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -78,6 +78,10 @@ const MAX_SOCKET_PATH: usize = 107;
 #[derive(Debug)]
 pub struct Daemon {
     listener: UnixListener,
+    /// `SOCKET.lock`, locked for the daemon's life: two daemons started at once on one
+    /// path could otherwise both find a stale socket, and the second remove the
+    /// first's new one.
+    _lock: std::fs::File,
     config: Config,
     services: Arc<Services>,
     stop: Arc<AtomicBool>,
@@ -147,6 +151,26 @@ impl Daemon {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| DaemonError::io(dir, e))?;
         }
+        let lock_path = {
+            let mut p = path.clone().into_os_string();
+            p.push(".lock");
+            PathBuf::from(p)
+        };
+        let lock = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            // never through a link someone put there (the daemon runs as root)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&lock_path)
+            .map_err(|e| DaemonError::io(&lock_path, e))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => return Err(DaemonError::Busy(path.clone())),
+            Err(std::fs::TryLockError::Error(e)) => return Err(DaemonError::io(&lock_path, e)),
+        }
         // Only a socket left behind by a daemon that died is replaced: the path may
         // name any file (the daemon runs as root), and binding needs it gone.
         if let Ok(meta) = std::fs::symlink_metadata(path) {
@@ -175,7 +199,7 @@ impl Daemon {
             merge: merge_service::Stores::new(config.domain_limit_bytes),
             image: advm::image::service::Service::new(advm::image::MapOptions::default()),
         });
-        Ok(Self { listener, config, services, stop: Arc::new(AtomicBool::new(false)) })
+        Ok(Self { listener, _lock: lock, config, services, stop: Arc::new(AtomicBool::new(false)) })
     }
 
     /// The socket it listens on.

@@ -921,3 +921,36 @@ fn a_uids_tags_share_one_limit() {
     assert_eq!(code, 0, "uid 1000's add was refused for uid 0's pages");
     drop(ca);
 }
+
+/// Two daemons started at once on one path: the socket's lock file lets one bind and
+/// refuses the other, so the second cannot remove the first's new socket as stale.
+/// The lock is held for the daemon's life and not through a symbolic link.
+#[test]
+fn a_daemon_starting_while_another_holds_the_sockets_lock_is_refused() {
+    let dir = std::env::temp_dir().join(format!("advmd-test-{}-bindlock", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("s.sock");
+    // a stale socket, and another daemon starting on it (holding the lock)
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    let other =
+        std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(dir.join("s.sock.lock")).unwrap();
+    other.lock().unwrap();
+    let e = Daemon::bind(Config::at(&sock)).unwrap_err().to_string();
+    assert_eq!(e, format!("{}: another advmd is already serving on this socket", sock.display()));
+    let kind = std::fs::symlink_metadata(&sock).unwrap().file_type();
+    assert!(std::os::unix::fs::FileTypeExt::is_socket(&kind), "the stale socket was touched");
+    other.unlock().unwrap();
+    let h = Daemon::bind(Config::at(&sock)).unwrap().spawn();
+    assert!(Channel::connect(&sock).is_ok());
+    assert!(Daemon::bind(Config::at(&sock)).is_err());
+    h.stop();
+    // A link where the lock file goes is not followed.
+    let target = dir.join("precious");
+    std::fs::write(&target, b"keep").unwrap();
+    std::fs::remove_file(dir.join("s.sock.lock")).unwrap();
+    std::os::unix::fs::symlink(&target, dir.join("s.sock.lock")).unwrap();
+    assert!(Daemon::bind(Config::at(&sock)).is_err());
+    assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+    let _ = std::fs::remove_dir_all(&dir);
+}
