@@ -151,6 +151,10 @@ impl Daemon {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| DaemonError::io(dir, e))?;
         }
+        // Refused before a lock file is made beside it (`--socket /etc/passwd`).
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            not_a_socket(path, &meta)?;
+        }
         let lock_path = {
             let mut p = path.clone().into_os_string();
             p.push(".lock");
@@ -174,16 +178,7 @@ impl Daemon {
         // Only a socket left behind by a daemon that died is replaced: the path may
         // name any file (the daemon runs as root), and binding needs it gone.
         if let Ok(meta) = std::fs::symlink_metadata(path) {
-            let t = meta.file_type();
-            if !t.is_socket() {
-                let what = match () {
-                    _ if t.is_file() => "a regular file",
-                    _ if t.is_dir() => "a directory",
-                    _ if t.is_symlink() => "a symbolic link",
-                    _ => "a device or FIFO",
-                };
-                return Err(DaemonError::NotASocket { path: path.clone(), what });
-            }
+            not_a_socket(path, &meta)?;
             match UnixStream::connect(path) {
                 Ok(_) => return Err(DaemonError::Busy(path.clone())),
                 // nobody listens: left by a daemon that died
@@ -262,6 +257,21 @@ impl Daemon {
             }
         }
     }
+}
+
+/// Refuses a path where something other than a socket is.
+fn not_a_socket(path: &Path, meta: &std::fs::Metadata) -> Result<(), DaemonError> {
+    let t = meta.file_type();
+    if t.is_socket() {
+        return Ok(());
+    }
+    let what = match () {
+        _ if t.is_file() => "a regular file",
+        _ if t.is_dir() => "a directory",
+        _ if t.is_symlink() => "a symbolic link",
+        _ => "a device or FIFO",
+    };
+    Err(DaemonError::NotASocket { path: path.to_path_buf(), what })
 }
 
 /// One connection: frames in, replies out, until the client leaves or breaks the

@@ -308,6 +308,7 @@ fn binding_replaces_only_a_stale_socket_never_another_file() {
         );
     }
     assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
+    assert!(!dir.join("precious.txt.lock").exists(), "a lock file was made beside a path refused");
     assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink() && sub.is_dir());
     // A socket nobody answers on (a daemon killed with SIGKILL leaves one) is replaced.
     let stale = dir.join("stale.sock");
