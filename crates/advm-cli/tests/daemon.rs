@@ -101,14 +101,14 @@ fn sigterm_and_sigint_stop_the_daemon_cleanly_and_sighup_is_ignored() {
 fn a_daemon_whose_stderr_is_closed_goes_on_serving() {
     let dir = common::dir("daemon-stderr");
     let sock = sock_in(&dir);
-    let (reader, writer) = std::io::pipe().unwrap();
-    drop(reader);
     let mut daemon = Command::new(env!("CARGO_BIN_EXE_advm"))
         .args(["daemon", "--socket"])
         .arg(&sock)
-        .stderr(writer)
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // The reader goes away before the daemon's first message.
+    drop(daemon.stderr.take());
     let t0 = Instant::now();
     while std::os::unix::net::UnixStream::connect(&sock).is_err() {
         assert!(daemon.try_wait().unwrap().is_none(), "the daemon died: {:?}", daemon.try_wait());

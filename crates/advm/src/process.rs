@@ -74,6 +74,13 @@ pub enum Awaited {
     Hangup,
 }
 
+/// Takes an exclusive advisory lock (`flock`) on `file` without waiting: false when
+/// another holder has it. Held until every descriptor of this open file is closed (a
+/// daemon's lock on its socket's path, for its life).
+pub fn try_lock_file(file: &std::fs::File) -> Result<bool> {
+    Ok(crate::sys::fs::try_lock_exclusive(file)?)
+}
+
 /// True when this process runs with effective uid 0.
 pub fn is_root() -> bool {
     crate::sys::is_root()

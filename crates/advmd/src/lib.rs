@@ -170,10 +170,8 @@ impl Daemon {
             .custom_flags(libc::O_NOFOLLOW)
             .open(&lock_path)
             .map_err(|e| DaemonError::io(&lock_path, e))?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => return Err(DaemonError::Busy(path.clone())),
-            Err(std::fs::TryLockError::Error(e)) => return Err(DaemonError::io(&lock_path, e)),
+        if !advm::process::try_lock_file(&lock)? {
+            return Err(DaemonError::Busy(path.clone()));
         }
         // Only a socket left behind by a daemon that died is replaced: the path may
         // name any file (the daemon runs as root), and binding needs it gone.

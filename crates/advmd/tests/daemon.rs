@@ -936,12 +936,12 @@ fn a_daemon_starting_while_another_holds_the_sockets_lock_is_refused() {
     drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
     let other =
         std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(dir.join("s.sock.lock")).unwrap();
-    other.lock().unwrap();
+    assert!(advm::process::try_lock_file(&other).unwrap());
     let e = Daemon::bind(Config::at(&sock)).unwrap_err().to_string();
     assert_eq!(e, format!("{}: another advmd is already serving on this socket", sock.display()));
     let kind = std::fs::symlink_metadata(&sock).unwrap().file_type();
     assert!(std::os::unix::fs::FileTypeExt::is_socket(&kind), "the stale socket was touched");
-    other.unlock().unwrap();
+    drop(other);
     let h = Daemon::bind(Config::at(&sock)).unwrap().spawn();
     assert!(Channel::connect(&sock).is_ok());
     assert!(Daemon::bind(Config::at(&sock)).is_err());
