@@ -18,6 +18,9 @@ pub struct DaemonArgs {
     /// Clients served at once; more are refused with a reply saying so.
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     pub max_clients: u64,
+    /// Clients of one uid served at once (its idle connections cannot take every slot).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub max_clients_per_uid: u64,
     /// Seconds a request may take to arrive once begun (and a reply to be read).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub frame_timeout_s: u64,
@@ -35,6 +38,7 @@ pub fn run(args: DaemonArgs) -> Result<(), CliError> {
     let mut cfg = advmd::Config::at(&socket);
     cfg.domain_limit_bytes = args.domain_limit_mib << 20;
     cfg.max_clients = args.max_clients as usize;
+    cfg.max_clients_per_uid = args.max_clients_per_uid as usize;
     cfg.frame_timeout = Duration::from_secs(args.frame_timeout_s);
     cfg.hash_check_one_in = args.check_hashes_one_in as usize;
     // Before any thread starts, so that every thread leaves them to this one.

@@ -13,6 +13,7 @@ mod error;
 pub mod merge_service;
 mod request;
 
+use std::collections::HashMap;
 use std::io::ErrorKind;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -47,6 +48,9 @@ pub struct Config {
     pub domain_limit_bytes: u64,
     /// Connections served at once; more are refused with a reply saying so.
     pub max_clients: usize,
+    /// Connections of one uid served at once: one uid's idle connections (which may
+    /// wait forever) cannot take every slot from the others.
+    pub max_clients_per_uid: usize,
     /// How long a frame may take once begun, and a reply to be taken.
     pub frame_timeout: Duration,
     /// Of an add's pages, the daemon hashes one in this many (picked at random) to
@@ -57,13 +61,14 @@ pub struct Config {
 }
 
 impl Config {
-    /// Defaults at `socket`: 4 GiB per domain, 4096 clients, 10 s per frame, one
-    /// page in 64 of each add hashed by the daemon.
+    /// Defaults at `socket`: 4 GiB per domain, 4096 clients (1024 of one uid), 10 s
+    /// per frame, one page in 64 of each add hashed by the daemon.
     pub fn at(socket: impl Into<PathBuf>) -> Self {
         Self {
             socket: socket.into(),
             domain_limit_bytes: 4 << 30,
             max_clients: 4096,
+            max_clients_per_uid: 1024,
             frame_timeout: Duration::from_secs(10),
             hash_check_one_in: 64,
         }
@@ -212,6 +217,7 @@ impl Daemon {
     /// Accepts connections until stopped, one thread each.
     pub fn serve(self) {
         let live = Arc::new(AtomicUsize::new(0));
+        let per_uid: Arc<std::sync::Mutex<HashMap<u32, usize>>> = Arc::default();
         let mut starved = false;
         for conn in self.listener.incoming() {
             if self.stop.load(Ordering::SeqCst) {
@@ -242,16 +248,56 @@ impl Daemon {
                     request::refuse(&ch, &format!("advmd serves at most {} clients at once", self.config.max_clients));
                 continue;
             }
+            let Ok(peer) = ch.peer() else { continue };
+            let most = self.config.max_clients_per_uid;
+            let Some(slot) = UidSlot::take(&per_uid, peer.uid, most) else {
+                let why =
+                    format!("advmd serves at most {most} clients of one uid at once (uid {} has as many)", peer.uid);
+                let _ = request::refuse(&ch, &why);
+                continue;
+            };
             live.fetch_add(1, Ordering::SeqCst);
             let (services, live2, timeout) = (self.services.clone(), live.clone(), self.config.frame_timeout);
             let check = self.config.hash_check_one_in;
             let spawned =
                 std::thread::Builder::new().name("advmd-client".into()).stack_size(256 << 10).spawn(move || {
                     serve_client(ch, &services, timeout, check);
+                    drop(slot);
                     live2.fetch_sub(1, Ordering::SeqCst);
                 });
             if spawned.is_err() {
                 live.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+/// One of a uid's connection slots, given back on drop.
+struct UidSlot {
+    counts: Arc<std::sync::Mutex<HashMap<u32, usize>>>,
+    uid: u32,
+}
+
+impl UidSlot {
+    /// A slot of `uid`'s, unless it has `most` already.
+    fn take(counts: &Arc<std::sync::Mutex<HashMap<u32, usize>>>, uid: u32, most: usize) -> Option<Self> {
+        let mut c = counts.lock().unwrap_or_else(|p| p.into_inner());
+        let n = c.entry(uid).or_default();
+        if *n >= most {
+            return None;
+        }
+        *n += 1;
+        Some(Self { counts: counts.clone(), uid })
+    }
+}
+
+impl Drop for UidSlot {
+    fn drop(&mut self) {
+        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = c.get_mut(&self.uid) {
+            *n -= 1;
+            if *n == 0 {
+                c.remove(&self.uid);
             }
         }
     }

@@ -955,3 +955,30 @@ fn a_daemon_starting_while_another_holds_the_sockets_lock_is_refused() {
     assert_eq!(std::fs::read(&target).unwrap(), b"keep");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// One uid's connections, idle as long as they like, cannot take every slot: past
+/// `max_clients_per_uid` its next one is refused saying so, and another uid is served.
+#[test]
+fn one_uid_cannot_take_every_client_slot() {
+    let (_d, sock) = start("peruid", |c| c.max_clients_per_uid = 2);
+    let held: Vec<Channel> = (0..2).map(|_| Channel::connect(&sock).unwrap()).collect();
+    // The accept loop counts a connection once it has taken it.
+    for ch in &held {
+        Request::Usage.send(ch).unwrap();
+        let _ = Reply::recv(ch);
+    }
+    let e = Client::connect(&sock, "").unwrap_err().to_string();
+    assert!(e.contains("advmd serves at most 2 clients of one uid at once"), "{e}");
+    let s = sock.clone();
+    let code = as_uid(1000, move || match Client::connect(&s, "") {
+        Ok(_) => 0,
+        Err(_) => 1,
+    });
+    assert_eq!(code, 0, "another uid was refused");
+    drop(held);
+    let t0 = std::time::Instant::now();
+    while Client::connect(&sock, "").is_err() {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(5), "the slots were not given back");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
