@@ -183,10 +183,11 @@ impl Client {
     /// The store of this process's uid in the `advmd` at `socket`, or of the
     /// narrower domain `tag` (empty: the uid's own).
     pub fn connect(socket: &std::path::Path, tag: &str) -> Result<Self> {
-        Ok(Self {
-            backend: Kept(Some(Box::new(Daemon::connect(socket, tag)?))),
-            via: Via::Daemon { socket: socket.display().to_string() },
-        })
+        let via = Via::Daemon { socket: socket.display().to_string() };
+        match Daemon::connect(socket, tag) {
+            Ok(d) => Ok(Self { backend: Kept(Some(Box::new(d))), via }),
+            Err(e) => Err(lost(&via, e)),
+        }
     }
 
     /// The daemon at [`socket_path`] when one answers, else a store of this process's
@@ -214,7 +215,7 @@ impl Client {
     /// What the store holds.
     pub fn usage(&mut self) -> Result<StoreUsage> {
         self.check_intact()?;
-        self.backend.usage().map_err(|e| self.lost(e))
+        self.backend.usage().map_err(|e| lost(&self.via, e))
     }
 
     /// Fails when the program closed this client's descriptors ([`Client`]).
@@ -228,20 +229,6 @@ impl Client {
                   touches and closes nothing more: make a new client"
                 .into(),
         })
-    }
-
-    /// A daemon that went away named as such, with its socket; other errors as they are.
-    fn lost(&self, e: Error) -> Error {
-        match &self.via {
-            Via::Daemon { socket } if e.is_disconnect() => {
-                let why = match e {
-                    Error::Disconnected { why, .. } => why,
-                    e => e.to_string(),
-                };
-                Error::Disconnected { socket: socket.clone(), why }
-            }
-            _ => e,
-        }
     }
 
     /// Merges the full pages of `buf` (see the module documentation).
@@ -294,7 +281,7 @@ impl Client {
         // to be anonymous or store memory, which userfaultfd can protect.
         let mut fence = unsafe { WriteFence::new(start, stop - start) }.map_err(|e| fence_error(range, e))?;
         stats.phases.fence_s = t0.elapsed().as_secs_f64();
-        self.merge_fenced(&mut fence, &writable, &mut stats).map_err(|e| self.lost(e))?;
+        self.merge_fenced(&mut fence, &writable, &mut stats).map_err(|e| lost(&self.via, e))?;
         drop(fence);
         stats.seconds = t0.elapsed().as_secs_f64();
         stats.phases.map_s =
@@ -451,6 +438,20 @@ fn fence_error(range: PageRange, e: crate::sys::SysError) -> Error {
         return Error::Unsupported { what: "write-protecting a range while it is merged", why };
     }
     Error::Sys(e)
+}
+
+/// A daemon that went away named as such, with its socket; other errors as they are.
+fn lost(via: &Via, e: Error) -> Error {
+    match via {
+        Via::Daemon { socket } if e.is_disconnect() => {
+            let why = match e {
+                Error::Disconnected { why, .. } => why,
+                e => e.to_string(),
+            };
+            Error::Disconnected { socket: socket.clone(), why }
+        }
+        _ => e,
+    }
 }
 
 /// The process-wide client, made on first use, and again in a forked child, which
