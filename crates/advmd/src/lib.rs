@@ -86,7 +86,7 @@ pub struct Daemon {
     /// `SOCKET.lock`, locked for the daemon's life: two daemons started at once on one
     /// path could otherwise both find a stale socket, and the second remove the
     /// first's new one.
-    _lock: std::fs::File,
+    lock: std::fs::File,
     config: Config,
     services: Arc<Services>,
     stop: Arc<AtomicBool>,
@@ -107,6 +107,9 @@ pub struct Handle {
     stop: Arc<AtomicBool>,
     socket: PathBuf,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// The socket's lock, held until the socket is removed (after the accept loop has
+    /// ended): a daemon starting meanwhile must not bind a socket this one then removes.
+    _lock: Option<std::fs::File>,
     /// The services, to inspect in tests.
     pub services: Arc<Services>,
 }
@@ -197,7 +200,7 @@ impl Daemon {
             merge: merge_service::Stores::new(config.domain_limit_bytes),
             image: advm::image::service::Service::new(advm::image::MapOptions::default()),
         });
-        Ok(Self { listener, _lock: lock, config, services, stop: Arc::new(AtomicBool::new(false)) })
+        Ok(Self { listener, lock, config, services, stop: Arc::new(AtomicBool::new(false)) })
     }
 
     /// The socket it listens on.
@@ -210,8 +213,9 @@ impl Daemon {
         let stop = self.stop.clone();
         let socket = self.config.socket.clone();
         let services = self.services.clone();
+        let lock = self.lock.try_clone().ok();
         let thread = std::thread::Builder::new().name("advmd-accept".into()).spawn(move || self.serve()).ok();
-        Handle { stop, socket, thread, services }
+        Handle { stop, socket, thread, _lock: lock, services }
     }
 
     /// Accepts connections until stopped, one thread each.
