@@ -81,6 +81,7 @@ fn sigterm_and_sigint_stop_the_daemon_cleanly_and_sighup_is_ignored() {
         assert!(stderr.contains(&format!("stopped on SIG{stop}")), "{stderr}");
         assert!(stderr.contains("SIGHUP ignored"), "{stderr}");
         assert!(!sock.exists(), "SIG{stop} left {}", sock.display());
+        assert!(!dir.0.join("advmd.sock.lock").exists(), "SIG{stop} left the socket's lock file");
 
         // The merged pages map the store, which outlives the daemon while mapped.
         assert!(buf.bytes() == want.as_slice(), "merged bytes changed when the daemon exited");

@@ -15,7 +15,7 @@ mod request;
 
 use std::collections::HashMap;
 use std::io::ErrorKind;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -132,6 +132,11 @@ impl Handle {
         if std::fs::symlink_metadata(&self.socket).is_ok_and(|m| m.file_type().is_socket()) {
             let _ = std::fs::remove_file(&self.socket);
         }
+        // Removed while still held: a daemon that opened it before and locks it after
+        // finds it no longer at its path and refuses ([`Daemon::bind`]).
+        if self._lock.is_some() {
+            let _ = std::fs::remove_file(lock_path(&self.socket));
+        }
     }
 }
 
@@ -163,11 +168,7 @@ impl Daemon {
         if let Ok(meta) = std::fs::symlink_metadata(path) {
             not_a_socket(path, &meta)?;
         }
-        let lock_path = {
-            let mut p = path.clone().into_os_string();
-            p.push(".lock");
-            PathBuf::from(p)
-        };
+        let lock_path = lock_path(path);
         let lock = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -178,7 +179,14 @@ impl Daemon {
             .custom_flags(libc::O_NOFOLLOW)
             .open(&lock_path)
             .map_err(|e| DaemonError::io(&lock_path, e))?;
+        // Locked, and still the file at its path: a stopping daemon removes it, and one
+        // that opened it just before would otherwise hold a lock nobody else can see.
         if !advm::process::try_lock_file(&lock)? {
+            return Err(DaemonError::Busy(path.clone()));
+        }
+        let id = |m: std::fs::Metadata| (m.dev(), m.ino());
+        let held = id(lock.metadata().map_err(|e| DaemonError::io(&lock_path, e))?);
+        if std::fs::symlink_metadata(&lock_path).ok().map(id) != Some(held) {
             return Err(DaemonError::Busy(path.clone()));
         }
         // Only a socket left behind by a daemon that died is replaced: the path may
@@ -305,6 +313,13 @@ impl Drop for UidSlot {
             }
         }
     }
+}
+
+/// Where a daemon's lock for `socket` is: `SOCKET.lock`.
+fn lock_path(socket: &Path) -> PathBuf {
+    let mut p = socket.as_os_str().to_owned();
+    p.push(".lock");
+    PathBuf::from(p)
 }
 
 /// Refuses a path where something other than a socket is.

@@ -841,6 +841,7 @@ fn binding_refuses_a_live_socket_and_names_odd_paths_clearly() {
     assert_eq!(b.socket(), std::env::current_dir().unwrap().join(rel));
     drop(b);
     let _ = std::fs::remove_file(rel);
+    let _ = std::fs::remove_file("advmd-test-relative.sock.lock");
     d.stop();
 }
 
@@ -945,11 +946,15 @@ fn a_daemon_starting_while_another_holds_the_sockets_lock_is_refused() {
     let h = Daemon::bind(Config::at(&sock)).unwrap().spawn();
     assert!(Channel::connect(&sock).is_ok());
     assert!(Daemon::bind(Config::at(&sock)).is_err());
+    // A lock opened before the daemon stops and taken after is not at its path any more.
+    let late = std::fs::OpenOptions::new().write(true).open(dir.join("s.sock.lock")).unwrap();
     h.stop();
+    assert!(!sock.exists() && !dir.join("s.sock.lock").exists(), "the stopped daemon left its socket or lock");
+    assert!(advm::process::try_lock_file(&late).unwrap());
+    drop(late);
     // A link where the lock file goes is not followed.
     let target = dir.join("precious");
     std::fs::write(&target, b"keep").unwrap();
-    std::fs::remove_file(dir.join("s.sock.lock")).unwrap();
     std::os::unix::fs::symlink(&target, dir.join("s.sock.lock")).unwrap();
     assert!(Daemon::bind(Config::at(&sock)).is_err());
     assert_eq!(std::fs::read(&target).unwrap(), b"keep");
