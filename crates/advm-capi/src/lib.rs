@@ -31,6 +31,7 @@ pub fn errno_of(e: &advm::Error) -> i32 {
         advm::Error::PermissionDenied { .. } => libc::EPERM,
         advm::Error::KernelThread { .. } => libc::EINVAL,
         advm::Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+        advm::Error::Disconnected { .. } => libc::EPIPE,
         _ => libc::EIO,
     };
     -raw.abs()

@@ -139,7 +139,7 @@ pub fn run(cmd: ImageCmd) -> Result<(), CliError> {
                         v
                     })
                     .collect();
-                outln!("{}", to_json(&serde_json::json!({ "size": map.size, "extents": extents })));
+                outln!("{}", to_json(&serde_json::json!({ "virtual_size_bytes": map.size, "extents": extents })));
                 return Ok(());
             }
             let mut cells = vec![["start", "length", "kind", "depth", "file", "offset"].map(String::from).to_vec()];

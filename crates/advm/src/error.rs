@@ -90,6 +90,18 @@ pub enum Error {
         /// What the probe saw.
         why: String,
     },
+    /// The daemon a client was connected to went away (stopped or restarted): the
+    /// connection cannot be used again.
+    #[error(
+        "advmd at {socket} closed the connection ({why}): it stopped or restarted; what was merged before keeps \
+         its contents; connect a new client to go on"
+    )]
+    Disconnected {
+        /// The daemon's socket.
+        socket: String,
+        /// How the loss showed.
+        why: String,
+    },
     /// A disk image (or one layer of its chain) is malformed or unsupported.
     #[error("{}: {why}", path.display())]
     Image {
@@ -104,6 +116,16 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// Whether this error says the peer of a connection went away: a send that found
+    /// it closed (EPIPE, ECONNRESET) or a reply cut off by its end.
+    pub(crate) fn is_disconnect(&self) -> bool {
+        match self {
+            Error::Sys(s) => matches!(s.raw_errno(), libc::EPIPE | libc::ECONNRESET),
+            Error::Disconnected { .. } => true,
+            _ => false,
+        }
+    }
+
     /// An [`Error::Io`] for `path`.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Self::Io { path: path.into(), source }

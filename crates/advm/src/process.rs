@@ -53,6 +53,48 @@ impl StopSignals {
     }
 }
 
+/// SIGTERM, SIGINT and SIGHUP taken one at a time by a thread that waits for them
+/// (a daemon's main thread), instead of handled or fatal. Block them before starting
+/// any thread: threads inherit the mask, so every thread started afterwards leaves
+/// them to [`AwaitedSignals::wait`]. They stay blocked after drop.
+pub struct AwaitedSignals {
+    inner: signal::Awaited,
+}
+
+impl AwaitedSignals {
+    /// Blocks the signals in the calling thread (and the threads it starts later).
+    pub fn block() -> Result<Self> {
+        Ok(Self { inner: signal::Awaited::block()? })
+    }
+
+    /// Waits for one of them.
+    pub fn wait(&self) -> Result<Awaited> {
+        Ok(match self.inner.wait()? {
+            libc::SIGINT => Awaited::Interrupt,
+            libc::SIGHUP => Awaited::Hangup,
+            _ => Awaited::Terminate,
+        })
+    }
+}
+
+/// A signal [`AwaitedSignals::wait`] took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Awaited {
+    /// SIGTERM.
+    Terminate,
+    /// SIGINT.
+    Interrupt,
+    /// SIGHUP.
+    Hangup,
+}
+
+/// Takes an exclusive advisory lock (`flock`) on `file` without waiting: false when
+/// another holder has it. Held until every descriptor of this open file is closed (a
+/// daemon's lock on its socket's path, for its life).
+pub fn try_lock_file(file: &std::fs::File) -> Result<bool> {
+    Ok(crate::sys::fs::try_lock_exclusive(file)?)
+}
+
 /// True when this process runs with effective uid 0.
 pub fn is_root() -> bool {
     crate::sys::is_root()

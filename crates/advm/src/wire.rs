@@ -72,10 +72,28 @@ fn wire_err(what: &'static str, why: impl Into<String>) -> Error {
     Error::InvalidArgument { what, why: why.into() }
 }
 
+/// A failed connect, with what it means for a client of advmd and what to do.
+fn connect_error(e: std::io::Error) -> std::io::Error {
+    use std::io::ErrorKind as K;
+    let hint = match e.kind() {
+        K::NotFound => {
+            "no advmd serves there (start one with `advm daemon --socket PATH`, or set ADVM_SOCKET to its socket)"
+        }
+        K::ConnectionRefused => "a socket is there but no advmd answers (one that died left it; start a new one)",
+        K::PermissionDenied => {
+            "this user may not connect: advmd makes its socket mode 0666, so a directory above it (or a changed \
+             mode) shuts this user out"
+        }
+        _ => return e,
+    };
+    std::io::Error::new(e.kind(), format!("{e}: {hint}"))
+}
+
 impl Channel {
     /// Connects to the socket at `path`.
     pub fn connect(path: &Path) -> Result<Self> {
-        Ok(Self { sock: UnixStream::connect(path).map_err(|e| Error::io(path, e))?, frame_timeout: None })
+        let sock = UnixStream::connect(path).map_err(|e| Error::io(path, connect_error(e)))?;
+        Ok(Self { sock, frame_timeout: None })
     }
 
     /// Wraps an accepted connection.

@@ -57,6 +57,13 @@ fn attach_maps_the_plan_computed_once_and_reads_as_the_chain() {
     let top = d.0.join("top.qcow2");
     let own = ImageSpace::map(&top, &MapOptions::default()).unwrap();
     with_service(|sock, service| {
+        // Layers written within one clock tick of an attach may change again with the
+        // same ctime: their plans are computed each time, never cached.
+        for _ in 0..2 {
+            let (_, cached) = attach(sock, &top, false).unwrap();
+            assert!(!cached, "a plan of layers written just now was cached");
+        }
+        std::thread::sleep(Duration::from_millis(2100));
         let (first, cached) = attach(sock, &top, false).unwrap();
         assert!(!cached);
         let mut times = Vec::new();
@@ -67,7 +74,7 @@ fn attach_maps_the_plan_computed_once_and_reads_as_the_chain() {
             assert!(cached, "the second attach must use the computed plan");
             assert_eq!(again.stats().mappings, first.stats().mappings);
         }
-        assert_eq!(service.computed(), 1);
+        assert_eq!(service.computed(), 3);
         times.sort();
         eprintln!(
             "attach of a 512 MiB chain ({} extents, {} mappings) from the cached plan: median {:?}",
@@ -212,6 +219,8 @@ fn a_chain_a_qemu_writes_is_not_served_and_mixed_subclusters_are_and_stay_privat
     let opts = ["-o", "cluster_size=64k,extended_l2=on", "-b", "base.raw", "-F", "raw", "top.qcow2"];
     run(&d.0, "qemu-img", &[&["create", "-q", "-f", "qcow2"][..], &opts].concat());
     run(&d.0, "qemu-io", &["-c", "write -P 0x33 2k 2k", "-c", "write -z 8k 2k", "top.qcow2"]);
+    // Plans of layers written less than 2 s ago are not kept.
+    std::thread::sleep(Duration::from_millis(2100));
     with_service(|sock, _| {
         // The mixed page comes from the service's memfd: a writable client's writes
         // stay its own.
@@ -233,4 +242,88 @@ fn a_chain_a_qemu_writes_is_not_served_and_mixed_subclusters_are_and_stay_privat
         let e = attach(sock, &top, false).unwrap_err().to_string();
         assert!(e.contains("another process has it open for writing") && e.contains("top.qcow2"), "{e}");
     });
+}
+
+/// The service opens files as root for others: what it says about a path a peer may
+/// not read must be no more than "may not", whatever the file holds (its format, size,
+/// backing file) or whether it exists, and a file the peer may not read is not opened
+/// at all (opening a device can have effects of its own). Before, the chain was opened
+/// and parsed first: a stranger was told `truncated qcow2 header: file is 50 bytes`
+/// about a file in a directory it may not search, and `No such file` about an absent one.
+#[test]
+fn a_peer_learns_nothing_about_files_it_may_not_read() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = Dir::new("peerleak");
+    let private = d.0.join("private");
+    fs::create_dir(&private).unwrap();
+    fs::write(private.join("secret.qcow2"), b"QFI\xfb plus 45 more bytes of something secret..").unwrap();
+    fs::set_permissions(&private, fs::Permissions::from_mode(0o700)).unwrap();
+    let open_dir = d.0.join("open");
+    fs::create_dir(&open_dir).unwrap();
+    let unreadable = open_dir.join("unreadable.qcow2");
+    fs::write(&unreadable, b"QFI\xfb and then too short").unwrap();
+    fs::set_permissions(&unreadable, fs::Permissions::from_mode(0o600)).unwrap();
+    fs::set_permissions(&open_dir, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(&d.0, fs::Permissions::from_mode(0o755)).unwrap();
+
+    let service = Service::new(MapOptions::default());
+    let me = owner_uid(&d.0);
+    let stranger = Peer { uid: me + 1, gid: me + 1, pid: 1 };
+    let ask = |path: &Path| match service.handle(Some(stranger), &Request::Attach { path: path.to_path_buf() }) {
+        (Reply::Error(why), fds) => {
+            assert!(fds.is_empty());
+            why
+        }
+        (Reply::Plan(_), _) => panic!("{} was served to a stranger", path.display()),
+    };
+    for name in ["secret.qcow2", "absent.qcow2"] {
+        let why = ask(&private.join(name));
+        assert!(why.ends_with(&format!("uid {} may not search {}", me + 1, private.display())), "{why}");
+    }
+    let why = ask(&unreadable);
+    assert!(why.ends_with(&format!("uid {} may not read it (mode 600)", me + 1)), "{why}");
+}
+
+/// The uid owning `dir` (the test's own).
+fn owner_uid(dir: &Path) -> u32 {
+    std::os::unix::fs::MetadataExt::uid(&fs::metadata(dir).unwrap())
+}
+
+/// Any user may have plans made (of images of its own, deleted after): the service
+/// keeps at most `MAX_CACHED_PLANS`, dropping the least recently served. Each kept plan
+/// holds its layers open: unbounded, every image ever attached (deleted or not) stayed
+/// open in the daemon until it ran out of descriptors, and then its accept failed for
+/// every client.
+#[test]
+fn the_plans_kept_are_bounded_and_the_least_recently_served_go_first() {
+    use advm::image::service::MAX_CACHED_PLANS;
+    let d = Dir::new("bounded");
+    let n = MAX_CACHED_PLANS + 36;
+    let open_fds = || fs::read_dir("/proc/self/fd").unwrap().count();
+    let paths: Vec<_> = (0..n).map(|i| d.0.join(format!("img{i}.raw"))).collect();
+    for p in &paths {
+        fs::write(p, vec![7u8; 4096]).unwrap();
+    }
+    // Plans of layers written less than 2 s ago are not kept.
+    std::thread::sleep(Duration::from_millis(2100));
+    let service = Service::new(MapOptions::default());
+    let fds_before = open_fds();
+    let attach = |p: &Path| match service.handle(None, &Request::Attach { path: p.to_path_buf() }) {
+        (Reply::Plan(plan), _) => plan.cached,
+        (Reply::Error(e), _) => panic!("{e}"),
+    };
+    for p in &paths {
+        assert!(!attach(p));
+        // keep the first one recently served
+        assert!(attach(&paths[0]));
+        if p != &paths[0] {
+            fs::remove_file(p).unwrap();
+        }
+    }
+    // Other tests of this binary open files meanwhile: a margin, well under the 36.
+    let held = open_fds().saturating_sub(fds_before);
+    assert!(held <= MAX_CACHED_PLANS + 16, "{held} descriptors held after {n} images attached");
+    assert_eq!(service.kept(), MAX_CACHED_PLANS);
+    assert_eq!(service.computed(), n);
+    assert!(attach(&paths[0]), "the most recently served plan was dropped");
 }

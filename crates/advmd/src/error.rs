@@ -20,6 +20,23 @@ pub enum DaemonError {
     /// Another daemon answers on the socket.
     #[error("{}: another advmd is already serving on this socket", .0.display())]
     Busy(PathBuf),
+    /// The socket path does not fit a UNIX socket address.
+    #[error("{}: {len} bytes long; a UNIX socket path holds at most 107 bytes (name a shorter path with --socket or ADVM_SOCKET)", path.display())]
+    TooLong {
+        /// The path.
+        path: PathBuf,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// A socket is there, and whether a daemon serves on it cannot be told.
+    #[error("{}: a socket is there and connecting to it failed ({source}); not replacing it in case a daemon serves there", path.display())]
+    Unknown {
+        /// The path.
+        path: PathBuf,
+        /// Why connecting failed.
+        #[source]
+        source: std::io::Error,
+    },
     /// Something other than a socket is where the socket should go.
     #[error("{}: is {what}, not a socket; refusing to replace it (name a free path with --socket or ADVM_SOCKET)", path.display())]
     NotASocket {

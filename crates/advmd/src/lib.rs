@@ -13,8 +13,9 @@ mod error;
 pub mod merge_service;
 mod request;
 
+use std::collections::HashMap;
 use std::io::ErrorKind;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -29,6 +30,15 @@ pub use request::Request;
 /// a resource (a descriptor, kernel memory).
 const ACCEPT_RETRY: Duration = Duration::from_millis(20);
 
+/// Writes `advmd: MESSAGE` on stderr in one write, and ignores a failure: stderr may
+/// be a pipe whose reader went away (a journald restart, `advm daemon 2>&1 | head`),
+/// and `eprintln!` would panic there, ending the daemon (or its accept loop).
+pub fn say(message: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let line = format!("advmd: {message}\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
 /// How the daemon runs.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -38,6 +48,9 @@ pub struct Config {
     pub domain_limit_bytes: u64,
     /// Connections served at once; more are refused with a reply saying so.
     pub max_clients: usize,
+    /// Connections of one uid served at once: one uid's idle connections (which may
+    /// wait forever) cannot take every slot from the others.
+    pub max_clients_per_uid: usize,
     /// How long a frame may take once begun, and a reply to be taken.
     pub frame_timeout: Duration,
     /// Of an add's pages, the daemon hashes one in this many (picked at random) to
@@ -48,23 +61,32 @@ pub struct Config {
 }
 
 impl Config {
-    /// Defaults at `socket`: 4 GiB per domain, 4096 clients, 10 s per frame, one
-    /// page in 64 of each add hashed by the daemon.
+    /// Defaults at `socket`: 4 GiB per domain, 4096 clients (1024 of one uid), 10 s
+    /// per frame, one page in 64 of each add hashed by the daemon.
     pub fn at(socket: impl Into<PathBuf>) -> Self {
         Self {
             socket: socket.into(),
             domain_limit_bytes: 4 << 30,
             max_clients: 4096,
+            max_clients_per_uid: 1024,
             frame_timeout: Duration::from_secs(10),
             hash_check_one_in: 64,
         }
     }
 }
 
+/// Longest socket path a UNIX socket address holds (`sun_path` is 108 bytes, with
+/// the terminating NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
 /// A bound daemon, ready to serve.
 #[derive(Debug)]
 pub struct Daemon {
     listener: UnixListener,
+    /// `SOCKET.lock`, locked for the daemon's life: two daemons started at once on one
+    /// path could otherwise both find a stale socket, and the second remove the
+    /// first's new one.
+    lock: std::fs::File,
     config: Config,
     services: Arc<Services>,
     stop: Arc<AtomicBool>,
@@ -85,6 +107,9 @@ pub struct Handle {
     stop: Arc<AtomicBool>,
     socket: PathBuf,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// The socket's lock, held until the socket is removed (after the accept loop has
+    /// ended): a daemon starting meanwhile must not bind a socket this one then removes.
+    _lock: Option<std::fs::File>,
     /// The services, to inspect in tests.
     pub services: Arc<Services>,
 }
@@ -107,6 +132,11 @@ impl Handle {
         if std::fs::symlink_metadata(&self.socket).is_ok_and(|m| m.file_type().is_socket()) {
             let _ = std::fs::remove_file(&self.socket);
         }
+        // Removed while still held: a daemon that opened it before and locks it after
+        // finds it no longer at its path and refuses ([`Daemon::bind`]).
+        if self._lock.is_some() {
+            let _ = std::fs::remove_file(lock_path(&self.socket));
+        }
     }
 }
 
@@ -119,29 +149,56 @@ impl Drop for Handle {
 impl Daemon {
     /// Binds the socket: creates its directory, replaces a stale socket nobody answers
     /// on (refuses to if a daemon does), and lets every uid connect (domains keep them apart).
-    pub fn bind(config: Config) -> Result<Self, DaemonError> {
+    pub fn bind(mut config: Config) -> Result<Self, DaemonError> {
+        // Clients name the socket from their own directories: a relative path would
+        // be found by none of them (and the daemon's messages would not say where).
+        config.socket = std::path::absolute(&config.socket).map_err(|e| DaemonError::io(&config.socket, e))?;
         let path = &config.socket;
+        let len = path.as_os_str().len();
+        if len > MAX_SOCKET_PATH {
+            return Err(DaemonError::TooLong { path: path.clone(), len });
+        }
         // a descriptor per client, and per store file each client is shown: the
         // default soft limit (1024) is reached by a few hundred clients
         let _ = advm::process::raise_open_files_limit();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| DaemonError::io(dir, e))?;
         }
+        // Refused before a lock file is made beside it (`--socket /etc/passwd`).
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            not_a_socket(path, &meta)?;
+        }
+        let lock_path = lock_path(path);
+        let lock = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            // never through a link someone put there (the daemon runs as root)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&lock_path)
+            .map_err(|e| DaemonError::io(&lock_path, e))?;
+        // Locked, and still the file at its path: a stopping daemon removes it, and one
+        // that opened it just before would otherwise hold a lock nobody else can see.
+        if !advm::process::try_lock_file(&lock)? {
+            return Err(DaemonError::Busy(path.clone()));
+        }
+        let id = |m: std::fs::Metadata| (m.dev(), m.ino());
+        let held = id(lock.metadata().map_err(|e| DaemonError::io(&lock_path, e))?);
+        if std::fs::symlink_metadata(&lock_path).ok().map(id) != Some(held) {
+            return Err(DaemonError::Busy(path.clone()));
+        }
         // Only a socket left behind by a daemon that died is replaced: the path may
         // name any file (the daemon runs as root), and binding needs it gone.
         if let Ok(meta) = std::fs::symlink_metadata(path) {
-            let t = meta.file_type();
-            if !t.is_socket() {
-                let what = match () {
-                    _ if t.is_file() => "a regular file",
-                    _ if t.is_dir() => "a directory",
-                    _ if t.is_symlink() => "a symbolic link",
-                    _ => "a device or FIFO",
-                };
-                return Err(DaemonError::NotASocket { path: path.clone(), what });
-            }
-            if UnixStream::connect(path).is_ok() {
-                return Err(DaemonError::Busy(path.clone()));
+            not_a_socket(path, &meta)?;
+            match UnixStream::connect(path) {
+                Ok(_) => return Err(DaemonError::Busy(path.clone())),
+                // nobody listens: left by a daemon that died
+                Err(e) if e.kind() == ErrorKind::ConnectionRefused => {}
+                // (no permission, a full backlog...) a daemon may well be serving there
+                Err(e) => return Err(DaemonError::Unknown { path: path.clone(), source: e }),
             }
             std::fs::remove_file(path).map_err(|e| DaemonError::io(path, e))?;
         }
@@ -151,7 +208,7 @@ impl Daemon {
             merge: merge_service::Stores::new(config.domain_limit_bytes),
             image: advm::image::service::Service::new(advm::image::MapOptions::default()),
         });
-        Ok(Self { listener, config, services, stop: Arc::new(AtomicBool::new(false)) })
+        Ok(Self { listener, lock, config, services, stop: Arc::new(AtomicBool::new(false)) })
     }
 
     /// The socket it listens on.
@@ -164,13 +221,15 @@ impl Daemon {
         let stop = self.stop.clone();
         let socket = self.config.socket.clone();
         let services = self.services.clone();
+        let lock = self.lock.try_clone().ok();
         let thread = std::thread::Builder::new().name("advmd-accept".into()).spawn(move || self.serve()).ok();
-        Handle { stop, socket, thread, services }
+        Handle { stop, socket, thread, _lock: lock, services }
     }
 
     /// Accepts connections until stopped, one thread each.
     pub fn serve(self) {
         let live = Arc::new(AtomicUsize::new(0));
+        let per_uid: Arc<std::sync::Mutex<HashMap<u32, usize>>> = Arc::default();
         let mut starved = false;
         for conn in self.listener.incoming() {
             if self.stop.load(Ordering::SeqCst) {
@@ -184,7 +243,7 @@ impl Daemon {
                     // ENOMEM): the connection stays queued and accept fails again at
                     // once, so retrying at once spins a CPU. Wait for a client to leave.
                     if !starved {
-                        eprintln!("advmd: accept: {e}; waiting connections are served once a client leaves");
+                        say(format_args!("accept: {e}; waiting connections are served once a client leaves"));
                         starved = true;
                     }
                     std::thread::sleep(ACCEPT_RETRY);
@@ -201,12 +260,21 @@ impl Daemon {
                     request::refuse(&ch, &format!("advmd serves at most {} clients at once", self.config.max_clients));
                 continue;
             }
+            let Ok(peer) = ch.peer() else { continue };
+            let most = self.config.max_clients_per_uid;
+            let Some(slot) = UidSlot::take(&per_uid, peer.uid, most) else {
+                let why =
+                    format!("advmd serves at most {most} clients of one uid at once (uid {} has as many)", peer.uid);
+                let _ = request::refuse(&ch, &why);
+                continue;
+            };
             live.fetch_add(1, Ordering::SeqCst);
             let (services, live2, timeout) = (self.services.clone(), live.clone(), self.config.frame_timeout);
             let check = self.config.hash_check_one_in;
             let spawned =
                 std::thread::Builder::new().name("advmd-client".into()).stack_size(256 << 10).spawn(move || {
                     serve_client(ch, &services, timeout, check);
+                    drop(slot);
                     live2.fetch_sub(1, Ordering::SeqCst);
                 });
             if spawned.is_err() {
@@ -214,6 +282,59 @@ impl Daemon {
             }
         }
     }
+}
+
+/// One of a uid's connection slots, given back on drop.
+struct UidSlot {
+    counts: Arc<std::sync::Mutex<HashMap<u32, usize>>>,
+    uid: u32,
+}
+
+impl UidSlot {
+    /// A slot of `uid`'s, unless it has `most` already.
+    fn take(counts: &Arc<std::sync::Mutex<HashMap<u32, usize>>>, uid: u32, most: usize) -> Option<Self> {
+        let mut c = counts.lock().unwrap_or_else(|p| p.into_inner());
+        let n = c.entry(uid).or_default();
+        if *n >= most {
+            return None;
+        }
+        *n += 1;
+        Some(Self { counts: counts.clone(), uid })
+    }
+}
+
+impl Drop for UidSlot {
+    fn drop(&mut self) {
+        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = c.get_mut(&self.uid) {
+            *n -= 1;
+            if *n == 0 {
+                c.remove(&self.uid);
+            }
+        }
+    }
+}
+
+/// Where a daemon's lock for `socket` is: `SOCKET.lock`.
+fn lock_path(socket: &Path) -> PathBuf {
+    let mut p = socket.as_os_str().to_owned();
+    p.push(".lock");
+    PathBuf::from(p)
+}
+
+/// Refuses a path where something other than a socket is.
+fn not_a_socket(path: &Path, meta: &std::fs::Metadata) -> Result<(), DaemonError> {
+    let t = meta.file_type();
+    if t.is_socket() {
+        return Ok(());
+    }
+    let what = match () {
+        _ if t.is_file() => "a regular file",
+        _ if t.is_dir() => "a directory",
+        _ if t.is_symlink() => "a symbolic link",
+        _ => "a device or FIFO",
+    };
+    Err(DaemonError::NotASocket { path: path.to_path_buf(), what })
 }
 
 /// One connection: frames in, replies out, until the client leaves or breaks the

@@ -47,6 +47,22 @@ pub struct Domain {
 pub struct Stores {
     limit_bytes: u64,
     domains: Mutex<HashMap<Domain, Arc<Shared>>>,
+    /// Per uid with stores under several tags: bytes its adds in flight reserved.
+    reserved: Mutex<HashMap<u32, Arc<Mutex<u64>>>>,
+}
+
+/// Bytes of a uid's budget held for one add in flight; given back on drop (the add
+/// has landed in its store's usage by then, or was refused).
+struct Reservation {
+    of: Option<(Arc<Mutex<u64>>, u64)>,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Some((m, bytes)) = &self.of {
+            *lock(m) -= bytes;
+        }
+    }
 }
 
 /// One domain's store, and the hashes of pages its sessions are adding right now.
@@ -108,7 +124,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Stores {
     /// No stores yet; each will hold at most `limit_bytes`.
     pub fn new(limit_bytes: u64) -> Self {
-        Self { limit_bytes, domains: Mutex::new(HashMap::new()) }
+        Self { limit_bytes, domains: Mutex::new(HashMap::new()), reserved: Mutex::new(HashMap::new()) }
     }
 
     fn open(&self, d: &Domain) -> advm::Result<Arc<Shared>> {
@@ -123,6 +139,29 @@ impl Stores {
         });
         map.insert(d.clone(), s.clone());
         Ok(s)
+    }
+
+    /// Reserves `bytes` for an add to domain `d` within its uid's budget: a tag
+    /// narrows the uid's domain and must not widen its budget (with a full limit per
+    /// tag, one uid made the daemon hold the limit once per tag it named, its small
+    /// adds in the daemon's own memory). A uid with one store is bounded by that
+    /// store's limit alone. `Err(bytes held)` when the add does not fit.
+    fn reserve(&self, d: &Domain, bytes: u64) -> Result<Reservation, u64> {
+        let mine: Vec<Arc<Shared>> =
+            lock(&self.domains).iter().filter(|(k, _)| k.uid == d.uid && *k != d).map(|(_, s)| s.clone()).collect();
+        if mine.is_empty() {
+            return Ok(Reservation { of: None });
+        }
+        let cell = lock(&self.reserved).entry(d.uid).or_default().clone();
+        let mut reserved = lock(&cell);
+        let this = lock(&self.domains).get(d).cloned();
+        let held: u64 = mine.iter().chain(this.as_ref()).map(|s| lock(&s.state).store.usage().bytes).sum();
+        if held + *reserved + bytes > self.limit_bytes {
+            return Err(held + *reserved);
+        }
+        *reserved += bytes;
+        drop(reserved);
+        Ok(Reservation { of: Some((cell, bytes)) })
     }
 
     /// Domains with a store, and what each holds.
@@ -202,7 +241,7 @@ impl Session {
             self.open = Some((domain, store));
             return Ok(Reply::Hello { limit_bytes: limit, secret, store: fd });
         }
-        let Some((_, store)) = &self.open else {
+        let Some((domain, store)) = &self.open else {
             return Err(refused("send hello first"));
         };
         match req {
@@ -266,7 +305,29 @@ impl Session {
                 Ok(Reply::Slots { slots, segments })
             }
             Request::Add { hashes, pages } => {
-                let store = store.clone();
+                let (domain, store) = (domain.clone(), store.clone());
+                let bytes = hashes.len() as u64 * advm::mem::page_size() as u64;
+                let _reserved = match stores.reserve(&domain, bytes) {
+                    Ok(r) => r,
+                    Err(held) => {
+                        // The session will not add what it claimed: nobody waits for it.
+                        lock(&store.state).unclaim(self.id, &std::mem::take(&mut self.claimed));
+                        store.landed.notify_all();
+                        let limit = stores.limit_bytes;
+                        let refusal = format!(
+                            "uid {}'s stores hold {held} bytes over all its tags, and {bytes} more would pass the \
+                             limit of {limit} bytes, which covers all of a uid's tags",
+                            domain.uid
+                        );
+                        let room = limit.saturating_sub(held) / advm::mem::page_size() as u64;
+                        return Ok(Reply::Added {
+                            slots: vec![NO_SLOT; hashes.len()],
+                            refusal,
+                            room,
+                            segments: vec![],
+                        });
+                    }
+                };
                 self.add(&store, &hashes, pages)
             }
             Request::Usage => Ok(Reply::Usage(lock(&store.state).store.usage())),

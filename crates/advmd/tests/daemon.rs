@@ -308,6 +308,7 @@ fn binding_replaces_only_a_stale_socket_never_another_file() {
         );
     }
     assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
+    assert!(!dir.join("precious.txt.lock").exists(), "a lock file was made beside a path refused");
     assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink() && sub.is_dir());
     // A socket nobody answers on (a daemon killed with SIGKILL leaves one) is replaced.
     let stale = dir.join("stale.sock");
@@ -384,6 +385,8 @@ impl Drop for Chain {
 fn the_image_service_hands_out_a_chain_that_maps_to_the_same_bytes() {
     let Some(chain) = Chain::new("image") else { return };
     chain.run(&["qemu-io", "-f", "qcow2", "-c", "write -P 9 3M 64k", "top.qcow2"]);
+    // Plans of layers written in the last 2 s are not kept (docs/vm.md).
+    std::thread::sleep(std::time::Duration::from_millis(2100));
     let (dir, top) = (&chain.dir, chain.dir.join("top.qcow2"));
     let (handle, sock) = start("image", |_| {});
     let ch = Channel::connect(&sock).unwrap();
@@ -805,5 +808,182 @@ impl TapSeed for Region {
             page[..16].copy_from_slice(&[(seed as u64).to_le_bytes(), (p as u64).to_le_bytes()].concat());
         }
         self
+    }
+}
+
+/// A second daemon on a live socket is refused and leaves it serving; a relative path
+/// is made absolute (clients name it from other directories); a path longer than a
+/// socket address holds is refused saying so; a socket whose state cannot be told (no
+/// permission to connect) is not replaced.
+#[test]
+fn binding_refuses_a_live_socket_and_names_odd_paths_clearly() {
+    let (d, sock) = start("bindodd", |_| {});
+    let e = Daemon::bind(Config::at(&sock)).unwrap_err().to_string();
+    assert_eq!(e, format!("{}: another advmd is already serving on this socket", sock.display()));
+    assert!(Channel::connect(&sock).is_ok(), "the refused daemon took the socket");
+
+    let dir = sock.parent().unwrap().to_path_buf();
+    let long = dir.join("x".repeat(120));
+    let e = Daemon::bind(Config::at(&long)).unwrap_err().to_string();
+    let n = long.as_os_str().len();
+    assert_eq!(
+        e,
+        format!(
+            "{}: {n} bytes long; a UNIX socket path holds at most 107 bytes (name a shorter path with --socket or \
+             ADVM_SOCKET)",
+            long.display()
+        )
+    );
+
+    let rel = std::path::Path::new("advmd-test-relative.sock");
+    let _ = std::fs::remove_file(rel);
+    let b = Daemon::bind(Config::at(rel)).unwrap();
+    assert_eq!(b.socket(), std::env::current_dir().unwrap().join(rel));
+    drop(b);
+    let _ = std::fs::remove_file(rel);
+    let _ = std::fs::remove_file("advmd-test-relative.sock.lock");
+    d.stop();
+}
+
+/// A socket this process may not connect to (mode 0) may have a daemon behind it: it
+/// is left alone, not replaced. Root connects regardless of the mode: skipped as root.
+#[test]
+fn binding_leaves_a_socket_it_cannot_probe() {
+    if advm::process::is_root() {
+        eprintln!("skipping: root connects to a mode-0 socket (the probe cannot be refused)");
+        return;
+    }
+    let (d, sock) = start("bindnoperm", |_| {});
+    std::fs::set_permissions(&sock, std::os::unix::fs::PermissionsExt::from_mode(0o0)).unwrap();
+    let e = Daemon::bind(Config::at(&sock)).unwrap_err().to_string();
+    assert!(e.contains("not replacing it in case a daemon serves there"), "{e}");
+    assert!(sock.exists());
+    d.stop();
+}
+
+/// A client that cannot reach the daemon is told why and what to do: nothing at the
+/// path, a socket nobody answers on, a socket this user may not reach (as uid 65534,
+/// behind a directory of mode 0700; root only).
+#[test]
+fn a_client_that_cannot_connect_is_told_why() {
+    let (d, sock) = start("connerr", |_| {});
+    let dir = sock.parent().unwrap().to_path_buf();
+    let e = Client::connect(&dir.join("absent.sock"), "").unwrap_err().to_string();
+    assert!(e.ends_with("No such file or directory (os error 2): no advmd serves there (start one with `advm daemon --socket PATH`, or set ADVM_SOCKET to its socket)"), "{e}");
+    let stale = dir.join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    let e = Client::connect(&stale, "").unwrap_err().to_string();
+    assert!(e.contains("no advmd answers (one that died left it"), "{e}");
+    if advm::process::is_root() {
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+        let s = sock.clone();
+        let code = as_uid(65534, move || match Client::connect(&s, "") {
+            Err(e) if e.to_string().contains("Permission denied (os error 13): this user may not connect") => 0,
+            Err(_) => 2,
+            Ok(_) => 1,
+        });
+        assert_eq!(code, 0, "uid 65534 connected through a 0700 directory (1) or was not told why (2)");
+    } else {
+        eprintln!("skipping the uid 65534 part: not root");
+    }
+    d.stop();
+}
+
+/// A tag narrows a uid's domain and must not widen its budget: the limit covers all of
+/// a uid's tags (with a full limit per tag, one uid made the daemon hold the limit once
+/// per tag it named, and small adds are copied into the daemon's own memory).
+#[test]
+fn a_uids_tags_share_one_limit() {
+    if !fence_ok() {
+        return;
+    }
+    let ps = page_size();
+    let (_d, sock) = start("taglimit", |c| c.domain_limit_bytes = 64 * ps as u64);
+    let a = filled(48, 31);
+    let mut ca = Client::connect(&sock, "tenant-a").unwrap();
+    let s = ca.merge(a.bytes()).unwrap();
+    assert_eq!((s.added, s.refused), (48, 0), "{s:?}");
+    let b = filled(32, 32);
+    let orig = b.bytes().to_vec();
+    let mut cb = Client::connect(&sock, "tenant-b").unwrap();
+    let s = cb.merge(b.bytes()).unwrap();
+    assert!(s.added <= 16 && s.refused >= 16, "{s:?}");
+    let why = s.refusal.unwrap_or_default();
+    assert!(why.contains("covers all of a uid's tags"), "{why}");
+    assert_eq!(b.bytes(), &orig[..]);
+    // Another uid is not bounded by this one's pages.
+    let s2 = sock.clone();
+    let code = as_uid(1000, move || {
+        let c = filled(32, 33);
+        match Client::connect(&s2, "tenant-b").and_then(|mut k| k.merge(c.bytes())) {
+            Ok(s) if (s.added, s.refused) == (32, 0) => 0,
+            _ => 1,
+        }
+    });
+    assert_eq!(code, 0, "uid 1000's add was refused for uid 0's pages");
+    drop(ca);
+}
+
+/// Two daemons started at once on one path: the socket's lock file lets one bind and
+/// refuses the other, so the second cannot remove the first's new socket as stale.
+/// The lock is held for the daemon's life and not through a symbolic link.
+#[test]
+fn a_daemon_starting_while_another_holds_the_sockets_lock_is_refused() {
+    let dir = std::env::temp_dir().join(format!("advmd-test-{}-bindlock", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("s.sock");
+    // a stale socket, and another daemon starting on it (holding the lock)
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    let other =
+        std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(dir.join("s.sock.lock")).unwrap();
+    assert!(advm::process::try_lock_file(&other).unwrap());
+    let e = Daemon::bind(Config::at(&sock)).unwrap_err().to_string();
+    assert_eq!(e, format!("{}: another advmd is already serving on this socket", sock.display()));
+    let kind = std::fs::symlink_metadata(&sock).unwrap().file_type();
+    assert!(std::os::unix::fs::FileTypeExt::is_socket(&kind), "the stale socket was touched");
+    drop(other);
+    let h = Daemon::bind(Config::at(&sock)).unwrap().spawn();
+    assert!(Channel::connect(&sock).is_ok());
+    assert!(Daemon::bind(Config::at(&sock)).is_err());
+    // A lock opened before the daemon stops and taken after is not at its path any more.
+    let late = std::fs::OpenOptions::new().write(true).open(dir.join("s.sock.lock")).unwrap();
+    h.stop();
+    assert!(!sock.exists() && !dir.join("s.sock.lock").exists(), "the stopped daemon left its socket or lock");
+    assert!(advm::process::try_lock_file(&late).unwrap());
+    drop(late);
+    // A link where the lock file goes is not followed.
+    let target = dir.join("precious");
+    std::fs::write(&target, b"keep").unwrap();
+    std::os::unix::fs::symlink(&target, dir.join("s.sock.lock")).unwrap();
+    assert!(Daemon::bind(Config::at(&sock)).is_err());
+    assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One uid's connections, idle as long as they like, cannot take every slot: past
+/// `max_clients_per_uid` its next one is refused saying so, and another uid is served.
+#[test]
+fn one_uid_cannot_take_every_client_slot() {
+    let (_d, sock) = start("peruid", |c| c.max_clients_per_uid = 2);
+    let held: Vec<Channel> = (0..2).map(|_| Channel::connect(&sock).unwrap()).collect();
+    // The accept loop counts a connection once it has taken it.
+    for ch in &held {
+        Request::Usage.send(ch).unwrap();
+        let _ = Reply::recv(ch);
+    }
+    let e = Client::connect(&sock, "").unwrap_err().to_string();
+    assert!(e.contains("advmd serves at most 2 clients of one uid at once"), "{e}");
+    let s = sock.clone();
+    let code = as_uid(1000, move || match Client::connect(&s, "") {
+        Ok(_) => 0,
+        Err(_) => 1,
+    });
+    assert_eq!(code, 0, "another uid was refused");
+    drop(held);
+    let t0 = std::time::Instant::now();
+    while Client::connect(&sock, "").is_err() {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(5), "the slots were not given back");
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }

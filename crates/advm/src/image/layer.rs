@@ -353,7 +353,18 @@ impl Image {
     /// and none may be open for writing in a QEMU (its write lock held) unless
     /// `force_share`.
     pub fn open_with(path: impl AsRef<Path>, options: &ImageOptions) -> Result<Self> {
-        let path = path.as_ref();
+        Self::open_checked(path.as_ref(), options, &|_| Ok(()))
+    }
+
+    /// [`Image::open_with`], asking `may_open` before each layer is looked at or opened
+    /// (the image service refuses a path its peer may not read before anything about
+    /// the file is seen).
+    pub(crate) fn open_checked(
+        path: &Path,
+        options: &ImageOptions,
+        may_open: &dyn Fn(&Path) -> Result<()>,
+    ) -> Result<Self> {
+        may_open(path)?;
         let top = open_layer(path, None, None)?;
         refuse_writer(&top, options)?;
         let mut layers = vec![top];
@@ -386,6 +397,7 @@ impl Image {
                     "backing file {text:?} uses a protocol prefix; only local files (and file:) are supported"
                 )));
             }
+            may_open(&resolved)?;
             let canon = std::fs::canonicalize(&resolved)
                 .map_err(|e| last.err(format!("backing file {text:?} (resolved to {}): {e}", resolved.display())))?;
             if let Some(i) = seen.iter().position(|s| *s == canon) {

@@ -12,12 +12,15 @@
 //! A daemon runs as root and opens files for others: a chain is served to a peer only
 //! when the peer could read every layer itself (permission bits of each file and search
 //! permission on each of its directories, judged by the peer's uid and primary gid;
-//! supplementary groups and ACLs are not consulted, so the check errs on refusing).
+//! supplementary groups and ACLs are not consulted, so the check errs on refusing),
+//! judged before each layer is opened (a refused peer learns nothing of the file) and
+//! again on the file opened.
 //!
 //! Plans are keyed by every layer's (device, inode, size, ctime), read when the chain
 //! is opened for the request, so a layer rewritten, replaced or touched since is never
 //! served from a stale plan, even with its old mtime put back; the plan of the old
-//! version is dropped.
+//! version is dropped. A layer changed within the last 2 s is not cached at all: a
+//! second write within one clock tick would leave its ctime as it was.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -152,10 +155,54 @@ struct Served {
     layout: Layout,
 }
 
-/// The service's state: one plan per chain version.
+/// Most plans kept at once. Each keeps its layers open and its decompressed clusters
+/// in memory, and any user may have plans made (of images of its own, then deleted):
+/// unbounded, they ran the daemon out of descriptors (every client's accept failing)
+/// or memory. The least recently served go first; their clients keep what they mapped.
+pub const MAX_CACHED_PLANS: usize = 64;
+/// Most decompressed bytes (memfds) the kept plans may hold together.
+pub const MAX_CACHED_MEMFD_BYTES: u64 = 1 << 30;
+
+/// Kept plans by chain version, each with when it was last served.
+#[derive(Default)]
+struct Plans {
+    by_key: HashMap<Vec<LayerKey>, (Arc<Served>, u64)>,
+    clock: u64,
+}
+
+impl Plans {
+    fn get(&mut self, key: &[LayerKey]) -> Option<Arc<Served>> {
+        self.clock += 1;
+        let now = self.clock;
+        self.by_key.get_mut(key).map(|(s, used)| {
+            *used = now;
+            s.clone()
+        })
+    }
+
+    /// Keeps `s` under `key`, dropping the older versions of its chain (same top file)
+    /// and then the least recently served plans over the bounds.
+    fn keep(&mut self, key: Vec<LayerKey>, s: Arc<Served>) {
+        self.by_key.retain(|k, _| (k[0].0, k[0].1) != (key[0].0, key[0].1));
+        self.clock += 1;
+        self.by_key.insert(key, (s, self.clock));
+        let memfd_bytes =
+            |p: &HashMap<_, (Arc<Served>, u64)>| -> u64 { p.values().map(|(s, _)| s.layout.stats.memfd_bytes).sum() };
+        while self.by_key.len() > MAX_CACHED_PLANS
+            || (self.by_key.len() > 1 && memfd_bytes(&self.by_key) > MAX_CACHED_MEMFD_BYTES)
+        {
+            let Some(oldest) = self.by_key.iter().min_by_key(|(_, (_, used))| *used).map(|(k, _)| k.clone()) else {
+                break;
+            };
+            self.by_key.remove(&oldest);
+        }
+    }
+}
+
+/// The service's state: one plan per chain version, the most recently served kept.
 pub struct Service {
     options: MapOptions,
-    plans: Mutex<HashMap<Vec<LayerKey>, Arc<Served>>>,
+    plans: Mutex<Plans>,
     computed: std::sync::atomic::AtomicUsize,
 }
 
@@ -176,16 +223,38 @@ fn key_of(image: &Image) -> Result<Vec<LayerKey>> {
         .collect()
 }
 
+/// How recent a layer's ctime may be for its plan to be kept. A ctime is taken from
+/// the kernel's coarse clock (one tick, up to 10 ms, behind) and cut to the file
+/// system's granularity (1 ns on ext4, xfs, btrfs, tmpfs; 2 s on FAT), so a write
+/// just after the key was read can leave the key as it was: the plan of a layer
+/// changed this recently is computed for each request until the layer is older.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Whether every layer's ctime in `key` is at least [`SETTLE`] older than `read_at`,
+/// when the key was read: no later write can then leave it unchanged.
+fn settled(key: &[LayerKey], read_at: std::time::SystemTime) -> bool {
+    let Ok(now) = read_at.duration_since(std::time::UNIX_EPOCH) else { return false };
+    let limit = now.saturating_sub(SETTLE);
+    key.iter().all(|&(.., sec, nsec)| {
+        u64::try_from(sec).is_ok_and(|s| std::time::Duration::new(s, nsec.clamp(0, 999_999_999) as u32) < limit)
+    })
+}
+
 impl Service {
     /// A service that maps chains under `options` (their `image` part decides which
     /// backing files may be followed).
     pub fn new(options: MapOptions) -> Self {
-        Self { options, plans: Mutex::new(HashMap::new()), computed: 0.into() }
+        Self { options, plans: Mutex::new(Plans::default()), computed: 0.into() }
     }
 
     /// How many plans were computed (not served from the cache).
     pub fn computed(&self) -> usize {
         self.computed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many plans are kept now (at most [`MAX_CACHED_PLANS`]).
+    pub fn kept(&self) -> usize {
+        self.plans.lock().expect("no panics under the lock").by_key.len()
     }
 
     /// Answers one request from `peer` (`None`: a caller of this process, trusted):
@@ -200,14 +269,20 @@ impl Service {
     }
 
     fn plan(&self, peer: Option<Peer>, path: &Path) -> Result<(Reply, Vec<OwnedFd>)> {
-        let image = Image::open_with(path, &self.options.image)?;
-        if let Some(peer) = peer.filter(|p| p.uid != 0) {
+        let stranger = peer.filter(|p| p.uid != 0);
+        let image = match stranger {
+            Some(peer) => Image::open_checked(path, &self.options.image, &|p| peer_may_open(peer, p))?,
+            None => Image::open_with(path, &self.options.image)?,
+        };
+        if let Some(peer) = stranger {
             for layer in image.layers() {
                 peer_may_read(peer, layer.path(), layer.file())?;
             }
         }
+        let read_at = std::time::SystemTime::now();
         let key = key_of(&image)?;
-        let found = self.plans.lock().expect("no panics under the lock").get(&key).cloned();
+        let settled = settled(&key, read_at);
+        let found = self.plans.lock().expect("no panics under the lock").get(&key);
         let cached = found.is_some();
         let served = match found {
             Some(s) => s,
@@ -215,10 +290,9 @@ impl Service {
                 let layout = layout(&image, &self.options)?;
                 self.computed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let s = Arc::new(Served { image, layout });
-                let mut plans = self.plans.lock().expect("no panics under the lock");
-                // An older version of this chain (same top file) is dropped.
-                plans.retain(|k, _| (k[0].0, k[0].1) != (key[0].0, key[0].1));
-                plans.insert(key, s.clone());
+                if settled {
+                    self.plans.lock().expect("no panics under the lock").keep(key, s.clone());
+                }
                 s
             }
         };
@@ -276,6 +350,28 @@ fn allows(peer: Peer, meta: &std::fs::Metadata, bit: u32) -> bool {
         0
     };
     meta.mode() >> shift & bit != 0
+}
+
+/// Refuses unless `peer` may reach `path` (search on each directory as the path names
+/// them) and read it, by mode bits: asked before the service looks at or opens the
+/// file, so that a peer learns nothing of a file it may not read (its format, size,
+/// backing file, or whether it exists) and no device is opened for it.
+fn peer_may_open(peer: Peer, path: &Path) -> Result<()> {
+    let refuse = |why: String| Error::Image { path: path.to_path_buf(), why };
+    let parts: Vec<_> = path.components().collect();
+    let mut dir = PathBuf::new();
+    for part in &parts[..parts.len().saturating_sub(1)] {
+        dir.push(part);
+        let m = std::fs::metadata(&dir).map_err(|e| Error::io(&dir, e))?;
+        if !allows(peer, &m, 1) {
+            return Err(refuse(format!("uid {} may not search {}", peer.uid, dir.display())));
+        }
+    }
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if !allows(peer, &meta, 4) {
+        return Err(refuse(format!("uid {} may not read it (mode {:o})", peer.uid, meta.mode() & 0o7777)));
+    }
+    Ok(())
 }
 
 /// Refuses unless `peer` could open `path` (the file the service opened, `file`) for

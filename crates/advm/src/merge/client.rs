@@ -234,8 +234,14 @@ pub(crate) struct Daemon {
 impl Daemon {
     pub(crate) fn connect(path: &Path, tag: &str) -> Result<Self> {
         let ch = Channel::connect(path)?;
-        Request::Hello { tag: tag.to_string() }.send(&ch)?;
-        let Reply::Hello { limit_bytes, secret, store } = Reply::recv(&ch)? else {
+        let sent = Request::Hello { tag: tag.to_string() }.send(&ch);
+        // A daemon refusing the connection (too many clients) answers and hangs up at
+        // once: the hello may then find the socket closed, and the reason is waiting.
+        let reply = Reply::recv(&ch);
+        if let Err(e) = sent {
+            return Err(reply.err().unwrap_or(e));
+        }
+        let Reply::Hello { limit_bytes, secret, store } = reply? else {
             return Err(Error::InvalidArgument { what: "advmd reply", why: "expected the store after hello".into() });
         };
         let view = StoreView::new(store, limit_bytes as usize)?;

@@ -129,9 +129,40 @@ impl MergeStats {
 }
 
 /// A connection to one store: the daemon's for this domain, or this process's own.
+///
+/// Before each call it checks that its descriptors still name its files: a program
+/// may close every descriptor it did not open (a daemon closing all above stderr,
+/// `os.closerange`) and get the numbers back for files of its own. Such a client fails
+/// every call with [`Error::Unrecoverable`] and, dropped, closes nothing (its merged
+/// pages stay as they are, mapping the store's files by themselves): make a new one.
 pub struct Client {
-    backend: Box<dyn Backend>,
+    backend: Kept,
     via: Via,
+}
+
+/// A client's backend, dropped only while its descriptors name its files: once the
+/// program has closed them, dropping it would close the program's own files.
+struct Kept(Option<Box<dyn Backend>>);
+
+impl std::ops::Deref for Kept {
+    type Target = dyn Backend;
+    fn deref(&self) -> &Self::Target {
+        self.0.as_deref().expect("taken only on drop")
+    }
+}
+
+impl std::ops::DerefMut for Kept {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.0.as_deref_mut().expect("taken only on drop")
+    }
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        if let Some(b) = self.0.take().filter(|b| !b.intact()) {
+            std::mem::forget(b);
+        }
+    }
 }
 
 impl std::fmt::Debug for Client {
@@ -143,16 +174,20 @@ impl std::fmt::Debug for Client {
 impl Client {
     /// A store of this process's own, of at most `limit_bytes`.
     pub fn local(limit_bytes: u64, reason: &str) -> Result<Self> {
-        Ok(Self { backend: Box::new(Local::new(limit_bytes)?), via: Via::Local { reason: reason.to_string() } })
+        Ok(Self {
+            backend: Kept(Some(Box::new(Local::new(limit_bytes)?))),
+            via: Via::Local { reason: reason.to_string() },
+        })
     }
 
     /// The store of this process's uid in the `advmd` at `socket`, or of the
     /// narrower domain `tag` (empty: the uid's own).
     pub fn connect(socket: &std::path::Path, tag: &str) -> Result<Self> {
-        Ok(Self {
-            backend: Box::new(Daemon::connect(socket, tag)?),
-            via: Via::Daemon { socket: socket.display().to_string() },
-        })
+        let via = Via::Daemon { socket: socket.display().to_string() };
+        match Daemon::connect(socket, tag) {
+            Ok(d) => Ok(Self { backend: Kept(Some(Box::new(d))), via }),
+            Err(e) => Err(lost(&via, e)),
+        }
     }
 
     /// The daemon at [`socket_path`] when one answers, else a store of this process's
@@ -179,7 +214,21 @@ impl Client {
 
     /// What the store holds.
     pub fn usage(&mut self) -> Result<StoreUsage> {
-        self.backend.usage()
+        self.check_intact()?;
+        self.backend.usage().map_err(|e| lost(&self.via, e))
+    }
+
+    /// Fails when the program closed this client's descriptors ([`Client`]).
+    fn check_intact(&self) -> Result<()> {
+        if self.backend.intact() {
+            return Ok(());
+        }
+        Err(Error::Unrecoverable {
+            what: "merge client",
+            why: "the program closed its descriptors (their numbers may name the program's own files now); it \
+                  touches and closes nothing more: make a new client"
+                .into(),
+        })
     }
 
     /// Merges the full pages of `buf` (see the module documentation).
@@ -225,13 +274,14 @@ impl Client {
             return Ok(stats);
         }
         stats.skipped = ((start - addr).div_ceil(ps) + (end - stop).div_ceil(ps)) as u64;
+        self.check_intact()?;
         let range = PageRange::new("merge range", start, stop - start)?;
         let writable = self.check(range)?;
         // SAFETY: the caller keeps the range mapped and does not write it; checked above
         // to be anonymous or store memory, which userfaultfd can protect.
         let mut fence = unsafe { WriteFence::new(start, stop - start) }.map_err(|e| fence_error(range, e))?;
         stats.phases.fence_s = t0.elapsed().as_secs_f64();
-        self.merge_fenced(&mut fence, &writable, &mut stats)?;
+        self.merge_fenced(&mut fence, &writable, &mut stats).map_err(|e| lost(&self.via, e))?;
         drop(fence);
         stats.seconds = t0.elapsed().as_secs_f64();
         stats.phases.map_s =
@@ -390,6 +440,20 @@ fn fence_error(range: PageRange, e: crate::sys::SysError) -> Error {
     Error::Sys(e)
 }
 
+/// A daemon that went away named as such, with its socket; other errors as they are.
+fn lost(via: &Via, e: Error) -> Error {
+    match via {
+        Via::Daemon { socket } if e.is_disconnect() => {
+            let why = match e {
+                Error::Disconnected { why, .. } => why,
+                e => e.to_string(),
+            };
+            Error::Disconnected { socket: socket.clone(), why }
+        }
+        _ => e,
+    }
+}
+
 /// The process-wide client, made on first use, and again in a forked child, which
 /// must not share its parent's session, under a lock of its own: a parent thread
 /// merging at the fork held the parent's, and no thread of the child would release it.
@@ -401,10 +465,8 @@ pub fn with_default<T>(f: impl FnOnce(&mut Client) -> Result<T>) -> Result<T> {
     if g.as_ref().is_some_and(|c| !c.backend.intact()) {
         // The program closed the client's descriptors (a daemon closing every one above
         // stderr, `os.closerange`) and may have got the numbers back for its own files:
-        // the client wrote store pages into them, punched and mapped them. It is
-        // forgotten, never dropped (dropping would close the program's files); its
-        // mappings stay, as merged memory maps the store's files by itself.
-        std::mem::forget(g.take());
+        // a new client replaces it (dropping it closes none of them, [`Client`]).
+        *g = None;
     }
     if g.is_none() {
         *g = Some(Client::default_for_process()?);

@@ -194,7 +194,7 @@ impl Reply {
         let mut segments = Vec::new();
         let mut frame = loop {
             let Some(mut frame) = ch.recv()? else {
-                return Err(bad("advmd closed the connection".into()));
+                return Err(Error::Disconnected { socket: String::new(), why: "end of stream before a reply".into() });
             };
             if frame.service != SERVICE {
                 return Err(bad(format!("reply for service {} on the merge service", frame.service)));

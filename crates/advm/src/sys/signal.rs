@@ -151,3 +151,46 @@ impl StopSignals {
         Some(STOP.load(Ordering::Relaxed)).filter(|&s| s != 0)
     }
 }
+
+const AWAITED: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
+
+/// SIGTERM, SIGINT and SIGHUP blocked in the calling thread and in every thread it
+/// starts afterwards (they inherit the mask), so that none of them runs a handler or
+/// dies of one: the thread that blocked them takes them one by one with
+/// [`Awaited::wait`]. They stay blocked when it is dropped: one that arrives while
+/// the caller cleans up waits instead of ending the process half-way.
+pub struct Awaited {
+    set: libc::sigset_t,
+}
+
+impl Awaited {
+    /// Blocks the signals in the calling thread.
+    pub fn block() -> SysResult<Self> {
+        // SAFETY: sigset_t is plain data; sigemptyset initialises it below.
+        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is a live sigset_t; the signal numbers are valid.
+        unsafe {
+            libc::sigemptyset(&mut set);
+            for s in AWAITED {
+                libc::sigaddset(&mut set, s);
+            }
+        }
+        // SAFETY: `set` is initialised; the old mask is not asked for.
+        let r = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+        if r != 0 {
+            return Err(SysError::new("pthread_sigmask", rustix::io::Errno::from_raw_os_error(r)));
+        }
+        Ok(Self { set })
+    }
+
+    /// Waits for one of the signals and returns its number.
+    pub fn wait(&self) -> SysResult<i32> {
+        let mut sig = 0;
+        // SAFETY: both pointers are to live values; sigwait only writes `sig`.
+        let r = unsafe { libc::sigwait(&self.set, &mut sig) };
+        if r != 0 {
+            return Err(SysError::new("sigwait", rustix::io::Errno::from_raw_os_error(r)));
+        }
+        Ok(sig)
+    }
+}

@@ -26,3 +26,13 @@ pub fn next_data(fd: impl AsFd, from: u64) -> SysResult<Option<u64>> {
 pub fn next_hole(fd: impl AsFd, from: u64) -> SysResult<u64> {
     rustix::fs::seek(fd, SeekFrom::Hole(from)).map_err(|e| SysError::new("lseek(SEEK_HOLE)", e))
 }
+
+/// Takes an exclusive `flock` on `fd` without waiting; false when another open file
+/// description holds it.
+pub fn try_lock_exclusive(fd: impl AsFd) -> SysResult<bool> {
+    match rustix::fs::flock(fd, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(true),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(false),
+        Err(e) => Err(SysError::new("flock(LOCK_EX|LOCK_NB)", e)),
+    }
+}
