@@ -1,6 +1,8 @@
 //! Adds `MIB` MiB of new pages (seeded random bytes) through the advmd at `SOCKET`,
 //! `RUNS` times, and prints each add's throughput and phases: the add path alone,
-//! without the bench around it. `cargo run --release --example add_rate -- SOCKET [MIB] [RUNS]`
+//! without the bench around it; with `PIECE_MIB`, one merge call per piece of that
+//! size, as the Python binding merges (so Ctrl-C is seen between pieces).
+//! `cargo run --release --example add_rate -- SOCKET [MIB] [RUNS] [PIECE_MIB]`
 //! (start the daemon first: `advm daemon --socket SOCKET`).
 
 fn main() -> advm::Result<()> {
@@ -8,6 +10,7 @@ fn main() -> advm::Result<()> {
     let sock = args.next().expect("usage: add_rate SOCKET [MIB] [RUNS]");
     let mib: usize = args.next().map_or(1024, |a| a.parse().expect("MIB"));
     let runs: usize = args.next().map_or(3, |a| a.parse().expect("RUNS"));
+    let piece: usize = args.next().map_or(mib, |a| a.parse().expect("PIECE_MIB")).max(1) << 20;
     for run in 0..runs {
         let mut client = advm::merge::Client::connect(std::path::Path::new(&sock), "")?;
         let mut r = advm::mem::Region::new(mib << 20)?;
@@ -18,13 +21,23 @@ fn main() -> advm::Result<()> {
             x ^= x << 17;
             w.copy_from_slice(&x.to_le_bytes());
         }
-        let s = client.merge(r.bytes())?;
-        let gb = s.bytes as f64 / 1e9;
-        let p = s.phases;
+        let t = std::time::Instant::now();
+        let (mut bytes, mut added, mut p) = (0, 0, advm::merge::Phases::default());
+        for chunk in r.bytes().chunks(piece) {
+            let c = client.merge(chunk)?;
+            bytes += c.bytes;
+            added += c.added;
+            p.hash_s += c.phases.hash_s;
+            p.lookup_s += c.phases.lookup_s;
+            p.add_s += c.phases.add_s;
+            p.map_s += c.phases.map_s;
+        }
+        let gb = bytes as f64 / 1e9;
         println!(
-            "run {run}: {:.2} GB/s added {} (s/GB: hash {:.3} lookup {:.3} add {:.3} map {:.3})",
-            s.throughput() / 1e9,
-            s.added,
+            "run {run}: {:.2} GB/s added {} in pieces of {} MiB (s/GB: hash {:.3} lookup {:.3} add {:.3} map {:.3})",
+            gb / t.elapsed().as_secs_f64(),
+            added,
+            piece >> 20,
             p.hash_s / gb,
             p.lookup_s / gb,
             p.add_s / gb,
