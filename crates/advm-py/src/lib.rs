@@ -107,10 +107,11 @@ fn merge<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
     stats_dict(py, &s)
 }
 
-/// The `advm stat` figures of a process, as a JSON text (the wrapper parses it).
+/// The `advm stat` figures of processes measured together (pages they share count
+/// once), as a JSON text (the wrapper parses it).
 #[pyfunction]
-fn stat_json(py: Python<'_>, pid: i32) -> PyResult<String> {
-    let sample = py.allow_threads(|| advm::stats::measure(&[pid], advm::stats::Options::default())).map_err(to_py)?;
+fn stat_json(py: Python<'_>, pids: Vec<i32>) -> PyResult<String> {
+    let sample = py.allow_threads(|| advm::stats::measure(&pids, advm::stats::Options::default())).map_err(to_py)?;
     serde_json::to_string(&sample).map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
@@ -194,6 +195,17 @@ fn vcopy_block(obj: &Bound<'_, PyAny>) -> PyResult<Block> {
     Ok(Block { addr: dst, len })
 }
 
+/// A new arena block of `len` bytes for the caller to fill (`vcopy` of a strided view
+/// gathers its elements into it).
+#[pyfunction]
+fn empty_block(len: usize) -> PyResult<Block> {
+    if len == 0 {
+        return Err(PyValueError::new_err("an arena block of 0 bytes"));
+    }
+    let addr = arena()?.alloc(len).map_err(to_py)?;
+    Ok(Block { addr, len })
+}
+
 /// What the arena did so far (virtual copies, fallbacks), as JSON.
 #[pyfunction]
 fn vcopy_stats_json() -> PyResult<String> {
@@ -205,6 +217,7 @@ fn _advm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(merge, m)?)?;
     m.add_function(wrap_pyfunction!(stat_json, m)?)?;
     m.add_function(wrap_pyfunction!(vcopy_block, m)?)?;
+    m.add_function(wrap_pyfunction!(empty_block, m)?)?;
     m.add_function(wrap_pyfunction!(vcopy_stats_json, m)?)?;
     m.add_class::<Block>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -2,6 +2,7 @@
 
 import mmap
 import os
+import time
 
 import numpy as np
 import pytest
@@ -222,3 +223,74 @@ def test_vcopy_releases_the_gil_while_it_copies():
     t.join()
     assert b[123456] == 1
     assert during >= 0.2 * rate * took, f"{during} ticks in {took:.3f} s, {rate:.0f}/s alone"
+
+
+def views() -> dict[str, np.ndarray]:
+    c = np.arange(2 * 3 * 40, dtype=np.float64).reshape(2, 3, 40) * 1.5
+    return {
+        "every third": np.arange(3000, dtype=np.int32)[::3],
+        "reversed": np.arange(5000, dtype=np.int16)[::-1],
+        "columns": np.arange(2000.0).reshape(100, 20)[:, 2:7],
+        "axes swapped and one reversed": c.transpose(1, 0, 2)[:, ::-1],
+        "inner stride": c[:, :, ::2],
+        "transposed slice": np.arange(24 * 50.0).reshape(24, 50).T[::2],
+        "complex real part": (np.arange(4096) * (1 + 2j)).real,
+        "structured field": np.zeros(1000, dtype=[("a", "i4"), ("b", "f8")])["b"],
+        "bool rows": (np.arange(600).reshape(20, 30) % 3 == 0)[::2],
+        "fortran": np.asfortranarray(c),
+        "0-d": np.array(7.25),
+        "0-size fortran": np.zeros((0, 3), order="F"),
+        "0-size strided": np.zeros((4, 6))[:, 6:],
+        "read-only": np.frombuffer(bytes(range(256)) * 64, dtype=np.uint16)[::5],
+    }
+
+
+@pytest.mark.parametrize("name", list(views()))
+def test_vcopy_makes_what_numpy_copy_makes_of_any_view(name: str) -> None:
+    # A strided view raised BufferError ("vcopy needs a contiguous array"): numpy.copy
+    # copies any view, and vcopy is its drop-in.
+    src = views()[name]
+    before = src.copy()
+    got, want = advm.vcopy(src), np.copy(src)
+    assert (got.dtype, got.shape, got.strides) == (want.dtype, want.shape, want.strides)
+    assert np.array_equal(got, want) and got.flags.writeable
+    assert (got.flags.c_contiguous, got.flags.f_contiguous) == (want.flags.c_contiguous, want.flags.f_contiguous)
+    if got.size:
+        got.reshape(-1, order="A")[:1] = 0  # the copy's writes stay in the copy
+        assert np.array_equal(src, before)
+        if src.flags.writeable:
+            src[...] = 1  # and the source's in the source
+            assert np.array_equal(got.reshape(-1, order="A")[1:], want.reshape(-1, order="A")[1:])
+    if got.nbytes >= 2 * PAGE:
+        again = advm.vcopy(got)  # a copy in the arena: its own copies are virtual
+        assert np.array_equal(again, got) and again.strides == got.strides
+
+
+def test_stat_of_several_processes_counts_the_pages_they_share_once() -> None:
+    # Per-process figures count a page each process maps; a model server needs the
+    # workers' distinct pages together to see what sharing saved (stat took one pid).
+    held = np.random.default_rng(9).integers(0, 256, 32 << 20, dtype=np.uint8)  # touched, 32 MiB
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        os.write(w, b".")  # the child maps the parent's pages (copy-on-write) until it exits
+        time.sleep(30)
+        os._exit(0)
+    os.close(w)
+    try:
+        os.read(r, 1)
+        me, child = advm.stat(os.getpid()), advm.stat(pid)
+        both = advm.stat([os.getpid(), pid])
+        assert [p["pid"] for p in both["processes"]] == [os.getpid(), pid]
+        shared = me["physical_bytes"] + child["physical_bytes"] - both["physical_bytes"]
+        assert shared >= held.nbytes, (me["physical_bytes"], child["physical_bytes"], both["physical_bytes"])
+        assert advm.stat((p for p in [pid]))["physical_bytes"] == child["physical_bytes"]
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        os.close(r)
+    with pytest.raises(TypeError, match="a pid .* or an iterable of pids, not str"):
+        advm.stat(str(os.getpid()))
+    with pytest.raises(ValueError, match="no process given"):
+        advm.stat([])
