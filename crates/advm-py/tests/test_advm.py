@@ -2,6 +2,7 @@
 
 import mmap
 import os
+import pathlib
 import time
 
 import numpy as np
@@ -13,7 +14,7 @@ PAGE = mmap.PAGESIZE
 
 
 @pytest.fixture(autouse=True)
-def no_daemon(monkeypatch):
+def no_daemon(monkeypatch: pytest.MonkeyPatch) -> None:
     # The process's own store: these tests must not depend on a running advmd.
     monkeypatch.setenv("ADVM_SOCKET", "/nonexistent/advmd.sock")
 
@@ -26,7 +27,7 @@ def page_aligned(n_pages: int, seed: int) -> np.ndarray:
     return a
 
 
-def test_merging_two_equal_arrays_shares_pages_and_keeps_content():
+def test_merging_two_equal_arrays_shares_pages_and_keeps_content() -> None:
     a, b = page_aligned(64, 1), page_aligned(64, 1)
     before = b.copy()
     sa = advm.merge(a)
@@ -37,7 +38,7 @@ def test_merging_two_equal_arrays_shares_pages_and_keeps_content():
     assert sb["seconds"] > 0 and sb["bytes"] == 64 * PAGE
 
 
-def test_writes_after_a_merge_stay_private():
+def test_writes_after_a_merge_stay_private() -> None:
     a, b = page_aligned(8, 2), page_aligned(8, 2)
     advm.merge(a)
     advm.merge(b)
@@ -47,7 +48,7 @@ def test_writes_after_a_merge_stay_private():
     assert advm.merge(c)["merged"] == 8, "the store still holds the original pages"
 
 
-def test_float_arrays_bytes_and_memoryviews_are_buffers_too():
+def test_float_arrays_bytes_and_memoryviews_are_buffers_too() -> None:
     f = page_aligned(16, 3).view(np.float32)
     g = page_aligned(16, 3).view(np.float32)
     advm.merge(f)
@@ -58,7 +59,7 @@ def test_float_arrays_bytes_and_memoryviews_are_buffers_too():
     assert s["bytes"] == len(data)
 
 
-def test_a_strided_view_is_refused_and_a_file_mapping_is_refused():
+def test_a_strided_view_is_refused_and_a_file_mapping_is_refused() -> None:
     a = page_aligned(4, 4)
     with pytest.raises((BufferError, ValueError), match="contiguous"):
         advm.merge(a[::2])
@@ -70,12 +71,12 @@ def test_a_strided_view_is_refused_and_a_file_mapping_is_refused():
         advm.merge(42)
 
 
-def test_stat_returns_the_figures_of_a_process():
+def test_stat_returns_the_figures_of_a_process() -> None:
     s = advm.stat(os.getpid())
     assert len(s["processes"]) == 1 and s["rss_bytes"] > 0 and s["physical_bytes"] > 0
 
 
-def test_vcopy_of_an_array_is_equal_independent_and_virtual_the_second_time():
+def test_vcopy_of_an_array_is_equal_independent_and_virtual_the_second_time() -> None:
     src = np.arange(1 << 20, dtype=np.float64).reshape(1024, 1024)
     c1 = advm.vcopy(src)
     assert c1.shape == src.shape and c1.dtype == src.dtype and np.array_equal(c1, src)
@@ -97,7 +98,7 @@ def test_the_package_names_the_library_sources_it_was_built_from() -> None:
     int(sid, 16)
 
 
-def test_vcopy_refuses_arrays_of_python_objects_before_copying():
+def test_vcopy_refuses_arrays_of_python_objects_before_copying() -> None:
     # Their bytes are references: a copy of them would hold objects it does not own.
     for a in (np.array([object(), "x"], dtype=object), np.zeros(3, dtype=[("a", "O"), ("b", "i4")])):
         before = advm.vcopy_stats()
@@ -106,7 +107,7 @@ def test_vcopy_refuses_arrays_of_python_objects_before_copying():
         assert advm.vcopy_stats() == before, "nothing was copied into the arena"
 
 
-def test_stat_of_a_process_that_does_not_exist_raises_process_lookup_error():
+def test_stat_of_a_process_that_does_not_exist_raises_process_lookup_error() -> None:
     pid = os.fork()
     if pid == 0:
         os._exit(0)
@@ -115,7 +116,7 @@ def test_stat_of_a_process_that_does_not_exist_raises_process_lookup_error():
         advm.stat(pid)
 
 
-def test_stat_of_another_users_process_raises_permission_error():
+def test_stat_of_another_users_process_raises_permission_error() -> None:
     import shutil
     import subprocess
     import sys
@@ -157,7 +158,7 @@ print("ok")
 """
 
 
-def test_vcopy_after_the_program_closed_every_fd_leaves_its_files_alone(tmp_path):
+def test_vcopy_after_the_program_closed_every_fd_leaves_its_files_alone(tmp_path: pathlib.Path) -> None:
     # The arena's memfd number comes back for the program's own file: the arena must
     # not map, write or punch it (the process died of SIGBUS mapping it).
     import subprocess
@@ -188,7 +189,7 @@ print("ok")
 """
 
 
-def test_merge_after_the_program_closed_every_fd_works_and_leaves_its_files_alone(tmp_path):
+def test_merge_after_the_program_closed_every_fd_works_and_leaves_its_files_alone(tmp_path: pathlib.Path) -> None:
     # It failed for good (ioctl(PROCMAP_QUERY) on the closed maps file); past that, the
     # store would have written and punched the program's files at its memfds' numbers.
     import subprocess
@@ -198,7 +199,7 @@ def test_merge_after_the_program_closed_every_fd_works_and_leaves_its_files_alon
     assert r.returncode == 0 and r.stdout == "ok\n", (r.returncode, r.stdout, r.stderr)
 
 
-def test_vcopy_releases_the_gil_while_it_copies():
+def test_vcopy_releases_the_gil_while_it_copies() -> None:
     # Another Python thread runs on during a long copy (it used to wait for all of it).
     import threading
     import time
@@ -206,7 +207,7 @@ def test_vcopy_releases_the_gil_while_it_copies():
     ticks = [0]
     stop = threading.Event()
 
-    def spin():
+    def spin() -> None:
         while not stop.is_set():
             ticks[0] += 1
 
@@ -291,6 +292,6 @@ def test_stat_of_several_processes_counts_the_pages_they_share_once() -> None:
         os.waitpid(pid, 0)
         os.close(r)
     with pytest.raises(TypeError, match="a pid .* or an iterable of pids, not str"):
-        advm.stat(str(os.getpid()))
+        advm.stat(str(os.getpid()))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="no process given"):
         advm.stat([])
