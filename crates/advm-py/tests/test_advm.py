@@ -295,3 +295,14 @@ def test_stat_of_several_processes_counts_the_pages_they_share_once() -> None:
         advm.stat(str(os.getpid()))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="no process given"):
         advm.stat([])
+
+
+def test_help_says_what_every_result_field_means() -> None:
+    # MergeStats' fields were documented by strings after each field, which help() and
+    # pydoc never show: help(advm.MergeStats) said only "What one merge did."
+    doc = advm.MergeStats.__doc__ or ""
+    missing = [k for k in advm.MergeStats.__annotations__ if f"``{k}``" not in doc]
+    assert not missing, missing
+    for f in (advm.merge, advm.stat, advm.vcopy, advm.vcopy_stats):
+        assert "Raises" in (f.__doc__ or ""), f.__name__
+    assert all(f"``{k}``" in (advm.vcopy_stats.__doc__ or "") for k in ("vcopies", "pages_shared", "bytes_copied"))

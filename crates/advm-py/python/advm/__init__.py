@@ -32,33 +32,37 @@ __version__: str = _advm.__version__
 
 
 class MergeStats(TypedDict):
-    """What one merge did."""
+    """What one merge did (``help(advm.MergeStats)`` shows this; a field's own string
+    would not reach ``help``).
+
+    - ``merged``: pages now mapping a page the store already held (or one an earlier,
+      equal page of the same range added).
+    - ``added``: pages added to the store, one per distinct new page (the next process
+      shares them).
+    - ``skipped``: pages left alone: partial end pages, zero pages, refused or
+      mismatched pages.
+    - ``refused``: of ``skipped``, pages the store refused because it reached its byte
+      limit; ``refusal``: the store's reason then, else ``None``.
+    - ``bytes``: bytes of the buffer; ``seconds``: time the merge took.
+    - ``phases``: where that time went, seconds: ``fence`` (checking and
+      write-protecting the range), ``hash`` (this process hashing its pages),
+      ``lookup`` (asking the store, including waits for pages other processes are
+      adding), ``add`` (handing new pages over), ``map`` (mapping store pages over the
+      buffer).
+    - ``via``: ``"daemon"`` (advmd's store for this uid) or ``"local"`` (this
+      process's own); ``via_detail``: the daemon's socket, or why it was not used.
+    """
 
     merged: int
-    """Pages now mapping a page the store already held (or one an earlier, equal page
-    of the same range added)."""
     added: int
-    """Pages added to the store, one per distinct new page (the next process shares
-    them)."""
     skipped: int
-    """Pages left alone: partial end pages, zero pages, refused or mismatched pages."""
     refused: int
-    """Of ``skipped``: pages the store refused because it reached its byte limit."""
     refusal: str | None
-    """The store's reason when it refused pages."""
     bytes: int
-    """Bytes of the buffer."""
     seconds: float
-    """Time the merge took."""
     phases: dict[str, float]
-    """Where that time went, seconds: ``fence`` (checking and write-protecting the
-    range), ``hash`` (this process hashing its pages), ``lookup`` (asking the store,
-    including waits for pages other processes are adding), ``add`` (handing new pages
-    over), ``map`` (mapping store pages over the buffer)."""
     via: str
-    """``"daemon"`` (advmd's store for this uid) or ``"local"`` (this process's own)."""
     via_detail: str
-    """The daemon's socket, or why the daemon was not used."""
 
 
 def merge(obj: Any) -> MergeStats:
@@ -143,5 +147,10 @@ def vcopy(array: numpy.ndarray[_Shape, _DType]) -> numpy.ndarray[_Shape, _DType]
 
 
 def vcopy_stats() -> dict[str, Any]:
-    """What the arena did so far: copies made virtual, bytes not copied, fallbacks."""
+    """What this process's arena did so far, as a dict: ``vcopies`` (copies of arena
+    arrays, made virtual), ``pages_shared`` (pages those copies share instead of
+    copying), ``bytes_copied`` (bytes copied, first copies into the arena included),
+    ``blocks`` and ``block_bytes`` (live arrays in the arena), ``memfd_resident_bytes``
+    (memory the arena holds), ``fallback_*`` (copies done by copying bytes, and why),
+    ``forks``. Raises ``OSError`` when the arena cannot be made."""
     return json.loads(_advm.vcopy_stats_json())  # type: ignore[no-any-return]
