@@ -121,8 +121,15 @@ def test_stat_of_another_users_process_raises_permission_error() -> None:
     import subprocess
     import sys
 
-    if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("needs root and setpriv to run a process as another user")
+    if os.geteuid() != 0:
+        # Not root: pid 1 is another user's already (unless this is its container).
+        if os.stat("/proc/1").st_uid == os.geteuid():
+            pytest.skip("pid 1 belongs to this user: no other user's process to try")
+        with pytest.raises(PermissionError, match="process 1: permission denied"):
+            advm.stat(1)
+        return
+    if shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv to run a process as another user")
     code = (
         "import advm\n"
         "try:\n    advm.stat(1)\nexcept PermissionError as e:\n    print('PermissionError', e)\n"
@@ -285,8 +292,12 @@ def test_stat_of_several_processes_counts_the_pages_they_share_once() -> None:
         both = advm.stat([os.getpid(), pid])
         assert [p["pid"] for p in both["processes"]] == [os.getpid(), pid]
         shared = me["physical_bytes"] + child["physical_bytes"] - both["physical_bytes"]
-        assert shared >= held.nbytes, (me["physical_bytes"], child["physical_bytes"], both["physical_bytes"])
-        assert advm.stat((p for p in [pid]))["physical_bytes"] == child["physical_bytes"]
+        figures = (me["physical_bytes"], child["physical_bytes"], both["physical_bytes"])
+        if both["pfn_visible"]:
+            assert shared >= held.nbytes, figures
+        else:  # no PFNs without CAP_SYS_ADMIN: the figure is PSS, which splits shared pages
+            assert both["physical_source"] == "pss" and abs(shared) < held.nbytes // 4, figures
+        assert [p["pid"] for p in advm.stat(p for p in [pid])["processes"]] == [pid]
     finally:
         os.kill(pid, 9)
         os.waitpid(pid, 0)
