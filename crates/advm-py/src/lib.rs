@@ -89,21 +89,66 @@ fn stats_dict<'py>(py: Python<'py>, s: &advm::merge::MergeStats) -> PyResult<Bou
     Ok(d)
 }
 
+/// Bytes a merge or a copy handles between two looks for a signal: Ctrl-C is raised
+/// within about a tenth of a second at ~1 GB/s, not after a whole model (seconds).
+const PIECE: usize = 128 << 20;
+
+/// `[addr, addr+len)` cut at multiples of [`PIECE`] (page aligned, so no piece but the
+/// first and last has a partial page); one empty piece for an empty range.
+fn pieces(addr: usize, len: usize) -> impl Iterator<Item = (usize, usize)> {
+    let end = addr + len;
+    let mut at = addr;
+    let mut first = true;
+    std::iter::from_fn(move || {
+        if at >= end && !std::mem::take(&mut first) {
+            return None;
+        }
+        first = false;
+        let next = ((at / PIECE + 1) * PIECE).min(end);
+        let piece = (at, next - at);
+        at = next;
+        Some(piece)
+    })
+}
+
 /// Merges the full pages of a buffer with the process-wide client (advmd, else the
-/// process's own store); returns the figures as a dict.
+/// process's own store), a piece at a time; returns the figures as a dict.
 #[pyfunction]
 fn merge<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
     let view = View::of(obj)?;
-    let (addr, len) = (view.addr(), view.len());
-    // The GIL is released so other threads run on; one that writes the buffer waits at
-    // the merge's write fence and its write lands afterwards.
     let py = obj.py();
-    let s = py
-        // SAFETY: the view keeps the buffer's memory alive and mapped until it is
-        // released after this call; this thread does not write it meanwhile.
-        .allow_threads(|| unsafe { advm::merge::merge_raw(addr, len) })
-        .map_err(to_py)?;
+    let t0 = std::time::Instant::now();
+    let mut total: Option<advm::merge::MergeStats> = None;
+    for (i, (addr, len)) in pieces(view.addr(), view.len()).enumerate() {
+        // Between pieces: a signal's handler (KeyboardInterrupt) runs now. The pieces
+        // merged so far stay merged; merging never changes the bytes.
+        if i > 0 {
+            py.check_signals()?;
+        }
+        // The GIL is released so other threads run on; one that writes the buffer
+        // waits at the merge's write fence and its write lands afterwards.
+        let s = py
+            // SAFETY: the view keeps the buffer's memory alive and mapped until it is
+            // released after this call; this thread does not write it meanwhile.
+            .allow_threads(|| unsafe { advm::merge::merge_raw(addr, len) })
+            .map_err(to_py)?;
+        match &mut total {
+            None => total = Some(s),
+            Some(t) => {
+                t.merged += s.merged;
+                t.added += s.added;
+                t.skipped += s.skipped;
+                t.refused += s.refused;
+                t.refusal = s.refusal.or(t.refusal.take());
+                t.bytes += s.bytes;
+                t.phases.add(&s.phases);
+                t.via = s.via;
+            }
+        }
+    }
     drop(view);
+    let mut s = total.expect("pieces yields at least one piece");
+    s.seconds = t0.elapsed().as_secs_f64();
     stats_dict(py, &s)
 }
 
@@ -175,24 +220,28 @@ fn vcopy_block(obj: &Bound<'_, PyAny>) -> PyResult<Block> {
     }
     let a = arena()?;
     let src = HostAddr(addr);
+    let py = obj.py();
     // The GIL is released for the copy (seconds for a few GiB): other threads run on,
     // as during a NumPy copy. The view keeps the source's memory alive meanwhile.
-    let dst = obj.py().allow_threads(|| -> advm::Result<HostAddr> {
-        if a.touches(src, len) {
-            return a.dup(src, len);
+    if a.touches(src, len) {
+        let dst = py.allow_threads(|| a.dup(src, len)).map_err(to_py)?;
+        drop(view);
+        return Ok(Block { addr: dst, len });
+    }
+    // Copied a piece at a time, a signal (Ctrl-C) raised between pieces; the block
+    // owns the memory from here, so an interrupted copy frees it.
+    let block = Block { addr: a.alloc(len).map_err(to_py)?, len };
+    for (i, (from, n)) in pieces(addr, len).enumerate() {
+        if i > 0 {
+            py.check_signals()?;
         }
-        let dst = a.alloc(len)?;
+        let to = HostAddr(block.addr.0 + (from - addr));
         // SAFETY: the view keeps `len` readable bytes at `addr` for this call.
-        let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
-        if let Err(e) = a.write(dst, bytes) {
-            let _ = a.free(dst);
-            return Err(e);
-        }
-        Ok(dst)
-    });
-    let dst = dst.map_err(to_py)?;
+        let bytes = unsafe { std::slice::from_raw_parts(from as *const u8, n) };
+        py.allow_threads(|| a.write(to, bytes)).map_err(to_py)?;
+    }
     drop(view);
-    Ok(Block { addr: dst, len })
+    Ok(block)
 }
 
 /// A new arena block of `len` bytes for the caller to fill (`vcopy` of a strided view

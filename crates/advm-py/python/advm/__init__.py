@@ -72,7 +72,8 @@ def merge(obj: Any) -> MergeStats:
     ones too), ``bytes``, ``bytearray``, ``array.array``, a memoryview slice. Only its
     whole pages count; a buffer under a page merges nothing. The content the process
     sees never changes, and writes after the merge go to a private copy. The GIL is
-    released for the whole merge; Ctrl-C raises ``KeyboardInterrupt`` when it returns.
+    released while it merges; Ctrl-C raises ``KeyboardInterrupt`` at the end of the
+    128 MiB piece under way (the pieces before it stay merged).
 
     Returns a :class:`MergeStats` dict (``merged``, ``added``, ``skipped``, ``via``...).
 
@@ -115,7 +116,8 @@ def vcopy(array: numpy.ndarray[_Shape, _DType]) -> numpy.ndarray[_Shape, _DType]
     ``vcopy``) shares its pages copy-on-write instead of copying bytes; copying any
     other array copies its bytes once into the arena, and a strided view gathers its
     elements there as ``numpy.copy`` does. The GIL is released while it copies (other
-    threads run on), as during ``merge``.
+    threads run on), as during ``merge``, and Ctrl-C stops a first copy at the end of
+    the 128 MiB piece under way.
 
     Returns a plain ``numpy.ndarray`` (a subclass such as a masked array loses its
     class, as with ``numpy.copy``). Raises ``TypeError`` for an array of Python objects
