@@ -117,6 +117,17 @@ fn pieces(addr: usize, len: usize) -> impl Iterator<Item = (usize, usize)> {
 fn merge<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
     let view = View::of(obj)?;
     let py = obj.py();
+    // The arena's pages are a shared mapping the merge would refuse with a message
+    // naming no array; say what the buffer is instead.
+    if let Some(Ok(a)) = ARENA.get() {
+        if a.touches(HostAddr(view.addr()), view.len()) {
+            return Err(PyValueError::new_err(
+                "merge of an array made by advm.vcopy: its pages live in the virtual-copy arena, which \
+                 shares them with its copies already and cannot be merged (merge the array it was copied \
+                 from, before copying)",
+            ));
+        }
+    }
     let t0 = std::time::Instant::now();
     let mut total: Option<advm::merge::MergeStats> = None;
     for (i, (addr, len)) in pieces(view.addr(), view.len()).enumerate() {
@@ -160,8 +171,9 @@ fn stat_json(py: Python<'_>, pids: Vec<i32>) -> PyResult<String> {
     serde_json::to_string(&sample).map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
+static ARENA: OnceLock<Result<Arena, String>> = OnceLock::new();
+
 fn arena() -> PyResult<&'static Arena> {
-    static ARENA: OnceLock<Result<Arena, String>> = OnceLock::new();
     // Made under the fork gate (as the C API's): a fork by another thread during the
     // first call would leave the child's copy of the once-lock "being made" for ever.
     let made = ARENA.get().unwrap_or_else(|| {

@@ -365,3 +365,11 @@ def test_ctrl_c_stops_a_long_first_vcopy_and_frees_its_block() -> None:
     late = time.perf_counter() - fired[0]
     assert late < full / 2, f"KeyboardInterrupt {late:.3f} s after Ctrl-C; a whole copy takes {full:.3f} s"
     assert advm.vcopy_stats()["blocks"] == blocks, "the interrupted copy's block is freed"
+
+
+def test_merging_a_vcopy_says_it_is_one() -> None:
+    # The refusal named a "shared mapping" at some address: the user made no shared
+    # mapping, advm.vcopy did.
+    v = advm.vcopy(page_aligned(16, 11))
+    with pytest.raises(ValueError, match="made by advm.vcopy.*merge the array it was copied from"):
+        advm.merge(v[3:])

@@ -80,8 +80,9 @@ def merge(obj: Any) -> MergeStats:
     Raises ``TypeError`` for an object without the buffer protocol (``str``, ``int``);
     a non-contiguous buffer is refused by its exporter (NumPy raises ``ValueError``,
     memoryview ``BufferError``); memory that is not private anonymous (a file mapping,
-    ``np.memmap``, shared memory such as ``mmap.mmap(-1, n)``) raises ``ValueError``
-    naming the mapping; the system's failures raise ``OSError``.
+    ``np.memmap``, shared memory such as ``mmap.mmap(-1, n)``, an array ``vcopy``
+    made) raises ``ValueError`` naming the mapping; the system's failures raise
+    ``OSError``.
     """
     return _advm.merge(obj)  # type: ignore[no-any-return]
 
