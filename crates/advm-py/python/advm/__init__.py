@@ -152,7 +152,8 @@ def vcopy(array: numpy.ndarray[_Shape, _DType]) -> numpy.ndarray[_Shape, _DType]
 def vcopy_stats() -> dict[str, Any]:
     """What this process's arena did so far, as a dict: ``vcopies`` (copies of arena
     arrays, made virtual), ``pages_shared`` (pages those copies share instead of
-    copying), ``bytes_copied`` (bytes copied, first copies into the arena included),
+    copying), ``bytes_copied`` (bytes of those copies copied after all: small ones,
+    fallbacks; a first copy of an array into the arena is not counted),
     ``blocks`` and ``block_bytes`` (live arrays in the arena), ``memfd_resident_bytes``
     (memory the arena holds), ``fallback_*`` (copies done by copying bytes, and why),
     ``forks``. Raises ``OSError`` when the arena cannot be made."""
