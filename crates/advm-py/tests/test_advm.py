@@ -343,6 +343,9 @@ def test_ctrl_c_stops_a_long_merge_between_pieces_and_changes_no_byte() -> None:
     again = np.arange(n // 8, dtype=np.uint64)
     s = advm.merge(again)  # the pieces merged before Ctrl-C are in the store
     assert s["merged"] > 0 and s["added"] > 0, s
+    start = again.__array_interface__["data"][0]
+    full = (start + n) // PAGE - (start + PAGE - 1) // PAGE  # every whole page, once
+    assert (s["merged"] + s["added"], s["bytes"]) == (full, n), s
     assert np.array_equal(again[::512], before)
 
 
