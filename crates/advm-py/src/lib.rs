@@ -25,8 +25,34 @@ fn to_py(e: advm::Error) -> PyErr {
             PyProcessLookupError::new_err(e.to_string())
         }
         advm::Error::PermissionDenied { .. } => PyPermissionError::new_err(e.to_string()),
-        _ => PyOSError::new_err(e.to_string()),
+        _ => PyOSError::new_err(with_address_space_hint(e.to_string())),
     }
+}
+
+/// An allocation failure under `ulimit -v` says so: the arena (256 GiB) and the
+/// process's own store (64 GiB) reserve address space up front, which such a limit
+/// refuses however little memory the call needs.
+fn with_address_space_hint(message: String) -> String {
+    if !message.contains("Cannot allocate memory") {
+        return message;
+    }
+    match address_space_limit() {
+        Some(limit) => format!(
+            "{message}; this process's address space is limited to {} MiB (ulimit -v, RLIMIT_AS), and advm \
+             reserves address space up front (256 GiB for vcopy's arena, 64 GiB for merging without advmd): \
+             lift the limit, or merge through advmd (ADVM_SOCKET), whose store a client maps at the daemon's \
+             --domain-limit-mib (4096 by default)",
+            limit >> 20
+        ),
+        None => message,
+    }
+}
+
+/// The soft RLIMIT_AS in bytes, when one is set (read from /proc/self/limits).
+fn address_space_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max address space"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
 }
 
 /// A borrowed contiguous view of a Python buffer, released on drop.
@@ -180,7 +206,7 @@ fn arena() -> PyResult<&'static Arena> {
         let _gate = advm::vcopy::ForkGate::hold();
         ARENA.get_or_init(|| Arena::new().map_err(|e| e.to_string()))
     });
-    made.as_ref().map_err(|e| PyOSError::new_err(e.clone()))
+    made.as_ref().map_err(|e| PyOSError::new_err(with_address_space_hint(e.clone())))
 }
 
 /// A block of the process's virtual-copy arena, freed when the last reference goes.

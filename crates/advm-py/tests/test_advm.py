@@ -379,3 +379,30 @@ def test_merging_a_vcopy_says_it_is_one() -> None:
     v = advm.vcopy(page_aligned(16, 11))
     with pytest.raises(ValueError, match="made by advm.vcopy.*merge the array it was copied from"):
         advm.merge(v[3:])
+
+
+UNDER_ULIMIT_V = r"""
+import resource, numpy as np, advm
+a = np.ones(1 << 20)
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, resource.getrlimit(resource.RLIMIT_AS)[1]))
+for f in (advm.vcopy, advm.merge):
+    try:
+        f(a)
+        print(f.__name__, "worked")
+    except OSError as e:
+        print(f.__name__, e)
+"""
+
+
+def test_under_ulimit_v_vcopy_and_merge_say_the_limit_is_why() -> None:
+    # They failed with "mmap(reserve): Cannot allocate memory" alone: 8 MiB to copy, and
+    # nothing said the address-space reservation under a 4 GiB ulimit -v was the cause.
+    import subprocess
+    import sys
+
+    env = dict(os.environ, ADVM_SOCKET="/nonexistent/advmd.sock")
+    out = subprocess.run([sys.executable, "-c", UNDER_ULIMIT_V], capture_output=True, text=True, timeout=60, env=env)
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2, out.stdout + out.stderr
+    for line in lines:
+        assert "worked" in line or ("limited to 4096 MiB (ulimit -v" in line and "lift the limit" in line), line
