@@ -36,10 +36,11 @@ deps-rust:
 	@$(CARGO) fmt --version >/dev/null 2>&1 || rustup component add rustfmt
 	@$(CARGO) clippy --version >/dev/null 2>&1 || rustup component add clippy
 
-# maturin builds the advm wheel, pytest runs its tests (PyPI, into $(PYENV)).
+# maturin builds the advm wheel, pytest runs its tests, mypy checks its type hints
+# (PyPI, into $(PYENV)).
 deps-python: deps-system
 	@test -x $(PY) || python3 -m venv $(PYENV)
-	@$(PY) -m pip install -q --disable-pip-version-check maturin numpy pytest
+	@$(PY) -m pip install -q --disable-pip-version-check maturin numpy pytest mypy
 
 # What `advm bench merge` runs: onnxruntime serving ONNX models built with onnx, and
 # the PP-OCR models shipped inside rapidocr-onnxruntime.

@@ -25,8 +25,34 @@ fn to_py(e: advm::Error) -> PyErr {
             PyProcessLookupError::new_err(e.to_string())
         }
         advm::Error::PermissionDenied { .. } => PyPermissionError::new_err(e.to_string()),
-        _ => PyOSError::new_err(e.to_string()),
+        _ => PyOSError::new_err(with_address_space_hint(e.to_string())),
     }
+}
+
+/// An allocation failure under `ulimit -v` says so: the arena (256 GiB) and the
+/// process's own store (64 GiB) reserve address space up front, which such a limit
+/// refuses however little memory the call needs.
+fn with_address_space_hint(message: String) -> String {
+    if !message.contains("Cannot allocate memory") {
+        return message;
+    }
+    match address_space_limit() {
+        Some(limit) => format!(
+            "{message}; this process's address space is limited to {} MiB (ulimit -v, RLIMIT_AS), and advm \
+             reserves address space up front (256 GiB for vcopy's arena, 64 GiB for merging without advmd): \
+             lift the limit, or merge through advmd (ADVM_SOCKET), whose store a client maps at the daemon's \
+             --domain-limit-mib (4096 by default)",
+            limit >> 20
+        ),
+        None => message,
+    }
+}
+
+/// The soft RLIMIT_AS in bytes, when one is set (read from /proc/self/limits).
+fn address_space_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max address space"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
 }
 
 /// A borrowed contiguous view of a Python buffer, released on drop.
@@ -89,40 +115,98 @@ fn stats_dict<'py>(py: Python<'py>, s: &advm::merge::MergeStats) -> PyResult<Bou
     Ok(d)
 }
 
+/// Bytes a merge or a copy handles between two looks for a signal: Ctrl-C is raised
+/// within about a tenth of a second at ~1 GB/s, not after a whole model (seconds).
+const PIECE: usize = 128 << 20;
+
+/// `[addr, addr+len)` cut at multiples of [`PIECE`] (page aligned, so no piece but the
+/// first and last has a partial page); one empty piece for an empty range.
+fn pieces(addr: usize, len: usize) -> impl Iterator<Item = (usize, usize)> {
+    let end = addr + len;
+    let mut at = addr;
+    let mut first = true;
+    std::iter::from_fn(move || {
+        if at >= end && !std::mem::take(&mut first) {
+            return None;
+        }
+        first = false;
+        let next = ((at / PIECE + 1) * PIECE).min(end);
+        let piece = (at, next - at);
+        at = next;
+        Some(piece)
+    })
+}
+
 /// Merges the full pages of a buffer with the process-wide client (advmd, else the
-/// process's own store); returns the figures as a dict.
+/// process's own store), a piece at a time; returns the figures as a dict.
 #[pyfunction]
 fn merge<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
     let view = View::of(obj)?;
-    let (addr, len) = (view.addr(), view.len());
-    // The GIL is released so other threads run on; one that writes the buffer waits at
-    // the merge's write fence and its write lands afterwards.
     let py = obj.py();
-    let s = py
-        // SAFETY: the view keeps the buffer's memory alive and mapped until it is
-        // released after this call; this thread does not write it meanwhile.
-        .allow_threads(|| unsafe { advm::merge::merge_raw(addr, len) })
-        .map_err(to_py)?;
+    // The arena's pages are a shared mapping the merge would refuse with a message
+    // naming no array; say what the buffer is instead.
+    if let Some(Ok(a)) = ARENA.get() {
+        if a.touches(HostAddr(view.addr()), view.len()) {
+            return Err(PyValueError::new_err(
+                "merge of an array made by advm.vcopy: its pages live in the virtual-copy arena, which \
+                 shares them with its copies already and cannot be merged (merge the array it was copied \
+                 from, before copying)",
+            ));
+        }
+    }
+    let t0 = std::time::Instant::now();
+    let mut total: Option<advm::merge::MergeStats> = None;
+    for (i, (addr, len)) in pieces(view.addr(), view.len()).enumerate() {
+        // Between pieces: a signal's handler (KeyboardInterrupt) runs now. The pieces
+        // merged so far stay merged; merging never changes the bytes.
+        if i > 0 {
+            py.check_signals()?;
+        }
+        // The GIL is released so other threads run on; one that writes the buffer
+        // waits at the merge's write fence and its write lands afterwards.
+        let s = py
+            // SAFETY: the view keeps the buffer's memory alive and mapped until it is
+            // released after this call; this thread does not write it meanwhile.
+            .allow_threads(|| unsafe { advm::merge::merge_raw(addr, len) })
+            .map_err(to_py)?;
+        match &mut total {
+            None => total = Some(s),
+            Some(t) => {
+                t.merged += s.merged;
+                t.added += s.added;
+                t.skipped += s.skipped;
+                t.refused += s.refused;
+                t.refusal = s.refusal.or(t.refusal.take());
+                t.bytes += s.bytes;
+                t.phases.add(&s.phases);
+                t.via = s.via;
+            }
+        }
+    }
     drop(view);
+    let mut s = total.expect("pieces yields at least one piece");
+    s.seconds = t0.elapsed().as_secs_f64();
     stats_dict(py, &s)
 }
 
-/// The `advm stat` figures of a process, as a JSON text (the wrapper parses it).
+/// The `advm stat` figures of processes measured together (pages they share count
+/// once), as a JSON text (the wrapper parses it).
 #[pyfunction]
-fn stat_json(py: Python<'_>, pid: i32) -> PyResult<String> {
-    let sample = py.allow_threads(|| advm::stats::measure(&[pid], advm::stats::Options::default())).map_err(to_py)?;
+fn stat_json(py: Python<'_>, pids: Vec<i32>) -> PyResult<String> {
+    let sample = py.allow_threads(|| advm::stats::measure(&pids, advm::stats::Options::default())).map_err(to_py)?;
     serde_json::to_string(&sample).map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
+static ARENA: OnceLock<Result<Arena, String>> = OnceLock::new();
+
 fn arena() -> PyResult<&'static Arena> {
-    static ARENA: OnceLock<Result<Arena, String>> = OnceLock::new();
     // Made under the fork gate (as the C API's): a fork by another thread during the
     // first call would leave the child's copy of the once-lock "being made" for ever.
     let made = ARENA.get().unwrap_or_else(|| {
         let _gate = advm::vcopy::ForkGate::hold();
         ARENA.get_or_init(|| Arena::new().map_err(|e| e.to_string()))
     });
-    made.as_ref().map_err(|e| PyOSError::new_err(e.clone()))
+    made.as_ref().map_err(|e| PyOSError::new_err(with_address_space_hint(e.clone())))
 }
 
 /// A block of the process's virtual-copy arena, freed when the last reference goes.
@@ -174,24 +258,39 @@ fn vcopy_block(obj: &Bound<'_, PyAny>) -> PyResult<Block> {
     }
     let a = arena()?;
     let src = HostAddr(addr);
+    let py = obj.py();
     // The GIL is released for the copy (seconds for a few GiB): other threads run on,
     // as during a NumPy copy. The view keeps the source's memory alive meanwhile.
-    let dst = obj.py().allow_threads(|| -> advm::Result<HostAddr> {
-        if a.touches(src, len) {
-            return a.dup(src, len);
+    if a.touches(src, len) {
+        let dst = py.allow_threads(|| a.dup(src, len)).map_err(to_py)?;
+        drop(view);
+        return Ok(Block { addr: dst, len });
+    }
+    // Copied a piece at a time, a signal (Ctrl-C) raised between pieces; the block
+    // owns the memory from here, so an interrupted copy frees it.
+    let block = Block { addr: a.alloc(len).map_err(to_py)?, len };
+    for (i, (from, n)) in pieces(addr, len).enumerate() {
+        if i > 0 {
+            py.check_signals()?;
         }
-        let dst = a.alloc(len)?;
+        let to = HostAddr(block.addr.0 + (from - addr));
         // SAFETY: the view keeps `len` readable bytes at `addr` for this call.
-        let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
-        if let Err(e) = a.write(dst, bytes) {
-            let _ = a.free(dst);
-            return Err(e);
-        }
-        Ok(dst)
-    });
-    let dst = dst.map_err(to_py)?;
+        let bytes = unsafe { std::slice::from_raw_parts(from as *const u8, n) };
+        py.allow_threads(|| a.write(to, bytes)).map_err(to_py)?;
+    }
     drop(view);
-    Ok(Block { addr: dst, len })
+    Ok(block)
+}
+
+/// A new arena block of `len` bytes for the caller to fill (`vcopy` of a strided view
+/// gathers its elements into it).
+#[pyfunction]
+fn empty_block(len: usize) -> PyResult<Block> {
+    if len == 0 {
+        return Err(PyValueError::new_err("an arena block of 0 bytes"));
+    }
+    let addr = arena()?.alloc(len).map_err(to_py)?;
+    Ok(Block { addr, len })
 }
 
 /// What the arena did so far (virtual copies, fallbacks), as JSON.
@@ -205,6 +304,7 @@ fn _advm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(merge, m)?)?;
     m.add_function(wrap_pyfunction!(stat_json, m)?)?;
     m.add_function(wrap_pyfunction!(vcopy_block, m)?)?;
+    m.add_function(wrap_pyfunction!(empty_block, m)?)?;
     m.add_function(wrap_pyfunction!(vcopy_stats_json, m)?)?;
     m.add_class::<Block>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -2,6 +2,8 @@
 
 import mmap
 import os
+import pathlib
+import time
 
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ PAGE = mmap.PAGESIZE
 
 
 @pytest.fixture(autouse=True)
-def no_daemon(monkeypatch):
+def no_daemon(monkeypatch: pytest.MonkeyPatch) -> None:
     # The process's own store: these tests must not depend on a running advmd.
     monkeypatch.setenv("ADVM_SOCKET", "/nonexistent/advmd.sock")
 
@@ -25,7 +27,7 @@ def page_aligned(n_pages: int, seed: int) -> np.ndarray:
     return a
 
 
-def test_merging_two_equal_arrays_shares_pages_and_keeps_content():
+def test_merging_two_equal_arrays_shares_pages_and_keeps_content() -> None:
     a, b = page_aligned(64, 1), page_aligned(64, 1)
     before = b.copy()
     sa = advm.merge(a)
@@ -36,7 +38,7 @@ def test_merging_two_equal_arrays_shares_pages_and_keeps_content():
     assert sb["seconds"] > 0 and sb["bytes"] == 64 * PAGE
 
 
-def test_writes_after_a_merge_stay_private():
+def test_writes_after_a_merge_stay_private() -> None:
     a, b = page_aligned(8, 2), page_aligned(8, 2)
     advm.merge(a)
     advm.merge(b)
@@ -46,7 +48,7 @@ def test_writes_after_a_merge_stay_private():
     assert advm.merge(c)["merged"] == 8, "the store still holds the original pages"
 
 
-def test_float_arrays_bytes_and_memoryviews_are_buffers_too():
+def test_float_arrays_bytes_and_memoryviews_are_buffers_too() -> None:
     f = page_aligned(16, 3).view(np.float32)
     g = page_aligned(16, 3).view(np.float32)
     advm.merge(f)
@@ -57,7 +59,7 @@ def test_float_arrays_bytes_and_memoryviews_are_buffers_too():
     assert s["bytes"] == len(data)
 
 
-def test_a_strided_view_is_refused_and_a_file_mapping_is_refused():
+def test_a_strided_view_is_refused_and_a_file_mapping_is_refused() -> None:
     a = page_aligned(4, 4)
     with pytest.raises((BufferError, ValueError), match="contiguous"):
         advm.merge(a[::2])
@@ -69,12 +71,12 @@ def test_a_strided_view_is_refused_and_a_file_mapping_is_refused():
         advm.merge(42)
 
 
-def test_stat_returns_the_figures_of_a_process():
+def test_stat_returns_the_figures_of_a_process() -> None:
     s = advm.stat(os.getpid())
     assert len(s["processes"]) == 1 and s["rss_bytes"] > 0 and s["physical_bytes"] > 0
 
 
-def test_vcopy_of_an_array_is_equal_independent_and_virtual_the_second_time():
+def test_vcopy_of_an_array_is_equal_independent_and_virtual_the_second_time() -> None:
     src = np.arange(1 << 20, dtype=np.float64).reshape(1024, 1024)
     c1 = advm.vcopy(src)
     assert c1.shape == src.shape and c1.dtype == src.dtype and np.array_equal(c1, src)
@@ -96,7 +98,7 @@ def test_the_package_names_the_library_sources_it_was_built_from() -> None:
     int(sid, 16)
 
 
-def test_vcopy_refuses_arrays_of_python_objects_before_copying():
+def test_vcopy_refuses_arrays_of_python_objects_before_copying() -> None:
     # Their bytes are references: a copy of them would hold objects it does not own.
     for a in (np.array([object(), "x"], dtype=object), np.zeros(3, dtype=[("a", "O"), ("b", "i4")])):
         before = advm.vcopy_stats()
@@ -105,7 +107,7 @@ def test_vcopy_refuses_arrays_of_python_objects_before_copying():
         assert advm.vcopy_stats() == before, "nothing was copied into the arena"
 
 
-def test_stat_of_a_process_that_does_not_exist_raises_process_lookup_error():
+def test_stat_of_a_process_that_does_not_exist_raises_process_lookup_error() -> None:
     pid = os.fork()
     if pid == 0:
         os._exit(0)
@@ -114,22 +116,32 @@ def test_stat_of_a_process_that_does_not_exist_raises_process_lookup_error():
         advm.stat(pid)
 
 
-def test_stat_of_another_users_process_raises_permission_error():
+def test_stat_of_another_users_process_raises_permission_error() -> None:
     import shutil
     import subprocess
     import sys
 
-    if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("needs root and setpriv to run a process as another user")
+    if os.geteuid() != 0:
+        # Not root: pid 1 is another user's already (unless this is its container).
+        if os.stat("/proc/1").st_uid == os.geteuid():
+            pytest.skip("pid 1 belongs to this user: no other user's process to try")
+        with pytest.raises(PermissionError, match="process 1: permission denied"):
+            advm.stat(1)
+        return
+    if shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv to run a process as another user")
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable]
+    # An interpreter under a directory only root may enter (pyenv's in /root) cannot
+    # run as another user: that says nothing of advm.
+    probe = subprocess.run([*nobody, "-c", "import advm"], capture_output=True, text=True, timeout=60, cwd="/")
+    if probe.returncode != 0:
+        pytest.skip(f"{sys.executable} with advm cannot run as uid 65534: {probe.stderr.strip()[-200:]}")
     code = (
         "import advm\n"
         "try:\n    advm.stat(1)\nexcept PermissionError as e:\n    print('PermissionError', e)\n"
         "except Exception as e:\n    print(type(e).__name__, e)\n"
     )
-    out = subprocess.run(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
-        capture_output=True, text=True, timeout=60, cwd="/",
-    )
+    out = subprocess.run([*nobody, "-c", code], capture_output=True, text=True, timeout=60, cwd="/")
     assert out.stdout.startswith("PermissionError process 1: permission denied"), out.stdout + out.stderr
 
 
@@ -156,7 +168,7 @@ print("ok")
 """
 
 
-def test_vcopy_after_the_program_closed_every_fd_leaves_its_files_alone(tmp_path):
+def test_vcopy_after_the_program_closed_every_fd_leaves_its_files_alone(tmp_path: pathlib.Path) -> None:
     # The arena's memfd number comes back for the program's own file: the arena must
     # not map, write or punch it (the process died of SIGBUS mapping it).
     import subprocess
@@ -187,7 +199,7 @@ print("ok")
 """
 
 
-def test_merge_after_the_program_closed_every_fd_works_and_leaves_its_files_alone(tmp_path):
+def test_merge_after_the_program_closed_every_fd_works_and_leaves_its_files_alone(tmp_path: pathlib.Path) -> None:
     # It failed for good (ioctl(PROCMAP_QUERY) on the closed maps file); past that, the
     # store would have written and punched the program's files at its memfds' numbers.
     import subprocess
@@ -197,7 +209,7 @@ def test_merge_after_the_program_closed_every_fd_works_and_leaves_its_files_alon
     assert r.returncode == 0 and r.stdout == "ok\n", (r.returncode, r.stdout, r.stderr)
 
 
-def test_vcopy_releases_the_gil_while_it_copies():
+def test_vcopy_releases_the_gil_while_it_copies() -> None:
     # Another Python thread runs on during a long copy (it used to wait for all of it).
     import threading
     import time
@@ -205,7 +217,7 @@ def test_vcopy_releases_the_gil_while_it_copies():
     ticks = [0]
     stop = threading.Event()
 
-    def spin():
+    def spin() -> None:
         while not stop.is_set():
             ticks[0] += 1
 
@@ -222,3 +234,175 @@ def test_vcopy_releases_the_gil_while_it_copies():
     t.join()
     assert b[123456] == 1
     assert during >= 0.2 * rate * took, f"{during} ticks in {took:.3f} s, {rate:.0f}/s alone"
+
+
+def views() -> dict[str, np.ndarray]:
+    c = np.arange(2 * 3 * 40, dtype=np.float64).reshape(2, 3, 40) * 1.5
+    return {
+        "every third": np.arange(3000, dtype=np.int32)[::3],
+        "reversed": np.arange(5000, dtype=np.int16)[::-1],
+        "columns": np.arange(2000.0).reshape(100, 20)[:, 2:7],
+        "axes swapped and one reversed": c.transpose(1, 0, 2)[:, ::-1],
+        "inner stride": c[:, :, ::2],
+        "transposed slice": np.arange(24 * 50.0).reshape(24, 50).T[::2],
+        "complex real part": (np.arange(4096) * (1 + 2j)).real,
+        "structured field": np.zeros(1000, dtype=[("a", "i4"), ("b", "f8")])["b"],
+        "bool rows": (np.arange(600).reshape(20, 30) % 3 == 0)[::2],
+        "fortran": np.asfortranarray(c),
+        "0-d": np.array(7.25),
+        "0-size fortran": np.zeros((0, 3), order="F"),
+        "0-size strided": np.zeros((4, 6))[:, 6:],
+        "read-only": np.frombuffer(bytes(range(256)) * 64, dtype=np.uint16)[::5],
+    }
+
+
+@pytest.mark.parametrize("name", list(views()))
+def test_vcopy_makes_what_numpy_copy_makes_of_any_view(name: str) -> None:
+    # A strided view raised BufferError ("vcopy needs a contiguous array"): numpy.copy
+    # copies any view, and vcopy is its drop-in.
+    src = views()[name]
+    before = src.copy()
+    got, want = advm.vcopy(src), np.copy(src)
+    assert (got.dtype, got.shape, got.strides) == (want.dtype, want.shape, want.strides)
+    assert np.array_equal(got, want) and got.flags.writeable
+    assert (got.flags.c_contiguous, got.flags.f_contiguous) == (want.flags.c_contiguous, want.flags.f_contiguous)
+    if got.size:
+        got.reshape(-1, order="A")[:1] = 0  # the copy's writes stay in the copy
+        assert np.array_equal(src, before)
+        if src.flags.writeable:
+            src[...] = 1  # and the source's in the source
+            assert np.array_equal(got.reshape(-1, order="A")[1:], want.reshape(-1, order="A")[1:])
+    if got.nbytes >= 2 * PAGE:
+        again = advm.vcopy(got)  # a copy in the arena: its own copies are virtual
+        assert np.array_equal(again, got) and again.strides == got.strides
+
+
+def test_stat_of_several_processes_counts_the_pages_they_share_once() -> None:
+    # Per-process figures count a page each process maps; a model server needs the
+    # workers' distinct pages together to see what sharing saved (stat took one pid).
+    held = np.random.default_rng(9).integers(0, 256, 32 << 20, dtype=np.uint8)  # touched, 32 MiB
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        os.write(w, b".")  # the child maps the parent's pages (copy-on-write) until it exits
+        time.sleep(30)
+        os._exit(0)
+    os.close(w)
+    try:
+        os.read(r, 1)
+        me, child = advm.stat(os.getpid()), advm.stat(pid)
+        both = advm.stat([os.getpid(), pid])
+        assert [p["pid"] for p in both["processes"]] == [os.getpid(), pid]
+        shared = me["physical_bytes"] + child["physical_bytes"] - both["physical_bytes"]
+        figures = (me["physical_bytes"], child["physical_bytes"], both["physical_bytes"])
+        if both["pfn_visible"]:
+            assert shared >= held.nbytes, figures
+        else:  # no PFNs without CAP_SYS_ADMIN: the figure is PSS, which splits shared pages
+            assert both["physical_source"] == "pss" and abs(shared) < held.nbytes // 4, figures
+        assert [p["pid"] for p in advm.stat(p for p in [pid])["processes"]] == [pid]
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        os.close(r)
+    with pytest.raises(TypeError, match="a pid .* or an iterable of pids, not str"):
+        advm.stat(str(os.getpid()))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no process given"):
+        advm.stat([])
+
+
+def test_help_says_what_every_result_field_means() -> None:
+    # MergeStats' fields were documented by strings after each field, which help() and
+    # pydoc never show: help(advm.MergeStats) said only "What one merge did."
+    doc = advm.MergeStats.__doc__ or ""
+    missing = [k for k in advm.MergeStats.__annotations__ if f"``{k}``" not in doc]
+    assert not missing, missing
+    for f in (advm.merge, advm.stat, advm.vcopy, advm.vcopy_stats):
+        assert "Raises" in (f.__doc__ or ""), f.__name__
+    assert all(f"``{k}``" in (advm.vcopy_stats.__doc__ or "") for k in ("vcopies", "pages_shared", "bytes_copied"))
+
+
+def interrupt_soon(after: float) -> None:
+    import signal
+    import threading
+
+    threading.Timer(after, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+
+def test_ctrl_c_stops_a_long_merge_between_pieces_and_changes_no_byte() -> None:
+    # Ctrl-C came through only when the whole merge (or copy) returned: 1.2 s for
+    # 1 GiB, 15 s for a 14 GiB model's weights; it is raised between 128 MiB pieces now.
+    n = 512 << 20
+    a = np.arange(n // 8, dtype=np.uint64)  # distinct pages: every one is added
+    before = a[::512].copy()
+    interrupt_soon(0.1)
+    with pytest.raises(KeyboardInterrupt):
+        advm.merge(a)
+        time.sleep(5)  # were the merge done first, Ctrl-C lands here: the checks below tell
+    assert np.array_equal(a[::512], before)
+    again = np.arange(n // 8, dtype=np.uint64)
+    s = advm.merge(again)  # the pieces merged before Ctrl-C are in the store
+    assert s["merged"] > 0 and s["added"] > 0, s
+    start = again.__array_interface__["data"][0]
+    full = (start + n) // PAGE - (start + PAGE - 1) // PAGE  # every whole page, once
+    assert (s["merged"] + s["added"], s["bytes"]) == (full, n), s
+    assert np.array_equal(again[::512], before)
+
+
+def test_ctrl_c_stops_a_long_first_vcopy_and_frees_its_block() -> None:
+    import signal
+    import threading
+
+    a = np.ones(512 << 20, dtype=np.uint8)  # not in the arena: its bytes are copied
+    t0 = time.perf_counter()
+    advm.vcopy(a)  # (freed at once)
+    full = time.perf_counter() - t0
+    blocks = advm.vcopy_stats()["blocks"]
+    fired: list[float] = []
+
+    def ctrl_c() -> None:
+        fired.append(time.perf_counter())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Timer(full / 8, ctrl_c).start()
+    with pytest.raises(KeyboardInterrupt):
+        advm.vcopy(a)
+        time.sleep(5)  # were the copy done first, Ctrl-C lands here: the check below tells
+    late = time.perf_counter() - fired[0]
+    assert late < full / 2, f"KeyboardInterrupt {late:.3f} s after Ctrl-C; a whole copy takes {full:.3f} s"
+    assert advm.vcopy_stats()["blocks"] == blocks, "the interrupted copy's block is freed"
+
+
+def test_merging_a_vcopy_says_it_is_one() -> None:
+    # The refusal named a "shared mapping" at some address: the user made no shared
+    # mapping, advm.vcopy did.
+    v = advm.vcopy(page_aligned(16, 11))
+    with pytest.raises(ValueError, match="made by advm.vcopy.*merge the array it was copied from"):
+        advm.merge(v[3:])
+
+
+UNDER_ULIMIT_V = r"""
+import resource, numpy as np, advm
+a = np.ones(1 << 20)
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, resource.getrlimit(resource.RLIMIT_AS)[1]))
+for f in (advm.vcopy, advm.merge):
+    try:
+        f(a)
+        print(f.__name__, "worked")
+    except OSError as e:
+        print(f.__name__, e)
+"""
+
+
+def test_under_ulimit_v_vcopy_and_merge_say_the_limit_is_why() -> None:
+    # They failed with "mmap(reserve): Cannot allocate memory" alone: 8 MiB to copy, and
+    # nothing said the address-space reservation under a 4 GiB ulimit -v was the cause.
+    import subprocess
+    import sys
+
+    env = dict(os.environ, ADVM_SOCKET="/nonexistent/advmd.sock")
+    out = subprocess.run([sys.executable, "-c", UNDER_ULIMIT_V], capture_output=True, text=True, timeout=60, env=env)
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2, out.stdout + out.stderr
+    for line in lines:
+        assert "worked" in line or ("limited to 4096 MiB (ulimit -v" in line and "lift the limit" in line), line

@@ -5,103 +5,156 @@
   store's pages, so processes holding the same data (model weights) keep one copy.
   The store is advmd's for this uid ($ADVM_SOCKET, else /run/advm/advmd.sock), or this
   process's own when no daemon answers (the result's ``via`` says which, and why).
-- ``stat(pid)``: the ``advm stat`` figures of a process (distinct physical pages, RSS,
-  PSS, USS, KSM) as a dict.
-- ``vcopy(array)``: a virtual copy of a NumPy array through advm's arena.
+- ``stat(pid)``: the ``advm stat`` figures of a process, or of a list of processes
+  measured together (distinct physical pages, RSS, PSS, USS, KSM) as a dict.
+- ``vcopy(array)``: a copy of a NumPy array (as ``numpy.copy``) in advm's arena, whose
+  own copies are virtual (pages shared until written).
+- ``vcopy_stats()``: what the arena did so far.
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, TypedDict
+import operator
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from . import _advm
 
 if TYPE_CHECKING:
     import numpy
 
+_Shape = TypeVar("_Shape", bound=tuple[Any, ...])
+_DType = TypeVar("_DType", bound="numpy.dtype[Any]")
+
 __all__ = ["merge", "stat", "vcopy", "vcopy_stats", "MergeStats", "__version__"]
 __version__: str = _advm.__version__
 
 
 class MergeStats(TypedDict):
-    """What one merge did."""
+    """What one merge did (``help(advm.MergeStats)`` shows this; a field's own string
+    would not reach ``help``).
+
+    - ``merged``: pages now mapping a page the store already held (or one an earlier,
+      equal page of the same range added).
+    - ``added``: pages added to the store, one per distinct new page (the next process
+      shares them).
+    - ``skipped``: pages left alone: partial end pages, zero pages, refused or
+      mismatched pages.
+    - ``refused``: of ``skipped``, pages the store refused because it reached its byte
+      limit; ``refusal``: the store's reason then, else ``None``.
+    - ``bytes``: bytes of the buffer; ``seconds``: time the merge took.
+    - ``phases``: where that time went, seconds: ``fence`` (checking and
+      write-protecting the range), ``hash`` (this process hashing its pages),
+      ``lookup`` (asking the store, including waits for pages other processes are
+      adding), ``add`` (handing new pages over), ``map`` (mapping store pages over the
+      buffer).
+    - ``via``: ``"daemon"`` (advmd's store for this uid) or ``"local"`` (this
+      process's own); ``via_detail``: the daemon's socket, or why it was not used.
+    """
 
     merged: int
-    """Pages now mapping a page the store already held (or one an earlier, equal page
-    of the same range added)."""
     added: int
-    """Pages added to the store, one per distinct new page (the next process shares
-    them)."""
     skipped: int
-    """Pages left alone: partial end pages, zero pages, refused or mismatched pages."""
     refused: int
-    """Of ``skipped``: pages the store refused because it reached its byte limit."""
     refusal: str | None
-    """The store's reason when it refused pages."""
     bytes: int
-    """Bytes of the buffer."""
     seconds: float
-    """Time the merge took."""
     phases: dict[str, float]
-    """Where that time went, seconds: ``fence`` (checking and write-protecting the
-    range), ``hash`` (this process hashing its pages), ``lookup`` (asking the store,
-    including waits for pages other processes are adding), ``add`` (handing new pages
-    over), ``map`` (mapping store pages over the buffer)."""
     via: str
-    """``"daemon"`` (advmd's store for this uid) or ``"local"`` (this process's own)."""
     via_detail: str
-    """The daemon's socket, or why the daemon was not used."""
 
 
 def merge(obj: Any) -> MergeStats:
-    """Merge the full pages of ``obj`` (any C- or Fortran-contiguous buffer).
+    """Merge the full pages of ``obj`` with equal pages in the store; return what it did.
 
-    The content seen by the process never changes; writes after the merge go to a
-    private copy. A non-contiguous buffer is refused by its exporter (NumPy raises
-    ``ValueError``, others ``BufferError``); memory that is not private anonymous (a
-    file mapping, shared memory) raises ``ValueError`` naming the mapping.
+    ``obj`` is any C- or Fortran-contiguous buffer: a NumPy array of any dtype (read-only
+    ones too), ``bytes``, ``bytearray``, ``array.array``, a memoryview slice. Only its
+    whole pages count; a buffer under a page merges nothing. The content the process
+    sees never changes, and writes after the merge go to a private copy. The GIL is
+    released while it merges; Ctrl-C raises ``KeyboardInterrupt`` at the end of the
+    128 MiB piece under way (the pieces before it stay merged).
+
+    Returns a :class:`MergeStats` dict (``merged``, ``added``, ``skipped``, ``via``...).
+
+    Raises ``TypeError`` for an object without the buffer protocol (``str``, ``int``);
+    a non-contiguous buffer is refused by its exporter (NumPy raises ``ValueError``,
+    memoryview ``BufferError``); memory that is not private anonymous (a file mapping,
+    ``np.memmap``, shared memory such as ``mmap.mmap(-1, n)``, an array ``vcopy``
+    made) raises ``ValueError`` naming the mapping; the system's failures raise
+    ``OSError``.
     """
     return _advm.merge(obj)  # type: ignore[no-any-return]
 
 
-def stat(pid: int) -> dict[str, Any]:
-    """The ``advm stat`` figures of process ``pid`` (needs permission to read its
-    /proc files: the same user, or root).
+def stat(pid: int | Iterable[int]) -> dict[str, Any]:
+    """The ``advm stat`` figures of process ``pid``, or of several processes measured
+    together, as a dict: ``physical_bytes`` (distinct physical pages; a page the
+    processes share counts once, so the figure of a list of workers shows what merging
+    saved), ``rss_bytes``, ``pss_bytes``, ``uss_bytes``, ``ksm``, and ``processes`` (one
+    entry per pid).
 
-    Raises ``ProcessLookupError`` when no process ``pid`` exists (or it exits while
-    measured, or is a zombie) and ``PermissionError`` when its files may not be read; both are
-    ``OSError``s. A kernel thread (no user memory) raises ``ValueError``."""
-    return json.loads(_advm.stat_json(pid))  # type: ignore[no-any-return]
+    Needs permission to read the processes' /proc files (the same user, or root).
+    Raises ``ProcessLookupError`` when a process does not exist (or exits while
+    measured, or is a zombie) and ``PermissionError`` when its files may not be read;
+    both are ``OSError``s. A kernel thread (no user memory) or an empty list raises
+    ``ValueError``; a pid that is not an int ``TypeError``."""
+    if isinstance(pid, Iterable) and not isinstance(pid, (str, bytes)):
+        pids = [operator.index(p) for p in pid]
+    else:
+        try:
+            pids = [operator.index(pid)]
+        except TypeError:
+            raise TypeError(f"stat takes a pid (an int) or an iterable of pids, not {type(pid).__name__}") from None
+    return json.loads(_advm.stat_json(pids))  # type: ignore[no-any-return]
 
 
-def vcopy(array: numpy.ndarray) -> numpy.ndarray:
-    """A virtual copy of a contiguous NumPy array, living in advm's arena.
+def vcopy(array: numpy.ndarray[_Shape, _DType]) -> numpy.ndarray[_Shape, _DType]:
+    """A copy of a NumPy array, as ``numpy.copy`` makes it (same values, dtype, shape
+    and strides; writable; independent of the source both ways), living in advm's arena.
 
     Copying an array that already lives in the arena (the result of an earlier
     ``vcopy``) shares its pages copy-on-write instead of copying bytes; copying any
-    other array copies its bytes once into the arena. The result is writable and
-    independent of the source. The GIL is released while it copies (other threads
-    run on), as during ``merge``. An array of Python objects (a dtype holding ``object``
-    fields) raises ``TypeError``: its elements are references, not bytes.
+    other array copies its bytes once into the arena, and a strided view gathers its
+    elements there as ``numpy.copy`` does. The GIL is released while it copies (other
+    threads run on), as during ``merge``, and Ctrl-C stops a first copy at the end of
+    the 128 MiB piece under way.
+
+    Returns a plain ``numpy.ndarray`` (a subclass such as a masked array loses its
+    class, as with ``numpy.copy``). Raises ``TypeError`` for an array of Python objects
+    (a dtype holding ``object`` fields): its elements are references, not bytes;
+    ``OSError`` when the arena cannot be made or grown.
     """
     import numpy as np
 
     src = np.asarray(array)
-    if not (src.flags.c_contiguous or src.flags.f_contiguous):
-        raise BufferError("vcopy needs a contiguous array (use numpy.ascontiguousarray first)")
     if src.dtype.hasobject:
         raise TypeError(
             f"vcopy cannot copy an array of Python objects (dtype {src.dtype}): "
             "its elements are references, not bytes (use array.copy())"
         )
     if src.nbytes == 0:
-        return src.copy()
-    block = _advm.vcopy_block(src)
-    out = np.frombuffer(block, dtype=src.dtype, count=src.size)
-    return out.reshape(src.shape, order="F" if src.flags.f_contiguous and not src.flags.c_contiguous else "C")
+        return np.copy(src)
+    if src.flags.c_contiguous or src.flags.f_contiguous:
+        block = _advm.vcopy_block(src)
+        out = np.frombuffer(block, dtype=src.dtype, count=src.size)
+        order = "F" if src.flags.f_contiguous and not src.flags.c_contiguous else "C"
+        return out.reshape(src.shape, order=order)
+    # numpy.copy's layout (order "K": the source's axis order, packed); empty_like only
+    # reserves address space for it, which is freed untouched.
+    strides = np.empty_like(src, order="K").strides
+    block = _advm.empty_block(src.nbytes)
+    out = np.ndarray(src.shape, dtype=src.dtype, buffer=block, strides=strides)
+    np.copyto(out, src)
+    return out
 
 
 def vcopy_stats() -> dict[str, Any]:
-    """What the arena did so far: copies made virtual, bytes not copied, fallbacks."""
+    """What this process's arena did so far, as a dict: ``vcopies`` (copies of arena
+    arrays, made virtual), ``pages_shared`` (pages those copies share instead of
+    copying), ``bytes_copied`` (bytes of those copies copied after all: small ones,
+    fallbacks; a first copy of an array into the arena is not counted),
+    ``blocks`` and ``block_bytes`` (live arrays in the arena), ``memfd_resident_bytes``
+    (memory the arena holds), ``fallback_*`` (copies done by copying bytes, and why),
+    ``forks``. Raises ``OSError`` when the arena cannot be made."""
     return json.loads(_advm.vcopy_stats_json())  # type: ignore[no-any-return]
