@@ -36,7 +36,9 @@ impl ForwardSignals {
 
 /// While alive, SIGTERM, SIGINT and SIGHUP are noted instead of ending the process,
 /// so a long run (a benchmark with VMs and cgroups) can stop and clean up; the old
-/// dispositions come back on drop. One at a time per process.
+/// dispositions come back on drop. May nest, and a signal that comes while a
+/// [`ForwardSignals`] (or the pager's `Interrupts`) is installed inside it is noted
+/// as well.
 pub struct StopSignals {
     inner: signal::StopSignals,
 }

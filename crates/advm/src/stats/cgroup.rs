@@ -304,7 +304,8 @@ impl Group {
     /// touches are charged here.
     ///
     /// The child has only the calling thread (a plain `fork`):
-    /// `work` must not wait for locks other threads may hold (stdio included).
+    /// `work` must not wait for locks other threads may hold (stdio included). It dies
+    /// of SIGINT, SIGTERM, SIGHUP and SIGQUIT whatever the caller does with them.
     pub fn run_in_child(
         &self,
         work: impl FnOnce() -> std::result::Result<Vec<u8>, String>,
@@ -313,6 +314,9 @@ impl Group {
         let (mut parent_end, child_end) = UnixStream::pair().map_err(|e| Error::io("socketpair", e))?;
         let pid = crate::sys::process::fork_run(move || {
             let mut out = child_end;
+            // A parent noting stopping signals (to clean up) must still be able to
+            // stop its measured child with one.
+            let _ = crate::sys::swap::Interrupts::default_in_child();
             let joined = rustix::io::write(&procs, b"0");
             let (tag, body) = match joined {
                 Err(e) => (1u8, format!("joining the cgroup: {e}").into_bytes()),
