@@ -292,9 +292,15 @@ pub fn run(name: &str, opts: &BenchOpts) -> Result<Report, BenchError> {
     // changed (cgroups, swap, KSM, scratch files, daemons): the signal is noted, the
     // benchmark's programs are stopped, and its run unwinds through its cleanup.
     let stop = std::sync::Arc::new(advm::process::StopSignals::install()?);
+    // KSM as a killed run left it would skew every figure (and ksmd's CPU time).
+    if restore_abandoned_ksm() {
+        report.notes.push("KSM settings left by a run that was killed were restored before this run".into());
+    }
     let stopper = ChildStopper::start(stop.clone());
     let result = bench.run(opts, &mut report);
     drop(stopper);
+    // A measured child that started a KSM session and died of the signal could not end it.
+    restore_abandoned_ksm();
     if let Some(sig) = stop.received() {
         let how = match result {
             Ok(()) => "it had finished; results dropped".to_string(),
@@ -306,6 +312,11 @@ pub fn run(name: &str, opts: &BenchOpts) -> Result<Report, BenchError> {
     result?;
     report.elapsed_s = started.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// [`advm::ksm::restore_abandoned`] where KSM exists and may be changed (root).
+fn restore_abandoned_ksm() -> bool {
+    advm::ksm::available() && advm::process::is_root() && advm::ksm::restore_abandoned().unwrap_or(false)
 }
 
 /// The usual name of a stopping signal.

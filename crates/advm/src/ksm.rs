@@ -167,6 +167,24 @@ impl Drop for Session {
     }
 }
 
+/// Puts back the settings saved by sessions that all died without ending (killed, or
+/// a forked child that started one and died of a signal), and forgets them; live
+/// sessions (this process's or others') are left alone. Returns whether anything was
+/// restored. A session's own end does this already: this is for a caller that
+/// outlives sessions which could not end, and before a run that wants KSM as found.
+pub fn restore_abandoned() -> Result<bool> {
+    let mut locked = Locked::open()?;
+    let mut state = locked.read();
+    state.holders.retain(|h| alive(h));
+    if !state.holders.is_empty() || state.saved.is_empty() {
+        return Ok(false);
+    }
+    restore(&state.saved);
+    state.saved.clear();
+    locked.write(&state)?;
+    Ok(true)
+}
+
 /// True when this kernel has KSM (`/sys/kernel/mm/ksm`).
 pub fn available() -> bool {
     ksm::available()
@@ -241,12 +259,16 @@ pub fn ksmd_cpu_seconds() -> Option<f64> {
 mod tests {
     use super::*;
 
+    /// The tests that start sessions run one at a time: each checks that no other holds one.
+    static SESSIONS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     fn knobs() -> Vec<Option<String>> {
         KNOBS.iter().map(|k| ksm::read_text(k)).collect()
     }
 
     #[test]
     fn overlapping_sessions_restore_the_original_settings() {
+        let _one = SESSIONS.lock().unwrap_or_else(|e| e.into_inner());
         if !crate::sys::is_root() || !ksm::available() {
             eprintln!("skipped: needs root and KSM");
             return;
@@ -268,6 +290,32 @@ mod tests {
             return;
         }
         assert_eq!(knobs(), before);
+    }
+
+    #[test]
+    fn settings_of_a_session_whose_process_died_are_restored_on_request() {
+        let _one = SESSIONS.lock().unwrap_or_else(|e| e.into_inner());
+        if !crate::sys::is_root() || !ksm::available() {
+            eprintln!("skipped: needs root and KSM");
+            return;
+        }
+        let others = || Locked::open().unwrap().read().holders.into_iter().filter(|h| alive(h)).count();
+        if others() > 0 {
+            eprintln!("skipped: another process holds a KSM session");
+            return;
+        }
+        let before = knobs();
+        // a measured child that starts a session and dies without ending it
+        let pid = crate::sys::process::fork_run(|| {
+            std::mem::forget(Session::start(1000, 20).unwrap());
+            0
+        })
+        .unwrap();
+        assert_eq!(crate::sys::process::wait_child(pid).unwrap(), 0);
+        assert_eq!(ksm::read("run"), Some(1), "the dead session's settings stay");
+        assert!(restore_abandoned().unwrap());
+        assert_eq!(knobs(), before);
+        assert!(!restore_abandoned().unwrap(), "nothing left to restore");
     }
 
     #[test]
