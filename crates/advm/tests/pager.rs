@@ -617,6 +617,31 @@ fn a_kernel_swap_file_is_disabled_and_removed_on_drop() {
 }
 
 #[test]
+fn a_swap_file_left_by_a_killed_process_is_turned_off_and_removed() {
+    bounded(|| {
+        let path = std::path::PathBuf::from(format!("/var/tmp/advm-test-swap-left-{}", std::process::id()));
+        let listed = || std::fs::read_to_string("/proc/swaps").unwrap().contains(path.to_str().unwrap());
+        match advm::pager::KernelSwap::create(&path, 4 << 20) {
+            // as a killed process leaves it: enabled, on disk
+            Ok(s) => std::mem::forget(s),
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                eprintln!("skipped: no swap file here: {e}");
+                return;
+            }
+        }
+        assert!(listed());
+        advm::pager::KernelSwap::remove_left(&path).unwrap();
+        assert!(!listed(), "still enabled");
+        assert!(!path.exists(), "still on disk");
+        // one that is only on disk (killed before swapon)
+        std::fs::write(&path, b"x").unwrap();
+        advm::pager::KernelSwap::remove_left(&path).unwrap();
+        assert!(!path.exists());
+    });
+}
+
+#[test]
 fn a_cgroup_limit_is_set_and_read_back() {
     bounded(|| {
         let g = match advm::stats::cgroup::Group::create("pager-test") {

@@ -44,6 +44,17 @@ impl KernelSwap {
         Ok(me)
     }
 
+    /// Disables (when the kernel still swaps to it) and removes a swap file made by a
+    /// process that died before it could remove it (killed outright). Needs root.
+    pub fn remove_left(path: &Path) -> Result<()> {
+        let swaps = std::fs::read_to_string("/proc/swaps").map_err(|e| Error::io("/proc/swaps", e))?;
+        // /proc/swaps escapes blanks in names (as \040): compare the unescaped name
+        let on = swaps.lines().skip(1).filter_map(|l| l.split_whitespace().next()).any(|name| {
+            Path::new(&name.replace("\\040", " ")) == path
+        });
+        Self { path: path.to_path_buf(), on }.remove()
+    }
+
     /// The file.
     pub fn path(&self) -> &Path {
         &self.path
