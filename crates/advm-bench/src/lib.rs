@@ -304,7 +304,7 @@ pub fn run(name: &str, opts: &BenchOpts) -> Result<Report, BenchError> {
     if let Some(sig) = stop.received() {
         let how = match result {
             Ok(()) => "it had finished; results dropped".to_string(),
-            Err(BenchError::Interrupted(e)) => e,
+            Err(BenchError::Interrupted(e)) => format!("it stopped: {e}"),
             Err(e) => format!("it stopped with: {e}"),
         };
         return Err(BenchError::Interrupted(format!("bench {name} stopped by {} ({how})", signal_name(sig))));

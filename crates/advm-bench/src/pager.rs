@@ -533,7 +533,7 @@ impl Bench for PagerBench {
                             bar.inc(1);
                             if let Some(sig) = interrupts.caught() {
                                 result = Err(BenchError::Interrupted(format!(
-                                    "{} during {} {cname} {setting:?}; swap file and cgroup removed",
+                                    "{} during {} {cname} {setting:?}",
                                     crate::signal_name(sig),
                                     w.name()
                                 )));
@@ -589,7 +589,11 @@ impl Bench for PagerBench {
         report
             .notes
             .push("kernel swap in/out are /proc/vmstat deltas: system-wide, other processes' paging included".into());
-        result.and(removed)
+        match (result, removed) {
+            // a failed cleanup must not hide behind the run's own error
+            (Err(e), Err(r)) => Err(BenchError::Usage(format!("{e}; then cleaning up failed: {r}"))),
+            (result, removed) => result.and(removed),
+        }
     }
 
     fn demo(&self) -> Result<Vec<DemoRow>, BenchError> {
