@@ -32,6 +32,13 @@ impl ForwardSignals {
         self.inner.child(pid);
         Ok(())
     }
+
+    /// The last of these signals that came since the last [`ForwardSignals::hold`]
+    /// (also after that guard is gone), if any: the child's end was asked for, it is
+    /// not a failure of its own.
+    pub fn last_received() -> Option<i32> {
+        signal::ChildSignals::last_received()
+    }
 }
 
 /// While alive, SIGTERM, SIGINT and SIGHUP are noted instead of ending the process,

@@ -49,6 +49,8 @@ impl Drop for Dispositions {
 static CHILD: AtomicI32 = AtomicI32::new(0);
 /// A signal that came before the child was named, for the child once it is.
 static HELD: AtomicI32 = AtomicI32::new(0);
+/// The last signal the forwarding handler took, for [`ChildSignals::received`].
+static FORWARD_GOT: AtomicI32 = AtomicI32::new(0);
 
 /// Gives a held signal, if any, to the child: called by whichever of the naming thread
 /// and the handler sees both the child and the held signal; the swap lets only one send.
@@ -63,6 +65,7 @@ fn forward_held(pid: i32) {
 extern "C" fn forward(sig: libc::c_int) {
     // A caller's StopSignals around this guard learns the run was asked to stop.
     note_stop(sig);
+    FORWARD_GOT.store(sig, Ordering::SeqCst);
     let pid = CHILD.load(Ordering::SeqCst);
     if pid > 0 {
         // Interactive signals reach the child from the terminal by themselves.
@@ -102,6 +105,7 @@ impl ChildSignals {
     pub fn hold() -> SysResult<Self> {
         CHILD.store(0, Ordering::SeqCst);
         HELD.store(0, Ordering::SeqCst);
+        FORWARD_GOT.store(0, Ordering::SeqCst);
         let handler = forward as extern "C" fn(libc::c_int) as libc::sighandler_t;
         let handlers = INTERACTIVE.iter().chain(FORWARDED.iter()).map(|&s| (s, handler));
         Ok(Self { set: Some(Dispositions::install(handlers)?) })
@@ -111,6 +115,12 @@ impl ChildSignals {
     pub fn child(&self, child: i32) {
         CHILD.store(child, Ordering::SeqCst);
         forward_held(child);
+    }
+
+    /// The last signal that came (held or passed on) since the last
+    /// [`ChildSignals::hold`], also after that guard is dropped.
+    pub fn last_received() -> Option<i32> {
+        Some(FORWARD_GOT.load(Ordering::SeqCst)).filter(|&s| s != 0)
     }
 }
 
