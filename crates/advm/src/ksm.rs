@@ -100,6 +100,25 @@ fn alive(token: &str) -> bool {
     }
 }
 
+/// A holder file not in the state and not locked for a minute: its session died
+/// between making it and registering (a measured child killed at that moment). Younger
+/// ones may belong to a session that is just starting.
+fn remove_unlisted_dead_holders(listed: &[String]) {
+    let Ok(dir) = std::fs::read_dir(state_dir()) else { return };
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(token) = name.to_str().and_then(|n| n.strip_prefix("ksm-holder-")) else { continue };
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().is_ok_and(|age| age >= std::time::Duration::from_secs(60)));
+        if old && !listed.iter().any(|h| h == token) {
+            // removes the file when nobody holds its lock
+            alive(token);
+        }
+    }
+}
+
 fn restore(saved: &[(String, String)]) {
     // `run` is last in KNOBS: scanning stops before the rate changes back.
     for (knob, value) in saved {
@@ -176,6 +195,7 @@ pub fn restore_abandoned() -> Result<bool> {
     let mut locked = Locked::open()?;
     let mut state = locked.read();
     state.holders.retain(|h| alive(h));
+    remove_unlisted_dead_holders(&state.holders);
     if !state.holders.is_empty() || state.saved.is_empty() {
         return Ok(false);
     }
@@ -316,6 +336,20 @@ mod tests {
         assert!(restore_abandoned().unwrap());
         assert_eq!(knobs(), before);
         assert!(!restore_abandoned().unwrap(), "nothing left to restore");
+    }
+
+    #[test]
+    fn an_unregistered_dead_holder_file_goes_once_a_minute_old() {
+        let _one = SESSIONS.lock().unwrap_or_else(|e| e.into_inner());
+        let token = format!("test-{}-{}", std::process::id(), line!());
+        let path = holder_path(&token);
+        let file = File::create(&path).unwrap();
+        remove_unlisted_dead_holders(&[]);
+        assert!(path.exists(), "a new file may be a session just starting");
+        file.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(120)).unwrap();
+        drop(file);
+        remove_unlisted_dead_holders(&[]);
+        assert!(!path.exists(), "an old unlocked holder file stays");
     }
 
     #[test]
