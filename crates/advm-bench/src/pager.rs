@@ -645,9 +645,8 @@ fn remove_swap_files_left() -> Result<(), BenchError> {
     let Ok(dir) = std::fs::read_dir("/var/tmp") else { return Ok(()) };
     for entry in dir.flatten() {
         let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("advm-bench-pager-")?.strip_suffix(".swap")?.parse::<u32>().ok())
+        let Some(pid) =
+            name.to_str().and_then(|n| n.strip_prefix("advm-bench-pager-")?.strip_suffix(".swap")?.parse::<u32>().ok())
         else {
             continue;
         };

@@ -49,9 +49,11 @@ impl KernelSwap {
     pub fn remove_left(path: &Path) -> Result<()> {
         let swaps = std::fs::read_to_string("/proc/swaps").map_err(|e| Error::io("/proc/swaps", e))?;
         // /proc/swaps escapes blanks in names (as \040): compare the unescaped name
-        let on = swaps.lines().skip(1).filter_map(|l| l.split_whitespace().next()).any(|name| {
-            Path::new(&name.replace("\\040", " ")) == path
-        });
+        let on = swaps
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split_whitespace().next())
+            .any(|name| Path::new(&name.replace("\\040", " ")) == path);
         Self { path: path.to_path_buf(), on }.remove()
     }
 

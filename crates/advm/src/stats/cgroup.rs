@@ -187,8 +187,7 @@ fn remove_abandoned(parent: &Path, version: Version) {
     let Ok(dir) = std::fs::read_dir(parent) else { return };
     for entry in dir.flatten() {
         let name = entry.file_name();
-        let Some(pid) = name.to_str().and_then(|n| n.rsplitn(3, '-').nth(1)).and_then(|p| p.parse::<u32>().ok())
-        else {
+        let Some(pid) = name.to_str().and_then(|n| n.rsplit('-').nth(1)).and_then(|p| p.parse::<u32>().ok()) else {
             continue;
         };
         if !entry.path().is_dir() || Path::new(&format!("/proc/{pid}")).exists() {
