@@ -319,6 +319,11 @@ fn restore_abandoned_ksm() -> bool {
     advm::ksm::available() && advm::process::is_root() && advm::ksm::restore_abandoned().unwrap_or(false)
 }
 
+/// Tests that run a whole benchmark ([`run`] notes stopping signals process-wide) and
+/// tests that send this process a stopping signal take turns.
+#[cfg(test)]
+pub(crate) static SIGNAL_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// The usual name of a stopping signal.
 pub(crate) fn signal_name(sig: i32) -> String {
     match sig {
