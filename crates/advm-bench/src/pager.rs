@@ -640,7 +640,8 @@ fn swap_file_path(pid: u32) -> std::path::PathBuf {
 }
 
 /// Turns off and removes the swap files of runs that were killed outright (their pid
-/// is gone): otherwise the kernel keeps swapping to them, under every later run.
+/// is gone and nobody holds the file): otherwise the kernel keeps swapping to them,
+/// under every later run.
 fn remove_swap_files_left() -> Result<(), BenchError> {
     let Ok(dir) = std::fs::read_dir("/var/tmp") else { return Ok(()) };
     for entry in dir.flatten() {
