@@ -288,9 +288,104 @@ pub fn run(name: &str, opts: &BenchOpts) -> Result<Report, BenchError> {
     })?;
     let started = Instant::now();
     let mut report = Report::new(name, bench.description(), opts.quick, opts.runs);
-    bench.run(opts, &mut report)?;
+    // Ctrl-C or kill must not end this process before it restores what the benchmark
+    // changed (cgroups, swap, KSM, scratch files, daemons): the signal is noted, the
+    // benchmark's programs are stopped, and its run unwinds through its cleanup.
+    let stop = std::sync::Arc::new(advm::process::StopSignals::install()?);
+    // KSM as a killed run left it would skew every figure (and ksmd's CPU time).
+    if restore_abandoned_ksm() {
+        report.notes.push("KSM settings left by a run that was killed were restored before this run".into());
+    }
+    let stopper = ChildStopper::start(stop.clone());
+    let result = bench.run(opts, &mut report);
+    drop(stopper);
+    // A measured child that started a KSM session and died of the signal could not end it.
+    restore_abandoned_ksm();
+    if let Some(sig) = stop.received() {
+        let how = match result {
+            Ok(()) => "it had finished; results dropped".to_string(),
+            Err(BenchError::Interrupted(e)) => format!("it stopped: {e}"),
+            Err(e) => format!("it stopped with: {e}"),
+        };
+        return Err(BenchError::Interrupted(format!("bench {name} stopped by {} ({how})", signal_name(sig))));
+    }
+    result?;
     report.elapsed_s = started.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// [`advm::ksm::restore_abandoned`] where KSM exists and may be changed (root).
+fn restore_abandoned_ksm() -> bool {
+    advm::ksm::available() && advm::process::is_root() && advm::ksm::restore_abandoned().unwrap_or(false)
+}
+
+/// Tests that run a whole benchmark ([`run`] notes stopping signals process-wide) and
+/// tests that send this process a stopping signal take turns.
+#[cfg(test)]
+pub(crate) static SIGNAL_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The usual name of a stopping signal.
+pub(crate) fn signal_name(sig: i32) -> String {
+    match sig {
+        libc::SIGINT => "SIGINT (Ctrl-C)".into(),
+        libc::SIGTERM => "SIGTERM".into(),
+        libc::SIGHUP => "SIGHUP".into(),
+        _ => format!("signal {sig}"),
+    }
+}
+
+/// While alive, a thread that, once a stopping signal has been noted, sends SIGTERM to
+/// every child of this process, including those started later: a benchmark then
+/// sees its programs fail, stops, and cleans up. (Ctrl-C reaches the children from the
+/// terminal as well; `kill PID` reaches only this process.)
+struct ChildStopper {
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ChildStopper {
+    fn start(stop: std::sync::Arc<advm::process::StopSignals>) -> Self {
+        use std::sync::atomic::Ordering;
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = done.clone();
+        let thread = std::thread::spawn(move || {
+            let mut stopped = std::collections::BTreeSet::new();
+            while !flag.load(Ordering::Acquire) {
+                if stop.received().is_some() {
+                    for pid in children() {
+                        if stopped.insert(pid) {
+                            let _ = advm::process::terminate(pid);
+                        }
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        });
+        Self { done, thread: Some(thread) }
+    }
+}
+
+impl Drop for ChildStopper {
+    fn drop(&mut self) {
+        self.done.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The live children of this process (from `/proc/*/stat`'s parent pid).
+fn children() -> Vec<u32> {
+    let me = std::process::id();
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // fields after the command name "(...)": state, then the parent pid
+            let mut rest = stat.rsplit_once(')').map_or("", |(_, r)| r).split_whitespace();
+            rest.next().is_some_and(|state| state != "Z") && rest.next() == Some(me.to_string().as_str())
+        })
+        .collect()
 }
 
 impl Report {

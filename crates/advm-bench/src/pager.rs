@@ -450,7 +450,8 @@ impl Bench for PagerBench {
         let tlab_kib = picked_tlab_kib()?;
         let sweep: Vec<Sizes> = limits.iter().map(|&l| sizes(opts.quick, l)).collect();
         let interrupts = Interrupts::catch()?;
-        let swap_path = std::path::PathBuf::from(format!("/var/tmp/advm-bench-pager-{}.swap", std::process::id()));
+        let swap_path = swap_file_path(std::process::id());
+        remove_swap_files_left()?;
         // NP swaps the garbage of every space the old generation drifted through: up to
         // three heaps of its four-heap reservation, plus the nursery and large objects
         let most_heap = sweep.iter().map(|s| s.heap).max().unwrap_or(0);
@@ -531,7 +532,11 @@ impl Bench for PagerBench {
                             let m = run_in_child(&group, w, (g, in_place), setting, s, fault_mode, tlab_kib);
                             bar.inc(1);
                             if let Some(sig) = interrupts.caught() {
-                                result = Err(BenchError::Interrupted(format!("signal {sig}")));
+                                result = Err(BenchError::Interrupted(format!(
+                                    "{} during {} {cname} {setting:?}",
+                                    crate::signal_name(sig),
+                                    w.name()
+                                )));
                                 break 'all;
                             }
                             match m {
@@ -584,7 +589,11 @@ impl Bench for PagerBench {
         report
             .notes
             .push("kernel swap in/out are /proc/vmstat deltas: system-wide, other processes' paging included".into());
-        result.and(removed)
+        match (result, removed) {
+            // a failed cleanup must not hide behind the run's own error
+            (Err(e), Err(r)) => Err(BenchError::Usage(format!("{e}; then cleaning up failed: {r}"))),
+            (result, removed) => result.and(removed),
+        }
     }
 
     fn demo(&self) -> Result<Vec<DemoRow>, BenchError> {
@@ -623,6 +632,36 @@ impl Bench for PagerBench {
             ),
         }])
     }
+}
+
+/// Where run `pid` keeps its swap file.
+fn swap_file_path(pid: u32) -> std::path::PathBuf {
+    std::path::PathBuf::from(format!("/var/tmp/advm-bench-pager-{pid}.swap"))
+}
+
+/// Turns off and removes the swap files of runs that were killed outright (their pid
+/// is gone and nobody holds the file): otherwise the kernel keeps swapping to them,
+/// under every later run.
+fn remove_swap_files_left() -> Result<(), BenchError> {
+    let Ok(dir) = std::fs::read_dir("/var/tmp") else { return Ok(()) };
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(pid) =
+            name.to_str().and_then(|n| n.strip_prefix("advm-bench-pager-")?.strip_suffix(".swap")?.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            KernelSwap::remove_left(&swap_file_path(pid)).map_err(|e| {
+                BenchError::Usage(format!(
+                    "a killed run's swap file {} is still there and could not be removed ({e}); \
+                     run `swapoff {0}; rm {0}`",
+                    swap_file_path(pid).display()
+                ))
+            })?;
+        }
+    }
+    Ok(())
 }
 
 /// `$ADVM_BENCH_PAGER_WORKLOADS` (comma separated names): a subset of the workloads,

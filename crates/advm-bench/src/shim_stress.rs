@@ -188,6 +188,7 @@ mod tests {
             return;
         }
         let opts = BenchOpts { quick: true, runs: 1, progress: false };
+        let _turn = crate::SIGNAL_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let report = super::super::run("shim-stress", &opts).unwrap();
         assert_eq!(report.rows.len(), 5, "{report:?}");
         for row in &report.rows {

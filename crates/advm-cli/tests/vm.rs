@@ -318,6 +318,33 @@ fn get(port: u16, path: &str) -> String {
 }
 
 #[test]
+fn a_vm_stopped_by_sigterm_while_it_boots_leaves_no_work_directory() {
+    if !have("qemu-system-x86_64") {
+        return;
+    }
+    let Some(image) = built_guest() else { return };
+    let mut vm = Command::new(ADVM)
+        .args(["vm", "run", "--image", image.to_str().unwrap(), "--disk", "blk", "--accel", "tcg"])
+        .args(["--mem", "128", "--timeout", "120"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let workdir = std::env::temp_dir().join(format!("advm-vm-{}", vm.id()));
+    let t = std::time::Instant::now();
+    while !workdir.join("vm.json").exists() {
+        assert!(t.elapsed() < std::time::Duration::from_secs(60), "no {} from advm vm run", workdir.display());
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // as a benchmark stops its VMs on Ctrl-C
+    advm::process::terminate(vm.id()).unwrap();
+    let mut err = String::new();
+    vm.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    vm.wait().unwrap();
+    assert!(!workdir.exists(), "{} left behind after a SIGTERM: {err}", workdir.display());
+}
+
+#[test]
 fn a_pmem_guest_boots_under_the_emulator_with_a_read_only_root_on_dax_no_page_cache_and_free_page_reporting() {
     if !have("qemu-system-x86_64") {
         return;

@@ -100,6 +100,25 @@ fn alive(token: &str) -> bool {
     }
 }
 
+/// A holder file not in the state and not locked for a minute: its session died
+/// between making it and registering (a measured child killed at that moment). Younger
+/// ones may belong to a session that is just starting.
+fn remove_unlisted_dead_holders(listed: &[String]) {
+    let Ok(dir) = std::fs::read_dir(state_dir()) else { return };
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(token) = name.to_str().and_then(|n| n.strip_prefix("ksm-holder-")) else { continue };
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().is_ok_and(|age| age >= std::time::Duration::from_secs(60)));
+        if old && !listed.iter().any(|h| h == token) {
+            // removes the file when nobody holds its lock
+            alive(token);
+        }
+    }
+}
+
 fn restore(saved: &[(String, String)]) {
     // `run` is last in KNOBS: scanning stops before the rate changes back.
     for (knob, value) in saved {
@@ -165,6 +184,25 @@ impl Drop for Session {
         let _ = locked.write(&state);
         let _ = std::fs::remove_file(holder_path(&self.token));
     }
+}
+
+/// Puts back the settings saved by sessions that all died without ending (killed, or
+/// a forked child that started one and died of a signal), and forgets them; live
+/// sessions (this process's or others') are left alone. Returns whether anything was
+/// restored. A session's own end does this already: this is for a caller that
+/// outlives sessions which could not end, and before a run that wants KSM as found.
+pub fn restore_abandoned() -> Result<bool> {
+    let mut locked = Locked::open()?;
+    let mut state = locked.read();
+    state.holders.retain(|h| alive(h));
+    remove_unlisted_dead_holders(&state.holders);
+    if !state.holders.is_empty() || state.saved.is_empty() {
+        return Ok(false);
+    }
+    restore(&state.saved);
+    state.saved.clear();
+    locked.write(&state)?;
+    Ok(true)
 }
 
 /// True when this kernel has KSM (`/sys/kernel/mm/ksm`).
@@ -241,12 +279,16 @@ pub fn ksmd_cpu_seconds() -> Option<f64> {
 mod tests {
     use super::*;
 
+    /// The tests that start sessions run one at a time: each checks that no other holds one.
+    static SESSIONS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     fn knobs() -> Vec<Option<String>> {
         KNOBS.iter().map(|k| ksm::read_text(k)).collect()
     }
 
     #[test]
     fn overlapping_sessions_restore_the_original_settings() {
+        let _one = SESSIONS.lock().unwrap_or_else(|e| e.into_inner());
         if !crate::sys::is_root() || !ksm::available() {
             eprintln!("skipped: needs root and KSM");
             return;
@@ -268,6 +310,46 @@ mod tests {
             return;
         }
         assert_eq!(knobs(), before);
+    }
+
+    #[test]
+    fn settings_of_a_session_whose_process_died_are_restored_on_request() {
+        let _one = SESSIONS.lock().unwrap_or_else(|e| e.into_inner());
+        if !crate::sys::is_root() || !ksm::available() {
+            eprintln!("skipped: needs root and KSM");
+            return;
+        }
+        let others = || Locked::open().unwrap().read().holders.into_iter().filter(|h| alive(h)).count();
+        if others() > 0 {
+            eprintln!("skipped: another process holds a KSM session");
+            return;
+        }
+        let before = knobs();
+        // a measured child that starts a session and dies without ending it
+        let pid = crate::sys::process::fork_run(|| {
+            std::mem::forget(Session::start(1000, 20).unwrap());
+            0
+        })
+        .unwrap();
+        assert_eq!(crate::sys::process::wait_child(pid).unwrap(), 0);
+        assert_eq!(ksm::read("run"), Some(1), "the dead session's settings stay");
+        assert!(restore_abandoned().unwrap());
+        assert_eq!(knobs(), before);
+        assert!(!restore_abandoned().unwrap(), "nothing left to restore");
+    }
+
+    #[test]
+    fn an_unregistered_dead_holder_file_goes_once_a_minute_old() {
+        let _one = SESSIONS.lock().unwrap_or_else(|e| e.into_inner());
+        let token = format!("test-{}-{}", std::process::id(), line!());
+        let path = holder_path(&token);
+        let file = File::create(&path).unwrap();
+        remove_unlisted_dead_holders(&[]);
+        assert!(path.exists(), "a new file may be a session just starting");
+        file.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(120)).unwrap();
+        drop(file);
+        remove_unlisted_dead_holders(&[]);
+        assert!(!path.exists(), "an old unlocked holder file stays");
     }
 
     #[test]

@@ -32,11 +32,20 @@ impl ForwardSignals {
         self.inner.child(pid);
         Ok(())
     }
+
+    /// The last of these signals that came since the last [`ForwardSignals::hold`]
+    /// (also after that guard is gone), if any: the child's end was asked for, it is
+    /// not a failure of its own.
+    pub fn last_received() -> Option<i32> {
+        signal::ChildSignals::last_received()
+    }
 }
 
 /// While alive, SIGTERM, SIGINT and SIGHUP are noted instead of ending the process,
 /// so a long run (a benchmark with VMs and cgroups) can stop and clean up; the old
-/// dispositions come back on drop. One at a time per process.
+/// dispositions come back on drop. May nest, and a signal that comes while a
+/// [`ForwardSignals`] (or the pager's `Interrupts`) is installed inside it is noted
+/// as well.
 pub struct StopSignals {
     inner: signal::StopSignals,
 }

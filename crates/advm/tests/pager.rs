@@ -617,6 +617,39 @@ fn a_kernel_swap_file_is_disabled_and_removed_on_drop() {
 }
 
 #[test]
+fn a_swap_file_left_by_a_killed_process_is_turned_off_and_removed() {
+    bounded(|| {
+        let path = std::path::PathBuf::from(format!("/var/tmp/advm-test-swap-left-{}", std::process::id()));
+        let listed = || std::fs::read_to_string("/proc/swaps").unwrap().contains(path.to_str().unwrap());
+        // as a killed process leaves it: enabled, on disk, nobody holding it (made by
+        // the tools, since a KernelSwap of this process would hold its lock)
+        std::fs::write(&path, vec![0u8; 4 << 20]).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        let made = std::process::Command::new("mkswap")
+            .arg(&path)
+            .output()
+            .and_then(|_| std::process::Command::new("swapon").arg(&path).output());
+        if !made.is_ok_and(|o| o.status.success()) || !listed() {
+            let _ = std::fs::remove_file(&path);
+            eprintln!("skipped: no mkswap/swapon or no swap files here");
+            return;
+        }
+        assert!(advm::pager::KernelSwap::remove_left(&path).unwrap());
+        assert!(!listed(), "still enabled");
+        assert!(!path.exists(), "still on disk");
+        // one that is only on disk (killed before swapon)
+        std::fs::write(&path, b"x").unwrap();
+        assert!(advm::pager::KernelSwap::remove_left(&path).unwrap());
+        assert!(!path.exists());
+        // a live one (another run, perhaps in another PID namespace) is left alone
+        let live = advm::pager::KernelSwap::create(&path, 4 << 20).unwrap();
+        assert!(!advm::pager::KernelSwap::remove_left(&path).unwrap());
+        assert!(listed() && path.exists(), "a live swap file was removed");
+        live.remove().unwrap();
+    });
+}
+
+#[test]
 fn a_cgroup_limit_is_set_and_read_back() {
     bounded(|| {
         let g = match advm::stats::cgroup::Group::create("pager-test") {

@@ -519,7 +519,8 @@ pub fn workdir_of(pid: u32) -> PathBuf {
 }
 
 /// Runs `advm vm run`. The work directory (console, logs, dump scratch) goes when the
-/// VM ends cleanly and stays, named on stderr, when anything failed.
+/// VM ends cleanly or is stopped by a signal, and stays, named on stderr, when anything
+/// else failed.
 pub fn run(args: RunArgs) -> Result<(), CliError> {
     if !(args.merge_after.is_finite() && (0.0..=3600.0).contains(&args.merge_after)) {
         return Err(usage(format!("--merge-after {}: expected seconds from 0 to 3600", args.merge_after)));
@@ -530,7 +531,11 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     let work = workdir_of(std::process::id());
     let result = run_in(&args, &work);
     match &result {
+        // also when stopped on request (Ctrl-C, a benchmark ending): nothing to look into
         Ok(true) => {
+            let _ = std::fs::remove_dir_all(&work);
+        }
+        _ if advm::process::ForwardSignals::last_received().is_some() => {
             let _ = std::fs::remove_dir_all(&work);
         }
         _ if work.exists() => eprintln!("advm vm run: console and logs kept in {}", work.display()),

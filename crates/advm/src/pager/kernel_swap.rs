@@ -14,15 +14,21 @@ use crate::{Error, Result};
 pub struct KernelSwap {
     path: PathBuf,
     on: bool,
+    /// The file, flock'ed for the swap's life: how [`KernelSwap::remove_left`] tells a
+    /// live user (in any PID namespace) from a dead one.
+    _lock: Option<std::fs::File>,
 }
 
 impl KernelSwap {
     /// Writes `bytes` of zeros at `path` (a swap file must have no holes), runs
     /// `mkswap` on it and enables it. Needs root.
     pub fn create(path: &Path, bytes: u64) -> Result<Self> {
-        let mut me = Self { path: path.to_path_buf(), on: false };
         let mut f =
             std::fs::OpenOptions::new().write(true).create_new(true).open(path).map_err(|e| Error::io(path, e))?;
+        let lock = f.try_clone().map_err(|e| Error::io(path, e))?;
+        rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| crate::sys::SysError::new("flock", e))?;
+        let mut me = Self { path: path.to_path_buf(), on: false, _lock: Some(lock) };
         let chunk = vec![0u8; 1 << 20];
         let mut left = bytes;
         while left > 0 {
@@ -42,6 +48,25 @@ impl KernelSwap {
         swap::swapon(path, 10)?;
         me.on = true;
         Ok(me)
+    }
+
+    /// Disables (when the kernel still swaps to it) and removes a swap file made by a
+    /// process that died before it could remove it (killed outright). Needs root.
+    /// Returns false, touching nothing, when a live [`KernelSwap`] still holds it.
+    pub fn remove_left(path: &Path) -> Result<bool> {
+        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        if rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+            return Ok(false);
+        }
+        let swaps = std::fs::read_to_string("/proc/swaps").map_err(|e| Error::io("/proc/swaps", e))?;
+        // /proc/swaps escapes blanks in names (as \040): compare the unescaped name
+        let on = swaps
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split_whitespace().next())
+            .any(|name| Path::new(&name.replace("\\040", " ")) == path);
+        Self { path: path.to_path_buf(), on, _lock: Some(file) }.remove()?;
+        Ok(true)
     }
 
     /// The file.

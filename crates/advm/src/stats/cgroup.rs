@@ -179,9 +179,28 @@ fn check_name(name: &str) -> Result<()> {
     })
 }
 
+/// Removes the groups under `parent` whose creator (the pid in `<name>-<pid>-<n>`) is
+/// gone: a run killed outright (SIGKILL) could not remove its own. Processes still in
+/// such a group were that run's measured programs and are killed; a group that stays
+/// busy is left for the next try.
+fn remove_abandoned(parent: &Path, version: Version) {
+    let Ok(dir) = std::fs::read_dir(parent) else { return };
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.rsplit('-').nth(1)).and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !entry.path().is_dir() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let _ = Group { path: entry.path(), version, owned: true }.remove();
+    }
+}
+
 impl Group {
     /// Makes a fresh memory cgroup `advm/<name>-<pid>-<n>` under the caller's own (so
-    /// the limits around the caller still apply). Needs root.
+    /// the limits around the caller still apply). Needs root. Groups left there by
+    /// processes that died without removing them are removed first.
     pub fn create(name: &str) -> Result<Self> {
         check_name(name)?;
         let (own, version) = own_memory_cgroup()?;
@@ -198,10 +217,19 @@ impl Group {
                 let _ = std::fs::write(dir.join("cgroup.subtree_control"), "+memory");
             }
         }
-        std::fs::create_dir_all(&parent).map_err(|e| Error::io(&parent, e))?;
         static SEQ: AtomicU64 = AtomicU64::new(0);
         let path = parent.join(format!("{name}-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
-        std::fs::create_dir(&path).map_err(|e| Error::io(&path, e))?;
+        let mut tries = 0;
+        loop {
+            std::fs::create_dir_all(&parent).map_err(|e| Error::io(&parent, e))?;
+            remove_abandoned(&parent, version);
+            match std::fs::create_dir(&path) {
+                Ok(()) => break,
+                // the parent went with another group's removal in between: make it again
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < 3 => tries += 1,
+                Err(e) => return Err(Error::io(&path, e)),
+            }
+        }
         let group = Self { path, version, owned: true };
         // a v2 group without the controller has no memory.stat: say so now
         group.usage()?;
@@ -304,15 +332,27 @@ impl Group {
     /// touches are charged here.
     ///
     /// The child has only the calling thread (a plain `fork`):
-    /// `work` must not wait for locks other threads may hold (stdio included).
+    /// `work` must not wait for locks other threads may hold (stdio included). It dies
+    /// of SIGINT, SIGTERM, SIGHUP and SIGQUIT whatever the caller does with them, and is
+    /// killed if the caller dies.
     pub fn run_in_child(
         &self,
         work: impl FnOnce() -> std::result::Result<Vec<u8>, String>,
     ) -> Result<std::result::Result<Vec<u8>, String>> {
         let procs = self.procs_for_writing()?;
         let (mut parent_end, child_end) = UnixStream::pair().map_err(|e| Error::io("socketpair", e))?;
+        let parent = rustix::process::getpid();
         let pid = crate::sys::process::fork_run(move || {
             let mut out = child_end;
+            // A parent noting stopping signals (to clean up) must still be able to
+            // stop its measured child with one.
+            let _ = crate::sys::swap::Interrupts::default_in_child();
+            // A parent killed outright must not leave its measurement running in a
+            // group nobody removes (the parent may have died before this call).
+            let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
+            if rustix::process::getppid() != Some(parent) {
+                return 1;
+            }
             let joined = rustix::io::write(&procs, b"0");
             let (tag, body) = match joined {
                 Err(e) => (1u8, format!("joining the cgroup: {e}").into_bytes()),
@@ -447,6 +487,7 @@ impl Sampler {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::process::ExitStatusExt;
 
     #[test]
     fn v1_anon_shmem_is_rss_plus_shmem_and_cache_excludes_shmem() {
@@ -463,6 +504,31 @@ mod tests {
         assert_eq!(v, Version::V2);
         assert_eq!(u, Usage { anon_bytes: 10, shmem_bytes: 20, page_cache_bytes: 30 });
         assert!(Usage::from_stat("nothing 1\n").is_none());
+    }
+
+    #[test]
+    fn a_group_whose_creator_died_is_removed_by_the_next_create() {
+        let probe = match Group::create("test-probe") {
+            Ok(g) => g,
+            Err(e) => {
+                eprintln!("skipped: no memory cgroup here ({e})");
+                return;
+            }
+        };
+        let parent = probe.path().parent().unwrap().to_path_buf();
+        // a creator that has exited: its pid is free (and not reused this quickly)
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let dead = gone.id();
+        gone.wait().unwrap();
+        let stale = parent.join(format!("test-killed-{dead}-0"));
+        std::fs::create_dir(&stale).unwrap();
+        // in a child, as a killed run's measured program would be
+        let mut orphan = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        std::fs::write(stale.join("cgroup.procs"), orphan.id().to_string()).unwrap();
+        let fresh = Group::create("test-fresh").unwrap();
+        assert!(!stale.exists(), "the dead run's group is still there");
+        assert!(orphan.wait().unwrap().signal().is_some(), "its program was not killed");
+        assert!(probe.path().exists() && fresh.path().exists(), "live groups are kept");
     }
 
     #[test]

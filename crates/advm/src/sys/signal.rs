@@ -5,7 +5,7 @@
 //! signals that come before the child exists are held for it. And for a long
 //! run that stops itself: stopping signals only noted.
 
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
 use super::{SysError, SysResult};
 
@@ -49,6 +49,8 @@ impl Drop for Dispositions {
 static CHILD: AtomicI32 = AtomicI32::new(0);
 /// A signal that came before the child was named, for the child once it is.
 static HELD: AtomicI32 = AtomicI32::new(0);
+/// The last signal the forwarding handler took, for [`ChildSignals::received`].
+static FORWARD_GOT: AtomicI32 = AtomicI32::new(0);
 
 /// Gives a held signal, if any, to the child: called by whichever of the naming thread
 /// and the handler sees both the child and the held signal; the swap lets only one send.
@@ -61,6 +63,9 @@ fn forward_held(pid: i32) {
 }
 
 extern "C" fn forward(sig: libc::c_int) {
+    // A caller's StopSignals around this guard learns the run was asked to stop.
+    note_stop(sig);
+    FORWARD_GOT.store(sig, Ordering::SeqCst);
     let pid = CHILD.load(Ordering::SeqCst);
     if pid > 0 {
         // Interactive signals reach the child from the terminal by themselves.
@@ -100,6 +105,7 @@ impl ChildSignals {
     pub fn hold() -> SysResult<Self> {
         CHILD.store(0, Ordering::SeqCst);
         HELD.store(0, Ordering::SeqCst);
+        FORWARD_GOT.store(0, Ordering::SeqCst);
         let handler = forward as extern "C" fn(libc::c_int) as libc::sighandler_t;
         let handlers = INTERACTIVE.iter().chain(FORWARDED.iter()).map(|&s| (s, handler));
         Ok(Self { set: Some(Dispositions::install(handlers)?) })
@@ -109,6 +115,12 @@ impl ChildSignals {
     pub fn child(&self, child: i32) {
         CHILD.store(child, Ordering::SeqCst);
         forward_held(child);
+    }
+
+    /// The last signal that came (held or passed on) since the last
+    /// [`ChildSignals::hold`], also after that guard is dropped.
+    pub fn last_received() -> Option<i32> {
+        Some(FORWARD_GOT.load(Ordering::SeqCst)).filter(|&s| s != 0)
     }
 }
 
@@ -124,31 +136,56 @@ impl Drop for ChildSignals {
 }
 
 static STOP: AtomicI32 = AtomicI32::new(0);
+/// Live [`StopSignals`]: only the outermost one starts from "nothing received", so a
+/// signal noted before an inner one is installed is not forgotten.
+static STOP_GUARDS: AtomicUsize = AtomicUsize::new(0);
 
-extern "C" fn note_stop(sig: libc::c_int) {
-    STOP.store(sig, Ordering::Relaxed);
+/// Notes a stopping signal for [`StopSignals::received`]; also called by the other
+/// handlers here and in `swap`, which take the signal over while they are installed.
+pub(crate) extern "C" fn note_stop(sig: libc::c_int) {
+    if STOPPING.contains(&sig) {
+        STOP.store(sig, Ordering::Relaxed);
+    }
 }
 
 const STOPPING: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
 
 /// While alive, SIGTERM, SIGINT and SIGHUP do not kill the process but are noted
 /// ([`StopSignals::received`]), so a long-running caller can stop its work and clean
-/// up; the old dispositions come back on drop. One at a time per process.
+/// up; the old dispositions come back on drop. May nest (a benchmark inside a run that
+/// noted signals already): an inner one still reports a signal the outer one noted.
+/// Signals taken over meanwhile by [`ChildSignals`] or the swap `Interrupts` are noted
+/// too.
 pub struct StopSignals {
-    _set: Dispositions,
+    set: Option<Dispositions>,
 }
 
 impl StopSignals {
     /// Installs the noting handler.
     pub fn install() -> SysResult<Self> {
-        STOP.store(0, Ordering::Relaxed);
+        if STOP_GUARDS.fetch_add(1, Ordering::SeqCst) == 0 {
+            STOP.store(0, Ordering::Relaxed);
+        }
         let handlers = STOPPING.iter().map(|&s| (s, note_stop as extern "C" fn(libc::c_int) as libc::sighandler_t));
-        Ok(Self { _set: Dispositions::install(handlers)? })
+        match Dispositions::install(handlers) {
+            Ok(set) => Ok(Self { set: Some(set) }),
+            Err(e) => {
+                STOP_GUARDS.fetch_sub(1, Ordering::SeqCst);
+                Err(e)
+            }
+        }
     }
 
     /// The last stopping signal received since [`StopSignals::install`], if any.
     pub fn received(&self) -> Option<i32> {
         Some(STOP.load(Ordering::Relaxed)).filter(|&s| s != 0)
+    }
+}
+
+impl Drop for StopSignals {
+    fn drop(&mut self) {
+        drop(self.set.take());
+        STOP_GUARDS.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

@@ -40,6 +40,7 @@ static CAUGHT: AtomicI32 = AtomicI32::new(0);
 
 extern "C" fn note(sig: libc::c_int) {
     CAUGHT.store(sig, Ordering::Relaxed);
+    super::signal::note_stop(sig);
 }
 
 const SIGNALS: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
