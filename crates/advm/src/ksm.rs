@@ -286,18 +286,29 @@ mod tests {
         KNOBS.iter().map(|k| ksm::read_text(k)).collect()
     }
 
-    #[test]
-    fn overlapping_sessions_restore_the_original_settings() {
-        let _one = SESSIONS.lock().unwrap_or_else(|e| e.into_inner());
+    /// Sessions of other processes alive now.
+    fn others() -> usize {
+        Locked::open().unwrap().read().holders.into_iter().filter(|h| alive(h)).count()
+    }
+
+    /// The tests' turn at sessions, or `None` (the reason printed) when they cannot
+    /// run here: no root, no KSM, or another process holding a session.
+    fn alone() -> Option<std::sync::MutexGuard<'static, ()>> {
+        let one = SESSIONS.lock().unwrap_or_else(|e| e.into_inner());
         if !crate::sys::is_root() || !ksm::available() {
             eprintln!("skipped: needs root and KSM");
-            return;
+            return None;
         }
-        let others = || Locked::open().unwrap().read().holders.into_iter().filter(|h| alive(h)).count();
         if others() > 0 {
             eprintln!("skipped: another process holds a KSM session");
-            return;
+            return None;
         }
+        Some(one)
+    }
+
+    #[test]
+    fn overlapping_sessions_restore_the_original_settings() {
+        let Some(_one) = alone() else { return };
         let before = knobs();
         let a = Session::start(1000, 20).unwrap();
         let b = Session::start(100, 20).unwrap();
@@ -314,16 +325,7 @@ mod tests {
 
     #[test]
     fn settings_of_a_session_whose_process_died_are_restored_on_request() {
-        let _one = SESSIONS.lock().unwrap_or_else(|e| e.into_inner());
-        if !crate::sys::is_root() || !ksm::available() {
-            eprintln!("skipped: needs root and KSM");
-            return;
-        }
-        let others = || Locked::open().unwrap().read().holders.into_iter().filter(|h| alive(h)).count();
-        if others() > 0 {
-            eprintln!("skipped: another process holds a KSM session");
-            return;
-        }
+        let Some(_one) = alone() else { return };
         let before = knobs();
         // a measured child that starts a session and dies without ending it
         let pid = crate::sys::process::fork_run(|| {
