@@ -49,7 +49,7 @@ impl Drop for Dispositions {
 static CHILD: AtomicI32 = AtomicI32::new(0);
 /// A signal that came before the child was named, for the child once it is.
 static HELD: AtomicI32 = AtomicI32::new(0);
-/// The last signal the forwarding handler took, for [`ChildSignals::received`].
+/// The last signal the forwarding handler took, for [`ChildSignals::last_received`].
 static FORWARD_GOT: AtomicI32 = AtomicI32::new(0);
 
 /// Gives a held signal, if any, to the child: called by whichever of the naming thread
