@@ -325,6 +325,21 @@ fn restore_abandoned_ksm() -> bool {
 pub(crate) static SIGNAL_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The usual name of a stopping signal.
+/// Stops a daemon the bench started: SIGTERM, so it removes its socket and lock file
+/// itself (SIGKILL left both in /tmp), then SIGKILL if it has not exited within 5 s.
+pub(crate) fn stop_daemon(child: &mut std::process::Child) {
+    let _ = advm::process::terminate(child.id());
+    let t = Instant::now();
+    while t.elapsed() < std::time::Duration::from_secs(5) {
+        if !matches!(child.try_wait(), Ok(None)) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 pub(crate) fn signal_name(sig: i32) -> String {
     match sig {
         libc::SIGINT => "SIGINT (Ctrl-C)".into(),

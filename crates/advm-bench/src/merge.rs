@@ -192,8 +192,7 @@ fn floats(v: &serde_json::Value) -> Vec<f64> {
 struct Daemon(Child);
 impl Drop for Daemon {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        crate::stop_daemon(&mut self.0);
     }
 }
 

@@ -150,9 +150,12 @@ impl Advmd {
 
 impl Drop for Advmd {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        crate::stop_daemon(&mut self.child);
+        // gone already unless the daemon had to be killed
         let _ = std::fs::remove_file(&self.socket);
+        let mut lock = self.socket.clone().into_os_string();
+        lock.push(".lock");
+        let _ = std::fs::remove_file(lock);
     }
 }
 

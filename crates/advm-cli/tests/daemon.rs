@@ -125,3 +125,21 @@ fn a_daemon_whose_stderr_is_closed_goes_on_serving() {
     assert!(status.success(), "{status}");
     assert!(!sock.exists());
 }
+
+/// A daemon whose socket file was removed under it (by hand, or by whoever started it)
+/// still stops on SIGTERM, and removes its lock file: stopping woke the accept loop by
+/// connecting to the path, so it waited for ever once the path was gone (benchmarks
+/// then killed it, leaving `SOCK.lock` behind).
+#[test]
+fn a_daemon_whose_socket_file_was_removed_still_stops_on_sigterm() {
+    let dir = common::dir("daemon-unlinked");
+    let sock = sock_in(&dir);
+    let child = spawn_daemon(&sock);
+    std::fs::remove_file(&sock).unwrap();
+    kill(&child, "TERM");
+    let (status, err) = wait_exit(child);
+    assert!(status.success(), "{status}: {err}");
+    let mut lock = sock.into_os_string();
+    lock.push(".lock");
+    assert!(!Path::new(&lock).exists(), "the lock file stayed");
+}

@@ -24,6 +24,14 @@ pub fn socket_path() -> std::path::PathBuf {
     std::env::var_os("ADVM_SOCKET").map(Into::into).unwrap_or_else(|| DEFAULT_SOCKET.into())
 }
 
+/// Ends the `accept` a thread is blocked in on `listener` (or on a clone of it): it
+/// fails with EINVAL, and so does every later one. A daemon stopping cannot always
+/// wake its accept by connecting: its socket's path may be gone (removed by hand, or
+/// by whoever started it).
+pub fn stop_accepting(listener: &std::os::unix::net::UnixListener) -> Result<()> {
+    Ok(sys::shutdown_listener(listener.as_fd())?)
+}
+
 /// Largest frame either side accepts (16 MiB: two million page hashes).
 pub const MAX_FRAME: usize = 16 << 20;
 /// Most fds one frame may carry; more are closed on receipt.

@@ -110,6 +110,9 @@ pub struct Handle {
     /// The socket's lock, held until the socket is removed (after the accept loop has
     /// ended): a daemon starting meanwhile must not bind a socket this one then removes.
     _lock: Option<std::fs::File>,
+    /// The listener (a clone), to end the accept loop's wait when the socket's path no
+    /// longer leads to it.
+    waker: Option<UnixListener>,
     /// The services, to inspect in tests.
     pub services: Arc<Services>,
 }
@@ -123,8 +126,15 @@ impl Handle {
 
     fn stop_now(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        // Wake the blocking accept.
-        let _ = UnixStream::connect(&self.socket);
+        // Wake the blocking accept by shutting the listener: a connect to the path woke
+        // it only while the path led to it (stop hung for ever once the socket file was
+        // removed, or another daemon's socket put there).
+        match &self.waker {
+            Some(l) if advm::wire::stop_accepting(l).is_ok() => {}
+            _ => {
+                let _ = UnixStream::connect(&self.socket);
+            }
+        }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -222,8 +232,9 @@ impl Daemon {
         let socket = self.config.socket.clone();
         let services = self.services.clone();
         let lock = self.lock.try_clone().ok();
+        let waker = self.listener.try_clone().ok();
         let thread = std::thread::Builder::new().name("advmd-accept".into()).spawn(move || self.serve()).ok();
-        Handle { stop, socket, thread, _lock: lock, services }
+        Handle { stop, socket, thread, _lock: lock, waker, services }
     }
 
     /// Accepts connections until stopped, one thread each.

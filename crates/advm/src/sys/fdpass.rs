@@ -11,6 +11,13 @@ use rustix::net::{
 
 use super::{SysError, SysResult};
 
+/// Shuts a listening socket for reading: a thread blocked in `accept` on it (or on a
+/// descriptor of the same open file) returns at once with EINVAL, whether or not its
+/// path still names it.
+pub fn shutdown_listener(fd: BorrowedFd<'_>) -> SysResult<()> {
+    rustix::net::shutdown(fd, rustix::net::Shutdown::Read).map_err(|e| SysError::new("shutdown(SHUT_RD)", e))
+}
+
 /// A duplicate of `fd` without close-on-exec, so a program started next inherits it.
 pub fn dup_inheritable(fd: BorrowedFd<'_>) -> Result<OwnedFd, SysError> {
     // dup(2) never sets FD_CLOEXEC on the new descriptor.
