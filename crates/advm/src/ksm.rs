@@ -61,8 +61,7 @@ impl Locked {
             .truncate(false)
             .open(&path)
             .map_err(|e| Error::io(&path, e))?;
-        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
-            .map_err(|e| crate::sys::SysError::new("flock", e))?;
+        crate::sys::fs::lock_exclusive(&file)?;
         Ok(Self { file, path })
     }
 
@@ -146,8 +145,7 @@ impl Session {
         let token = format!("{}-{}-{}", std::process::id(), started.as_nanos(), NEXT.fetch_add(1, Ordering::Relaxed));
         let path = holder_path(&token);
         let lock = File::create(&path).map_err(|e| Error::io(&path, e))?;
-        rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
-            .map_err(|e| crate::sys::SysError::new("flock", e))?;
+        crate::sys::fs::lock_exclusive(&lock)?;
         let mut locked = Locked::open()?;
         let mut state = locked.read();
         state.holders.retain(|h| alive(h));

@@ -26,8 +26,7 @@ impl KernelSwap {
         let mut f =
             std::fs::OpenOptions::new().write(true).create_new(true).open(path).map_err(|e| Error::io(path, e))?;
         let lock = f.try_clone().map_err(|e| Error::io(path, e))?;
-        rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
-            .map_err(|e| crate::sys::SysError::new("flock", e))?;
+        crate::sys::fs::lock_exclusive(&lock)?;
         let mut me = Self { path: path.to_path_buf(), on: false, _lock: Some(lock) };
         let chunk = vec![0u8; 1 << 20];
         let mut left = bytes;
@@ -55,7 +54,7 @@ impl KernelSwap {
     /// Returns false, touching nothing, when a live [`KernelSwap`] still holds it.
     pub fn remove_left(path: &Path) -> Result<bool> {
         let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-        if rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+        if !crate::sys::fs::try_lock_exclusive(&file).unwrap_or(false) {
             return Ok(false);
         }
         let swaps = std::fs::read_to_string("/proc/swaps").map_err(|e| Error::io("/proc/swaps", e))?;

@@ -189,8 +189,6 @@ impl Drop for StopSignals {
     }
 }
 
-const AWAITED: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
-
 /// SIGTERM, SIGINT and SIGHUP blocked in the calling thread and in every thread it
 /// starts afterwards (they inherit the mask), so that none of them runs a handler or
 /// dies of one: the thread that blocked them takes them one by one with
@@ -208,7 +206,7 @@ impl Awaited {
         // SAFETY: `set` is a live sigset_t; the signal numbers are valid.
         unsafe {
             libc::sigemptyset(&mut set);
-            for s in AWAITED {
+            for s in STOPPING {
                 libc::sigaddset(&mut set, s);
             }
         }

@@ -27,6 +27,11 @@ pub fn next_hole(fd: impl AsFd, from: u64) -> SysResult<u64> {
     rustix::fs::seek(fd, SeekFrom::Hole(from)).map_err(|e| SysError::new("lseek(SEEK_HOLE)", e))
 }
 
+/// Takes an exclusive `flock` on `fd`, waiting for other holders to let go.
+pub fn lock_exclusive(fd: impl AsFd) -> SysResult<()> {
+    rustix::fs::flock(fd, rustix::fs::FlockOperation::LockExclusive).map_err(|e| SysError::new("flock", e))
+}
+
 /// Takes an exclusive `flock` on `fd` without waiting; false when another open file
 /// description holds it.
 pub fn try_lock_exclusive(fd: impl AsFd) -> SysResult<bool> {
