@@ -325,9 +325,10 @@ fn restore_abandoned_ksm() -> bool {
 pub(crate) static SIGNAL_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The usual name of a stopping signal.
-/// Stops a daemon the bench started: SIGTERM, so it removes its socket and lock file
-/// itself (SIGKILL left both in /tmp), then SIGKILL if it has not exited within 5 s.
-pub(crate) fn stop_daemon(child: &mut std::process::Child) {
+/// Stops a daemon the bench started on `socket`: SIGTERM, so it removes its socket
+/// and lock file itself (SIGKILL left both behind), then SIGKILL if it has not exited
+/// within 5 s, and the two files removed here.
+pub(crate) fn stop_daemon(child: &mut std::process::Child, socket: &std::path::Path) {
     let _ = advm::process::terminate(child.id());
     let t = Instant::now();
     while t.elapsed() < std::time::Duration::from_secs(5) {
@@ -338,6 +339,10 @@ pub(crate) fn stop_daemon(child: &mut std::process::Child) {
     }
     let _ = child.kill();
     let _ = child.wait();
+    let _ = std::fs::remove_file(socket);
+    let mut lock = socket.as_os_str().to_owned();
+    lock.push(".lock");
+    let _ = std::fs::remove_file(lock);
 }
 
 pub(crate) fn signal_name(sig: i32) -> String {
@@ -391,16 +396,34 @@ impl Drop for ChildStopper {
 
 /// The live children of this process (from `/proc/*/stat`'s parent pid).
 fn children() -> Vec<u32> {
-    let me = std::process::id();
+    let me = std::process::id().to_string();
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
     dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            // fields after the command name "(...)": state, then the parent pid
-            let mut rest = stat.rsplit_once(')').map_or("", |(_, r)| r).split_whitespace();
-            rest.next().is_some_and(|state| state != "Z") && rest.next() == Some(me.to_string().as_str())
+        .filter(|&pid| {
+            let f = stat_fields(pid).unwrap_or_default();
+            f.first().is_some_and(|state| state != "Z") && f.get(1) == Some(&me)
         })
         .collect()
+}
+
+/// The fields of `/proc/PID/stat` after the command name (which may hold spaces):
+/// index 0 is the state (field 3 in proc(5)), 1 the parent pid, 11 and 12 utime and
+/// stime, 13 and 14 those of reaped children, in USER_HZ ticks (100 per second on
+/// Linux). Empty when the file does not have that shape.
+pub(crate) fn stat_fields(pid: u32) -> std::io::Result<Vec<String>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    Ok(text.rsplit_once(')').map_or(vec![], |(_, rest)| rest.split_whitespace().map(str::to_string).collect()))
+}
+
+/// CPU seconds (user + system) process `pid` has used so far, all its threads.
+pub(crate) fn cpu_seconds(pid: u32) -> Result<f64, BenchError> {
+    let path = format!("/proc/{pid}/stat");
+    let f = stat_fields(pid).map_err(|e| BenchError::Usage(format!("{path}: {e}")))?;
+    let tick = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok());
+    match (tick(11), tick(12)) {
+        (Some(u), Some(s)) => Ok((u + s) / 100.0),
+        _ => Err(BenchError::Usage(format!("{path}: no utime and stime fields"))),
+    }
 }
 
 impl Report {

@@ -189,10 +189,15 @@ fn floats(v: &serde_json::Value) -> Vec<f64> {
     v.as_array().map(|a| a.iter().filter_map(|x| x.as_f64()).collect()).unwrap_or_default()
 }
 
-struct Daemon(Child);
+/// `advm daemon` on a socket of the bench's, stopped (socket and lock file gone) on drop.
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+}
+
 impl Drop for Daemon {
     fn drop(&mut self) {
-        crate::stop_daemon(&mut self.0);
+        crate::stop_daemon(&mut self.child, &self.socket);
     }
 }
 
@@ -209,7 +214,7 @@ impl Daemon {
         if let Some(g) = group {
             g.join_at_exec(&mut cmd)?;
         }
-        let d = Daemon(cmd.spawn().map_err(|e| io("advm daemon", e))?);
+        let d = Daemon { child: cmd.spawn().map_err(|e| io("advm daemon", e))?, socket: sock.to_path_buf() };
         let t = Instant::now();
         while std::os::unix::net::UnixStream::connect(sock).is_err() {
             if t.elapsed() > Duration::from_secs(10) {
@@ -238,7 +243,7 @@ fn run_one(
     let signals = advm::process::ForwardSignals::hold().ok();
     let daemon = if matches!(method, Method::Merge | Method::RunMerge) {
         let d = Daemon::start(&sock, Some(&group))?;
-        pids.push(d.0.id() as i32);
+        pids.push(d.child.id() as i32);
         Some(d)
     } else {
         None
@@ -399,7 +404,6 @@ fn run_one(
         let _ = w.child.wait();
     }
     drop(daemon);
-    let _ = std::fs::remove_file(&sock);
     group.remove()?;
     Ok(Outcome { distinct, cgroup, to_saving_s, throughput_gbs, ksmd_cpu_s, lat_before, lat_after, series, phases })
 }
@@ -470,20 +474,6 @@ fn fill_seeded(buf: &mut [u8], seed: u64) {
     }
 }
 
-/// CPU seconds (user + system) process `pid` has used so far, all its threads;
-/// `/proc/PID/stat` counts them in USER_HZ ticks, 100 per second on Linux.
-fn cpu_seconds(pid: u32) -> Result<f64, BenchError> {
-    let path = format!("/proc/{pid}/stat");
-    let text = std::fs::read_to_string(&path).map_err(|e| io(&path, e))?;
-    // Fields after the command (which may hold spaces) start with the state, field 3.
-    let fields: Vec<&str> = text.rsplit_once(") ").map_or(vec![], |(_, rest)| rest.split(' ').collect());
-    let tick = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
-    match (tick(11), tick(12)) {
-        (Some(u), Some(s)) => Ok((u + s) / 100.0),
-        _ => Err(BenchError::Usage(format!("{path}: no utime and stime fields"))),
-    }
-}
-
 /// What one throughput run measured, per merge: GB/s, and CPU seconds per GB of the
 /// merging process and the daemon together (steadier than GB/s on a shared machine).
 #[derive(Default)]
@@ -536,8 +526,9 @@ fn throughput(
     runs: usize,
 ) -> Result<Rates, BenchError> {
     let mut r = Rates::default();
-    let cpu =
-        || -> Result<f64, BenchError> { Ok(cpu_seconds(std::process::id())? + daemon.map_or(Ok(0.0), cpu_seconds)?) };
+    let cpu = || -> Result<f64, BenchError> {
+        Ok(crate::cpu_seconds(std::process::id())? + daemon.map_or(Ok(0.0), crate::cpu_seconds)?)
+    };
     for run in 0..runs {
         let mut a = advm::mem::Region::new(mib << 20)?;
         fill_seeded(a.bytes_mut(), run as u64);
@@ -571,8 +562,7 @@ fn throughput_rows(opts: &BenchOpts, report: &mut Report) -> Result<(), BenchErr
     let daemon_proc = Daemon::start(&sock, None)?;
     let mut daemon = advm::merge::Client::connect(&sock, "")?;
     let mut other = advm::merge::Client::connect(&sock, "")?;
-    let via_daemon = throughput(&mut daemon, Some(&mut other), Some(daemon_proc.0.id()), mib, runs)?;
-    let _ = std::fs::remove_file(&sock);
+    let via_daemon = throughput(&mut daemon, Some(&mut other), Some(daemon_proc.child.id()), mib, runs)?;
     charging_rows(if opts.quick { 64 } else { 256 }, report)?;
     for (store, r) in [("own store", own), ("advmd", via_daemon)] {
         report.notes.push(format!(
@@ -614,7 +604,7 @@ fn charging_rows(mib: usize, report: &mut Report) -> Result<(), BenchError> {
     let sock = bench_dir().join(format!("advmd-charge-{}.sock", std::process::id()));
     let daemon = Daemon::start(&sock, Some(&daemon_group))?;
     let mut holder = advm::merge::Client::connect(&sock, "")?;
-    let daemon_pid = daemon.0.id() as i32;
+    let daemon_pid = daemon.child.id() as i32;
     let mib_of = |b: u64| b as f64 / (1 << 20) as f64;
     let daemon_now = || -> Result<(u64, u64), BenchError> {
         Ok((st::measure(&[daemon_pid], Options::default())?.anon_shmem_bytes, daemon_group.usage()?.anon_shmem_bytes()))
@@ -697,7 +687,6 @@ fn charging_rows(mib: usize, report: &mut Report) -> Result<(), BenchError> {
         ],
     ));
     drop(daemon);
-    let _ = std::fs::remove_file(&sock);
     adder_group.remove()?;
     daemon_group.remove()?;
     Ok(())

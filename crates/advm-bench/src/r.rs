@@ -123,9 +123,7 @@ fn write_workloads(dir: &Path, workloads: &[Workload]) -> Result<(), BenchError>
 
 /// (state, cpu seconds incl. reaped children) from /proc/PID/stat; USER_HZ is 100.
 fn proc_state(pid: u32) -> Option<(char, f64)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &text[text.rfind(')')? + 1..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
+    let f = crate::stat_fields(pid).ok()?;
     let state = f.first()?.chars().next()?;
     let ticks: f64 = (11..=14).filter_map(|i| f.get(i)?.parse::<f64>().ok()).sum();
     Some((state, ticks / 100.0))

@@ -142,20 +142,13 @@ impl Advmd {
 
     /// CPU seconds the daemon has used so far (all threads; USER_HZ is 100 on Linux).
     pub(crate) fn cpu_seconds(&self) -> f64 {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
-        let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);
-        rest.split(' ').skip(11).take(2).filter_map(|x| x.parse::<f64>().ok()).sum::<f64>() / 100.0
+        crate::cpu_seconds(self.pid()).unwrap_or(0.0)
     }
 }
 
 impl Drop for Advmd {
     fn drop(&mut self) {
-        crate::stop_daemon(&mut self.child);
-        // gone already unless the daemon had to be killed
-        let _ = std::fs::remove_file(&self.socket);
-        let mut lock = self.socket.clone().into_os_string();
-        lock.push(".lock");
-        let _ = std::fs::remove_file(lock);
+        crate::stop_daemon(&mut self.child, &self.socket);
     }
 }
 
