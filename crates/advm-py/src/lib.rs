@@ -171,16 +171,7 @@ fn merge<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
             .map_err(to_py)?;
         match &mut total {
             None => total = Some(s),
-            Some(t) => {
-                t.merged += s.merged;
-                t.added += s.added;
-                t.skipped += s.skipped;
-                t.refused += s.refused;
-                t.refusal = s.refusal.or(t.refusal.take());
-                t.bytes += s.bytes;
-                t.phases.add(&s.phases);
-                t.via = s.via;
-            }
+            Some(t) => t.add(s),
         }
     }
     drop(view);

@@ -22,21 +22,16 @@ fn main() -> advm::Result<()> {
             w.copy_from_slice(&x.to_le_bytes());
         }
         let t = std::time::Instant::now();
-        let (mut bytes, mut added, mut p) = (0, 0, advm::merge::Phases::default());
-        for chunk in r.bytes().chunks(piece) {
-            let c = client.merge(chunk)?;
-            bytes += c.bytes;
-            added += c.added;
-            p.hash_s += c.phases.hash_s;
-            p.lookup_s += c.phases.lookup_s;
-            p.add_s += c.phases.add_s;
-            p.map_s += c.phases.map_s;
+        let mut pieces = r.bytes().chunks(piece);
+        let mut s = client.merge(pieces.next().expect("MIB > 0"))?;
+        for chunk in pieces {
+            s.add(client.merge(chunk)?);
         }
-        let gb = bytes as f64 / 1e9;
+        let (gb, p) = (s.bytes as f64 / 1e9, s.phases);
         println!(
             "run {run}: {:.2} GB/s added {} in pieces of {} MiB (s/GB: hash {:.3} lookup {:.3} add {:.3} map {:.3})",
             gb / t.elapsed().as_secs_f64(),
-            added,
+            s.added,
             piece >> 20,
             p.hash_s / gb,
             p.lookup_s / gb,

@@ -118,6 +118,21 @@ impl Phases {
 }
 
 impl MergeStats {
+    /// Adds the merge of a range's next piece (a range merged in pieces, e.g. so that
+    /// Ctrl-C is seen between them): counts, bytes, seconds and phases summed; the later
+    /// piece's store, and its refusal reason, else the earlier one's.
+    pub fn add(&mut self, o: MergeStats) {
+        self.merged += o.merged;
+        self.added += o.added;
+        self.skipped += o.skipped;
+        self.refused += o.refused;
+        self.refusal = o.refusal.or(self.refusal.take());
+        self.bytes += o.bytes;
+        self.seconds += o.seconds;
+        self.phases.add(&o.phases);
+        self.via = o.via;
+    }
+
     /// Bytes merged per second (the range's bytes over the time taken).
     pub fn throughput(&self) -> f64 {
         if self.seconds > 0.0 {
