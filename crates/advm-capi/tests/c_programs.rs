@@ -2,7 +2,9 @@
 //! with `-Werror`, runs it, and expects exit status 0. A program prints what it checked.
 //! Programs named `deprecated_*.c` use the header's deprecated aliases on purpose and
 //! are built with `-Wno-deprecated-declarations`; every other one uses current names
-//! only (a deprecated name there fails the build).
+//! only (a deprecated name there fails the build). The docs' C examples
+//! (`examples/c/*.c`) are built and run the same way; advm's `doc_examples` test checks
+//! that the pages show them as they are.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -148,4 +150,38 @@ fn a_c_program_runs_clean_under_valgrind() {
         .expect("run valgrind");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "under valgrind ({}):\n{text}", out.status);
+}
+
+#[test]
+fn the_docs_c_examples_build_and_run() {
+    let Some((include, libdir, out_dir)) = setup() else { return };
+    // apart from tests/c, whose programs have some of the same names
+    let out_dir = out_dir.join("examples");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let no_pager = advm::pager::Pager::new(advm::pager::Config::new(1 << 20)).err().map(|e| e.to_string());
+    let mut sources: Vec<PathBuf> =
+        std::fs::read_dir(root.join("examples/c")).unwrap().map(|e| e.unwrap().path()).collect();
+    sources.sort();
+    assert!(sources.len() >= 5, "C examples missing: {sources:?}");
+    for src in &sources {
+        let name = src.file_stem().unwrap().to_string_lossy().to_string();
+        let exe = out_dir.join(&name);
+        let built = cc(src, &exe, &libdir, &include, &[]);
+        assert!(
+            built.status.success(),
+            "{} does not build:\n{}",
+            src.display(),
+            String::from_utf8_lossy(&built.stderr)
+        );
+        if let (true, Some(why)) = (name == "pager", &no_pager) {
+            eprintln!("{name}: built; not run: {why}");
+            continue;
+        }
+        // The merge example uses this process's own store, never a daemon of the machine.
+        let out = Command::new(&exe).env("ADVM_SOCKET", "/nonexistent/advmd.sock").output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{} failed ({}):\n{text}", src.display(), out.status);
+        eprintln!("{name}: {text}");
+    }
 }
