@@ -109,7 +109,7 @@ pub struct Handle {
     thread: Option<std::thread::JoinHandle<()>>,
     /// The socket's lock, held until the socket is removed (after the accept loop has
     /// ended): a daemon starting meanwhile must not bind a socket this one then removes.
-    _lock: Option<std::fs::File>,
+    lock: Option<std::fs::File>,
     /// The listener (a clone), to end the accept loop's wait when the socket's path no
     /// longer leads to it.
     waker: Option<UnixListener>,
@@ -144,7 +144,7 @@ impl Handle {
         }
         // Removed while still held: a daemon that opened it before and locks it after
         // finds it no longer at its path and refuses ([`Daemon::bind`]).
-        if self._lock.is_some() {
+        if self.lock.is_some() {
             let _ = std::fs::remove_file(lock_path(&self.socket));
         }
     }
@@ -234,7 +234,7 @@ impl Daemon {
         let lock = self.lock.try_clone().ok();
         let waker = self.listener.try_clone().ok();
         let thread = std::thread::Builder::new().name("advmd-accept".into()).spawn(move || self.serve()).ok();
-        Handle { stop, socket, thread, _lock: lock, waker, services }
+        Handle { stop, socket, thread, lock, waker, services }
     }
 
     /// Accepts connections until stopped, one thread each.
