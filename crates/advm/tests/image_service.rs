@@ -327,3 +327,24 @@ fn the_plans_kept_are_bounded_and_the_least_recently_served_go_first() {
     assert_eq!(service.computed(), n);
     assert!(attach(&paths[0]), "the most recently served plan was dropped");
 }
+
+#[test]
+fn a_daemon_that_closes_the_connection_is_named_not_a_broken_pipe() {
+    let d = Dir::new("closed");
+    let top = d.0.join("top.qcow2");
+    // Closed before the request is sent: the send fails with EPIPE.
+    let (client, server) = UnixStream::pair().unwrap();
+    drop(server);
+    let e = advm::image::service::fetch(&Channel::from_stream(client), &top).err().unwrap().to_string();
+    assert!(e.contains("advmd closed the connection before replying"), "{e}");
+    assert!(!e.contains("Broken pipe"), "{e}");
+    // Closed after reading the request, without a reply.
+    let (client, server) = UnixStream::pair().unwrap();
+    let h = std::thread::spawn(move || {
+        let server = Channel::from_stream(server);
+        assert!(server.recv().unwrap().is_some());
+    });
+    let e = advm::image::service::fetch(&Channel::from_stream(client), &top).err().unwrap().to_string();
+    h.join().unwrap();
+    assert!(e.contains("advmd closed the connection before replying"), "{e}");
+}

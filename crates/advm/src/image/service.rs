@@ -431,8 +431,14 @@ pub(super) fn layer_files(layers: &[(PathBuf, File, u64)]) -> Vec<LayerFile<'_>>
 pub fn fetch(ch: &Channel, path: &Path) -> Result<Fetched> {
     let bad = |why: String| Error::Image { path: path.to_path_buf(), why: format!("image service: {why}") };
     let abs = std::path::absolute(path).map_err(|e| Error::io(path, e))?;
-    Request::Attach { path: abs }.send(ch)?;
-    let frame = ch.recv()?.ok_or_else(|| bad("closed the connection".into()))?;
+    // A daemon that stopped, or refused this client (its per-user limit), closes the
+    // connection: say that, not the send's "Broken pipe".
+    let closed = || {
+        bad("advmd closed the connection before replying (it stopped, or refused this client: its log says why)".into())
+    };
+    let gone = |e: Error| if e.is_disconnect() { closed() } else { e };
+    Request::Attach { path: abs }.send(ch).map_err(gone)?;
+    let frame = ch.recv().map_err(gone)?.ok_or_else(closed)?;
     if frame.service != SERVICE {
         return Err(bad(format!("a reply for service {}", frame.service)));
     }
