@@ -23,10 +23,9 @@ impl KernelSwap {
     /// Writes `bytes` of zeros at `path` (a swap file must have no holes), runs
     /// `mkswap` on it and enables it. Needs root.
     pub fn create(path: &Path, bytes: u64) -> Result<Self> {
-        let mut f =
-            std::fs::OpenOptions::new().write(true).create_new(true).open(path).map_err(|e| Error::io(path, e))?;
+        // Locked before its name appears: a sweep of dead runs' files never takes it.
+        let mut f = crate::sys::fs::create_locked(path).map_err(|e| Error::io(path, e))?;
         let lock = f.try_clone().map_err(|e| Error::io(path, e))?;
-        crate::sys::fs::lock_exclusive(&lock)?;
         let mut me = Self { path: path.to_path_buf(), on: false, _lock: Some(lock) };
         let chunk = vec![0u8; 1 << 20];
         let mut left = bytes;
