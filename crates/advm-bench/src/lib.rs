@@ -396,34 +396,26 @@ impl Drop for ChildStopper {
 
 /// The live children of this process (from `/proc/*/stat`'s parent pid).
 fn children() -> Vec<u32> {
-    let me = std::process::id().to_string();
-    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| {
-            let f = stat_fields(pid).unwrap_or_default();
-            f.first().is_some_and(|state| state != "Z") && f.get(1) == Some(&me)
-        })
+    let me = std::process::id() as i32;
+    let Ok(all) = procfs::process::all_processes() else { return Vec::new() };
+    all.flatten()
+        .filter_map(|p| p.stat().ok())
+        .filter(|s| s.state != 'Z' && s.ppid == me)
+        .map(|s| s.pid as u32)
         .collect()
 }
 
-/// The fields of `/proc/PID/stat` after the command name (which may hold spaces):
-/// index 0 is the state (field 3 in proc(5)), 1 the parent pid, 11 and 12 utime and
-/// stime, 13 and 14 those of reaped children, in USER_HZ ticks (100 per second on
-/// Linux). Empty when the file does not have that shape.
-pub(crate) fn stat_fields(pid: u32) -> std::io::Result<Vec<String>> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    Ok(text.rsplit_once(')').map_or(vec![], |(_, rest)| rest.split_whitespace().map(str::to_string).collect()))
+/// `/proc/PID/stat`.
+pub(crate) fn proc_stat(pid: u32) -> Result<procfs::process::Stat, BenchError> {
+    let path = format!("/proc/{pid}/stat");
+    let pid = i32::try_from(pid).map_err(|_| BenchError::Usage(format!("{path}: no such pid")))?;
+    procfs::process::Process::new(pid).and_then(|p| p.stat()).map_err(|e| BenchError::Usage(format!("{path}: {e}")))
 }
 
 /// CPU seconds (user + system) process `pid` has used so far, all its threads.
 pub(crate) fn cpu_seconds(pid: u32) -> Result<f64, BenchError> {
-    let path = format!("/proc/{pid}/stat");
-    let f = stat_fields(pid).map_err(|e| BenchError::Usage(format!("{path}: {e}")))?;
-    let tick = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok());
-    match (tick(11), tick(12)) {
-        (Some(u), Some(s)) => Ok((u + s) / 100.0),
-        _ => Err(BenchError::Usage(format!("{path}: no utime and stime fields"))),
-    }
+    let s = proc_stat(pid)?;
+    Ok((s.utime + s.stime) as f64 / procfs::ticks_per_second() as f64)
 }
 
 impl Report {

@@ -121,12 +121,11 @@ fn write_workloads(dir: &Path, workloads: &[Workload]) -> Result<(), BenchError>
     Ok(())
 }
 
-/// (state, cpu seconds incl. reaped children) from /proc/PID/stat; USER_HZ is 100.
+/// (state, cpu seconds incl. reaped children) from /proc/PID/stat.
 fn proc_state(pid: u32) -> Option<(char, f64)> {
-    let f = crate::stat_fields(pid).ok()?;
-    let state = f.first()?.chars().next()?;
-    let ticks: f64 = (11..=14).filter_map(|i| f.get(i)?.parse::<f64>().ok()).sum();
-    Some((state, ticks / 100.0))
+    let s = crate::proc_stat(pid).ok()?;
+    let ticks = s.utime as f64 + s.stime as f64 + (s.cutime + s.cstime) as f64;
+    Some((s.state, ticks / procfs::ticks_per_second() as f64))
 }
 
 /// Runs `program args` under `mode` with `env`, sampling its distinct physical pages

@@ -130,7 +130,5 @@ pub fn run(vm: u32, out: &Path, timeout: Duration, json: bool) -> Result<(), Cli
 
 /// The minor faults of process `pid` so far, all its threads (/proc/PID/stat field 10).
 fn minor_faults(pid: u64) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // After the command's closing parenthesis: state is field 3, minflt field 10.
-    stat.rsplit_once(')')?.1.split_whitespace().nth(7)?.parse().ok()
+    Some(procfs::process::Process::new(i32::try_from(pid).ok()?).ok()?.stat().ok()?.minflt)
 }

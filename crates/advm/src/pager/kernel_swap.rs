@@ -132,12 +132,10 @@ pub struct ProcessTimes {
 impl ProcessTimes {
     /// Reads them now.
     pub fn now() -> Result<Self> {
-        let text = std::fs::read_to_string("/proc/self/stat").map_err(|e| Error::io("/proc/self/stat", e))?;
-        // fields after the command name "(...)": state is field 3
-        let rest = text.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let num = |i: usize| f.get(i - 3).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        let tick = rustix::param::clock_ticks_per_second() as f64;
-        Ok(Self { user_s: num(14) as f64 / tick, sys_s: num(15) as f64 / tick, major_faults: num(12) })
+        let stat = procfs::process::Process::myself()
+            .and_then(|p| p.stat())
+            .map_err(|e| Error::io("/proc/self/stat", std::io::Error::other(e)))?;
+        let tick = procfs::ticks_per_second() as f64;
+        Ok(Self { user_s: stat.utime as f64 / tick, sys_s: stat.stime as f64 / tick, major_faults: stat.majflt })
     }
 }

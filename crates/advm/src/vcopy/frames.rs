@@ -439,13 +439,9 @@ impl Inner {
         if self.sole_writer {
             return true;
         }
-        let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return false };
-        // the command name may hold spaces and parentheses: fields count from the last ')'
-        let Some(threads) = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(17)) else {
-            return false;
-        };
+        let Ok(stat) = procfs::process::Process::myself().and_then(|p| p.stat()) else { return false };
         let reaper = self.reaper.as_ref().is_some_and(|(pid, _)| *pid == std::process::id());
-        threads.parse::<usize>().is_ok_and(|n| n <= 1 + usize::from(reaper))
+        stat.num_threads <= 1 + i64::from(reaper)
     }
 
     pub(super) fn trim(&mut self) -> Result<u64> {
