@@ -32,27 +32,18 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-/// A directory of this process's under the temporary directory, made empty and removed
-/// on drop (also when a run fails or is interrupted part way).
-pub(crate) struct Scratch(std::path::PathBuf);
+/// A directory of this process's under the temporary directory, `advm-<name>-<pid>-<n>`,
+/// removed on drop (also when a run fails or is interrupted part way) or, after a
+/// SIGKILL, by the next run ([`advm::process::ScratchDir`]).
+pub(crate) struct Scratch(advm::process::ScratchDir);
 
 impl Scratch {
-    /// `advm-<name>-<pid>`.
     pub(crate) fn new(name: &str) -> Result<Self, BenchError> {
-        let dir = std::env::temp_dir().join(format!("advm-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).map_err(|e| BenchError::Io(dir.display().to_string(), e))?;
-        Ok(Self(dir))
+        Ok(Self(advm::process::ScratchDir::new(&format!("advm-{name}"))?))
     }
 
     pub(crate) fn path(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        self.0.path()
     }
 }
 

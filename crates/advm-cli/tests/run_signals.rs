@@ -33,3 +33,34 @@ fn sigterm_ends_the_program_and_ksm_settings_come_back() {
     assert_eq!(exit.code(), Some(128 + 15), "advm exits with the program's status");
     assert_eq!((ksm("run"), ksm("pages_to_scan"), ksm("sleep_millisecs")), before);
 }
+
+/// `advm run --stats` killed outright (SIGKILL: no cleanup) leaves its statistics
+/// directory; the next `advm run` removes it, since no live run holds its lock.
+#[test]
+fn a_sigkilled_runs_statistics_directory_is_removed_by_the_next_run() {
+    let tmp = std::env::temp_dir();
+    let mut child = Command::new(ADVM).args(["run", "--stats", "--", "sleep", "29.123"]).spawn().unwrap();
+    let prefix = format!("advm-run-{}-", child.id());
+    let ours = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(&tmp)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+            .map(|e| e.path())
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while ours().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let left = ours();
+    assert_eq!(left.len(), 1, "advm run made no statistics directory");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // sleep lives on as an orphan; its fds do not hold the directory's lock (close-on-exec)
+    assert!(left[0].is_dir());
+    let next = Command::new(ADVM).args(["run", "--stats", "--", "true"]).output().unwrap();
+    assert!(next.status.success(), "{}", String::from_utf8_lossy(&next.stderr));
+    assert!(!left[0].exists(), "the killed run's directory {} is still there", left[0].display());
+    let _ = Command::new("pkill").args(["-f", "^sleep 29.123$"]).status();
+}

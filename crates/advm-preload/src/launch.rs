@@ -151,25 +151,10 @@ pub struct Prepared {
     pub stats_dir: Option<PathBuf>,
     /// Where the merge agents write their reports (`--mode merge` with statistics).
     pub merge_report_dir: Option<PathBuf>,
+    /// The two directories, removed on drop (and by a later run's sweep when this one
+    /// is killed outright).
+    _scratch: Vec<advm::process::ScratchDir>,
     _ksm: Option<advm::ksm::Session>,
-}
-
-impl Drop for Prepared {
-    fn drop(&mut self) {
-        for d in self.stats_dir.iter().chain(&self.merge_report_dir) {
-            let _ = std::fs::remove_dir_all(d);
-        }
-    }
-}
-
-fn fresh_stats_dir() -> Result<PathBuf, Error> {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static N: AtomicU32 = AtomicU32::new(0);
-    let dir =
-        std::env::temp_dir().join(format!("advm-run-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|e| Error::Io(dir.display().to_string(), e))?;
-    Ok(dir)
 }
 
 /// The installed shim (written once per content hash into the cache directory).
@@ -189,27 +174,29 @@ pub fn prepare(
 ) -> Result<Prepared, Error> {
     let mut command = Command::new(program);
     command.args(args);
-    let (mut stats_dir, mut merge_report_dir) = (None, None);
+    let (mut stats_dir, mut merge_report_dir, mut scratch) = (None, None, Vec::new());
     if let Some(shim_mode) = mode.shim_mode() {
         prepend_preload(&mut command, &shim_path()?);
         command.env(crate::env::MODE, shim_mode).env(crate::env::THRESHOLD_PAGES, threshold_pages.to_string());
         if stats {
-            let d = fresh_stats_dir()?;
-            command.env(crate::env::STATS_DIR, &d);
-            stats_dir = Some(d);
+            let d = advm::process::ScratchDir::new("advm-run")?;
+            command.env(crate::env::STATS_DIR, d.path());
+            stats_dir = Some(d.path().to_path_buf());
+            scratch.push(d);
         }
     }
     if mode == Mode::Merge {
         prepend_preload(&mut command, &agent_library()?);
         command.env(MERGE_AGENT, "1");
         if stats {
-            let d = fresh_stats_dir()?;
-            command.env(MERGE_REPORT_DIR, &d);
-            merge_report_dir = Some(d);
+            let d = advm::process::ScratchDir::new("advm-run")?;
+            command.env(MERGE_REPORT_DIR, d.path());
+            merge_report_dir = Some(d.path().to_path_buf());
+            scratch.push(d);
         }
     }
     let ksm = mode.ksm_pages_to_scan().map(|pages| advm::ksm::Session::start(pages, 20)).transpose()?;
-    Ok(Prepared { command, stats_dir, merge_report_dir, _ksm: ksm })
+    Ok(Prepared { command, stats_dir, merge_report_dir, _scratch: scratch, _ksm: ksm })
 }
 
 /// The shim's counters summed over every process that wrote `<pid>.stats`, and how many
@@ -218,7 +205,8 @@ pub fn read_stats(dir: &Path) -> (BTreeMap<String, u64>, usize) {
     let mut sum = BTreeMap::new();
     let mut files = 0;
     let Ok(entries) = std::fs::read_dir(dir) else { return (sum, 0) };
-    for e in entries.flatten() {
+    // `<pid>.stats` only (the directory also holds its scratch marker)
+    for e in entries.flatten().filter(|e| e.path().extension().is_some_and(|x| x == "stats")) {
         let Ok(text) = std::fs::read_to_string(e.path()) else { continue };
         files += 1;
         for line in text.lines() {

@@ -141,3 +141,136 @@ pub fn disable_thp() -> Result<()> {
 pub fn at_fork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern "C" fn()) -> Result<()> {
     Ok(crate::sys::process::at_fork(prepare, parent, child)?)
 }
+
+/// A directory for one run's files under the temporary directory, named
+/// `<prefix>-<pid>-<n>` and removed on drop. Its owner holds an `flock` on it for its
+/// life, so a run killed outright (SIGKILL, no drop) leaves a directory whose lock is
+/// free: [`ScratchDir::new`] removes those first. The lock, not the pid, tells a dead
+/// run from a live one, also a live one in another PID namespace. Its marker file
+/// ([`ScratchDir::MARKER`], hidden) keeps the sweep away from directories it did not
+/// make.
+#[derive(Debug)]
+pub struct ScratchDir {
+    path: std::path::PathBuf,
+    _lock: std::fs::File,
+}
+
+impl ScratchDir {
+    /// The empty file every scratch directory holds: what the sweep looks for.
+    pub const MARKER: &'static str = ".advm-scratch";
+
+    /// Removes dead runs' scratch directories, then makes a new one.
+    pub fn new(prefix: &str) -> Result<Self> {
+        Self::remove_dead();
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let tmp = std::env::temp_dir();
+        let io = |p: &std::path::Path, e| crate::Error::io(p, e);
+        for _ in 0..1000 {
+            let name = format!("{prefix}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+            let path = tmp.join(&name);
+            // Made and locked under a hidden name, then renamed: the sweep never sees
+            // it named and unlocked.
+            let making = tmp.join(format!(".{name}.new"));
+            match std::fs::create_dir(&making) {
+                Ok(()) => {}
+                // a run with this pid in another PID namespace: the next number
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(io(&making, e)),
+            }
+            let made = (|| {
+                let lock = std::fs::File::open(&making).map_err(|e| io(&making, e))?;
+                crate::sys::fs::lock_exclusive(&lock)?;
+                std::fs::File::create(making.join(Self::MARKER)).map_err(|e| io(&making, e))?;
+                Ok::<_, crate::Error>(lock)
+            })();
+            let lock = match made {
+                Ok(lock) => lock,
+                Err(e) => {
+                    let _ = std::fs::remove_dir_all(&making);
+                    return Err(e);
+                }
+            };
+            match crate::sys::fs::rename_noreplace(&making, &path) {
+                Ok(()) => return Ok(Self { path, _lock: lock }),
+                Err(e) => {
+                    let _ = std::fs::remove_dir_all(&making);
+                    if e.errno != rustix::io::Errno::EXIST && e.errno != rustix::io::Errno::NOTEMPTY {
+                        return Err(e.into());
+                    }
+                }
+            }
+        }
+        Err(crate::Error::InvalidArgument {
+            what: "scratch directory",
+            why: format!("1000 names {prefix}-{}-N taken in {}", std::process::id(), tmp.display()),
+        })
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// Removes the scratch directories in the temporary directory whose owners died
+    /// without removing them; returns how many. Directories without the marker, and
+    /// those whose lock is held, are left alone.
+    pub fn remove_dead() -> usize {
+        let tmp = std::env::temp_dir();
+        let Ok(entries) = std::fs::read_dir(&tmp) else { return 0 };
+        let mut removed = 0;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if entry.file_name().to_string_lossy().starts_with('.')
+                || !entry.file_type().is_ok_and(|t| t.is_dir())
+                || !path.join(Self::MARKER).is_file()
+            {
+                continue;
+            }
+            let Ok(dir) = std::fs::File::open(&path) else { continue };
+            // Held while removing, so a second sweep leaves it to this one.
+            if crate::sys::fs::try_lock_exclusive(&dir).unwrap_or(false) && std::fs::remove_dir_all(&path).is_ok() {
+                removed += 1;
+            }
+        }
+        removed
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ScratchDir;
+
+    #[test]
+    fn dead_runs_scratch_directories_are_removed_and_live_or_foreign_ones_kept() {
+        let tmp = std::env::temp_dir();
+        let live = ScratchDir::new("advm-test-scratch-live").unwrap();
+        let name = live.path().file_name().unwrap().to_str().unwrap().to_string();
+        assert!(name.starts_with(&format!("advm-test-scratch-live-{}-", std::process::id())), "{name}");
+        assert!(live.path().join(ScratchDir::MARKER).is_file());
+        // What a run killed outright leaves: the marker, and no lock (the kernel drops
+        // a dead process's flocks).
+        let dead = tmp.join(format!("advm-test-scratch-dead-{}", std::process::id()));
+        std::fs::create_dir_all(dead.join("sub")).unwrap();
+        std::fs::write(dead.join(ScratchDir::MARKER), b"").unwrap();
+        std::fs::write(dead.join("sub/output"), b"x").unwrap();
+        // Not made by ScratchDir: no marker.
+        let foreign = tmp.join(format!("advm-test-scratch-foreign-{}", std::process::id()));
+        std::fs::create_dir_all(&foreign).unwrap();
+        let next = ScratchDir::new("advm-test-scratch-next").unwrap();
+        assert!(!dead.exists(), "a dead run's directory was kept");
+        assert!(live.path().is_dir() && next.path().is_dir(), "a live run's directory was removed");
+        assert!(foreign.is_dir(), "a directory without the marker was removed");
+        assert_ne!(live.path(), next.path());
+        let path = live.path().to_path_buf();
+        drop(live);
+        assert!(!path.exists(), "not removed on drop");
+        std::fs::remove_dir(&foreign).unwrap();
+    }
+}

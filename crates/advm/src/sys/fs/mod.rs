@@ -72,6 +72,14 @@ pub fn create_locked(path: &std::path::Path) -> std::io::Result<std::fs::File> {
     }
 }
 
+/// Renames `from` to `to`, failing with `EEXIST` instead of replacing what is at `to`
+/// (an empty directory would be replaced by a plain `rename`).
+pub fn rename_noreplace(from: &std::path::Path, to: &std::path::Path) -> SysResult<()> {
+    use rustix::fs::{RenameFlags, CWD};
+    rustix::fs::renameat_with(CWD, from, CWD, to, RenameFlags::NOREPLACE)
+        .map_err(|e| SysError::new("renameat2(RENAME_NOREPLACE)", e))
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
