@@ -162,14 +162,22 @@ impl Drop for Prepared {
     }
 }
 
+/// A new directory in the temporary directory, private to this user. Its name is
+/// guessable and /tmp is shared: a directory of that name made by someone else (who
+/// could then read the reports or plant links in it) is never used, only skipped.
 fn fresh_stats_dir() -> Result<PathBuf, Error> {
+    use std::os::unix::fs::DirBuilderExt;
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
-    let dir =
-        std::env::temp_dir().join(format!("advm-run-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|e| Error::Io(dir.display().to_string(), e))?;
-    Ok(dir)
+    loop {
+        let dir =
+            std::env::temp_dir().join(format!("advm-run-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(Error::Io(dir.display().to_string(), e)),
+        }
+    }
 }
 
 /// The installed shim (written once per content hash into the cache directory).
@@ -187,6 +195,8 @@ pub fn prepare(
     args: &[String],
     stats: bool,
 ) -> Result<Prepared, Error> {
+    // First, so that a refusal (KSM's knobs need root) leaves nothing behind.
+    let ksm = mode.ksm_pages_to_scan().map(|pages| advm::ksm::Session::start(pages, 20)).transpose()?;
     let mut command = Command::new(program);
     command.args(args);
     let (mut stats_dir, mut merge_report_dir) = (None, None);
@@ -208,7 +218,6 @@ pub fn prepare(
             merge_report_dir = Some(d);
         }
     }
-    let ksm = mode.ksm_pages_to_scan().map(|pages| advm::ksm::Session::start(pages, 20)).transpose()?;
     Ok(Prepared { command, stats_dir, merge_report_dir, _ksm: ksm })
 }
 
@@ -240,4 +249,36 @@ pub fn read_stats(dir: &Path) -> (BTreeMap<String, u64>, usize) {
         }
     }
     (sum, files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A directory of the next names, made first (as another user could in /tmp), is
+    /// neither used nor removed; the new one is private. The names used to be removed
+    /// and made again with the umask's mode, or taken over when made in between.
+    #[test]
+    fn a_stats_dir_is_new_and_private_and_never_one_made_before() {
+        use std::os::unix::fs::PermissionsExt;
+        let planted: Vec<PathBuf> = (0..64)
+            .map(|k| std::env::temp_dir().join(format!("advm-run-{}-{k}", std::process::id())))
+            .filter(|d| std::fs::create_dir(d).is_ok())
+            .collect();
+        for d in &planted {
+            std::fs::write(d.join("planted"), "x").unwrap();
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o777)).unwrap();
+        }
+        let dir = fresh_stats_dir().unwrap();
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        let fresh = std::fs::read_dir(&dir).unwrap().next().is_none();
+        let kept = planted.iter().all(|d| d.join("planted").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+        for d in &planted {
+            let _ = std::fs::remove_dir_all(d);
+        }
+        assert!(!planted.contains(&dir), "took over {}", dir.display());
+        assert_eq!(mode, 0o700);
+        assert!(fresh && kept);
+    }
 }

@@ -109,6 +109,12 @@ pub fn is_root() -> bool {
     crate::sys::is_root()
 }
 
+/// This process's effective uid: whose files it may trust, and what an error names
+/// when a privilege is missing.
+pub fn euid() -> u32 {
+    crate::sys::euid()
+}
+
 /// Raises this process's soft limit of open files to its hard limit (a daemon holds
 /// a descriptor per client and per store file); returns the limit now in force.
 pub fn raise_open_files_limit() -> Result<u64> {

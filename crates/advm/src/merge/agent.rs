@@ -299,7 +299,7 @@ fn serve_request(conn: UnixStream, pid: u32, totals: &mut AgentTotals) {
     let _ = conn.set_nonblocking(false);
     let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
     let allowed = crate::sys::fdpass::peer_credentials(&conn)
-        .map(|(uid, _, _)| uid == 0 || uid == rustix::process::geteuid().as_raw())
+        .map(|(uid, _, _)| uid == 0 || uid == crate::sys::euid())
         .unwrap_or(false);
     let mut line = String::new();
     let reply = if !allowed {
