@@ -88,8 +88,11 @@ fn as_uid(uid: Option<u32>, f: impl FnOnce() -> i32) -> i32 {
     // SAFETY: the child runs `f` and leaves with _exit.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
-        // SAFETY: plain syscalls in the child.
-        let switched = uid.is_none_or(|u| unsafe { libc::setgid(u) } == 0 && unsafe { libc::setuid(u) } == 0);
+        let switched = match uid {
+            // SAFETY: plain syscalls in the child.
+            Some(u) => unsafe { libc::setgid(u) == 0 && libc::setuid(u) == 0 },
+            None => true,
+        };
         let code = if switched { f() } else { 100 };
         // SAFETY: leave without the parent's destructors.
         unsafe { libc::_exit(code) };
