@@ -51,7 +51,13 @@ pub fn fork_run(child: impl FnOnce() -> i32) -> SysResult<i32> {
 /// this user; returns its exit code (100: the switch failed).
 #[cfg(test)]
 pub fn run_unprivileged(child: impl FnOnce() -> i32) -> SysResult<i32> {
-    let pid = fork_run(|| {
+    wait_child(fork_unprivileged(child)?)
+}
+
+/// [`run_unprivileged`] without the wait: returns the child's pid.
+#[cfg(test)]
+pub fn fork_unprivileged(child: impl FnOnce() -> i32) -> SysResult<i32> {
+    fork_run(|| {
         let switched = !super::is_root()
             // SAFETY: plain syscalls in the single-threaded child, changing only its ids.
             || unsafe { libc::setgroups(0, std::ptr::null()) == 0 && libc::setgid(65534) == 0 && libc::setuid(65534) == 0 };
@@ -59,8 +65,7 @@ pub fn run_unprivileged(child: impl FnOnce() -> i32) -> SysResult<i32> {
             return 100;
         }
         child()
-    })?;
-    wait_child(pid)
+    })
 }
 
 /// Waits for child `pid`; returns its exit code, or 128 + the signal that killed it.
