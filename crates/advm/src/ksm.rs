@@ -43,9 +43,14 @@ fn state_dir() -> PathBuf {
     if crate::sys::is_root() && std::fs::create_dir_all(&run).is_ok() {
         return run;
     }
-    let tmp = std::env::temp_dir().join(format!("advm-{}", crate::sys::euid()));
+    let tmp = own_state_dir();
     let _ = std::fs::create_dir_all(&tmp);
     tmp
+}
+
+/// The state directory of a process that is not root, or cannot make /run/advm.
+fn own_state_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("advm-{}", crate::sys::euid()))
 }
 
 /// The locked state file; the lock is released when this is dropped.
@@ -380,14 +385,19 @@ mod tests {
             return;
         }
         let code = crate::sys::process::run_unprivileged(|| {
+            // looked at without making the directory: the child is not root
             let holders = || {
-                std::fs::read_dir(state_dir())
+                std::fs::read_dir(own_state_dir())
                     .map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("ksm-holder-")).count())
                     .unwrap_or(0)
             };
-            let before = holders();
+            let before = (own_state_dir().exists(), holders());
             match Session::start(100, 20) {
-                Err(Error::NeedsPrivilege { needs, .. }) if needs.contains("root") && holders() == before => 0,
+                Err(Error::NeedsPrivilege { needs, .. })
+                    if needs.contains("root") && (own_state_dir().exists(), holders()) == before =>
+                {
+                    0
+                }
                 Err(e) => {
                     eprintln!("wrong error or a holder file left: {e}");
                     1
