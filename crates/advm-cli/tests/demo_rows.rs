@@ -38,9 +38,15 @@ fn demo_merge_row_counts_the_store_and_halves_two_identical_buffers() {
     // "no merging: M MiB (cgroup C MiB)"
     let b = numbers(baseline);
     assert!(baseline.starts_with("no merging") && baseline.contains("cgroup") == (meters == 2), "{baseline}");
-    for (merged, unmerged) in a.iter().zip(&b).take(meters) {
-        assert!((124.0..140.0).contains(unmerged), "two 64 MiB buffers unmerged: {baseline}");
-        assert!((64.0..80.0).contains(merged), "one buffer's pages and the store's: {advm}");
+    if meters == 2 {
+        for (merged, unmerged) in a.iter().zip(&b).take(meters) {
+            assert!((124.0..140.0).contains(unmerged), "two 64 MiB buffers unmerged: {baseline}");
+            assert!((64.0..80.0).contains(merged), "one buffer's pages and the store's: {advm}");
+        }
+    } else {
+        // PSS (PFNs are hidden too): the process's share, 120.8 MiB unmerged in one run as
+        // uid 1001 and over 124 MiB in another; merging still about halves it
+        assert!(b[0] > 100.0 && a[0] < 0.7 * b[0], "merged {advm}, unmerged {baseline}");
     }
     assert!(a[meters..meters + 3].iter().all(|&x| x > 0.0), "merge time and throughputs: {advm}");
 }
