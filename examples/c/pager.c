@@ -1,5 +1,6 @@
 /* docs/pager.md's example: a region twice its budget, half of it discardable, and a
- * purgeable cache entry. Needs userfaultfd (root, or vm.unprivileged_userfaultfd=1).
+ * purgeable cache entry. Any user: userfaultfd for user-mode faults suffices
+ * (docs/pager.md, "Without root").
  * cc -Iinclude examples/c/pager.c -Ltarget/debug -Wl,-rpath,$PWD/target/debug -ladvm */
 #include <advm.h>
 #include <stdio.h>

@@ -28,7 +28,7 @@ pub fn errno_of(e: &advm::Error) -> i32 {
         advm::Error::NoSuchProcess { .. } | advm::Error::ProcessExited { .. } | advm::Error::Zombie { .. } => {
             libc::ESRCH
         }
-        advm::Error::PermissionDenied { .. } => libc::EPERM,
+        advm::Error::PermissionDenied { .. } | advm::Error::NeedsPrivilege { .. } => libc::EPERM,
         advm::Error::KernelThread { .. } => libc::EINVAL,
         advm::Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
         advm::Error::Disconnected { .. } => libc::EPIPE,

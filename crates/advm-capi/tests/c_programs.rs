@@ -55,8 +55,7 @@ fn setup() -> Option<(PathBuf, PathBuf, PathBuf)> {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let include = manifest.join("../../include");
     let libdir = fresh_so::libadvm_dir();
-    let out_dir = libdir.join("c-tests");
-    std::fs::create_dir_all(&out_dir).unwrap();
+    let out_dir = fresh_so::work_dir("c-tests");
     Some((include, libdir, out_dir))
 }
 

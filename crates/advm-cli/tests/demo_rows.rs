@@ -31,16 +31,24 @@ fn demo_merge_row_counts_the_store_and_halves_two_identical_buffers() {
     let row = demo_row("merge");
     let (advm, baseline) = (row["advm"].as_str().unwrap(), row["baseline"].as_str().unwrap());
     // "M MiB (cgroup C MiB) incl. the store; merge T ms (A GB/s adding, G GB/s merging)"
+    // Without root there is no cgroup meter (creating a memory cgroup needs root): one meter.
+    let meters = if advm::process::is_root() { 2 } else { 1 };
     let a = numbers(advm);
-    assert!(advm.contains("incl. the store") && advm.contains("cgroup"), "{advm}");
+    assert!(advm.contains("incl. the store") && advm.contains("cgroup") == (meters == 2), "{advm}");
     // "no merging: M MiB (cgroup C MiB)"
     let b = numbers(baseline);
-    assert!(baseline.starts_with("no merging") && baseline.contains("cgroup"), "{baseline}");
-    for (merged, unmerged) in [(a[0], b[0]), (a[1], b[1])] {
-        assert!((124.0..140.0).contains(&unmerged), "two 64 MiB buffers unmerged: {baseline}");
-        assert!((64.0..80.0).contains(&merged), "one buffer's pages and the store's: {advm}");
+    assert!(baseline.starts_with("no merging") && baseline.contains("cgroup") == (meters == 2), "{baseline}");
+    if meters == 2 {
+        for (merged, unmerged) in a.iter().zip(&b).take(meters) {
+            assert!((124.0..140.0).contains(unmerged), "two 64 MiB buffers unmerged: {baseline}");
+            assert!((64.0..80.0).contains(merged), "one buffer's pages and the store's: {advm}");
+        }
+    } else {
+        // PSS (PFNs are hidden too): the process's share, 120.8 MiB unmerged in one run as
+        // uid 1001 and over 124 MiB in another; merging still about halves it
+        assert!(b[0] > 100.0 && a[0] < 0.7 * b[0], "merged {advm}, unmerged {baseline}");
     }
-    assert!(a[2] > 0.0 && a[3] > 0.0 && a[4] > 0.0, "merge time and throughputs: {advm}");
+    assert!(a[meters..meters + 3].iter().all(|&x| x > 0.0), "merge time and throughputs: {advm}");
 }
 
 /// One copying-collector cycle over a region twice its budget: from-space, marked

@@ -238,3 +238,39 @@ fn bench_r_quick_runs_all_five_modes() {
     let notes = v["notes"].as_array().unwrap();
     assert!(!notes.iter().any(|n| n.as_str().unwrap().contains("differs")), "{notes:?}");
 }
+
+/// As a user who may not change KSM's settings (uid 65534 when the tests run as root),
+/// `--mode ksm` says that root is needed and leaves nothing behind. It used to fail
+/// with a bare "Permission denied" on /run/advm and leave its statistics directory.
+#[test]
+fn ksm_mode_without_root_says_root_is_needed_and_leaves_nothing() {
+    use std::os::unix::{fs::PermissionsExt, process::CommandExt};
+    if !advm::ksm::available() {
+        eprintln!("skipped: no KSM");
+        return;
+    }
+    let tmp = std::env::temp_dir().join(format!("advm-test-run-ksm-unprivileged-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mut cmd = Command::new(ADVM);
+    cmd.args(["run", "--stats", "--mode", "ksm", "--", "true"]).env("TMPDIR", &tmp).env("XDG_CACHE_HOME", &tmp);
+    if advm::process::is_root() {
+        cmd.uid(65534).gid(65534);
+    }
+    let out = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    let left: Vec<_> = std::fs::read_dir(&tmp)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with("advm-run-"))
+        .collect();
+    let _ = std::fs::remove_dir_all(&tmp);
+    if err.contains("advm: ") && err.contains("os error 13") && err.contains("target") {
+        eprintln!("skipped: advm not runnable as uid 65534: {err}");
+        return;
+    }
+    assert!(!out.status.success());
+    assert!(err.contains("changing KSM's settings (/sys/kernel/mm/ksm) needs root"), "{err}");
+    assert!(left.is_empty(), "left behind: {left:?}");
+}

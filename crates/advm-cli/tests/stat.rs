@@ -265,6 +265,39 @@ fn doctor_json_lists_checks_and_facts() {
     assert!(d["facts"]["page_size_bytes"].as_u64().unwrap() >= 4096);
 }
 
+/// For a user who is not root (uid 65534 when the tests run as root), the checks of
+/// what needs root say so, and a user-mode-only userfaultfd names its limit and fixes.
+/// They used to read as for root ("benchmarks start it", "memory-limit experiments use
+/// cgroup v1"), and the userfaultfd line hid that system calls get EFAULT.
+#[test]
+fn doctor_tells_an_unprivileged_user_what_needs_root() {
+    let mut cmd = Command::new(ADVM);
+    cmd.args(["doctor", "--json"]);
+    if advm::process::is_root() {
+        cmd.uid(65534).gid(65534);
+    }
+    let out = cmd.output().unwrap();
+    if !out.status.success() {
+        eprintln!("skipped: advm not runnable as uid 65534: {}", String::from_utf8_lossy(&out.stderr));
+        return;
+    }
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let check = |name: &str| d["checks"].as_array().unwrap().iter().find(|c| c["name"] == name).cloned();
+    for (name, says) in [("ksm", "needs root"), ("swap", "CAP_SYS_ADMIN"), ("cgroup memory", "needs root")] {
+        let Some(c) = check(name) else { continue };
+        if c["status"] == "missing" {
+            continue;
+        }
+        assert_eq!(c["status"], "degraded", "{c}");
+        assert!(c["consequence"].as_str().unwrap().contains(says), "{c}");
+    }
+    let uffd = check("userfaultfd").unwrap();
+    if uffd["value"].as_str().unwrap().contains("user-mode faults only") {
+        let why = uffd["consequence"].as_str().unwrap();
+        assert!(why.contains("EFAULT") && why.contains("vm.unprivileged_userfaultfd=1"), "{why}");
+    }
+}
+
 #[test]
 fn bench_quick_json_has_the_shared_shape() {
     let out = Command::new(ADVM).args(["bench", "stat", "--quick", "--json"]).output().unwrap();

@@ -121,6 +121,38 @@ fn the_shims_dump_reads_maps_and_its_own_records_when_asked() {
     shim_dump("shimdump-maps", Some("ADVM_PMEM_DUMP_MAPS"), 1);
 }
 
+/// The same as a user who sees no PFNs in pagemap (uid 65534; as root, the test above
+/// is rerun as that user). The shim took the zero page's frame for 0, which every
+/// frame reads as then, and left every written cluster out of the dump.
+#[test]
+fn the_shims_dump_keeps_the_written_clusters_for_a_user_who_sees_no_pfns() {
+    use std::os::unix::{fs::PermissionsExt, process::CommandExt};
+    if !advm::process::is_root() {
+        eprintln!("skipped: the tests above run as this user, who sees no PFNs");
+        return;
+    }
+    let home = std::env::temp_dir().join(format!("advm-test-shimdump-nobody-{}", std::process::id()));
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let test = "the_shims_dump_copies_the_device_as_at_the_signal_leaves_other_memory_out_and_unmarks_it";
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture"])
+        .env("XDG_CACHE_HOME", &home)
+        .env("HOME", &home)
+        .uid(65534)
+        .gid(65534)
+        .current_dir("/")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&home);
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if !text.contains("running 1 test") {
+        eprintln!("skipped: the test binary cannot run as uid 65534: {text}");
+        return;
+    }
+    assert!(out.status.success() && text.contains("1 passed"), "{text}");
+}
+
 /// The shim's dump of a device in a Python program, with `option` set to 1; `scan`:
 /// how the shim must have found what to leave out of the fork (1 maps, 0 smaps).
 fn shim_dump(name: &str, option: Option<&str>, scan: u64) {

@@ -441,6 +441,41 @@ static uintptr_t thread_pointer(void) {
 #endif
 }
 
+/* PAGEMAP_SCAN (Linux 6.7+, <linux/fs.h>): the kernel's own page categories. */
+struct pm_scan_arg {
+    uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages, category_inverted, category_mask,
+        category_anyof_mask, return_mask;
+};
+struct page_region {
+    uint64_t start, end, categories;
+};
+#define PAGEMAP_SCAN_IOCTL ((3ul << 30) | ((unsigned long)sizeof(struct pm_scan_arg) << 16) | (0x66ul << 8) | 16)
+#define PAGE_IS_FILE (1ull << 2)
+#define PAGE_IS_PRESENT (1ull << 3)
+#define PAGE_IS_SWAPPED (1ull << 4)
+#define PAGE_IS_PFNZERO (1ull << 5)
+
+/* Whether [at, at+n) holds a written page: present or swapped, anonymous, not the zero
+ * page; by PAGEMAP_SCAN, which tells the zero page apart for any user. -1: no
+ * PAGEMAP_SCAN here. */
+static int scan_written(int pm, uintptr_t at, size_t n) {
+    struct page_region r[DUMP_CLUSTER / 4096];
+    struct pm_scan_arg a = {
+        .size = sizeof a,
+        .start = at,
+        .end = at + n,
+        .vec = (uintptr_t)r,
+        .vec_len = sizeof r / sizeof r[0],
+        .category_anyof_mask = PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+        .return_mask = PAGE_IS_PRESENT | PAGE_IS_SWAPPED | PAGE_IS_FILE | PAGE_IS_PFNZERO,
+    };
+    long got = syscall(SYS_ioctl, pm, PAGEMAP_SCAN_IOCTL, &a);
+    if (got < 0) return -1;
+    for (long i = 0; i < got; i++)
+        if (!(r[i].categories & (PAGE_IS_FILE | PAGE_IS_PFNZERO))) return 1;
+    return 0;
+}
+
 /* The grandchild: writes the written clusters of its frozen view. */
 static void dump_clusters(void) {
     long ps = 4096;
@@ -460,12 +495,19 @@ static void dump_clusters(void) {
     for (size_t c = 0; c * DUMP_CLUSTER < dump_len; c++) {
         size_t off = c * DUMP_CLUSTER, n = dump_len - off < DUMP_CLUSTER ? dump_len - off : DUMP_CLUSTER;
         size_t pages = n / (size_t)ps;
-        if (pread(pm, e, pages * 8, (off_t)(((uintptr_t)dump_base + off) / ps * 8)) != (ssize_t)(pages * 8)) finish(14);
-        int written = 0;
-        for (size_t i = 0; i < pages && i < per; i++) {
-            uint64_t v = e[i];
-            int present = v >> 63 & 1, file = v >> 61 & 1, swapped = v >> 62 & 1;
-            if ((present && !file && (v & ((1ull << 55) - 1)) != zpfn) || (swapped && !file)) written = 1;
+        int written = scan_written(pm, (uintptr_t)dump_base + off, n);
+        if (written < 0) {
+            if (pread(pm, e, pages * 8, (off_t)(((uintptr_t)dump_base + off) / ps * 8)) != (ssize_t)(pages * 8))
+                finish(14);
+            written = 0;
+            /* Without CAP_SYS_ADMIN every frame reads 0, the zero page's too: a present
+             * anonymous page then counts as written (a zero page dumped as zeros costs a
+             * cluster; a written page left out would lose data, as it once did). */
+            for (size_t i = 0; i < pages && i < per; i++) {
+                uint64_t v = e[i], pfn = v & ((1ull << 55) - 1);
+                int present = v >> 63 & 1, file = v >> 61 & 1, swapped = v >> 62 & 1;
+                if ((present && !file && (zpfn == 0 || pfn != zpfn)) || (swapped && !file)) written = 1;
+            }
         }
         if (!written) continue;
         if (pwrite(raw, dump_base + off, n, (off_t)off) != (ssize_t)n) finish(15);

@@ -172,6 +172,8 @@ pub fn prepare(
     args: &[String],
     stats: bool,
 ) -> Result<Prepared, Error> {
+    // First, so that a refusal (KSM's knobs need root) leaves nothing behind.
+    let ksm = mode.ksm_pages_to_scan().map(|pages| advm::ksm::Session::start(pages, 20)).transpose()?;
     let mut command = Command::new(program);
     command.args(args);
     let (mut stats_dir, mut merge_report_dir, mut scratch) = (None, None, Vec::new());
@@ -195,7 +197,6 @@ pub fn prepare(
             scratch.push(d);
         }
     }
-    let ksm = mode.ksm_pages_to_scan().map(|pages| advm::ksm::Session::start(pages, 20)).transpose()?;
     Ok(Prepared { command, stats_dir, merge_report_dir, _scratch: scratch, _ksm: ksm })
 }
 
@@ -228,4 +229,38 @@ pub fn read_stats(dir: &Path) -> (BTreeMap<String, u64>, usize) {
         }
     }
     (sum, files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A directory of the next names, made first (as another user could in /tmp), is
+    /// neither used nor removed; the new one is private. The names used to be removed
+    /// and made again with the umask's mode, or taken over when made in between.
+    #[test]
+    fn a_stats_dir_is_new_and_private_and_never_one_made_before() {
+        use std::os::unix::fs::PermissionsExt;
+        let planted: Vec<PathBuf> = (0..64)
+            .map(|k| std::env::temp_dir().join(format!("advm-run-{}-{k}", std::process::id())))
+            .filter(|d| std::fs::create_dir(d).is_ok())
+            .collect();
+        for d in &planted {
+            std::fs::write(d.join("planted"), "x").unwrap();
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o777)).unwrap();
+        }
+        let scratch = advm::process::ScratchDir::new("advm-run").unwrap();
+        let dir = scratch.path().to_path_buf();
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
+        let fresh = names == [advm::process::ScratchDir::MARKER];
+        let kept = planted.iter().all(|d| d.join("planted").exists());
+        drop(scratch);
+        for d in &planted {
+            let _ = std::fs::remove_dir_all(d);
+        }
+        assert!(!planted.contains(&dir), "took over {}", dir.display());
+        assert_eq!(mode, 0o700);
+        assert!(fresh && kept);
+    }
 }

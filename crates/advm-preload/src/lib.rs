@@ -46,13 +46,20 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 }
 
 /// Writes the shim into `dir` (created if needed) as `libadvm-preload-<hash>.so`, unless
-/// a file with that name and length is already there, and returns its path.
+/// a file with that name and these bytes is already there, and returns its path.
+///
+/// Programs preload the file, so whoever may replace it runs code as every user of
+/// it: `dir` must be this user's alone (owned by the effective uid, writable by no
+/// one else), or this fails with `PermissionDenied` saying so. A shared directory
+/// such as /tmp/advm, made first by another user, used to serve that user's library
+/// to root's `advm run`.
 pub fn install(dir: &Path) -> std::io::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    check_private(dir)?;
     let path = dir.join(format!("libadvm-preload-{:016x}.so", fnv1a(SHIM_SO)));
-    if std::fs::metadata(&path).map(|m| m.len() == SHIM_SO.len() as u64).unwrap_or(false) {
+    if std::fs::read(&path).is_ok_and(|b| b == SHIM_SO) {
         return Ok(path);
     }
-    std::fs::create_dir_all(dir)?;
     // Write under a temporary name and rename: a concurrent reader never sees half a file.
     let tmp = dir.join(format!(".libadvm-preload-{}.tmp", std::process::id()));
     std::fs::write(&tmp, SHIM_SO)?;
@@ -60,8 +67,29 @@ pub fn install(dir: &Path) -> std::io::Result<PathBuf> {
     Ok(path)
 }
 
-/// Where `advm run` keeps the shim: `$XDG_CACHE_HOME/advm`, `~/.cache/advm`, or the
-/// temporary directory.
+/// Refuses a directory that someone other than this user could write to.
+fn check_private(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(dir)?;
+    let me = advm::process::euid();
+    if meta.uid() == me && meta.mode() & 0o022 == 0 {
+        return Ok(());
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::PermissionDenied,
+        format!(
+            "{} is owned by uid {} with mode {:o}, not private to uid {me}: another user could replace the shim \
+             that programs preload from it (set XDG_CACHE_HOME to a directory of uid {me}'s only)",
+            dir.display(),
+            meta.uid(),
+            meta.mode() & 0o7777
+        ),
+    ))
+}
+
+/// Where `advm run` keeps the shim: `$XDG_CACHE_HOME/advm`, `~/.cache/advm`, or
+/// `advm-<euid>` in the temporary directory (one per user: [`install`] accepts no
+/// directory another user could write).
 pub fn default_cache_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
         return PathBuf::from(d).join("advm");
@@ -69,7 +97,7 @@ pub fn default_cache_dir() -> PathBuf {
     if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
         return PathBuf::from(h).join(".cache/advm");
     }
-    std::env::temp_dir().join("advm")
+    std::env::temp_dir().join(format!("advm-{}", advm::process::euid()))
 }
 
 #[cfg(test)]
@@ -88,6 +116,41 @@ mod tests {
         let b = install(&dir).unwrap();
         assert_eq!(a, b);
         assert_eq!(std::fs::read(&a).unwrap(), SHIM_SO);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A file of the right name and length but other bytes (planted, or torn) is
+    /// replaced, not preloaded.
+    #[test]
+    fn install_replaces_a_file_with_other_bytes() {
+        let dir = std::env::temp_dir().join(format!("advm-preload-test-other-{}", std::process::id()));
+        let path = install(&dir).unwrap();
+        std::fs::write(&path, vec![0u8; SHIM_SO.len()]).unwrap();
+        assert_eq!(install(&dir).unwrap(), path);
+        assert_eq!(std::fs::read(&path).unwrap(), SHIM_SO);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A directory others may write to, or another user's, is refused: its files could
+    /// be swapped for a library that then runs as this user (as root, for root).
+    #[test]
+    fn install_refuses_a_directory_others_could_write() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("advm-preload-test-shared-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let e = install(&dir).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}");
+        assert!(e.to_string().contains("another user could replace the shim"), "{e}");
+        assert!(std::fs::read_dir(&dir).unwrap().next().is_none(), "nothing written into it");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        if advm::process::is_root() {
+            std::os::unix::fs::chown(&dir, Some(65534), None).unwrap();
+            let e = install(&dir).unwrap_err();
+            assert!(e.to_string().contains("owned by uid 65534"), "{e}");
+        } else {
+            eprintln!("not checked: a directory of another uid (needs root to make one)");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -7,10 +7,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+#[allow(dead_code)] // the library's half is not used here
+#[path = "../../advm-capi/tests/support/fresh_so.rs"]
+mod fresh_so;
+
+/// .../target/<profile>/preload-c-tests, or this user's own where that is another's.
 fn work_dir() -> PathBuf {
-    // .../target/<profile>/deps/c_programs-HASH -> .../target/<profile>/preload-c-tests
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().join("preload-c-tests")
+    fresh_so::work_dir("preload-c-tests")
 }
 
 fn compile(src: &Path, out_dir: &Path) -> PathBuf {

@@ -135,8 +135,7 @@ fn vcopy_conformance_both_backends() {
     let suite = root.join("tests/conformance/vcopy");
     let include = root.join("include");
     let libdir = fresh_so::libadvm_dir();
-    let work = fresh_so::target_dir().join("vcopy-conformance");
-    std::fs::create_dir_all(&work).unwrap();
+    let work = fresh_so::work_dir("vcopy-conformance");
     let shim = advm_preload::install(&work).unwrap();
     let mut sources: Vec<PathBuf> = std::fs::read_dir(&suite)
         .unwrap()

@@ -1,5 +1,5 @@
 //! docs/pager.md's example: a region twice its budget, half of it marked discardable.
-//! Needs userfaultfd (root, or vm.unprivileged_userfaultfd=1).
+//! Any user: userfaultfd for user-mode faults suffices (docs/pager.md, "Without root").
 //! `cargo run -p advm --example pager`
 
 use advm::pager::{Config, Pager};

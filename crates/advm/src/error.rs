@@ -57,6 +57,18 @@ pub enum Error {
         /// The file refused.
         what: String,
     },
+    /// The operation needs a privilege this process lacks (changing KSM's settings,
+    /// enabling swap): the message names it, so that a user sees what to ask for
+    /// rather than a bare EPERM or EACCES.
+    #[error("{what} needs {needs} (running as uid {uid})")]
+    NeedsPrivilege {
+        /// What was attempted.
+        what: &'static str,
+        /// The privilege: root, a capability, a sysctl or a file's permission.
+        needs: &'static str,
+        /// The effective uid that lacked it.
+        uid: u32,
+    },
     /// An argument is out of its domain.
     #[error("invalid {what}: {why}")]
     InvalidArgument {

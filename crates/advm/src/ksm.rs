@@ -35,14 +35,22 @@ struct State {
     holders: Vec<String>,
 }
 
+/// /run/advm for root, who alone can change KSM (and so holds every session). Another
+/// user's sessions never start, but the holder bookkeeping still needs a directory it
+/// may write: its own in the temporary directory (/run/advm is root's).
 fn state_dir() -> PathBuf {
     let run = PathBuf::from("/run/advm");
-    if std::fs::create_dir_all(&run).is_ok() {
+    if crate::sys::is_root() && std::fs::create_dir_all(&run).is_ok() {
         return run;
     }
-    let tmp = std::env::temp_dir().join("advm");
+    let tmp = own_state_dir();
     let _ = std::fs::create_dir_all(&tmp);
     tmp
+}
+
+/// The state directory of a process that is not root, or cannot make /run/advm.
+fn own_state_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("advm-{}", crate::sys::euid()))
 }
 
 /// The locked state file; the lock is released when this is dropped.
@@ -134,11 +142,10 @@ pub struct Session {
 }
 
 impl Session {
-    /// Starts ksmd scanning `pages_to_scan` pages every `sleep_millisecs` (root only).
+    /// Starts ksmd scanning `pages_to_scan` pages every `sleep_millisecs` (root only:
+    /// [`can_change`] says why not, before anything is touched).
     pub fn start(pages_to_scan: u32, sleep_millisecs: u32) -> Result<Self> {
-        if !ksm::available() {
-            return Err(Error::Unsupported { what: "KSM", why: format!("{}/run does not exist", ksm::SYSFS_DIR) });
-        }
+        can_change()?;
         static NEXT: AtomicU64 = AtomicU64::new(0);
         // Unique across PID namespaces too: a process id alone is not.
         let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
@@ -206,6 +213,23 @@ pub fn restore_abandoned() -> Result<bool> {
 /// True when this kernel has KSM (`/sys/kernel/mm/ksm`).
 pub fn available() -> bool {
     ksm::available()
+}
+
+/// Whether this process may start a [`Session`]: the kernel has KSM and its knobs are
+/// writable, which takes root (or CAP_DAC_OVERRIDE). The error says which is missing;
+/// a [`Session::start`] that fails here has touched nothing.
+pub fn can_change() -> Result<()> {
+    if !ksm::available() {
+        return Err(Error::Unsupported { what: "KSM", why: format!("{}/run does not exist", ksm::SYSFS_DIR) });
+    }
+    if !ksm::writable() {
+        return Err(Error::NeedsPrivilege {
+            what: "changing KSM's settings (/sys/kernel/mm/ksm)",
+            needs: "root (writing the knobs takes uid 0 or CAP_DAC_OVERRIDE)",
+            uid: crate::sys::euid(),
+        });
+    }
+    Ok(())
 }
 
 /// A KSM knob's value (`run`, `pages_to_scan`, `pages_shared`, ...), when readable.
@@ -350,6 +374,39 @@ mod tests {
         drop(file);
         remove_unlisted_dead_holders(&[]);
         assert!(!path.exists(), "an old unlocked holder file stays");
+    }
+
+    /// Without root, starting a session says that root is needed and touches nothing
+    /// (no holder file): it used to fail with a bare EACCES on /run/advm.
+    #[test]
+    fn without_root_a_session_says_root_is_needed_and_leaves_nothing() {
+        if !ksm::available() {
+            eprintln!("skipped: no KSM");
+            return;
+        }
+        let code = crate::sys::process::run_unprivileged(|| {
+            // looked at without making the directory: the child is not root
+            let holders = || {
+                std::fs::read_dir(own_state_dir())
+                    .map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("ksm-holder-")).count())
+                    .unwrap_or(0)
+            };
+            let before = (own_state_dir().exists(), holders());
+            match Session::start(100, 20) {
+                Err(Error::NeedsPrivilege { needs, .. })
+                    if needs.contains("root") && (own_state_dir().exists(), holders()) == before =>
+                {
+                    0
+                }
+                Err(e) => {
+                    eprintln!("wrong error or a holder file left: {e}");
+                    1
+                }
+                Ok(_) => 2,
+            }
+        })
+        .unwrap();
+        assert_eq!(code, 0);
     }
 
     #[test]

@@ -180,12 +180,18 @@ pub fn report() -> Vec<Check> {
                 sys::uffd::Source::Device => "/dev/userfaultfd",
                 sys::uffd::Source::SyscallUserModeOnly => "userfaultfd(2), user-mode faults only",
             };
-            let status = if src == sys::uffd::Source::SyscallUserModeOnly { Status::Degraded } else { Status::Ok };
+            let user_mode_only = src == sys::uffd::Source::SyscallUserModeOnly;
             check(
                 "userfaultfd",
-                status,
+                if user_mode_only { Status::Degraded } else { Status::Ok },
                 format!("via {how} (vm.unprivileged_userfaultfd={unpriv})"),
-                "pager and UFFDIO_MOVE engine available",
+                if user_mode_only {
+                    "pager and UFFDIO_MOVE engine available, but a system call (read, write) touching a pager page \
+                     not resident fails with EFAULT; for full use: sysctl vm.unprivileged_userfaultfd=1, or \
+                     read-write access to /dev/userfaultfd for this user, or CAP_SYS_PTRACE"
+                } else {
+                    "pager and UFFDIO_MOVE engine available"
+                },
             )
         }
         _ => check(
@@ -256,12 +262,22 @@ pub fn report() -> Vec<Check> {
             ksm::read("use_zero_pages").unwrap_or(0),
             ksm::read_text("advisor_mode").unwrap_or_else(|| "none".into()),
         );
-        let consequence = if run == 1 {
-            "KSM running: baselines available; it also merges other processes now"
+        if !ksm::writable() {
+            check(
+                "ksm",
+                Status::Degraded,
+                value,
+                "changing KSM's settings needs root: advm run --mode ksm/ksm-aggr and the KSM baselines are not \
+                 available to this user",
+            )
         } else {
-            "KSM present, stopped: benchmarks start it for their KSM baselines"
-        };
-        check("ksm", Status::Ok, value, consequence)
+            let consequence = if run == 1 {
+                "KSM running: baselines available; it also merges other processes now"
+            } else {
+                "KSM present, stopped: benchmarks start it for their KSM baselines"
+            };
+            check("ksm", Status::Ok, value, consequence)
+        }
     } else {
         check("ksm", Status::Missing, "no /sys/kernel/mm/ksm", "KSM baselines are skipped")
     });
@@ -291,7 +307,15 @@ pub fn report() -> Vec<Check> {
         "2 MiB-aligned moves can move whole page tables; THP splits on partial moves",
     ));
     let swaps = read_trim("/proc/swaps").map(|s| s.lines().skip(1).count()).unwrap_or(0);
-    out.push(if swaps > 0 {
+    out.push(if !f.root {
+        check(
+            "swap",
+            Status::Degraded,
+            format!("{swaps} device(s)"),
+            "the kernel-swap baselines (advm bench pager) enable a swap file of their own: swapon needs root \
+             (CAP_SYS_ADMIN)",
+        )
+    } else if swaps > 0 {
         check("swap", Status::Ok, format!("{swaps} device(s)"), "kernel-swap baselines can run")
     } else {
         check("swap", Status::Degraded, "none", "kernel-swap baselines need a swap file (swapon works here as root)")
@@ -307,6 +331,13 @@ pub fn report() -> Vec<Check> {
         read_trim("/sys/fs/cgroup/cgroup.controllers").is_some_and(|c| c.split_whitespace().any(|w| w == "memory"));
     let v1_memory = std::path::Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists();
     out.push(match (v1_memory, v2_memory) {
+        (true, _) | (_, true) if !f.root => check(
+            "cgroup memory",
+            Status::Degraded,
+            if v2_memory { "v2" } else { "v1" },
+            "creating memory cgroups needs root: advm run --cgroup, bench pager and the benchmarks' cgroup meter \
+             are not available to this user",
+        ),
         (_, true) => check("cgroup memory", Status::Ok, "v2", "memory-limit experiments use cgroup v2"),
         (true, false) => check("cgroup memory", Status::Ok, "v1", "memory-limit experiments use cgroup v1"),
         _ => check("cgroup memory", Status::Missing, "no memory controller", "memory-limit experiments are skipped"),

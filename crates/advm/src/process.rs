@@ -109,6 +109,12 @@ pub fn is_root() -> bool {
     crate::sys::is_root()
 }
 
+/// This process's effective uid: whose files it may trust, and what an error names
+/// when a privilege is missing.
+pub fn euid() -> u32 {
+    crate::sys::euid()
+}
+
 /// Raises this process's soft limit of open files to its hard limit (a daemon holds
 /// a descriptor per client and per store file); returns the limit now in force.
 pub fn raise_open_files_limit() -> Result<u64> {
@@ -172,7 +178,9 @@ impl ScratchDir {
             // Made and locked under a hidden name, then renamed: the sweep never sees
             // it named and unlocked.
             let making = tmp.join(format!(".{name}.new"));
-            match std::fs::create_dir(&making) {
+            // Private to this user: /tmp is shared and the name guessable (one made by
+            // someone else is skipped, never used).
+            match std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700).create(&making) {
                 Ok(()) => {}
                 // a run with this pid in another PID namespace: the next number
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,

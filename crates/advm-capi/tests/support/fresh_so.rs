@@ -10,6 +10,24 @@ pub fn target_dir() -> PathBuf {
     exe.parent().unwrap().parent().unwrap().to_path_buf()
 }
 
+/// A directory for the tests' programs and files: `name` in the target directory, or,
+/// where that is not this user's own (a tree another user built, run as this one), a
+/// private `advm-<name>-<euid>` in the temporary directory. The shim is installed only
+/// into a directory of the user's own.
+pub fn work_dir(name: &str) -> PathBuf {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let me = advm::process::euid();
+    let own = |d: &Path| std::fs::metadata(d).is_ok_and(|m| m.uid() == me && m.mode() & 0o022 == 0);
+    let beside = target_dir().join(name);
+    if std::fs::create_dir_all(&beside).is_ok() && own(&beside) {
+        return beside;
+    }
+    let private = std::env::temp_dir().join(format!("advm-{name}-{me}"));
+    let _ = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&private);
+    assert!(own(&private), "{}: not this user's own directory", private.display());
+    private
+}
+
 /// `libadvm.so`'s directory; panics when it is missing or older than the sources it is
 /// built from (a stale one would test old code). `cargo test` links tests against the
 /// rlib only; the C library comes from `cargo build` (which `make test` runs first).

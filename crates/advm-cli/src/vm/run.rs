@@ -190,6 +190,42 @@ fn hardware_kvm() -> bool {
     ["kvm_intel", "kvm_amd"].iter().any(|m| Path::new("/sys/module").join(m).exists())
 }
 
+/// Why /dev/kvm could not be opened, and what to do: for a user refused by its
+/// permissions, the group that grants it (it used to say KVM needs hardware
+/// virtualisation, which the machine may well have).
+fn kvm_open_failure(e: &std::io::Error, dev: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    if e.kind() != std::io::ErrorKind::PermissionDenied {
+        return format!("{}: {e}; --accel kvm needs KVM (hardware virtualisation)", dev.display());
+    }
+    let Ok(meta) = std::fs::metadata(dev) else {
+        return format!("{}: {e}; KVM needs read-write access to it", dev.display());
+    };
+    let group = std::fs::read_to_string("/etc/group")
+        .ok()
+        .and_then(|g| {
+            g.lines().find_map(|l| {
+                let f: Vec<&str> = l.split(':').collect();
+                (f.len() > 2 && f[2].parse() == Ok(meta.gid())).then(|| f[0].to_string())
+            })
+        })
+        .unwrap_or_else(|| meta.gid().to_string());
+    let fix = if meta.mode() & 0o060 == 0o060 {
+        format!("add the user to group {group} (then log in again)")
+    } else {
+        let to = if meta.gid() == 0 { "a group such as kvm".to_string() } else { format!("group {group}") };
+        format!(
+            "it is mode {:o}, its owner's alone: give {to} read-write access to it (a udev rule) and add the user to it",
+            meta.mode() & 0o777
+        )
+    };
+    format!(
+        "{}: {e}: this user (uid {}) may not use KVM, which needs read-write access to it; {fix}",
+        dev.display(),
+        advm::process::euid()
+    )
+}
+
 /// Resolves `--accel`: `kvm` needs /dev/kvm (an error names what is missing), `auto`
 /// falls back to tcg with a note.
 pub fn accel(requested: &str) -> Result<Accel, CliError> {
@@ -198,7 +234,7 @@ pub fn accel(requested: &str) -> Result<Accel, CliError> {
             .read(true)
             .write(true)
             .open("/dev/kvm")
-            .map_err(|e| format!("/dev/kvm: {e}; --accel kvm needs KVM (hardware virtualisation)"))?;
+            .map_err(|e| kvm_open_failure(&e, Path::new("/dev/kvm")))?;
         if !hardware_kvm() {
             return Err("/dev/kvm is not hardware KVM (no kvm_intel or kvm_amd module; kvm_pvm runs only PVM \
                         guest kernels, and Debian's kernel is not one)"
@@ -601,6 +637,27 @@ mod tests {
 
     fn get<'a>(env: &'a [(&str, String)], k: &str) -> Option<&'a str> {
         env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.as_str())
+    }
+
+    /// A user refused /dev/kvm by its permissions is told so and which group grants
+    /// it, not that KVM needs hardware virtualisation.
+    #[test]
+    fn a_user_refused_dev_kvm_is_told_about_its_permissions() {
+        let dir = std::env::temp_dir().join(format!("advm-test-kvm-perm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let dev = dir.join("kvm");
+        std::fs::write(&dev, b"").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dev, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let refused = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        let why = kvm_open_failure(&refused, &dev);
+        assert!(why.contains("may not use KVM") && why.contains("mode 600") && why.contains("group"), "{why}");
+        assert!(!why.contains("hardware"), "{why}");
+        std::fs::set_permissions(&dev, std::fs::Permissions::from_mode(0o660)).unwrap();
+        assert!(kvm_open_failure(&refused, &dev).contains("add the user to group"));
+        let missing = std::io::Error::from(std::io::ErrorKind::NotFound);
+        assert!(kvm_open_failure(&missing, &dev).contains("hardware virtualisation"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -299,7 +299,7 @@ fn serve_request(conn: UnixStream, pid: u32, totals: &mut AgentTotals) {
     let _ = conn.set_nonblocking(false);
     let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
     let allowed = crate::sys::fdpass::peer_credentials(&conn)
-        .map(|(uid, _, _)| uid == 0 || uid == rustix::process::geteuid().as_raw())
+        .map(|(uid, _, _)| uid == 0 || uid == crate::sys::euid())
         .unwrap_or(false);
     let mut line = String::new();
     let reply = if !allowed {
@@ -740,6 +740,21 @@ pub fn request_kind(pid: u32, add_new: bool) -> Result<serde_json::Value> {
             socket_name(pid)
         ))
     })?;
+    // The name is abstract: any process may hold it (bound first, for a pid not yet
+    // running). Only an answer from the process's owner or root is its agent's.
+    let owner = std::fs::metadata(format!("/proc/{pid}")).map(|m| std::os::unix::fs::MetadataExt::uid(&m));
+    let peer = crate::sys::fdpass::peer_credentials(&conn).map(|(uid, _, _)| uid);
+    match (owner, peer) {
+        (Ok(owner), Ok(peer)) if peer == owner || peer == 0 => {}
+        (owner, peer) => {
+            return Err(refuse(format!(
+                "@{} is held by {}, not by process {pid}'s owner ({}): not its merge agent",
+                socket_name(pid),
+                peer.map_or_else(|e| format!("an unknown peer ({e})"), |u| format!("uid {u}")),
+                owner.map_or_else(|e| format!("unknown: {e}"), |u| format!("uid {u}")),
+            )))
+        }
+    }
     (&conn)
         .write_all(if add_new { &b"merge\n"[..] } else { b"lookup\n" })
         .map_err(|e| refuse(format!("sending the request to process {pid}: {e}")))?;
@@ -751,6 +766,43 @@ pub fn request_kind(pid: u32, add_new: bool) -> Result<serde_json::Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Another user holding `@advm-merge/<pid>` (bound first: the name is abstract,
+    /// open to anyone) is not taken for `pid`'s agent: its reply used to be printed as
+    /// the process's merge.
+    #[test]
+    fn a_reply_from_another_user_under_the_agents_name_is_refused() {
+        if !crate::sys::is_root() {
+            eprintln!("skipped: needs root to run the impostor as another uid");
+            return;
+        }
+        let mut target = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = target.id();
+        let name = socket_name(pid);
+        let impostor = crate::sys::process::fork_unprivileged(|| {
+            let Ok(addr) = SocketAddr::from_abstract_name(name.as_bytes()) else { return 1 };
+            let Ok(listener) = std::os::unix::net::UnixListener::bind_addr(&addr) else { return 2 };
+            if let Ok((mut conn, _)) = listener.accept() {
+                let _ = conn.write_all(b"{\"ok\":true,\"merged\":12345}\n");
+            }
+            0
+        })
+        .unwrap();
+        let t = std::time::Instant::now();
+        let got = loop {
+            match request(pid) {
+                Err(e) if e.to_string().contains("no merge agent") && t.elapsed().as_secs() < 10 => {
+                    std::thread::sleep(std::time::Duration::from_millis(10))
+                }
+                r => break r,
+            }
+        };
+        let _ = target.kill();
+        let _ = target.wait();
+        let _ = crate::sys::process::wait_child(impostor);
+        let e = got.expect_err("the impostor's reply was taken").to_string();
+        assert!(e.contains("held by uid 65534") && e.contains("not its merge agent"), "{e}");
+    }
 
     #[test]
     fn candidates_are_large_private_anonymous_mappings_but_not_stacks_or_own_memory() {

@@ -21,8 +21,17 @@ pub struct KernelSwap {
 
 impl KernelSwap {
     /// Writes `bytes` of zeros at `path` (a swap file must have no holes), runs
-    /// `mkswap` on it and enables it. Needs root.
+    /// `mkswap` on it and enables it. Needs root: without it this fails at once,
+    /// having written nothing.
     pub fn create(path: &Path, bytes: u64) -> Result<Self> {
+        if !crate::sys::is_root() {
+            // swapon(2) takes CAP_SYS_ADMIN; without it the file would be written for nothing
+            return Err(Error::NeedsPrivilege {
+                what: "enabling a swap file (swapon)",
+                needs: "root (CAP_SYS_ADMIN)",
+                uid: crate::sys::euid(),
+            });
+        }
         // Locked before its name appears: a sweep of dead runs' files never takes it.
         let mut f = crate::sys::fs::create_locked(path).map_err(|e| Error::io(path, e))?;
         let lock = f.try_clone().map_err(|e| Error::io(path, e))?;
@@ -137,5 +146,29 @@ impl ProcessTimes {
             .map_err(|e| Error::io("/proc/self/stat", std::io::Error::other(e)))?;
         let tick = procfs::ticks_per_second() as f64;
         Ok(Self { user_s: stat.utime as f64 / tick, sys_s: stat.stime as f64 / tick, major_faults: stat.majflt })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without root, creating the swap file says that root (CAP_SYS_ADMIN) is needed
+    /// and leaves no file: it used to write and mkswap the whole file, then fail with
+    /// a bare EPERM from swapon.
+    #[test]
+    fn without_root_it_says_root_is_needed_and_writes_nothing() {
+        let path = std::env::temp_dir().join(format!("advm-test-kswap-unprivileged-{}", std::process::id()));
+        let code = crate::sys::process::run_unprivileged(|| match KernelSwap::create(&path, 1 << 20) {
+            Err(Error::NeedsPrivilege { needs, .. }) if needs.contains("CAP_SYS_ADMIN") && !path.exists() => 0,
+            Err(e) => {
+                eprintln!("wrong error or a file left: {e}");
+                1
+            }
+            Ok(_) => 2,
+        })
+        .unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(code, 0);
     }
 }

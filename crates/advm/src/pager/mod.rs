@@ -135,7 +135,10 @@ pub enum FaultMode {
     Sigbus,
     /// On the pager's handler thread, which reads the userfaultfd's events (the
     /// default: SIGBUS mode still livelocked once in the paging benchmark, and it
-    /// does not read ahead; docs/pager.md).
+    /// does not read ahead; docs/pager.md). Where the userfaultfd is user-mode only (a
+    /// user without CAP_SYS_PTRACE while vm.unprivileged_userfaultfd=0, and no access
+    /// to /dev/userfaultfd), a system call touching a page not resident gets `EFAULT`
+    /// here too: the kernel does not hand its own faults to such a userfaultfd.
     Thread,
 }
 

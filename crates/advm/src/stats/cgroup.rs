@@ -205,8 +205,7 @@ impl Group {
         check_name(name)?;
         let (own, version) = own_memory_cgroup()?;
         if !crate::process::is_root() {
-            let why =
-                format!("creating a memory cgroup needs root (running as uid {})", rustix::process::geteuid().as_raw());
+            let why = format!("creating a memory cgroup needs root (running as uid {})", crate::sys::euid());
             return Err(Error::io(own.join("advm"), std::io::Error::new(std::io::ErrorKind::PermissionDenied, why)));
         }
         let parent = own.join("advm");

@@ -140,11 +140,13 @@ mod tests {
         // Other pages of the same VMA (a neighbouring allocation) may be present too,
         // but never fewer than the three written here.
         assert!(m.anon.len() >= 3, "{} anonymous frames", m.anon.len());
+        if !crate::sys::pagemap::pfns_visible().unwrap_or(false) {
+            eprintln!("frames not checked: PFNs are hidden (needs CAP_SYS_ADMIN)");
+            return;
+        }
         let own: Vec<u64> = crate::stats::page_frames(region.range()).unwrap().into_iter().flatten().collect();
         assert_eq!(own.len(), 3, "only the written pages are present");
-        if crate::sys::pagemap::pfns_visible().unwrap_or(false) {
-            assert!(own.iter().all(|f| m.anon.contains(f)), "the written pages' frames are the mapping's");
-        }
+        assert!(own.iter().all(|f| m.anon.contains(f)), "the written pages' frames are the mapping's");
     }
 
     #[test]

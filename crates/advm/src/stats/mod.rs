@@ -230,8 +230,11 @@ impl Meter {
             }
             let process = Process::new(pid).map_err(|e| open_error(pid, "", e))?;
             let pagemap = open_pagemap(pid, &process).map_err(|e| match e {
-                // a kernel thread has no mm: its pagemap cannot be opened (ESRCH)
-                Error::NoSuchProcess { .. } => without_memory(pid, &process).unwrap_or(e),
+                // a kernel thread or zombie has no mm: its pagemap cannot be opened (ESRCH
+                // for root; EACCES for other users, whose ptrace check fails without one)
+                Error::NoSuchProcess { .. } | Error::PermissionDenied { .. } => {
+                    without_memory(pid, &process).unwrap_or(e)
+                }
                 e => e,
             })?;
             let dir = process.open_relative(".").map_err(|e| open_error(pid, "", e))?.into();
@@ -588,6 +591,28 @@ mod tests {
         assert_eq!(measure(&[pid], Options::default()).expect_err("a kernel thread").to_string(), want);
         assert_eq!(mappings::mapping_frames(pid).expect_err("a kernel thread").to_string(), want);
         assert!(!is_kernel_thread(&Process::myself().expect("self")));
+    }
+
+    /// The same for a user who may not read the thread's pagemap (uid 65534 when the
+    /// tests run as root): it was told "permission denied reading pagemap".
+    #[test]
+    fn a_kernel_thread_is_named_as_one_to_other_users_too() {
+        let Some(pid) = (2..64).find(|&p| Process::new(p).is_ok_and(|pr| is_kernel_thread(&pr))) else {
+            eprintln!("skipped: no kernel thread visible in /proc here (a pid namespace)");
+            return;
+        };
+        let want = format!("process {pid} is a kernel thread: it has no user memory to measure");
+        let code = crate::sys::process::run_unprivileged(|| {
+            let got = measure(&[pid], Options::default()).map(|_| ()).map_err(|e| e.to_string());
+            if got == Err(want.clone()) {
+                0
+            } else {
+                eprintln!("got {got:?}");
+                1
+            }
+        })
+        .unwrap();
+        assert_eq!(code, 0);
     }
 
     /// A zombie (exited, not reaped) is named as one, not as a process that does not

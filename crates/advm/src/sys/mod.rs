@@ -96,3 +96,8 @@ pub fn kernel_release() -> String {
 pub fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }
+
+/// This process's effective uid.
+pub fn euid() -> u32 {
+    rustix::process::geteuid().as_raw()
+}

@@ -46,6 +46,28 @@ pub fn fork_run(child: impl FnOnce() -> i32) -> SysResult<i32> {
     Ok(pid)
 }
 
+/// For tests of what an unprivileged user sees: runs `child` in a forked child as
+/// uid and gid 65534 (nobody) when this process is root, else in a forked child as
+/// this user; returns its exit code (100: the switch failed).
+#[cfg(test)]
+pub fn run_unprivileged(child: impl FnOnce() -> i32) -> SysResult<i32> {
+    wait_child(fork_unprivileged(child)?)
+}
+
+/// [`run_unprivileged`] without the wait: returns the child's pid.
+#[cfg(test)]
+pub fn fork_unprivileged(child: impl FnOnce() -> i32) -> SysResult<i32> {
+    fork_run(|| {
+        let switched = !super::is_root()
+            // SAFETY: plain syscalls in the single-threaded child, changing only its ids.
+            || unsafe { libc::setgroups(0, std::ptr::null()) == 0 && libc::setgid(65534) == 0 && libc::setuid(65534) == 0 };
+        if !switched {
+            return 100;
+        }
+        child()
+    })
+}
+
 /// Waits for child `pid`; returns its exit code, or 128 + the signal that killed it.
 pub fn wait_child(pid: i32) -> SysResult<i32> {
     let mut status = 0;

@@ -294,6 +294,9 @@ fn open_raw(nonblocking: bool) -> SysResult<(OwnedFd, Source)> {
         rustix::mm::userfaultfd(flags | UserfaultfdFlags::from_bits_retain(1 /* UFFD_USER_MODE_ONLY */))
     } {
         Ok(fd) => Ok((fd, Source::SyscallUserModeOnly)),
+        // Out of fds or memory says more than the first attempt's refusal (EPERM for a
+        // user without the privilege): it goes when they are freed.
+        Err(e) if super::out_of_resources(e.raw_os_error()) => Err(SysError::new("userfaultfd", e)),
         Err(_) => Err(SysError::new("userfaultfd", first)),
     }
 }
@@ -461,6 +464,35 @@ fn decode_msg(msg: &[u8; 32]) -> Event {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A user who gets only a user-mode-only userfaultfd, out of fds, is told EMFILE
+    /// (the pager says so and a later try works), not the first attempt's EPERM, which
+    /// the pager took for "no userfaultfd on this kernel" (ENOSYS from the C API).
+    #[test]
+    fn out_of_fds_is_reported_as_such_to_an_unprivileged_user() {
+        let code = super::super::process::run_unprivileged(|| {
+            if !matches!(open_raw(true), Ok((_, Source::SyscallUserModeOnly))) {
+                eprintln!("skipped: this user gets a full userfaultfd here, or none");
+                return 0;
+            }
+            let mut low = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+            low.current = Some(64);
+            if rustix::process::setrlimit(rustix::process::Resource::Nofile, low).is_err() {
+                return 3;
+            }
+            let held: Vec<_> = (0..64).map_while(|_| std::fs::File::open("/dev/null").ok()).collect();
+            let got = Userfaultfd::probe().map(|_| ()).map_err(|e| e.errno);
+            drop(held);
+            if got == Err(Errno::MFILE) {
+                0
+            } else {
+                eprintln!("got {got:?}");
+                1
+            }
+        })
+        .unwrap();
+        assert_eq!(code, 0);
+    }
 
     #[test]
     fn ioctl_numbers_match_the_kernel_header() {
