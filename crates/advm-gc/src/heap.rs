@@ -884,7 +884,9 @@ impl Mutator {
                 })
             }
         };
-        if size <= self.end - self.cur {
+        // Large objects never come from the buffer (one that fit its rest was placed
+        // among the small objects).
+        if size <= self.end - self.cur && size < self.heap.inner.large_bytes {
             let h = self.cur;
             self.cur += size;
             return Ok(self.init(h, size, nptrs));
