@@ -761,14 +761,18 @@ impl Inner {
         if let Ok(c) = &result {
             self.after_collection(c);
         }
+        // Recorded before the world restarts: a thread that waited for this collection
+        // reads its record as soon as it wakes (it read none, or the one before).
+        let result = result.map(|mut c| {
+            c.at_ns = at_ns;
+            c.allocated_before = allocated_before;
+            c.stop_ns = stop_ns;
+            c.pause_ns = t0.elapsed().as_nanos() as u64;
+            lock(&self.stats).record(c.clone());
+            c
+        });
         drop(restart);
-        let mut c = result?;
-        c.at_ns = at_ns;
-        c.allocated_before = allocated_before;
-        c.stop_ns = stop_ns;
-        c.pause_ns = t0.elapsed().as_nanos() as u64;
-        lock(&self.stats).record(c.clone());
-        Ok(c)
+        result
     }
 
     /// Generational mode, world stopped: a minor collection, then a major one when
