@@ -115,6 +115,34 @@ void *advm_gc_alloc(advm_gc *gc, size_t nptrs, size_t nbytes);
 int advm_gc_root(advm_gc *gc, void **slot);
 int advm_gc_unroot(advm_gc *gc, void **slot);
 
+/* Registers / forgets a weak slot: each collection reads *slot and rewrites it, but
+ * does not keep its object alive for it: it becomes NULL when the object died, else
+ * the object's new address. A full collection clears it when the object is reachable
+ * from no root, root slot, pinned object or live object; a minor one only when the
+ * object is young and was not kept (an old object lives on until the next full
+ * collection). Reloading the object from the slot makes it reachable again if stored
+ * in a root. The slot's rules are a root slot's (valid until unweak'd, outside the
+ * heap, NULL or an object); a slot may not be a root and weak at once. Both take
+ * constant time. -EINVAL: NULL, misaligned, inside the heap, already a root or weak
+ * slot (weak) or not a weak slot (unweak). */
+int advm_gc_weak(advm_gc *gc, void **slot);
+int advm_gc_unweak(advm_gc *gc, void **slot);
+
+/* Pins obj: until as many advm_gc_unpin calls as advm_gc_pin calls, no collection
+ * moves it and it is a root (it stays alive), so its address may be handed to C code
+ * or the kernel. Returns that address: obj itself, except for a young object of a
+ * generational heap, which is promoted first by a minor collection (every object may
+ * move then, as in advm_gc_alloc: reload them from their roots). Pin buffers at
+ * least large_object_bytes long (old at birth: no collection), or pin young objects
+ * in one go after a minor collection. Compaction slides the other objects around a
+ * pinned one; the space below it that they do not fill stays free while it is pinned,
+ * and a generational heap with a pinned small object compacts its old generation
+ * where it lies (no copy_back). NULL with errno EINVAL: obj is not an object of this
+ * heap; as advm_gc_collect when the promotion's collection fails. */
+void *advm_gc_pin(advm_gc *gc, void *obj);
+/* -EINVAL: obj is not a pinned object of this heap. */
+int advm_gc_unpin(advm_gc *gc, void *obj);
+
 /* Runs a collection now: full nonzero, a full mark-compact (on a generational heap a
  * major collection: a minor one, then the old generation's); 0, a minor collection
  * (a full one on a non-generational heap). A root slot that holds something other
