@@ -230,8 +230,10 @@ impl LiveMap {
         free
     }
 
-    /// Granules added below granule `g` for pinned objects.
-    #[inline]
+    /// Granules added below granule `g` for pinned objects. Not inlined: kept out of
+    /// [`LiveMap::to`]'s code, which every pointer of a compaction goes through (inlined,
+    /// the move phase of gcbench's 0.7 MiB heap took 15 µs instead of 11 with no pin).
+    #[inline(never)]
     fn pad(&self, g: usize) -> usize {
         match self.pads.partition_point(|p| p.0 <= g) {
             0 => 0,
@@ -263,8 +265,9 @@ impl LiveMap {
     #[inline]
     fn to(&self, h: usize) -> usize {
         let g = (h - self.base) / ALIGN;
-        let pad = if self.pads.is_empty() { 0 } else { self.pad(g) };
-        self.to + ALIGN * (self.below(g) + pad)
+        let below = self.below(g);
+        let below = if self.pads.is_empty() { below } else { below + self.pad(g) };
+        self.to + ALIGN * below
     }
 
     /// The address of the first unmarked granule from the bottom (the end of the dense
