@@ -8,8 +8,10 @@
  * (void **)obj + nptrs; all zeroed. Objects move at every collection, which any
  * advm_gc_alloc or advm_gc_collect may run: keep every object you still need in a
  * registered root slot (or in a slot of an object reachable from one) and reload it
- * from there after each such call. Objects of at least the large-object size start on
- * a page boundary and are moved by remapping their pages ("remap" engine).
+ * from there after each such call (a pinned object excepted: advm_gc_pin). Weak slots
+ * (advm_gc_weak) follow their object without keeping it alive. Objects of at least
+ * the large-object size start on a page boundary and are moved by remapping their
+ * pages ("remap" engine).
  *
  * Generational heaps (advm_gc_new_with): store pointers into objects with
  * advm_gc_store, never by writing a slot directly: its write barrier remembers old
