@@ -697,7 +697,14 @@ pub(crate) fn full(inner: &Inner, why: &str) -> Result<Collection> {
     c.live_objects = mark(&mem, &marks, &root_vals, &inner.pool, threads);
     // Weak roots whose objects were not marked are cleared; the others are adjusted
     // with the roots below.
-    crate::heap::update_weak(&mut weak, &roots.weak_slots, |p| if marks.marked(&mem, p - HDR) { p } else { 0 });
+    crate::heap::update_weak(&mut weak, &roots.weak_slots, |p| {
+        if marks.marked(&mem, p - HDR) {
+            p
+        } else {
+            c.weak_cleared += 1;
+            0
+        }
+    });
     c.mark_ns = t.elapsed().as_nanos() as u64;
 
     let t = Instant::now();

@@ -865,6 +865,7 @@ impl Inner {
             c.objects_memmove += minor.objects_memmove;
             c.bytes_memmove += minor.bytes_memmove;
             c.bytes_freed_pages += minor.bytes_freed_pages;
+            c.weak_cleared += minor.weak_cleared;
             c.mark_ns += minor.mark_ns;
             self.remembered.clear();
             let live = lock(&self.alloc).old(&self.mem);

@@ -69,17 +69,14 @@ pub(crate) fn minor(inner: &Inner, why: &str) -> Result<Collection> {
     }
     // Weak roots of young objects: the copy's address, or null when it was not kept.
     let mut weak: Vec<MutexGuard<'_, Vec<usize>>> = roots.weak_stacks.iter().map(|s| lock(s)).collect();
-    update_weak(
-        &mut weak,
-        &roots.weak_slots,
-        |p| {
-            if mem.nursery.contains_object(p) {
-                mem.load(p - HDR + 8)
-            } else {
-                p
-            }
-        },
-    );
+    update_weak(&mut weak, &roots.weak_slots, |p| {
+        if !mem.nursery.contains_object(p) {
+            return p;
+        }
+        let to = mem.load(p - HDR + 8);
+        c.weak_cleared += u64::from(to == 0);
+        to
+    });
     drop(weak);
     let (objects, bytes) = (copy.objects, copy.bytes);
     c.mark_ns = t.elapsed().as_nanos() as u64;

@@ -58,7 +58,7 @@ fn a_weak_slot_follows_a_live_object_and_is_null_once_it_died() {
         let roots = [m.push_root(Some(small)), m.push_root(Some(large))];
         let weak: Vec<usize> = [small, large, dead_small, dead_large].iter().map(|&o| m.push_weak(Some(o))).collect();
         let before = (small.addr(), large.addr());
-        m.collect().unwrap();
+        assert_eq!(m.collect().unwrap().weak_cleared, 2, "{name}: the two dead objects' slots");
         assert_eq!(m.weak(weak[0]), m.root(roots[0]), "{name}: small live");
         assert_eq!(m.weak(weak[1]), m.root(roots[1]), "{name}: large live");
         assert_ne!((m.root(roots[0]).unwrap().addr(), m.root(roots[1]).unwrap().addr()), before, "{name}: moved");
@@ -68,7 +68,7 @@ fn a_weak_slot_follows_a_live_object_and_is_null_once_it_died() {
         assert_filled(&m, m.weak(weak[1]).unwrap(), LARGE, 2);
         // Dropping the last root: the next collection clears the slot.
         m.set_root(roots[0], None);
-        m.collect().unwrap();
+        assert_eq!(m.collect().unwrap().weak_cleared, 1);
         assert_eq!(m.weak(weak[0]), None, "{name}: small dead after its root went");
         assert!(m.weak(weak[1]).is_some());
     }
@@ -93,6 +93,7 @@ fn a_minor_collection_clears_weak_slots_of_young_objects_it_does_not_keep() {
         let w: Vec<usize> = [young_live, young_dead, old_dead].iter().map(|&o| m.push_weak(Some(o))).collect();
         let c = m.collect_minor().unwrap();
         assert_eq!(c.kind, "minor");
+        assert_eq!(c.weak_cleared, 1, "the young dead object's slot");
         assert_eq!(m.weak(w[0]), m.root(r));
         assert_ne!(m.weak(w[0]).unwrap().addr(), young_live.addr(), "promoted");
         assert_filled(&m, m.weak(w[0]).unwrap(), 64, 5);
