@@ -112,8 +112,8 @@ void *advm_gc_alloc(advm_gc *gc, size_t nptrs, size_t nbytes);
  * its object moves. The slot must stay valid until unrooted (a slot on the C stack is
  * unrooted before its function returns) and lie outside the heap (an object's slot
  * moves with it). Both take constant time, however many slots are registered.
- * -EINVAL: NULL, misaligned, inside the heap, already a root (root) or not a root
- * (unroot). */
+ * -EINVAL: NULL, misaligned, inside the heap, already a root or weak slot (root) or
+ * not a root (unroot). */
 int advm_gc_root(advm_gc *gc, void **slot);
 int advm_gc_unroot(advm_gc *gc, void **slot);
 
