@@ -8,8 +8,10 @@
  * (void **)obj + nptrs; all zeroed. Objects move at every collection, which any
  * advm_gc_alloc or advm_gc_collect may run: keep every object you still need in a
  * registered root slot (or in a slot of an object reachable from one) and reload it
- * from there after each such call. Objects of at least the large-object size start on
- * a page boundary and are moved by remapping their pages ("remap" engine).
+ * from there after each such call (a pinned object excepted: advm_gc_pin). Weak slots
+ * (advm_gc_weak) follow their object without keeping it alive. Objects of at least
+ * the large-object size start on a page boundary and are moved by remapping their
+ * pages ("remap" engine).
  *
  * Generational heaps (advm_gc_new_with): store pointers into objects with
  * advm_gc_store, never by writing a slot directly: its write barrier remembers old
@@ -110,10 +112,38 @@ void *advm_gc_alloc(advm_gc *gc, size_t nptrs, size_t nbytes);
  * its object moves. The slot must stay valid until unrooted (a slot on the C stack is
  * unrooted before its function returns) and lie outside the heap (an object's slot
  * moves with it). Both take constant time, however many slots are registered.
- * -EINVAL: NULL, misaligned, inside the heap, already a root (root) or not a root
- * (unroot). */
+ * -EINVAL: NULL, misaligned, inside the heap, already a root or weak slot (root) or
+ * not a root (unroot). */
 int advm_gc_root(advm_gc *gc, void **slot);
 int advm_gc_unroot(advm_gc *gc, void **slot);
+
+/* Registers / forgets a weak slot: each collection reads *slot and rewrites it, but
+ * does not keep its object alive for it: it becomes NULL when the object died, else
+ * the object's new address. A full collection clears it when the object is reachable
+ * from no root, root slot, pinned object or live object; a minor one only when the
+ * object is young and was not kept (an old object lives on until the next full
+ * collection). Reloading the object from the slot makes it reachable again if stored
+ * in a root. The slot's rules are a root slot's (valid until unweak'd, outside the
+ * heap, NULL or an object); a slot may not be a root and weak at once. Both take
+ * constant time. -EINVAL: NULL, misaligned, inside the heap, already a root or weak
+ * slot (weak) or not a weak slot (unweak). */
+int advm_gc_weak(advm_gc *gc, void **slot);
+int advm_gc_unweak(advm_gc *gc, void **slot);
+
+/* Pins obj: until as many advm_gc_unpin calls as advm_gc_pin calls, no collection
+ * moves it and it is a root (it stays alive), so its address may be handed to C code
+ * or the kernel. Returns that address: obj itself, except for a young object of a
+ * generational heap, which is promoted first by a minor collection (every object may
+ * move then, as in advm_gc_alloc: reload them from their roots). Pin buffers at
+ * least large_object_bytes long (old at birth: no collection), or pin young objects
+ * in one go after a minor collection. Compaction slides the other objects around a
+ * pinned one; the space below it that they do not fill stays free while it is pinned,
+ * and a generational heap with a pinned small object compacts its old generation
+ * where it lies (no copy_back). NULL with errno EINVAL: obj is not an object of this
+ * heap; as advm_gc_collect when the promotion's collection fails. */
+void *advm_gc_pin(advm_gc *gc, void *obj);
+/* -EINVAL: obj is not a pinned object of this heap. */
+int advm_gc_unpin(advm_gc *gc, void *obj);
 
 /* Runs a collection now: full nonzero, a full mark-compact (on a generational heap a
  * major collection: a minor one, then the old generation's); 0, a minor collection

@@ -303,6 +303,64 @@ pub unsafe extern "C" fn advm_gc_unroot(gc: *mut AdvmGc, slot: *mut *mut c_void)
     })
 }
 
+/// `int advm_gc_weak(advm_gc *, void **slot)`: registers a weak slot.
+///
+/// # Safety
+/// `gc` is NULL or a live handle; `slot` stays valid until unweak'd and holds NULL or an object of this heap whenever a call on the heap runs.
+#[no_mangle]
+pub unsafe extern "C" fn advm_gc_weak(gc: *mut AdvmGc, slot: *mut *mut c_void) -> c_int {
+    call(|| {
+        let g = handle(gc)?;
+        // SAFETY: the header's contract for weak slots is the one add_weak_slot states.
+        unsafe { g.heap.add_weak_slot(slot) }?;
+        Ok(0)
+    })
+}
+
+/// `int advm_gc_unweak(advm_gc *, void **slot)`.
+///
+/// # Safety
+/// `gc` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn advm_gc_unweak(gc: *mut AdvmGc, slot: *mut *mut c_void) -> c_int {
+    call(|| {
+        handle(gc)?.heap.remove_weak_slot(slot)?;
+        Ok(0)
+    })
+}
+
+/// `void *advm_gc_pin(advm_gc *, void *obj)`: pins `obj`; returns its address, which
+/// stays until it is unpinned (a young object's is new: pinning promotes it), or NULL
+/// with errno.
+///
+/// # Safety
+/// `gc` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn advm_gc_pin(gc: *mut AdvmGc, obj: *mut c_void) -> *mut c_void {
+    let mut out = std::ptr::null_mut();
+    call(|| {
+        let mut m = lock(handle(gc)?);
+        let o = m.object_at(obj as usize)?;
+        out = m.pin(o)?.addr() as *mut c_void;
+        Ok(0)
+    });
+    out
+}
+
+/// `int advm_gc_unpin(advm_gc *, void *obj)`: undoes one `advm_gc_pin`.
+///
+/// # Safety
+/// `gc` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn advm_gc_unpin(gc: *mut AdvmGc, obj: *mut c_void) -> c_int {
+    call(|| {
+        let mut m = lock(handle(gc)?);
+        let o = m.object_at(obj as usize)?;
+        m.unpin(o)?;
+        Ok(0)
+    })
+}
+
 /// `int advm_gc_collect(advm_gc *, int full)`: a full (major) collection, or with
 /// `full` 0 a minor one (full on a non-generational heap).
 ///

@@ -253,7 +253,8 @@ struct World {
     epoch: u64,
 }
 
-/// Roots: the mutators' root stacks and the slots C registered.
+/// Roots: the mutators' root stacks and the slots C registered; and the weak ones,
+/// which a collection reads and rewrites but does not mark from.
 #[derive(Debug, Default)]
 pub(crate) struct Roots {
     pub(crate) stacks: Vec<Arc<Mutex<Vec<usize>>>>,
@@ -262,6 +263,35 @@ pub(crate) struct Roots {
     /// the same with 100,000 registered as with 10 (a search of `slots` made 50,000
     /// roots registered and forgotten take 11 s).
     slot_index: std::collections::HashMap<usize, usize>,
+    /// The mutators' weak root stacks.
+    pub(crate) weak_stacks: Vec<Arc<Mutex<Vec<usize>>>>,
+    /// Weak slots C registered, indexed by address as `slots` are.
+    pub(crate) weak_slots: Vec<Slot>,
+    weak_index: std::collections::HashMap<usize, usize>,
+}
+
+/// Calls `f` on every non-null weak root (the mutators' weak stacks, locked, and C's
+/// weak slots) and stores what it returns: null when the object died, its new
+/// address when it moved.
+pub(crate) fn update_weak(
+    stacks: &mut [MutexGuard<'_, Vec<usize>>],
+    slots: &[Slot],
+    mut f: impl FnMut(usize) -> usize,
+) {
+    for s in stacks.iter_mut() {
+        for v in s.iter_mut().filter(|v| **v != 0) {
+            *v = f(*v);
+        }
+    }
+    for s in slots {
+        let v = s.load();
+        if v != 0 {
+            let n = f(v);
+            if n != v {
+                s.store(n);
+            }
+        }
+    }
 }
 
 pub(crate) struct Inner {
@@ -291,6 +321,9 @@ pub(crate) struct Inner {
     pub(crate) paged: Option<PagedSpaces>,
     pub(crate) alloc: Mutex<Alloc>,
     pub(crate) roots: Mutex<Roots>,
+    /// Pinned objects (their addresses, ascending) and how many times each is pinned:
+    /// roots that a collection leaves where they are.
+    pub(crate) pins: Mutex<std::collections::BTreeMap<usize, usize>>,
     pub(crate) stats: Mutex<crate::stats::Record>,
     pub(crate) free_hook: Mutex<Option<FreeHook>>,
     pub(crate) generational: Option<Generational>,
@@ -461,6 +494,7 @@ impl Heap {
             paged,
             alloc: Mutex::new(alloc),
             roots: Mutex::new(Roots::default()),
+            pins: Mutex::new(Default::default()),
             stats: Mutex::new(crate::stats::Record::new(cfg.history_limit)),
             free_hook: Mutex::new(free_hook),
             generational: cfg.generational,
@@ -528,8 +562,13 @@ impl Heap {
         w.attached += 1;
         drop(w);
         let roots = Arc::new(Mutex::new(Vec::new()));
-        lock(&self.inner.roots).stacks.push(roots.clone());
-        Mutator { heap: self.clone(), cur: 0, end: 0, roots }
+        let weak = Arc::new(Mutex::new(Vec::new()));
+        {
+            let mut r = lock(&self.inner.roots);
+            r.stacks.push(roots.clone());
+            r.weak_stacks.push(weak.clone());
+        }
+        Mutator { heap: self.clone(), cur: 0, end: 0, roots, weak }
     }
 
     /// Runs a full collection from a thread that is not a mutator (it waits until every
@@ -559,7 +598,33 @@ impl Heap {
     /// write it while a collection runs.
     #[allow(unsafe_code)] // forwards the slot contract to the caller; no unsafe op here
     pub unsafe fn add_root_slot(&self, slot: *mut *mut std::ffi::c_void) -> Result<()> {
-        let a = slot as usize;
+        self.add_slot(slot as usize, false)
+    }
+
+    /// Forgets a root slot registered with [`Heap::add_root_slot`].
+    pub fn remove_root_slot(&self, slot: *mut *mut std::ffi::c_void) -> Result<()> {
+        self.remove_slot(slot as usize, false)
+    }
+
+    /// Registers a weak slot in the program's memory: each collection reads it, does
+    /// not keep its object alive for it, and rewrites it: null when the object died,
+    /// its new address when it moved. (A minor collection clears it only when the
+    /// object was young and is not kept; a full one whenever the object is
+    /// unreachable from the roots.)
+    ///
+    /// # Safety
+    /// As [`Heap::add_root_slot`], until [`Heap::remove_weak_slot`].
+    #[allow(unsafe_code)] // forwards the slot contract to the caller; no unsafe op here
+    pub unsafe fn add_weak_slot(&self, slot: *mut *mut std::ffi::c_void) -> Result<()> {
+        self.add_slot(slot as usize, true)
+    }
+
+    /// Forgets a weak slot registered with [`Heap::add_weak_slot`].
+    pub fn remove_weak_slot(&self, slot: *mut *mut std::ffi::c_void) -> Result<()> {
+        self.remove_slot(slot as usize, true)
+    }
+
+    fn add_slot(&self, a: usize, weak: bool) -> Result<()> {
         if a == 0 || a % std::mem::align_of::<usize>() != 0 {
             return Err(Error::InvalidArgument { what: "slot", why: format!("{a:#x} is null or not word aligned") });
         }
@@ -571,26 +636,31 @@ impl Heap {
             });
         }
         let mut r = lock(&self.inner.roots);
-        let at = r.slots.len();
-        if let std::collections::hash_map::Entry::Vacant(e) = r.slot_index.entry(a) {
-            e.insert(at);
-        } else {
-            return Err(Error::InvalidArgument { what: "slot", why: format!("{a:#x} is already a root") });
+        if r.slot_index.contains_key(&a) || r.weak_index.contains_key(&a) {
+            return Err(Error::InvalidArgument { what: "slot", why: format!("{a:#x} is already a root or weak slot") });
         }
-        r.slots.push(Slot(a));
+        let r = &mut *r;
+        let (slots, index) =
+            if weak { (&mut r.weak_slots, &mut r.weak_index) } else { (&mut r.slots, &mut r.slot_index) };
+        index.insert(a, slots.len());
+        slots.push(Slot(a));
         Ok(())
     }
 
-    /// Forgets a root slot registered with [`Heap::add_root_slot`].
-    pub fn remove_root_slot(&self, slot: *mut *mut std::ffi::c_void) -> Result<()> {
-        let a = slot as usize;
+    fn remove_slot(&self, a: usize, weak: bool) -> Result<()> {
         let mut r = lock(&self.inner.roots);
-        let Some(i) = r.slot_index.remove(&a) else {
-            return Err(Error::InvalidArgument { what: "slot", why: format!("{a:#x} is not a registered root") });
+        let r = &mut *r;
+        let (slots, index, what) = if weak {
+            (&mut r.weak_slots, &mut r.weak_index, "a registered weak slot")
+        } else {
+            (&mut r.slots, &mut r.slot_index, "a registered root")
         };
-        r.slots.swap_remove(i);
-        if let Some(moved) = r.slots.get(i).map(|s| s.0) {
-            r.slot_index.insert(moved, i);
+        let Some(i) = index.remove(&a) else {
+            return Err(Error::InvalidArgument { what: "slot", why: format!("{a:#x} is not {what}") });
+        };
+        slots.swap_remove(i);
+        if let Some(moved) = slots.get(i).map(|s| s.0) {
+            index.insert(moved, i);
         }
         Ok(())
     }
@@ -682,17 +752,22 @@ impl Inner {
         let a = lock(&self.alloc);
         let roots = lock(&self.roots);
         let bad = |p: usize| p != 0 && self.object_header(&a, p).is_none();
-        for s in &roots.stacks {
+        for (s, what) in
+            roots.stacks.iter().map(|s| (s, "root")).chain(roots.weak_stacks.iter().map(|s| (s, "weak root")))
+        {
             if let Some(p) = lock(s).iter().copied().find(|&p| bad(p)) {
-                return Err(Error::BadRoot(format!("a mutator's root holds {p:#x}, not an object of this heap")));
+                return Err(Error::BadRoot(format!("a mutator's {what} holds {p:#x}, not an object of this heap")));
             }
         }
-        if let Some(s) = roots.slots.iter().find(|s| bad(s.load())) {
-            return Err(Error::BadRoot(format!(
-                "root slot {:#x} holds {:#x}, not an object of this heap",
-                s.0,
-                s.load()
-            )));
+        let slots = roots.slots.iter().map(|s| (s, "root")).chain(roots.weak_slots.iter().map(|s| (s, "weak")));
+        for (s, what) in slots {
+            if bad(s.load()) {
+                return Err(Error::BadRoot(format!(
+                    "{what} slot {:#x} holds {:#x}, not an object of this heap",
+                    s.0,
+                    s.load()
+                )));
+            }
         }
         Ok(())
     }
@@ -761,14 +836,18 @@ impl Inner {
         if let Ok(c) = &result {
             self.after_collection(c);
         }
+        // Recorded before the world restarts: a thread that waited for this collection
+        // reads its record as soon as it wakes (it read none, or the one before).
+        let result = result.map(|mut c| {
+            c.at_ns = at_ns;
+            c.allocated_before = allocated_before;
+            c.stop_ns = stop_ns;
+            c.pause_ns = t0.elapsed().as_nanos() as u64;
+            lock(&self.stats).record(c.clone());
+            c
+        });
         drop(restart);
-        let mut c = result?;
-        c.at_ns = at_ns;
-        c.allocated_before = allocated_before;
-        c.stop_ns = stop_ns;
-        c.pause_ns = t0.elapsed().as_nanos() as u64;
-        lock(&self.stats).record(c.clone());
-        Ok(c)
+        result
     }
 
     /// Generational mode, world stopped: a minor collection, then a major one when
@@ -786,6 +865,7 @@ impl Inner {
             c.objects_memmove += minor.objects_memmove;
             c.bytes_memmove += minor.bytes_memmove;
             c.bytes_freed_pages += minor.bytes_freed_pages;
+            c.weak_cleared += minor.weak_cleared;
             c.mark_ns += minor.mark_ns;
             self.remembered.clear();
             let live = lock(&self.alloc).old(&self.mem);
@@ -848,6 +928,7 @@ pub struct Mutator {
     cur: usize,
     end: usize,
     roots: Arc<Mutex<Vec<usize>>>,
+    weak: Arc<Mutex<Vec<usize>>>,
 }
 
 impl std::fmt::Debug for Mutator {
@@ -884,7 +965,9 @@ impl Mutator {
                 })
             }
         };
-        if size <= self.end - self.cur {
+        // Large objects never come from the buffer (one that fit its rest was placed
+        // among the small objects).
+        if size <= self.end - self.cur && size < self.heap.inner.large_bytes {
             let h = self.cur;
             self.cur += size;
             return Ok(self.init(h, size, nptrs));
@@ -1108,6 +1191,88 @@ impl Mutator {
         lock(&self.roots).truncate(n);
     }
 
+    /// Pushes a weak root slot holding `o`; returns its index. A weak slot does not
+    /// keep its object alive: after a collection it holds the object's new address,
+    /// or null when the object died (see [`Heap::add_weak_slot`] for when).
+    pub fn push_weak(&mut self, o: Option<Obj>) -> usize {
+        if let Some(o) = o {
+            self.heap.inner.checked(o);
+        }
+        let mut w = lock(&self.weak);
+        w.push(o.map_or(0, |o| o.0));
+        w.len() - 1
+    }
+
+    /// The object in weak slot `i` (null once it died; panics when `i` is not a slot).
+    pub fn weak(&self, i: usize) -> Option<Obj> {
+        let v = lock(&self.weak)[i];
+        (v != 0).then(|| self.heap.inner.obj(v))
+    }
+
+    /// Stores into weak slot `i`.
+    pub fn set_weak(&mut self, i: usize, o: Option<Obj>) {
+        if let Some(o) = o {
+            self.heap.inner.checked(o);
+        }
+        lock(&self.weak)[i] = o.map_or(0, |o| o.0);
+    }
+
+    /// Weak slots.
+    pub fn weak_len(&self) -> usize {
+        lock(&self.weak).len()
+    }
+
+    /// Drops weak slots from index `n` on.
+    pub fn truncate_weak(&mut self, n: usize) {
+        lock(&self.weak).truncate(n);
+    }
+
+    /// Pins `o`: until as many [`Mutator::unpin`] calls as pins, it is a root and no
+    /// collection moves it, so its address may be handed to C code or the kernel.
+    /// Returns the object, which is `o` except for a young object of a generational
+    /// heap: pinning one first runs a minor collection (the nursery is emptied by
+    /// every collection, so a pinned object must be old), which moves it, and every
+    /// other young object, once more. Compaction slides the other objects around
+    /// pinned ones (the space below a pinned object that its lower neighbours do not
+    /// fill stays free until it is unpinned), and a generational heap with a pinned
+    /// small object compacts its old generation where it lies (no copy-back).
+    pub fn pin(&mut self, o: Obj) -> Result<Obj> {
+        self.heap.inner.checked(o);
+        let inner = self.heap.inner.clone();
+        let o = if inner.mem.nursery.contains_object(o.0) {
+            let r = self.push_root(Some(o));
+            let done = self.collect_minor();
+            let o = self.root(r).expect("a root keeps its object");
+            self.truncate_roots(r);
+            done?;
+            o
+        } else {
+            o
+        };
+        *lock(&inner.pins).entry(o.0).or_insert(0) += 1;
+        Ok(o)
+    }
+
+    /// Undoes one [`Mutator::pin`] of the object at `o`'s address (a pinned object's
+    /// address does not change, so an `o` read before a collection still names it).
+    /// [`Error::InvalidArgument`] when it is not pinned.
+    pub fn unpin(&mut self, o: Obj) -> Result<()> {
+        let mut pins = lock(&self.heap.inner.pins);
+        match pins.get_mut(&o.0) {
+            Some(n) if *n > 1 => *n -= 1,
+            Some(_) => {
+                pins.remove(&o.0);
+            }
+            None => return Err(Error::InvalidArgument { what: "object", why: format!("{:#x} is not pinned", o.0) }),
+        }
+        Ok(())
+    }
+
+    /// Times the object at `o`'s address is pinned (0: not pinned).
+    pub fn pin_count(&self, o: Obj) -> usize {
+        lock(&self.heap.inner.pins).get(&o.0).copied().unwrap_or(0)
+    }
+
     /// The object at `addr` (a C `void *`), checked to be one of this heap's: its
     /// header lies in the used part of a space and fits there (an address inside an
     /// object whose bytes look like a header may still pass).
@@ -1224,7 +1389,11 @@ impl Mutator {
 impl Drop for Mutator {
     fn drop(&mut self) {
         let inner = self.heap.inner.clone();
-        lock(&inner.roots).stacks.retain(|s| !Arc::ptr_eq(s, &self.roots));
+        {
+            let mut r = lock(&inner.roots);
+            r.stacks.retain(|s| !Arc::ptr_eq(s, &self.roots));
+            r.weak_stacks.retain(|s| !Arc::ptr_eq(s, &self.weak));
+        }
         // Under the world lock no collection can start; one already stopping waits
         // for this thread, which takes part as a stopped mutator first.
         let mut w = lock(&inner.world);

@@ -10,8 +10,8 @@ use std::time::Instant;
 use advm::mem::{page_align_up, page_size, PageRange, Reservation};
 
 use crate::collect::GRANULE;
-use crate::heap::{lock, nptrs_of, size_of, Alloc, Inner, HDR};
-use crate::raw::{Slot, Span};
+use crate::heap::{lock, nptrs_of, size_of, update_weak, Alloc, Inner, Roots, HDR};
+use crate::raw::Span;
 use crate::stats::Collection;
 use crate::{Error, Result};
 
@@ -25,7 +25,7 @@ pub(crate) fn minor(inner: &Inner, why: &str) -> Result<Collection> {
     if inner.verify {
         // Before copying: the nursery parses and the barrier recorded every old slot
         // that points into it.
-        crate::verify::check(inner, &alloc, &roots).map_err(Error::Corrupt)?;
+        crate::verify::check(inner, &alloc, &roots, false).map_err(Error::Corrupt)?;
     }
     let mut stacks: Vec<MutexGuard<'_, Vec<usize>>> = roots.stacks.iter().map(|s| lock(s)).collect();
     let index = lock(&inner.stats).totals.collections + 1;
@@ -67,6 +67,17 @@ pub(crate) fn minor(inner: &Inner, why: &str) -> Result<Collection> {
         }
         a += size_of(h0);
     }
+    // Weak roots of young objects: the copy's address, or null when it was not kept.
+    let mut weak: Vec<MutexGuard<'_, Vec<usize>>> = roots.weak_stacks.iter().map(|s| lock(s)).collect();
+    update_weak(&mut weak, &roots.weak_slots, |p| {
+        if !mem.nursery.contains_object(p) {
+            return p;
+        }
+        let to = mem.load(p - HDR + 8);
+        c.weak_cleared += u64::from(to == 0);
+        to
+    });
+    drop(weak);
     let (objects, bytes) = (copy.objects, copy.bytes);
     c.mark_ns = t.elapsed().as_nanos() as u64;
     c.move_ns = c.mark_ns;
@@ -85,7 +96,7 @@ pub(crate) fn minor(inner: &Inner, why: &str) -> Result<Collection> {
     }
     drop(stacks);
     if inner.verify {
-        crate::verify::check(inner, &alloc, &roots).map_err(Error::Corrupt)?;
+        crate::verify::check(inner, &alloc, &roots, false).map_err(Error::Corrupt)?;
     }
     Ok(c)
 }
@@ -233,7 +244,8 @@ pub(crate) fn copy_back(
     inner: &Inner,
     alloc: &mut Alloc,
     stacks: &mut [MutexGuard<'_, Vec<usize>>],
-    slots: &[Slot],
+    weak: &mut [MutexGuard<'_, Vec<usize>>],
+    roots: &Roots,
 ) -> u64 {
     let mem = inner.mem;
     let (base, from, top) = (mem.small.base, alloc.small_bottom, alloc.small_top);
@@ -266,9 +278,10 @@ pub(crate) fn copy_back(
             *v = moved(*v);
         }
     }
-    for s in slots {
+    for s in &roots.slots {
         s.store(moved(s.load()));
     }
+    update_weak(weak, &roots.weak_slots, moved);
     for s in alloc.starts.iter_mut() {
         *s -= shift;
     }

@@ -58,6 +58,10 @@ pub struct Collection {
     pub copy_back_ns: u64,
     /// Live objects.
     pub live_objects: u64,
+    /// Weak slots this collection set to null (their objects died): a runtime that
+    /// watches weak slots for dead objects (finalization) looks at them only when
+    /// this is not 0.
+    pub weak_cleared: u64,
     /// Bytes of the small space's dense prefix: the live objects below the first
     /// gap, which kept their place and were neither forwarded nor moved.
     pub bytes_in_place: u64,

@@ -1,7 +1,8 @@
 //! The heap verifier: every object's header is sane, the spaces (and the nursery)
 //! parse from bottom to top, the recorded object starts are objects, no mark or forwarding word is left, every pointer (slots
-//! and roots) is null or the start of an object of this heap, and every slot outside
-//! the nursery that points into it is in the write barrier's remembered set.
+//! and roots, weak ones included) is null or the start of an object of this heap,
+//! every pinned object is an old object, and every slot outside the nursery that
+//! points into it is in the write barrier's remembered set.
 
 use std::collections::HashSet;
 
@@ -10,8 +11,13 @@ use advm::mem::page_size;
 use crate::heap::{large_align, nptrs_of, size_of, Alloc, Inner, Roots, ALIGN, HDR, MARK};
 
 /// Checks the heap with the world stopped; the error names the first broken rule.
-pub(crate) fn check(inner: &Inner, alloc: &Alloc, roots: &Roots) -> Result<(), String> {
+/// `compacted`: right after a full collection, when large objects lie one after the
+/// other (aligned) except that a pinned one may have free space below it. At other
+/// times a large object may also follow free space that a pinned object left, unpinned
+/// since.
+pub(crate) fn check(inner: &Inner, alloc: &Alloc, roots: &Roots, compacted: bool) -> Result<(), String> {
     let mem = &inner.mem;
+    let pins = crate::heap::lock(&inner.pins);
     let mut objects: Vec<usize> = Vec::new();
     for (bottom, top) in [(alloc.small_bottom, alloc.small_top), (mem.nursery.base, alloc.nursery_top)] {
         let mut a = bottom;
@@ -44,7 +50,8 @@ pub(crate) fn check(inner: &Inner, alloc: &Alloc, roots: &Roots) -> Result<(), S
     for &h in &alloc.large {
         let h0 = mem.load(h);
         let size = size_of(h0);
-        if h < end || h >= end + large_align(size) {
+        let gap_allowed = !compacted || pins.contains_key(&(h + HDR));
+        if h < end || (h >= end + large_align(size) && !gap_allowed) {
             return Err(format!("large object {:#x} is not next after the previous one ({end:#x})", h + HDR));
         }
         if h % large_align(size) != 0 || size % page_size() != 0 || size < inner.large_bytes {
@@ -87,7 +94,7 @@ pub(crate) fn check(inner: &Inner, alloc: &Alloc, roots: &Roots) -> Result<(), S
             }
         }
     }
-    for s in &roots.stacks {
+    for s in roots.stacks.iter().chain(&roots.weak_stacks) {
         for &p in crate::heap::lock(s).iter() {
             if !valid(p) {
                 return Err(format!(
@@ -101,9 +108,14 @@ pub(crate) fn check(inner: &Inner, alloc: &Alloc, roots: &Roots) -> Result<(), S
             }
         }
     }
-    for s in &roots.slots {
+    for s in roots.slots.iter().chain(&roots.weak_slots) {
         if !valid(s.load()) {
-            return Err(format!("root slot {:#x} holds {:#x}, not an object", s.0, s.load()));
+            return Err(format!("root or weak slot {:#x} holds {:#x}, not an object", s.0, s.load()));
+        }
+    }
+    for &p in pins.keys() {
+        if !set.contains(&p) || mem.nursery.contains_object(p) {
+            return Err(format!("pinned {p:#x} is not an old object"));
         }
     }
     Ok(())

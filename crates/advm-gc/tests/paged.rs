@@ -247,3 +247,47 @@ fn an_old_generation_compacted_in_place_faults_no_page_for_its_to_space() {
     assert!(faulted[0] >= live_pages * 9 / 10, "the drift's to-space is faulted in: {faulted:?}");
     assert!(faulted[1] < 16, "in place: no page faulted for the to-space: {faulted:?}");
 }
+
+/// In pager regions (large objects move by memmove there) a pinned small and a pinned
+/// large object keep their addresses and bytes while the objects around them slide,
+/// and a weak slot to a dead object is cleared.
+#[test]
+fn pinned_objects_and_weak_slots_in_pager_regions() {
+    let Some(p) = pager(64 * MIB) else { return };
+    for g in [None, Some(Generational { policy: Policy::Original { ratio: 3.0, mem_limit: 4 * MIB }, copy_back: true })]
+    {
+        let heap = paged_heap(&p, 16 * MIB, g, true);
+        let mut m = heap.attach();
+        let mut pinned = Vec::new();
+        let mut above = Vec::new();
+        for n in [300, 20 * PAGE] {
+            let _garbage = m.alloc(0, n).unwrap();
+            let o = m.alloc(0, n).unwrap();
+            m.write_bytes(o, 0, &vec![0x5a; n]);
+            let o = m.pin(o).unwrap();
+            pinned.push((o.addr(), n));
+            let _garbage = m.alloc(0, n).unwrap();
+            let a = m.alloc(0, n).unwrap();
+            m.write_bytes(a, 0, &vec![0x6b; n]);
+            above.push((m.push_root(Some(a)), n));
+        }
+        let dead = m.alloc(0, 64).unwrap();
+        let w = m.push_weak(Some(dead));
+        for _ in 0..3 {
+            m.collect().unwrap();
+            for &(a, n) in &pinned {
+                let mut got = vec![0u8; n];
+                m.read_bytes(m.object_at(a).unwrap(), 0, &mut got);
+                assert!(got.iter().all(|&b| b == 0x5a), "pinned object at {a:#x}");
+            }
+            for &(r, n) in &above {
+                let mut got = vec![0u8; n];
+                m.read_bytes(m.root(r).unwrap(), 0, &mut got);
+                assert!(got.iter().all(|&b| b == 0x6b));
+            }
+            assert_eq!(m.weak(w), None);
+        }
+        let (a, n) = pinned[1];
+        assert_eq!(m.root(above[1].0).unwrap().addr(), a + (16 + n).next_multiple_of(PAGE), "slid to its end");
+    }
+}

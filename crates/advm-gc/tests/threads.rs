@@ -162,3 +162,34 @@ fn threads_attaching_detaching_and_storing_young_into_old_keep_their_data() {
         });
     }
 }
+
+/// Two threads ask for a collection at once on a fresh heap: the one that waits for
+/// the other's collection gets that collection's record. It read the record before
+/// the collecting thread wrote it (the world restarted first): on a heap's first
+/// collection that was `Corrupt("no collection recorded")`, which an allocation or
+/// a pin passed on as its own failure; later, the collection before.
+#[test]
+fn a_thread_that_waits_for_another_threads_collection_gets_its_record() {
+    within_30s("simultaneous collections", || {
+        for _ in 0..300 {
+            let h = heap(false);
+            let go = std::sync::Arc::new(std::sync::Barrier::new(2));
+            let threads: Vec<_> = (0..2)
+                .map(|_| {
+                    let (h, go) = (h.clone(), go.clone());
+                    std::thread::spawn(move || {
+                        let mut m = h.attach();
+                        go.wait();
+                        m.collect().map(|c| c.index)
+                    })
+                })
+                .collect();
+            let got: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+            let total = h.stats().collections;
+            for g in got {
+                let index = g.expect("a collection's record");
+                assert!(index >= 1 && index <= total, "record {index} of {total} collections");
+            }
+        }
+    });
+}
