@@ -255,7 +255,7 @@ fn pmem_backing(top: &Path, image: &Image, options: ImageOptions) -> Result<Pmem
         let t = std::time::Instant::now();
         match advm::image::service::fetch(&ch, top).and_then(|f| {
             let cached = f.cached;
-            PmemBacking::from_service(f, PMEM_ALIGN).map(|b| (b, cached))
+            PmemBacking::from_service(f, PMEM_ALIGN, &options).map(|b| (b, cached))
         }) {
             Ok((b, cached)) => {
                 eprintln!(

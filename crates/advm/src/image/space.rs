@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use serde::{Deserialize, Serialize};
 
 use super::resolve::ChainReader;
-use super::{current_len, ExtentKind, ExtentMap, GuestOffset, Image, ImageOptions, LayerOffset};
+use super::{current_len, hold_off_writers, ExtentKind, ExtentMap, GuestOffset, Image, ImageOptions, LayerOffset};
 use crate::mem::{self, Access, Assembly, Backing, Memfd, PageRange, Share};
 use crate::sys::fs::layer::{self, LeaseState};
 use crate::{Error, Result};
@@ -274,15 +274,17 @@ struct Watch {
 }
 
 impl Watch {
-    fn new(path: &Path, layer_file: &File, len: u64) -> Result<Self> {
-        let (file, leased) = match layer::reopen_read(layer_file) {
+    fn new(path: &Path, layer_file: &File, len: u64, force_share: bool) -> Result<Self> {
+        // Our own description (when the file can be reopened), holding QEMU's
+        // no-writers lock while mapped (see `hold_off_writers`).
+        let (file, leased) = match hold_off_writers(path, layer_file, force_share)? {
             // No lease when we may not take one (not the owner, or a writer has the
             // file open, or the filesystem has no leases): the size check remains.
-            Ok(f) => {
+            Some(f) => {
                 let leased = layer::take_read_lease(&f).is_ok();
                 (f, leased)
             }
-            Err(_) => (layer_file.try_clone().map_err(|e| crate::Error::io(path, e))?, false),
+            None => (layer_file.try_clone().map_err(|e| crate::Error::io(path, e))?, false),
         };
         Ok(Self { path: path.to_path_buf(), file, len, leased, broken: AtomicBool::new(false) })
     }
@@ -306,8 +308,10 @@ impl Watch {
         }
         if self.leased && layer::lease_state(&self.file)? == LeaseState::Broken {
             self.broken.store(true, Ordering::Relaxed);
-            // The writer need not wait out lease-break-time: we stop reading.
-            layer::release_lease(&self.file)?;
+            // The writer need not wait out lease-break-time: we stop reading. A writer
+            // that did wait it out has removed the lease already (releasing it then
+            // fails with EAGAIN): the refusal below is the answer either way.
+            let _ = layer::release_lease(&self.file);
             return Err(broken());
         }
         Ok(())
@@ -338,11 +342,12 @@ impl ImageSpace {
     pub fn map_image(image: &Image, options: &MapOptions) -> Result<Self> {
         let layers: Vec<LayerFile<'_>> =
             image.layers().iter().map(|l| LayerFile { path: l.path(), file: l.file(), len: l.file_len() }).collect();
-        Self::place(layout(image, options)?, &layers, options.writable)
+        Self::place(layout(image, options)?, &layers, options.writable, options.image.force_share)
     }
 
-    /// Maps a planned layout whose layer `depth` is `layers[depth]`.
-    pub(super) fn place(layout: Layout, layers: &[LayerFile<'_>], writable: bool) -> Result<Self> {
+    /// Maps a planned layout whose layer `depth` is `layers[depth]`; unless
+    /// `force_share`, QEMU writers are locked out of the mapped layers meanwhile.
+    pub(super) fn place(layout: Layout, layers: &[LayerFile<'_>], writable: bool, force_share: bool) -> Result<Self> {
         let Layout { pieces, memfd, mut stats, map, total } = layout;
         let path = layers[0].path.to_path_buf();
         let err = |why: String| Error::Image { path: path.clone(), why };
@@ -379,7 +384,7 @@ impl ImageSpace {
             .iter()
             .zip(&watched)
             .filter(|(_, w)| **w)
-            .map(|(l, _)| Watch::new(l.path, l.file, l.len))
+            .map(|(l, _)| Watch::new(l.path, l.file, l.len, force_share))
             .collect::<Result<Vec<_>>>()?;
         let space = Self { assembly, _memfd: memfd, watches, stats, map };
         // A layer truncated between opening and leasing is caught here.
