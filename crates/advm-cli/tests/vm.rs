@@ -246,6 +246,42 @@ fn run_follows_a_backing_file_outside_the_overlays_directory_when_allowed() {
     assert!(!okay && !e.contains("outside") && !e.contains("unexpected argument") && e.contains("QEMU"), "{e}");
 }
 
+/// `--disk blk` of a raw disk (no qcow2 at all, e.g. `qemu-img convert -O raw` of a
+/// chain) in a directory whose name has a comma: QEMU is told the top layer's format
+/// (it was always `format=qcow2`, and QEMU refused the raw file) and the comma is
+/// escaped (QEMU would split the option there). QEMU here is a script that records its
+/// arguments.
+#[test]
+fn blk_names_the_top_layers_format_and_escapes_commas_for_qemu() {
+    let d = dir("blk-raw");
+    let sub = d.0.join("vm,1");
+    std::fs::create_dir(&sub).unwrap();
+    for f in ["vmlinuz", "initrd.img"] {
+        std::fs::write(sub.join(f), b"k").unwrap();
+    }
+    std::fs::write(sub.join("disk.raw"), vec![0u8; 1 << 20]).unwrap();
+    let qemu = d.0.join("qemu");
+    let argv = d.0.join("argv");
+    std::fs::write(&qemu, format!("#!/bin/sh\nprintf '%s\\n' \"$@\" > {}\nexit 1\n", argv.display())).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&qemu, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let img = sub.join("disk.raw");
+    let out = Command::new(ADVM)
+        .args(["vm", "run", "--image", img.to_str().unwrap(), "--disk", "blk", "--accel", "tcg"])
+        .args(["--qemu", qemu.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&out.stderr);
+    if let Some(kept) = e.lines().find_map(|l| l.strip_prefix("advm vm run: console and logs kept in ")) {
+        let _ = std::fs::remove_dir_all(kept.trim());
+    }
+    assert!(!out.status.success() && e.contains("QEMU exited"), "{e}");
+    let argv = std::fs::read_to_string(&argv).unwrap();
+    let drive = argv.lines().find(|l| l.starts_with("file=")).unwrap_or_else(|| panic!("no -drive: {argv}"));
+    let canon = sub.canonicalize().unwrap().join("disk.raw").display().to_string().replace(',', ",,");
+    assert_eq!(drive, format!("file={canon},if=none,id=disk0,format=raw,snapshot=on"));
+}
+
 #[test]
 fn accel_kvm_says_why_when_dev_kvm_cannot_run_the_guest() {
     let d = dir("kvm");

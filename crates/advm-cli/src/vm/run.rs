@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use advm::image::{Image, ImageOptions, MapOptions, PmemBacking, DUMP_DIR_ENV};
+use advm::image::{Image, ImageOptions, LayerFormat, MapOptions, PmemBacking, DUMP_DIR_ENV};
 
 use super::qemu::{self, Accel, Disk, Settings};
 use crate::CliError;
@@ -392,6 +392,11 @@ pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
         DiskKind::Blk => (
             Disk::Blk {
                 image: args.image.canonicalize().map_err(|e| CliError::Io(args.image.display().to_string(), e))?,
+                format: match image.layers()[0].format() {
+                    LayerFormat::Qcow2 => "qcow2",
+                    LayerFormat::Raw => "raw",
+                    other => return Err(usage(format!("--disk blk: a top layer of format {other:?}"))),
+                },
             },
             None,
         ),
