@@ -8,7 +8,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use advm::image::{dump, request_dump};
+use advm::image::{dump, request_dump, LayerFormat};
 
 use super::run::{workdir_of, VM_INFO};
 use crate::CliError;
@@ -59,7 +59,9 @@ pub fn run(vm: u32, out: &Path, timeout: Duration, json: bool) -> Result<(), Cli
     let clusters: Vec<u64> = read("dump.clusters").lines().filter_map(|l| l.parse().ok()).collect();
     let raw_path = dir.join("dump.raw");
     let raw = std::fs::File::open(&raw_path).map_err(|e| CliError::Io(raw_path.display().to_string(), e))?;
-    let bytes = dump::write_overlay(out, size, &clusters, image, |guest, buf| {
+    // A vm.json of a VM started before the format was recorded: its top was qcow2.
+    let format = if info["format"] == "raw" { LayerFormat::Raw } else { LayerFormat::Qcow2 };
+    let bytes = dump::write_overlay(out, size, &clusters, image, format, |guest, buf| {
         raw.read_exact_at(buf, guest).map_err(|e| advm::Error::io(&raw_path, e))
     })?;
     let _ = std::fs::remove_file(&raw_path);

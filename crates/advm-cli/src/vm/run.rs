@@ -451,6 +451,8 @@ pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
         "image": top,
         "disk": if backing.is_some() { "pmem" } else { "blk" },
         "size": backing.as_ref().map(PmemBacking::size),
+        // the dump's overlay names it as its backing file's format
+        "format": image.layers()[0].format(),
     });
     std::fs::write(workdir.join(VM_INFO), info.to_string()).map_err(|e| CliError::Io(VM_INFO.into(), e))?;
     Ok(Vm { child, port, console, qemu_log, started, mem_mib: args.mem, _backing: backing })
