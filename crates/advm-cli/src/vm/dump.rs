@@ -78,29 +78,7 @@ pub fn run(vm: u32, out: &Path, timeout: Duration, json: bool) -> Result<(), Cli
     let ms = |ns: u64| ns as f64 / 1e6;
     let (scan, bytes_kind) = if kind == 1 { ("maps", "mapped") } else { ("smaps", "resident") };
     if json {
-        let parts = parts.map(|[scan_ns, marks, fork, after, ranges, kib]| {
-            serde_json::json!({
-                "scan": scan,
-                "scan_ms": ms(scan_ns),
-                "marks_ms": ms(marks),
-                "fork_ms": ms(fork),
-                "unmarks_and_first_child_ms": ms(after),
-                "ranges_left_out": ranges,
-                "left_out_kib": kib,
-                "left_out_kind": bytes_kind,
-            })
-        });
-        let report = serde_json::json!({
-            "out": out.display().to_string(),
-            "backing": image,
-            "clusters": clusters.len(),
-            "cluster_bytes": dump::DUMP_CLUSTER,
-            "bytes": bytes,
-            "pause_ms": ms(pause_ns),
-            "copy_ms": copied.as_secs_f64() * 1e3,
-            "parts": parts,
-            "qemu_minor_faults": faults,
-        });
+        let report = report_json(out, image, clusters.len(), bytes, pause_ns, copied, parts.map(|p| (p, kind)), faults);
         outln!("{report}");
         return Ok(());
     }
@@ -130,9 +108,95 @@ pub fn run(vm: u32, out: &Path, timeout: Duration, json: bool) -> Result<(), Cli
     Ok(())
 }
 
+/// The shim's parts of the pause, in order: scan, marks, fork, unmarks and the first
+/// child (ns), ranges left out of the fork and their KiB.
+type Parts = [u64; 6];
+
+/// `--json`'s object (every key is listed in docs/vm.md, "Fast dump"). `parts` is the
+/// shim's timing with how it scanned (1 /proc/self/maps, 0 smaps), `None` from a shim
+/// before stop 29; `faults` `None` when /proc/QEMU/stat could not be read.
+#[allow(clippy::too_many_arguments)]
+fn report_json(
+    out: &Path,
+    backing: &str,
+    clusters: usize,
+    bytes: u64,
+    pause_ns: u64,
+    copied: Duration,
+    parts: Option<(Parts, u64)>,
+    faults: Option<u64>,
+) -> serde_json::Value {
+    let ms = |ns: u64| ns as f64 / 1e6;
+    let parts = parts.map(|([scan_ns, marks, fork, after, ranges, kib], kind)| {
+        let (scan, bytes_kind) = if kind == 1 { ("maps", "mapped") } else { ("smaps", "resident") };
+        serde_json::json!({
+            "scan": scan,
+            "scan_ms": ms(scan_ns),
+            "marks_ms": ms(marks),
+            "fork_ms": ms(fork),
+            "unmarks_and_first_child_ms": ms(after),
+            "ranges_left_out": ranges,
+            "left_out_kib": kib,
+            "left_out_kind": bytes_kind,
+        })
+    });
+    serde_json::json!({
+        "out": out.display().to_string(),
+        "backing": backing,
+        "clusters": clusters,
+        "cluster_bytes": dump::DUMP_CLUSTER,
+        "bytes": bytes,
+        "pause_ms": ms(pause_ns),
+        "copy_ms": copied.as_secs_f64() * 1e3,
+        "parts": parts,
+        "qemu_minor_faults": faults,
+    })
+}
+
 /// The minor faults of process `pid` so far, all its threads (/proc/PID/stat field 10).
 fn minor_faults(pid: u64) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // After the command's closing parenthesis: state is field 3, minflt field 10.
     stat.rsplit_once(')')?.1.split_whitespace().nth(7)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every key of the JSON object, nested ones too.
+    fn keys(v: &serde_json::Value, out: &mut Vec<String>) {
+        if let Some(m) = v.as_object() {
+            for (k, v) in m {
+                out.push(k.clone());
+                keys(v, out);
+            }
+        }
+    }
+
+    #[test]
+    fn every_field_of_dump_json_is_listed_in_the_docs() {
+        let docs = include_str!("../../../../docs/vm.md");
+        let report = report_json(
+            Path::new("/d/o.qcow2"),
+            "/d/top.qcow2",
+            3,
+            7 << 16,
+            2_500_000,
+            Duration::from_millis(40),
+            Some(([1, 2, 3, 4, 5, 6], 1)),
+            Some(11),
+        );
+        let mut all = Vec::new();
+        keys(&report, &mut all);
+        assert!(all.len() >= 17, "{all:?}");
+        let missing: Vec<&String> = all.iter().filter(|k| !docs.contains(&format!("`{k}`"))).collect();
+        assert!(missing.is_empty(), "docs/vm.md does not list {missing:?} of `advm vm dump --json`");
+        assert_eq!(report["parts"]["left_out_kind"], "mapped");
+        assert_eq!(report["parts"]["fork_ms"], 3e-6);
+        // A shim without timings, a QEMU whose stat could not be read: null, not absent.
+        let bare = report_json(Path::new("o"), "b", 0, 0, 0, Duration::ZERO, None, None);
+        assert!(bare["parts"].is_null() && bare["qemu_minor_faults"].is_null());
+        assert_eq!(bare.as_object().unwrap().len(), report.as_object().unwrap().len());
+    }
 }
