@@ -282,6 +282,67 @@ fn blk_names_the_top_layers_format_and_escapes_commas_for_qemu() {
     assert_eq!(drive, format!("file={canon},if=none,id=disk0,format=raw,snapshot=on"));
 }
 
+/// Disks refused before QEMU starts say why and leave no work directory "kept" (one
+/// was made, empty, and named on stderr): an empty file (a blk guest waited out
+/// --timeout with nothing to mount), a chain advm cannot map (an encrypted layer's data).
+#[test]
+fn an_empty_or_unmappable_disk_is_refused_before_qemu_starts_and_leaves_no_directory() {
+    let d = dir("empty-disk");
+    for f in ["vmlinuz", "initrd.img"] {
+        std::fs::write(d.0.join(f), b"k").unwrap();
+    }
+    let empty = d.0.join("empty.img");
+    std::fs::write(&empty, b"").unwrap();
+    let vm_run = |img: &Path, disk: &str| {
+        let out = Command::new(ADVM)
+            .args(["vm", "run", "--image", img.to_str().unwrap(), "--disk", disk])
+            .args(["--accel", "tcg", "--qemu", "/bin/false"])
+            .env("ADVM_SOCKET", d.0.join("no-advmd.sock"))
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    for disk in ["pmem", "blk"] {
+        let (okay, e) = vm_run(&empty, disk);
+        assert!(!okay && e.contains("empty.img: the disk's virtual size is 0"), "{disk}: {e}");
+        assert!(!e.contains("kept in"), "{disk}: {e}");
+    }
+    if !have("qemu-img") || !have("qemu-io") {
+        return;
+    }
+    run(
+        &d.0,
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "--object",
+            "secret,id=s0,data=pw",
+            "-o",
+            "encrypt.format=luks,encrypt.key-secret=s0",
+            "enc.qcow2",
+            "4M",
+        ],
+    );
+    run(
+        &d.0,
+        "qemu-io",
+        &[
+            "--object",
+            "secret,id=s0,data=pw",
+            "--image-opts",
+            "driver=qcow2,file.filename=enc.qcow2,encrypt.key-secret=s0",
+            "-c",
+            "write -P 0x11 0 64k",
+        ],
+    );
+    let (okay, e) = vm_run(&d.0.join("enc.qcow2"), "pmem");
+    assert!(!okay && e.contains("layer is encrypted (LUKS); decryption is not supported"), "{e}");
+    assert!(!e.contains("kept in"), "{e}");
+}
+
 #[test]
 fn accel_kvm_says_why_when_dev_kvm_cannot_run_the_guest() {
     let d = dir("kvm");

@@ -381,9 +381,11 @@ pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
     if !args.thp {
         advm::process::disable_thp()?;
     }
-    std::fs::create_dir_all(workdir).map_err(|e| CliError::Io(workdir.display().to_string(), e))?;
-    let console = workdir.join("console.log");
-    let qemu_log = workdir.join("qemu.log");
+    // A disk of size 0 (an empty file, a qcow2 created without a size) holds no root:
+    // pmem could not map it, and a blk guest waited out --timeout with nothing to mount.
+    if image.virtual_size() == 0 {
+        return Err(usage(format!("{}: the disk's virtual size is 0; there is nothing to boot", args.image.display())));
+    }
     let (disk, backing) = match args.disk {
         DiskKind::Pmem => {
             let b = pmem_backing(&args.image, &image, args.chain.options())?;
@@ -401,6 +403,10 @@ pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
             None,
         ),
     };
+    // Made only now: a chain refused above leaves no (empty) directory "kept" behind.
+    std::fs::create_dir_all(workdir).map_err(|e| CliError::Io(workdir.display().to_string(), e))?;
+    let console = workdir.join("console.log");
+    let qemu_log = workdir.join("qemu.log");
     // A port found free can be taken by another VM starting at the same moment; QEMU
     // then fails at once, and another port is tried.
     let mut attempt = 0;
