@@ -399,6 +399,7 @@ pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
                     LayerFormat::Raw => "raw",
                     other => return Err(usage(format!("--disk blk: a top layer of format {other:?}"))),
                 },
+                force_share: args.chain.options().force_share,
             },
             None,
         ),
