@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use advm::image::{Image, ImageOptions, LayerFormat, MapOptions, PmemBacking, DUMP_DIR_ENV};
+use advm::image::{Image, LayerFormat, MapOptions, PmemBacking, DUMP_DIR_ENV};
 
 use super::qemu::{self, Accel, Disk, Settings};
 use crate::CliError;
@@ -70,6 +70,10 @@ pub struct RunArgs {
     /// What the chain's backing files may lead to (as `advm image`).
     #[command(flatten)]
     pub chain: crate::image_cmd::ChainArgs,
+    /// Most bytes to decompress or copy into memory for the pmem device's mapping
+    /// (compressed clusters, partial pages; default 256 MiB, as `advm image cat`).
+    #[arg(long, value_name = "BYTES")]
+    pub max_materialised: Option<u64>,
     /// How the guest sees the disk.
     #[arg(long, value_enum, default_value = "pmem")]
     pub disk: DiskKind,
@@ -249,13 +253,13 @@ fn free_port() -> Result<u16, CliError> {
 
 /// The pmem device's plan: from `advmd`'s image service when a daemon answers at
 /// `$ADVM_SOCKET` (the chain's plan is computed once for every VM), else planned here.
-fn pmem_backing(top: &Path, image: &Image, options: ImageOptions) -> Result<PmemBacking, CliError> {
+fn pmem_backing(top: &Path, image: &Image, options: MapOptions) -> Result<PmemBacking, CliError> {
     let socket = advm::wire::socket_path();
     if let Ok(ch) = advm::wire::Channel::connect(&socket) {
         let t = std::time::Instant::now();
         match advm::image::service::fetch(&ch, top).and_then(|f| {
             let cached = f.cached;
-            PmemBacking::from_service(f, PMEM_ALIGN, &options).map(|b| (b, cached))
+            PmemBacking::from_service(f, PMEM_ALIGN, &options.image).map(|b| (b, cached))
         }) {
             Ok((b, cached)) => {
                 eprintln!(
@@ -271,7 +275,7 @@ fn pmem_backing(top: &Path, image: &Image, options: ImageOptions) -> Result<Pmem
             }
         }
     }
-    Ok(PmemBacking::new(image, &MapOptions { image: options, writable: true, ..Default::default() }, PMEM_ALIGN)?)
+    Ok(PmemBacking::new(image, &options, PMEM_ALIGN)?)
 }
 
 /// QEMU's preload environment: the shim when the disk is pmem (`shim`: it maps the
@@ -388,7 +392,13 @@ pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
     }
     let (disk, backing) = match args.disk {
         DiskKind::Pmem => {
-            let b = pmem_backing(&args.image, &image, args.chain.options())?;
+            let options = MapOptions {
+                image: args.chain.options(),
+                writable: true,
+                max_materialised_bytes: args.max_materialised,
+                ..Default::default()
+            };
+            let b = pmem_backing(&args.image, &image, options)?;
             (Disk::Pmem { backing: b.backing_path(), size: b.size() }, Some(b))
         }
         DiskKind::Blk => (
