@@ -278,6 +278,141 @@ fn run_follows_a_backing_file_outside_the_overlays_directory_when_allowed() {
     assert!(!okay && !e.contains("outside") && !e.contains("unexpected argument") && e.contains("QEMU"), "{e}");
 }
 
+/// `--disk blk` of a raw disk (no qcow2 at all, e.g. `qemu-img convert -O raw` of a
+/// chain) in a directory whose name has a comma: QEMU is told the top layer's format
+/// (it was always `format=qcow2`, and QEMU refused the raw file) and the comma is
+/// escaped (QEMU would split the option there). QEMU here is a script that records its
+/// arguments.
+#[test]
+fn blk_names_the_top_layers_format_and_escapes_commas_for_qemu() {
+    let d = dir("blk-raw");
+    let sub = d.0.join("vm,1");
+    std::fs::create_dir(&sub).unwrap();
+    for f in ["vmlinuz", "initrd.img"] {
+        std::fs::write(sub.join(f), b"k").unwrap();
+    }
+    std::fs::write(sub.join("disk.raw"), vec![0u8; 1 << 20]).unwrap();
+    let qemu = d.0.join("qemu");
+    let argv = d.0.join("argv");
+    std::fs::write(&qemu, format!("#!/bin/sh\nprintf '%s\\n' \"$@\" > {}\nexit 1\n", argv.display())).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&qemu, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let img = sub.join("disk.raw");
+    let out = Command::new(ADVM)
+        .args(["vm", "run", "--image", img.to_str().unwrap(), "--disk", "blk", "--accel", "tcg"])
+        .args(["--qemu", qemu.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&out.stderr);
+    if let Some(kept) = e.lines().find_map(|l| l.strip_prefix("advm vm run: console and logs kept in ")) {
+        let _ = std::fs::remove_dir_all(kept.trim());
+    }
+    assert!(!out.status.success() && e.contains("QEMU exited"), "{e}");
+    let argv = std::fs::read_to_string(&argv).unwrap();
+    let drive = argv.lines().find(|l| l.starts_with("file=")).unwrap_or_else(|| panic!("no -drive: {argv}"));
+    let canon = sub.canonicalize().unwrap().join("disk.raw").display().to_string().replace(',', ",,");
+    assert_eq!(drive, format!("file={canon},if=none,id=disk0,format=raw,snapshot=on"));
+}
+
+/// Disks refused before QEMU starts say why and leave no work directory "kept" (one
+/// was made, empty, and named on stderr): an empty file (a blk guest waited out
+/// --timeout with nothing to mount), a chain advm cannot map (an encrypted layer's data).
+#[test]
+fn an_empty_or_unmappable_disk_is_refused_before_qemu_starts_and_leaves_no_directory() {
+    let d = dir("empty-disk");
+    for f in ["vmlinuz", "initrd.img"] {
+        std::fs::write(d.0.join(f), b"k").unwrap();
+    }
+    let empty = d.0.join("empty.img");
+    std::fs::write(&empty, b"").unwrap();
+    let vm_run = |img: &Path, disk: &str| {
+        let out = Command::new(ADVM)
+            .args(["vm", "run", "--image", img.to_str().unwrap(), "--disk", disk])
+            .args(["--accel", "tcg", "--qemu", "/bin/false"])
+            .env("ADVM_SOCKET", d.0.join("no-advmd.sock"))
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    for disk in ["pmem", "blk"] {
+        let (okay, e) = vm_run(&empty, disk);
+        assert!(!okay && e.contains("empty.img: the disk's virtual size is 0"), "{disk}: {e}");
+        assert!(!e.contains("kept in"), "{disk}: {e}");
+    }
+    if !have("qemu-img") || !have("qemu-io") {
+        return;
+    }
+    run(
+        &d.0,
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "--object",
+            "secret,id=s0,data=pw",
+            "-o",
+            "encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=10",
+            "enc.qcow2",
+            "4M",
+        ],
+    );
+    run(
+        &d.0,
+        "qemu-io",
+        &[
+            "--object",
+            "secret,id=s0,data=pw",
+            "--image-opts",
+            "driver=qcow2,file.filename=enc.qcow2,encrypt.key-secret=s0",
+            "-c",
+            "write -P 0x11 0 64k",
+        ],
+    );
+    let (okay, e) = vm_run(&d.0.join("enc.qcow2"), "pmem");
+    assert!(!okay && e.contains("layer is encrypted (LUKS); decryption is not supported"), "{e}");
+    assert!(!e.contains("kept in"), "{e}");
+}
+
+/// A compressed image decompresses into memory for the pmem device; over the 256 MiB
+/// default the refusal says to raise it with --max-materialised, which `advm vm run`
+/// did not have (only `advm image cat` did): a compressed guest image of more than
+/// 256 MiB of data could not boot under pmem at all. Here the limit is set below and
+/// above a 2 MiB compressed image.
+#[test]
+fn run_takes_max_materialised_for_compressed_images() {
+    let d = dir("materialised");
+    if !have("qemu-img") || !have("qemu-io") {
+        return;
+    }
+    for f in ["vmlinuz", "initrd.img"] {
+        std::fs::write(d.0.join(f), b"k").unwrap();
+    }
+    run(&d.0, "qemu-img", &["create", "-q", "-f", "raw", "r.raw", "4M"]);
+    run(&d.0, "qemu-io", &["-f", "raw", "-c", "write -P 0x11 0 2M", "r.raw"]);
+    run(&d.0, "qemu-img", &["convert", "-c", "-O", "qcow2", "r.raw", "c.qcow2"]);
+    let img = d.0.join("c.qcow2");
+    let vm_run = |limit: &str| {
+        let out = Command::new(ADVM)
+            .args(["vm", "run", "--image", img.to_str().unwrap(), "--max-materialised", limit])
+            .args(["--accel", "tcg", "--qemu", "/bin/false"])
+            .env("ADVM_SOCKET", d.0.join("no-advmd.sock"))
+            .output()
+            .unwrap();
+        let e = String::from_utf8_lossy(&out.stderr).into_owned();
+        if let Some(kept) = e.lines().find_map(|l| l.strip_prefix("advm vm run: console and logs kept in ")) {
+            let _ = std::fs::remove_dir_all(kept.trim());
+        }
+        (out.status.success(), e)
+    };
+    let (okay, e) = vm_run("1048576");
+    assert!(!okay && e.contains("would materialise 2097152 bytes") && e.contains("1048576-byte limit"), "{e}");
+    // Enough: the device is planned and QEMU (here /bin/false) started.
+    let (okay, e) = vm_run("4194304");
+    assert!(!okay && !e.contains("materialise") && e.contains("QEMU exited"), "{e}");
+}
+
 #[test]
 fn accel_kvm_says_why_when_dev_kvm_cannot_run_the_guest() {
     let d = dir("kvm");

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 mod qemu;
 use qemu::{have_qemu, run, Dir, Holder};
 
-use advm::image::{ExtentKind, GuestOffset, Image, ImageSpace, MapOptions, OverBudget};
+use advm::image::{ExtentKind, GuestOffset, Image, ImageSpace, MapOptions, OverBudget, PmemBacking};
 
 const K: u64 = 1024;
 const M: u64 = 1024 * 1024;
@@ -1154,6 +1154,75 @@ fn an_image_a_qemu_writes_is_refused_unless_force_share() {
     } else {
         eprintln!("{qemu} not found: the VM cases are skipped");
     }
+}
+
+/// Whether some open file description holds a shared OFD lock on byte `byte` of `file`.
+fn read_locked(file: &Path, byte: u64) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let ino = format!(":{}", fs::metadata(file).unwrap().ino());
+    fs::read_to_string("/proc/locks").unwrap().lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() == 8 && f[1] == "OFDLCK" && f[3] == "READ" && f[5].ends_with(&ino) && f[6] == byte.to_string()
+    })
+}
+
+/// While a chain is mapped (a `PmemBacking` a VMM holds, or an `ImageSpace`), its
+/// mapped layers carry QEMU's "no writers" lock (byte 201, as a QEMU reading them as
+/// backing files holds): QEMU, qemu-img and qemu-io refuse to open them for writing,
+/// and readers go on. Before, a writer was refused only at open, and one that came
+/// later changed the disk under a running VM. A writer that gets in between the open
+/// and the lock is refused by the mapping.
+#[test]
+fn a_mapped_chain_locks_qemu_writers_out_until_it_is_unmapped() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = Dir::new("writers-out");
+    let d = &dir.0;
+    base_and_top(d, 0x61);
+    qemu_io(d, "top.qcow2", &["write -P 0x62 128k 64k".into()]);
+    let write = |file: &str| {
+        let out = std::process::Command::new("qemu-io")
+            .args(["-f", "qcow2", "-c", "write -P 0x63 192k 4k", file])
+            .current_dir(d)
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let refused = |(ok, e): (bool, String)| !ok && e.contains("Failed to get \"write\" lock");
+    let (top, base) = (d.join("top.qcow2"), d.join("base.qcow2"));
+    // A mapping in this process. (A QEMU writer would first wait out the mapping's
+    // read lease, lease-break-time, 45 s by default: the lock is looked at instead.)
+    let space = ImageSpace::map(&top, &MapOptions::default()).unwrap();
+    assert!(read_locked(&top, 201) && read_locked(&base, 201));
+    // Readers are not locked out.
+    run(d, "qemu-img", &["convert", "-O", "raw", "top.qcow2", "flat.raw"]);
+    let mut b = [0u8; 2];
+    space.read(GuestOffset(128 << 10), &mut b).unwrap();
+    assert_eq!(b, [0x62, 0x62]);
+    drop(space);
+    assert!(!read_locked(&top, 201) && !read_locked(&base, 201));
+    assert_eq!(write("top.qcow2"), (true, String::new()), "unmapped: writers may go on");
+    // --force-share reads while a writer writes: it locks nobody out.
+    let force = advm::image::ImageOptions { force_share: true, ..Default::default() };
+    let image = Image::open_with(&top, &force).unwrap();
+    let backing = PmemBacking::new(&image, &MapOptions { image: force, ..Default::default() }, 2 << 20).unwrap();
+    assert!(write("top.qcow2").0);
+    drop(backing);
+    // A writer that opened the top after the chain was opened, before it was mapped.
+    let image = Image::open(&top).unwrap();
+    let writer = Holder::start(d, "qemu-io", &["-c", "sleep 60000", "top.qcow2"], &top, 101);
+    let err = PmemBacking::new(&image, &MapOptions::default(), 2 << 20).unwrap_err().to_string();
+    assert!(err.contains("another process has it open for writing"), "{err}");
+    drop(writer);
+    // A VMM's plan: the lock lives as long as the VMM's descriptors (here ours; they
+    // are inheritable, so a child another test starts meanwhile may keep them: the
+    // release is checked with the in-process mapping above).
+    let backing = PmemBacking::new(&image, &MapOptions::default(), 2 << 20).unwrap();
+    drop(image);
+    assert!(refused(write("top.qcow2")), "a QEMU writer of the top while a VMM holds the plan");
+    assert!(refused(write("base.qcow2")), "a QEMU writer of a backing file while a VMM holds the plan");
+    drop(backing);
 }
 
 #[test]

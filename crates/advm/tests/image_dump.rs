@@ -10,7 +10,7 @@ use std::path::Path;
 mod qemu;
 use qemu::{have_qemu, run, Dir};
 
-use advm::image::{dump, GuestOffset, Image, ImageSpace, MapOptions, PmemBacking, PLAN_MAGIC};
+use advm::image::{dump, GuestOffset, Image, ImageSpace, LayerFormat, MapOptions, PmemBacking, PLAN_MAGIC};
 
 const M: u64 = 1 << 20;
 
@@ -64,7 +64,7 @@ fn dump_while_writing_holds_the_disk_as_it_was_at_the_dump_and_passes_qemu_img_c
     // leaves out (neither copied nor write-protected).
     let mut other = std::hint::black_box(vec![1u8; 32 << 20]);
     let out = d.0.join("dump.qcow2");
-    let dumping = dump::start(&space, &out, "top.qcow2").unwrap();
+    let dumping = dump::start(&space, &out, "top.qcow2", LayerFormat::Qcow2).unwrap();
     // The writer goes on during the copy: over every dumped cluster and beyond.
     for round in 0..20u8 {
         for c in 0..128u64 {
@@ -83,7 +83,7 @@ fn dump_while_writing_holds_the_disk_as_it_was_at_the_dump_and_passes_qemu_img_c
     let info = run(&d.0, "qemu-img", &["info", "dump.qcow2"]);
     assert!(info.contains("backing file: top.qcow2"), "{info}");
     // A dump never overwrites a file.
-    assert!(dump::start(&space, &out, "top.qcow2").is_err());
+    assert!(dump::start(&space, &out, "top.qcow2", LayerFormat::Qcow2).is_err());
 }
 
 #[test]
@@ -95,7 +95,7 @@ fn dump_of_an_unwritten_space_is_an_empty_overlay_equal_to_the_chain() {
     chain(&d.0);
     let space = ImageSpace::map(d.0.join("top.qcow2"), &MapOptions::default()).unwrap();
     space.read_all().unwrap();
-    let report = dump::start(&space, &d.0.join("dump.qcow2"), "top.qcow2").unwrap().wait().unwrap();
+    let report = dump::start(&space, &d.0.join("dump.qcow2"), "top.qcow2", LayerFormat::Qcow2).unwrap().wait().unwrap();
     assert_eq!((report.written_pages, report.clusters), (0, 0));
     run(&d.0, "qemu-img", &["check", "-q", "dump.qcow2"]);
     run(&d.0, "qemu-img", &["compare", "-q", "dump.qcow2", "top.qcow2"]);
@@ -129,6 +129,35 @@ fn dump_of_an_unwritten_space_is_empty_for_a_user_who_sees_no_pfns() {
         return;
     }
     assert!(out.status.success() && text.contains("1 passed"), "{text}");
+}
+
+/// A raw disk (a chain flattened with `qemu-img convert -O raw`) dumped: the overlay
+/// names its backing file as raw (it said qcow2 whatever the top was, and QEMU and advm
+/// then refused the overlay: "backing format says qcow2 but the file has no qcow2 magic").
+#[test]
+fn dump_over_a_raw_top_names_its_backing_format_raw() {
+    if !have_qemu() {
+        return;
+    }
+    let d = Dir::new("raw-top");
+    run(&d.0, "qemu-img", &["create", "-q", "-f", "raw", "disk.raw", "4M"]);
+    run(&d.0, "qemu-io", &["-f", "raw", "-c", "write -P 0x11 0 1M", "disk.raw"]);
+    let space = ImageSpace::map(d.0.join("disk.raw"), &MapOptions { writable: true, ..Default::default() }).unwrap();
+    poke(&space, 3 * M, 4096, 0x5a);
+    let mut expected = vec![0u8; space.size() as usize];
+    space.read(GuestOffset(0), &mut expected).unwrap();
+    fs::write(d.0.join("expected.raw"), &expected).unwrap();
+    let report = dump::start(&space, &d.0.join("dump.qcow2"), "disk.raw", LayerFormat::Raw).unwrap().wait().unwrap();
+    assert_eq!(report.clusters, 1);
+    run(&d.0, "qemu-img", &["check", "-q", "dump.qcow2"]);
+    let info = run(&d.0, "qemu-img", &["info", "dump.qcow2"]);
+    assert!(info.contains("backing file format: raw"), "{info}");
+    run(&d.0, "qemu-img", &["compare", "-q", "-F", "raw", "dump.qcow2", "expected.raw"]);
+    // advm reads it too, by the strict defaults (the format is recorded, nothing probed).
+    let again = Image::open(d.0.join("dump.qcow2")).unwrap();
+    let mut got = vec![0u8; expected.len()];
+    again.read_at(GuestOffset(0), &mut got).unwrap();
+    assert!(got == expected, "the overlay over the raw disk reads as the written space");
 }
 
 /// The plan's pieces, decoded: (guest, len, fd, offset).

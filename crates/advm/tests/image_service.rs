@@ -198,7 +198,12 @@ fn a_pmem_backing_from_the_service_plans_the_device_as_one_planned_here() {
     )
     .unwrap();
     let served = with_service(|ch, _| {
-        advm::image::PmemBacking::from_service(advm::image::service::fetch(ch, &top).unwrap(), align).unwrap()
+        advm::image::PmemBacking::from_service(
+            advm::image::service::fetch(ch, &top).unwrap(),
+            align,
+            &Default::default(),
+        )
+        .unwrap()
     });
     let (a, b) = (pmem_plan(&here), pmem_plan(&served));
     assert!(a.1.len() > 3, "{:?}", a.1);

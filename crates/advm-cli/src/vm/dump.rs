@@ -8,7 +8,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use advm::image::{dump, request_dump};
+use advm::image::{dump, request_dump, LayerFormat};
 
 use super::run::{workdir_of, VM_INFO};
 use crate::CliError;
@@ -59,7 +59,9 @@ pub fn run(vm: u32, out: &Path, timeout: Duration, json: bool) -> Result<(), Cli
     let clusters: Vec<u64> = read("dump.clusters").lines().filter_map(|l| l.parse().ok()).collect();
     let raw_path = dir.join("dump.raw");
     let raw = std::fs::File::open(&raw_path).map_err(|e| CliError::Io(raw_path.display().to_string(), e))?;
-    let bytes = dump::write_overlay(out, size, &clusters, image, |guest, buf| {
+    // A vm.json of a VM started before the format was recorded: its top was qcow2.
+    let format = if info["format"] == "raw" { LayerFormat::Raw } else { LayerFormat::Qcow2 };
+    let bytes = dump::write_overlay(out, size, &clusters, image, format, |guest, buf| {
         raw.read_exact_at(buf, guest).map_err(|e| advm::Error::io(&raw_path, e))
     })?;
     let _ = std::fs::remove_file(&raw_path);
@@ -76,29 +78,7 @@ pub fn run(vm: u32, out: &Path, timeout: Duration, json: bool) -> Result<(), Cli
     let ms = |ns: u64| ns as f64 / 1e6;
     let (scan, bytes_kind) = if kind == 1 { ("maps", "mapped") } else { ("smaps", "resident") };
     if json {
-        let parts = parts.map(|[scan_ns, marks, fork, after, ranges, kib]| {
-            serde_json::json!({
-                "scan": scan,
-                "scan_ms": ms(scan_ns),
-                "marks_ms": ms(marks),
-                "fork_ms": ms(fork),
-                "unmarks_and_first_child_ms": ms(after),
-                "ranges_left_out": ranges,
-                "left_out_kib": kib,
-                "left_out_kind": bytes_kind,
-            })
-        });
-        let report = serde_json::json!({
-            "out": out.display().to_string(),
-            "backing": image,
-            "clusters": clusters.len(),
-            "cluster_bytes": dump::DUMP_CLUSTER,
-            "bytes": bytes,
-            "pause_ms": ms(pause_ns),
-            "copy_ms": copied.as_secs_f64() * 1e3,
-            "parts": parts,
-            "qemu_minor_faults": faults,
-        });
+        let report = report_json(out, image, clusters.len(), bytes, pause_ns, copied, parts.map(|p| (p, kind)), faults);
         outln!("{report}");
         return Ok(());
     }
@@ -128,7 +108,93 @@ pub fn run(vm: u32, out: &Path, timeout: Duration, json: bool) -> Result<(), Cli
     Ok(())
 }
 
+/// The shim's parts of the pause, in order: scan, marks, fork, unmarks and the first
+/// child (ns), ranges left out of the fork and their KiB.
+type Parts = [u64; 6];
+
+/// `--json`'s object (every key is listed in docs/vm.md, "Fast dump"). `parts` is the
+/// shim's timing with how it scanned (1 /proc/self/maps, 0 smaps), `None` from a shim
+/// before stop 29; `faults` `None` when /proc/QEMU/stat could not be read.
+#[allow(clippy::too_many_arguments)]
+fn report_json(
+    out: &Path,
+    backing: &str,
+    clusters: usize,
+    bytes: u64,
+    pause_ns: u64,
+    copied: Duration,
+    parts: Option<(Parts, u64)>,
+    faults: Option<u64>,
+) -> serde_json::Value {
+    let ms = |ns: u64| ns as f64 / 1e6;
+    let parts = parts.map(|([scan_ns, marks, fork, after, ranges, kib], kind)| {
+        let (scan, bytes_kind) = if kind == 1 { ("maps", "mapped") } else { ("smaps", "resident") };
+        serde_json::json!({
+            "scan": scan,
+            "scan_ms": ms(scan_ns),
+            "marks_ms": ms(marks),
+            "fork_ms": ms(fork),
+            "unmarks_and_first_child_ms": ms(after),
+            "ranges_left_out": ranges,
+            "left_out_kib": kib,
+            "left_out_kind": bytes_kind,
+        })
+    });
+    serde_json::json!({
+        "out": out.display().to_string(),
+        "backing": backing,
+        "clusters": clusters,
+        "cluster_bytes": dump::DUMP_CLUSTER,
+        "bytes": bytes,
+        "pause_ms": ms(pause_ns),
+        "copy_ms": copied.as_secs_f64() * 1e3,
+        "parts": parts,
+        "qemu_minor_faults": faults,
+    })
+}
+
 /// The minor faults of process `pid` so far, all its threads (/proc/PID/stat field 10).
 fn minor_faults(pid: u64) -> Option<u64> {
     Some(procfs::process::Process::new(i32::try_from(pid).ok()?).ok()?.stat().ok()?.minflt)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every key of the JSON object, nested ones too.
+    fn keys(v: &serde_json::Value, out: &mut Vec<String>) {
+        if let Some(m) = v.as_object() {
+            for (k, v) in m {
+                out.push(k.clone());
+                keys(v, out);
+            }
+        }
+    }
+
+    #[test]
+    fn every_field_of_dump_json_is_listed_in_the_docs() {
+        let docs = include_str!("../../../../docs/vm.md");
+        let report = report_json(
+            Path::new("/d/o.qcow2"),
+            "/d/top.qcow2",
+            3,
+            7 << 16,
+            2_500_000,
+            Duration::from_millis(40),
+            Some(([1, 2, 3, 4, 5, 6], 1)),
+            Some(11),
+        );
+        let mut all = Vec::new();
+        keys(&report, &mut all);
+        assert!(all.len() >= 17, "{all:?}");
+        let missing: Vec<&String> = all.iter().filter(|k| !docs.contains(&format!("`{k}`"))).collect();
+        assert!(missing.is_empty(), "docs/vm.md does not list {missing:?} of `advm vm dump --json`");
+        assert_eq!(report["parts"]["left_out_kind"], "mapped");
+        assert_eq!(report["parts"]["fork_ms"], 3e-6);
+        // A shim without timings, a QEMU whose stat could not be read: null, not absent.
+        let bare = report_json(Path::new("o"), "b", 0, 0, 0, Duration::ZERO, None, None);
+        assert!(bare["parts"].is_null() && bare["qemu_minor_faults"].is_null());
+        assert_eq!(bare.as_object().unwrap().len(), report.as_object().unwrap().len());
+    }
 }

@@ -9,9 +9,10 @@ pub enum Disk {
     /// virtio-pmem over a memory backend whose file is advm's plan (`backing`), of
     /// `size` bytes; the guest mounts it with `-o dax`.
     Pmem { backing: String, size: u64 },
-    /// QEMU's own qcow2 driver on virtio-blk; writes go to a temporary overlay
-    /// (`snapshot=on`), never into the chain.
-    Blk { image: PathBuf },
+    /// QEMU's own driver for the top layer's `format` (`qcow2` or `raw`) on virtio-blk;
+    /// writes go to a temporary overlay (`snapshot=on`), never into the chain.
+    /// `force_share` (`-U`): QEMU opens the image even while a writer holds it.
+    Blk { image: PathBuf, format: &'static str, force_share: bool },
 }
 
 /// How QEMU runs the guest's CPU.
@@ -130,12 +131,17 @@ pub fn args(s: &Settings) -> Vec<String> {
                 "virtio-pmem-pci,memdev=pmem0mem,id=pmem0".into(),
             ]);
         }
-        Disk::Blk { image } => {
+        Disk::Blk { image, format, force_share } => {
+            // QEMU splits option values at commas; a comma in a path is written twice.
+            let file = image.display().to_string().replace(',', ",,");
             a.extend([
                 "-m".into(),
                 format!("{}M", s.mem_mib),
                 "-drive".into(),
-                format!("file={},if=none,id=disk0,format=qcow2,snapshot=on", image.display()),
+                format!(
+                    "file={file},if=none,id=disk0,format={format},snapshot=on{}",
+                    if *force_share { ",force-share=on" } else { "" }
+                ),
                 "-device".into(),
                 "virtio-blk-pci,drive=disk0".into(),
             ]);
@@ -187,15 +193,22 @@ mod tests {
 
     #[test]
     fn blk_disk_is_qemus_qcow2_driver_writing_to_a_temporary_overlay() {
-        let a = args(&settings(Disk::Blk { image: "/g/app.qcow2".into() }));
+        let a = args(&settings(Disk::Blk { image: "/g/app.qcow2".into(), format: "qcow2", force_share: false }));
         assert!(has(&a, "-drive", "file=/g/app.qcow2,if=none,id=disk0,format=qcow2,snapshot=on"));
         assert!(has(&a, "-append", "console=ttyS0 quiet panic=-1 no_timer_check swiotlb=noforce page_reporting.page_reporting_order=0 advm.root=blk"));
         assert!(has(&a, "-m", "256M"));
+        // A raw top is read as raw; a comma in the path is escaped, not an option separator.
+        let a = args(&settings(Disk::Blk { image: "/g/vm,1/disk.raw".into(), format: "raw", force_share: false }));
+        assert!(has(&a, "-drive", "file=/g/vm,,1/disk.raw,if=none,id=disk0,format=raw,snapshot=on"), "{a:?}");
+        // -U: QEMU, too, opens the image while a writer holds it (it refused before:
+        // 'Failed to get shared "write" lock').
+        let a = args(&settings(Disk::Blk { image: "/g/a".into(), format: "qcow2", force_share: true }));
+        assert!(has(&a, "-drive", "file=/g/a,if=none,id=disk0,format=qcow2,snapshot=on,force-share=on"), "{a:?}");
     }
 
     #[test]
     fn ksm_turns_qemus_mem_merge_on_and_extra_args_come_last() {
-        let mut s = settings(Disk::Blk { image: "/g/app.qcow2".into() });
+        let mut s = settings(Disk::Blk { image: "/g/app.qcow2".into(), format: "qcow2", force_share: false });
         assert!(has(&args(&s), "-machine", "pc,mem-merge=off") && has(&args(&s), "-accel", "kvm"));
         s.ksm = true;
         let a = args(&s);
@@ -209,8 +222,10 @@ mod tests {
 
     #[test]
     fn every_disk_method_has_a_balloon_reporting_free_pages_and_a_guest_reporting_small_ones() {
-        let disks =
-            [Disk::Pmem { backing: "/proc/self/fd/7".into(), size: 1 << 30 }, Disk::Blk { image: "/g/a".into() }];
+        let disks = [
+            Disk::Pmem { backing: "/proc/self/fd/7".into(), size: 1 << 30 },
+            Disk::Blk { image: "/g/a".into(), format: "qcow2", force_share: false },
+        ];
         for disk in disks {
             for ksm in [false, true] {
                 let mut s = settings(disk.clone());
@@ -225,7 +240,7 @@ mod tests {
 
     #[test]
     fn no_aslr_lays_the_guest_out_alike_and_is_off_by_default() {
-        let mut s = settings(Disk::Blk { image: "/g/a".into() });
+        let mut s = settings(Disk::Blk { image: "/g/a".into(), format: "qcow2", force_share: false });
         let append = |s: &Settings| args(s).windows(2).find(|w| w[0] == "-append").map(|w| w[1].clone()).unwrap();
         let opts = ["nokaslr", "norandmaps", "PYTHONHASHSEED=0"];
         let off = append(&s);

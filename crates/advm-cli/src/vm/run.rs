@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use advm::image::{Image, ImageOptions, MapOptions, PmemBacking, DUMP_DIR_ENV};
+use advm::image::{Image, LayerFormat, MapOptions, PmemBacking, DUMP_DIR_ENV};
 
 use super::qemu::{self, Accel, Disk, Settings};
 use crate::CliError;
@@ -70,6 +70,10 @@ pub struct RunArgs {
     /// What the chain's backing files may lead to (as `advm image`).
     #[command(flatten)]
     pub chain: crate::image_cmd::ChainArgs,
+    /// Most bytes to decompress or copy into memory for the pmem device's mapping
+    /// (compressed clusters, partial pages; default 256 MiB, as `advm image cat`).
+    #[arg(long, value_name = "BYTES")]
+    pub max_materialised: Option<u64>,
     /// How the guest sees the disk.
     #[arg(long, value_enum, default_value = "pmem")]
     pub disk: DiskKind,
@@ -285,13 +289,13 @@ fn free_port() -> Result<u16, CliError> {
 
 /// The pmem device's plan: from `advmd`'s image service when a daemon answers at
 /// `$ADVM_SOCKET` (the chain's plan is computed once for every VM), else planned here.
-fn pmem_backing(top: &Path, image: &Image, options: ImageOptions) -> Result<PmemBacking, CliError> {
+fn pmem_backing(top: &Path, image: &Image, options: MapOptions) -> Result<PmemBacking, CliError> {
     let socket = advm::wire::socket_path();
     if let Ok(ch) = advm::wire::Channel::connect(&socket) {
         let t = std::time::Instant::now();
         match advm::image::service::fetch(&ch, top).and_then(|f| {
             let cached = f.cached;
-            PmemBacking::from_service(f, PMEM_ALIGN).map(|b| (b, cached))
+            PmemBacking::from_service(f, PMEM_ALIGN, &options.image).map(|b| (b, cached))
         }) {
             Ok((b, cached)) => {
                 eprintln!(
@@ -307,7 +311,7 @@ fn pmem_backing(top: &Path, image: &Image, options: ImageOptions) -> Result<Pmem
             }
         }
     }
-    Ok(PmemBacking::new(image, &MapOptions { image: options, writable: true, ..Default::default() }, PMEM_ALIGN)?)
+    Ok(PmemBacking::new(image, &options, PMEM_ALIGN)?)
 }
 
 /// QEMU's preload environment: the shim when the disk is pmem (`shim`: it maps the
@@ -417,21 +421,39 @@ pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
     if !args.thp {
         advm::process::disable_thp()?;
     }
-    std::fs::create_dir_all(workdir).map_err(|e| CliError::Io(workdir.display().to_string(), e))?;
-    let console = workdir.join("console.log");
-    let qemu_log = workdir.join("qemu.log");
+    // A disk of size 0 (an empty file, a qcow2 created without a size) holds no root:
+    // pmem could not map it, and a blk guest waited out --timeout with nothing to mount.
+    if image.virtual_size() == 0 {
+        return Err(usage(format!("{}: the disk's virtual size is 0; there is nothing to boot", args.image.display())));
+    }
     let (disk, backing) = match args.disk {
         DiskKind::Pmem => {
-            let b = pmem_backing(&args.image, &image, args.chain.options())?;
+            let options = MapOptions {
+                image: args.chain.options(),
+                writable: true,
+                max_materialised_bytes: args.max_materialised,
+                ..Default::default()
+            };
+            let b = pmem_backing(&args.image, &image, options)?;
             (Disk::Pmem { backing: b.backing_path(), size: b.size() }, Some(b))
         }
         DiskKind::Blk => (
             Disk::Blk {
                 image: args.image.canonicalize().map_err(|e| CliError::Io(args.image.display().to_string(), e))?,
+                format: match image.layers()[0].format() {
+                    LayerFormat::Qcow2 => "qcow2",
+                    LayerFormat::Raw => "raw",
+                    other => return Err(usage(format!("--disk blk: a top layer of format {other:?}"))),
+                },
+                force_share: args.chain.options().force_share,
             },
             None,
         ),
     };
+    // Made only now: a chain refused above leaves no (empty) directory "kept" behind.
+    std::fs::create_dir_all(workdir).map_err(|e| CliError::Io(workdir.display().to_string(), e))?;
+    let console = workdir.join("console.log");
+    let qemu_log = workdir.join("qemu.log");
     // A port found free can be taken by another VM starting at the same moment; QEMU
     // then fails at once, and another port is tried.
     let mut attempt = 0;
@@ -482,6 +504,8 @@ pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
         "image": top,
         "disk": if backing.is_some() { "pmem" } else { "blk" },
         "size": backing.as_ref().map(PmemBacking::size),
+        // the dump's overlay names it as its backing file's format
+        "format": image.layers()[0].format(),
     });
     std::fs::write(workdir.join(VM_INFO), info.to_string()).map_err(|e| CliError::Io(VM_INFO.into(), e))?;
     Ok(Vm { child, port, console, qemu_log, started, mem_mib: args.mem, _backing: backing })

@@ -32,7 +32,16 @@ pub fn dir(name: &str) -> Dir {
 
 /// Runs `prog args` in `dir`, asserts it succeeded, returns its stdout.
 pub fn run(dir: &Path, prog: &str, args: &[&str]) -> Vec<u8> {
-    let out = Command::new(prog).args(args).current_dir(dir).output().unwrap();
+    let mut out = Command::new(prog).args(args).current_dir(dir).output().unwrap();
+    // qemu-img times its LUKS key derivation in CPU time and now and then measures
+    // none ("Unable to get accurate CPU usage"): qemu's hiccup, not ours; try again.
+    for _ in 0..5 {
+        if out.status.success() || !String::from_utf8_lossy(&out.stderr).contains("accurate CPU usage") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        out = Command::new(prog).args(args).current_dir(dir).output().unwrap();
+    }
     assert!(out.status.success(), "{prog} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     out.stdout
 }

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::ImageSpace;
+use super::{ImageSpace, LayerFormat};
 use crate::sys::{lean_fork, pagemap, process};
 use crate::{Error, Result};
 
@@ -160,7 +160,7 @@ struct Layout {
     file_bytes: u64,
 }
 
-fn layout(size: u64, clusters: &[u64], backing: &str) -> Result<Layout> {
+fn layout(size: u64, clusters: &[u64], backing: &str, backing_format: LayerFormat) -> Result<Layout> {
     let c = DUMP_CLUSTER;
     let l1_size = size.div_ceil(c * L2_ENTRIES);
     if l1_size * 8 > c {
@@ -192,10 +192,15 @@ fn layout(size: u64, clusters: &[u64], backing: &str) -> Result<Layout> {
     be32(&mut header, 56, 1);
     be32(&mut header, 96, 4); // refcount_order: 16-bit
     be32(&mut header, 100, 104); // header_length
-                                 // Extensions: the backing format, then the end; the backing name after them.
+                                 // Extensions: the backing format (padded to 8 bytes), then the end; the backing
+                                 // name after them.
+    let format: &[u8] = match backing_format {
+        LayerFormat::Qcow2 => b"qcow2",
+        LayerFormat::Raw => b"raw",
+    };
     be32(&mut header, 104, 0xE279_2ACA);
-    be32(&mut header, 108, 5);
-    header[112..117].copy_from_slice(b"qcow2");
+    be32(&mut header, 108, format.len() as u32);
+    header[112..112 + format.len()].copy_from_slice(format);
     let name_at = 112 + 8 + 8;
     if backing.len() > 1023 || name_at + backing.len() > c as usize {
         return Err(Error::InvalidArgument { what: "dump backing file", why: format!("{backing:?} is too long") });
@@ -226,15 +231,16 @@ fn layout(size: u64, clusters: &[u64], backing: &str) -> Result<Layout> {
     Ok(Layout { meta, data, file_bytes: total * c })
 }
 
-/// Writes a qcow2 overlay at `out` (a new file) over `backing` for a disk of `size`
-/// bytes holding `clusters` (64 KiB cluster indices, ascending), each filled by `read`
-/// (guest offset, buffer); returns the file's size. For dumps taken elsewhere (the
-/// shim's, of a running VM).
+/// Writes a qcow2 overlay at `out` (a new file) over `backing`, a layer of
+/// `backing_format`, for a disk of `size` bytes holding `clusters` (64 KiB cluster
+/// indices, ascending), each filled by `read` (guest offset, buffer); returns the
+/// file's size. For dumps taken elsewhere (the shim's, of a running VM).
 pub fn write_overlay(
     out: &Path,
     size: u64,
     clusters: &[u64],
     backing: &str,
+    backing_format: LayerFormat,
     mut read: impl FnMut(u64, &mut [u8]) -> Result<()>,
 ) -> Result<u64> {
     let io = |e: std::io::Error| Error::io(out, e);
@@ -244,7 +250,7 @@ pub fn write_overlay(
             why: format!("not ascending, or past the {size}-byte disk"),
         });
     }
-    let l = layout(size, clusters, backing)?;
+    let l = layout(size, clusters, backing, backing_format)?;
     let file: File = OpenOptions::new().write(true).create_new(true).open(out).map_err(io)?;
     file.set_len(l.file_bytes).map_err(io)?;
     for (at, bytes) in &l.meta {
@@ -263,12 +269,13 @@ pub fn write_overlay(
 
 /// Starts dumping what was written through `space` into a new qcow2 at `out` whose
 /// backing file is `backing` (the chain's top, as the overlay names it: a path relative
-/// to `out`'s directory, or absolute). Returns once the child copies; the caller runs on.
-pub fn start(space: &ImageSpace, out: &Path, backing: &str) -> Result<Dump> {
+/// to `out`'s directory, or absolute), a layer of `backing_format`. Returns once the
+/// child copies; the caller runs on.
+pub fn start(space: &ImageSpace, out: &Path, backing: &str, backing_format: LayerFormat) -> Result<Dump> {
     let t0 = Instant::now();
     let io = |e: std::io::Error| Error::io(out, e);
     let (clusters, written_pages) = written_clusters(space)?;
-    let l = layout(space.size(), &clusters, backing)?;
+    let l = layout(space.size(), &clusters, backing, backing_format)?;
     let file: File = OpenOptions::new().write(true).create_new(true).open(out).map_err(io)?;
     file.set_len(l.file_bytes).map_err(io)?;
     for (at, bytes) in &l.meta {

@@ -44,23 +44,57 @@ pub struct ImageOptions {
 /// bit; writing is bit 1).
 const QEMU_WRITE_LOCK_BYTE: i64 = 101;
 
+/// The byte on which QEMU holds a shared OFD lock while it has an image open and lets
+/// nobody else write to it (its "unshared permission" bytes start at 200; writing is
+/// bit 1). A QEMU, qemu-img or qemu-io opening the file for writing tests it and
+/// refuses: `Failed to get "write" lock`.
+const QEMU_NO_WRITERS_BYTE: i64 = 201;
+
 /// Refuses `layer` when another process holds QEMU's write lock on it, unless
 /// `options.force_share`. Filesystems without OFD locks cannot tell; they pass.
 fn refuse_writer(layer: &Layer, options: &ImageOptions) -> Result<()> {
     if options.force_share {
         return Ok(());
     }
-    let locked = crate::sys::fs::layer::byte_locked_by_other(&layer.file, QEMU_WRITE_LOCK_BYTE)
-        .map_err(|e| layer.err(format!("checking for a writer's lock: {e}")))?;
+    refuse_writer_of(&layer.path, &layer.file)
+}
+
+fn refuse_writer_of(path: &Path, file: &File) -> Result<()> {
+    let err = |why: String| Error::Image { path: path.to_path_buf(), why };
+    let locked = crate::sys::fs::layer::byte_locked_by_other(file, QEMU_WRITE_LOCK_BYTE)
+        .map_err(|e| err(format!("checking for a writer's lock: {e}")))?;
     if locked == Some(true) {
-        let path = layer.path.display();
-        return Err(layer.err(format!(
+        let shown = path.display();
+        return Err(err(format!(
             "another process has it open for writing (it holds QEMU's write lock, byte {QEMU_WRITE_LOCK_BYTE} \
              of the file), so the disk may change while it is read; refusing to read it (stop the writer, \
-             which `fuser {path}` names, or read anyway with --force-share/-U, ImageOptions::force_share)"
+             which `fuser {shown}` names, or read anyway with --force-share/-U, ImageOptions::force_share)"
         )));
     }
     Ok(())
+}
+
+/// A new open file description of the layer `file` (at `path`) holding QEMU's
+/// no-writers lock for as long as it, or a duplicate of it (a VMM's inherited
+/// descriptor), stays open: while the layer is mapped, QEMU and qemu-img refuse to open
+/// it for writing, as they do while a QEMU reads it as a backing file. Without it a
+/// writer was refused only at open ([`Image::open_with`]), and one starting later was
+/// seen only through a read lease, which a VMM's plan does not hold. The writer's lock
+/// is tested again once this one is held, so a writer that got in after the open is
+/// refused now (QEMU, too, takes its own locks before testing the others': one of the
+/// two always sees the other). With `force_share` (read while written, `-U`) a plain
+/// reopen. `None` when the file cannot be reopened (its description may be another
+/// process's, a daemon's, so no lock goes on it); no lock either where the filesystem
+/// keeps none.
+pub(crate) fn hold_off_writers(path: &Path, file: &File, force_share: bool) -> Result<Option<File>> {
+    use crate::sys::fs::layer;
+    let Ok(own) = layer::reopen_read(file) else { return Ok(None) };
+    if !force_share {
+        layer::lock_byte_shared(&own, QEMU_NO_WRITERS_BYTE)
+            .map_err(|e| Error::Image { path: path.to_path_buf(), why: format!("locking out writers: {e}") })?;
+        refuse_writer_of(path, &own)?;
+    }
+    Ok(Some(own))
 }
 
 /// One layer of a chain: its file, opened read-only, and what its header says.

@@ -33,7 +33,7 @@ mod space;
 mod types;
 
 pub use fuzz::parse_layer_bytes;
-pub(crate) use layer::current_len;
+pub(crate) use layer::{current_len, hold_off_writers};
 pub use layer::{Image, ImageOptions, Layer, LayerInfo, MAX_CHAIN_DEPTH};
 pub use pmem::{request_dump, PmemBacking, DUMP_DIR_ENV, DUMP_SIGNAL, PLAN_ENV, PLAN_MAGIC};
 pub use qcow2::Compression;

@@ -17,7 +17,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use super::service;
 use super::space::{layout, LayerFile, Layout, Piece, Source};
-use super::{Image, MapOptions, MapStats};
+use super::{hold_off_writers, Image, ImageOptions, MapOptions, MapStats};
 use crate::mem::Memfd;
 use crate::sys::fdpass;
 use crate::{Error, Result};
@@ -63,17 +63,21 @@ impl PmemBacking {
     pub fn new(image: &Image, options: &MapOptions, align: u64) -> Result<Self> {
         let files: Vec<LayerFile<'_>> =
             image.layers().iter().map(|l| LayerFile { path: l.path(), file: l.file(), len: l.file_len() }).collect();
-        Self::build(layout(image, options)?, &files, align)
+        Self::build(layout(image, options)?, &files, align, options.image.force_share)
     }
 
     /// As [`PmemBacking::new`], from the plan an image service handed out
     /// ([`service::fetch`]): no table is read and no cluster decompressed here.
-    pub fn from_service(fetched: service::Fetched, align: u64) -> Result<Self> {
+    /// `options.force_share` as for [`PmemBacking::new`]; the service decided the rest.
+    pub fn from_service(fetched: service::Fetched, align: u64, options: &ImageOptions) -> Result<Self> {
         let service::Fetched { layout, layers, .. } = fetched;
-        Self::build(layout, &service::layer_files(&layers), align)
+        Self::build(layout, &service::layer_files(&layers), align, options.force_share)
     }
 
-    fn build(layout: Layout, layers: &[LayerFile<'_>], align: u64) -> Result<Self> {
+    /// Writes the plan. Each layer goes to the VMM as a description of its own that
+    /// locks QEMU writers out for as long as the VMM holds it (unless `force_share`):
+    /// the VMM's mapping has no read lease to tell it of a writer.
+    fn build(layout: Layout, layers: &[LayerFile<'_>], align: u64, force_share: bool) -> Result<Self> {
         let path = layers[0].path.to_path_buf();
         let err = |why: String| Error::Image { path: path.clone(), why };
         if !align.is_power_of_two() {
@@ -104,7 +108,9 @@ impl PmemBacking {
                         Some(fd) => fd,
                         None => {
                             let l = &layers[depth];
-                            fds.push(inherit(l.file.as_fd(), &l.path.display().to_string())?);
+                            let own = hold_off_writers(l.path, l.file, force_share)?;
+                            let file = own.as_ref().unwrap_or(l.file);
+                            fds.push(inherit(file.as_fd(), &l.path.display().to_string())?);
                             let fd = fds.last().expect("pushed").as_raw_fd() as u64;
                             layer_fd[depth] = Some(fd);
                             fd

@@ -106,6 +106,12 @@ pub(crate) struct L2Cache {
     table: Vec<u8>,
 }
 
+#[cfg(test)]
+thread_local! {
+    /// L2 tables read from files by this thread (for tests of the caching).
+    pub(crate) static L2_READS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 impl Qcow2 {
     /// Parses the header, its extensions and the L1 table. Errors say which field is
     /// wrong and the limit it breaks; `convert` is the command that makes a readable
@@ -306,6 +312,8 @@ impl Qcow2 {
             file.read_exact_at(&mut cache.table, offset)
                 .map_err(|e| format!("reading the L2 table at {offset:#x}: {e}"))?;
             cache.offset = offset;
+            #[cfg(test)]
+            L2_READS.with(|n| n.set(n.get() + 1));
         }
         Ok(&cache.table)
     }

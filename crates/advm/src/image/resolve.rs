@@ -86,7 +86,16 @@ impl Image {
 
     /// The extents of `[start, end)`, coalesced.
     fn extents(&self, start: u64, end: u64) -> Result<Vec<Extent>> {
-        let mut caches: Vec<qcow2::L2Cache> = self.layers.iter().map(|_| Default::default()).collect();
+        self.extents_with(&mut self.l2_caches(), start, end)
+    }
+
+    fn l2_caches(&self) -> Vec<qcow2::L2Cache> {
+        self.layers.iter().map(|_| Default::default()).collect()
+    }
+
+    /// [`extents`](Self::extents) with each layer's last L2 table kept in `caches`
+    /// across calls.
+    fn extents_with(&self, caches: &mut [qcow2::L2Cache], start: u64, end: u64) -> Result<Vec<Extent>> {
         let mut out: Vec<Extent> = Vec::new();
         let mut at = start;
         while at < end {
@@ -136,15 +145,37 @@ impl Image {
     /// Reads `buf.len()` bytes of the virtual disk from `guest` through the layers
     /// (no mapping): data by `pread`, compressed clusters decompressed, zeros filled.
     pub fn read_at(&self, guest: GuestOffset, buf: &mut [u8]) -> Result<()> {
-        let end = guest.checked_add(buf.len() as u64).filter(|e| e.0 <= self.virtual_size()).ok_or_else(|| {
+        ChainReader::new(self).read_at(guest, buf)
+    }
+}
+
+/// Reads of an image's virtual disk that keep, between reads, each layer's last L2
+/// table and the last decompressed cluster: many small reads in one region (the
+/// pages a mapping materialises one by one) read each table once, not once a read.
+pub(crate) struct ChainReader<'a> {
+    image: &'a Image,
+    caches: Vec<qcow2::L2Cache>,
+    /// (depth, stored offset, bytes) of the last compressed cluster read.
+    cluster: Option<(usize, u64, Vec<u8>)>,
+}
+
+impl<'a> ChainReader<'a> {
+    pub(crate) fn new(image: &'a Image) -> Self {
+        Self { image, caches: image.l2_caches(), cluster: None }
+    }
+
+    /// As [`Image::read_at`].
+    pub(crate) fn read_at(&mut self, guest: GuestOffset, buf: &mut [u8]) -> Result<()> {
+        let image = self.image;
+        let end = guest.checked_add(buf.len() as u64).filter(|e| e.0 <= image.virtual_size()).ok_or_else(|| {
             Error::InvalidArgument {
                 what: "image read",
-                why: format!("{} bytes at {guest} run past the {}-byte virtual size", buf.len(), self.virtual_size()),
+                why: format!("{} bytes at {guest} run past the {}-byte virtual size", buf.len(), image.virtual_size()),
             }
         })?;
         // A raw layer cut short would otherwise read as a hole (zeros); a cut during
         // the read shows as a short pread, named the same way.
-        for l in &self.layers {
+        for l in &image.layers {
             match current_len(&l.file) {
                 Ok(now) if now < l.file_len => {
                     return Err(l.err(format!("shrank from {} to {now} bytes since it was opened", l.file_len)))
@@ -153,20 +184,19 @@ impl Image {
                 Err(e) => return Err(Error::io(&l.path, e)),
             }
         }
-        let mut cluster: Option<(usize, u64, Vec<u8>)> = None;
-        for e in self.extents(guest.0, end.0)? {
+        for e in image.extents_with(&mut self.caches, guest.0, end.0)? {
             let dst = &mut buf[(e.start.0 - guest.0) as usize..(e.end() - guest.0) as usize];
-            let layer = &self.layers[e.depth];
+            let layer = &image.layers[e.depth];
             match &e.kind {
                 ExtentKind::Data { offset } => layer.read_exact_at(dst, *offset)?,
                 ExtentKind::Zero { .. } => dst.fill(0),
                 ExtentKind::Compressed { offset, stored_len } => {
                     let Driver::Qcow2(q) = &layer.driver else { unreachable!("only qcow2 compresses") };
                     let cs = q.cluster_size();
-                    if cluster.as_ref().map_or(true, |(d, o, _)| (*d, *o) != (e.depth, offset.0)) {
-                        cluster = Some((e.depth, offset.0, layer.decompress(q, *offset, *stored_len)?));
+                    if self.cluster.as_ref().map_or(true, |(d, o, _)| (*d, *o) != (e.depth, offset.0)) {
+                        self.cluster = Some((e.depth, offset.0, layer.decompress(q, *offset, *stored_len)?));
                     }
-                    let data = &cluster.as_ref().expect("just filled").2;
+                    let data = &self.cluster.as_ref().expect("just filled").2;
                     let within = (e.start.0 & (cs - 1)) as usize;
                     dst.copy_from_slice(&data[within..within + dst.len()]);
                 }

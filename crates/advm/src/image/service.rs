@@ -480,5 +480,5 @@ pub fn fetch(ch: &Channel, path: &Path) -> Result<Fetched> {
 /// came from the service's cache.
 pub fn attach(ch: &Channel, path: &Path, writable: bool) -> Result<(ImageSpace, bool)> {
     let Fetched { layout, layers, cached } = fetch(ch, path)?;
-    Ok((ImageSpace::place(layout, &layer_files(&layers), writable)?, cached))
+    Ok((ImageSpace::place(layout, &layer_files(&layers), writable, false)?, cached))
 }

@@ -13,7 +13,9 @@
 //! process); [`take_read_lease`] turns that signal off, so breaks are seen by polling.
 //!
 //! [`byte_locked_by_other`] tests one byte for an open-file-description lock
-//! (`F_OFD_GETLK`), the way QEMU announces which permissions it holds on an image.
+//! (`F_OFD_GETLK`), the way QEMU announces which permissions it holds on an image;
+//! [`lock_byte_shared`] takes one (`F_OFD_SETLK`), the way QEMU announces which it
+//! does not share.
 
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd};
@@ -111,4 +113,27 @@ pub fn byte_locked_by_other(file: &File, at: i64) -> SysResult<Option<bool>> {
         };
     }
     Ok(Some(lock.l_type != libc::F_UNLCK as libc::c_short))
+}
+
+/// Takes a shared OFD lock on byte `at` of `file`, held until the last descriptor of
+/// this open file description is closed. `Ok(false)` when it could not be taken: the
+/// filesystem keeps no such locks, or another description holds an exclusive one.
+pub fn lock_byte_shared(file: &File, at: i64) -> SysResult<bool> {
+    // SAFETY: `flock` is a plain C struct of integers, for which all zeroes is valid.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_RDLCK as libc::c_short;
+    lock.l_whence = libc::SEEK_SET as libc::c_short;
+    lock.l_start = at;
+    lock.l_len = 1;
+    // SAFETY: F_OFD_SETLK only reads the `flock` we pass, which lives across the call;
+    // the descriptor is open for the duration of the borrow.
+    let r = unsafe { libc::fcntl(file.as_fd().as_raw_fd(), libc::F_OFD_SETLK, &lock as *const libc::flock) };
+    if r < 0 {
+        let e = SysError::last("fcntl(F_OFD_SETLK)");
+        return match e.raw_errno() {
+            libc::EINVAL | libc::ENOLCK | libc::EOPNOTSUPP | libc::ENOSYS | libc::EAGAIN | libc::EACCES => Ok(false),
+            _ => Err(e),
+        };
+    }
+    Ok(true)
 }
