@@ -419,7 +419,7 @@ pub fn merge_process_with(min_bytes: u64, add_new: bool) -> Result<ProcessMerge>
         / 2;
     let ps = page_size();
     super::with_default(|c| {
-        let todo = candidates(&maps, min_bytes, &exclude, &|inode| c.backend.holds_inode(inode));
+        let todo = candidates(&maps, min_bytes, &exclude, &|inode| c.holds_inode(inode));
         let mut r = ProcessMerge {
             stats: MergeStats {
                 merged: 0,
@@ -646,7 +646,7 @@ fn plan_and_map(c: &mut Client, fence: &mut ServicedFence, chunk: &Chunk<'_>, r:
                 && !v.shared
                 && v.readable
                 && v.writable == writable
-                && (!v.file_backed || backend.holds_inode(v.inode))
+                && (!v.file_backed || c.holds_inode(v.inode))
         })
     };
     let mut mapped = vec![false; n];

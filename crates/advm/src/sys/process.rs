@@ -334,6 +334,13 @@ impl<T: 'static> PerProcess<T> {
         }
     }
 
+    /// In a forked child that has not made its own value yet, the one its parent (or an
+    /// earlier ancestor) made, to read what it knew; `None` once this process made one.
+    pub fn inherited(&self) -> Option<&'static T> {
+        // SAFETY: as in `get`: a published value is never freed.
+        unsafe { self.current.load(Ordering::Acquire).as_ref() }.filter(|v| !v.0.is_this_process()).map(|v| &v.1)
+    }
+
     /// As [`PerProcess::get`] for a value whose making may fail: only a success is
     /// kept, so a failure (an fd limit reached, say) is the caller's to report and the
     /// next call tries again, instead of finding that failure for the process's life.
