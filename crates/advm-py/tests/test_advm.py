@@ -430,3 +430,13 @@ def test_a_forked_child_merges_again_what_its_parent_merged() -> None:
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, "the child's merge of its parent's merged array failed"
     assert not np.array_equal(a, want), "the child's write stayed in the child"
+
+
+def test_merge_refuses_arrays_of_python_objects() -> None:
+    # It merged the pages of pointers (no other process could ever share them) and
+    # reported them merged, as if the objects were shared.
+    for a in (np.array([object()] * 4096, dtype=object), np.zeros(4096, dtype=[("a", "O"), ("b", "f8")])):
+        with pytest.raises(TypeError, match="array of Python objects"):
+            advm.merge(a)
+        with pytest.raises(TypeError, match="array of Python objects"):
+            advm.merge(memoryview(a) if a.dtype == object else a)

@@ -77,13 +77,21 @@ def merge(obj: Any) -> MergeStats:
 
     Returns a :class:`MergeStats` dict (``merged``, ``added``, ``skipped``, ``via``...).
 
-    Raises ``TypeError`` for an object without the buffer protocol (``str``, ``int``);
+    Raises ``TypeError`` for an object without the buffer protocol (``str``, ``int``)
+    and for an array of Python objects (``dtype=object``, or a structured dtype with an
+    object field: its elements are references, which no other process could share);
     a non-contiguous buffer is refused by its exporter (NumPy raises ``ValueError``,
     memoryview ``BufferError``); memory that is not private anonymous (a file mapping,
     ``np.memmap``, shared memory such as ``mmap.mmap(-1, n)``, an array ``vcopy``
     made) raises ``ValueError`` naming the mapping; the system's failures raise
     ``OSError``.
     """
+    dtype = getattr(obj, "dtype", None)
+    if getattr(dtype, "hasobject", False) or (isinstance(obj, memoryview) and "O" in obj.format):
+        raise TypeError(
+            f"merge cannot share an array of Python objects ({dtype or obj.format}): its elements are "
+            "references into this process, not data (merge the arrays or bytes they refer to)"
+        )
     return _advm.merge(obj)  # type: ignore[no-any-return]
 
 
