@@ -439,4 +439,6 @@ def test_merge_refuses_arrays_of_python_objects() -> None:
         with pytest.raises(TypeError, match="array of Python objects"):
             advm.merge(a)
         with pytest.raises(TypeError, match="array of Python objects"):
-            advm.merge(memoryview(a) if a.dtype == object else a)
+            advm.merge(a.data)  # a memoryview of the array
+    named = np.zeros(4096, dtype=[("Offset", "f8"), ("b", "i4")])  # a field name is no object
+    assert advm.merge(named.data)["bytes"] == named.nbytes
