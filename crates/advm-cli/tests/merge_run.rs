@@ -104,6 +104,31 @@ fn advm_merge_pid_merges_a_running_program_while_its_threads_write_and_it_forks_
     assert!(pages("merged") + pages("added") >= 8192, "merged too few pages: {v}");
     assert!(pages("mappings") >= 2, "{v}");
     assert!(v["via"]["local"]["reason"].as_str().unwrap().contains("not reachable"), "{v}");
+    // The fields docs/merge.md lists for `advm merge --json`, and no others.
+    let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+    keys.sort_unstable();
+    let listed = [
+        "added",
+        "busy",
+        "bytes",
+        "mappings",
+        "merged",
+        "ok",
+        "phases",
+        "refusal",
+        "refused",
+        "seconds",
+        "skipped",
+        "stopped",
+        "via",
+        "zero_dropped",
+    ];
+    assert_eq!(keys, listed, "{v}");
+    // The phases say where the time went (they were all 0 for the agent's merges).
+    let phase = |k: &str| v["phases"][k].as_f64().unwrap_or_else(|| panic!("phases.{k} in {v}"));
+    let sum: f64 = ["fence_s", "hash_s", "lookup_s", "add_s", "map_s"].iter().map(|k| phase(k)).sum();
+    assert!(phase("fence_s") > 0.0 && phase("hash_s") > 0.0 && phase("map_s") > 0.0, "{v}");
+    assert!(sum <= v["seconds"].as_f64().unwrap() * 1.01 + 1e-3, "the phases are parts of the seconds: {v}");
     child.stdin.as_mut().unwrap().write_all(b"check\n").unwrap();
     // --stats counts the requested merge (no quiet period came in 3600 s)
     let err = finish_with_stderr(child, out);

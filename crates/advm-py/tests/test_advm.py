@@ -190,6 +190,8 @@ b = np.full(8 << 20, 3, dtype=np.uint8)
 c = np.random.default_rng(1).integers(0, 256, 8 << 20, dtype=np.uint8)
 before = c.copy()
 sb, sc = advm.merge(b), advm.merge(c)
+sa = advm.merge(a)  # merged by the forgotten client: maps its store
+assert sa["merged"] + sa["added"] >= 2047 and (a == 3).all(), sa
 assert sb["merged"] + sb["added"] >= 2000 and sc["added"] >= 2000, (sb, sc)
 assert (b == 3).all() and np.array_equal(c, before)
 for f in files:
@@ -406,3 +408,37 @@ def test_under_ulimit_v_vcopy_and_merge_say_the_limit_is_why() -> None:
     assert len(lines) == 2, out.stdout + out.stderr
     for line in lines:
         assert "worked" in line or ("limited to 4096 MiB (ulimit -v" in line and "lift the limit" in line), line
+
+
+def test_a_forked_child_merges_again_what_its_parent_merged() -> None:
+    # A preforking server (gunicorn --preload) merges the model in the parent; a worker
+    # that merged it again got "ValueError: ... is file-backed (inode N)": the range maps
+    # the parent's store, which the child's own session did not know.
+    a = page_aligned(32, 12)
+    advm.merge(a)
+    want = a.copy()
+    want[5 * PAGE : 6 * PAGE] = 7
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            a[5 * PAGE : 6 * PAGE] = 7
+            s = advm.merge(a)
+            code = 0 if s["merged"] + s["added"] == 32 and np.array_equal(a, want) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child's merge of its parent's merged array failed"
+    assert not np.array_equal(a, want), "the child's write stayed in the child"
+
+
+def test_merge_refuses_arrays_of_python_objects() -> None:
+    # It merged the pages of pointers (no other process could ever share them) and
+    # reported them merged, as if the objects were shared.
+    for a in (np.array([object()] * 4096, dtype=object), np.zeros(4096, dtype=[("a", "O"), ("b", "f8")])):
+        with pytest.raises(TypeError, match="array of Python objects"):
+            advm.merge(a)
+        with pytest.raises(TypeError, match="array of Python objects"):
+            advm.merge(a.data)  # a memoryview of the array
+    named = np.zeros(4096, dtype=[("Offset", "f8"), ("b", "i4")])  # a field name is no object
+    assert advm.merge(named.data)["bytes"] == named.nbytes

@@ -121,6 +121,23 @@ pub fn raise_open_files_limit() -> Result<u64> {
     Ok(crate::sys::process::raise_open_files_limit()?)
 }
 
+/// A process watched for its exit, through a pidfd: it names that process even once
+/// its pid is reused.
+#[derive(Debug)]
+pub struct ProcessWatch(std::os::fd::OwnedFd);
+
+impl ProcessWatch {
+    /// Watches process `pid` (fails when it does not exist, or the kernel has no pidfds).
+    pub fn open(pid: i32) -> Result<Self> {
+        Ok(Self(crate::sys::process::pidfd_open(pid)?))
+    }
+
+    /// Waits until the process has exited (at once when it has).
+    pub fn wait_exit(&self) -> Result<()> {
+        Ok(crate::sys::process::wait_pidfd(&self.0)?)
+    }
+}
+
 /// Sends SIGTERM to process `pid` (a program asked to stop cleanly).
 pub fn terminate(pid: u32) -> Result<()> {
     let p = i32::try_from(pid)

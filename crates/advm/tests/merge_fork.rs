@@ -37,12 +37,23 @@ fn fork_after_a_merge_keeps_content_and_writes_private() {
         c.bytes_mut().fill(3);
         let own =
             merge::merge(c.bytes()).is_ok_and(|s| (s.added, s.merged) == (1, 3)) && c.bytes().iter().all(|&x| x == 3);
+        // Memory the parent merged maps the parent's store: the child merges it again
+        // (it was refused as "file-backed"), its own write included, bytes unchanged.
+        let mut want = orig.clone();
+        want[2 * ps..3 * ps].fill(0xEE);
+        let again = merge::merge(b.bytes());
+        let remerged = again.as_ref().is_ok_and(|s| s.merged + s.added == 16) && b.bytes() == &want[..];
+        if !remerged {
+            eprintln!("child: merging the parent's merged memory again: {again:?}");
+        }
         let code = if !same {
             1
         } else if !a_kept {
             2
         } else if !own {
             3
+        } else if !remerged {
+            4
         } else {
             0
         };

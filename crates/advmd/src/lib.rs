@@ -381,5 +381,18 @@ fn serve_client(ch: Channel, services: &Services, timeout: Duration, hash_check_
             break;
         }
     }
+    // A client may close its connection and live on (a program closing every descriptor
+    // above stderr, `os.closerange`): its merged memory still maps the slots it was
+    // handed, which, released now, would be punched and reused under it (its arrays
+    // changed). Its claims end now; its references when its process exits (at once
+    // when it has, or this daemon cannot see its pid). A client holding nothing costs
+    // nothing past its connection.
+    merge.end_claims();
+    if merge.holds_pages() && peer.pid > 0 {
+        drop(ch);
+        if let Ok(client) = advm::process::ProcessWatch::open(peer.pid) {
+            let _ = client.wait_exit();
+        }
+    }
     merge.end(&services.merge);
 }

@@ -431,6 +431,20 @@ impl Session {
         reply
     }
 
+    /// Whether the session holds references to stored pages.
+    pub fn holds_pages(&self) -> bool {
+        !self.held.is_empty()
+    }
+
+    /// Ends the session's claims (its connection is gone: it adds nothing more), and
+    /// keeps its references.
+    pub fn end_claims(&mut self) {
+        if let Some((_, store)) = &self.open {
+            lock(&store.state).unclaim(self.id, &std::mem::take(&mut self.claimed));
+            store.landed.notify_all();
+        }
+    }
+
     /// Releases everything the session held; its domain's store goes when unused.
     pub fn end(self, stores: &Stores) {
         if let Some((domain, store)) = self.open {

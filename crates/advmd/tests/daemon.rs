@@ -1026,3 +1026,80 @@ fn one_uid_cannot_take_every_client_slot() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+#[test]
+fn a_client_that_closes_its_connection_and_lives_on_keeps_its_merged_pages() {
+    // A program that closes every descriptor above stderr (a daemon, `os.closerange`)
+    // after a merge ended its session: advmd released its slots, punched them and gave
+    // them to the next add, and the program's merged buffer changed under it.
+    if !fence_ok() {
+        return;
+    }
+    let (d, sock) = start("closed", |_| {});
+    let (mut ready, mut go) = ([0; 2], [0; 2]);
+    // SAFETY: two pipes, their fds ours.
+    assert!(unsafe { libc::pipe(ready.as_mut_ptr()) } == 0 && unsafe { libc::pipe(go.as_mut_ptr()) } == 0);
+    // SAFETY: the child merges, closes its descriptors, waits and checks, then _exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let buf = distinct(64, 21); // under 256 pages: copied into the store's own memfd
+        let want = buf.bytes().to_vec();
+        let merged =
+            Client::connect(&sock, "closed").and_then(|mut c| c.merge(buf.bytes())).is_ok_and(|s| s.added == 64);
+        for fd in 3..1024 {
+            if fd != ready[1] && fd != go[0] {
+                // SAFETY: closing descriptors, as the program does; nothing here uses them.
+                unsafe { libc::close(fd) };
+            }
+        }
+        let mut b = [0u8];
+        // SAFETY: our pipe ends.
+        let synced = unsafe { libc::write(ready[1], b.as_ptr().cast(), 1) } == 1
+            && unsafe { libc::read(go[0], b.as_mut_ptr().cast(), 1) } == 1;
+        let code = if !merged || !synced {
+            2
+        } else if buf.bytes() != &want[..] {
+            1
+        } else {
+            0
+        };
+        // SAFETY: leave without the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    let mut b = [0u8];
+    // SAFETY: our pipe ends.
+    assert_eq!(unsafe { libc::read(ready[0], b.as_mut_ptr().cast(), 1) }, 1);
+    std::thread::sleep(Duration::from_millis(100)); // the daemon sees the connection close
+    let mut c = Client::connect(&sock, "closed").unwrap();
+    let others: Vec<Region> = (0..4).map(|i| distinct(64, 40 + i)).collect();
+    for o in &others {
+        assert_eq!(c.merge(o.bytes()).unwrap().added, 64);
+    }
+    // SAFETY: our pipe end.
+    assert_eq!(unsafe { libc::write(go[1], b.as_ptr().cast(), 1) }, 1);
+    let mut status = 0;
+    // SAFETY: our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status), "child status {status:#x}");
+    assert_eq!(libc::WEXITSTATUS(status), 0, "1: the child's merged buffer changed; 2: its merge failed");
+    // Once it has exited, its pages go (the client's 4 x 64 stay).
+    let t = Instant::now();
+    while d.services.merge.usage().iter().any(|(dom, u)| dom.tag == "closed" && u.pages != 4 * 64) {
+        assert!(t.elapsed() < Duration::from_secs(5), "not reclaimed: {:?}", d.services.merge.usage());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for fd in ready.into_iter().chain(go) {
+        // SAFETY: our pipe fds, closed once.
+        unsafe { libc::close(fd) };
+    }
+}
+
+/// `pages` of bytes that differ from those of every other `seed` (`filled`'s differ
+/// only in a few bytes, so they share most pages).
+fn distinct(pages: usize, seed: u64) -> Region {
+    let mut r = Region::new(pages * page_size()).unwrap();
+    for (i, x) in r.bytes_mut().iter_mut().enumerate() {
+        *x = ((i as u64 ^ seed << 40).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8;
+    }
+    r
+}

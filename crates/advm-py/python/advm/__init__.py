@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import operator
+import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
@@ -77,13 +78,27 @@ def merge(obj: Any) -> MergeStats:
 
     Returns a :class:`MergeStats` dict (``merged``, ``added``, ``skipped``, ``via``...).
 
-    Raises ``TypeError`` for an object without the buffer protocol (``str``, ``int``);
+    Raises ``TypeError`` for an object without the buffer protocol (``str``, ``int``)
+    and for an array of Python objects (``dtype=object``, or a structured dtype with an
+    object field: its elements are references, which no other process could share);
     a non-contiguous buffer is refused by its exporter (NumPy raises ``ValueError``,
     memoryview ``BufferError``); memory that is not private anonymous (a file mapping,
     ``np.memmap``, shared memory such as ``mmap.mmap(-1, n)``, an array ``vcopy``
     made) raises ``ValueError`` naming the mapping; the system's failures raise
-    ``OSError``.
+    ``OSError``. An array from ``np.load(path, mmap_mode="r")`` is such a file
+    mapping, and needs no merge: its pages are the file's page cache, one copy for
+    every process that maps the file.
+
+    In a forked child (``multiprocessing`` with ``fork``, a preforking server) arrays
+    the parent merged before the fork stay shared, and merging them again works.
     """
+    dtype = getattr(obj, "dtype", None)
+    # A memoryview's struct format: "O" is an object; field names sit between colons.
+    if getattr(dtype, "hasobject", False) or (isinstance(obj, memoryview) and "O" in re.sub(":[^:]*:", "", obj.format)):
+        raise TypeError(
+            f"merge cannot share an array of Python objects ({dtype or obj.format}): its elements are "
+            "references into this process, not data (merge the arrays or bytes they refer to)"
+        )
     return _advm.merge(obj)  # type: ignore[no-any-return]
 
 
@@ -91,8 +106,9 @@ def stat(pid: int | Iterable[int]) -> dict[str, Any]:
     """The ``advm stat`` figures of process ``pid``, or of several processes measured
     together, as a dict: ``physical_bytes`` (distinct physical pages; a page the
     processes share counts once, so the figure of a list of workers shows what merging
-    saved), ``rss_bytes``, ``pss_bytes``, ``uss_bytes``, ``ksm``, and ``processes`` (one
-    entry per pid).
+    saved), ``anon_shmem_bytes`` (those pages without the page cache of regular files:
+    what a memory cgroup charges as anon + shmem), ``rss_bytes``, ``pss_bytes``,
+    ``uss_bytes``, ``ksm``, and ``processes`` (one entry per pid).
 
     Needs permission to read the processes' /proc files (the same user, or root).
     Raises ``ProcessLookupError`` when a process does not exist (or exits while

@@ -419,7 +419,7 @@ pub fn merge_process_with(min_bytes: u64, add_new: bool) -> Result<ProcessMerge>
         / 2;
     let ps = page_size();
     super::with_default(|c| {
-        let todo = candidates(&maps, min_bytes, &exclude, &|inode| c.backend.holds_inode(inode));
+        let todo = candidates(&maps, min_bytes, &exclude, &|inode| c.holds_inode(inode));
         let mut r = ProcessMerge {
             stats: MergeStats {
                 merged: 0,
@@ -549,16 +549,28 @@ fn merge_chunk(c: &mut Client, fence: &mut ServicedFence, chunk: Chunk<'_>, r: &
     let ps = page_size();
     let (addr, len) = (chunk.addr, chunk.len);
     let n = len / ps;
+    let t0 = Instant::now();
     // SAFETY: `addr..addr+len` lies in one of this process's mappings (read from
     // /proc/self/maps; if it has gone, protect reports it), and this thread writes it
     // only by accident (its allocations), which the servicer absorbs.
-    if !unsafe { fence.protect(addr, len) }.map_err(Error::Sys)? {
+    let protected = unsafe { fence.protect(addr, len) }.map_err(Error::Sys)?;
+    // Protecting the chunk and taking its snapshot.
+    r.stats.phases.fence_s += t0.elapsed().as_secs_f64();
+    if !protected {
         r.stats.skipped += n as u64;
         r.busy += n as u64;
         return Ok(());
     }
+    let before = r.stats.phases;
     let result = plan_and_map(c, fence, &chunk, r);
     fence.lift();
+    // The map phase is what the chunk took beyond the others (as Client::merge counts).
+    let p = &mut r.stats.phases;
+    let others = (p.fence_s - before.fence_s)
+        + (p.hash_s - before.hash_s)
+        + (p.lookup_s - before.lookup_s)
+        + (p.add_s - before.add_s);
+    p.map_s += (t0.elapsed().as_secs_f64() - others).max(0.0);
     result
 }
 
@@ -584,7 +596,9 @@ fn plan_and_map(c: &mut Client, fence: &mut ServicedFence, chunk: &Chunk<'_>, r:
     let ps = page_size();
     let (addr, n) = (chunk.addr, chunk.len / ps);
     let snap = fence.snapshot();
+    let t = Instant::now();
     let (mut want, mut hashes) = c.backend.hasher().hash_nonzero(snap);
+    r.stats.phases.hash_s += t.elapsed().as_secs_f64();
     if let Some(only) = chunk.only {
         let (w, h): (Vec<usize>, Vec<u64>) = want.iter().zip(&hashes).filter(|&(&i, _)| only[i]).unzip();
         (want, hashes) = (w, h);
@@ -592,6 +606,8 @@ fn plan_and_map(c: &mut Client, fence: &mut ServicedFence, chunk: &Chunk<'_>, r:
     r.stats.skipped += (n - want.len()) as u64;
     let mut landing = Noted { snap, targets: Vec::new() };
     let resolved = c.backend.resolve(&mut landing, &want, &hashes, chunk.add_new)?;
+    r.stats.phases.lookup_s += resolved.lookup_s;
+    r.stats.phases.add_s += resolved.add_s;
     if resolved.refusal.is_some() {
         r.stats.refusal = resolved.refusal;
     }
@@ -646,7 +662,7 @@ fn plan_and_map(c: &mut Client, fence: &mut ServicedFence, chunk: &Chunk<'_>, r:
                 && !v.shared
                 && v.readable
                 && v.writable == writable
-                && (!v.file_backed || backend.holds_inode(v.inode))
+                && (!v.file_backed || c.holds_inode(v.inode))
         })
     };
     let mut mapped = vec![false; n];

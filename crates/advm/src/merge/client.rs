@@ -25,6 +25,9 @@ pub(crate) trait Backend: Send {
     /// Whether a file with this inode is one of the store's (a range mapping it was
     /// merged before).
     fn holds_inode(&self, inode: u64) -> bool;
+    /// The inodes of the store's files this backend maps (a later client of this
+    /// process, or of a forked child, takes memory mapping them as merged memory).
+    fn inodes(&self) -> Vec<u64>;
     /// What the store holds for each hash. `window`: most pages of those it lacks that
     /// this session will add now, the rest answered [`Found::Later`] when another
     /// session adds them side by side ([`Request::Lookup`]); `Some(0)` only looks
@@ -194,6 +197,9 @@ impl Backend for Local {
     }
     fn holds_inode(&self, inode: u64) -> bool {
         inode == self.store.file_id().0
+    }
+    fn inodes(&self) -> Vec<u64> {
+        vec![self.store.file_id().0]
     }
     fn lookup(&mut self, hashes: &[u64], _window: Option<u32>) -> Result<Vec<Found>> {
         // One process: nobody else adds to this store.
@@ -483,6 +489,9 @@ impl Backend for Daemon {
     fn holds_inode(&self, inode: u64) -> bool {
         self.view.holds_inode(inode)
     }
+    fn inodes(&self) -> Vec<u64> {
+        self.view.inodes().to_vec()
+    }
     fn lookup(&mut self, hashes: &[u64], window: Option<u32>) -> Result<Vec<Found>> {
         let window = window.filter(|_| self.windows);
         let mut out = Vec::with_capacity(hashes.len());
@@ -547,6 +556,9 @@ mod tests {
         }
         fn holds_inode(&self, inode: u64) -> bool {
             self.store.holds_inode(inode)
+        }
+        fn inodes(&self) -> Vec<u64> {
+            self.store.inodes()
         }
         fn lookup(&mut self, hashes: &[u64], window: Option<u32>) -> Result<Vec<Found>> {
             self.lookups.push(window);

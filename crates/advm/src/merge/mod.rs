@@ -153,6 +153,10 @@ impl MergeStats {
 pub struct Client {
     backend: Kept,
     via: Via,
+    /// Inodes of the store files of this process's earlier clients (one forgotten when
+    /// the program closed its descriptors) or of its parent's (a forked child): memory
+    /// they merged maps those files, and merges again like this client's own.
+    earlier: Vec<u64>,
 }
 
 /// A client's backend, dropped only while its descriptors name its files: once the
@@ -192,6 +196,7 @@ impl Client {
         Ok(Self {
             backend: Kept(Some(Box::new(Local::new(limit_bytes)?))),
             via: Via::Local { reason: reason.to_string() },
+            earlier: Vec::new(),
         })
     }
 
@@ -200,7 +205,7 @@ impl Client {
     pub fn connect(socket: &std::path::Path, tag: &str) -> Result<Self> {
         let via = Via::Daemon { socket: socket.display().to_string() };
         match Daemon::connect(socket, tag) {
-            Ok(d) => Ok(Self { backend: Kept(Some(Box::new(d))), via }),
+            Ok(d) => Ok(Self { backend: Kept(Some(Box::new(d))), via, earlier: Vec::new() }),
             Err(e) => Err(lost(&via, e)),
         }
     }
@@ -231,6 +236,19 @@ impl Client {
     pub fn usage(&mut self) -> Result<StoreUsage> {
         self.check_intact()?;
         self.backend.usage().map_err(|e| lost(&self.via, e))
+    }
+
+    /// Whether a file with this inode is a store file of this client or of an earlier
+    /// one (a range mapping it was merged before).
+    fn holds_inode(&self, inode: u64) -> bool {
+        self.backend.holds_inode(inode) || self.earlier.contains(&inode)
+    }
+
+    /// The inodes of the store files of this client and of the earlier ones.
+    fn store_inodes(&self) -> Vec<u64> {
+        let mut all = self.backend.inodes();
+        all.extend(&self.earlier);
+        all
     }
 
     /// Fails when the program closed this client's descriptors ([`Client`]).
@@ -320,7 +338,7 @@ impl Client {
                     v.start, v.end
                 )));
             }
-            if v.file_backed && !self.backend.holds_inode(v.inode) {
+            if v.file_backed && !self.holds_inode(v.inode) {
                 return Err(refuse(format!(
                     "{:#x}..{:#x} is file-backed (inode {}); only anonymous memory can be merged",
                     v.start, v.end, v.inode
@@ -476,15 +494,23 @@ static DEFAULT: PerProcess<Mutex<Option<Client>>> = PerProcess::new();
 
 /// Runs `f` with the process-wide client ([`Client::default_for_process`]).
 pub fn with_default<T>(f: impl FnOnce(&mut Client) -> Result<T>) -> Result<T> {
+    // In a forked child, before its own client replaces it: the parent's, whose merged
+    // memory the child maps. Not waited for: a parent thread that held its lock at the
+    // fork does not exist here (then the child merges that memory no more than before).
+    let parents =
+        DEFAULT.inherited().and_then(|m| m.try_lock().ok()).and_then(|c| c.as_ref().map(Client::store_inodes));
     let mut g = DEFAULT.get(|| Mutex::new(None)).lock().unwrap_or_else(|p| p.into_inner());
+    let mut earlier = parents.unwrap_or_default();
     if g.as_ref().is_some_and(|c| !c.backend.intact()) {
         // The program closed the client's descriptors (a daemon closing every one above
         // stderr, `os.closerange`) and may have got the numbers back for its own files:
         // a new client replaces it (dropping it closes none of them, [`Client`]).
-        *g = None;
+        earlier.extend(g.take().map(|c| c.store_inodes()).unwrap_or_default());
     }
     if g.is_none() {
-        *g = Some(Client::default_for_process()?);
+        let mut c = Client::default_for_process()?;
+        c.earlier = earlier;
+        *g = Some(c);
     }
     f(g.as_mut().expect("set above"))
 }

@@ -83,6 +83,11 @@ impl StoreView {
         self.inodes.contains(&inode)
     }
 
+    /// The inodes of the store's files: its own memfd and the adopted files shown it.
+    pub fn inodes(&self) -> &[u64] {
+        &self.inodes
+    }
+
     pub(crate) fn map(&self) -> &StoreMap {
         &self.map
     }

@@ -302,6 +302,34 @@ impl Drop for ForksHeld {
     }
 }
 
+/// A pidfd of process `pid` (`pidfd_open`): it names that process even once its pid is
+/// reused.
+pub fn pidfd_open(pid: i32) -> SysResult<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(SysError::last("pidfd_open"));
+    }
+    // SAFETY: a new fd, ours alone.
+    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) })
+}
+
+/// Waits until the process of `pidfd` has exited (the pidfd reads ready then).
+pub fn wait_pidfd(pidfd: &OwnedFd) -> SysResult<()> {
+    use std::os::fd::AsRawFd;
+    let mut pfd = libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    loop {
+        // SAFETY: one valid pollfd, for the call.
+        if unsafe { libc::poll(&mut pfd, 1, -1) } >= 0 {
+            return Ok(());
+        }
+        let e = SysError::last("poll(pidfd)");
+        if e.errno != Errno::INTR {
+            return Err(e);
+        }
+    }
+}
+
 /// Raises this process's soft limit of open files to its hard limit; returns the limit
 /// now in force.
 pub fn raise_open_files_limit() -> SysResult<u64> {
@@ -354,6 +382,13 @@ impl<T: 'static> PerProcess<T> {
                 unsafe { &(*other).1 }
             }
         }
+    }
+
+    /// In a forked child that has not made its own value yet, the one its parent (or an
+    /// earlier ancestor) made, to read what it knew; `None` once this process made one.
+    pub fn inherited(&self) -> Option<&'static T> {
+        // SAFETY: as in `get`: a published value is never freed.
+        unsafe { self.current.load(Ordering::Acquire).as_ref() }.filter(|v| !v.0.is_this_process()).map(|v| &v.1)
     }
 
     /// As [`PerProcess::get`] for a value whose making may fail: only a success is
