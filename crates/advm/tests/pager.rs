@@ -71,6 +71,7 @@ in_both_fault_modes!(
     a_written_out_page_marked_discardable_is_never_read_back,
     flush_discardable_drops_only_the_discardable_pages,
     a_failed_swap_read_is_retried_and_the_fault_served_once_the_file_reads,
+    dropping_the_pager_while_a_thread_faults_on_its_region_never_hangs_that_thread,
 );
 
 /// A small deterministic generator (xorshift).
@@ -810,5 +811,63 @@ fn dropping_a_pager_does_not_wait_for_the_handler_threads_tick() {
         drops.sort();
         let median = drops[drops.len() / 2];
         assert!(median < std::time::Duration::from_millis(5), "median drop {median:?} (each: {drops:?})");
+    });
+}
+
+/// A pager dropped while another thread, holding one of its regions, faults there all
+/// the time (a budget of 4 pages under a sweep of 64): the thread is never left
+/// waiting on a fault (or in SIGBUS mode on room in the budget) that nobody serves,
+/// and its next `write` after the drop is an error.
+fn dropping_the_pager_while_a_thread_faults_on_its_region_never_hangs_that_thread(mode: FaultMode) {
+    for _ in 0..5 {
+        let Some(p) = pager(mode, 4) else { return };
+        let r = p.map(64 * ps()).expect("map");
+        let (done, finished) = std::sync::mpsc::channel();
+        let sweeps = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let sweeper = {
+            let sweeps = sweeps.clone();
+            std::thread::spawn(move || {
+                let e = 'sweep: loop {
+                    for page in 0..64 {
+                        if let Err(e) = r.write(page * ps(), &[1; 64]) {
+                            break 'sweep e;
+                        }
+                    }
+                    sweeps.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                };
+                assert!(matches!(e, advm::Error::Unrecoverable { .. }), "{e}");
+                done.send(()).unwrap();
+                r
+            })
+        };
+        // dropped mid-sweep: every sweep faults 60 pages in
+        while sweeps.load(std::sync::atomic::Ordering::Relaxed) < 2 {
+            std::thread::yield_now();
+        }
+        drop(p);
+        finished
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the faulting thread still waits 10 s after the pager was dropped");
+        drop(sweeper.join().unwrap());
+    }
+}
+
+/// A region held after its pager is dropped: the pages the pager had evicted are lost
+/// with its swap file (they read as zeros), so `read` and `write` say so instead of
+/// handing out zeros for data that was written (they returned the zeros before).
+#[test]
+fn a_region_held_after_its_pager_is_dropped_refuses_read_and_write() {
+    bounded(|| {
+        let Some(p) = pager(FaultMode::Thread, 4) else { return };
+        let r = p.map(16 * ps()).expect("map");
+        for i in 0..16 {
+            r.write(i * ps(), &[i as u8 + 1; 8]).expect("write");
+        }
+        drop(p);
+        let mut b = [0u8; 1];
+        for e in [r.read(0, &mut b).unwrap_err(), r.write(0, &[1]).unwrap_err()] {
+            assert!(matches!(e, advm::Error::Unrecoverable { .. }), "{e}");
+            assert!(e.to_string().contains("its pager was dropped"), "{e}");
+        }
     });
 }
