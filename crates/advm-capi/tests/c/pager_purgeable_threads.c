@@ -5,7 +5,8 @@
  * least one is zeros (then the entry is decoded again). Also: two pagers in one
  * process (a range of the other's is -EINVAL), ranges straddling two regions or
  * running out of one, a budget smaller than one entry, and the statistics adding up
- * (pages that became resident minus pages evicted equals the pages resident). */
+ * (pages that became resident minus pages evicted equals the pages resident), and an
+ * entry in a forked child. */
 #define _GNU_SOURCE
 #include <advm.h>
 #include <errno.h>
@@ -13,13 +14,25 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "check.h"
 
 static size_t ps;
 
-enum { ENTRIES = 48, PAGES = 6, THREADS = 4, OPS = 300 };
+/* -D to scale it up (a run in a memory cgroup: ENTRIES=1024 PAGES=64 BUDGET=4096) */
+#ifndef ENTRIES
+#define ENTRIES 48
+#endif
+#ifndef PAGES
+#define PAGES 6
+#endif
+#ifndef BUDGET
+#define BUDGET 64
+#endif
+enum { THREADS = 4, OPS = 300 };
 
 struct entry {
     pthread_mutex_t mu;
@@ -106,7 +119,7 @@ static void stats_add_up(advm_pager *p) {
 }
 
 static void threaded_cache(void) {
-    pager = advm_pager_new(64 * ps, NULL); /* 64 pages for a cache of 288 */
+    pager = advm_pager_new(BUDGET * ps, NULL); /* 64 pages for a cache of 288 */
     CHECK(pager != NULL);
     /* two regions of half the entries each, as two allocations would be */
     unsigned char *half[2];
@@ -136,7 +149,7 @@ static void threaded_cache(void) {
     for (int e = 0; e < 8; e++)
         for (size_t pg = 0; pg < PAGES; pg++) CHECK(page_intact(e, pg));
     struct advm_pager_stats s;
-    CHECK(advm_pager_stats(pager, &s) == 0 && s.resident_pages <= 64 && s.written_pages > 0);
+    CHECK(advm_pager_stats(pager, &s) == 0 && s.resident_pages <= BUDGET && s.written_pages > 0);
     stats_add_up(pager);
 
     /* ranges that are not pages of one region */
@@ -200,6 +213,36 @@ static void budget_below_one_entry(void) {
     advm_pager_destroy(p);
 }
 
+/* A forked child has no pager: lock and unlock there fail at once with
+ * -ENOTRECOVERABLE, and touching an entry is a segmentation fault (the regions are
+ * MADV_DONTFORK), as advm.h says; the parent's entry stays whole. */
+static void entry_after_fork(void) {
+    advm_pager *p = advm_pager_new(8 * ps, NULL);
+    CHECK(p != NULL);
+    unsigned char *m = advm_pager_map(p, 4 * ps);
+    CHECK(m != NULL);
+    memset(m, 3, 4 * ps);
+    CHECK(advm_pager_unlock(p, m, 4 * ps) == 0);
+    for (int touch = 0; touch < 2; touch++) {
+        fflush(stdout);
+        pid_t c = fork();
+        CHECK(c >= 0);
+        if (c == 0) {
+            alarm(10); /* a hang ends the child with SIGALRM */
+            if (advm_pager_lock(p, m, 4 * ps) != -ENOTRECOVERABLE) _exit(2);
+            if (advm_pager_unlock(p, m, 4 * ps) != -ENOTRECOVERABLE) _exit(3);
+            if (touch) _exit(m[0] == 3 ? 4 : 5);
+            _exit(0);
+        }
+        int st;
+        CHECK(waitpid(c, &st, 0) == c);
+        if (touch) CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV);
+        else CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+    CHECK(advm_pager_lock(p, m, 4 * ps) == 1 && all(m, 4 * ps, 3));
+    advm_pager_destroy(p);
+}
+
 int main(void) {
     ps = (size_t)sysconf(_SC_PAGESIZE);
     advm_pager *probe = advm_pager_new(ps, NULL);
@@ -212,6 +255,7 @@ int main(void) {
     threaded_cache();
     two_pagers();
     budget_below_one_entry();
+    entry_after_fork();
     printf("pager_purgeable_threads: ok\n");
     return 0;
 }
