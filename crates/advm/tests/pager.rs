@@ -72,6 +72,7 @@ in_both_fault_modes!(
     flush_discardable_drops_only_the_discardable_pages,
     a_failed_swap_read_is_retried_and_the_fault_served_once_the_file_reads,
     dropping_the_pager_while_a_thread_faults_on_its_region_never_hangs_that_thread,
+    a_purgeable_cache_shared_by_threads_never_hands_out_wrong_bytes,
 );
 
 /// A small deterministic generator (xorshift).
@@ -870,4 +871,63 @@ fn a_region_held_after_its_pager_is_dropped_refuses_read_and_write() {
             assert!(e.to_string().contains("its pager was dropped"), "{e}");
         }
     });
+}
+
+/// A purgeable cache of 32 entries of 4 pages under a budget of 24 pages, used by 4
+/// threads at once (each entry behind its own mutex, as a cache would have): a lock
+/// that says kept finds every byte of the entry's last decode; one that says lost
+/// finds each page whole or zeros, at least one zeros.
+fn a_purgeable_cache_shared_by_threads_never_hands_out_wrong_bytes(mode: FaultMode) {
+    const ENTRIES: usize = 32;
+    const PAGES: usize = 4;
+    let Some(p) = pager(mode, 24) else { return };
+    let p = Arc::new(p);
+    let r = Arc::new(p.map(ENTRIES * PAGES * ps()).expect("map"));
+    let base = r.as_ptr() as usize;
+    let entries: Arc<Vec<std::sync::Mutex<u8>>> = Arc::new((0..ENTRIES).map(|_| std::sync::Mutex::new(0)).collect());
+    let page_of = |e: usize, pg: usize, gen: u8| vec![((e * 8 + pg) as u8 ^ gen.wrapping_mul(37)) | 1; ps()];
+    let (mut kept, mut lost) = (0, 0);
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let (p, r, entries) = (p.clone(), r.clone(), entries.clone());
+            std::thread::spawn(move || {
+                let (mut kept, mut lost) = (0, 0);
+                let mut rng = Rng(t * 7919 + 1);
+                for _ in 0..250 {
+                    let e = rng.next() as usize % ENTRIES;
+                    let mut gen = entries[e].lock().unwrap();
+                    let at = base + e * PAGES * ps();
+                    let survived = p.lock(at, PAGES * ps()).expect("lock");
+                    let mut zeros = 0;
+                    for pg in 0..PAGES {
+                        let mut got = vec![0u8; ps()];
+                        r.read((e * PAGES + pg) * ps(), &mut got).expect("read");
+                        let whole = *gen != 0 && got == page_of(e, pg, *gen);
+                        let zero = got.iter().all(|&b| b == 0);
+                        assert!(whole || (zero && !survived) || *gen == 0, "entry {e} page {pg}: wrong bytes");
+                        zeros += zero as usize;
+                    }
+                    if survived && *gen != 0 {
+                        kept += 1;
+                    } else {
+                        assert!(*gen == 0 || zeros > 0, "entry {e}: lost, yet every page intact");
+                        lost += (*gen != 0) as usize;
+                        *gen = gen.wrapping_add(1).max(1);
+                        for pg in 0..PAGES {
+                            r.write((e * PAGES + pg) * ps(), &page_of(e, pg, *gen)).expect("decode");
+                        }
+                    }
+                    p.unlock(at, PAGES * ps()).expect("unlock");
+                }
+                (kept, lost)
+            })
+        })
+        .collect();
+    for t in threads {
+        let (k, l) = t.join().unwrap();
+        kept += k;
+        lost += l;
+    }
+    assert!(kept > 0 && lost > 0, "kept {kept}, lost {lost}: the budget purged nothing or everything");
+    assert!(p.stats().resident_pages <= 24);
 }
