@@ -71,6 +71,8 @@ in_both_fault_modes!(
     a_written_out_page_marked_discardable_is_never_read_back,
     flush_discardable_drops_only_the_discardable_pages,
     a_failed_swap_read_is_retried_and_the_fault_served_once_the_file_reads,
+    dropping_the_pager_while_a_thread_faults_on_its_region_never_hangs_that_thread,
+    a_purgeable_cache_shared_by_threads_never_hands_out_wrong_bytes,
 );
 
 /// A small deterministic generator (xorshift).
@@ -811,4 +813,121 @@ fn dropping_a_pager_does_not_wait_for_the_handler_threads_tick() {
         let median = drops[drops.len() / 2];
         assert!(median < std::time::Duration::from_millis(5), "median drop {median:?} (each: {drops:?})");
     });
+}
+
+/// A pager dropped while another thread, holding one of its regions, faults there all
+/// the time (a budget of 4 pages under a sweep of 64): the thread is never left
+/// waiting on a fault (or in SIGBUS mode on room in the budget) that nobody serves,
+/// and its next `write` after the drop is an error.
+fn dropping_the_pager_while_a_thread_faults_on_its_region_never_hangs_that_thread(mode: FaultMode) {
+    for _ in 0..5 {
+        let Some(p) = pager(mode, 4) else { return };
+        let r = p.map(64 * ps()).expect("map");
+        let (done, finished) = std::sync::mpsc::channel();
+        let sweeps = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let sweeper = {
+            let sweeps = sweeps.clone();
+            std::thread::spawn(move || {
+                let e = 'sweep: loop {
+                    for page in 0..64 {
+                        if let Err(e) = r.write(page * ps(), &[1; 64]) {
+                            break 'sweep e;
+                        }
+                    }
+                    sweeps.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                };
+                assert!(matches!(e, advm::Error::Unrecoverable { .. }), "{e}");
+                done.send(()).unwrap();
+                r
+            })
+        };
+        // dropped mid-sweep: every sweep faults 60 pages in
+        while sweeps.load(std::sync::atomic::Ordering::Relaxed) < 2 {
+            std::thread::yield_now();
+        }
+        drop(p);
+        finished
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the faulting thread still waits 10 s after the pager was dropped");
+        drop(sweeper.join().unwrap());
+    }
+}
+
+/// A region held after its pager is dropped: the pages the pager had evicted are lost
+/// with its swap file (they read as zeros), so `read` and `write` say so instead of
+/// handing out zeros for data that was written (they returned the zeros before).
+#[test]
+fn a_region_held_after_its_pager_is_dropped_refuses_read_and_write() {
+    bounded(|| {
+        let Some(p) = pager(FaultMode::Thread, 4) else { return };
+        let r = p.map(16 * ps()).expect("map");
+        for i in 0..16 {
+            r.write(i * ps(), &[i as u8 + 1; 8]).expect("write");
+        }
+        drop(p);
+        let mut b = [0u8; 1];
+        for e in [r.read(0, &mut b).unwrap_err(), r.write(0, &[1]).unwrap_err()] {
+            assert!(matches!(e, advm::Error::Unrecoverable { .. }), "{e}");
+            assert!(e.to_string().contains("its pager was dropped"), "{e}");
+        }
+    });
+}
+
+/// A purgeable cache of 32 entries of 4 pages under a budget of 24 pages, used by 4
+/// threads at once (each entry behind its own mutex, as a cache would have): a lock
+/// that says kept finds every byte of the entry's last decode; one that says lost
+/// finds each page whole or zeros, at least one zeros.
+fn a_purgeable_cache_shared_by_threads_never_hands_out_wrong_bytes(mode: FaultMode) {
+    const ENTRIES: usize = 32;
+    const PAGES: usize = 4;
+    let Some(p) = pager(mode, 24) else { return };
+    let p = Arc::new(p);
+    let r = Arc::new(p.map(ENTRIES * PAGES * ps()).expect("map"));
+    let base = r.as_ptr() as usize;
+    let entries: Arc<Vec<std::sync::Mutex<u8>>> = Arc::new((0..ENTRIES).map(|_| std::sync::Mutex::new(0)).collect());
+    let page_of = |e: usize, pg: usize, gen: u8| vec![((e * 8 + pg) as u8 ^ gen.wrapping_mul(37)) | 1; ps()];
+    let (mut kept, mut lost) = (0, 0);
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let (p, r, entries) = (p.clone(), r.clone(), entries.clone());
+            std::thread::spawn(move || {
+                let (mut kept, mut lost) = (0, 0);
+                let mut rng = Rng(t * 7919 + 1);
+                for _ in 0..250 {
+                    let e = rng.next() as usize % ENTRIES;
+                    let mut gen = entries[e].lock().unwrap();
+                    let at = base + e * PAGES * ps();
+                    let survived = p.lock(at, PAGES * ps()).expect("lock");
+                    let mut zeros = 0;
+                    for pg in 0..PAGES {
+                        let mut got = vec![0u8; ps()];
+                        r.read((e * PAGES + pg) * ps(), &mut got).expect("read");
+                        let whole = *gen != 0 && got == page_of(e, pg, *gen);
+                        let zero = got.iter().all(|&b| b == 0);
+                        assert!(whole || (zero && !survived) || *gen == 0, "entry {e} page {pg}: wrong bytes");
+                        zeros += zero as usize;
+                    }
+                    if survived && *gen != 0 {
+                        kept += 1;
+                    } else {
+                        assert!(*gen == 0 || zeros > 0, "entry {e}: lost, yet every page intact");
+                        lost += (*gen != 0) as usize;
+                        *gen = gen.wrapping_add(1).max(1);
+                        for pg in 0..PAGES {
+                            r.write((e * PAGES + pg) * ps(), &page_of(e, pg, *gen)).expect("decode");
+                        }
+                    }
+                    p.unlock(at, PAGES * ps()).expect("unlock");
+                }
+                (kept, lost)
+            })
+        })
+        .collect();
+    for t in threads {
+        let (k, l) = t.join().unwrap();
+        kept += k;
+        lost += l;
+    }
+    assert!(kept > 0 && lost > 0, "kept {kept}, lost {lost}: the budget purged nothing or everything");
+    assert!(p.stats().resident_pages <= 24);
 }

@@ -339,6 +339,9 @@ struct Managed {
     /// (before the area is unmapped) with the region.
     route: OnceLock<Registration>,
     area: Area,
+    /// Set when the pager is dropped with the region still held: the pages it had
+    /// evicted are gone with its swap file.
+    orphaned: AtomicBool,
     discardable: Bitmap,
     /// Pages dropped as discardable since the last [`Pager::lock`] of them.
     purged: Bitmap,
@@ -446,7 +449,9 @@ struct Shared {
 
 /// A region of memory managed by a [`Pager`]. Access it through its address
 /// ([`PagedRegion::as_ptr`]) or [`PagedRegion::read`]/[`PagedRegion::write`]; give it
-/// back with [`Pager::unmap`] (or drop the pager).
+/// back with [`Pager::unmap`] (or drop the pager). A region held after its pager is
+/// dropped stays mapped as plain memory, but the pages the pager had evicted are lost
+/// (zeros): its `read` and `write` then fail with [`Error::Unrecoverable`].
 pub struct PagedRegion {
     m: Arc<Managed>,
 }
@@ -499,6 +504,20 @@ impl PagedRegion {
         Ok(())
     }
 
+    /// Ok while the pager that made the region serves it, in its process.
+    fn usable(&self) -> Result<()> {
+        self.m.owner.check()?;
+        if self.m.orphaned.load(Ordering::Acquire) {
+            return Err(Error::Unrecoverable {
+                what: "paged region",
+                why: "its pager was dropped while the region was held: the pages the pager had evicted are lost \
+                      with its swap file and would read as zeros; unmap regions before dropping their pager"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+
     fn check_pages(&self, first: usize, n: usize) -> Result<()> {
         match first.checked_add(n) {
             Some(end) if end <= self.m.pages() => Ok(()),
@@ -509,15 +528,17 @@ impl PagedRegion {
         }
     }
 
-    /// Copies bytes out from offset `off`.
+    /// Copies bytes out from offset `off`. An [`Error::Unrecoverable`] once the
+    /// pager is dropped (the pages it had evicted are lost: they would read as zeros).
     pub fn read(&self, off: usize, out: &mut [u8]) -> Result<()> {
-        self.m.owner.check()?;
+        self.usable()?;
         self.m.area.read(off, out).map_err(|_| self.out_of_bounds(off, out.len()))
     }
 
-    /// Copies bytes in at offset `off`.
+    /// Copies bytes in at offset `off`. An [`Error::Unrecoverable`] once the pager is
+    /// dropped, as for [`PagedRegion::read`].
     pub fn write(&self, off: usize, data: &[u8]) -> Result<()> {
-        self.m.owner.check()?;
+        self.usable()?;
         self.m.area.write(off, data).map_err(|_| self.out_of_bounds(off, data.len()))
     }
 
@@ -700,6 +721,7 @@ impl Pager {
             owner: self.shared.owner,
             route: OnceLock::new(),
             area,
+            orphaned: AtomicBool::new(false),
             discardable: Bitmap::new(pages),
             purged: Bitmap::new(pages),
             clean: Bitmap::new(pages),
@@ -908,6 +930,7 @@ impl Drop for Pager {
         // regions still held by callers stay mapped; closing the userfaultfd (with
         // the last reference) unregisters them, so they behave as plain memory
         for m in self.shared.regions.read().unwrap_or_else(|p| p.into_inner()).iter() {
+            m.orphaned.store(true, Ordering::Release);
             let _ = m.area.unregister(&self.shared.fd);
             if let Some(r) = m.route.get() {
                 r.retire();
