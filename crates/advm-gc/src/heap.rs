@@ -1159,26 +1159,17 @@ impl Mutator {
 
     /// Pushes a root slot holding `o`; returns its index.
     pub fn push_root(&mut self, o: Option<Obj>) -> usize {
-        if let Some(o) = o {
-            self.heap.inner.checked(o);
-        }
-        let mut r = lock(&self.roots);
-        r.push(o.map_or(0, |o| o.0));
-        r.len() - 1
+        self.push_slot(&self.roots, o)
     }
 
     /// The object in root slot `i` (panics when `i` is not a slot).
     pub fn root(&self, i: usize) -> Option<Obj> {
-        let v = lock(&self.roots)[i];
-        (v != 0).then(|| self.heap.inner.obj(v))
+        self.slot(&self.roots, i)
     }
 
     /// Stores into root slot `i`.
     pub fn set_root(&mut self, i: usize, o: Option<Obj>) {
-        if let Some(o) = o {
-            self.heap.inner.checked(o);
-        }
-        lock(&self.roots)[i] = o.map_or(0, |o| o.0);
+        self.set_slot(&self.roots, i, o)
     }
 
     /// Root slots.
@@ -1195,26 +1186,17 @@ impl Mutator {
     /// keep its object alive: after a collection it holds the object's new address,
     /// or null when the object died (see [`Heap::add_weak_slot`] for when).
     pub fn push_weak(&mut self, o: Option<Obj>) -> usize {
-        if let Some(o) = o {
-            self.heap.inner.checked(o);
-        }
-        let mut w = lock(&self.weak);
-        w.push(o.map_or(0, |o| o.0));
-        w.len() - 1
+        self.push_slot(&self.weak, o)
     }
 
     /// The object in weak slot `i` (null once it died; panics when `i` is not a slot).
     pub fn weak(&self, i: usize) -> Option<Obj> {
-        let v = lock(&self.weak)[i];
-        (v != 0).then(|| self.heap.inner.obj(v))
+        self.slot(&self.weak, i)
     }
 
     /// Stores into weak slot `i`.
     pub fn set_weak(&mut self, i: usize, o: Option<Obj>) {
-        if let Some(o) = o {
-            self.heap.inner.checked(o);
-        }
-        lock(&self.weak)[i] = o.map_or(0, |o| o.0);
+        self.set_slot(&self.weak, i, o)
     }
 
     /// Weak slots.
@@ -1225,6 +1207,28 @@ impl Mutator {
     /// Drops weak slots from index `n` on.
     pub fn truncate_weak(&mut self, n: usize) {
         lock(&self.weak).truncate(n);
+    }
+
+    // One stack of slots (the roots or the weak ones), as addresses (0: null).
+    fn push_slot(&self, slots: &Mutex<Vec<usize>>, o: Option<Obj>) -> usize {
+        if let Some(o) = o {
+            self.heap.inner.checked(o);
+        }
+        let mut v = lock(slots);
+        v.push(o.map_or(0, |o| o.0));
+        v.len() - 1
+    }
+
+    fn slot(&self, slots: &Mutex<Vec<usize>>, i: usize) -> Option<Obj> {
+        let v = lock(slots)[i];
+        (v != 0).then(|| self.heap.inner.obj(v))
+    }
+
+    fn set_slot(&self, slots: &Mutex<Vec<usize>>, i: usize, o: Option<Obj>) {
+        if let Some(o) = o {
+            self.heap.inner.checked(o);
+        }
+        lock(slots)[i] = o.map_or(0, |o| o.0);
     }
 
     /// Pins `o`: until as many [`Mutator::unpin`] calls as pins, it is a root and no
