@@ -5,11 +5,7 @@ use std::path::Path;
 use std::process::Command;
 
 mod common;
-use common::{dir, have, run};
-// The advm image tests' helpers; only `Holder` is used here.
-#[allow(dead_code)]
-#[path = "../../advm/tests/qemu/mod.rs"]
-mod qemu;
+use common::{dir, have, qemu, run};
 
 const ADVM: &str = env!("CARGO_BIN_EXE_advm");
 

@@ -4,6 +4,11 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+// The advm image tests' helpers (its runner below; the image tests use its `Holder`).
+#[allow(dead_code)]
+#[path = "../../../advm/tests/qemu/mod.rs"]
+pub mod qemu;
+
 /// True when `prog --version` runs; else prints why the test skips.
 pub fn have(prog: &str) -> bool {
     let ok = Command::new(prog).arg("--version").output().is_ok_and(|o| o.status.success());
@@ -30,18 +35,8 @@ pub fn dir(name: &str) -> Dir {
     Dir(d)
 }
 
-/// Runs `prog args` in `dir`, asserts it succeeded, returns its stdout.
+/// Runs `prog args` in `dir`, asserts it succeeded, returns its stdout (the image
+/// tests' runner, with its retry of qemu-img's LUKS timing hiccup).
 pub fn run(dir: &Path, prog: &str, args: &[&str]) -> Vec<u8> {
-    let mut out = Command::new(prog).args(args).current_dir(dir).output().unwrap();
-    // qemu-img times its LUKS key derivation in CPU time and now and then measures
-    // none ("Unable to get accurate CPU usage"): qemu's hiccup, not ours; try again.
-    for _ in 0..5 {
-        if out.status.success() || !String::from_utf8_lossy(&out.stderr).contains("accurate CPU usage") {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-        out = Command::new(prog).args(args).current_dir(dir).output().unwrap();
-    }
-    assert!(out.status.success(), "{prog} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    out.stdout
+    qemu::run_bytes(dir, prog, args)
 }

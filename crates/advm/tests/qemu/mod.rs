@@ -35,6 +35,11 @@ impl Drop for Dir {
 
 /// Runs `prog args` in `dir`, asserts it succeeded, returns its stdout.
 pub fn run(dir: &Path, prog: &str, args: &[&str]) -> String {
+    String::from_utf8(run_bytes(dir, prog, args)).unwrap()
+}
+
+/// [`run`] for output that need not be text.
+pub fn run_bytes(dir: &Path, prog: &str, args: &[&str]) -> Vec<u8> {
     let mut out = Command::new(prog).args(args).current_dir(dir).output().unwrap();
     // qemu-img times its LUKS key derivation in CPU time and gives up when a busy
     // machine returns no measurable time; that is qemu's hiccup, not ours: try again.
@@ -52,7 +57,7 @@ pub fn run(dir: &Path, prog: &str, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8(out.stdout).unwrap()
+    out.stdout
 }
 
 /// A process holding an image open (qemu-io, qemu-system), killed on drop. (Not every
