@@ -179,13 +179,7 @@ static void full_filesystem(void) {
 
 int main(void) {
     ps = (size_t)sysconf(_SC_PAGESIZE);
-    advm_pager *probe = advm_pager_new(ps, NULL);
-    if (probe == NULL && errno == ENOSYS) {
-        printf("skipped: the pager needs userfaultfd with UFFDIO_MOVE\n");
-        return 0;
-    }
-    CHECK(probe != NULL);
-    advm_pager_destroy(probe);
+    skip_without_pager();
     image_cache();
     image_cache_under_budget();
     many_pagers();

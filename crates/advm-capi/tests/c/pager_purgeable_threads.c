@@ -245,13 +245,7 @@ static void entry_after_fork(void) {
 
 int main(void) {
     ps = (size_t)sysconf(_SC_PAGESIZE);
-    advm_pager *probe = advm_pager_new(ps, NULL);
-    if (probe == NULL && errno == ENOSYS) {
-        printf("skipped: the pager needs userfaultfd with UFFDIO_MOVE\n");
-        return 0;
-    }
-    CHECK(probe != NULL);
-    advm_pager_destroy(probe);
+    skip_without_pager();
     threaded_cache();
     two_pagers();
     budget_below_one_entry();
