@@ -516,6 +516,17 @@ impl RemapFuzz {
                         continue;
                     }
                     (pd + pl, ps_ + pl, l)
+                } else if self.rng.chance(30) && !ops.is_empty() {
+                    // Into (or out of) a range an earlier operation of the batch reads
+                    // or writes: the batch must run them in order.
+                    let (x, y, l, _) = ops[self.rng.below(ops.len())];
+                    let other = self.start(l);
+                    let mine = if self.rng.chance(50) { x } else { y };
+                    if self.rng.chance(50) {
+                        (mine, other, l)
+                    } else {
+                        (other, mine, l)
+                    }
                 } else {
                     self.pick_move()
                 };
