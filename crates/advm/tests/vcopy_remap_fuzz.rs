@@ -353,10 +353,10 @@ impl RemapFuzz {
             Mem::Region(r) => r.grant(),
             // SAFETY: the test owns the mapping and holds no reference into it while
             // an operation runs.
-            Mem::Guarded(g) => unsafe {
-                Grant::for_caller_memory(PageRange::new("grant", g.base + ps(), g.total - 2 * ps()).unwrap())
+            Mem::Guarded(g) => {
+                unsafe { Grant::for_caller_memory(PageRange::new("grant", g.base + ps(), g.total - 2 * ps()).unwrap()) }
+                    .unwrap()
             }
-            .unwrap(),
         }
     }
 
@@ -372,7 +372,9 @@ impl RemapFuzz {
         match &mut self.mem {
             Mem::Region(r) => r.bytes_mut(),
             // SAFETY: as in `bytes`, borrowed mutably through `self`.
-            Mem::Guarded(g) => unsafe { std::slice::from_raw_parts_mut((g.base + ps()) as *mut u8, g.total - 2 * ps()) },
+            Mem::Guarded(g) => unsafe {
+                std::slice::from_raw_parts_mut((g.base + ps()) as *mut u8, g.total - 2 * ps())
+            },
         }
     }
 
