@@ -351,11 +351,11 @@ impl RemapFuzz {
     fn grant(&mut self) -> Grant<'_> {
         match &mut self.mem {
             Mem::Region(r) => r.grant(),
-            // SAFETY: the test owns the mapping and holds no reference into it while
-            // an operation runs.
             Mem::Guarded(g) => {
-                unsafe { Grant::for_caller_memory(PageRange::new("grant", g.base + ps(), g.total - 2 * ps()).unwrap()) }
-                    .unwrap()
+                let range = PageRange::new("grant", g.base + ps(), g.total - 2 * ps()).unwrap();
+                // SAFETY: the test owns the mapping and holds no reference into it while
+                // an operation runs.
+                unsafe { Grant::for_caller_memory(range) }.unwrap()
             }
         }
     }
