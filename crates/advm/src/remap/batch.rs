@@ -281,8 +281,14 @@ pub(crate) fn plan(
     // 1. Check everything before changing anything (with the mappings the caller
     // already looked up through the grant, if any).
     let mut classes = Vec::with_capacity(ops.len());
-    for op in ops {
-        classes.push(validate(mem, op, seen)?);
+    for (i, op) in ops.iter().enumerate() {
+        classes.push(validate(mem, op, seen).map_err(|e| match e {
+            // In a batch, say which operation: a compaction queues thousands.
+            Error::InvalidArgument { what, why } if ops.len() > 1 => {
+                Error::InvalidArgument { what, why: format!("operation {i} of a batch of {}: {why}", ops.len()) }
+            }
+            e => e,
+        })?);
     }
     // 2. Merge continuing operations; each keeps the index after its last queued op.
     let mut merged: Vec<(Op, Class, usize)> = Vec::with_capacity(ops.len());

@@ -295,7 +295,17 @@ fn misuse_gives_clear_errors_and_changes_nothing() {
         HostAddr(base + ps),
         2 * ps,
     );
-    assert!(batch.execute(&mut g).is_err());
+    // The error says which operation of the batch is bad.
+    assert_eq!(
+        err(batch.execute(&mut g).unwrap_err()),
+        format!(
+            "invalid b: operation 1 of a batch of 2: swap of {base:#x}+{:#x} with {:#x}+{:#x}: the ranges \
+             overlap (swap needs disjoint ranges; to slide a block within a region, move it)",
+            2 * ps,
+            base + ps,
+            2 * ps
+        )
+    );
     check(&r, &model).unwrap();
 }
 
