@@ -143,6 +143,16 @@ static void heap_move(struct fuzz *f, struct advm_batch *bt) {
     refill_vacated(f, f->heap + dst, f->heap + src, len, f->hwant + src);
 }
 
+/* The oracle of a swap: [a, a+len) and [b, b+len) of `want` trade places. */
+static void swap_want(unsigned char *want, size_t a, size_t b, size_t len) {
+    unsigned char *t = malloc(len);
+    CHECK(t != NULL);
+    memcpy(t, want + a, len);
+    memcpy(want + a, want + b, len);
+    memcpy(want + b, t, len);
+    free(t);
+}
+
 static void heap_swap(struct fuzz *f, int batch) {
     size_t len = heap_len(f);
     if (2 * len > HEAP) return;
@@ -165,24 +175,14 @@ static void heap_swap(struct fuzz *f, int batch) {
         rc = advm_batch_run(bt, &st);
         advm_batch_free(bt);
         if (rc) FAIL(f, "batch swap+move: %s", strerror(-rc));
-        unsigned char *t = malloc(len);
-        CHECK(t != NULL);
-        memcpy(t, f->hwant + a, len);
-        memcpy(f->hwant + a, f->hwant + b, len);
-        memcpy(f->hwant + b, t, len);
-        free(t);
+        swap_want(f->hwant, a, b, len);
         memmove(f->hwant + d2, f->hwant + s2, l2);
         refill_vacated(f, f->heap + d2, f->heap + s2, l2, f->hwant + s2);
         return;
     }
     rc = advm_swap(f->heap + a, f->heap + b, len);
     if (rc) FAIL(f, "swap %#zx <-> %#zx +%#zx: %s", a, b, len, strerror(-rc));
-    unsigned char *t = malloc(len);
-    CHECK(t != NULL);
-    memcpy(t, f->hwant + a, len);
-    memcpy(f->hwant + a, f->hwant + b, len);
-    memcpy(f->hwant + b, t, len);
-    free(t);
+    swap_want(f->hwant, a, b, len);
 }
 
 static void step(struct fuzz *f) {
