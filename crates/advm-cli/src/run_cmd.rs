@@ -252,10 +252,11 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         }
     }
     drop(prepared);
-    use std::os::unix::process::ExitStatusExt;
-    let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
-    if code != 0 {
-        std::process::exit(code);
+    if !status.success() {
+        // Flushed by hand: exiting skips the destructors.
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        advm::process::exit_like(status);
     }
     Ok(())
 }

@@ -1,4 +1,5 @@
-//! `advm run` killed mid-run still restores the KSM settings it changed.
+//! `advm run` killed mid-run still restores the KSM settings it changed, and ends as
+//! its program did.
 //! (Its own test binary: test binaries run one at a time, so no other KSM user races it.)
 
 use std::process::Command;
@@ -30,7 +31,8 @@ fn sigterm_ends_the_program_and_ksm_settings_come_back() {
     let started = Instant::now();
     let exit = child.wait().unwrap();
     assert!(started.elapsed() < Duration::from_secs(5), "sleep was not ended by the forwarded SIGTERM");
-    assert_eq!(exit.code(), Some(128 + 15), "advm exits with the program's status");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(exit.signal(), Some(15), "advm ends as the program did: by SIGTERM");
     assert_eq!((ksm("run"), ksm("pages_to_scan"), ksm("sleep_millisecs")), before);
 }
 
@@ -63,4 +65,50 @@ fn a_sigkilled_runs_statistics_directory_is_removed_by_the_next_run() {
     assert!(next.status.success(), "{}", String::from_utf8_lossy(&next.stderr));
     assert!(!left[0].exists(), "the killed run's directory {} is still there", left[0].display());
     let _ = Command::new("pkill").args(["-f", "^sleep 29.123$"]).status();
+}
+
+/// A program killed by a signal: advm dies of the same signal, as the program itself
+/// would look to its waiter. It used to exit with 128 + the signal's number.
+#[test]
+fn a_program_killed_by_a_signal_kills_advm_by_the_same_signal() {
+    use std::os::unix::process::ExitStatusExt;
+    for (mode, sig) in [("off", 9), ("vcopy", 11), ("alloc", 6), ("vcopy", 15)] {
+        let script = format!("kill -{sig} $$");
+        let exit = Command::new(ADVM).args(["run", "--mode", mode, "--", "sh", "-c", &script]).status().unwrap();
+        assert_eq!((exit.signal(), exit.code(), exit.core_dumped()), (Some(sig), None, false), "mode {mode}");
+    }
+    let exit = Command::new(ADVM).args(["run", "--", "sh", "-c", "exit 42"]).status().unwrap();
+    assert_eq!(exit.code(), Some(42));
+}
+
+/// Ctrl-C (SIGINT to the process group) stops a shell script that runs `advm run` in a
+/// loop, as it stops one that runs the program itself: bash goes on after a child that
+/// exited, even with 130, and stops only for one that died of SIGINT. The loop used to
+/// run to its end.
+#[test]
+fn ctrl_c_stops_a_shell_loop_over_advm_run() {
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    let script = format!("for i in 1 2 3; do {ADVM} run -- sleep 5; echo next $i; done");
+    let child = Command::new("bash")
+        .args(["-c", &script])
+        .stdout(std::process::Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    // Until advm has started sleep: then the SIGINT reaches sleep, not a shell between.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let pid = child.id().to_string();
+    let sleeping = || {
+        let out = Command::new("pgrep").args(["-g", &pid, "-x", "sleep"]).output().unwrap();
+        !out.stdout.is_empty()
+    };
+    while !sleeping() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(sleeping(), "advm run never started sleep");
+    let pgid = format!("-{pid}");
+    assert!(Command::new("kill").args(["-INT", "--", &pgid]).status().unwrap().success());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "", "the loop went on after Ctrl-C");
+    assert_eq!(out.status.signal(), Some(2), "bash ends by SIGINT");
 }
