@@ -112,3 +112,20 @@ fn ctrl_c_stops_a_shell_loop_over_advm_run() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "", "the loop went on after Ctrl-C");
     assert_eq!(out.status.signal(), Some(2), "bash ends by SIGINT");
 }
+
+/// A program that cannot be started: 127 when not found, 126 when not executable, as
+/// a shell and env(1) say, with advm's message. Both used to exit 1, like a program's
+/// own failure.
+#[test]
+fn a_program_not_found_exits_127_and_one_not_executable_126() {
+    let plain = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("run_signals-not-executable");
+    std::fs::write(&plain, "echo never\n").unwrap();
+    let plain = plain.to_str().unwrap();
+    for (mode, program, code) in
+        [("vcopy", "/nonexistent/advm-test-program", 127), ("off", "advm-no-such-program", 127), ("vcopy", plain, 126)]
+    {
+        let out = Command::new(ADVM).args(["run", "--mode", mode, "--", program]).output().unwrap();
+        assert_eq!(out.status.code(), Some(code), "{mode} {program}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("advm: running {program}: ")), "{out:?}");
+    }
+}
