@@ -37,9 +37,18 @@ fn sigterm_ends_the_program_and_ksm_settings_come_back() {
 }
 
 /// `advm run --stats` killed outright (SIGKILL: no cleanup) leaves its statistics
-/// directory; the next `advm run` removes it, since no live run holds its lock.
+/// directory; the next `advm run`, with `--stats` or without (any mode), removes it,
+/// since no live run holds its lock. Only a next run with `--stats` used to.
 #[test]
 fn a_sigkilled_runs_statistics_directory_is_removed_by_the_next_run() {
+    let next: [&[&str]; 3] =
+        [&["run", "--stats", "--", "true"], &["run", "--", "true"], &["run", "--mode", "off", "--", "true"]];
+    for next in next {
+        sigkilled_run_then(next);
+    }
+}
+
+fn sigkilled_run_then(next: &[&str]) {
     let tmp = std::env::temp_dir();
     let mut child = Command::new(ADVM).args(["run", "--stats", "--", "sleep", "29.123"]).spawn().unwrap();
     let prefix = format!("advm-run-{}-", child.id());
@@ -61,9 +70,9 @@ fn a_sigkilled_runs_statistics_directory_is_removed_by_the_next_run() {
     child.wait().unwrap();
     // sleep lives on as an orphan; its fds do not hold the directory's lock (close-on-exec)
     assert!(left[0].is_dir());
-    let next = Command::new(ADVM).args(["run", "--stats", "--", "true"]).output().unwrap();
-    assert!(next.status.success(), "{}", String::from_utf8_lossy(&next.stderr));
-    assert!(!left[0].exists(), "the killed run's directory {} is still there", left[0].display());
+    let out = Command::new(ADVM).args(next).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!left[0].exists(), "the killed run's directory {} is still there after advm {next:?}", left[0].display());
     let _ = Command::new("pkill").args(["-f", "^sleep 29.123$"]).status();
 }
 
