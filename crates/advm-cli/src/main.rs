@@ -46,6 +46,10 @@ pub enum CliError {
     /// I/O on something named.
     #[error("{0}: {1}")]
     Io(String, #[source] std::io::Error),
+    /// The program to run could not be started: exit 127 if it was not found, else 126,
+    /// as a shell and env(1) do, so scripts tell it from the program's own failure.
+    #[error("running {0}: {1}")]
+    NotStarted(String, #[source] std::io::Error),
 }
 
 #[derive(Parser)]
@@ -232,7 +236,11 @@ fn main() -> ExitCode {
         Ok(()) | Err(CliError::StdoutClosed) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("advm: {e}");
-            ExitCode::FAILURE
+            match e {
+                CliError::NotStarted(_, e) if e.kind() == std::io::ErrorKind::NotFound => ExitCode::from(127),
+                CliError::NotStarted(..) => ExitCode::from(126),
+                _ => ExitCode::FAILURE,
+            }
         }
     }
 }

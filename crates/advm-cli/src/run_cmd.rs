@@ -214,7 +214,7 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         g.join_at_exec(&mut prepared.command)?;
     }
     let sampler = group.as_ref().map(|g| g.sample_every(DEFAULT_INTERVAL));
-    let mut child = prepared.command.spawn().map_err(|e| CliError::Io(format!("running {program}"), e))?;
+    let mut child = prepared.command.spawn().map_err(|e| CliError::NotStarted(program.clone(), e))?;
     signals.child(child.id())?;
     let status = child.wait().map_err(|e| CliError::Io(format!("waiting for {program}"), e))?;
     drop(signals);
@@ -252,10 +252,11 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         }
     }
     drop(prepared);
-    use std::os::unix::process::ExitStatusExt;
-    let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
-    if code != 0 {
-        std::process::exit(code);
+    if !status.success() {
+        // Flushed by hand: exiting skips the destructors.
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        advm::process::exit_like(status);
     }
     Ok(())
 }

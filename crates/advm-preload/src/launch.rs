@@ -174,6 +174,9 @@ pub fn prepare(
 ) -> Result<Prepared, Error> {
     // First, so that a refusal (KSM's knobs need root) leaves nothing behind.
     let ksm = mode.ksm_pages_to_scan().map(|pages| advm::ksm::Session::start(pages, 20)).transpose()?;
+    // Every run, not only those that make a directory (which sweep again, cheaply):
+    // a killed run's directories would stay until the next run with statistics.
+    advm::process::ScratchDir::remove_dead();
     let mut command = Command::new(program);
     command.args(args);
     let (mut stats_dir, mut merge_report_dir, mut scratch) = (None, None, Vec::new());

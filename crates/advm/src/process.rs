@@ -41,6 +41,19 @@ impl ForwardSignals {
     }
 }
 
+/// Exits as a child that ended with `status` did: with its exit code, or, when a signal
+/// killed it, by the same signal (default action, no core file of our own), so that a
+/// shell script looping over a front end stops at Ctrl-C as it would for the child
+/// itself. A signal whose default does not end a process exits with 128 + its number.
+pub fn exit_like(status: std::process::ExitStatus) -> ! {
+    use std::os::unix::process::ExitStatusExt;
+    if let Some(sig) = status.signal() {
+        signal::die_by(sig);
+        std::process::exit(128 + sig);
+    }
+    std::process::exit(status.code().unwrap_or(1))
+}
+
 /// While alive, SIGTERM, SIGINT and SIGHUP are noted instead of ending the process,
 /// so a long run (a benchmark with VMs and cgroups) can stop and clean up; the old
 /// dispositions come back on drop. May nest, and a signal that comes while a

@@ -229,3 +229,27 @@ impl Awaited {
         Ok(sig)
     }
 }
+
+/// Ends this process by `sig` with its default action, as a child that died of it did,
+/// so that whoever waits on us (a shell running a loop, `subprocess`) sees the signal and
+/// not an exit code; no core file of our own. Returns if `sig`'s default action does
+/// not end a process (the caller then exits).
+pub fn die_by(sig: libc::c_int) {
+    let no_core = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: setrlimit reads a live struct; a failure only means a core file may be written.
+    unsafe { libc::setrlimit(libc::RLIMIT_CORE, &no_core) };
+    // SAFETY: zeroed is a valid sigaction (SIG_DFL, empty mask) and a valid sigset.
+    let mut dfl: libc::sigaction = unsafe { std::mem::zeroed() };
+    dfl.sa_sigaction = libc::SIG_DFL;
+    // SAFETY: as above.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the pointers are to live structs; the calls only change this process's
+    // disposition and mask of `sig`, then send it to this thread.
+    unsafe {
+        libc::sigaction(sig, &dfl, std::ptr::null_mut());
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::raise(sig);
+    }
+}
