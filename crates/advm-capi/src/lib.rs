@@ -21,7 +21,7 @@ pub mod vcopy;
 pub fn errno_of(e: &advm::Error) -> i32 {
     let raw = match e {
         advm::Error::Sys(s) => s.raw_errno(),
-        advm::Error::InvalidArgument { .. } => libc::EINVAL,
+        advm::Error::InvalidArgument { .. } | advm::Error::DaemonRefused { .. } => libc::EINVAL,
         advm::Error::OutOfMemory { .. } => libc::ENOMEM,
         advm::Error::Unrecoverable { .. } => libc::ENOTRECOVERABLE,
         advm::Error::Unsupported { .. } => libc::ENOSYS,

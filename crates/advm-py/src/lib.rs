@@ -20,7 +20,9 @@ use pyo3::types::PyDict;
 /// `OSError`s, as every other failure is).
 fn to_py(e: advm::Error) -> PyErr {
     match e {
-        advm::Error::InvalidArgument { .. } | advm::Error::KernelThread { .. } => PyValueError::new_err(e.to_string()),
+        advm::Error::InvalidArgument { .. } | advm::Error::KernelThread { .. } | advm::Error::DaemonRefused { .. } => {
+            PyValueError::new_err(e.to_string())
+        }
         advm::Error::NoSuchProcess { .. } | advm::Error::ProcessExited { .. } | advm::Error::Zombie { .. } => {
             PyProcessLookupError::new_err(e.to_string())
         }

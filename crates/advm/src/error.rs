@@ -102,6 +102,14 @@ pub enum Error {
         /// What the probe saw.
         why: String,
     },
+    /// advmd answered a request with an error: the request was malformed or out of
+    /// bounds, or a limit of the daemon's was reached (its clients per uid, say); the
+    /// text is the daemon's.
+    #[error("advmd refused the request: {why}")]
+    DaemonRefused {
+        /// The daemon's reason.
+        why: String,
+    },
     /// The daemon a client was connected to went away (stopped or restarted): the
     /// connection cannot be used again.
     #[error(

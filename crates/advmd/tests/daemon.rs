@@ -1103,3 +1103,19 @@ fn distinct(pages: usize, seed: u64) -> Region {
     }
     r
 }
+
+/// A client refused for a daemon's limit is told so, not that its request was invalid
+/// (until 2026-11-29 every error reply read "invalid merge request (advmd refused
+/// it): ...", which sent a platform engineer looking for a bad request).
+#[test]
+fn a_refusal_for_a_limit_does_not_read_as_an_invalid_request() {
+    let (_d, sock) = start("refusal", |c| c.max_clients_per_uid = 1);
+    let held = Channel::connect(&sock).unwrap();
+    Request::Usage.send(&held).unwrap();
+    let _ = Reply::recv(&held);
+    let e = Client::connect(&sock, "").unwrap_err();
+    assert!(matches!(e, advm::Error::DaemonRefused { .. }), "{e:?}");
+    let e = e.to_string();
+    assert!(e.starts_with("advmd refused the request: advmd serves at most 1 clients of one uid"), "{e}");
+    assert!(!e.contains("invalid"), "{e}");
+}

@@ -512,7 +512,20 @@ pub fn with_default<T>(f: impl FnOnce(&mut Client) -> Result<T>) -> Result<T> {
         c.earlier = earlier;
         *g = Some(c);
     }
-    f(g.as_mut().expect("set above"))
+    let r = f(g.as_mut().expect("set above"));
+    if let Err(Error::Disconnected { .. }) = &r {
+        // advmd stopped or restarted: this call says so, and the next connects anew (to
+        // a restarted daemon, else a store of this process's own) as a new process
+        // would; memory merged before maps the old store's files and merges again like
+        // the new client's own. Kept, the client failed every later call: a worker
+        // outliving a daemon restart could never merge through advmd again.
+        let earlier = g.take().map(|c| c.store_inodes()).unwrap_or_default();
+        if let Ok(mut c) = Client::default_for_process() {
+            c.earlier = earlier;
+            *g = Some(c);
+        }
+    }
+    r
 }
 
 /// Merges the full pages of `buf` with the process-wide client.

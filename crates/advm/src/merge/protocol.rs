@@ -210,7 +210,7 @@ impl Reply {
         let reply = match frame.kind {
             kind::ERROR => {
                 let msg = String::from_utf8_lossy(r.bytes("error", crate::wire::MAX_FRAME)?).into_owned();
-                return Err(Error::InvalidArgument { what: "merge request (advmd refused it)", why: msg });
+                return Err(Error::DaemonRefused { why: msg });
             }
             kind::HELLO => {
                 let limit_bytes = r.u64("limit")?;
