@@ -182,7 +182,8 @@ fn check(m: &Raw, model: &[u8], what: &str) {
 
 fn opts(rng: &mut Rng) -> Options {
     let engine = match rng.below(3) {
-        0 => Choice::Only(Engine::UffdMove),
+        // not in a forked child of a process that used it (the cgroup test's)
+        0 if remap::uffd_move_available() => Choice::Only(Engine::UffdMove),
         1 => Choice::Only(Engine::Mremap),
         _ => Choice::Auto,
     };
@@ -192,7 +193,7 @@ fn opts(rng: &mut Rng) -> Options {
 
 /// After a move, the source's uncovered pages are unspecified but must be zero, the
 /// old source or the old destination: take them into the model.
-fn settle_source(m: &Raw, model: &mut [u8], before: &[u8], dst: usize, src: usize, n: usize) {
+fn settle_source(m: &Raw, model: &mut [u8], before: &[u8], dst: usize, src: usize, n: usize, what: &str) {
     let ps = ps();
     let got = m.bytes();
     for p in (src..src + n).step_by(ps) {
@@ -202,7 +203,7 @@ fn settle_source(m: &Raw, model: &mut [u8], before: &[u8], dst: usize, src: usiz
         let page = &got[p..p + ps];
         let old_dst = dst + (p - src);
         let ok = page.iter().all(|&b| b == 0) || page == &before[p..p + ps] || page == &before[old_dst..old_dst + ps];
-        assert!(ok, "source page at {p:#x} after move {src:#x}->{dst:#x}+{n:#x}: {:?}", &page[..8]);
+        assert!(ok, "{what}: source page at {p:#x}: {:?}", &page[..8]);
         model[p..p + ps].copy_from_slice(page);
     }
 }
@@ -210,7 +211,6 @@ fn settle_source(m: &Raw, model: &mut [u8], before: &[u8], dst: usize, src: usiz
 #[test]
 fn moves_and_swaps_of_swapped_out_huge_and_merged_pages_keep_every_byte() {
     let Some(_pressure) = pressure("ops") else { return };
-    let ps = ps();
     let len = 16 << 20;
     let m = Raw::anon(len);
     // Whole-mapping advice: per-run advice would split it into VMAs too small to collapse.
@@ -219,6 +219,22 @@ fn moves_and_swaps_of_swapped_out_huge_and_merged_pages_keep_every_byte() {
     let mut model = vec![0u8; len];
     let seed = std::env::var("RPRESS_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x5eed_1234_abcd_0001);
     let mut rng = Rng(seed);
+    shape(&m, &mut model, 0, len, &mut rng);
+    let (swapped, merged) = (status_kib("VmSwap:"), wait_merged());
+    eprintln!("swapped out {swapped} KiB, KSM-merged {merged} pages, THP {} KiB", status_kib("AnonHugePages:"));
+    assert!(swapped > 0, "MADV_PAGEOUT swapped nothing out");
+    check(&m, &model, "after shaping");
+    let rounds = std::env::var("RPRESS_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(120);
+    let total = fuzz(&m, &mut model, &mut rng, rounds, true);
+    eprintln!("{total:?}");
+    assert!(total.uffd_move_bytes + total.mremap_bytes > 0, "no page engine ran: {total:?}");
+}
+
+/// `rounds` random moves, swaps and batches over `m`, each checked against `model`;
+/// with `reshape`, every 10th round reshapes part of the range.
+fn fuzz(m: &Raw, model: &mut [u8], rng: &mut Rng, rounds: usize, reshape: bool) -> remap::Outcome {
+    let ps = ps();
+    let len = m.len;
     let mut total = remap::Outcome::default();
     let mut add = |o: remap::Outcome| {
         total.uffd_move_bytes += o.uffd_move_bytes;
@@ -226,22 +242,16 @@ fn moves_and_swaps_of_swapped_out_huge_and_merged_pages_keep_every_byte() {
         total.memmove_bytes += o.memmove_bytes;
         total.fallback_bytes += o.fallback_bytes;
     };
-    shape(&m, &mut model, 0, len, &mut rng);
-    let (swapped, merged) = (status_kib("VmSwap:"), wait_merged());
-    eprintln!("swapped out {swapped} KiB, KSM-merged {merged} pages, THP {} KiB", status_kib("AnonHugePages:"));
-    assert!(swapped > 0, "MADV_PAGEOUT swapped nothing out");
-    check(&m, &model, "after shaping");
     let pages = len / ps;
-    let rounds = std::env::var("RPRESS_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(120);
     for round in 0..rounds {
-        let o = opts(&mut rng);
+        let o = opts(rng);
         let big = rng.below(3) == 0;
         let n = if big { (1 + rng.below(2)) * PMD_SIZE } else { (1 + rng.below(80)) * ps };
         let align = |x: usize| if big || rng_aligned(x) { x / PMD_SIZE * PMD_SIZE } else { x };
         let a = align(rng.below(pages - n / ps) * ps);
         let b = align(rng.below(pages - n / ps) * ps);
         let kind = rng.below(3);
-        let before = model.clone();
+        let before = model.to_vec();
         let what = format!("round {round}: kind {kind} a {a:#x} b {b:#x} n {n:#x} {o:?}");
         let disjoint = a + n <= b || b + n <= a;
         let mut o2 = o;
@@ -253,24 +263,30 @@ fn moves_and_swaps_of_swapped_out_huge_and_merged_pages_keep_every_byte() {
                 }
                 let res = remap::move_pages_with(&mut m.grant(), HostAddr(m.addr + b), HostAddr(m.addr + a), n, &o2);
                 if let Err(e) = &res {
-                    if o2.engine == Choice::Only(Engine::Mremap) {
-                        // mremap cannot do every move: an error, nothing changed
+                    if matches!(o2.engine, Choice::Only(Engine::Mremap | Engine::UffdMove)) {
+                        // a page engine cannot do every move (UFFDIO_MOVE: anonymous
+                        // memory only): an error, nothing changed
                         eprintln!("{what}: {e}");
-                        check(&m, &model, &what);
+                        check(m, model, &what);
                         continue;
                     }
                 }
                 add(res.unwrap_or_else(|e| panic!("{what}: {e}")));
                 let moved = before[a..a + n].to_vec();
                 model[b..b + n].copy_from_slice(&moved);
-                settle_source(&m, &mut model, &before, b, a, n);
+                settle_source(m, model, &before, b, a, n, &what);
             }
             1 if disjoint => {
                 if o.engine == Choice::Only(Engine::Mremap) {
                     o2.engine = Choice::Auto;
                 }
-                add(remap::swap_pages_with(&mut m.grant(), HostAddr(m.addr + a), HostAddr(m.addr + b), n, &o2)
-                    .unwrap_or_else(|e| panic!("{what}: {e}")));
+                let res = remap::swap_pages_with(&mut m.grant(), HostAddr(m.addr + a), HostAddr(m.addr + b), n, &o2);
+                if let (Err(e), Choice::Only(Engine::UffdMove)) = (&res, o2.engine) {
+                    eprintln!("{what}: {e}");
+                    check(m, model, &what);
+                    continue;
+                }
+                add(res.unwrap_or_else(|e| panic!("{what}: {e}")));
                 model[a..a + n].copy_from_slice(&before[b..b + n]);
                 model[b..b + n].copy_from_slice(&before[a..a + n]);
             }
@@ -297,15 +313,14 @@ fn moves_and_swaps_of_swapped_out_huge_and_merged_pages_keep_every_byte() {
                 }
             }
         }
-        check(&m, &model, &what);
-        if round % 10 == 9 {
+        check(m, model, &what);
+        if reshape && round % 10 == 9 {
             let off = rng.below(pages / 2) * ps;
-            shape(&m, &mut model, off, (len - off).min(4 << 20), &mut rng);
-            check(&m, &model, &format!("{what}: reshaped"));
+            shape(m, model, off, (len - off).min(4 << 20), rng);
+            check(m, model, &format!("{what}: reshaped"));
         }
     }
-    eprintln!("{total:?}");
-    assert!(total.uffd_move_bytes + total.mremap_bytes > 0, "no page engine ran: {total:?}");
+    total
 }
 
 fn rng_aligned(x: usize) -> bool {
@@ -465,5 +480,113 @@ fn foreign_uffd(addr: usize, len: usize) -> i32 {
         let mut reg = [addr as u64, len as u64, 1, 0];
         assert_eq!(libc::ioctl(fd, 0xc020aa00, reg.as_mut_ptr()), 0, "{}", std::io::Error::last_os_error());
         fd
+    }
+}
+
+/// The same random operations in a child limited by a memory cgroup to less than it
+/// touches, so the kernel swaps anonymous pages and reclaims page-cache pages of a
+/// file-backed private part (the range's middle 4 MiB) while pages move.
+#[test]
+fn moves_and_swaps_under_a_cgroup_limit_while_the_kernel_swaps_and_reclaims_keep_every_byte() {
+    let Some(_pressure) = pressure("cg") else { return };
+    let group = match advm::stats::cgroup::Group::create("rpress") {
+        Ok(g) => g,
+        Err(e) => return eprintln!("skipped: {e}"),
+    };
+    let len = 12 << 20;
+    group.set_limit_bytes(32 << 20).unwrap();
+    let file = std::path::PathBuf::from(format!("/tmp/rpress-file-{}", std::process::id()));
+    let pattern: Vec<u8> = (0..4 << 20).map(|i: usize| (i / 4096 * 13 + i % 251) as u8 | 1).collect();
+    std::fs::write(&file, &pattern).unwrap();
+    let f = std::fs::File::open(&file).unwrap();
+    let m = Raw::anon(len);
+    use std::os::fd::AsRawFd;
+    // SAFETY: replaces the middle of our own mapping with a private view of the file.
+    let p = unsafe {
+        libc::mmap(
+            (m.addr + (4 << 20)) as *mut libc::c_void,
+            4 << 20,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_FIXED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    drop(f);
+    let _ = std::fs::remove_file(&file); // the mapping keeps the file's pages
+    let r = group.run_in_child(|| {
+        // no default panic message: another test thread may have held stderr at the fork
+        std::panic::set_hook(Box::new(|_| {}));
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut model = vec![0u8; len];
+            let mut rng = Rng(0x5eed_0000_c6c6_0001);
+            shape(&m, &mut model, 0, 4 << 20, &mut rng);
+            model[4 << 20..8 << 20].copy_from_slice(&pattern);
+            shape(&m, &mut model, 8 << 20, 4 << 20, &mut rng);
+            check(&m, &model, "after shaping");
+            let total = fuzz(&m, &mut model, &mut rng, 60, false);
+            let swapped = status_kib("VmSwap:");
+            format!("{total:?}, {swapped} KiB swapped out at the end").into_bytes()
+        }))
+        .map_err(|e| {
+            e.downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default()
+        })
+    });
+    group.remove().unwrap();
+    let out = r.unwrap().unwrap_or_else(|e| panic!("in the cgroup: {e}"));
+    eprintln!("{}", String::from_utf8_lossy(&out));
+}
+
+/// A move out of a range spanning a private file view and anonymous memory is copied
+/// (neither page engine takes it whole); the copied source must then read as zeros or
+/// its old bytes, never as the file's bytes again (it did: the copied source was emptied
+/// with MADV_DONTNEED, which makes a private file view show the file).
+#[test]
+fn a_copied_move_out_of_a_private_file_view_never_shows_the_file_again() {
+    let ps = ps();
+    let file = std::path::PathBuf::from(format!("/tmp/rpress-file2-{}", std::process::id()));
+    std::fs::write(&file, vec![0x77u8; 8 << 20]).unwrap();
+    let f = std::fs::File::open(&file).unwrap();
+    let _ = std::fs::remove_file(&file); // mappings keep the file's pages
+    let engines = [Choice::Auto, Choice::Only(Engine::Mremap), Choice::Only(Engine::UffdMove)];
+    for engine in engines {
+        for (from, n) in [(6 << 20, 4 << 20), ((8 << 20) - 4 * ps, 8 * ps), (14 << 20, 4 << 20)] {
+            let m = Raw::anon(24 << 20);
+            use std::os::fd::AsRawFd;
+            // SAFETY: replaces the middle of our own mapping with a private view of the file.
+            let p = unsafe {
+                libc::mmap(
+                    (m.addr + (8 << 20)) as *mut libc::c_void,
+                    8 << 20,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_FIXED,
+                    f.as_raw_fd(),
+                    0,
+                )
+            };
+            assert_ne!(p, libc::MAP_FAILED);
+            m.bytes_mut()[from..from + n].fill(5); // private copies of the file's pages
+            let o = Options { engine, break_even_pages: Some(0), ..Options::default() };
+            let what = format!("{engine:?} move of {n:#x} from {from:#x}");
+            match remap::move_pages_with(&mut m.grant(), HostAddr(m.addr + (20 << 20)), HostAddr(m.addr + from), n, &o)
+            {
+                Ok(_) => {}
+                Err(e) if engine == Choice::Only(Engine::UffdMove) => {
+                    // the engine's refusal names the memory, not the kernel
+                    assert!(matches!(e, advm::Error::InvalidArgument { what: "engine", .. }), "{what}: {e}");
+                    assert!(e.to_string().contains("file-backed"), "{what}: {e}");
+                    continue;
+                }
+                Err(e) => panic!("{what}: {e}"),
+            }
+            assert!(m.bytes()[20 << 20..][..n].iter().all(|&b| b == 5), "{what}: destination");
+            if let Some(i) = m.bytes()[from..from + n].iter().position(|&b| b != 0 && b != 5) {
+                panic!("{what}: source byte {:#x} reads {:#x} (the file's)", from + i, m.bytes()[from + i]);
+            }
+        }
     }
 }
