@@ -413,7 +413,10 @@ fn moves_into_swapped_out_mlocked_and_foreign_userfaultfd_destinations_and_from_
             // SAFETY: locks part of our own mapping.
             assert_eq!(unsafe { libc::mlock((m.addr + 2 * PMD_SIZE) as *const libc::c_void, PMD_SIZE) }, 0);
             let r = remap::move_pages_with(&mut m.grant(), HostAddr(m.addr + 2 * PMD_SIZE), HostAddr(m.addr), n, &o);
-            r.unwrap_or_else(|e| panic!("{engine:?} {n:#x} mlocked dst: {e}"));
+            let out = r.unwrap_or_else(|e| panic!("{engine:?} {n:#x} mlocked dst: {e}"));
+            // UFFDIO_MOVE refuses a locked destination: copied after one registration
+            // and one retry, not after 16 (34 calls)
+            assert!(out.syscalls <= 6, "{engine:?} {n:#x} mlocked dst: {out:?}");
             {
                 assert_eq!(&m.bytes()[2 * PMD_SIZE..][..n], &want[..]);
             }
@@ -423,7 +426,8 @@ fn moves_into_swapped_out_mlocked_and_foreign_userfaultfd_destinations_and_from_
             // SAFETY: locks part of our own mapping.
             assert_eq!(unsafe { libc::mlock(m.addr as *const libc::c_void, PMD_SIZE) }, 0);
             let r = remap::move_pages_with(&mut m.grant(), HostAddr(m.addr + 2 * PMD_SIZE), HostAddr(m.addr), n, &o);
-            r.unwrap_or_else(|e| panic!("{engine:?} {n:#x} mlocked src: {e}"));
+            let out = r.unwrap_or_else(|e| panic!("{engine:?} {n:#x} mlocked src: {e}"));
+            assert!(out.syscalls <= 8, "{engine:?} {n:#x} mlocked src: {out:?}");
             {
                 assert_eq!(&m.bytes()[2 * PMD_SIZE..][..n], &want[..]);
             }

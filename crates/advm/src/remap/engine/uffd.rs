@@ -69,6 +69,7 @@ pub(crate) fn move_or_copy_from(
     // UFFDIO_MOVE wants each range inside one VMA; after mremap moves split a region,
     // a move may have to be cut at VMA boundaries.
     let mut split = false;
+    let mut registered_at = None;
     while done < n {
         let step =
             if split { vma_room(dst + done).min(vma_room(s + done)).min(n - done).max(page_size()) } else { n - done };
@@ -106,13 +107,19 @@ pub(crate) fn move_or_copy_from(
                     }
                     // The move spans several VMAs (cut it at their boundaries), or the
                     // destination's mapping is not registered yet (register it): retry.
+                    // Refused again right after registering there, it is a mapping
+                    // UFFDIO_MOVE refuses (one end mlocked, the other not): copy, not
+                    // 15 more registrations and retries.
                     Errno::INVAL
                         if retries < 16
                             && if !split && crosses_vmas(dst + done, s + done, n - done) {
                                 split = true;
                                 true
-                            } else {
+                            } else if registered_at != Some(done) {
+                                registered_at = Some(done);
                                 register_around(k, dst_g, dst + done, n - done, out)
+                            } else {
+                                false
                             } =>
                     {
                         retries += 1
