@@ -214,18 +214,23 @@ pub(crate) fn choose(op: &Op, class: Class, opts: &Options, be_pages: usize, hav
     match opts.engine {
         Choice::Only(Engine::Memmove) => Ok(Engine::Memmove),
         Choice::Only(Engine::UffdMove) if uffd => Ok(Engine::UffdMove),
+        // The kernel has the engine but this range is not memory it moves: an argument
+        // error (it said "not available on this kernel", which sent readers the wrong way).
+        Choice::Only(Engine::UffdMove) if have_uffd => Err(Error::InvalidArgument {
+            what: "engine",
+            why: "UFFDIO_MOVE moves only private anonymous memory, and this range holds shared or file-backed \
+                  mappings"
+                .into(),
+        }),
         Choice::Only(Engine::UffdMove) => Err(Error::Unsupported {
             what: "UFFDIO_MOVE",
-            why: if have_uffd {
-                "it moves only private anonymous memory".into()
-            } else {
-                "needs Linux 6.8+ with userfaultfd (and write-protect) available to this process".into()
-            },
+            why: "needs Linux 6.8+ with userfaultfd (and write-protect) available to this process".into(),
         }),
         Choice::Only(Engine::Mremap) if mremap_ok => Ok(Engine::Mremap),
-        Choice::Only(Engine::Mremap) => Err(Error::Unsupported {
-            what: "the mremap engine",
-            why: "it moves disjoint ranges of private memory only (no swaps, no overlapping moves, no MAP_SHARED)"
+        Choice::Only(Engine::Mremap) => Err(Error::InvalidArgument {
+            what: "engine",
+            why: "the mremap engine moves disjoint ranges of private memory only (no swaps, no overlapping moves, \
+                  no MAP_SHARED)"
                 .into(),
         }),
         Choice::Auto => {

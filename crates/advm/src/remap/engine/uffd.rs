@@ -17,6 +17,27 @@ pub(crate) fn register_around(k: &Userfaultfd, mem: &mut Grant<'_>, dst: usize, 
     mem.register_for_move(k, s, e - s).is_ok()
 }
 
+/// The parts of `ranges` (start, end) in private anonymous mappings, as (start, len):
+/// the only ones emptying makes read as zeros (a private file view would show the
+/// file's bytes again, which are neither the old bytes nor zeros).
+fn anonymous_parts(ranges: Vec<(usize, usize)>, known: Known) -> Vec<(usize, usize)> {
+    if known == Known::PrivateAnonRw {
+        return ranges.into_iter().map(|(a, e)| (a, e - a)).collect();
+    }
+    let mut out = Vec::new();
+    for (mut at, e) in ranges {
+        while at < e {
+            let Ok(Some(v)) = procmap::query(at) else { break };
+            let end = v.end.min(e);
+            if class_of(&v) == Class::AnonPrivate {
+                out.push((at, end - at));
+            }
+            at = end;
+        }
+    }
+    out
+}
+
 /// Moves page-table entries `dst <- src`, finishing by copying whatever the kernel
 /// refuses, and emptying the copied source so it reads like a moved one.
 // The one planner primitive: every argument is a separate fact about the move.
@@ -48,6 +69,7 @@ pub(crate) fn move_or_copy_from(
     // UFFDIO_MOVE wants each range inside one VMA; after mremap moves split a region,
     // a move may have to be cut at VMA boundaries.
     let mut split = false;
+    let mut registered_at = None;
     while done < n {
         let step =
             if split { vma_room(dst + done).min(vma_room(s + done)).min(n - done).max(page_size()) } else { n - done };
@@ -85,13 +107,19 @@ pub(crate) fn move_or_copy_from(
                     }
                     // The move spans several VMAs (cut it at their boundaries), or the
                     // destination's mapping is not registered yet (register it): retry.
+                    // Refused again right after registering there, it is a mapping
+                    // UFFDIO_MOVE refuses (one end mlocked, the other not): copy, not
+                    // 15 more registrations and retries.
                     Errno::INVAL
                         if retries < 16
                             && if !split && crosses_vmas(dst + done, s + done, n - done) {
                                 split = true;
                                 true
-                            } else {
+                            } else if registered_at != Some(done) {
+                                registered_at = Some(done);
                                 register_around(k, dst_g, dst + done, n - done, out)
+                            } else {
+                                false
                             } =>
                     {
                         retries += 1
@@ -107,13 +135,11 @@ pub(crate) fn move_or_copy_from(
                         // Empty the copied source (not where it overlaps the destination).
                         let mut d = IntervalSet::default();
                         d.insert(dst, dst + n);
-                        let zap: Vec<_> = match &src {
-                            Src::Same => d.subtract_from(s + done, s + n),
-                            Src::Other(_) => vec![(s + done, s + n)],
-                        }
-                        .into_iter()
-                        .map(|(a, e)| (a, e - a))
-                        .collect();
+                        let (zap, known) = match &src {
+                            Src::Same => (d.subtract_from(s + done, s + n), dst_g.known()),
+                            Src::Other(g) => (vec![(s + done, s + n)], g.known()),
+                        };
+                        let zap = anonymous_parts(zap, known);
                         if !zap.is_empty() {
                             out.syscalls += match &mut src {
                                 Src::Same => dst_g.zap(&zap)?,

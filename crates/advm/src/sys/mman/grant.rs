@@ -281,7 +281,16 @@ impl Grant<'_> {
         }
         for &(a, l) in ranges {
             // SAFETY: the range lies in the grant and the caller wants it emptied.
-            unsafe { mman::madvise(a as *mut u8, l, mman::Advice::LinuxDontNeed) }?;
+            match unsafe { mman::madvise(a as *mut u8, l, mman::Advice::LinuxDontNeed) } {
+                // DONTNEED refuses mlocked ranges (EINVAL); DONTNEED_LOCKED (5.18+)
+                // empties them, and they stay locked.
+                Err(e) if e.errno == Errno::INVAL => {
+                    calls += 1;
+                    // SAFETY: as above.
+                    unsafe { mman::madvise(a as *mut u8, l, mman::Advice::LinuxDontneedLocked) }?;
+                }
+                r => r?,
+            }
             calls += 1;
         }
         Ok(calls)
