@@ -1,30 +1,14 @@
 //! `advm daemon` as a deployment runs it: the process, its socket and its signals.
 
-#[allow(dead_code)] // the scratch directory only
+#[allow(dead_code)] // the scratch directory and the daemon only
 mod common;
+use common::spawn_daemon;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use advm::mem::{page_size, Region};
-
-/// `advm daemon --socket SOCK`, started; waits until it answers.
-fn spawn_daemon(sock: &Path) -> Child {
-    let child = Command::new(env!("CARGO_BIN_EXE_advm"))
-        .args(["daemon", "--socket"])
-        .arg(sock)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    while std::os::unix::net::UnixStream::connect(sock).is_err() {
-        assert!(t0.elapsed() < Duration::from_secs(20), "advm daemon did not listen on {}", sock.display());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child
-}
 
 fn kill(child: &Child, sig: &str) {
     let st = Command::new("kill").arg(format!("-{sig}")).arg(child.id().to_string()).status().unwrap();

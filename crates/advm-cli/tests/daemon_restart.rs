@@ -2,12 +2,11 @@
 //! C's `advm_merge`, Python's `advm.merge`) while `advm daemon` is restarted on its
 //! socket. A test binary of its own: it sets `ADVM_SOCKET` for the whole process.
 
-#[allow(dead_code)] // the scratch directory only
+#[allow(dead_code)] // the scratch directory and the daemon only
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command};
 
 use advm::mem::{page_size, Region};
 use advm::merge::Via;
@@ -25,19 +24,7 @@ impl Drop for Daemon {
 }
 
 fn spawn_daemon(sock: &Path) -> Daemon {
-    let child = Command::new(env!("CARGO_BIN_EXE_advm"))
-        .args(["daemon", "--socket"])
-        .arg(sock)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    while std::os::unix::net::UnixStream::connect(sock).is_err() {
-        assert!(t0.elapsed() < Duration::from_secs(20), "advm daemon did not listen on {}", sock.display());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Daemon(Some(child))
+    Daemon(Some(common::spawn_daemon(sock)))
 }
 
 fn stop(mut d: Daemon) {

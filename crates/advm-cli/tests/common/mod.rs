@@ -2,7 +2,8 @@
 //! directory, and running a program in it.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 // The advm image tests' helpers (its runner below; the image tests use its `Holder`).
 #[allow(dead_code)]
@@ -39,4 +40,22 @@ pub fn dir(name: &str) -> Dir {
 /// tests' runner, with its retry of qemu-img's LUKS timing hiccup).
 pub fn run(dir: &Path, prog: &str, args: &[&str]) -> Vec<u8> {
     qemu::run_bytes(dir, prog, args)
+}
+
+/// `advm daemon --socket SOCK`, started (its output piped); waits until it answers.
+#[allow(dead_code)] // the daemon tests only
+pub fn spawn_daemon(sock: &Path) -> Child {
+    let child = Command::new(env!("CARGO_BIN_EXE_advm"))
+        .args(["daemon", "--socket"])
+        .arg(sock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while std::os::unix::net::UnixStream::connect(sock).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "advm daemon did not listen on {}", sock.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
 }
