@@ -9,7 +9,7 @@
 //! above can plan freely without reaching memory it was not given.
 
 use std::marker::PhantomData;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 
 use rustix::io::Errno;
 
@@ -425,14 +425,10 @@ fn pidfd_raw(fd: &OwnedFd) -> i32 {
 fn self_pidfd() -> Option<&'static OwnedFd> {
     static FD: crate::sys::process::PerProcess<Option<OwnedFd>> = crate::sys::process::PerProcess::new();
     FD.try_get(|| {
-        // SAFETY: pidfd_open returns a new fd or -1.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
-        if fd < 0 {
-            let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-            return if crate::sys::out_of_resources(errno) { Err(()) } else { Ok(None) };
-        }
-        // SAFETY: a fresh fd nobody else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let fd = match crate::sys::process::pidfd_open(std::process::id() as i32) {
+            Ok(fd) => fd,
+            Err(e) => return if crate::sys::out_of_resources(e.raw_errno()) { Err(()) } else { Ok(None) },
+        };
         // Probe on an empty page of our own.
         let m = Mapping::anonymous(crate::sys::page_size()).map_err(|_| ())?;
         let iov = libc::iovec { iov_base: m.as_ptr().cast(), iov_len: m.len() };
