@@ -174,8 +174,9 @@ pub fn prepare(
 ) -> Result<Prepared, Error> {
     // First, so that a refusal (KSM's knobs need root) leaves nothing behind.
     let ksm = mode.ksm_pages_to_scan().map(|pages| advm::ksm::Session::start(pages, 20)).transpose()?;
-    // Every run, not only those that make a directory (which sweep again, cheaply):
-    // a killed run's directories would stay until the next run with statistics.
+    // Every run, not only those that make a directory: a killed run's directories
+    // would stay until the next run with statistics. Once: the directories below are
+    // made without sweeping again.
     advm::process::ScratchDir::remove_dead();
     let mut command = Command::new(program);
     command.args(args);
@@ -184,7 +185,7 @@ pub fn prepare(
         prepend_preload(&mut command, &shim_path()?);
         command.env(crate::env::MODE, shim_mode).env(crate::env::THRESHOLD_PAGES, threshold_pages.to_string());
         if stats {
-            let d = advm::process::ScratchDir::new("advm-run")?;
+            let d = advm::process::ScratchDir::create("advm-run")?;
             command.env(crate::env::STATS_DIR, d.path());
             stats_dir = Some(d.path().to_path_buf());
             scratch.push(d);
@@ -194,7 +195,7 @@ pub fn prepare(
         prepend_preload(&mut command, &agent_library()?);
         command.env(MERGE_AGENT, "1");
         if stats {
-            let d = advm::process::ScratchDir::new("advm-run")?;
+            let d = advm::process::ScratchDir::create("advm-run")?;
             command.env(MERGE_REPORT_DIR, d.path());
             merge_report_dir = Some(d.path().to_path_buf());
             scratch.push(d);

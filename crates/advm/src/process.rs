@@ -198,6 +198,12 @@ impl ScratchDir {
     /// Removes dead runs' scratch directories, then makes a new one.
     pub fn new(prefix: &str) -> Result<Self> {
         Self::remove_dead();
+        Self::create(prefix)
+    }
+
+    /// Makes a new one without sweeping first: for a caller that has just called
+    /// [`ScratchDir::remove_dead`] (one sweep of the temporary directory per run).
+    pub fn create(prefix: &str) -> Result<Self> {
         use std::sync::atomic::{AtomicU32, Ordering};
         static N: AtomicU32 = AtomicU32::new(0);
         let tmp = std::env::temp_dir();
