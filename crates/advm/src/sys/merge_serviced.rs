@@ -187,6 +187,16 @@ impl Scratch {
     }
 }
 
+/// `Ok(false)` when part of `[addr, addr+len)` is no longer mapped (the program
+/// unmapped it after its maps were read: the kernel refuses to register or protect
+/// a range with a hole), else `e`.
+fn gone_or(addr: usize, len: usize, e: SysError) -> SysResult<bool> {
+    match super::procmap::covers(addr, len) {
+        Ok(false) => Ok(false),
+        _ => Err(e),
+    }
+}
+
 /// A fence over one chunk at a time, serviced by its own thread (see the module doc).
 #[derive(Debug)]
 pub struct ServicedFence {
@@ -253,11 +263,14 @@ impl ServicedFence {
         s.len().store(len, Ordering::Relaxed);
         s.unlock();
         // SAFETY: the caller's memory; faults are serviced by our thread from here on.
-        unsafe { self.uffd.register(addr as *mut u8, len, mode::WP) }?;
+        if let Err(e) = unsafe { self.uffd.register(addr as *mut u8, len, mode::WP) } {
+            self.lift();
+            return gone_or(addr, len, e);
+        }
         // SAFETY: registered just above with mode WP on this fd.
         if let Err(e) = unsafe { self.uffd.write_protect(addr as *mut u8, len, true, true) } {
             self.lift();
-            return Err(e);
+            return gone_or(addr, len, e);
         }
         let iov_local = libc::iovec { iov_base: (s.map.addr() + s.snapshot_off) as *mut libc::c_void, iov_len: len };
         let iov_remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: len };
@@ -438,7 +451,66 @@ fn serve(uffd: &Userfaultfd, s: &Scratch) {
 
 #[cfg(test)]
 mod tests {
-    use super::AnonAdvice;
+    use super::{AnonAdvice, ServicedFence};
+
+    /// The merge agent reads the process's maps, then fences chunk by chunk: a chunk
+    /// the program unmapped in between (wholly or in part) is skipped, and the agent
+    /// goes on with the next one instead of abandoning the whole merge.
+    #[test]
+    fn a_chunk_unmapped_after_the_maps_were_read_is_skipped_not_an_error() {
+        if let Err(why) = ServicedFence::available() {
+            eprintln!("skipped: {why}");
+            return;
+        }
+        let ps = super::super::page_size();
+        let mut fence = ServicedFence::new(16 * ps).unwrap();
+        let anon = |len: usize| {
+            // SAFETY: a fresh private anonymous mapping, unmapped below.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(p, libc::MAP_FAILED);
+            // SAFETY: the mapping just made, `len` bytes.
+            unsafe { std::ptr::write_bytes(p as *mut u8, 7, len) };
+            p as usize
+        };
+        let unmap = |a: usize, len: usize| {
+            // SAFETY: pages of a mapping this test made and no longer uses.
+            assert_eq!(unsafe { libc::munmap(a as *mut libc::c_void, len) }, 0);
+        };
+
+        // Control: a whole mapping is protected and read.
+        let a = anon(8 * ps);
+        // SAFETY: this test's own mapping; this thread does not write it while fenced.
+        assert!(unsafe { fence.protect(a, 8 * ps) }.unwrap());
+        assert!(fence.snapshot().iter().all(|&b| b == 7));
+        fence.lift();
+
+        // A hole in the middle, then the tail gone, then all of it gone.
+        unmap(a + 3 * ps, 2 * ps);
+        // SAFETY: as above; the unmapped pages are what the test is about.
+        assert!(!unsafe { fence.protect(a, 8 * ps) }.unwrap(), "a chunk with a hole");
+        unmap(a + 5 * ps, 3 * ps);
+        // SAFETY: as above.
+        assert!(!unsafe { fence.protect(a, 8 * ps) }.unwrap(), "a chunk whose tail is gone");
+        unmap(a, 3 * ps);
+        // SAFETY: as above.
+        assert!(!unsafe { fence.protect(a, 8 * ps) }.unwrap(), "a chunk wholly gone");
+
+        // The fence still works afterwards.
+        let b = anon(4 * ps);
+        // SAFETY: this test's own mapping.
+        assert!(unsafe { fence.protect(b, 4 * ps) }.unwrap());
+        fence.lift();
+        unmap(b, 4 * ps);
+    }
 
     #[test]
     fn a_store_mapping_keeps_the_programs_dont_fork_and_dont_dump_only() {

@@ -111,6 +111,19 @@ pub fn query(addr: usize) -> SysResult<Option<Vma>> {
     query_text(addr)
 }
 
+/// Whether every page of `[addr, addr+len)` is mapped (by one mapping or several).
+pub fn covers(addr: usize, len: usize) -> SysResult<bool> {
+    let end = addr.saturating_add(len);
+    let mut a = addr;
+    while a < end {
+        match query(a)? {
+            Some(v) => a = v.end,
+            None => return Ok(false),
+        }
+    }
+    Ok(true)
+}
+
 fn query_ioctl(file: &File, addr: usize) -> Result<Vma, Errno> {
     let mut q = ProcmapQuery {
         size: std::mem::size_of::<ProcmapQuery>() as u64,
