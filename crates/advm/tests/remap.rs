@@ -225,6 +225,11 @@ fn pages_shared_copy_on_write_with_a_child_are_copied_not_lost() {
 }
 
 fn anon_huge_kib(start: usize, end: usize) -> u64 {
+    smaps_kib("AnonHugePages:", start, end)
+}
+
+/// The sum of an smaps field (in KiB) over the mappings overlapping `[start, end)`.
+fn smaps_kib(field: &str, start: usize, end: usize) -> u64 {
     let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
     let mut inside = false;
     let mut total = 0;
@@ -237,7 +242,7 @@ fn anon_huge_kib(start: usize, end: usize) -> u64 {
                 }
             }
         }
-        if inside && l.starts_with("AnonHugePages:") {
+        if inside && l.starts_with(field) {
             total += l.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
         }
     }
@@ -268,6 +273,28 @@ fn transparent_huge_pages_move_whole_when_aligned() {
     assert_eq!(out.uffd_move_bytes, PMD_SIZE);
     assert!(r.bytes()[ps..ps + PMD_SIZE].iter().all(|&b| b == 2));
     assert_eq!(anon_huge_kib(s, e), 0, "split by an unaligned move");
+}
+
+/// docs/remap.md: an `mremap` move takes the source's mapping, lock included, while a
+/// copy leaves each address's lock where it was.
+#[test]
+fn an_mremap_move_carries_the_sources_lock_to_the_destination() {
+    let mut r = Region::for_remap_with_huge_pages(4 * PMD_SIZE).unwrap();
+    r.bytes_mut()[..PMD_SIZE].fill(3);
+    let (s, e) = (r.addr().0, r.addr().0 + r.len());
+    // SAFETY: locks part of the test's own region.
+    if unsafe { libc::mlock(s as *const libc::c_void, PMD_SIZE) } != 0 {
+        eprintln!("skipped: mlock of 2 MiB refused (RLIMIT_MEMLOCK)");
+        return;
+    }
+    let out = r.move_pages_with(2 * PMD_SIZE, 0, PMD_SIZE, &only(Engine::Mremap)).unwrap();
+    assert_eq!(out.mremap_bytes, PMD_SIZE, "{out:?}");
+    assert!(r.bytes()[2 * PMD_SIZE..3 * PMD_SIZE].iter().all(|&b| b == 3));
+    let (d, d_end) = (s + 2 * PMD_SIZE, s + 3 * PMD_SIZE);
+    assert_eq!(smaps_kib("Locked:", d, d_end), 2048, "the destination is locked now");
+    assert_eq!(smaps_kib("Locked:", s, s + PMD_SIZE), 0, "the source is not");
+    // SAFETY: unlocks the test's own region.
+    unsafe { libc::munlock(s as *const libc::c_void, e - s) };
 }
 
 #[test]
