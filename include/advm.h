@@ -194,6 +194,40 @@ struct advm_pager_stats {
  * ENOSYS where userfaultfd with UFFDIO_MOVE is missing: Linux before 6.8, or under
  * valgrind, which has no userfaultfd; EMFILE when the process is out of fds). */
 advm_pager *advm_pager_new(size_t budget_bytes, const char *swap_path);
+/* Every setting of the pager (docs/pager.md), for advm_pager_new_with. Zero a struct,
+ * set size = sizeof(struct advm_pager_options) and budget_bytes, then what you need:
+ * zero means the default everywhere. size lets later versions add fields: a library
+ * older than your header refuses fields it does not know when they are set (ENOSYS),
+ * never ignores them. */
+#define ADVM_PAGER_FAULTS_THREAD 0    /* the pager's handler thread (default) */
+#define ADVM_PAGER_FAULTS_SIGBUS 1    /* on the faulting thread (userfaultfd's SIGBUS mode;
+                                         ENOSYS where the kernel lacks it) */
+#define ADVM_PAGER_FAULTS_AUTO 2      /* SIGBUS where offered, else the thread */
+#define ADVM_PAGER_NEEDED_SWAP_FILE 0 /* needed pages written to the pager's swap file (default) */
+#define ADVM_PAGER_NEEDED_KERNEL 1    /* left to the kernel's reclaim and swap; the pager only
+                                         drops discardable pages */
+#define ADVM_PAGER_SWAP_DIRECT 0      /* swap file written O_DIRECT (default) */
+#define ADVM_PAGER_SWAP_PAGE_CACHE 1  /* through the page cache */
+struct advm_pager_options {
+    size_t size;                    /* sizeof(struct advm_pager_options) */
+    size_t budget_bytes;            /* most bytes resident, at least one page */
+    const char *swap_path;          /* as advm_pager_new's (NULL: unlinked temporary file) */
+    uint64_t swap_capacity_bytes;   /* most bytes the swap file holds (0: 4 GiB) */
+    size_t preflush_headroom_bytes; /* pager-initiated pre-flush: drop every discardable
+                                       page when within this of the budget or of the
+                                       cgroup's limit (0: none) */
+    const char *cgroup;             /* a memory cgroup directory to watch (NULL: none) */
+    int fault_mode;                 /* ADVM_PAGER_FAULTS_* */
+    int needed_paging;              /* ADVM_PAGER_NEEDED_* */
+    int swap_io;                    /* ADVM_PAGER_SWAP_* */
+};
+/* A pager with these options; NULL on error, errno set (EINVAL: NULL, a size below
+ * this header's or above 4096, an unknown mode; ENOSYS: SIGBUS mode not offered here,
+ * or set fields of a newer header; as advm_pager_new otherwise). */
+advm_pager *advm_pager_new_with(const struct advm_pager_options *opts);
+/* Where p serves faults: ADVM_PAGER_FAULTS_THREAD or ADVM_PAGER_FAULTS_SIGBUS (what
+ * AUTO chose); -EINVAL for NULL. */
+int advm_pager_fault_mode(advm_pager *p);
 /* A new region of len bytes (rounded up to pages), reading as zeros. NULL on error. */
 void *advm_pager_map(advm_pager *p, size_t len);
 /* Mark pages discardable / needed: bit flips in a shared bitmap, no system call. */

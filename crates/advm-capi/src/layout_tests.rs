@@ -10,7 +10,7 @@ use std::process::Command;
 
 use crate::gc::{AdvmGcPolicy, AdvmGcStats};
 use crate::merge::AdvmMergeStats;
-use crate::pager::advm_pager_stats;
+use crate::pager::{advm_pager_options, advm_pager_stats};
 use crate::remap::advm_remap_stats;
 use crate::vcopy::AdvmVcopyStats;
 
@@ -83,6 +83,21 @@ fn header_structs_have_the_layout_of_their_rust_twins() {
                 read_ahead_pages,
                 zero_ahead_pages,
                 clean_dropped_pages,
+            ]
+        ),
+        (
+            "advm_pager_options",
+            advm_pager_options,
+            [
+                size,
+                budget_bytes,
+                swap_path,
+                swap_capacity_bytes,
+                preflush_headroom_bytes,
+                cgroup,
+                fault_mode,
+                needed_paging,
+                swap_io,
             ]
         ),
         ("advm_merge_stats", AdvmMergeStats, [merged, added, skipped, refused, nanoseconds, via_daemon]),

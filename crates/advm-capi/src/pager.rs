@@ -1,12 +1,12 @@
 //! C API of `advm::pager` (see `include/advm.h`): a pager, its regions, the
 //! discardable marks, flush, and the appendix statistics.
 
-use std::ffi::{c_char, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void, CStr};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use advm::pager::{Config, PagedRegion, Pager};
+use advm::pager::{Config, FaultMode, NeededPaging, PagedRegion, Pager, SwapIo};
 
 use crate::{guard, set_errno};
 
@@ -61,17 +61,146 @@ pub unsafe extern "C" fn advm_pager_new(budget_bytes: usize, swap_path: *const c
     let mut out = std::ptr::null_mut();
     guard(|| {
         let mut cfg = Config::new(budget_bytes);
-        if !swap_path.is_null() {
-            // SAFETY: the caller passes a NUL-terminated string.
-            let s = unsafe { CStr::from_ptr(swap_path) };
-            // The bytes as they are: a name that is not UTF-8 made a file of another name.
-            cfg.swap_path = Some(PathBuf::from(std::ffi::OsStr::from_bytes(s.to_bytes())));
-        }
+        // SAFETY: the caller passes NULL or a NUL-terminated string.
+        cfg.swap_path = unsafe { path_arg(swap_path) };
         let pager = Arc::new(Pager::new(cfg)?);
         out = Box::into_raw(Box::new(advm_pager { regions: Mutex::new(Vec::new()), pager }));
         Ok(0)
     });
     out
+}
+
+/// `struct advm_pager_options`: everything `advm::pager::Config` offers, for
+/// `advm_pager_new_with`. `size` first, as Linux's extensible structs (`openat2`,
+/// `clone3`) do, so later fields can be added without breaking programs built
+/// against this header.
+#[allow(non_camel_case_types)] // the C name
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct advm_pager_options {
+    /// `sizeof(struct advm_pager_options)` as the caller was built.
+    pub size: usize,
+    /// Most bytes kept resident (at least one page).
+    pub budget_bytes: usize,
+    /// As `advm_pager_new`'s `swap_path` (NULL: an unlinked temporary file).
+    pub swap_path: *const c_char,
+    /// Most bytes the swap file may hold (0: 4 GiB).
+    pub swap_capacity_bytes: u64,
+    /// Pager-initiated pre-flush headroom in bytes (0: none).
+    pub preflush_headroom_bytes: usize,
+    /// A memory cgroup directory whose usage against its limit is watched (NULL: none).
+    pub cgroup: *const c_char,
+    /// `ADVM_PAGER_FAULTS_*`.
+    pub fault_mode: c_int,
+    /// `ADVM_PAGER_NEEDED_*`.
+    pub needed_paging: c_int,
+    /// `ADVM_PAGER_SWAP_*`.
+    pub swap_io: c_int,
+}
+
+/// A C string argument as a path, its bytes as they are (a name that is not UTF-8
+/// would otherwise name another file); None for NULL.
+///
+/// # Safety
+/// `s` is NULL or a NUL-terminated string.
+unsafe fn path_arg(s: *const c_char) -> Option<PathBuf> {
+    if s.is_null() {
+        return None;
+    }
+    // SAFETY: not NULL, and NUL-terminated by the caller's contract.
+    let s = unsafe { CStr::from_ptr(s) };
+    Some(PathBuf::from(std::ffi::OsStr::from_bytes(s.to_bytes())))
+}
+
+fn invalid(what: &'static str, why: impl Into<String>) -> advm::Error {
+    advm::Error::InvalidArgument { what, why: why.into() }
+}
+
+/// The `Config` that `o` describes.
+///
+/// # Safety
+/// `o` is readable for `o.size` bytes and its strings are NULL or NUL-terminated.
+unsafe fn config_of(o: *const advm_pager_options) -> Result<Config, advm::Error> {
+    // SAFETY: the caller's contract; `size` is the first field.
+    let size = unsafe { std::ptr::read_unaligned(o as *const usize) };
+    let ours = std::mem::size_of::<advm_pager_options>();
+    // A page at most, as openat2 allows: a larger size is a field left unset, not a struct.
+    if size < ours || size > 4096 {
+        return Err(invalid("advm_pager_options.size", format!("{size}, not from {ours} to 4096")));
+    }
+    // A newer header's fields beyond ours must be zero (openat2's rule): a
+    // setting this library cannot honour is refused, never ignored.
+    // SAFETY: the caller's contract: `size` bytes are readable.
+    let tail = unsafe { std::slice::from_raw_parts((o as *const u8).add(ours), size - ours) };
+    if tail.iter().any(|&b| b != 0) {
+        return Err(advm::Error::Unsupported {
+            what: "advm_pager_options",
+            why: format!("fields beyond this library's {ours} bytes are set (a newer header)"),
+        });
+    }
+    // SAFETY: readable for `ours` bytes, checked above.
+    let o = unsafe { &*o };
+    let mut cfg = Config::new(o.budget_bytes);
+    // SAFETY: the caller's contract for both strings.
+    (cfg.swap_path, cfg.cgroup) = unsafe { (path_arg(o.swap_path), path_arg(o.cgroup)) };
+    if o.swap_capacity_bytes != 0 {
+        cfg.swap_capacity_bytes = o.swap_capacity_bytes;
+    }
+    cfg.preflush_headroom_bytes = (o.preflush_headroom_bytes != 0).then_some(o.preflush_headroom_bytes);
+    cfg.fault_mode = match o.fault_mode {
+        0 => FaultMode::Thread,
+        1 => FaultMode::Sigbus,
+        2 => FaultMode::Auto,
+        m => return Err(invalid("advm_pager_options.fault_mode", format!("{m}, not an ADVM_PAGER_FAULTS_* value"))),
+    };
+    cfg.needed_paging = match o.needed_paging {
+        0 => NeededPaging::SwapFile,
+        1 => NeededPaging::Kernel,
+        m => return Err(invalid("advm_pager_options.needed_paging", format!("{m}, not an ADVM_PAGER_NEEDED_* value"))),
+    };
+    cfg.swap_io = match o.swap_io {
+        0 => SwapIo::Direct,
+        1 => SwapIo::PageCache,
+        m => return Err(invalid("advm_pager_options.swap_io", format!("{m}, not an ADVM_PAGER_SWAP_* value"))),
+    };
+    Ok(cfg)
+}
+
+/// `advm_pager *advm_pager_new_with(const struct advm_pager_options *)`: a pager
+/// with every setting of `advm::pager::Config`. NULL on error, errno set (EINVAL: a
+/// NULL or short struct, an unknown mode; ENOSYS: SIGBUS mode or a newer header's
+/// fields this library lacks; as `advm_pager_new` otherwise).
+///
+/// # Safety
+/// `opts` is NULL or readable for `opts->size` bytes, with NULL or NUL-terminated strings.
+#[no_mangle]
+pub unsafe extern "C" fn advm_pager_new_with(opts: *const advm_pager_options) -> *mut advm_pager {
+    let mut out = std::ptr::null_mut();
+    guard(|| {
+        if opts.is_null() {
+            return Err(invalid("advm_pager_options", "NULL"));
+        }
+        // SAFETY: the caller's contract.
+        let pager = Arc::new(Pager::new(unsafe { config_of(opts) }?)?);
+        out = Box::into_raw(Box::new(advm_pager { regions: Mutex::new(Vec::new()), pager }));
+        Ok(0)
+    });
+    out
+}
+
+/// `int advm_pager_fault_mode(advm_pager *)`: where this pager serves faults,
+/// `ADVM_PAGER_FAULTS_THREAD` or `_SIGBUS` (what `_AUTO` chose); -EINVAL for NULL.
+///
+/// # Safety
+/// `p` is NULL or a live pager.
+#[no_mangle]
+pub unsafe extern "C" fn advm_pager_fault_mode(p: *mut advm_pager) -> c_int {
+    // SAFETY: the caller's contract.
+    match unsafe { p.as_ref() } {
+        Some(p) if p.pager.fault_mode() == FaultMode::Sigbus => 1,
+        Some(_) => 0,
+        None => crate::einval(),
+    }
 }
 
 /// `void *advm_pager_map(advm_pager *, size_t len)`: a new region (NULL on error, errno set).
