@@ -180,9 +180,36 @@ impl Settings {
     }
 }
 
-/// The control socket's name for process `pid` (abstract namespace).
+/// The control socket's name for process `pid` (abstract namespace). When another
+/// process holds it already (abstract names are open to anyone), the agent binds
+/// `<name>/<random>` instead, and [`request`] finds it among the process's own sockets.
 pub fn socket_name(pid: u32) -> String {
     format!("advm-merge/{pid}")
+}
+
+/// The abstract name of the agent's listening socket in process `pid`: the socket among
+/// the process's own descriptors (`/proc/PID/fd`) that listens under [`socket_name`] or
+/// a name below it (`/proc/PID/net/unix`). None when that cannot be read (another
+/// user's process) or no such socket is open there.
+fn listening_name_in(pid: u32) -> Option<String> {
+    let inodes: std::collections::HashSet<u64> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let target = std::fs::read_link(e.path()).ok()?;
+            target.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+        })
+        .collect();
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/unix")).ok()?;
+    let ours = format!("@{}", socket_name(pid));
+    table.lines().skip(1).find_map(|line| {
+        // Num RefCount Protocol Flags Type St Inode Path; Flags 00010000: listening
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let (flags, inode, path) = (f.get(3)?, f.get(6)?.parse::<u64>().ok()?, f.get(7)?);
+        let listening = u32::from_str_radix(flags, 16).ok()? & 0x0001_0000 != 0;
+        let named = *path == ours || path.strip_prefix(ours.as_str()).is_some_and(|rest| rest.starts_with('/'));
+        (listening && named && inodes.contains(&inode)).then(|| path[1..].to_string())
+    })
 }
 
 /// Starts the agent thread when `ADVM_MERGE_AGENT` is set; reports a bad setting or a
@@ -221,7 +248,17 @@ struct Control {
 
 impl Control {
     fn bind(pid: u32) -> std::io::Result<Self> {
-        let listener = UnixListener::bind_addr(&SocketAddr::from_abstract_name(socket_name(pid).as_bytes())?)?;
+        let bound = |name: &str| UnixListener::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes())?);
+        let listener = match bound(&socket_name(pid)) {
+            // Someone holds the plain name (bound first, before this process ran): a
+            // name nobody can guess, which `request` finds through /proc/PID/fd.
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                let mut nonce = [0u8; 8];
+                crate::sys::merge::random_bytes(&mut nonce).map_err(std::io::Error::other)?;
+                bound(&format!("{}/{:016x}", socket_name(pid), u64::from_le_bytes(nonce)))?
+            }
+            other => other?,
+        };
         listener.set_nonblocking(true)?;
         let id = crate::sys::merge::file_id(listener.as_fd()).map_err(std::io::Error::other)?;
         Ok(Self { listener: Some(listener), id })
@@ -748,13 +785,13 @@ pub fn request_kind(pid: u32, add_new: bool) -> Result<serde_json::Value> {
     if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
         return Err(refuse(format!("no process {pid} is running")));
     }
-    let addr = SocketAddr::from_abstract_name(socket_name(pid).as_bytes())
-        .map_err(|e| refuse(format!("socket name for {pid}: {e}")))?;
+    // The agent's socket among the process's own, else the plain name (a process
+    // whose descriptors this user may not read).
+    let name = listening_name_in(pid).unwrap_or_else(|| socket_name(pid));
+    let addr =
+        SocketAddr::from_abstract_name(name.as_bytes()).map_err(|e| refuse(format!("socket name for {pid}: {e}")))?;
     let conn = UnixStream::connect_addr(&addr).map_err(|e| {
-        refuse(format!(
-            "process {pid} is not running under `advm run --mode merge` (no merge agent at @{}: {e})",
-            socket_name(pid)
-        ))
+        refuse(format!("process {pid} is not running under `advm run --mode merge` (no merge agent at @{name}: {e})"))
     })?;
     // The name is abstract: any process may hold it (bound first, for a pid not yet
     // running). Only an answer from the process's owner or root is its agent's.
@@ -764,8 +801,7 @@ pub fn request_kind(pid: u32, add_new: bool) -> Result<serde_json::Value> {
         (Ok(owner), Ok(peer)) if peer == owner || peer == 0 => {}
         (owner, peer) => {
             return Err(refuse(format!(
-                "@{} is held by {}, not by process {pid}'s owner ({}): not its merge agent",
-                socket_name(pid),
+                "@{name} is held by {}, not by process {pid}'s owner ({}): not its merge agent",
                 peer.map_or_else(|e| format!("an unknown peer ({e})"), |u| format!("uid {u}")),
                 owner.map_or_else(|e| format!("unknown: {e}"), |u| format!("uid {u}")),
             )))
@@ -818,6 +854,38 @@ mod tests {
         let _ = crate::sys::process::wait_child(impostor);
         let e = got.expect_err("the impostor's reply was taken").to_string();
         assert!(e.contains("held by uid 65534") && e.contains("not its merge agent"), "{e}");
+    }
+
+    /// Someone holding the plain name before the process ran (abstract names are open
+    /// to anyone) no longer keeps its agent from listening: the agent binds a name
+    /// nobody can guess, and `advm merge PID` finds it among the process's sockets.
+    #[test]
+    fn an_agent_whose_name_is_taken_listens_under_another_that_requests_find() {
+        let pid = std::process::id();
+        let squat = format!(
+            "import socket, time; s = socket.socket(socket.AF_UNIX); s.bind('\\0{}'); s.listen(); \
+             print('bound', flush=True); time.sleep(30)",
+            socket_name(pid)
+        );
+        let Ok(mut squatter) =
+            std::process::Command::new("python3").args(["-c", &squat]).stdout(std::process::Stdio::piped()).spawn()
+        else {
+            eprintln!("skipped: no python3 to hold the name");
+            return;
+        };
+        let mut line = String::new();
+        BufReader::new(squatter.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "bound");
+        let control = Control::bind(pid).expect("binds another name");
+        let found = listening_name_in(pid);
+        let _ = squatter.kill();
+        let _ = squatter.wait();
+        let found = found.expect("the agent's socket among this process's own");
+        assert!(found.starts_with(&format!("{}/", socket_name(pid))), "{found}");
+        let conn = UnixStream::connect_addr(&SocketAddr::from_abstract_name(found.as_bytes()).unwrap()).unwrap();
+        let (_, _, peer) = crate::sys::fdpass::peer_credentials(&conn).unwrap();
+        assert_eq!(peer as u32, pid, "connected to this process's listener");
+        drop(control);
     }
 
     #[test]
