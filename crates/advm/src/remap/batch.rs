@@ -298,7 +298,8 @@ pub(crate) fn plan(
     // 2. Merge continuing operations; each keeps the index after its last queued op.
     let mut merged: Vec<(Op, Class, usize)> = Vec::with_capacity(ops.len());
     for (i, (op, class)) in ops.iter().zip(classes).enumerate() {
-        if op.len == 0 {
+        // Nothing to do: an empty range, or a move onto itself (it used to be copied).
+        if op.len == 0 || (op.kind == Kind::Move && op.x == op.y) {
             continue;
         }
         if let Some((last, lc, end)) = merged.last_mut() {
