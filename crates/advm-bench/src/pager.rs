@@ -7,6 +7,8 @@
 //! limit is below the heap's footprint, with a kernel swap file the benchmark creates
 //! (and always disables and removes, Ctrl-C included), in the paper's four settings:
 //! - NP: no pager, the heap is plain memory the kernel pages to its swap file;
+//!   NPFree: NP with each range the collector frees advised lazily freeable
+//!   (`MADV_FREE`), so the kernel drops that garbage instead of swapping it;
 //! - PO: the heap's spaces are `advm::pager` regions under a budget below the limit;
 //!   what each collection frees is marked discardable, what the heap reuses needed;
 //! - PF: PO plus pager-initiated pre-flush (every discardable page dropped when the
@@ -60,14 +62,19 @@ pub enum Setting {
     PFKernel,
     /// PU, needed pages paged by the kernel.
     PUKernel,
+    /// NP, with every range the collector frees advised lazily freeable
+    /// (`advm_gc::Config::free_lazily`, `MADV_FREE`): no pager; the kernel drops those
+    /// pages unwritten when the cgroup needs memory and swaps the rest.
+    NPFree,
     /// NP with the cgroup's limit lifted: the time without paging, which no setting
     /// can beat (the most any can gain is NP/NoLimit).
     NoLimit,
 }
 
 impl Setting {
-    const ALL: [Setting; 9] = [
+    const ALL: [Setting; 10] = [
         Setting::NP,
+        Setting::NPFree,
         Setting::PO,
         Setting::PF,
         Setting::PU,
@@ -77,6 +84,11 @@ impl Setting {
         Setting::PUKernel,
         Setting::NoLimit,
     ];
+
+    /// An `advm::pager` holds the heap (NP, NPFree and NoLimit are plain memory).
+    fn pager(self) -> bool {
+        !matches!(self, Setting::NP | Setting::NPFree | Setting::NoLimit)
+    }
 
     fn preflush(self) -> bool {
         matches!(self, Setting::PF | Setting::PFKernel)
@@ -198,7 +210,8 @@ fn run_in_child(
         }
         cfg.generational = Some(g);
         cfg.old_in_place = in_place;
-        let pager = if matches!(setting, Setting::NP | Setting::NoLimit) {
+        cfg.free_lazily = setting == Setting::NPFree;
+        let pager = if !setting.pager() {
             None
         } else {
             let mut pc = Config::new(s.budget);
@@ -358,7 +371,7 @@ impl PagerBench {
     ) {
         let np_elapsed = crate::median(&per[0].iter().map(|m| m.elapsed_s).collect::<Vec<_>>());
         for (ms, &(setting, fault_mode)) in per.iter().zip(settings) {
-            let pager = !matches!(setting, Setting::NP | Setting::NoLimit);
+            let pager = setting.pager();
             let fig = |name: &str, unit: &str, f: &dyn Fn(&Measured) -> f64| {
                 Figure::new(name, unit, ms.iter().map(f).collect())
             };
@@ -484,12 +497,11 @@ impl Bench for PagerBench {
             config_ix = picked;
         }
         let settings = |w: Workload, ci: usize| -> Vec<(Setting, FaultMode)> {
-            // each pager setting in each fault mode; NP and NoLimit have no pager
+            // each pager setting in each fault mode; NP, NPFree and NoLimit have no pager
             let with_modes = |v: Vec<Setting>| -> Vec<(Setting, FaultMode)> {
                 v.into_iter()
                     .flat_map(|s| {
-                        let modes =
-                            if matches!(s, Setting::NP | Setting::NoLimit) { &fault_modes[..1] } else { &fault_modes };
+                        let modes = if s.pager() { &fault_modes } else { &fault_modes[..1] };
                         modes.iter().map(move |&m| (s, m))
                     })
                     .collect()
@@ -499,6 +511,7 @@ impl Bench for PagerBench {
             }
             let mut v = vec![
                 Setting::NP,
+                Setting::NPFree,
                 Setting::PO,
                 Setting::PF,
                 Setting::PU,

@@ -1001,9 +1001,7 @@ fn free_tails(inner: &Inner, alloc: &Alloc, (old_b, old_t): (usize, usize), old_
         if e > s {
             let r = PageRange::new("freed pages", s, e - s)?;
             freed += r.len();
-            if let Some(h) = hook.as_mut() {
-                h(r);
-            }
+            inner.freed(&mut hook, r)?;
         }
     }
     Ok(freed)

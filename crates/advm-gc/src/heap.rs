@@ -151,6 +151,15 @@ pub struct Config {
     /// to-space lands on pages freed (and, in a pager, dropped) a major collection
     /// ago; in place it needs no page it does not hold. Ignored with copy-back.
     pub old_in_place: bool,
+    /// Plain memory only (no `paging`): every range a collection frees (the ranges
+    /// the free hook sees) is advised lazily freeable (`MADV_FREE`, through
+    /// `advm::mem::Grant::free_lazily`): under memory pressure the kernel drops those
+    /// pages instead of swapping them out, and a page the heap reuses before that
+    /// costs no fault. The heap never reads freed space before it writes it (it
+    /// zeroes what an earlier use left below each space's zeroed frontier), so a page
+    /// that reads as zeros or as its old bytes is the same to it. Default off: the
+    /// kernel pages freed space like any other.
+    pub free_lazily: bool,
 }
 
 impl Config {
@@ -169,6 +178,7 @@ impl Config {
             paging: None,
             history_limit: 1024,
             old_in_place: false,
+            free_lazily: false,
         }
     }
 }
@@ -188,6 +198,7 @@ impl std::fmt::Debug for Config {
             .field("paging", &self.paging.is_some())
             .field("history_limit", &self.history_limit)
             .field("old_in_place", &self.old_in_place)
+            .field("free_lazily", &self.free_lazily)
             .finish()
     }
 }
@@ -309,10 +320,10 @@ pub(crate) struct Inner {
     /// The measured costs of large-object moves, from which each compaction chooses
     /// its plan (`None` when the break-even was set, not measured).
     pub(crate) move_costs: Option<crate::collect::MoveCosts>,
-    /// Held for its mapping: the small space is only reached through `mem`. `None`
-    /// when the old generation drifts (`drift` holds the space then) or when the
-    /// spaces are pager regions (the large one too then).
-    _small_region: Option<Region>,
+    /// The small space's mapping: reached through `mem`, and locked only to free its
+    /// pages lazily. `None` when the old generation drifts (`drift` holds the space
+    /// then) or when the spaces are pager regions (the large one too then).
+    small_region: Mutex<Option<Region>>,
     /// Generational mode without copy-back: the old generation's reservation and the
     /// part of it mapped read-write.
     pub(crate) drift: Option<crate::nursery::Drift>,
@@ -330,10 +341,12 @@ pub(crate) struct Inner {
     /// Major collections compact the old generation where it lies (see
     /// [`Config::old_in_place`]).
     pub(crate) old_in_place: bool,
+    /// Freed ranges are advised lazily freeable (see [`Config::free_lazily`]).
+    free_lazily: bool,
     pub(crate) sizing: Mutex<Option<Sizing>>,
     pub(crate) remembered: Remembered,
-    /// Held for its mapping, like the small space.
-    _nursery_region: Option<Region>,
+    /// The nursery's mapping, held like the small space's.
+    nursery_region: Mutex<Option<Region>>,
     created: Instant,
     engine: AtomicU8,
     stop: AtomicBool,
@@ -400,6 +413,12 @@ impl Heap {
         }
         if let Some(g) = &cfg.generational {
             g.policy.check(cfg.tlab_bytes)?;
+        }
+        if cfg.free_lazily && cfg.paging.is_some() {
+            return Err(Error::InvalidArgument {
+                what: "free_lazily",
+                why: "is for plain memory: a paged heap's freed ranges are its pager's discardable pages".into(),
+            });
         }
         let be = advm::remap::break_even();
         let large_bytes = match cfg.large_object_bytes {
@@ -488,7 +507,7 @@ impl Heap {
                 },
             ),
             move_costs: crate::collect::MoveCosts::from_break_even(&be),
-            _small_region: small,
+            small_region: Mutex::new(small),
             drift,
             large_region: Mutex::new(large),
             paged,
@@ -501,7 +520,8 @@ impl Heap {
             old_in_place: cfg.old_in_place,
             sizing: Mutex::new(cfg.generational.map(|g| Sizing::new(g.policy))),
             remembered: Remembered::default(),
-            _nursery_region: nursery,
+            nursery_region: Mutex::new(nursery),
+            free_lazily: cfg.free_lazily,
             created: Instant::now(),
             engine: AtomicU8::new(cfg.engine as u8),
             stop: AtomicBool::new(false),
@@ -699,6 +719,33 @@ impl Inner {
             self.mem.zero(h, (*clean).min(h + len) - h);
         }
         *clean = (*clean).max(h + len);
+    }
+
+    /// Hands a range a collection freed to the free hook, first advised lazily
+    /// freeable with [`Config::free_lazily`].
+    pub(crate) fn freed(&self, hook: &mut Option<FreeHook>, r: PageRange) -> Result<()> {
+        if self.free_lazily {
+            let a = r.start().0;
+            match &self.drift {
+                Some(d) if self.mem.small.contains(a) => d.free_lazily(r)?,
+                _ => {
+                    let region = if self.mem.nursery.contains(a) {
+                        &self.nursery_region
+                    } else if self.mem.large.contains(a) {
+                        &self.large_region
+                    } else {
+                        &self.small_region
+                    };
+                    if let Some(region) = lock(region).as_mut() {
+                        region.grant().free_lazily(r)?;
+                    }
+                }
+            }
+        }
+        if let Some(h) = hook.as_mut() {
+            h(r);
+        }
+        Ok(())
     }
 
     /// Ok, except in a child forked from the process that made a paged heap: the

@@ -90,9 +90,7 @@ pub(crate) fn minor(inner: &Inner, why: &str) -> Result<Collection> {
     if freed_to > mem.nursery.base {
         let r = PageRange::new("nursery from-space", mem.nursery.base, freed_to - mem.nursery.base)?;
         c.bytes_freed_pages = r.len();
-        if let Some(h) = lock(&inner.free_hook).as_mut() {
-            h(r);
-        }
+        inner.freed(&mut lock(&inner.free_hook), r)?;
     }
     drop(stacks);
     if inner.verify {
@@ -189,6 +187,11 @@ impl Drift {
             w.1 = hi;
         }
         Ok(())
+    }
+
+    /// Lets the kernel free the pages of `r` (inside the window) when it needs memory.
+    pub(crate) fn free_lazily(&self, r: PageRange) -> Result<()> {
+        Ok(self.space.free_lazily(r.start().0 - self.space.base().0, r.len())?)
     }
 
     /// After the move: returns everything outside `[bottom, bottom + reach)` to

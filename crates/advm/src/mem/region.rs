@@ -154,6 +154,16 @@ impl<'a> Grant<'a> {
         Ok(self.inner.zap(&r)?)
     }
 
+    /// Lets the kernel free the pages of `range` (private anonymous memory) when it
+    /// needs memory (`MADV_FREE`), with no write to swap: until then they stay mapped
+    /// and cost nothing to use again. Each page afterwards reads as its old bytes or
+    /// as zeros, and a write to it cancels the free for that page (it keeps the write
+    /// and its other old bytes). For contents the owner overwrites before it reads
+    /// them (a collector's freed space); [`Grant::discard`] when zeros are needed.
+    pub fn free_lazily(&mut self, range: PageRange) -> Result<()> {
+        Ok(self.inner.free_lazily(range.start().0, range.len())?)
+    }
+
     /// The kernel's bare move, for measuring what a move costs at least: one plain
     /// `mremap(MREMAP_MAYMOVE|MREMAP_FIXED)` of `[src, src+len)` to `[dst, dst+len)`,
     /// which leaves the source unmapped (a hole in the grant): map it again with

@@ -65,6 +65,12 @@ impl Reservation {
         Ok(self.inner.discard(off, len)?)
     }
 
+    /// Lets the kernel free the committed pages of a range when it needs memory, as
+    /// [`crate::mem::Grant::free_lazily`] (`MADV_FREE`).
+    pub fn free_lazily(&self, off: usize, len: usize) -> Result<()> {
+        Ok(self.inner.free_lazily(off, len)?)
+    }
+
     /// Maps zero-filled private anonymous memory read-write over a range, replacing
     /// what was there: space its owner will write, with memory only where it does.
     pub fn commit(&self, off: usize, len: usize) -> Result<()> {

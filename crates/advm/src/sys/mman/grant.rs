@@ -295,6 +295,17 @@ impl Grant<'_> {
         }
         Ok(calls)
     }
+
+    /// Lets the kernel free the pages of `[addr, addr+len)` when it needs memory
+    /// (`MADV_FREE`): until then they stay mapped and a write cancels the free for
+    /// its page (which keeps the write and its other old bytes); a page freed first
+    /// reads as zeros. Private anonymous memory only (the kernel refuses the rest).
+    pub fn free_lazily(&mut self, addr: usize, len: usize) -> SysResult<()> {
+        self.check("madvise(FREE)", addr, len)?;
+        // SAFETY: the range lies in the grant; the caller gives up its contents (each
+        // page keeps them or reads zeros), which no Rust reference relies on.
+        unsafe { mman::madvise(addr as *mut u8, len, mman::Advice::LinuxFree) }
+    }
 }
 
 /// `UFFDIO_MOVE` from one grant to another (e.g. into a scratch area); as

@@ -89,6 +89,15 @@ impl Reservation {
         unsafe { mman::madvise(addr, len, Advice::LinuxDontNeed) }
     }
 
+    /// Lets the kernel free the private pages of `[off, off+len)` when it needs memory
+    /// (`MADV_FREE`); a write before that cancels the free for its page.
+    pub fn free_lazily(&self, off: usize, len: usize) -> SysResult<()> {
+        let addr = self.range("madvise(FREE)", off, len)?;
+        // SAFETY: the range is the owner's; it holds nothing the owner still needs
+        // (each page keeps its bytes or reads zeros).
+        unsafe { mman::madvise(addr, len, Advice::LinuxFree) }
+    }
+
     /// Maps zero-filled private anonymous memory read-write at `[off, off+len)`,
     /// replacing what was there (pages come as they are first touched).
     pub fn commit(&self, off: usize, len: usize) -> SysResult<()> {
