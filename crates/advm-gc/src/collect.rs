@@ -107,28 +107,6 @@ impl MarkMap {
         }
     }
 
-    /// [`MarkMap::mark`] for a lone marker, which also covers the object: plain loads
-    /// and stores. Returns the object's header word 0 when it was not marked before.
-    fn mark_alone(&self, mem: &Mem, h: usize) -> Option<usize> {
-        if h >= self.base && h < self.top {
-            let (b, w) = self.bit(h);
-            if w.load(Ordering::Relaxed) & b != 0 {
-                return None;
-            }
-            let h0 = mem.load(h);
-            let size = size_of(h0);
-            assert!(size >= HDR && size <= self.top - h, "broken header at {h:#x} (size {size})");
-            let g = (h - self.base) / ALIGN;
-            self.set(g, g + size / ALIGN, true);
-            Some(h0)
-        } else {
-            self.check_large(h);
-            let h0 = mem.load(h);
-            mem.store(h, h0 | MARK);
-            (h0 & MARK == 0).then_some(h0)
-        }
-    }
-
     /// Sets the bits of the granules after the first of the marked object at `h` of
     /// `size` bytes (nothing for a large object). `alone`: plain loads and stores (no
     /// other thread marks); else `fetch_or`, since objects share bitmap words.
@@ -327,9 +305,17 @@ const PREFETCH: usize = 8;
 /// live objects. Objects are marked when they leave the stack (a plain load and store:
 /// no other thread marks), after passing through a queue of [`PREFETCH`] whose
 /// headers were prefetched on entry, so the cache misses of a pointer graph overlap
-/// instead of stalling each scan.
+/// instead of stalling each scan. Not inlined, and a small object's header, slots and
+/// bitmap word are read through slices bounds-checked once for the whole space: the
+/// loop is instruction-bound where the objects lie in order (a list), and inlined into
+/// [`full`] its stack and counters lived in memory.
+#[inline(never)]
 fn mark_alone(mem: &Mem, marks: &MarkMap, roots: &[usize]) -> u64 {
+    let span = marks.top - marks.base;
+    let small = mem.words(marks.base, span / 8);
+    let bits = &marks.words[..];
     let mut stack: Vec<usize> = roots.iter().copied().filter(|&r| r != 0).collect();
+    stack.reserve(1024);
     let mut queue = [0usize; PREFETCH];
     let (mut head, mut len, mut n) = (0, 0, 0u64);
     loop {
@@ -345,9 +331,39 @@ fn mark_alone(mem: &Mem, marks: &MarkMap, roots: &[usize]) -> u64 {
         let o = queue[head];
         head = (head + 1) % PREFETCH;
         len -= 1;
-        let Some(h0) = marks.mark_alone(mem, o - HDR) else { continue };
+        let h = o - HDR;
+        let off = h.wrapping_sub(marks.base);
+        let slots = if off < span {
+            let g = off / ALIGN;
+            let word = &bits[g / 64];
+            let v = word.load(Ordering::Relaxed);
+            if v & 1 << (g % 64) != 0 {
+                continue;
+            }
+            let i = off / 8;
+            let h0 = small[i].load(Ordering::Relaxed);
+            let size = size_of(h0);
+            assert!(size >= HDR && size <= span - off, "broken header at {h:#x} (size {size})");
+            let granules = size / ALIGN;
+            // most objects lie inside one bitmap word: one mask
+            if granules < 64 && g % 64 + granules <= 64 {
+                word.store(v | ((1u64 << granules) - 1) << (g % 64), Ordering::Relaxed);
+            } else {
+                marks.set(g, g + granules, true);
+            }
+            let first = i + HDR / 8;
+            small.get(first..first + nptrs_of(h0)).expect("pointer slots inside the object")
+        } else {
+            marks.check_large(h);
+            let h0 = mem.load(h);
+            if h0 & MARK != 0 {
+                continue;
+            }
+            mem.store(h, h0 | MARK);
+            mem.words(o, nptrs_of(h0))
+        };
         n += 1;
-        for p in mem.words(o, nptrs_of(h0)) {
+        for p in slots {
             let p = p.load(Ordering::Relaxed);
             if p != 0 {
                 stack.push(p);
