@@ -30,7 +30,14 @@ for i in $(seq "$n"); do
         >"$tmp/out.$i" 2>"$tmp/err.$i" &
     echo $! >>"$tmp/pids"
 done
-for i in $(seq "$n"); do until grep -q ready "$tmp/out.$i"; do sleep 0.1; done; done
+k=0
+for p in $(grep -vx "${dpid:-none}" "$tmp/pids"); do
+    k=$((k + 1))
+    until grep -q ready "$tmp/out.$k"; do
+        kill -0 "$p" 2>/dev/null || { echo "four.sh: JVM $k ended before it was ready:" >&2; cat "$tmp/err.$k" >&2; exit 1; }
+        sleep 0.1
+    done
+done
 sleep "$settle"
 jpids=$(for p in $(grep -vx "${dpid:-none}" "$tmp/pids"); do cat /proc/$p/task/$p/children; done)
 d=0 c=0
