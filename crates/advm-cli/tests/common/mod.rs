@@ -38,6 +38,7 @@ pub fn dir(name: &str) -> Dir {
 
 /// Runs `prog args` in `dir`, asserts it succeeded, returns its stdout (the image
 /// tests' runner, with its retry of qemu-img's LUKS timing hiccup).
+#[allow(dead_code)] // the image and vm tests only
 pub fn run(dir: &Path, prog: &str, args: &[&str]) -> Vec<u8> {
     qemu::run_bytes(dir, prog, args)
 }

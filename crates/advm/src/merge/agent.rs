@@ -812,7 +812,32 @@ pub fn request_kind(pid: u32, add_new: bool) -> Result<serde_json::Value> {
         .map_err(|e| refuse(format!("sending the request to process {pid}: {e}")))?;
     let mut line = String::new();
     BufReader::new(&conn).read_line(&mut line).map_err(|e| refuse(format!("reading process {pid}'s reply: {e}")))?;
+    if line.is_empty() {
+        // The connection closed unanswered: the program ended during the merge (a JVM
+        // whose heap takes longer to merge than it runs), or its agent stopped.
+        return Err(refuse(if ended(pid) {
+            format!("process {pid} exited before its merge agent answered (the merge was under way)")
+        } else {
+            format!("process {pid}'s merge agent closed the connection without answering")
+        }));
+    }
     serde_json::from_str(&line).map_err(|e| refuse(format!("process {pid} replied {line:?}, not JSON: {e}")))
+}
+
+/// Whether `pid` has exited (gone, or a zombie) within 200 ms: its agent's socket closes
+/// while the process exits, a moment before it is a zombie.
+fn ended(pid: u32) -> bool {
+    let t = Instant::now();
+    loop {
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next().map(str::to_owned)));
+        match state.as_deref() {
+            None | Some("Z" | "X") => return true,
+            _ if t.elapsed() >= Duration::from_millis(200) => return false,
+            _ => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -886,6 +911,41 @@ mod tests {
         let (_, _, peer) = crate::sys::fdpass::peer_credentials(&conn).unwrap();
         assert_eq!(peer as u32, pid, "connected to this process's listener");
         drop(control);
+    }
+
+    /// A connection closed without an answer says why: the process exited during the
+    /// merge (a JVM ending while its heap was merged), or its agent closed it. It used to
+    /// say `invalid pid: process N replied "", not JSON`.
+    #[test]
+    fn a_process_that_exits_during_its_merge_is_said_to_have_exited() {
+        for exits in [true, false] {
+            let target = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+            let pid = target.id();
+            let addr = SocketAddr::from_abstract_name(socket_name(pid).as_bytes()).unwrap();
+            let listener = UnixListener::bind_addr(&addr).unwrap();
+            let agent = std::thread::spawn(move || {
+                let mut target = target;
+                let (conn, _) = listener.accept().unwrap();
+                let mut line = String::new();
+                BufReader::new(&conn).read_line(&mut line).unwrap();
+                if exits {
+                    let _ = target.kill();
+                    let _ = target.wait();
+                }
+                drop(conn);
+                target
+            });
+            let e = request(pid).expect_err("no answer came").to_string();
+            let mut target = agent.join().unwrap();
+            let _ = target.kill();
+            let _ = target.wait();
+            let want = if exits {
+                "exited before its merge agent answered"
+            } else {
+                "closed the connection without answering"
+            };
+            assert!(e.contains(want), "{e}");
+        }
     }
 
     #[test]
