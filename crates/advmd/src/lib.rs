@@ -89,6 +89,8 @@ pub struct Daemon {
     lock: std::fs::File,
     config: Config,
     services: Arc<Services>,
+    /// Keeps closed sessions' pages until their processes exit.
+    keeper: Arc<Keeper>,
     stop: Arc<AtomicBool>,
 }
 
@@ -218,7 +220,9 @@ impl Daemon {
             merge: merge_service::Stores::new(config.domain_limit_bytes),
             image: advm::image::service::Service::new(advm::image::MapOptions::default()),
         });
-        Ok(Self { listener, lock, config, services, stop: Arc::new(AtomicBool::new(false)) })
+        // Here, not when serving starts: clients may take every descriptor by then.
+        let keeper = Arc::new(Keeper::spawn(services.clone()).map_err(DaemonError::Keeper)?);
+        Ok(Self { listener, lock, config, services, keeper, stop: Arc::new(AtomicBool::new(false)) })
     }
 
     /// The socket it listens on.
@@ -244,11 +248,7 @@ impl Daemon {
         // clients; a few arenas serve the daemon's short allocations as well.
         advm::process::limit_heap_arenas(HEAP_ARENAS);
         let live = Arc::new(AtomicUsize::new(0));
-        let Ok(keeper) = Keeper::spawn(self.services.clone()) else {
-            say(format_args!("cannot start the thread that keeps closed sessions' pages; not serving"));
-            return;
-        };
-        let keeper = Arc::new(keeper);
+        let keeper = self.keeper.clone();
         let per_uid: Arc<std::sync::Mutex<HashMap<u32, usize>>> = Arc::default();
         let mut starved = false;
         for conn in self.listener.incoming() {
@@ -446,6 +446,7 @@ fn serve_client(
 /// them, one pidfd and one session per process and domain (a thread, a connection
 /// slot and a pidfd per closed connection let a process that opens and closes
 /// connections in a loop take its uid's every slot).
+#[derive(Debug)]
 struct Keeper {
     to: std::sync::Mutex<std::sync::mpsc::Sender<(i32, advm::process::ProcessWatch, merge_service::Session)>>,
     bell: UnixStream,
