@@ -134,6 +134,20 @@ pub fn raise_open_files_limit() -> Result<u64> {
     Ok(crate::sys::process::raise_open_files_limit()?)
 }
 
+/// Lets this process's heap (glibc's malloc) use at most `n` arenas. glibc makes up to
+/// eight per CPU for threads that allocate at once, and keeps each one's freed memory:
+/// a daemon with a thread per client otherwise keeps the heap of its busiest moment.
+/// False when malloc refused (not glibc's).
+pub fn limit_heap_arenas(n: u16) -> bool {
+    crate::sys::process::limit_malloc_arenas(i32::from(n.max(1)))
+}
+
+/// Gives the heap's free memory back to the kernel, in every arena (a long-lived
+/// process after a burst of work: freed memory otherwise stays resident).
+pub fn release_free_heap() {
+    crate::sys::process::trim_malloc()
+}
+
 /// A process watched for its exit, through a pidfd: it names that process even once
 /// its pid is reused.
 #[derive(Debug)]
@@ -148,6 +162,21 @@ impl ProcessWatch {
     /// Waits until the process has exited (at once when it has).
     pub fn wait_exit(&self) -> Result<()> {
         Ok(crate::sys::process::wait_pidfd(&self.0)?)
+    }
+
+    /// Whether the process has exited, without waiting.
+    pub fn has_exited(&self) -> Result<bool> {
+        use std::os::fd::AsFd;
+        Ok(!crate::sys::process::poll_pidfds(&[self.0.as_fd()], None, 0)?.is_empty())
+    }
+
+    /// Waits until one of `watches` has exited, or `wake` reads ready (another thread
+    /// has more to watch); returns the indices of those that have exited, none when
+    /// only `wake` woke it. One thread can so watch any number of processes.
+    pub fn wait_any(watches: &[&ProcessWatch], wake: std::os::fd::BorrowedFd<'_>) -> Result<Vec<usize>> {
+        use std::os::fd::AsFd;
+        let fds: Vec<_> = watches.iter().map(|w| w.0.as_fd()).collect();
+        Ok(crate::sys::process::poll_pidfds(&fds, Some(wake), -1)?)
     }
 }
 

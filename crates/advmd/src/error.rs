@@ -37,6 +37,9 @@ pub enum DaemonError {
         #[source]
         source: std::io::Error,
     },
+    /// The thread that keeps closed sessions' pages could not be started.
+    #[error("starting the thread that keeps closed sessions' pages: {0}")]
+    Keeper(#[source] std::io::Error),
     /// Something other than a socket is where the socket should go.
     #[error("{}: is {what}, not a socket; refusing to replace it (name a free path with --socket or ADVM_SOCKET)", path.display())]
     NotASocket {

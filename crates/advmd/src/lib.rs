@@ -89,6 +89,8 @@ pub struct Daemon {
     lock: std::fs::File,
     config: Config,
     services: Arc<Services>,
+    /// Keeps closed sessions' pages until their processes exit.
+    keeper: Arc<Keeper>,
     stop: Arc<AtomicBool>,
 }
 
@@ -218,7 +220,9 @@ impl Daemon {
             merge: merge_service::Stores::new(config.domain_limit_bytes),
             image: advm::image::service::Service::new(advm::image::MapOptions::default()),
         });
-        Ok(Self { listener, lock, config, services, stop: Arc::new(AtomicBool::new(false)) })
+        // Here, not when serving starts: clients may take every descriptor by then.
+        let keeper = Arc::new(Keeper::spawn(services.clone()).map_err(DaemonError::Keeper)?);
+        Ok(Self { listener, lock, config, services, keeper, stop: Arc::new(AtomicBool::new(false)) })
     }
 
     /// The socket it listens on.
@@ -239,7 +243,12 @@ impl Daemon {
 
     /// Accepts connections until stopped, one thread each.
     pub fn serve(self) {
+        // A thread per client: glibc gives threads that allocate at once arenas of
+        // their own (up to 8 per CPU) and keeps what each freed, 50-80 MiB after 200
+        // clients; a few arenas serve the daemon's short allocations as well.
+        advm::process::limit_heap_arenas(HEAP_ARENAS);
         let live = Arc::new(AtomicUsize::new(0));
+        let keeper = self.keeper.clone();
         let per_uid: Arc<std::sync::Mutex<HashMap<u32, usize>>> = Arc::default();
         let mut starved = false;
         for conn in self.listener.incoming() {
@@ -282,16 +291,43 @@ impl Daemon {
             live.fetch_add(1, Ordering::SeqCst);
             let (services, live2, timeout) = (self.services.clone(), live.clone(), self.config.frame_timeout);
             let check = self.config.hash_check_one_in;
+            let keeper = keeper.clone();
             let spawned =
                 std::thread::Builder::new().name("advmd-client".into()).stack_size(256 << 10).spawn(move || {
-                    serve_client(ch, &services, timeout, check);
+                    let kept = serve_client(ch, &services, timeout, check);
+                    // The connection is over: its slots are free for the uid's other
+                    // processes even while its session's pages are kept.
                     drop(slot);
-                    live2.fetch_sub(1, Ordering::SeqCst);
+                    let was = live2.fetch_sub(1, Ordering::SeqCst);
+                    if let Some((watch, session)) = kept {
+                        keeper.keep(peer.pid, watch, session);
+                    }
+                    trim_heap(was == 1);
                 });
             if spawned.is_err() {
                 live.fetch_sub(1, Ordering::SeqCst);
             }
         }
+    }
+}
+
+/// Arenas the daemon's heap may use.
+const HEAP_ARENAS: u16 = 4;
+
+/// How often at most the heap's free memory is given back while clients come and go.
+const TRIM_EVERY: Duration = Duration::from_millis(200);
+
+/// Gives the heap's free memory back to the kernel after a connection ended: always
+/// when it was the last (`last`), else at most once per [`TRIM_EVERY`]. A daemon's
+/// memory should not grow with the clients it served before.
+fn trim_heap(last: bool) {
+    static LAST_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let now = START.get_or_init(std::time::Instant::now).elapsed().as_millis() as u64;
+    let then = LAST_MS.load(Ordering::Relaxed);
+    let due = now.saturating_sub(then) >= TRIM_EVERY.as_millis() as u64;
+    if last || (due && LAST_MS.compare_exchange(then, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()) {
+        advm::process::release_free_heap();
     }
 }
 
@@ -349,9 +385,18 @@ fn not_a_socket(path: &Path, meta: &std::fs::Metadata) -> Result<(), DaemonError
 }
 
 /// One connection: frames in, replies out, until the client leaves or breaks the
-/// framing; then everything it held is released.
-fn serve_client(ch: Channel, services: &Services, timeout: Duration, hash_check_one_in: usize) {
-    let Ok(peer) = ch.peer() else { return };
+/// framing; then everything it held is released, or returned with a watch on its
+/// process when that process may still map its pages.
+fn serve_client(
+    ch: Channel,
+    services: &Services,
+    timeout: Duration,
+    hash_check_one_in: usize,
+) -> Option<(advm::process::ProcessWatch, merge_service::Session)> {
+    let Ok(peer) = ch.peer() else { return None };
+    // Watched from the start: a pid looked up only once the connection closed may by
+    // then name another process.
+    let watch = (peer.pid > 0).then(|| advm::process::ProcessWatch::open(peer.pid).ok()).flatten();
     let mut merge = merge_service::Session::new(peer, timeout, hash_check_one_in);
     loop {
         let frame = match ch.recv() {
@@ -385,14 +430,103 @@ fn serve_client(ch: Channel, services: &Services, timeout: Duration, hash_check_
     // above stderr, `os.closerange`): its merged memory still maps the slots it was
     // handed, which, released now, would be punched and reused under it (its arrays
     // changed). Its claims end now; its references when its process exits (at once
-    // when it has, or this daemon cannot see its pid). A client holding nothing costs
-    // nothing past its connection.
+    // when it has, or this daemon cannot see its pid), kept by the [`Keeper`]. A client
+    // holding nothing costs nothing past its connection.
     merge.end_claims();
-    if merge.holds_pages() && peer.pid > 0 {
-        drop(ch);
-        if let Ok(client) = advm::process::ProcessWatch::open(peer.pid) {
-            let _ = client.wait_exit();
+    match watch {
+        Some(w) if merge.holds_pages() && !w.has_exited().unwrap_or(true) => Some((w, merge)),
+        _ => {
+            merge.end(&services.merge);
+            None
         }
     }
-    merge.end(&services.merge);
+}
+
+/// Keeps closed sessions' references until their processes exit: one thread for all of
+/// them, one pidfd and one session per process and domain (a thread, a connection
+/// slot and a pidfd per closed connection let a process that opens and closes
+/// connections in a loop take its uid's every slot).
+#[derive(Debug)]
+struct Keeper {
+    to: std::sync::Mutex<std::sync::mpsc::Sender<(i32, advm::process::ProcessWatch, merge_service::Session)>>,
+    bell: UnixStream,
+}
+
+impl Keeper {
+    fn spawn(services: Arc<Services>) -> std::io::Result<Self> {
+        let (bell, ear) = UnixStream::pair()?;
+        ear.set_nonblocking(true)?;
+        let (to, from) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("advmd-keeper".into())
+            .spawn(move || keep_until_exit(&services, &from, &ear))?;
+        Ok(Self { to: std::sync::Mutex::new(to), bell })
+    }
+
+    /// Keeps `session` of process `pid` (`watch`) until that process exits.
+    fn keep(&self, pid: i32, watch: advm::process::ProcessWatch, session: merge_service::Session) {
+        let sent = self.to.lock().unwrap_or_else(|p| p.into_inner()).send((pid, watch, session));
+        if sent.is_ok() {
+            use std::io::Write;
+            let _ = (&self.bell).write(&[1]);
+        }
+    }
+}
+
+/// The keeper's thread: watches every kept session's process, and releases the
+/// session's references once it has exited.
+fn keep_until_exit(
+    services: &Services,
+    from: &std::sync::mpsc::Receiver<(i32, advm::process::ProcessWatch, merge_service::Session)>,
+    ear: &UnixStream,
+) {
+    use std::io::Read;
+    use std::os::fd::AsFd;
+    // Per process: its watch and its sessions (one per domain).
+    let mut kept: Vec<(i32, advm::process::ProcessWatch, Vec<merge_service::Session>)> = Vec::new();
+    loop {
+        let mut news: Vec<_> = from.try_iter().collect();
+        if news.is_empty() && kept.is_empty() {
+            match from.recv() {
+                Ok(n) => news.push(n),
+                Err(_) => return,
+            }
+        }
+        for (pid, watch, session) in news {
+            // The same process's earlier entry, unless that one has exited (its pid
+            // reused since): then the new watch is kept, and the old entry goes below.
+            let live = kept.iter_mut().find(|(p, w, _)| *p == pid && !w.has_exited().unwrap_or(true));
+            match live {
+                Some((_, _, sessions)) => {
+                    let mut left = Some(session);
+                    for s in sessions.iter_mut() {
+                        left = left.and_then(|n| s.absorb(n, &services.merge));
+                    }
+                    // a domain this process kept no session of yet
+                    sessions.extend(left);
+                }
+                None => kept.push((pid, watch, vec![session])),
+            }
+        }
+        let watches: Vec<&advm::process::ProcessWatch> = kept.iter().map(|(_, w, _)| w).collect();
+        let gone = match advm::process::ProcessWatch::wait_any(&watches, ear.as_fd()) {
+            Ok(g) => g,
+            Err(e) => {
+                say(format_args!("watching the processes of closed sessions: {e}"));
+                std::thread::sleep(ACCEPT_RETRY);
+                continue;
+            }
+        };
+        let mut drained = [0u8; 64];
+        while matches!((&*ear).read(&mut drained), Ok(n) if n > 0) {}
+        for &i in gone.iter().rev() {
+            let (_, _, sessions) = kept.swap_remove(i);
+            for s in sessions {
+                s.end(&services.merge);
+            }
+        }
+        if !gone.is_empty() {
+            trim_heap(kept.is_empty());
+        }
+    }
 }

@@ -445,6 +445,34 @@ impl Session {
         }
     }
 
+    /// Takes over the references of `other`, a closed session of the same process:
+    /// one reference per page keeps the process's mappings valid, so a page both hold
+    /// is released once here (a process opening and closing connections in a loop
+    /// holds at most one reference per page of its domains). Sessions of different
+    /// domains are handed back.
+    pub fn absorb(&mut self, mut other: Session, stores: &Stores) -> Option<Session> {
+        let same = matches!((&self.open, &other.open), (Some((a, _)), Some((b, _))) if a == b);
+        if !same {
+            return Some(other);
+        }
+        let mut mine: Vec<u32> = std::mem::take(&mut self.held);
+        mine.extend(std::mem::take(&mut other.held));
+        mine.sort_unstable();
+        let mut twice = Vec::new();
+        mine.dedup_by(|a, b| {
+            let dup = a == b;
+            if dup {
+                twice.push(*a);
+            }
+            dup
+        });
+        self.held = mine;
+        self.shown.extend(other.shown.drain());
+        other.held = twice;
+        other.end(stores);
+        None
+    }
+
     /// Releases everything the session held; its domain's store goes when unused.
     pub fn end(self, stores: &Stores) {
         if let Some((domain, store)) = self.open {

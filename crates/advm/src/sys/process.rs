@@ -2,7 +2,7 @@
 //! starting a child that runs something before anything else (a cgroup join before
 //! `exec`, or a closure in a forked child).
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering};
@@ -330,6 +330,29 @@ pub fn wait_pidfd(pidfd: &OwnedFd) -> SysResult<()> {
     }
 }
 
+/// Waits up to `timeout_ms` (-1: for ever) until the process of one of `pidfds` has
+/// exited or `wake` reads ready; returns the indices of the pidfds whose processes have
+/// exited (none when only `wake` woke it, or the time ran out).
+pub fn poll_pidfds(pidfds: &[BorrowedFd<'_>], wake: Option<BorrowedFd<'_>>, timeout_ms: i32) -> SysResult<Vec<usize>> {
+    use std::os::fd::AsRawFd;
+    let mut pfds: Vec<libc::pollfd> = pidfds
+        .iter()
+        .chain(wake.as_ref())
+        .map(|fd| libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 })
+        .collect();
+    loop {
+        // SAFETY: `pfds.len()` valid pollfds, alive for the call; poll writes only revents.
+        if unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout_ms) } >= 0 {
+            break;
+        }
+        let e = SysError::last("poll(pidfds)");
+        if e.errno != Errno::INTR {
+            return Err(e);
+        }
+    }
+    Ok((0..pidfds.len()).filter(|&i| pfds[i].revents != 0).collect())
+}
+
 /// Raises this process's soft limit of open files to its hard limit; returns the limit
 /// now in force.
 pub fn raise_open_files_limit() -> SysResult<u64> {
@@ -409,6 +432,19 @@ impl<T: 'static> Default for PerProcess<T> {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// Lets glibc's malloc make at most `n` arenas (`mallopt(M_ARENA_MAX)`); false when it
+/// refused.
+pub fn limit_malloc_arenas(n: i32) -> bool {
+    // SAFETY: mallopt takes two ints and touches only malloc's own settings.
+    unsafe { libc::mallopt(libc::M_ARENA_MAX, n) == 1 }
+}
+
+/// Gives the free pages of every malloc arena back to the kernel (`malloc_trim(0)`).
+pub fn trim_malloc() {
+    // SAFETY: malloc_trim takes a size and releases only memory malloc holds free.
+    unsafe { libc::malloc_trim(0) };
 }
 
 #[cfg(test)]
