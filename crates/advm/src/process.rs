@@ -170,13 +170,32 @@ impl ProcessWatch {
         Ok(!crate::sys::process::poll_pidfds(&[self.0.as_fd()], None, 0)?.is_empty())
     }
 
-    /// Waits until one of `watches` has exited, or `wake` reads ready (another thread
-    /// has more to watch); returns the indices of those that have exited, none when
-    /// only `wake` woke it. One thread can so watch any number of processes.
-    pub fn wait_any(watches: &[&ProcessWatch], wake: std::os::fd::BorrowedFd<'_>) -> Result<Vec<usize>> {
+    /// Waits until one of `watches` has exited, `wake` reads ready (another thread
+    /// has more to watch) or `timeout` (`None`: no limit) has passed; returns the
+    /// indices of those that have exited, none when only `wake` or the time woke it.
+    /// One thread can so watch any number of processes.
+    pub fn wait_any(
+        watches: &[&ProcessWatch],
+        wake: std::os::fd::BorrowedFd<'_>,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<Vec<usize>> {
         use std::os::fd::AsFd;
         let fds: Vec<_> = watches.iter().map(|w| w.0.as_fd()).collect();
-        Ok(crate::sys::process::poll_pidfds(&fds, Some(wake), -1)?)
+        let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
+        Ok(crate::sys::process::poll_pidfds(&fds, Some(wake), ms)?)
+    }
+}
+
+/// Gives the text of /proc/PID/maps of every process this one may read to `each`
+/// (a process that exits meanwhile, or whose maps are not readable, is left out).
+pub fn each_process_maps(mut each: impl FnMut(&str)) {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return };
+    for e in dir.flatten() {
+        if e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())) {
+            if let Ok(maps) = std::fs::read_to_string(e.path().join("maps")) {
+                each(&maps);
+            }
+        }
     }
 }
 

@@ -20,7 +20,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use advm::wire::Channel;
 pub use error::DaemonError;
@@ -299,8 +299,8 @@ impl Daemon {
                     // processes even while its session's pages are kept.
                     drop(slot);
                     let was = live2.fetch_sub(1, Ordering::SeqCst);
-                    if let Some((watch, session)) = kept {
-                        keeper.keep(peer.pid, watch, session);
+                    if let Some(kept) = kept {
+                        keeper.keep(peer.pid, kept);
                     }
                     trim_heap(was == 1);
                 });
@@ -387,12 +387,7 @@ fn not_a_socket(path: &Path, meta: &std::fs::Metadata) -> Result<(), DaemonError
 /// One connection: frames in, replies out, until the client leaves or breaks the
 /// framing; then everything it held is released, or returned with a watch on its
 /// process when that process may still map its pages.
-fn serve_client(
-    ch: Channel,
-    services: &Services,
-    timeout: Duration,
-    hash_check_one_in: usize,
-) -> Option<(advm::process::ProcessWatch, merge_service::Session)> {
+fn serve_client(ch: Channel, services: &Services, timeout: Duration, hash_check_one_in: usize) -> Option<Kept> {
     let Ok(peer) = ch.peer() else { return None };
     // Watched from the start: a pid looked up only once the connection closed may by
     // then name another process.
@@ -434,21 +429,34 @@ fn serve_client(
     // holding nothing costs nothing past its connection.
     merge.end_claims();
     match watch {
-        Some(w) if merge.holds_pages() && !w.has_exited().unwrap_or(true) => Some((w, merge)),
-        _ => {
+        _ if !merge.holds_pages() => {
             merge.end(&services.merge);
             None
         }
+        Some(w) if !w.has_exited().unwrap_or(true) => Some(Kept::Process(w, merge)),
+        // Its process has gone (or cannot be seen): a child it forked may still map
+        // its pages; the keeper releases those no process maps.
+        _ => Some(Kept::Orphan(merge)),
     }
 }
 
-/// Keeps closed sessions' references until their processes exit: one thread for all of
-/// them, one pidfd and one session per process and domain (a thread, a connection
-/// slot and a pidfd per closed connection let a process that opens and closes
-/// connections in a loop take its uid's every slot).
+/// A closed session that still holds pages, for the [`Keeper`].
+#[derive(Debug)]
+enum Kept {
+    /// Its process lives on: kept until it exits.
+    Process(advm::process::ProcessWatch, merge_service::Session),
+    /// Its process has exited: kept only while some process maps its pages.
+    Orphan(merge_service::Session),
+}
+
+/// Keeps closed sessions' references until their processes exit, and then those a
+/// forked child of theirs still maps: one thread for all of them, one pidfd and one
+/// session per process and domain (a thread, a connection slot and a pidfd per closed
+/// connection let a process that opens and closes connections in a loop take its
+/// uid's every slot).
 #[derive(Debug)]
 struct Keeper {
-    to: std::sync::Mutex<std::sync::mpsc::Sender<(i32, advm::process::ProcessWatch, merge_service::Session)>>,
+    to: std::sync::Mutex<std::sync::mpsc::Sender<(i32, Kept)>>,
     bell: UnixStream,
 }
 
@@ -463,9 +471,9 @@ impl Keeper {
         Ok(Self { to: std::sync::Mutex::new(to), bell })
     }
 
-    /// Keeps `session` of process `pid` (`watch`) until that process exits.
-    fn keep(&self, pid: i32, watch: advm::process::ProcessWatch, session: merge_service::Session) {
-        let sent = self.to.lock().unwrap_or_else(|p| p.into_inner()).send((pid, watch, session));
+    /// Keeps a closed session of process `pid`.
+    fn keep(&self, pid: i32, kept: Kept) {
+        let sent = self.to.lock().unwrap_or_else(|p| p.into_inner()).send((pid, kept));
         if sent.is_ok() {
             use std::io::Write;
             let _ = (&self.bell).write(&[1]);
@@ -473,26 +481,38 @@ impl Keeper {
     }
 }
 
-/// The keeper's thread: watches every kept session's process, and releases the
-/// session's references once it has exited.
-fn keep_until_exit(
-    services: &Services,
-    from: &std::sync::mpsc::Receiver<(i32, advm::process::ProcessWatch, merge_service::Session)>,
-    ear: &UnixStream,
-) {
+/// How often the pages of sessions whose processes have exited are looked for in the
+/// maps of the processes left.
+const ORPHANS_EVERY: Duration = Duration::from_secs(1);
+
+/// The keeper's thread: watches every kept session's process; once it has exited,
+/// releases the session's references that no process maps, and looks again for the
+/// rest every [`ORPHANS_EVERY`].
+fn keep_until_exit(services: &Services, from: &std::sync::mpsc::Receiver<(i32, Kept)>, ear: &UnixStream) {
     use std::io::Read;
     use std::os::fd::AsFd;
     // Per process: its watch and its sessions (one per domain).
     let mut kept: Vec<(i32, advm::process::ProcessWatch, Vec<merge_service::Session>)> = Vec::new();
+    // Sessions of exited processes whose pages some process still maps.
+    let mut orphans: Vec<merge_service::Session> = Vec::new();
+    let mut orphans_seen = Instant::now();
     loop {
         let mut news: Vec<_> = from.try_iter().collect();
-        if news.is_empty() && kept.is_empty() {
+        if news.is_empty() && kept.is_empty() && orphans.is_empty() {
             match from.recv() {
                 Ok(n) => news.push(n),
                 Err(_) => return,
             }
         }
-        for (pid, watch, session) in news {
+        let mut exited = Vec::new();
+        for (pid, k) in news {
+            let (watch, session) = match k {
+                Kept::Orphan(s) => {
+                    exited.push(s);
+                    continue;
+                }
+                Kept::Process(w, s) => (w, s),
+            };
             // The same process's earlier entry, unless that one has exited (its pid
             // reused since): then the new watch is kept, and the old entry goes below.
             let live = kept.iter_mut().find(|(p, w, _)| *p == pid && !w.has_exited().unwrap_or(true));
@@ -509,7 +529,10 @@ fn keep_until_exit(
             }
         }
         let watches: Vec<&advm::process::ProcessWatch> = kept.iter().map(|(_, w, _)| w).collect();
-        let gone = match advm::process::ProcessWatch::wait_any(&watches, ear.as_fd()) {
+        // sessions of exited processes just handed over are looked at without waiting
+        let timeout =
+            if !exited.is_empty() { Some(Duration::ZERO) } else { (!orphans.is_empty()).then_some(ORPHANS_EVERY) };
+        let gone = match advm::process::ProcessWatch::wait_any(&watches, ear.as_fd(), timeout) {
             Ok(g) => g,
             Err(e) => {
                 say(format_args!("watching the processes of closed sessions: {e}"));
@@ -520,13 +543,15 @@ fn keep_until_exit(
         let mut drained = [0u8; 64];
         while matches!((&*ear).read(&mut drained), Ok(n) if n > 0) {}
         for &i in gone.iter().rev() {
-            let (_, _, sessions) = kept.swap_remove(i);
-            for s in sessions {
-                s.end(&services.merge);
-            }
+            exited.extend(kept.swap_remove(i).2);
         }
-        if !gone.is_empty() {
-            trim_heap(kept.is_empty());
+        if !orphans.is_empty() && orphans_seen.elapsed() >= ORPHANS_EVERY {
+            exited.append(&mut orphans);
+        }
+        if !exited.is_empty() {
+            orphans_seen = Instant::now();
+            orphans.extend(merge_service::Session::release_unmapped(exited, &services.merge));
+            trim_heap(kept.is_empty() && orphans.is_empty());
         }
     }
 }

@@ -473,6 +473,64 @@ impl Session {
         None
     }
 
+    /// Sessions whose processes have exited: releases the references no process maps
+    /// any more, and keeps one on each page some process still maps privately (a child
+    /// such a process forked lives on with its merged pages: punched and reused, they
+    /// would change under it). One pass over /proc for all of them, outside the
+    /// stores' locks. Returns the sessions that still hold pages, to be tried again
+    /// later; the others are ended.
+    pub fn release_unmapped(sessions: Vec<Session>, stores: &Stores) -> Vec<Session> {
+        let mut checks = Vec::new();
+        let mut left = Vec::new();
+        for s in sessions {
+            let files = match &s.open {
+                Some((_, store)) if !s.held.is_empty() => lock(&store.state).store.files(),
+                _ => {
+                    s.end(stores);
+                    continue;
+                }
+            };
+            match files {
+                Ok(f) => {
+                    let want: HashSet<u32> = s.held.iter().copied().collect();
+                    checks.push((s, f, want, HashSet::new()));
+                }
+                // the files cannot be told: keep everything, try again later
+                Err(_) => left.push(s),
+            }
+        }
+        if checks.is_empty() {
+            return left;
+        }
+        advm::process::each_process_maps(|maps| {
+            for (_, files, want, found) in checks.iter_mut() {
+                files.mapped_in(maps, want, found);
+            }
+        });
+        for (mut s, _, _, mapped) in checks {
+            let Some((_, store)) = &s.open else { continue };
+            let (mut kept, mut once) = (Vec::with_capacity(mapped.len()), HashSet::new());
+            {
+                let mut g = lock(&store.state);
+                for slot in std::mem::take(&mut s.held) {
+                    if mapped.contains(&slot) && once.insert(slot) {
+                        kept.push(slot);
+                    } else {
+                        let _ = g.store.release(slot);
+                    }
+                }
+            }
+            store.landed.notify_all();
+            s.held = kept;
+            if s.held.is_empty() {
+                s.end(stores);
+            } else {
+                left.push(s);
+            }
+        }
+        left
+    }
+
     /// Releases everything the session held; its domain's store goes when unused.
     pub fn end(self, stores: &Stores) {
         if let Some((domain, store)) = self.open {

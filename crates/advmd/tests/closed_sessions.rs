@@ -112,10 +112,10 @@ fn get(fd: i32) -> Option<u8> {
 
 /// A merging parent forks a child and exits; the child, which maps the parent's merged
 /// pages, then closes every descriptor (the connection among them) and lives on. The
-/// session's process is gone by then, so its references went at once: the pages were
-/// punched and handed to the next add under the child.
+/// session's process is gone by then, and its references used to go at once: the
+/// pages were punched and handed to the next add under the child. Now the pages some
+/// process still maps are kept, and released once it has gone too.
 #[test]
-#[ignore = "advmd releases a session when its client's process has exited and the connection closes, though a forked child still maps its pages (reported, not fixed)"]
 fn a_forked_child_closing_the_connection_after_its_merging_parent_exited_keeps_its_pages() {
     if advm::probe::facts().uffd_features.is_none() {
         eprintln!("skipped: userfaultfd not available here");

@@ -33,8 +33,8 @@ use std::time::Instant;
 pub use crate::wire::{socket_path, DEFAULT_SOCKET};
 use client::{Backend, Daemon, Landing, Local};
 pub use store::{
-    read_frozen, Adopting, KeyAsHash, PageHashMap, PageHasher, Piece, SegmentMap, Store, StoreFull, StoreUsage,
-    COPY_BELOW_PAGES,
+    read_frozen, Adopting, KeyAsHash, PageHashMap, PageHasher, Piece, SegmentMap, Store, StoreFiles, StoreFull,
+    StoreUsage, COPY_BELOW_PAGES,
 };
 pub use view::StoreView;
 

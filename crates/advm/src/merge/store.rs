@@ -145,6 +145,81 @@ pub struct Piece {
     pub pages: u32,
 }
 
+/// A file as /proc/PID/maps names it: inode, device major and minor.
+type FileKey = (u64, u32, u32);
+
+/// A store's files by `(inode, device major, minor)`, each with where its pages lie
+/// among the slots (`None`: the store's own memfd, page = slot). From [`Store::files`].
+#[derive(Debug, Clone)]
+pub struct StoreFiles {
+    files: Vec<(FileKey, Option<Vec<Piece>>)>,
+    limit_pages: u32,
+}
+
+impl StoreFiles {
+    /// The slots among `slots` that a private mapping of one of the store's files maps
+    /// in some process (every process whose /proc/PID/maps this one may read): a
+    /// merged page stays mapped in a forked child after the process that merged it has
+    /// exited, so its slot must not be punched and reused under it. Shared mappings
+    /// (clients' read-only views of the store, the daemon's own) are not counted.
+    pub fn slots_mapped_privately(&self, slots: &[u32]) -> std::collections::HashSet<u32> {
+        let want: std::collections::HashSet<u32> = slots.iter().copied().collect();
+        let mut found = std::collections::HashSet::new();
+        crate::process::each_process_maps(|maps| self.mapped_in(maps, &want, &mut found));
+        found
+    }
+
+    /// Adds to `found` the slots of `want` that the maps text of one process
+    /// (/proc/PID/maps) maps privately; [`crate::process::each_process_maps`] gives
+    /// every process's, to check many stores in one pass.
+    pub fn mapped_in(
+        &self,
+        maps: &str,
+        want: &std::collections::HashSet<u32>,
+        found: &mut std::collections::HashSet<u32>,
+    ) {
+        let ps = page_size() as u64;
+        for line in maps.lines() {
+            let Some((len, offset, pieces)) = self.private_mapping(line) else { continue };
+            let first = offset / ps;
+            for page in first..first + len as u64 / ps {
+                if let Some(slot) = self.slot_at(pieces, page) {
+                    if want.contains(&slot) {
+                        found.insert(slot);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A private mapping of one of the store's files in a maps line: its length and
+    /// file offset in bytes, and the file's pieces (see [`Self::slot_at`]).
+    fn private_mapping(&self, line: &str) -> Option<(usize, u64, Option<&[Piece]>)> {
+        let mut f = line.split_whitespace();
+        let (start, end) = f.next()?.split_once('-')?;
+        if f.next()?.as_bytes().get(3) != Some(&b'p') {
+            return None;
+        }
+        let offset = u64::from_str_radix(f.next()?, 16).ok()?;
+        let (major, minor) = f.next()?.split_once(':')?;
+        let key = (f.next()?.parse().ok()?, u32::from_str_radix(major, 16).ok()?, u32::from_str_radix(minor, 16).ok()?);
+        let pieces = self.files.iter().find(|(k, _)| *k == key)?.1.as_deref();
+        let len = usize::from_str_radix(end, 16).ok()?.checked_sub(usize::from_str_radix(start, 16).ok()?)?;
+        Some((len, offset, pieces))
+    }
+
+    /// The slot of page `page` of a file (`None` pieces: the store's own memfd).
+    fn slot_at(&self, pieces: Option<&[Piece]>, page: u64) -> Option<u32> {
+        match pieces {
+            None => (page < self.limit_pages as u64).then_some(page as u32),
+            Some(ps) => ps
+                .iter()
+                .find(|p| (p.page as u64..p.page as u64 + p.pages as u64).contains(&page))
+                .map(|p| p.slot + (page - p.page as u64) as u32),
+        }
+    }
+}
+
 /// An adopted file as a client maps it: the file, read-only, and where its pages lie.
 #[derive(Debug)]
 pub struct SegmentMap {
@@ -463,6 +538,21 @@ impl Store {
     /// Gives an adopted file back unpublished.
     pub fn cancel_adopted(&mut self, a: Adopting) -> Result<()> {
         self.drop_segment(a.id)
+    }
+
+    /// The store's files as private mappings of them show in /proc/PID/maps, to find
+    /// which slots some process still maps (see [`StoreFiles::slots_mapped_privately`]).
+    /// Taken under the store's lock; the scan runs without it.
+    pub fn files(&self) -> Result<StoreFiles> {
+        let key = |id: (u64, u64)| {
+            let (major, minor) = sys::dev_numbers(id.1);
+            (id.0, major, minor)
+        };
+        let mut files = vec![(key(self.id), None)];
+        for seg in self.segments.values() {
+            files.push((key(sys::file_id(seg.file.as_fd())?), Some(seg.pieces.clone())));
+        }
+        Ok(StoreFiles { files, limit_pages: self.limit_pages })
     }
 
     /// The adopted file `slot` lies in (0: the store's own memfd).

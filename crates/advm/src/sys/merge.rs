@@ -295,6 +295,11 @@ pub fn file_id(fd: BorrowedFd<'_>) -> SysResult<(u64, u64)> {
     Ok((st.st_ino, st.st_dev))
 }
 
+/// `st_dev`'s major and minor numbers, as /proc/PID/maps shows them.
+pub fn dev_numbers(dev: u64) -> (u32, u32) {
+    (rustix::fs::major(dev as _), rustix::fs::minor(dev as _))
+}
+
 /// Fills `buf` with random bytes from the kernel.
 pub fn random_bytes(buf: &mut [u8]) -> SysResult<()> {
     let mut done = 0;
