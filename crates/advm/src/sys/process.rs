@@ -253,6 +253,7 @@ impl ProcessKey {
     }
 
     /// Whether a key taken earlier (`self`) was taken in this process.
+    #[inline]
     pub fn is_this_process(&self) -> bool {
         self.generation == GENERATION.load(Ordering::Relaxed) && self.pid.map_or(true, |p| p == std::process::id())
     }
