@@ -77,24 +77,29 @@ impl Owner {
     }
 
     /// Whether this is still the process that made the pager.
-    #[inline]
     fn is_here(&self) -> bool {
         self.key.is_this_process()
     }
 
     /// Ok in the owner; in a forked child, the error every use of the pager gets.
-    /// Inlined: a paged heap checks it on every object access (see [`Pager::usable`]).
+    /// Inlined: a paged heap checks it on every object access (see [`Pager::usable`]),
+    /// so only the common case (fork handler registered, no fork since) is inline,
+    /// with no call in it: a call there made every object access of a heap in plain
+    /// memory save registers too.
     #[inline]
     fn check(&self) -> Result<()> {
-        if self.is_here() {
+        if self.key.is_this_process_at_a_glance() {
             return Ok(());
         }
-        self.forked()
+        self.check_closely()
     }
 
     #[cold]
     #[inline(never)]
-    fn forked(&self) -> Result<()> {
+    fn check_closely(&self) -> Result<()> {
+        if self.is_here() {
+            return Ok(());
+        }
         Err(Error::Unrecoverable {
             what: "pager",
             why: format!(

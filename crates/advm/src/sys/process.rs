@@ -252,8 +252,15 @@ impl ProcessKey {
         }
     }
 
-    /// Whether a key taken earlier (`self`) was taken in this process.
+    /// True only if `self` was taken in this process, with no system call and no
+    /// function call: false where [`ProcessKey::is_this_process`] needs the pid (no
+    /// fork handler when the key was taken) or says no.
     #[inline]
+    pub fn is_this_process_at_a_glance(&self) -> bool {
+        self.pid.is_none() && self.generation == GENERATION.load(Ordering::Relaxed)
+    }
+
+    /// Whether a key taken earlier (`self`) was taken in this process.
     pub fn is_this_process(&self) -> bool {
         self.generation == GENERATION.load(Ordering::Relaxed) && self.pid.map_or(true, |p| p == std::process::id())
     }
