@@ -439,6 +439,21 @@ mod tests {
     }
 
     #[test]
+    fn a_key_passes_at_a_glance_only_in_its_process_and_without_a_pid() {
+        let key = ProcessKey::current();
+        assert!(fork_generation().is_some(), "the fork handler registers here");
+        assert!(key.is_this_process_at_a_glance() && key.is_this_process());
+        // taken where the handler was missing: only the closer look, with the pid, says yes
+        let with_pid = ProcessKey { generation: GENERATION.load(Ordering::Relaxed), pid: Some(std::process::id()) };
+        assert!(!with_pid.is_this_process_at_a_glance() && with_pid.is_this_process());
+        let pid = fork_run(|| {
+            i32::from(!key.is_this_process_at_a_glance() && !key.is_this_process() && !with_pid.is_this_process())
+        })
+        .expect("fork");
+        assert_eq!(wait_child(pid).expect("wait"), 1, "a forked child is not the key's process");
+    }
+
+    #[test]
     fn a_failure_to_make_a_per_process_value_is_not_kept() {
         static VALUE: PerProcess<u64> = PerProcess::new();
         assert_eq!(VALUE.try_get(|| Err::<u64, &str>("EMFILE")), Err("EMFILE"));
