@@ -14,6 +14,10 @@ use crate::raw::{Mem, Slot, Span};
 use crate::stats::{Collection, Stats};
 use crate::{Error, Result};
 
+/// Set in a paged heap's epoch in a child forked from its process (see
+/// [`Inner::mark_forked`]); never in a handle's.
+const FORKED: u64 = 1 << 63;
+
 /// Header words before an object's first pointer slot.
 pub(crate) const HDR: usize = 16;
 /// Object sizes (header included) are multiples of this, so every leftover of an
@@ -530,7 +534,11 @@ impl Heap {
             world: Mutex::new(World::default()),
             cv: Condvar::new(),
         };
-        Ok(Heap { inner: Arc::new(inner) })
+        let inner = Arc::new(inner);
+        if inner.paged.is_some() {
+            crate::paged::enlist(&inner)?;
+        }
+        Ok(Heap { inner })
     }
 
     /// Objects of this many bytes or more (header included) are large.
@@ -943,28 +951,45 @@ impl Inner {
 
     /// The handle of the object at `addr`, valid until the next collection.
     fn obj(&self, addr: usize) -> Obj {
-        Obj(addr, self.epoch.load(Ordering::Relaxed))
+        Obj(addr, self.epoch.load(Ordering::Relaxed) & !FORKED)
+    }
+
+    /// In a child forked from this process (a paged heap's fork handler, see
+    /// `paged::enlist`): no handle matches the epoch any more, so every object access
+    /// takes [`Inner::stale`], which asks the pager why.
+    pub(crate) fn mark_forked(&self) {
+        self.epoch.fetch_or(FORKED, Ordering::Relaxed);
     }
 
     /// Header address of `o`, checked to be inside the heap with its whole object.
     fn checked(&self, o: Obj) -> (usize, usize) {
         // No collection runs while a mutator is between safepoints: the count is stable.
+        // One compare for a paged heap too: a forked child fails it (`mark_forked`),
+        // where asking the pager on every access cost the CPU-bound primes 5% of its
+        // user time inlined, 24% out of line (docs/pager.md, 2026-11-29).
         let epoch = self.epoch.load(Ordering::Relaxed);
-        assert!(
-            o.1 == epoch,
-            "object {:#x} was read before collection {}: objects move, so keep them in root \
-             slots across allocations and read them back",
-            o.0,
-            o.1 + 1
-        );
-        if let Err(e) = self.usable() {
-            panic!("object {:#x} cannot be used here: {e}", o.0);
+        if o.1 != epoch {
+            self.stale(o);
         }
         let h = o.0.wrapping_sub(HDR);
         assert!(self.mem.holds(h, HDR), "object {:#x} is not in this heap", o.0);
         let h0 = self.mem.load(h);
         assert!(self.mem.holds(h, size_of(h0)), "object {:#x} has a broken header", o.0);
         (h, h0)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn stale(&self, o: Obj) -> ! {
+        if let Err(e) = self.usable() {
+            panic!("object {:#x} cannot be used here: {e}", o.0);
+        }
+        panic!(
+            "object {:#x} was read before collection {}: objects move, so keep them in root \
+             slots across allocations and read them back",
+            o.0,
+            o.1 + 1
+        );
     }
 }
 

@@ -18,7 +18,8 @@
 //! behind (a swapped-out page is not even there to move), and `mremap` of a range
 //! registered with the pager's userfaultfd drops the registration on the moved pages.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, TryLockError, Weak};
 
 use advm::mem::{page_size, PageRange};
 use advm::pager::{PagedRegion, Pager};
@@ -27,6 +28,54 @@ use crate::heap::{FreeHook, Inner};
 use crate::raw::Span;
 use crate::stats::Collection;
 use crate::Result;
+
+/// This process's paged heaps, for the fork handler.
+static HEAPS: Mutex<Vec<Weak<Inner>>> = Mutex::new(Vec::new());
+/// Held around every use of [`HEAPS`] and from a fork's prepare handler to its
+/// parent or child handler: so no thread holds [`HEAPS`]' lock at a fork, and the
+/// child's handler (the only thread there) finds it free.
+static ENLISTING: AtomicBool = AtomicBool::new(false);
+
+fn hold() {
+    while ENLISTING.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+        std::thread::yield_now();
+    }
+}
+
+extern "C" fn release() {
+    ENLISTING.store(false, Ordering::Release);
+}
+
+extern "C" fn prepare() {
+    hold();
+}
+
+extern "C" fn child() {
+    // Never taken here (see `ENLISTING`); poisoned, its list is still whole.
+    let heaps = match HEAPS.try_lock() {
+        Ok(g) => Some(g),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    };
+    for h in heaps.iter().flat_map(|g| g.iter()).filter_map(Weak::upgrade) {
+        h.mark_forked();
+    }
+    release();
+}
+
+/// Lists a paged heap for the fork handler, which makes its object access fail in a
+/// forked child (where its memory, the pager's regions, is not mapped): the heap
+/// checks the pager only when a handle's epoch does not match (see `Inner::checked`).
+pub(crate) fn enlist(inner: &Arc<Inner>) -> Result<()> {
+    advm::process::at_fork(prepare, release, child)?;
+    hold();
+    let mut heaps = HEAPS.lock().unwrap_or_else(PoisonError::into_inner);
+    heaps.retain(|w| w.strong_count() > 0);
+    heaps.push(Arc::downgrade(inner));
+    drop(heaps);
+    release();
+    Ok(())
+}
 
 /// Heap spaces placed in regions of a pager (see [`crate::Config::paging`]).
 #[derive(Debug, Clone)]

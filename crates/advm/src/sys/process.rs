@@ -252,6 +252,14 @@ impl ProcessKey {
         }
     }
 
+    /// True only if `self` was taken in this process, with no system call and no
+    /// function call: false where [`ProcessKey::is_this_process`] needs the pid (no
+    /// fork handler when the key was taken) or says no.
+    #[inline]
+    pub fn is_this_process_at_a_glance(&self) -> bool {
+        self.pid.is_none() && self.generation == GENERATION.load(Ordering::Relaxed)
+    }
+
     /// Whether a key taken earlier (`self`) was taken in this process.
     pub fn is_this_process(&self) -> bool {
         self.generation == GENERATION.load(Ordering::Relaxed) && self.pid.map_or(true, |p| p == std::process::id())
@@ -464,6 +472,21 @@ mod tests {
         let before = CHILD_RUNS.load(Ordering::Relaxed);
         let pid = fork_run(|| (CHILD_RUNS.load(Ordering::Relaxed) - before) as i32).expect("fork");
         assert_eq!(wait_child(pid).expect("wait"), 1);
+    }
+
+    #[test]
+    fn a_key_passes_at_a_glance_only_in_its_process_and_without_a_pid() {
+        let key = ProcessKey::current();
+        assert!(fork_generation().is_some(), "the fork handler registers here");
+        assert!(key.is_this_process_at_a_glance() && key.is_this_process());
+        // taken where the handler was missing: only the closer look, with the pid, says yes
+        let with_pid = ProcessKey { generation: GENERATION.load(Ordering::Relaxed), pid: Some(std::process::id()) };
+        assert!(!with_pid.is_this_process_at_a_glance() && with_pid.is_this_process());
+        let pid = fork_run(|| {
+            i32::from(!key.is_this_process_at_a_glance() && !key.is_this_process() && !with_pid.is_this_process())
+        })
+        .expect("fork");
+        assert_eq!(wait_child(pid).expect("wait"), 1, "a forked child is not the key's process");
     }
 
     #[test]
