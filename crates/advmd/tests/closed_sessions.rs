@@ -10,15 +10,11 @@ use advm::merge::Client;
 use advm::wire::Channel;
 
 mod common;
+use common::{distinct, threads};
 
-/// This process's threads named `name`.
-fn threads(name: &str) -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .filter(|c| c.trim_end() == name)
-        .count()
-}
+/// The tests here run one at a time: one counts this process's threads and
+/// descriptors, which the other's daemon and pipes would add to.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Descriptors this process has open.
 fn fds() -> usize {
@@ -30,6 +26,7 @@ fn fds() -> usize {
 /// until it exited: with two slots per uid its third connection was refused.
 #[test]
 fn a_process_closing_many_connections_keeps_no_slot_or_thread_for_them() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     if advm::probe::facts().uffd_features.is_none() {
         eprintln!("skipped: userfaultfd not available here");
         return;
@@ -44,6 +41,8 @@ fn a_process_closing_many_connections_keeps_no_slot_or_thread_for_them() {
     }
     let want = buf.bytes().to_vec();
     // One client stays connected (a parked session: one slot, one thread).
+    // Client threads of daemons other tests stopped may still be winding down.
+    let threads_before = threads("advmd-client");
     let mut c = Client::connect(&sock, "").unwrap();
     assert_eq!(c.merge(buf.bytes()).unwrap().added, 64);
     let fds_before = fds();
@@ -69,11 +68,11 @@ fn a_process_closing_many_connections_keeps_no_slot_or_thread_for_them() {
     // The closed connections' threads end, and their descriptors close: the daemon
     // keeps one pidfd for this process, whatever the number of its closed sessions.
     let t = Instant::now();
-    while threads("advmd-client") > 1 || fds() > fds_before + 1 {
+    while threads("advmd-client") > threads_before + 1 || fds() > fds_before + 1 {
         assert!(
             t.elapsed() < Duration::from_secs(5),
             "{} client threads and {} more descriptors for 1 open connection and 40 closed",
-            threads("advmd-client"),
+            threads("advmd-client") - threads_before,
             fds() - fds_before
         );
         std::thread::sleep(Duration::from_millis(10));
@@ -81,15 +80,6 @@ fn a_process_closing_many_connections_keeps_no_slot_or_thread_for_them() {
     // The pages stay while this process lives, and its merged bytes with them.
     assert_eq!(d.services.merge.usage()[0].1.pages, 64);
     assert_eq!(buf.bytes(), &want[..]);
-}
-
-/// `pages` of bytes that differ from those of every other `seed`.
-fn distinct(pages: usize, seed: u64) -> Region {
-    let mut r = Region::new(pages * page_size()).unwrap();
-    for (i, x) in r.bytes_mut().iter_mut().enumerate() {
-        *x = ((i as u64 ^ seed << 40).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8;
-    }
-    r
 }
 
 fn pipe() -> [i32; 2] {
@@ -117,6 +107,7 @@ fn get(fd: i32) -> Option<u8> {
 /// process still maps are kept, and released once it has gone too.
 #[test]
 fn a_forked_child_closing_the_connection_after_its_merging_parent_exited_keeps_its_pages() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     if advm::probe::facts().uffd_features.is_none() {
         eprintln!("skipped: userfaultfd not available here");
         return;

@@ -3,34 +3,16 @@
 
 use std::time::{Duration, Instant};
 
-use advm::mem::{page_size, Region};
 use advm::merge::Client;
 
 mod common;
+use common::{distinct, threads};
 
 /// This process's anonymous memory, in KiB.
 fn anon_kib() -> u64 {
     let s = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap();
     let line = s.lines().find(|l| l.starts_with("Anonymous:")).unwrap();
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
-
-/// `pages` of bytes that differ from those of every other `seed`.
-fn filled(pages: usize, seed: u64) -> Region {
-    let mut r = Region::new(pages * page_size()).unwrap();
-    for (k, x) in r.bytes_mut().iter_mut().enumerate() {
-        *x = ((k as u64 ^ seed << 40).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8;
-    }
-    r
-}
-
-/// This process's threads named `name`.
-fn threads(name: &str) -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .filter(|c| c.trim_end() == name)
-        .count()
 }
 
 /// 200 clients at once, each merging 1 MiB of its own and 4 MiB all have, then all gone: the daemon kept the heap
@@ -55,7 +37,7 @@ fn the_daemons_heap_after_many_clients_have_gone_is_near_its_start() {
         if pid == 0 {
             // Its own pages (an add under 256 pages: copied by the daemon), and pages
             // every client has (an add of a file, or a lookup).
-            let (own, all) = (filled(255, i as u64), filled(1024, 1 << 20));
+            let (own, all) = (distinct(255, i as u64), distinct(1024, 1 << 20));
             let ok =
                 Client::connect(&sock, "").and_then(|mut c| c.merge(own.bytes()).and(c.merge(all.bytes()))).is_ok();
             let mut b = [u8::from(ok)];

@@ -48,3 +48,23 @@ pub fn start(name: &str, tweak: impl FnOnce(&mut Config)) -> (Running, PathBuf) 
     tweak(&mut cfg);
     (Running { handle: Some(Daemon::bind(cfg).unwrap().spawn()), dir }, sock)
 }
+
+/// This process's threads named `name`.
+#[allow(dead_code)] // used by the tests that count the daemon's threads
+pub fn threads(name: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|c| c.trim_end() == name)
+        .count()
+}
+
+/// `pages` of bytes that differ from those of every other `seed`.
+#[allow(dead_code)] // used by the tests that merge distinct buffers
+pub fn distinct(pages: usize, seed: u64) -> advm::mem::Region {
+    let mut r = advm::mem::Region::new(pages * advm::mem::page_size()).unwrap();
+    for (i, x) in r.bytes_mut().iter_mut().enumerate() {
+        *x = ((i as u64 ^ seed << 40).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8;
+    }
+    r
+}
