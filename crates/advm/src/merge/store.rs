@@ -157,21 +157,12 @@ pub struct StoreFiles {
 }
 
 impl StoreFiles {
-    /// The slots among `slots` that a private mapping of one of the store's files maps
-    /// in some process (every process whose /proc/PID/maps this one may read): a
-    /// merged page stays mapped in a forked child after the process that merged it has
-    /// exited, so its slot must not be punched and reused under it. Shared mappings
-    /// (clients' read-only views of the store, the daemon's own) are not counted.
-    pub fn slots_mapped_privately(&self, slots: &[u32]) -> std::collections::HashSet<u32> {
-        let want: std::collections::HashSet<u32> = slots.iter().copied().collect();
-        let mut found = std::collections::HashSet::new();
-        crate::process::each_process_maps(|maps| self.mapped_in(maps, &want, &mut found));
-        found
-    }
-
     /// Adds to `found` the slots of `want` that the maps text of one process
-    /// (/proc/PID/maps) maps privately; [`crate::process::each_process_maps`] gives
-    /// every process's, to check many stores in one pass.
+    /// (/proc/PID/maps) maps privately: a merged page stays mapped in a forked child
+    /// after the process that merged it has exited, so its slot must not be punched
+    /// and reused under it. Shared mappings (clients' read-only views of the store,
+    /// the daemon's own) are not counted. [`crate::process::each_process_maps`] gives
+    /// every process's maps, to check many stores in one pass.
     pub fn mapped_in(
         &self,
         maps: &str,
@@ -195,17 +186,13 @@ impl StoreFiles {
     /// A private mapping of one of the store's files in a maps line: its length and
     /// file offset in bytes, and the file's pieces (see [`Self::slot_at`]).
     fn private_mapping(&self, line: &str) -> Option<(usize, u64, Option<&[Piece]>)> {
-        let mut f = line.split_whitespace();
-        let (start, end) = f.next()?.split_once('-')?;
-        if f.next()?.as_bytes().get(3) != Some(&b'p') {
+        let (v, _) = crate::sys::procmap::parse_named(line)?;
+        if v.shared {
             return None;
         }
-        let offset = u64::from_str_radix(f.next()?, 16).ok()?;
-        let (major, minor) = f.next()?.split_once(':')?;
-        let key = (f.next()?.parse().ok()?, u32::from_str_radix(major, 16).ok()?, u32::from_str_radix(minor, 16).ok()?);
+        let key = (v.inode, v.dev.0, v.dev.1);
         let pieces = self.files.iter().find(|(k, _)| *k == key)?.1.as_deref();
-        let len = usize::from_str_radix(end, 16).ok()?.checked_sub(usize::from_str_radix(start, 16).ok()?)?;
-        Some((len, offset, pieces))
+        Some((v.end.checked_sub(v.start)?, v.offset, pieces))
     }
 
     /// The slot of page `page` of a file (`None` pieces: the store's own memfd).
@@ -541,7 +528,7 @@ impl Store {
     }
 
     /// The store's files as private mappings of them show in /proc/PID/maps, to find
-    /// which slots some process still maps (see [`StoreFiles::slots_mapped_privately`]).
+    /// which slots some process still maps (see [`StoreFiles::mapped_in`]).
     /// Taken under the store's lock; the scan runs without it.
     pub fn files(&self) -> Result<StoreFiles> {
         let key = |id: (u64, u64)| {

@@ -33,6 +33,10 @@ pub struct Vma {
     pub file_backed: bool,
     /// The backing file's inode number (0 for anonymous memory).
     pub inode: u64,
+    /// The backing file's device, major and minor (0, 0 for anonymous memory).
+    pub dev: (u32, u32),
+    /// Offset into the backing file, in bytes.
+    pub offset: u64,
 }
 
 impl Vma {
@@ -145,6 +149,8 @@ fn query_ioctl(file: &File, addr: usize) -> Result<Vma, Errno> {
         shared: q.vma_flags & VMA_SHARED != 0,
         file_backed: q.inode != 0 || q.dev_major != 0 || q.dev_minor != 0,
         inode: q.inode,
+        dev: (q.dev_major, q.dev_minor),
+        offset: q.vma_offset,
     })
 }
 
@@ -165,8 +171,10 @@ pub fn parse_named(line: &str) -> Option<(Vma, &str)> {
     let mut f = line.split_whitespace();
     let (s, e) = f.next()?.split_once('-')?;
     let perms = f.next()?.as_bytes();
-    let _offset = f.next()?;
+    let offset = u64::from_str_radix(f.next()?, 16).ok()?;
     let dev = f.next()?;
+    let (major, minor) = dev.split_once(':')?;
+    let dev_numbers = (u32::from_str_radix(major, 16).ok()?, u32::from_str_radix(minor, 16).ok()?);
     let inode_field = f.next()?;
     let inode: u64 = inode_field.parse().ok()?;
     // The name is the rest of the line after the inode, spaces inside it kept.
@@ -179,8 +187,10 @@ pub fn parse_named(line: &str) -> Option<(Vma, &str)> {
         writable: perms.get(1) == Some(&b'w'),
         executable: perms.get(2) == Some(&b'x'),
         shared: perms.get(3) == Some(&b's'),
-        file_backed: inode != 0 || dev != "00:00",
+        file_backed: inode != 0 || dev_numbers != (0, 0),
         inode,
+        dev: dev_numbers,
+        offset,
     };
     Some((vma, name))
 }
@@ -219,6 +229,8 @@ mod tests {
         assert_eq!((v.file_backed, name), (false, "[heap]"));
         assert_eq!(parse_named("7f00-7f10 rw-p 00000000 00:00 0 ").unwrap().1, "");
         assert!(parse_named("Rss:                 132 kB").is_none());
+        let v = parse_line("7f00-7f10 r--p 0002a000 fd:1a 99 /memfd:advm-store (deleted)").unwrap();
+        assert_eq!((v.offset, v.dev, v.inode, v.shared), (0x2a000, (0xfd, 0x1a), 99, false));
     }
 
     #[test]
