@@ -300,7 +300,7 @@ impl Daemon {
                     drop(slot);
                     let was = live2.fetch_sub(1, Ordering::SeqCst);
                     if let Some(kept) = kept {
-                        keeper.keep(peer.pid, kept);
+                        keeper.keep(kept);
                     }
                     trim_heap(was == 1);
                 });
@@ -424,16 +424,16 @@ fn serve_client(ch: Channel, services: &Services, timeout: Duration, hash_check_
     // A client may close its connection and live on (a program closing every descriptor
     // above stderr, `os.closerange`): its merged memory still maps the slots it was
     // handed, which, released now, would be punched and reused under it (its arrays
-    // changed). Its claims end now; its references when its process exits (at once
-    // when it has, or this daemon cannot see its pid), kept by the [`Keeper`]. A client
-    // holding nothing costs nothing past its connection.
+    // changed). Its claims end now; its references, kept by the [`Keeper`], once its
+    // process has exited (or cannot be seen) and no process maps their pages any
+    // more. A client holding nothing costs nothing past its connection.
     merge.end_claims();
     match watch {
         _ if !merge.holds_pages() => {
             merge.end(&services.merge);
             None
         }
-        Some(w) if !w.has_exited().unwrap_or(true) => Some(Kept::Process(w, merge)),
+        Some(w) if !w.has_exited().unwrap_or(true) => Some(Kept::Process(peer.pid, w, merge)),
         // Its process has gone (or cannot be seen): a child it forked may still map
         // its pages; the keeper releases those no process maps.
         _ => Some(Kept::Orphan(merge)),
@@ -443,8 +443,8 @@ fn serve_client(ch: Channel, services: &Services, timeout: Duration, hash_check_
 /// A closed session that still holds pages, for the [`Keeper`].
 #[derive(Debug)]
 enum Kept {
-    /// Its process lives on: kept until it exits.
-    Process(advm::process::ProcessWatch, merge_service::Session),
+    /// Its process (pid, watch) lives on: kept until it exits.
+    Process(i32, advm::process::ProcessWatch, merge_service::Session),
     /// Its process has exited: kept only while some process maps its pages.
     Orphan(merge_service::Session),
 }
@@ -456,7 +456,7 @@ enum Kept {
 /// uid's every slot).
 #[derive(Debug)]
 struct Keeper {
-    to: std::sync::Mutex<std::sync::mpsc::Sender<(i32, Kept)>>,
+    to: std::sync::Mutex<std::sync::mpsc::Sender<Kept>>,
     bell: UnixStream,
 }
 
@@ -471,9 +471,9 @@ impl Keeper {
         Ok(Self { to: std::sync::Mutex::new(to), bell })
     }
 
-    /// Keeps a closed session of process `pid`.
-    fn keep(&self, pid: i32, kept: Kept) {
-        let sent = self.to.lock().unwrap_or_else(|p| p.into_inner()).send((pid, kept));
+    /// Keeps a closed session.
+    fn keep(&self, kept: Kept) {
+        let sent = self.to.lock().unwrap_or_else(|p| p.into_inner()).send(kept);
         if sent.is_ok() {
             use std::io::Write;
             let _ = (&self.bell).write(&[1]);
@@ -488,7 +488,7 @@ const ORPHANS_EVERY: Duration = Duration::from_secs(1);
 /// The keeper's thread: watches every kept session's process; once it has exited,
 /// releases the session's references that no process maps, and looks again for the
 /// rest every [`ORPHANS_EVERY`].
-fn keep_until_exit(services: &Services, from: &std::sync::mpsc::Receiver<(i32, Kept)>, ear: &UnixStream) {
+fn keep_until_exit(services: &Services, from: &std::sync::mpsc::Receiver<Kept>, ear: &UnixStream) {
     use std::io::Read;
     use std::os::fd::AsFd;
     // Per process: its watch and its sessions (one per domain).
@@ -505,13 +505,13 @@ fn keep_until_exit(services: &Services, from: &std::sync::mpsc::Receiver<(i32, K
             }
         }
         let mut exited = Vec::new();
-        for (pid, k) in news {
-            let (watch, session) = match k {
+        for k in news {
+            let (pid, watch, session) = match k {
                 Kept::Orphan(s) => {
                     exited.push(s);
                     continue;
                 }
-                Kept::Process(w, s) => (w, s),
+                Kept::Process(p, w, s) => (p, w, s),
             };
             // The same process's earlier entry, unless that one has exited (its pid
             // reused since): then the new watch is kept, and the old entry goes below.
