@@ -159,11 +159,6 @@ impl ProcessWatch {
         Ok(Self(crate::sys::process::pidfd_open(pid)?))
     }
 
-    /// Waits until the process has exited (at once when it has).
-    pub fn wait_exit(&self) -> Result<()> {
-        Ok(crate::sys::process::wait_pidfd(&self.0)?)
-    }
-
     /// Whether the process has exited, without waiting.
     pub fn has_exited(&self) -> Result<bool> {
         use std::os::fd::AsFd;

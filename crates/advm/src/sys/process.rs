@@ -322,22 +322,6 @@ pub fn pidfd_open(pid: i32) -> SysResult<OwnedFd> {
     Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) })
 }
 
-/// Waits until the process of `pidfd` has exited (the pidfd reads ready then).
-pub fn wait_pidfd(pidfd: &OwnedFd) -> SysResult<()> {
-    use std::os::fd::AsRawFd;
-    let mut pfd = libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-    loop {
-        // SAFETY: one valid pollfd, for the call.
-        if unsafe { libc::poll(&mut pfd, 1, -1) } >= 0 {
-            return Ok(());
-        }
-        let e = SysError::last("poll(pidfd)");
-        if e.errno != Errno::INTR {
-            return Err(e);
-        }
-    }
-}
-
 /// Waits up to `timeout_ms` (-1: for ever) until the process of one of `pidfds` has
 /// exited or `wake` reads ready; returns the indices of the pidfds whose processes have
 /// exited (none when only `wake` woke it, or the time ran out).
