@@ -146,3 +146,24 @@ fn opening_a_directory_without_memory_stat_says_so() {
     let e = Group::open(std::path::Path::new("/proc/self")).unwrap_err().to_string();
     assert!(e.contains("memory.stat"), "{e}");
 }
+
+#[test]
+fn a_child_killed_for_memory_under_the_limit_is_counted_as_an_oom_kill() {
+    let Some(g) = group("test-oom") else { return };
+    assert_eq!(g.oom_kills().unwrap(), 0);
+    g.set_limit_bytes(16 * MIB).unwrap();
+    let reply = g
+        .run_in_child(|| {
+            // locked pages cannot be swapped: past the limit the kernel must kill
+            // SAFETY: mlockall has no memory-safety preconditions.
+            unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) };
+            let r = Region::new(64 << 20).map_err(|e| e.to_string())?;
+            r.populate(true).map_err(|e| e.to_string())?;
+            Ok(Vec::new())
+        })
+        .unwrap();
+    let e = reply.unwrap_err();
+    assert!(e.contains("status 137"), "{e}");
+    assert_eq!(g.oom_kills().unwrap(), 1);
+    g.remove().unwrap();
+}

@@ -305,6 +305,21 @@ impl Group {
             .map_err(|_| Error::InvalidArgument { what: "cgroup usage", why: format!("{}: {text:?}", f.display()) })
     }
 
+    /// How many processes the kernel's OOM killer has killed in the group since it was
+    /// made (v1 `memory.oom_control`, v2 `memory.events`, key `oom_kill`): a measured
+    /// program that died of SIGKILL under a limit was killed for memory if this grew.
+    pub fn oom_kills(&self) -> Result<u64> {
+        let name = match self.version {
+            Version::V1 => "memory.oom_control",
+            Version::V2 => "memory.events",
+        };
+        let f = self.path.join(name);
+        let text = std::fs::read_to_string(&f).map_err(|e| Error::io(&f, e))?;
+        text.lines().find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok()).ok_or_else(|| {
+            Error::InvalidArgument { what: "cgroup", why: format!("{}: no oom_kill count", f.display()) }
+        })
+    }
+
     /// The processes in the group now.
     pub fn pids(&self) -> Result<Vec<i32>> {
         let procs = self.path.join("cgroup.procs");
