@@ -168,9 +168,16 @@ pub fn shape(m: &Raw, model: &mut [u8], off: usize, len: usize, rng: &mut Rng) {
 }
 
 pub fn check(m: &Raw, model: &[u8], what: &str) {
+    check_range(m, model, 0, model.len(), what);
+}
+
+/// [`check`] of `n` bytes at `off` only.
+pub fn check_range(m: &Raw, model: &[u8], off: usize, n: usize, what: &str) {
     let ps = ps();
     let got = m.bytes();
-    if let Some(p) = (0..model.len() / ps).find(|&p| got[p * ps..(p + 1) * ps] != model[p * ps..(p + 1) * ps]) {
+    if let Some(p) =
+        (off / ps..(off + n).div_ceil(ps)).find(|&p| got[p * ps..(p + 1) * ps] != model[p * ps..(p + 1) * ps])
+    {
         panic!(
             "{what}: page {p} differs: got {:?}.., want {:?}..",
             &got[p * ps..p * ps + 8],
@@ -190,9 +197,30 @@ pub fn opts(rng: &mut Rng) -> Options {
     Options { engine, break_even_pages, ..Options::default() }
 }
 
+/// The model's bytes in the ranges one round touches, taken before it: a copy of the
+/// whole model each round would churn `len` bytes of fresh memory a round, and in the
+/// cgroup test that churn pushed the child from swapping into thrashing (OOM-killed).
+pub struct Before(Vec<(usize, Vec<u8>)>);
+
+impl Before {
+    pub fn take(model: &[u8], ranges: &[(usize, usize)]) -> Self {
+        Before(ranges.iter().map(|&(off, n)| (off, model[off..off + n].to_vec())).collect())
+    }
+
+    /// `len` bytes at `off`, which lie inside one taken range.
+    pub fn at(&self, off: usize, len: usize) -> &[u8] {
+        let (start, bytes) = self
+            .0
+            .iter()
+            .find(|(start, bytes)| off >= *start && off + len <= start + bytes.len())
+            .unwrap_or_else(|| panic!("{off:#x}+{len:#x} was not taken"));
+        &bytes[off - start..off - start + len]
+    }
+}
+
 /// After a move, the source's uncovered pages are unspecified but must be zero, the
 /// old source or the old destination: take them into the model.
-pub fn settle_source(m: &Raw, model: &mut [u8], before: &[u8], dst: usize, src: usize, n: usize, what: &str) {
+pub fn settle_source(m: &Raw, model: &mut [u8], before: &Before, dst: usize, src: usize, n: usize, what: &str) {
     let ps = ps();
     let got = m.bytes();
     for p in (src..src + n).step_by(ps) {
@@ -201,7 +229,7 @@ pub fn settle_source(m: &Raw, model: &mut [u8], before: &[u8], dst: usize, src: 
         }
         let page = &got[p..p + ps];
         let old_dst = dst + (p - src);
-        let ok = page.iter().all(|&b| b == 0) || page == &before[p..p + ps] || page == &before[old_dst..old_dst + ps];
+        let ok = page.iter().all(|&b| b == 0) || page == before.at(p, ps) || page == before.at(old_dst, ps);
         assert!(ok, "{what}: source page at {p:#x}: {:?}", &page[..8]);
         model[p..p + ps].copy_from_slice(page);
     }
@@ -228,13 +256,15 @@ pub fn fuzz(m: &Raw, model: &mut [u8], rng: &mut Rng, rounds: usize, reshape: bo
         let a = align(rng.below(pages - n / ps) * ps);
         let b = align(rng.below(pages - n / ps) * ps);
         let kind = rng.below(3);
-        let before = model.to_vec();
         let what = format!("round {round}: kind {kind} a {a:#x} b {b:#x} n {n:#x} {o:?}");
         let disjoint = a + n <= b || b + n <= a;
         let mut o2 = o;
+        // the ranges this round touches: checked after it, every byte every 10th round
+        let mut touched = vec![(a, n), (b, n)];
         match kind {
             0 => {
                 // move b <- a
+                let before = Before::take(model, &touched);
                 if o.engine == Choice::Only(Engine::Mremap) && !disjoint {
                     o2.engine = Choice::Auto;
                 }
@@ -249,11 +279,11 @@ pub fn fuzz(m: &Raw, model: &mut [u8], rng: &mut Rng, rounds: usize, reshape: bo
                     }
                 }
                 add(res.unwrap_or_else(|e| panic!("{what}: {e}")));
-                let moved = before[a..a + n].to_vec();
-                model[b..b + n].copy_from_slice(&moved);
+                model[b..b + n].copy_from_slice(before.at(a, n));
                 settle_source(m, model, &before, b, a, n, &what);
             }
             1 if disjoint => {
+                let before = Before::take(model, &touched);
                 if o.engine == Choice::Only(Engine::Mremap) {
                     o2.engine = Choice::Auto;
                 }
@@ -264,8 +294,8 @@ pub fn fuzz(m: &Raw, model: &mut [u8], rng: &mut Rng, rounds: usize, reshape: bo
                     continue;
                 }
                 add(res.unwrap_or_else(|e| panic!("{what}: {e}")));
-                model[a..a + n].copy_from_slice(&before[b..b + n]);
-                model[b..b + n].copy_from_slice(&before[a..a + n]);
+                model[a..a + n].copy_from_slice(before.at(b, n));
+                model[b..b + n].copy_from_slice(before.at(a, n));
             }
             _ => {
                 // a batch of small swaps between disjoint page pairs
@@ -283,14 +313,20 @@ pub fn fuzz(m: &Raw, model: &mut [u8], rng: &mut Rng, rounds: usize, reshape: bo
                     batch.push_swap(HostAddr(m.addr + x * ps), HostAddr(m.addr + y * ps), k * ps);
                     pairs.push((x * ps, y * ps, k * ps));
                 }
+                touched = pairs.iter().flat_map(|&(x, y, k)| [(x, k), (y, k)]).collect();
+                let before = Before::take(model, &touched);
                 add(batch.execute(&mut m.grant()).unwrap_or_else(|e| panic!("{what}: batch: {e}")));
                 for (x, y, k) in pairs {
-                    model[x..x + k].copy_from_slice(&before[y..y + k]);
-                    model[y..y + k].copy_from_slice(&before[x..x + k]);
+                    model[x..x + k].copy_from_slice(before.at(y, k));
+                    model[y..y + k].copy_from_slice(before.at(x, k));
                 }
             }
         }
-        check(m, model, &what);
+        if round % 10 == 9 || round + 1 == rounds {
+            check(m, model, &what);
+        } else {
+            touched.iter().for_each(|&(off, n)| check_range(m, model, off, n, &what));
+        }
         if reshape && round % 10 == 9 {
             let off = rng.below(pages / 2) * ps;
             shape(m, model, off, (len - off).min(4 << 20), rng);
