@@ -98,8 +98,10 @@ fn a_program_killed_by_a_signal_kills_advm_by_the_same_signal() {
 fn ctrl_c_stops_a_shell_loop_over_advm_run() {
     use std::os::unix::process::{CommandExt, ExitStatusExt};
     let script = format!("for i in 1 2 3; do {ADVM} run -- sleep 5; echo next $i; done");
-    let child = Command::new("bash")
-        .args(["-c", &script])
+    // SIGINT at its default in bash, whatever this test inherited: a harness started as
+    // a script's `&` job ignores it, and then so do bash and (rightly) advm and sleep.
+    let child = Command::new("env")
+        .args(["--default-signal=INT", "bash", "-c", &script])
         .stdout(std::process::Stdio::piped())
         .process_group(0)
         .spawn()
@@ -120,6 +122,28 @@ fn ctrl_c_stops_a_shell_loop_over_advm_run() {
     let out = child.wait_with_output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "", "the loop went on after Ctrl-C");
     assert_eq!(out.status.signal(), Some(2), "bash ends by SIGINT");
+}
+
+/// Signals ignored when `advm run` starts (`nohup`, a script's `&` job) stay ignored in
+/// the program, as without advm; others reach it at their default. advm used to put
+/// handlers over ignored SIGHUP and SIGINT, so the program, execed with defaults, died
+/// of a hangup `nohup` was meant to keep from it.
+#[test]
+fn signals_ignored_when_advm_run_starts_stay_ignored_in_the_program() {
+    // SigIgn in /proc/self/status: bit n-1 for signal n (HUP 1, INT 2, QUIT 3, TERM 15)
+    let ignored = |env_arg: &str| {
+        let out = Command::new("env")
+            .args([env_arg, ADVM, "run", "--mode", "vcopy", "--", "grep", "^SigIgn:", "/proc/self/status"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        u64::from_str_radix(text.trim().trim_start_matches("SigIgn:").trim(), 16).unwrap()
+    };
+    let bits = |sigs: &[u32]| sigs.iter().map(|s| 1u64 << (s - 1)).sum::<u64>();
+    let all = bits(&[1, 2, 3, 15]);
+    assert_eq!(ignored("--ignore-signal=HUP,INT,QUIT,TERM") & all, all);
+    assert_eq!(ignored("--default-signal=HUP,INT,QUIT,TERM") & all, 0);
 }
 
 /// A program that cannot be started: 127 when not found, 126 when not executable, as

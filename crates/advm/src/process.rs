@@ -6,7 +6,9 @@ use crate::Result;
 /// While alive, SIGINT and SIGQUIT are left to the child (the terminal delivers them
 /// to the child too, as `system(3)` does) and SIGTERM and SIGHUP are forwarded to it,
 /// so the parent lives to clean up after it; the old dispositions come back on drop.
-/// One at a time per process.
+/// One at a time per process. A signal ignored when it is installed stays ignored, and
+/// the child inherits that, as it would without the parent in between (`nohup`, a
+/// script's `&` job).
 ///
 /// Install it with [`ForwardSignals::hold`] *before* spawning the child and name the
 /// child with [`ForwardSignals::child`]: a signal that arrives in between is held and
@@ -56,9 +58,9 @@ pub fn exit_like(status: std::process::ExitStatus) -> ! {
 
 /// While alive, SIGTERM, SIGINT and SIGHUP are noted instead of ending the process,
 /// so a long run (a benchmark with VMs and cgroups) can stop and clean up; the old
-/// dispositions come back on drop. May nest, and a signal that comes while a
-/// [`ForwardSignals`] (or the pager's `Interrupts`) is installed inside it is noted
-/// as well.
+/// dispositions come back on drop. One ignored when it is installed stays ignored.
+/// May nest, and a signal that comes while a [`ForwardSignals`] (or the pager's
+/// `Interrupts`) is installed inside it is noted as well.
 pub struct StopSignals {
     inner: signal::StopSignals,
 }

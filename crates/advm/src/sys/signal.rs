@@ -15,11 +15,23 @@ struct Dispositions {
 }
 
 impl Dispositions {
-    /// Installs `handler` (a function pointer, `SIG_IGN` or `SIG_DFL`) for each signal.
+    /// Installs `handler` (a function pointer) for each signal that is not ignored now.
+    /// A signal ignored on entry stays ignored, so a child exec'd meanwhile inherits
+    /// that (`nohup`, or a script's `&` job, which ignores SIGINT): a handler would be
+    /// reset to the default at exec, and the child die of a signal meant to pass it by.
     /// Handlers must be async-signal-safe.
     fn install(handlers: impl IntoIterator<Item = (libc::c_int, libc::sighandler_t)>) -> SysResult<Self> {
         let mut guard = Self { old: Vec::new() };
         for (sig, handler) in handlers {
+            // SAFETY: zeroed is a valid sigaction to receive the current disposition.
+            let mut now: libc::sigaction = unsafe { std::mem::zeroed() };
+            // SAFETY: a null new action only reads the disposition into a live struct.
+            if unsafe { libc::sigaction(sig, std::ptr::null(), &mut now) } < 0 {
+                return Err(SysError::last("sigaction"));
+            }
+            if now.sa_sigaction == libc::SIG_IGN {
+                continue;
+            }
             // SAFETY: sigaction structs are plain data; zeroed is a valid empty mask.
             let mut new: libc::sigaction = unsafe { std::mem::zeroed() };
             new.sa_sigaction = handler;
@@ -95,7 +107,8 @@ const FORWARDED: [libc::c_int; 2] = [libc::SIGTERM, libc::SIGHUP];
 /// clean up). The old dispositions come back on drop. One at a time per process.
 ///
 /// Handlers, not `SIG_IGN`, even for the interactive signals: a child spawned while
-/// they are installed must not inherit ignored signals across `exec`.
+/// they are installed must not inherit ignored signals across `exec` (unless they were
+/// ignored before: those are left alone).
 pub struct ChildSignals {
     set: Option<Dispositions>,
 }
