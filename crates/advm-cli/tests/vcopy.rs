@@ -15,7 +15,7 @@ fn ksm_knobs() -> Vec<Option<String>> {
 #[test]
 fn quick_bench_reports_all_methods_and_restores_ksm() {
     let before = ksm_knobs();
-    let out = Command::new(ADVM).args(["bench", "vcopy", "--quick", "--json", "--runs", "2"]).output().unwrap();
+    let out = Command::new(ADVM).args(["bench", "vcopy", "--quick", "--json", "--runs", "3"]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(ksm_knobs(), before, "KSM settings must be restored after the run");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -49,7 +49,12 @@ fn quick_bench_reports_all_methods_and_restores_ksm() {
         assert!(fig(at("advm vcopy"), "memory / source").unwrap() < 1.1);
         assert!(fig(at("memcpy"), "memory / source").unwrap() > 1.9);
     }
-    assert!(fig(at("advm vcopy"), "copy time").unwrap() < fig(at("memcpy"), "copy time").unwrap());
+    // The fastest of the runs: a run descheduled on a loaded machine moved a median of
+    // two past memcpy's (CI, 2026-11-29); the copy is ~10x faster undisturbed.
+    let fastest = |r: &serde_json::Value| {
+        r["figures"].as_array().unwrap().iter().find(|f| f["name"] == "copy time").unwrap()["min"].as_f64().unwrap()
+    };
+    assert!(fastest(at("advm vcopy")) < fastest(at("memcpy")), "{} against {}", at("advm vcopy"), at("memcpy"));
     assert!(v["configuration"]["crossover_write_fraction"].as_f64().is_some());
 }
 
