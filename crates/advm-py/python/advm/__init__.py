@@ -44,7 +44,8 @@ class MergeStats(TypedDict):
       mismatched pages.
     - ``refused``: of ``skipped``, pages the store refused because it reached its byte
       limit; ``refusal``: the store's reason then, else ``None``.
-    - ``bytes``: bytes of the buffer; ``seconds``: time the merge took.
+    - ``bytes``: bytes of the buffer (of a strided view: the span from its lowest byte
+      to its highest); ``seconds``: time the merge took.
     - ``phases``: where that time went, seconds: ``fence`` (checking and
       write-protecting the range), ``hash`` (this process hashing its pages),
       ``lookup`` (asking the store, including waits for pages other processes are
@@ -69,23 +70,29 @@ class MergeStats(TypedDict):
 def merge(obj: Any) -> MergeStats:
     """Merge the full pages of ``obj`` with equal pages in the store; return what it did.
 
-    ``obj`` is any C- or Fortran-contiguous buffer: a NumPy array of any dtype (read-only
-    ones too), ``bytes``, ``bytearray``, ``array.array``, a memoryview slice. Only its
-    whole pages count; a buffer under a page merges nothing. The content the process
-    sees never changes, and writes after the merge go to a private copy. The GIL is
-    released while it merges; Ctrl-C raises ``KeyboardInterrupt`` at the end of the
-    128 MiB piece under way (the pieces before it stay merged).
+    ``obj`` is any buffer: a NumPy array of any dtype (read-only ones too), ``bytes``,
+    ``bytearray``, ``array.array``, a memoryview slice. Only its whole pages count; a
+    buffer under a page merges nothing. A strided view (a slice with a step, a
+    transposed, reversed or broadcast array) merges the memory it spans, from its lowest
+    byte to its highest: the bytes it steps over (its base array's) are merged with it,
+    which changes none of them. The content the process sees never changes, and writes
+    after the merge go to a private copy. The GIL is released while it merges (other
+    threads run on; one writing the buffer waits until the merge is done); Ctrl-C raises
+    ``KeyboardInterrupt`` at the end of the 128 MiB piece under way (the pieces before
+    it stay merged).
 
     Returns a :class:`MergeStats` dict (``merged``, ``added``, ``skipped``, ``via``...).
 
     Raises ``TypeError`` for an object without the buffer protocol (``str``, ``int``)
     and for an array of Python objects (``dtype=object``, or a structured dtype with an
     object field: its elements are references, which no other process could share);
-    a non-contiguous buffer is refused by its exporter (NumPy raises ``ValueError``,
-    memoryview ``BufferError``); memory that is not private anonymous (a file mapping,
+    ``ValueError`` from a released memoryview, ``BufferError`` from an exporter that
+    needs suboffsets (PIL-style arrays of pointers); memory that is not private anonymous (a file mapping,
     ``np.memmap``, shared memory such as ``mmap.mmap(-1, n)``, an array ``vcopy``
     made) raises ``ValueError`` naming the mapping; the system's failures raise
-    ``OSError``. An array from ``np.load(path, mmap_mode="r")`` is such a file
+    ``OSError``, and ``ConnectionError`` (an ``OSError``) when advmd stops or restarts
+    during the call (what was merged keeps its content; the next call connects again:
+    to advmd when one answers, else to a store of this process's own). An array from ``np.load(path, mmap_mode="r")`` is such a file
     mapping, and needs no merge: its pages are the file's page cache, one copy for
     every process that maps the file.
 
@@ -108,21 +115,44 @@ def stat(pid: int | Iterable[int]) -> dict[str, Any]:
     processes share counts once, so the figure of a list of workers shows what merging
     saved), ``anon_shmem_bytes`` (those pages without the page cache of regular files:
     what a memory cgroup charges as anon + shmem), ``rss_bytes``, ``pss_bytes``,
-    ``uss_bytes``, ``ksm``, and ``processes`` (one entry per pid).
+    ``uss_bytes``, ``ksm``, and ``processes`` (one entry per process: ``pid``,
+    ``comm``, ``vmas``, ``mapped_pages``, ``distinct_pages``, ``held_pages``,
+    ``rss_bytes``, ``pss_bytes``, ``uss_bytes``, ``swap_bytes``, ``ksm_stat``). Also
+    ``distinct`` (pages by kind: ``total``, ``anon``, ``shmem``, ``file``),
+    ``physical_source``, ``pfn_visible``, ``held_pages``, ``held_swapped_pages``,
+    ``shmem_objects``, ``shmem_objects_unread``, ``mapped_pages``,
+    ``zero_page_mappings``, ``swapped_pages``, ``ksmd_cpu_seconds``, ``measure_ms``,
+    ``page_size_bytes``: the keys of ``advm stat --json`` (docs/stat.md), the same in
+    every release. A process listed twice, or beside one of its threads' ids, is
+    measured once.
 
     Needs permission to read the processes' /proc files (the same user, or root).
     Raises ``ProcessLookupError`` when a process does not exist (or exits while
     measured, or is a zombie) and ``PermissionError`` when its files may not be read;
-    both are ``OSError``s. A kernel thread (no user memory) or an empty list raises
-    ``ValueError``; a pid that is not an int ``TypeError``."""
-    if isinstance(pid, Iterable) and not isinstance(pid, (str, bytes)):
-        pids = [operator.index(p) for p in pid]
-    else:
-        try:
-            pids = [operator.index(pid)]
-        except TypeError:
+    both are ``OSError``s. A kernel thread (no user memory), an empty list or a pid
+    below 1 or past 2**31 - 1 raises ``ValueError``; a pid that is not an int
+    (``str``, ``float``, ``bool``) ``TypeError``."""
+    try:
+        pids = [_pid(pid)]
+    except TypeError:
+        if not isinstance(pid, Iterable) or isinstance(pid, (str, bytes, bytearray, memoryview)):
             raise TypeError(f"stat takes a pid (an int) or an iterable of pids, not {type(pid).__name__}") from None
+        pids = [_pid(p, f"item {i} of the pids: ") for i, p in enumerate(pid)]
     return json.loads(_advm.stat_json(pids))  # type: ignore[no-any-return]
+
+
+def _pid(p: object, where: str = "") -> int:
+    """``p`` as a pid: an int (NumPy's too) from 1 to 2**31 - 1, not a bool."""
+    # operator.index takes True as 1, which would measure pid 1 (init).
+    try:
+        if isinstance(p, bool):
+            raise TypeError
+        n = operator.index(p)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"stat takes pids (ints): {where}{type(p).__name__} {p!r}") from None
+    if not 0 < n < 2**31:
+        raise ValueError(f"{where}pid {n} is not a process id: a pid is from 1 to 2**31 - 1")
+    return n
 
 
 def vcopy(array: numpy.ndarray[_Shape, _DType]) -> numpy.ndarray[_Shape, _DType]:
