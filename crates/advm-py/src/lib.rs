@@ -63,8 +63,10 @@ fn address_space_limit() -> Option<u64> {
     line.split_whitespace().nth(3)?.parse().ok()
 }
 
-/// A borrowed view of a Python buffer, released on drop.
-struct View(pyo3::ffi::Py_buffer);
+/// A borrowed view of a Python buffer, released on drop. Boxed: the exporter may point
+/// into the struct itself (`PyBuffer_FillInfo` sets `shape` to `&len` and `strides` to
+/// `&itemsize`), so it must not move once filled.
+struct View(Box<std::mem::MaybeUninit<pyo3::ffi::Py_buffer>>);
 
 impl View {
     /// A C- or Fortran-contiguous view: the exporter refuses a strided one
@@ -79,31 +81,35 @@ impl View {
     }
 
     fn get(obj: &Bound<'_, PyAny>, flags: c_int) -> PyResult<Self> {
-        let mut raw = std::mem::MaybeUninit::<pyo3::ffi::Py_buffer>::uninit();
-        // SAFETY: `raw` is writable storage for a Py_buffer; on success the exporter
-        // filled it and we release it exactly once (Drop). The exporter refuses a view
-        // it cannot give as `flags` ask.
+        let mut raw = Box::new(std::mem::MaybeUninit::<pyo3::ffi::Py_buffer>::uninit());
+        // SAFETY: `raw` is writable storage for a Py_buffer that stays where it is; the
+        // exporter refuses a view it cannot give as `flags` ask.
         let r = unsafe { pyo3::ffi::PyObject_GetBuffer(obj.as_ptr(), raw.as_mut_ptr(), flags) };
         if r != 0 {
             return Err(PyErr::fetch(obj.py()));
         }
-        // SAFETY: initialised by the successful call above.
-        Ok(Self(unsafe { raw.assume_init() }))
+        // Filled: released exactly once, by Drop.
+        Ok(Self(raw))
+    }
+
+    fn buffer(&self) -> &pyo3::ffi::Py_buffer {
+        // SAFETY: filled by the successful PyObject_GetBuffer that made this View.
+        unsafe { self.0.assume_init_ref() }
     }
 
     fn addr(&self) -> usize {
-        self.0.buf as usize
+        self.buffer().buf as usize
     }
 
     fn len(&self) -> usize {
-        self.0.len.max(0) as usize
+        self.buffer().len.max(0) as usize
     }
 
     /// The memory the view's elements lie in, `(start, len)`: from its lowest byte to
     /// its highest (a strided view's span holds the bytes it steps over too, and a
     /// negative stride puts elements below `buf`).
     fn span(&self) -> PyResult<(usize, usize)> {
-        let b = &self.0;
+        let b = self.buffer();
         let ndim = b.ndim.max(0) as usize;
         if b.len <= 0 || b.strides.is_null() || ndim == 0 {
             return Ok((self.addr(), self.len()));
@@ -135,7 +141,7 @@ impl Drop for View {
     fn drop(&mut self) {
         // SAFETY: obtained by PyObject_GetBuffer and released once; the GIL is held
         // wherever a View is dropped (it never leaves the call that made it).
-        unsafe { pyo3::ffi::PyBuffer_Release(&mut self.0) };
+        unsafe { pyo3::ffi::PyBuffer_Release(self.0.as_mut_ptr()) };
     }
 }
 

@@ -88,6 +88,36 @@ def test_a_strided_view_merges_the_memory_it_spans(name: str) -> None:
     assert a[PAGE + 5] == before[PAGE + 5]
 
 
+def exporters(n: int) -> dict[str, Any]:
+    import array
+
+    raw = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8).tobytes()
+    m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    m[:] = raw
+    return {
+        "bytes": raw,
+        "bytearray": bytearray(raw),
+        "array.array": array.array("B", raw),
+        "mmap.mmap": m,
+        "memoryview of bytes": memoryview(raw)[3:],
+        "numpy": np.frombuffer(raw, dtype=np.uint8),
+    }
+
+
+@pytest.mark.parametrize("name", list(exporters(1)))
+def test_every_kind_of_buffer_merges_all_its_whole_pages(name: str) -> None:
+    # With strided views allowed, bytes and bytearray (whose shape and strides point
+    # into the buffer struct) merged 1 byte: the struct had moved after it was filled.
+    n = 64 * PAGE + 123
+    buf = exporters(n)[name]
+    view = memoryview(buf)
+    start = np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0]
+    whole = (start + view.nbytes) // PAGE - (start + PAGE - 1) // PAGE
+    s = advm.merge(buf)
+    assert s["bytes"] == view.nbytes and s["merged"] + s["added"] == whole, s
+    assert bytes(view) == bytes(memoryview(exporters(n)[name])), "content unchanged"
+
+
 def test_a_file_mapping_is_refused() -> None:
     with open(os.__file__, "rb") as f:
         m = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)
@@ -617,3 +647,32 @@ def test_a_daemon_gone_mid_session_raises_connection_error_and_the_next_merge_go
     assert lines[1].startswith(f"ConnectionError advmd at {sock} closed the connection"), lines[1]
     assert lines[1].endswith("(the next advm.merge connects again: to advmd when one answers, else to a store of this process's own)")
     assert lines[2] == "local True", lines[2]
+
+
+def test_a_bytearray_cannot_be_resized_while_it_is_merged() -> None:
+    # The merge holds the buffer exported: bytearray refuses to move its memory
+    # meanwhile, so the merge never writes a freed buffer.
+    import threading
+
+    n = 128 << 20
+    data = bytearray(np.random.default_rng(21).integers(0, 256, n, dtype=np.uint8).tobytes())
+    want = bytes(data[: 64 << 20])
+    done = threading.Event()
+    def merge() -> None:
+        advm.merge(data)
+        done.set()
+
+    t = threading.Thread(target=merge)
+    t.start()
+    refused = 0
+    while not done.is_set():
+        try:
+            data.extend(b"x")
+            del data[-1]
+        except BufferError as e:
+            assert "Existing exports" in str(e)
+            refused += 1
+    t.join()
+    # (an extend that came before the merge began may have kept its byte)
+    assert data[: 64 << 20] == want and len(data) in (n, n + 1)
+    assert refused > 0, "no resize was tried while the merge ran"

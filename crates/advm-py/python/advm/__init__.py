@@ -167,7 +167,9 @@ def vcopy(array: numpy.ndarray[_Shape, _DType]) -> numpy.ndarray[_Shape, _DType]
     the 128 MiB piece under way.
 
     Returns a plain ``numpy.ndarray`` (a subclass such as a masked array loses its
-    class, as with ``numpy.copy``). Raises ``TypeError`` for an array of Python objects
+    class, as with ``numpy.copy``). Unlike ``numpy.copy``'s, its memory is the arena's:
+    ``flags.owndata`` is false, ``base`` is not ``None``, and ``ndarray.resize``
+    refuses it (``numpy.resize`` makes a resized copy of any array). Raises ``TypeError`` for an array of Python objects
     (a dtype holding ``object`` fields): its elements are references, not bytes;
     ``OSError`` when the arena cannot be made or grown.
     """
