@@ -111,7 +111,7 @@ impl View {
     fn span(&self) -> PyResult<(usize, usize)> {
         let b = self.buffer();
         let ndim = b.ndim.max(0) as usize;
-        if b.len <= 0 || b.strides.is_null() || ndim == 0 {
+        if b.len <= 0 || b.shape.is_null() || b.strides.is_null() || ndim == 0 {
             return Ok((self.addr(), self.len()));
         }
         // SAFETY: with PyBUF_STRIDES the exporter fills `ndim` shapes and strides,

@@ -676,3 +676,25 @@ def test_a_bytearray_cannot_be_resized_while_it_is_merged() -> None:
     # (an extend that came before the merge began may have kept its byte)
     assert data[: 64 << 20] == want and len(data) in (n, n + 1)
     assert refused > 0, "no resize was tried while the merge ran"
+
+
+def test_a_forked_child_and_its_parent_keep_their_vcopies_apart() -> None:
+    src = np.arange(1 << 18, dtype=np.float64)
+    x = advm.vcopy(src)
+    y = advm.vcopy(x)  # shares x's pages
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            x[0], y[1] = -1.0, -2.0
+            z = advm.vcopy(y)
+            z[2] = -3.0
+            ok = (x[1], y[0], y[2], z[0], z[1]) == (1.0, 0.0, 2.0, 0.0, -2.0)
+            code = 0 if ok and np.array_equal(src, np.arange(1 << 18, dtype=np.float64)) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert np.array_equal(x, src) and np.array_equal(y, src), "the child's writes stayed in the child"
+    y[3] = 9.0
+    assert x[3] == 3.0
