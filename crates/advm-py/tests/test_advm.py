@@ -613,6 +613,57 @@ print(s["via"], np.array_equal(a, np.arange(1 << 18, dtype=np.uint64)))
 """
 
 
+def advm_binary() -> pathlib.Path:
+    root = pathlib.Path(__file__).resolve().parents[3]
+    found = next((p for p in (root / "target/debug/advm", root / "target/release/advm") if p.exists()), None)
+    if found is None:
+        pytest.skip("no advm binary under target/ (make test builds it) to run a private advmd")
+    return found
+
+
+DAEMON_COMES_LATER = r"""
+import subprocess, sys, time, numpy as np, advm
+advm_bin, sock = sys.argv[1:]
+a = np.arange(1 << 18, dtype=np.uint64)
+s = advm.merge(a)
+print(s["via"], s["added"])
+daemon = subprocess.Popen([advm_bin, "daemon", "--socket", sock], stderr=subprocess.DEVNULL)
+try:
+    t0 = time.monotonic()
+    while advm.merge(b"")["via"] != "daemon":  # looked for again at most once a second
+        assert time.monotonic() - t0 < 20, "advm never went through advmd"
+        time.sleep(0.05)
+    s = advm.merge(np.arange(1 << 18, dtype=np.uint64))
+    print(s["via"], s["added"])
+    s = advm.merge(a)  # merged into the process's own store: merges again, into advmd's
+    print(s["via"], s["merged"], np.array_equal(a, np.arange(1 << 18, dtype=np.uint64)))
+finally:
+    daemon.terminate()
+    daemon.wait()
+"""
+
+
+def test_a_process_that_merged_before_advmd_started_goes_through_it_once_it_serves() -> None:
+    # A worker started before the daemon kept its own store for good: it never shared.
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    advm_bin = advm_binary()
+    where = tempfile.mkdtemp(prefix="advm-py-")  # short: a socket path holds 107 bytes
+    try:
+        env = dict(os.environ, ADVM_SOCKET=os.path.join(where, "advmd.sock"))
+        args = [sys.executable, "-c", DAEMON_COMES_LATER, str(advm_bin), env["ADVM_SOCKET"]]
+        out = subprocess.run(args, capture_output=True, text=True, env=env, timeout=60)
+    finally:
+        shutil.rmtree(where)
+    lines = [line.split() for line in out.stdout.splitlines()]
+    assert [line[0] for line in lines] == ["local", "daemon", "daemon"], out.stdout + out.stderr
+    whole = (1 << 21) // PAGE - 1  # at least: the arrays need not be page aligned
+    assert all(int(line[1]) >= whole for line in lines) and lines[2][2] == "True", out.stdout
+
+
 def test_a_daemon_gone_mid_session_raises_connection_error_and_the_next_merge_goes_on() -> None:
     # It raised a bare OSError telling a Python program to "connect a new client",
     # which it cannot do (and need not: the next advm.merge connects again).
@@ -621,10 +672,7 @@ def test_a_daemon_gone_mid_session_raises_connection_error_and_the_next_merge_go
     import sys
     import tempfile
 
-    root = pathlib.Path(__file__).resolve().parents[3]
-    advm_bin = next((p for p in (root / "target/debug/advm", root / "target/release/advm") if p.exists()), None)
-    if advm_bin is None:
-        pytest.skip("no advm binary under target/ (make test builds it) to run a private advmd")
+    advm_bin = advm_binary()
     where = tempfile.mkdtemp(prefix="advm-py-")  # short: a socket path holds 107 bytes
     sock = os.path.join(where, "advmd.sock")
     daemon = subprocess.Popen([advm_bin, "daemon", "--socket", sock], stderr=subprocess.DEVNULL)

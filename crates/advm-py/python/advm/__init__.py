@@ -4,7 +4,8 @@
   arrays): pages equal to ones in the store become copy-on-write mappings of the
   store's pages, so processes holding the same data (model weights) keep one copy.
   The store is advmd's for this uid ($ADVM_SOCKET, else /run/advm/advmd.sock), or this
-  process's own when no daemon answers (the result's ``via`` says which, and why).
+  process's own when no daemon answers (the result's ``via`` says which, and why; a
+  process that fell back looks for advmd again at most once a second).
 - ``stat(pid)``: the ``advm stat`` figures of a process, or of a list of processes
   measured together (distinct physical pages, RSS, PSS, USS, KSM) as a dict.
 - ``vcopy(array)``: a copy of a NumPy array (as ``numpy.copy``) in advm's arena, whose
