@@ -442,6 +442,18 @@ def test_stat_of_several_processes_counts_the_pages_they_share_once() -> None:
         advm.stat([])
 
 
+def test_the_result_dicts_have_the_documented_keys() -> None:
+    # Scripts index these dicts: every key is named in the docstring, and a key added
+    # or dropped must change this test (and the docstring) with it.
+    s = advm.merge(page_aligned(4, 30))
+    assert set(s) == set(advm.MergeStats.__annotations__)
+    assert set(s["phases"]) == {"fence", "hash", "lookup", "add", "map"}
+    assert all(f"``{k}``" in (advm.MergeStats.__doc__ or "") for k in s["phases"])
+    v = advm.vcopy_stats()
+    assert [k for k in v if f"``{k}``" not in (advm.vcopy_stats.__doc__ or "")] == []
+    assert len(v) == 20, sorted(v)
+
+
 def test_help_says_what_every_result_field_means() -> None:
     # MergeStats' fields were documented by strings after each field, which help() and
     # pydoc never show: help(advm.MergeStats) said only "What one merge did."

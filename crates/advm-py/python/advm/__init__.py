@@ -199,11 +199,25 @@ def vcopy(array: numpy.ndarray[_Shape, _DType]) -> numpy.ndarray[_Shape, _DType]
 
 
 def vcopy_stats() -> dict[str, Any]:
-    """What this process's arena did so far, as a dict: ``vcopies`` (copies of arena
-    arrays, made virtual), ``pages_shared`` (pages those copies share instead of
-    copying), ``bytes_copied`` (bytes of those copies copied after all: small ones,
-    fallbacks; a first copy of an array into the arena is not counted),
-    ``blocks`` and ``block_bytes`` (live arrays in the arena), ``memfd_resident_bytes``
-    (memory the arena holds), ``fallback_*`` (copies done by copying bytes, and why),
-    ``forks``. Raises ``OSError`` when the arena cannot be made."""
+    """What this process's arena did so far, as a dict (the fields of Rust's
+    ``advm::vcopy::Stats``; cumulative counts since the arena was made):
+
+    - ``vcopies`` (copies of arena arrays, made virtual), ``pages_shared`` (pages those
+      copies share instead of copying), ``bytes_copied`` (bytes of those copies copied
+      after all: small ones, partial pages, fallbacks; a first copy of an array into the
+      arena is not counted);
+    - ``fallback_unaligned``, ``fallback_small``, ``fallback_vma_budget``: copies done
+      by copying bytes, and why (not page-congruent, under ``small_block_pages``, over
+      the VMA budget);
+    - ``pages_rehomed``, ``pages_adopted``: written pages moved into fresh arena pages,
+      and pages whose last view took its page over;
+    - live now: ``blocks`` and ``block_bytes`` (arrays in the arena),
+      ``memfd_pages_live`` and ``memfd_resident_bytes`` (memory the arena holds),
+      ``memfds``, ``vmas`` and ``vma_budget``, ``deferred_pending`` (old mappings
+      waiting to be unmapped) and ``deferred_unmap_ms`` (time spent unmapping them off
+      the copy's path);
+    - ``forks`` (forks the arena was frozen for), ``small_block_pages``,
+      ``crossover_write_fraction`` (``None`` unless calibrated).
+
+    Raises ``OSError`` when the arena cannot be made."""
     return json.loads(_advm.vcopy_stats_json())  # type: ignore[no-any-return]
