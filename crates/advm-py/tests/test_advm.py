@@ -758,3 +758,28 @@ def test_a_forked_child_and_its_parent_keep_their_vcopies_apart() -> None:
     assert np.array_equal(x, src) and np.array_equal(y, src), "the child's writes stayed in the child"
     y[3] = 9.0
     assert x[3] == 3.0
+
+
+def test_many_vcopies_leave_no_descriptors_or_mappings_behind() -> None:
+    import gc
+
+    def counts() -> tuple[int, int]:
+        with open("/proc/self/maps") as maps:
+            return len(os.listdir("/proc/self/fd")), sum(1 for _ in maps)
+
+    src = np.random.default_rng(31).random(1 << 17)  # 1 MiB
+    x = advm.vcopy(src)
+    for _ in range(20):  # the arena's own memfds and mappings settle first
+        advm.vcopy(x)
+    gc.collect()
+    fds, maps = counts()
+    for i in range(300):
+        y = advm.vcopy(x)  # virtual
+        y[i] = -1.0
+        z = advm.vcopy(src[: 1000 + i])  # small
+        w = advm.vcopy(x[::3])  # gathered
+        del y, z, w
+    gc.collect()
+    fds2, maps2 = counts()
+    assert fds2 <= fds + 2 and maps2 <= maps + 8, ((fds, maps), (fds2, maps2))
+    assert np.array_equal(x, src)
