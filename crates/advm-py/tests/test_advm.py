@@ -581,6 +581,12 @@ def test_merge_refuses_arrays_of_python_objects() -> None:
             advm.merge(a)
         with pytest.raises(TypeError, match="array of Python objects"):
             advm.merge(a.data)  # a memoryview of the array
+    import ctypes
+
+    # A ctypes array of py_object (format "<O") merged its pointers: only NumPy arrays
+    # and memoryviews were looked at.
+    with pytest.raises(TypeError, match=r"array of Python objects \(<O\)"):
+        advm.merge((ctypes.py_object * 4096)())
     named = np.zeros(4096, dtype=[("Offset", "f8"), ("b", "i4")])  # a field name is no object
     assert advm.merge(named.data)["bytes"] == named.nbytes
 

@@ -85,8 +85,9 @@ def merge(obj: Any) -> MergeStats:
     Returns a :class:`MergeStats` dict (``merged``, ``added``, ``skipped``, ``via``...).
 
     Raises ``TypeError`` for an object without the buffer protocol (``str``, ``int``)
-    and for an array of Python objects (``dtype=object``, or a structured dtype with an
-    object field: its elements are references, which no other process could share);
+    and for an array of Python objects (``dtype=object``, a structured dtype with an
+    object field, a ctypes array of ``py_object``: its elements are references, which no
+    other process could share);
     ``ValueError`` from a released memoryview, ``BufferError`` from an exporter that
     needs suboffsets (PIL-style arrays of pointers); memory that is not private anonymous (a file mapping,
     ``np.memmap``, shared memory such as ``mmap.mmap(-1, n)``, an array ``vcopy``
@@ -100,14 +101,28 @@ def merge(obj: Any) -> MergeStats:
     In a forked child (``multiprocessing`` with ``fork``, a preforking server) arrays
     the parent merged before the fork stay shared, and merging them again works.
     """
-    dtype = getattr(obj, "dtype", None)
-    # A memoryview's struct format: "O" is an object; field names sit between colons.
-    if getattr(dtype, "hasobject", False) or (isinstance(obj, memoryview) and "O" in re.sub(":[^:]*:", "", obj.format)):
+    objects = _object_type(obj)
+    if objects is not None:
         raise TypeError(
-            f"merge cannot share an array of Python objects ({dtype or obj.format}): its elements are "
+            f"merge cannot share an array of Python objects ({objects}): its elements are "
             "references into this process, not data (merge the arrays or bytes they refer to)"
         )
     return _advm.merge(obj)  # type: ignore[no-any-return]
+
+
+def _object_type(obj: Any) -> str | None:
+    """The dtype or buffer format of ``obj`` when its elements are Python objects."""
+    dtype = getattr(obj, "dtype", None)
+    if hasattr(dtype, "hasobject"):
+        return str(dtype) if dtype.hasobject else None
+    # Any other buffer (a memoryview, a ctypes array of py_object) by its struct
+    # format: "O" is an object; field names sit between colons.
+    try:
+        with memoryview(obj) as m:
+            fmt = m.format
+    except (TypeError, ValueError, BufferError):
+        return None  # _advm.merge says why
+    return fmt if "O" in re.sub(":[^:]*:", "", fmt) else None
 
 
 def stat(pid: int | Iterable[int]) -> dict[str, Any]:
