@@ -11,13 +11,13 @@ use std::sync::OnceLock;
 
 use advm::mem::HostAddr;
 use advm::vcopy::Arena;
-use pyo3::exceptions::{PyOSError, PyPermissionError, PyProcessLookupError, PyValueError};
+use pyo3::exceptions::{PyConnectionError, PyOSError, PyPermissionError, PyProcessLookupError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 /// advm's errors as Python's: a bad argument is a `ValueError`, a process that does
-/// not exist a `ProcessLookupError`, one we may not read a `PermissionError` (both
-/// `OSError`s, as every other failure is).
+/// not exist a `ProcessLookupError`, one we may not read a `PermissionError`, a daemon
+/// lost mid-call a `ConnectionError` (all `OSError`s, as every other failure is).
 fn to_py(e: advm::Error) -> PyErr {
     match e {
         advm::Error::InvalidArgument { .. } | advm::Error::KernelThread { .. } | advm::Error::DaemonRefused { .. } => {
@@ -27,6 +27,12 @@ fn to_py(e: advm::Error) -> PyErr {
             PyProcessLookupError::new_err(e.to_string())
         }
         advm::Error::PermissionDenied { .. } => PyPermissionError::new_err(e.to_string()),
+        // advm's process-wide client connects again on the next call (`with_default`):
+        // the message's "connect a new client" is for Rust callers who hold their own.
+        advm::Error::Disconnected { .. } => PyConnectionError::new_err(format!(
+            "{e} (the next advm.merge connects again: to advmd when one answers, else to a store of this \
+             process's own)"
+        )),
         _ => PyOSError::new_err(with_address_space_hint(e.to_string())),
     }
 }
@@ -57,30 +63,77 @@ fn address_space_limit() -> Option<u64> {
     line.split_whitespace().nth(3)?.parse().ok()
 }
 
-/// A borrowed contiguous view of a Python buffer, released on drop.
-struct View(pyo3::ffi::Py_buffer);
+/// A borrowed view of a Python buffer, released on drop. Boxed: the exporter may point
+/// into the struct itself (`PyBuffer_FillInfo` sets `shape` to `&len` and `strides` to
+/// `&itemsize`), so it must not move once filled.
+struct View(Box<std::mem::MaybeUninit<pyo3::ffi::Py_buffer>>);
 
 impl View {
-    fn of(obj: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let mut raw = std::mem::MaybeUninit::<pyo3::ffi::Py_buffer>::uninit();
-        // SAFETY: `raw` is writable storage for a Py_buffer; on success the exporter
-        // filled it and we release it exactly once (Drop). PyBUF_ANY_CONTIGUOUS refuses
-        // strided views with a BufferError.
-        let r =
-            unsafe { pyo3::ffi::PyObject_GetBuffer(obj.as_ptr(), raw.as_mut_ptr(), pyo3::ffi::PyBUF_ANY_CONTIGUOUS) };
+    /// A C- or Fortran-contiguous view: the exporter refuses a strided one
+    /// (`BufferError`, NumPy's `ValueError`).
+    fn contiguous(obj: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Self::get(obj, pyo3::ffi::PyBUF_ANY_CONTIGUOUS)
+    }
+
+    /// Any view without suboffsets: contiguous, or strided with strides of any sign.
+    fn strided(obj: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Self::get(obj, pyo3::ffi::PyBUF_STRIDES)
+    }
+
+    fn get(obj: &Bound<'_, PyAny>, flags: c_int) -> PyResult<Self> {
+        let mut raw = Box::new(std::mem::MaybeUninit::<pyo3::ffi::Py_buffer>::uninit());
+        // SAFETY: `raw` is writable storage for a Py_buffer that stays where it is; the
+        // exporter refuses a view it cannot give as `flags` ask.
+        let r = unsafe { pyo3::ffi::PyObject_GetBuffer(obj.as_ptr(), raw.as_mut_ptr(), flags) };
         if r != 0 {
             return Err(PyErr::fetch(obj.py()));
         }
-        // SAFETY: initialised by the successful call above.
-        Ok(Self(unsafe { raw.assume_init() }))
+        // Filled: released exactly once, by Drop.
+        Ok(Self(raw))
+    }
+
+    fn buffer(&self) -> &pyo3::ffi::Py_buffer {
+        // SAFETY: filled by the successful PyObject_GetBuffer that made this View.
+        unsafe { self.0.assume_init_ref() }
     }
 
     fn addr(&self) -> usize {
-        self.0.buf as usize
+        self.buffer().buf as usize
     }
 
     fn len(&self) -> usize {
-        self.0.len.max(0) as usize
+        self.buffer().len.max(0) as usize
+    }
+
+    /// The memory the view's elements lie in, `(start, len)`: from its lowest byte to
+    /// its highest (a strided view's span holds the bytes it steps over too, and a
+    /// negative stride puts elements below `buf`).
+    fn span(&self) -> PyResult<(usize, usize)> {
+        let b = self.buffer();
+        let ndim = b.ndim.max(0) as usize;
+        if b.len <= 0 || b.shape.is_null() || b.strides.is_null() || ndim == 0 {
+            return Ok((self.addr(), self.len()));
+        }
+        // SAFETY: with PyBUF_STRIDES the exporter fills `ndim` shapes and strides,
+        // which live until the view is released (after this borrow).
+        let (shape, strides) =
+            unsafe { (std::slice::from_raw_parts(b.shape, ndim), std::slice::from_raw_parts(b.strides, ndim)) };
+        let (mut lo, mut hi) = (0i128, b.itemsize as i128);
+        for (&n, &stride) in shape.iter().zip(strides) {
+            let reach = (n as i128 - 1) * stride as i128;
+            if reach < 0 {
+                lo += reach;
+            } else {
+                hi += reach;
+            }
+        }
+        let start = self.addr() as i128 + lo;
+        match (usize::try_from(start), usize::try_from(hi - lo)) {
+            (Ok(start), Ok(len)) if start.checked_add(len).is_some() => Ok((start, len)),
+            _ => Err(PyValueError::new_err(format!(
+                "a buffer whose shape {shape:?} and strides {strides:?} reach outside the address space"
+            ))),
+        }
     }
 }
 
@@ -88,7 +141,7 @@ impl Drop for View {
     fn drop(&mut self) {
         // SAFETY: obtained by PyObject_GetBuffer and released once; the GIL is held
         // wherever a View is dropped (it never leaves the call that made it).
-        unsafe { pyo3::ffi::PyBuffer_Release(&mut self.0) };
+        unsafe { pyo3::ffi::PyBuffer_Release(self.0.as_mut_ptr()) };
     }
 }
 
@@ -143,12 +196,16 @@ fn pieces(addr: usize, len: usize) -> impl Iterator<Item = (usize, usize)> {
 /// process's own store), a piece at a time; returns the figures as a dict.
 #[pyfunction]
 fn merge<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
-    let view = View::of(obj)?;
+    // A strided view merges the memory it spans: merging changes no byte, so the bytes
+    // it steps over (its base array's) may be merged with it, and a page holding any of
+    // its elements is merged whole either way.
+    let view = View::strided(obj)?;
+    let (start, len) = view.span()?;
     let py = obj.py();
     // The arena's pages are a shared mapping the merge would refuse with a message
     // naming no array; say what the buffer is instead.
     if let Some(Ok(a)) = ARENA.get() {
-        if a.touches(HostAddr(view.addr()), view.len()) {
+        if a.touches(HostAddr(start), len) {
             return Err(PyValueError::new_err(
                 "merge of an array made by advm.vcopy: its pages live in the virtual-copy arena, which \
                  shares them with its copies already and cannot be merged (merge the array it was copied \
@@ -158,7 +215,7 @@ fn merge<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
     }
     let t0 = std::time::Instant::now();
     let mut total: Option<advm::merge::MergeStats> = None;
-    for (i, (addr, len)) in pieces(view.addr(), view.len()).enumerate() {
+    for (i, (addr, len)) in pieces(start, len).enumerate() {
         // Between pieces: a signal's handler (KeyboardInterrupt) runs now. The pieces
         // merged so far stay merged; merging never changes the bytes.
         if i > 0 {
@@ -244,7 +301,7 @@ impl Drop for Block {
 /// block (whose own copies are then virtual).
 #[pyfunction]
 fn vcopy_block(obj: &Bound<'_, PyAny>) -> PyResult<Block> {
-    let view = View::of(obj)?;
+    let view = View::contiguous(obj)?;
     let (addr, len) = (view.addr(), view.len());
     if len == 0 {
         return Err(PyValueError::new_err("vcopy of an empty buffer"));

@@ -4,6 +4,8 @@ import mmap
 import os
 import pathlib
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -59,10 +61,64 @@ def test_float_arrays_bytes_and_memoryviews_are_buffers_too() -> None:
     assert s["bytes"] == len(data)
 
 
-def test_a_strided_view_is_refused_and_a_file_mapping_is_refused() -> None:
-    a = page_aligned(4, 4)
-    with pytest.raises((BufferError, ValueError), match="contiguous"):
-        advm.merge(a[::2])
+STRIDED: dict[str, Callable[[np.ndarray], Any]] = {
+    "every third byte": lambda a: a[::3],
+    "reversed": lambda a: a[::-1],
+    "columns": lambda a: a.reshape(32, PAGE)[:, 10:300],
+    "rows and columns reversed": lambda a: a.reshape(32, PAGE)[::-1, ::-2],
+    "float64 transposed, reversed": lambda a: a.view(np.float64).reshape(64, 256).T[::-1],
+    "memoryview step": lambda a: a.data[::2],
+    "broadcast": lambda a: np.broadcast_to(a[PAGE : 3 * PAGE], (5, 2 * PAGE)),
+}
+
+
+@pytest.mark.parametrize("name", list(STRIDED))
+def test_a_strided_view_merges_the_memory_it_spans(name: str) -> None:
+    # A strided view raised ValueError ("ndarray is not contiguous"; memoryview's
+    # BufferError): a model's weights sliced or transposed could not be merged.
+    view = STRIDED[name]
+    a, b = page_aligned(32, 40), page_aligned(32, 40)
+    before = a.copy()
+    sa = advm.merge(view(a))
+    sb = advm.merge(view(b))
+    assert sb["merged"] >= 1 and sb["added"] == 0, (sa, sb)
+    assert sa["merged"] + sa["added"] == sb["merged"], "both spans cover the same pages"
+    assert np.array_equal(a, before) and np.array_equal(b, before)
+    b[PAGE + 5] ^= 0xFF  # a write after the merge stays the writer's
+    assert a[PAGE + 5] == before[PAGE + 5]
+
+
+def exporters(n: int) -> dict[str, Any]:
+    import array
+
+    raw = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8).tobytes()
+    m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    m[:] = raw
+    return {
+        "bytes": raw,
+        "bytearray": bytearray(raw),
+        "array.array": array.array("B", raw),
+        "mmap.mmap": m,
+        "memoryview of bytes": memoryview(raw)[3:],
+        "numpy": np.frombuffer(raw, dtype=np.uint8),
+    }
+
+
+@pytest.mark.parametrize("name", list(exporters(1)))
+def test_every_kind_of_buffer_merges_all_its_whole_pages(name: str) -> None:
+    # With strided views allowed, bytes and bytearray (whose shape and strides point
+    # into the buffer struct) merged 1 byte: the struct had moved after it was filled.
+    n = 64 * PAGE + 123
+    buf = exporters(n)[name]
+    view = memoryview(buf)
+    start = np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0]
+    whole = (start + view.nbytes) // PAGE - (start + PAGE - 1) // PAGE
+    s = advm.merge(buf)
+    assert s["bytes"] == view.nbytes and s["merged"] + s["added"] == whole, s
+    assert bytes(view) == bytes(memoryview(exporters(n)[name])), "content unchanged"
+
+
+def test_a_file_mapping_is_refused() -> None:
     with open(os.__file__, "rb") as f:
         m = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)
         with pytest.raises(ValueError, match="file-backed"):
@@ -74,6 +130,78 @@ def test_a_strided_view_is_refused_and_a_file_mapping_is_refused() -> None:
 def test_stat_returns_the_figures_of_a_process() -> None:
     s = advm.stat(os.getpid())
     assert len(s["processes"]) == 1 and s["rss_bytes"] > 0 and s["physical_bytes"] > 0
+
+
+STAT_KEYS = {
+    "processes", "distinct", "physical_bytes", "physical_source", "pfn_visible", "anon_shmem_bytes",
+    "held_pages", "held_swapped_pages", "shmem_objects", "shmem_objects_unread", "mapped_pages",
+    "zero_page_mappings", "swapped_pages", "rss_bytes", "pss_bytes", "uss_bytes", "ksm",
+    "ksmd_cpu_seconds", "measure_ms", "page_size_bytes",
+}
+PROCESS_KEYS = {
+    "pid", "comm", "vmas", "mapped_pages", "distinct_pages", "held_pages", "rss_bytes", "pss_bytes",
+    "uss_bytes", "swap_bytes", "ksm_stat",
+}
+
+
+def test_stat_keys_are_the_documented_ones() -> None:
+    # Scripts index these dicts: a key renamed or dropped breaks them. Each is named in
+    # stat's docstring (docs/stat.md lists them too).
+    s = advm.stat(os.getpid())
+    assert set(s) == STAT_KEYS and set(s["processes"][0]) == PROCESS_KEYS
+    assert set(s["distinct"]) == {"total", "anon", "shmem", "file"}
+    doc = advm.stat.__doc__ or ""
+    assert [k for k in sorted(STAT_KEYS | PROCESS_KEYS) if f"``{k}``" not in doc] == []
+
+
+def test_stat_refuses_bools_and_pids_out_of_range_by_name() -> None:
+    # stat(True) measured pid 1 (True is an int); stat(-1) said "process -1 does not
+    # exist" and stat(2**31) raised OverflowError ("out of range integral type
+    # conversion attempted"), naming no pid.
+    with pytest.raises(TypeError, match="not bool"):
+        advm.stat(True)
+    with pytest.raises(TypeError, match="item 1 of the pids: bool"):
+        advm.stat([os.getpid(), False])
+    for pid in (0, -1, 2**31, 2**64):
+        with pytest.raises(ValueError, match=f"pid {pid} is not a process id: a pid is from 1 to 2\\*\\*31 - 1"):
+            advm.stat(pid)
+    with pytest.raises(ValueError, match="item 0 of the pids: pid -3 is not a process id"):
+        advm.stat([-3])
+    with pytest.raises(TypeError, match="item 1 of the pids: str '1'"):
+        advm.stat([os.getpid(), "1"])  # type: ignore[list-item]
+
+
+def test_stat_takes_numpy_ints_and_0_d_arrays() -> None:
+    # A 0-d array is iterable by type, so stat iterated it: "iteration over a 0-d array".
+    me = os.getpid()
+    for pid in (np.int32(me), np.array(me), np.array([me])):
+        assert [p["pid"] for p in advm.stat(pid)["processes"]] == [me]  # type: ignore[arg-type]
+
+
+def test_stat_of_a_process_listed_twice_counts_it_once() -> None:
+    # advm.stat([me, me]) summed the process's RSS, PSS and USS twice.
+    import threading
+
+    me = os.getpid()
+    ready, done = threading.Event(), threading.Event()
+    tid: list[int] = []
+
+    def wait() -> None:
+        tid.append(threading.get_native_id())
+        ready.set()
+        done.wait()
+
+    t = threading.Thread(target=wait)
+    t.start()
+    ready.wait()
+    try:
+        once = advm.stat(me)
+        twice = advm.stat([me, me, tid[0]])
+    finally:
+        done.set()
+        t.join()
+    assert [p["pid"] for p in twice["processes"]] == [me]
+    assert twice["rss_bytes"] < once["rss_bytes"] * 5 // 4, (once["rss_bytes"], twice["rss_bytes"])
 
 
 def test_vcopy_of_an_array_is_equal_independent_and_virtual_the_second_time() -> None:
@@ -211,7 +339,8 @@ def test_merge_after_the_program_closed_every_fd_works_and_leaves_its_files_alon
     assert r.returncode == 0 and r.stdout == "ok\n", (r.returncode, r.stdout, r.stderr)
 
 
-def test_vcopy_releases_the_gil_while_it_copies() -> None:
+@pytest.mark.parametrize("call", ["vcopy", "merge"])
+def test_vcopy_and_merge_release_the_gil(call: str) -> None:
     # Another Python thread runs on during a long copy (it used to wait for all of it).
     import threading
     import time
@@ -228,13 +357,13 @@ def test_vcopy_releases_the_gil_while_it_copies() -> None:
     t0, n0 = time.perf_counter(), ticks[0]
     time.sleep(0.2)  # its rate alone (the main thread sleeps)
     rate = (ticks[0] - n0) / (time.perf_counter() - t0)
-    a = np.ones(256 << 20, dtype=np.uint8)  # not in the arena: its bytes are copied
+    a = np.arange(32 << 20, dtype=np.uint64)  # not in the arena: its bytes are copied; distinct pages
     t0, n0 = time.perf_counter(), ticks[0]
-    b = advm.vcopy(a)
+    b = advm.vcopy(a) if call == "vcopy" else (advm.merge(a), a)[1]
     took, during = time.perf_counter() - t0, ticks[0] - n0
     stop.set()
     t.join()
-    assert b[123456] == 1
+    assert b[123456] == 123456
     assert during >= 0.2 * rate * took, f"{during} ticks in {took:.3f} s, {rate:.0f}/s alone"
 
 
@@ -311,6 +440,18 @@ def test_stat_of_several_processes_counts_the_pages_they_share_once() -> None:
         advm.stat(str(os.getpid()))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="no process given"):
         advm.stat([])
+
+
+def test_the_result_dicts_have_the_documented_keys() -> None:
+    # Scripts index these dicts: every key is named in the docstring, and a key added
+    # or dropped must change this test (and the docstring) with it.
+    s = advm.merge(page_aligned(4, 30))
+    assert set(s) == set(advm.MergeStats.__annotations__)
+    assert set(s["phases"]) == {"fence", "hash", "lookup", "add", "map"}
+    assert all(f"``{k}``" in (advm.MergeStats.__doc__ or "") for k in s["phases"])
+    v = advm.vcopy_stats()
+    assert [k for k in v if f"``{k}``" not in (advm.vcopy_stats.__doc__ or "")] == []
+    assert len(v) == 20, sorted(v)
 
 
 def test_help_says_what_every_result_field_means() -> None:
@@ -440,5 +581,211 @@ def test_merge_refuses_arrays_of_python_objects() -> None:
             advm.merge(a)
         with pytest.raises(TypeError, match="array of Python objects"):
             advm.merge(a.data)  # a memoryview of the array
+    import ctypes
+
+    # A ctypes array of py_object (format "<O") merged its pointers: only NumPy arrays
+    # and memoryviews were looked at.
+    with pytest.raises(TypeError, match=r"array of Python objects \(<O\)"):
+        advm.merge((ctypes.py_object * 4096)())
     named = np.zeros(4096, dtype=[("Offset", "f8"), ("b", "i4")])  # a field name is no object
     assert advm.merge(named.data)["bytes"] == named.nbytes
+
+
+SOCKET_IS_A_DIRECTORY = r"""
+import numpy as np, advm
+s = advm.merge(np.arange(1 << 16))
+print(s["via"], s["via_detail"])
+"""
+
+
+def test_advm_socket_naming_a_directory_says_so(tmp_path: pathlib.Path) -> None:
+    # connect(2) fails with ECONNREFUSED there, which was read as "a socket is there but
+    # no advmd answers (one that died left it)".
+    import subprocess
+    import sys
+
+    env = dict(os.environ, ADVM_SOCKET=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", SOCKET_IS_A_DIRECTORY], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("local advmd is not reachable at"), out.stdout
+    assert "a directory is there, not a socket (ADVM_SOCKET or --socket must name advmd's socket)" in out.stdout
+
+
+DAEMON_GOES_AWAY = r"""
+import os, signal, sys, time, numpy as np, advm
+daemon = int(sys.argv[1])
+a = np.arange(1 << 18, dtype=np.uint64)
+print(advm.merge(a)["via"])
+os.kill(daemon, signal.SIGTERM)
+t0 = time.monotonic()
+while open(f"/proc/{daemon}/stat").read().split(") ")[1][0] != "Z":  # until it has exited
+    assert time.monotonic() - t0 < 20, "advmd did not stop on SIGTERM"
+    time.sleep(0.01)
+try:
+    advm.merge(np.arange(1 << 18, dtype=np.uint64) + 1)
+    print("no error")
+except ConnectionError as e:
+    print("ConnectionError", e)
+s = advm.merge(np.arange(1 << 18, dtype=np.uint64) + 2)
+print(s["via"], np.array_equal(a, np.arange(1 << 18, dtype=np.uint64)))
+"""
+
+
+def advm_binary() -> pathlib.Path:
+    root = pathlib.Path(__file__).resolve().parents[3]
+    found = next((p for p in (root / "target/debug/advm", root / "target/release/advm") if p.exists()), None)
+    if found is None:
+        pytest.skip("no advm binary under target/ (make test builds it) to run a private advmd")
+    return found
+
+
+DAEMON_COMES_LATER = r"""
+import subprocess, sys, time, numpy as np, advm
+advm_bin, sock = sys.argv[1:]
+a = np.arange(1 << 18, dtype=np.uint64)
+s = advm.merge(a)
+print(s["via"], s["added"])
+daemon = subprocess.Popen([advm_bin, "daemon", "--socket", sock], stderr=subprocess.DEVNULL)
+try:
+    t0 = time.monotonic()
+    while advm.merge(b"")["via"] != "daemon":  # looked for again at most once a second
+        assert time.monotonic() - t0 < 20, "advm never went through advmd"
+        time.sleep(0.05)
+    s = advm.merge(np.arange(1 << 18, dtype=np.uint64))
+    print(s["via"], s["added"])
+    s = advm.merge(a)  # merged into the process's own store: merges again, into advmd's
+    print(s["via"], s["merged"], np.array_equal(a, np.arange(1 << 18, dtype=np.uint64)))
+finally:
+    daemon.terminate()
+    daemon.wait()
+"""
+
+
+def test_a_process_that_merged_before_advmd_started_goes_through_it_once_it_serves() -> None:
+    # A worker started before the daemon kept its own store for good: it never shared.
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    advm_bin = advm_binary()
+    where = tempfile.mkdtemp(prefix="advm-py-")  # short: a socket path holds 107 bytes
+    try:
+        env = dict(os.environ, ADVM_SOCKET=os.path.join(where, "advmd.sock"))
+        args = [sys.executable, "-c", DAEMON_COMES_LATER, str(advm_bin), env["ADVM_SOCKET"]]
+        out = subprocess.run(args, capture_output=True, text=True, env=env, timeout=60)
+    finally:
+        shutil.rmtree(where)
+    lines = [line.split() for line in out.stdout.splitlines()]
+    assert [line[0] for line in lines] == ["local", "daemon", "daemon"], out.stdout + out.stderr
+    whole = (1 << 21) // PAGE - 1  # at least: the arrays need not be page aligned
+    assert all(int(line[1]) >= whole for line in lines) and lines[2][2] == "True", out.stdout
+
+
+def test_a_daemon_gone_mid_session_raises_connection_error_and_the_next_merge_goes_on() -> None:
+    # It raised a bare OSError telling a Python program to "connect a new client",
+    # which it cannot do (and need not: the next advm.merge connects again).
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    advm_bin = advm_binary()
+    where = tempfile.mkdtemp(prefix="advm-py-")  # short: a socket path holds 107 bytes
+    sock = os.path.join(where, "advmd.sock")
+    daemon = subprocess.Popen([advm_bin, "daemon", "--socket", sock], stderr=subprocess.DEVNULL)
+    try:
+        t0 = time.monotonic()
+        while not os.path.exists(sock):
+            assert daemon.poll() is None and time.monotonic() - t0 < 30, "advmd did not start"
+            time.sleep(0.02)
+        env = dict(os.environ, ADVM_SOCKET=sock)
+        out = subprocess.run(
+            [sys.executable, "-c", DAEMON_GOES_AWAY, str(daemon.pid)], capture_output=True, text=True, env=env, timeout=60
+        )
+    finally:
+        daemon.kill()
+        daemon.wait()
+        shutil.rmtree(where)
+    lines = out.stdout.splitlines()
+    assert len(lines) == 3, out.stdout + out.stderr
+    assert lines[0] == "daemon"
+    assert lines[1].startswith(f"ConnectionError advmd at {sock} closed the connection"), lines[1]
+    assert lines[1].endswith("(the next advm.merge connects again: to advmd when one answers, else to a store of this process's own)")
+    assert lines[2] == "local True", lines[2]
+
+
+def test_a_bytearray_cannot_be_resized_while_it_is_merged() -> None:
+    # The merge holds the buffer exported: bytearray refuses to move its memory
+    # meanwhile, so the merge never writes a freed buffer.
+    import threading
+
+    n = 128 << 20
+    data = bytearray(np.random.default_rng(21).integers(0, 256, n, dtype=np.uint8).tobytes())
+    want = bytes(data[: 64 << 20])
+    done = threading.Event()
+    def merge() -> None:
+        advm.merge(data)
+        done.set()
+
+    t = threading.Thread(target=merge)
+    t.start()
+    refused = 0
+    while not done.is_set():
+        try:
+            data.extend(b"x")
+            del data[-1]
+        except BufferError as e:
+            assert "Existing exports" in str(e)
+            refused += 1
+    t.join()
+    # (an extend that came before the merge began may have kept its byte)
+    assert data[: 64 << 20] == want and len(data) in (n, n + 1)
+    assert refused > 0, "no resize was tried while the merge ran"
+
+
+def test_a_forked_child_and_its_parent_keep_their_vcopies_apart() -> None:
+    src = np.arange(1 << 18, dtype=np.float64)
+    x = advm.vcopy(src)
+    y = advm.vcopy(x)  # shares x's pages
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            x[0], y[1] = -1.0, -2.0
+            z = advm.vcopy(y)
+            z[2] = -3.0
+            ok = (x[1], y[0], y[2], z[0], z[1]) == (1.0, 0.0, 2.0, 0.0, -2.0)
+            code = 0 if ok and np.array_equal(src, np.arange(1 << 18, dtype=np.float64)) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert np.array_equal(x, src) and np.array_equal(y, src), "the child's writes stayed in the child"
+    y[3] = 9.0
+    assert x[3] == 3.0
+
+
+def test_many_vcopies_leave_no_descriptors_or_mappings_behind() -> None:
+    import gc
+
+    def counts() -> tuple[int, int]:
+        with open("/proc/self/maps") as maps:
+            return len(os.listdir("/proc/self/fd")), sum(1 for _ in maps)
+
+    src = np.random.default_rng(31).random(1 << 17)  # 1 MiB
+    x = advm.vcopy(src)
+    for _ in range(20):  # the arena's own memfds and mappings settle first
+        advm.vcopy(x)
+    gc.collect()
+    fds, maps = counts()
+    for i in range(300):
+        y = advm.vcopy(x)  # virtual
+        y[i] = -1.0
+        z = advm.vcopy(src[: 1000 + i])  # small
+        w = advm.vcopy(x[::3])  # gathered
+        del y, z, w
+    gc.collect()
+    fds2, maps2 = counts()
+    assert fds2 <= fds + 2 and maps2 <= maps + 8, ((fds, maps), (fds2, maps2))
+    assert np.array_equal(x, src)

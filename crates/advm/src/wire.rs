@@ -19,9 +19,15 @@ use crate::{Error, Result};
 /// Where `advmd` listens unless `$ADVM_SOCKET` says otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/advm/advmd.sock";
 
-/// Where clients look for `advmd`: `$ADVM_SOCKET`, else [`DEFAULT_SOCKET`].
+/// Where clients look for `advmd`: `$ADVM_SOCKET`, else [`DEFAULT_SOCKET`]. An empty
+/// `ADVM_SOCKET` counts as unset, as with `PATH`-like variables (it named the path "",
+/// which no connect accepts: "Invalid argument").
 pub fn socket_path() -> std::path::PathBuf {
-    std::env::var_os("ADVM_SOCKET").map(Into::into).unwrap_or_else(|| DEFAULT_SOCKET.into())
+    socket_path_from(std::env::var_os("ADVM_SOCKET"))
+}
+
+fn socket_path_from(var: Option<std::ffi::OsString>) -> std::path::PathBuf {
+    var.filter(|v| !v.is_empty()).map(Into::into).unwrap_or_else(|| DEFAULT_SOCKET.into())
 }
 
 /// Ends the `accept` a thread is blocked in on `listener` (or on a clone of it): it
@@ -81,13 +87,28 @@ fn wire_err(what: &'static str, why: impl Into<String>) -> Error {
 }
 
 /// A failed connect, with what it means for a client of advmd and what to do.
-fn connect_error(e: std::io::Error) -> std::io::Error {
+fn connect_error(path: &Path, e: std::io::Error) -> std::io::Error {
     use std::io::ErrorKind as K;
+    use std::os::unix::fs::FileTypeExt;
     let hint = match e.kind() {
         K::NotFound => {
             "no advmd serves there (start one with `advm daemon --socket PATH`, or set ADVM_SOCKET to its socket)"
         }
-        K::ConnectionRefused => "a socket is there but no advmd answers (one that died left it; start a new one)",
+        // connect says "refused" for a directory or a regular file too
+        K::ConnectionRefused => match std::fs::metadata(path).map(|m| m.file_type()) {
+            Ok(t) if !t.is_socket() => {
+                let what = if t.is_dir() {
+                    "a directory"
+                } else if t.is_file() {
+                    "a regular file"
+                } else {
+                    "a special file"
+                };
+                let hint = format!("{what} is there, not a socket (ADVM_SOCKET or --socket must name advmd's socket)");
+                return std::io::Error::new(e.kind(), format!("{e}: {hint}"));
+            }
+            _ => "a socket is there but no advmd answers (one that died left it; start a new one)",
+        },
         K::PermissionDenied => {
             "this user may not connect: advmd makes its socket mode 0666, so a directory above it (or a changed \
              mode) shuts this user out"
@@ -100,7 +121,7 @@ fn connect_error(e: std::io::Error) -> std::io::Error {
 impl Channel {
     /// Connects to the socket at `path`.
     pub fn connect(path: &Path) -> Result<Self> {
-        let sock = UnixStream::connect(path).map_err(|e| Error::io(path, connect_error(e)))?;
+        let sock = UnixStream::connect(path).map_err(|e| Error::io(path, connect_error(path, e)))?;
         Ok(Self { sock, frame_timeout: None })
     }
 
@@ -301,5 +322,29 @@ impl Writer {
             s.body.extend_from_slice(&x.to_le_bytes());
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_advm_socket_counts_as_unset() {
+        assert_eq!(socket_path_from(Some("".into())), Path::new(DEFAULT_SOCKET));
+        assert_eq!(socket_path_from(None), Path::new(DEFAULT_SOCKET));
+        assert_eq!(socket_path_from(Some("/tmp/s".into())), Path::new("/tmp/s"));
+    }
+
+    /// connect to a directory or a file fails with ECONNREFUSED, which read as a dead
+    /// daemon's socket.
+    #[test]
+    fn a_path_that_is_no_socket_is_named_as_such() {
+        let dir = std::env::temp_dir();
+        let err = Channel::connect(&dir).expect_err("a directory").to_string();
+        assert!(
+            err.ends_with("a directory is there, not a socket (ADVM_SOCKET or --socket must name advmd's socket)"),
+            "{err}"
+        );
     }
 }

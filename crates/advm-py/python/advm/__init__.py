@@ -4,7 +4,8 @@
   arrays): pages equal to ones in the store become copy-on-write mappings of the
   store's pages, so processes holding the same data (model weights) keep one copy.
   The store is advmd's for this uid ($ADVM_SOCKET, else /run/advm/advmd.sock), or this
-  process's own when no daemon answers (the result's ``via`` says which, and why).
+  process's own when no daemon answers (the result's ``via`` says which, and why; a
+  process that fell back looks for advmd again at most once a second).
 - ``stat(pid)``: the ``advm stat`` figures of a process, or of a list of processes
   measured together (distinct physical pages, RSS, PSS, USS, KSM) as a dict.
 - ``vcopy(array)``: a copy of a NumPy array (as ``numpy.copy``) in advm's arena, whose
@@ -44,7 +45,8 @@ class MergeStats(TypedDict):
       mismatched pages.
     - ``refused``: of ``skipped``, pages the store refused because it reached its byte
       limit; ``refusal``: the store's reason then, else ``None``.
-    - ``bytes``: bytes of the buffer; ``seconds``: time the merge took.
+    - ``bytes``: bytes of the buffer (of a strided view: the span from its lowest byte
+      to its highest); ``seconds``: time the merge took.
     - ``phases``: where that time went, seconds: ``fence`` (checking and
       write-protecting the range), ``hash`` (this process hashing its pages),
       ``lookup`` (asking the store, including waits for pages other processes are
@@ -69,37 +71,58 @@ class MergeStats(TypedDict):
 def merge(obj: Any) -> MergeStats:
     """Merge the full pages of ``obj`` with equal pages in the store; return what it did.
 
-    ``obj`` is any C- or Fortran-contiguous buffer: a NumPy array of any dtype (read-only
-    ones too), ``bytes``, ``bytearray``, ``array.array``, a memoryview slice. Only its
-    whole pages count; a buffer under a page merges nothing. The content the process
-    sees never changes, and writes after the merge go to a private copy. The GIL is
-    released while it merges; Ctrl-C raises ``KeyboardInterrupt`` at the end of the
-    128 MiB piece under way (the pieces before it stay merged).
+    ``obj`` is any buffer: a NumPy array of any dtype (read-only ones too), ``bytes``,
+    ``bytearray``, ``array.array``, a memoryview slice. Only its whole pages count; a
+    buffer under a page merges nothing. A strided view (a slice with a step, a
+    transposed, reversed or broadcast array) merges the memory it spans, from its lowest
+    byte to its highest: the bytes it steps over (its base array's) are merged with it,
+    which changes none of them. The content the process sees never changes, and writes
+    after the merge go to a private copy. The GIL is released while it merges (other
+    threads run on; one writing the buffer waits until the merge is done); Ctrl-C raises
+    ``KeyboardInterrupt`` at the end of the 128 MiB piece under way (the pieces before
+    it stay merged).
 
     Returns a :class:`MergeStats` dict (``merged``, ``added``, ``skipped``, ``via``...).
 
     Raises ``TypeError`` for an object without the buffer protocol (``str``, ``int``)
-    and for an array of Python objects (``dtype=object``, or a structured dtype with an
-    object field: its elements are references, which no other process could share);
-    a non-contiguous buffer is refused by its exporter (NumPy raises ``ValueError``,
-    memoryview ``BufferError``); memory that is not private anonymous (a file mapping,
+    and for an array of Python objects (``dtype=object``, a structured dtype with an
+    object field, a ctypes array of ``py_object``: its elements are references, which no
+    other process could share);
+    ``ValueError`` from a released memoryview, ``BufferError`` from an exporter that
+    needs suboffsets (PIL-style arrays of pointers); memory that is not private anonymous (a file mapping,
     ``np.memmap``, shared memory such as ``mmap.mmap(-1, n)``, an array ``vcopy``
     made) raises ``ValueError`` naming the mapping; the system's failures raise
-    ``OSError``. An array from ``np.load(path, mmap_mode="r")`` is such a file
+    ``OSError``, and ``ConnectionError`` (an ``OSError``) when advmd stops or restarts
+    during the call (what was merged keeps its content; the next call connects again:
+    to advmd when one answers, else to a store of this process's own). An array from ``np.load(path, mmap_mode="r")`` is such a file
     mapping, and needs no merge: its pages are the file's page cache, one copy for
     every process that maps the file.
 
     In a forked child (``multiprocessing`` with ``fork``, a preforking server) arrays
     the parent merged before the fork stay shared, and merging them again works.
     """
-    dtype = getattr(obj, "dtype", None)
-    # A memoryview's struct format: "O" is an object; field names sit between colons.
-    if getattr(dtype, "hasobject", False) or (isinstance(obj, memoryview) and "O" in re.sub(":[^:]*:", "", obj.format)):
+    objects = _object_type(obj)
+    if objects is not None:
         raise TypeError(
-            f"merge cannot share an array of Python objects ({dtype or obj.format}): its elements are "
+            f"merge cannot share an array of Python objects ({objects}): its elements are "
             "references into this process, not data (merge the arrays or bytes they refer to)"
         )
     return _advm.merge(obj)  # type: ignore[no-any-return]
+
+
+def _object_type(obj: Any) -> str | None:
+    """The dtype or buffer format of ``obj`` when its elements are Python objects."""
+    dtype = getattr(obj, "dtype", None)
+    if hasattr(dtype, "hasobject"):
+        return str(dtype) if dtype.hasobject else None
+    # Any other buffer (a memoryview, a ctypes array of py_object) by its struct
+    # format: "O" is an object; field names sit between colons.
+    try:
+        with memoryview(obj) as m:
+            fmt = m.format
+    except (TypeError, ValueError, BufferError):
+        return None  # _advm.merge says why
+    return fmt if "O" in re.sub(":[^:]*:", "", fmt) else None
 
 
 def stat(pid: int | Iterable[int]) -> dict[str, Any]:
@@ -108,21 +131,44 @@ def stat(pid: int | Iterable[int]) -> dict[str, Any]:
     processes share counts once, so the figure of a list of workers shows what merging
     saved), ``anon_shmem_bytes`` (those pages without the page cache of regular files:
     what a memory cgroup charges as anon + shmem), ``rss_bytes``, ``pss_bytes``,
-    ``uss_bytes``, ``ksm``, and ``processes`` (one entry per pid).
+    ``uss_bytes``, ``ksm``, and ``processes`` (one entry per process: ``pid``,
+    ``comm``, ``vmas``, ``mapped_pages``, ``distinct_pages``, ``held_pages``,
+    ``rss_bytes``, ``pss_bytes``, ``uss_bytes``, ``swap_bytes``, ``ksm_stat``). Also
+    ``distinct`` (pages by kind: ``total``, ``anon``, ``shmem``, ``file``),
+    ``physical_source``, ``pfn_visible``, ``held_pages``, ``held_swapped_pages``,
+    ``shmem_objects``, ``shmem_objects_unread``, ``mapped_pages``,
+    ``zero_page_mappings``, ``swapped_pages``, ``ksmd_cpu_seconds``, ``measure_ms``,
+    ``page_size_bytes``: the keys of ``advm stat --json`` (docs/stat.md), the same in
+    every release. A process listed twice, or beside one of its threads' ids, is
+    measured once.
 
     Needs permission to read the processes' /proc files (the same user, or root).
     Raises ``ProcessLookupError`` when a process does not exist (or exits while
     measured, or is a zombie) and ``PermissionError`` when its files may not be read;
-    both are ``OSError``s. A kernel thread (no user memory) or an empty list raises
-    ``ValueError``; a pid that is not an int ``TypeError``."""
-    if isinstance(pid, Iterable) and not isinstance(pid, (str, bytes)):
-        pids = [operator.index(p) for p in pid]
-    else:
-        try:
-            pids = [operator.index(pid)]
-        except TypeError:
+    both are ``OSError``s. A kernel thread (no user memory), an empty list or a pid
+    below 1 or past 2**31 - 1 raises ``ValueError``; a pid that is not an int
+    (``str``, ``float``, ``bool``) ``TypeError``."""
+    try:
+        pids = [_pid(pid)]
+    except TypeError:
+        if not isinstance(pid, Iterable) or isinstance(pid, (str, bytes, bytearray, memoryview)):
             raise TypeError(f"stat takes a pid (an int) or an iterable of pids, not {type(pid).__name__}") from None
+        pids = [_pid(p, f"item {i} of the pids: ") for i, p in enumerate(pid)]
     return json.loads(_advm.stat_json(pids))  # type: ignore[no-any-return]
+
+
+def _pid(p: object, where: str = "") -> int:
+    """``p`` as a pid: an int (NumPy's too) from 1 to 2**31 - 1, not a bool."""
+    # operator.index takes True as 1, which would measure pid 1 (init).
+    try:
+        if isinstance(p, bool):
+            raise TypeError
+        n = operator.index(p)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"stat takes pids (ints): {where}{type(p).__name__} {p!r}") from None
+    if not 0 < n < 2**31:
+        raise ValueError(f"{where}pid {n} is not a process id: a pid is from 1 to 2**31 - 1")
+    return n
 
 
 def vcopy(array: numpy.ndarray[_Shape, _DType]) -> numpy.ndarray[_Shape, _DType]:
@@ -137,7 +183,9 @@ def vcopy(array: numpy.ndarray[_Shape, _DType]) -> numpy.ndarray[_Shape, _DType]
     the 128 MiB piece under way.
 
     Returns a plain ``numpy.ndarray`` (a subclass such as a masked array loses its
-    class, as with ``numpy.copy``). Raises ``TypeError`` for an array of Python objects
+    class, as with ``numpy.copy``). Unlike ``numpy.copy``'s, its memory is the arena's:
+    ``flags.owndata`` is false, ``base`` is not ``None``, and ``ndarray.resize``
+    refuses it (``numpy.resize`` makes a resized copy of any array). Raises ``TypeError`` for an array of Python objects
     (a dtype holding ``object`` fields): its elements are references, not bytes;
     ``OSError`` when the arena cannot be made or grown.
     """
@@ -166,11 +214,25 @@ def vcopy(array: numpy.ndarray[_Shape, _DType]) -> numpy.ndarray[_Shape, _DType]
 
 
 def vcopy_stats() -> dict[str, Any]:
-    """What this process's arena did so far, as a dict: ``vcopies`` (copies of arena
-    arrays, made virtual), ``pages_shared`` (pages those copies share instead of
-    copying), ``bytes_copied`` (bytes of those copies copied after all: small ones,
-    fallbacks; a first copy of an array into the arena is not counted),
-    ``blocks`` and ``block_bytes`` (live arrays in the arena), ``memfd_resident_bytes``
-    (memory the arena holds), ``fallback_*`` (copies done by copying bytes, and why),
-    ``forks``. Raises ``OSError`` when the arena cannot be made."""
+    """What this process's arena did so far, as a dict (the fields of Rust's
+    ``advm::vcopy::Stats``; cumulative counts since the arena was made):
+
+    - ``vcopies`` (copies of arena arrays, made virtual), ``pages_shared`` (pages those
+      copies share instead of copying), ``bytes_copied`` (bytes of those copies copied
+      after all: small ones, partial pages, fallbacks; a first copy of an array into the
+      arena is not counted);
+    - ``fallback_unaligned``, ``fallback_small``, ``fallback_vma_budget``: copies done
+      by copying bytes, and why (not page-congruent, under ``small_block_pages``, over
+      the VMA budget);
+    - ``pages_rehomed``, ``pages_adopted``: written pages moved into fresh arena pages,
+      and pages whose last view took its page over;
+    - live now: ``blocks`` and ``block_bytes`` (arrays in the arena),
+      ``memfd_pages_live`` and ``memfd_resident_bytes`` (memory the arena holds),
+      ``memfds``, ``vmas`` and ``vma_budget``, ``deferred_pending`` (old mappings
+      waiting to be unmapped) and ``deferred_unmap_ms`` (time spent unmapping them off
+      the copy's path);
+    - ``forks`` (forks the arena was frozen for), ``small_block_pages``,
+      ``crossover_write_fraction`` (``None`` unless calibrated).
+
+    Raises ``OSError`` when the arena cannot be made."""
     return json.loads(_advm.vcopy_stats_json())  # type: ignore[no-any-return]

@@ -157,7 +157,13 @@ pub struct Client {
     /// the program closed its descriptors) or of its parent's (a forked child): memory
     /// they merged maps those files, and merges again like this client's own.
     earlier: Vec<u64>,
+    /// When a process-wide client that fell back to a store of its own looks for advmd
+    /// again ([`with_default`]).
+    retry_daemon_at: Option<Instant>,
 }
+
+/// How often a process-wide client that fell back to its own store looks for advmd.
+pub const RETRY_DAEMON: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A client's backend, dropped only while its descriptors name its files: once the
 /// program has closed them, dropping it would close the program's own files.
@@ -197,6 +203,7 @@ impl Client {
             backend: Kept(Some(Box::new(Local::new(limit_bytes)?))),
             via: Via::Local { reason: reason.to_string() },
             earlier: Vec::new(),
+            retry_daemon_at: None,
         })
     }
 
@@ -205,7 +212,7 @@ impl Client {
     pub fn connect(socket: &std::path::Path, tag: &str) -> Result<Self> {
         let via = Via::Daemon { socket: socket.display().to_string() };
         match Daemon::connect(socket, tag) {
-            Ok(d) => Ok(Self { backend: Kept(Some(Box::new(d))), via, earlier: Vec::new() }),
+            Ok(d) => Ok(Self { backend: Kept(Some(Box::new(d))), via, earlier: Vec::new(), retry_daemon_at: None }),
             Err(e) => Err(lost(&via, e)),
         }
     }
@@ -214,17 +221,24 @@ impl Client {
     /// own, with the reason in [`Via::Local`]. `$ADVM_MERGE_TAG` names a narrower domain.
     pub fn default_for_process() -> Result<Self> {
         let path = socket_path();
-        let tag = std::env::var("ADVM_MERGE_TAG").unwrap_or_default();
-        match Self::connect(&path, &tag) {
+        match Self::connect_default(&path) {
             Ok(c) => Ok(c),
-            Err(e) => Self::local(
-                LOCAL_LIMIT,
-                &format!(
-                    "advmd is not reachable at {} ({e}); pages are shared within this process only",
-                    path.display()
-                ),
-            ),
+            Err(e) => {
+                let mut c = Self::local(
+                    LOCAL_LIMIT,
+                    &format!(
+                        "advmd is not reachable at {} ({e}); pages are shared within this process only",
+                        path.display()
+                    ),
+                )?;
+                c.retry_daemon_at = Some(Instant::now() + RETRY_DAEMON);
+                Ok(c)
+            }
         }
+    }
+
+    fn connect_default(path: &std::path::Path) -> Result<Self> {
+        Self::connect(path, &std::env::var("ADVM_MERGE_TAG").unwrap_or_default())
     }
 
     /// Which store this client uses.
@@ -512,7 +526,22 @@ pub fn with_default<T>(f: impl FnOnce(&mut Client) -> Result<T>) -> Result<T> {
         c.earlier = earlier;
         *g = Some(c);
     }
-    let r = f(g.as_mut().expect("set above"));
+    let c = g.as_mut().expect("set above");
+    if c.retry_daemon_at.is_some_and(|at| Instant::now() >= at) {
+        // advmd did not answer when this client was made (a worker started before the
+        // daemon, or while it restarted): look again, at most once a RETRY_DAEMON, so
+        // that once it serves, this process shares pages with the others (the client
+        // kept its own store for good, and a worker never merged through advmd). Memory
+        // merged into the process's own store keeps mapping it, and merges again.
+        match Client::connect_default(&socket_path()) {
+            Ok(mut d) => {
+                d.earlier = c.store_inodes();
+                *c = d;
+            }
+            Err(_) => c.retry_daemon_at = Some(Instant::now() + RETRY_DAEMON),
+        }
+    }
+    let r = f(c);
     if let Err(Error::Disconnected { .. }) = &r {
         // advmd stopped or restarted: this call says so, and the next connects anew (to
         // a restarted daemon, else a store of this process's own) as a new process

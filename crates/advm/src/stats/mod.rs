@@ -224,11 +224,17 @@ impl Meter {
             return Err(Error::InvalidArgument { what: "pid list", why: "no process given".into() });
         }
         let mut targets = Vec::with_capacity(pids.len());
+        let mut seen = std::collections::HashSet::new();
         for &pid in pids {
             if pid <= 0 {
                 return Err(Error::NoSuchProcess { pid });
             }
             let process = Process::new(pid).map_err(|e| open_error(pid, "", e))?;
+            // A process listed twice, or beside one of its threads' ids (/proc/TID shows
+            // the same memory), is measured once: its RSS, PSS and USS were summed twice.
+            if !seen.insert(process.status().map_or(pid, |s| s.tgid)) {
+                continue;
+            }
             let pagemap = open_pagemap(pid, &process).map_err(|e| match e {
                 // a kernel thread or zombie has no mm: its pagemap cannot be opened (ESRCH
                 // for root; EACCES for other users, whose ptrace check fails without one)
@@ -613,6 +619,28 @@ mod tests {
         })
         .unwrap();
         assert_eq!(code, 0);
+    }
+
+    /// A process listed twice, or with a thread's id beside its own, counts once.
+    #[test]
+    fn a_process_listed_twice_is_measured_once() {
+        let me = std::process::id() as i32;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            // /proc/thread-self links to "PID/task/TID"
+            let link = std::fs::read_link("/proc/thread-self").unwrap();
+            tx.send(link.file_name().unwrap().to_str().unwrap().parse::<i32>().unwrap()).unwrap();
+            done_rx.recv().ok();
+        });
+        let tid = rx.recv().unwrap();
+        let once = measure(&[me], Options::default()).unwrap();
+        let twice = measure(&[me, me, tid], Options::default()).unwrap();
+        done_tx.send(()).unwrap();
+        t.join().unwrap();
+        assert_eq!(twice.processes.iter().map(|p| p.pid).collect::<Vec<_>>(), [me]);
+        // the same process a moment later: within 25% (the test's own allocations)
+        assert!(twice.rss_bytes < once.rss_bytes * 5 / 4, "{} against {}", twice.rss_bytes, once.rss_bytes);
     }
 
     /// A zombie (exited, not reaped) is named as one, not as a process that does not
