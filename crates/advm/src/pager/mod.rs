@@ -719,16 +719,20 @@ impl Pager {
     pub fn map(&self, len: usize) -> Result<PagedRegion> {
         self.shared.owner.check()?;
         let ps = page_size();
+        if len == 0 {
+            return Err(Error::InvalidArgument { what: "length", why: "0 bytes: use 1 byte or more".into() });
+        }
+        // Too large is a lack of room (ENOMEM, as mmap says), not a bad argument.
         let len = match crate::mem::page_align_up(len) {
-            Some(l) if l > 0 => l,
+            Some(l) if u32::try_from(l / ps).is_ok() => l,
             _ => {
-                return Err(Error::InvalidArgument { what: "length", why: format!("{len} bytes: use 1 byte or more") })
+                return Err(Error::OutOfMemory {
+                    what: "pager region",
+                    why: format!("{len} bytes: at most 2^32 pages"),
+                })
             }
         };
         let pages = len / ps;
-        if u32::try_from(pages).is_err() {
-            return Err(Error::InvalidArgument { what: "length", why: format!("{len} bytes: at most 2^32 pages") });
-        }
         let area = Area::new(&self.shared.fd, len, true, self.shared.track_clean)?;
         let m = Arc::new(Managed {
             id: self.shared.next_id.fetch_add(1, Ordering::Relaxed),
