@@ -79,7 +79,7 @@ fn policy_of(p: &AdvmGcPolicy) -> Result<Generational, Error> {
 
 fn gc_errno(e: &Error) -> i32 {
     -match e {
-        Error::HeapExhausted { .. } => libc::ENOMEM,
+        Error::HeapExhausted { .. } | Error::ObjectTooLarge { .. } => libc::ENOMEM,
         Error::InvalidArgument { .. } | Error::UnknownEngine(_) => libc::EINVAL,
         Error::Corrupt(_) => libc::ENOTRECOVERABLE,
         Error::BadRoot(_) => libc::EIO,
@@ -173,6 +173,13 @@ pub unsafe extern "C" fn advm_gc_new_with(heap_bytes: usize, policy: *const Advm
 
 /// The settings of a heap of `heap_bytes`, generational when `policy` is given.
 fn config(heap_bytes: usize, policy: Option<&AdvmGcPolicy>) -> Result<Config, Error> {
+    if heap_bytes > advm_gc::MAX_HEAP_BYTES {
+        // More than fits, as malloc(SIZE_MAX) says: ENOMEM (below a page stays EINVAL).
+        return Err(Error::Memory(advm::Error::OutOfMemory {
+            what: "heap",
+            why: format!("{heap_bytes} bytes: at most {} (1 TiB)", advm_gc::MAX_HEAP_BYTES),
+        }));
+    }
     let mut cfg = Config::new(heap_bytes);
     // C reads totals only: the last collection is all the heap needs to keep.
     cfg.history_limit = 1;
@@ -256,7 +263,7 @@ pub unsafe extern "C" fn advm_gc_destroy(gc: *mut AdvmGc) {
             return;
         }
         // Never unwinds into C (a panic would abort the caller's process).
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(b)));
+        crate::quietly(move || drop(b));
     }
 }
 
