@@ -196,6 +196,35 @@ fn headers_compile_alone_and_together_as_c_and_cxx() {
     }
 }
 
+/// A C++ program (`tests/cxx/linkage.cc`) calls the C API and links against libadvm:
+/// the headers' `extern "C"` gives the functions their C names (a syntax check alone
+/// would pass mangled ones).
+#[test]
+fn a_cxx_program_links_and_runs() {
+    let Some((include, libdir, out_dir)) = setup() else { return };
+    let (_, cxx) = compilers();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cxx/linkage.cc");
+    for compiler in cxx {
+        let exe = out_dir.join(format!("linkage-{compiler}"));
+        let built = Command::new(compiler)
+            .args(["-std=c++11", "-Wall", "-Wextra", "-Wpedantic", "-Werror", "-I"])
+            .arg(&include)
+            .arg(&src)
+            .arg("-o")
+            .arg(&exe)
+            .arg(format!("-L{}", libdir.display()))
+            .arg(format!("-Wl,-rpath,{}", libdir.display()))
+            .arg("-ladvm")
+            .output()
+            .expect("run the C++ compiler");
+        assert!(built.status.success(), "{compiler}: {}", String::from_utf8_lossy(&built.stderr));
+        let out = Command::new(&exe).output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{compiler} build ({}):\n{text}", out.status);
+        eprintln!("{compiler}: {text}");
+    }
+}
+
 /// Every name the headers declare is advm's: functions and types start with `advm_`,
 /// macros with `ADVM_` (so none collides with a program's or the C library's), and
 /// nothing else is declared; the headers include only `stddef.h` and `stdint.h`.
