@@ -102,6 +102,34 @@ struct advm_pager;
 advm_gc *advm_gc_new_paged(size_t heap_bytes, const struct advm_gc_policy *policy, struct advm_pager *pager,
                            int flush_after_major);
 
+/* Every setting of a heap, for advm_gc_new_opts. Zero a struct, set size =
+ * sizeof(struct advm_gc_options) and heap_bytes, then what you need: zero means the
+ * default everywhere. size lets later versions add fields at the end: a library older
+ * than your header refuses fields it does not know when they are set (ENOSYS), never
+ * ignores them. */
+struct advm_gc_options {
+    size_t size;                         /* sizeof(struct advm_gc_options) */
+    size_t heap_bytes;                   /* as advm_gc_new's */
+    const struct advm_gc_policy *policy; /* generational sizing (NULL: non-generational) */
+    struct advm_pager *pager;            /* place the heap in this pager, as advm_gc_new_paged
+                                            (NULL: plain memory) */
+    int flush_after_major;               /* with a pager: as advm_gc_new_paged's */
+    const char *engine;                  /* "remap" or "memmove" (NULL: "remap") */
+    size_t large_object_bytes;           /* objects this large (header included) or larger are
+                                            page aligned and moved as pages (0: the break-even
+                                            measured at first use; at least 32) */
+    size_t gc_threads;                   /* GC threads (0: one per CPU; at most 256) */
+    int verify;                          /* nonzero: the heap verifier runs after every
+                                            collection (a broken heap: ENOTRECOVERABLE) */
+    int free_lazily;                     /* nonzero: freed ranges are advised MADV_FREE
+                                            (plain memory only) */
+};
+/* A heap with these settings; NULL with errno: EINVAL for NULL, a size below this
+ * header's or above 4096, an unknown engine, flush_after_major without a pager,
+ * free_lazily with a pager, gc_threads above 256, large_object_bytes below 32, a bad
+ * policy; ENOSYS for set fields of a newer header; as advm_gc_new otherwise. */
+advm_gc *advm_gc_new_opts(const struct advm_gc_options *opts);
+
 /* Pointer slot i of obj := value (NULL or an object of this heap), through the write
  * barrier. -EINVAL: obj or value not the start of an object of this heap (as far as
  * its header tells: a pointer into an object's raw bytes that look like a header may
