@@ -56,9 +56,18 @@ pub fn guard(f: impl FnOnce() -> Result<i32, advm::Error>) -> i32 {
 /// Runs `f` (a destroy function: nothing to report) with `errno` kept as the caller
 /// left it, and never unwinds into C.
 pub fn quietly(f: impl FnOnce()) {
+    keep_errno(|| {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    })
+}
+
+/// Runs `f` (a call that cannot fail, or reports failure in its value) with `errno`
+/// kept as the caller left it.
+pub fn keep_errno<T>(f: impl FnOnce() -> T) -> T {
     let saved = errno();
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    let v = f();
     set_errno(saved);
+    v
 }
 
 /// This thread's `errno`.
