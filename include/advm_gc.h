@@ -113,12 +113,12 @@ struct advm_gc_options {
     const struct advm_gc_policy *policy; /* generational sizing (NULL: non-generational) */
     struct advm_pager *pager;            /* place the heap in this pager, as advm_gc_new_paged
                                             (NULL: plain memory) */
-    int flush_after_major;               /* with a pager: as advm_gc_new_paged's */
     const char *engine;                  /* "remap" or "memmove" (NULL: "remap") */
     size_t large_object_bytes;           /* objects this large (header included) or larger are
                                             page aligned and moved as pages (0: the break-even
                                             measured at first use; at least 32) */
     size_t gc_threads;                   /* GC threads (0: one per CPU; at most 256) */
+    int flush_after_major;               /* with a pager: as advm_gc_new_paged's */
     int verify;                          /* nonzero: the heap verifier runs after every
                                             collection (a broken heap: ENOTRECOVERABLE) */
     int free_lazily;                     /* nonzero: freed ranges are advised MADV_FREE

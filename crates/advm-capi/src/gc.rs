@@ -244,8 +244,6 @@ pub struct AdvmGcOptions {
     pub policy: *const AdvmGcPolicy,
     /// A pager to place the heap in (NULL: plain memory).
     pub pager: *mut crate::pager::advm_pager,
-    /// With a pager: drop the discardable pages after each full or major collection.
-    pub flush_after_major: c_int,
     /// "remap" or "memmove" (NULL: "remap").
     pub engine: *const c_char,
     /// Objects of this many bytes or more (header included) are large (0: the
@@ -253,6 +251,9 @@ pub struct AdvmGcOptions {
     pub large_object_bytes: usize,
     /// GC threads (0: one per CPU).
     pub gc_threads: usize,
+    /// With a pager: drop the discardable pages after each full or major collection
+    /// (the ints last: no padding between fields).
+    pub flush_after_major: c_int,
     /// Nonzero: the heap verifier runs after every collection.
     pub verify: c_int,
     /// Nonzero: freed ranges are advised `MADV_FREE` (plain memory only).

@@ -125,10 +125,10 @@ fn header_structs_have_the_layout_of_their_rust_twins() {
                 heap_bytes,
                 policy,
                 pager,
-                flush_after_major,
                 engine,
                 large_object_bytes,
                 gc_threads,
+                flush_after_major,
                 verify,
                 free_lazily,
             ]
