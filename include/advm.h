@@ -4,8 +4,11 @@
  * Both headers need C99 or later (stdint.h, long long) or C++11 or later; tested with
  * -std=c99/c11 -pedantic and -std=c++11/c++17 (tests/c_programs.rs).
  * No function is async-signal-safe: do not call them from a signal handler.
- * Functions returning int return 0 on success or a negative errno (errno is set to
- * it too, for callers that check errno).
+ * Functions returning int return 0 (or a count) on success or a negative errno (errno
+ * is set to it too, for callers that check errno); functions returning a pointer
+ * return NULL with errno set. A call that succeeds leaves errno as it found it. A NULL
+ * handle or NULL output pointer is EINVAL everywhere (a destroy/free of NULL does
+ * nothing); docs/capi.md has the table of every call's errors.
  *
  * Naming: functions are advm_<verb> or advm_<capability>_<verb> (advm_dup,
  * advm_vcopy_get_stats, advm_batch_run). Types are `struct advm_<name>`, always
@@ -28,6 +31,12 @@
 #endif
 
 #ifdef __cplusplus
+/* The C names give a function and a struct one name (advm_pager_stats); g++ -Wshadow
+ * says the function "hides the constructor" of the struct, which C code never has. */
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wshadow"
+#endif
 extern "C" {
 #endif
 
@@ -185,7 +194,7 @@ struct advm_pager_stats {
     uint64_t clean_dropped_pages; /* page-outs of pages read back and not written since: no write */
 };
 
-/* budget_bytes: at least one page. swap_path: a file to create (an existing file is
+/* budget_bytes: at least one page (EINVAL below). swap_path: a file to create (an existing file is
  * refused with EEXIST, never overwritten; a block device is used as it is; the file
  * stays after advm_pager_destroy, so a second run naming it gets EEXIST until it is
  * removed), or NULL (or a directory): an unlinked temporary file (in /var/tmp), gone
@@ -228,19 +237,28 @@ advm_pager *advm_pager_new_with(const struct advm_pager_options *opts);
 /* Where p serves faults: ADVM_PAGER_FAULTS_THREAD or ADVM_PAGER_FAULTS_SIGBUS (what
  * AUTO chose); -EINVAL for NULL. */
 int advm_pager_fault_mode(advm_pager *p);
-/* A new region of len bytes (rounded up to pages), reading as zeros. NULL on error. */
+/* A new region of len bytes (rounded up to pages), reading as zeros. NULL on error,
+ * errno: EINVAL for a NULL pager or len 0; ENOMEM when len does not fit (2^32 pages or
+ * more, SIZE_MAX, more address space or memory than the kernel grants, out of VMAs). */
 void *advm_pager_map(advm_pager *p, size_t len);
+/* The calls on a range [addr, addr+len) below fail with -EINVAL (errno EINVAL) for a
+ * NULL pager, len 0, addr or len not page aligned, or a range not wholly inside one
+ * region that this pager's advm_pager_map returned (memory of its own or of another
+ * pager, a range across two regions, one that wraps past the top of memory); the
+ * range is then left as it was. */
 /* Mark pages discardable / needed: bit flips in a shared bitmap, no system call. */
 int advm_pager_discardable(advm_pager *p, void *addr, size_t len);
 int advm_pager_needed(advm_pager *p, void *addr, size_t len);
-/* Evict the range now (user-initiated pre-flush); returns the pages evicted. */
+/* Evict the range now (user-initiated pre-flush); returns the pages evicted (>= 0),
+ * or -ENOMEM / -ENOSPC when the swap file / its filesystem is full (see above). */
 int advm_pager_flush(advm_pager *p, void *addr, size_t len);
 /* Purgeable memory: lock returns 1 when the contents survived, 0 when a page was
  * discarded while unlocked; unlock makes the range discardable. */
 int advm_pager_lock(advm_pager *p, void *addr, size_t len);
 int advm_pager_unlock(advm_pager *p, void *addr, size_t len);
+/* Fills *out (a fresh pager's counters are all 0); -EINVAL for a NULL pager or out. */
 int advm_pager_stats(advm_pager *p, struct advm_pager_stats *out);
-/* Stops the pager; its regions are unmapped. */
+/* Stops the pager; its regions are unmapped (NULL: no-op; errno is left alone). */
 void advm_pager_destroy(advm_pager *p);
 
 /* Deprecated typedef aliases of the remap structs (the old spelling). */
@@ -269,6 +287,7 @@ struct advm_merge_stats {
     uint64_t nanoseconds; /* time taken */
     uint32_t via_daemon;  /* 1: advmd's store; 0: this process's own */
 };
+/* out may be NULL; len 0 merges nothing and returns 0. */
 int advm_merge(const void *addr, size_t len, struct advm_merge_stats *out);
 /* Which store merges use, and why not advmd when not; owned by the library, valid
  * until the next call on the same thread. */
@@ -277,6 +296,9 @@ const char *advm_merge_via(void);
 
 #ifdef __cplusplus
 }
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
 #endif
 
 #endif /* ADVM_H */

@@ -1,7 +1,10 @@
 /* advm_gc: a precise, moving garbage-collected heap — C API (libadvm).
  *
  * Link with -ladvm. Functions returning int return 0 on success or a negative errno
- * (errno is set to it too).
+ * (errno is set to it too); functions returning a pointer return NULL with errno set.
+ * A call that succeeds leaves errno as it found it. Every call given a NULL heap fails
+ * with EINVAL (advm_gc_destroy(NULL) does nothing); docs/capi.md has the table of
+ * every call's errors.
  *
  * Objects: advm_gc_alloc returns an object's first pointer slot; its nptrs slots
  * (void *, NULL or objects of the same heap) come first, then nbytes raw bytes at
@@ -34,6 +37,12 @@
 #include <stdint.h>
 
 #ifdef __cplusplus
+/* The C names give a function and a struct one name (advm_pager_stats); g++ -Wshadow
+ * says the function "hides the constructor" of the struct, which C code never has. */
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wshadow"
+#endif
 extern "C" {
 #endif
 
@@ -53,7 +62,8 @@ struct advm_gc_stats {
 };
 
 /* A heap whose objects may take heap_bytes (headers included); NULL with errno set
- * (EINVAL: below one page (4096) or above 1 TiB; ENOMEM: no address space for it).
+ * (EINVAL: below one page (4096); ENOMEM: above 1 TiB (SIZE_MAX included), or no
+ * address space or overcommit for it).
  * The heap maps its spaces read-write up front (pages cost memory only once written):
  * 2 x heap_bytes in one mapping (4 x for a generational heap with copy_back), which
  * Linux's default overcommit heuristic refuses (ENOMEM) when larger than RAM + swap.
@@ -92,20 +102,53 @@ struct advm_pager;
 advm_gc *advm_gc_new_paged(size_t heap_bytes, const struct advm_gc_policy *policy, struct advm_pager *pager,
                            int flush_after_major);
 
+/* Every setting of a heap, for advm_gc_new_opts. Zero a struct, set size =
+ * sizeof(struct advm_gc_options) and heap_bytes, then what you need: zero means the
+ * default everywhere. size lets later versions add fields at the end: a library older
+ * than your header refuses fields it does not know when they are set (ENOSYS), never
+ * ignores them. */
+struct advm_gc_options {
+    size_t size;                         /* sizeof(struct advm_gc_options) */
+    size_t heap_bytes;                   /* as advm_gc_new's */
+    const struct advm_gc_policy *policy; /* generational sizing (NULL: non-generational) */
+    struct advm_pager *pager;            /* place the heap in this pager, as advm_gc_new_paged
+                                            (NULL: plain memory) */
+    const char *engine;                  /* "remap" or "memmove" (NULL: "remap") */
+    size_t large_object_bytes;           /* objects this large (header included) or larger are
+                                            page aligned and moved as pages (0: the break-even
+                                            measured at first use; at least 32) */
+    size_t gc_threads;                   /* GC threads (0: one per CPU; at most 256) */
+    int flush_after_major;               /* with a pager: as advm_gc_new_paged's */
+    int verify;                          /* nonzero: the heap verifier runs after every
+                                            collection (a broken heap: ENOTRECOVERABLE) */
+    int free_lazily;                     /* nonzero: freed ranges are advised MADV_FREE
+                                            (plain memory only) */
+};
+/* A heap with these settings; NULL with errno: EINVAL for NULL, a size below this
+ * header's or above 4096, an unknown engine, flush_after_major without a pager,
+ * free_lazily with a pager, gc_threads above 256, large_object_bytes below 32, a bad
+ * policy; ENOSYS for set fields of a newer header; as advm_gc_new otherwise. */
+advm_gc *advm_gc_new_opts(const struct advm_gc_options *opts);
+
 /* Pointer slot i of obj := value (NULL or an object of this heap), through the write
  * barrier. -EINVAL: obj or value not the start of an object of this heap (as far as
  * its header tells: a pointer into an object's raw bytes that look like a header may
  * pass), i not below obj's nptrs. */
 int advm_gc_store(advm_gc *gc, void *obj, size_t i, void *value);
 
-/* Frees the heap and all its objects (NULL: no-op). No call on the heap may be in
+/* Frees the heap and all its objects (NULL: no-op; errno is left alone). No call on the heap may be in
  * progress on another thread, nor come after it; registered root slots need no
  * unroot (they keep the freed objects' addresses). */
 void advm_gc_destroy(advm_gc *gc);
 
-/* A new object, or NULL with errno ENOMEM when a full collection cannot make room
- * (the heap stays usable), EINVAL for an impossible size, EIO or ENOTRECOVERABLE when
- * the collection it needed failed (see advm_gc_collect). */
+/* A new object (nptrs 0 and nbytes 0 included), or NULL with errno:
+ * - ENOMEM when a full collection cannot make room (the heap stays usable: drop roots,
+ *   collect, allocate again), or at once, without a collection, when the object is
+ *   larger than the whole heap (nptrs * 8 + nbytes + its 16-byte header), SIZE_MAX
+ *   and sizes whose sum overflows included;
+ * - EINVAL for a NULL heap, or more than 8388607 pointer slots (the header's limit) in
+ *   a heap the object would fit in;
+ * - EIO or ENOTRECOVERABLE when the collection it needed failed (see advm_gc_collect). */
 void *advm_gc_alloc(advm_gc *gc, size_t nptrs, size_t nbytes);
 
 /* Registers / forgets a root slot: each collection reads *slot and rewrites it when
@@ -145,7 +188,7 @@ void *advm_gc_pin(advm_gc *gc, void *obj);
 /* -EINVAL: obj is not a pinned object of this heap. */
 int advm_gc_unpin(advm_gc *gc, void *obj);
 
-/* Runs a collection now: full nonzero, a full mark-compact (on a generational heap a
+/* Runs a collection now (of an empty heap too): full nonzero, a full mark-compact (on a generational heap a
  * major collection: a minor one, then the old generation's); 0, a minor collection
  * (a full one on a non-generational heap). A root slot that holds something other
  * than NULL or an object of this heap fails the collection with -EIO before anything
@@ -156,14 +199,18 @@ int advm_gc_unpin(advm_gc *gc, void *obj);
  * only where its bytes do not look like an object's header.) */
 int advm_gc_collect(advm_gc *gc, int full);
 
-/* "remap" (default: large objects moved as pages) or "memmove"; -EINVAL otherwise. */
+/* "remap" (default: large objects moved as pages) or "memmove", spelled exactly so;
+ * -EINVAL for any other name, NULL included (the engine is then unchanged). */
 int advm_gc_set_engine(advm_gc *gc, const char *engine);
 
-/* Fills *out. */
+/* Fills *out (a new heap's counters are 0); -EINVAL for a NULL out. */
 int advm_gc_stats(advm_gc *gc, struct advm_gc_stats *out);
 
 #ifdef __cplusplus
 }
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
 #endif
 
 #endif

@@ -113,7 +113,7 @@ fn run_advm(
     let t = Instant::now();
     let sum = match w(&mut m, scale) {
         Ok(s) => s,
-        Err(advm_gc::Error::HeapExhausted { .. }) => return Ok(None),
+        Err(advm_gc::Error::HeapExhausted { .. } | advm_gc::Error::ObjectTooLarge { .. }) => return Ok(None),
         Err(e) => return Err(gc_err(e)),
     };
     let total_s = t.elapsed().as_secs_f64();

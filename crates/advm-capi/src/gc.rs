@@ -79,7 +79,7 @@ fn policy_of(p: &AdvmGcPolicy) -> Result<Generational, Error> {
 
 fn gc_errno(e: &Error) -> i32 {
     -match e {
-        Error::HeapExhausted { .. } => libc::ENOMEM,
+        Error::HeapExhausted { .. } | Error::ObjectTooLarge { .. } => libc::ENOMEM,
         Error::InvalidArgument { .. } | Error::UnknownEngine(_) => libc::EINVAL,
         Error::Corrupt(_) => libc::ENOTRECOVERABLE,
         Error::BadRoot(_) => libc::EIO,
@@ -173,6 +173,13 @@ pub unsafe extern "C" fn advm_gc_new_with(heap_bytes: usize, policy: *const Advm
 
 /// The settings of a heap of `heap_bytes`, generational when `policy` is given.
 fn config(heap_bytes: usize, policy: Option<&AdvmGcPolicy>) -> Result<Config, Error> {
+    if heap_bytes > advm_gc::MAX_HEAP_BYTES {
+        // More than fits, as malloc(SIZE_MAX) says: ENOMEM (below a page stays EINVAL).
+        return Err(Error::Memory(advm::Error::OutOfMemory {
+            what: "heap",
+            why: format!("{heap_bytes} bytes: at most {} (1 TiB)", advm_gc::MAX_HEAP_BYTES),
+        }));
+    }
     let mut cfg = Config::new(heap_bytes);
     // C reads totals only: the last collection is all the heap needs to keep.
     cfg.history_limit = 1;
@@ -225,6 +232,100 @@ pub unsafe extern "C" fn advm_gc_new_paged(
     })
 }
 
+/// `struct advm_gc_options`, as declared in the header: every setting of a heap,
+/// `size` first so that later versions can add fields (as `struct advm_pager_options`).
+#[repr(C)]
+pub struct AdvmGcOptions {
+    /// `sizeof(struct advm_gc_options)` as the caller was built.
+    pub size: usize,
+    /// As `advm_gc_new`'s `heap_bytes`.
+    pub heap_bytes: usize,
+    /// Generational sizing (NULL: a non-generational heap).
+    pub policy: *const AdvmGcPolicy,
+    /// A pager to place the heap in (NULL: plain memory).
+    pub pager: *mut crate::pager::advm_pager,
+    /// "remap" or "memmove" (NULL: "remap").
+    pub engine: *const c_char,
+    /// Objects of this many bytes or more (header included) are large (0: the
+    /// measured compaction break-even).
+    pub large_object_bytes: usize,
+    /// GC threads (0: one per CPU).
+    pub gc_threads: usize,
+    /// With a pager: drop the discardable pages after each full or major collection
+    /// (the ints last: no padding between fields).
+    pub flush_after_major: c_int,
+    /// Nonzero: the heap verifier runs after every collection.
+    pub verify: c_int,
+    /// Nonzero: freed ranges are advised `MADV_FREE` (plain memory only).
+    pub free_lazily: c_int,
+}
+
+/// The most bytes of `struct advm_gc_options` a caller may pass: a page, as openat2.
+const MAX_OPTIONS_BYTES: usize = 4096;
+
+/// `advm_gc *advm_gc_new_opts(const struct advm_gc_options *)`: a heap with every
+/// setting the struct names; NULL with errno (EINVAL: NULL, a size below this
+/// library's struct or above 4096, a bad setting; ENOSYS: fields of a newer header
+/// set; as `advm_gc_new_with` / `advm_gc_new_paged` otherwise).
+///
+/// # Safety
+/// `opts` is NULL or readable for `opts->size` bytes; its pointers are NULL or valid
+/// (a readable policy, a live pager, a NUL-terminated engine name).
+#[no_mangle]
+pub unsafe extern "C" fn advm_gc_new_opts(opts: *const AdvmGcOptions) -> *mut AdvmGc {
+    new_handle(|| {
+        if opts.is_null() {
+            return Err(Error::InvalidArgument { what: "advm_gc_options", why: "NULL".into() });
+        }
+        // SAFETY: the caller's contract; `size` is the first field.
+        let size = unsafe { std::ptr::read_unaligned(opts as *const usize) };
+        let ours = std::mem::size_of::<AdvmGcOptions>();
+        if size < ours || size > MAX_OPTIONS_BYTES {
+            return Err(Error::InvalidArgument {
+                what: "advm_gc_options.size",
+                why: format!("{size}, not from {ours} to {MAX_OPTIONS_BYTES}"),
+            });
+        }
+        // A newer header's fields must be zero: a setting this library cannot honour
+        // is refused, never ignored.
+        // SAFETY: the caller's contract: `size` bytes are readable.
+        let tail = unsafe { std::slice::from_raw_parts((opts as *const u8).add(ours), size - ours) };
+        if tail.iter().any(|&b| b != 0) {
+            return Err(Error::Memory(advm::Error::Unsupported {
+                what: "advm_gc_options",
+                why: format!("fields beyond this library's {ours} bytes are set (a newer header)"),
+            }));
+        }
+        // SAFETY: readable for `ours` bytes, checked above.
+        let o = unsafe { &*opts };
+        // SAFETY: NULL or a readable struct (the header's contract).
+        let mut cfg = config(o.heap_bytes, unsafe { o.policy.as_ref() })?;
+        // SAFETY: NULL or a live pager (the header's contract).
+        match unsafe { o.pager.as_ref() } {
+            Some(p) => {
+                cfg.paging = Some(Paging { pager: p.pager.clone(), flush_after_major: o.flush_after_major != 0 })
+            }
+            None if o.flush_after_major != 0 => {
+                return Err(Error::InvalidArgument { what: "flush_after_major", why: "set without a pager".into() })
+            }
+            None => {}
+        }
+        if !o.engine.is_null() {
+            // SAFETY: a NUL-terminated string (the header's contract).
+            cfg.engine = unsafe { CStr::from_ptr(o.engine) }.to_string_lossy().parse()?;
+        }
+        if o.large_object_bytes != 0 {
+            cfg.large_object_bytes = Some(o.large_object_bytes);
+        }
+        if o.gc_threads != 0 {
+            cfg.gc_threads = o.gc_threads;
+        }
+        cfg.verify = o.verify != 0;
+        cfg.free_lazily = o.free_lazily != 0;
+        Ok(cfg)
+    })
+}
+
 /// `int advm_gc_store(advm_gc *, void *obj, size_t i, void *value)`: pointer slot `i`
 /// of `obj` := `value`, through the heap's write barrier.
 ///
@@ -256,7 +357,7 @@ pub unsafe extern "C" fn advm_gc_destroy(gc: *mut AdvmGc) {
             return;
         }
         // Never unwinds into C (a panic would abort the caller's process).
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(b)));
+        crate::quietly(move || drop(b));
     }
 }
 

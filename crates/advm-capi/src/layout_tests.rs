@@ -8,7 +8,7 @@ use std::mem::{align_of, offset_of, size_of};
 use std::path::Path;
 use std::process::Command;
 
-use crate::gc::{AdvmGcPolicy, AdvmGcStats};
+use crate::gc::{AdvmGcOptions, AdvmGcPolicy, AdvmGcStats};
 use crate::merge::AdvmMergeStats;
 use crate::pager::{advm_pager_options, advm_pager_stats};
 use crate::remap::advm_remap_stats;
@@ -117,6 +117,22 @@ fn header_structs_have_the_layout_of_their_rust_twins() {
             ]
         ),
         ("advm_gc_policy", AdvmGcPolicy, [kind, ratio, mem_limit, mem_lim, min_new_size, min_old_incr, copy_back]),
+        (
+            "advm_gc_options",
+            AdvmGcOptions,
+            [
+                size,
+                heap_bytes,
+                policy,
+                pager,
+                engine,
+                large_object_bytes,
+                gc_threads,
+                flush_after_major,
+                verify,
+                free_lazily,
+            ]
+        ),
     ];
     let mut src = String::from(
         "#include <advm.h>\n#include <advm_gc.h>\n#include <stdalign.h>\n#include <stddef.h>\n#include <stdio.h>\nint main(void) {\n",

@@ -39,17 +39,41 @@ pub fn errno_of(e: &advm::Error) -> i32 {
 
 /// Runs `f`, turning a panic into `-EIO` so it never unwinds across the C boundary
 /// (an arena that panicked then refuses every later call: `-ENOTRECOVERABLE`). A
-/// negative result is also left in `errno`, for callers that check it instead.
+/// negative result is also left in `errno`, for callers that check it instead; on
+/// success `errno` is as the caller left it (the system calls made on the way, such
+/// as a failed connect to advmd, do not leak their errno into a call that worked).
 pub fn guard(f: impl FnOnce() -> Result<i32, advm::Error>) -> i32 {
+    let saved = errno();
     let r = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(Ok(v)) => v,
         Ok(Err(e)) => errno_of(&e),
         Err(_) => -libc::EIO,
     };
-    if r < 0 {
-        set_errno(r);
-    }
+    set_errno(if r < 0 { r } else { saved });
     r
+}
+
+/// Runs `f` (a destroy function: nothing to report) with `errno` kept as the caller
+/// left it, and never unwinds into C.
+pub fn quietly(f: impl FnOnce()) {
+    keep_errno(|| {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    })
+}
+
+/// Runs `f` (a call that cannot fail, or reports failure in its value) with `errno`
+/// kept as the caller left it.
+pub fn keep_errno<T>(f: impl FnOnce() -> T) -> T {
+    let saved = errno();
+    let v = f();
+    set_errno(saved);
+    v
+}
+
+/// This thread's `errno`.
+fn errno() -> i32 {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() }
 }
 
 /// `-EINVAL`, with errno set: a NULL handle or output pointer.

@@ -60,12 +60,15 @@ pub extern "C" fn advm_merge_via() -> *const c_char {
         static TEXT: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
     // Never unwinds into C (a panic would abort the caller's process).
-    let text = std::panic::catch_unwind(|| match advm::merge::with_default(|c| Ok(c.via().clone())) {
-        Ok(advm::merge::Via::Daemon { socket }) => format!("advmd at {socket}"),
-        Ok(advm::merge::Via::Local { reason }) => format!("this process's own store: {reason}"),
-        Err(e) => format!("no store: {e}"),
-    })
-    .unwrap_or_else(|_| "no store: a panic inside advm (a bug)".into());
+    // (the first call tries advmd's socket: that errno stays inside)
+    let text = crate::keep_errno(|| {
+        std::panic::catch_unwind(|| match advm::merge::with_default(|c| Ok(c.via().clone())) {
+            Ok(advm::merge::Via::Daemon { socket }) => format!("advmd at {socket}"),
+            Ok(advm::merge::Via::Local { reason }) => format!("this process's own store: {reason}"),
+            Err(e) => format!("no store: {e}"),
+        })
+        .unwrap_or_else(|_| "no store: a panic inside advm (a bug)".into())
+    });
     TEXT.with(|t| {
         let mut g = t.borrow_mut();
         *g = text.replace('\0', " ").into_bytes();

@@ -329,6 +329,6 @@ pub unsafe extern "C" fn advm_pager_destroy(p: *mut advm_pager) {
     if !p.is_null() {
         // SAFETY: the caller hands back a pager from advm_pager_new.
         let b = unsafe { Box::from_raw(p) };
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(b)));
+        crate::quietly(move || drop(b));
     }
 }

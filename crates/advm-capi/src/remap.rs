@@ -204,7 +204,10 @@ pub extern "C" fn advm_swap(a: *mut u8, b: *mut u8, len: usize) -> i32 {
 /// `struct advm_batch *advm_batch_new(void)`: NULL only when out of memory.
 #[no_mangle]
 pub extern "C" fn advm_batch_new() -> *mut advm_batch {
-    std::panic::catch_unwind(|| Box::into_raw(Box::new(advm_batch { ops: Vec::new() }))).unwrap_or(std::ptr::null_mut())
+    crate::keep_errno(|| {
+        std::panic::catch_unwind(|| Box::into_raw(Box::new(advm_batch { ops: Vec::new() })))
+            .unwrap_or(std::ptr::null_mut())
+    })
 }
 
 fn with_batch(b: *mut advm_batch, f: impl FnOnce(&mut advm_batch) -> Result<i32, advm::Error>) -> i32 {
@@ -305,19 +308,21 @@ pub unsafe extern "C" fn advm_batch_run(b: *mut advm_batch, out: *mut advm_remap
 pub unsafe extern "C" fn advm_batch_free(b: *mut advm_batch) {
     if !b.is_null() {
         // SAFETY: from advm_batch_new, freed once (header).
-        drop(unsafe { Box::from_raw(b) });
+        let b = unsafe { Box::from_raw(b) };
+        crate::quietly(move || drop(b));
     }
 }
 
 /// `size_t advm_remap_break_even_pages(void)`: moves shorter than this are copied.
 #[no_mangle]
 pub extern "C" fn advm_remap_break_even_pages() -> usize {
-    std::panic::catch_unwind(|| remap::break_even().pages).unwrap_or(0)
+    // the first call measures (or reads the cache file): its system calls' errno stays inside
+    crate::keep_errno(|| std::panic::catch_unwind(|| remap::break_even().pages).unwrap_or(0))
 }
 
 /// `void advm_remap_set_break_even_pages(size_t pages)`: overrides it; 0 restores the
 /// measured value.
 #[no_mangle]
 pub extern "C" fn advm_remap_set_break_even_pages(pages: usize) {
-    remap::set_break_even_pages((pages > 0).then_some(pages));
+    crate::keep_errno(|| remap::set_break_even_pages((pages > 0).then_some(pages)));
 }

@@ -16,6 +16,17 @@ pub enum Error {
         /// The heap's size limit.
         heap: usize,
     },
+    /// An object larger than the whole heap (header included), or whose size
+    /// overflows: refused without a collection.
+    #[error("object too large: {nptrs} pointers and {nbytes} bytes do not fit in a {heap}-byte heap")]
+    ObjectTooLarge {
+        /// Pointer slots asked for.
+        nptrs: usize,
+        /// Raw bytes asked for.
+        nbytes: usize,
+        /// The heap's size limit.
+        heap: usize,
+    },
     /// An argument is out of its domain.
     #[error("invalid {what}: {why}")]
     InvalidArgument {

@@ -31,6 +31,8 @@ pub(crate) const MARK: usize = 1 << 63;
 pub const MAX_NPTRS: usize = (1 << NPTRS_BITS) - 1;
 /// The largest object (header included).
 const MAX_SIZE: usize = (1 << SIZE_BITS) - 1;
+/// The largest heap (`Config::heap_bytes`): 1 TiB, what an object header can span.
+pub const MAX_HEAP_BYTES: usize = 1 << SIZE_BITS;
 
 /// Header word 0 of an object of `size` bytes (header included) with `nptrs` slots.
 pub(crate) fn header(size: usize, nptrs: usize) -> usize {
@@ -396,7 +398,7 @@ impl Heap {
     /// spaces (memory comes only as objects are written).
     pub fn with_config(cfg: Config) -> Result<Self> {
         let ps = page_size();
-        let max = 1usize << SIZE_BITS;
+        let max = MAX_HEAP_BYTES;
         if cfg.heap_bytes < ps || cfg.heap_bytes > max {
             return Err(Error::InvalidArgument {
                 what: "heap_bytes",
@@ -1021,11 +1023,19 @@ impl Mutator {
 
     /// Allocates an object with `nptrs` pointer slots (null) and `nbytes` raw bytes
     /// (zero). Runs a full collection when the heap is full, and fails with
-    /// [`Error::HeapExhausted`] when that does not make room.
+    /// [`Error::HeapExhausted`] when that does not make room; with
+    /// [`Error::ObjectTooLarge`] at once when the object (header included) is larger
+    /// than the heap, [`Error::InvalidArgument`] when it has more than [`MAX_NPTRS`]
+    /// pointer slots.
     pub fn alloc(&mut self, nptrs: usize, nbytes: usize) -> Result<Obj> {
         self.safepoint();
         self.heap.inner.usable()?;
         let size = match word_count(nptrs, nbytes) {
+            // Larger than the whole heap (or than the address space): no collection can
+            // make room, so none is run.
+            s if s.map_or(true, |s| s > self.heap.inner.heap_bytes) => {
+                return Err(Error::ObjectTooLarge { nptrs, nbytes, heap: self.heap.inner.heap_bytes })
+            }
             Some(s) if s <= MAX_SIZE && nptrs <= MAX_NPTRS => s,
             _ => {
                 return Err(Error::InvalidArgument {

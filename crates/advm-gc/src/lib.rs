@@ -29,7 +29,7 @@ mod stats;
 mod verify;
 
 pub use error::{Error, Result};
-pub use heap::{Config, Engine, FreeHook, Heap, Mutator, Obj, MAX_NPTRS};
+pub use heap::{Config, Engine, FreeHook, Heap, Mutator, Obj, MAX_HEAP_BYTES, MAX_NPTRS};
 pub use paged::Paging;
 pub use policy::{Generational, Policy, MIN_NURSERY_BYTES};
 pub use stats::{Collection, Stats};

@@ -130,7 +130,7 @@ fn exhausted_heap_is_a_typed_error_and_the_heap_stays_usable() {
     };
     assert!(matches!(err, Error::HeapExhausted { heap, .. } if heap == 1 << 20), "{err}");
     let big = m.alloc(0, 2 << 20).unwrap_err();
-    assert!(matches!(big, Error::HeapExhausted { .. }));
+    assert!(matches!(big, Error::ObjectTooLarge { .. }), "{big}");
     // Dropping the live data makes room again.
     m.set_root(r, None);
     m.alloc(0, 500_000).unwrap();
@@ -149,8 +149,25 @@ fn bad_heap_sizes_and_object_sizes_are_errors() {
     }
     let h = Heap::new(1 << 20).unwrap();
     let mut m = h.attach();
-    assert!(matches!(m.alloc(usize::MAX / 8, 0), Err(Error::InvalidArgument { .. })));
-    assert!(matches!(m.alloc(1 << 24, 0), Err(Error::InvalidArgument { .. })));
+    // Larger than the heap, or overflowing: refused at once, without a collection.
+    for (nptrs, nbytes) in
+        [(usize::MAX / 8, 0), (usize::MAX / 8 + 1, 0), (usize::MAX, 0), (0, usize::MAX), (1 << 24, 0)]
+    {
+        let err = m.alloc(nptrs, nbytes).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("object too large: {nptrs} pointers and {nbytes} bytes do not fit in a 1048576-byte heap")
+        );
+    }
+    // The whole heap is too small for an object of the whole heap plus its header.
+    assert!(matches!(m.alloc(0, 1 << 20), Err(Error::ObjectTooLarge { .. })));
+    assert_eq!(h.stats().collections, 0);
+    m.alloc(0, 1000).unwrap();
+    // More pointer slots than a header holds, in a heap they would fit in.
+    let big = Heap::new(128 << 20).unwrap();
+    let mut m = big.attach();
+    let err = m.alloc(advm_gc::MAX_NPTRS + 1, 0).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument { what: "object size", .. }), "{err}");
 }
 
 #[test]

@@ -278,3 +278,86 @@ fn threads_with_weak_slots_and_pins_survive_each_others_collections() {
         assert!(heap.stats().collections > 3, "{generational:?}: {} collections", heap.stats().collections);
     }
 }
+
+/// `set_weak` points an existing weak slot at another object (or at none): the slot then
+/// follows that object while it lives and is null once it died, and never keeps it
+/// alive; a slot set to null stays null and its old object lives on as long as a root
+/// holds it. Every heap kind.
+#[test]
+fn set_weak_retargets_a_slot_without_keeping_its_object_alive() {
+    for (name, c) in heaps() {
+        let heap = Heap::with_config(c).unwrap();
+        let mut m = heap.attach();
+        let _garbage = m.alloc(0, 3000).unwrap(); // below the others: they move down
+        let live = filled(&mut m, 0, 100, 1);
+        let large = filled(&mut m, 0, LARGE, 2);
+        let dead = filled(&mut m, 0, 100, 3);
+        let root = m.push_root(Some(live));
+        let large_root = m.push_root(Some(large));
+        let (a, b, c) = (m.push_weak(None), m.push_weak(Some(live)), m.push_weak(Some(live)));
+        m.set_weak(a, Some(dead)); // was null: now a dead object
+        m.set_weak(b, Some(large)); // was a live object: now another one
+        m.set_weak(c, None); // was a live object: now null
+        assert_eq!(m.weak(a), Some(dead), "{name}: read back before a collection");
+        assert_eq!(m.collect().unwrap().weak_cleared, 1, "{name}: only the dead object's slot");
+        assert_eq!(m.weak(a), None, "{name}: set to a dead object: cleared");
+        assert_eq!(m.weak(b), m.root(large_root), "{name}: set to a live object: follows it");
+        assert_filled(&m, m.weak(b).unwrap(), LARGE, 2);
+        assert_eq!(m.weak(c), None, "{name}: set to null: stays null");
+        assert_filled(&m, m.root(root).unwrap(), 100, 1);
+        // The weak slot alone does not keep its object: once the root goes, it dies.
+        m.set_root(large_root, None);
+        m.set_weak(c, m.root(root));
+        assert_eq!(m.collect().unwrap().weak_cleared, 1, "{name}: the large object's slot");
+        assert_eq!(m.weak(b), None, "{name}: its object lost its root");
+        assert_eq!(m.weak(c), m.root(root), "{name}: set back to the live object");
+        assert_filled(&m, m.weak(c).unwrap(), 100, 1);
+    }
+}
+
+/// `truncate_weak(n)` drops the slots from index `n` on, as `truncate_roots` does for
+/// roots: `weak_len` is then `n`, the slots below `n` keep working, the next
+/// `push_weak` gets index `n` again, a dropped slot's object is neither kept nor
+/// touched (it lives or dies by its roots), and `n` at or past the end changes nothing.
+#[test]
+fn truncate_weak_drops_the_slots_from_n_on_and_keeps_the_others_working() {
+    for (name, c) in heaps() {
+        let heap = Heap::with_config(c).unwrap();
+        let mut m = heap.attach();
+        let objs: Vec<advm_gc::Obj> = (0..4).map(|i| filled(&mut m, 0, 64, i as u8)).collect();
+        let roots: Vec<usize> = objs.iter().map(|&o| m.push_root(Some(o))).collect();
+        let weak: Vec<usize> = objs.iter().map(|&o| m.push_weak(Some(o))).collect();
+        assert_eq!((weak[0], weak[3], m.weak_len()), (0, 3, 4), "{name}");
+        m.truncate_weak(9);
+        assert_eq!(m.weak_len(), 4, "{name}: past the end: nothing dropped");
+        m.truncate_weak(2);
+        assert_eq!(m.weak_len(), 2, "{name}");
+        // Dropped slots no longer count: only a root keeps object 2, none keeps object 3.
+        m.set_root(roots[3], None);
+        let c = m.collect().unwrap();
+        assert_eq!(c.weak_cleared, 0, "{name}: no slot below 2 held a dead object");
+        for i in 0..2 {
+            assert_eq!(m.weak(weak[i]), m.root(roots[i]), "{name}: slot {i} follows its object");
+            assert_filled(&m, m.weak(weak[i]).unwrap(), 64, i as u8);
+        }
+        assert_filled(&m, m.root(roots[2]).unwrap(), 64, 2);
+        let again = m.push_weak(m.root(roots[2]));
+        assert_eq!(again, 2, "{name}: the next slot reuses index 2");
+        m.set_root(roots[2], None);
+        m.collect().unwrap();
+        assert_eq!(m.weak(again), None, "{name}: a new slot at a dropped index works");
+        m.truncate_weak(0);
+        assert_eq!(m.weak_len(), 0, "{name}");
+        m.collect().unwrap();
+        assert_filled(&m, m.root(roots[0]).unwrap(), 64, 0);
+        // An index past the end is not a slot: reading or writing it panics.
+        let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| m.weak(0)));
+        assert!(read.is_err(), "{name}: weak(0) after truncate_weak(0)");
+        let write = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| m.set_weak(0, None)));
+        assert!(write.is_err(), "{name}: set_weak(0) after truncate_weak(0)");
+        // The heap still works after those panics (no lock left poisoned for good).
+        assert_eq!(m.push_weak(m.root(roots[1])), 0, "{name}");
+        m.collect().unwrap();
+        assert_filled(&m, m.weak(0).unwrap(), 64, 1);
+    }
+}

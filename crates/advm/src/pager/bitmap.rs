@@ -14,9 +14,10 @@ pub struct Bitmap {
 }
 
 impl Bitmap {
-    /// `bits` bits, all clear.
-    pub fn new(bits: usize) -> Self {
-        Self { words: (0..bits.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(), bits, marks: AtomicU64::new(0) }
+    /// `bits` bits, all clear, in zeroed memory (a large map costs memory only where
+    /// bits are set); None when the allocator refuses it.
+    pub fn new(bits: usize) -> Option<Self> {
+        Some(Self { words: crate::sys::zeroed::zeroed(bits.div_ceil(64))?, bits, marks: AtomicU64::new(0) })
     }
 
     /// Number of bits.
@@ -94,7 +95,7 @@ mod tests {
 
     #[test]
     fn ranges_set_and_clear_across_words() {
-        let b = Bitmap::new(200);
+        let b = Bitmap::new(200).unwrap();
         b.set_range(60, 70, true);
         assert!(!b.get(59) && b.get(60) && b.get(129) && !b.get(130));
         b.set_range(64, 64, false);

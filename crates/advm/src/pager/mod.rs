@@ -57,6 +57,7 @@ use crate::stats::cgroup::Group;
 use crate::sys::pager::{self as sp, Area, Doorbell, PageBuf, SwapFile};
 use crate::sys::uffd::{self, Event, Userfaultfd};
 use crate::sys::uffd_sigbus::{self, Registration};
+use crate::sys::zeroed::zeroed;
 use crate::{Error, Result};
 use ring::Ring;
 
@@ -125,6 +126,8 @@ const TICK: Duration = Duration::from_millis(10);
 
 // Page states.
 const EMPTY: u8 = 0;
+// A region's states start as zeroed memory (`Pager::map`).
+const _: () = assert!(EMPTY == 0);
 const RESIDENT: u8 = 1;
 const EVICTING: u8 = 2;
 const DISCARDED: u8 = 3;
@@ -719,16 +722,29 @@ impl Pager {
     pub fn map(&self, len: usize) -> Result<PagedRegion> {
         self.shared.owner.check()?;
         let ps = page_size();
+        if len == 0 {
+            return Err(Error::InvalidArgument { what: "length", why: "0 bytes: use 1 byte or more".into() });
+        }
+        // Too large is a lack of room (ENOMEM, as mmap says), not a bad argument.
         let len = match crate::mem::page_align_up(len) {
-            Some(l) if l > 0 => l,
+            Some(l) if u32::try_from(l / ps).is_ok() => l,
             _ => {
-                return Err(Error::InvalidArgument { what: "length", why: format!("{len} bytes: use 1 byte or more") })
+                return Err(Error::OutOfMemory {
+                    what: "pager region",
+                    why: format!("{len} bytes: at most 2^32 pages"),
+                })
             }
         };
         let pages = len / ps;
-        if u32::try_from(pages).is_err() {
-            return Err(Error::InvalidArgument { what: "length", why: format!("{len} bytes: at most 2^32 pages") });
-        }
+        // The per-page records, zeroed (EMPTY, no slot, generation 0) and made before
+        // the mapping: they cost memory only for pages that are used, and a refusal is
+        // ENOMEM, not an abort.
+        let oom =
+            || Error::OutOfMemory { what: "pager region", why: format!("no memory for the records of {pages} pages") };
+        let bitmap = || Bitmap::new(pages).ok_or_else(oom);
+        let (discardable, purged, clean, resident) = (bitmap()?, bitmap()?, bitmap()?, bitmap()?);
+        let state = zeroed::<AtomicU8>(pages).ok_or_else(oom)?;
+        let (slot, gen) = (zeroed::<AtomicU32>(pages).ok_or_else(oom)?, zeroed::<AtomicU32>(pages).ok_or_else(oom)?);
         let area = Area::new(&self.shared.fd, len, true, self.shared.track_clean)?;
         let m = Arc::new(Managed {
             id: self.shared.next_id.fetch_add(1, Ordering::Relaxed),
@@ -736,13 +752,13 @@ impl Pager {
             route: OnceLock::new(),
             area,
             orphaned: AtomicBool::new(false),
-            discardable: Bitmap::new(pages),
-            purged: Bitmap::new(pages),
-            clean: Bitmap::new(pages),
-            resident: Bitmap::new(pages),
-            state: (0..pages).map(|_| AtomicU8::new(EMPTY)).collect(),
-            slot: (0..pages).map(|_| AtomicU32::new(0)).collect(),
-            gen: (0..pages).map(|_| AtomicU32::new(0)).collect(),
+            discardable,
+            purged,
+            clean,
+            resident,
+            state,
+            slot,
+            gen,
         });
         if self.shared.sigbus {
             let (s, mm) = (self.shared.clone(), m.clone());

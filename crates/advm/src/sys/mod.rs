@@ -25,6 +25,7 @@ pub mod swap;
 pub mod thp;
 pub mod uffd;
 pub mod uffd_sigbus;
+pub mod zeroed;
 
 use std::fmt;
 
