@@ -196,8 +196,8 @@ struct advm_pager_stats {
 
 /* budget_bytes: at least one page (EINVAL below). swap_path: a file to create (an existing file is
  * refused with EEXIST, never overwritten; a block device is used as it is; the file
- * stays after advm_pager_destroy, so a second run naming it gets EEXIST until it is
- * removed), or NULL (or a directory): an unlinked temporary file (in /var/tmp), gone
+ * the pager created is removed by advm_pager_destroy, so a second run may name it
+ * again), or NULL (or a directory): an unlinked temporary file (in /var/tmp), gone
  * with the pager. NULL on error, errno set
  * (a swap file that cannot be created: the open's own errno, ENOENT, EACCES...;
  * ENOSYS where userfaultfd with UFFDIO_MOVE is missing: Linux before 6.8, or under

@@ -754,6 +754,41 @@ fn a_failed_swap_read_is_retried_and_the_fault_served_once_the_file_reads(mode: 
     assert_eq!((s.read_pages(), s.swapped_pages), (1, u64::from(p.tracks_clean_pages())), "{s:?}");
 }
 
+/// The swap file a pager created at a path goes with the pager, so the next run can
+/// name the same path (it stayed, and the second run met `EEXIST`); a file put in its
+/// place meanwhile is not the pager's and stays.
+#[test]
+fn a_named_swap_file_goes_with_its_pager_and_the_path_can_be_used_again() {
+    bounded(|| {
+        if let Err(why) = pager::available() {
+            eprintln!("skipped: {why}");
+            return;
+        }
+        let path = std::env::temp_dir().join(format!("advm-test-pager-named-{}", std::process::id()));
+        for _ in 0..2 {
+            let mut cfg = Config::new(16 * ps());
+            cfg.swap_path = Some(path.clone());
+            let p = Pager::new(cfg).unwrap();
+            let r = p.map(4 * ps()).unwrap();
+            r.write(0, &[7; 64]).unwrap();
+            p.flush(r.as_ptr() as usize, ps()).unwrap();
+            assert!(path.exists());
+            drop(r);
+            drop(p);
+            assert!(!path.exists(), "{} stayed after its pager", path.display());
+        }
+        let mut cfg = Config::new(16 * ps());
+        cfg.swap_path = Some(path.clone());
+        let p = Pager::new(cfg).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, b"someone else's").unwrap();
+        drop(p);
+        let kept = std::fs::read(&path);
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(kept.unwrap(), b"someone else's");
+    });
+}
+
 /// A test that never ends fails instead, after its limit, and says what its pagers
 /// were doing.
 #[test]

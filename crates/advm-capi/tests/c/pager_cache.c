@@ -150,10 +150,11 @@ static void swap_path_bytes(void) {
     CHECK(m != NULL);
     memset(m, 9, 16 * ps);
     CHECK(all(m, 16 * ps, 9));
-    advm_pager_destroy(p);
     struct stat st;
-    CHECK(stat(path, &st) == 0); /* the file stays after the pager, as documented */
-    CHECK(unlink(path) == 0 && rmdir(dir) == 0);
+    CHECK(stat(path, &st) == 0); /* named byte for byte */
+    advm_pager_destroy(p);
+    CHECK(stat(path, &st) != 0 && errno == ENOENT); /* and removed with its pager */
+    CHECK(rmdir(dir) == 0);
 }
 
 static void full_filesystem(void) {

@@ -314,12 +314,16 @@ impl PageBuf {
 pub struct SwapFile {
     file: File,
     direct: bool,
+    /// The path of a file this pager created, removed with it: its pages are lost with
+    /// the pager anyway, and a second run naming the same path would meet `EEXIST`.
+    created: Option<std::path::PathBuf>,
 }
 
 impl SwapFile {
     /// Opens `path` (a new file: an existing one is refused with `EEXIST`, never
-    /// overwritten; a block device is used as it is) or, with `temporary`, an unlinked
-    /// file in the directory `path` (`O_TMPFILE`). `direct`: `O_DIRECT`, no page cache.
+    /// overwritten, and the new one is removed on drop; a block device is used as it
+    /// is) or, with `temporary`, an unlinked file in the directory `path`
+    /// (`O_TMPFILE`). `direct`: `O_DIRECT`, no page cache.
     pub fn open(path: &Path, temporary: bool, direct: bool) -> std::io::Result<Self> {
         let mut flags = libc::O_CLOEXEC;
         if direct {
@@ -327,6 +331,7 @@ impl SwapFile {
         }
         let mut opts = OpenOptions::new();
         opts.read(true).write(true);
+        let mut created = None;
         if temporary {
             opts.custom_flags(flags | libc::O_TMPFILE);
         } else {
@@ -334,11 +339,12 @@ impl SwapFile {
                 std::fs::metadata(path).is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()));
             if !device {
                 opts.create_new(true);
+                created = Some(path.to_path_buf());
             }
             opts.custom_flags(flags);
         }
         let file = opts.open(path)?;
-        Ok(Self { file, direct })
+        Ok(Self { file, direct, created })
     }
 
     /// Whether the file bypasses the page cache.
@@ -358,6 +364,18 @@ impl SwapFile {
         self.file
             .read_exact_at(out, (slot * page_size()) as u64)
             .map_err(|e| SysError::from_io("pread(pager swap)", &e))
+    }
+}
+
+impl Drop for SwapFile {
+    fn drop(&mut self) {
+        use std::os::unix::fs::MetadataExt;
+        let Some(path) = &self.created else { return };
+        // Only the file we made: something put at the path since is not ours to remove.
+        let (Ok(ours), Ok(there)) = (self.file.metadata(), std::fs::symlink_metadata(path)) else { return };
+        if (ours.dev(), ours.ino()) == (there.dev(), there.ino()) {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 
