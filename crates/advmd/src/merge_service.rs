@@ -172,6 +172,14 @@ impl Stores {
         v
     }
 
+    /// References the sessions of domain `d` hold on its store's pages (`None`: it has
+    /// no store).
+    pub fn references(&self, d: &Domain) -> Option<u64> {
+        let s = lock(&self.domains).get(d).cloned()?;
+        let refs = lock(&s.state).store.references();
+        Some(refs)
+    }
+
     /// Drops a domain's store when nobody uses it any more.
     fn close(&self, d: &Domain) {
         let mut map = lock(&self.domains);
@@ -188,8 +196,11 @@ impl Stores {
 pub struct Session {
     peer: Peer,
     open: Option<(Domain, Arc<Shared>)>,
-    /// One entry per reference this session holds.
-    held: Vec<u32>,
+    /// The slots this session holds a reference to, one each however often it was
+    /// handed a slot: a client merging the same pages again and again (each lookup
+    /// takes a reference) held a reference, and an entry here, per lookup, so the
+    /// daemon's memory and the slots' counts grew for as long as it lived.
+    held: HashSet<u32>,
     /// This session's id, and the hashes it claimed (some may have ended since).
     id: u64,
     claimed: Vec<u64>,
@@ -216,7 +227,7 @@ impl Session {
         Self {
             peer,
             open: None,
-            held: Vec::new(),
+            held: HashSet::new(),
             id,
             claimed: Vec::new(),
             shown: HashSet::new(),
@@ -269,7 +280,7 @@ impl Session {
                         break;
                     }
                     if let Some(s) = g.store.find(h) {
-                        self.held.push(s);
+                        hold(&mut self.held, &mut g.store, s);
                         slots[k] = s;
                     } else if looking_only {
                         // Not stored: NO_SLOT.
@@ -290,7 +301,7 @@ impl Session {
                     let h = hashes[k];
                     loop {
                         if let Some(s) = g.store.find(h) {
-                            self.held.push(s);
+                            hold(&mut self.held, &mut g.store, s);
                             slots[k] = s;
                             break;
                         }
@@ -382,7 +393,7 @@ impl Session {
         };
         let room = room_pages(&g.store);
         let reply = result.and_then(|slots| {
-            self.held.extend(&slots);
+            hold_all(&mut self.held, &mut g.store, &slots);
             let segments = announce(&mut self.shown, &g.store, &slots)?;
             Ok(Reply::Added { slots, refusal: String::new(), room, segments })
         });
@@ -421,7 +432,7 @@ impl Session {
         let room = room_pages(&g.store);
         let reply = inserted.map(|r| match r {
             Ok(slots) => {
-                self.held.extend(&slots);
+                hold_all(&mut self.held, &mut g.store, &slots);
                 Reply::Added { slots, refusal: String::new(), room, segments: vec![] }
             }
             Err(full) => Reply::Added { slots: vec![NO_SLOT; n], refusal: full.to_string(), room, segments: vec![] },
@@ -434,6 +445,11 @@ impl Session {
     /// Whether the session holds references to stored pages.
     pub fn holds_pages(&self) -> bool {
         !self.held.is_empty()
+    }
+
+    /// The stored pages the session holds a reference to (one each).
+    pub fn pages_held(&self) -> usize {
+        self.held.len()
     }
 
     /// Ends the session's claims (its connection is gone: it adds nothing more), and
@@ -455,20 +471,9 @@ impl Session {
         if !same {
             return Some(other);
         }
-        let mut mine: Vec<u32> = std::mem::take(&mut self.held);
-        mine.extend(std::mem::take(&mut other.held));
-        mine.sort_unstable();
-        let mut twice = Vec::new();
-        mine.dedup_by(|a, b| {
-            let dup = a == b;
-            if dup {
-                twice.push(*a);
-            }
-            dup
-        });
-        self.held = mine;
+        // Pages both hold stay with the other, which releases them.
+        other.held.retain(|s| !self.held.insert(*s));
         self.shown.extend(other.shown.drain());
-        other.held = twice;
         other.end(stores);
         None
     }
@@ -491,10 +496,7 @@ impl Session {
                 }
             };
             match files {
-                Ok(f) => {
-                    let want: HashSet<u32> = s.held.iter().copied().collect();
-                    checks.push((s, f, want, HashSet::new()));
-                }
+                Ok(f) => checks.push((s, f, HashSet::new())),
                 // the files cannot be told: keep everything, try again later
                 Err(_) => left.push(s),
             }
@@ -503,25 +505,20 @@ impl Session {
             return left;
         }
         advm::process::each_process_maps(|maps| {
-            for (_, files, want, found) in checks.iter_mut() {
-                files.mapped_in(maps, want, found);
+            for (s, files, found) in checks.iter_mut() {
+                files.mapped_in(maps, &s.held, found);
             }
         });
-        for (mut s, _, _, mapped) in checks {
+        for (mut s, _, mapped) in checks {
             let Some((_, store)) = &s.open else { continue };
-            let (mut kept, mut once) = (Vec::with_capacity(mapped.len()), HashSet::new());
             {
                 let mut g = lock(&store.state);
-                for slot in std::mem::take(&mut s.held) {
-                    if mapped.contains(&slot) && once.insert(slot) {
-                        kept.push(slot);
-                    } else {
-                        let _ = g.store.release(slot);
-                    }
+                for &slot in s.held.difference(&mapped) {
+                    let _ = g.store.release(slot);
                 }
             }
             store.landed.notify_all();
-            s.held = kept;
+            s.held = mapped;
             if s.held.is_empty() {
                 s.end(stores);
             } else {
@@ -545,6 +542,23 @@ impl Session {
             drop(store);
             stores.close(&domain);
         }
+    }
+}
+
+/// Records that the session holds `slot`, whose reference the store just took: one
+/// reference per session keeps the page for as long as the session needs it, so one
+/// taken again is given back at once.
+fn hold(held: &mut HashSet<u32>, store: &mut Store, slot: u32) {
+    if !held.insert(slot) {
+        // another is held, so this never frees the page
+        let _ = store.release(slot);
+    }
+}
+
+/// [`hold`] for each slot an add handed out.
+fn hold_all(held: &mut HashSet<u32>, store: &mut Store, slots: &[u32]) {
+    for &s in slots {
+        hold(held, store, s);
     }
 }
 
