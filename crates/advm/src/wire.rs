@@ -386,7 +386,10 @@ mod tests {
                 assert!(!by_pid.has_exited().unwrap(), "the pid names a living process");
                 // Without SO_PEERPIDFD: the pid's process started after the accept.
                 let by = gone.accepted_ticks.unwrap();
-                assert!(ProcessWatch::open_started_by(p, by).unwrap().is_none(), "the later process taken for the peer");
+                assert!(
+                    ProcessWatch::open_started_by(p, by).unwrap().is_none(),
+                    "the later process taken for the peer"
+                );
                 crate::sys::sigsend::send(p, libc::SIGKILL).unwrap();
                 wait_child(p).unwrap();
             }

@@ -12,6 +12,7 @@
 mod error;
 pub mod merge_service;
 mod request;
+mod slot_set;
 
 use std::collections::HashMap;
 use std::io::ErrorKind;

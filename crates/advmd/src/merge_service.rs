@@ -33,6 +33,8 @@ use advm::merge::protocol::{Reply, Request, LATER, NO_SLOT};
 use advm::merge::{PageHashMap, SegmentMap, Store};
 use advm::wire::Peer;
 
+use crate::slot_set::SlotSet;
+
 /// A security domain: a uid, narrowed by a tag.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Domain {
@@ -198,9 +200,9 @@ pub struct Session {
     open: Option<(Domain, Arc<Shared>)>,
     /// The slots this session holds a reference to, one each however often it was
     /// handed a slot: a client merging the same pages again and again (each lookup
-    /// takes a reference) held a reference, and an entry here, per lookup, so the
-    /// daemon's memory and the slots' counts grew for as long as it lived.
-    held: HashSet<u32>,
+    /// takes a reference) held a reference, and 4 bytes here, per page and lookup, so
+    /// the daemon's memory and the slots' counts grew for as long as it lived.
+    held: SlotSet,
     /// This session's id, and the hashes it claimed (some may have ended since).
     id: u64,
     claimed: Vec<u64>,
@@ -227,7 +229,7 @@ impl Session {
         Self {
             peer,
             open: None,
-            held: HashSet::new(),
+            held: SlotSet::default(),
             id,
             claimed: Vec::new(),
             shown: HashSet::new(),
@@ -472,7 +474,13 @@ impl Session {
             return Some(other);
         }
         // Pages both hold stay with the other, which releases them.
-        other.held.retain(|s| !self.held.insert(*s));
+        let mut twice = SlotSet::default();
+        for s in other.held.iter() {
+            if !self.held.insert(s) {
+                twice.insert(s);
+            }
+        }
+        other.held = twice;
         self.shown.extend(other.shown.drain());
         other.end(stores);
         None
@@ -496,7 +504,10 @@ impl Session {
                 }
             };
             match files {
-                Ok(f) => checks.push((s, f, HashSet::new())),
+                Ok(f) => {
+                    let want: HashSet<u32> = s.held.iter().collect();
+                    checks.push((s, f, want, HashSet::new()));
+                }
                 // the files cannot be told: keep everything, try again later
                 Err(_) => left.push(s),
             }
@@ -505,20 +516,25 @@ impl Session {
             return left;
         }
         advm::process::each_process_maps(|maps| {
-            for (s, files, found) in checks.iter_mut() {
-                files.mapped_in(maps, &s.held, found);
+            for (_, files, want, found) in checks.iter_mut() {
+                files.mapped_in(maps, want, found);
             }
         });
-        for (mut s, _, mapped) in checks {
+        for (mut s, _, _, mapped) in checks {
             let Some((_, store)) = &s.open else { continue };
+            let mut kept = SlotSet::default();
             {
                 let mut g = lock(&store.state);
-                for &slot in s.held.difference(&mapped) {
-                    let _ = g.store.release(slot);
+                for slot in s.held.iter() {
+                    if mapped.contains(&slot) {
+                        kept.insert(slot);
+                    } else {
+                        let _ = g.store.release(slot);
+                    }
                 }
             }
             store.landed.notify_all();
-            s.held = mapped;
+            s.held = kept;
             if s.held.is_empty() {
                 s.end(stores);
             } else {
@@ -534,7 +550,7 @@ impl Session {
             {
                 let mut g = lock(&store.state);
                 g.unclaim(self.id, &self.claimed);
-                for slot in self.held {
+                for slot in self.held.iter() {
                     let _ = g.store.release(slot);
                 }
             }
@@ -548,7 +564,7 @@ impl Session {
 /// Records that the session holds `slot`, whose reference the store just took: one
 /// reference per session keeps the page for as long as the session needs it, so one
 /// taken again is given back at once.
-fn hold(held: &mut HashSet<u32>, store: &mut Store, slot: u32) {
+fn hold(held: &mut SlotSet, store: &mut Store, slot: u32) {
     if !held.insert(slot) {
         // another is held, so this never frees the page
         let _ = store.release(slot);
@@ -556,7 +572,7 @@ fn hold(held: &mut HashSet<u32>, store: &mut Store, slot: u32) {
 }
 
 /// [`hold`] for each slot an add handed out.
-fn hold_all(held: &mut HashSet<u32>, store: &mut Store, slots: &[u32]) {
+fn hold_all(held: &mut SlotSet, store: &mut Store, slots: &[u32]) {
     for &s in slots {
         hold(held, store, s);
     }

@@ -208,5 +208,8 @@ fn a_client_pipelining_lookups_without_reading_replies_is_cut_off_and_holds_one_
     assert!(t.elapsed() < Duration::from_secs(5), "hung up after {:?}", t.elapsed());
     // This process lives on, so its session's pages are kept: once each.
     let dom = domain("pipelined");
-    until(|| format!("{:?}", d.services.merge.references(&dom)), || d.services.merge.references(&dom) == Some(PAGES as u64));
+    until(
+        || format!("{:?}", d.services.merge.references(&dom)),
+        || d.services.merge.references(&dom) == Some(PAGES as u64),
+    );
 }

@@ -48,9 +48,8 @@ pub fn peer_pidfd(sock: &UnixStream) -> SysResult<OwnedFd> {
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: getsockopt writes at most `len` bytes (one int) to `fd` and the length
     // to `len`, both alive for the call; the socket is borrowed for it.
-    let r = unsafe {
-        libc::getsockopt(sock.as_raw_fd(), libc::SOL_SOCKET, SO_PEERPIDFD, (&raw mut fd).cast(), &mut len)
-    };
+    let r =
+        unsafe { libc::getsockopt(sock.as_raw_fd(), libc::SOL_SOCKET, SO_PEERPIDFD, (&raw mut fd).cast(), &mut len) };
     if r != 0 {
         return Err(SysError::last("getsockopt(SO_PEERPIDFD)"));
     }
