@@ -449,11 +449,6 @@ impl Session {
         !self.held.is_empty()
     }
 
-    /// The stored pages the session holds a reference to (one each).
-    pub fn pages_held(&self) -> usize {
-        self.held.len()
-    }
-
     /// Ends the session's claims (its connection is gone: it adds nothing more), and
     /// keeps its references.
     pub fn end_claims(&mut self) {
