@@ -1,6 +1,7 @@
 //! Frames between advm clients and `advmd` over a UNIX stream socket, with fds passed
 //! alongside (`SCM_RIGHTS`) and the peer's credentials read from the kernel
-//! (`SO_PEERCRED`).
+//! (`SO_PEERCRED`), its process watched through a pidfd the kernel hands out
+//! (`SO_PEERPIDFD`).
 //!
 //! A frame is `len: u32 LE` (of what follows), `service: u8`, `kind: u8`, then `len - 2`
 //! body bytes; fds ride on the frame's first bytes. Each service (merge today, image

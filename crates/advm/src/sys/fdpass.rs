@@ -1,5 +1,6 @@
 //! File descriptors handed to other processes: inherited across exec, or sent over a
-//! UNIX socket (`SCM_RIGHTS`) whose peer the kernel names (`SO_PEERCRED`).
+//! UNIX socket (`SCM_RIGHTS`) whose peer the kernel names (`SO_PEERCRED`,
+//! `SO_PEERPIDFD`).
 
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
