@@ -161,6 +161,31 @@ impl ProcessWatch {
         Ok(Self(crate::sys::process::pidfd_open(pid)?))
     }
 
+    /// Watches a process whose pidfd the kernel handed out (`SO_PEERPIDFD`).
+    pub(crate) fn from_pidfd(fd: std::os::fd::OwnedFd) -> Self {
+        Self(fd)
+    }
+
+    /// Watches process `pid`, which must have started by `by` (clock ticks since boot,
+    /// [`crate::sys::process::boot_ticks`]): `None` when it has exited, or when the
+    /// process with that pid now started later (so the one meant has exited, and its
+    /// pid was reused). A pid reused before `by` is not told apart.
+    pub(crate) fn open_started_by(pid: i32, by: u64) -> Result<Option<Self>> {
+        let w = match crate::sys::process::pidfd_open(pid) {
+            Ok(fd) => Self(fd),
+            Err(e) if e.errno == crate::sys::Errno::SRCH => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let started = crate::sys::process::start_ticks(pid);
+        // Read after the pidfd was opened: while its process runs, no other has its pid,
+        // so the start time read was its own. One that has exited since is watched as it
+        // is (exited), whichever it was.
+        if w.has_exited()? {
+            return Ok(Some(w));
+        }
+        Ok((started? <= by).then_some(w))
+    }
+
     /// Whether the process has exited, without waiting.
     pub fn has_exited(&self) -> Result<bool> {
         use std::os::fd::AsFd;

@@ -1,6 +1,7 @@
 //! Frames between advm clients and `advmd` over a UNIX stream socket, with fds passed
 //! alongside (`SCM_RIGHTS`) and the peer's credentials read from the kernel
-//! (`SO_PEERCRED`).
+//! (`SO_PEERCRED`), its process watched through a pidfd the kernel hands out
+//! (`SO_PEERPIDFD`).
 //!
 //! A frame is `len: u32 LE` (of what follows), `service: u8`, `kind: u8`, then `len - 2`
 //! body bytes; fds ride on the frame's first bytes. Each service (merge today, image
@@ -73,6 +74,9 @@ pub struct Channel {
     sock: UnixStream,
     /// How long the rest of a frame may take once its first byte arrived.
     frame_timeout: Option<Duration>,
+    /// When it was accepted, in clock ticks since boot ([`Channel::from_stream`]): the
+    /// peer started by then ([`Channel::watch_peer`] on a kernel without `SO_PEERPIDFD`).
+    accepted_ticks: Option<u64>,
 }
 
 /// The socket, to wait on it (a merge sending pages stops when the reply comes).
@@ -122,12 +126,13 @@ impl Channel {
     /// Connects to the socket at `path`.
     pub fn connect(path: &Path) -> Result<Self> {
         let sock = UnixStream::connect(path).map_err(|e| Error::io(path, connect_error(path, e)))?;
-        Ok(Self { sock, frame_timeout: None })
+        Ok(Self { sock, frame_timeout: None, accepted_ticks: None })
     }
 
-    /// Wraps an accepted connection.
+    /// Wraps an accepted connection (just accepted: [`Channel::watch_peer`] relies on it
+    /// on kernels without `SO_PEERPIDFD`).
     pub fn from_stream(sock: UnixStream) -> Self {
-        Self { sock, frame_timeout: None }
+        Self { sock, frame_timeout: None, accepted_ticks: crate::sys::process::boot_ticks().ok() }
     }
 
     /// Bounds how long a frame may take to arrive once it has begun, and how long a
@@ -142,6 +147,32 @@ impl Channel {
     pub fn peer(&self) -> Result<Peer> {
         let (uid, gid, pid) = sys::peer_credentials(&self.sock)?;
         Ok(Peer { uid, gid, pid })
+    }
+
+    /// Watches the process at the other end: the one that connected, never a later
+    /// process given its pid. `None` when it has exited already and the kernel has
+    /// nothing of it left to watch (it was reaped, on kernels before 6.16).
+    ///
+    /// The kernel hands out a pidfd of the peer it recorded at connect time
+    /// (`SO_PEERPIDFD`, Linux 6.5). Before 6.5 the pid from `SO_PEERCRED` is opened
+    /// instead, and a process there that started after the connection was accepted is
+    /// known not to be the peer (`None`); a pid reused between the peer's connect and
+    /// the accept is not told apart there.
+    pub fn watch_peer(&self) -> Result<Option<crate::process::ProcessWatch>> {
+        use crate::process::ProcessWatch;
+        use crate::sys::Errno;
+        match sys::peer_pidfd(&self.sock) {
+            Ok(fd) => return Ok(Some(ProcessWatch::from_pidfd(fd))),
+            // reaped before this call (6.5 to 6.15)
+            Err(e) if matches!(e.errno, Errno::INVAL | Errno::SRCH) => return Ok(None),
+            Err(e) if e.errno == Errno::NOPROTOOPT => {}
+            Err(e) => return Err(e.into()),
+        }
+        let (_, _, pid) = sys::peer_credentials(&self.sock)?;
+        match self.accepted_ticks {
+            Some(by) if pid > 0 => ProcessWatch::open_started_by(pid, by),
+            _ => Err(wire_err("peer", format!("its process (pid {pid}) cannot be told apart from a later one"))),
+        }
     }
 
     /// Sends one frame.
@@ -328,6 +359,10 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::process::{ProcessWatch, ScratchDir};
+    use crate::sys::process::{fork_run, wait_child};
+    use std::os::unix::net::{UnixListener, UnixStream};
+    use std::time::Duration;
 
     #[test]
     fn an_empty_advm_socket_counts_as_unset() {
@@ -346,5 +381,66 @@ mod tests {
             err.ends_with("a directory is there, not a socket (ADVM_SOCKET or --socket must name advmd's socket)"),
             "{err}"
         );
+    }
+
+    /// A process given pid `pid`, asleep until killed: `ns_last_pid` set just below it,
+    /// then a fork (another process may fork in between: a few tries). `None` where the
+    /// pid cannot be chosen (not root in the pid namespace's owner).
+    fn take_pid(pid: i32) -> Option<i32> {
+        for _ in 0..50 {
+            std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).ok()?;
+            let got = fork_run(|| {
+                std::thread::sleep(Duration::from_secs(60));
+                0
+            })
+            .ok()?;
+            if got == pid {
+                return Some(got);
+            }
+            let _ = crate::sys::sigsend::send(got, libc::SIGKILL);
+            let _ = wait_child(got);
+        }
+        None
+    }
+
+    /// A client that connects and exits before it is accepted, and a pid the kernel
+    /// gave to another process since: the watch is of the client, which has exited,
+    /// never of the process now holding its pid (what opening `SO_PEERCRED`'s pid
+    /// watched: a daemon kept a dead client's pages while that process lived).
+    #[test]
+    fn a_peer_that_exited_before_it_was_watched_is_never_the_process_given_its_pid() {
+        let dir = ScratchDir::new("advm-wire-peer").unwrap();
+        let path = dir.path().join("s");
+        let listener = UnixListener::bind(&path).unwrap();
+        let client = fork_run(|| UnixStream::connect(&path).map_or(1, |_| 0)).unwrap();
+        assert_eq!(wait_child(client).unwrap(), 0, "the client could not connect");
+        let gone = Channel::from_stream(listener.accept().unwrap().0);
+        // A process that starts now starts after the accept, clock ticks apart.
+        std::thread::sleep(Duration::from_millis(30));
+        let reused = take_pid(client);
+        let watch = gone.watch_peer().unwrap();
+        assert!(watch.map_or(true, |w| w.has_exited().unwrap()), "a client that exited is watched as living");
+        match reused {
+            Some(p) => {
+                let by_pid = ProcessWatch::open(p).unwrap();
+                assert!(!by_pid.has_exited().unwrap(), "the pid names a living process");
+                // Without SO_PEERPIDFD: the pid's process started after the accept.
+                let by = gone.accepted_ticks.unwrap();
+                assert!(
+                    ProcessWatch::open_started_by(p, by).unwrap().is_none(),
+                    "the later process taken for the peer"
+                );
+                crate::sys::sigsend::send(p, libc::SIGKILL).unwrap();
+                wait_child(p).unwrap();
+            }
+            None => eprintln!("pid reuse not tried: /proc/sys/kernel/ns_last_pid is not writable here"),
+        }
+        // A peer that lives is watched as living, either way.
+        let _me = UnixStream::connect(&path).unwrap();
+        let live = Channel::from_stream(listener.accept().unwrap().0);
+        assert!(!live.watch_peer().unwrap().unwrap().has_exited().unwrap());
+        let me = std::process::id() as i32;
+        let by = live.accepted_ticks.unwrap();
+        assert!(!ProcessWatch::open_started_by(me, by).unwrap().unwrap().has_exited().unwrap());
     }
 }

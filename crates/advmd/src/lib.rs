@@ -12,6 +12,7 @@
 mod error;
 pub mod merge_service;
 mod request;
+mod slot_set;
 
 use std::collections::HashMap;
 use std::io::ErrorKind;
@@ -389,9 +390,11 @@ fn not_a_socket(path: &Path, meta: &std::fs::Metadata) -> Result<(), DaemonError
 /// process when that process may still map its pages.
 fn serve_client(ch: Channel, services: &Services, timeout: Duration, hash_check_one_in: usize) -> Option<Kept> {
     let Ok(peer) = ch.peer() else { return None };
-    // Watched from the start: a pid looked up only once the connection closed may by
-    // then name another process.
-    let watch = (peer.pid > 0).then(|| advm::process::ProcessWatch::open(peer.pid).ok()).flatten();
+    // The process that connected, as the kernel recorded it then: its pid may name
+    // another process by now (it exited before this thread started, and the pid was
+    // reused), or by the time the connection closes. None: it has gone (or cannot be
+    // told), and its session is kept only while some process maps its pages.
+    let watch = ch.watch_peer().ok().flatten();
     let mut merge = merge_service::Session::new(peer, timeout, hash_check_one_in);
     loop {
         let frame = match ch.recv() {
@@ -515,7 +518,8 @@ fn keep_until_exit(services: &Services, from: &std::sync::mpsc::Receiver<Kept>, 
             };
             // The same process's earlier entry, unless that one has exited (its pid
             // reused since): then the new watch is kept, and the old entry goes below.
-            let live = kept.iter_mut().find(|(p, w, _)| *p == pid && !w.has_exited().unwrap_or(true));
+            // Pid 0 (a process in a namespace the daemon cannot see) names no one.
+            let live = kept.iter_mut().find(|(p, w, _)| pid > 0 && *p == pid && !w.has_exited().unwrap_or(true));
             match live {
                 Some((_, _, sessions)) => {
                     let mut left = Some(session);

@@ -33,6 +33,8 @@ use advm::merge::protocol::{Reply, Request, LATER, NO_SLOT};
 use advm::merge::{PageHashMap, SegmentMap, Store};
 use advm::wire::Peer;
 
+use crate::slot_set::SlotSet;
+
 /// A security domain: a uid, narrowed by a tag.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Domain {
@@ -172,6 +174,14 @@ impl Stores {
         v
     }
 
+    /// References the sessions of domain `d` hold on its store's pages (`None`: it has
+    /// no store).
+    pub fn references(&self, d: &Domain) -> Option<u64> {
+        let s = lock(&self.domains).get(d).cloned()?;
+        let refs = lock(&s.state).store.references();
+        Some(refs)
+    }
+
     /// Drops a domain's store when nobody uses it any more.
     fn close(&self, d: &Domain) {
         let mut map = lock(&self.domains);
@@ -188,8 +198,11 @@ impl Stores {
 pub struct Session {
     peer: Peer,
     open: Option<(Domain, Arc<Shared>)>,
-    /// One entry per reference this session holds.
-    held: Vec<u32>,
+    /// The slots this session holds a reference to, one each however often it was
+    /// handed a slot: a client merging the same pages again and again (each lookup
+    /// takes a reference) held a reference, and 4 bytes here, per page and lookup, so
+    /// the daemon's memory and the slots' counts grew for as long as it lived.
+    held: SlotSet,
     /// This session's id, and the hashes it claimed (some may have ended since).
     id: u64,
     claimed: Vec<u64>,
@@ -216,7 +229,7 @@ impl Session {
         Self {
             peer,
             open: None,
-            held: Vec::new(),
+            held: SlotSet::default(),
             id,
             claimed: Vec::new(),
             shown: HashSet::new(),
@@ -269,7 +282,7 @@ impl Session {
                         break;
                     }
                     if let Some(s) = g.store.find(h) {
-                        self.held.push(s);
+                        hold(&mut self.held, &mut g.store, s);
                         slots[k] = s;
                     } else if looking_only {
                         // Not stored: NO_SLOT.
@@ -290,7 +303,7 @@ impl Session {
                     let h = hashes[k];
                     loop {
                         if let Some(s) = g.store.find(h) {
-                            self.held.push(s);
+                            hold(&mut self.held, &mut g.store, s);
                             slots[k] = s;
                             break;
                         }
@@ -382,7 +395,7 @@ impl Session {
         };
         let room = room_pages(&g.store);
         let reply = result.and_then(|slots| {
-            self.held.extend(&slots);
+            hold_all(&mut self.held, &mut g.store, &slots);
             let segments = announce(&mut self.shown, &g.store, &slots)?;
             Ok(Reply::Added { slots, refusal: String::new(), room, segments })
         });
@@ -421,7 +434,7 @@ impl Session {
         let room = room_pages(&g.store);
         let reply = inserted.map(|r| match r {
             Ok(slots) => {
-                self.held.extend(&slots);
+                hold_all(&mut self.held, &mut g.store, &slots);
                 Reply::Added { slots, refusal: String::new(), room, segments: vec![] }
             }
             Err(full) => Reply::Added { slots: vec![NO_SLOT; n], refusal: full.to_string(), room, segments: vec![] },
@@ -455,20 +468,15 @@ impl Session {
         if !same {
             return Some(other);
         }
-        let mut mine: Vec<u32> = std::mem::take(&mut self.held);
-        mine.extend(std::mem::take(&mut other.held));
-        mine.sort_unstable();
-        let mut twice = Vec::new();
-        mine.dedup_by(|a, b| {
-            let dup = a == b;
-            if dup {
-                twice.push(*a);
+        // Pages both hold stay with the other, which releases them.
+        let mut twice = SlotSet::default();
+        for s in other.held.iter() {
+            if !self.held.insert(s) {
+                twice.insert(s);
             }
-            dup
-        });
-        self.held = mine;
-        self.shown.extend(other.shown.drain());
+        }
         other.held = twice;
+        self.shown.extend(other.shown.drain());
         other.end(stores);
         None
     }
@@ -492,7 +500,7 @@ impl Session {
             };
             match files {
                 Ok(f) => {
-                    let want: HashSet<u32> = s.held.iter().copied().collect();
+                    let want: HashSet<u32> = s.held.iter().collect();
                     checks.push((s, f, want, HashSet::new()));
                 }
                 // the files cannot be told: keep everything, try again later
@@ -509,12 +517,12 @@ impl Session {
         });
         for (mut s, _, _, mapped) in checks {
             let Some((_, store)) = &s.open else { continue };
-            let (mut kept, mut once) = (Vec::with_capacity(mapped.len()), HashSet::new());
+            let mut kept = SlotSet::default();
             {
                 let mut g = lock(&store.state);
-                for slot in std::mem::take(&mut s.held) {
-                    if mapped.contains(&slot) && once.insert(slot) {
-                        kept.push(slot);
+                for slot in s.held.iter() {
+                    if mapped.contains(&slot) {
+                        kept.insert(slot);
                     } else {
                         let _ = g.store.release(slot);
                     }
@@ -537,7 +545,7 @@ impl Session {
             {
                 let mut g = lock(&store.state);
                 g.unclaim(self.id, &self.claimed);
-                for slot in self.held {
+                for slot in self.held.iter() {
                     let _ = g.store.release(slot);
                 }
             }
@@ -545,6 +553,23 @@ impl Session {
             drop(store);
             stores.close(&domain);
         }
+    }
+}
+
+/// Records that the session holds `slot`, whose reference the store just took: one
+/// reference per session keeps the page for as long as the session needs it, so one
+/// taken again is given back at once.
+fn hold(held: &mut SlotSet, store: &mut Store, slot: u32) {
+    if !held.insert(slot) {
+        // another is held, so this never frees the page
+        let _ = store.release(slot);
+    }
+}
+
+/// [`hold`] for each slot an add handed out.
+fn hold_all(held: &mut SlotSet, store: &mut Store, slots: &[u32]) {
+    for &s in slots {
+        hold(held, store, s);
     }
 }
 

@@ -10,7 +10,7 @@ use advm::merge::Client;
 use advm::wire::Channel;
 
 mod common;
-use common::{distinct, threads};
+use common::{distinct, get, pipe, put, threads};
 
 /// The tests here run one at a time: one counts this process's threads and
 /// descriptors, which the other's daemon and pipes would add to.
@@ -80,24 +80,6 @@ fn a_process_closing_many_connections_keeps_no_slot_or_thread_for_them() {
     // The pages stay while this process lives, and its merged bytes with them.
     assert_eq!(d.services.merge.usage()[0].1.pages, 64);
     assert_eq!(buf.bytes(), &want[..]);
-}
-
-fn pipe() -> [i32; 2] {
-    let mut p = [0; 2];
-    // SAFETY: a pipe; its fds are ours.
-    assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
-    p
-}
-
-fn put(fd: i32, b: u8) -> bool {
-    // SAFETY: a byte from our stack to our pipe end.
-    unsafe { libc::write(fd, [b].as_ptr().cast(), 1) == 1 }
-}
-
-fn get(fd: i32) -> Option<u8> {
-    let mut b = [0u8];
-    // SAFETY: a byte from our pipe end into our stack.
-    (unsafe { libc::read(fd, b.as_mut_ptr().cast(), 1) } == 1).then_some(b[0])
 }
 
 /// A merging parent forks a child and exits; the child, which maps the parent's merged

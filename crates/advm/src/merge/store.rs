@@ -639,6 +639,11 @@ impl Store {
         Ok(())
     }
 
+    /// References taken on its pages and not yet released, over all its slots.
+    pub fn references(&self) -> u64 {
+        self.slots.iter().map(|&(_, refs)| u64::from(refs)).sum()
+    }
+
     /// What the store holds.
     pub fn usage(&self) -> StoreUsage {
         let ps = page_size() as u64;

@@ -1,5 +1,6 @@
 //! File descriptors handed to other processes: inherited across exec, or sent over a
-//! UNIX socket (`SCM_RIGHTS`) whose peer the kernel names (`SO_PEERCRED`).
+//! UNIX socket (`SCM_RIGHTS`) whose peer the kernel names (`SO_PEERCRED`,
+//! `SO_PEERPIDFD`).
 
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -29,6 +30,33 @@ pub fn dup_inheritable(fd: BorrowedFd<'_>) -> Result<OwnedFd, SysError> {
 pub fn peer_credentials(sock: &UnixStream) -> SysResult<(u32, u32, i32)> {
     let c = rustix::net::sockopt::socket_peercred(sock).map_err(|e| SysError::new("getsockopt(SO_PEERCRED)", e))?;
     Ok((c.uid.as_raw(), c.gid.as_raw(), c.pid.as_raw_nonzero().get()))
+}
+
+/// `SO_PEERPIDFD` (Linux 6.5; the libc crate does not export it): 77, but 0x56 on SPARC.
+#[cfg(not(any(target_arch = "sparc", target_arch = "sparc64")))]
+const SO_PEERPIDFD: libc::c_int = 77;
+#[cfg(any(target_arch = "sparc", target_arch = "sparc64"))]
+const SO_PEERPIDFD: libc::c_int = 0x56;
+
+/// A pidfd of the process at the other end of a UNIX socket, the one the kernel
+/// recorded at connect time (`SO_PEERPIDFD`, Linux 6.5): unlike `SO_PEERCRED`'s pid, it
+/// cannot name a later process that got the same pid. Since Linux 6.16 the kernel gives
+/// one for a peer already reaped too (it reads as exited); before, that fails with
+/// EINVAL (ESRCH on some versions). ENOPROTOOPT: the kernel predates it.
+pub fn peer_pidfd(sock: &UnixStream) -> SysResult<OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let mut fd: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes (one int) to `fd` and the length
+    // to `len`, both alive for the call; the socket is borrowed for it.
+    let r =
+        unsafe { libc::getsockopt(sock.as_raw_fd(), libc::SOL_SOCKET, SO_PEERPIDFD, (&raw mut fd).cast(), &mut len) };
+    if r != 0 {
+        return Err(SysError::last("getsockopt(SO_PEERPIDFD)"));
+    }
+    // SAFETY: on success the kernel installed a new descriptor (close-on-exec, as
+    // every pidfd) that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Sends all of `data` with `fds` attached to its first byte (`SCM_RIGHTS`).
