@@ -533,4 +533,9 @@ fn virtual_sizes_off_the_cluster_and_page_grid() {
             same(d, &name);
         }
     }
+    // A raw image is a disk of whole 512-byte sectors, the last padded with zeros.
+    // Before, one of 70,001 bytes read as 70,001 bytes (qemu-img convert gives 70,144).
+    fs::write(d.join("odd.raw"), (0..70_001u32).map(|i| (i % 251) as u8 + 1).collect::<Vec<u8>>()).unwrap();
+    same(d, "odd.raw");
+    assert_eq!(Image::open(d.join("odd.raw")).unwrap().virtual_size(), 70_144);
 }
