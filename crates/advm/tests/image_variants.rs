@@ -291,6 +291,31 @@ fn encrypted_layers_are_refused_where_their_data_would_be_read() {
             p.display()
         )
     );
+    // The old AES encryption (qemu-img still makes it; no key derivation to wait for).
+    run(
+        d,
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "--object",
+            secret,
+            "-o",
+            "encrypt.format=aes,encrypt.key-secret=sec0",
+            "aes.qcow2",
+            "1M",
+        ],
+    );
+    run(d, "qemu-io", &["--object", secret, "--image-opts", "-c", "write -P 0x11 0 4k", &key("aes.qcow2")]);
+    assert_eq!(
+        refused(d, "aes.qcow2", ImageOptions::default()),
+        format!(
+            "{}: cannot map guest 0x0+65536 (layer 0): layer is encrypted (AES); decryption is not supported",
+            d.join("aes.qcow2").display()
+        )
+    );
     // Nothing written: every cluster is unallocated, which qemu reads as zeros without
     // decrypting anything, and so does the mapping.
     let empty = key("empty.qcow2");
