@@ -11,16 +11,18 @@ writes with and without -u, discards, compressed writes, internal snapshots made
 reverted to, persistent bitmaps, a writer killed with lazy refcounts, resize, amend to
 v2, commit, rebase, convert -c), backing names relative or absolute, backing formats
 sometimes missing. Each chain is read with `advm image cat` (through the mapping) and
-with `qemu-img convert -O raw`.
+with `qemu-img convert -O raw`, and `advm image map` is compared with `qemu-img map`.
 
     python3 bench/image/sweep.py target/debug/advm 300 1 /tmp/qimg-sweep
 
-A defect is: differing bytes, a panic, a read over 20 s, or a refusal advm does not
+A defect is: differing bytes, a map that disagrees with qemu-img map, a panic, a read over 20 s, or a refusal advm does not
 mean to make (it refuses on purpose: external data files, encrypted data, probing raw
 without --allow-probed-raw is avoided here). Image `i` is seeded `SEED + i`; a defect's
 chain is kept in WORKDIR/defect-SEED.
 """
+import bisect
 import collections
+import json
 import os
 import random
 import shutil
@@ -187,6 +189,35 @@ def strip_backing_format(path):
             at += 8 + (n + 7) // 8 * 8
 
 
+def map_differences(work, top):
+    """Where `advm image map` disagrees with `qemu-img map` (depth; data, zero or
+    compressed; host offset), range by range, as crates/advm/tests/image.rs checks it:
+    qemu may call a hole of a layer file zero where advm maps it as data, and puts the
+    zeros after an odd-sized raw base up to the next sector in the base itself."""
+    q = json.loads(subprocess.run(["qemu-img", "map", "-U", "--output=json", top], cwd=work, capture_output=True,
+                                  check=True).stdout)
+    a = json.loads(subprocess.run([ADVM, "image", "map", "--json", "--allow-probed-raw", top], cwd=work,
+                                  capture_output=True, check=True).stdout)["extents"]
+    starts = [e["start"] for e in a]
+    out = []
+    for e in q:
+        g = e["start"]
+        while g < e["start"] + e["length"] and len(out) < 4:
+            x = a[bisect.bisect_right(starts, g) - 1]
+            end = min(e["start"] + e["length"], x["start"] + x["length"])
+            qoff = None if e.get("offset") is None else e["offset"] + (g - e["start"])
+            if x["kind"] == "data":
+                ok = (e["data"] or e["zero"]) and qoff == x["offset"] + (g - x["start"]) and x["depth"] == e["depth"]
+            elif x["kind"] == "compressed":
+                ok = e["data"] and qoff is None and x["depth"] == e["depth"]
+            else:
+                ok = e["zero"] and not e["data"] and (x["depth"] == e["depth"] or end - g < 512)
+            if not ok:
+                out.append(f"guest {g:#x}+{end - g}: advm {x}, qemu {e}")
+            g = end
+    return out
+
+
 def main():
     shutil.rmtree(ROOT, ignore_errors=True)
     work = f"{ROOT}/work"
@@ -223,6 +254,9 @@ def main():
             expect = open(f"{work}/expect.raw", "rb").read()
             if out == expect:
                 counts["equal"] += 1
+                differ = map_differences(work, top)
+                if differ:
+                    defect = "bytes equal, but the map differs from qemu-img map: " + "; ".join(differ)
             else:
                 at = next((j for j in range(min(len(expect), len(out))) if expect[j] != out[j]), None)
                 defect = f"bytes differ (first at {at}; sizes {len(out)} vs {len(expect)})"
