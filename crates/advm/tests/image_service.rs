@@ -353,3 +353,64 @@ fn a_daemon_that_closes_the_connection_is_named_not_a_broken_pipe() {
     h.join().unwrap();
     assert!(e.contains("advmd closed the connection before replying"), "{e}");
 }
+
+/// A chain on a block device is planned afresh for every request: the disk can be
+/// written through another node (a partition, a loop device's file, a node made with
+/// mknod, as here) while the node named keeps its ctime, so the key cannot see the
+/// change. Before, the second node's write left the cached plan served (stale: the
+/// cluster it allocated read as zeros).
+#[test]
+fn a_chain_on_a_block_device_written_through_another_node_is_never_served_stale() {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    if !have_qemu() {
+        return;
+    }
+    let d = Dir::new("blockdev-stale");
+    run(&d.0, "qemu-img", &["create", "-q", "-f", "qcow2", "-o", "cluster_size=64k", "b.qcow2", "1M"]);
+    run(&d.0, "qemu-io", &["-c", "write -P 0x11 0 64k", "b.qcow2"]);
+    // Room for the clusters qemu allocates later (a device does not grow).
+    fs::OpenOptions::new().write(true).open(d.0.join("b.qcow2")).unwrap().set_len(4 << 20).unwrap();
+    let losetup = std::process::Command::new("losetup").args(["-f", "--show"]).arg(d.0.join("b.qcow2")).output();
+    let dev = match losetup {
+        Ok(o) if o.status.success() => String::from_utf8(o.stdout).unwrap().trim().to_string(),
+        Ok(o) => return eprintln!("skipped: no loop device here: {}", String::from_utf8_lossy(&o.stderr).trim()),
+        Err(e) => return eprintln!("skipped: losetup: {e}"),
+    };
+    struct Detach(String);
+    impl Drop for Detach {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("losetup").arg("-d").arg(&self.0).status();
+        }
+    }
+    let _detach = Detach(dev.clone());
+    let meta = fs::metadata(&dev).unwrap();
+    assert!(meta.file_type().is_block_device());
+    // A second node of the same device, as mknod makes it.
+    let dup = d.0.join("dup");
+    let made = std::process::Command::new("mknod")
+        .arg(&dup)
+        .arg("b")
+        .arg((meta.rdev() >> 8 & 0xfff).to_string())
+        .arg((meta.rdev() & 0xff | (meta.rdev() >> 12 & 0xfff00)).to_string())
+        .status()
+        .unwrap();
+    assert!(made.success(), "mknod");
+    let dev = Path::new(&dev);
+    with_service(|sock, service| {
+        let mut buf = [0u8; 4];
+        let (first, _) = attach(sock, dev, false).unwrap();
+        first.read(advm::image::GuestOffset(0), &mut buf).unwrap();
+        assert_eq!(buf, [0x11; 4]);
+        drop(first);
+        let dev_ctime = || fs::metadata(dev).unwrap().ctime_nsec() + fs::metadata(dev).unwrap().ctime() * 1_000_000_000;
+        let before = dev_ctime();
+        let opts = format!("driver=qcow2,file.driver=host_device,file.filename={}", dup.display());
+        run(&d.0, "qemu-io", &["--image-opts", "-c", "write -P 0x22 128k 64k", &opts]);
+        assert_eq!(dev_ctime(), before, "{} changed although written through another node", dev.display());
+        let (after, cached) = attach(sock, dev, false).unwrap();
+        assert!(!cached, "a chain on a block device is planned for every request");
+        assert_eq!(service.computed(), 2);
+        after.read(advm::image::GuestOffset(128 << 10), &mut buf).unwrap();
+        assert_eq!(buf, [0x22; 4], "the cluster written through the other node");
+    });
+}

@@ -155,7 +155,9 @@ impl Layer {
     pub fn virtual_size(&self) -> u64 {
         match &self.driver {
             Driver::Qcow2(q) => q.size,
-            Driver::Raw => self.file_len,
+            // QEMU counts a raw disk in whole 512-byte sectors, the last one padded
+            // with zeros (a file of 70,001 bytes is a disk of 70,144).
+            Driver::Raw => self.file_len.div_ceil(512) * 512,
         }
     }
 

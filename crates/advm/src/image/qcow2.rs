@@ -383,7 +383,15 @@ impl Qcow2 {
                 Ok(if at >= self.file_len { Shallow::PastEof } else { Shallow::Data(at) })
             };
             if !self.extended_l2 {
-                return if self.version >= 3 && e & L2_ZERO != 0 {
+                return if e & L2_ZERO != 0 {
+                    // Bit 0 is reserved before version 3; QEMU fails such a read (EIO)
+                    // rather than guess between the host cluster, zeros and below.
+                    if self.version < 3 {
+                        return Err(format!(
+                            "cluster for guest {g:#x}: zero flag in a version 2 image (zero clusters need \
+                             version 3); QEMU reads it as corrupt"
+                        ));
+                    }
                     Ok(Shallow::Zero)
                 } else if host == 0 {
                     Ok(Shallow::Below)

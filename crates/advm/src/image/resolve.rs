@@ -31,8 +31,12 @@ impl Layer {
                 (a, len)
             }
             Driver::Raw => {
-                if guest >= self.file_len {
+                let end = self.virtual_size();
+                if guest >= end {
                     (Shallow::Eof, max)
+                } else if guest >= self.file_len {
+                    // The rest of the last sector: zeros of this layer.
+                    (Shallow::PastEof, max.min(end - guest))
                 } else {
                     let max = max.min(self.file_len - guest);
                     // Holes in a sparse raw file read as zeros and need no page cache.

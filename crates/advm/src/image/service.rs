@@ -20,7 +20,9 @@
 //! is opened for the request, so a layer rewritten, replaced or touched since is never
 //! served from a stale plan, even with its old mtime put back; the plan of the old
 //! version is dropped. A layer changed within the last 2 s is not cached at all: a
-//! second write within one clock tick would leave its ctime as it was.
+//! second write within one clock tick would leave its ctime as it was. Nor is a chain
+//! with a layer on a block device: written through another node of the same disk, its
+//! node's ctime stays as it was.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -240,6 +242,11 @@ fn settled(key: &[LayerKey], read_at: std::time::SystemTime) -> bool {
     })
 }
 
+fn on_block_device(file: &File) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    file.metadata().is_ok_and(|m| m.file_type().is_block_device())
+}
+
 impl Service {
     /// A service that maps chains under `options` (their `image` part decides which
     /// backing files may be followed).
@@ -281,7 +288,10 @@ impl Service {
         }
         let read_at = std::time::SystemTime::now();
         let key = key_of(&image)?;
-        let settled = settled(&key, read_at);
+        // A block device's node keeps its ctime while the disk is written through
+        // another node (a partition, a node made with mknod, a loop device's file):
+        // its key cannot see a change, so its plan is computed for every request.
+        let settled = settled(&key, read_at) && !image.layers().iter().any(|l| on_block_device(l.file()));
         let found = self.plans.lock().expect("no panics under the lock").get(&key);
         let cached = found.is_some();
         let served = match found {

@@ -200,10 +200,15 @@ fn plan(map: &ExtentMap, page: u64, image: &Image, slot_base: u64) -> Result<(Ve
                 _ => None,
             },
             ExtentKind::Unsupported { reason } => {
+                // A layer below the image opened is named: the reason is about it.
+                let layer = match e.depth {
+                    0 => "layer 0".to_string(),
+                    n => format!("layer {n}, {}", image.layers()[n].path().display()),
+                };
                 return Err(Error::Image {
                     path: path.to_path_buf(),
-                    why: format!("cannot map guest {}+{} (layer {}): {reason}", e.start, e.len, e.depth),
-                })
+                    why: format!("cannot map guest {}+{} ({layer}): {reason}", e.start, e.len),
+                });
             }
         };
         // The last page of a disk whose size is not page aligned is materialised, so
