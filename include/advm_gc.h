@@ -65,10 +65,11 @@ struct advm_gc_stats {
  * (EINVAL: below one page (4096); ENOMEM: above 1 TiB (SIZE_MAX included), or no
  * address space or overcommit for it).
  * The heap maps its spaces read-write up front (pages cost memory only once written):
- * 2 x heap_bytes in one mapping (4 x for a generational heap with copy_back), which
- * Linux's default overcommit heuristic refuses (ENOMEM) when larger than RAM + swap.
- * On a 24 GiB machine without swap: 8 GiB works, 16 GiB does not (4 and 8 GiB with
- * copy_back). */
+ * 3 x heap_bytes (up to 7 x for a generational heap with copy_back), mapped in pieces
+ * so that Linux's default overcommit heuristic, which refuses one mmap larger than
+ * RAM + swap, lets heaps larger than memory be made, as a JVM's -Xmx may be. Under
+ * strict overcommit (vm.overcommit_memory = 2) all of it is counted: ENOMEM past the
+ * commit limit. */
 advm_gc *advm_gc_new(size_t heap_bytes);
 
 /* Heap sizing of a generational heap (SML/NJ's policies, sizes in bytes). */

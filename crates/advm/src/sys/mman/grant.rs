@@ -474,7 +474,10 @@ impl RwMapping {
         let tail = span - head - len;
         // SAFETY: the whole span is our fresh reservation; nothing references it.
         unsafe {
-            mman::map_fixed(base as *mut u8, len, Prot::READ | Prot::WRITE, Share::Private, Backing::Anonymous)?;
+            if let Err(e) = mman::map_fixed_rw_anonymous(base as *mut u8, len) {
+                let _ = mman::munmap(ptr.as_ptr(), span);
+                return Err(e);
+            }
             if head > 0 {
                 mman::munmap(ptr.as_ptr(), head)?;
             }
@@ -563,5 +566,27 @@ mod tests {
         let b = m.bytes();
         assert!(b[..ps].iter().all(|&x| x == 0) && b[ps..4 * ps].iter().all(|&x| x == 9));
         assert!(b[4 * ps..6 * ps].iter().all(|&x| x == 0) && b[6 * ps..].iter().all(|&x| x == 9));
+    }
+
+    /// A mapping larger than RAM and swap together is made (pages are charged when
+    /// touched), as one VMA: one mmap of it was refused as an obvious overcommit.
+    #[test]
+    fn a_mapping_larger_than_ram_and_swap_is_one_vma() {
+        let kib = |key: &str| -> usize {
+            let text = std::fs::read_to_string("/proc/meminfo").unwrap();
+            let line = text.lines().find(|l| l.starts_with(key)).unwrap();
+            line.split_whitespace().nth(1).unwrap().parse().unwrap()
+        };
+        if std::fs::read_to_string("/proc/sys/vm/overcommit_memory").unwrap().trim() == "2" {
+            return eprintln!("skipped: strict overcommit (mode 2) refuses it, as it should");
+        }
+        let len = ((kib("MemTotal:") + kib("SwapTotal:")) * 1024 * 2).next_multiple_of(1 << 30);
+        let mut m = RwMapping::new(len, 2 << 20, false).unwrap();
+        let vma = crate::sys::procmap::query(m.addr()).unwrap().unwrap();
+        // (a neighbour of the same kind may have merged into it)
+        assert!(vma.start <= m.addr() && vma.end >= m.addr() + len, "{vma:?}");
+        let last = m.len() - 1;
+        m.bytes_mut()[last] = 1;
+        assert_eq!(m.bytes()[last], 1);
     }
 }

@@ -190,6 +190,26 @@ pub unsafe fn map_fixed(addr: *mut u8, len: usize, prot: Prot, share: Share, bac
     r.map(|_| ()).map_err(|e| SysError::new("mmap(MAP_FIXED)", e))
 }
 
+/// Maps fresh private anonymous memory read-write over `[addr, addr+len)`, in pieces
+/// of at most a GiB. Pages are charged when touched, but in the kernel's default
+/// overcommit mode one mmap larger than RAM + swap is refused outright as an "obvious
+/// overcommit" (a heap's spaces, mapped whole up front, made a 12 GiB heap fail on a
+/// 24 GiB machine); the pieces pass, and merge into one VMA.
+///
+/// # Safety
+/// As [`map_fixed`].
+pub unsafe fn map_fixed_rw_anonymous(addr: *mut u8, len: usize) -> SysResult<()> {
+    const PIECE: usize = 1 << 30;
+    let mut off = 0;
+    while off < len {
+        let n = (len - off).min(PIECE);
+        // SAFETY: forwarded caller guarantee, for a part of the range.
+        unsafe { map_fixed(addr.add(off), n, Prot::READ | Prot::WRITE, Share::Private, Backing::Anonymous) }?;
+        off += n;
+    }
+    Ok(())
+}
+
 /// Unmaps `[addr, addr+len)`.
 ///
 /// # Safety

@@ -103,7 +103,7 @@ impl Reservation {
     pub fn commit(&self, off: usize, len: usize) -> SysResult<()> {
         let addr = self.range("mmap(MAP_FIXED)", off, len)?;
         // SAFETY: as in map_fixed above: the range is ours.
-        unsafe { mman::map_fixed(addr, len, Prot::READ | Prot::WRITE, Share::Private, Backing::Anonymous) }
+        unsafe { mman::map_fixed_rw_anonymous(addr, len) }
     }
 
     /// Returns `[off, off+len)` to the reserved state (`PROT_NONE`, no memory); any
