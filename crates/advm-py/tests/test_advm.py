@@ -4,7 +4,7 @@ import mmap
 import os
 import pathlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -465,6 +465,18 @@ def test_help_says_what_every_result_field_means() -> None:
     assert all(f"``{k}``" in (advm.vcopy_stats.__doc__ or "") for k in ("vcopies", "pages_shared", "bytes_copied"))
 
 
+@pytest.fixture
+def ctrl_c_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt, as in a Python started from a terminal: one
+    started with SIGINT ignored (a script's `&` job, some CI runners) keeps it
+    ignored, and Ctrl-C would not reach the code under test at all."""
+    import signal
+
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 def interrupt_soon(after: float) -> None:
     import signal
     import threading
@@ -472,7 +484,7 @@ def interrupt_soon(after: float) -> None:
     threading.Timer(after, os.kill, (os.getpid(), signal.SIGINT)).start()
 
 
-def test_ctrl_c_stops_a_long_merge_between_pieces_and_changes_no_byte() -> None:
+def test_ctrl_c_stops_a_long_merge_between_pieces_and_changes_no_byte(ctrl_c_raises: None) -> None:
     # Ctrl-C came through only when the whole merge (or copy) returned: 1.2 s for
     # 1 GiB, 15 s for a 14 GiB model's weights; it is raised between 128 MiB pieces now.
     n = 512 << 20
@@ -492,7 +504,7 @@ def test_ctrl_c_stops_a_long_merge_between_pieces_and_changes_no_byte() -> None:
     assert np.array_equal(again[::512], before)
 
 
-def test_ctrl_c_stops_a_long_first_vcopy_and_frees_its_block() -> None:
+def test_ctrl_c_stops_a_long_first_vcopy_and_frees_its_block(ctrl_c_raises: None) -> None:
     import signal
     import threading
 
