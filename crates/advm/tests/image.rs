@@ -8,7 +8,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 mod qemu;
-use qemu::{have_qemu, run, Dir, Holder};
+use qemu::{have_qemu, patch, run, strip_backing_format, Dir, Holder, LoopDevice};
 
 use advm::image::{ExtentKind, GuestOffset, Image, ImageSpace, MapOptions, OverBudget, PmemBacking};
 
@@ -369,10 +369,6 @@ fn open_err(path: &Path) -> String {
         Ok(_) => panic!("{} opened", path.display()),
         Err(e) => e.to_string(),
     }
-}
-
-fn patch(path: &Path, at: u64, bytes: &[u8]) {
-    fs::OpenOptions::new().write(true).open(path).unwrap().write_all_at(bytes, at).unwrap();
 }
 
 #[test]
@@ -799,23 +795,6 @@ fn an_l2_table_named_by_two_l1_entries_is_refused() {
     );
 }
 
-/// Removes the backing-format extension of a qcow2 made by qemu-img (its type
-/// becomes one nobody knows, which readers skip), as old images without one have.
-fn strip_backing_format(path: &Path) {
-    let bytes = fs::read(path).unwrap();
-    let mut at = u32::from_be_bytes(bytes[100..104].try_into().unwrap()) as usize;
-    loop {
-        let ty = u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap());
-        let len = u32::from_be_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
-        assert_ne!(ty, 0, "no backing format extension in {}", path.display());
-        if ty == 0xe279_2aca {
-            patch(path, at as u64, &0x0bad_0bad_u32.to_be_bytes());
-            return;
-        }
-        at += 8 + len.div_ceil(8) * 8;
-    }
-}
-
 #[test]
 fn backing_files_outside_the_image_directory_are_refused() {
     if !have_qemu() {
@@ -1063,20 +1042,8 @@ fn a_qcow2_image_on_a_block_device_is_qcow2() {
     // a whole number of 512-byte sectors, so the loop device holds all of it
     let len = fs::metadata(d.join("b.qcow2")).unwrap().len();
     fs::OpenOptions::new().write(true).open(d.join("b.qcow2")).unwrap().set_len(len.div_ceil(4096) * 4096).unwrap();
-    let attach =
-        std::process::Command::new("losetup").args(["-f", "--show", "--read-only"]).arg(d.join("b.qcow2")).output();
-    let dev = match attach {
-        Ok(o) if o.status.success() => String::from_utf8(o.stdout).unwrap().trim().to_string(),
-        Ok(o) => return eprintln!("skipped: no loop device here: {}", String::from_utf8_lossy(&o.stderr).trim()),
-        Err(e) => return eprintln!("skipped: losetup: {e}"),
-    };
-    struct Detach(String);
-    impl Drop for Detach {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("losetup").arg("-d").arg(&self.0).status();
-        }
-    }
-    let _detach = Detach(dev.clone());
+    let Some(lo) = LoopDevice::attach(&d.join("b.qcow2"), true) else { return };
+    let dev = lo.0.clone();
     let img = Image::open(&dev).unwrap();
     assert_eq!(img.virtual_size(), 4 << 20, "{dev} read as raw: {img:?}");
     let mut buf = vec![0u8; 128 << 10];

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 mod qemu;
-use qemu::{have_qemu, run, Dir};
+use qemu::{have_qemu, run, Dir, LoopDevice};
 
 use advm::image::service::{attach, serve_connection, Reply, Request, Service};
 use advm::image::{ImageSpace, MapOptions};
@@ -370,19 +370,8 @@ fn a_chain_on_a_block_device_written_through_another_node_is_never_served_stale(
     run(&d.0, "qemu-io", &["-c", "write -P 0x11 0 64k", "b.qcow2"]);
     // Room for the clusters qemu allocates later (a device does not grow).
     fs::OpenOptions::new().write(true).open(d.0.join("b.qcow2")).unwrap().set_len(4 << 20).unwrap();
-    let losetup = std::process::Command::new("losetup").args(["-f", "--show"]).arg(d.0.join("b.qcow2")).output();
-    let dev = match losetup {
-        Ok(o) if o.status.success() => String::from_utf8(o.stdout).unwrap().trim().to_string(),
-        Ok(o) => return eprintln!("skipped: no loop device here: {}", String::from_utf8_lossy(&o.stderr).trim()),
-        Err(e) => return eprintln!("skipped: losetup: {e}"),
-    };
-    struct Detach(String);
-    impl Drop for Detach {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("losetup").arg("-d").arg(&self.0).status();
-        }
-    }
-    let _detach = Detach(dev.clone());
+    let Some(lo) = LoopDevice::attach(&d.0.join("b.qcow2"), false) else { return };
+    let dev = lo.0.clone();
     let meta = fs::metadata(&dev).unwrap();
     assert!(meta.file_type().is_block_device());
     // A second node of the same device, as mknod makes it.

@@ -8,7 +8,7 @@ use std::fs;
 use std::path::Path;
 
 mod qemu;
-use qemu::{have_qemu, run, Dir};
+use qemu::{have_qemu, patch, run, strip_backing_format, Dir};
 
 use std::os::unix::net::UnixStream;
 
@@ -421,11 +421,6 @@ fn l2_entry_at(path: &Path, index: u64) -> u64 {
     (be64(l1) & 0x00ff_ffff_ffff_fe00) + index * 8
 }
 
-fn patch(path: &Path, at: u64, bytes: &[u8]) {
-    use std::os::unix::fs::FileExt;
-    fs::OpenOptions::new().write(true).open(path).unwrap().write_all_at(bytes, at).unwrap();
-}
-
 #[test]
 fn the_corrupt_bit_and_zero_clusters_in_v2_images_are_refused() {
     if !have_qemu() {
@@ -533,23 +528,6 @@ fn backing_chains_as_qemu_reads_them() {
     create(i, "v2.qcow2", "compat=0.10,cluster_size=4k", Some(("top.qcow2", "qcow2")), None);
     io(i, "v2.qcow2", &["write -P 0x66 0 64k".into(), "discard 8k 8k".into(), "write -z 32k 4k".into()]);
     same(i, "v2.qcow2");
-}
-
-/// Removes the backing-format extension of a qcow2 made by qemu-img (its type
-/// becomes one nobody knows, which readers skip), as old images without one have.
-fn strip_backing_format(path: &Path) {
-    let bytes = fs::read(path).unwrap();
-    let mut at = u32::from_be_bytes(bytes[100..104].try_into().unwrap()) as usize;
-    loop {
-        let ty = u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap());
-        let len = u32::from_be_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
-        assert_ne!(ty, 0, "no backing format extension in {}", path.display());
-        if ty == 0xe279_2aca {
-            patch(path, at as u64, &0x0bad_0bad_u32.to_be_bytes());
-            return;
-        }
-        at += 8 + len.div_ceil(8) * 8;
-    }
 }
 
 #[test]

@@ -109,3 +109,62 @@ impl Drop for Holder {
         let _ = self.0.wait();
     }
 }
+
+/// Writes `bytes` at `at` in the file at `path`.
+#[allow(dead_code)]
+pub fn patch(path: &Path, at: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    fs::OpenOptions::new().write(true).open(path).unwrap().write_all_at(bytes, at).unwrap();
+}
+
+/// Removes the backing-format extension of a qcow2 made by qemu-img (its type
+/// becomes one nobody knows, which readers skip), as old images without one have.
+#[allow(dead_code)]
+pub fn strip_backing_format(path: &Path) {
+    let bytes = fs::read(path).unwrap();
+    let mut at = u32::from_be_bytes(bytes[100..104].try_into().unwrap()) as usize;
+    loop {
+        let ty = u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap());
+        let len = u32::from_be_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
+        assert_ne!(ty, 0, "no backing format extension in {}", path.display());
+        if ty == 0xe279_2aca {
+            patch(path, at as u64, &0x0bad_0bad_u32.to_be_bytes());
+            return;
+        }
+        at += 8 + len.div_ceil(8) * 8;
+    }
+}
+
+/// A loop device over a file, detached on drop.
+#[allow(dead_code)]
+pub struct LoopDevice(pub String);
+
+#[allow(dead_code)]
+impl LoopDevice {
+    /// Attaches `file` (read-only when asked); `None`, with the skip printed, where no
+    /// loop device can be set up.
+    pub fn attach(file: &Path, read_only: bool) -> Option<Self> {
+        let mut cmd = Command::new("losetup");
+        cmd.args(["-f", "--show"]);
+        if read_only {
+            cmd.arg("--read-only");
+        }
+        match cmd.arg(file).output() {
+            Ok(o) if o.status.success() => Some(Self(String::from_utf8(o.stdout).unwrap().trim().to_string())),
+            Ok(o) => {
+                eprintln!("skipped: no loop device here: {}", String::from_utf8_lossy(&o.stderr).trim());
+                None
+            }
+            Err(e) => {
+                eprintln!("skipped: losetup: {e}");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").arg("-d").arg(&self.0).status();
+    }
+}
