@@ -140,7 +140,8 @@ pub struct RunArgs {
     /// The QEMU program.
     #[arg(long, default_value = "qemu-system-x86_64")]
     pub qemu: String,
-    /// Extra QEMU arguments.
+    /// Extra QEMU arguments, after advm's (-qmp, -smp, -device...); the options advm
+    /// sets itself (-m, -kernel, -initrd, -append, -accel, -machine) are refused.
     #[arg(last = true)]
     pub extra: Vec<String>,
 }
