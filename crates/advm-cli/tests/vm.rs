@@ -4,6 +4,7 @@
 //! bad input.
 
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -13,6 +14,15 @@ mod common;
 use common::{dir, have, run};
 
 const ADVM: &str = env!("CARGO_BIN_EXE_advm");
+
+/// A kernel and an initramfs in `d` that pass `advm vm run`'s checks (a bzImage
+/// header's `HdrS` at 0x202; a cpio archive's magic) for runs whose QEMU is a stand-in.
+fn boot_files(d: &Path) {
+    let mut kernel = vec![0u8; 1024];
+    kernel[0x202..0x206].copy_from_slice(b"HdrS");
+    std::fs::write(d.join("vmlinuz"), kernel).unwrap();
+    std::fs::write(d.join("initrd.img"), b"070701").unwrap();
+}
 
 fn chain(d: &Path) {
     run(d, "qemu-img", &["create", "-q", "-f", "raw", "base.raw", "3M"]);
@@ -229,8 +239,7 @@ fn run_refuses_a_missing_qemu_kernel_or_chain_with_what_is_missing() {
     }
     let (okay, e) = advm(&["vm", "run", "--image", img.to_str().unwrap()]);
     assert!(!okay && e.contains("vmlinuz") && e.contains("advm vm image build"), "{e}");
-    std::fs::write(d.0.join("vmlinuz"), b"k").unwrap();
-    std::fs::write(d.0.join("initrd.img"), b"i").unwrap();
+    boot_files(&d.0);
     // A chain whose backing layer is gone: the missing layer is named.
     let base = d.0.join("base.qcow2");
     let made = |args: &[&str]| Command::new("qemu-img").args(args).status().is_ok_and(|s| s.success());
@@ -258,8 +267,7 @@ fn run_follows_a_backing_file_outside_the_overlays_directory_when_allowed() {
     let base = base_dir.0.join("app.qcow2");
     run(&base_dir.0, "qemu-img", &["create", "-q", "-f", "qcow2", "app.qcow2", "16M"]);
     run(&d.0, "qemu-img", &["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", base.to_str().unwrap(), "my.qcow2"]);
-    std::fs::write(d.0.join("vmlinuz"), b"k").unwrap();
-    std::fs::write(d.0.join("initrd.img"), b"i").unwrap();
+    boot_files(&d.0);
     let img = d.0.join("my.qcow2");
     let vm_run = |extra: &[&str]| {
         let mut args = vec!["vm", "run", "--image", img.to_str().unwrap(), "--accel", "tcg", "--qemu", "/bin/false"];
@@ -288,9 +296,7 @@ fn blk_names_the_top_layers_format_and_escapes_commas_for_qemu() {
     let d = dir("blk-raw");
     let sub = d.0.join("vm,1");
     std::fs::create_dir(&sub).unwrap();
-    for f in ["vmlinuz", "initrd.img"] {
-        std::fs::write(sub.join(f), b"k").unwrap();
-    }
+    boot_files(&sub);
     std::fs::write(sub.join("disk.raw"), vec![0u8; 1 << 20]).unwrap();
     let qemu = d.0.join("qemu");
     let argv = d.0.join("argv");
@@ -312,6 +318,35 @@ fn blk_names_the_top_layers_format_and_escapes_commas_for_qemu() {
     let drive = argv.lines().find(|l| l.starts_with("file=")).unwrap_or_else(|| panic!("no -drive: {argv}"));
     let canon = sub.canonicalize().unwrap().join("disk.raw").display().to_string().replace(',', ",,");
     assert_eq!(drive, format!("file={canon},if=none,id=disk0,format=raw,snapshot=on"));
+    if !have("qemu-img") {
+        return;
+    }
+    // A top reached through a symlink (`ln -s ~/.cache/advm/vm/app.qcow2 my/`) whose
+    // relative backing name then means the file beside the link, as QEMU reads it and
+    // as advm mapped it for pmem: QEMU is given the link, not its target (it was given
+    // the target, and read the base beside that: another disk).
+    let (link_dir, target_dir) = (d.0.join("mine"), d.0.join("cache"));
+    for dir in [&link_dir, &target_dir] {
+        std::fs::create_dir(dir).unwrap();
+        run(dir, "qemu-img", &["create", "-q", "-f", "qcow2", "base.qcow2", "1M"]);
+    }
+    run(&target_dir, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "app.qcow2"]);
+    std::os::unix::fs::symlink(target_dir.join("app.qcow2"), link_dir.join("app.qcow2")).unwrap();
+    boot_files(&link_dir);
+    let out = Command::new(ADVM)
+        .args(["vm", "run", "--image", "app.qcow2", "--disk", "blk", "--accel", "tcg"])
+        .args(["--qemu", qemu.to_str().unwrap()])
+        .current_dir(&link_dir)
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&out.stderr);
+    if let Some(kept) = e.lines().find_map(|l| l.strip_prefix("advm vm run: console and logs kept in ")) {
+        let _ = std::fs::remove_dir_all(kept.trim());
+    }
+    let argv = std::fs::read_to_string(d.0.join("argv")).unwrap();
+    let drive = argv.lines().find(|l| l.starts_with("file=")).unwrap_or_else(|| panic!("no -drive: {e} {argv}"));
+    let link = link_dir.join("app.qcow2").display().to_string().replace(',', ",,");
+    assert_eq!(drive, format!("file={link},if=none,id=disk0,format=qcow2,snapshot=on"));
 }
 
 /// Disks refused before QEMU starts say why and leave no work directory "kept" (one
@@ -320,9 +355,7 @@ fn blk_names_the_top_layers_format_and_escapes_commas_for_qemu() {
 #[test]
 fn an_empty_or_unmappable_disk_is_refused_before_qemu_starts_and_leaves_no_directory() {
     let d = dir("empty-disk");
-    for f in ["vmlinuz", "initrd.img"] {
-        std::fs::write(d.0.join(f), b"k").unwrap();
-    }
+    boot_files(&d.0);
     let empty = d.0.join("empty.img");
     std::fs::write(&empty, b"").unwrap();
     let vm_run = |img: &Path, disk: &str| {
@@ -386,9 +419,7 @@ fn run_takes_max_materialised_for_compressed_images() {
     if !have("qemu-img") || !have("qemu-io") {
         return;
     }
-    for f in ["vmlinuz", "initrd.img"] {
-        std::fs::write(d.0.join(f), b"k").unwrap();
-    }
+    boot_files(&d.0);
     run(&d.0, "qemu-img", &["create", "-q", "-f", "raw", "r.raw", "4M"]);
     run(&d.0, "qemu-io", &["-f", "raw", "-c", "write -P 0x11 0 2M", "r.raw"]);
     run(&d.0, "qemu-img", &["convert", "-c", "-O", "qcow2", "r.raw", "c.qcow2"]);
@@ -416,8 +447,7 @@ fn run_takes_max_materialised_for_compressed_images() {
 #[test]
 fn accel_kvm_says_why_when_dev_kvm_cannot_run_the_guest() {
     let d = dir("kvm");
-    std::fs::write(d.0.join("vmlinuz"), b"k").unwrap();
-    std::fs::write(d.0.join("initrd.img"), b"i").unwrap();
+    boot_files(&d.0);
     if !have("qemu-system-x86_64") {
         return;
     }
@@ -668,4 +698,123 @@ fn a_merged_pmem_guest_maps_its_ram_from_the_store_and_keeps_answering() {
     assert!(m["wall_s"].as_f64().unwrap() > 0.0 && m["agent_cpu_s"].as_f64().is_some(), "{m}");
     assert!(maps.contains("advm-merge-local"), "guest RAM maps no store page:\n{maps}");
     assert!(!answer.is_empty(), "the guest stopped answering after the merge");
+}
+
+/// A kernel or initramfs that is not one, and extra QEMU arguments repeating one advm
+/// sets itself, are refused before QEMU starts, saying what is wrong (QEMU said "linux
+/// kernel too old to load a ram disk" for a text file; `-- -m 512` under pmem made
+/// QEMU refuse the device for "not enough space ... for memory devices").
+#[test]
+fn run_refuses_a_kernel_or_initrd_that_is_not_one_and_extra_arguments_advm_sets() {
+    let d = dir("not-a-kernel");
+    boot_files(&d.0);
+    std::fs::write(d.0.join("disk.raw"), vec![0u8; 1 << 20]).unwrap();
+    std::fs::write(d.0.join("notes.txt"), b"not a kernel\n").unwrap();
+    let vm_run = |extra: &[&str]| {
+        let out = Command::new(ADVM)
+            .args(["vm", "run", "--image", d.0.join("disk.raw").to_str().unwrap(), "--accel", "tcg"])
+            .args(["--qemu", "/bin/false"])
+            .args(extra)
+            .env("ADVM_SOCKET", d.0.join("no-advmd.sock"))
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let notes = d.0.join("notes.txt");
+    let (okay, e) = vm_run(&["--kernel", notes.to_str().unwrap()]);
+    assert!(!okay && e.contains("notes.txt: not a kernel QEMU boots") && e.contains("--kernel"), "{e}");
+    let (okay, e) = vm_run(&["--initrd", notes.to_str().unwrap()]);
+    assert!(!okay && e.contains("notes.txt: not an initramfs") && e.contains("--initrd"), "{e}");
+    let (okay, e) = vm_run(&["--", "-S", "-m", "512"]);
+    assert!(!okay && e.contains("extra QEMU argument -m") && e.contains("use --mem"), "{e}");
+    for (okay, e) in [vm_run(&["--kernel", notes.to_str().unwrap()]), vm_run(&["--", "-append", "quiet"])] {
+        assert!(!okay && !e.contains("kept in"), "refused before anything was made: {e}");
+    }
+}
+
+/// Stands in for QEMU: answers HTTP on the port `advm vm run` forwards to the guest's
+/// service until the file `$FAKE_QEMU_STOP` exists, then exits with status 3.
+const FAKE_QEMU: &str = r#"#!/usr/bin/env python3
+import os, re, socket, sys, time
+port = int(re.search(r"hostfwd=tcp:127.0.0.1:(\d+)-", " ".join(sys.argv)).group(1))
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", port))
+s.listen()
+s.settimeout(0.1)
+while not os.path.exists(os.environ["FAKE_QEMU_STOP"]):
+    try:
+        c, _ = s.accept()
+    except socket.timeout:
+        continue
+    c.recv(4096)
+    c.sendall(b"HTTP/1.0 200 OK\r\n\r\nfake guest\n")
+    c.close()
+sys.exit(3)
+"#;
+
+/// After the guest answered: a layer of the chain written in place is reported on
+/// stderr (the guest would read the new bytes); QEMU failing then is an error and a
+/// non-zero exit (it was printed and advm exited 0); a SIGTERM stops the VM with exit 0
+/// and no work directory. QEMU is a stand-in ([`FAKE_QEMU`]): no guest boots.
+#[test]
+fn after_ready_a_layer_written_in_place_is_reported_and_qemus_failure_is_advms() {
+    if !have("qemu-img") || !have("python3") {
+        return;
+    }
+    let d = dir("after-ready");
+    boot_files(&d.0);
+    run(&d.0, "qemu-img", &["create", "-q", "-f", "raw", "base.raw", "1M"]);
+    run(&d.0, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "base.raw", "-F", "raw", "top.qcow2"]);
+    let qemu = d.0.join("qemu");
+    std::fs::write(&qemu, FAKE_QEMU).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&qemu, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let stop = d.0.join("stop");
+    let start = |disk: &str| {
+        let mut vm = Command::new(ADVM)
+            .args(["vm", "run", "--image", d.0.join("top.qcow2").to_str().unwrap(), "--disk", disk])
+            .args(["--accel", "tcg", "--qemu", qemu.to_str().unwrap()])
+            .env("ADVM_SOCKET", d.0.join("no-advmd.sock"))
+            .env("FAKE_QEMU_STOP", &stop)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut ready = String::new();
+        BufReader::new(vm.stdout.take().unwrap()).read_line(&mut ready).unwrap();
+        if !ready.starts_with("ready: ") {
+            let mut err = vm.stderr.take().unwrap();
+            give_up(&mut vm, &mut err, &format!("no ready line ({ready:?}): "));
+        }
+        vm
+    };
+    let finish = |mut vm: std::process::Child| {
+        let mut err = String::new();
+        vm.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        let status = vm.wait().unwrap();
+        let workdir = std::env::temp_dir().join(format!("advm-vm-{}", vm.id()));
+        let kept = workdir.exists();
+        let _ = std::fs::remove_dir_all(&workdir);
+        (status, err, kept)
+    };
+    for disk in ["pmem", "blk"] {
+        let _ = std::fs::remove_file(&stop);
+        let vm = start(disk);
+        // written in place, a tick after the stamps were taken (the ctime is coarse)
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        std::fs::OpenOptions::new().write(true).open(d.0.join("base.raw")).unwrap().write_all_at(b"new", 4096).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(700));
+        std::fs::write(&stop, b"").unwrap();
+        let (status, err, kept) = finish(vm);
+        assert!(err.contains("warning: layer ") && err.contains("base.raw was written in place"), "{disk}: {err}");
+        assert_eq!(err.matches("written in place").count(), 1, "{disk}: once: {err}");
+        assert!(err.contains("QEMU exited (exit status: 3) after the guest's service had answered"), "{disk}: {err}");
+        assert!(!status.success() && kept, "{disk}: {status}: {err}");
+    }
+    let _ = std::fs::remove_file(&stop);
+    let vm = start("pmem");
+    advm::process::terminate(vm.id()).unwrap();
+    let (status, err, kept) = finish(vm);
+    assert!(status.success() && !kept && !err.contains("written in place"), "{status}: {err}");
 }

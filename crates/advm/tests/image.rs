@@ -1258,3 +1258,37 @@ fn header_extensions_end_where_the_backing_name_starts() {
         format!("{}: backing file name offset 0x10008 is past the first cluster (65536 bytes)", p.display())
     );
 }
+
+/// A layer written in place is seen as changed (a process mapping it would read the
+/// new bytes); one with another file put in its place under its name is not (the open
+/// layer, and its mappings, still read the old one), though its ctime moved.
+#[test]
+fn a_layer_written_in_place_is_changed_and_one_replaced_under_its_name_is_not() {
+    let dir = Dir::new("stamp");
+    let d = &dir.0;
+    // the times come from a coarse clock: a tick passes before each change
+    let tick = || std::thread::sleep(std::time::Duration::from_millis(30));
+    fs::write(d.join("disk.raw"), vec![7u8; 64 * 1024]).unwrap();
+    let image = Image::open(d.join("disk.raw")).unwrap();
+    let before = image.layers()[0].stamp().unwrap();
+    tick();
+    fs::write(d.join("new.raw"), vec![9u8; 64 * 1024]).unwrap();
+    fs::rename(d.join("new.raw"), d.join("disk.raw")).unwrap();
+    let after = image.layers()[0].stamp().unwrap();
+    assert!(!before.changed_in_place(&after), "{before:?} -> {after:?}");
+    let image = Image::open(d.join("disk.raw")).unwrap();
+    let before = image.layers()[0].stamp().unwrap();
+    tick();
+    let f = fs::OpenOptions::new().write(true).open(d.join("disk.raw")).unwrap();
+    f.write_all_at(b"x", 4096).unwrap();
+    let after = image.layers()[0].stamp().unwrap();
+    assert!(before.changed_in_place(&after) && after.ino == before.ino, "{before:?} -> {after:?}");
+    // written, then its mtime put back: the ctime still says so
+    tick();
+    f.write_all_at(b"y", 4096).unwrap();
+    f.set_modified(std::time::UNIX_EPOCH + std::time::Duration::new(after.mtime.0 as u64, after.mtime.1 as u32))
+        .unwrap();
+    let put_back = image.layers()[0].stamp().unwrap();
+    assert_eq!(put_back.mtime, after.mtime);
+    assert!(after.changed_in_place(&put_back), "{after:?} -> {put_back:?}");
+}

@@ -65,6 +65,39 @@ pub const BALLOON: &str = "virtio-balloon-pci,free-page-reporting=on";
 /// 11748 with `nokaslr`, 13097 with `norandmaps` too, 13876 with all three.
 pub const NO_ASLR: &str = "nokaslr norandmaps PYTHONHASHSEED=0";
 
+/// QEMU options that `advm vm run` gives itself, each with what to use instead. Given
+/// again after `--`, QEMU merges or overrides them and the VM breaks in ways that do
+/// not name the cause: another `-m` keeps advm's `maxmem` and leaves no room for the
+/// pmem device ("not enough space ... for memory devices"), another `-append` drops
+/// `advm.root` and the initramfs mounts the wrong disk, another `-kernel` or `-accel`
+/// quietly wins or loses against advm's.
+const OWN_OPTIONS: [(&str, &str); 8] = [
+    ("-m", "--mem"),
+    ("-kernel", "--kernel"),
+    ("-initrd", "--initrd"),
+    ("-append", "nothing: the guest's command line is advm's (advm.root, the console; see docs/vm.md)"),
+    ("-accel", "--accel"),
+    ("-enable-kvm", "--accel kvm"),
+    ("-machine", "--accel and --ksm"),
+    ("-M", "--accel and --ksm"),
+];
+
+/// Refuses extra arguments (after `--`) that repeat an option advm sets itself
+/// ([`OWN_OPTIONS`]); QEMU takes `--opt` for `-opt`. The message names the option and
+/// what to use instead.
+pub fn check_extra(extra: &[String]) -> Result<(), String> {
+    for a in extra {
+        let opt = a.strip_prefix('-').unwrap_or(a);
+        if let Some((own, instead)) = OWN_OPTIONS.iter().find(|(o, _)| *a == *o || opt == *o) {
+            return Err(format!(
+                "extra QEMU argument {a}: advm vm run sets {own} itself (given twice, QEMU merges or overrides it \
+                 and the VM breaks without saying why); use {instead}"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The arguments after the program name.
 pub fn args(s: &Settings) -> Vec<String> {
     let root = match s.disk {
@@ -218,6 +251,22 @@ mod tests {
         assert!(has(&a, "-accel", "tcg,tb-size=24") && has(&a, "-cpu", "max"));
         assert!(has(&a, "-netdev", "user,id=net0,hostfwd=tcp:127.0.0.1:4321-:8000"));
         assert_eq!(a.last().map(String::as_str), Some("-S"));
+    }
+
+    #[test]
+    fn extra_arguments_may_not_repeat_advms_own_options() {
+        let extra = |a: &[&str]| check_extra(&a.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(
+            extra(&["-qmp", "unix:/tmp/q,server=on,wait=off", "-smp", "2", "-device", "virtio-rng-pci"]),
+            Ok(())
+        );
+        let e = extra(&["-S", "-m", "512"]).unwrap_err();
+        assert!(e.contains("extra QEMU argument -m") && e.contains("use --mem"), "{e}");
+        assert!(extra(&["--m", "512"]).unwrap_err().contains("use --mem"));
+        assert!(extra(&["-append", "quiet"]).unwrap_err().contains("advm.root"));
+        assert!(extra(&["-enable-kvm"]).unwrap_err().contains("--accel kvm"));
+        // option values are not options
+        assert_eq!(extra(&["-name", "m"]), Ok(()));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use advm::image::{Image, LayerFormat, MapOptions, PmemBacking, DUMP_DIR_ENV};
+use advm::image::{Image, LayerFormat, LayerStamp, MapOptions, PmemBacking, DUMP_DIR_ENV};
 
 use super::qemu::{self, Accel, Disk, Settings};
 use crate::CliError;
@@ -140,7 +140,8 @@ pub struct RunArgs {
     /// The QEMU program.
     #[arg(long, default_value = "qemu-system-x86_64")]
     pub qemu: String,
-    /// Extra QEMU arguments.
+    /// Extra QEMU arguments, after advm's (-qmp, -smp, -device...); the options advm
+    /// sets itself (-m, -kernel, -initrd, -append, -accel, -machine) are refused.
     #[arg(last = true)]
     pub extra: Vec<String>,
 }
@@ -154,6 +155,10 @@ pub struct Vm {
     pub started: Instant,
     /// Guest RAM in MiB, for [`memory_hint`].
     pub mem_mib: u64,
+    /// The chain as opened before QEMU started, each layer's stamp then, and whether a
+    /// change was reported: [`Vm::check_layers`].
+    image: Image,
+    stamps: Vec<(LayerStamp, bool)>,
     _backing: Option<PmemBacking>,
 }
 
@@ -279,7 +284,63 @@ pub fn preflight(image: &Path, qemu: &str, kernel: &Path, initrd: &Path) -> Resu
             )));
         }
     }
+    let head = |p: &Path| -> Result<Vec<u8>, CliError> {
+        let mut head = Vec::new();
+        std::fs::File::open(p)
+            .and_then(|f| f.take(BOOT_HEAD).read_to_end(&mut head))
+            .map_err(|e| CliError::Io(p.display().to_string(), e))?;
+        Ok(head)
+    };
+    if !is_kernel(&head(kernel)?) {
+        return Err(usage(format!(
+            "kernel {}: not a kernel QEMU boots (no bzImage header, ELF or multiboot header); pass the guest's \
+             vmlinuz with --kernel",
+            kernel.display()
+        )));
+    }
+    if !is_initramfs(&head(initrd)?) {
+        return Err(usage(format!(
+            "initrd {}: not an initramfs (neither a cpio archive nor one compressed with gzip, bzip2, lzma, xz, lzo, \
+             lz4 or zstd); pass the guest's initrd.img with --initrd",
+            initrd.display()
+        )));
+    }
     Ok(())
+}
+
+/// How much of a kernel or initramfs [`preflight`] reads: a multiboot header is within
+/// the first 8 KiB.
+const BOOT_HEAD: u64 = 8192;
+
+/// Whether `head` (a file's first [`BOOT_HEAD`] bytes) starts a kernel QEMU's `-kernel`
+/// loads on x86: a Linux bzImage (`HdrS` at 0x202), an ELF file (PVH), or a multiboot
+/// image. Anything else QEMU takes for a very old Linux and refuses with "linux kernel
+/// too old to load a ram disk", which does not say that the file is not a kernel.
+fn is_kernel(head: &[u8]) -> bool {
+    let bz = head.get(0x202..0x206) == Some(b"HdrS");
+    let multiboot = head.chunks_exact(4).any(|w| w == 0x1BAD_B002u32.to_le_bytes());
+    bz || head.starts_with(b"\x7fELF") || multiboot
+}
+
+/// Whether `head` starts an initramfs the kernel unpacks: a cpio archive (newc, crc or
+/// old ASCII), or one compressed by a method Linux may have built in. The kernel skips
+/// NUL padding before an archive, and so does this.
+fn is_initramfs(head: &[u8]) -> bool {
+    const MAGICS: [&[u8]; 11] = [
+        b"070701",
+        b"070702",
+        b"070707",
+        b"\x1f\x8b",
+        b"\x1f\x9e",
+        b"BZh",
+        b"\x5d\x00\x00",
+        b"\xfd7zXZ\x00",
+        b"\x89LZO",
+        b"\x02\x21\x4c\x18",
+        b"\x28\xb5\x2f\xfd",
+    ];
+    let start = head.iter().position(|&b| b != 0).unwrap_or(head.len());
+    MAGICS.iter().any(|m| head[start..].starts_with(m))
 }
 
 fn free_port() -> Result<u16, CliError> {
@@ -416,8 +477,14 @@ pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
     let kernel = args.kernel.clone().unwrap_or_else(|| dir.join("vmlinuz"));
     let initrd = args.initrd.clone().unwrap_or_else(|| dir.join("initrd.img"));
     preflight(&args.image, &args.qemu, &kernel, &initrd)?;
+    qemu::check_extra(&args.extra).map_err(usage)?;
     let accel = accel(&args.accel)?;
     let image = Image::open_with(&args.image, &args.chain.options())?;
+    // The top as named, made absolute but not through its symlinks: QEMU (blk) and a
+    // dump's overlay resolve a relative backing name beside the name they are given,
+    // as advm did above. Canonical, a symlinked top led QEMU to the backing file beside
+    // the link's target, another chain than the one checked and mapped for pmem.
+    let top = std::path::absolute(&args.image).map_err(|e| CliError::Io(args.image.display().to_string(), e))?;
     if !args.thp {
         advm::process::disable_thp()?;
     }
@@ -439,7 +506,7 @@ pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
         }
         DiskKind::Blk => (
             Disk::Blk {
-                image: args.image.canonicalize().map_err(|e| CliError::Io(args.image.display().to_string(), e))?,
+                image: top.clone(),
                 format: match image.layers()[0].format() {
                     LayerFormat::Qcow2 => "qcow2",
                     LayerFormat::Raw => "raw",
@@ -498,7 +565,6 @@ pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
         }
     };
     // What `advm vm dump` needs to find and describe this VM.
-    let top = args.image.canonicalize().map_err(|e| CliError::Io(args.image.display().to_string(), e))?;
     let info = serde_json::json!({
         "qemu_pid": child.id(),
         "image": top,
@@ -508,7 +574,8 @@ pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
         "format": image.layers()[0].format(),
     });
     std::fs::write(workdir.join(VM_INFO), info.to_string()).map_err(|e| CliError::Io(VM_INFO.into(), e))?;
-    Ok(Vm { child, port, console, qemu_log, started, mem_mib: args.mem, _backing: backing })
+    let stamps = image.layers().iter().map(|l| l.stamp().map(|s| (s, false))).collect::<Result<_, _>>()?;
+    Ok(Vm { child, port, console, qemu_log, started, mem_mib: args.mem, image, stamps, _backing: backing })
 }
 
 /// The last `n` lines of a file.
@@ -545,6 +612,7 @@ impl Vm {
             if let Some(body) = get(self.port) {
                 return Ok((self.started.elapsed(), body));
             }
+            self.check_layers();
             if self.started.elapsed() > timeout {
                 let _ = self.child.kill();
                 let _ = self.child.wait();
@@ -556,6 +624,40 @@ impl Vm {
                 )));
             }
             std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Says on stderr, once per layer, that a layer of the chain was written in place
+    /// since QEMU started. advm cannot stop it: a writer that is not QEMU takes no lock
+    /// (QEMU, qemu-img and qemu-io are refused while a pmem device maps the layer).
+    /// The running guest may read the new bytes under a filesystem that never wrote
+    /// them: with pmem, in every page of the layer it has not written itself (the
+    /// layer is mapped copy-on-write from the host's page cache); with blk, whatever
+    /// QEMU reads next. A file put in the layer's place under its name is not a change:
+    /// the VM keeps reading the file it opened.
+    pub fn check_layers(&mut self) {
+        for (layer, (then, told)) in self.image.layers().iter().zip(self.stamps.iter_mut()) {
+            if *told || !layer.stamp().is_ok_and(|now| then.changed_in_place(&now)) {
+                continue;
+            }
+            *told = true;
+            eprintln!(
+                "advm vm run: warning: layer {} was written in place while the VM runs; the guest may read the new \
+                 bytes under a filesystem that did not write them (stop the VM; change a chain only by new files: \
+                 an overlay, or qemu-img convert then mv)",
+                layer.path().display()
+            );
+        }
+    }
+
+    /// Waits for QEMU to exit, watching the chain's layers ([`Vm::check_layers`]).
+    fn wait(&mut self) -> Result<std::process::ExitStatus, CliError> {
+        loop {
+            if let Some(status) = self.child.try_wait().map_err(|e| CliError::Io("waiting for QEMU".into(), e))? {
+                return Ok(status);
+            }
+            self.check_layers();
+            std::thread::sleep(Duration::from_millis(200));
         }
     }
 
@@ -649,9 +751,20 @@ fn run_in(args: &RunArgs, work: &Path) -> Result<bool, CliError> {
         vm.stop();
         return Ok(true);
     }
-    let status = vm.child.wait().map_err(|e| CliError::Io("waiting for QEMU".into(), e))?;
+    let status = vm.wait()?;
     drop(signals);
     eprintln!("advm vm run: QEMU exited ({status})");
+    // Stopped on request (Ctrl-C, SIGTERM, SIGHUP), QEMU exits 0, and so does advm. It
+    // said nothing when QEMU failed or was killed later (its status was only printed):
+    // a script or a supervisor saw success.
+    if !status.success() && advm::process::ForwardSignals::last_received().is_none() {
+        return Err(usage(format!(
+            "QEMU exited ({status}) after the guest's service had answered\nQEMU said:\n{}\nconsole tail:\n{}{}",
+            tail(&vm.qemu_log, 10),
+            tail(&vm.console, 20),
+            vm.hint()
+        )));
+    }
     Ok(status.success())
 }
 

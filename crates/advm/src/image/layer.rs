@@ -97,6 +97,37 @@ pub(crate) fn hold_off_writers(path: &Path, file: &File, force_share: bool) -> R
     Ok(Some(own))
 }
 
+/// A layer file's identity and version through its open descriptor, for
+/// [`LayerStamp::changed_in_place`]. A block device's node keeps its times while the
+/// disk is written: no change is seen there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerStamp {
+    /// Device of the file.
+    pub dev: u64,
+    /// Inode.
+    pub ino: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Modification time: seconds and nanoseconds.
+    pub mtime: (i64, i64),
+    /// Status change time: seconds and nanoseconds (nobody can set it back).
+    pub ctime: (i64, i64),
+    /// Hard links to the file.
+    pub nlink: u64,
+}
+
+impl LayerStamp {
+    /// Whether the file's contents may have changed between `self` and `now` (stamps
+    /// of one open layer): its size or mtime moved, or its ctime did with its link
+    /// count as it was (a write whose mtime was put back, `touch -d`, `cp -p`; or an
+    /// attribute change, which cannot be told apart). A ctime moved by a link count
+    /// that changed is the name going (`mv` of another file over it, `rm`): the open
+    /// layer, and what was mapped from it, still reads the old file.
+    pub fn changed_in_place(&self, now: &LayerStamp) -> bool {
+        self.size != now.size || self.mtime != now.mtime || (self.ctime != now.ctime && self.nlink == now.nlink)
+    }
+}
+
 /// One layer of a chain: its file, opened read-only, and what its header says.
 #[derive(Debug)]
 pub struct Layer {
@@ -163,6 +194,22 @@ impl Layer {
 
     pub(crate) fn file(&self) -> &File {
         &self.file
+    }
+
+    /// The layer's version as its open descriptor sees it now: two stamps tell whether
+    /// the file was written in place in between ([`LayerStamp::changed_in_place`]),
+    /// which a process mapping the layer reads.
+    pub fn stamp(&self) -> Result<LayerStamp> {
+        use std::os::unix::fs::MetadataExt;
+        let m = self.file.metadata().map_err(|e| Error::io(&self.path, e))?;
+        Ok(LayerStamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+            nlink: m.nlink(),
+        })
     }
 
     /// The file's length when it was opened.

@@ -34,7 +34,7 @@ mod types;
 
 pub use fuzz::parse_layer_bytes;
 pub(crate) use layer::{current_len, hold_off_writers};
-pub use layer::{Image, ImageOptions, Layer, LayerInfo, MAX_CHAIN_DEPTH};
+pub use layer::{Image, ImageOptions, Layer, LayerInfo, LayerStamp, MAX_CHAIN_DEPTH};
 pub use pmem::{request_dump, PmemBacking, DUMP_DIR_ENV, DUMP_SIGNAL, PLAN_ENV, PLAN_MAGIC};
 pub use qcow2::Compression;
 pub use resolve::MAX_EXTENTS;
