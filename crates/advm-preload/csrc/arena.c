@@ -119,9 +119,18 @@ int budget_ok(void) { return A.segs + 8 < A.seg_budget; }
 
 /* ---- pages the program protected ------------------------------------------------- */
 
+/* A word at a time where it can: every large copy asks (48,828 pages for 200 MB). */
 int prot_any(uint64_t v, uint64_t n) {
-    for (uint64_t i = v; i < v + n; i++)
+    uint64_t i = v, end = v + n;
+    while (i < end) {
+        if (!(i & 63) && end - i >= 64) {
+            if (A.protbits[i >> 6]) return 1;
+            i += 64;
+            continue;
+        }
         if ((A.protbits[i >> 6] >> (i & 63)) & 1) return 1;
+        i++;
+    }
     return 0;
 }
 

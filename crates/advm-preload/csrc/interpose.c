@@ -392,6 +392,40 @@ EXPORT long syscall(long nr, ...) {
     return r;
 }
 
+/* glibc's clone() without CLONE_VM makes a process too, and runs no atfork handler: the
+ * handlers run around it as around syscall(SYS_clone); the child runs fork_child on its
+ * new stack before the program's function (the trampoline's arguments are on the
+ * parent's stack, which the child has a copy of). */
+struct clone_call {
+    int (*fn)(void *);
+    void *arg;
+};
+
+static int clone_child(void *p) {
+    struct clone_call *c = p;
+    fork_child();
+    return c->fn(c->arg);
+}
+
+EXPORT int clone(int (*fn)(void *), void *stack, int flags, void *arg, ...) {
+    static int (*real)(int (*)(void *), void *, int, void *, ...);
+    if (!real) real = (int (*)(int (*)(void *), void *, int, void *, ...))dlsym(RTLD_NEXT, "clone");
+    va_list ap;
+    va_start(ap, arg);
+    pid_t *ptid = va_arg(ap, pid_t *);
+    void *tls = va_arg(ap, void *);
+    pid_t *ctid = va_arg(ap, pid_t *);
+    va_end(ap);
+    if (state != 2 || lock_mine || (flags & CLONE_VM)) return real(fn, stack, flags, arg, ptid, tls, ctid);
+    struct clone_call call = {fn, arg};
+    fork_prepare();
+    int r = real(clone_child, stack, flags, &call, ptid, tls, ctid);
+    int saved = errno;
+    fork_parent();
+    errno = saved;
+    return r;
+}
+
 /* A finite RLIMIT_AS or RLIMIT_DATA set by the program for itself retires the arena
  * (arena.c, "address-space limits"), after the call succeeded. */
 static void limit_set(int resource, rlim_t soft) {

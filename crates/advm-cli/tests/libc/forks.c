@@ -1,8 +1,10 @@
-/* Every way a C program makes a process: fork(), vfork, posix_spawn, system(), and the
- * raw clone/fork system calls (no atfork handler runs), each after large copies, with
- * writes in parent and child afterwards: neither may see the other's writes. */
+/* Every way a C program makes a process: fork(), vfork, posix_spawn, system(), the raw
+ * clone/fork/clone3 system calls and glibc's clone() (no atfork handler runs in those),
+ * each after large copies, with writes in parent and child afterwards: neither may see
+ * the other's writes. */
 #include "sweep.h"
 #include <linux/sched.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/syscall.h>
@@ -53,14 +55,22 @@ static void parent_check(const char *how, int st, unsigned seed) {
     CHECK(b[0] != 'a' && c[0] != 'a');
 }
 
-/* The parent writes while the child waits for it, then lets the child check. */
+static int clone_child(void *go);
+static unsigned clone_seed;
+
+/* The parent writes while the child waits for it, then lets the child check (nr -1:
+ * glibc's clone() function instead of a system call). */
 static void raw(const char *how, long nr, unsigned seed) {
     setup(seed);
+    clone_seed = seed;
     int go[2], done[2];
     CHECK(pipe(go) == 0 && pipe(done) == 0);
     fflush(stdout);
     long pid;
-    if (nr == SYS_clone3) {
+    if (nr == -1) { /* glibc's clone() on a stack of its own */
+        static char stack[1 << 16] __attribute__((aligned(16)));
+        pid = clone(clone_child, stack + sizeof stack, SIGCHLD, go);
+    } else if (nr == SYS_clone3) {
         struct clone_args ca;
         memset(&ca, 0, sizeof ca);
         ca.exit_signal = SIGCHLD;
@@ -90,6 +100,16 @@ static void raw(const char *how, long nr, unsigned seed) {
     parent_check(how, st, seed);
     close(go[0]), close(go[1]), close(done[0]), close(done[1]);
     teardown();
+}
+
+/* The child of glibc's clone(): what raw()'s child does after fork returned 0. */
+static int clone_child(void *go) {
+    char x;
+    if (read(((int *)go)[0], &x, 1) != 1) return 6;
+    int saw = a[0] == 'P' || b[0] == 'P' || c[0] == 'P';
+    if (saw) fill(a, N / 2, clone_seed), fill(c, N / 2, clone_seed);
+    int r = child_work(clone_seed);
+    return saw ? 7 : r;
 }
 
 int main(int argc, char **argv) {
@@ -134,6 +154,7 @@ int main(int argc, char **argv) {
     raw("raw clone", SYS_clone, 4);
     raw("raw fork", SYS_fork, 5);
     raw("raw clone3", SYS_clone3, 6);
+    raw("glibc clone()", -1, 7);
     printf("done\n");
     return 0;
 }
