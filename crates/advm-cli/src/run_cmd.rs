@@ -204,6 +204,13 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     // program exists is held for it.
     let signals = advm::process::ForwardSignals::hold()?;
     let mut prepared = launch::prepare(args.mode, args.threshold_pages, program, rest, args.stats)?;
+    if matches!(args.mode, Mode::Vcopy | Mode::Alloc | Mode::Ksm | Mode::KsmAggr) {
+        if let Some(limit) = launch::finite_memory_limit() {
+            eprintln!(
+                "advm run: {limit} is limited (ulimit): the shim stays off, so {program} runs as under --mode off"
+            );
+        }
+    }
     if args.mode != Mode::Off && launch::statically_linked(program) {
         eprintln!(
             "advm run: {program} is statically linked: LD_PRELOAD cannot load the {} into it, so it runs untouched (as --mode off)",

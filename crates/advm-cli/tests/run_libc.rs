@@ -152,3 +152,26 @@ fn static_programs_run_untouched_and_advm_run_says_so() {
         assert!(!String::from_utf8_lossy(&out.stderr).contains("statically"), "{}", text(&out));
     }
 }
+
+/// Under a finite RLIMIT_AS or RLIMIT_DATA from the start (`ulimit -v`, `ulimit -d`) the
+/// shim stays off: the program runs as without advm, and `advm run` says why.
+#[test]
+fn a_finite_memory_limit_at_start_keeps_the_shim_off_and_advm_run_says_so() {
+    for (flag, name) in [("-v", "Max address space"), ("-d", "Max data size")] {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!("ulimit {flag} 4000000 && exec \"$0\" run --stats -- true",))
+            .arg(ADVM)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        assert!(
+            err.starts_with(&format!(
+                "advm run: {name} is limited (ulimit): the shim stays off, so true runs as under --mode off\n"
+            )),
+            "{err}"
+        );
+        assert!(err.contains(", 0 process(es) reported"), "the shim set up under ulimit {flag}: {err}");
+    }
+}

@@ -240,6 +240,18 @@ pub fn statically_linked(program: &str) -> bool {
     !interp
 }
 
+/// The first of RLIMIT_AS and RLIMIT_DATA that is finite for this process (and so for a
+/// program it starts), by its name in /proc/self/limits: the shim does not set up
+/// under either (its reservation and tables would count against the program's limit).
+pub fn finite_memory_limit() -> Option<&'static str> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    ["Max address space", "Max data size"].into_iter().find(|name| {
+        limits.lines().any(|l| {
+            l.strip_prefix(name).and_then(|rest| rest.split_whitespace().next()).is_some_and(|soft| soft != "unlimited")
+        })
+    })
+}
+
 /// The shim's counters summed over every process that wrote `<pid>.stats`, and how many
 /// did. Forked children that end with `_exit` write nothing (their copies are not counted).
 pub fn read_stats(dir: &Path) -> (BTreeMap<String, u64>, usize) {
