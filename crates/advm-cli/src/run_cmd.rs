@@ -121,6 +121,7 @@ pub fn render_stats(mode: Mode, stats: &BTreeMap<String, u64>, processes: usize)
         ("fallback_vma_budget", "VMA budget"),
         ("fallback_syscall_error", "syscall error"),
         ("fallback_copy_inside_shim", "copy from inside the shim (signal handler)"),
+        ("fallback_protected_pages", "pages the program protected (mprotect)"),
     ];
     let total: u64 = reasons.iter().map(|(k, _)| g(k)).sum();
     let why: Vec<String> =
@@ -203,6 +204,19 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     // program exists is held for it.
     let signals = advm::process::ForwardSignals::hold()?;
     let mut prepared = launch::prepare(args.mode, args.threshold_pages, program, rest, args.stats)?;
+    if matches!(args.mode, Mode::Vcopy | Mode::Alloc | Mode::Ksm | Mode::KsmAggr) {
+        if let Some(limit) = launch::finite_memory_limit() {
+            eprintln!(
+                "advm run: {limit} is limited (ulimit): the shim stays off, so {program} runs as under --mode off"
+            );
+        }
+    }
+    if args.mode != Mode::Off && launch::statically_linked(program) {
+        eprintln!(
+            "advm run: {program} is statically linked: LD_PRELOAD cannot load the {} into it, so it runs untouched (as --mode off)",
+            if args.mode == Mode::Merge { "merge agent" } else { "shim" }
+        );
+    }
     if args.mode == Mode::Merge {
         prepared.command.env(launch::MERGE_AFTER, args.merge_after.to_string());
     }

@@ -117,6 +117,51 @@ void seg_mapped(uint64_t v, uint64_t n) {
 }
 int budget_ok(void) { return A.segs + 8 < A.seg_budget; }
 
+/* ---- pages the program protected ------------------------------------------------- */
+
+/* A word at a time where it can: every large copy asks (48,828 pages for 200 MB). */
+int prot_any(uint64_t v, uint64_t n) {
+    uint64_t i = v, end = v + n;
+    while (i < end) {
+        if (!(i & 63) && end - i >= 64) {
+            if (A.protbits[i >> 6]) return 1;
+            i += 64;
+            continue;
+        }
+        if ((A.protbits[i >> 6] >> (i & 63)) & 1) return 1;
+        i++;
+    }
+    return 0;
+}
+
+void prot_set(uint64_t v, uint64_t n, int on) {
+    for (uint64_t i = v; i < v + n; i++) {
+        if (on) A.protbits[i >> 6] |= 1ull << (i & 63);
+        else A.protbits[i >> 6] &= ~(1ull << (i & 63));
+    }
+}
+
+/* Remaps the shared memfd runs in [v, v+n) private onto the same pages (contents
+ * unchanged), as before fork: before the program changes their protection, so that
+ * nothing (fork, a later copy) ever has to remap them again. */
+void make_private(uint64_t v, uint64_t n) {
+    uint64_t i = 0;
+    while (i < n) {
+        uint64_t m = A.vmeta[v + i], r = run_len(v + i, n - i);
+        if ((m & VM_MAPPED) && !(m & (VM_ANON | VM_PRIV))) {
+            int fd = gen_fd((int)((m & VM_GEN_MASK) >> VM_GEN_SHIFT));
+            if (fd < 0) {
+                unshare_lost(v + i, r);
+            } else if (mmap(page_addr(v + i), r << A.pshift, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd,
+                            off_of(m)) != MAP_FAILED) {
+                for (uint64_t j = 0; j < r; j++) A.vmeta[v + i + j] |= VM_PRIV;
+                seg_mapped(v + i, r);
+            }
+        }
+        i += r;
+    }
+}
+
 /* ---- memfd generations ----------------------------------------------------------- */
 
 /* ---- the shim's descriptors --------------------------------------------------------
@@ -231,7 +276,7 @@ static int single_threaded(void) {
  * mapping split for little. */
 static void adopt(uint64_t f, uint64_t w, uint64_t k) {
     int fd = gen_fd(A.gen);
-    if ((k << A.pshift) < copy_min || !budget_ok() || fd < 0) return;
+    if ((k << A.pshift) < copy_min || !budget_ok() || fd < 0 || prot_any(w, k)) return;
     if (mmap(page_addr(w), k << A.pshift, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
              (off_t)(f << A.pshift)) == MAP_FAILED)
         return; /* the old mapping stays: still a correct private view */
@@ -402,6 +447,7 @@ void unmap_pages(uint64_t v, uint64_t n) {
     mmap(page_addr(v), n << A.pshift, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
     unref_pages(v, n);
     for (uint64_t i = 0; i < n; i++) A.vmeta[v + i] = 0;
+    prot_set(v, n, 0);
     seg_mapped(v, n);
 }
 
@@ -475,7 +521,62 @@ void bad_pointer(const char *what) {
 
 void release_block(uint64_t v, uint64_t n) {
     unmap_pages(v, n);
-    ext_free(&A.va, (uint32_t)v, (uint32_t)n);
+    if (A.retired) munmap(page_addr(v), n << A.pshift); /* nothing reserved any more */
+    else ext_free(&A.va, (uint32_t)v, (uint32_t)n);
+}
+
+/* ---- address-space limits -----------------------------------------------------------
+ * The reservation (64 GiB PROT_NONE) counts against RLIMIT_AS and the tables (260 MiB
+ * of MAP_NORESERVE memory, read-write) against RLIMIT_AS and RLIMIT_DATA, whether
+ * touched or not: a program that lowered either limit to a size glibc's heap lives
+ * with got NULL from every malloc that had to map memory, small ones included. */
+
+/* Whether this process has a finite RLIMIT_AS or RLIMIT_DATA. */
+int limits_finite(void) {
+    struct rlimit as, data;
+    return getrlimit(RLIMIT_AS, &as) != 0 || getrlimit(RLIMIT_DATA, &data) != 0 || as.rlim_cur != RLIM_INFINITY ||
+           data.rlim_cur != RLIM_INFINITY;
+}
+
+/* Unmaps [p, p + len) rounded out to pages: the part of a table nothing will index. */
+static void trim(void *p, size_t keep, size_t len) {
+    uintptr_t from = ((uintptr_t)p + keep + A.ps - 1) & ~(uintptr_t)(A.ps - 1), to = (uintptr_t)p + len;
+    if (from < to) munmap((void *)from, to - from);
+}
+
+/* The program lowered a limit (setrlimit): from now on every new block and copy is
+ * glibc's, and the arena keeps only its live blocks. The free table's blocks and the
+ * reservation around the live blocks are unmapped, and the tables are cut down to the
+ * pages the live blocks use. A live block is unmapped when freed. (Lock held.) */
+void retire_arena(void) {
+    if (A.retired) return;
+    cache_flush();
+    uint64_t top = 0, v = 0, fd_top = 0;
+    while (v < A.va_high) {
+        if (A.vmeta[v] & VM_HEAD) {
+            uint64_t n = head_pages(v);
+            for (uint64_t i = v; i < v + n; i++)
+                if ((A.vmeta[i] & VM_MAPPED) && !(A.vmeta[i] & VM_ANON) && (A.vmeta[i] & VM_FPAGE_MASK) >= fd_top)
+                    fd_top = (A.vmeta[i] & VM_FPAGE_MASK) + 1;
+            v += n;
+            top = v;
+            continue;
+        }
+        uint64_t s = v;
+        while (v < A.va_high && !(A.vmeta[v] & VM_HEAD)) v++;
+        munmap(page_addr(s), (v - s) << A.pshift);
+    }
+    munmap(page_addr(A.va_high), (ARENA_PAGES - A.va_high) << A.pshift);
+    trim(A.vmeta, top * sizeof(uint64_t), sizeof(uint64_t) * ARENA_PAGES);
+    trim(A.protbits, (top + 63) / 64 * sizeof(uint64_t), ARENA_PAGES / 8);
+    trim(A.segbits, (top + 64) / 64 * sizeof(uint64_t), ARENA_PAGES / 8);
+    trim(A.fref, fd_top * sizeof(uint32_t), sizeof(uint32_t) * ARENA_PAGES);
+    trim(A.fview, fd_top * sizeof(uint32_t), sizeof(uint32_t) * ARENA_PAGES);
+    A.va_high = top;
+    arena_len = top << A.pshift; /* what lies above may be anybody's mapping now */
+    A.retired = 1;
+    A.threshold = 0; /* malloc & co. test it before anything else */
+    copy_min = SIZE_MAX;
 }
 
 /* Moves the pages of block [v, v+old) to [nv, nv+old), run by run, with mremap. */
@@ -506,6 +607,8 @@ static int move_pages(uint64_t v, uint64_t nv, uint64_t old) {
     for (uint64_t j = 0; j < old; j++) {
         A.vmeta[nv + j] = A.vmeta[v + j] & ~(VM_HEAD | VM_NPAGES_MASK);
         A.vmeta[v + j] = 0;
+        prot_set(nv + j, 1, prot_any(v + j, 1)); /* mremap moved the protection too */
+        prot_set(v + j, 1, 0);
     }
     seg_mapped(v, old);
     if (nv + old > A.va_high) A.va_high = nv + old;

@@ -294,6 +294,7 @@ void *big_copy(void *d, const void *s, size_t n, copy_fn plain) {
     why = S_NSTATS;
     for (uint64_t i = 0; i < k && why == S_NSTATS; i++)
         if (!(A.vmeta[sv + i] & VM_MAPPED) || !(A.vmeta[dv + i] & VM_MAPPED)) why = S_FB_NOT_ARENA;
+    if (why == S_NSTATS && (prot_any(sv, k) || prot_any(dv, k))) why = S_FB_PROTECTED;
     if (why == S_NSTATS) {
         if (!budget_ok()) why = S_FB_BUDGET;
         else {

@@ -50,7 +50,9 @@ void new_generation(void) {
         A.gen_fd[old] = -1;
         A.gen_lost &= ~(1ull << old);
     }
-    /* the new generation starts with no references and the whole memfd free */
+    /* the new generation starts with no references and the whole memfd free (a retired
+     * arena never uses it: its tables stay cut down) */
+    if (A.retired) return;
     mmap(A.fref, sizeof(uint32_t) * ARENA_PAGES, PROT_READ | PROT_WRITE,
          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
     mmap(A.fview, sizeof(uint32_t) * ARENA_PAGES, PROT_READ | PROT_WRITE,

@@ -232,7 +232,7 @@ void block_free(void *p) {
     uint64_t v = (uint64_t)sv, n = head_pages(v);
     live_add(-(int64_t)(n << A.pshift));
     /* one owner: keep the mapping (and within the cap, the pages) for reuse */
-    if (fb_n < FREE_SLOTS && single_owner(v, n)) {
+    if (fb_n < FREE_SLOTS && !A.retired && single_owner(v, n) && !prot_any(v, n)) {
         uint64_t cap = keeps_pages(n) ? dirty_cap() : 0;
         while (cap && dirty_pages + n > cap && fb_give_back_oldest() == 0) {
         }

@@ -41,6 +41,9 @@ void init_locked(void) {
     /* "cow" is the deprecated name of "vcopy", kept for one release */
     A.mode = !m || str_eq(m, "vcopy") || str_eq(m, "cow") ? MODE_COW : str_eq(m, "ksm") ? MODE_KSM : MODE_ALLOC;
     if (m && str_eq(m, "off")) return; /* stays disabled: everything goes to glibc */
+    /* under a finite RLIMIT_AS or RLIMIT_DATA the reservation and tables would count
+     * against the program's own limit (arena.c, "address-space limits") */
+    if (limits_finite()) return;
     A.ps = (size_t)sysconf(_SC_PAGESIZE);
     A.pshift = (unsigned)__builtin_ctzl(A.ps);
     uint64_t tp = parse_u64(env("ADVM_THRESHOLD_PAGES"), 2);
@@ -76,7 +79,8 @@ void init_locked(void) {
     A.fref = map_table(sizeof(uint32_t) * ARENA_PAGES);
     A.fview = map_table(sizeof(uint32_t) * ARENA_PAGES);
     A.segbits = map_table(ARENA_PAGES / 8);
-    if (!A.vmeta || !A.fref || !A.fview || !A.segbits || ext_init(&A.va) || ext_init(&A.fd)) return;
+    A.protbits = map_table(ARENA_PAGES / 8);
+    if (!A.vmeta || !A.fref || !A.fview || !A.segbits || !A.protbits || ext_init(&A.va) || ext_init(&A.fd)) return;
     if (pthread_atfork(fork_prepare, fork_parent, fork_child) != 0) return;
     arena_lo = A.base;
     arena_len = len;

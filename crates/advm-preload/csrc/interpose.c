@@ -1,6 +1,8 @@
 /* interpose.c: the exported entry points (malloc family, memcpy/memmove and their _chk
  * variants), glibc's versions found with dlsym, the lock and initialisation on first use. */
 #include "shim.h"
+#include <linux/sched.h> /* CLONE_VM, struct clone_args */
+#include <stdarg.h>
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -43,6 +45,8 @@ static copy_fn real_memmove = boot_memmove;
 static chk_fn real_memcpy_chk, real_memmove_chk;
 static int (*real_posix_memalign)(void **, size_t, size_t);
 static size_t (*real_usable)(void *);
+static int (*real_mprotect)(void *, size_t, int);
+static long (*real_syscall)(long, ...);
 
 /* Byte loops for calls made before glibc's versions are known (volatile so that the
  * compiler cannot turn them back into calls to memcpy, which is us). */
@@ -65,6 +69,8 @@ static void resolve(void) {
     real_memmove_chk = (chk_fn)dlsym(RTLD_NEXT, "__memmove_chk");
     real_posix_memalign = (int (*)(void **, size_t, size_t))dlsym(RTLD_NEXT, "posix_memalign");
     real_usable = (size_t(*)(void *))dlsym(RTLD_NEXT, "malloc_usable_size");
+    real_mprotect = (int (*)(void *, size_t, int))dlsym(RTLD_NEXT, "mprotect");
+    real_syscall = (long (*)(long, ...))dlsym(RTLD_NEXT, "syscall");
     if (mv) real_memmove = (copy_fn)mv;
     if (m) real_memcpy = (copy_fn)m;
 }
@@ -153,14 +159,19 @@ EXPORT void *calloc(size_t nmemb, size_t size) {
     return __libc_calloc(nmemb, size);
 }
 
+/* Whether p, a pointer in the arena's range, is glibc's: only once the arena retired
+ * (its unmapped holes may hold anybody's mappings then). Lock held. */
+static int glibcs(void *p) { return A.retired && block_of(p) < 0; }
+
 EXPORT void free(void *p) {
     if (UNLIKELY(in_arena(p))) {
         int saved = errno;
         lock_take();
-        block_free(p);
+        int theirs = glibcs(p);
+        if (!theirs) block_free(p);
         lock_drop();
         errno = saved;
-        return;
+        if (!theirs) return;
     }
     __libc_free(p);
 }
@@ -195,14 +206,18 @@ EXPORT void *realloc(void *p, size_t n) {
     int saved = errno;
     lock_take();
     int64_t v = block_of(p);
+    if (v < 0 && A.retired) {
+        lock_drop();
+        return __libc_realloc(p, n);
+    }
     if (v < 0) bad_pointer("realloc");
     size_t old = head_pages((uint64_t)v) << A.pshift;
-    void *q = n >= A.threshold ? block_realloc(p, n) : NULL;
+    void *q = A.threshold && n >= A.threshold ? block_realloc(p, n) : NULL;
     lock_drop();
     errno = saved;
     if (q) return q;
-    /* below the threshold, or the arena could not grow it: allocate and copy */
-    q = n >= A.threshold ? arena_alloc(n) : NULL;
+    /* below the threshold, or the arena could not grow it (or retired): allocate and copy */
+    q = A.threshold && n >= A.threshold ? arena_alloc(n) : NULL;
     if (!q) q = __libc_malloc(n);
     if (!q) return NULL;
     real_memcpy(q, p, old < n ? old : n);
@@ -246,8 +261,14 @@ EXPORT void *memalign(size_t align, size_t n) {
     return __libc_memalign(align, n);
 }
 
+/* An alignment that is not a power of two (0 included) gets glibc's own answer: 2.38 and
+ * later refuse it (EINVAL), older ones round it up like memalign; the shim used to refuse
+ * it everywhere, so a program that worked under glibc 2.36 got NULL. */
 EXPORT void *aligned_alloc(size_t align, size_t n) {
-    if (!pow2(align)) { /* as glibc 2.38+: the alignment must be a power of two */
+    static void *(*real_aligned)(size_t, size_t);
+    if (!pow2(align)) {
+        if (!real_aligned) real_aligned = (void *(*)(size_t, size_t))dlsym(RTLD_NEXT, "aligned_alloc");
+        if (real_aligned) return real_aligned(align, n);
         errno = EINVAL;
         return NULL;
     }
@@ -274,9 +295,10 @@ EXPORT size_t malloc_usable_size(void *p) {
     if (in_arena(p)) {
         lock_take();
         int64_t v = block_of(p);
+        int theirs = v < 0 && A.retired;
         size_t n = v < 0 ? 0 : head_pages((uint64_t)v) << A.pshift;
         lock_drop();
-        return n;
+        if (!theirs) return n;
     }
     resolve();
     return real_usable ? real_usable(p) : 0;
@@ -306,4 +328,144 @@ EXPORT void *__memmove_chk(void *d, const void *s, size_t n, size_t dlen) {
     if (real_memmove_chk) return real_memmove_chk(d, s, n, dlen);
     if (n > dlen) abort();
     return real_memmove(d, s, n);
+}
+
+/* ---- calls that change what the arena may do with a page -------------------------- */
+
+/* mprotect over arena pages: shared runs become private first, and pages left other
+ * than read-write are marked (protbits) so that the shim never maps over them (a copy
+ * into or out of them is a plain one and faults as under glibc; a freed one is not
+ * kept). A virtual copy used to remap a read-only source or destination read-write:
+ * writes that fault under glibc went through. */
+EXPORT int mprotect(void *addr, size_t len, int prot) {
+    if (!real_mprotect) real_mprotect = (int (*)(void *, size_t, int))dlsym(RTLD_NEXT, "mprotect");
+    uintptr_t a = (uintptr_t)addr, lo = arena_lo, hi = arena_lo + arena_len;
+    if (state != 2 || lock_mine || !len || (a & (A.ps - 1)) || a >= hi || len > hi - a || a + len <= lo)
+        return real_mprotect(addr, len, prot);
+    uintptr_t from = a > lo ? a : lo, to = a + len < hi ? a + len : hi;
+    uint64_t v = page_of((void *)from), n = (to - from + A.ps - 1) >> A.pshift;
+    int saved = errno;
+    lock_take();
+    int rw = prot == (PROT_READ | PROT_WRITE);
+    if (!rw) make_private(v, n);
+    errno = saved;
+    int rc = real_mprotect(addr, len, prot);
+    saved = errno;
+    if (rc == 0) prot_set(v, n, !rw);
+    lock_drop();
+    errno = saved;
+    return rc;
+}
+
+/* Whether system call nr (arguments a1, a2) makes a process that does not share this
+ * one's memory: fork, or clone/clone3 without CLONE_VM. */
+static int new_process(long nr, long a1, long a2) {
+    if (nr == SYS_fork) return 1;
+    if (nr == SYS_clone) return !((unsigned long)a1 & CLONE_VM);
+    if (nr == SYS_clone3 && a1 && (unsigned long)a2 >= sizeof(uint64_t))
+        return !(((const struct clone_args *)a1)->flags & CLONE_VM);
+    return 0;
+}
+
+/* syscall(2) itself: a child made by the raw fork or clone system call runs no
+ * pthread_atfork handler, so it used to keep the shim's shared memfd mappings (its
+ * writes showed in the parent's blocks and the parent's in its), its copies read the
+ * parent's pagemap and lost its own writes, and both went on writing and punching one
+ * memfd generation. The fork handlers run around such a call, as around glibc's fork().
+ * Every other call is passed on unchanged (six arguments, as glibc's syscall reads). */
+EXPORT long syscall(long nr, ...) {
+    va_list ap;
+    va_start(ap, nr);
+    long a1 = va_arg(ap, long), a2 = va_arg(ap, long), a3 = va_arg(ap, long);
+    long a4 = va_arg(ap, long), a5 = va_arg(ap, long), a6 = va_arg(ap, long);
+    va_end(ap);
+    if (!real_syscall) real_syscall = (long (*)(long, ...))dlsym(RTLD_NEXT, "syscall");
+    int forks = state == 2 && !lock_mine && new_process(nr, a1, a2);
+    if (forks) fork_prepare();
+    long r = real_syscall(nr, a1, a2, a3, a4, a5, a6);
+    if (forks) {
+        int saved = errno;
+        if (r == 0) fork_child();
+        else fork_parent();
+        errno = saved;
+    }
+    return r;
+}
+
+/* glibc's clone() without CLONE_VM makes a process too, and runs no atfork handler: the
+ * handlers run around it as around syscall(SYS_clone); the child runs fork_child on its
+ * new stack before the program's function (the trampoline's arguments are on the
+ * parent's stack, which the child has a copy of). */
+struct clone_call {
+    int (*fn)(void *);
+    void *arg;
+};
+
+static int clone_child(void *p) {
+    struct clone_call *c = p;
+    fork_child();
+    return c->fn(c->arg);
+}
+
+EXPORT int clone(int (*fn)(void *), void *stack, int flags, void *arg, ...) {
+    static int (*real)(int (*)(void *), void *, int, void *, ...);
+    if (!real) real = (int (*)(int (*)(void *), void *, int, void *, ...))dlsym(RTLD_NEXT, "clone");
+    va_list ap;
+    va_start(ap, arg);
+    pid_t *ptid = va_arg(ap, pid_t *);
+    void *tls = va_arg(ap, void *);
+    pid_t *ctid = va_arg(ap, pid_t *);
+    va_end(ap);
+    if (state != 2 || lock_mine || (flags & CLONE_VM)) return real(fn, stack, flags, arg, ptid, tls, ctid);
+    struct clone_call call = {fn, arg};
+    fork_prepare();
+    int r = real(clone_child, stack, flags, &call, ptid, tls, ctid);
+    int saved = errno;
+    fork_parent();
+    errno = saved;
+    return r;
+}
+
+/* A finite RLIMIT_AS or RLIMIT_DATA set by the program for itself retires the arena
+ * (arena.c, "address-space limits"), after the call succeeded. */
+static void limit_set(int resource, rlim_t soft) {
+    if ((resource != RLIMIT_AS && resource != RLIMIT_DATA) || soft == RLIM_INFINITY || state != 2 || lock_mine) return;
+    int saved = errno;
+    lock_take();
+    retire_arena();
+    lock_drop();
+    errno = saved;
+}
+
+EXPORT int setrlimit(__rlimit_resource_t resource, const struct rlimit *rl) {
+    static int (*real)(__rlimit_resource_t, const struct rlimit *);
+    if (!real) real = (int (*)(__rlimit_resource_t, const struct rlimit *))dlsym(RTLD_NEXT, "setrlimit");
+    int rc = real(resource, rl);
+    if (rc == 0) limit_set((int)resource, rl->rlim_cur);
+    return rc;
+}
+
+EXPORT int setrlimit64(__rlimit_resource_t resource, const struct rlimit64 *rl) {
+    static int (*real)(__rlimit_resource_t, const struct rlimit64 *);
+    if (!real) real = (int (*)(__rlimit_resource_t, const struct rlimit64 *))dlsym(RTLD_NEXT, "setrlimit64");
+    int rc = real(resource, rl);
+    if (rc == 0) limit_set((int)resource, (rlim_t)rl->rlim_cur);
+    return rc;
+}
+
+EXPORT int prlimit(pid_t pid, __rlimit_resource_t resource, const struct rlimit *rl, struct rlimit *old) {
+    static int (*real)(pid_t, __rlimit_resource_t, const struct rlimit *, struct rlimit *);
+    if (!real) real = (int (*)(pid_t, __rlimit_resource_t, const struct rlimit *, struct rlimit *))dlsym(RTLD_NEXT, "prlimit");
+    int rc = real(pid, resource, rl, old);
+    if (rc == 0 && rl && (pid == 0 || pid == getpid())) limit_set((int)resource, rl->rlim_cur);
+    return rc;
+}
+
+EXPORT int prlimit64(pid_t pid, __rlimit_resource_t resource, const struct rlimit64 *rl, struct rlimit64 *old) {
+    static int (*real)(pid_t, __rlimit_resource_t, const struct rlimit64 *, struct rlimit64 *);
+    if (!real)
+        real = (int (*)(pid_t, __rlimit_resource_t, const struct rlimit64 *, struct rlimit64 *))dlsym(RTLD_NEXT, "prlimit64");
+    int rc = real(pid, resource, rl, old);
+    if (rc == 0 && rl && (pid == 0 || pid == getpid())) limit_set((int)resource, (rlim_t)rl->rlim_cur);
+    return rc;
 }

@@ -46,6 +46,7 @@
 #include <stdlib.h>
 #include <string.h> /* memset only: the shim does not replace it */
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -105,6 +106,10 @@ struct arena {
      * 1, the one view left, found without a reverse map */
     uint32_t *fview;
     uint64_t *segbits; /* upper bound on VMAs: a bit where a mapping may begin */
+    /* a bit per arena page whose protection the program changed from read-write
+     * (mprotect): never remapped, shared, copied virtually or kept at free, so that its
+     * protection (and the faults it gives) stay the program's */
+    uint64_t *protbits;
     uint64_t segs, seg_budget;
     struct extents va, fd;
     uint64_t va_high; /* pages below this may be in use (bounds fork scans) */
@@ -122,6 +127,9 @@ struct arena {
     ino_t pm_ino;
     pid_t pid;
     const char *stats_dir;
+    /* The program set a finite RLIMIT_AS or RLIMIT_DATA: the arena takes no new block and
+     * makes no copy, and holds only its live blocks (see retire_arena). */
+    int retired;
 };
 extern struct arena A;
 
@@ -178,7 +186,7 @@ enum counter {
     S_FB_NOT_ARENA, S_FB_OFFSET, S_FB_OVERLAP, S_FB_SHORT, S_FB_BUDGET,
     S_FB_ERROR, S_FB_BYTES, S_REALLOC_INPLACE, S_REALLOC_MREMAP, S_REALLOC_SHRINK,
     S_FB_REENTRANT, S_FORKS, S_GENS_EXHAUSTED, S_CACHE_HITS, S_DIRTY_HITS, S_PAGES_SALVAGED, S_PAGES_FRESH, S_PAGES_RETURNED,
-    S_PAGES_DETACHED, S_PAGES_ADOPTED, S_FDS_LOST, S_NSTATS
+    S_PAGES_DETACHED, S_PAGES_ADOPTED, S_FDS_LOST, S_FB_PROTECTED, S_NSTATS
 };
 extern uint64_t stats[S_NSTATS];
 
@@ -229,6 +237,8 @@ int64_t block_of(const void *p);
 void bad_pointer(const char *what);
 void release_block(uint64_t v, uint64_t n);
 void *block_realloc(void *p, size_t size);
+void retire_arena(void);
+int limits_finite(void);
 
 /* freecache.c: freed blocks kept with their mapping (and pages) for reuse */
 uint64_t dirty_cap(void);
@@ -241,6 +251,11 @@ int fb_take(uint64_t n, int *dirty, uint64_t *v);
 void decay(void);
 void kept_after_huge(void);
 void block_free(void *p);
+
+/* arena.c: pages whose protection the program changed (protbits) */
+int prot_any(uint64_t v, uint64_t n);
+void prot_set(uint64_t v, uint64_t n, int on);
+void make_private(uint64_t v, uint64_t n);
 
 /* copy.c: virtual copies between arena blocks */
 void *big_copy(void *d, const void *s, size_t n, copy_fn plain);

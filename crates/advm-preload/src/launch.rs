@@ -204,6 +204,54 @@ pub fn prepare(
     Ok(Prepared { command, stats_dir, merge_report_dir, _scratch: scratch, _ksm: ksm })
 }
 
+/// Whether `program` (a path, or a name looked up in `PATH` as exec does) is an ELF
+/// executable without a program interpreter (statically linked, static-pie included):
+/// the dynamic loader never runs in it, so `LD_PRELOAD` (the shim, the merge agent) is
+/// not loaded and the program runs untouched. False when it cannot be read or is not a
+/// 64-bit little-endian ELF file (a script's interpreter is what runs).
+pub fn statically_linked(program: &str) -> bool {
+    let path = if program.contains('/') {
+        Some(PathBuf::from(program))
+    } else {
+        std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(program)).find(|p| p.is_file()))
+    };
+    // the headers are at the start: the first 64 KiB, not the whole binary
+    let mut bytes = Vec::new();
+    let read = path
+        .and_then(|p| std::fs::File::open(p).ok())
+        .map(|f| std::io::Read::read_to_end(&mut std::io::Read::take(f, 1 << 16), &mut bytes));
+    if !matches!(read, Some(Ok(_))) {
+        return false;
+    }
+    let u16_at = |o: usize| bytes.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]) as usize);
+    let u64_at = |o: usize| bytes.get(o..o + 8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize);
+    // ELF magic, 64-bit, little-endian; then the program headers (PT_INTERP is type 3)
+    if bytes.get(..6) != Some(&[0x7f, b'E', b'L', b'F', 2, 1][..]) {
+        return false;
+    }
+    let (Some(phoff), Some(size), Some(count)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38)) else { return false };
+    let mut interp = false;
+    for i in 0..count {
+        match bytes.get(phoff + i * size..phoff + i * size + 4) {
+            Some(t) => interp |= u32::from_le_bytes(t.try_into().expect("4 bytes")) == 3,
+            None => return false,
+        }
+    }
+    !interp
+}
+
+/// The first of RLIMIT_AS and RLIMIT_DATA that is finite for this process (and so for a
+/// program it starts), by its name in /proc/self/limits: the shim does not set up
+/// under either (its reservation and tables would count against the program's limit).
+pub fn finite_memory_limit() -> Option<&'static str> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    ["Max address space", "Max data size"].into_iter().find(|name| {
+        limits.lines().any(|l| {
+            l.strip_prefix(name).and_then(|rest| rest.split_whitespace().next()).is_some_and(|soft| soft != "unlimited")
+        })
+    })
+}
+
 /// The shim's counters summed over every process that wrote `<pid>.stats`, and how many
 /// did. Forked children that end with `_exit` write nothing (their copies are not counted).
 pub fn read_stats(dir: &Path) -> (BTreeMap<String, u64>, usize) {

@@ -25,7 +25,11 @@ int main(void) {
     void *p = (void *)1;
     CHECK(posix_memalign(&p, 3, 3 * PS) == EINVAL && p == (void *)1);
     CHECK(posix_memalign(&p, 4, 3 * PS) == EINVAL); /* not a multiple of sizeof(void *) */
-    CHECK(aligned_alloc(3, 3 * PS) == NULL && errno == EINVAL);
+    /* glibc's answer: EINVAL from 2.38, before it the alignment rounded up (4) */
+    errno = 0;
+    void *odd = aligned_alloc(3, 3 * PS);
+    CHECK(odd ? (uintptr_t)odd % 4 == 0 : errno == EINVAL);
+    free(odd);
     void *v = valloc(2 * PS);
     CHECK(v && in_arena(v, 2 * PS));
     free(v);
