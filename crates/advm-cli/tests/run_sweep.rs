@@ -6,7 +6,8 @@
 //! os._exit in a child), `--stats --json` (and `--cgroup --json` where a memory cgroup
 //! can be made) are well-formed; SIGINT gives Python its KeyboardInterrupt as without
 //! advm; a weights server merged by `advm merge PID` keeps its bytes and writes stay
-//! private. Skipped with the reason without NumPy/pandas or R.
+//! private; fork and forkserver workers merge under `--mode merge`. Skipped with the
+//! reason without NumPy/pandas or R.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -204,6 +205,34 @@ fn sigint_gives_python_its_keyboard_interrupt() {
                 "SIGINT under {mode}, caught: {catch}, to the group: {group}"
             );
         }
+    }
+}
+
+/// Under `--mode merge`, `multiprocessing` workers started by fork and forkserver (a
+/// fork of a fork) merge what they load, as spawn's do: each loads 16 MiB of weights,
+/// waits, loads them again and serves; the quiet-period merges add the first copy and
+/// share the second's pages. A forked child had no merge agent (the agent thread
+/// stays in the parent): 0 pages merged under fork and forkserver.
+#[test]
+fn merge_mode_merges_in_forked_multiprocessing_workers() {
+    if !have_numpy() {
+        return;
+    }
+    for method in ["fork", "forkserver"] {
+        let prefix = [ADVM, "run", "--mode", "merge", "--merge-after", "0.3", "--stats", "--json", "--"];
+        let out = command(&prefix, &[PY, &program("py_workloads.py"), "pool_load", method], "1")
+            .env("SWEEP_HOLD", "1.5")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{method}: {err}");
+        assert!(String::from_utf8_lossy(&out.stdout).starts_with("[(True, "), "{method}: {err}");
+        let docs = reports(&err);
+        let agent =
+            &docs.iter().find(|d| d["mode"] == "merge").unwrap_or_else(|| panic!("no report: {err}"))["merge_agent"];
+        // two workers, each sharing its second 16 MiB copy (4096 pages) with its first
+        let merged = agent["merged"].as_u64().unwrap();
+        assert!(merged >= 2 * 4000, "{method}: {merged} pages merged: {agent}");
     }
 }
 

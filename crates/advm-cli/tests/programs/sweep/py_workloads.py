@@ -53,6 +53,33 @@ def mp(method):
     print(method, "parent", float(big.sum()), digest(big))
 
 
+def load_twice(path):
+    import time
+    import numpy as np
+    hold = float(os.environ.get("SWEEP_HOLD", "0"))
+    w = np.load(path)
+    time.sleep(hold)
+    w2 = np.load(path)  # the same bytes again, as a second model of one base
+    time.sleep(hold)  # serving
+    return digest(w) == digest(w2), float(w.sum())
+
+
+def pool_load():
+    """Pool workers (start method argv[2]) each load one weights file twice."""
+    import multiprocessing
+    import tempfile
+    import subprocess
+    with tempfile.TemporaryDirectory(prefix="advm-sweep-") as tmp:
+        path = os.path.join(tmp, "w.npy")
+        # Made by another process: a 16 MiB block freed here would raise glibc's mmap
+        # threshold, and the workers' two loads would land at different page offsets
+        # (nothing to merge then, with or without advm).
+        make = f"import numpy as np; np.save({path!r}, np.random.default_rng(4).random({n(4 << 20)}, np.float32))"
+        subprocess.run([sys.executable, "-c", make], check=True)
+        with multiprocessing.get_context(sys.argv[2]).Pool(2) as pool:
+            print(pool.map(load_twice, [path] * 2))
+
+
 def futures():
     import concurrent.futures as cf
     import numpy as np
@@ -288,6 +315,7 @@ WORKLOADS = {
     "mp_fork": lambda: mp("fork"),
     "mp_spawn": lambda: mp("spawn"),
     "mp_forkserver": lambda: mp("forkserver"),
+    "pool_load": pool_load,
     "futures": futures,
     "fork_wait": fork_wait,
     "subproc": subproc,
