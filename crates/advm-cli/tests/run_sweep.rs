@@ -9,6 +9,8 @@
 //! private; fork and forkserver workers merge under `--mode merge`. Skipped with the
 //! reason without NumPy/pandas or R.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -37,7 +39,7 @@ fn have_numpy() -> bool {
 }
 
 fn have_r() -> bool {
-    have("Rscript", &["--version"], "R")
+    common::have("Rscript")
 }
 
 fn modes() -> Vec<&'static str> {
@@ -264,9 +266,8 @@ fn a_numpy_weights_server_merged_keeps_its_bytes_and_writes_stay_private() {
     if !have_numpy() {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("advm-sweep-serve-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let weights = dir.join("w.npy").display().to_string();
+    let dir = common::dir("sweep-serve");
+    let weights = dir.0.join("w.npy").display().to_string();
     let py = program("py_workloads.py");
     assert!(command(&[], &[PY, &py, "make_weights", &weights], "0.4").status().unwrap().success());
     let prefix = [ADVM, "run", "--mode", "merge", "--merge-after", "1", "--stats", "--json", "--"];
@@ -301,7 +302,6 @@ fn a_numpy_weights_server_merged_keeps_its_bytes_and_writes_stay_private() {
     writeln!(input, "quit").unwrap();
     drop(input);
     let o = child.wait_with_output().unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     let docs = reports(&err);
