@@ -234,7 +234,8 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     drop(signals);
     if let (Some(g), Some(sampler)) = (group, sampler) {
         let summary = sampler.stop()?;
-        g.remove()?;
+        // what the program left running lives on, as it would without advm
+        g.release()?;
         if args.json {
             eprintln!("{}", serde_json::to_string_pretty(&summary).expect("serializes"));
         } else {

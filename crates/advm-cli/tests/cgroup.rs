@@ -56,6 +56,31 @@ fn run_cgroup_passes_on_the_exit_status_and_leaves_no_group() {
     assert!(text.contains("anon+shmem") && text.contains("page cache"), "{text}");
 }
 
+/// A process the program leaves running in the background outlives `advm run --cgroup`
+/// as it outlives the program without advm; the group is removed all the same. advm
+/// used to kill it a second after the program exited (the group's removal killed
+/// whatever was still in it).
+#[test]
+fn run_cgroup_lets_a_background_child_live_on_and_removes_its_group() {
+    if let Some(why) = unavailable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let out = Command::new(ADVM)
+        .args(["run", "--mode", "off", "--cgroup", "--json", "--", "sh", "-c", "sleep 30 >/dev/null 2>&1 & echo $!"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let pid: i32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat.rsplit(") ").next().and_then(|rest| rest.chars().next());
+    // SAFETY: kill(2) on the sleep this test started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    assert_eq!(state, Some('S'), "the background sleep {pid} did not live on: {stat:?}");
+    let group = std::path::PathBuf::from(json_of(&out.stderr)["group"].as_str().unwrap().to_string());
+    assert!(!group.exists(), "{} left behind", group.display());
+}
+
 #[test]
 fn stat_cgroup_reads_an_existing_group() {
     if let Some(why) = unavailable() {

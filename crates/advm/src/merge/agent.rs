@@ -1,5 +1,6 @@
 //! Merging an unmodified program: the agent that `advm run --mode merge` starts inside
-//! it (libadvm.so in `LD_PRELOAD`; its constructor calls [`start_from_env`]).
+//! it (libadvm.so in `LD_PRELOAD`; its constructor calls [`start_from_env`]), and in
+//! every child it forks (a `fork()` handler).
 //!
 //! The agent thread merges the process's large private anonymous mappings (the heap
 //! and anonymous mmaps of at least `ADVM_MERGE_MIN_BYTES`, default 1 MiB; not stacks,
@@ -231,8 +232,24 @@ pub fn start_from_env() {
         Err(e) => return eprintln!("advm merge agent: not started: control socket @{}: {e}", socket_name(pid)),
     };
     if let Err(e) = std::thread::Builder::new().name("advm-merge".into()).spawn(move || run(control, settings)) {
-        eprintln!("advm merge agent: not started: {e}");
+        return eprintln!("advm merge agent: not started: {e}");
     }
+    // The thread does not come along into a forked child (a `multiprocessing` fork or
+    // forkserver worker, an `mclapply` worker): each child starts its own. Registering
+    // again (in the child) does nothing.
+    if let Err(e) = crate::sys::process::at_fork(nothing, nothing, start_in_forked_child) {
+        eprintln!("advm merge agent (pid {pid}): forked children will have no agent: {e}");
+    }
+}
+
+extern "C" fn nothing() {}
+
+/// Run by `fork()` in the child (not by `vfork`, `posix_spawn` or a raw clone, whose
+/// children only `exec`, and the program they run starts its agent from the
+/// environment): the child's own agent, control socket `@advm-merge/<child pid>`.
+extern "C" fn start_in_forked_child() {
+    // Never unwind into the program's fork().
+    let _ = std::panic::catch_unwind(start_from_env);
 }
 
 /// The control socket, and its identity (device, inode) when it was bound. A program

@@ -396,12 +396,36 @@ impl Group {
     }
 
     /// Removes a group this handle made: waits for its processes to leave (killing
-    /// those still there after a second: the group belongs to one run), then retries
-    /// the removal while the kernel reports it busy. A no-op for an opened group.
+    /// those still there after a second: the group belongs to one run; [`Group::release`]
+    /// lets them live on elsewhere), then retries the removal while the kernel reports
+    /// it busy. A no-op for an opened group.
     pub fn remove(mut self) -> Result<()> {
         let r = self.remove_now();
         self.owned = false;
         r
+    }
+
+    /// Removes a group this handle made, first moving the processes still in it (a
+    /// measured program's background children) to the caller's own group, the one
+    /// they would be in had the program run without this group: they live on, where
+    /// [`Group::remove`] kills them. Processes that keep appearing (forking faster than
+    /// they are moved) for a second are killed as by `remove`.
+    pub fn release(self) -> Result<()> {
+        if let Some(own) = self.path.parent().and_then(Path::parent).filter(|_| self.owned) {
+            let procs = own.join("cgroup.procs");
+            let start = Instant::now();
+            while start.elapsed() < LEAVE_WAIT {
+                let pids = self.pids().unwrap_or_default();
+                if pids.is_empty() {
+                    break;
+                }
+                for pid in pids {
+                    // one process per write; one that has exited since is ESRCH
+                    let _ = std::fs::write(&procs, pid.to_string());
+                }
+            }
+        }
+        self.remove()
     }
 
     fn remove_now(&self) -> Result<()> {
