@@ -39,7 +39,7 @@ mod kernel_swap;
 mod report;
 mod ring;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
@@ -380,6 +380,11 @@ impl Managed {
     fn pages(&self) -> usize {
         self.state.len()
     }
+
+    /// Whether a page of the region is resident (by its bit).
+    fn holds_resident(&self) -> bool {
+        (0..self.pages().div_ceil(64)).any(|w| self.resident.word(w) != 0)
+    }
 }
 
 /// A pager's regions, looked up by address (faults, ranges: `O(log n)` in the number
@@ -468,6 +473,11 @@ struct Shared {
     /// The clock's hand: the id of the region the next scan for discardable pages
     /// starts from (round-robin over the regions; the eviction lock guards it).
     hand: AtomicU64,
+    /// The regions the clock visits: every region with a resident page is here or
+    /// has a fill record in `filled` (added when drained, taken out by the clock when
+    /// it finds none resident), so a scan never walks regions whose pages are all
+    /// evicted or never used.
+    active: Mutex<BTreeSet<u64>>,
     /// Fills (and swap slots to free) recorded by faulting threads, drained into
     /// `queue` (and `slots`) by whoever holds the queue lock.
     filled: Ring,
@@ -712,6 +722,7 @@ impl Pager {
             preflush_seen: AtomicU64::new(0),
             short_seen: AtomicU64::new(u64::MAX),
             hand: AtomicU64::new(0),
+            active: Mutex::new(BTreeSet::new()),
             filled: Ring::new((cfg.budget_bytes / ps).clamp(1024, 1 << 16)),
             bell: Doorbell::new()?,
             answered: AtomicU32::new(0),
@@ -1270,9 +1281,15 @@ impl Shared {
 
     fn drain_into(&self, q: &mut VecDeque<(u64, u32, u32)>) {
         let mut freed = Vec::new();
+        let mut filled_in = None;
+        let mut active = None;
         while let Some([id, page, slot]) = self.filled.pop() {
             if page != NO_PAGE {
                 q.push_back((id, (page >> 32) as u32, page as u32));
+                if filled_in != Some(id) {
+                    filled_in = Some(id);
+                    active.get_or_insert_with(|| self.active.lock().unwrap_or_else(|p| p.into_inner())).insert(id);
+                }
             }
             if slot != 0 {
                 freed.push((slot - 1) as u32);
@@ -1695,6 +1712,8 @@ impl Shared {
         if self.short_seen.load(Ordering::Acquire) == epoch {
             return 0;
         }
+        // every region filled so far is in `active`
+        self.drain();
         let start = self.hand.load(Ordering::Relaxed);
         // ids from the hand up, then from 0 up to the hand
         let mut next = Some(start);
@@ -1711,22 +1730,47 @@ impl Shared {
                 (next, wrapped) = (Some(0), true);
                 continue;
             };
-            {
-                let regions = self.regions.read().unwrap_or_else(|p| p.into_inner());
-                let end = if wrapped { start } else { u64::MAX };
-                batch.extend(regions.by_id.range(from..end).take(CLOCK_BATCH).map(|(_, m)| m.clone()));
-            }
-            next = match batch.last() {
-                Some(m) if batch.len() == CLOCK_BATCH => m.id.checked_add(1),
+            let end = if wrapped { start } else { u64::MAX };
+            let ids: Vec<u64> = {
+                let active = self.active.lock().unwrap_or_else(|p| p.into_inner());
+                active.range(from..end).take(CLOCK_BATCH).copied().collect()
+            };
+            next = match ids.last() {
+                Some(&id) if ids.len() == CLOCK_BATCH => id.checked_add(1),
                 _ => None,
             };
-            for m in batch.drain(..) {
+            let mut idle = Vec::new();
+            {
+                let regions = self.regions.read().unwrap_or_else(|p| p.into_inner());
+                for id in ids {
+                    match regions.by_id.get(&id) {
+                        Some(m) => batch.push(m.clone()),
+                        // unmapped
+                        None => idle.push(id),
+                    }
+                }
+            }
+            let mut visited = 0;
+            for m in &batch {
                 if done >= want {
                     break;
                 }
-                done += self.drop_discardable_in(&m, 0, m.pages(), want - done, cause);
+                done += self.drop_discardable_in(m, 0, m.pages(), want - done, cause);
+                visited += 1;
                 // the next scan starts here: this region may hold more
                 self.hand.store(m.id, Ordering::Relaxed);
+            }
+            // Regions left with no resident page leave the clock. Under its lock: a
+            // page filled after the look has its record drained (and its region put
+            // back) after this, since the drain that adds it waits for the lock.
+            let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
+            for id in idle {
+                active.remove(&id);
+            }
+            for m in batch.drain(..).take(visited) {
+                if !m.holds_resident() {
+                    active.remove(&m.id);
+                }
             }
         }
         done
