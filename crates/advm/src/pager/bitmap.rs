@@ -2,6 +2,7 @@
 //! application writes and the pager reads (the paper's bitmap; no system call).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// A fixed-size bitmap of atomic bits.
 #[derive(Debug)]
@@ -9,15 +10,21 @@ pub struct Bitmap {
     words: Box<[AtomicU64]>,
     bits: usize,
     /// Counts the calls that set bits: the pager rescans for discardable pages only
-    /// when it moved since its last scan.
-    marks: AtomicU64,
+    /// when it moved since its last scan. One counter for all the maps of a pager, so
+    /// that it reads one word, not one a region.
+    marks: Arc<AtomicU64>,
 }
 
 impl Bitmap {
     /// `bits` bits, all clear, in zeroed memory (a large map costs memory only where
     /// bits are set); None when the allocator refuses it.
     pub fn new(bits: usize) -> Option<Self> {
-        Some(Self { words: crate::sys::zeroed::zeroed(bits.div_ceil(64))?, bits, marks: AtomicU64::new(0) })
+        Self::counting_into(bits, Arc::new(AtomicU64::new(0)))
+    }
+
+    /// As [`Bitmap::new`], its marks counted in `marks` (shared with other maps).
+    pub(crate) fn counting_into(bits: usize, marks: Arc<AtomicU64>) -> Option<Self> {
+        Some(Self { words: crate::sys::zeroed::zeroed(bits.div_ceil(64))?, bits, marks })
     }
 
     /// Number of bits.
@@ -78,7 +85,8 @@ impl Bitmap {
         any
     }
 
-    /// How many calls set bits so far.
+    /// How many calls set bits so far (in every map sharing the counter).
+    #[cfg(test)]
     pub(crate) fn marks(&self) -> u64 {
         self.marks.load(Ordering::SeqCst)
     }

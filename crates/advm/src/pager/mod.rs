@@ -39,7 +39,7 @@ mod kernel_swap;
 mod report;
 mod ring;
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
@@ -380,7 +380,45 @@ impl Managed {
     fn pages(&self) -> usize {
         self.state.len()
     }
+
+    /// Whether a page of the region is resident (by its bit).
+    fn holds_resident(&self) -> bool {
+        (0..self.pages().div_ceil(64)).any(|w| self.resident.word(w) != 0)
+    }
 }
+
+/// A pager's regions, looked up by address (faults, ranges: `O(log n)` in the number
+/// of regions) and by id (the replacement queue's entries, and the clock that drops
+/// discardable pages region after region). Both hold the same regions.
+#[derive(Default)]
+struct Regions {
+    by_addr: BTreeMap<usize, Arc<Managed>>,
+    by_id: BTreeMap<u64, Arc<Managed>>,
+}
+
+impl Regions {
+    fn insert(&mut self, m: Arc<Managed>) {
+        self.by_addr.insert(m.area.addr(), m.clone());
+        self.by_id.insert(m.id, m);
+    }
+
+    fn remove(&mut self, m: &Managed) {
+        self.by_id.remove(&m.id);
+        // the address is not mapped again while its region is held here
+        self.by_addr.remove(&m.area.addr());
+    }
+
+    /// The region whose pages include `addr`.
+    fn holding(&self, addr: usize) -> Option<&Arc<Managed>> {
+        let (_, m) = self.by_addr.range(..=addr).next_back()?;
+        (addr - m.area.addr() < m.area.len()).then_some(m)
+    }
+}
+
+/// Regions the clock takes from the region index at a time (under its lock).
+const CLOCK_BATCH: usize = 64;
+/// The replacement queue is not compacted below this many entries.
+const QUEUE_COMPACT_MIN: usize = 4096;
 
 /// Free and used slots of the swap file.
 struct Slots {
@@ -422,11 +460,24 @@ struct Shared {
     track_clean: bool,
     /// Needed pages are left to the kernel's reclaim ([`NeededPaging::Kernel`]).
     kernel_needed: bool,
-    /// The sum of the regions' bitmap marks when pre-flush last scanned them.
+    /// Calls that marked pages discardable, in any region (shared by their bitmaps).
+    marks: Arc<AtomicU64>,
+    /// Fills of pages marked discardable (resident and discardable without a new mark).
+    refills: AtomicU64,
+    /// The marks when pre-flush last scanned the regions.
     preflush_seen: AtomicU64,
-    /// The sum of the marks when a budget eviction last found fewer discardable pages
-    /// than it wanted ([`NeededPaging::Kernel`]: it rescans only after new marks).
-    budget_seen: AtomicU64,
+    /// [`Shared::drop_epoch`] when a scan for discardable pages last went round every
+    /// region and found fewer than it wanted: until it moves, none is resident, and
+    /// the scans (one per eviction) are skipped.
+    short_seen: AtomicU64,
+    /// The clock's hand: the id of the region the next scan for discardable pages
+    /// starts from (round-robin over the regions; the eviction lock guards it).
+    hand: AtomicU64,
+    /// The regions the clock visits: every region with a resident page is here or
+    /// has a fill record in `filled` (added when drained, taken out by the clock when
+    /// it finds none resident), so a scan never walks regions whose pages are all
+    /// evicted or never used.
+    active: Mutex<BTreeSet<u64>>,
     /// Fills (and swap slots to free) recorded by faulting threads, drained into
     /// `queue` (and `slots`) by whoever holds the queue lock.
     filled: Ring,
@@ -439,13 +490,16 @@ struct Shared {
     budget: usize,
     headroom: Option<usize>,
     cgroup: Option<(Group, u64)>,
-    regions: RwLock<Vec<Arc<Managed>>>,
+    regions: RwLock<Regions>,
     next_id: AtomicU64,
     staging: Area,
     swap: SwapFile,
     slots: Mutex<Slots>,
     /// (region id, page, gen) in fill order: the replacement order of needed pages.
     queue: Mutex<VecDeque<(u64, u32, u32)>>,
+    /// The queue's length at which its stale entries are dropped (twice its length
+    /// after the last compaction).
+    queue_compact_at: AtomicUsize,
     /// One eviction at a time; also held by unmap and lock.
     evicting: Mutex<()>,
     resident: AtomicUsize,
@@ -663,8 +717,12 @@ impl Pager {
             sigbus,
             track_clean,
             kernel_needed,
+            marks: Arc::new(AtomicU64::new(0)),
+            refills: AtomicU64::new(0),
             preflush_seen: AtomicU64::new(0),
-            budget_seen: AtomicU64::new(u64::MAX),
+            short_seen: AtomicU64::new(u64::MAX),
+            hand: AtomicU64::new(0),
+            active: Mutex::new(BTreeSet::new()),
             filled: Ring::new((cfg.budget_bytes / ps).clamp(1024, 1 << 16)),
             bell: Doorbell::new()?,
             answered: AtomicU32::new(0),
@@ -672,12 +730,13 @@ impl Pager {
             budget: cfg.budget_bytes / ps,
             headroom: cfg.preflush_headroom_bytes.map(|b| b / ps),
             cgroup,
-            regions: RwLock::new(Vec::new()),
+            regions: RwLock::new(Regions::default()),
             next_id: AtomicU64::new(0),
             staging,
             swap,
             slots: Mutex::new(Slots { free: Vec::new(), next: 0, capacity }),
             queue: Mutex::new(VecDeque::new()),
+            queue_compact_at: AtomicUsize::new(QUEUE_COMPACT_MIN),
             evicting: Mutex::new(()),
             resident: AtomicUsize::new(0),
             counters: Counters::default(),
@@ -742,7 +801,8 @@ impl Pager {
         let oom =
             || Error::OutOfMemory { what: "pager region", why: format!("no memory for the records of {pages} pages") };
         let bitmap = || Bitmap::new(pages).ok_or_else(oom);
-        let (discardable, purged, clean, resident) = (bitmap()?, bitmap()?, bitmap()?, bitmap()?);
+        let discardable = Bitmap::counting_into(pages, self.shared.marks.clone()).ok_or_else(oom)?;
+        let (purged, clean, resident) = (bitmap()?, bitmap()?, bitmap()?);
         let state = zeroed::<AtomicU8>(pages).ok_or_else(oom)?;
         let (slot, gen) = (zeroed::<AtomicU32>(pages).ok_or_else(oom)?, zeroed::<AtomicU32>(pages).ok_or_else(oom)?);
         let area = Area::new(&self.shared.fd, len, true, self.shared.track_clean)?;
@@ -776,7 +836,7 @@ impl Pager {
                 }
             }
         }
-        self.shared.regions.write().unwrap_or_else(|p| p.into_inner()).push(m.clone());
+        self.shared.regions.write().unwrap_or_else(|p| p.into_inner()).insert(m.clone());
         Ok(PagedRegion { m })
     }
 
@@ -786,6 +846,14 @@ impl Pager {
         let s = &self.shared;
         s.owner.check()?;
         let m = &region.m;
+        let ours =
+            s.regions.read().unwrap_or_else(|p| p.into_inner()).by_id.get(&m.id).is_some_and(|r| Arc::ptr_eq(r, m));
+        if !ours {
+            return Err(Error::InvalidArgument {
+                what: "paged region",
+                why: format!("{region:?} is not a region of this pager"),
+            });
+        }
         // no new faults from here; then wait out the signal handlers running in it
         // (before the eviction lock: one may be waiting for an eviction to make room)
         m.area.unregister(&s.fd)?;
@@ -793,7 +861,7 @@ impl Pager {
             r.retire();
         }
         let _ev = s.lock_evicting();
-        s.regions.write().unwrap_or_else(|p| p.into_inner()).retain(|r| r.id != m.id);
+        s.regions.write().unwrap_or_else(|p| p.into_inner()).remove(m);
         s.drain();
         let mut slots = s.slots.lock().unwrap_or_else(|p| p.into_inner());
         // GONE for good: a fault being served now finds it and counts nothing (a fill
@@ -964,7 +1032,7 @@ impl Drop for Pager {
         }
         // regions still held by callers stay mapped; closing the userfaultfd (with
         // the last reference) unregisters them, so they behave as plain memory
-        for m in self.shared.regions.read().unwrap_or_else(|p| p.into_inner()).iter() {
+        for m in self.shared.regions.read().unwrap_or_else(|p| p.into_inner()).by_id.values() {
             m.orphaned.store(true, Ordering::Release);
             let _ = m.area.unregister(&self.shared.fd);
             if let Some(r) = m.route.get() {
@@ -1004,8 +1072,8 @@ impl Shared {
         }
         let regions = self.regions.read().unwrap_or_else(|p| p.into_inner());
         let m = regions
-            .iter()
-            .find(|m| addr >= m.area.addr() && addr + len <= m.area.addr() + m.area.len())
+            .holding(addr)
+            .filter(|m| r.pages() <= m.pages() - (addr - m.area.addr()) / page_size())
             .ok_or_else(|| Error::InvalidArgument {
                 what: "range",
                 why: format!("{} is not inside one region of this pager", HostAddr(addr)),
@@ -1015,7 +1083,7 @@ impl Shared {
 
     fn find(&self, addr: usize) -> Option<(Arc<Managed>, usize)> {
         let regions = self.regions.read().unwrap_or_else(|p| p.into_inner());
-        let m = regions.iter().find(|m| addr >= m.area.addr() && addr < m.area.addr() + m.area.len())?;
+        let m = regions.holding(addr)?;
         Some((m.clone(), (addr - m.area.addr()) / page_size()))
     }
 
@@ -1213,9 +1281,15 @@ impl Shared {
 
     fn drain_into(&self, q: &mut VecDeque<(u64, u32, u32)>) {
         let mut freed = Vec::new();
+        let mut filled_in = None;
+        let mut active = None;
         while let Some([id, page, slot]) = self.filled.pop() {
             if page != NO_PAGE {
                 q.push_back((id, (page >> 32) as u32, page as u32));
+                if filled_in != Some(id) {
+                    filled_in = Some(id);
+                    active.get_or_insert_with(|| self.active.lock().unwrap_or_else(|p| p.into_inner())).insert(id);
+                }
             }
             if slot != 0 {
                 freed.push((slot - 1) as u32);
@@ -1225,6 +1299,22 @@ impl Shared {
             let mut sl = self.slots.lock().unwrap_or_else(|p| p.into_inner());
             freed.into_iter().for_each(|s| sl.give_back(s));
         }
+        if q.len() > self.queue_compact_at.load(Ordering::Relaxed) {
+            self.compact(q);
+        }
+    }
+
+    /// Drops the queue's stale entries: pages filled again since (a later entry holds
+    /// them), regions unmapped. Entries leave the queue only when the budget evicts;
+    /// without this, a program that flushes and touches its pages again and again
+    /// below the budget grew it by one entry a fill, for ever. The caller holds the
+    /// queue lock (taken before the region index's, never after).
+    fn compact(&self, q: &mut VecDeque<(u64, u32, u32)>) {
+        let regions = self.regions.read().unwrap_or_else(|p| p.into_inner());
+        q.retain(|&(id, page, gen)| {
+            regions.by_id.get(&id).is_some_and(|m| m.gen[page as usize].load(Ordering::Acquire) == gen)
+        });
+        self.queue_compact_at.store((2 * q.len()).max(QUEUE_COMPACT_MIN), Ordering::Relaxed);
     }
 
     /// The oldest entry of the replacement queue.
@@ -1465,6 +1555,10 @@ impl Shared {
         };
         if done && kept {
             m.resident.set(page);
+            if m.discardable.get(page) {
+                // a scan for discardable pages must look again (after the bit above)
+                self.refills.fetch_add(1, Ordering::SeqCst);
+            }
             self.record(m.id, Some((page, gen)), slot, signal);
             return;
         }
@@ -1493,15 +1587,12 @@ impl Shared {
             let want = resident - self.budget + step - 1;
             if self.kernel_needed {
                 // needed pages stay above the budget (the kernel's to page out): scan
-                // for discardable ones again only once more were marked
-                let marks = self.marks();
-                if self.budget_seen.load(Ordering::Acquire) == marks {
+                // for discardable ones again only once more were marked (or filled)
+                if self.short_seen.load(Ordering::Acquire) == self.drop_epoch() {
                     return;
                 }
                 let _ev = self.lock_evicting();
-                if self.drop_discardable(want, Cause::Budget) < want {
-                    self.budget_seen.store(marks, Ordering::Release);
-                }
+                self.drop_discardable(want, Cause::Budget);
                 return;
             }
             let _ev = self.lock_evicting();
@@ -1537,11 +1628,15 @@ impl Shared {
         }
     }
 
-    /// The sum of the regions' bitmap marks: it moves whenever pages are marked
-    /// discardable.
+    /// The regions' bitmap marks: it moves whenever pages are marked discardable.
     fn marks(&self) -> u64 {
-        let regions = self.regions.read().unwrap_or_else(|p| p.into_inner());
-        regions.iter().fold(0u64, |a, m| a.wrapping_add(m.discardable.marks()))
+        self.marks.load(Ordering::SeqCst)
+    }
+
+    /// Moves whenever a page may have become resident and discardable: a mark, or a
+    /// fill of a page marked discardable.
+    fn drop_epoch(&self) -> u64 {
+        self.marks().wrapping_add(self.refills.load(Ordering::SeqCst))
     }
 
     /// Whether pages were marked discardable since the last call with `seen`.
@@ -1566,7 +1661,7 @@ impl Shared {
                     break;
                 };
                 let regions = self.regions.read().unwrap_or_else(|p| p.into_inner());
-                let Some(m) = regions.iter().find(|m| m.id == id).cloned() else { continue };
+                let Some(m) = regions.by_id.get(&id).cloned() else { continue };
                 drop(regions);
                 let page = page as usize;
                 if m.gen[page].load(Ordering::Acquire) != gen
@@ -1605,15 +1700,78 @@ impl Shared {
         Ok(done)
     }
 
-    /// Drops up to `want` resident discardable pages; returns how many.
+    /// Drops up to `want` resident discardable pages; returns how many. A clock over
+    /// the regions: the scan starts at the region where the last one stopped and goes
+    /// round them once at most, so every region gives up its discardable pages in
+    /// turn. The region index is locked only to take the next few regions (no copy of
+    /// it, no lock while pages move). Skipped when the last scan that went round found
+    /// too few and nothing was marked or filled discardable since. The caller holds
+    /// the eviction lock.
     fn drop_discardable(&self, want: usize, cause: Cause) -> usize {
-        let regions: Vec<Arc<Managed>> = self.regions.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let epoch = self.drop_epoch();
+        if self.short_seen.load(Ordering::Acquire) == epoch {
+            return 0;
+        }
+        // every region filled so far is in `active`
+        self.drain();
+        let start = self.hand.load(Ordering::Relaxed);
+        // ids from the hand up, then from 0 up to the hand
+        let mut next = Some(start);
+        let mut wrapped = false;
         let mut done = 0;
-        for m in &regions {
-            if done >= want {
-                break;
+        let mut batch: Vec<Arc<Managed>> = Vec::with_capacity(CLOCK_BATCH);
+        while done < want {
+            let Some(from) = next else {
+                if wrapped || start == 0 {
+                    // round every region once: none holds another discardable page
+                    self.short_seen.store(epoch, Ordering::Release);
+                    return done;
+                }
+                (next, wrapped) = (Some(0), true);
+                continue;
+            };
+            let end = if wrapped { start } else { u64::MAX };
+            let ids: Vec<u64> = {
+                let active = self.active.lock().unwrap_or_else(|p| p.into_inner());
+                active.range(from..end).take(CLOCK_BATCH).copied().collect()
+            };
+            next = match ids.last() {
+                Some(&id) if ids.len() == CLOCK_BATCH => id.checked_add(1),
+                _ => None,
+            };
+            let mut idle = Vec::new();
+            {
+                let regions = self.regions.read().unwrap_or_else(|p| p.into_inner());
+                for id in ids {
+                    match regions.by_id.get(&id) {
+                        Some(m) => batch.push(m.clone()),
+                        // unmapped
+                        None => idle.push(id),
+                    }
+                }
             }
-            done += self.drop_discardable_in(m, 0, m.pages(), want - done, cause);
+            let mut visited = 0;
+            for m in &batch {
+                if done >= want {
+                    break;
+                }
+                done += self.drop_discardable_in(m, 0, m.pages(), want - done, cause);
+                visited += 1;
+                // the next scan starts here: this region may hold more
+                self.hand.store(m.id, Ordering::Relaxed);
+            }
+            // Regions left with no resident page leave the clock. Under its lock: a
+            // page filled after the look has its record drained (and its region put
+            // back) after this, since the drain that adds it waits for the lock.
+            let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
+            for id in idle {
+                active.remove(&id);
+            }
+            for m in batch.drain(..).take(visited) {
+                if !m.holds_resident() {
+                    active.remove(&m.id);
+                }
+            }
         }
         done
     }

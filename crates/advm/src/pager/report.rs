@@ -114,7 +114,7 @@ impl Shared {
             self.unread.lock().map(|u| u.len()).unwrap_or(usize::MAX),
         );
         let regions: Vec<Arc<Managed>> = match self.regions.try_read() {
-            Ok(r) => r.clone(),
+            Ok(r) => r.by_id.values().cloned().collect(),
             Err(_) => {
                 let _ = writeln!(out, "  regions: lock held");
                 return;
