@@ -38,20 +38,6 @@ static void poke(char *p, char *sh, size_t n, unsigned seed) {
     for (size_t off = (seed * 4099) % 4096; off < n; off += 37 * 4096 + seed) p[off] ^= (char)(seed | 1), sh[off] ^= (char)(seed | 1);
 }
 
-/* Runs f in a child; returns how it ended ("exit N" or "signal N"). */
-static void in_child(const char *what, void (*f)(void *), void *arg) {
-    fflush(stdout);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        f(arg);
-        _exit(0);
-    }
-    int st;
-    CHECK(waitpid(pid, &st, 0) == pid);
-    if (WIFSIGNALED(st)) printf("%s: signal %d\n", what, WTERMSIG(st));
-    else printf("%s: exit %d\n", what, WEXITSTATUS(st));
-}
 
 static void write_first(void *p) { *(volatile char *)p = 1; }
 static char *ro_dst, *ro_src;

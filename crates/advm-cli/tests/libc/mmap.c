@@ -13,20 +13,6 @@
 
 static void poke(void *p) { *(volatile char *)p = 1; }
 
-static void in_child(const char *what, void (*f)(void *), void *arg) {
-    fflush(stdout);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        f(arg);
-        _exit(0);
-    }
-    int st;
-    CHECK(waitpid(pid, &st, 0) == pid);
-    if (WIFSIGNALED(st)) printf("%s: signal %d\n", what, WTERMSIG(st));
-    else printf("%s: exit %d\n", what, WEXITSTATUS(st));
-}
-
 int main(void) {
     char *m = mmap(NULL, 8 * MB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     CHECK(m != MAP_FAILED);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define CHECK(c)                                                                   \
@@ -39,4 +40,19 @@ static inline uint64_t sum(const void *p, size_t n) {
     uint64_t h = 1469598103934665603ull;
     for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
     return h;
+}
+
+/* Runs f in a child and prints how it ended ("what: exit N" or "what: signal N"). */
+static inline void in_child(const char *what, void (*f)(void *), void *arg) {
+    fflush(stdout);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        f(arg);
+        _exit(0);
+    }
+    int st;
+    CHECK(waitpid(pid, &st, 0) == pid);
+    if (WIFSIGNALED(st)) printf("%s: signal %d\n", what, WTERMSIG(st));
+    else printf("%s: exit %d\n", what, WEXITSTATUS(st));
 }
