@@ -176,7 +176,10 @@ impl ProcessWatch {
             Err(e) if e.errno == crate::sys::Errno::SRCH => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        let started = crate::sys::process::start_ticks(pid);
+        let started = procfs::process::Process::new(pid)
+            .and_then(|p| p.stat())
+            .map(|s| s.starttime)
+            .map_err(|e| crate::Error::io(format!("/proc/{pid}/stat"), std::io::Error::other(e)));
         // Read after the pidfd was opened: while its process runs, no other has its pid,
         // so the start time read was its own. One that has exited since is watched as it
         // is (exited), whichever it was.

@@ -322,17 +322,6 @@ pub fn pidfd_open(pid: i32) -> SysResult<OwnedFd> {
     Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) })
 }
 
-/// When process `pid` started, in clock ticks since boot (`/proc/PID/stat`, field 22).
-pub fn start_ticks(pid: i32) -> SysResult<u64> {
-    let path = format!("/proc/{pid}/stat");
-    let stat = std::fs::read_to_string(&path).map_err(|e| SysError::from_io("read /proc/PID/stat", &e))?;
-    // The name (field 2) is in parentheses and may hold anything: count from its end.
-    stat.rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_ascii_whitespace().nth(19))
-        .and_then(|f| f.parse().ok())
-        .ok_or(SysError::new("parse /proc/PID/stat", Errno::INVAL))
-}
-
 /// The time since boot (`CLOCK_BOOTTIME`, which counts suspended time as process
 /// start times do) in clock ticks, rounded down as `/proc/PID/stat` rounds them.
 pub fn boot_ticks() -> SysResult<u64> {
