@@ -423,6 +423,8 @@ impl Group {
                     // one process per write; one that has exited since is ESRCH
                     let _ = std::fs::write(&procs, pid.to_string());
                 }
+                // as remove's wait: a pid that does not move yet is not polled flat out
+                std::thread::sleep(Duration::from_millis(10));
             }
         }
         self.remove()
