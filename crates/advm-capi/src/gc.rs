@@ -260,9 +260,6 @@ pub struct AdvmGcOptions {
     pub free_lazily: c_int,
 }
 
-/// The most bytes of `struct advm_gc_options` a caller may pass: a page, as openat2.
-const MAX_OPTIONS_BYTES: usize = 4096;
-
 /// `advm_gc *advm_gc_new_opts(const struct advm_gc_options *)`: a heap with every
 /// setting the struct names; NULL with errno (EINVAL: NULL, a size below this
 /// library's struct or above 4096, a bad setting; ENOSYS: fields of a newer header
@@ -277,27 +274,8 @@ pub unsafe extern "C" fn advm_gc_new_opts(opts: *const AdvmGcOptions) -> *mut Ad
         if opts.is_null() {
             return Err(Error::InvalidArgument { what: "advm_gc_options", why: "NULL".into() });
         }
-        // SAFETY: the caller's contract; `size` is the first field.
-        let size = unsafe { std::ptr::read_unaligned(opts as *const usize) };
-        let ours = std::mem::size_of::<AdvmGcOptions>();
-        if size < ours || size > MAX_OPTIONS_BYTES {
-            return Err(Error::InvalidArgument {
-                what: "advm_gc_options.size",
-                why: format!("{size}, not from {ours} to {MAX_OPTIONS_BYTES}"),
-            });
-        }
-        // A newer header's fields must be zero: a setting this library cannot honour
-        // is refused, never ignored.
-        // SAFETY: the caller's contract: `size` bytes are readable.
-        let tail = unsafe { std::slice::from_raw_parts((opts as *const u8).add(ours), size - ours) };
-        if tail.iter().any(|&b| b != 0) {
-            return Err(Error::Memory(advm::Error::Unsupported {
-                what: "advm_gc_options",
-                why: format!("fields beyond this library's {ours} bytes are set (a newer header)"),
-            }));
-        }
-        // SAFETY: readable for `ours` bytes, checked above.
-        let o = unsafe { &*opts };
+        // SAFETY: the caller's contract: readable for the size its first field gives.
+        let o = unsafe { crate::versioned_options(opts, "advm_gc_options") }.map_err(Error::Memory)?;
         // SAFETY: NULL or a readable struct (the header's contract).
         let mut cfg = config(o.heap_bytes, unsafe { o.policy.as_ref() })?;
         // SAFETY: NULL or a live pager (the header's contract).

@@ -37,6 +37,39 @@ pub fn errno_of(e: &advm::Error) -> i32 {
     -raw.abs()
 }
 
+/// The most bytes of a size-versioned options struct a caller may pass: a page, as
+/// openat2 allows (a larger size is a field left unset, not a struct).
+const MAX_OPTIONS_BYTES: usize = 4096;
+
+/// A size-versioned options struct (`size` its first field, as openat2's): readable as
+/// this library's `T` when `size` is from `size_of::<T>()` to a page and every byte a
+/// newer header added beyond ours is zero (a setting this library cannot honour is
+/// refused, ENOSYS, never ignored). `what` names the struct in errors.
+///
+/// # Safety
+/// `opts` is non-NULL and readable for the `size` bytes its first field gives.
+pub unsafe fn versioned_options<'a, T>(opts: *const T, what: &'static str) -> Result<&'a T, advm::Error> {
+    // SAFETY: the caller's contract; `size` is the first field.
+    let size = unsafe { std::ptr::read_unaligned(opts as *const usize) };
+    let ours = std::mem::size_of::<T>();
+    if size < ours || size > MAX_OPTIONS_BYTES {
+        return Err(advm::Error::InvalidArgument {
+            what,
+            why: format!("size {size}, not from {ours} to {MAX_OPTIONS_BYTES}"),
+        });
+    }
+    // SAFETY: the caller's contract: `size` bytes are readable.
+    let tail = unsafe { std::slice::from_raw_parts((opts as *const u8).add(ours), size - ours) };
+    if tail.iter().any(|&b| b != 0) {
+        return Err(advm::Error::Unsupported {
+            what,
+            why: format!("fields beyond this library's {ours} bytes are set (a newer header)"),
+        });
+    }
+    // SAFETY: readable for `ours` bytes, checked above.
+    Ok(unsafe { &*opts })
+}
+
 /// Runs `f`, turning a panic into `-EIO` so it never unwinds across the C boundary
 /// (an arena that panicked then refuses every later call: `-ENOTRECOVERABLE`). A
 /// negative result is also left in `errno`, for callers that check it instead; on

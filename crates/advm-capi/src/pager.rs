@@ -121,25 +121,8 @@ fn invalid(what: &'static str, why: impl Into<String>) -> advm::Error {
 /// # Safety
 /// `o` is readable for `o.size` bytes and its strings are NULL or NUL-terminated.
 unsafe fn config_of(o: *const advm_pager_options) -> Result<Config, advm::Error> {
-    // SAFETY: the caller's contract; `size` is the first field.
-    let size = unsafe { std::ptr::read_unaligned(o as *const usize) };
-    let ours = std::mem::size_of::<advm_pager_options>();
-    // A page at most, as openat2 allows: a larger size is a field left unset, not a struct.
-    if size < ours || size > 4096 {
-        return Err(invalid("advm_pager_options.size", format!("{size}, not from {ours} to 4096")));
-    }
-    // A newer header's fields beyond ours must be zero (openat2's rule): a
-    // setting this library cannot honour is refused, never ignored.
-    // SAFETY: the caller's contract: `size` bytes are readable.
-    let tail = unsafe { std::slice::from_raw_parts((o as *const u8).add(ours), size - ours) };
-    if tail.iter().any(|&b| b != 0) {
-        return Err(advm::Error::Unsupported {
-            what: "advm_pager_options",
-            why: format!("fields beyond this library's {ours} bytes are set (a newer header)"),
-        });
-    }
-    // SAFETY: readable for `ours` bytes, checked above.
-    let o = unsafe { &*o };
+    // SAFETY: the caller's contract: readable for the size its first field gives.
+    let o = unsafe { crate::versioned_options(o, "advm_pager_options") }?;
     let mut cfg = Config::new(o.budget_bytes);
     // SAFETY: the caller's contract for both strings.
     (cfg.swap_path, cfg.cgroup) = unsafe { (path_arg(o.swap_path), path_arg(o.cgroup)) };
