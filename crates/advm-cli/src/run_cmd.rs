@@ -178,12 +178,13 @@ pub fn render_merge_totals(t: &advm::merge::agent::AgentTotals) -> String {
     )
 }
 
-/// Renders the cgroup meter's report for `--cgroup`.
-pub fn render_cgroup(s: &cgroup::Summary) -> String {
+/// Renders the cgroup meter's report for `--cgroup`, its lines led by `who` (the
+/// command: `advm run`, `advm vm run`).
+pub fn render_cgroup(who: &str, s: &cgroup::Summary) -> String {
     let agg =
         |a: advm::stats::Aggregate| format!("mean {}, peak {}", fmt_bytes(a.mean as u64), fmt_bytes(a.max as u64));
     format!(
-        "advm run: memory cgroup {} ({:?}), {} samples every {} ms\n  anon+shmem   {}\n  page cache   {}\n",
+        "{who}: memory cgroup {} ({:?}), {} samples every {} ms\n  anon+shmem   {}\n  page cache   {}\n",
         s.group.display(),
         s.version,
         s.samples,
@@ -239,7 +240,7 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         if args.json {
             eprintln!("{}", serde_json::to_string_pretty(&summary).expect("serializes"));
         } else {
-            eprint!("{}", render_cgroup(&summary));
+            eprint!("{}", render_cgroup("advm run", &summary));
         }
     }
     if args.stats {

@@ -547,9 +547,12 @@ fn a_pmem_guest_boots_under_the_emulator_with_a_read_only_root_on_dax_no_page_ca
         return;
     }
     let Some(image) = built_guest() else { return };
+    // as root, in a memory cgroup of its own (--cgroup needs root)
+    let cgroup = advm::process::is_root();
     let mut vm = Command::new(ADVM)
         .args(["vm", "run", "--image", image.to_str().unwrap(), "--disk", "pmem", "--accel", "tcg"])
         .args(["--mem", "128", "--timeout", "120"])
+        .args(cgroup.then_some("--cgroup"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -572,10 +575,26 @@ fn a_pmem_guest_boots_under_the_emulator_with_a_read_only_root_on_dax_no_page_ca
     // The guest printed these lines before its service answered.
     let log = std::fs::read_to_string(&console).unwrap();
     advm::process::terminate(vm.id()).unwrap();
-    assert!(vm.wait().unwrap().success(), "advm vm run failed on SIGTERM");
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    assert!(vm.wait().unwrap().success(), "advm vm run failed on SIGTERM: {rest}");
     // A VM that ended cleanly leaves no work directory behind.
     let workdir = Path::new(&console).parent().unwrap();
     assert!(!workdir.exists(), "{} left behind", workdir.display());
+    if cgroup {
+        // Said at ready, and after QEMU exited: what the guest touched is charged to
+        // QEMU's group (guest RAM; the image's pages are page cache, charged to whoever
+        // read them first).
+        assert!(rest.contains("at ready: anon+shmem "), "{rest}");
+        let report = rest.lines().skip_while(|l| !l.starts_with("advm vm run: memory cgroup ")).collect::<Vec<_>>();
+        let peak = report
+            .iter()
+            .find_map(|l| l.trim().strip_prefix("anon+shmem"))
+            .and_then(|l| l.split("peak ").nth(1))
+            .unwrap_or_else(|| panic!("no cgroup report after QEMU exited: {rest}"));
+        let mib = peak.strip_suffix(" MiB").and_then(|n| n.trim().parse::<f64>().ok());
+        assert!(mib.is_some_and(|m| m > 8.0 && m < 1024.0), "a booted guest's peak: {peak}");
+    }
     let mount = log.lines().find(|l| l.starts_with("advm-init: mounts: ")).unwrap_or_else(|| panic!("{log}"));
     assert!(mount.contains("/dev/pmem0 /newroot ext4") && mount.contains("dax"), "root not on DAX: {mount}");
     // Nothing writes the image: no page of it becomes the VM's own.
@@ -588,6 +607,12 @@ fn a_pmem_guest_boots_under_the_emulator_with_a_read_only_root_on_dax_no_page_ca
     let kib: u64 = cached.split_whitespace().nth(1).unwrap().parse().unwrap();
     // The service read 32 MiB of files and python: through DAX none of it is cached.
     assert!(kib < 1024, "the guest caches its files: {cached}");
+}
+
+#[test]
+fn json_without_cgroup_is_refused_naming_cgroup() {
+    let (okay, e) = advm(&["vm", "run", "--image", "/g/app.qcow2", "--json"]);
+    assert!(!okay && e.contains("--cgroup"), "{e}");
 }
 
 #[test]

@@ -12,6 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use advm::image::{Image, LayerFormat, LayerStamp, MapOptions, PmemBacking, DUMP_DIR_ENV};
+use advm::stats::cgroup::{Group, DEFAULT_INTERVAL};
 
 use super::qemu::{self, Accel, Disk, Settings};
 use crate::CliError;
@@ -137,6 +138,15 @@ pub struct RunArgs {
     /// Stop the VM once it is ready (for scripts and tests).
     #[arg(long)]
     pub exit_when_ready: bool,
+    /// Run QEMU in its own memory cgroup: say on stderr what is charged to it when the
+    /// guest is ready, and after QEMU exits the anon+shmem and page cache charged to it
+    /// (mean and peak, sampled every 50 ms). Needs root (see docs/vm.md for what a VM's
+    /// group holds and what it does not).
+    #[arg(long)]
+    pub cgroup: bool,
+    /// With --cgroup: print its report after QEMU exits as JSON (on stderr).
+    #[arg(long, requires = "cgroup")]
+    pub json: bool,
     /// The QEMU program.
     #[arg(long, default_value = "qemu-system-x86_64")]
     pub qemu: String,
@@ -472,7 +482,7 @@ impl Drop for BootLookups {
 }
 
 /// Starts QEMU for `args` (checked by [`preflight`] first).
-pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
+pub fn start(args: &RunArgs, workdir: &Path, group: Option<&Group>) -> Result<Vm, CliError> {
     let dir = args.image.parent().map(Path::to_path_buf).unwrap_or_default();
     let kernel = args.kernel.clone().unwrap_or_else(|| dir.join("vmlinuz"));
     let initrd = args.initrd.clone().unwrap_or_else(|| dir.join("initrd.img"));
@@ -554,6 +564,9 @@ pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
         if let Some(b) = &backing {
             let (k, v) = b.env();
             cmd.env(k, v).env(DUMP_DIR_ENV, workdir);
+        }
+        if let Some(g) = group {
+            g.join_at_exec(&mut cmd)?;
         }
         let started = Instant::now();
         let mut child = cmd.spawn().map_err(|e| CliError::Io(format!("starting {}", settings.qemu), e))?;
@@ -691,7 +704,19 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         return Err(usage(format!("--boot-lookup-every {}: expected seconds from 0 to 3600", args.boot_lookup_every)));
     }
     let work = workdir_of(std::process::id());
-    let result = run_in(&args, &work);
+    let group = if args.cgroup { Some(Group::create("vm")?) } else { None };
+    let sampler = group.as_ref().map(|g| g.sample_every(DEFAULT_INTERVAL));
+    let result = run_in(&args, &work, group.as_ref());
+    if let (Some(g), Some(sampler)) = (group, sampler) {
+        let summary = sampler.stop()?;
+        // QEMU has been reaped; what it left running (nothing, normally) lives on
+        g.release()?;
+        if args.json {
+            eprintln!("{}", serde_json::to_string_pretty(&summary).expect("serializes"));
+        } else {
+            eprint!("{}", crate::run_cmd::render_cgroup("advm vm run", &summary));
+        }
+    }
     match &result {
         // also when stopped on request (Ctrl-C, a benchmark ending): nothing to look into
         Ok(true) => {
@@ -707,12 +732,12 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
 }
 
 /// Runs the VM in `work`; true when it ended cleanly.
-fn run_in(args: &RunArgs, work: &Path) -> Result<bool, CliError> {
+fn run_in(args: &RunArgs, work: &Path, group: Option<&Group>) -> Result<bool, CliError> {
     // Held from before QEMU starts: a SIGTERM while it starts still lets the KSM
     // settings be restored.
     let signals = advm::process::ForwardSignals::hold()?;
     let _ksm = if args.ksm { Some(advm::ksm::Session::start(1000, 20)?) } else { None };
-    let mut vm = start(args, work)?;
+    let mut vm = start(args, work, group)?;
     signals.child(vm.child.id())?;
     let lookups = (args.merge && args.boot_lookup_every > 0.0)
         .then(|| BootLookups::start(vm.child.id(), Duration::from_secs_f64(args.boot_lookup_every)));
@@ -725,6 +750,15 @@ fn run_in(args: &RunArgs, work: &Path) -> Result<bool, CliError> {
         body
     ));
     eprintln!("console: {}; dump with `advm vm dump --vm {}`", vm.console.display(), std::process::id());
+    if let Some(g) = group {
+        let u = g.usage()?;
+        eprintln!(
+            "advm vm run: memory cgroup {} at ready: anon+shmem {}, page cache {}",
+            g.path().display(),
+            advm_bench::fmt_bytes(u.anon_shmem_bytes()),
+            advm_bench::fmt_bytes(u.page_cache_bytes)
+        );
+    }
     if args.merge {
         std::thread::sleep(Duration::from_secs_f64(args.merge_after));
         drop(lookups);
