@@ -180,7 +180,7 @@ pub fn render_merge_totals(t: &advm::merge::agent::AgentTotals) -> String {
 
 /// Renders the cgroup meter's report for `--cgroup`, its lines led by `who` (the
 /// command: `advm run`, `advm vm run`).
-pub fn render_cgroup(who: &str, s: &cgroup::Summary) -> String {
+fn render_cgroup(who: &str, s: &cgroup::Summary) -> String {
     let agg =
         |a: advm::stats::Aggregate| format!("mean {}, peak {}", fmt_bytes(a.mean as u64), fmt_bytes(a.max as u64));
     format!(
@@ -192,6 +192,20 @@ pub fn render_cgroup(who: &str, s: &cgroup::Summary) -> String {
         agg(s.anon_shmem_bytes),
         agg(s.page_cache_bytes)
     )
+}
+
+/// Ends `--cgroup` once the measured program has been reaped: stops the sampler,
+/// releases the group (what the program left running lives on, as it would without
+/// advm) and prints the report on stderr, as JSON with `json`.
+pub fn report_cgroup(who: &str, group: Group, sampler: cgroup::Sampler, json: bool) -> Result<(), CliError> {
+    let summary = sampler.stop()?;
+    group.release()?;
+    if json {
+        eprintln!("{}", serde_json::to_string_pretty(&summary).expect("serializes"));
+    } else {
+        eprint!("{}", render_cgroup(who, &summary));
+    }
+    Ok(())
 }
 
 /// `advm run`: runs the program, then exits with its status.
@@ -234,14 +248,7 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     let status = child.wait().map_err(|e| CliError::Io(format!("waiting for {program}"), e))?;
     drop(signals);
     if let (Some(g), Some(sampler)) = (group, sampler) {
-        let summary = sampler.stop()?;
-        // what the program left running lives on, as it would without advm
-        g.release()?;
-        if args.json {
-            eprintln!("{}", serde_json::to_string_pretty(&summary).expect("serializes"));
-        } else {
-            eprint!("{}", render_cgroup("advm run", &summary));
-        }
+        report_cgroup("advm run", g, sampler, args.json)?;
     }
     if args.stats {
         let mode = args.mode.name();

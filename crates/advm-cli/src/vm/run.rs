@@ -708,14 +708,7 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     let sampler = group.as_ref().map(|g| g.sample_every(DEFAULT_INTERVAL));
     let result = run_in(&args, &work, group.as_ref());
     if let (Some(g), Some(sampler)) = (group, sampler) {
-        let summary = sampler.stop()?;
-        // QEMU has been reaped; what it left running (nothing, normally) lives on
-        g.release()?;
-        if args.json {
-            eprintln!("{}", serde_json::to_string_pretty(&summary).expect("serializes"));
-        } else {
-            eprint!("{}", crate::run_cmd::render_cgroup("advm vm run", &summary));
-        }
+        crate::run_cmd::report_cgroup("advm vm run", g, sampler, args.json)?;
     }
     match &result {
         // also when stopped on request (Ctrl-C, a benchmark ending): nothing to look into
