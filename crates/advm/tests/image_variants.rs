@@ -343,6 +343,37 @@ fn a_missing_data_file_is_an_error_naming_it() {
     assert!(e.starts_with(&format!("{}: external data file", d.join("gone.qcow2").display())), "{e}");
 }
 
+/// QEMU's rules for data files: a cluster lives at its guest offset, and none is
+/// compressed; an L2 entry breaking either is refused, as QEMU fails the read.
+#[test]
+fn data_file_clusters_away_from_their_guest_offset_or_compressed_are_refused() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = Dir::new("variants-datafile-l2");
+    let d = &dir.0;
+    for (name, entry, why) in [
+        ("moved.qcow2", (1u64 << 63) | 0x20000, "cluster for guest 0x10000 is at 0x20000 of the external data file"),
+        (
+            "compressed.qcow2",
+            (1u64 << 62) | 0x10000,
+            "compressed cluster for guest 0x10000 in an image with an external data file",
+        ),
+    ] {
+        create(d, name, &format!("data_file={name}.data"), None, Some(M));
+        io(d, name, &["write -P 0x11 64k 64k".into()]);
+        let p = d.join(name);
+        patch(&p, l2_entry_at(&p, 1), &entry.to_be_bytes());
+        let e = refused(d, name, ImageOptions::default());
+        assert!(e.contains(why), "{e}");
+        let q = std::process::Command::new("qemu-img")
+            .args(["convert", "-O", "raw", name, "x.raw"])
+            .current_dir(d)
+            .output();
+        assert!(!q.unwrap().status.success(), "{name}: qemu-img read it");
+    }
+}
+
 /// A plan of the service is keyed by the data file too: one replaced under its name
 /// (`mv`), or written in place with its mtime put back, is planned again and read
 /// fresh, never served from the plan holding the old file.
