@@ -471,6 +471,18 @@ impl Drop for BootLookups {
     }
 }
 
+/// Each layer's external data file, (depth, absolute path), for QEMU's command line: QEMU
+/// resolves a relative data file name in its working directory, advm beside the layer.
+fn data_files(image: &Image) -> Result<Vec<(usize, PathBuf)>, CliError> {
+    let mut out = Vec::new();
+    for (depth, layer) in image.layers().iter().enumerate() {
+        if let Some(p) = layer.data_file() {
+            out.push((depth, std::path::absolute(p).map_err(|e| CliError::Io(p.display().to_string(), e))?));
+        }
+    }
+    Ok(out)
+}
+
 /// Starts QEMU for `args` (checked by [`preflight`] first).
 pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
     let dir = args.image.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -513,6 +525,7 @@ pub fn start(args: &RunArgs, workdir: &Path) -> Result<Vm, CliError> {
                     other => return Err(usage(format!("--disk blk: a top layer of format {other:?}"))),
                 },
                 force_share: args.chain.options().force_share,
+                data_files: data_files(&image)?,
             },
             None,
         ),
