@@ -304,6 +304,12 @@ fn external_data_files_map_alone_under_an_overlay_and_in_the_middle() {
     create(d, "top.qcow2", "data_file=top.data", Some(("mid.qcow2", "qcow2")), None);
     io(d, "top.qcow2", &["write -P 0x76 0 4k".into(), "write -P 0x77 2040k 16k".into()]);
     same(d, "top.qcow2");
+    // A data file shorter than its clusters (cut inside one): zeros past its end, as
+    // QEMU reads the file.
+    create(d, "short.qcow2", "data_file=short.data", None, Some(M));
+    io(d, "short.qcow2", &["write -P 0x7a 512k 128k".into()]);
+    fs::OpenOptions::new().write(true).open(d.join("short.data")).unwrap().set_len(540_000).unwrap();
+    same(d, "short.qcow2");
     // Data files elsewhere: in a subdirectory (named relative to the layer), and by an
     // absolute name outside the image's directory, refused unless allowed.
     fs::create_dir(d.join("sub")).unwrap();
