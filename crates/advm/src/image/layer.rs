@@ -169,8 +169,8 @@ pub struct LayerInfo {
     pub backing_name: Option<String>,
     /// The backing format extension, when present.
     pub backing_format: Option<String>,
-    /// The external data file the layer's guest clusters are in (resolved as QEMU
-    /// does: beside the layer file), when it has one.
+    /// The external data file the layer's guest clusters are in (a relative name
+    /// resolved beside the layer file), when it has one.
     pub data_file: Option<PathBuf>,
     /// The data file reads as a raw image by itself (`data_file_raw`).
     pub data_file_raw: bool,
@@ -442,8 +442,9 @@ fn open_typed(path: &Path, unfit: &dyn Fn(&str) -> Error) -> Result<(File, u64)>
     Ok((file, len))
 }
 
-/// Opens the external data file `layer`'s header names, if any: resolved as QEMU
-/// resolves it (relative to the layer file's directory), asked of `may_open` first,
+/// Opens the external data file `layer`'s header names, if any: a relative name beside
+/// the layer file, where `qemu-img create` made it (QEMU itself looks in its working
+/// directory; advm must not depend on its own, a daemon's), asked of `may_open` first,
 /// under the policy of backing files (inside `tree` unless `allow_backing_outside`, a
 /// regular file or block device, no QEMU writer unless `force_share`).
 fn open_data_file(
