@@ -488,7 +488,8 @@ impl VmFillBench {
             .map_err(|e| BenchError::Usage(format!("{}: {e}", s.image.display())))?
             .layers()
             .iter()
-            .map(|l| l.path().to_path_buf())
+            // the files a pmem device maps: each layer's, or its external data file
+            .flat_map(|l| std::iter::once(l.path()).chain(l.data_file()).map(Path::to_path_buf))
             .collect();
         drop_caches();
         std::thread::sleep(Duration::from_secs(1));

@@ -108,6 +108,9 @@ pub fn run(cmd: ImageCmd) -> Result<(), CliError> {
                 if l.extended_l2 {
                     notes.push("extended L2".into());
                 }
+                if let Some(d) = &l.data_file {
+                    notes.push(format!("data file {}{}", d.display(), if l.data_file_raw { " (raw)" } else { "" }));
+                }
                 cells.push(vec![
                     l.depth.to_string(),
                     l.path.display().to_string(),
@@ -129,13 +132,20 @@ pub fn run(cmd: ImageCmd) -> Result<(), CliError> {
             let img = Image::open_with(&image, &chain.options())?;
             let map = img.extent_map()?;
             let files: Vec<String> = img.layers().iter().map(|l| l.path().display().to_string()).collect();
+            // Data extents' offsets are in a layer's external data file when it has one.
+            let data_files: Vec<String> =
+                img.layers().iter().map(|l| l.data_file().unwrap_or(l.path()).display().to_string()).collect();
+            let file_of = |e: &advm::image::Extent| match e.kind {
+                ExtentKind::Data { .. } => &data_files[e.depth],
+                _ => &files[e.depth],
+            };
             if json {
                 let extents: Vec<serde_json::Value> = map
                     .extents
                     .iter()
                     .map(|e| {
                         let mut v = serde_json::to_value(e).expect("extents serialize");
-                        v["file"] = serde_json::json!(files[e.depth]);
+                        v["file"] = serde_json::json!(file_of(e));
                         v
                     })
                     .collect();
@@ -156,7 +166,7 @@ pub fn run(cmd: ImageCmd) -> Result<(), CliError> {
                     e.len.to_string(),
                     kind,
                     e.depth.to_string(),
-                    files[e.depth].clone(),
+                    file_of(e).clone(),
                     offset,
                 ]);
             }

@@ -168,6 +168,41 @@ fn a_peer_that_may_not_read_a_layer_is_refused_and_the_owner_is_served() {
     });
 }
 
+/// A layer's external data file is read for the peer too: one it may not read refuses
+/// the chain, naming the data file, before the service opens it.
+#[test]
+fn a_peer_that_may_not_read_a_data_file_is_refused() {
+    if !have_qemu() {
+        return;
+    }
+    let d = Dir::new("peer-data");
+    run(&d.0, "qemu-img", &["create", "-q", "-f", "qcow2", "-o", "data_file=df.data", "df.qcow2", "1M"]);
+    run(&d.0, "qemu-io", &["-c", "write -P 0x44 0 64k", "df.qcow2"]);
+    let (top, data) = (d.0.join("df.qcow2"), d.0.join("df.data"));
+    use std::os::unix::fs::PermissionsExt;
+    if std::os::unix::fs::chown(&data, Some(4242), Some(4242)).is_err() {
+        eprintln!("skipping: chown needs root");
+        return;
+    }
+    std::os::unix::fs::chown(&top, Some(4242), Some(4242)).unwrap();
+    fs::set_permissions(&data, fs::Permissions::from_mode(0o600)).unwrap();
+    fs::set_permissions(&top, fs::Permissions::from_mode(0o644)).unwrap();
+    let service = Service::new(MapOptions::default());
+    let request = Request::Attach { path: top.clone() };
+    match service.handle(Some(Peer { uid: 4243, gid: 4243, pid: 1 }), &request) {
+        (Reply::Error(why), fds) => {
+            assert!(fds.is_empty());
+            assert!(why.contains("df.data") && why.contains("may not read"), "{why}");
+        }
+        (Reply::Plan(_), _) => panic!("a peer that cannot read the data file got its plan"),
+    }
+    // The owner gets one descriptor for the layer: its data file.
+    let (reply, fds) = service.handle(Some(Peer { uid: 4242, gid: 4242, pid: 1 }), &request);
+    assert!(matches!(reply, Reply::Plan(_)) && fds.len() == 1, "{reply:?}");
+    let sent = fs::read_link(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fds[0]))).unwrap();
+    assert_eq!(sent, fs::canonicalize(&data).unwrap());
+}
+
 /// (device size, pieces as (guest offset, length, anonymous?, offset in its file)).
 fn pmem_plan(b: &advm::image::PmemBacking) -> (u64, Vec<(u64, u64, bool, u64)>) {
     let w = |s: &[u8], i: usize| u64::from_le_bytes(s[8 * i..8 * i + 8].try_into().unwrap());

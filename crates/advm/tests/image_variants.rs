@@ -1,4 +1,5 @@
-//! A sweep over the images qemu-img and qemu-io can make: every one either maps with
+//! A sweep over the images qemu-img and qemu-io can make (external data files among
+//! them): every one either maps with
 //! exactly the bytes `qemu-img convert -O raw` gives (through the mapping, through
 //! `Image::read_at`, and through the image service's plan) or is refused with a clear error naming why. Small images (a few
 //! MiB), so the whole sweep takes seconds; the wider one is `bench/image/sweep.sh`.
@@ -262,30 +263,173 @@ fn preallocation_modes() {
 }
 
 #[test]
-fn external_data_files_are_refused_with_the_command_that_converts() {
+fn external_data_files_map_alone_under_an_overlay_and_in_the_middle() {
     if !have_qemu() {
         return;
     }
     let dir = Dir::new("variants-datafile");
     let d = &dir.0;
+    let size = 3 * M + 512;
+    // data_file_raw=on makes qemu-img preallocate the metadata itself; zero writes then
+    // write zeros into the data file too.
     for raw in ["off", "on"] {
-        let name = format!("df-{raw}.qcow2");
-        create(d, &name, &format!("data_file={name}.data,data_file_raw={raw}"), None, Some(2 * M));
-        io(d, &name, &["write -P 0x11 64k 64k".into()]);
-        let p = d.join(&name);
-        assert_eq!(
-            refused(d, &name, ImageOptions::default()),
-            format!(
-                "{}: keeps its data in an external data file (incompatible bit 2), which advm does not read; \
-                 convert it to a self-contained qcow2: qemu-img convert -O qcow2 {} out.qcow2",
-                p.display(),
-                p.display()
-            )
-        );
-        // The converted copy reads as the original.
-        run(d, "qemu-img", &["convert", "-O", "qcow2", &name, "out.qcow2"]);
-        assert_reads(d, "out.qcow2", ImageOptions::default(), &converted(d, &name, &[]));
+        for prealloc in ["off", "metadata", "falloc", "full"] {
+            for extra in ["cluster_size=4k", "cluster_size=64k", "extended_l2=on", "cluster_size=2M"] {
+                let cs = match extra {
+                    "cluster_size=4k" => 4 * K,
+                    "cluster_size=2M" => 2 * M,
+                    _ => 64 * K,
+                };
+                let size = (3 * M).max(8 * cs) + 512;
+                let name = format!("df-{raw}-{prealloc}-{}.qcow2", extra.replace('=', ""));
+                let opts = format!("data_file={name}.data,data_file_raw={raw},preallocation={prealloc},{extra}");
+                create(d, &name, &opts, None, Some(size));
+                // No compressed clusters: QEMU refuses them in a data file.
+                io(d, &name, &mix(cs, size, false));
+                same(d, &name);
+            }
+        }
     }
+    // Under an overlay (written over part of the data), below an overlay with a data
+    // file of its own, and in the middle of a chain over a plain base.
+    create(d, "base.qcow2", "data_file=base.data,data_file_raw=on", None, Some(size));
+    io(d, "base.qcow2", &["write -P 0x71 0 2M".into(), "write -z 512k 64k".into()]);
+    create(d, "over.qcow2", "cluster_size=4k", Some(("base.qcow2", "qcow2")), None);
+    io(d, "over.qcow2", &["write -P 0x72 60k 8k".into(), "write -z -u 1M 4k".into(), "discard 1536k 4k".into()]);
+    same(d, "over.qcow2");
+    create(d, "plain.qcow2", "", None, Some(size));
+    io(d, "plain.qcow2", &["write -P 0x73 0 3M".into()]);
+    create(d, "mid.qcow2", "data_file=mid.data,cluster_size=16k", Some(("plain.qcow2", "qcow2")), None);
+    io(d, "mid.qcow2", &["write -P 0x74 8k 24k".into(), "write -z 1M 32k".into(), "write -P 0x75 2M 100k".into()]);
+    create(d, "top.qcow2", "data_file=top.data", Some(("mid.qcow2", "qcow2")), None);
+    io(d, "top.qcow2", &["write -P 0x76 0 4k".into(), "write -P 0x77 2040k 16k".into()]);
+    same(d, "top.qcow2");
+    // A data file shorter than its clusters (cut inside one): zeros past its end, as
+    // QEMU reads the file.
+    create(d, "short.qcow2", "data_file=short.data", None, Some(M));
+    io(d, "short.qcow2", &["write -P 0x7a 512k 128k".into()]);
+    fs::OpenOptions::new().write(true).open(d.join("short.data")).unwrap().set_len(540_000).unwrap();
+    same(d, "short.qcow2");
+    // Data files elsewhere: in a subdirectory (named relative to the layer), and by an
+    // absolute name outside the image's directory, refused unless allowed.
+    fs::create_dir(d.join("sub")).unwrap();
+    create(d, "rel.qcow2", "data_file=sub/rel.data", None, Some(M));
+    io(d, "rel.qcow2", &["write -P 0x78 4k 4k".into()]);
+    same(d, "rel.qcow2");
+    let outside = Dir::new("variants-datafile-outside");
+    let data = outside.0.join("abs.data");
+    create(d, "abs.qcow2", &format!("data_file={}", data.display()), None, Some(M));
+    io(d, "abs.qcow2", &["write -P 0x79 8k 4k".into()]);
+    let e = refused(d, "abs.qcow2", ImageOptions::default());
+    assert!(e.contains("external data file") && e.contains("outside") && e.contains("--allow-backing-outside"), "{e}");
+    same_with(d, "abs.qcow2", ImageOptions { allow_backing_outside: true, ..Default::default() });
+}
+
+#[test]
+fn a_missing_data_file_is_an_error_naming_it() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = Dir::new("variants-datafile-missing");
+    let d = &fs::canonicalize(&dir.0).unwrap();
+    create(d, "gone.qcow2", "data_file=gone.data", None, Some(M));
+    io(d, "gone.qcow2", &["write -P 0x11 0 64k".into()]);
+    fs::remove_file(d.join("gone.data")).unwrap();
+    assert_eq!(
+        refused(d, "gone.qcow2", ImageOptions::default()),
+        format!(
+            "{}: external data file \"gone.data\" (resolved to {}): No such file or directory (os error 2)",
+            d.join("gone.qcow2").display(),
+            d.join("gone.data").display()
+        )
+    );
+    // Below an overlay, the layer that names it is the one named.
+    create(d, "o.qcow2", "", Some(("gone.qcow2", "qcow2")), None);
+    let e = refused(d, "o.qcow2", ImageOptions::default());
+    assert!(e.starts_with(&format!("{}: external data file", d.join("gone.qcow2").display())), "{e}");
+}
+
+/// QEMU's rules for data files: a cluster lives at its guest offset, and none is
+/// compressed; an L2 entry breaking either is refused, as QEMU fails the read.
+#[test]
+fn data_file_clusters_away_from_their_guest_offset_or_compressed_are_refused() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = Dir::new("variants-datafile-l2");
+    let d = &dir.0;
+    for (name, entry, why) in [
+        ("moved.qcow2", (1u64 << 63) | 0x20000, "cluster for guest 0x10000 is at 0x20000 of the external data file"),
+        (
+            "compressed.qcow2",
+            (1u64 << 62) | 0x10000,
+            "compressed cluster for guest 0x10000 in an image with an external data file",
+        ),
+    ] {
+        create(d, name, &format!("data_file={name}.data"), None, Some(M));
+        io(d, name, &["write -P 0x11 64k 64k".into()]);
+        let p = d.join(name);
+        patch(&p, l2_entry_at(&p, 1), &entry.to_be_bytes());
+        let e = refused(d, name, ImageOptions::default());
+        assert!(e.contains(why), "{e}");
+        let q = std::process::Command::new("qemu-img")
+            .args(["convert", "-O", "raw", name, "x.raw"])
+            .current_dir(d)
+            .output();
+        assert!(!q.unwrap().status.success(), "{name}: qemu-img read it");
+    }
+}
+
+/// A plan of the service is keyed by the data file too: one replaced under its name
+/// (`mv`), or written in place with its mtime put back, is planned again and read
+/// fresh, never served from the plan holding the old file.
+#[test]
+fn a_changed_data_file_is_planned_again_by_the_image_service() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = Dir::new("variants-datafile-service");
+    let d = &fs::canonicalize(&dir.0).unwrap();
+    create(d, "s.qcow2", "data_file=s.data,data_file_raw=on", None, Some(M));
+    io(d, "s.qcow2", &["write -P 0x11 0 1M".into()]);
+    // The service keeps only plans of files unchanged for 2 s.
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let service = Service::new(options(ImageOptions::default()));
+    let (client, server) = UnixStream::pair().unwrap();
+    let end = client.try_clone().unwrap();
+    let (client, server) = (Channel::from_stream(client), Channel::from_stream(server));
+    let path = d.join("s.qcow2");
+    std::thread::scope(|s| {
+        let served = s.spawn(|| serve_connection(&service, &server));
+        let byte = |at: u64| {
+            let (space, cached) = attach(&client, &path, false).unwrap();
+            let mut b = [0u8; 1];
+            space.read(GuestOffset(at), &mut b).unwrap();
+            (b[0], cached)
+        };
+        assert_eq!(byte(0), (0x11, false));
+        assert_eq!(byte(0), (0x11, true), "kept");
+        // A new data file under the old name.
+        fs::write(d.join("new.data"), vec![0x22u8; M as usize]).unwrap();
+        fs::rename(d.join("new.data"), d.join("s.data")).unwrap();
+        assert_eq!(byte(0), (0x22, false), "the replaced data file was served from the old plan");
+        std::thread::sleep(std::time::Duration::from_millis(2100));
+        assert_eq!(byte(4096), (0x22, false));
+        assert_eq!(byte(4096), (0x22, true));
+        // Written in place, its size and mtime as they were.
+        let before = fs::metadata(d.join("s.data")).unwrap();
+        {
+            use std::os::unix::fs::FileExt;
+            let f = fs::OpenOptions::new().write(true).open(d.join("s.data")).unwrap();
+            f.write_all_at(&[0x33u8; 4096], 4096).unwrap();
+            f.set_modified(before.modified().unwrap()).unwrap();
+        }
+        assert_eq!(fs::metadata(d.join("s.data")).unwrap().modified().unwrap(), before.modified().unwrap());
+        assert_eq!(byte(4096), (0x33, false));
+        // The end of the connection (`byte` still borrows the client's channel).
+        end.shutdown(std::net::Shutdown::Both).unwrap();
+        served.join().unwrap().unwrap();
+    });
 }
 
 #[test]

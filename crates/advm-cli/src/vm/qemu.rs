@@ -12,7 +12,9 @@ pub enum Disk {
     /// QEMU's own driver for the top layer's `format` (`qcow2` or `raw`) on virtio-blk;
     /// writes go to a temporary overlay (`snapshot=on`), never into the chain.
     /// `force_share` (`-U`): QEMU opens the image even while a writer holds it.
-    Blk { image: PathBuf, format: &'static str, force_share: bool },
+    /// `data_files`: (depth, absolute path) of each layer's external data file, named
+    /// to QEMU, which looks for a relative name in its working directory.
+    Blk { image: PathBuf, format: &'static str, force_share: bool, data_files: Vec<(usize, PathBuf)> },
 }
 
 /// How QEMU runs the guest's CPU.
@@ -164,15 +166,22 @@ pub fn args(s: &Settings) -> Vec<String> {
                 "virtio-pmem-pci,memdev=pmem0mem,id=pmem0".into(),
             ]);
         }
-        Disk::Blk { image, format, force_share } => {
+        Disk::Blk { image, format, force_share, data_files } => {
             // QEMU splits option values at commas; a comma in a path is written twice.
-            let file = image.display().to_string().replace(',', ",,");
+            let escape = |p: &PathBuf| p.display().to_string().replace(',', ",,");
+            let file = escape(image);
+            // A layer's data file by the path advm resolved (beside the layer), as an
+            // option of that layer's node: `backing.` once per depth.
+            let data: String = data_files
+                .iter()
+                .map(|(depth, path)| format!(",{}data-file.filename={}", "backing.".repeat(*depth), escape(path)))
+                .collect();
             a.extend([
                 "-m".into(),
                 format!("{}M", s.mem_mib),
                 "-drive".into(),
                 format!(
-                    "file={file},if=none,id=disk0,format={format},snapshot=on{}",
+                    "file={file},if=none,id=disk0,format={format},snapshot=on{}{data}",
                     if *force_share { ",force-share=on" } else { "" }
                 ),
                 "-device".into(),
@@ -226,22 +235,54 @@ mod tests {
 
     #[test]
     fn blk_disk_is_qemus_qcow2_driver_writing_to_a_temporary_overlay() {
-        let a = args(&settings(Disk::Blk { image: "/g/app.qcow2".into(), format: "qcow2", force_share: false }));
+        let a = args(&settings(Disk::Blk {
+            image: "/g/app.qcow2".into(),
+            format: "qcow2",
+            force_share: false,
+            data_files: vec![],
+        }));
         assert!(has(&a, "-drive", "file=/g/app.qcow2,if=none,id=disk0,format=qcow2,snapshot=on"));
+        // External data files by the path advm resolved, on their layer's node.
+        let a = args(&settings(Disk::Blk {
+            image: "/g/app.qcow2".into(),
+            format: "qcow2",
+            force_share: false,
+            data_files: vec![(0, "/g/app.data".into()), (2, "/g/b,1.data".into())],
+        }));
+        assert!(
+            has(
+                &a,
+                "-drive",
+                "file=/g/app.qcow2,if=none,id=disk0,format=qcow2,snapshot=on,data-file.filename=/g/app.data,\
+                 backing.backing.data-file.filename=/g/b,,1.data"
+            ),
+            "{a:?}"
+        );
         assert!(has(&a, "-append", "console=ttyS0 quiet panic=-1 no_timer_check swiotlb=noforce page_reporting.page_reporting_order=0 advm.root=blk"));
         assert!(has(&a, "-m", "256M"));
         // A raw top is read as raw; a comma in the path is escaped, not an option separator.
-        let a = args(&settings(Disk::Blk { image: "/g/vm,1/disk.raw".into(), format: "raw", force_share: false }));
+        let a = args(&settings(Disk::Blk {
+            image: "/g/vm,1/disk.raw".into(),
+            format: "raw",
+            force_share: false,
+            data_files: vec![],
+        }));
         assert!(has(&a, "-drive", "file=/g/vm,,1/disk.raw,if=none,id=disk0,format=raw,snapshot=on"), "{a:?}");
         // -U: QEMU, too, opens the image while a writer holds it (it refused before:
         // 'Failed to get shared "write" lock').
-        let a = args(&settings(Disk::Blk { image: "/g/a".into(), format: "qcow2", force_share: true }));
+        let a =
+            args(&settings(Disk::Blk { image: "/g/a".into(), format: "qcow2", force_share: true, data_files: vec![] }));
         assert!(has(&a, "-drive", "file=/g/a,if=none,id=disk0,format=qcow2,snapshot=on,force-share=on"), "{a:?}");
     }
 
     #[test]
     fn ksm_turns_qemus_mem_merge_on_and_extra_args_come_last() {
-        let mut s = settings(Disk::Blk { image: "/g/app.qcow2".into(), format: "qcow2", force_share: false });
+        let mut s = settings(Disk::Blk {
+            image: "/g/app.qcow2".into(),
+            format: "qcow2",
+            force_share: false,
+            data_files: vec![],
+        });
         assert!(has(&args(&s), "-machine", "pc,mem-merge=off") && has(&args(&s), "-accel", "kvm"));
         s.ksm = true;
         let a = args(&s);
@@ -273,7 +314,7 @@ mod tests {
     fn every_disk_method_has_a_balloon_reporting_free_pages_and_a_guest_reporting_small_ones() {
         let disks = [
             Disk::Pmem { backing: "/proc/self/fd/7".into(), size: 1 << 30 },
-            Disk::Blk { image: "/g/a".into(), format: "qcow2", force_share: false },
+            Disk::Blk { image: "/g/a".into(), format: "qcow2", force_share: false, data_files: vec![] },
         ];
         for disk in disks {
             for ksm in [false, true] {
@@ -289,7 +330,8 @@ mod tests {
 
     #[test]
     fn no_aslr_lays_the_guest_out_alike_and_is_off_by_default() {
-        let mut s = settings(Disk::Blk { image: "/g/a".into(), format: "qcow2", force_share: false });
+        let mut s =
+            settings(Disk::Blk { image: "/g/a".into(), format: "qcow2", force_share: false, data_files: vec![] });
         let append = |s: &Settings| args(s).windows(2).find(|w| w[0] == "-append").map(|w| w[1].clone()).unwrap();
         let opts = ["nokaslr", "norandmaps", "PYTHONHASHSEED=0"];
         let off = append(&s);

@@ -165,10 +165,10 @@ pub struct Vm {
     pub started: Instant,
     /// Guest RAM in MiB, for [`memory_hint`].
     pub mem_mib: u64,
-    /// The chain as opened before QEMU started, each layer's stamp then, and whether a
-    /// change was reported: [`Vm::check_layers`].
+    /// The chain as opened before QEMU started, each layer's stamp then (and its
+    /// external data file's), and whether a change was reported: [`Vm::check_layers`].
     image: Image,
-    stamps: Vec<(LayerStamp, bool)>,
+    stamps: Vec<(LayerStamp, Option<LayerStamp>, bool)>,
     _backing: Option<PmemBacking>,
 }
 
@@ -481,6 +481,18 @@ impl Drop for BootLookups {
     }
 }
 
+/// Each layer's external data file, (depth, absolute path), for QEMU's command line: QEMU
+/// resolves a relative data file name in its working directory, advm beside the layer.
+fn data_files(image: &Image) -> Result<Vec<(usize, PathBuf)>, CliError> {
+    let mut out = Vec::new();
+    for (depth, layer) in image.layers().iter().enumerate() {
+        if let Some(p) = layer.data_file() {
+            out.push((depth, std::path::absolute(p).map_err(|e| CliError::Io(p.display().to_string(), e))?));
+        }
+    }
+    Ok(out)
+}
+
 /// Starts QEMU for `args` (checked by [`preflight`] first).
 pub fn start(args: &RunArgs, workdir: &Path, group: Option<&Group>) -> Result<Vm, CliError> {
     let dir = args.image.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -523,6 +535,7 @@ pub fn start(args: &RunArgs, workdir: &Path, group: Option<&Group>) -> Result<Vm
                     other => return Err(usage(format!("--disk blk: a top layer of format {other:?}"))),
                 },
                 force_share: args.chain.options().force_share,
+                data_files: data_files(&image)?,
             },
             None,
         ),
@@ -587,7 +600,11 @@ pub fn start(args: &RunArgs, workdir: &Path, group: Option<&Group>) -> Result<Vm
         "format": image.layers()[0].format(),
     });
     std::fs::write(workdir.join(VM_INFO), info.to_string()).map_err(|e| CliError::Io(VM_INFO.into(), e))?;
-    let stamps = image.layers().iter().map(|l| l.stamp().map(|s| (s, false))).collect::<Result<_, _>>()?;
+    let stamps = image
+        .layers()
+        .iter()
+        .map(|l| Ok::<_, advm::Error>((l.stamp()?, l.data_stamp()?, false)))
+        .collect::<Result<_, _>>()?;
     Ok(Vm { child, port, console, qemu_log, started, mem_mib: args.mem, image, stamps, _backing: backing })
 }
 
@@ -649,16 +666,30 @@ impl Vm {
     /// QEMU reads next. A file put in the layer's place under its name is not a change:
     /// the VM keeps reading the file it opened.
     pub fn check_layers(&mut self) {
-        for (layer, (then, told)) in self.image.layers().iter().zip(self.stamps.iter_mut()) {
-            if *told || !layer.stamp().is_ok_and(|now| then.changed_in_place(&now)) {
+        for (layer, (then, data_then, told)) in self.image.layers().iter().zip(self.stamps.iter_mut()) {
+            if *told {
                 continue;
             }
+            let data_changed = || match (data_then, layer.data_stamp()) {
+                (Some(then), Ok(Some(now))) => then.changed_in_place(&now),
+                _ => false,
+            };
+            let what = if layer.stamp().is_ok_and(|now| then.changed_in_place(&now)) {
+                format!("layer {}", layer.path().display())
+            } else if data_changed() {
+                format!(
+                    "the external data file {} of layer {}",
+                    layer.data_file().map_or(String::new(), |p| p.display().to_string()),
+                    layer.path().display()
+                )
+            } else {
+                continue;
+            };
             *told = true;
             eprintln!(
-                "advm vm run: warning: layer {} was written in place while the VM runs; the guest may read the new \
+                "advm vm run: warning: {what} was written in place while the VM runs; the guest may read the new \
                  bytes under a filesystem that did not write them (stop the VM; change a chain only by new files: \
-                 an overlay, or qemu-img convert then mv)",
-                layer.path().display()
+                 an overlay, or qemu-img convert then mv)"
             );
         }
     }

@@ -135,6 +135,17 @@ pub struct Layer {
     pub(super) file: File,
     pub(super) file_len: u64,
     pub(super) driver: Driver,
+    /// The external data file a qcow2 layer keeps its guest clusters in; its data
+    /// extents' offsets are offsets in it.
+    pub(super) data: Option<DataFile>,
+}
+
+/// An external data file (qcow2 incompatible bit 2), opened read-only.
+#[derive(Debug)]
+pub(super) struct DataFile {
+    pub(super) path: PathBuf,
+    pub(super) file: File,
+    pub(super) len: u64,
 }
 
 /// What `advm image info` shows about a layer.
@@ -158,6 +169,11 @@ pub struct LayerInfo {
     pub backing_name: Option<String>,
     /// The backing format extension, when present.
     pub backing_format: Option<String>,
+    /// The external data file the layer's guest clusters are in (a relative name
+    /// resolved beside the layer file), when it has one.
+    pub data_file: Option<PathBuf>,
+    /// The data file reads as a raw image by itself (`data_file_raw`).
+    pub data_file_raw: bool,
     /// Encryption method (0 none, 1 AES, 2 LUKS).
     pub crypt_method: u32,
     /// Compression of compressed clusters.
@@ -196,25 +212,31 @@ impl Layer {
         &self.file
     }
 
+    /// The external data file its guest clusters are in, when it has one.
+    pub fn data_file(&self) -> Option<&Path> {
+        self.data.as_ref().map(|d| d.path.as_path())
+    }
+
     /// The layer's version as its open descriptor sees it now: two stamps tell whether
     /// the file was written in place in between ([`LayerStamp::changed_in_place`]),
     /// which a process mapping the layer reads.
     pub fn stamp(&self) -> Result<LayerStamp> {
-        use std::os::unix::fs::MetadataExt;
-        let m = self.file.metadata().map_err(|e| Error::io(&self.path, e))?;
-        Ok(LayerStamp {
-            dev: m.dev(),
-            ino: m.ino(),
-            size: m.size(),
-            mtime: (m.mtime(), m.mtime_nsec()),
-            ctime: (m.ctime(), m.ctime_nsec()),
-            nlink: m.nlink(),
-        })
+        stamp_of(&self.path, &self.file)
     }
 
-    /// The file's length when it was opened.
-    pub(crate) fn file_len(&self) -> u64 {
-        self.file_len
+    /// As [`stamp`](Self::stamp), of the external data file (`None` without one): the
+    /// file a mapping of the layer's data reads.
+    pub fn data_stamp(&self) -> Result<Option<LayerStamp>> {
+        self.data.as_ref().map(|d| stamp_of(&d.path, &d.file)).transpose()
+    }
+
+    /// The file the layer's data extents point into, as (path, file, length when
+    /// opened): its external data file, or the layer file itself.
+    pub(crate) fn data_source(&self) -> (&Path, &File, u64) {
+        match &self.data {
+            Some(d) => (&d.path, &d.file, d.len),
+            None => (&self.path, &self.file, self.file_len),
+        }
     }
 
     /// The qcow2 cluster size, `None` for raw.
@@ -225,15 +247,17 @@ impl Layer {
         }
     }
 
-    /// `pread` of exactly `buf.len()` bytes; a file that got shorter since it was
-    /// opened is named as such rather than as a bare short read.
+    /// `pread` of exactly `buf.len()` bytes of the layer file; a file that got shorter
+    /// since it was opened is named as such rather than as a bare short read.
     pub(super) fn read_exact_at(&self, buf: &mut [u8], offset: LayerOffset) -> Result<()> {
-        FileExt::read_exact_at(&self.file, buf, offset.0).map_err(|e| match current_len(&self.file) {
-            Ok(now) if now < self.file_len => {
-                self.err(format!("shrank from {} to {now} bytes since it was opened", self.file_len))
-            }
-            _ => self.err(format!("reading {offset}: {e}")),
-        })
+        read_exact_of(&self.path, &self.file, self.file_len, buf, offset)
+    }
+
+    /// As [`read_exact_at`](Self::read_exact_at), of the file its data extents point
+    /// into ([`data_source`](Self::data_source)).
+    pub(super) fn read_data_at(&self, buf: &mut [u8], offset: LayerOffset) -> Result<()> {
+        let (path, file, len) = self.data_source();
+        read_exact_of(path, file, len, buf, offset)
     }
 
     fn info(&self, depth: usize) -> LayerInfo {
@@ -251,6 +275,8 @@ impl Layer {
             version: q.map(|q| q.version),
             backing_name: q.and_then(|q| q.backing.as_ref()).map(|b| String::from_utf8_lossy(b).into_owned()),
             backing_format: q.and_then(|q| q.backing_format.clone()),
+            data_file: self.data_file().map(Path::to_path_buf),
+            data_file_raw: q.is_some_and(|q| q.data_file_raw),
             crypt_method: q.map_or(0, |q| q.crypt_method),
             compression: q.map(|q| q.compression),
             extended_l2: q.is_some_and(|q| q.extended_l2),
@@ -261,6 +287,27 @@ impl Layer {
     pub(super) fn err(&self, why: impl Into<String>) -> Error {
         Error::Image { path: self.path.clone(), why: why.into() }
     }
+}
+
+fn stamp_of(path: &Path, file: &File) -> Result<LayerStamp> {
+    use std::os::unix::fs::MetadataExt;
+    let m = file.metadata().map_err(|e| Error::io(path, e))?;
+    Ok(LayerStamp {
+        dev: m.dev(),
+        ino: m.ino(),
+        size: m.size(),
+        mtime: (m.mtime(), m.mtime_nsec()),
+        ctime: (m.ctime(), m.ctime_nsec()),
+        nlink: m.nlink(),
+    })
+}
+
+fn read_exact_of(path: &Path, file: &File, len: u64, buf: &mut [u8], offset: LayerOffset) -> Result<()> {
+    let err = |why: String| Error::Image { path: path.to_path_buf(), why };
+    FileExt::read_exact_at(file, buf, offset.0).map_err(|e| match current_len(file) {
+        Ok(now) if now < len => err(format!("shrank from {len} to {now} bytes since it was opened")),
+        _ => err(format!("reading {offset}: {e}")),
+    })
 }
 
 /// A qcow2 or raw image with its whole backing chain, every layer open read-only.
@@ -379,14 +426,9 @@ fn convert_hint(path: &Path, overlay: Option<&Path>) -> String {
     }
 }
 
-/// Opens the layer at `path`, read as `format` (`None`: probed), the backing file of
-/// `overlay` (`None`: the image opened).
-fn open_layer(path: &Path, format: Option<&str>, overlay: Option<&Path>) -> Result<Layer> {
-    let err = |why: String| Error::Image { path: path.to_path_buf(), why };
-    let unfit = |what: &str| err(format!("is {what}; image layers must be regular files or block devices"));
-    // The type is checked before opening (opening a device can have effects of its
-    // own), and again on the descriptor, in case the path changed in between; the
-    // open does not block, so a FIFO cannot hang it.
+/// Opens `path` read-only, refused (`unfit`) unless it is a regular file or block
+/// device; with its length.
+fn open_typed(path: &Path, unfit: &dyn Fn(&str) -> Error) -> Result<(File, u64)> {
     let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
     if let Some(what) = unfit_type(meta.file_type()) {
         return Err(unfit(what));
@@ -396,7 +438,67 @@ fn open_layer(path: &Path, format: Option<&str>, overlay: Option<&Path>) -> Resu
     if let Some(what) = unfit_type(meta.file_type()) {
         return Err(unfit(what));
     }
-    let file_len = current_len(&file).map_err(|e| Error::io(path, e))?;
+    let len = current_len(&file).map_err(|e| Error::io(path, e))?;
+    Ok((file, len))
+}
+
+/// Opens the external data file `layer`'s header names, if any: a relative name beside
+/// the layer file, where `qemu-img create` made it (QEMU itself looks in its working
+/// directory; advm must not depend on its own, a daemon's), asked of `may_open` first,
+/// under the policy of backing files (inside `tree` unless `allow_backing_outside`, a
+/// regular file or block device, no QEMU writer unless `force_share`).
+fn open_data_file(
+    layer: &mut Layer,
+    tree: &Path,
+    options: &ImageOptions,
+    may_open: &dyn Fn(&Path) -> Result<()>,
+) -> Result<()> {
+    let Driver::Qcow2(q) = &mut layer.driver else { return Ok(()) };
+    let Some(name) = &q.data_file else { return Ok(()) };
+    let text = Path::new(std::ffi::OsStr::from_bytes(name)).display().to_string();
+    let name_path = Path::new(std::ffi::OsStr::from_bytes(name));
+    let resolved = if name_path.is_absolute() {
+        name_path.to_path_buf()
+    } else {
+        layer.path.parent().unwrap_or(Path::new(".")).join(name_path)
+    };
+    let err = |why: String| Error::Image { path: layer.path.clone(), why };
+    if text.contains(':') && !resolved.exists() && text.split(':').next().is_some_and(|p| !p.contains('/')) {
+        return Err(err(format!("external data file {text:?} uses a protocol prefix; only local files are supported")));
+    }
+    may_open(&resolved)?;
+    let canon = std::fs::canonicalize(&resolved)
+        .map_err(|e| err(format!("external data file {text:?} (resolved to {}): {e}", resolved.display())))?;
+    if !options.allow_backing_outside && !canon.starts_with(tree) {
+        return Err(err(format!(
+            "external data file {text:?} resolves to {}, outside {}, the directory of the image opened; \
+             refusing to follow it (allow with --allow-backing-outside, ImageOptions::allow_backing_outside)",
+            canon.display(),
+            tree.display()
+        )));
+    }
+    let unfit = |what: &str| Error::Image {
+        path: resolved.clone(),
+        why: format!("is {what}; external data files must be regular files or block devices"),
+    };
+    let (file, len) = open_typed(&resolved, &unfit)?;
+    if !options.force_share {
+        refuse_writer_of(&resolved, &file)?;
+    }
+    q.set_data_len(len);
+    layer.data = Some(DataFile { path: resolved, file, len });
+    Ok(())
+}
+
+/// Opens the layer at `path`, read as `format` (`None`: probed), the backing file of
+/// `overlay` (`None`: the image opened).
+fn open_layer(path: &Path, format: Option<&str>, overlay: Option<&Path>) -> Result<Layer> {
+    let err = |why: String| Error::Image { path: path.to_path_buf(), why };
+    let unfit = |what: &str| err(format!("is {what}; image layers must be regular files or block devices"));
+    // The type is checked before opening (opening a device can have effects of its
+    // own), and again on the descriptor, in case the path changed in between; the
+    // open does not block, so a FIFO cannot hang it.
+    let (file, file_len) = open_typed(path, &unfit)?;
     let head = Head::read(&file, path)?;
     let is_qcow2 = head.is_qcow2();
     let convert = convert_hint(path, overlay);
@@ -417,7 +519,7 @@ fn open_layer(path: &Path, format: Option<&str>, overlay: Option<&Path>) -> Resu
             )))
         }
     };
-    Ok(Layer { path: path.to_path_buf(), file, file_len, driver })
+    Ok(Layer { path: path.to_path_buf(), file, file_len, driver, data: None })
 }
 
 impl Image {
@@ -448,12 +550,13 @@ impl Image {
         may_open: &dyn Fn(&Path) -> Result<()>,
     ) -> Result<Self> {
         may_open(path)?;
-        let top = open_layer(path, None, None)?;
+        let mut top = open_layer(path, None, None)?;
         refuse_writer(&top, options)?;
-        let mut layers = vec![top];
-        let mut seen = vec![std::fs::canonicalize(path).map_err(|e| Error::io(path, e))?];
         let top_dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
         let tree = std::fs::canonicalize(top_dir).map_err(|e| Error::io(top_dir, e))?;
+        open_data_file(&mut top, &tree, options, may_open)?;
+        let mut layers = vec![top];
+        let mut seen = vec![std::fs::canonicalize(path).map_err(|e| Error::io(path, e))?];
         loop {
             let last = layers.last().expect("at least the top layer");
             let Driver::Qcow2(q) = &last.driver else { break };
@@ -503,7 +606,7 @@ impl Image {
                 return Err(last.err(format!("backing chain deeper than {MAX_CHAIN_DEPTH} layers")));
             }
             let format = q.backing_format.clone();
-            let layer = open_layer(&resolved, format.as_deref(), Some(&last.path))?;
+            let mut layer = open_layer(&resolved, format.as_deref(), Some(&last.path))?;
             if format.is_none() && layer.format() == LayerFormat::Raw && !options.allow_probed_raw {
                 return Err(last.err(format!(
                     "backing file {text:?} ({}) has no backing format and is not qcow2; refusing to probe it as raw \
@@ -513,6 +616,7 @@ impl Image {
                 )));
             }
             refuse_writer(&layer, options)?;
+            open_data_file(&mut layer, &tree, options, may_open)?;
             seen.push(canon);
             layers.push(layer);
         }

@@ -61,8 +61,7 @@ impl PmemBacking {
     /// virtual size rounded up to `align` (a power of two, e.g. 2 MiB for a DAX device);
     /// the padding reads as zeros.
     pub fn new(image: &Image, options: &MapOptions, align: u64) -> Result<Self> {
-        let files: Vec<LayerFile<'_>> =
-            image.layers().iter().map(|l| LayerFile { path: l.path(), file: l.file(), len: l.file_len() }).collect();
+        let files: Vec<LayerFile<'_>> = image.layers().iter().map(LayerFile::data_of).collect();
         Self::build(layout(image, options)?, &files, align, options.image.force_share)
     }
 

@@ -30,11 +30,19 @@ const INCOMPAT_KNOWN: u64 =
 const EXT_END: u32 = 0;
 const EXT_BACKING_FORMAT: u32 = 0xe279_2aca;
 const EXT_FEATURE_NAMES: u32 = 0x6803_f857;
+/// "DATA": the external data file's name.
+const EXT_DATA_FILE: u32 = 0x4441_5441;
+
+/// Autoclear feature bit 1: the external data file reads as a raw image by itself.
+const AUTOCLEAR_DATA_FILE_RAW: u64 = 1 << 1;
 
 /// Offset bits of L1 and standard L2 entries (bits 9..=55).
 const OFFSET_MASK: u64 = 0x00ff_ffff_ffff_fe00;
 const L2_COMPRESSED: u64 = 1 << 62;
 const L2_ZERO: u64 = 1;
+/// Bit 63 ("copied", refcount 1): with an external data file it tells guest cluster 0
+/// stored at data-file offset 0 from an unallocated entry (both have offset 0).
+const L2_COPIED: u64 = 1 << 63;
 
 /// The largest L1 table we accept (qemu's limit: 32 MiB of entries).
 const MAX_L1_BYTES: u64 = 32 << 20;
@@ -66,6 +74,13 @@ pub(crate) struct Qcow2 {
     pub backing_format: Option<String>,
     pub l1: Vec<u64>,
     pub file_len: u64,
+    /// The external data file's name as the header writes it (incompatible bit 2).
+    pub data_file: Option<Vec<u8>>,
+    /// The data file reads as a raw image by itself (autoclear bit 1).
+    pub data_file_raw: bool,
+    /// The length of the file data clusters are in: this file's, or the external
+    /// data file's once [`set_data_len`](Self::set_data_len) says it.
+    data_len: u64,
 }
 
 fn be32(b: &[u8], at: usize) -> u32 {
@@ -115,7 +130,7 @@ thread_local! {
 impl Qcow2 {
     /// Parses the header, its extensions and the L1 table. Errors say which field is
     /// wrong and the limit it breaks; `convert` is the command that makes a readable
-    /// copy, named when qemu-img can make one (qcow version 1, an external data file).
+    /// copy, named when qemu-img can make one (qcow version 1).
     pub fn parse(file: &dyn ReadAt, file_len: u64, convert: &str) -> Result<Self, String> {
         if file_len < 72 {
             return Err(format!("truncated qcow2 header: file is {file_len} bytes, a header needs at least 72"));
@@ -203,12 +218,6 @@ impl Qcow2 {
         if incompatible & INCOMPAT_CORRUPT != 0 {
             return Err("image is marked corrupt (incompatible bit 1); run `qemu-img check -r all` first".into());
         }
-        if incompatible & INCOMPAT_EXTERNAL_DATA != 0 {
-            return Err(format!(
-                "keeps its data in an external data file (incompatible bit 2), which advm does not read; \
-                 convert it to a self-contained qcow2: {convert}"
-            ));
-        }
         let extended_l2 = incompatible & INCOMPAT_EXTENDED_L2 != 0;
         if extended_l2 && cluster_bits < 14 {
             return Err(format!("extended L2 entries need clusters of at least 16 KiB, not {cluster_size} B"));
@@ -268,12 +277,26 @@ impl Qcow2 {
         } else {
             None
         };
-        let mut backing_format = None;
+        let (mut backing_format, mut data_file) = (None, None);
         for (ty, data) in extensions(file, file_len, version, header_len, ext_end)? {
             if ty == EXT_BACKING_FORMAT {
                 backing_format = Some(String::from_utf8_lossy(&c_string(data)).into_owned()).filter(|f| !f.is_empty());
+            } else if ty == EXT_DATA_FILE {
+                data_file = Some(c_string(data)).filter(|n| !n.is_empty());
             }
         }
+        // Guest data lives in another file; only the header can say which (QEMU
+        // otherwise needs it on its command line, `data-file=`).
+        let data_file = if incompatible & INCOMPAT_EXTERNAL_DATA != 0 {
+            Some(data_file.ok_or_else(|| {
+                "keeps its data in an external data file (incompatible bit 2) but names none (no data file \
+                 name extension); record its name: qemu-img amend -o data_file=NAME"
+                    .to_string()
+            })?)
+        } else {
+            None
+        };
+        let data_file_raw = data_file.is_some() && version == 3 && be64(&h, 88) & AUTOCLEAR_DATA_FILE_RAW != 0;
         Ok(Self {
             version,
             cluster_bits,
@@ -286,7 +309,16 @@ impl Qcow2 {
             backing_format,
             l1,
             file_len,
+            data_file,
+            data_file_raw,
+            data_len: file_len,
         })
+    }
+
+    /// The length of the external data file, opened by the layer (data clusters are
+    /// checked against it, and read as zeros past its end, as QEMU reads a file).
+    pub fn set_data_len(&mut self, len: u64) {
+        self.data_len = len;
     }
 
     /// Cluster size in bytes.
@@ -351,6 +383,12 @@ impl Qcow2 {
             let width = if self.extended_l2 { 16 } else { 8 };
             let e = be64(table, idx * width);
             if e & L2_COMPRESSED != 0 {
+                if self.data_file.is_some() {
+                    return Err(format!(
+                        "compressed cluster for guest {g:#x} in an image with an external data file (QEMU \
+                         refuses it: data files hold no compressed clusters)"
+                    ));
+                }
                 if self.extended_l2 && be64(table, idx * width + 8) != 0 {
                     return Err(format!("compressed cluster at guest {g:#x} has a non-zero subcluster bitmap"));
                 }
@@ -372,15 +410,29 @@ impl Qcow2 {
             if host % cs != 0 {
                 return Err(format!("cluster for guest {g:#x} at {host:#x} is not cluster aligned"));
             }
+            // With an external data file, entry offset 0 is data-file offset 0 when the
+            // copied bit says so (QEMU's reading), and an entry must name its guest
+            // cluster's own offset there.
+            let external = self.data_file.is_some();
+            let allocated = host != 0 || (external && e & L2_COPIED != 0);
             let data = |off: u64| -> Result<Shallow, String> {
                 let at = off + (g & (cs - 1));
-                if off >= self.file_len {
+                if external {
+                    let cluster = g & !(cs - 1);
+                    if off != cluster {
+                        return Err(format!(
+                            "cluster for guest {cluster:#x} is at {off:#x} of the external data file; QEMU \
+                             requires it at the guest offset (and reads it as corrupt)"
+                        ));
+                    }
+                    // The data file is read as a file: zeros past its end.
+                } else if off >= self.file_len {
                     return Err(format!(
                         "data cluster for guest {g:#x} at {off:#x} is past the end of the file ({} bytes)",
                         self.file_len
                     ));
                 }
-                Ok(if at >= self.file_len { Shallow::PastEof } else { Shallow::Data(at) })
+                Ok(if at >= self.data_len { Shallow::PastEof } else { Shallow::Data(at) })
             };
             if !self.extended_l2 {
                 return if e & L2_ZERO != 0 {
@@ -393,7 +445,7 @@ impl Qcow2 {
                         ));
                     }
                     Ok(Shallow::Zero)
-                } else if host == 0 {
+                } else if !allocated {
                     Ok(Shallow::Below)
                 } else {
                     data(host)
@@ -404,7 +456,7 @@ impl Qcow2 {
             if alloc & zero != 0 {
                 return Err(format!("cluster for guest {g:#x}: subclusters marked both allocated and zero"));
             }
-            if alloc != 0 && host == 0 {
+            if alloc != 0 && !allocated {
                 return Err(format!("cluster for guest {g:#x}: allocated subclusters but no host cluster"));
             }
             // Subclusters smaller than a page answer one by one like small clusters:
@@ -437,7 +489,7 @@ impl Qcow2 {
         let mut len = max.min(end - guest);
         if let Shallow::Data(at) = first {
             // A last cluster written only in part: data up to the end of file.
-            len = len.min(self.file_len - at);
+            len = len.min(self.data_len - at);
         }
         Ok((first, len))
     }

@@ -179,20 +179,26 @@ impl<'a> ChainReader<'a> {
         })?;
         // A raw layer cut short would otherwise read as a hole (zeros); a cut during
         // the read shows as a short pread, named the same way.
-        for l in &image.layers {
-            match current_len(&l.file) {
-                Ok(now) if now < l.file_len => {
-                    return Err(l.err(format!("shrank from {} to {now} bytes since it was opened", l.file_len)))
+        let files = image.layers.iter().flat_map(|l| {
+            [(&l.path, &l.file, l.file_len)].into_iter().chain(l.data.as_ref().map(|d| (&d.path, &d.file, d.len)))
+        });
+        for (path, file, len) in files {
+            match current_len(file) {
+                Ok(now) if now < len => {
+                    return Err(Error::Image {
+                        path: path.clone(),
+                        why: format!("shrank from {len} to {now} bytes since it was opened"),
+                    })
                 }
                 Ok(_) => {}
-                Err(e) => return Err(Error::io(&l.path, e)),
+                Err(e) => return Err(Error::io(path, e)),
             }
         }
         for e in image.extents_with(&mut self.caches, guest.0, end.0)? {
             let dst = &mut buf[(e.start.0 - guest.0) as usize..(e.end() - guest.0) as usize];
             let layer = &image.layers[e.depth];
             match &e.kind {
-                ExtentKind::Data { offset } => layer.read_exact_at(dst, *offset)?,
+                ExtentKind::Data { offset } => layer.read_data_at(dst, *offset)?,
                 ExtentKind::Zero { .. } => dst.fill(0),
                 ExtentKind::Compressed { offset, stored_len } => {
                     let Driver::Qcow2(q) = &layer.driver else { unreachable!("only qcow2 compresses") };

@@ -16,7 +16,11 @@
 //! judged before each layer is opened (a refused peer learns nothing of the file) and
 //! again on the file opened.
 //!
-//! Plans are keyed by every layer's (device, inode, size, ctime), read when the chain
+//! A layer whose qcow2 header names an external data file is handed out as that data
+//! file (the file its pieces map): the client reads no table.
+//!
+//! Plans are keyed by every layer's (device, inode, size, ctime), and every external
+//! data file's, read when the chain
 //! is opened for the request, so a layer rewritten, replaced or touched since is never
 //! served from a stale plan, even with its old mtime put back; the plan of the old
 //! version is dropped. A layer changed within the last 2 s is not cached at all: a
@@ -108,6 +112,8 @@ struct WirePiece {
 /// (by depth), then the memfd when `memfd` is set.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Plan {
+    /// Per layer (by depth), the file its pieces map, with its length at planning:
+    /// the layer file, or its external data file when it keeps its data in one.
     layers: Vec<(PathBuf, u64)>,
     memfd: bool,
     total: usize,
@@ -214,12 +220,20 @@ impl std::fmt::Debug for Service {
     }
 }
 
+/// Every file of the chain: each layer's, and after it its external data file's.
+fn files_of(image: &Image) -> impl Iterator<Item = (&Path, &File)> {
+    image.layers().iter().flat_map(|l| {
+        let data = l.data_file().map(|p| (p, l.data_source().1));
+        std::iter::once((l.path(), l.file())).chain(data)
+    })
+}
+
+/// The key of the chain's version: the top layer's first, then every other file's
+/// (layers and external data files: a data file rewritten is a new version too).
 fn key_of(image: &Image) -> Result<Vec<LayerKey>> {
-    image
-        .layers()
-        .iter()
-        .map(|l| {
-            let m = l.file().metadata().map_err(|e| Error::io(l.path(), e))?;
+    files_of(image)
+        .map(|(path, file)| {
+            let m = file.metadata().map_err(|e| Error::io(path, e))?;
             Ok((m.dev(), m.ino(), m.size(), m.ctime(), m.ctime_nsec()))
         })
         .collect()
@@ -282,8 +296,8 @@ impl Service {
             None => Image::open_with(path, &self.options.image)?,
         };
         if let Some(peer) = stranger {
-            for layer in image.layers() {
-                peer_may_read(peer, layer.path(), layer.file())?;
+            for (path, file) in files_of(&image) {
+                peer_may_read(peer, path, file)?;
             }
         }
         let read_at = std::time::SystemTime::now();
@@ -291,7 +305,7 @@ impl Service {
         // A block device's node keeps its ctime while the disk is written through
         // another node (a partition, a node made with mknod, a loop device's file):
         // its key cannot see a change, so its plan is computed for every request.
-        let settled = settled(&key, read_at) && !image.layers().iter().any(|l| on_block_device(l.file()));
+        let settled = settled(&key, read_at) && !files_of(&image).any(|(_, f)| on_block_device(f));
         let found = self.plans.lock().expect("no panics under the lock").get(&key);
         let cached = found.is_some();
         let served = match found {
@@ -316,9 +330,12 @@ impl Service {
             });
         }
         let l = &served.layout;
+        // Per layer, the file its pieces map: the client reads no table, so a layer
+        // with an external data file is sent as its data file.
         let mut fds = Vec::new();
         for layer in served.image.layers() {
-            fds.push(layer.file().as_fd().try_clone_to_owned().map_err(|e| Error::io(layer.path(), e))?);
+            let (path, file, _) = layer.data_source();
+            fds.push(file.as_fd().try_clone_to_owned().map_err(|e| Error::io(path, e))?);
         }
         if let Some(m) = &l.memfd {
             fds.push(m.as_fd().try_clone_to_owned().map_err(|e| Error::io(path, e))?);
@@ -337,7 +354,15 @@ impl Service {
             })
             .collect();
         let plan = Plan {
-            layers: served.image.layers().iter().map(|x| (x.path().to_path_buf(), x.file_len())).collect(),
+            layers: served
+                .image
+                .layers()
+                .iter()
+                .map(|x| {
+                    let (path, _, len) = x.data_source();
+                    (path.to_path_buf(), len)
+                })
+                .collect(),
             memfd: l.memfd.is_some(),
             total: l.total,
             stats: l.stats.clone(),

@@ -345,8 +345,7 @@ impl ImageSpace {
 
     /// Maps an opened image's virtual disk.
     pub fn map_image(image: &Image, options: &MapOptions) -> Result<Self> {
-        let layers: Vec<LayerFile<'_>> =
-            image.layers().iter().map(|l| LayerFile { path: l.path(), file: l.file(), len: l.file_len() }).collect();
+        let layers: Vec<LayerFile<'_>> = image.layers().iter().map(LayerFile::data_of).collect();
         Self::place(layout(image, options)?, &layers, options.writable, options.image.force_share)
     }
 
@@ -468,6 +467,14 @@ pub(super) struct LayerFile<'a> {
     pub(super) path: &'a Path,
     pub(super) file: &'a File,
     pub(super) len: u64,
+}
+
+impl<'a> LayerFile<'a> {
+    /// The file `layer`'s data pieces map: its external data file, or itself.
+    pub(super) fn data_of(layer: &'a super::Layer) -> Self {
+        let (path, file, len) = layer.data_source();
+        Self { path, file, len }
+    }
 }
 
 /// The plan of a mapping, with its memfd filled: what [`ImageSpace::map_image`] places,
