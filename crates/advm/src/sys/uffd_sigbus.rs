@@ -22,7 +22,9 @@
 //! is over (no handler can find it any more) and its `busy` is zero (none that found
 //! it still uses it). This rather than a fixed table scanned in order (the 1024 slots
 //! before): a route is never reused for another range, so the handler needs no second
-//! look at the range, and the lookup does not grow with the number of ranges.
+//! look at the range, and the lookup grows with the logarithm of the number of ranges,
+//! not with the number. One index for every pager's ranges rather than one per pager:
+//! the handler is process-wide and would have to find the pager by address first.
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
