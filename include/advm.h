@@ -256,9 +256,18 @@ int advm_pager_flush(advm_pager *p, void *addr, size_t len);
  * discarded while unlocked; unlock makes the range discardable. */
 int advm_pager_lock(advm_pager *p, void *addr, size_t len);
 int advm_pager_unlock(advm_pager *p, void *addr, size_t len);
+/* Gives back a region advm_pager_map of this pager returned, whole: addr its start, len
+ * the length mapped (or it rounded up to pages). Its resident pages and swap slots are
+ * freed (resident_pages drops by its resident pages) and its memory unmapped: touching
+ * it afterwards is a segmentation fault. The pager and its other regions go on as
+ * before. 0, or -EINVAL for a NULL pager, an addr that is not the start of such a
+ * region (inside one, unmapped already, another pager's or the program's own memory)
+ * or a len other than the region's (a part of a region cannot be unmapped);
+ * -ENOTRECOVERABLE in a forked child. */
+int advm_pager_unmap(advm_pager *p, void *addr, size_t len);
 /* Fills *out (a fresh pager's counters are all 0); -EINVAL for a NULL pager or out. */
 int advm_pager_stats(advm_pager *p, struct advm_pager_stats *out);
-/* Stops the pager; its regions are unmapped (NULL: no-op; errno is left alone). */
+/* Stops the pager; its regions still mapped are unmapped (NULL: no-op; errno is left alone). */
 void advm_pager_destroy(advm_pager *p);
 
 /* Deprecated typedef aliases of the remap structs (the old spelling). */

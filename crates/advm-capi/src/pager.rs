@@ -1,6 +1,7 @@
 //! C API of `advm::pager` (see `include/advm.h`): a pager, its regions, the
 //! discardable marks, flush, and the appendix statistics.
 
+use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
@@ -14,7 +15,8 @@ use crate::{guard, set_errno};
 #[allow(non_camel_case_types)] // the C name
 pub struct advm_pager {
     // regions before the pager: fields drop in order, the handler thread stops last
-    regions: Mutex<Vec<PagedRegion>>,
+    /// By start address (`advm_pager_unmap` looks them up).
+    regions: Mutex<BTreeMap<usize, PagedRegion>>,
     /// Shared with the heaps placed in it (`advm_gc_new_paged`), which keep it alive.
     pub(crate) pager: Arc<Pager>,
 }
@@ -64,7 +66,7 @@ pub unsafe extern "C" fn advm_pager_new(budget_bytes: usize, swap_path: *const c
         // SAFETY: the caller passes NULL or a NUL-terminated string.
         cfg.swap_path = unsafe { path_arg(swap_path) };
         let pager = Arc::new(Pager::new(cfg)?);
-        out = Box::into_raw(Box::new(advm_pager { regions: Mutex::new(Vec::new()), pager }));
+        out = Box::into_raw(Box::new(advm_pager { regions: Mutex::new(BTreeMap::new()), pager }));
         Ok(0)
     });
     out
@@ -165,7 +167,7 @@ pub unsafe extern "C" fn advm_pager_new_with(opts: *const advm_pager_options) ->
         }
         // SAFETY: the caller's contract.
         let pager = Arc::new(Pager::new(unsafe { config_of(opts) }?)?);
-        out = Box::into_raw(Box::new(advm_pager { regions: Mutex::new(Vec::new()), pager }));
+        out = Box::into_raw(Box::new(advm_pager { regions: Mutex::new(BTreeMap::new()), pager }));
         Ok(0)
     });
     out
@@ -201,10 +203,45 @@ pub unsafe extern "C" fn advm_pager_map(p: *mut advm_pager, len: usize) -> *mut 
     guard(|| {
         let region = p.pager.map(len)?;
         out = region.as_ptr().cast();
-        p.regions.lock().unwrap_or_else(|e| e.into_inner()).push(region);
+        p.regions.lock().unwrap_or_else(|e| e.into_inner()).insert(region.as_ptr() as usize, region);
         Ok(0)
     });
     out
+}
+
+/// `int advm_pager_unmap(advm_pager *, void *addr, size_t len)`: gives back a whole
+/// region that `advm_pager_map` of this pager returned (`len`: the length mapped, or it
+/// rounded up to pages); its pages and swap slots are freed and the memory unmapped.
+/// -EINVAL for an address that is not such a region's start (a part of a region, one
+/// unmapped already, another pager's) or a length other than the region's.
+///
+/// # Safety
+/// `p` is a live pager.
+#[no_mangle]
+pub unsafe extern "C" fn advm_pager_unmap(p: *mut advm_pager, addr: *mut c_void, len: usize) -> i32 {
+    // SAFETY: forwarded.
+    unsafe {
+        with(p, |p| {
+            p.pager.usable()?;
+            let start = addr as usize;
+            let mut regions = p.regions.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(r) = regions.get(&start) else {
+                return Err(invalid(
+                    "address",
+                    format!("{start:#x} is not the start of a region this pager's advm_pager_map returned"),
+                ));
+            };
+            if len == 0 || advm::mem::page_align_up(len) != Some(r.len()) {
+                return Err(invalid(
+                    "length",
+                    format!("{len} bytes: a region is unmapped whole, and the one at {start:#x} has {} bytes", r.len()),
+                ));
+            }
+            let r = regions.remove(&start).expect("looked up above");
+            drop(regions);
+            p.pager.unmap(r).map(|()| 0)
+        })
+    }
 }
 
 /// Runs `f` on a live pager, or -EINVAL for NULL.

@@ -4,7 +4,10 @@
 //! touching evicts as it goes (every other region marked discardable first).
 //! With `--rss PAGES`: the pager's own memory instead, for N regions of PAGES pages
 //! (anonymous RSS grown by mapping them, then by touching every page, less the pages).
-//! `cargo run --release -p advm --example pager_regions -- N [--budget PAGES] [--sigbus] [--rss PAGES]`
+//! With `--fault-cost ROUNDS`: the time of one fault with N regions mapped: each
+//! region's page is dropped (discardable) and touched again, ROUNDS times, and the
+//! touches are timed (zero-fill faults: little besides finding the region).
+//! `cargo run --release -p advm --example pager_regions -- N [--budget PAGES] [--sigbus] [--rss PAGES] [--fault-cost ROUNDS]`
 
 use std::time::Instant;
 
@@ -25,6 +28,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(i) = args.iter().position(|a| a == "--rss") {
         let pages: usize = args.get(i + 1).ok_or("--rss PAGES")?.parse()?;
         return rss(n, pages);
+    }
+    if let Some(i) = args.iter().position(|a| a == "--fault-cost") {
+        let rounds: usize = args.get(i + 1).ok_or("--fault-cost ROUNDS")?.parse()?;
+        return fault_cost(n, rounds, cfg);
     }
     let pager = Pager::new(cfg)?;
     let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
@@ -74,6 +81,47 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if lost > 0 {
         return Err(format!("{lost} needed pages read back wrong").into());
     }
+    Ok(())
+}
+
+/// Nanoseconds a fault with `n` one-page regions mapped, each marked discardable and
+/// dropped, then touched (a zero-fill fault), `rounds` times; the median round.
+fn fault_cost(n: usize, rounds: usize, cfg: Config) -> Result<(), Box<dyn std::error::Error>> {
+    let ps = advm::mem::page_size();
+    let pager = Pager::new(cfg)?;
+    let regions = (0..n).map(|_| pager.map(ps)).collect::<Result<Vec<_>, _>>()?;
+    for r in &regions {
+        pager.discardable(r.as_ptr() as usize, ps)?;
+    }
+    let mut per_fault = Vec::with_capacity(rounds);
+    for _ in 0..rounds.max(1) {
+        for r in &regions {
+            pager.flush_discardable(r.as_ptr() as usize, ps)?;
+        }
+        let before = pager.stats().faults();
+        let t = Instant::now();
+        for r in &regions {
+            // SAFETY: the first byte of a live region of the pager.
+            unsafe { std::ptr::write_volatile(r.as_ptr(), 1) };
+        }
+        let ns = t.elapsed().as_nanos() as f64;
+        let faults = pager.stats().faults() - before;
+        if faults < n as u64 {
+            return Err(format!("{faults} faults for {n} touches of dropped pages").into());
+        }
+        per_fault.push(ns / faults as f64);
+    }
+    per_fault.sort_by(f64::total_cmp);
+    println!(
+        "{{\"regions\": {n}, \"fault_mode\": \"{:?}\", \"rounds\": {}, \"ns_per_fault_median\": {:.0}, \
+         \"ns_per_fault_min\": {:.0}, \"ns_per_fault_max\": {:.0}}}",
+        pager.fault_mode(),
+        per_fault.len(),
+        per_fault[per_fault.len() / 2],
+        per_fault[0],
+        per_fault[per_fault.len() - 1]
+    );
+    regions.into_iter().try_for_each(|r| pager.unmap(r))?;
     Ok(())
 }
 

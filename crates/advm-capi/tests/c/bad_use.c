@@ -216,6 +216,7 @@ static void pager_misuse(void) {
     FAILS(advm_pager_flush(NULL, NULL, ps), EINVAL);
     FAILS(advm_pager_lock(NULL, NULL, ps), EINVAL);
     FAILS(advm_pager_unlock(NULL, NULL, ps), EINVAL);
+    FAILS(advm_pager_unmap(NULL, NULL, ps), EINVAL);
     struct advm_pager_stats st;
     FAILS(advm_pager_stats(NULL, &st), EINVAL);
     FAILS(advm_pager_fault_mode(NULL), EINVAL);
@@ -272,6 +273,24 @@ static void pager_misuse(void) {
     CHECK(all(a, 8 * ps, 1)); /* needed: written out and read back */
     WORKS(advm_pager_stats(p, &st));
     CHECK(st.written_pages == 8 && st.read_pages + st.read_ahead_pages == 8);
+    /* unmap: whole regions of this pager only, by their start */
+    FAILS(advm_pager_unmap(p, a, 0), EINVAL);          /* no length */
+    FAILS(advm_pager_unmap(p, a, ps), EINVAL);         /* a part */
+    FAILS(advm_pager_unmap(p, a, 7 * ps), EINVAL);     /* all but its last page */
+    FAILS(advm_pager_unmap(p, a, 9 * ps), EINVAL);     /* past the end */
+    FAILS(advm_pager_unmap(p, a, SIZE_MAX), EINVAL);
+    FAILS(advm_pager_unmap(p, a + ps, 7 * ps), EINVAL); /* not a region's start */
+    FAILS(advm_pager_unmap(p, a + 1, 8 * ps), EINVAL);
+    FAILS(advm_pager_unmap(p, NULL, 8 * ps), EINVAL);
+    FAILS(advm_pager_unmap(p, foreign, ps), EINVAL);   /* not the pager's */
+    FAILS(advm_pager_unmap(p, c, 8 * ps), EINVAL);     /* another pager's region */
+    CHECK(all(a, 8 * ps, 1));
+    WORKS(advm_pager_unmap(p, b, 8 * ps - 5)); /* the length mapped, rounded up to pages */
+    FAILS(advm_pager_unmap(p, b, 8 * ps), EINVAL); /* unmapped already */
+    FAILS(advm_pager_discardable(p, b, ps), EINVAL);
+    CHECK(all(a, 8 * ps, 1));
+    WORKS(advm_pager_unmap(p, a, 8 * ps));
+    WORKS(advm_pager_unmap(q, c, 8 * ps));
     errno = UNTOUCHED;
     advm_pager_destroy(q);
     advm_pager_destroy(p);

@@ -1,5 +1,5 @@
 /* Every function the issues name (14: advm_gc, 15: advm_pager, 16: advm_merge; 3 and
- * 5: virtual copy and remap) has exactly the signature they give: each is stored in a
+ * 5: virtual copy and remap; and advm_pager_unmap) has exactly the signature they give: each is stored in a
  * pointer of that type, which -Werror refuses on any difference. The statistics
  * structs have the named fields, as 64-bit counters, at offsets that only grow (new
  * fields go at the end). Nothing runs but the checks of the fields' offsets. */
@@ -50,6 +50,8 @@ static int (*const pager_needed)(advm_pager *, void *, size_t) = advm_pager_need
 static int (*const pager_flush)(advm_pager *, void *, size_t) = advm_pager_flush;
 static int (*const pager_stats)(advm_pager *, struct advm_pager_stats *) = advm_pager_stats;
 static void (*const pager_destroy)(advm_pager *) = advm_pager_destroy;
+/* added after issue 15, as the Rust pager's unmap */
+static int (*const pager_unmap)(advm_pager *, void *addr, size_t len) = advm_pager_unmap;
 /* issue 16 */
 static int (*const merge)(const void *addr, size_t len, struct advm_merge_stats *out) = advm_merge;
 /* issue 3 */
@@ -69,7 +71,7 @@ int main(void) {
                          (const void *)pager_needed,  (const void *)pager_flush,  (const void *)pager_stats,
                          (const void *)pager_destroy, (const void *)merge,        (const void *)alloc,
                          (const void *)free_,         (const void *)dup,          (const void *)vcopy,
-                         (const void *)move,          (const void *)swap};
+                         (const void *)move,          (const void *)swap,         (const void *)pager_unmap};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (all[i] == NULL) return 1;
     printf("signatures: %zu functions as the issues give them\n", sizeof all / sizeof all[0]);

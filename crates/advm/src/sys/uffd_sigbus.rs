@@ -2,20 +2,38 @@
 //! userfaultfd opened with `UFFD_FEATURE_SIGBUS` raises SIGBUS on the faulting thread,
 //! whose handler resolves it itself, with no round trip to a handler thread.
 //!
-//! One process-wide SIGBUS handler serves every such range through a fixed table of
-//! [`Registration`]s (no allocation and no lock in the handler: it scans the table
-//! with atomics and calls the range's `serve`). A SIGBUS at an address outside every
-//! registered range goes to the handler that was installed before ours (or kills the
-//! process, as it would have). The handler is installed once and stays: a program
-//! that installs its own SIGBUS handler later must chain to the one it replaces.
+//! One process-wide SIGBUS handler serves every such range. A SIGBUS at an address
+//! outside every registered range goes to the handler that was installed before ours
+//! (or kills the process, as it would have). The handler is installed once and stays:
+//! a program that installs its own SIGBUS handler later must chain to the one it
+//! replaces.
+//!
+//! Finding the range, in the handler (no allocation, no lock, any number of ranges):
+//! each range is a [`Route`] of its own, allocated by [`register`]; an [`Index`] of
+//! every route sorted by address is published through one atomic pointer and never
+//! changed once published (`register` and removal copy it, with the route added or
+//! taken out: O(ranges) each, outside the handler). The handler binary-searches the
+//! index it loaded (O(log ranges) a fault) and counts itself on the route's `busy`
+//! before it leaves the index. An index replaced is freed after a grace period: the
+//! handler counts itself as a reader of the index on one of two counters (by the
+//! parity of an epoch), and the writer flips the epoch and waits for each counter to
+//! drain in turn, so a stream of faults never starves it and a reader that counted
+//! itself late loaded the new index. A route taken out is freed once the grace period
+//! is over (no handler can find it any more) and its `busy` is zero (none that found
+//! it still uses it). This rather than a fixed table scanned in order (the 1024 slots
+//! before): a route is never reused for another range, so the handler needs no second
+//! look at the range, and the lookup grows with the logarithm of the number of ranges,
+//! not with the number. One index for every pager's ranges rather than one per pager:
+//! the handler is process-wide and would have to find the pager by address first.
 
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use rustix::io::Errno;
 
 use super::mman::Mapping;
-use super::process::ForksHeld;
+use super::process::{ForksHeld, ProcessKey};
 use super::uffd::{self, Userfaultfd};
 use super::{page_size, SysError, SysResult};
 
@@ -24,27 +42,48 @@ use super::{page_size, SysError, SysResult};
 /// the faulting thread could hold). On return the access is retried.
 pub type Serve = dyn Fn(usize, bool) + Send + Sync;
 
-/// Most ranges registered at once.
-const SLOTS: usize = 1024;
-
-struct Slot {
-    start: AtomicUsize,
-    end: AtomicUsize,
+/// One registered range. Freed only when no handler can reach it (see the module
+/// documentation).
+struct Route {
+    start: usize,
+    end: usize,
+    /// Null once retired.
     serve: AtomicPtr<Box<Serve>>,
-    /// Handlers running `serve` now: removal waits for them.
+    /// Handlers that found the route and have not left it: removal waits for them.
     busy: AtomicU32,
 }
 
-#[allow(clippy::declare_interior_mutable_const)] // a template for the table's entries
-const FREE: Slot = Slot {
-    start: AtomicUsize::new(0),
-    end: AtomicUsize::new(0),
-    serve: AtomicPtr::new(std::ptr::null_mut()),
-    busy: AtomicU32::new(0),
-};
-static TABLE: [Slot; SLOTS] = [FREE; SLOTS];
-/// Slots ever used: the handler scans `TABLE[..USED]`.
-static USED: AtomicUsize = AtomicUsize::new(0);
+/// One route as the index holds it: its range beside it, so the search reads no route.
+struct Entry {
+    start: usize,
+    end: usize,
+    route: NonNull<Route>,
+}
+
+/// Every route, sorted by `start`, the ranges apart. Never changed once published.
+struct Index {
+    /// The process that published it: in a forked child the parent's routes are
+    /// stale (their regions are `MADV_DONTFORK`, so the child's own mappings may take
+    /// their addresses) and the child's first edit starts from none.
+    key: ProcessKey,
+    entries: Vec<Entry>,
+}
+
+impl Index {
+    /// The route whose range holds `addr`.
+    fn find(&self, addr: usize) -> Option<NonNull<Route>> {
+        let i = self.entries.partition_point(|e| e.start <= addr).checked_sub(1)?;
+        let e = &self.entries[i];
+        (addr < e.end).then_some(e.route)
+    }
+}
+
+/// The index the handler searches (null: no route yet); replaced under [`ForksHeld`].
+static INDEX: AtomicPtr<Index> = AtomicPtr::new(std::ptr::null_mut());
+/// Which of [`READERS`] a handler counts itself on (its parity).
+static EPOCH: AtomicUsize = AtomicUsize::new(0);
+/// Handlers searching an index now, by the epoch's parity when they started.
+static READERS: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
 /// Whether the handler is installed; set under [`ForksHeld`], which also makes
 /// registration and removal one at a time (never taken by the handler). Not a
 /// `Mutex`: a fork while another thread edited would leave the child's held for ever.
@@ -69,30 +108,83 @@ fn was_write(ctx: *mut libc::c_void) -> bool {
     }
 }
 
+/// The route holding `addr`, counted busy (the caller gives the count back), found in
+/// the published index while counted as its reader.
+fn enter(addr: usize) -> Option<&'static Route> {
+    let parity = EPOCH.load(Ordering::SeqCst) & 1;
+    READERS[parity].fetch_add(1, Ordering::SeqCst);
+    let index = INDEX.load(Ordering::SeqCst);
+    // SAFETY: a published index is freed only after a grace period that waits for
+    // this reader count (see `synchronize`).
+    let route = unsafe { index.as_ref() }.and_then(|i| i.find(addr)).map(|r| {
+        // SAFETY: a route in a published index lives until a grace period after its
+        // removal and then until its `busy` is zero: we are still a reader here.
+        let r = unsafe { &*r.as_ptr() };
+        r.busy.fetch_add(1, Ordering::SeqCst);
+        r
+    });
+    READERS[parity].fetch_sub(1, Ordering::SeqCst);
+    route
+}
+
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
     let addr = unsafe { (*info).si_addr() } as usize;
-    for s in &TABLE[..USED.load(Ordering::Acquire)] {
-        if addr < s.start.load(Ordering::Acquire) || addr >= s.end.load(Ordering::Acquire) {
-            continue;
-        }
-        s.busy.fetch_add(1, Ordering::SeqCst);
-        let f = s.serve.load(Ordering::SeqCst);
-        // read again: the range changes only while `serve` is null
-        let ours = addr >= s.start.load(Ordering::Acquire) && addr < s.end.load(Ordering::Acquire);
-        // a retired range (null `serve`) is still ours: a fault raised before it was
-        // unregistered is retried, and faults normally now
-        if ours && !f.is_null() {
-            // SAFETY: a non-null `serve` stays alive while `busy` counts us (see `retire`).
-            unsafe { (**f)(addr, was_write(ctx)) };
-        }
-        s.busy.fetch_sub(1, Ordering::SeqCst);
-        if ours {
-            return;
+    let Some(route) = enter(addr) else {
+        return chain(sig, info, ctx);
+    };
+    // a retired route (null `serve`) is still ours: a fault raised before it was
+    // unregistered is retried, and faults normally now
+    let f = route.serve.load(Ordering::SeqCst);
+    if !f.is_null() {
+        // SAFETY: a non-null `serve` stays alive while `busy` counts us (see `retire`).
+        unsafe { (**f)(addr, was_write(ctx)) };
+    }
+    route.busy.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// Waits until no handler can still hold an index replaced before the call: for each
+/// reader counter in turn, moves new readers to the other one and waits for it to drain.
+fn synchronize() {
+    for _ in 0..2 {
+        let parity = EPOCH.fetch_add(1, Ordering::SeqCst) & 1;
+        while READERS[parity].load(Ordering::SeqCst) != 0 {
+            std::thread::yield_now();
         }
     }
-    chain(sig, info, ctx);
 }
+
+/// Publishes `entries` as the index and frees the one it replaces once no handler
+/// can hold it (the caller holds [`ForksHeld`]).
+fn publish(entries: Vec<Entry>) {
+    let index = Index { key: ProcessKey::current(), entries };
+    let old = INDEX.swap(Box::into_raw(Box::new(index)), Ordering::SeqCst);
+    synchronize();
+    if !old.is_null() {
+        // SAFETY: made by Box::into_raw here; after the grace period no handler holds it.
+        drop(unsafe { Box::from_raw(old) });
+    }
+}
+
+/// The published index's entries, copied, none if a parent process published it
+/// (its routes stay allocated: their registrations are never dropped in a child,
+/// which cannot unmap its parent's regions); the caller holds [`ForksHeld`].
+fn entries_now(extra: usize) -> Vec<Entry> {
+    // SAFETY: only the holder of ForksHeld replaces (and frees) the index.
+    let now = unsafe { INDEX.load(Ordering::SeqCst).as_ref() };
+    let now = now.filter(|i| i.key.is_this_process()).map_or(&[][..], |i| &i.entries[..]);
+    let mut v = Vec::with_capacity(now.len() + extra);
+    v.extend(now.iter().map(|e| Entry { start: e.start, end: e.end, route: e.route }));
+    v
+}
+
+/// In a forked child: only the forking thread is left, so no handler is reading, and
+/// the counts of the parent's other threads would make every grace period wait for ever.
+extern "C" fn forget_readers() {
+    READERS.iter().for_each(|r| r.store(0, Ordering::SeqCst));
+}
+
+extern "C" fn nothing() {}
 
 /// Hands a SIGBUS that is not ours to the disposition we replaced.
 fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
@@ -125,6 +217,7 @@ fn install() -> SysResult<()> {
     if INSTALLED.load(Ordering::Acquire) {
         return Ok(());
     }
+    super::process::at_fork(nothing, nothing, forget_readers)?;
     // SAFETY: sigaction structs are plain data; zeroed is an empty mask.
     let mut new: libc::sigaction = unsafe { std::mem::zeroed() };
     new.sa_sigaction = on_sigbus as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) as usize;
@@ -132,7 +225,7 @@ fn install() -> SysResult<()> {
     new.sa_flags = libc::SA_SIGINFO;
     // SAFETY: as above.
     let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-    // SAFETY: live structs; the handler uses atomics and the registered `serve`s only.
+    // SAFETY: live structs; the handler uses atomics, the index and the registered `serve`s only.
     if unsafe { libc::sigaction(libc::SIGBUS, &new, &mut old) } < 0 {
         return Err(SysError::last("sigaction(SIGBUS)"));
     }
@@ -145,34 +238,47 @@ fn install() -> SysResult<()> {
 /// A range whose SIGBUS faults `serve` resolves, until retired; known as ours until
 /// dropped (drop it only when nothing can fault there any more, i.e. at munmap).
 pub struct Registration {
-    slot: usize,
+    route: NonNull<Route>,
+}
+
+// SAFETY: the route is shared with the handler through atomics only, and freed by the
+// registration's drop alone.
+unsafe impl Send for Registration {}
+// SAFETY: as above; `retire` may run on several threads (it swaps `serve` out once).
+unsafe impl Sync for Registration {}
+
+impl Registration {
+    fn route(&self) -> &Route {
+        // SAFETY: the route lives until this registration's drop frees it.
+        unsafe { self.route.as_ref() }
+    }
 }
 
 impl std::fmt::Debug for Registration {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Registration(slot {})", self.slot)
+        let r = self.route();
+        write!(f, "Registration({:#x}..{:#x})", r.start, r.end)
     }
 }
 
 /// Routes SIGBUS faults in `[start, start+len)` to `serve` (installing the handler on
-/// first use). Fails when all slots are taken.
+/// first use). Fails (`EEXIST`) when the range overlaps one registered.
 pub fn register(start: usize, len: usize, serve: Box<Serve>) -> SysResult<Registration> {
+    let end = start.checked_add(len).filter(|_| len > 0).ok_or_else(|| SysError::new("SIGBUS range", Errno::INVAL))?;
     let _edit = ForksHeld::take();
     install()?;
-    let used = USED.load(Ordering::Acquire);
-    let slot = match TABLE[..used].iter().position(|s| s.end.load(Ordering::Acquire) == 0) {
-        Some(i) => i,
-        None if used < SLOTS => used,
-        None => return Err(SysError::new("SIGBUS ranges (at most 1024)", Errno::NOSPC)),
-    };
-    let s = &TABLE[slot];
-    s.start.store(start, Ordering::Release);
-    s.end.store(start + len, Ordering::Release);
-    s.serve.store(Box::into_raw(Box::new(serve)), Ordering::SeqCst);
-    if slot == used {
-        USED.store(used + 1, Ordering::Release);
+    let mut entries = entries_now(1);
+    let at = entries.partition_point(|e| e.start < start);
+    let clear =
+        at.checked_sub(1).map_or(true, |i| entries[i].end <= start) && entries.get(at).map_or(true, |e| end <= e.start);
+    if !clear {
+        return Err(SysError::new("SIGBUS range (overlaps a registered one)", Errno::EXIST));
     }
-    Ok(Registration { slot })
+    let route = Route { start, end, serve: AtomicPtr::new(Box::into_raw(Box::new(serve))), busy: AtomicU32::new(0) };
+    let route = NonNull::from(Box::leak(Box::new(route)));
+    entries.insert(at, Entry { start, end, route });
+    publish(entries);
+    Ok(Registration { route })
 }
 
 impl Registration {
@@ -180,9 +286,9 @@ impl Registration {
     /// first): waits for the handlers running `serve`, then drops it. Faults raised
     /// before are retried from now on.
     pub fn retire(&self) {
-        let s = &TABLE[self.slot];
-        let f = s.serve.swap(std::ptr::null_mut(), Ordering::SeqCst);
-        while s.busy.load(Ordering::SeqCst) != 0 {
+        let r = self.route();
+        let f = r.serve.swap(std::ptr::null_mut(), Ordering::SeqCst);
+        while r.busy.load(Ordering::SeqCst) != 0 {
             std::thread::yield_now();
         }
         if !f.is_null() {
@@ -195,10 +301,19 @@ impl Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         self.retire();
-        let _edit = ForksHeld::take();
-        let s = &TABLE[self.slot];
-        s.start.store(0, Ordering::Release);
-        s.end.store(0, Ordering::Release);
+        {
+            let _edit = ForksHeld::take();
+            let mut entries = entries_now(0);
+            entries.retain(|e| e.route != self.route);
+            // after this no handler holds the old index, so none can find the route
+            publish(entries);
+        }
+        // and those that found it before have left it (`serve` is gone: they return at once)
+        while self.route().busy.load(Ordering::SeqCst) != 0 {
+            std::thread::yield_now();
+        }
+        // SAFETY: made by Box::leak in `register`; out of the index and unused (above).
+        drop(unsafe { Box::from_raw(self.route.as_ptr()) });
     }
 }
 
