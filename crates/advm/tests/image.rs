@@ -1292,3 +1292,37 @@ fn a_layer_written_in_place_is_changed_and_one_replaced_under_its_name_is_not() 
     assert_eq!(put_back.mtime, after.mtime);
     assert!(after.changed_in_place(&put_back), "{after:?} -> {put_back:?}");
 }
+
+/// A block device written through another node keeps the layer node's times: the
+/// sectors the kernel counts as written to the device tell the change.
+#[test]
+fn a_layer_on_a_block_device_written_through_another_node_is_changed() {
+    let dir = Dir::new("stamp-blk");
+    let file = dir.0.join("disk.raw");
+    fs::write(&file, vec![7u8; 1 << 20]).unwrap();
+    let Some(dev) = LoopDevice::attach(&file, false) else { return };
+    let image = Image::open(&dev.0).unwrap();
+    let before = image.layers()[0].stamp().unwrap();
+    assert!(before.sectors_written.is_some(), "no sysfs count for {}: {before:?}", dev.0);
+    let unchanged = image.layers()[0].stamp().unwrap();
+    assert!(!before.changed_in_place(&unchanged), "{before:?} -> {unchanged:?}");
+    // written through another node of the same disk (its own inode: the layer's node
+    // keeps its times), through the page cache and flushed
+    use std::os::unix::fs::MetadataExt;
+    let rdev = fs::metadata(&dev.0).unwrap().rdev();
+    let other = dir.0.join("other-node");
+    let made = std::process::Command::new("mknod")
+        .arg(&other)
+        .arg("b")
+        .arg(rustix::fs::major(rdev).to_string())
+        .arg(rustix::fs::minor(rdev).to_string())
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let f = fs::OpenOptions::new().write(true).open(&other).unwrap();
+    f.write_all_at(&[9u8; 4096], 65536).unwrap();
+    f.sync_all().unwrap();
+    let after = image.layers()[0].stamp().unwrap();
+    assert_eq!((after.mtime, after.ctime, after.size), (before.mtime, before.ctime, before.size));
+    assert!(before.changed_in_place(&after), "{before:?} -> {after:?}");
+}

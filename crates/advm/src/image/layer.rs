@@ -99,7 +99,8 @@ pub(crate) fn hold_off_writers(path: &Path, file: &File, force_share: bool) -> R
 
 /// A layer file's identity and version through its open descriptor, for
 /// [`LayerStamp::changed_in_place`]. A block device's node keeps its times while the
-/// disk is written: no change is seen there.
+/// disk is written through another node (another name, a partition's parent): its
+/// version is also the kernel's count of sectors written to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LayerStamp {
     /// Device of the file.
@@ -114,6 +115,9 @@ pub struct LayerStamp {
     pub ctime: (i64, i64),
     /// Hard links to the file.
     pub nlink: u64,
+    /// For a block device, the sectors written to it since it appeared (its
+    /// `/sys/dev/block/MAJ:MIN/stat`); `None` for a file, or when sysfs does not say.
+    pub sectors_written: Option<u64>,
 }
 
 impl LayerStamp {
@@ -123,8 +127,14 @@ impl LayerStamp {
     /// attribute change, which cannot be told apart). A ctime moved by a link count
     /// that changed is the name going (`mv` of another file over it, `rm`): the open
     /// layer, and what was mapped from it, still reads the old file.
+    /// For a block device: sectors were written to it (by anyone, through any node of
+    /// it; writes to another partition of its disk, or to a file under a loop device,
+    /// are not counted).
     pub fn changed_in_place(&self, now: &LayerStamp) -> bool {
-        self.size != now.size || self.mtime != now.mtime || (self.ctime != now.ctime && self.nlink == now.nlink)
+        self.size != now.size
+            || self.mtime != now.mtime
+            || (self.ctime != now.ctime && self.nlink == now.nlink)
+            || self.sectors_written != now.sectors_written
     }
 }
 
@@ -290,7 +300,7 @@ impl Layer {
 }
 
 fn stamp_of(path: &Path, file: &File) -> Result<LayerStamp> {
-    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let m = file.metadata().map_err(|e| Error::io(path, e))?;
     Ok(LayerStamp {
         dev: m.dev(),
@@ -299,7 +309,16 @@ fn stamp_of(path: &Path, file: &File) -> Result<LayerStamp> {
         mtime: (m.mtime(), m.mtime_nsec()),
         ctime: (m.ctime(), m.ctime_nsec()),
         nlink: m.nlink(),
+        sectors_written: m.file_type().is_block_device().then(|| sectors_written(m.rdev())).flatten(),
     })
+}
+
+/// The sectors written to block device `rdev` (field 7 of its sysfs `stat`; the
+/// kernel's Documentation/block/stat.rst).
+fn sectors_written(rdev: u64) -> Option<u64> {
+    let (major, minor) = (rustix::fs::major(rdev), rustix::fs::minor(rdev));
+    let stat = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/stat")).ok()?;
+    stat.split_whitespace().nth(6)?.parse().ok()
 }
 
 fn read_exact_of(path: &Path, file: &File, len: u64, buf: &mut [u8], offset: LayerOffset) -> Result<()> {
