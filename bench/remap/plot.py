@@ -10,7 +10,12 @@ the aggregation bound (the same pages moved by one call, which the kernel cannot
 """
 import json
 import math
+import os
 import sys
+
+sys.dont_write_bytecode = True  # no __pycache__ in bench/
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from svgplot import Svg, esc  # noqa: E402
 
 W, H = 1200, 430
 PANEL_W, PANEL_H = 340, 300
@@ -29,10 +34,6 @@ COLORS = {
 
 
 BOUND = "bound: 1 call for all pages"
-
-
-def esc(s):
-    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 class Panel:
@@ -180,13 +181,11 @@ def main():
                 j += 1
         parts += p3.out
 
-    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
-           f'<rect width="{W}" height="{H}" fill="white"/>']
-    svg += parts
+    svg = Svg(W, H)
+    svg.out += parts
     m = rep.get("machine", {})
-    svg.append(f'<text x="10" y="{H - 8}" font-size="10" fill="#666">advm bench remap, Linux {esc(m.get("kernel_release", "?"))}, {m.get("cpus", "?")} CPUs; medians of {rep.get("runs")} runs</text>')
-    svg.append("</svg>")
-    open(sys.argv[2], "w").write("\n".join(svg) + "\n")
+    svg.add(f'<text x="10" y="{H - 8}" font-size="10" fill="#666">advm bench remap, Linux {esc(m.get("kernel_release", "?"))}, {m.get("cpus", "?")} CPUs; medians of {rep.get("runs")} runs</text>')
+    svg.save(sys.argv[2])
 
 
 if __name__ == "__main__":

@@ -8,7 +8,12 @@ Usage: density_plot.py OUT.svg REPORT.json [REPORT.json ...]
 """
 import json
 import math
+import os
 import sys
+
+sys.dont_write_bytecode = True  # no __pycache__ in bench/
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from svgplot import Svg  # noqa: E402
 
 COLOURS = {"blk": "#c0392b", "blk-ksm": "#e67e22", "pmem": "#2980b9", "pmem-merge": "#27ae60"}
 
@@ -55,8 +60,8 @@ def y(v):
     return H - B - v / top * (H - T - B)
 
 
-o = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
-     f'<rect width="{W}" height="{H}" fill="white"/>']
+svg = Svg(W, H)
+o = svg.out
 step = 50 if top > 200 else 25
 for v in range(0, int(top) + 1, step):
     o.append(f'<line x1="{L}" x2="{W - R}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#ddd"/>')
@@ -73,5 +78,4 @@ for i, m in enumerate(methods):
     o.append(f'<text x="{W - R + 10}" y="{T + 20 + 18 * i}" fill="{COLOURS[m]}">{m}</text>')
 o.append(f'<text x="{W - R + 10}" y="{T + 20 + 18 * len(methods) + 10}" fill="#555">solid: cgroup</text>')
 o.append(f'<text x="{W - R + 10}" y="{T + 20 + 18 * len(methods) + 26}" fill="#555">dashed: distinct</text>')
-o.append("</svg>")
-open(sys.argv[1], "w").write("\n".join(o) + "\n")
+svg.save(sys.argv[1])
