@@ -57,6 +57,8 @@ void new_generation(void) {
          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
     mmap(A.fview, sizeof(uint32_t) * ARENA_PAGES, PROT_READ | PROT_WRITE,
          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    mmap(A.fdet, sizeof(uint32_t) * ARENA_PAGES, PROT_READ | PROT_WRITE,
+         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
     A.fd.n = 1;
     A.fd.v[0].start = 0;
     A.fd.v[0].len = (uint32_t)ARENA_PAGES;
