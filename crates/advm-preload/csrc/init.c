@@ -58,7 +58,8 @@ void init_locked(void) {
     dirty_live_pct = parse_u64(env("ADVM_DIRTY_CACHE_PCT"), 100);
     decay_ms = (uint32_t)parse_u64(env("ADVM_DIRTY_DECAY_MS"), 250);
     huge_decay_ms = (uint32_t)parse_u64(env("ADVM_HUGE_DECAY_MS"), 0);
-    trim_every = (parse_u64(env("ADVM_TRIM_KIB"), 32768) << 10) >> A.pshift;
+    uint64_t trim_kib = parse_u64(env("ADVM_TRIM_KIB"), 32768);
+    trim_every = trim_kib ? ((trim_kib << 10) + A.ps - 1) >> A.pshift : 0; /* 0 only when asked */
     A.pagemap_fd = -1;
     A.pid = getpid();
     for (int g = 0; g < MAX_GENS; g++) A.gen_fd[g] = -1;
