@@ -324,12 +324,12 @@ static void release_dead_run(void) {
             }
             if (len && share) adopt(dead_f + at, dead_w + at, len);
             len = 0;
-            if (!mine) {
+            if (!mine || !pm_surely(pm[j])) {
                 j++;
                 continue;
             }
             uint64_t a = j;
-            while (j < chunk && pm_written(pm[j]) && A.fref[dead_f + done + j] == 1 &&
+            while (j < chunk && pm_surely(pm[j]) && A.fref[dead_f + done + j] == 1 &&
                    A.fview[dead_f + done + j] == dead_w + done + j)
                 j++;
             uint64_t cnt = j - a;
@@ -450,7 +450,7 @@ void unref_pages(uint64_t v, uint64_t n) {
  * time (trim_count: after ADVM_TRIM_KIB of allocations, default 32 MiB, and at least as
  * many pages as the last trim looked at; and at malloc_trim) it asks /proc/self/pagemap
  * which private views of the current generation hold their own page (present
- * anonymous, or swapped: pm_written) and punches every memfd page all of whose views do.
+ * anonymous, or swapped: pm_surely) and punches every memfd page all of whose views do.
  * Those views are detached as release_dead_run does.
  *
  * Why what a view reads never changes: a page a private view has written is read from
@@ -513,7 +513,7 @@ void trim_views(void) {
         off_t off = (off_t)(((uintptr_t)page_addr(v) >> A.pshift) * 8);
         if (pread(pfd, pm, k * 8, off) != (ssize_t)(k * 8)) break; /* counted so far: fewer, never too many */
         for (uint64_t j = 0; j < k; j++)
-            if (pm_written(pm[j])) A.fdet[A.vmeta[v + j] & VM_FPAGE_MASK]++;
+            if (pm_surely(pm[j])) A.fdet[A.vmeta[v + j] & VM_FPAGE_MASK]++;
         views += k;
         v += k;
     }

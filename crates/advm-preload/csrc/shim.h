@@ -222,6 +222,12 @@ static inline uint64_t head_pages(uint64_t v) { return (A.vmeta[v] & VM_NPAGES_M
  * swap-type entry of a file page (a page under migration: bits 62 and 61) is the file's. */
 static inline int pm_written(uint64_t e) { return ((e >> 62 | e >> 63) & 1) && !((e >> 61) & 1); }
 
+/* Whether pagemap entry e is surely such a page: not a swap-type entry carrying the
+ * userfaultfd write-protect bit (57), which may be a marker over a page never faulted,
+ * still read from the file. What may be either is neither punched under (pm_surely) nor
+ * adopted (!pm_written). */
+static inline int pm_surely(uint64_t e) { return pm_written(e) && !((e >> 62) & (e >> 57) & 1); }
+
 /* arena.c: the reservation's tables, extents, VMA budget, memfd generations, blocks */
 void *map_table(size_t bytes);
 int ext_init(struct extents *e);
