@@ -341,6 +341,7 @@ static void release_dead_run(void) {
                 A.vmeta[w + i] |= VM_DETACHED;
             }
             A.gen_refs[A.gen] -= cnt;
+            A.gen_det[A.gen] += cnt;
             punch_kept(f, cnt);
             st_add(S_PAGES_DETACHED, cnt);
         }
@@ -378,8 +379,9 @@ void view_moved(uint64_t from, uint64_t to, uint64_t n) {
 static uint64_t undetach(uint64_t v, uint64_t max) {
     uint64_t m = A.vmeta[v], f = m & VM_FPAGE_MASK, k = 1;
     int g = (int)((m & VM_GEN_MASK) >> VM_GEN_SHIFT);
-    if (g != A.gen) return 1; /* a frozen generation's offsets are never reused */
     while (k < max && A.vmeta[v + k] == (m & ~(VM_HEAD | VM_NPAGES_MASK)) + k) k++;
+    A.gen_det[g] -= k;
+    if (g != A.gen) return k; /* a frozen generation's offsets are never reused */
     uint64_t at = 0, len = 0;
     for (uint64_t i = 0; i < k; i++) {
         if (A.fdet[f + i] && --A.fdet[f + i] == 0) {
@@ -447,8 +449,8 @@ void unref_pages(uint64_t v, uint64_t n) {
  * write gives it its own anonymous copy. When every view of a memfd page has written it,
  * nobody reads the page any more, but it stays in the memfd (a third copy) until all but
  * one of the views are freed (unref_pages). The shim sees no writes, so from time to
- * time (trim_count: after ADVM_TRIM_KIB of allocations, default 32 MiB, and at least as
- * many pages as the last trim looked at; and at malloc_trim) it asks /proc/self/pagemap
+ * time (trim_count: after ADVM_TRIM_KIB of allocations, default 32 MiB, see there; and
+ * at malloc_trim) it asks /proc/self/pagemap
  * which private views of the current generation hold their own page (present
  * anonymous, or swapped: pm_surely) and punches every memfd page all of whose views do.
  * Those views are detached as release_dead_run does.
@@ -535,6 +537,7 @@ void trim_views(void) {
         A.fref[f]--;
         A.fview[f] ^= (uint32_t)v;
         A.gen_refs[A.gen]--;
+        A.gen_det[A.gen]++;
         A.vmeta[v] |= VM_DETACHED;
         if (A.fref[f]) continue;
         A.fdet[f] &= ~TRIM_ALL;

@@ -40,7 +40,7 @@ void new_generation(void) {
     A.gen = -1;
     A.retire = 0;
     for (int g = 0; g < MAX_GENS; g++)
-        if (A.gen_fd[g] < 0 && A.gen_refs[g] == 0 && !((A.gen_lost >> g) & 1) && g != old) {
+        if (A.gen_fd[g] < 0 && A.gen_refs[g] == 0 && A.gen_det[g] == 0 && !((A.gen_lost >> g) & 1) && g != old) {
             A.gen = g;
             break;
         }

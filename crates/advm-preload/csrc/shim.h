@@ -124,6 +124,9 @@ struct arena {
     int gen;          /* current memfd generation, -1 when none is free */
     int gen_fd[MAX_GENS];
     uint64_t gen_refs[MAX_GENS];
+    /* detached views of each generation still mapped: its slot is not reused for a new
+     * generation until they are gone, or they would be taken for views of it (undetach) */
+    uint64_t gen_det[MAX_GENS];
     /* device and inode of each generation's memfd and of the pagemap file, checked before
      * every use (fd_is): the program may have closed the number and reused it */
     dev_t gen_dev[MAX_GENS];
