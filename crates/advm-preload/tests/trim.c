@@ -6,8 +6,10 @@
  * own record after each step, and after MADV_DONTNEED of a trimmed and an untrimmed
  * page (zeros or the bytes of the copy, never the other side's), across a fork (the
  * child checks and writes; the parent sees none of it) and while a child lives (no
- * trim then). With TRIM_EXPECT=1 (vcopy mode) it also checks what the shim's memfds
- * hold (st_blocks): down by exactly the pages both of whose views were written. */
+ * trim then); and, first, that a dropped page of a trimmed copy never shows another
+ * block's bytes after the memfd generations turned over (slot_reuse). With
+ * TRIM_EXPECT=1 (vcopy mode) it also checks what the shim's memfds hold (st_blocks):
+ * down by exactly the pages both of whose views were written. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <fcntl.h>
@@ -95,9 +97,47 @@ static void trimmed(const char *what, long before, long pages) {
     if (expect) CHECK(after == before - pages, "%s: memfd held %ld pages, then %ld: expected %ld fewer", what, before, after, pages);
 }
 
+/* A generation whose only views left are detached ones, then two forks: its slot must
+ * not serve the newest generation, or freeing those views released offsets the newest
+ * one's detached views keep, and a copy reused them under a dropped page. First in the
+ * program: the newest generation takes the lowest free slot. */
+static void slot_reuse(void) {
+    size_t len = PAGES * ps;
+    int st;
+    pid_t pid;
+    unsigned char *u = block(), *w = block(), *su = record();
+    fill(u, su, 5);
+    memcpy(w, u, len);
+    memset(u, 1, len), memset(w, 2, len), memset(su, 1, len);
+    malloc_trim(0);
+    for (int k = 0; k < 2; k++) {
+        pid = fork();
+        if (pid == 0) _exit(0);
+        CHECK(waitpid(pid, &st, 0) == pid, "waitpid");
+    }
+    unsigned char *m = block(), *c = block(), *sm = record();
+    fill(m, sm, 6);
+    memcpy(c, m, len);
+    memset(m, 3, len), memset(c, 4, len), memset(sm, 3, len);
+    malloc_trim(0);
+    free(u), free(w);
+    CHECK(madvise(m, len, MADV_DONTNEED) == 0, "madvise");
+    for (int k = 0; k < 4; k++) { /* fresh memfd pages: a copy writes its source there */
+        unsigned char *e = block(), *e2 = block();
+        memset(e, 0x77, len);
+        memcpy(e2, e, len);
+        free(e), free(e2);
+    }
+    for (size_t i = 0; i < len; i++)
+        CHECK(m[i] == 0 || m[i] == (unsigned char)(i * 7 + 6 + i / ps), "dropped page of m: byte %zu is %d", i, m[i]);
+    free(m), free(c);
+    malloc_trim(0); /* the free table's pages, so that main counts only its own */
+}
+
 int main(void) {
     ps = (size_t)sysconf(_SC_PAGESIZE);
     expect = getenv("TRIM_EXPECT") && atoi(getenv("TRIM_EXPECT"));
+    slot_reuse();
     size_t len = PAGES * ps;
     unsigned char *sa = record(), *sb = record(), *sx = record(), *sy = record(), *sz = record();
     unsigned char *a = block(), *b = block(), *x = block(), *y = block(), *z = block();
@@ -203,6 +243,7 @@ int main(void) {
     trimmed("r and s both written on 156 pages, no child", m3, PAGES - 100);
     same("a", a, sa), same("p", p, sp), same("q", q, sq), same("r", r, sr), same("s", s, ss);
     free(a), free(x), free(y), free(z), free(p), free(q), free(r), free(s);
+
     printf("ok\n");
     return 0;
 }
