@@ -108,6 +108,12 @@ pub fn render_stats(mode: Mode, stats: &BTreeMap<String, u64>, processes: usize)
         g("memfd_pages_adopted_by_last_view")
     );
     out += &format!(
+        "  trims                {} ({} memfd pages every view of which was written given back; {:.1} ms)\n",
+        g("trims"),
+        g("memfd_pages_trimmed_under_written_views"),
+        g("trim_us") as f64 / 1000.0
+    );
+    out += &format!(
         "  page reuse           {} pages mapped fresh, {} kept pages returned; {} pages kept from under copies\n",
         g("pages_mapped_fresh"),
         g("kept_pages_returned"),

@@ -236,12 +236,21 @@ void unshare_lost(uint64_t v, uint64_t n) {
     gen_unref(g, n);
 }
 
+/* Frees memfd pages f..f+k of generation g (their memory and their offsets). */
 static void punch(int g, uint64_t f, uint64_t k) {
     int fd = gen_fd(g);
     if (fd >= 0)
         fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(f << A.pshift),
               (off_t)(k << A.pshift));
     ext_free(&A.fd, (uint32_t)f, (uint32_t)k);
+}
+
+/* Frees the memory of memfd pages f..f+k (current generation) but keeps their offsets:
+ * detached views still map them (see fdet). */
+static void punch_kept(uint64_t f, uint64_t k) {
+    int fd = gen_fd(A.gen);
+    if (fd >= 0)
+        fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(f << A.pshift), (off_t)(k << A.pshift));
 }
 
 /* Memfd page f (current generation) has one view left, arena page w (a private one).
@@ -315,12 +324,12 @@ static void release_dead_run(void) {
             }
             if (len && share) adopt(dead_f + at, dead_w + at, len);
             len = 0;
-            if (!mine) {
+            if (!mine || !pm_surely(pm[j])) {
                 j++;
                 continue;
             }
             uint64_t a = j;
-            while (j < chunk && pm_written(pm[j]) && A.fref[dead_f + done + j] == 1 &&
+            while (j < chunk && pm_surely(pm[j]) && A.fref[dead_f + done + j] == 1 &&
                    A.fview[dead_f + done + j] == dead_w + done + j)
                 j++;
             uint64_t cnt = j - a;
@@ -328,10 +337,12 @@ static void release_dead_run(void) {
             for (uint64_t i = 0; i < cnt; i++) {
                 A.fref[f + i] = 0;
                 A.fview[f + i] = 0;
+                A.fdet[f + i] = 1;
                 A.vmeta[w + i] |= VM_DETACHED;
             }
             A.gen_refs[A.gen] -= cnt;
-            punch(A.gen, f, cnt);
+            A.gen_det[A.gen] += cnt;
+            punch_kept(f, cnt);
             st_add(S_PAGES_DETACHED, cnt);
         }
         done += chunk;
@@ -362,6 +373,29 @@ void view_moved(uint64_t from, uint64_t to, uint64_t n) {
     }
 }
 
+/* [v, v+max) starts with a detached view no longer mapped: the offsets its run of
+ * detached views (current generation, consecutive memfd pages) kept are freed where it
+ * was the last view to keep them. Returns the run's length. */
+static uint64_t undetach(uint64_t v, uint64_t max) {
+    uint64_t m = A.vmeta[v], f = m & VM_FPAGE_MASK, k = 1;
+    int g = (int)((m & VM_GEN_MASK) >> VM_GEN_SHIFT);
+    while (k < max && A.vmeta[v + k] == (m & ~(VM_HEAD | VM_NPAGES_MASK)) + k) k++;
+    A.gen_det[g] -= k;
+    if (g != A.gen) return k; /* a frozen generation's offsets are never reused */
+    uint64_t at = 0, len = 0;
+    for (uint64_t i = 0; i < k; i++) {
+        if (A.fdet[f + i] && --A.fdet[f + i] == 0) {
+            if (!len) at = i;
+            len++;
+            continue;
+        }
+        if (len) punch(g, f + at, len);
+        len = 0;
+    }
+    if (len) punch(g, f + at, len);
+    return k;
+}
+
 /* Drops the references of [v, v+n) (already unmapped or remapped) and punches memfd
  * pages of the current generation nobody needs any more: those nobody maps, and those
  * whose one remaining view has its own copy (release_dead_run). */
@@ -369,7 +403,11 @@ void unref_pages(uint64_t v, uint64_t n) {
     uint64_t i = 0;
     while (i < n) {
         uint64_t m = A.vmeta[v + i];
-        if (!(m & VM_MAPPED) || (m & (VM_ANON | VM_DETACHED))) {
+        if ((m & (VM_MAPPED | VM_ANON | VM_DETACHED)) == (VM_MAPPED | VM_DETACHED)) {
+            i += undetach(v + i, n - i);
+            continue;
+        }
+        if (!(m & VM_MAPPED) || (m & VM_ANON)) {
             i++;
             continue;
         }
@@ -404,6 +442,130 @@ void unref_pages(uint64_t v, uint64_t n) {
         i += k;
     }
     if (dead_k) release_dead_run();
+}
+
+/* ---- trimming memfd pages no view reads -------------------------------------------
+ * A virtual copy maps one memfd page under both sides, privately; each side's first
+ * write gives it its own anonymous copy. When every view of a memfd page has written it,
+ * nobody reads the page any more, but it stays in the memfd (a third copy) until all but
+ * one of the views are freed (unref_pages). The shim sees no writes, so from time to
+ * time (trim_count: after ADVM_TRIM_KIB of allocations, default 32 MiB, see there; and
+ * at malloc_trim) it asks /proc/self/pagemap
+ * which private views of the current generation hold their own page (present
+ * anonymous, or swapped: pm_surely) and punches every memfd page all of whose views do.
+ * Those views are detached as release_dead_run does.
+ *
+ * Why what a view reads never changes: a page a private view has written is read from
+ * its own anonymous page until the view is unmapped, or the program drops it
+ * (MADV_DONTNEED; the shim's own calls hold the lock that the trim holds). A page not
+ * yet faulted, or a page of the file, reads the memfd: one such view keeps the page.
+ * Views are counted against fref, which counts every view of the generation, shared
+ * ones too (they read the file), so a page is punched only when each of its views was
+ * seen written. After MADV_DONTNEED a detached view reads its offset again, which stays
+ * a hole until every view detached from it is gone (fdet): zeros, as dropped anonymous
+ * memory reads, never another side's bytes.
+ *
+ * Only the current generation: after a fork, what the other process maps belongs to a
+ * frozen generation, which is never punched. A child this shim did not see fork (a raw
+ * fork by inline assembly) would share the current generation and read zeros where it
+ * had not written: no trim runs while the process has any child (waitid), nor in such
+ * a child (its pid is not the one the shim knows), so it is safe while it lives as this
+ * process's child (an orphaned grandchild of one is not seen). */
+uint64_t trim_every;
+static uint64_t trim_since, trim_last_views;
+
+/* Whether the process has a child, running or not yet waited for. */
+static int has_children(void) {
+    siginfo_t si;
+    return syscall(SYS_waitid, P_ALL, 0, &si, WEXITED | WSTOPPED | WCONTINUED | WNOHANG | WNOWAIT, NULL) == 0 ||
+           errno != ECHILD;
+}
+
+/* Whether arena page meta m is a private view of the current generation still counted
+ * in fref (not detached). */
+static int counted_view(uint64_t m) {
+    return (m & (VM_MAPPED | VM_PRIV | VM_ANON | VM_DETACHED)) == (VM_MAPPED | VM_PRIV) &&
+           (int)((m & VM_GEN_MASK) >> VM_GEN_SHIFT) == A.gen;
+}
+
+#define TRIM_ALL (1u << 31) /* fdet during a trim: every view of this page was written */
+
+/* Punches the memfd pages (current generation) whose every view has its own copy. Lock held. */
+void trim_views(void) {
+    trim_since = 0;
+    if (A.mode != MODE_COW || A.retired || A.gen < 0 || A.gen_refs[A.gen] == 0 || gen_fd(A.gen) < 0) return;
+    int saved = errno;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int pfd = pagemap_fd();
+    /* a process of another pid is a child the shim did not see fork (raw fork) */
+    if (pfd < 0 || getpid() != A.pid || has_children()) {
+        errno = saved;
+        return;
+    }
+    /* count each page's written views in fdet (0 there: fref is not) */
+    uint64_t pm[512], views = 0, v = 0;
+    while (v < A.va_high) {
+        if (!counted_view(A.vmeta[v])) {
+            v++;
+            continue;
+        }
+        uint64_t k = 1;
+        while (v + k < A.va_high && k < 512 && counted_view(A.vmeta[v + k])) k++;
+        off_t off = (off_t)(((uintptr_t)page_addr(v) >> A.pshift) * 8);
+        if (pread(pfd, pm, k * 8, off) != (ssize_t)(k * 8)) break; /* counted so far: fewer, never too many */
+        for (uint64_t j = 0; j < k; j++)
+            if (pm_surely(pm[j])) A.fdet[A.vmeta[v + j] & VM_FPAGE_MASK]++;
+        views += k;
+        v += k;
+    }
+    /* at each page's first view: all counted (every view written: detach them all) or not
+     * (forget the count); fdet ends as the views detached from a punched page, else 0 */
+    uint64_t pf = 0, pk = 0, trimmed = 0;
+    for (v = 0; v < A.va_high; v++) {
+        uint64_t m = A.vmeta[v];
+        if (!counted_view(m)) continue;
+        uint64_t f = m & VM_FPAGE_MASK;
+        if (!(A.fdet[f] & TRIM_ALL)) {
+            if (A.fdet[f] != A.fref[f]) {
+                A.fdet[f] = 0;
+                continue;
+            }
+            A.fdet[f] = TRIM_ALL;
+        }
+        A.fdet[f]++;
+        A.fref[f]--;
+        A.fview[f] ^= (uint32_t)v;
+        A.gen_refs[A.gen]--;
+        A.gen_det[A.gen]++;
+        A.vmeta[v] |= VM_DETACHED;
+        if (A.fref[f]) continue;
+        A.fdet[f] &= ~TRIM_ALL;
+        trimmed++;
+        if (pk && f == pf + pk) {
+            pk++;
+            continue;
+        }
+        if (pk) punch_kept(pf, pk);
+        pf = f, pk = 1;
+    }
+    if (pk) punch_kept(pf, pk);
+    trim_last_views = views - trimmed;
+    st_add(S_PAGES_TRIMMED, trimmed);
+    st_add(S_TRIMS, 1);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    st_add(S_TRIM_US, (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000 + (t1.tv_nsec - t0.tv_nsec) / 1000));
+    errno = saved;
+}
+
+/* Pages were allocated: trims when enough were since the last trim: at least
+ * ADVM_TRIM_KIB, twice the views the last trim left counted (each costs 8 bytes of
+ * pagemap) and a quarter of the arena's high-water mark (its table is walked twice), so
+ * that a trim costs little beside the page faults of what was allocated. Lock held. */
+void trim_count(uint64_t pages) {
+    if (!trim_every) return;
+    trim_since += pages;
+    if (trim_since >= trim_every && trim_since >= 2 * trim_last_views && trim_since >= A.va_high / 4) trim_views();
 }
 
 /* ---- blocks ----------------------------------------------------------------------- */
@@ -491,6 +653,7 @@ void *block_alloc(size_t size, int *dirty) {
     *dirty = 0;
     if (n == 0 || n >= MAX_BLOCK_PAGES) return NULL;
     uint64_t v;
+    trim_count(n);
     int took = fb_take(n, dirty, &v) == 0;
     if (thp_wanted(n)) kept_after_huge();
     if (took) return hand_out(v, n, 1, *dirty);
@@ -572,6 +735,7 @@ void retire_arena(void) {
     trim(A.segbits, (top + 64) / 64 * sizeof(uint64_t), ARENA_PAGES / 8);
     trim(A.fref, fd_top * sizeof(uint32_t), sizeof(uint32_t) * ARENA_PAGES);
     trim(A.fview, fd_top * sizeof(uint32_t), sizeof(uint32_t) * ARENA_PAGES);
+    trim(A.fdet, fd_top * sizeof(uint32_t), sizeof(uint32_t) * ARENA_PAGES);
     A.va_high = top;
     arena_len = top << A.pshift; /* what lies above may be anybody's mapping now */
     A.retired = 1;

@@ -40,7 +40,7 @@ void new_generation(void) {
     A.gen = -1;
     A.retire = 0;
     for (int g = 0; g < MAX_GENS; g++)
-        if (A.gen_fd[g] < 0 && A.gen_refs[g] == 0 && !((A.gen_lost >> g) & 1) && g != old) {
+        if (A.gen_fd[g] < 0 && A.gen_refs[g] == 0 && A.gen_det[g] == 0 && !((A.gen_lost >> g) & 1) && g != old) {
             A.gen = g;
             break;
         }
@@ -56,6 +56,8 @@ void new_generation(void) {
     mmap(A.fref, sizeof(uint32_t) * ARENA_PAGES, PROT_READ | PROT_WRITE,
          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
     mmap(A.fview, sizeof(uint32_t) * ARENA_PAGES, PROT_READ | PROT_WRITE,
+         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    mmap(A.fdet, sizeof(uint32_t) * ARENA_PAGES, PROT_READ | PROT_WRITE,
          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
     A.fd.n = 1;
     A.fd.v[0].start = 0;

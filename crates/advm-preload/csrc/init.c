@@ -58,6 +58,8 @@ void init_locked(void) {
     dirty_live_pct = parse_u64(env("ADVM_DIRTY_CACHE_PCT"), 100);
     decay_ms = (uint32_t)parse_u64(env("ADVM_DIRTY_DECAY_MS"), 250);
     huge_decay_ms = (uint32_t)parse_u64(env("ADVM_HUGE_DECAY_MS"), 0);
+    uint64_t trim_kib = parse_u64(env("ADVM_TRIM_KIB"), 32768);
+    trim_every = trim_kib ? ((trim_kib << 10) + A.ps - 1) >> A.pshift : 0; /* 0 only when asked */
     A.pagemap_fd = -1;
     A.pid = getpid();
     for (int g = 0; g < MAX_GENS; g++) A.gen_fd[g] = -1;
@@ -78,9 +80,10 @@ void init_locked(void) {
     A.vmeta = map_table(sizeof(uint64_t) * ARENA_PAGES);
     A.fref = map_table(sizeof(uint32_t) * ARENA_PAGES);
     A.fview = map_table(sizeof(uint32_t) * ARENA_PAGES);
+    A.fdet = map_table(sizeof(uint32_t) * ARENA_PAGES);
     A.segbits = map_table(ARENA_PAGES / 8);
     A.protbits = map_table(ARENA_PAGES / 8);
-    if (!A.vmeta || !A.fref || !A.fview || !A.segbits || !A.protbits || ext_init(&A.va) || ext_init(&A.fd)) return;
+    if (!A.vmeta || !A.fref || !A.fview || !A.fdet || !A.segbits || !A.protbits || ext_init(&A.va) || ext_init(&A.fd)) return;
     if (pthread_atfork(fork_prepare, fork_parent, fork_child) != 0) return;
     arena_lo = A.base;
     arena_len = len;

@@ -188,6 +188,7 @@ EXPORT int malloc_trim(size_t pad) {
         lock_take();
         released = fb_n > 0;
         cache_flush();
+        trim_views();
         lock_drop();
         errno = saved;
     }

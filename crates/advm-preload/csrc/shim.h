@@ -49,6 +49,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -105,6 +106,13 @@ struct arena {
     /* XOR of the arena pages mapping memfd page f (current generation): when fref[f] is
      * 1, the one view left, found without a reverse map */
     uint32_t *fview;
+    /* Views detached from memfd page f (current generation; see VM_DETACHED): f was
+     * punched, but those views still map its offset, and a program's MADV_DONTNEED there
+     * reads it again. So f is not handed out again (it would show another block's bytes
+     * there) until the last of them is unmapped; then it is punched once more (a read of
+     * the hole may have filled it) and freed. Nonzero only where fref[f] is 0, except
+     * during trim_views, which counts written views in it. */
+    uint32_t *fdet;
     uint64_t *segbits; /* upper bound on VMAs: a bit where a mapping may begin */
     /* a bit per arena page whose protection the program changed from read-write
      * (mprotect): never remapped, shared, copied virtually or kept at free, so that its
@@ -116,6 +124,9 @@ struct arena {
     int gen;          /* current memfd generation, -1 when none is free */
     int gen_fd[MAX_GENS];
     uint64_t gen_refs[MAX_GENS];
+    /* detached views of each generation still mapped: its slot is not reused for a new
+     * generation until they are gone, or they would be taken for views of it (undetach) */
+    uint64_t gen_det[MAX_GENS];
     /* device and inode of each generation's memfd and of the pagemap file, checked before
      * every use (fd_is): the program may have closed the number and reused it */
     dev_t gen_dev[MAX_GENS];
@@ -186,7 +197,7 @@ enum counter {
     S_FB_NOT_ARENA, S_FB_OFFSET, S_FB_OVERLAP, S_FB_SHORT, S_FB_BUDGET,
     S_FB_ERROR, S_FB_BYTES, S_REALLOC_INPLACE, S_REALLOC_MREMAP, S_REALLOC_SHRINK,
     S_FB_REENTRANT, S_FORKS, S_GENS_EXHAUSTED, S_CACHE_HITS, S_DIRTY_HITS, S_PAGES_SALVAGED, S_PAGES_FRESH, S_PAGES_RETURNED,
-    S_PAGES_DETACHED, S_PAGES_ADOPTED, S_FDS_LOST, S_FB_PROTECTED, S_NSTATS
+    S_PAGES_DETACHED, S_PAGES_ADOPTED, S_FDS_LOST, S_FB_PROTECTED, S_PAGES_TRIMMED, S_TRIMS, S_TRIM_US, S_NSTATS
 };
 extern uint64_t stats[S_NSTATS];
 
@@ -210,8 +221,15 @@ static inline void set_head(uint64_t v, uint64_t n) {
 static inline uint64_t head_pages(uint64_t v) { return (A.vmeta[v] & VM_NPAGES_MASK) >> VM_NPAGES_SHIFT; }
 
 /* Whether pagemap entry e is the process's own anonymous page (present or swapped, not a
- * page of a file): in a private view of the memfd, a page the program has written. */
-static inline int pm_written(uint64_t e) { return ((e >> 62) & 1) || (((e >> 63) & 1) && !((e >> 61) & 1)); }
+ * page of a file): in a private view of the memfd, a page the program has written. A
+ * swap-type entry of a file page (a page under migration: bits 62 and 61) is the file's. */
+static inline int pm_written(uint64_t e) { return ((e >> 62 | e >> 63) & 1) && !((e >> 61) & 1); }
+
+/* Whether pagemap entry e is surely such a page: not a swap-type entry carrying the
+ * userfaultfd write-protect bit (57), which may be a marker over a page never faulted,
+ * still read from the file. What may be either is neither punched under (pm_surely) nor
+ * adopted (!pm_written). */
+static inline int pm_surely(uint64_t e) { return pm_written(e) && !((e >> 62) & (e >> 57) & 1); }
 
 /* arena.c: the reservation's tables, extents, VMA budget, memfd generations, blocks */
 void *map_table(size_t bytes);
@@ -227,6 +245,9 @@ void new_generation(void);
 void unshare_lost(uint64_t v, uint64_t n);
 int cur_fd(void);
 void unref_pages(uint64_t v, uint64_t n);
+extern uint64_t trim_every; /* pages allocated between two trims (ADVM_TRIM_KIB; 0: none) */
+void trim_views(void);
+void trim_count(uint64_t pages);
 void view_moved(uint64_t from, uint64_t to, uint64_t n);
 int pagemap_fd(void);
 int map_fresh(uint64_t v, uint64_t n);

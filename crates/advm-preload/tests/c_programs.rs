@@ -418,3 +418,44 @@ fn vcopy_knobs_and_their_deprecated_names_select_the_same_behaviour() {
     // memfd blocks exist only in vcopy mode
     assert_eq!(memfd_mappings(&[("ADVM_MODE", "alloc"), (fresh, "memfd")]), 0);
 }
+
+/// A copy written on both sides gives its memfd pages back (trim): `trim.c` checks what
+/// the shim's memfds hold after malloc_trim (down by exactly the pages every view of
+/// which was written: partial writes, one-sided writes, a read-only stretch and a third,
+/// unwritten view keep theirs; none while a child lives) and every byte of every block
+/// after each step, MADV_DONTNEED and fork, also after two forks turned the memfd
+/// generations over (a freed detached view of an old generation whose slot the newest
+/// one reused released offsets still kept: a dropped page then read another block's
+/// bytes). Its bytes are checked in every variant.
+#[test]
+fn pages_written_by_every_view_leave_the_memfd_and_reads_stay_right() {
+    let Some(exe) = compiled("trim.c") else { return };
+    let sd = work_dir().join("stats-trim");
+    for fresh in ["anon", "memfd"] {
+        let env = [("TRIM_EXPECT", "1"), ("ADVM_VCOPY_FRESH", fresh)];
+        let (out, st) = run_vcopy_stats(&exe, &[], &env, &sd);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.ends_with("ok\n"), "{fresh}: {text}");
+        // 2 x 256 in slot_reuse; 64 + 128 pages, 4 rounds of 256 after the MADV_DONTNEED,
+        // 156 after the forks
+        let want = 2 * 256 + 64 + 128 + 4 * 256 + 156;
+        assert_eq!(st["memfd_pages_trimmed_under_written_views"], want, "{fresh}: {st:?}\n{text}");
+    }
+    for (variant, _, _) in VARIANTS {
+        let (ok, text) = run_variant(&exe, &[], variant, std::time::Duration::from_secs(30));
+        assert!(ok, "{text}");
+    }
+}
+
+/// Without malloc_trim, allocations trim every ADVM_TRIM_KIB: 16 MiB copied and both
+/// sides written, then 16 MiB allocated with ADVM_TRIM_KIB=4096 gives the 4096 memfd
+/// pages back; ADVM_TRIM_KIB=0 keeps them.
+#[test]
+fn allocations_trim_every_advm_trim_kib() {
+    let Some(exe) = compiled("trim_alloc.c") else { return };
+    let sd = work_dir().join("stats-trim-alloc");
+    let on = vcopy_stats(&exe, &[], &[("ADVM_TRIM_KIB", "4096")], &sd);
+    assert_eq!(on["memfd_pages_trimmed_under_written_views"], 4096, "{on:?}");
+    let off = vcopy_stats(&exe, &[], &[("ADVM_TRIM_KIB", "0")], &sd);
+    assert_eq!(off.get("memfd_pages_trimmed_under_written_views").copied().unwrap_or(0), 0, "{off:?}");
+}
