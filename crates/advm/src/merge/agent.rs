@@ -50,6 +50,9 @@ pub const ENV_AFTER: &str = "ADVM_MERGE_AFTER";
 pub const ENV_MIN_BYTES: &str = "ADVM_MERGE_MIN_BYTES";
 /// Growth of anonymous memory, bytes, that makes a quiet period worth a merge.
 pub const ENV_MIN_GROWTH: &str = "ADVM_MERGE_MIN_GROWTH";
+/// `0` turns the agent's trims off ([`super::Client::trim`]): the store keeps every
+/// page the process was handed until it exits, as before trims.
+pub const ENV_TRIM: &str = "ADVM_MERGE_TRIM";
 /// A directory where the agent writes `<pid>.json`, the last merge's [`ProcessMerge`]
 /// (after a quiet period or on request: `advm merge PID`) with `"totals"`, the
 /// [`AgentTotals`] of all its merges so far (for benchmarks and `advm run --stats`;
@@ -334,7 +337,8 @@ fn run(mut control: Control, s: Settings) {
     let mut mark = since;
     let mut last_growth = Instant::now();
     let mut totals = AgentTotals::default();
-    let mut trims = Trims { merged: false, checked: Instant::now(), mapped: 0 };
+    let on = std::env::var(ENV_TRIM).map_or(true, |v| v.trim() != "0");
+    let mut trims = Trims { on, merged: false, checked: Instant::now(), mapped: 0 };
     loop {
         // A forked child inherits no thread: this loop only ever runs in `pid`.
         control.serve(pid, &mut totals, &mut trims);
@@ -371,6 +375,8 @@ const TRIM_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// large arrays with `munmap`). A trim reads every process's maps; the look, every
 /// [`TRIM_CHECK_EVERY`], reads this process's only.
 struct Trims {
+    /// Whether trims are on ([`ENV_TRIM`]).
+    on: bool,
     /// Whether this process has merged (before that there is nothing to trim).
     merged: bool,
     checked: Instant,
@@ -380,7 +386,10 @@ struct Trims {
 
 impl Trims {
     fn after_merge(&mut self, pid: u32, totals: &mut AgentTotals) {
-        self.merged = true;
+        self.merged = self.on;
+        if !self.on {
+            return;
+        }
         self.trim(pid, totals);
     }
 
