@@ -33,7 +33,11 @@ fn main() -> advm::Result<()> {
     println!("added {added} pages via {:?}", client.via());
     let maps = || std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
     let procs = std::fs::read_dir("/proc")
-        .map(|d| d.flatten().filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))).count())
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())))
+                .count()
+        })
         .unwrap_or(0);
     println!("{} mappings in this process, {procs} processes", maps().lines().count());
     let mut secs = Vec::new();

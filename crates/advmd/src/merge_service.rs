@@ -214,6 +214,9 @@ pub struct Session {
     /// An add's pages whose hashes the daemon computes itself: one in this many,
     /// picked at random (1: every page, and the client's hashes are not used).
     hash_check_one_in: usize,
+    /// When the session opened, in clock ticks since boot (0: unknown): a process
+    /// started before cannot map what it was handed ([`advm::process::Mappers`]).
+    started_ticks: u64,
 }
 
 fn refused(why: impl Into<String>) -> advm::Error {
@@ -236,6 +239,7 @@ impl Session {
             shown: HashSet::new(),
             timeout,
             hash_check_one_in,
+            started_ticks: advm::process::boot_ticks().unwrap_or(0),
         }
     }
 
@@ -358,7 +362,12 @@ impl Session {
         let Some((_, store)) = &self.open else { return Err(refused("send hello first")) };
         let files = lock(&store.state).store.files()?;
         let want: HashSet<u32> = self.held.iter().collect();
-        let mapped = advm::merge::mapped_slots(&[(&files, &want)]).remove(0);
+        let who = advm::process::Mappers {
+            pid: u32::try_from(self.peer.pid).unwrap_or(0),
+            uid: self.peer.uid,
+            since_ticks: self.started_ticks,
+        };
+        let mapped = advm::merge::mapped_slots(&[(&files, &want)], Some(who))?.remove(0);
         let (mut kept, mut released) = (SlotSet::default(), 0u64);
         let mut forget = Vec::new();
         {
@@ -551,7 +560,14 @@ impl Session {
         if checks.is_empty() {
             return left;
         }
-        let found = advm::merge::mapped_slots(&checks.iter().map(|(_, f, w)| (f, w)).collect::<Vec<_>>());
+        let found = match advm::merge::mapped_slots(&checks.iter().map(|(_, f, w)| (f, w)).collect::<Vec<_>>(), None) {
+            Ok(f) => f,
+            Err(_) => {
+                // /proc cannot be listed: keep everything, try again later
+                left.extend(checks.into_iter().map(|(s, _, _)| s));
+                return left;
+            }
+        };
         for ((mut s, _, _), mapped) in checks.into_iter().zip(found) {
             let Some((_, store)) = &s.open else { continue };
             let mut kept = SlotSet::default();

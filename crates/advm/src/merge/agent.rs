@@ -408,8 +408,13 @@ impl Trims {
     fn trim(&mut self, pid: u32, totals: &mut AgentTotals) {
         match super::trim() {
             Ok(t) => totals.add_trim(&t),
-            // An advmd from before trims keeps the pages until the process exits.
-            Err(Error::Unsupported { .. }) => {}
+            // An advmd from before trims, or processes whose maps cannot be read: the
+            // store keeps the pages until the process exits, as without trims.
+            Err(e @ Error::Unsupported { .. }) => {
+                eprintln!("advm merge agent (pid {pid}): no more trims: {e}");
+                self.on = false;
+                self.merged = false;
+            }
             Err(e) => eprintln!("advm merge agent (pid {pid}): trim: {e}"),
         }
         self.mapped = store_mapped_bytes().unwrap_or(0);

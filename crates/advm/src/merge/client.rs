@@ -174,13 +174,16 @@ fn copy_threads() -> usize {
 pub(crate) struct Local {
     store: Store,
     fd: OwnedFd,
+    /// When the store was made, in clock ticks since boot: processes started before
+    /// never mapped it ([`crate::process::Mappers`]).
+    since: u64,
 }
 
 impl Local {
     pub(crate) fn new(limit_bytes: u64) -> Result<Self> {
         let store = Store::create("advm-merge-local", limit_bytes)?;
         let fd = store.read_only_fd()?;
-        Ok(Self { store, fd })
+        Ok(Self { store, fd, since: crate::process::boot_ticks()? })
     }
 }
 
@@ -228,7 +231,8 @@ impl Backend for Local {
         // Every reference is this process's: a page no process maps goes whole.
         let held: std::collections::HashSet<u32> = self.store.referenced_slots().into_iter().collect();
         let files = self.store.files()?;
-        let mapped = super::store::mapped_slots(&[(&files, &held)]).remove(0);
+        let who = crate::process::Mappers { pid: std::process::id(), uid: crate::sys::euid(), since_ticks: self.since };
+        let mapped = super::store::mapped_slots(&[(&files, &held)], Some(who))?.remove(0);
         let mut released = 0;
         for &slot in held.iter().filter(|s| !mapped.contains(s)) {
             self.store.release_all(slot)?;

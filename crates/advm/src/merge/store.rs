@@ -166,18 +166,46 @@ pub struct StoreFiles {
 /// or a process forked after the pass listed /proc whose parent then unmapped its
 /// copy, is missed by that pass; the next one sees it where it is now. Only a mapping
 /// that moves like that during both passes can be missed.
+///
+/// With `who`, it fails when it cannot read the maps of a live process among them
+/// (the client's own, or one of its uid started since: [`crate::process::Mappers`]):
+/// such a process may map the pages, and a trim of a live client's pages must not
+/// guess. Processes of other uids are taken to map none (a client's children cannot
+/// change their uid unless they are root, and `exec` drops their mappings), and so are
+/// processes started before (they never had this session's mappings; only one the
+/// program handed a store descriptor to could). Without `who`, an unreadable process
+/// counts as mapping nothing (the close-time check of a daemon that cannot read its
+/// clients' maps; docs/deploy.md).
 pub fn mapped_slots(
     checks: &[(&StoreFiles, &std::collections::HashSet<u32>)],
-) -> Vec<std::collections::HashSet<u32>> {
+    who: Option<crate::process::Mappers>,
+) -> Result<Vec<std::collections::HashSet<u32>>> {
     let mut found = vec![std::collections::HashSet::new(); checks.len()];
     for _pass in 0..2 {
-        crate::process::each_process_maps(|maps| {
+        let each = |maps: &str| {
             for ((files, want), found) in checks.iter().zip(found.iter_mut()) {
                 files.mapped_in(maps, want, found);
             }
-        });
+        };
+        let Some(who) = who else {
+            crate::process::each_process_maps(each);
+            continue;
+        };
+        let unread = crate::process::each_process_maps_of(who, each)?;
+        if let Some(first) = unread.first() {
+            let more = match unread.len() {
+                1 => String::new(),
+                n => format!(" (nor those of {} more)", n - 1),
+            };
+            return Err(Error::Unsupported {
+                what: "trimming merged pages",
+                why: format!(
+                    "the maps of process {first} cannot be read here{more}, so which pages it maps cannot be told"
+                ),
+            });
+        }
     }
-    found
+    Ok(found)
 }
 
 impl StoreFiles {
