@@ -34,8 +34,23 @@ fn wait(pid: i32) -> i32 {
     }
 }
 
+/// A trim reads the maps of the client's process and of the processes of its uid
+/// started since: one that cannot be told (a client in another pid namespace, pid 0)
+/// fails the look rather than counting as mapping nothing.
+fn the_processes_that_may_map_the_pages_must_be_readable() {
+    use advm::process::{boot_ticks, each_process_maps_of, Mappers};
+    let uid = advm::process::euid();
+    let unknown = Mappers { pid: 0, uid, since_ticks: 0 };
+    assert!(each_process_maps_of(unknown, |_| {}).is_err());
+    let me = Mappers { pid: std::process::id(), uid, since_ticks: boot_ticks().unwrap() };
+    let mut read = 0;
+    assert_eq!(each_process_maps_of(me, |_| read += 1).unwrap(), Vec::<u32>::new());
+    assert!(read >= 1, "this process's own maps were read");
+}
+
 #[test]
 fn a_trim_releases_only_pages_no_process_maps() {
+    the_processes_that_may_map_the_pages_must_be_readable();
     if advm::probe::facts().uffd_features.is_none() {
         eprintln!("skipped: userfaultfd not available here");
         return;
@@ -120,19 +135,4 @@ fn a_trim_releases_only_pages_no_process_maps() {
     // SAFETY: the lower half, unmapped once; the region is forgotten, never dropped.
     assert_eq!(unsafe { libc::munmap(buf.bytes().as_ptr() as *mut _, len / 2) }, 0);
     std::mem::forget(buf);
-}
-
-/// A trim reads the maps of the client's process and of the processes of its uid
-/// started since: one that cannot be told (a client in another pid namespace, pid 0)
-/// fails the look rather than counting as mapping nothing.
-#[test]
-fn the_processes_that_may_map_the_pages_must_be_readable() {
-    use advm::process::{boot_ticks, each_process_maps_of, Mappers};
-    let uid = advm::process::euid();
-    let unknown = Mappers { pid: 0, uid, since_ticks: 0 };
-    assert!(each_process_maps_of(unknown, |_| {}).is_err());
-    let me = Mappers { pid: std::process::id(), uid, since_ticks: boot_ticks().unwrap() };
-    let mut read = 0;
-    assert_eq!(each_process_maps_of(me, |_| read += 1).unwrap(), Vec::<u32>::new());
-    assert!(read >= 1, "this process's own maps were read");
 }
