@@ -252,7 +252,7 @@ pub fn each_process_maps_of(who: Mappers, each: impl FnMut(&str)) -> Result<Vec<
         let uids = status.lines().find_map(|l| l.strip_prefix("Uid:")).unwrap_or("");
         let started = procfs::process::Process::new(pid as i32).and_then(|p| p.stat()).map(|s| s.starttime).ok();
         let may =
-            uids.split_whitespace().any(|u| u.parse() == Ok(who.uid)) && started.is_none_or(|t| t >= who.since_ticks);
+            uids.split_whitespace().any(|u| u.parse() == Ok(who.uid)) && started.map_or(true, |t| t >= who.since_ticks);
         if pid == who.pid || may {
             unread.push(pid);
         }

@@ -339,10 +339,16 @@ fn run(mut control: Control, s: Settings) {
     let mut totals = AgentTotals::default();
     let on = std::env::var(ENV_TRIM).map_or(true, |v| v.trim() != "0");
     let mut trims = Trims { on, merged: false, checked: Instant::now(), mapped: 0 };
+    // The last quiet-period merge, reported again with the totals after a later trim.
+    let mut last = None;
     loop {
         // A forked child inherits no thread: this loop only ever runs in `pid`.
         control.serve(pid, &mut totals, &mut trims);
-        trims.tick(pid, &mut totals);
+        if trims.tick(pid, &mut totals) {
+            if let Some(r) = &last {
+                report(pid, r, &totals);
+            }
+        }
         let Some(now) = anon_resident() else { return };
         if now > mark + QUIET_BYTES {
             mark = now;
@@ -353,7 +359,8 @@ fn run(mut control: Control, s: Settings) {
                 Ok(r) => {
                     totals.add(&r);
                     trims.after_merge(pid, &mut totals);
-                    report(pid, &r, &totals)
+                    report(pid, &r, &totals);
+                    last = Some(r);
                 }
                 Err(e) => eprintln!("advm merge agent (pid {pid}): {e}"),
             }
@@ -393,15 +400,22 @@ impl Trims {
         self.trim(pid, totals);
     }
 
-    fn tick(&mut self, pid: u32, totals: &mut AgentTotals) {
+    /// Looks, when it is time, and trims if merged memory went; whether it trimmed.
+    fn tick(&mut self, pid: u32, totals: &mut AgentTotals) -> bool {
         if !self.merged || self.checked.elapsed() < TRIM_CHECK_EVERY {
-            return;
+            return false;
         }
         self.checked = Instant::now();
         match store_mapped_bytes() {
-            Some(now) if now < self.mapped => self.trim(pid, totals),
-            Some(now) => self.mapped = now,
-            None => {}
+            Some(now) if now < self.mapped => {
+                self.trim(pid, totals);
+                true
+            }
+            Some(now) => {
+                self.mapped = now;
+                false
+            }
+            None => false,
         }
     }
 

@@ -69,7 +69,7 @@ impl StoreView {
     pub fn forget(&mut self, pieces: &[Piece]) -> Result<()> {
         let ps = page_size();
         for p in pieces {
-            if self.pieces.get(&p.slot).is_none_or(|(mine, _)| mine != p) {
+            if !self.pieces.get(&p.slot).is_some_and(|(mine, _)| mine == p) {
                 return Err(Error::InvalidArgument {
                     what: "advmd reply",
                     why: format!("a trim forgets the piece {p:?}, which this client does not show"),
