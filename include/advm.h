@@ -301,6 +301,18 @@ int advm_merge(const void *addr, size_t len, struct advm_merge_stats *out);
 /* Which store merges use, and why not advmd when not; owned by the library, valid
  * until the next call on the same thread. */
 const char *advm_merge_via(void);
+/* Lets go of the store pages this process was handed that no process maps any more
+ * (memory merged onto them since unmapped; written pages stay: their mappings still
+ * cover the store's pages), and frees those nobody else holds. Reads every process's
+ * maps: call it after dropping merged data, not per merge. Returns 0, or -ENOSYS
+ * (nothing let go) when the maps of this process or of a process of its uid started
+ * since its first merge cannot be read, or advmd predates trims. out may be NULL. */
+struct advm_trim_stats {
+    uint64_t released;    /* store pages let go */
+    uint64_t kept;        /* store pages still held: some process maps them */
+    uint64_t nanoseconds; /* time taken */
+};
+int advm_merge_trim(struct advm_trim_stats *out);
 /* ---- end merging ---- */
 
 #ifdef __cplusplus

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::gc::{AdvmGcOptions, AdvmGcPolicy, AdvmGcStats};
-use crate::merge::AdvmMergeStats;
+use crate::merge::{AdvmMergeStats, AdvmTrimStats};
 use crate::pager::{advm_pager_options, advm_pager_stats};
 use crate::remap::advm_remap_stats;
 use crate::vcopy::AdvmVcopyStats;
@@ -101,6 +101,7 @@ fn header_structs_have_the_layout_of_their_rust_twins() {
             ]
         ),
         ("advm_merge_stats", AdvmMergeStats, [merged, added, skipped, refused, nanoseconds, via_daemon]),
+        ("advm_trim_stats", AdvmTrimStats, [released, kept, nanoseconds]),
         (
             "advm_gc_stats",
             AdvmGcStats,

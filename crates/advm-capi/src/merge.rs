@@ -49,6 +49,35 @@ pub unsafe extern "C" fn advm_merge(addr: *const u8, len: usize, out: *mut AdvmM
     })
 }
 
+/// `struct advm_trim_stats` in `include/advm.h`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AdvmTrimStats {
+    /// Store pages let go: no process maps them any more.
+    pub released: u64,
+    /// Store pages still held: some process maps them.
+    pub kept: u64,
+    /// Wall-clock nanoseconds the trim took.
+    pub nanoseconds: u64,
+}
+
+/// `int advm_merge_trim(struct advm_trim_stats *out)`: `advm::merge::trim`.
+///
+/// # Safety
+/// `out` is NULL or points to writable storage for the struct.
+#[no_mangle]
+pub unsafe extern "C" fn advm_merge_trim(out: *mut AdvmTrimStats) -> i32 {
+    guard(|| {
+        let t = advm::merge::trim()?;
+        if !out.is_null() {
+            let v = AdvmTrimStats { released: t.released, kept: t.kept, nanoseconds: (t.seconds * 1e9) as u64 };
+            // SAFETY: non-null and writable by the caller's promise.
+            unsafe { out.write(v) };
+        }
+        Ok(0)
+    })
+}
+
 /// `const char *advm_merge_via(void)`: which store merges use and why, as a
 /// NUL-terminated string owned by the library (valid until the next call on the
 /// same thread; one buffer per thread, so another thread's call never frees it).

@@ -172,6 +172,32 @@ fn merge_mode_stats_report_the_agents_merges() {
     assert!(err.starts_with("advm run: mode merge, 1 process(es) reported\n  agent merges "), "{err}");
 }
 
+/// A program that merged its data and then drops it: the agent sees the process's
+/// store mappings shrink and trims, letting the dropped pages go while it runs.
+#[test]
+fn the_agent_trims_the_pages_a_program_dropped() {
+    if !ready() {
+        return;
+    }
+    // 48 MiB of new bytes (glibc maps them on their own, and unmaps them at `del`),
+    // merged after 0.3 s of quiet, then dropped.
+    let prog =
+        "import os, time\na = bytearray(os.urandom(48 << 20))\ntime.sleep(3)\ndel a\ntime.sleep(2.5)\nprint('ok')";
+    let mut child = Command::new(ADVM)
+        .args(["run", "--mode", "merge", "--merge-after", "0.3", "--stats", "--json", "--", "python3", "-c", prog])
+        .env("ADVM_SOCKET", "/nonexistent/advmd.sock")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start advm run");
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let err = finish_with_stderr(child, out);
+    let v: serde_json::Value = serde_json::from_str(&err).unwrap_or_else(|e| panic!("{e}: {err}"));
+    let n = |k: &str| v["merge_agent"][k].as_u64().unwrap_or_else(|| panic!("{k} in {v}"));
+    assert!(n("added") >= 12_000, "the 48 MiB were added: {v}");
+    assert!(n("trims") >= 2 && n("released") >= 12_000, "a trim after the merge, one after the drop: {v}");
+}
+
 #[test]
 fn advm_merge_on_a_process_not_under_merge_mode_says_so() {
     let mut sleeper = Command::new("sleep").arg("10").spawn().unwrap();

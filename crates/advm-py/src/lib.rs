@@ -239,6 +239,19 @@ fn merge<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
     stats_dict(py, &s)
 }
 
+/// Lets go of the store pages the process-wide client holds that no process maps any
+/// more (`advm::merge::trim`); returns the figures as a dict.
+#[pyfunction]
+fn trim(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    // It reads every process's maps: other threads run on meanwhile.
+    let t = py.allow_threads(advm::merge::trim).map_err(to_py)?;
+    let d = PyDict::new(py);
+    d.set_item("released", t.released)?;
+    d.set_item("kept", t.kept)?;
+    d.set_item("seconds", t.seconds)?;
+    Ok(d)
+}
+
 /// The `advm stat` figures of processes measured together (pages they share count
 /// once), as a JSON text (the wrapper parses it).
 #[pyfunction]
@@ -352,6 +365,7 @@ fn vcopy_stats_json() -> PyResult<String> {
 #[pymodule]
 fn _advm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(merge, m)?)?;
+    m.add_function(wrap_pyfunction!(trim, m)?)?;
     m.add_function(wrap_pyfunction!(stat_json, m)?)?;
     m.add_function(wrap_pyfunction!(vcopy_block, m)?)?;
     m.add_function(wrap_pyfunction!(empty_block, m)?)?;

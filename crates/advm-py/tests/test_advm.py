@@ -801,3 +801,17 @@ def test_many_vcopies_leave_no_descriptors_or_mappings_behind() -> None:
     fds2, maps2 = counts()
     assert fds2 <= fds + 2 and maps2 <= maps + 8, ((fds, maps), (fds2, maps2))
     assert np.array_equal(x, src)
+
+
+def test_trim_lets_go_of_merged_pages_once_their_array_is_unmapped() -> None:
+    m = mmap.mmap(-1, 64 * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    a = np.frombuffer(m, dtype=np.uint8)
+    a[:] = np.random.default_rng(77).integers(0, 256, a.size, dtype=np.uint8)
+    want = a.copy()
+    assert advm.merge(a)["added"] == 64
+    t = advm.trim()
+    assert t["kept"] >= 64 and t["seconds"] >= 0
+    assert (a == want).all()
+    del a
+    m.close()
+    assert advm.trim()["released"] >= 64

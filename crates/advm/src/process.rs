@@ -213,15 +213,70 @@ impl ProcessWatch {
 
 /// Gives the text of /proc/PID/maps of every process this one may read to `each`
 /// (a process that exits meanwhile, or whose maps are not readable, is left out).
-pub fn each_process_maps(mut each: impl FnMut(&str)) {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return };
+pub fn each_process_maps(each: impl FnMut(&str)) {
+    each_maps(each, |_| {});
+}
+
+/// Who may map a store's pages, for [`each_process_maps_of`]: the client's process,
+/// and the processes of its uid started since it was handed its first page (a
+/// process started before cannot have inherited a mapping made later).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mappers {
+    /// The client's process (0: unknown, which fails the look).
+    pub pid: u32,
+    /// Its uid.
+    pub uid: u32,
+    /// Since when, in clock ticks since boot ([`boot_ticks`]).
+    pub since_ticks: u64,
+}
+
+/// The time since boot in clock ticks, as process start times in /proc/PID/stat count.
+pub fn boot_ticks() -> Result<u64> {
+    Ok(crate::sys::process::boot_ticks()?)
+}
+
+/// [`each_process_maps`], and the pids of the processes left out although they may be
+/// among `who`: `who.pid` itself, or a process with `who.uid` among its real,
+/// effective, saved and filesystem uids (`/proc/PID/status`, which anyone may read)
+/// that started at or after `who.since_ticks` (or whose start cannot be told): a
+/// process of another user, or one that made itself undumpable, is unreadable to a
+/// reader that is not root. Fails when /proc cannot be listed or `who.pid` is 0.
+pub fn each_process_maps_of(who: Mappers, each: impl FnMut(&str)) -> Result<Vec<u32>> {
+    let refused = |why: &str| crate::Error::Unsupported { what: "reading processes' maps", why: why.into() };
+    if who.pid == 0 {
+        return Err(refused("the client's process is not visible here (another pid namespace)"));
+    }
+    let mut unread = Vec::new();
+    let listed = each_maps(each, |pid| {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let uids = status.lines().find_map(|l| l.strip_prefix("Uid:")).unwrap_or("");
+        let started = procfs::process::Process::new(pid as i32).and_then(|p| p.stat()).map(|s| s.starttime).ok();
+        let may =
+            uids.split_whitespace().any(|u| u.parse() == Ok(who.uid)) && started.map_or(true, |t| t >= who.since_ticks);
+        if pid == who.pid || may {
+            unread.push(pid);
+        }
+    });
+    if !listed {
+        return Err(refused("/proc cannot be listed"));
+    }
+    Ok(unread)
+}
+
+/// Runs `each` on every readable /proc/PID/maps and `unreadable` on the pid of every
+/// other; false when /proc cannot be listed.
+fn each_maps(mut each: impl FnMut(&str), mut unreadable: impl FnMut(u32)) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return false };
     for e in dir.flatten() {
-        if e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())) {
-            if let Ok(maps) = std::fs::read_to_string(e.path().join("maps")) {
-                each(&maps);
-            }
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        match std::fs::read_to_string(e.path().join("maps")) {
+            Ok(maps) => each(&maps),
+            // exited meanwhile
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound || err.raw_os_error() == Some(libc::ESRCH) => {}
+            Err(_) => unreadable(pid),
         }
     }
+    true
 }
 
 /// Sends SIGTERM to process `pid` (a program asked to stop cleanly).

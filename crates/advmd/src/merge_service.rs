@@ -4,7 +4,8 @@
 //! optional tag that can only narrow it. A session can reach its own domain's store
 //! only, so no reply (and no lock it waits on, beyond the brief domain-table lookup at
 //! hello) depends on what another domain holds. Every slot a session was handed holds
-//! a reference until the session ends; a slot left with none is reclaimed.
+//! a reference until the session ends, or until the client asks for a trim and no
+//! process maps the slot's page any more; a slot left with none is reclaimed.
 //!
 //! Workers of one domain that load the same model at once would each send every page
 //! (all their lookups miss before anyone has added). So a lookup that misses a hash
@@ -213,6 +214,9 @@ pub struct Session {
     /// An add's pages whose hashes the daemon computes itself: one in this many,
     /// picked at random (1: every page, and the client's hashes are not used).
     hash_check_one_in: usize,
+    /// When the session opened, in clock ticks since boot (0: unknown): a process
+    /// started before cannot map what it was handed ([`advm::process::Mappers`]).
+    started_ticks: u64,
 }
 
 fn refused(why: impl Into<String>) -> advm::Error {
@@ -235,6 +239,7 @@ impl Session {
             shown: HashSet::new(),
             timeout,
             hash_check_one_in,
+            started_ticks: advm::process::boot_ticks().unwrap_or(0),
         }
     }
 
@@ -344,7 +349,52 @@ impl Session {
                 self.add(&store, &hashes, pages)
             }
             Request::Usage => Ok(Reply::Usage(lock(&store.state).store.usage())),
+            Request::Trim => self.trim(),
         }
+    }
+
+    /// Lets go of the slots this session holds that no process maps privately any
+    /// more ([`advm::merge::mapped_slots`], outside the store's lock, as for a closed
+    /// session), and tells the client which adopted files it no longer needs to show.
+    /// Its own requests come one at a time, so no merge of this session is between a
+    /// lookup and its mapping now; other sessions hold references of their own.
+    fn trim(&mut self) -> advm::Result<Reply> {
+        let Some((_, store)) = &self.open else { return Err(refused("send hello first")) };
+        let files = lock(&store.state).store.files()?;
+        let want: HashSet<u32> = self.held.iter().collect();
+        let who = advm::process::Mappers {
+            pid: u32::try_from(self.peer.pid).unwrap_or(0),
+            uid: self.peer.uid,
+            since_ticks: self.started_ticks,
+        };
+        let mapped = advm::merge::mapped_slots(&[(&files, &want)], Some(who))?.remove(0);
+        let (mut kept, mut released) = (SlotSet::default(), 0u64);
+        let mut forget = Vec::new();
+        {
+            let mut g = lock(&store.state);
+            let mut still_shown = HashSet::new();
+            let (keep, drop): (Vec<u32>, Vec<u32>) = want.iter().partition(|s| mapped.contains(s));
+            for &slot in &keep {
+                kept.insert(slot);
+                still_shown.insert(g.store.segment_of(slot));
+            }
+            // Files this session holds no page of: the client stops showing them before
+            // the store may let them go (their slots then show other pages).
+            self.shown.retain(|id| {
+                still_shown.contains(id) || {
+                    forget.extend_from_slice(g.store.segment_pieces(*id).unwrap_or_default());
+                    false
+                }
+            });
+            for slot in drop {
+                let _ = g.store.release(slot);
+                released += 1;
+            }
+        }
+        store.landed.notify_all();
+        self.held = kept;
+        let kept = self.held.iter().count() as u64;
+        Ok(Reply::Trimmed { released, kept, forget })
     }
 
     /// Adopts the client's sealed memfd into the store (no copy), checks the client's
@@ -484,8 +534,8 @@ impl Session {
     /// Sessions whose processes have exited: releases the references no process maps
     /// any more, and keeps one on each page some process still maps privately (a child
     /// such a process forked lives on with its merged pages: punched and reused, they
-    /// would change under it). One pass over /proc for all of them, outside the
-    /// stores' locks. Returns the sessions that still hold pages, to be tried again
+    /// would change under it). One look over /proc for all of them
+    /// ([`advm::merge::mapped_slots`]), outside the stores' locks. Returns the sessions that still hold pages, to be tried again
     /// later; the others are ended.
     pub fn release_unmapped(sessions: Vec<Session>, stores: &Stores) -> Vec<Session> {
         let mut checks = Vec::new();
@@ -501,7 +551,7 @@ impl Session {
             match files {
                 Ok(f) => {
                     let want: HashSet<u32> = s.held.iter().collect();
-                    checks.push((s, f, want, HashSet::new()));
+                    checks.push((s, f, want));
                 }
                 // the files cannot be told: keep everything, try again later
                 Err(_) => left.push(s),
@@ -510,12 +560,15 @@ impl Session {
         if checks.is_empty() {
             return left;
         }
-        advm::process::each_process_maps(|maps| {
-            for (_, files, want, found) in checks.iter_mut() {
-                files.mapped_in(maps, want, found);
+        let found = match advm::merge::mapped_slots(&checks.iter().map(|(_, f, w)| (f, w)).collect::<Vec<_>>(), None) {
+            Ok(f) => f,
+            Err(_) => {
+                // /proc cannot be listed: keep everything, try again later
+                left.extend(checks.into_iter().map(|(s, _, _)| s));
+                return left;
             }
-        });
-        for (mut s, _, _, mapped) in checks {
+        };
+        for ((mut s, _, _), mapped) in checks.into_iter().zip(found) {
             let Some((_, store)) = &s.open else { continue };
             let mut kept = SlotSet::default();
             {

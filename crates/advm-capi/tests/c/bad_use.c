@@ -309,7 +309,13 @@ static void other_misuse(void) {
     WORKS(advm_merge(m, 4 * ps, &ms)); /* a failed connect to advmd leaves no errno behind */
     WORKS(advm_merge(m, 4 * ps, NULL));
     WORKS(advm_merge(m, 0, &ms));
+    struct advm_trim_stats ts;
+    WORKS(advm_merge_trim(&ts));
+    CHECK(ts.kept >= 1); /* the four equal pages map one store page */
     CHECK(munmap(m, 4 * ps) == 0);
+    WORKS(advm_merge_trim(&ts));
+    CHECK(ts.released >= 1);
+    WORKS(advm_merge_trim(NULL));
     NULL_WITH(advm_alloc(SIZE_MAX), ENOMEM);
     NULL_WITH(advm_dup(NULL, ps), EINVAL);
     FAILS(advm_vcopy(NULL, NULL, ps), EINVAL);

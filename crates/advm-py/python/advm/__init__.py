@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 _Shape = TypeVar("_Shape", bound=tuple[Any, ...])
 _DType = TypeVar("_DType", bound="numpy.dtype[Any]")
 
-__all__ = ["merge", "stat", "vcopy", "vcopy_stats", "MergeStats", "__version__"]
+__all__ = ["merge", "trim", "stat", "vcopy", "vcopy_stats", "MergeStats", "TrimStats", "__version__"]
 __version__: str = _advm.__version__
 
 
@@ -108,6 +108,37 @@ def merge(obj: Any) -> MergeStats:
             "references into this process, not data (merge the arrays or bytes they refer to)"
         )
     return _advm.merge(obj)  # type: ignore[no-any-return]
+
+
+class TrimStats(TypedDict):
+    """What one trim did (:func:`trim`).
+
+    - ``released``: store pages let go: no process maps them any more (the store frees
+      those no other process holds).
+    - ``kept``: store pages still held: some process maps them.
+    - ``seconds``: time the trim took (mostly reading every process's maps).
+    """
+
+    released: int
+    kept: int
+    seconds: float
+
+
+def trim() -> TrimStats:
+    """Let go of the merged pages this process no longer maps; return what it did.
+
+    A merged page stays in the store for as long as the process holds it, also after the
+    array merged onto it was freed. ``trim`` lets go of every page no process maps any
+    more: arrays deleted (their memory unmapped), not arrays written (their mappings
+    still cover the store's pages). Pages a forked child still maps are kept. It reads
+    every process's maps (milliseconds; tens with many thousands of mappings): call it
+    after dropping merged data, not per merge. Under ``advm run --mode merge`` the agent
+    trims by itself.
+
+    Raises ``OSError`` when the maps of this process, or of a process of its user started
+    since its first merge, cannot be read (nothing is let go then).
+    """
+    return _advm.trim()  # type: ignore[no-any-return]
 
 
 def _object_type(obj: Any) -> str | None:

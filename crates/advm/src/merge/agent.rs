@@ -50,6 +50,9 @@ pub const ENV_AFTER: &str = "ADVM_MERGE_AFTER";
 pub const ENV_MIN_BYTES: &str = "ADVM_MERGE_MIN_BYTES";
 /// Growth of anonymous memory, bytes, that makes a quiet period worth a merge.
 pub const ENV_MIN_GROWTH: &str = "ADVM_MERGE_MIN_GROWTH";
+/// `0` turns the agent's trims off ([`super::Client::trim`]): the store keeps every
+/// page the process was handed until it exits, as before trims.
+pub const ENV_TRIM: &str = "ADVM_MERGE_TRIM";
 /// A directory where the agent writes `<pid>.json`, the last merge's [`ProcessMerge`]
 /// (after a quiet period or on request: `advm merge PID`) with `"totals"`, the
 /// [`AgentTotals`] of all its merges so far (for benchmarks and `advm run --stats`;
@@ -101,6 +104,15 @@ pub struct AgentTotals {
     pub bytes: u64,
     /// Wall-clock seconds spent merging.
     pub seconds: f64,
+    /// Trims run (after each merge, and when the program unmapped merged memory).
+    #[serde(default)]
+    pub trims: u64,
+    /// Store pages the trims let go (the program no longer mapped them).
+    #[serde(default)]
+    pub released: u64,
+    /// Wall-clock seconds spent trimming.
+    #[serde(default)]
+    pub trim_seconds: f64,
 }
 
 impl AgentTotals {
@@ -116,8 +128,16 @@ impl AgentTotals {
             zero_dropped: r.zero_dropped,
             bytes: r.stats.bytes,
             seconds: r.stats.seconds,
+            ..Default::default()
         });
         self.processes = 1;
+    }
+
+    /// Adds one trim of this process.
+    pub fn add_trim(&mut self, t: &super::TrimStats) {
+        self.trims += 1;
+        self.released += t.released;
+        self.trim_seconds += t.seconds;
     }
 
     fn sum(&mut self, o: &AgentTotals) {
@@ -130,6 +150,9 @@ impl AgentTotals {
         self.zero_dropped += o.zero_dropped;
         self.bytes += o.bytes;
         self.seconds += o.seconds;
+        self.trims += o.trims;
+        self.released += o.released;
+        self.trim_seconds += o.trim_seconds;
     }
 }
 
@@ -282,8 +305,8 @@ impl Control {
     }
 
     /// Serves the requests waiting; their merges count in `totals` as the quiet
-    /// period's do.
-    fn serve(&mut self, pid: u32, totals: &mut AgentTotals) {
+    /// period's do, and are followed by a trim.
+    fn serve(&mut self, pid: u32, totals: &mut AgentTotals, trims: &mut Trims) {
         let Some(l) = &self.listener else { return };
         if !crate::sys::merge::file_id(l.as_fd()).is_ok_and(|id| id == self.id) {
             use std::os::fd::IntoRawFd;
@@ -300,7 +323,9 @@ impl Control {
         }
         let Some(l) = &self.listener else { return };
         while let Ok((conn, _)) = l.accept() {
-            serve_request(conn, pid, totals);
+            if serve_request(conn, pid, totals) {
+                trims.after_merge(pid, totals);
+            }
         }
     }
 }
@@ -312,9 +337,18 @@ fn run(mut control: Control, s: Settings) {
     let mut mark = since;
     let mut last_growth = Instant::now();
     let mut totals = AgentTotals::default();
+    let on = std::env::var(ENV_TRIM).map_or(true, |v| v.trim() != "0");
+    let mut trims = Trims { on, merged: false, checked: Instant::now(), mapped: 0 };
+    // The last quiet-period merge, reported again with the totals after a later trim.
+    let mut last = None;
     loop {
         // A forked child inherits no thread: this loop only ever runs in `pid`.
-        control.serve(pid, &mut totals);
+        control.serve(pid, &mut totals, &mut trims);
+        if trims.tick(pid, &mut totals) {
+            if let Some(r) = &last {
+                report(pid, r, &totals);
+            }
+        }
         let Some(now) = anon_resident() else { return };
         if now > mark + QUIET_BYTES {
             mark = now;
@@ -324,7 +358,9 @@ fn run(mut control: Control, s: Settings) {
             match merge_process(s.min_bytes) {
                 Ok(r) => {
                     totals.add(&r);
-                    report(pid, &r, &totals)
+                    trims.after_merge(pid, &mut totals);
+                    report(pid, &r, &totals);
+                    last = Some(r);
                 }
                 Err(e) => eprintln!("advm merge agent (pid {pid}): {e}"),
             }
@@ -334,6 +370,83 @@ fn run(mut control: Control, s: Settings) {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// How often the agent looks whether the program let go of merged memory.
+const TRIM_CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// When the agent trims the process-wide client ([`super::trim`]): after each merge
+/// (pages the program wrote and a merge mapped onto other store pages leave their old
+/// ones), and when the bytes the process maps privately from the store's files have
+/// shrunk since the last look (the program unmapped merged memory: R and NumPy free
+/// large arrays with `munmap`). A trim reads every process's maps; the look, every
+/// [`TRIM_CHECK_EVERY`], reads this process's only.
+struct Trims {
+    /// Whether trims are on ([`ENV_TRIM`]).
+    on: bool,
+    /// Whether this process has merged (before that there is nothing to trim).
+    merged: bool,
+    checked: Instant,
+    /// Bytes mapped privately from store files at the last look.
+    mapped: u64,
+}
+
+impl Trims {
+    fn after_merge(&mut self, pid: u32, totals: &mut AgentTotals) {
+        self.merged = self.on;
+        if !self.on {
+            return;
+        }
+        self.trim(pid, totals);
+    }
+
+    /// Looks, when it is time, and trims if merged memory went; whether it trimmed.
+    fn tick(&mut self, pid: u32, totals: &mut AgentTotals) -> bool {
+        if !self.merged || self.checked.elapsed() < TRIM_CHECK_EVERY {
+            return false;
+        }
+        self.checked = Instant::now();
+        match store_mapped_bytes() {
+            Some(now) if now < self.mapped => {
+                self.trim(pid, totals);
+                true
+            }
+            Some(now) => {
+                self.mapped = now;
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn trim(&mut self, pid: u32, totals: &mut AgentTotals) {
+        match super::trim() {
+            Ok(t) => totals.add_trim(&t),
+            // An advmd from before trims, or processes whose maps cannot be read: the
+            // store keeps the pages until the process exits, as without trims.
+            Err(e @ Error::Unsupported { .. }) => {
+                eprintln!("advm merge agent (pid {pid}): no more trims: {e}");
+                self.on = false;
+                self.merged = false;
+            }
+            Err(e) => eprintln!("advm merge agent (pid {pid}): trim: {e}"),
+        }
+        self.mapped = store_mapped_bytes().unwrap_or(0);
+        self.checked = Instant::now();
+    }
+}
+
+/// Bytes this process maps privately from the process-wide client's store files.
+fn store_mapped_bytes() -> Option<u64> {
+    let maps = parse_maps(&std::fs::read_to_string("/proc/self/maps").ok()?);
+    super::with_default(|c| {
+        Ok(maps
+            .iter()
+            .filter(|m| !m.anonymous && m.perms.ends_with('p') && c.holds_inode(m.inode))
+            .map(|m| (m.end - m.start) as u64)
+            .sum())
+    })
+    .ok()
 }
 
 /// Writes `r` and `totals` to `$ADVM_MERGE_REPORT_DIR/<pid>.json` when that is set.
@@ -348,8 +461,8 @@ fn report(pid: u32, r: &ProcessMerge, totals: &AgentTotals) {
 }
 
 /// One request: a line `merge`, answered with one JSON line; a merge it runs is
-/// added to `totals` and reported (`advm run --stats` counts it).
-fn serve_request(conn: UnixStream, pid: u32, totals: &mut AgentTotals) {
+/// added to `totals` and reported (`advm run --stats` counts it). Whether it merged.
+fn serve_request(conn: UnixStream, pid: u32, totals: &mut AgentTotals) -> bool {
     let _ = conn.set_nonblocking(false);
     let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
     let allowed = crate::sys::fdpass::peer_credentials(&conn)
@@ -374,6 +487,7 @@ fn serve_request(conn: UnixStream, pid: u32, totals: &mut AgentTotals) {
         }
     };
     let _ = (&conn).write_all(format!("{reply}\n").as_bytes());
+    reply["ok"] == true
 }
 
 /// Resident anonymous memory of this process (`/proc/self/statm`: resident - shared).

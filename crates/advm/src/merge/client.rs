@@ -41,6 +41,9 @@ pub(crate) trait Backend: Send {
     /// only found by hash [`Target::Candidate`].
     fn add(&mut self, src: &mut dyn Landing, which: &[usize], hashes: &[u64]) -> Result<Option<String>>;
     fn usage(&mut self) -> Result<StoreUsage>;
+    /// Lets go of the store pages this client holds that no process maps any more
+    /// ([`super::Client::trim`]): `(pages let go, pages still held)`.
+    fn trim(&mut self) -> Result<(u64, u64)>;
     /// Whether the descriptors it keeps still name their files (the program may have
     /// closed them and got the numbers back for files of its own; then nothing of this
     /// backend may be used or dropped: [`super::with_default`] forgets it).
@@ -171,13 +174,16 @@ fn copy_threads() -> usize {
 pub(crate) struct Local {
     store: Store,
     fd: OwnedFd,
+    /// When the store was made, in clock ticks since boot: processes started before
+    /// never mapped it ([`crate::process::Mappers`]).
+    since: u64,
 }
 
 impl Local {
     pub(crate) fn new(limit_bytes: u64) -> Result<Self> {
         let store = Store::create("advm-merge-local", limit_bytes)?;
         let fd = store.read_only_fd()?;
-        Ok(Self { store, fd })
+        Ok(Self { store, fd, since: crate::process::boot_ticks()? })
     }
 }
 
@@ -220,6 +226,19 @@ impl Backend for Local {
     }
     fn usage(&mut self) -> Result<StoreUsage> {
         Ok(self.store.usage())
+    }
+    fn trim(&mut self) -> Result<(u64, u64)> {
+        // Every reference is this process's: a page no process maps goes whole.
+        let held: std::collections::HashSet<u32> = self.store.referenced_slots().into_iter().collect();
+        let files = self.store.files()?;
+        let who = crate::process::Mappers { pid: std::process::id(), uid: crate::sys::euid(), since_ticks: self.since };
+        let mapped = super::store::mapped_slots(&[(&files, &held)], Some(who))?.remove(0);
+        let mut released = 0;
+        for &slot in held.iter().filter(|s| !mapped.contains(s)) {
+            self.store.release_all(slot)?;
+            released += 1;
+        }
+        Ok((released, mapped.len() as u64))
     }
 }
 
@@ -531,6 +550,21 @@ impl Backend for Daemon {
             _ => Err(Error::InvalidArgument { what: "advmd reply", why: "expected usage".into() }),
         }
     }
+    fn trim(&mut self) -> Result<(u64, u64)> {
+        Request::Trim.send(self.ch())?;
+        match Reply::recv(self.ch()) {
+            Ok(Reply::Trimmed { released, kept, forget }) => {
+                self.view.forget(&forget)?;
+                Ok((released, kept))
+            }
+            Ok(_) => Err(Error::InvalidArgument { what: "advmd reply", why: "expected a trim's answer".into() }),
+            Err(e) if e.to_string().contains("unknown kind") => Err(Error::Unsupported {
+                what: "trimming a session's pages",
+                why: "this advmd predates trims: it keeps a session's pages until the session ends".into(),
+            }),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -572,6 +606,9 @@ mod tests {
         }
         fn usage(&mut self) -> Result<StoreUsage> {
             self.store.usage()
+        }
+        fn trim(&mut self) -> Result<(u64, u64)> {
+            self.store.trim()
         }
     }
 

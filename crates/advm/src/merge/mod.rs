@@ -33,8 +33,8 @@ use std::time::Instant;
 pub use crate::wire::{socket_path, DEFAULT_SOCKET};
 use client::{Backend, Daemon, Landing, Local};
 pub use store::{
-    read_frozen, Adopting, KeyAsHash, PageHashMap, PageHasher, Piece, SegmentMap, Store, StoreFiles, StoreFull,
-    StoreUsage, COPY_BELOW_PAGES,
+    mapped_slots, read_frozen, Adopting, KeyAsHash, PageHashMap, PageHasher, Piece, SegmentMap, Store, StoreFiles,
+    StoreFull, StoreUsage, COPY_BELOW_PAGES,
 };
 pub use view::StoreView;
 
@@ -141,6 +141,18 @@ impl MergeStats {
             0.0
         }
     }
+}
+
+/// What one trim did ([`Client::trim`]).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct TrimStats {
+    /// Store pages the client let go: no process maps them any more (the store frees
+    /// those no other session holds).
+    pub released: u64,
+    /// Store pages it still holds: some process maps them.
+    pub kept: u64,
+    /// Wall-clock seconds the trim took (mostly reading every process's maps).
+    pub seconds: f64,
 }
 
 /// A connection to one store: the daemon's for this domain, or this process's own.
@@ -250,6 +262,21 @@ impl Client {
     pub fn usage(&mut self) -> Result<StoreUsage> {
         self.check_intact()?;
         self.backend.usage().map_err(|e| lost(&self.via, e))
+    }
+
+    /// Lets go of the store pages this client was handed that no process maps any more:
+    /// memory merged onto them that the program has since unmapped, or moved and
+    /// unmapped, or that a later merge mapped onto other pages. A page some mapping
+    /// still covers is kept, also when the program wrote it (the mapping holds a
+    /// private copy then, but `MADV_DONTNEED` would read the store's page again), and
+    /// so is a page a forked child maps. Pages no other session holds are freed. It
+    /// reads every process's maps ([`mapped_slots`]): call it now and then, not per
+    /// merge of a small buffer.
+    pub fn trim(&mut self) -> Result<TrimStats> {
+        let t = Instant::now();
+        self.check_intact()?;
+        let (released, kept) = self.backend.trim().map_err(|e| lost(&self.via, e))?;
+        Ok(TrimStats { released, kept, seconds: t.elapsed().as_secs_f64() })
     }
 
     /// Whether a file with this inode is a store file of this client or of an earlier
@@ -555,6 +582,11 @@ pub fn with_default<T>(f: impl FnOnce(&mut Client) -> Result<T>) -> Result<T> {
         }
     }
     r
+}
+
+/// Trims the process-wide client ([`Client::trim`]), made if there is none yet.
+pub fn trim() -> Result<TrimStats> {
+    with_default(|c| c.trim())
 }
 
 /// Merges the full pages of `buf` with the process-wide client.

@@ -32,6 +32,8 @@ mod kind {
     pub const SEGMENTS: u8 = 5;
     /// A lookup with a window (answered as [`LOOKUP`]).
     pub const LOOKUP_WINDOW: u8 = 6;
+    /// A trim, and its answer.
+    pub const TRIM: u8 = 7;
 }
 
 /// What a client asks.
@@ -74,6 +76,11 @@ pub enum Request {
     },
     /// How much the domain's store holds.
     Usage,
+    /// Lets go of the session's pages that no process maps any more (its process
+    /// unmapped or moved the memory merged onto them, or merged it again onto other
+    /// pages). Only between merges: a page handed to a merge that has not mapped it
+    /// yet would be let go.
+    Trim,
 }
 
 /// What the daemon answers.
@@ -112,6 +119,17 @@ pub enum Reply {
     },
     /// The store's usage.
     Usage(StoreUsage),
+    /// What a trim did.
+    Trimmed {
+        /// Pages the session let go.
+        released: u64,
+        /// Pages it still holds (some process maps them).
+        kept: u64,
+        /// Adopted files' pieces the session holds no page of any more: the client
+        /// stops showing them (the store may let them go, and reuse their slots); a
+        /// later reply that hands out one of their slots announces the file again.
+        forget: Vec<Piece>,
+    },
 }
 
 fn bad(why: String) -> Error {
@@ -133,6 +151,7 @@ impl Request {
                 ch.send(SERVICE, kind::ADD, &Writer::default().u64s(hashes).body, &[pages])
             }
             Request::Usage => ch.send(SERVICE, kind::USAGE, &[], &[]),
+            Request::Trim => ch.send(SERVICE, kind::TRIM, &[], &[]),
         }
     }
 
@@ -157,6 +176,7 @@ impl Request {
                 Request::Add { hashes: r.u64s("hashes", MAX_PAGES)?, pages: frame.fds.remove(0) }
             }
             kind::USAGE => Request::Usage,
+            kind::TRIM => Request::Trim,
             k => return Err(bad(format!("unknown kind {k}"))),
         };
         r.finish("merge request")?;
@@ -185,6 +205,13 @@ impl Reply {
             }
             Reply::Usage(u) => {
                 ch.send(SERVICE, kind::USAGE, &Writer::default().u64(u.pages).u64(u.bytes).u64(u.limit_bytes).body, &[])
+            }
+            Reply::Trimmed { released, kept, forget } => {
+                let mut w = Writer::default().u64(*released).u64(*kept).u32(forget.len() as u32);
+                for p in forget {
+                    w = w.u32(p.slot).u32(p.page).u32(p.pages);
+                }
+                ch.send(SERVICE, kind::TRIM, &w.body, &[])
             }
         }
     }
@@ -237,6 +264,18 @@ impl Reply {
                 bytes: r.u64("bytes")?,
                 limit_bytes: r.u64("limit")?,
             }),
+            kind::TRIM => {
+                let (released, kept) = (r.u64("released")?, r.u64("kept")?);
+                let count = r.u32("pieces")? as usize;
+                if count > MAX_PAGES {
+                    return Err(bad(format!("{count} pieces to forget; at most {MAX_PAGES}")));
+                }
+                let mut forget = Vec::with_capacity(count.min(1024));
+                for _ in 0..count {
+                    forget.push(Piece { slot: r.u32("slot")?, page: r.u32("page")?, pages: r.u32("pages")? });
+                }
+                Reply::Trimmed { released, kept, forget }
+            }
             k => return Err(bad(format!("unknown reply kind {k}"))),
         };
         r.finish("merge reply")?;

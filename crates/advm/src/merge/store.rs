@@ -153,7 +153,59 @@ type FileKey = (u64, u32, u32);
 #[derive(Debug, Clone)]
 pub struct StoreFiles {
     files: Vec<(FileKey, Option<Vec<Piece>>)>,
+    /// Each file's inode as it shows in a maps line (` 1234 `).
+    inodes: Vec<String>,
     limit_pages: u32,
+}
+
+/// For each `(files, want)`: the slots of `want` that some process maps privately
+/// ([`StoreFiles::mapped_in`] over every process's maps). Every process is looked at
+/// twice, one pass after the other, and a slot counts as mapped when either pass saw
+/// it: a pass reads each process's maps a piece at a time and the processes one after
+/// another, so a mapping moved (`mremap`) from a part not yet read to one already read,
+/// or a process forked after the pass listed /proc whose parent then unmapped its
+/// copy, is missed by that pass; the next one sees it where it is now. Only a mapping
+/// that moves like that during both passes can be missed.
+///
+/// With `who`, it fails when it cannot read the maps of a live process among them
+/// (the client's own, or one of its uid started since: [`crate::process::Mappers`]):
+/// such a process may map the pages, and a trim of a live client's pages must not
+/// guess. Processes of other uids are taken to map none (a client's children cannot
+/// change their uid unless they are root, and `exec` drops their mappings), and so are
+/// processes started before (they never had this session's mappings; only one the
+/// program handed a store descriptor to could). Without `who`, an unreadable process
+/// counts as mapping nothing (the close-time check of a daemon that cannot read its
+/// clients' maps; docs/deploy.md).
+pub fn mapped_slots(
+    checks: &[(&StoreFiles, &std::collections::HashSet<u32>)],
+    who: Option<crate::process::Mappers>,
+) -> Result<Vec<std::collections::HashSet<u32>>> {
+    let mut found = vec![std::collections::HashSet::new(); checks.len()];
+    for _pass in 0..2 {
+        let each = |maps: &str| {
+            for ((files, want), found) in checks.iter().zip(found.iter_mut()) {
+                files.mapped_in(maps, want, found);
+            }
+        };
+        let Some(who) = who else {
+            crate::process::each_process_maps(each);
+            continue;
+        };
+        let unread = crate::process::each_process_maps_of(who, each)?;
+        if let Some(first) = unread.first() {
+            let more = match unread.len() {
+                1 => String::new(),
+                n => format!(" (nor those of {} more)", n - 1),
+            };
+            return Err(Error::Unsupported {
+                what: "trimming merged pages",
+                why: format!(
+                    "the maps of process {first} cannot be read here{more}, so which pages it maps cannot be told"
+                ),
+            });
+        }
+    }
+    Ok(found)
 }
 
 impl StoreFiles {
@@ -170,6 +222,11 @@ impl StoreFiles {
         found: &mut std::collections::HashSet<u32>,
     ) {
         let ps = page_size() as u64;
+        // Most processes map none of the store's files: a substring search for their
+        // inodes skips them without parsing a line.
+        if !self.inodes.iter().any(|i| maps.contains(i.as_str())) {
+            return;
+        }
         for line in maps.lines() {
             let Some((len, offset, pieces)) = self.private_mapping(line) else { continue };
             let first = offset / ps;
@@ -539,7 +596,28 @@ impl Store {
         for seg in self.segments.values() {
             files.push((key(sys::file_id(seg.file.as_fd())?), Some(seg.pieces.clone())));
         }
-        Ok(StoreFiles { files, limit_pages: self.limit_pages })
+        let inodes = files.iter().map(|((ino, _, _), _)| format!(" {ino} ")).collect();
+        Ok(StoreFiles { files, inodes, limit_pages: self.limit_pages })
+    }
+
+    /// Where adopted file `id`'s pages lie among the slots (`None`: no such file).
+    pub fn segment_pieces(&self, id: u64) -> Option<&[Piece]> {
+        self.segments.get(&id).map(|s| &s.pieces[..])
+    }
+
+    /// The slots that hold a reference, ascending.
+    pub fn referenced_slots(&self) -> Vec<u32> {
+        (0..self.slots.len() as u32).filter(|&s| self.slots[s as usize].1 > 0).collect()
+    }
+
+    /// Drops every reference to `slot` (a store whose references are all its owner's:
+    /// the in-process one); the page is punched out and reused as [`Store::release`]
+    /// does at the last reference.
+    pub fn release_all(&mut self, slot: u32) -> Result<()> {
+        if let Some(refs) = self.slots.get_mut(slot as usize).map(|s| &mut s.1).filter(|r| **r > 1) {
+            *refs = 1;
+        }
+        self.release(slot)
     }
 
     /// The adopted file `slot` lies in (0: the store's own memfd).

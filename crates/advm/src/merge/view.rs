@@ -13,8 +13,9 @@ use crate::{Error, Result};
 
 /// The store as one client sees it. The daemon announces an adopted file together
 /// with the first slots it hands this session in it, and a session holds every slot
-/// it was handed until it ends, so a file once shown here stays the store's for the
-/// session's life.
+/// it was handed until it ends or a trim lets it go; a trim that lets go of the
+/// session's last page of a file says so, and the file is no longer shown (the store
+/// may let it go and reuse its slots), so a file shown here is the store's.
 #[derive(Debug)]
 pub struct StoreView {
     map: StoreMap,
@@ -59,6 +60,34 @@ impl StoreView {
                 self.inodes.push(ino);
             }
         }
+        Ok(())
+    }
+
+    /// Stops showing the adopted files' `pieces` (a trim let go of the session's last
+    /// page in each file): the store's own memfd shows at their slots again, as in the
+    /// store once it lets such a file go, and a file no piece is left of is closed.
+    pub fn forget(&mut self, pieces: &[Piece]) -> Result<()> {
+        let ps = page_size();
+        for p in pieces {
+            if !self.pieces.get(&p.slot).is_some_and(|(mine, _)| mine == p) {
+                return Err(Error::InvalidArgument {
+                    what: "advmd reply",
+                    why: format!("a trim forgets the piece {p:?}, which this client does not show"),
+                });
+            }
+            let (at, len) = (p.slot as usize * ps, p.pages as usize * ps);
+            self.map.map_over(at, len, self.own.as_fd(), at as u64)?;
+            self.pieces.remove(&p.slot);
+        }
+        let own = self.inodes[0];
+        let mut shown = vec![own];
+        for (_, file) in self.pieces.values() {
+            let ino = sys::file_id(file.as_fd())?.0;
+            if !shown.contains(&ino) {
+                shown.push(ino);
+            }
+        }
+        self.inodes = shown;
         Ok(())
     }
 
