@@ -960,11 +960,9 @@ pub fn request_kind(pid: u32, add_new: bool) -> Result<serde_json::Value> {
 fn ended(pid: u32) -> bool {
     let t = Instant::now();
     loop {
-        let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| s.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next().map(str::to_owned)));
-        match state.as_deref() {
-            None | Some("Z" | "X") => return true,
+        let state = procfs::process::Process::new(pid as i32).and_then(|p| p.stat()).map(|s| s.state).ok();
+        match state {
+            None | Some('Z' | 'X') => return true,
             _ if t.elapsed() >= Duration::from_millis(200) => return false,
             _ => std::thread::sleep(Duration::from_millis(10)),
         }
@@ -974,6 +972,23 @@ fn ended(pid: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A live process has not ended; once killed it has (a zombie until reaped), and so
+    /// has one reaped (gone).
+    #[test]
+    fn ended_tells_a_live_process_from_a_zombie_and_a_gone_one() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id();
+        assert!(!ended(pid));
+        child.kill().unwrap();
+        // a zombie now (not reaped yet), once the kill has landed
+        let t = Instant::now();
+        while !ended(pid) {
+            assert!(t.elapsed() < Duration::from_secs(5), "{pid} never ended after SIGKILL");
+        }
+        child.wait().unwrap();
+        assert!(ended(pid));
+    }
 
     /// Another user holding `@advm-merge/<pid>` (bound first: the name is abstract,
     /// open to anyone) is not taken for `pid`'s agent: its reply used to be printed as
