@@ -116,7 +116,9 @@ pub struct LayerStamp {
     /// Hard links to the file.
     pub nlink: u64,
     /// For a block device, the sectors written to it since it appeared (its
-    /// `/sys/dev/block/MAJ:MIN/stat`); `None` for a file, or when sysfs does not say.
+    /// `/sys/dev/block/MAJ:MIN/stat`), its dirty pages written back first so that
+    /// bytes written and not yet flushed count; `None` for a file, or when sysfs does
+    /// not say.
     pub sectors_written: Option<u64>,
 }
 
@@ -302,6 +304,12 @@ impl Layer {
 fn stamp_of(path: &Path, file: &File) -> Result<LayerStamp> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let m = file.metadata().map_err(|e| Error::io(path, e))?;
+    if m.file_type().is_block_device() {
+        // Written and not yet flushed, the sectors are not counted (until writeback,
+        // up to 30 s later) though a mapping of the device already reads them. Should
+        // it fail, flushed writes still count.
+        let _ = crate::sys::fs::layer::write_back_block_device(file);
+    }
     Ok(LayerStamp {
         dev: m.dev(),
         ino: m.ino(),
