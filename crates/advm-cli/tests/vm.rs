@@ -843,3 +843,50 @@ fn after_ready_a_layer_written_in_place_is_reported_and_qemus_failure_is_advms()
     let (status, err, kept) = finish(vm);
     assert!(status.success() && !kept && !err.contains("written in place"), "{status}: {err}");
 }
+
+/// Ctrl-C or SIGTERM while the guest boots stops the VM on request: exit status 0, no
+/// error and no work directory (advm said "QEMU exited ... before the guest's service
+/// answered" with an empty console tail and exited 1, as for a guest that failed). QEMU
+/// is a stand-in that never answers: no guest boots.
+#[test]
+fn a_vm_stopped_by_a_signal_while_it_boots_exits_0_without_an_error() {
+    if !have("qemu-img") {
+        return;
+    }
+    let d = dir("stop-booting");
+    boot_files(&d.0);
+    run(&d.0, "qemu-img", &["create", "-q", "-f", "qcow2", "top.qcow2", "1M"]);
+    let qemu = d.0.join("qemu");
+    std::fs::write(&qemu, "#!/bin/sh\nexec sleep 60\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&qemu, std::fs::Permissions::from_mode(0o755)).unwrap();
+    use std::os::unix::process::CommandExt;
+    for sig in ["TERM", "INT"] {
+        let mut vm = Command::new(ADVM)
+            .args(["vm", "run", "--image", d.0.join("top.qcow2").to_str().unwrap(), "--accel", "tcg"])
+            .args(["--qemu", qemu.to_str().unwrap()])
+            .env("ADVM_SOCKET", d.0.join("no-advmd.sock"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let workdir = std::env::temp_dir().join(format!("advm-vm-{}", vm.id()));
+        let t = std::time::Instant::now();
+        while !workdir.join("vm.json").exists() {
+            assert!(t.elapsed() < std::time::Duration::from_secs(30), "no {} from advm vm run", workdir.display());
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        // as a supervisor stops it (SIGTERM to advm, which forwards it), and as a
+        // terminal's Ctrl-C reaches it (SIGINT to the whole process group)
+        let to = if sig == "TERM" { vm.id().to_string() } else { format!("-{}", vm.id()) };
+        assert!(Command::new("kill").arg(format!("-{sig}")).arg("--").arg(to).status().unwrap().success());
+        let mut err = String::new();
+        vm.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        let status = vm.wait().unwrap();
+        let kept = workdir.exists();
+        let _ = std::fs::remove_dir_all(&workdir);
+        assert!(status.success() && !err.contains("advm: "), "signal {sig}: {status}: {err}");
+        assert!(!kept, "signal {sig}: {} left behind: {err}", workdir.display());
+    }
+}

@@ -765,7 +765,18 @@ fn run_in(args: &RunArgs, work: &Path, group: Option<&Group>) -> Result<bool, Cl
     signals.child(vm.child.id())?;
     let lookups = (args.merge && args.boot_lookup_every > 0.0)
         .then(|| BootLookups::start(vm.child.id(), Duration::from_secs_f64(args.boot_lookup_every)));
-    let (t, body) = vm.wait_ready(Duration::from_secs(args.timeout))?;
+    let (t, body) = match vm.wait_ready(Duration::from_secs(args.timeout)) {
+        Ok(ready) => ready,
+        // Ctrl-C, SIGTERM or SIGHUP while the guest boots (forwarded to QEMU, which
+        // ended): stopped on request, not a guest that failed to come up.
+        Err(_) if advm::process::ForwardSignals::last_received().is_some() => {
+            drop(signals);
+            vm.stop();
+            eprintln!("advm vm run: stopped before the guest's service answered");
+            return Ok(false);
+        }
+        Err(e) => return Err(e),
+    };
     // The VM runs on when the reader of stdout has gone (`| head -1`): until killed.
     let _ = crate::write_out(format_args!(
         "ready: http://127.0.0.1:{}/ answered after {} ms ({})\n",

@@ -144,8 +144,7 @@ pub fn lock_byte_shared(file: &File, at: i64) -> SysResult<bool> {
 /// while the kernel counts the sectors as written only at writeback (up to
 /// `dirty_expire_centisecs` later). A read-only descriptor may ask it.
 pub fn write_back_block_device(file: &File) -> SysResult<()> {
-    let flags =
-        libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
     // SAFETY: sync_file_range takes no pointers; the descriptor is open for the
     // duration of the borrow.
     let r = unsafe { libc::sync_file_range(file.as_fd().as_raw_fd(), 0, 0, flags) };
