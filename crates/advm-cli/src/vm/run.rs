@@ -598,6 +598,9 @@ pub fn start(args: &RunArgs, workdir: &Path, group: Option<&Group>) -> Result<Vm
         "size": backing.as_ref().map(PmemBacking::size),
         // the dump's overlay names it as its backing file's format
         "format": image.layers()[0].format(),
+        // the chain's external data files, (depth, absolute path): a dump's overlay
+        // is opened by qemu-img, which looks for a relative name in its working directory
+        "data_files": data_files(&image)?,
     });
     std::fs::write(workdir.join(VM_INFO), info.to_string()).map_err(|e| CliError::Io(VM_INFO.into(), e))?;
     let stamps = image
