@@ -615,6 +615,28 @@ fn json_without_cgroup_is_refused_naming_cgroup() {
     assert!(!okay && e.contains("--cgroup"), "{e}");
 }
 
+/// `--cgroup` on a VM refused before QEMU starts: the refusal alone, no report of a
+/// group that never held QEMU (one of zeros was printed before the error, as if a VM
+/// had been measured).
+#[test]
+fn a_vm_refused_before_qemu_starts_reports_no_cgroup() {
+    if !advm::process::is_root() || !have("qemu-img") {
+        return; // --cgroup needs root
+    }
+    let d = dir("cgroup-refused");
+    run(&d.0, "qemu-img", &["create", "-q", "-f", "qcow2", "top.qcow2", "1M"]);
+    let top = d.0.join("top.qcow2");
+    for json in [false, true] {
+        let mut args = vec!["vm", "run", "--image", top.to_str().unwrap(), "--kernel", "/nonexistent", "--cgroup"];
+        if json {
+            args.push("--json");
+        }
+        let (okay, e) = advm(&args);
+        assert!(!okay && e.contains("kernel /nonexistent: not found"), "{e}");
+        assert!(!e.contains("memory cgroup") && !e.contains("\"samples\""), "json {json}: {e}");
+    }
+}
+
 #[test]
 fn merge_refuses_ksm_and_a_merge_after_or_scope_without_merge_or_out_of_range() {
     let (okay, e) = advm(&["vm", "run", "--image", "/g/app.qcow2", "--merge", "--ksm"]);
