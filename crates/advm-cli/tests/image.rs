@@ -397,3 +397,33 @@ fn qcow_v1_is_refused_with_the_command_that_converts_it_and_external_data_files_
     run(&d, "qemu-img", &["rebase", "-u", "-b", &out.to_string(), "-F", "qcow2", "sub/top.qcow2"]);
     assert!(run(&d, ADVM, &["image", "cat", "sub/top.qcow2"]) == std::fs::read(d.join("expect.raw")).unwrap());
 }
+
+/// A missing backing file or external data file of an image named relative is named
+/// by the absolute path it was looked for at, as docs/image.md shows it (it said
+/// `(resolved to gone.data)`, the name again, for `advm image info top.qcow2`).
+#[test]
+fn a_missing_backing_or_data_file_is_named_by_its_absolute_path() {
+    if !have("qemu-img") {
+        return;
+    }
+    let d = dir("missing-abs");
+    let d = std::fs::canonicalize(&d.0).unwrap();
+    run(&d, "qemu-img", &["create", "-q", "-f", "qcow2", "-u", "-b", "gone.qcow2", "-F", "qcow2", "o.qcow2", "1M"]);
+    run(&d, "qemu-img", &["create", "-q", "-f", "qcow2", "-o", "data_file=gone.data", "df.qcow2", "1M"]);
+    std::fs::remove_file(d.join("gone.data")).unwrap();
+    let no_such = "No such file or directory (os error 2)";
+    fails_with(
+        &advm_within_10s(&d, &["image", "info", "o.qcow2"]),
+        &format!(
+            "advm: o.qcow2: backing file \"gone.qcow2\" (resolved to {}): {no_such}\n",
+            d.join("gone.qcow2").display()
+        ),
+    );
+    fails_with(
+        &advm_within_10s(&d, &["image", "info", "df.qcow2"]),
+        &format!(
+            "advm: df.qcow2: external data file \"gone.data\" (resolved to {}): {no_such}\n",
+            d.join("gone.data").display()
+        ),
+    );
+}

@@ -469,6 +469,12 @@ fn open_typed(path: &Path, unfit: &dyn Fn(&str) -> Error) -> Result<(File, u64)>
     Ok((file, len))
 }
 
+/// `path` made absolute for a message: where a file named relative was looked for (the
+/// name again said nothing for an image named relative).
+fn shown_abs(path: &Path) -> String {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()).display().to_string()
+}
+
 /// Opens the external data file `layer`'s header names, if any: a relative name beside
 /// the layer file, where `qemu-img create` made it (QEMU itself looks in its working
 /// directory; advm must not depend on its own, a daemon's), asked of `may_open` first,
@@ -495,7 +501,7 @@ fn open_data_file(
     }
     may_open(&resolved)?;
     let canon = std::fs::canonicalize(&resolved)
-        .map_err(|e| err(format!("external data file {text:?} (resolved to {}): {e}", resolved.display())))?;
+        .map_err(|e| err(format!("external data file {text:?} (resolved to {}): {e}", shown_abs(&resolved))))?;
     if !options.allow_backing_outside && !canon.starts_with(tree) {
         return Err(err(format!(
             "external data file {text:?} resolves to {}, outside {}, the directory of the image opened; \
@@ -612,7 +618,7 @@ impl Image {
             }
             may_open(&resolved)?;
             let canon = std::fs::canonicalize(&resolved)
-                .map_err(|e| last.err(format!("backing file {text:?} (resolved to {}): {e}", resolved.display())))?;
+                .map_err(|e| last.err(format!("backing file {text:?} (resolved to {}): {e}", shown_abs(&resolved))))?;
             if let Some(i) = seen.iter().position(|s| *s == canon) {
                 let chain: Vec<String> = layers.iter().map(|l| l.path.display().to_string()).collect();
                 return Err(last.err(format!(
