@@ -500,8 +500,21 @@ fn open_data_file(
         return Err(err(format!("external data file {text:?} uses a protocol prefix; only local files are supported")));
     }
     may_open(&resolved)?;
-    let canon = std::fs::canonicalize(&resolved)
-        .map_err(|e| err(format!("external data file {text:?} (resolved to {}): {e}", shown_abs(&resolved))))?;
+    let canon = std::fs::canonicalize(&resolved).map_err(|e| {
+        // QEMU 7.2 looks for a relative name in its working directory: an image made
+        // with `qemu-img create -o data_file=sub/x.data sub/x.qcow2` names a file it
+        // finds there and advm (beside the layer) does not. Say where it is and how to
+        // record the name so that both find it.
+        let here = (!name_path.is_absolute() && name_path.is_file()).then(|| shown_abs(name_path));
+        let hint = here.map_or(String::new(), |here| {
+            format!(
+                "; QEMU, which looks for a relative name in its working directory, finds {here}: record it \
+                 absolute, qemu-img amend -o data_file={here} {}",
+                layer.path.display()
+            )
+        });
+        err(format!("external data file {text:?} (resolved to {}): {e}{hint}", shown_abs(&resolved)))
+    })?;
     if !options.allow_backing_outside && !canon.starts_with(tree) {
         return Err(err(format!(
             "external data file {text:?} resolves to {}, outside {}, the directory of the image opened; \
