@@ -397,3 +397,62 @@ fn qcow_v1_is_refused_with_the_command_that_converts_it_and_external_data_files_
     run(&d, "qemu-img", &["rebase", "-u", "-b", &out.to_string(), "-F", "qcow2", "sub/top.qcow2"]);
     assert!(run(&d, ADVM, &["image", "cat", "sub/top.qcow2"]) == std::fs::read(d.join("expect.raw")).unwrap());
 }
+
+/// A missing backing file or external data file of an image named relative is named
+/// by the absolute path it was looked for at, as docs/image.md shows it (it said
+/// `(resolved to gone.data)`, the name again, for `advm image info top.qcow2`).
+#[test]
+fn a_missing_backing_or_data_file_is_named_by_its_absolute_path() {
+    if !have("qemu-img") {
+        return;
+    }
+    let d = dir("missing-abs");
+    let d = std::fs::canonicalize(&d.0).unwrap();
+    run(&d, "qemu-img", &["create", "-q", "-f", "qcow2", "-u", "-b", "gone.qcow2", "-F", "qcow2", "o.qcow2", "1M"]);
+    run(&d, "qemu-img", &["create", "-q", "-f", "qcow2", "-o", "data_file=gone.data", "df.qcow2", "1M"]);
+    std::fs::remove_file(d.join("gone.data")).unwrap();
+    let no_such = "No such file or directory (os error 2)";
+    fails_with(
+        &advm_within_10s(&d, &["image", "info", "o.qcow2"]),
+        &format!(
+            "advm: o.qcow2: backing file \"gone.qcow2\" (resolved to {}): {no_such}\n",
+            d.join("gone.qcow2").display()
+        ),
+    );
+    fails_with(
+        &advm_within_10s(&d, &["image", "info", "df.qcow2"]),
+        &format!(
+            "advm: df.qcow2: external data file \"gone.data\" (resolved to {}): {no_such}\n",
+            d.join("gone.data").display()
+        ),
+    );
+}
+
+/// An image made from its parent directory (`qemu-img create -o data_file=sub/x.data
+/// sub/x.qcow2`) names its data file relative to that directory, where QEMU 7.2 looks;
+/// advm looks beside the layer. The refusal says where QEMU finds it and the amend
+/// that records it for both, and after that amend both read it.
+#[test]
+fn a_data_file_named_from_the_parent_directory_is_refused_with_the_amend_that_fixes_it() {
+    if !have("qemu-img") {
+        return;
+    }
+    let d = dir("datafile-parent");
+    let d = std::fs::canonicalize(&d.0).unwrap();
+    std::fs::create_dir(d.join("sub")).unwrap();
+    run(&d, "qemu-img", &["create", "-q", "-f", "qcow2", "-o", "data_file=sub/x.data", "sub/x.qcow2", "1M"]);
+    run(&d, "qemu-io", &["-c", "write -P 0x5a 0 64k", "sub/x.qcow2"]);
+    let here = d.join("sub/x.data").display().to_string();
+    fails_with(
+        &advm_within_10s(&d, &["image", "info", "sub/x.qcow2"]),
+        &format!(
+            "advm: sub/x.qcow2: external data file \"sub/x.data\" (resolved to {}): No such file or directory (os \
+             error 2); QEMU, which looks for a relative name in its working directory, finds {here}: record it \
+             absolute, qemu-img amend -o data_file={here} sub/x.qcow2\n",
+            d.join("sub/sub/x.data").display()
+        ),
+    );
+    run(&d, "qemu-img", &["amend", "-o", &format!("data_file={here}"), "sub/x.qcow2"]);
+    run(&d, "qemu-img", &["convert", "-O", "raw", "sub/x.qcow2", "expect.raw"]);
+    assert!(run(&d.join("sub"), ADVM, &["image", "cat", "x.qcow2"]) == std::fs::read(d.join("expect.raw")).unwrap());
+}

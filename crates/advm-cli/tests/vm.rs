@@ -615,6 +615,28 @@ fn json_without_cgroup_is_refused_naming_cgroup() {
     assert!(!okay && e.contains("--cgroup"), "{e}");
 }
 
+/// `--cgroup` on a VM refused before QEMU starts: the refusal alone, no report of a
+/// group that never held QEMU (one of zeros was printed before the error, as if a VM
+/// had been measured).
+#[test]
+fn a_vm_refused_before_qemu_starts_reports_no_cgroup() {
+    if !advm::process::is_root() || !have("qemu-img") {
+        return; // --cgroup needs root
+    }
+    let d = dir("cgroup-refused");
+    run(&d.0, "qemu-img", &["create", "-q", "-f", "qcow2", "top.qcow2", "1M"]);
+    let top = d.0.join("top.qcow2");
+    for json in [false, true] {
+        let mut args = vec!["vm", "run", "--image", top.to_str().unwrap(), "--kernel", "/nonexistent", "--cgroup"];
+        if json {
+            args.push("--json");
+        }
+        let (okay, e) = advm(&args);
+        assert!(!okay && e.contains("kernel /nonexistent: not found"), "{e}");
+        assert!(!e.contains("memory cgroup") && !e.contains("\"samples\""), "json {json}: {e}");
+    }
+}
+
 #[test]
 fn merge_refuses_ksm_and_a_merge_after_or_scope_without_merge_or_out_of_range() {
     let (okay, e) = advm(&["vm", "run", "--image", "/g/app.qcow2", "--merge", "--ksm"]);
@@ -842,4 +864,51 @@ fn after_ready_a_layer_written_in_place_is_reported_and_qemus_failure_is_advms()
     advm::process::terminate(vm.id()).unwrap();
     let (status, err, kept) = finish(vm);
     assert!(status.success() && !kept && !err.contains("written in place"), "{status}: {err}");
+}
+
+/// Ctrl-C or SIGTERM while the guest boots stops the VM on request: exit status 0, no
+/// error and no work directory (advm said "QEMU exited ... before the guest's service
+/// answered" with an empty console tail and exited 1, as for a guest that failed). QEMU
+/// is a stand-in that never answers: no guest boots.
+#[test]
+fn a_vm_stopped_by_a_signal_while_it_boots_exits_0_without_an_error() {
+    if !have("qemu-img") {
+        return;
+    }
+    let d = dir("stop-booting");
+    boot_files(&d.0);
+    run(&d.0, "qemu-img", &["create", "-q", "-f", "qcow2", "top.qcow2", "1M"]);
+    let qemu = d.0.join("qemu");
+    std::fs::write(&qemu, "#!/bin/sh\nexec sleep 60\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&qemu, std::fs::Permissions::from_mode(0o755)).unwrap();
+    use std::os::unix::process::CommandExt;
+    for sig in ["TERM", "INT"] {
+        let mut vm = Command::new(ADVM)
+            .args(["vm", "run", "--image", d.0.join("top.qcow2").to_str().unwrap(), "--accel", "tcg"])
+            .args(["--qemu", qemu.to_str().unwrap()])
+            .env("ADVM_SOCKET", d.0.join("no-advmd.sock"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let workdir = std::env::temp_dir().join(format!("advm-vm-{}", vm.id()));
+        let t = std::time::Instant::now();
+        while !workdir.join("vm.json").exists() {
+            assert!(t.elapsed() < std::time::Duration::from_secs(30), "no {} from advm vm run", workdir.display());
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        // as a supervisor stops it (SIGTERM to advm, which forwards it), and as a
+        // terminal's Ctrl-C reaches it (SIGINT to the whole process group)
+        let to = if sig == "TERM" { vm.id().to_string() } else { format!("-{}", vm.id()) };
+        assert!(Command::new("kill").arg(format!("-{sig}")).arg("--").arg(to).status().unwrap().success());
+        let mut err = String::new();
+        vm.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        let status = vm.wait().unwrap();
+        let kept = workdir.exists();
+        let _ = std::fs::remove_dir_all(&workdir);
+        assert!(status.success() && !err.contains("advm: "), "signal {sig}: {status}: {err}");
+        assert!(!kept, "signal {sig}: {} left behind: {err}", workdir.display());
+    }
 }

@@ -105,7 +105,35 @@ pub fn run(vm: u32, out: &Path, timeout: Duration, json: bool) -> Result<(), Cli
     if let Some(n) = faults {
         outln!("  QEMU's minor faults from the request until the copy was done: {n}");
     }
+    let data_files: Vec<(usize, String)> = serde_json::from_value(info["data_files"].clone()).unwrap_or_default();
+    if let Some(hint) = data_file_hint(out, &data_files) {
+        outln!("{hint}");
+    }
     Ok(())
+}
+
+/// How to open the overlay `out` with qemu-img when the chain below it keeps data in
+/// external data files (`data_files`: depth in the VM's chain, absolute path): QEMU 7.2
+/// looks for a relative data file name in its working directory, so `qemu-img check`
+/// of the overlay failed anywhere but there (`Could not open 'base.data'`). None
+/// without data files.
+fn data_file_hint(out: &Path, data_files: &[(usize, String)]) -> Option<String> {
+    if data_files.is_empty() {
+        return None;
+    }
+    let esc = |s: &str| s.replace(',', ",,");
+    let abs = std::path::absolute(out).unwrap_or_else(|_| out.to_path_buf());
+    // The overlay is depth 0; the VM's chain starts below it.
+    let opts: String = data_files
+        .iter()
+        .map(|(depth, path)| format!(",{}data-file.filename={}", "backing.".repeat(depth + 1), esc(path)))
+        .collect();
+    Some(format!(
+        "  the chain keeps data in external data files, which QEMU looks for in its working directory when \
+         named relative; open the overlay with them named: qemu-img check --image-opts \
+         driver=qcow2,file.filename={}{opts}",
+        esc(&abs.display().to_string())
+    ))
 }
 
 /// The shim's parts of the pause, in order: scan, marks, fork, unmarks and the first
@@ -170,6 +198,23 @@ mod tests {
                 keys(v, out);
             }
         }
+    }
+
+    /// A dump over a chain with external data files says how qemu-img opens it from
+    /// any directory (it looked for a relative data file name in its working
+    /// directory, and `qemu-img check` of the overlay failed elsewhere).
+    #[test]
+    fn a_dump_over_data_files_names_them_for_qemu_img() {
+        assert_eq!(data_file_hint(Path::new("/d/o.qcow2"), &[]), None);
+        let files = [(1, "/d/b,1.data".to_string()), (0, "/d/top.data".to_string())];
+        let hint = data_file_hint(Path::new("/d/o.qcow2"), &files).unwrap();
+        assert!(
+            hint.ends_with(
+                "qemu-img check --image-opts driver=qcow2,file.filename=/d/o.qcow2,\
+                 backing.backing.data-file.filename=/d/b,,1.data,backing.data-file.filename=/d/top.data"
+            ),
+            "{hint}"
+        );
     }
 
     #[test]

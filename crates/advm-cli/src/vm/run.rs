@@ -598,6 +598,9 @@ pub fn start(args: &RunArgs, workdir: &Path, group: Option<&Group>) -> Result<Vm
         "size": backing.as_ref().map(PmemBacking::size),
         // the dump's overlay names it as its backing file's format
         "format": image.layers()[0].format(),
+        // the chain's external data files, (depth, absolute path): a dump's overlay
+        // is opened by qemu-img, which looks for a relative name in its working directory
+        "data_files": data_files(&image)?,
     });
     std::fs::write(workdir.join(VM_INFO), info.to_string()).map_err(|e| CliError::Io(VM_INFO.into(), e))?;
     let stamps = image
@@ -737,9 +740,17 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     let work = workdir_of(std::process::id());
     let group = if args.cgroup { Some(Group::create("vm")?) } else { None };
     let sampler = group.as_ref().map(|g| g.sample_every(DEFAULT_INTERVAL));
-    let result = run_in(&args, &work, group.as_ref());
+    let started = std::cell::Cell::new(false);
+    let result = run_in(&args, &work, group.as_ref(), &started);
     if let (Some(g), Some(sampler)) = (group, sampler) {
-        crate::run_cmd::report_cgroup("advm vm run", g, sampler, args.json)?;
+        if started.get() {
+            crate::run_cmd::report_cgroup("advm vm run", g, sampler, args.json)?;
+        } else {
+            // Refused before QEMU started: the group never held it, and a report of
+            // zeros printed before the refusal read as a measured VM.
+            let _ = sampler.stop();
+            g.release()?;
+        }
     }
     match &result {
         // also when stopped on request (Ctrl-C, a benchmark ending): nothing to look into
@@ -755,17 +766,34 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     result.map(|_| ())
 }
 
-/// Runs the VM in `work`; true when it ended cleanly.
-fn run_in(args: &RunArgs, work: &Path, group: Option<&Group>) -> Result<bool, CliError> {
+/// Runs the VM in `work`; true when it ended cleanly. `started` is set once QEMU runs.
+fn run_in(
+    args: &RunArgs,
+    work: &Path,
+    group: Option<&Group>,
+    started: &std::cell::Cell<bool>,
+) -> Result<bool, CliError> {
     // Held from before QEMU starts: a SIGTERM while it starts still lets the KSM
     // settings be restored.
     let signals = advm::process::ForwardSignals::hold()?;
     let _ksm = if args.ksm { Some(advm::ksm::Session::start(1000, 20)?) } else { None };
     let mut vm = start(args, work, group)?;
+    started.set(true);
     signals.child(vm.child.id())?;
     let lookups = (args.merge && args.boot_lookup_every > 0.0)
         .then(|| BootLookups::start(vm.child.id(), Duration::from_secs_f64(args.boot_lookup_every)));
-    let (t, body) = vm.wait_ready(Duration::from_secs(args.timeout))?;
+    let (t, body) = match vm.wait_ready(Duration::from_secs(args.timeout)) {
+        Ok(ready) => ready,
+        // Ctrl-C, SIGTERM or SIGHUP while the guest boots (forwarded to QEMU, which
+        // ended): stopped on request, not a guest that failed to come up.
+        Err(_) if advm::process::ForwardSignals::last_received().is_some() => {
+            drop(signals);
+            vm.stop();
+            eprintln!("advm vm run: stopped before the guest's service answered");
+            return Ok(false);
+        }
+        Err(e) => return Err(e),
+    };
     // The VM runs on when the reader of stdout has gone (`| head -1`): until killed.
     let _ = crate::write_out(format_args!(
         "ready: http://127.0.0.1:{}/ answered after {} ms ({})\n",

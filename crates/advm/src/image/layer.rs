@@ -116,7 +116,9 @@ pub struct LayerStamp {
     /// Hard links to the file.
     pub nlink: u64,
     /// For a block device, the sectors written to it since it appeared (its
-    /// `/sys/dev/block/MAJ:MIN/stat`); `None` for a file, or when sysfs does not say.
+    /// `/sys/dev/block/MAJ:MIN/stat`), its dirty pages written back first so that
+    /// bytes written and not yet flushed count; `None` for a file, or when sysfs does
+    /// not say.
     pub sectors_written: Option<u64>,
 }
 
@@ -302,6 +304,12 @@ impl Layer {
 fn stamp_of(path: &Path, file: &File) -> Result<LayerStamp> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let m = file.metadata().map_err(|e| Error::io(path, e))?;
+    if m.file_type().is_block_device() {
+        // Written and not yet flushed, the sectors are not counted (until writeback,
+        // up to 30 s later) though a mapping of the device already reads them. Should
+        // it fail, flushed writes still count.
+        let _ = crate::sys::fs::layer::write_back_block_device(file);
+    }
     Ok(LayerStamp {
         dev: m.dev(),
         ino: m.ino(),
@@ -461,6 +469,12 @@ fn open_typed(path: &Path, unfit: &dyn Fn(&str) -> Error) -> Result<(File, u64)>
     Ok((file, len))
 }
 
+/// `path` made absolute for a message: where a file named relative was looked for (the
+/// name again said nothing for an image named relative).
+fn shown_abs(path: &Path) -> String {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()).display().to_string()
+}
+
 /// Opens the external data file `layer`'s header names, if any: a relative name beside
 /// the layer file, where `qemu-img create` made it (QEMU itself looks in its working
 /// directory; advm must not depend on its own, a daemon's), asked of `may_open` first,
@@ -486,8 +500,21 @@ fn open_data_file(
         return Err(err(format!("external data file {text:?} uses a protocol prefix; only local files are supported")));
     }
     may_open(&resolved)?;
-    let canon = std::fs::canonicalize(&resolved)
-        .map_err(|e| err(format!("external data file {text:?} (resolved to {}): {e}", resolved.display())))?;
+    let canon = std::fs::canonicalize(&resolved).map_err(|e| {
+        // QEMU 7.2 looks for a relative name in its working directory: an image made
+        // with `qemu-img create -o data_file=sub/x.data sub/x.qcow2` names a file it
+        // finds there and advm (beside the layer) does not. Say where it is and how to
+        // record the name so that both find it.
+        let here = (!name_path.is_absolute() && name_path.is_file()).then(|| shown_abs(name_path));
+        let hint = here.map_or(String::new(), |here| {
+            format!(
+                "; QEMU, which looks for a relative name in its working directory, finds {here}: record it \
+                 absolute, qemu-img amend -o data_file={here} {}",
+                layer.path.display()
+            )
+        });
+        err(format!("external data file {text:?} (resolved to {}): {e}{hint}", shown_abs(&resolved)))
+    })?;
     if !options.allow_backing_outside && !canon.starts_with(tree) {
         return Err(err(format!(
             "external data file {text:?} resolves to {}, outside {}, the directory of the image opened; \
@@ -604,7 +631,7 @@ impl Image {
             }
             may_open(&resolved)?;
             let canon = std::fs::canonicalize(&resolved)
-                .map_err(|e| last.err(format!("backing file {text:?} (resolved to {}): {e}", resolved.display())))?;
+                .map_err(|e| last.err(format!("backing file {text:?} (resolved to {}): {e}", shown_abs(&resolved))))?;
             if let Some(i) = seen.iter().position(|s| *s == canon) {
                 let chain: Vec<String> = layers.iter().map(|l| l.path.display().to_string()).collect();
                 return Err(last.err(format!(
