@@ -15,6 +15,7 @@ use common::distinct;
 
 #[test]
 fn a_full_domain_trims_its_sessions_before_it_refuses() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     if advm::probe::facts().uffd_features.is_none() {
         eprintln!("skipped: userfaultfd not available here");
         return;
@@ -58,6 +59,7 @@ fn a_full_domain_trims_its_sessions_before_it_refuses() {
 
 #[test]
 fn a_closed_session_whose_process_lives_is_trimmed() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     if advm::probe::facts().uffd_features.is_none() {
         eprintln!("skipped: userfaultfd not available here");
         return;
@@ -93,4 +95,52 @@ fn a_closed_session_whose_process_lives_is_trimmed() {
     assert_eq!((d.services.merge.trim_closed(), refs()), (n as u64, n as u64));
     assert_eq!(c.trim().unwrap().released, n as u64);
     assert_eq!(refs(), 0);
+}
+
+/// Forks only while no other test of this binary runs.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[test]
+fn pages_a_moved_range_or_a_forked_child_maps_are_never_let_go() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    if advm::probe::facts().uffd_features.is_none() {
+        eprintln!("skipped: userfaultfd not available here");
+        return;
+    }
+    let (n, ps) = (16, page_size());
+    let (_d, sock) = common::start("moved", |c| c.domain_limit_bytes = (n * ps) as u64);
+    let mut a = Client::connect(&sock, "").unwrap();
+    let mut other = Client::connect(&sock, "").unwrap();
+    // A merged range moved with mremap maps the same pages at its new address.
+    let mut r = advm::mem::Region::new(2 * n * ps).unwrap();
+    r.bytes_mut()[..n * ps].copy_from_slice(distinct(n, 11).bytes());
+    let want = r.bytes()[..n * ps].to_vec();
+    assert_eq!(a.merge(&r.bytes()[..n * ps]).unwrap().added, n as u64);
+    assert_eq!(a.trim().unwrap().released, 0);
+    let base = r.addr();
+    r.grant().mremap_unmapping_source(base + n * ps, base, n * ps).unwrap();
+    let s = other.merge(distinct(n, 12).bytes()).unwrap();
+    assert_eq!((s.added, s.refused), (0, n as u64), "the moved range maps them: {s:?}");
+    assert!(r.bytes()[n * ps..] == want[..]);
+    drop(r);
+    // Nothing maps them now: room for the next add.
+    std::thread::sleep(advmd::merge_service::DOMAIN_TRIM_EVERY);
+    let buf = distinct(n, 13);
+    let want = buf.bytes().to_vec();
+    assert_eq!(a.merge(buf.bytes()).unwrap().added, n as u64);
+    assert_eq!(a.trim().unwrap().released, 0);
+    // A forked child maps them after the parent let its copy go.
+    let go = common::pipe();
+    let child = common::fork(|| {
+        common::get(go[0]);
+        i32::from(buf.bytes() != &want[..])
+    });
+    drop(buf);
+    std::thread::sleep(advmd::merge_service::DOMAIN_TRIM_EVERY);
+    let s = other.merge(distinct(n, 14).bytes()).unwrap();
+    assert_eq!((s.added, s.refused), (0, n as u64), "the child maps them: {s:?}");
+    assert!(common::put(go[1], 1));
+    assert_eq!(common::wait(child), 0, "the child read other bytes than were merged");
+    std::thread::sleep(advmd::merge_service::DOMAIN_TRIM_EVERY);
+    assert_eq!(other.merge(distinct(n, 14).bytes()).unwrap().added, n as u64);
 }
