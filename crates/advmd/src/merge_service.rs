@@ -4,8 +4,11 @@
 //! optional tag that can only narrow it. A session can reach its own domain's store
 //! only, so no reply (and no lock it waits on, beyond the brief domain-table lookup at
 //! hello) depends on what another domain holds. Every slot a session was handed holds
-//! a reference until the session ends, or until the client asks for a trim and no
-//! process maps the slot's page any more; a slot left with none is reclaimed.
+//! a reference until the session ends, or until a trim finds that no process maps the
+//! slot's page any more; a slot left with none is reclaimed. The client asks for a
+//! trim of its session between merges; the daemon trims all of a domain's sessions
+//! before it refuses an add for the limit, and closed sessions on a timer, leaving
+//! alone what a session was handed since its own last trim.
 //!
 //! Workers of one domain that load the same model at once would each send every page
 //! (all their lookups miss before anyone has added). So a lookup that misses a hash
