@@ -82,8 +82,8 @@ struct Shared {
     trimmed: Mutex<(Option<Instant>, bool)>,
 }
 
-/// Least time between two domain-wide trims of one domain ([`Stores::trim_domain`]):
-/// each reads every process's maps twice.
+/// Least time between two trims of all of one domain's sessions, run before an add
+/// is refused for the domain's limit: each reads every process's maps twice.
 pub const DOMAIN_TRIM_EVERY: Duration = Duration::from_secs(1);
 
 /// The references one session holds, kept with its domain's store so that a
@@ -332,7 +332,9 @@ impl Stores {
     }
 
     /// Trims the sessions whose connections have closed while their processes live on,
-    /// in every domain ([`Stores::trim_domain`]); returns the references let go.
+    /// in every domain, as a client's own trim does (two looks at every process's
+    /// maps), but keeping the pages a session was handed since its own last trim;
+    /// returns the references let go.
     pub fn trim_closed(&self) -> u64 {
         let all: Vec<Arc<Shared>> = lock(&self.domains).values().cloned().collect();
         all.iter()
