@@ -326,9 +326,17 @@ impl Stores {
             }
             *t = (Some(Instant::now()), true);
         }
+        /// Ends the running mark however the trim ends (a panic must not stop the
+        /// domain's trims for good).
+        struct Done<'a>(&'a Mutex<(Option<Instant>, bool)>);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                lock(self.0).1 = false;
+            }
+        }
+        let _done = Done(&shared.trimmed);
         // A failed look releases nothing: the add is refused as before.
         let _ = Self::trim_domain(shared, false);
-        lock(&shared.trimmed).1 = false;
     }
 
     /// Trims the sessions whose connections have closed while their processes live on,
