@@ -488,6 +488,10 @@ impl Keeper {
 /// maps of the processes left.
 const ORPHANS_EVERY: Duration = Duration::from_secs(1);
 
+/// How often the pages of closed sessions whose processes live on are trimmed
+/// ([`merge_service::Stores::trim_closed`]: one look at every process's maps, twice).
+pub const KEPT_TRIM_EVERY: Duration = Duration::from_secs(10);
+
 /// The keeper's thread: watches every kept session's process; once it has exited,
 /// releases the session's references that no process maps, and looks again for the
 /// rest every [`ORPHANS_EVERY`].
@@ -499,6 +503,7 @@ fn keep_until_exit(services: &Services, from: &std::sync::mpsc::Receiver<Kept>, 
     // Sessions of exited processes whose pages some process still maps.
     let mut orphans: Vec<merge_service::Session> = Vec::new();
     let mut orphans_seen = Instant::now();
+    let mut kept_trimmed = Instant::now();
     loop {
         let mut news: Vec<_> = from.try_iter().collect();
         if news.is_empty() && kept.is_empty() && orphans.is_empty() {
@@ -534,8 +539,12 @@ fn keep_until_exit(services: &Services, from: &std::sync::mpsc::Receiver<Kept>, 
         }
         let watches: Vec<&advm::process::ProcessWatch> = kept.iter().map(|(_, w, _)| w).collect();
         // sessions of exited processes just handed over are looked at without waiting
-        let timeout =
-            if !exited.is_empty() { Some(Duration::ZERO) } else { (!orphans.is_empty()).then_some(ORPHANS_EVERY) };
+        let trim_in = (!kept.is_empty()).then(|| KEPT_TRIM_EVERY.saturating_sub(kept_trimmed.elapsed()));
+        let timeout = if !exited.is_empty() {
+            Some(Duration::ZERO)
+        } else {
+            [(!orphans.is_empty()).then_some(ORPHANS_EVERY), trim_in].into_iter().flatten().min()
+        };
         let gone = match advm::process::ProcessWatch::wait_any(&watches, ear.as_fd(), timeout) {
             Ok(g) => g,
             Err(e) => {
@@ -551,6 +560,10 @@ fn keep_until_exit(services: &Services, from: &std::sync::mpsc::Receiver<Kept>, 
         }
         if !orphans.is_empty() && orphans_seen.elapsed() >= ORPHANS_EVERY {
             exited.append(&mut orphans);
+        }
+        if !kept.is_empty() && kept_trimmed.elapsed() >= KEPT_TRIM_EVERY {
+            kept_trimmed = Instant::now();
+            services.merge.trim_closed();
         }
         if !exited.is_empty() {
             orphans_seen = Instant::now();

@@ -4,8 +4,11 @@
 //! optional tag that can only narrow it. A session can reach its own domain's store
 //! only, so no reply (and no lock it waits on, beyond the brief domain-table lookup at
 //! hello) depends on what another domain holds. Every slot a session was handed holds
-//! a reference until the session ends, or until the client asks for a trim and no
-//! process maps the slot's page any more; a slot left with none is reclaimed.
+//! a reference until the session ends, or until a trim finds that no process maps the
+//! slot's page any more; a slot left with none is reclaimed. The client asks for a
+//! trim of its session between merges; the daemon trims all of a domain's sessions
+//! before it refuses an add for the limit, and closed sessions on a timer, leaving
+//! alone what a session was handed since its own last trim.
 //!
 //! Workers of one domain that load the same model at once would each send every page
 //! (all their lookups miss before anyone has added). So a lookup that misses a hash
@@ -74,6 +77,32 @@ struct Shared {
     state: Mutex<State>,
     /// Signalled when an add lands (or gives up).
     landed: Condvar,
+    /// When the last domain-wide trim began (None: none yet), and whether one runs:
+    /// at most one per [`DOMAIN_TRIM_EVERY`] per domain.
+    trimmed: Mutex<(Option<Instant>, bool)>,
+}
+
+/// Least time between two trims of all of one domain's sessions, run before an add
+/// is refused for the domain's limit: each reads every process's maps twice.
+pub const DOMAIN_TRIM_EVERY: Duration = Duration::from_secs(1);
+
+/// The references one session holds, kept with its domain's store so that a
+/// domain-wide trim can let go of the pages no process maps any more whichever
+/// session holds them.
+#[derive(Debug)]
+struct Holder {
+    /// One reference per slot, however often it was handed out.
+    held: SlotSet,
+    /// Slots handed out since the session's own last trim: its client may be in the
+    /// middle of a merge that has not mapped them yet (a merge maps the pages it was
+    /// handed after its last add has landed), so only its own trim, which the client
+    /// sends between merges, lets them go, or the end of its process.
+    fresh: SlotSet,
+    /// Its process, for the look at the maps.
+    who: advm::process::Mappers,
+    /// The connection has closed: nothing more is handed out, so its client shows no
+    /// store file it could be handed a reused slot through.
+    closed: bool,
 }
 
 #[derive(Debug)]
@@ -83,9 +112,53 @@ struct State {
     adding: PageHashMap<u32>,
     /// Hash -> the session that missed it first and will add it.
     claims: PageHashMap<u64>,
+    /// Session id -> the references it holds.
+    holders: HashMap<u64, Holder>,
 }
 
 impl State {
+    /// Records that session `id` holds `slot`, whose reference the store just took:
+    /// one reference per session keeps the page for as long as the session needs it,
+    /// so one taken again is given back at once.
+    fn hold(&mut self, id: u64, slot: u32) {
+        let Some(h) = self.holders.get_mut(&id) else {
+            // no holder (cannot happen: made at hello): nothing keeps the reference
+            let _ = self.store.release(slot);
+            return;
+        };
+        h.fresh.insert(slot);
+        if !h.held.insert(slot) {
+            // another is held, so this never frees the page
+            let _ = self.store.release(slot);
+        }
+    }
+
+    /// [`State::hold`] for each slot an add handed out.
+    fn hold_all(&mut self, id: u64, slots: &[u32]) {
+        for &s in slots {
+            self.hold(id, s);
+        }
+    }
+
+    /// Lets go of session `id`'s references in `drop` it still holds (a trim of its
+    /// own and a domain-wide one may both have picked a slot); returns how many.
+    fn release_held(&mut self, id: u64, drop: &[u32]) -> u64 {
+        let Some(h) = self.holders.get_mut(&id) else { return 0 };
+        let gone: HashSet<u32> = drop.iter().copied().filter(|&s| h.held.contains(s)).collect();
+        if gone.is_empty() {
+            return 0;
+        }
+        let mut kept = SlotSet::default();
+        for s in h.held.iter().filter(|s| !gone.contains(s)) {
+            kept.insert(s);
+        }
+        h.held = kept;
+        for &s in &gone {
+            let _ = self.store.release(s);
+        }
+        gone.len() as u64
+    }
+
     fn announce(&mut self, hashes: &[u64]) {
         for &h in hashes {
             *self.adding.entry(h).or_default() += 1;
@@ -137,8 +210,14 @@ impl Stores {
         }
         let store = Store::create(&format!("advmd-store-{}", d.uid), self.limit_bytes)?;
         let s = Arc::new(Shared {
-            state: Mutex::new(State { store, adding: PageHashMap::default(), claims: PageHashMap::default() }),
+            state: Mutex::new(State {
+                store,
+                adding: PageHashMap::default(),
+                claims: PageHashMap::default(),
+                holders: HashMap::new(),
+            }),
             landed: Condvar::new(),
+            trimmed: Mutex::new((None, false)),
         });
         map.insert(d.clone(), s.clone());
         Ok(s)
@@ -183,6 +262,95 @@ impl Stores {
         Some(refs)
     }
 
+    /// Lets go of the references the sessions of `shared`'s domain hold on pages no
+    /// process maps any more, as a session's own trim does, with the same look at the
+    /// maps (every process, twice, outside the store's lock). Pages a session was
+    /// handed since its own last trim are kept (its merge may not have mapped them
+    /// yet), and so are a live session's pages in adopted files (only its own trim can
+    /// tell its client to stop showing a file before the file goes); a session whose
+    /// process's maps cannot be read keeps all. `closed_only`: only sessions whose
+    /// connection has closed. Returns the references let go.
+    fn trim_domain(shared: &Shared, closed_only: bool) -> advm::Result<u64> {
+        let (files, checks, who) = {
+            let g = lock(&shared.state);
+            let files = g.store.files()?;
+            let mut checks = Vec::new();
+            let mut who: Option<advm::process::Mappers> = None;
+            for (&id, h) in &g.holders {
+                if closed_only && !h.closed {
+                    continue;
+                }
+                let want: HashSet<u32> = h
+                    .held
+                    .iter()
+                    .filter(|&s| !h.fresh.contains(s) && (h.closed || g.store.segment_of(s) == 0))
+                    .collect();
+                if want.is_empty() || !maps_readable(h.who.pid) {
+                    continue;
+                }
+                // One uid per domain: its processes started since the earliest of the
+                // sessions began must all be readable, as for each session's own trim.
+                who = Some(match who {
+                    None => h.who,
+                    Some(w) => advm::process::Mappers { since_ticks: w.since_ticks.min(h.who.since_ticks), ..w },
+                });
+                checks.push((id, want));
+            }
+            (files, checks, who)
+        };
+        let Some(who) = who else { return Ok(0) };
+        let mapped =
+            advm::merge::mapped_slots(&checks.iter().map(|(_, w)| (&files, w)).collect::<Vec<_>>(), Some(who))?;
+        let mut released = 0;
+        {
+            let mut g = lock(&shared.state);
+            for ((id, want), mapped) in checks.iter().zip(mapped) {
+                let Some(h) = g.holders.get(id) else { continue };
+                // handed out again since the look began: fresh, kept
+                let drop: Vec<u32> =
+                    want.iter().copied().filter(|&s| !mapped.contains(&s) && !h.fresh.contains(s)).collect();
+                released += g.release_held(*id, &drop);
+            }
+        }
+        shared.landed.notify_all();
+        Ok(released)
+    }
+
+    /// [`Stores::trim_domain`] for an add that would not fit, unless one ran less than
+    /// [`DOMAIN_TRIM_EVERY`] ago or runs now (the add then goes on without it).
+    fn trim_if_due(shared: &Shared) {
+        {
+            let mut t = lock(&shared.trimmed);
+            if t.1 || t.0.is_some_and(|at| at.elapsed() < DOMAIN_TRIM_EVERY) {
+                return;
+            }
+            *t = (Some(Instant::now()), true);
+        }
+        /// Ends the running mark however the trim ends (a panic must not stop the
+        /// domain's trims for good).
+        struct Done<'a>(&'a Mutex<(Option<Instant>, bool)>);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                lock(self.0).1 = false;
+            }
+        }
+        let _done = Done(&shared.trimmed);
+        // A failed look releases nothing: the add is refused as before.
+        let _ = Self::trim_domain(shared, false);
+    }
+
+    /// Trims the sessions whose connections have closed while their processes live on,
+    /// in every domain, as a client's own trim does (two looks at every process's
+    /// maps), but keeping the pages a session was handed since its own last trim;
+    /// returns the references let go.
+    pub fn trim_closed(&self) -> u64 {
+        let all: Vec<Arc<Shared>> = lock(&self.domains).values().cloned().collect();
+        all.iter()
+            .filter(|s| lock(&s.state).holders.values().any(|h| h.closed && !h.held.is_empty()))
+            .map(|s| Self::trim_domain(s, true).unwrap_or(0))
+            .sum()
+    }
+
     /// Drops a domain's store when nobody uses it any more.
     fn close(&self, d: &Domain) {
         let mut map = lock(&self.domains);
@@ -194,16 +362,20 @@ impl Stores {
     }
 }
 
+/// Whether process `pid`'s maps can be read (or it has gone, mapping nothing).
+fn maps_readable(pid: u32) -> bool {
+    pid != 0
+        && match std::fs::File::open(format!("/proc/{pid}/maps")) {
+            Ok(_) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        }
+}
+
 /// One client's session.
 #[derive(Debug)]
 pub struct Session {
     peer: Peer,
     open: Option<(Domain, Arc<Shared>)>,
-    /// The slots this session holds a reference to, one each however often it was
-    /// handed a slot: a client merging the same pages again and again (each lookup
-    /// takes a reference) held a reference, and 4 bytes here, per page and lookup, so
-    /// the daemon's memory and the slots' counts grew for as long as it lived.
-    held: SlotSet,
     /// This session's id, and the hashes it claimed (some may have ended since).
     id: u64,
     claimed: Vec<u64>,
@@ -233,7 +405,6 @@ impl Session {
         Self {
             peer,
             open: None,
-            held: SlotSet::default(),
             id,
             claimed: Vec::new(),
             shown: HashSet::new(),
@@ -256,6 +427,9 @@ impl Session {
                 let g = lock(&store.state);
                 (g.store.read_only_fd()?, g.store.hasher().secret().to_vec(), g.store.file_len())
             };
+            let who = self.who();
+            let holder = Holder { held: SlotSet::default(), fresh: SlotSet::default(), who, closed: false };
+            lock(&store.state).holders.insert(self.id, holder);
             self.open = Some((domain, store));
             return Ok(Reply::Hello { limit_bytes: limit, secret, store: fd });
         }
@@ -287,7 +461,7 @@ impl Session {
                         break;
                     }
                     if let Some(s) = g.store.find(h) {
-                        hold(&mut self.held, &mut g.store, s);
+                        g.hold(self.id, s);
                         slots[k] = s;
                     } else if looking_only {
                         // Not stored: NO_SLOT.
@@ -308,7 +482,7 @@ impl Session {
                     let h = hashes[k];
                     loop {
                         if let Some(s) = g.store.find(h) {
-                            hold(&mut self.held, &mut g.store, s);
+                            g.hold(self.id, s);
                             slots[k] = s;
                             break;
                         }
@@ -325,6 +499,12 @@ impl Session {
             Request::Add { hashes, pages } => {
                 let (domain, store) = (domain.clone(), store.clone());
                 let bytes = hashes.len() as u64 * advm::mem::page_size() as u64;
+                let usage = lock(&store.state).store.usage();
+                if usage.bytes + bytes > usage.limit_bytes {
+                    // Pages held only by sessions whose processes unmapped them may
+                    // make room; refused as before when they do not.
+                    Stores::trim_if_due(&store);
+                }
                 let _reserved = match stores.reserve(&domain, bytes) {
                     Ok(r) => r,
                     Err(held) => {
@@ -360,41 +540,48 @@ impl Session {
     /// lookup and its mapping now; other sessions hold references of their own.
     fn trim(&mut self) -> advm::Result<Reply> {
         let Some((_, store)) = &self.open else { return Err(refused("send hello first")) };
-        let files = lock(&store.state).store.files()?;
-        let want: HashSet<u32> = self.held.iter().collect();
-        let who = advm::process::Mappers {
-            pid: u32::try_from(self.peer.pid).unwrap_or(0),
-            uid: self.peer.uid,
-            since_ticks: self.started_ticks,
+        let (files, want) = {
+            let g = lock(&store.state);
+            let want: HashSet<u32> = g.holders.get(&self.id).map(|h| h.held.iter().collect()).unwrap_or_default();
+            (g.store.files()?, want)
         };
-        let mapped = advm::merge::mapped_slots(&[(&files, &want)], Some(who))?.remove(0);
-        let (mut kept, mut released) = (SlotSet::default(), 0u64);
+        let mapped = advm::merge::mapped_slots(&[(&files, &want)], Some(self.who()))?.remove(0);
         let mut forget = Vec::new();
-        {
+        let (released, kept) = {
             let mut g = lock(&store.state);
-            let mut still_shown = HashSet::new();
-            let (keep, drop): (Vec<u32>, Vec<u32>) = want.iter().partition(|s| mapped.contains(s));
-            for &slot in &keep {
-                kept.insert(slot);
-                still_shown.insert(g.store.segment_of(slot));
-            }
+            let drop: Vec<u32> = want.iter().copied().filter(|s| !mapped.contains(s)).collect();
+            let gone: HashSet<u32> = drop.iter().copied().collect();
+            let held: Vec<u32> = match g.holders.get_mut(&self.id) {
+                Some(h) => {
+                    // Between merges: what it was handed is mapped by now, or never will be.
+                    h.fresh = SlotSet::default();
+                    h.held.iter().filter(|s| !gone.contains(s)).collect()
+                }
+                None => Vec::new(),
+            };
+            let still_shown: HashSet<u64> = held.iter().map(|&s| g.store.segment_of(s)).collect();
             // Files this session holds no page of: the client stops showing them before
-            // the store may let them go (their slots then show other pages).
+            // the store may let them go (their slots then show other pages); told
+            // before the release below, which may drop them.
             self.shown.retain(|id| {
                 still_shown.contains(id) || {
                     forget.extend_from_slice(g.store.segment_pieces(*id).unwrap_or_default());
                     false
                 }
             });
-            for slot in drop {
-                let _ = g.store.release(slot);
-                released += 1;
-            }
-        }
+            (g.release_held(self.id, &drop), held.len() as u64)
+        };
         store.landed.notify_all();
-        self.held = kept;
-        let kept = self.held.iter().count() as u64;
         Ok(Reply::Trimmed { released, kept, forget })
+    }
+
+    /// Who may map what this session was handed.
+    fn who(&self) -> advm::process::Mappers {
+        advm::process::Mappers {
+            pid: u32::try_from(self.peer.pid).unwrap_or(0),
+            uid: self.peer.uid,
+            since_ticks: self.started_ticks,
+        }
     }
 
     /// Adopts the client's sealed memfd into the store (no copy), checks the client's
@@ -445,7 +632,7 @@ impl Session {
         };
         let room = room_pages(&g.store);
         let reply = result.and_then(|slots| {
-            hold_all(&mut self.held, &mut g.store, &slots);
+            g.hold_all(self.id, &slots);
             let segments = announce(&mut self.shown, &g.store, &slots)?;
             Ok(Reply::Added { slots, refusal: String::new(), room, segments })
         });
@@ -484,7 +671,7 @@ impl Session {
         let room = room_pages(&g.store);
         let reply = inserted.map(|r| match r {
             Ok(slots) => {
-                hold_all(&mut self.held, &mut g.store, &slots);
+                g.hold_all(self.id, &slots);
                 Reply::Added { slots, refusal: String::new(), room, segments: vec![] }
             }
             Err(full) => Reply::Added { slots: vec![NO_SLOT; n], refusal: full.to_string(), room, segments: vec![] },
@@ -496,14 +683,21 @@ impl Session {
 
     /// Whether the session holds references to stored pages.
     pub fn holds_pages(&self) -> bool {
-        !self.held.is_empty()
+        self.open
+            .as_ref()
+            .is_some_and(|(_, store)| lock(&store.state).holders.get(&self.id).is_some_and(|h| !h.held.is_empty()))
     }
 
     /// Ends the session's claims (its connection is gone: it adds nothing more), and
     /// keeps its references.
     pub fn end_claims(&mut self) {
         if let Some((_, store)) = &self.open {
-            lock(&store.state).unclaim(self.id, &std::mem::take(&mut self.claimed));
+            let mut g = lock(&store.state);
+            g.unclaim(self.id, &std::mem::take(&mut self.claimed));
+            if let Some(h) = g.holders.get_mut(&self.id) {
+                h.closed = true;
+            }
+            drop(g);
             store.landed.notify_all();
         }
     }
@@ -518,14 +712,23 @@ impl Session {
         if !same {
             return Some(other);
         }
-        // Pages both hold stay with the other, which releases them.
-        let mut twice = SlotSet::default();
-        for s in other.held.iter() {
-            if !self.held.insert(s) {
-                twice.insert(s);
+        if let Some((_, store)) = &self.open {
+            let mut g = lock(&store.state);
+            if let Some(theirs) = g.holders.remove(&other.id) {
+                for s in theirs.held.iter() {
+                    let taken = g.holders.get_mut(&self.id).is_some_and(|mine| {
+                        if theirs.fresh.contains(s) {
+                            mine.fresh.insert(s);
+                        }
+                        mine.held.insert(s)
+                    });
+                    if !taken {
+                        // held by both: one reference is enough
+                        let _ = g.store.release(s);
+                    }
+                }
             }
         }
-        other.held = twice;
         self.shown.extend(other.shown.drain());
         other.end(stores);
         None
@@ -541,20 +744,19 @@ impl Session {
         let mut checks = Vec::new();
         let mut left = Vec::new();
         for s in sessions {
-            let files = match &s.open {
-                Some((_, store)) if !s.held.is_empty() => lock(&store.state).store.files(),
-                _ => {
-                    s.end(stores);
-                    continue;
+            let looked = match &s.open {
+                Some((_, store)) => {
+                    let g = lock(&store.state);
+                    let want: HashSet<u32> = g.holders.get(&s.id).map(|h| h.held.iter().collect()).unwrap_or_default();
+                    (!want.is_empty()).then(|| g.store.files().map(|f| (f, want)))
                 }
+                None => None,
             };
-            match files {
-                Ok(f) => {
-                    let want: HashSet<u32> = s.held.iter().collect();
-                    checks.push((s, f, want));
-                }
+            match looked {
+                None => s.end(stores),
+                Some(Ok((f, want))) => checks.push((s, f, want)),
                 // the files cannot be told: keep everything, try again later
-                Err(_) => left.push(s),
+                Some(Err(_)) => left.push(s),
             }
         }
         if checks.is_empty() {
@@ -568,22 +770,16 @@ impl Session {
                 return left;
             }
         };
-        for ((mut s, _, _), mapped) in checks.into_iter().zip(found) {
+        for ((s, _, want), mapped) in checks.into_iter().zip(found) {
             let Some((_, store)) = &s.open else { continue };
-            let mut kept = SlotSet::default();
-            {
+            let empty = {
                 let mut g = lock(&store.state);
-                for slot in s.held.iter() {
-                    if mapped.contains(&slot) {
-                        kept.insert(slot);
-                    } else {
-                        let _ = g.store.release(slot);
-                    }
-                }
-            }
+                let drop: Vec<u32> = want.iter().copied().filter(|x| !mapped.contains(x)).collect();
+                g.release_held(s.id, &drop);
+                !g.holders.get(&s.id).is_some_and(|h| !h.held.is_empty())
+            };
             store.landed.notify_all();
-            s.held = kept;
-            if s.held.is_empty() {
+            if empty {
                 s.end(stores);
             } else {
                 left.push(s);
@@ -598,31 +794,16 @@ impl Session {
             {
                 let mut g = lock(&store.state);
                 g.unclaim(self.id, &self.claimed);
-                for slot in self.held.iter() {
-                    let _ = g.store.release(slot);
+                if let Some(h) = g.holders.remove(&self.id) {
+                    for slot in h.held.iter() {
+                        let _ = g.store.release(slot);
+                    }
                 }
             }
             store.landed.notify_all();
             drop(store);
             stores.close(&domain);
         }
-    }
-}
-
-/// Records that the session holds `slot`, whose reference the store just took: one
-/// reference per session keeps the page for as long as the session needs it, so one
-/// taken again is given back at once.
-fn hold(held: &mut SlotSet, store: &mut Store, slot: u32) {
-    if !held.insert(slot) {
-        // another is held, so this never frees the page
-        let _ = store.release(slot);
-    }
-}
-
-/// [`hold`] for each slot an add handed out.
-fn hold_all(held: &mut SlotSet, store: &mut Store, slots: &[u32]) {
-    for &s in slots {
-        hold(held, store, s);
     }
 }
 

@@ -39,6 +39,12 @@ impl SlotSet {
         new
     }
 
+    /// Whether `slot` is in.
+    pub(crate) fn contains(&self, slot: u32) -> bool {
+        let (word, bit) = ((slot % CHUNK / 64) as usize, slot % 64);
+        self.chunks.binary_search_by_key(&(slot / CHUNK), |c| c.0).is_ok_and(|i| self.chunks[i].1[word] & 1 << bit != 0)
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.chunks.is_empty()
     }
@@ -61,6 +67,10 @@ impl SlotSet {
 mod tests {
     use super::*;
 
+    fn round_missing(set: &std::collections::BTreeSet<u32>) -> u32 {
+        (0..).find(|s| !set.contains(s)).unwrap()
+    }
+
     /// Against a set, over runs and scattered slots, repeated.
     #[test]
     fn it_holds_what_a_set_holds() {
@@ -79,6 +89,7 @@ mod tests {
             assert_eq!(set.insert(slot), oracle.insert(slot), "slot {slot}");
         }
         assert!(set.iter().eq(oracle.iter().copied()));
+        assert!(oracle.iter().all(|&s| set.contains(s)) && !set.contains(round_missing(&oracle)));
         assert!(SlotSet::default().is_empty() && SlotSet::default().iter().next().is_none());
     }
 }
