@@ -841,7 +841,7 @@ impl Pager {
     }
 
     /// Gives a region back: waits for an eviction under way, frees its swap slots and
-    /// unmaps it (once the caller's last handle is gone).
+    /// unmaps it: its memory is unmapped when this returns.
     pub fn unmap(&self, region: PagedRegion) -> Result<()> {
         let s = &self.shared;
         s.owner.check()?;
@@ -878,6 +878,16 @@ impl Pager {
                 _ => {}
             }
         }
+        drop((slots, _ev));
+        // The memory goes with the last handle. Another thread may still hold one for a
+        // moment (the handler thread that just served a fault, a flush, an eviction's
+        // batch, all found before the removal above and none waiting for a lock held
+        // here): wait for them, so the memory is unmapped when this returns. Left to
+        // them, it went later, and took with it what the program had mapped there since.
+        while Arc::strong_count(&region.m) > 1 {
+            std::thread::yield_now();
+        }
+        drop(region);
         Ok(())
     }
 
