@@ -281,7 +281,12 @@ typedef struct advm_batch advm_batch ADVM_DEPRECATED("use struct advm_batch");
  * change; a thread writing the range meanwhile waits and its write lands afterwards.
  * The store is advmd's for the caller's uid (socket $ADVM_SOCKET, else
  * /run/advm/advmd.sock), else one of this process's own (advm_merge_via says which).
- * Returns 0, or -EINVAL for a range that is unmapped, shared or file-backed.
+ * Returns 0, or -EINVAL for a range that is unmapped, shared or file-backed, -ENOSYS
+ * where userfaultfd cannot write-protect the range while it is merged (a kernel
+ * without it; valgrind, which has no userfaultfd), -EPIPE when the advmd of this
+ * process's session has gone away (nothing merged; the next call connects again: to
+ * advmd when one answers, else to a store of this process's own; advm_merge_trim
+ * the same).
  * Through advmd, pages added in runs of 1 MiB or more go to a store file of their
  * own (up to 16 MiB each) that the process keeps one fd and mapping of until it exits;
  * smaller adds cost no fd. So a process holds at most 1,024 such fds per GiB it adds

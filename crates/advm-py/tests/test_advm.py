@@ -815,3 +815,38 @@ def test_trim_lets_go_of_merged_pages_once_their_array_is_unmapped() -> None:
     del a
     m.close()
     assert advm.trim()["released"] >= 64
+
+
+NUMPY_GENERATIONS = """
+import gc, sys
+import numpy as np
+import advm
+rng = np.random.default_rng(5)
+for gen in range(3):
+    a = rng.integers(0, 2**63, (8 << 20) // 8, dtype=np.int64)
+    want = a.copy()
+    added = advm.merge(a)["added"]
+    assert (a == want).all()
+    del a, want
+    gc.collect()
+    t = advm.trim()
+    print(gen, added, t["released"], t["kept"])
+"""
+
+
+def test_trim_releases_each_generation_of_numpy_arrays_malloc_unmaps() -> None:
+    """8 MiB arrays made, merged, deleted, three times. glibc raises its mmap threshold
+    to a freed mmapped block's size, so from the second generation on such arrays come
+    from the heap, which keeps them mapped after ``del`` (the trim keeps their pages,
+    docs/merge.md "Trims"). With the threshold fixed (``MALLOC_MMAP_THRESHOLD_``) each
+    array is unmapped when deleted, and each trim releases its whole generation."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, ADVM_SOCKET="/nonexistent/advmd.sock", MALLOC_MMAP_THRESHOLD_=str(1 << 20))
+    out = subprocess.run([sys.executable, "-c", NUMPY_GENERATIONS], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = [[int(x) for x in line.split()] for line in out.stdout.splitlines()]
+    assert len(rows) == 3, out.stdout
+    for gen, added, released, kept in rows:
+        assert added >= 2047 and released == added and kept == 0, (gen, added, released, kept)

@@ -132,7 +132,11 @@ def trim() -> TrimStats:
     more: arrays deleted (their memory unmapped), not arrays written (their mappings
     still cover the store's pages). Pages a forked child still maps are kept. It reads
     every process's maps (milliseconds; tens with many thousands of mappings): call it
-    after dropping merged data, not per merge. Under ``advm run --mode merge`` the agent
+    after dropping merged data, not per merge. An array ``malloc`` placed in its heap
+    stays mapped after ``del`` (glibc does so for blocks under its mmap threshold,
+    which rises up to 32 MiB as large blocks are freed), and its pages are kept: set
+    ``MALLOC_MMAP_THRESHOLD_=1048576`` in the environment to have large arrays
+    unmapped when deleted (docs/merge.md, "Trims"). Under ``advm run --mode merge`` the agent
     trims by itself.
 
     Raises ``OSError`` when the maps of this process, or of a process of its user started

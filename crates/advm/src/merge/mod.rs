@@ -236,7 +236,7 @@ impl Client {
         match Self::connect_default(&path) {
             Ok(c) => Ok(c),
             Err(e) => {
-                let mut c = Self::local(
+                let mut c = Self::local_within(
                     LOCAL_LIMIT,
                     &format!(
                         "advmd is not reachable at {} ({e}); pages are shared within this process only",
@@ -247,6 +247,24 @@ impl Client {
                 Ok(c)
             }
         }
+    }
+
+    /// [`Client::local`] of `limit_bytes`, or, where the kernel refuses a view that large
+    /// (valgrind refuses 64 GiB; so may a tight `ulimit -v`), of half as many, down to
+    /// 1 GiB: a smaller store beats none. The first refusal is the error when all fail.
+    fn local_within(limit_bytes: u64, reason: &str) -> Result<Self> {
+        let first = match Self::local(limit_bytes, reason) {
+            Err(Error::Sys(s)) if matches!(s.raw_errno(), libc::EINVAL | libc::ENOMEM) => Error::Sys(s),
+            other => return other,
+        };
+        let mut limit = limit_bytes / 2;
+        while limit >= 1 << 30 {
+            if let Ok(c) = Self::local(limit, reason) {
+                return Ok(c);
+            }
+            limit /= 2;
+        }
+        Err(first)
     }
 
     fn connect_default(path: &std::path::Path) -> Result<Self> {

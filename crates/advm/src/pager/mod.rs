@@ -841,8 +841,25 @@ impl Pager {
     }
 
     /// Gives a region back: waits for an eviction under way, frees its swap slots and
-    /// unmaps it (once the caller's last handle is gone).
+    /// unmaps it: its memory is unmapped when this returns.
     pub fn unmap(&self, region: PagedRegion) -> Result<()> {
+        self.give_back(&region)?;
+        // The memory goes with the last handle. Another thread may still hold one for a
+        // moment (the handler thread that just served a fault, a flush, an eviction's
+        // batch, all found before `give_back` took the region out, and none waiting for
+        // a lock it holds): wait for them, so the memory is unmapped when this returns.
+        // Left to them, it went later, and took with it what the program had mapped there
+        // since.
+        while Arc::strong_count(&region.m) > 1 {
+            std::thread::yield_now();
+        }
+        drop(region);
+        Ok(())
+    }
+
+    /// [`Pager::unmap`] but for the unmapping: no fault is served in the region any
+    /// more, its pages are counted out and its swap slots freed.
+    fn give_back(&self, region: &PagedRegion) -> Result<()> {
         let s = &self.shared;
         s.owner.check()?;
         let m = &region.m;

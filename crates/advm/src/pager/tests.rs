@@ -65,7 +65,9 @@ fn a_fault_settled_after_unmap_of_its_region_counts_nothing() {
         s.swap.read_page(slot as usize, buf.bytes_mut()).unwrap();
         s.reserve(false);
         assert!(m.area.fill_copy(&s.fd, 1, buf.bytes_mut()).unwrap());
-        p.unmap(r).unwrap();
+        // unmap's bookkeeping (its wait for other handles would wait for `m`)
+        p.give_back(&r).unwrap();
+        drop(r);
         s.filled_from(&m, 0, EMPTY, true, None, false);
         s.filled_from(&m, 1, EVICTING, true, Some(slot), false);
         let st = p.stats();
@@ -96,6 +98,8 @@ fn faults_racing_unmap_leave_the_resident_count_exact(mode: FaultMode) {
                 })
             })
             .collect();
+        // the threads' handles keep it mapped; unmap waits for them
+        drop(m);
         go.wait();
         if round % 2 == 1 {
             std::thread::yield_now();
