@@ -159,6 +159,35 @@ impl Drop for Handle {
     }
 }
 
+/// Binds and listens at `path`, open to every uid, so that the path appears only once
+/// all of that is done: bound under a name of its own beside it, then renamed into
+/// place. Bound at `path` itself, a client connecting between bind and listen was
+/// refused (and fell back to a store of its own, as for no daemon at all), and one of
+/// another uid between bind and chmod was denied. Bound in place only when the
+/// temporary name would not fit in a socket address.
+fn bind_in_place(path: &Path) -> Result<UnixListener, DaemonError> {
+    let open_to_all = |p: &Path| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o666)).map_err(|e| DaemonError::io(p, e))
+    };
+    // per daemon: one process may run several (tests, an embedding program)
+    static SEQ: AtomicUsize = AtomicUsize::new(0);
+    let staged = path.with_file_name(format!(".advmd-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
+    if staged.as_os_str().len() > MAX_SOCKET_PATH {
+        let listener = UnixListener::bind(path).map_err(|e| DaemonError::io(path, e))?;
+        open_to_all(path)?;
+        return Ok(listener);
+    }
+    // left by a daemon that died with this pid (since reused)
+    let _ = std::fs::remove_file(&staged);
+    let listener = UnixListener::bind(&staged).map_err(|e| DaemonError::io(&staged, e))?;
+    let placed =
+        open_to_all(&staged).and_then(|()| std::fs::rename(&staged, path).map_err(|e| DaemonError::io(path, e)));
+    if placed.is_err() {
+        let _ = std::fs::remove_file(&staged);
+    }
+    placed.map(|()| listener)
+}
+
 impl Daemon {
     /// Binds the socket: creates its directory, replaces a stale socket nobody answers
     /// on (refuses to if a daemon does), and lets every uid connect (domains keep them apart).
@@ -215,8 +244,7 @@ impl Daemon {
             }
             std::fs::remove_file(path).map_err(|e| DaemonError::io(path, e))?;
         }
-        let listener = UnixListener::bind(path).map_err(|e| DaemonError::io(path, e))?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).map_err(|e| DaemonError::io(path, e))?;
+        let listener = bind_in_place(path)?;
         let services = Arc::new(Services {
             merge: merge_service::Stores::new(config.domain_limit_bytes),
             image: advm::image::service::Service::new(advm::image::MapOptions::default()),

@@ -1125,3 +1125,38 @@ fn a_refusal_for_a_limit_does_not_read_as_an_invalid_request() {
     assert!(e.starts_with("advmd refused the request: advmd serves at most 1 clients of one uid"), "{e}");
     assert!(!e.contains("invalid"), "{e}");
 }
+
+/// The socket's path appears only once the daemon listens there, open to every uid:
+/// a client that connects the moment the path exists is never refused (it took that
+/// for no daemon and used a store of its own: a rare failure of a Python test under
+/// load) and never finds a mode other than 0666; nothing staged is left beside it.
+#[test]
+fn the_socket_appears_listening_and_open_to_every_uid_and_nothing_else_is_left() {
+    let dir = std::env::temp_dir().join(format!("advmd-test-{}-appears", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for round in 0..40 {
+        let sock = dir.join(format!("advmd-{round}.sock"));
+        let cfg = Config::at(&sock);
+        let binder = std::thread::spawn(move || Daemon::bind(cfg).unwrap());
+        let t = Instant::now();
+        while std::fs::symlink_metadata(&sock).is_err() {
+            assert!(t.elapsed() < Duration::from_secs(10), "no socket at {}", sock.display());
+            std::hint::spin_loop();
+        }
+        let mode = std::fs::symlink_metadata(&sock).unwrap().mode() & 0o777;
+        let connected = std::os::unix::net::UnixStream::connect(&sock);
+        let daemon = binder.join().unwrap();
+        assert_eq!(mode, 0o666, "round {round}: the socket appeared with mode {mode:o}");
+        assert!(connected.is_ok(), "round {round}: a connect as the socket appeared: {connected:?}");
+        drop(daemon);
+        let _ = std::fs::remove_file(&sock);
+    }
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| !n.to_string_lossy().ends_with(".lock"))
+        .collect();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(left.is_empty(), "left beside the sockets: {left:?}");
+}
