@@ -49,8 +49,12 @@ fn a_sigkilled_runs_statistics_directory_is_removed_by_the_next_run() {
 }
 
 fn sigkilled_run_then(next: &[&str]) {
-    let tmp = std::env::temp_dir();
-    let mut child = Command::new(ADVM).args(["run", "--stats", "--", "sleep", "29.123"]).spawn().unwrap();
+    // A directory of its own: any `advm run` removes a killed run's directory, so one
+    // in another test of this binary took it before the check below (a CI failure).
+    let tmp = std::env::temp_dir().join(format!("advm-run-signals-{}-{}", std::process::id(), next.len()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let mut child =
+        Command::new(ADVM).env("TMPDIR", &tmp).args(["run", "--stats", "--", "sleep", "29.123"]).spawn().unwrap();
     let prefix = format!("advm-run-{}-", child.id());
     let ours = || -> Vec<std::path::PathBuf> {
         std::fs::read_dir(&tmp)
@@ -70,10 +74,11 @@ fn sigkilled_run_then(next: &[&str]) {
     child.wait().unwrap();
     // sleep lives on as an orphan; its fds do not hold the directory's lock (close-on-exec)
     assert!(left[0].is_dir());
-    let out = Command::new(ADVM).args(next).output().unwrap();
+    let out = Command::new(ADVM).env("TMPDIR", &tmp).args(next).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!left[0].exists(), "the killed run's directory {} is still there after advm {next:?}", left[0].display());
     let _ = Command::new("pkill").args(["-f", "^sleep 29.123$"]).status();
+    let _ = std::fs::remove_dir_all(&tmp);
 }
 
 /// A program killed by a signal: advm dies of the same signal, as the program itself
