@@ -26,15 +26,21 @@ static uint64_t resident(advm_pager *p) {
     return st.resident_pages;
 }
 
-static void run(int mode, size_t many) {
-    size_t ps = (size_t)sysconf(_SC_PAGESIZE);
+/* A pager of a 64-page budget in fault mode `mode`. */
+static advm_pager *pager_in(int mode) {
     struct advm_pager_options o;
     memset(&o, 0, sizeof o);
     o.size = sizeof o;
-    o.budget_bytes = 64 * ps;
+    o.budget_bytes = 64 * (size_t)sysconf(_SC_PAGESIZE);
     o.fault_mode = mode;
     advm_pager *p = advm_pager_new_with(&o);
     CHECK(p != NULL && advm_pager_fault_mode(p) == mode);
+    return p;
+}
+
+static void run(int mode, size_t many) {
+    size_t ps = (size_t)sysconf(_SC_PAGESIZE);
+    advm_pager *p = pager_in(mode);
 
     /* three regions of 4 pages, all resident */
     unsigned char *r[3];
@@ -87,13 +93,7 @@ static void run(int mode, size_t many) {
  * program's mapping made there was unmapped under it.) */
 static void gone_on_return(int mode) {
     size_t ps = (size_t)sysconf(_SC_PAGESIZE);
-    struct advm_pager_options o;
-    memset(&o, 0, sizeof o);
-    o.size = sizeof o;
-    o.budget_bytes = 64 * ps;
-    o.fault_mode = mode;
-    advm_pager *p = advm_pager_new_with(&o);
-    CHECK(p != NULL);
+    advm_pager *p = pager_in(mode);
     for (int i = 0; i < 100; i++) {
         unsigned char *r = advm_pager_map(p, ps);
         CHECK(r != NULL);
