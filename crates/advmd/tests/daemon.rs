@@ -1132,8 +1132,16 @@ fn a_refusal_for_a_limit_does_not_read_as_an_invalid_request() {
 /// load) and never finds a mode other than 0666; nothing staged is left beside it.
 #[test]
 fn the_socket_appears_listening_and_open_to_every_uid_and_nothing_else_is_left() {
-    let dir = std::env::temp_dir().join(format!("advmd-test-{}-appears", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // removed however the test ends
+    struct Gone(PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let dir = Gone(std::env::temp_dir().join(format!("advmd-test-{}-appears", std::process::id())));
+    let dir = &dir.0;
+    std::fs::create_dir_all(dir).unwrap();
     for round in 0..40 {
         let sock = dir.join(format!("advmd-{round}.sock"));
         let cfg = Config::at(&sock);
@@ -1151,12 +1159,11 @@ fn the_socket_appears_listening_and_open_to_every_uid_and_nothing_else_is_left()
         drop(daemon);
         let _ = std::fs::remove_file(&sock);
     }
-    let left: Vec<_> = std::fs::read_dir(&dir)
+    let left: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
         .flatten()
         .map(|e| e.file_name())
         .filter(|n| !n.to_string_lossy().ends_with(".lock"))
         .collect();
-    std::fs::remove_dir_all(&dir).unwrap();
     assert!(left.is_empty(), "left beside the sockets: {left:?}");
 }
