@@ -24,6 +24,15 @@ fn boot_files(d: &Path) {
     std::fs::write(d.join("initrd.img"), b"070701").unwrap();
 }
 
+/// A stand-in QEMU at `d/qemu`: the script `body`, executable.
+fn stand_in_qemu(d: &Path, body: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let qemu = d.join("qemu");
+    std::fs::write(&qemu, body).unwrap();
+    std::fs::set_permissions(&qemu, std::fs::Permissions::from_mode(0o755)).unwrap();
+    qemu
+}
+
 fn chain(d: &Path) {
     run(d, "qemu-img", &["create", "-q", "-f", "raw", "base.raw", "3M"]);
     run(d, "qemu-io", &["-f", "raw", "-c", "write -P 0x11 0 2M", "base.raw"]);
@@ -298,11 +307,8 @@ fn blk_names_the_top_layers_format_and_escapes_commas_for_qemu() {
     std::fs::create_dir(&sub).unwrap();
     boot_files(&sub);
     std::fs::write(sub.join("disk.raw"), vec![0u8; 1 << 20]).unwrap();
-    let qemu = d.0.join("qemu");
     let argv = d.0.join("argv");
-    std::fs::write(&qemu, format!("#!/bin/sh\nprintf '%s\\n' \"$@\" > {}\nexit 1\n", argv.display())).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&qemu, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let qemu = stand_in_qemu(&d.0, &format!("#!/bin/sh\nprintf '%s\\n' \"$@\" > {}\nexit 1\n", argv.display()));
     let img = sub.join("disk.raw");
     let out = Command::new(ADVM)
         .args(["vm", "run", "--image", img.to_str().unwrap(), "--disk", "blk", "--accel", "tcg"])
@@ -813,10 +819,7 @@ fn after_ready_a_layer_written_in_place_is_reported_and_qemus_failure_is_advms()
     boot_files(&d.0);
     run(&d.0, "qemu-img", &["create", "-q", "-f", "raw", "base.raw", "1M"]);
     run(&d.0, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "base.raw", "-F", "raw", "top.qcow2"]);
-    let qemu = d.0.join("qemu");
-    std::fs::write(&qemu, FAKE_QEMU).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&qemu, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let qemu = stand_in_qemu(&d.0, FAKE_QEMU);
     let stop = d.0.join("stop");
     let start = |disk: &str| {
         let mut vm = Command::new(ADVM)
@@ -878,10 +881,7 @@ fn a_vm_stopped_by_a_signal_while_it_boots_exits_0_without_an_error() {
     let d = dir("stop-booting");
     boot_files(&d.0);
     run(&d.0, "qemu-img", &["create", "-q", "-f", "qcow2", "top.qcow2", "1M"]);
-    let qemu = d.0.join("qemu");
-    std::fs::write(&qemu, "#!/bin/sh\nexec sleep 60\n").unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&qemu, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let qemu = stand_in_qemu(&d.0, "#!/bin/sh\nexec sleep 60\n");
     use std::os::unix::process::CommandExt;
     for sig in ["TERM", "INT"] {
         // SIGINT at its default, as in a terminal: a CI runner's background job has it
