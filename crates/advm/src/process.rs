@@ -248,11 +248,10 @@ pub fn each_process_maps_of(who: Mappers, each: impl FnMut(&str)) -> Result<Vec<
     }
     let mut unread = Vec::new();
     let listed = each_maps(each, |pid| {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        let uids = status.lines().find_map(|l| l.strip_prefix("Uid:")).unwrap_or("");
-        let started = procfs::process::Process::new(pid as i32).and_then(|p| p.stat()).map(|s| s.starttime).ok();
-        let may =
-            uids.split_whitespace().any(|u| u.parse() == Ok(who.uid)) && started.map_or(true, |t| t >= who.since_ticks);
+        let process = procfs::process::Process::new(pid as i32).ok();
+        let uids = process.as_ref().and_then(|p| p.status().ok()).map(|s| [s.ruid, s.euid, s.suid, s.fuid]);
+        let started = process.as_ref().and_then(|p| p.stat().ok()).map(|s| s.starttime);
+        let may = uids.is_some_and(|u| u.contains(&who.uid)) && started.map_or(true, |t| t >= who.since_ticks);
         if pid == who.pid || may {
             unread.push(pid);
         }
