@@ -308,8 +308,7 @@ static void release_dead_run(void) {
     uint64_t at = 0, len = 0; /* the unwritten stretch gathered so far, across chunks */
     for (uint64_t done = 0; done < k;) {
         uint64_t chunk = k - done < 512 ? k - done : 512;
-        off_t off = (off_t)(((uintptr_t)page_addr(dead_w + done) >> A.pshift) * 8);
-        if (pread(pfd, pm, chunk * 8, off) != (ssize_t)(chunk * 8)) break;
+        if (!pm_read(pfd, dead_w + done, chunk, pm)) break;
         uint64_t j = 0;
         while (j < chunk) {
             uint64_t f = dead_f + done + j, w = dead_w + done + j;
@@ -512,8 +511,7 @@ void trim_views(void) {
         }
         uint64_t k = 1;
         while (v + k < A.va_high && k < 512 && counted_view(A.vmeta[v + k])) k++;
-        off_t off = (off_t)(((uintptr_t)page_addr(v) >> A.pshift) * 8);
-        if (pread(pfd, pm, k * 8, off) != (ssize_t)(k * 8)) break; /* counted so far: fewer, never too many */
+        if (!pm_read(pfd, v, k, pm)) break; /* counted so far: fewer, never too many */
         for (uint64_t j = 0; j < k; j++)
             if (pm_surely(pm[j])) A.fdet[A.vmeta[v + j] & VM_FPAGE_MASK]++;
         views += k;

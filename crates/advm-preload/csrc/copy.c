@@ -180,8 +180,7 @@ static uint64_t prepare_source(uint64_t v, uint64_t k) {
                 while (ok && at < done + step) {
                     uint64_t chunk = done + step - at < 512 ? done + step - at : 512;
                     int pfd = pagemap_fd();
-                    off_t off = (off_t)(((uintptr_t)page_addr(v + i + at) >> A.pshift) * 8);
-                    if (pfd < 0 || pread(pfd, pm, chunk * 8, off) != (ssize_t)(chunk * 8)) {
+                    if (pfd < 0 || !pm_read(pfd, v + i + at, chunk, pm)) {
                         ok = 0;
                         break;
                     }
@@ -225,8 +224,7 @@ static uint64_t prepare_source(uint64_t v, uint64_t k) {
         while (done < r) {
             uint64_t chunk = r - done < 512 ? r - done : 512;
             int pfd = pagemap_fd();
-            off_t off = (off_t)(((uintptr_t)page_addr(v + i + done) >> A.pshift) * 8);
-            if (pfd < 0 || pread(pfd, pm, chunk * 8, off) != (ssize_t)(chunk * 8)) return i + done;
+            if (pfd < 0 || !pm_read(pfd, v + i + done, chunk, pm)) return i + done;
             /* a detached page's memfd offset was released: its bytes are only its own */
             if (m & VM_DETACHED) for (uint64_t j = 0; j < chunk; j++) pm[j] |= 1ull << 63, pm[j] &= ~(1ull << 61);
             uint64_t j = 0;

@@ -250,6 +250,12 @@ void trim_views(void);
 void trim_count(uint64_t pages);
 void view_moved(uint64_t from, uint64_t to, uint64_t n);
 int pagemap_fd(void);
+/* The pagemap entries of the arena's pages v..v+n into pm (n at most its length); 1
+ * when all n were read. */
+static inline int pm_read(int pfd, uint64_t v, uint64_t n, uint64_t *pm) {
+    off_t off = (off_t)(((uintptr_t)page_addr(v) >> A.pshift) * 8);
+    return pread(pfd, pm, n * 8, off) == (ssize_t)(n * 8);
+}
 int map_fresh(uint64_t v, uint64_t n);
 void unmap_pages(uint64_t v, uint64_t n);
 uint64_t run_len(uint64_t v, uint64_t max);
