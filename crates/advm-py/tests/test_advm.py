@@ -173,9 +173,11 @@ def test_stat_refuses_bools_and_pids_out_of_range_by_name() -> None:
 
 def test_stat_takes_numpy_ints_and_0_d_arrays() -> None:
     # A 0-d array is iterable by type, so stat iterated it: "iteration over a 0-d array".
+    # Type checkers take them too (test_types runs mypy on this file): stat was typed
+    # `int | Iterable[int]`, which refused a NumPy int under `mypy --strict`.
     me = os.getpid()
     for pid in (np.int32(me), np.array(me), np.array([me])):
-        assert [p["pid"] for p in advm.stat(pid)["processes"]] == [me]  # type: ignore[arg-type]
+        assert [p["pid"] for p in advm.stat(pid)["processes"]] == [me]
 
 
 def test_stat_of_a_process_listed_twice_counts_it_once() -> None:

@@ -19,7 +19,7 @@ import json
 import operator
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, SupportsIndex, TypedDict, TypeVar
 
 from . import _advm
 
@@ -160,7 +160,7 @@ def _object_type(obj: Any) -> str | None:
     return fmt if "O" in re.sub(":[^:]*:", "", fmt) else None
 
 
-def stat(pid: int | Iterable[int]) -> dict[str, Any]:
+def stat(pid: SupportsIndex | Iterable[SupportsIndex]) -> dict[str, Any]:
     """The ``advm stat`` figures of process ``pid``, or of several processes measured
     together, as a dict: ``physical_bytes`` (distinct physical pages; a page the
     processes share counts once, so the figure of a list of workers shows what merging
