@@ -100,6 +100,11 @@ def merge(obj: Any) -> MergeStats:
 
     In a forked child (``multiprocessing`` with ``fork``, a preforking server) arrays
     the parent merged before the fork stay shared, and merging them again works.
+
+    Not kept (a known defect, docs/merge.md): marks the program set on the merged
+    pages with ``madvise`` or ``mlock`` (``MADV_WIPEONFORK``: a forked child then reads
+    the bytes instead of zeros; ``MADV_DONTFORK``, ``MADV_DONTDUMP``, a lock). Do not
+    merge memory so marked.
     """
     objects = _object_type(obj)
     if objects is not None:
