@@ -797,24 +797,50 @@ def test_snapshots_of_an_array_another_thread_writes_lose_none_of_its_writes() -
     assert copies > 10 and writes[0] > 100, (copies, writes[0])
 
 
-@pytest.mark.xfail(strict=True, reason="known defect: a merge drops MADV_WIPEONFORK (docs/merge.md)")
-def test_a_merged_wipe_on_fork_range_is_still_wiped_in_a_forked_child() -> None:
-    # The merged pages become store mappings, which do not keep the mark: the child
-    # read the parent's bytes. (strict: once fixed this passes, and the mark goes.)
-    m = mmap.mmap(-1, 16 * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    m[:] = np.random.default_rng(41).integers(1, 256, 16 * PAGE, dtype=np.uint8).tobytes()
-    m.madvise(18)  # MADV_WIPEONFORK (Linux 4.14; not in Python's mmap module)
+def test_a_merge_keeps_the_programs_marks_and_refuses_a_wipe_on_fork_range() -> None:
+    # The merged pages became store mappings without the marks set on the memory: a
+    # MADV_WIPEONFORK range was no longer wiped in a forked child (it read the
+    # parent's bytes), and MADV_DONTFORK, MADV_DONTDUMP and mlock were dropped.
+    import ctypes
 
-    def child_reads_zeros() -> bool:
+    def flags(addr: int) -> list[str]:
+        inside = False
+        with open("/proc/self/smaps") as smaps:
+            for line in smaps:
+                first = line.split()[0]
+                if not first.endswith(":") and "-" in first:
+                    s, e = (int(x, 16) for x in first.split("-"))
+                    inside = s <= addr < e
+                elif inside and first == "VmFlags:":
+                    return line.split()[1:]
+        raise AssertionError(f"{addr:#x} is not mapped")
+
+    def child_reads_zeros(m: mmap.mmap) -> bool:
         pid = os.fork()
         if pid == 0:
             os._exit(0 if not any(m[:]) else 1)
         return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
 
-    assert child_reads_zeros(), "wiped before the merge"
+    rng = np.random.default_rng(41)
+    w = mmap.mmap(-1, 16 * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    w[:] = rng.integers(1, 256, 16 * PAGE, dtype=np.uint8).tobytes()
+    w.madvise(18)  # MADV_WIPEONFORK (Linux 4.14; not in Python's mmap module)
+    with pytest.raises(ValueError, match="is marked MADV_WIPEONFORK, which a merged page"):
+        advm.merge(w)
+    assert child_reads_zeros(w), "the refused range is still wiped in a child"
+
+    m = mmap.mmap(-1, 16 * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    want = rng.integers(1, 256, 16 * PAGE, dtype=np.uint8).tobytes()
+    m[:] = want
+    m.madvise(mmap.MADV_DONTFORK)
+    m.madvise(16)  # MADV_DONTDUMP
+    addr = np.frombuffer(m, dtype=np.uint8).__array_interface__["data"][0]
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.mlock(ctypes.c_void_p(addr), ctypes.c_size_t(16 * PAGE)) == 0, os.strerror(ctypes.get_errno())
     s = advm.merge(m)
     assert s["added"] + s["merged"] == 16, s
-    assert child_reads_zeros(), "the child read the parent's bytes after the merge"
+    assert {"dc", "dd", "lo"} <= set(flags(addr + 5 * PAGE)), flags(addr + 5 * PAGE)
+    assert m[:] == want
 
 
 def test_a_forked_child_and_its_parent_keep_their_vcopies_apart() -> None:

@@ -101,10 +101,9 @@ def merge(obj: Any) -> MergeStats:
     In a forked child (``multiprocessing`` with ``fork``, a preforking server) arrays
     the parent merged before the fork stay shared, and merging them again works.
 
-    Not kept (a known defect, docs/merge.md): marks the program set on the merged
-    pages with ``madvise`` or ``mlock`` (``MADV_WIPEONFORK``: a forked child then reads
-    the bytes instead of zeros; ``MADV_DONTFORK``, ``MADV_DONTDUMP``, a lock). Do not
-    merge memory so marked.
+    Marks set on the memory with ``madvise`` (``MADV_DONTFORK``, ``MADV_DONTDUMP``) or
+    ``mlock`` are set again on the merged pages; a range marked ``MADV_WIPEONFORK``
+    raises ``ValueError`` (a merged page could not be wiped in a forked child).
     """
     objects = _object_type(obj)
     if objects is not None:
