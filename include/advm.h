@@ -281,9 +281,10 @@ typedef struct advm_batch advm_batch ADVM_DEPRECATED("use struct advm_batch");
  * change; a thread writing the range meanwhile waits and its write lands afterwards.
  * The store is advmd's for the caller's uid (socket $ADVM_SOCKET, else
  * /run/advm/advmd.sock), else one of this process's own (advm_merge_via says which).
- * Returns 0, or -EINVAL for a range that is unmapped, shared or file-backed, -ENOSYS
- * where userfaultfd cannot write-protect the range while it is merged (a kernel
- * without it; valgrind, which has no userfaultfd), -EPIPE when the advmd of this
+ * Returns 0, or -EINVAL for a range that is unmapped, shared, file-backed or marked
+ * MADV_WIPEONFORK (MADV_DONTFORK, MADV_DONTDUMP and mlock are set again on the merged
+ * pages), -ENOSYS where userfaultfd cannot write-protect the range while it is merged
+ * (a kernel without it; valgrind, which has no userfaultfd), -EPIPE when the advmd of this
  * process's session has gone away (nothing merged; the next call connects again: to
  * advmd when one answers, else to a store of this process's own; advm_merge_trim
  * the same).

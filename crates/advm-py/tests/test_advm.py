@@ -173,9 +173,11 @@ def test_stat_refuses_bools_and_pids_out_of_range_by_name() -> None:
 
 def test_stat_takes_numpy_ints_and_0_d_arrays() -> None:
     # A 0-d array is iterable by type, so stat iterated it: "iteration over a 0-d array".
+    # Type checkers take them too (test_types runs mypy on this file): stat was typed
+    # `int | Iterable[int]`, which refused a NumPy int under `mypy --strict`.
     me = os.getpid()
     for pid in (np.int32(me), np.array(me), np.array([me])):
-        assert [p["pid"] for p in advm.stat(pid)["processes"]] == [me]  # type: ignore[arg-type]
+        assert [p["pid"] for p in advm.stat(pid)["processes"]] == [me]
 
 
 def test_stat_of_a_process_listed_twice_counts_it_once() -> None:
@@ -754,6 +756,91 @@ def test_a_bytearray_cannot_be_resized_while_it_is_merged() -> None:
     # (an extend that came before the merge began may have kept its byte)
     assert data[: 64 << 20] == want and len(data) in (n, n + 1)
     assert refused > 0, "no resize was tried while the merge ran"
+
+
+def test_snapshots_of_an_array_another_thread_writes_lose_none_of_its_writes() -> None:
+    # A thread updating an array while another took advm.vcopy snapshots of it lost
+    # updates: after 3 s, 112,918 elements of a 64 MiB array read back older values
+    # than the writer's last (the copy re-homed the array's written pages and
+    # remapped them, dropping writes that landed in between).
+    import threading
+
+    n = (16 << 20) // 8
+    v = advm.vcopy(np.zeros(n, dtype=np.int64))
+    model = np.zeros(n, dtype=np.int64)  # what the writer wrote, in plain memory
+    stop = threading.Event()
+    writes = [0]
+
+    def writer() -> None:
+        rng = np.random.default_rng(2)
+        k = 0
+        while not stop.is_set():
+            k += 1
+            at = rng.integers(0, n, 64)
+            v[at] = k
+            model[at] = k
+        writes[0] = k
+
+    t = threading.Thread(target=writer)
+    t.start()
+    copies = 0
+    t0 = time.perf_counter()
+    try:
+        while time.perf_counter() - t0 < 1.0:
+            advm.vcopy(v)
+            copies += 1
+    finally:
+        stop.set()
+        t.join()
+    lost = int(np.count_nonzero(v != model))
+    assert lost == 0, f"{lost} elements lost their writes ({writes[0]} writes, {copies} copies)"
+    assert copies > 10 and writes[0] > 100, (copies, writes[0])
+
+
+def test_a_merge_keeps_the_programs_marks_and_refuses_a_wipe_on_fork_range() -> None:
+    # The merged pages became store mappings without the marks set on the memory: a
+    # MADV_WIPEONFORK range was no longer wiped in a forked child (it read the
+    # parent's bytes), and MADV_DONTFORK, MADV_DONTDUMP and mlock were dropped.
+    import ctypes
+
+    def flags(addr: int) -> list[str]:
+        inside = False
+        with open("/proc/self/smaps") as smaps:
+            for line in smaps:
+                first = line.split()[0]
+                if not first.endswith(":") and "-" in first:
+                    s, e = (int(x, 16) for x in first.split("-"))
+                    inside = s <= addr < e
+                elif inside and first == "VmFlags:":
+                    return line.split()[1:]
+        raise AssertionError(f"{addr:#x} is not mapped")
+
+    def child_reads_zeros(m: mmap.mmap) -> bool:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if not any(m[:]) else 1)
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+    rng = np.random.default_rng(41)
+    w = mmap.mmap(-1, 16 * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    w[:] = rng.integers(1, 256, 16 * PAGE, dtype=np.uint8).tobytes()
+    w.madvise(18)  # MADV_WIPEONFORK (Linux 4.14; not in Python's mmap module)
+    with pytest.raises(ValueError, match="is marked MADV_WIPEONFORK, which a merged page"):
+        advm.merge(w)
+    assert child_reads_zeros(w), "the refused range is still wiped in a child"
+
+    m = mmap.mmap(-1, 16 * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    want = rng.integers(1, 256, 16 * PAGE, dtype=np.uint8).tobytes()
+    m[:] = want
+    m.madvise(mmap.MADV_DONTFORK)
+    m.madvise(16)  # MADV_DONTDUMP
+    addr = np.frombuffer(m, dtype=np.uint8).__array_interface__["data"][0]
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.mlock(ctypes.c_void_p(addr), ctypes.c_size_t(16 * PAGE)) == 0, os.strerror(ctypes.get_errno())
+    s = advm.merge(m)
+    assert s["added"] + s["merged"] == 16, s
+    assert {"dc", "dd", "lo"} <= set(flags(addr + 5 * PAGE)), flags(addr + 5 * PAGE)
+    assert m[:] == want
 
 
 def test_a_forked_child_and_its_parent_keep_their_vcopies_apart() -> None:

@@ -333,3 +333,63 @@ fn adding_a_range_never_holds_it_twice() {
         LEN >> 20
     );
 }
+
+/// The `VmFlags` of the mapping holding `addr` (/proc/self/smaps).
+fn vm_flags(addr: usize) -> Vec<String> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    for line in smaps.lines() {
+        // a mapping's first line starts with its range; its fields with "Name:"
+        let range = line.split_whitespace().next().filter(|w| !w.ends_with(':')).and_then(|r| r.split_once('-'));
+        if let Some((s, e)) = range {
+            if let (Ok(s), Ok(e)) = (usize::from_str_radix(s, 16), usize::from_str_radix(e, 16)) {
+                inside = s <= addr && addr < e;
+                continue;
+            }
+        }
+        if let Some(flags) = line.strip_prefix("VmFlags:").filter(|_| inside) {
+            return flags.split_whitespace().map(String::from).collect();
+        }
+    }
+    panic!("{addr:#x} is not mapped")
+}
+
+/// The merged pages become store mappings, which had none of the marks the program
+/// set on its memory: `MADV_DONTFORK`, `MADV_DONTDUMP` and `mlock` were lost, and a
+/// `MADV_WIPEONFORK` range was no longer wiped in a forked child (which read the
+/// parent's bytes). The first three are set again; a wipe-on-fork range is refused.
+#[test]
+fn a_merge_keeps_the_programs_marks_and_refuses_a_wipe_on_fork_range() {
+    if !fence_ok() {
+        return;
+    }
+    let ps = page_size();
+    let mut c = local(1 << 30);
+    let mut a = Region::new(16 * ps).unwrap();
+    fill(&mut a, 61);
+    let p = a.addr().0 as *mut libc::c_void;
+    // SAFETY: flags and residency of our own mapping; no content changes.
+    unsafe {
+        assert_eq!(libc::madvise(p, 16 * ps, libc::MADV_DONTFORK), 0);
+        assert_eq!(libc::madvise(p, 16 * ps, libc::MADV_DONTDUMP), 0);
+        assert_eq!(libc::mlock(p, 16 * ps), 0);
+    }
+    let want = a.bytes().to_vec();
+    let s = c.merge(a.bytes()).unwrap();
+    assert_eq!(s.added, 16);
+    let flags = vm_flags(a.addr().0 + 3 * ps);
+    for f in ["dc", "dd", "lo"] {
+        assert!(flags.contains(&f.to_string()), "{f} lost: {flags:?}");
+    }
+    assert_eq!(a.bytes(), &want[..]);
+
+    let mut w = Region::new(4 * ps).unwrap();
+    fill(&mut w, 62);
+    let before = w.bytes().to_vec();
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::madvise(w.addr().0 as *mut libc::c_void, 4 * ps, libc::MADV_WIPEONFORK) }, 0);
+    let e = c.merge(w.bytes()).unwrap_err().to_string();
+    assert!(e.contains("is marked MADV_WIPEONFORK, which a merged page (a store mapping) cannot keep"), "{e}");
+    assert_eq!(w.bytes(), &before[..]);
+    assert!(vm_flags(w.addr().0).contains(&"wf".to_string()), "the refused range is left as it was");
+}

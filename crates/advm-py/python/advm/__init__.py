@@ -19,7 +19,7 @@ import json
 import operator
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, SupportsIndex, TypedDict, TypeVar
 
 from . import _advm
 
@@ -100,6 +100,10 @@ def merge(obj: Any) -> MergeStats:
 
     In a forked child (``multiprocessing`` with ``fork``, a preforking server) arrays
     the parent merged before the fork stay shared, and merging them again works.
+
+    Marks set on the memory with ``madvise`` (``MADV_DONTFORK``, ``MADV_DONTDUMP``) or
+    ``mlock`` are set again on the merged pages; a range marked ``MADV_WIPEONFORK``
+    raises ``ValueError`` (a merged page could not be wiped in a forked child).
     """
     objects = _object_type(obj)
     if objects is not None:
@@ -160,7 +164,7 @@ def _object_type(obj: Any) -> str | None:
     return fmt if "O" in re.sub(":[^:]*:", "", fmt) else None
 
 
-def stat(pid: int | Iterable[int]) -> dict[str, Any]:
+def stat(pid: SupportsIndex | Iterable[SupportsIndex]) -> dict[str, Any]:
     """The ``advm stat`` figures of process ``pid``, or of several processes measured
     together, as a dict: ``physical_bytes`` (distinct physical pages; a page the
     processes share counts once, so the figure of a list of workers shows what merging

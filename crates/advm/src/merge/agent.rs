@@ -652,7 +652,7 @@ pub fn merge_process_with(min_bytes: u64, add_new: bool) -> Result<ProcessMerge>
 }
 
 /// The `VmFlags` of each mapping in /proc/PID/smaps text, by its start address.
-fn vm_flags(smaps: &str) -> std::collections::HashMap<usize, String> {
+pub(super) fn vm_flags(smaps: &str) -> std::collections::HashMap<usize, String> {
     let mut out = std::collections::HashMap::new();
     let mut start = None;
     for line in smaps.lines() {

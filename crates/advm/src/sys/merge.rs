@@ -176,6 +176,46 @@ impl Drop for WriteFence {
     }
 }
 
+/// What a program set on a private anonymous mapping with `madvise` or `mlock` (its
+/// `VmFlags` in /proc/PID/smaps: `wf`, `dc`, `dd`, `lo`), which the store mappings a
+/// merge puts over its pages do not inherit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Marks {
+    /// `MADV_WIPEONFORK`: a file mapping cannot have it, so such a range is not merged.
+    pub wipe_on_fork: bool,
+    /// `MADV_DONTFORK`.
+    pub dont_fork: bool,
+    /// `MADV_DONTDUMP`.
+    pub dont_dump: bool,
+    /// `mlock`ed.
+    pub locked: bool,
+}
+
+impl Marks {
+    /// From the `VmFlags:` line's two-letter flags.
+    pub fn from_vm_flags(flags: &str) -> Self {
+        let has = |f: &str| flags.split_whitespace().any(|x| x == f);
+        Self { wipe_on_fork: has("wf"), dont_fork: has("dc"), dont_dump: has("dd"), locked: has("lo") }
+    }
+
+    /// Sets the marks a mapping can have again on `[addr, addr+len)` (all but
+    /// `wipe_on_fork`): flags and residency only, no content changes.
+    pub fn restore(self, addr: usize, len: usize) -> SysResult<()> {
+        use super::mman::Advice;
+        for (on, advice) in [(self.dont_fork, Advice::LinuxDontFork), (self.dont_dump, Advice::LinuxDontDump)] {
+            if on {
+                // SAFETY: these advices change a mapping's flags, never its content.
+                unsafe { mman::madvise(addr as *mut u8, len, advice) }?;
+            }
+        }
+        if self.locked {
+            // SAFETY: mlock faults pages in and keeps them resident; no content changes.
+            unsafe { rustix::mm::mlock(addr as *mut std::ffi::c_void, len) }.map_err(|e| SysError::new("mlock", e))?;
+        }
+        Ok(())
+    }
+}
+
 /// Maps `len` bytes of `fd` from `offset` over `[addr, addr+len)`, private
 /// (copy-on-write), readable and, when `writable`, writable.
 ///

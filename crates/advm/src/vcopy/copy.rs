@@ -295,6 +295,26 @@ impl Inner {
             return Ok(0);
         }
 
+        // Another thread may write the source meanwhile: a write landing between a
+        // run's re-home (its bytes read into fresh pages) and its remap would be lost
+        // with the old page. Such writers wait at a fence until the source is remapped
+        // (then their write lands in the new view); where there is no fence
+        // (userfaultfd refused), the copy is made by memcpy.
+        let res = std::sync::Arc::clone(&self.res);
+        let fence = match (rehome.first(), rehome.last()) {
+            (Some(&(first, _, _)), Some(&(last, len, _))) if !self.no_other_writer() => {
+                match res.fence_writes((skey + sidx + first) * ps, (last + len - first) * ps) {
+                    Ok(fence) => Some(fence),
+                    Err(_) => {
+                        self.decref(&fresh)?;
+                        self.memcpy(base + (dkey + didx) * ps, base + (skey + sidx) * ps, n * ps)?;
+                        return Ok(0);
+                    }
+                }
+            }
+            _ => None,
+        };
+
         // Re-home written pages: their bytes go into the fresh memfd pages.
         for &(i, len, fr) in &rehome {
             let written =
@@ -332,6 +352,7 @@ impl Inner {
         self.set_frames(skey, &applied);
         self.decref(&dropped)?;
         self.decref(&unused)?;
+        drop(fence);
         if src_done < src_runs.len() {
             self.memcpy(base + (dkey + didx) * ps, base + (skey + sidx) * ps, n * ps)?;
             return Ok(0);

@@ -434,7 +434,7 @@ impl Inner {
 
     /// True when no thread of this process but the caller and this arena's reaper
     /// exists (`num_threads`, field 20 of /proc/self/stat), so none can write a block.
-    fn no_other_writer(&self) -> bool {
+    pub(super) fn no_other_writer(&self) -> bool {
         #[cfg(test)]
         if self.sole_writer {
             return true;

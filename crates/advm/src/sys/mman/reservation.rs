@@ -24,6 +24,14 @@ pub struct Reservation {
     map: Mapping,
 }
 
+/// Writers of part of a [`Reservation`] wait while this lives
+/// ([`Reservation::fence_writes`]); dropping it lets them go on.
+#[derive(Debug)]
+pub struct Fence<'a> {
+    _fence: crate::sys::merge::WriteFence,
+    _res: std::marker::PhantomData<&'a Reservation>,
+}
+
 impl Reservation {
     /// Reserves `len` bytes (page aligned, nonzero) of address space: one `PROT_NONE`,
     /// `MAP_NORESERVE` VMA that costs no memory.
@@ -164,6 +172,21 @@ impl Reservation {
         // SAFETY: the range lies inside the reservation (checked), mapped by the owner.
         unsafe { std::ptr::copy(self.map.as_ptr().add(off), buf.as_mut_ptr(), buf.len()) };
         Ok(())
+    }
+
+    /// Makes every thread that writes `[off, off+len)` wait until the returned fence is
+    /// dropped (userfaultfd write protection, as a merge's fence), so the owner can read
+    /// the bytes and replace their mappings while nobody changes them; a waiting write is
+    /// retried, once the fence goes, against whatever is mapped then. The calling thread
+    /// must not write the range while the fence lives: it would wait for ever.
+    pub fn fence_writes(&self, off: usize, len: usize) -> SysResult<Fence<'_>> {
+        let addr = self.range("userfaultfd(WP)", off, len)?;
+        // SAFETY: the range lies inside the reservation, which keeps every byte of it
+        // mapped (a memfd or PROT_NONE) for as long as it lives, and the fence borrows
+        // the reservation; not writing it meanwhile is this method's documented rule
+        // (breaking it hangs the thread, no memory is misused).
+        let fence = unsafe { crate::sys::merge::WriteFence::new(addr as usize, len) }?;
+        Ok(Fence { _fence: fence, _res: std::marker::PhantomData })
     }
 
     /// Writes the `len` bytes mapped at `off` into `fd` at `file_off` (`pwrite` loop):
