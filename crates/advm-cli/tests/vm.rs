@@ -615,12 +615,6 @@ fn a_pmem_guest_boots_under_the_emulator_with_a_read_only_root_on_dax_no_page_ca
     assert!(kib < 1024, "the guest caches its files: {cached}");
 }
 
-#[test]
-fn json_without_cgroup_is_refused_naming_cgroup() {
-    let (okay, e) = advm(&["vm", "run", "--image", "/g/app.qcow2", "--json"]);
-    assert!(!okay && e.contains("--cgroup"), "{e}");
-}
-
 /// `--cgroup` on a VM refused before QEMU starts: the refusal alone, no report of a
 /// group that never held QEMU (one of zeros was printed before the error, as if a VM
 /// had been measured).
@@ -637,9 +631,14 @@ fn a_vm_refused_before_qemu_starts_reports_no_cgroup() {
         if json {
             args.push("--json");
         }
-        let (okay, e) = advm(&args);
-        assert!(!okay && e.contains("kernel /nonexistent: not found"), "{e}");
+        let out = Command::new(ADVM).args(&args).output().unwrap();
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && e.contains("kernel /nonexistent: not found"), "{e}");
         assert!(!e.contains("memory cgroup") && !e.contains("\"samples\""), "json {json}: {e}");
+        if json {
+            let exit: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert!(exit["event"] == "exit" && exit["started"] == false && exit["cgroup"].is_null(), "{exit}");
+        }
     }
 }
 
@@ -867,6 +866,112 @@ fn after_ready_a_layer_written_in_place_is_reported_and_qemus_failure_is_advms()
     advm::process::terminate(vm.id()).unwrap();
     let (status, err, kept) = finish(vm);
     assert!(status.success() && !kept && !err.contains("written in place"), "{status}: {err}");
+}
+
+/// `--json`: every report is one JSON object on a line of stdout (with `--cgroup`, as
+/// root, the group's at ready and after QEMU exited), ending with an `exit` event that
+/// says how the run ended, also when QEMU failed after ready or the VM was refused
+/// before it started; stderr holds no report (it had the cgroup's line at ready and
+/// the console's, and `--json` needed `--cgroup`). QEMU is a stand-in ([`FAKE_QEMU`]).
+#[test]
+fn json_reports_one_object_per_line_on_stdout_and_an_exit_event_last() {
+    if !have("python3") {
+        return;
+    }
+    let d = dir("json-events");
+    boot_files(&d.0);
+    std::fs::write(d.0.join("disk.raw"), vec![0u8; 1 << 20]).unwrap();
+    let qemu = stand_in_qemu(&d.0, FAKE_QEMU);
+    let stop = d.0.join("stop");
+    let cgroup = advm::process::is_root();
+    let spawn = |extra: &[&str]| {
+        Command::new(ADVM)
+            .args(["vm", "run", "--json", "--image", d.0.join("disk.raw").to_str().unwrap(), "--accel", "tcg"])
+            .args(["--qemu", qemu.to_str().unwrap()])
+            .args(extra)
+            .env("ADVM_SOCKET", d.0.join("no-advmd.sock"))
+            .env("FAKE_QEMU_STOP", &stop)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let events = |out: &[u8]| -> Vec<serde_json::Value> {
+        let text = String::from_utf8_lossy(out);
+        text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?} in {text}"))).collect()
+    };
+    let names =
+        |ev: &[serde_json::Value]| ev.iter().map(|e| e["event"].as_str().unwrap().to_string()).collect::<Vec<_>>();
+    // pmem: ready, the layer written in place, QEMU failing after ready
+    let mut vm = spawn(if cgroup { &["--disk", "pmem", "--cgroup"] } else { &["--disk", "pmem"] });
+    let mut out = BufReader::new(vm.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    if !first.contains("\"ready\"") {
+        let mut err = vm.stderr.take().unwrap();
+        give_up(&mut vm, &mut err, &format!("no ready event ({first:?}): "));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    std::fs::OpenOptions::new().write(true).open(d.0.join("disk.raw")).unwrap().write_all_at(b"new", 4096).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    std::fs::write(&stop, b"").unwrap();
+    let mut rest = Vec::new();
+    out.read_to_end(&mut rest).unwrap();
+    let mut err = String::new();
+    vm.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    let status = vm.wait().unwrap();
+    let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("advm-vm-{}", vm.id())));
+    let ev = events(&[first.as_bytes(), &rest].concat());
+    let want: &[&str] = if cgroup {
+        &["ready", "cgroup_at_ready", "layer_written", "exit"]
+    } else {
+        &["ready", "layer_written", "exit"]
+    };
+    assert_eq!(names(&ev), want, "{ev:?}\n{err}");
+    let ready = &ev[0];
+    assert_eq!(ready["answer"], "fake guest", "{ready}");
+    assert_eq!(ready["url"], format!("http://127.0.0.1:{}/", ready["port"]), "{ready}");
+    assert!(ready["after_ms"].is_u64() && ready["qemu_pid"].is_u64(), "{ready}");
+    assert_eq!(ready["vm"], vm.id(), "the pid `advm vm dump --vm` takes: {ready}");
+    assert!(ready["console"].as_str().unwrap().ends_with("/console.log"), "{ready}");
+    let written = &ev[want.len() - 2];
+    assert!(written["layer"].as_str().unwrap().ends_with("disk.raw") && written["data_file"].is_null(), "{written}");
+    let exit = ev.last().unwrap();
+    assert!(!status.success() && exit["ok"] == false && exit["ready"] == true && exit["started"] == true, "{exit}");
+    assert_eq!(exit["qemu_exit_code"], 3, "{exit}");
+    assert!(exit["error"].as_str().unwrap().contains("after the guest's service had answered"), "{exit}");
+    assert!(exit["kept"].as_str().unwrap().ends_with(&format!("advm-vm-{}", vm.id())), "{exit}");
+    if cgroup {
+        assert!(ev[1]["anon_shmem_bytes"].is_u64() && ev[1]["group"].is_string(), "{}", ev[1]);
+        assert!(exit["cgroup"]["samples"].as_u64().unwrap() > 0, "{exit}");
+    }
+    // every event and field is in docs/vm.md's table
+    let docs = include_str!("../../../docs/vm.md");
+    let table = &docs[docs.find("### Reports for scripts: `--json`").unwrap()..];
+    for e in &ev {
+        let missing: Vec<&String> =
+            e.as_object().unwrap().keys().filter(|k| !table.contains(&format!("`{k}`"))).collect();
+        assert!(missing.is_empty() && table.contains(&format!("`{}`", e["event"].as_str().unwrap())), "{missing:?}");
+    }
+    // stderr: the error and where the logs are, no report
+    for report in ["ready", "console: ", "at ready", "written in place", "\"samples\"", "anon+shmem"] {
+        assert!(!err.contains(report), "{report:?} on stderr under --json: {err}");
+    }
+    // blk, --exit-when-ready: ready, then exit (advm stopped QEMU)
+    std::fs::remove_file(&stop).unwrap();
+    let out = spawn(&["--disk", "blk", "--exit-when-ready"]).wait_with_output().unwrap();
+    let ev = events(&out.stdout);
+    assert_eq!(names(&ev), ["ready", "exit"], "{ev:?}");
+    let exit = &ev[1];
+    assert!(out.status.success() && exit["ok"] == true && exit["error"].is_null() && exit["kept"].is_null(), "{exit}");
+    assert_eq!(exit["qemu_signal"], 9, "{exit}");
+    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+    // refused before QEMU starts: the exit event alone
+    let out = spawn(&["--kernel", "/nonexistent"]).wait_with_output().unwrap();
+    let ev = events(&out.stdout);
+    assert_eq!(names(&ev), ["exit"], "{ev:?}");
+    assert!(!out.status.success() && ev[0]["started"] == false && ev[0]["ready"] == false, "{}", ev[0]);
+    assert!(ev[0]["error"].as_str().unwrap().contains("kernel /nonexistent: not found"), "{}", ev[0]);
 }
 
 /// Ctrl-C or SIGTERM while the guest boots stops the VM on request: exit status 0, no

@@ -144,8 +144,10 @@ pub struct RunArgs {
     /// group holds and what it does not).
     #[arg(long)]
     pub cgroup: bool,
-    /// With --cgroup: print its report after QEMU exits as JSON (on stderr).
-    #[arg(long, requires = "cgroup")]
+    /// Report on stdout as JSON, one object per line and event (`ready`,
+    /// `cgroup_at_ready`, `merged`, `layer_written`, and `exit` last, with the --cgroup
+    /// report); stderr keeps only notes and the error (docs/vm.md).
+    #[arg(long)]
     pub json: bool,
     /// The QEMU program.
     #[arg(long, default_value = "qemu-system-x86_64")]
@@ -169,7 +171,19 @@ pub struct Vm {
     /// external data file's), and whether a change was reported: [`Vm::check_layers`].
     image: Image,
     stamps: Vec<(LayerStamp, Option<LayerStamp>, bool)>,
+    /// `--json`: reports are [`event`] lines.
+    json: bool,
     _backing: Option<PmemBacking>,
+}
+
+/// One `--json` report: the object `fields` with `"event": name`, as one line on stdout.
+/// A reader that has gone (`| head -1`) does not stop the VM: it runs on until killed.
+fn event(name: &str, fields: serde_json::Value) {
+    let mut v = serde_json::json!({ "event": name });
+    if let (Some(o), serde_json::Value::Object(f)) = (v.as_object_mut(), fields) {
+        o.extend(f);
+    }
+    let _ = crate::write_out(format_args!("{v}\n"));
 }
 
 /// Guest RAM the guest of `advm vm image build` boots and answers in, measured for both
@@ -608,7 +622,18 @@ pub fn start(args: &RunArgs, workdir: &Path, group: Option<&Group>) -> Result<Vm
         .iter()
         .map(|l| Ok::<_, advm::Error>((l.stamp()?, l.data_stamp()?, false)))
         .collect::<Result<_, _>>()?;
-    Ok(Vm { child, port, console, qemu_log, started, mem_mib: args.mem, image, stamps, _backing: backing })
+    Ok(Vm {
+        child,
+        port,
+        console,
+        qemu_log,
+        started,
+        mem_mib: args.mem,
+        image,
+        stamps,
+        json: args.json,
+        _backing: backing,
+    })
 }
 
 /// The last `n` lines of a file.
@@ -677,18 +702,22 @@ impl Vm {
                 (Some(then), Ok(Some(now))) => then.changed_in_place(&now),
                 _ => false,
             };
-            let what = if layer.stamp().is_ok_and(|now| then.changed_in_place(&now)) {
-                format!("layer {}", layer.path().display())
+            let data_file = if layer.stamp().is_ok_and(|now| then.changed_in_place(&now)) {
+                None
             } else if data_changed() {
-                format!(
-                    "the external data file {} of layer {}",
-                    layer.data_file().map_or(String::new(), |p| p.display().to_string()),
-                    layer.path().display()
-                )
+                layer.data_file()
             } else {
                 continue;
             };
             *told = true;
+            if self.json {
+                event("layer_written", serde_json::json!({ "layer": layer.path(), "data_file": data_file }));
+                continue;
+            }
+            let what = match data_file {
+                None => format!("layer {}", layer.path().display()),
+                Some(p) => format!("the external data file {} of layer {}", p.display(), layer.path().display()),
+            };
             eprintln!(
                 "advm vm run: warning: {what} was written in place while the VM runs; the guest may read the new \
                  bytes under a filesystem that did not write them (stop the VM; change a chain only by new files: \
@@ -715,10 +744,14 @@ impl Vm {
         memory_hint(&console, self.mem_mib).map(|h| format!("\nhint: {h}")).unwrap_or_default()
     }
 
-    /// Stops QEMU (SIGKILL: its state is disposable) and reaps it.
-    pub fn stop(mut self) {
+    /// Stops QEMU (SIGKILL: its state is disposable) unless it has ended, and reaps it:
+    /// its exit status.
+    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            return Some(status);
+        }
         let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.wait().ok()
     }
 }
 
@@ -727,9 +760,42 @@ pub fn workdir_of(pid: u32) -> PathBuf {
     std::env::temp_dir().join(format!("advm-vm-{pid}"))
 }
 
+/// How a run went, for `--json`'s `exit` event.
+#[derive(Default)]
+struct End {
+    /// QEMU was started (a run refused before has no cgroup report).
+    started: bool,
+    /// The guest's service answered.
+    ready: bool,
+    /// QEMU's status, once advm saw it end.
+    qemu: Option<std::process::ExitStatus>,
+    /// `--cgroup --json`: the group's report, after QEMU exited.
+    cgroup: Option<advm::stats::cgroup::Summary>,
+}
+
+/// `--json`'s last line: how the run ended (`result`), and with `--cgroup` its report.
+fn exit_event(end: &End, result: &Result<bool, CliError>, kept: Option<&Path>) {
+    use std::os::unix::process::ExitStatusExt;
+    event(
+        "exit",
+        serde_json::json!({
+            "ok": result.is_ok(),
+            "error": result.as_ref().err().map(ToString::to_string),
+            "started": end.started,
+            "ready": end.ready,
+            "signal": advm::process::ForwardSignals::last_received(),
+            "qemu_exit_code": end.qemu.and_then(|s| s.code()),
+            "qemu_signal": end.qemu.and_then(|s| s.signal()),
+            "kept": kept,
+            "cgroup": end.cgroup,
+        }),
+    );
+}
+
 /// Runs `advm vm run`. The work directory (console, logs, dump scratch) goes when the
 /// VM ends cleanly or is stopped by a signal, and stays, named on stderr, when anything
-/// else failed.
+/// else failed. With `--json` the last line on stdout is an `exit` event, whatever
+/// happened after the arguments were read.
 pub fn run(args: RunArgs) -> Result<(), CliError> {
     if !(args.merge_after.is_finite() && (0.0..=3600.0).contains(&args.merge_after)) {
         return Err(usage(format!("--merge-after {}: expected seconds from 0 to 3600", args.merge_after)));
@@ -738,20 +804,9 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         return Err(usage(format!("--boot-lookup-every {}: expected seconds from 0 to 3600", args.boot_lookup_every)));
     }
     let work = workdir_of(std::process::id());
-    let group = if args.cgroup { Some(Group::create("vm")?) } else { None };
-    let sampler = group.as_ref().map(|g| g.sample_every(DEFAULT_INTERVAL));
-    let started = std::cell::Cell::new(false);
-    let result = run_in(&args, &work, group.as_ref(), &started);
-    if let (Some(g), Some(sampler)) = (group, sampler) {
-        if started.get() {
-            crate::run_cmd::report_cgroup("advm vm run", g, sampler, args.json)?;
-        } else {
-            // Refused before QEMU started: the group never held it, and a report of
-            // zeros printed before the refusal read as a measured VM.
-            let _ = sampler.stop();
-            g.release()?;
-        }
-    }
+    let mut end = End::default();
+    let result = run_measured(&args, &work, &mut end);
+    let mut kept = None;
     match &result {
         // also when stopped on request (Ctrl-C, a benchmark ending): nothing to look into
         Ok(true) => {
@@ -760,25 +815,62 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         _ if advm::process::ForwardSignals::last_received().is_some() => {
             let _ = std::fs::remove_dir_all(&work);
         }
-        _ if work.exists() => eprintln!("advm vm run: console and logs kept in {}", work.display()),
+        _ if work.exists() => {
+            eprintln!("advm vm run: console and logs kept in {}", work.display());
+            kept = Some(work.as_path());
+        }
         _ => {}
+    }
+    if args.json {
+        exit_event(&end, &result, kept);
     }
     result.map(|_| ())
 }
 
-/// Runs the VM in `work`; true when it ended cleanly. `started` is set once QEMU runs.
-fn run_in(
-    args: &RunArgs,
-    work: &Path,
-    group: Option<&Group>,
-    started: &std::cell::Cell<bool>,
-) -> Result<bool, CliError> {
+/// [`run_in`] inside `--cgroup`'s group, whose report follows: on stderr, or with
+/// `--json` in `end` for the `exit` event.
+fn run_measured(args: &RunArgs, work: &Path, end: &mut End) -> Result<bool, CliError> {
+    let group = if args.cgroup { Some(Group::create("vm")?) } else { None };
+    let sampler = group.as_ref().map(|g| g.sample_every(DEFAULT_INTERVAL));
+    let result = run_in(args, work, group.as_ref(), end);
+    if let (Some(g), Some(sampler)) = (group, sampler) {
+        if !end.started {
+            // Refused before QEMU started: the group never held it, and a report of
+            // zeros printed before the refusal read as a measured VM.
+            let _ = sampler.stop();
+            g.release()?;
+        } else if args.json {
+            end.cgroup = Some(sampler.stop()?);
+            g.release()?;
+        } else {
+            crate::run_cmd::report_cgroup("advm vm run", g, sampler, false)?;
+        }
+    }
+    result
+}
+
+/// Runs the VM in `work`; true when it ended cleanly. QEMU is stopped whatever failed.
+fn run_in(args: &RunArgs, work: &Path, group: Option<&Group>, end: &mut End) -> Result<bool, CliError> {
     // Held from before QEMU starts: a SIGTERM while it starts still lets the KSM
     // settings be restored.
     let signals = advm::process::ForwardSignals::hold()?;
     let _ksm = if args.ksm { Some(advm::ksm::Session::start(1000, 20)?) } else { None };
     let mut vm = start(args, work, group)?;
-    started.set(true);
+    end.started = true;
+    let result = drive(args, &mut vm, group, signals, end);
+    end.qemu = vm.stop();
+    result
+}
+
+/// Waits for the guest to answer, reports it, merges it (`--merge`) and waits for QEMU
+/// to exit (or stops it: `--exit-when-ready`).
+fn drive(
+    args: &RunArgs,
+    vm: &mut Vm,
+    group: Option<&Group>,
+    signals: advm::process::ForwardSignals,
+    end: &mut End,
+) -> Result<bool, CliError> {
     signals.child(vm.child.id())?;
     let lookups = (args.merge && args.boot_lookup_every > 0.0)
         .then(|| BootLookups::start(vm.child.id(), Duration::from_secs_f64(args.boot_lookup_every)));
@@ -789,46 +881,69 @@ fn run_in(
         Err(_) if advm::process::ForwardSignals::last_received().is_some() => {
             drop(signals);
             vm.stop();
-            eprintln!("advm vm run: stopped before the guest's service answered");
+            if !args.json {
+                eprintln!("advm vm run: stopped before the guest's service answered");
+            }
             return Ok(false);
         }
         Err(e) => return Err(e),
     };
-    // The VM runs on when the reader of stdout has gone (`| head -1`): until killed.
-    let _ = crate::write_out(format_args!(
-        "ready: http://127.0.0.1:{}/ answered after {} ms ({})\n",
-        vm.port,
-        t.as_millis(),
-        body
-    ));
-    eprintln!("console: {}; dump with `advm vm dump --vm {}`", vm.console.display(), std::process::id());
+    end.ready = true;
+    let url = format!("http://127.0.0.1:{}/", vm.port);
+    let me = std::process::id();
+    if args.json {
+        event(
+            "ready",
+            serde_json::json!({
+                "url": url,
+                "port": vm.port,
+                "after_ms": t.as_millis() as u64,
+                "answer": body,
+                "console": vm.console,
+                "vm": me,
+                "qemu_pid": vm.child.id(),
+            }),
+        );
+    } else {
+        // The VM runs on when the reader of stdout has gone (`| head -1`): until killed.
+        let _ = crate::write_out(format_args!("ready: {url} answered after {} ms ({body})\n", t.as_millis()));
+        eprintln!("console: {}; dump with `advm vm dump --vm {me}`", vm.console.display());
+    }
     if let Some(g) = group {
         let u = g.usage()?;
-        eprintln!(
-            "advm vm run: memory cgroup {} at ready: anon+shmem {}, page cache {}",
-            g.path().display(),
-            advm_bench::fmt_bytes(u.anon_shmem_bytes()),
-            advm_bench::fmt_bytes(u.page_cache_bytes)
-        );
+        if args.json {
+            event(
+                "cgroup_at_ready",
+                serde_json::json!({
+                    "group": g.path(),
+                    "anon_bytes": u.anon_bytes,
+                    "shmem_bytes": u.shmem_bytes,
+                    "anon_shmem_bytes": u.anon_shmem_bytes(),
+                    "page_cache_bytes": u.page_cache_bytes,
+                }),
+            );
+        } else {
+            eprintln!(
+                "advm vm run: memory cgroup {} at ready: anon+shmem {}, page cache {}",
+                g.path().display(),
+                advm_bench::fmt_bytes(u.anon_shmem_bytes()),
+                advm_bench::fmt_bytes(u.page_cache_bytes)
+            );
+        }
     }
     if args.merge {
         std::thread::sleep(Duration::from_secs_f64(args.merge_after));
         drop(lookups);
         // A VM stopped meanwhile (a signal forwarded to QEMU) ends as it would unmerged.
         if vm.child.try_wait().map_err(|e| CliError::Io("waiting for QEMU".into(), e))?.is_none() {
-            let merged = merge_guest(vm.child.id()).and_then(|m| match get(vm.port) {
+            let m = merge_guest(vm.child.id()).and_then(|m| match get(vm.port) {
                 Some(_) => Ok(m),
                 None => Err(usage("the guest's service stopped answering after its RAM was merged".into())),
-            });
-            match merged {
-                Ok(m) => {
-                    let _ = crate::write_out(format_args!("merged: {m}\n"));
-                }
-                Err(e) => {
-                    drop(signals);
-                    vm.stop();
-                    return Err(e);
-                }
+            })?;
+            if args.json {
+                event("merged", m);
+            } else {
+                let _ = crate::write_out(format_args!("merged: {m}\n"));
             }
         }
     }
@@ -839,7 +954,9 @@ fn run_in(
     }
     let status = vm.wait()?;
     drop(signals);
-    eprintln!("advm vm run: QEMU exited ({status})");
+    if !args.json {
+        eprintln!("advm vm run: QEMU exited ({status})");
+    }
     // Stopped on request (Ctrl-C, SIGTERM, SIGHUP), QEMU exits 0, and so does advm. It
     // said nothing when QEMU failed or was killed later (its status was only printed):
     // a script or a supervisor saw success.
