@@ -974,6 +974,69 @@ fn json_reports_one_object_per_line_on_stdout_and_an_exit_event_last() {
     assert!(ev[0]["error"].as_str().unwrap().contains("kernel /nonexistent: not found"), "{}", ev[0]);
 }
 
+/// Stands in for QEMU: writes the pmem device, mapped as QEMU maps its backend file
+/// (`share=off`, under the shim), or the `-drive` option of a blk disk to
+/// `$FAKE_QEMU_OUT`, then answers HTTP on the forwarded port.
+const DEVICE_QEMU: &str = r#"#!/usr/bin/env python3
+import mmap, os, re, socket, sys
+out = open(os.environ["FAKE_QEMU_OUT"], "wb")
+for a in sys.argv:
+    if a.startswith("memory-backend-file,"):
+        o = dict(kv.split("=", 1) for kv in a.split(",")[1:])
+        m = mmap.mmap(os.open(o["mem-path"], os.O_RDWR), int(o["size"]), mmap.MAP_PRIVATE)
+        out.write(m[:])
+    if a.startswith("file="):
+        out.write(a.encode())
+out.close()
+port = int(re.search(r"hostfwd=tcp:127.0.0.1:(\d+)-", " ".join(sys.argv)).group(1))
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", port))
+s.listen()
+while True:
+    c, _ = s.accept()
+    c.recv(4096)
+    c.sendall(b"HTTP/1.0 200 OK\r\n\r\nfake guest\n")
+    c.close()
+"#;
+
+/// An image on a block device (an LVM volume) is a disk for `advm vm run` (it said
+/// "image /dev/loop0: not found", and a raw layer there failed to map with
+/// "lseek(SEEK_DATA): Invalid argument"): pmem maps its bytes, blk hands QEMU the
+/// device as a raw disk. QEMU is a stand-in ([`DEVICE_QEMU`]); needs a loop device (root).
+#[test]
+fn an_image_on_a_block_device_runs_under_pmem_and_blk() {
+    if !have("python3") {
+        return;
+    }
+    let d = dir("block-device");
+    boot_files(&d.0);
+    let disk: Vec<u8> = (0..1u32 << 20).map(|i| (i / 4096 % 251) as u8).collect();
+    std::fs::write(d.0.join("disk.raw"), &disk).unwrap();
+    let Some(lo) = common::qemu::LoopDevice::attach(&d.0.join("disk.raw"), true) else { return };
+    let qemu = stand_in_qemu(&d.0, DEVICE_QEMU);
+    let got = d.0.join("device");
+    for kind in ["pmem", "blk"] {
+        let out = Command::new(ADVM)
+            .args(["vm", "run", "--image", &lo.0, "--disk", kind, "--accel", "tcg", "--exit-when-ready"])
+            .args(["--qemu", qemu.to_str().unwrap(), "--kernel", d.0.join("vmlinuz").to_str().unwrap()])
+            .args(["--initrd", d.0.join("initrd.img").to_str().unwrap()])
+            .env("ADVM_SOCKET", d.0.join("no-advmd.sock"))
+            .env("FAKE_QEMU_OUT", &got)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{kind}: {}", String::from_utf8_lossy(&out.stderr));
+        let device = std::fs::read(&got).unwrap();
+        if kind == "pmem" {
+            assert_eq!(device.len(), 2 << 20, "the device: the disk rounded up to 2 MiB");
+            assert!(device[..disk.len()] == disk[..], "the pmem device reads otherwise than {}", lo.0);
+        } else {
+            let drive = String::from_utf8(device).unwrap();
+            assert!(drive.starts_with(&format!("file={},if=none", lo.0)) && drive.contains(",format=raw,"), "{drive}");
+        }
+    }
+}
+
 /// Ctrl-C or SIGTERM while the guest boots stops the VM on request: exit status 0, no
 /// error and no work directory (advm said "QEMU exited ... before the guest's service
 /// answered" with an empty console tail and exited 1, as for a guest that failed). QEMU

@@ -288,8 +288,9 @@ pub fn accel(requested: &str) -> Result<Accel, CliError> {
 
 /// Checks what a VM needs before anything starts: the image, QEMU, kernel, initrd.
 pub fn preflight(image: &Path, qemu: &str, kernel: &Path, initrd: &Path) -> Result<(), CliError> {
-    // First: the kernel and initrd default to files beside it.
-    if !image.is_file() {
+    // First: the kernel and initrd default to files beside it. A block device (an LVM
+    // volume) is an image too; what is neither is refused by name when it is opened.
+    if !image.exists() {
         return Err(usage(format!("image {}: not found (--image names the chain's top qcow2 layer)", image.display())));
     }
     let found = if qemu.contains('/') {
