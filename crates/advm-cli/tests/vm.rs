@@ -1037,6 +1037,106 @@ fn an_image_on_a_block_device_runs_under_pmem_and_blk() {
     }
 }
 
+/// A disk whose pmem device's page structures (64 bytes per 4 KiB page, in guest RAM)
+/// would not fit in the guest is refused under pmem before QEMU starts, saying so (a
+/// 16 GiB disk under a 160 MiB guest ran out of memory while booting, with a hint that
+/// the guest needs 112 MiB; a 1 TiB one failed in QEMU: "Cannot allocate memory", then
+/// "phys-bits too low"); blk takes it.
+#[test]
+fn a_disk_too_large_for_a_pmem_device_in_the_guests_ram_is_refused_naming_mem() {
+    if !have("qemu-img") {
+        return;
+    }
+    let d = dir("huge-disk");
+    boot_files(&d.0);
+    run(&d.0, "qemu-img", &["create", "-q", "-f", "qcow2", "huge.qcow2", "1T"]);
+    let qemu = stand_in_qemu(&d.0, "#!/bin/sh\nexec sleep 60\n");
+    let vm_run = |disk: &str| {
+        Command::new(ADVM)
+            .args(["vm", "run", "--image", d.0.join("huge.qcow2").to_str().unwrap(), "--disk", disk])
+            .args(["--accel", "tcg", "--mem", "1024", "--timeout", "1", "--qemu", qemu.to_str().unwrap()])
+            .env("ADVM_SOCKET", d.0.join("no-advmd.sock"))
+            .output()
+            .unwrap()
+    };
+    let out = vm_run("pmem");
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{e}");
+    assert!(
+        e.contains(
+            "--disk pmem: the guest's kernel needs 16384 MiB of its RAM for the page structures of the \
+             1099511627776-byte disk (64 bytes per 4 KiB page of the device), more than --mem 1024; give it --mem \
+             16488 or more (the guest of `advm vm image build`), or use --disk blk"
+        ),
+        "{e}"
+    );
+    assert!(!e.contains("kept in"), "refused before anything started: {e}");
+    // blk: QEMU starts (the stand-in never answers: the timeout ends it)
+    let out = vm_run("blk");
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("did not answer within 1 s"), "{e}");
+    let kept = e.lines().find_map(|l| l.strip_prefix("advm vm run: console and logs kept in ")).unwrap();
+    std::fs::remove_dir_all(kept).unwrap();
+}
+
+/// An encrypted layer is refused before QEMU starts under both disks, naming it: pmem
+/// cannot decrypt its data, and blk's QEMU needs its key, which advm cannot give it
+/// (QEMU failed once started: "Parameter 'encrypt.key-secret' is required for cipher").
+#[test]
+fn an_encrypted_layer_is_refused_before_qemu_starts_under_either_disk() {
+    if !have("qemu-img") || !have("qemu-io") {
+        return;
+    }
+    let d = dir("encrypted");
+    boot_files(&d.0);
+    let secret = ["--object", "secret,id=k,data=pw"];
+    run(
+        &d.0,
+        "qemu-img",
+        &[
+            &["create", "-q", "-f", "qcow2"],
+            &secret[..],
+            &["-o", "encrypt.format=luks,encrypt.key-secret=k,encrypt.iter-time=10", "top.qcow2", "1M"],
+        ]
+        .concat(),
+    );
+    run(
+        &d.0,
+        "qemu-io",
+        &[
+            &secret[..],
+            &["--image-opts", "-c", "write -P 0x44 0 64k", "driver=qcow2,file.filename=top.qcow2,encrypt.key-secret=k"],
+        ]
+        .concat(),
+    );
+    let qemu = stand_in_qemu(&d.0, "#!/bin/sh\nexec sleep 60\n");
+    let top = d.0.join("top.qcow2");
+    for (disk, want) in [
+        (
+            "pmem",
+            "top.qcow2: cannot map guest 0x0+65536 (layer 0): layer is encrypted (LUKS); decryption is not supported"
+                .to_string(),
+        ),
+        (
+            "blk",
+            format!(
+                "--disk blk: layer {} is encrypted (LUKS) and QEMU opens it only with its key, which advm vm run cannot \
+                 give it; decrypt the chain first",
+                top.display()
+            ),
+        ),
+    ] {
+        let out = Command::new(ADVM)
+            .args(["vm", "run", "--image", top.to_str().unwrap(), "--disk", disk, "--accel", "tcg"])
+            .args(["--timeout", "1", "--qemu", qemu.to_str().unwrap()])
+            .env("ADVM_SOCKET", d.0.join("no-advmd.sock"))
+            .output()
+            .unwrap();
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && e.contains(&want) && !e.contains("kept in"), "{disk}: {e}");
+    }
+}
+
 /// Ctrl-C or SIGTERM while the guest boots stops the VM on request: exit status 0, no
 /// error and no work directory (advm said "QEMU exited ... before the guest's service
 /// answered" with an empty console tail and exited 1, as for a guest that failed). QEMU

@@ -1072,7 +1072,7 @@ fn a_raw_layer_on_a_block_device_maps_as_qemu_reads_it() {
     for image in [dev.as_str(), "top.qcow2"] {
         let map = Image::open_with(d.join(image), &outside).unwrap().extent_map().unwrap();
         assert_eq!(map.size, 1 << 20, "{image}: {map:?}");
-        check_bytes(d, image, &MapOptions { image: outside.clone(), ..Default::default() });
+        check_bytes(d, image, &MapOptions { image: outside, ..Default::default() });
     }
 }
 

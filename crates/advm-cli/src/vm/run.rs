@@ -165,8 +165,9 @@ pub struct Vm {
     pub console: PathBuf,
     pub qemu_log: PathBuf,
     pub started: Instant,
-    /// Guest RAM in MiB, for [`memory_hint`].
+    /// Guest RAM in MiB and the pmem device's size (0 under blk), for [`memory_hint`].
     pub mem_mib: u64,
+    pmem_bytes: u64,
     /// The chain as opened before QEMU started, each layer's stamp then (and its
     /// external data file's), and whether a change was reported: [`Vm::check_layers`].
     image: Image,
@@ -193,21 +194,43 @@ fn event(name: &str, fields: serde_json::Value) {
 /// first console line.
 pub const MIN_GUEST_MIB: u64 = 112;
 
+/// Guest RAM, in MiB rounded up, that the guest's kernel takes for the page structures
+/// of a pmem device of `bytes`: DAX maps the device's pages, so each 4 KiB page has a
+/// 64-byte `struct page` in RAM (8 MiB for the built guest's 512 MiB disk, within
+/// [`MIN_GUEST_MIB`]; 16 GiB for a 1 TiB disk).
+pub fn pmem_page_structs_mib(bytes: u64) -> u64 {
+    (bytes / 64).div_ceil(1 << 20)
+}
+
+/// The page structures of the built guest's 512 MiB device, counted in [`MIN_GUEST_MIB`].
+const BUILT_PAGE_STRUCTS_MIB: u64 = 8;
+
 /// A line naming guest memory as the likely reason the guest did not answer: the
 /// guest's kernel said it ran out of memory, or `mem_mib` is below what the built guest
-/// needs. None when neither holds.
-pub fn memory_hint(console: &str, mem_mib: u64) -> Option<String> {
+/// needs with a pmem device of `pmem_bytes` (0 under blk). None when neither holds.
+pub fn memory_hint(console: &str, mem_mib: u64, pmem_bytes: u64) -> Option<String> {
+    let structs = pmem_page_structs_mib(pmem_bytes);
+    let extra = structs.saturating_sub(BUILT_PAGE_STRUCTS_MIB);
+    let need = MIN_GUEST_MIB + extra;
+    let why = if extra > 0 {
+        format!(
+            "{need} MiB with this disk: {MIN_GUEST_MIB}, and {extra} MiB more for the page structures of its              {} MiB pmem device (64 bytes per 4 KiB page; or use --disk blk)",
+            pmem_bytes >> 20
+        )
+    } else {
+        format!("{MIN_GUEST_MIB} MiB")
+    };
     let oom = ["Out of memory", "System is deadlocked on memory", "oom-kill"].iter().any(|m| console.contains(m));
     if oom {
         return Some(format!(
             "the guest ran out of memory with --mem {mem_mib} (the guest of `advm vm image build` needs at least \
-             {MIN_GUEST_MIB} MiB; a larger service more)"
+             {why}; a larger service more)"
         ));
     }
-    (mem_mib < MIN_GUEST_MIB).then(|| {
+    (mem_mib < need).then(|| {
         format!(
-            "--mem {mem_mib} is below the {MIN_GUEST_MIB} MiB the guest of `advm vm image build` needs (below it \
-             the kernel may stop before it prints anything, or the guest may page its files in and out for ever)"
+            "--mem {mem_mib} is below what the guest of `advm vm image build` needs, {why} (below it the kernel \
+             may stop before it prints anything, or the guest may page its files in and out for ever)"
         )
     })
 }
@@ -368,6 +391,16 @@ fn is_initramfs(head: &[u8]) -> bool {
     MAGICS.iter().any(|m| head[start..].starts_with(m))
 }
 
+/// Whether the kernel refuses to overcommit memory (`vm.overcommit_memory` 2). Elsewhere
+/// the pmem device is mapped without reserving commit for all of it (`reserve=off`):
+/// a guest writes few of its pages, and a private writable mapping reserved whole was
+/// refused once it was larger than RAM and swap (a 1 TiB sparse disk: QEMU said
+/// "unable to map backing store for guest RAM: Cannot allocate memory"). Under mode 2
+/// QEMU refuses `reserve=off` ("Skipping reservation of swap space is not supported").
+fn strict_overcommit() -> bool {
+    std::fs::read_to_string("/proc/sys/vm/overcommit_memory").is_ok_and(|m| m.trim() == "2")
+}
+
 fn free_port() -> Result<u16, CliError> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(|e| CliError::Io("binding a local port".into(), e))?;
     Ok(l.local_addr().map_err(|e| CliError::Io("local port".into(), e))?.port())
@@ -508,6 +541,21 @@ fn data_files(image: &Image) -> Result<Vec<(usize, PathBuf)>, CliError> {
     Ok(out)
 }
 
+/// `--disk blk` of a chain with an encrypted layer: QEMU opens no encrypted layer without
+/// its key, which advm cannot pass, and it said so only once started ("Parameter
+/// 'encrypt.key-secret' is required for cipher"). Refused before, with the way out.
+fn refuse_encrypted(image: &Image) -> Result<(), CliError> {
+    let Some(l) = image.info().into_iter().find(|l| l.crypt_method != 0) else { return Ok(()) };
+    let how = if l.crypt_method == 1 { "AES" } else { "LUKS" };
+    Err(usage(format!(
+        "--disk blk: layer {} is encrypted ({how}) and QEMU opens it only with its key, which advm vm run cannot give \
+         it; decrypt the chain first (qemu-img convert --object secret,id=k,file=KEYFILE --image-opts \
+         driver=qcow2,file.filename={},encrypt.key-secret=k -O qcow2 plain.qcow2)",
+        l.path.display(),
+        l.path.display()
+    )))
+}
+
 /// Starts QEMU for `args` (checked by [`preflight`] first).
 pub fn start(args: &RunArgs, workdir: &Path, group: Option<&Group>) -> Result<Vm, CliError> {
     let dir = args.image.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -538,22 +586,33 @@ pub fn start(args: &RunArgs, workdir: &Path, group: Option<&Group>) -> Result<Vm
                 max_materialised_bytes: args.max_materialised,
                 ..Default::default()
             };
+            // Every page of the device has its page structure in guest RAM: a device
+            // of 16 GiB takes 256 MiB of it, and a guest of less ran out of memory
+            // while it booted; a 1 TiB one was refused by QEMU ("phys-bits too low").
+            let structs = pmem_page_structs_mib(image.virtual_size().next_multiple_of(PMEM_ALIGN));
+            if structs >= args.mem {
+                return Err(usage(format!(
+                    "--disk pmem: the guest's kernel needs {structs} MiB of its RAM for the page structures of the \
+                     {}-byte disk (64 bytes per 4 KiB page of the device), more than --mem {}; give it --mem \
+                     {} or more (the guest of `advm vm image build`), or use --disk blk",
+                    image.virtual_size(),
+                    args.mem,
+                    MIN_GUEST_MIB + structs.saturating_sub(BUILT_PAGE_STRUCTS_MIB)
+                )));
+            }
             let b = pmem_backing(&args.image, &image, options)?;
-            (Disk::Pmem { backing: b.backing_path(), size: b.size() }, Some(b))
+            (Disk::Pmem { backing: b.backing_path(), size: b.size(), reserve: strict_overcommit() }, Some(b))
         }
-        DiskKind::Blk => (
-            Disk::Blk {
-                image: top.clone(),
-                format: match image.layers()[0].format() {
-                    LayerFormat::Qcow2 => "qcow2",
-                    LayerFormat::Raw => "raw",
-                    other => return Err(usage(format!("--disk blk: a top layer of format {other:?}"))),
-                },
-                force_share: args.chain.options().force_share,
-                data_files: data_files(&image)?,
-            },
-            None,
-        ),
+        DiskKind::Blk => {
+            refuse_encrypted(&image)?;
+            let format = match image.layers()[0].format() {
+                LayerFormat::Qcow2 => "qcow2",
+                LayerFormat::Raw => "raw",
+                other => return Err(usage(format!("--disk blk: a top layer of format {other:?}"))),
+            };
+            let force_share = args.chain.options().force_share;
+            (Disk::Blk { image: top.clone(), format, force_share, data_files: data_files(&image)? }, None)
+        }
     };
     // Made only now: a chain refused above leaves no (empty) directory "kept" behind.
     std::fs::create_dir_all(workdir).map_err(|e| CliError::Io(workdir.display().to_string(), e))?;
@@ -630,6 +689,7 @@ pub fn start(args: &RunArgs, workdir: &Path, group: Option<&Group>) -> Result<Vm
         qemu_log,
         started,
         mem_mib: args.mem,
+        pmem_bytes: backing.as_ref().map_or(0, PmemBacking::size),
         image,
         stamps,
         json: args.json,
@@ -742,7 +802,7 @@ impl Vm {
     fn hint(&self) -> String {
         let console =
             std::fs::read(&self.console).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
-        memory_hint(&console, self.mem_mib).map(|h| format!("\nhint: {h}")).unwrap_or_default()
+        memory_hint(&console, self.mem_mib, self.pmem_bytes).map(|h| format!("\nhint: {h}")).unwrap_or_default()
     }
 
     /// Stops QEMU (SIGKILL: its state is disposable) unless it has ended, and reaps it:
@@ -1004,14 +1064,22 @@ mod tests {
     #[test]
     fn a_guest_out_of_memory_or_given_too_little_gets_a_hint_naming_mem() {
         let panic = "[    6.09] Out of memory: Killed process 103 (insmod)\n[    6.20] Kernel panic - not syncing: System is deadlocked on memory";
-        let h = memory_hint(panic, 96).unwrap();
-        assert!(h.contains("ran out of memory with --mem 96") && h.contains("112 MiB"), "{h}");
+        let h = memory_hint(panic, 96, 0).unwrap();
+        assert!(h.contains("ran out of memory with --mem 96") && h.contains("at least 112 MiB;"), "{h}");
         // Out of memory said by a guest with plenty: still the reason.
-        assert!(memory_hint(panic, 4096).unwrap().contains("ran out of memory"));
+        assert!(memory_hint(panic, 4096, 0).unwrap().contains("ran out of memory"));
         // Nothing printed and too little memory: the kernel may not have unpacked itself.
-        assert!(memory_hint("", 64).unwrap().contains("below the 112 MiB"));
+        assert!(memory_hint("", 64, 512 << 20).unwrap().contains("needs, 112 MiB (below"));
         // A guest given enough that failed for another reason: no hint.
-        assert_eq!(memory_hint("advm-init: root /dev/vda mounted with -o ro", 256), None);
+        assert_eq!(memory_hint("advm-init: root /dev/vda mounted with -o ro", 256, 512 << 20), None);
+        // A large pmem device's page structures take guest RAM: a 16 GiB disk under a
+        // 160 MiB guest ran out of memory while booting, and the hint said 112 MiB.
+        let h = memory_hint(panic, 360, 16 << 30).unwrap();
+        assert!(h.contains("at least 360 MiB with this disk: 112, and 248 MiB more for the page structures"), "{h}");
+        assert!(h.contains("16384 MiB pmem device") && h.contains("--disk blk"), "{h}");
+        assert!(memory_hint("", 300, 16 << 30).unwrap().contains("--mem 300 is below"));
+        assert_eq!(pmem_page_structs_mib(1 << 40), 16 << 10);
+        assert_eq!(pmem_page_structs_mib(512 << 20), BUILT_PAGE_STRUCTS_MIB);
     }
 
     #[test]
