@@ -615,12 +615,6 @@ fn a_pmem_guest_boots_under_the_emulator_with_a_read_only_root_on_dax_no_page_ca
     assert!(kib < 1024, "the guest caches its files: {cached}");
 }
 
-#[test]
-fn json_without_cgroup_is_refused_naming_cgroup() {
-    let (okay, e) = advm(&["vm", "run", "--image", "/g/app.qcow2", "--json"]);
-    assert!(!okay && e.contains("--cgroup"), "{e}");
-}
-
 /// `--cgroup` on a VM refused before QEMU starts: the refusal alone, no report of a
 /// group that never held QEMU (one of zeros was printed before the error, as if a VM
 /// had been measured).
@@ -637,9 +631,14 @@ fn a_vm_refused_before_qemu_starts_reports_no_cgroup() {
         if json {
             args.push("--json");
         }
-        let (okay, e) = advm(&args);
-        assert!(!okay && e.contains("kernel /nonexistent: not found"), "{e}");
+        let out = Command::new(ADVM).args(&args).output().unwrap();
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && e.contains("kernel /nonexistent: not found"), "{e}");
         assert!(!e.contains("memory cgroup") && !e.contains("\"samples\""), "json {json}: {e}");
+        if json {
+            let exit: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert!(exit["event"] == "exit" && exit["started"] == false && exit["cgroup"].is_null(), "{exit}");
+        }
     }
 }
 
@@ -867,6 +866,275 @@ fn after_ready_a_layer_written_in_place_is_reported_and_qemus_failure_is_advms()
     advm::process::terminate(vm.id()).unwrap();
     let (status, err, kept) = finish(vm);
     assert!(status.success() && !kept && !err.contains("written in place"), "{status}: {err}");
+}
+
+/// `--json`: every report is one JSON object on a line of stdout (with `--cgroup`, as
+/// root, the group's at ready and after QEMU exited), ending with an `exit` event that
+/// says how the run ended, also when QEMU failed after ready or the VM was refused
+/// before it started; stderr holds no report (it had the cgroup's line at ready and
+/// the console's, and `--json` needed `--cgroup`). QEMU is a stand-in ([`FAKE_QEMU`]).
+#[test]
+fn json_reports_one_object_per_line_on_stdout_and_an_exit_event_last() {
+    if !have("python3") {
+        return;
+    }
+    let d = dir("json-events");
+    boot_files(&d.0);
+    std::fs::write(d.0.join("disk.raw"), vec![0u8; 1 << 20]).unwrap();
+    let qemu = stand_in_qemu(&d.0, FAKE_QEMU);
+    let stop = d.0.join("stop");
+    let cgroup = advm::process::is_root();
+    let spawn = |extra: &[&str]| {
+        Command::new(ADVM)
+            .args(["vm", "run", "--json", "--image", d.0.join("disk.raw").to_str().unwrap(), "--accel", "tcg"])
+            .args(["--qemu", qemu.to_str().unwrap()])
+            .args(extra)
+            .env("ADVM_SOCKET", d.0.join("no-advmd.sock"))
+            .env("FAKE_QEMU_STOP", &stop)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let events = |out: &[u8]| -> Vec<serde_json::Value> {
+        let text = String::from_utf8_lossy(out);
+        text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?} in {text}"))).collect()
+    };
+    let names =
+        |ev: &[serde_json::Value]| ev.iter().map(|e| e["event"].as_str().unwrap().to_string()).collect::<Vec<_>>();
+    // pmem: ready, the layer written in place, QEMU failing after ready
+    let mut vm = spawn(if cgroup { &["--disk", "pmem", "--cgroup"] } else { &["--disk", "pmem"] });
+    let mut out = BufReader::new(vm.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    if !first.contains("\"ready\"") {
+        let mut err = vm.stderr.take().unwrap();
+        give_up(&mut vm, &mut err, &format!("no ready event ({first:?}): "));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    std::fs::OpenOptions::new().write(true).open(d.0.join("disk.raw")).unwrap().write_all_at(b"new", 4096).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    std::fs::write(&stop, b"").unwrap();
+    let mut rest = Vec::new();
+    out.read_to_end(&mut rest).unwrap();
+    let mut err = String::new();
+    vm.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    let status = vm.wait().unwrap();
+    let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("advm-vm-{}", vm.id())));
+    let ev = events(&[first.as_bytes(), &rest].concat());
+    let want: &[&str] = if cgroup {
+        &["ready", "cgroup_at_ready", "layer_written", "exit"]
+    } else {
+        &["ready", "layer_written", "exit"]
+    };
+    assert_eq!(names(&ev), want, "{ev:?}\n{err}");
+    let ready = &ev[0];
+    assert_eq!(ready["answer"], "fake guest", "{ready}");
+    assert_eq!(ready["url"], format!("http://127.0.0.1:{}/", ready["port"]), "{ready}");
+    assert!(ready["after_ms"].is_u64() && ready["qemu_pid"].is_u64(), "{ready}");
+    assert_eq!(ready["vm"], vm.id(), "the pid `advm vm dump --vm` takes: {ready}");
+    assert!(ready["console"].as_str().unwrap().ends_with("/console.log"), "{ready}");
+    let written = &ev[want.len() - 2];
+    assert!(written["layer"].as_str().unwrap().ends_with("disk.raw") && written["data_file"].is_null(), "{written}");
+    let exit = ev.last().unwrap();
+    assert!(!status.success() && exit["ok"] == false && exit["ready"] == true && exit["started"] == true, "{exit}");
+    assert_eq!(exit["qemu_exit_code"], 3, "{exit}");
+    assert!(exit["error"].as_str().unwrap().contains("after the guest's service had answered"), "{exit}");
+    assert!(exit["kept"].as_str().unwrap().ends_with(&format!("advm-vm-{}", vm.id())), "{exit}");
+    if cgroup {
+        assert!(ev[1]["anon_shmem_bytes"].is_u64() && ev[1]["group"].is_string(), "{}", ev[1]);
+        assert!(exit["cgroup"]["samples"].as_u64().unwrap() > 0, "{exit}");
+    }
+    // every event and field is in docs/vm.md's table
+    let docs = include_str!("../../../docs/vm.md");
+    let table = &docs[docs.find("### Reports for scripts: `--json`").unwrap()..];
+    for e in &ev {
+        let missing: Vec<&String> =
+            e.as_object().unwrap().keys().filter(|k| !table.contains(&format!("`{k}`"))).collect();
+        assert!(missing.is_empty() && table.contains(&format!("`{}`", e["event"].as_str().unwrap())), "{missing:?}");
+    }
+    // stderr: the error and where the logs are, no report
+    for report in ["ready", "console: ", "at ready", "written in place", "\"samples\"", "anon+shmem"] {
+        assert!(!err.contains(report), "{report:?} on stderr under --json: {err}");
+    }
+    // blk, --exit-when-ready: ready, then exit (advm stopped QEMU)
+    std::fs::remove_file(&stop).unwrap();
+    let out = spawn(&["--disk", "blk", "--exit-when-ready"]).wait_with_output().unwrap();
+    let ev = events(&out.stdout);
+    assert_eq!(names(&ev), ["ready", "exit"], "{ev:?}");
+    let exit = &ev[1];
+    assert!(out.status.success() && exit["ok"] == true && exit["error"].is_null() && exit["kept"].is_null(), "{exit}");
+    assert_eq!(exit["qemu_signal"], 9, "{exit}");
+    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+    // refused before QEMU starts: the exit event alone
+    let out = spawn(&["--kernel", "/nonexistent"]).wait_with_output().unwrap();
+    let ev = events(&out.stdout);
+    assert_eq!(names(&ev), ["exit"], "{ev:?}");
+    assert!(!out.status.success() && ev[0]["started"] == false && ev[0]["ready"] == false, "{}", ev[0]);
+    assert!(ev[0]["error"].as_str().unwrap().contains("kernel /nonexistent: not found"), "{}", ev[0]);
+}
+
+/// Stands in for QEMU: writes the pmem device, mapped as QEMU maps its backend file
+/// (`share=off`, under the shim), or the `-drive` option of a blk disk to
+/// `$FAKE_QEMU_OUT`, then answers HTTP on the forwarded port.
+const DEVICE_QEMU: &str = r#"#!/usr/bin/env python3
+import mmap, os, re, socket, sys
+out = open(os.environ["FAKE_QEMU_OUT"], "wb")
+for a in sys.argv:
+    if a.startswith("memory-backend-file,"):
+        o = dict(kv.split("=", 1) for kv in a.split(",")[1:])
+        m = mmap.mmap(os.open(o["mem-path"], os.O_RDWR), int(o["size"]), mmap.MAP_PRIVATE)
+        out.write(m[:])
+    if a.startswith("file="):
+        out.write(a.encode())
+out.close()
+port = int(re.search(r"hostfwd=tcp:127.0.0.1:(\d+)-", " ".join(sys.argv)).group(1))
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", port))
+s.listen()
+while True:
+    c, _ = s.accept()
+    c.recv(4096)
+    c.sendall(b"HTTP/1.0 200 OK\r\n\r\nfake guest\n")
+    c.close()
+"#;
+
+/// An image on a block device (an LVM volume) is a disk for `advm vm run` (it said
+/// "image /dev/loop0: not found", and a raw layer there failed to map with
+/// "lseek(SEEK_DATA): Invalid argument"): pmem maps its bytes, blk hands QEMU the
+/// device as a raw disk. QEMU is a stand-in ([`DEVICE_QEMU`]); needs a loop device (root).
+#[test]
+fn an_image_on_a_block_device_runs_under_pmem_and_blk() {
+    if !have("python3") {
+        return;
+    }
+    let d = dir("block-device");
+    boot_files(&d.0);
+    let disk: Vec<u8> = (0..1u32 << 20).map(|i| (i / 4096 % 251) as u8).collect();
+    std::fs::write(d.0.join("disk.raw"), &disk).unwrap();
+    let Some(lo) = common::qemu::LoopDevice::attach(&d.0.join("disk.raw"), true) else { return };
+    let qemu = stand_in_qemu(&d.0, DEVICE_QEMU);
+    let got = d.0.join("device");
+    for kind in ["pmem", "blk"] {
+        let out = Command::new(ADVM)
+            .args(["vm", "run", "--image", &lo.0, "--disk", kind, "--accel", "tcg", "--exit-when-ready"])
+            .args(["--qemu", qemu.to_str().unwrap(), "--kernel", d.0.join("vmlinuz").to_str().unwrap()])
+            .args(["--initrd", d.0.join("initrd.img").to_str().unwrap()])
+            .env("ADVM_SOCKET", d.0.join("no-advmd.sock"))
+            .env("FAKE_QEMU_OUT", &got)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{kind}: {}", String::from_utf8_lossy(&out.stderr));
+        let device = std::fs::read(&got).unwrap();
+        if kind == "pmem" {
+            assert_eq!(device.len(), 2 << 20, "the device: the disk rounded up to 2 MiB");
+            assert!(device[..disk.len()] == disk[..], "the pmem device reads otherwise than {}", lo.0);
+        } else {
+            let drive = String::from_utf8(device).unwrap();
+            assert!(drive.starts_with(&format!("file={},if=none", lo.0)) && drive.contains(",format=raw,"), "{drive}");
+        }
+    }
+}
+
+/// A disk whose pmem device's page structures (64 bytes per 4 KiB page, in guest RAM)
+/// would not fit in the guest is refused under pmem before QEMU starts, saying so (a
+/// 16 GiB disk under a 160 MiB guest ran out of memory while booting, with a hint that
+/// the guest needs 112 MiB; a 1 TiB one failed in QEMU: "Cannot allocate memory", then
+/// "phys-bits too low"); blk takes it.
+#[test]
+fn a_disk_too_large_for_a_pmem_device_in_the_guests_ram_is_refused_naming_mem() {
+    if !have("qemu-img") {
+        return;
+    }
+    let d = dir("huge-disk");
+    boot_files(&d.0);
+    run(&d.0, "qemu-img", &["create", "-q", "-f", "qcow2", "huge.qcow2", "1T"]);
+    let qemu = stand_in_qemu(&d.0, "#!/bin/sh\nexec sleep 60\n");
+    let vm_run = |disk: &str| {
+        Command::new(ADVM)
+            .args(["vm", "run", "--image", d.0.join("huge.qcow2").to_str().unwrap(), "--disk", disk])
+            .args(["--accel", "tcg", "--mem", "1024", "--timeout", "1", "--qemu", qemu.to_str().unwrap()])
+            .env("ADVM_SOCKET", d.0.join("no-advmd.sock"))
+            .output()
+            .unwrap()
+    };
+    let out = vm_run("pmem");
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{e}");
+    assert!(
+        e.contains(
+            "--disk pmem: the guest's kernel needs 16384 MiB of its RAM for the page structures of the \
+             1099511627776-byte disk (64 bytes per 4 KiB page of the device), more than --mem 1024; give it --mem \
+             16488 or more (the guest of `advm vm image build`), or use --disk blk"
+        ),
+        "{e}"
+    );
+    assert!(!e.contains("kept in"), "refused before anything started: {e}");
+    // blk: QEMU starts (the stand-in never answers: the timeout ends it)
+    let out = vm_run("blk");
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("did not answer within 1 s"), "{e}");
+    let kept = e.lines().find_map(|l| l.strip_prefix("advm vm run: console and logs kept in ")).unwrap();
+    std::fs::remove_dir_all(kept).unwrap();
+}
+
+/// An encrypted layer is refused before QEMU starts under both disks, naming it: pmem
+/// cannot decrypt its data, and blk's QEMU needs its key, which advm cannot give it
+/// (QEMU failed once started: "Parameter 'encrypt.key-secret' is required for cipher").
+#[test]
+fn an_encrypted_layer_is_refused_before_qemu_starts_under_either_disk() {
+    if !have("qemu-img") || !have("qemu-io") {
+        return;
+    }
+    let d = dir("encrypted");
+    boot_files(&d.0);
+    let secret = ["--object", "secret,id=k,data=pw"];
+    run(
+        &d.0,
+        "qemu-img",
+        &[
+            &["create", "-q", "-f", "qcow2"],
+            &secret[..],
+            &["-o", "encrypt.format=luks,encrypt.key-secret=k,encrypt.iter-time=10", "top.qcow2", "1M"],
+        ]
+        .concat(),
+    );
+    run(
+        &d.0,
+        "qemu-io",
+        &[
+            &secret[..],
+            &["--image-opts", "-c", "write -P 0x44 0 64k", "driver=qcow2,file.filename=top.qcow2,encrypt.key-secret=k"],
+        ]
+        .concat(),
+    );
+    let qemu = stand_in_qemu(&d.0, "#!/bin/sh\nexec sleep 60\n");
+    let top = d.0.join("top.qcow2");
+    for (disk, want) in [
+        (
+            "pmem",
+            "top.qcow2: cannot map guest 0x0+65536 (layer 0): layer is encrypted (LUKS); decryption is not supported"
+                .to_string(),
+        ),
+        (
+            "blk",
+            format!(
+                "--disk blk: layer {} is encrypted (LUKS) and QEMU opens it only with its key, which advm vm run cannot \
+                 give it; decrypt the chain first",
+                top.display()
+            ),
+        ),
+    ] {
+        let out = Command::new(ADVM)
+            .args(["vm", "run", "--image", top.to_str().unwrap(), "--disk", disk, "--accel", "tcg"])
+            .args(["--timeout", "1", "--qemu", qemu.to_str().unwrap()])
+            .env("ADVM_SOCKET", d.0.join("no-advmd.sock"))
+            .output()
+            .unwrap();
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && e.contains(&want) && !e.contains("kept in"), "{disk}: {e}");
+    }
 }
 
 /// Ctrl-C or SIGTERM while the guest boots stops the VM on request: exit status 0, no

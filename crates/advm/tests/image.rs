@@ -153,7 +153,7 @@ fn check_bytes(dir: &Path, image: &str, options: &MapOptions) -> advm::image::Ma
     if let Some(i) = (0..got.len()).find(|&i| got[i] != expect[i]) {
         panic!("{image}: mapping differs from qemu-img convert at byte {i:#x}: {} vs {}", got[i], expect[i]);
     }
-    let img = Image::open(dir.join(image)).unwrap();
+    let img = Image::open_with(dir.join(image), &options.image).unwrap();
     let mut read = vec![0u8; expect.len()];
     img.read_at(GuestOffset(0), &mut read).unwrap();
     assert!(read == expect, "{image}: read_at differs from qemu-img convert");
@@ -1049,6 +1049,31 @@ fn a_qcow2_image_on_a_block_device_is_qcow2() {
     let mut buf = vec![0u8; 128 << 10];
     img.read_at(GuestOffset(0), &mut buf).unwrap();
     assert!(buf[..64 << 10].iter().all(|&b| b == 0) && buf[64 << 10..].iter().all(|&b| b == 0x5a));
+}
+
+/// A raw layer on a block device (an LVM volume, a disk partition), as the image and
+/// under a qcow2 overlay, maps and reads as qemu-img reads it: the device cannot say
+/// where holes are (`lseek(SEEK_DATA)` on a block device is EINVAL), so all of it is
+/// data (every map failed with "lseek(SEEK_DATA): Invalid argument").
+#[test]
+fn a_raw_layer_on_a_block_device_maps_as_qemu_reads_it() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = Dir::new("raw-block-device");
+    let d = &dir.0;
+    run(d, "qemu-img", &["create", "-q", "-f", "raw", "disk.raw", "1M"]);
+    run(d, "qemu-io", &["-f", "raw", "-c", "write -P 0x5b 64k 64k", "-c", "write -P 0x5c 900k 4k", "disk.raw"]);
+    let Some(lo) = LoopDevice::attach(&d.join("disk.raw"), true) else { return };
+    let dev = lo.0.clone();
+    run(d, "qemu-img", &["create", "-q", "-f", "qcow2", "-b", &dev, "-F", "raw", "top.qcow2"]);
+    run(d, "qemu-io", &["-c", "write -P 0x5d 68k 4k", "top.qcow2"]);
+    let outside = advm::image::ImageOptions { allow_backing_outside: true, ..Default::default() };
+    for image in [dev.as_str(), "top.qcow2"] {
+        let map = Image::open_with(d.join(image), &outside).unwrap().extent_map().unwrap();
+        assert_eq!(map.size, 1 << 20, "{image}: {map:?}");
+        check_bytes(d, image, &MapOptions { image: outside, ..Default::default() });
+    }
 }
 
 /// base.qcow2 (1 MiB, its first 64 KiB `fill`) under top.qcow2 (empty), in `d`.

@@ -77,8 +77,10 @@ pub fn run(vm: u32, out: &Path, timeout: Duration, json: bool) -> Result<(), Cli
     };
     let ms = |ns: u64| ns as f64 / 1e6;
     let (scan, bytes_kind) = if kind == 1 { ("maps", "mapped") } else { ("smaps", "resident") };
+    let data_files: Vec<(usize, String)> = serde_json::from_value(info["data_files"].clone()).unwrap_or_default();
     if json {
-        let report = report_json(out, image, clusters.len(), bytes, pause_ns, copied, parts.map(|p| (p, kind)), faults);
+        let written = Written { out, backing: image, clusters: clusters.len(), bytes, data_files: &data_files };
+        let report = report_json(&written, pause_ns, copied, parts.map(|p| (p, kind)), faults);
         outln!("{report}");
         return Ok(());
     }
@@ -105,19 +107,18 @@ pub fn run(vm: u32, out: &Path, timeout: Duration, json: bool) -> Result<(), Cli
     if let Some(n) = faults {
         outln!("  QEMU's minor faults from the request until the copy was done: {n}");
     }
-    let data_files: Vec<(usize, String)> = serde_json::from_value(info["data_files"].clone()).unwrap_or_default();
-    if let Some(hint) = data_file_hint(out, &data_files) {
-        outln!("{hint}");
+    if let Some(opts) = image_opts(out, &data_files) {
+        outln!("{}", data_file_hint(&opts));
     }
     Ok(())
 }
 
-/// How to open the overlay `out` with qemu-img when the chain below it keeps data in
-/// external data files (`data_files`: depth in the VM's chain, absolute path): QEMU 7.2
-/// looks for a relative data file name in its working directory, so `qemu-img check`
-/// of the overlay failed anywhere but there (`Could not open 'base.data'`). None
-/// without data files.
-fn data_file_hint(out: &Path, data_files: &[(usize, String)]) -> Option<String> {
+/// The `--image-opts` that open the overlay `out` with qemu-img from any directory when
+/// the chain below it keeps data in external data files (`data_files`: depth in the
+/// VM's chain, absolute path): QEMU 7.2 looks for a relative data file name in its
+/// working directory, so `qemu-img check` of the overlay failed anywhere but there
+/// (`Could not open 'base.data'`). None without data files.
+fn image_opts(out: &Path, data_files: &[(usize, String)]) -> Option<String> {
     if data_files.is_empty() {
         return None;
     }
@@ -128,27 +129,38 @@ fn data_file_hint(out: &Path, data_files: &[(usize, String)]) -> Option<String> 
         .iter()
         .map(|(depth, path)| format!(",{}data-file.filename={}", "backing.".repeat(depth + 1), esc(path)))
         .collect();
-    Some(format!(
+    Some(format!("driver=qcow2,file.filename={}{opts}", esc(&abs.display().to_string())))
+}
+
+/// The text mode's line saying how to open the overlay ([`image_opts`]).
+fn data_file_hint(image_opts: &str) -> String {
+    format!(
         "  the chain keeps data in external data files, which QEMU looks for in its working directory when \
-         named relative; open the overlay with them named: qemu-img check --image-opts \
-         driver=qcow2,file.filename={}{opts}",
-        esc(&abs.display().to_string())
-    ))
+         named relative; open the overlay with them named: qemu-img check --image-opts {image_opts}"
+    )
 }
 
 /// The shim's parts of the pause, in order: scan, marks, fork, unmarks and the first
 /// child (ns), ranges left out of the fork and their KiB.
 type Parts = [u64; 6];
 
+/// The overlay a dump wrote: the `--json` object's first fields.
+struct Written<'a> {
+    out: &'a Path,
+    /// The chain's top, absolute.
+    backing: &'a str,
+    clusters: usize,
+    /// The overlay's file size.
+    bytes: u64,
+    /// The chain's external data files (depth, absolute path).
+    data_files: &'a [(usize, String)],
+}
+
 /// `--json`'s object (every key is listed in docs/vm.md, "Fast dump"). `parts` is the
 /// shim's timing with how it scanned (1 /proc/self/maps, 0 smaps), `None` from a shim
 /// before stop 29; `faults` `None` when /proc/QEMU/stat could not be read.
-#[allow(clippy::too_many_arguments)]
 fn report_json(
-    out: &Path,
-    backing: &str,
-    clusters: usize,
-    bytes: u64,
+    w: &Written<'_>,
     pause_ns: u64,
     copied: Duration,
     parts: Option<(Parts, u64)>,
@@ -169,11 +181,13 @@ fn report_json(
         })
     });
     serde_json::json!({
-        "out": out.display().to_string(),
-        "backing": backing,
-        "clusters": clusters,
+        "out": w.out.display().to_string(),
+        "backing": w.backing,
+        "clusters": w.clusters,
         "cluster_bytes": dump::DUMP_CLUSTER,
-        "bytes": bytes,
+        "bytes": w.bytes,
+        "data_files": w.data_files.iter().map(|(_, p)| p).collect::<Vec<_>>(),
+        "image_opts": image_opts(w.out, w.data_files),
         "pause_ms": ms(pause_ns),
         "copy_ms": copied.as_secs_f64() * 1e3,
         "parts": parts,
@@ -205,41 +219,51 @@ mod tests {
     /// directory, and `qemu-img check` of the overlay failed elsewhere).
     #[test]
     fn a_dump_over_data_files_names_them_for_qemu_img() {
-        assert_eq!(data_file_hint(Path::new("/d/o.qcow2"), &[]), None);
+        assert_eq!(image_opts(Path::new("/d/o.qcow2"), &[]), None);
         let files = [(1, "/d/b,1.data".to_string()), (0, "/d/top.data".to_string())];
-        let hint = data_file_hint(Path::new("/d/o.qcow2"), &files).unwrap();
-        assert!(
-            hint.ends_with(
-                "qemu-img check --image-opts driver=qcow2,file.filename=/d/o.qcow2,\
-                 backing.backing.data-file.filename=/d/b,,1.data,backing.data-file.filename=/d/top.data"
-            ),
-            "{hint}"
-        );
+        let opts = image_opts(Path::new("/d/o.qcow2"), &files).unwrap();
+        let want = "driver=qcow2,file.filename=/d/o.qcow2,\
+                    backing.backing.data-file.filename=/d/b,,1.data,backing.data-file.filename=/d/top.data";
+        assert_eq!(opts, want);
+        let hint = data_file_hint(&opts);
+        assert!(hint.ends_with(&format!("qemu-img check --image-opts {want}")), "{hint}");
+        // --json: the same, in a field of its own (it had only the text mode's line)
+        let w = Written {
+            out: Path::new("/d/o.qcow2"),
+            backing: "/d/top.qcow2",
+            clusters: 1,
+            bytes: 1,
+            data_files: &files,
+        };
+        let report = report_json(&w, 0, Duration::ZERO, None, None);
+        assert_eq!(report["image_opts"], want, "{report}");
+        assert_eq!(report["data_files"], serde_json::json!(["/d/b,1.data", "/d/top.data"]), "{report}");
     }
 
     #[test]
     fn every_field_of_dump_json_is_listed_in_the_docs() {
         let docs = include_str!("../../../../docs/vm.md");
-        let report = report_json(
-            Path::new("/d/o.qcow2"),
-            "/d/top.qcow2",
-            3,
-            7 << 16,
-            2_500_000,
-            Duration::from_millis(40),
-            Some(([1, 2, 3, 4, 5, 6], 1)),
-            Some(11),
-        );
+        let files = [(0, "/d/base.data".to_string())];
+        let w = Written {
+            out: Path::new("/d/o.qcow2"),
+            backing: "/d/top.qcow2",
+            clusters: 3,
+            bytes: 7 << 16,
+            data_files: &files,
+        };
+        let report = report_json(&w, 2_500_000, Duration::from_millis(40), Some(([1, 2, 3, 4, 5, 6], 1)), Some(11));
         let mut all = Vec::new();
         keys(&report, &mut all);
-        assert!(all.len() >= 17, "{all:?}");
+        assert!(all.len() >= 19, "{all:?}");
         let missing: Vec<&String> = all.iter().filter(|k| !docs.contains(&format!("`{k}`"))).collect();
         assert!(missing.is_empty(), "docs/vm.md does not list {missing:?} of `advm vm dump --json`");
         assert_eq!(report["parts"]["left_out_kind"], "mapped");
         assert_eq!(report["parts"]["fork_ms"], 3e-6);
         // A shim without timings, a QEMU whose stat could not be read: null, not absent.
-        let bare = report_json(Path::new("o"), "b", 0, 0, 0, Duration::ZERO, None, None);
-        assert!(bare["parts"].is_null() && bare["qemu_minor_faults"].is_null());
+        let w = Written { out: Path::new("o"), backing: "b", clusters: 0, bytes: 0, data_files: &[] };
+        let bare = report_json(&w, 0, Duration::ZERO, None, None);
+        assert!(bare["parts"].is_null() && bare["qemu_minor_faults"].is_null() && bare["image_opts"].is_null());
+        assert_eq!(bare["data_files"], serde_json::json!([]));
         assert_eq!(bare.as_object().unwrap().len(), report.as_object().unwrap().len());
     }
 }

@@ -7,8 +7,10 @@ use std::path::PathBuf;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Disk {
     /// virtio-pmem over a memory backend whose file is advm's plan (`backing`), of
-    /// `size` bytes; the guest mounts it with `-o dax`.
-    Pmem { backing: String, size: u64 },
+    /// `size` bytes; the guest mounts it with `-o dax`. `reserve`: QEMU reserves commit
+    /// (swap space) for the whole device when it maps it; without, `reserve=off`
+    /// (`MAP_NORESERVE`, kept by the shim for every piece of the plan).
+    Pmem { backing: String, size: u64, reserve: bool },
     /// QEMU's own driver for the top layer's `format` (`qcow2` or `raw`) on virtio-blk;
     /// writes go to a temporary overlay (`snapshot=on`), never into the chain.
     /// `force_share` (`-U`): QEMU opens the image even while a writer holds it.
@@ -154,14 +156,17 @@ pub fn args(s: &Settings) -> Vec<String> {
         BALLOON.into(),
     ];
     match &s.disk {
-        Disk::Pmem { backing, size } => {
+        Disk::Pmem { backing, size, reserve } => {
             // The device sits in the hotplug area above RAM: room for it, and a slot.
             let max = s.mem_mib + size.div_ceil(1 << 20);
             a.extend([
                 "-m".into(),
                 format!("{}M,slots=1,maxmem={max}M", s.mem_mib),
                 "-object".into(),
-                format!("memory-backend-file,id=pmem0mem,mem-path={backing},size={size},share=off"),
+                format!(
+                    "memory-backend-file,id=pmem0mem,mem-path={backing},size={size},share=off{}",
+                    if *reserve { "" } else { ",reserve=off" }
+                ),
                 "-device".into(),
                 "virtio-pmem-pci,memdev=pmem0mem,id=pmem0".into(),
             ]);
@@ -221,12 +226,14 @@ mod tests {
 
     #[test]
     fn pmem_disk_is_a_virtio_pmem_device_over_the_plan_file_with_room_above_ram() {
-        let a = args(&settings(Disk::Pmem { backing: "/proc/self/fd/7".into(), size: 1 << 30 }));
+        let a = args(&settings(Disk::Pmem { backing: "/proc/self/fd/7".into(), size: 1 << 30, reserve: false }));
         assert!(has(
             &a,
             "-object",
-            "memory-backend-file,id=pmem0mem,mem-path=/proc/self/fd/7,size=1073741824,share=off"
+            "memory-backend-file,id=pmem0mem,mem-path=/proc/self/fd/7,size=1073741824,share=off,reserve=off"
         ));
+        let reserved = args(&settings(Disk::Pmem { backing: "/proc/self/fd/7".into(), size: 1 << 30, reserve: true }));
+        assert!(reserved.iter().any(|x| x.ends_with("size=1073741824,share=off")), "{reserved:?}");
         assert!(has(&a, "-device", "virtio-pmem-pci,memdev=pmem0mem,id=pmem0"));
         assert!(has(&a, "-m", "256M,slots=1,maxmem=1280M"));
         assert!(has(&a, "-append", "console=ttyS0 quiet panic=-1 no_timer_check swiotlb=noforce page_reporting.page_reporting_order=0 advm.root=pmem"));
@@ -313,7 +320,7 @@ mod tests {
     #[test]
     fn every_disk_method_has_a_balloon_reporting_free_pages_and_a_guest_reporting_small_ones() {
         let disks = [
-            Disk::Pmem { backing: "/proc/self/fd/7".into(), size: 1 << 30 },
+            Disk::Pmem { backing: "/proc/self/fd/7".into(), size: 1 << 30, reserve: false },
             Disk::Blk { image: "/g/a".into(), format: "qcow2", force_share: false, data_files: vec![] },
         ];
         for disk in disks {

@@ -144,8 +144,10 @@ pub struct RunArgs {
     /// group holds and what it does not).
     #[arg(long)]
     pub cgroup: bool,
-    /// With --cgroup: print its report after QEMU exits as JSON (on stderr).
-    #[arg(long, requires = "cgroup")]
+    /// Report on stdout as JSON, one object per line and event (`ready`,
+    /// `cgroup_at_ready`, `merged`, `layer_written`, and `exit` last, with the --cgroup
+    /// report); stderr keeps only notes and the error (docs/vm.md).
+    #[arg(long)]
     pub json: bool,
     /// The QEMU program.
     #[arg(long, default_value = "qemu-system-x86_64")]
@@ -163,13 +165,26 @@ pub struct Vm {
     pub console: PathBuf,
     pub qemu_log: PathBuf,
     pub started: Instant,
-    /// Guest RAM in MiB, for [`memory_hint`].
+    /// Guest RAM in MiB and the pmem device's size (0 under blk), for [`memory_hint`].
     pub mem_mib: u64,
+    pmem_bytes: u64,
     /// The chain as opened before QEMU started, each layer's stamp then (and its
     /// external data file's), and whether a change was reported: [`Vm::check_layers`].
     image: Image,
     stamps: Vec<(LayerStamp, Option<LayerStamp>, bool)>,
+    /// `--json`: reports are [`event`] lines.
+    json: bool,
     _backing: Option<PmemBacking>,
+}
+
+/// One `--json` report: the object `fields` with `"event": name`, as one line on stdout.
+/// A reader that has gone (`| head -1`) does not stop the VM: it runs on until killed.
+fn event(name: &str, fields: serde_json::Value) {
+    let mut v = serde_json::json!({ "event": name });
+    if let (Some(o), serde_json::Value::Object(f)) = (v.as_object_mut(), fields) {
+        o.extend(f);
+    }
+    let _ = crate::write_out(format_args!("{v}\n"));
 }
 
 /// Guest RAM the guest of `advm vm image build` boots and answers in, measured for both
@@ -179,21 +194,43 @@ pub struct Vm {
 /// first console line.
 pub const MIN_GUEST_MIB: u64 = 112;
 
+/// Guest RAM, in MiB rounded up, that the guest's kernel takes for the page structures
+/// of a pmem device of `bytes`: DAX maps the device's pages, so each 4 KiB page has a
+/// 64-byte `struct page` in RAM (8 MiB for the built guest's 512 MiB disk, within
+/// [`MIN_GUEST_MIB`]; 16 GiB for a 1 TiB disk).
+pub fn pmem_page_structs_mib(bytes: u64) -> u64 {
+    (bytes / 64).div_ceil(1 << 20)
+}
+
+/// The page structures of the built guest's 512 MiB device, counted in [`MIN_GUEST_MIB`].
+const BUILT_PAGE_STRUCTS_MIB: u64 = 8;
+
 /// A line naming guest memory as the likely reason the guest did not answer: the
 /// guest's kernel said it ran out of memory, or `mem_mib` is below what the built guest
-/// needs. None when neither holds.
-pub fn memory_hint(console: &str, mem_mib: u64) -> Option<String> {
+/// needs with a pmem device of `pmem_bytes` (0 under blk). None when neither holds.
+pub fn memory_hint(console: &str, mem_mib: u64, pmem_bytes: u64) -> Option<String> {
+    let structs = pmem_page_structs_mib(pmem_bytes);
+    let extra = structs.saturating_sub(BUILT_PAGE_STRUCTS_MIB);
+    let need = MIN_GUEST_MIB + extra;
+    let why = if extra > 0 {
+        format!(
+            "{need} MiB with this disk: {MIN_GUEST_MIB}, and {extra} MiB more for the page structures of its              {} MiB pmem device (64 bytes per 4 KiB page; or use --disk blk)",
+            pmem_bytes >> 20
+        )
+    } else {
+        format!("{MIN_GUEST_MIB} MiB")
+    };
     let oom = ["Out of memory", "System is deadlocked on memory", "oom-kill"].iter().any(|m| console.contains(m));
     if oom {
         return Some(format!(
             "the guest ran out of memory with --mem {mem_mib} (the guest of `advm vm image build` needs at least \
-             {MIN_GUEST_MIB} MiB; a larger service more)"
+             {why}; a larger service more)"
         ));
     }
-    (mem_mib < MIN_GUEST_MIB).then(|| {
+    (mem_mib < need).then(|| {
         format!(
-            "--mem {mem_mib} is below the {MIN_GUEST_MIB} MiB the guest of `advm vm image build` needs (below it \
-             the kernel may stop before it prints anything, or the guest may page its files in and out for ever)"
+            "--mem {mem_mib} is below what the guest of `advm vm image build` needs, {why} (below it the kernel \
+             may stop before it prints anything, or the guest may page its files in and out for ever)"
         )
     })
 }
@@ -274,8 +311,9 @@ pub fn accel(requested: &str) -> Result<Accel, CliError> {
 
 /// Checks what a VM needs before anything starts: the image, QEMU, kernel, initrd.
 pub fn preflight(image: &Path, qemu: &str, kernel: &Path, initrd: &Path) -> Result<(), CliError> {
-    // First: the kernel and initrd default to files beside it.
-    if !image.is_file() {
+    // First: the kernel and initrd default to files beside it. A block device (an LVM
+    // volume) is an image too; what is neither is refused by name when it is opened.
+    if !image.exists() {
         return Err(usage(format!("image {}: not found (--image names the chain's top qcow2 layer)", image.display())));
     }
     let found = if qemu.contains('/') {
@@ -351,6 +389,16 @@ fn is_initramfs(head: &[u8]) -> bool {
     ];
     let start = head.iter().position(|&b| b != 0).unwrap_or(head.len());
     MAGICS.iter().any(|m| head[start..].starts_with(m))
+}
+
+/// Whether the kernel refuses to overcommit memory (`vm.overcommit_memory` 2). Elsewhere
+/// the pmem device is mapped without reserving commit for all of it (`reserve=off`):
+/// a guest writes few of its pages, and a private writable mapping reserved whole was
+/// refused once it was larger than RAM and swap (a 1 TiB sparse disk: QEMU said
+/// "unable to map backing store for guest RAM: Cannot allocate memory"). Under mode 2
+/// QEMU refuses `reserve=off` ("Skipping reservation of swap space is not supported").
+fn strict_overcommit() -> bool {
+    std::fs::read_to_string("/proc/sys/vm/overcommit_memory").is_ok_and(|m| m.trim() == "2")
 }
 
 fn free_port() -> Result<u16, CliError> {
@@ -493,6 +541,21 @@ fn data_files(image: &Image) -> Result<Vec<(usize, PathBuf)>, CliError> {
     Ok(out)
 }
 
+/// `--disk blk` of a chain with an encrypted layer: QEMU opens no encrypted layer without
+/// its key, which advm cannot pass, and it said so only once started ("Parameter
+/// 'encrypt.key-secret' is required for cipher"). Refused before, with the way out.
+fn refuse_encrypted(image: &Image) -> Result<(), CliError> {
+    let Some(l) = image.info().into_iter().find(|l| l.crypt_method != 0) else { return Ok(()) };
+    let how = if l.crypt_method == 1 { "AES" } else { "LUKS" };
+    Err(usage(format!(
+        "--disk blk: layer {} is encrypted ({how}) and QEMU opens it only with its key, which advm vm run cannot give \
+         it; decrypt the chain first (qemu-img convert --object secret,id=k,file=KEYFILE --image-opts \
+         driver=qcow2,file.filename={},encrypt.key-secret=k -O qcow2 plain.qcow2)",
+        l.path.display(),
+        l.path.display()
+    )))
+}
+
 /// Starts QEMU for `args` (checked by [`preflight`] first).
 pub fn start(args: &RunArgs, workdir: &Path, group: Option<&Group>) -> Result<Vm, CliError> {
     let dir = args.image.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -523,22 +586,33 @@ pub fn start(args: &RunArgs, workdir: &Path, group: Option<&Group>) -> Result<Vm
                 max_materialised_bytes: args.max_materialised,
                 ..Default::default()
             };
+            // Every page of the device has its page structure in guest RAM: a device
+            // of 16 GiB takes 256 MiB of it, and a guest of less ran out of memory
+            // while it booted; a 1 TiB one was refused by QEMU ("phys-bits too low").
+            let structs = pmem_page_structs_mib(image.virtual_size().next_multiple_of(PMEM_ALIGN));
+            if structs >= args.mem {
+                return Err(usage(format!(
+                    "--disk pmem: the guest's kernel needs {structs} MiB of its RAM for the page structures of the \
+                     {}-byte disk (64 bytes per 4 KiB page of the device), more than --mem {}; give it --mem \
+                     {} or more (the guest of `advm vm image build`), or use --disk blk",
+                    image.virtual_size(),
+                    args.mem,
+                    MIN_GUEST_MIB + structs.saturating_sub(BUILT_PAGE_STRUCTS_MIB)
+                )));
+            }
             let b = pmem_backing(&args.image, &image, options)?;
-            (Disk::Pmem { backing: b.backing_path(), size: b.size() }, Some(b))
+            (Disk::Pmem { backing: b.backing_path(), size: b.size(), reserve: strict_overcommit() }, Some(b))
         }
-        DiskKind::Blk => (
-            Disk::Blk {
-                image: top.clone(),
-                format: match image.layers()[0].format() {
-                    LayerFormat::Qcow2 => "qcow2",
-                    LayerFormat::Raw => "raw",
-                    other => return Err(usage(format!("--disk blk: a top layer of format {other:?}"))),
-                },
-                force_share: args.chain.options().force_share,
-                data_files: data_files(&image)?,
-            },
-            None,
-        ),
+        DiskKind::Blk => {
+            refuse_encrypted(&image)?;
+            let format = match image.layers()[0].format() {
+                LayerFormat::Qcow2 => "qcow2",
+                LayerFormat::Raw => "raw",
+                other => return Err(usage(format!("--disk blk: a top layer of format {other:?}"))),
+            };
+            let force_share = args.chain.options().force_share;
+            (Disk::Blk { image: top.clone(), format, force_share, data_files: data_files(&image)? }, None)
+        }
     };
     // Made only now: a chain refused above leaves no (empty) directory "kept" behind.
     std::fs::create_dir_all(workdir).map_err(|e| CliError::Io(workdir.display().to_string(), e))?;
@@ -608,7 +682,19 @@ pub fn start(args: &RunArgs, workdir: &Path, group: Option<&Group>) -> Result<Vm
         .iter()
         .map(|l| Ok::<_, advm::Error>((l.stamp()?, l.data_stamp()?, false)))
         .collect::<Result<_, _>>()?;
-    Ok(Vm { child, port, console, qemu_log, started, mem_mib: args.mem, image, stamps, _backing: backing })
+    Ok(Vm {
+        child,
+        port,
+        console,
+        qemu_log,
+        started,
+        mem_mib: args.mem,
+        pmem_bytes: backing.as_ref().map_or(0, PmemBacking::size),
+        image,
+        stamps,
+        json: args.json,
+        _backing: backing,
+    })
 }
 
 /// The last `n` lines of a file.
@@ -677,18 +763,22 @@ impl Vm {
                 (Some(then), Ok(Some(now))) => then.changed_in_place(&now),
                 _ => false,
             };
-            let what = if layer.stamp().is_ok_and(|now| then.changed_in_place(&now)) {
-                format!("layer {}", layer.path().display())
+            let data_file = if layer.stamp().is_ok_and(|now| then.changed_in_place(&now)) {
+                None
             } else if data_changed() {
-                format!(
-                    "the external data file {} of layer {}",
-                    layer.data_file().map_or(String::new(), |p| p.display().to_string()),
-                    layer.path().display()
-                )
+                layer.data_file()
             } else {
                 continue;
             };
             *told = true;
+            if self.json {
+                event("layer_written", serde_json::json!({ "layer": layer.path(), "data_file": data_file }));
+                continue;
+            }
+            let what = match data_file {
+                None => format!("layer {}", layer.path().display()),
+                Some(p) => format!("the external data file {} of layer {}", p.display(), layer.path().display()),
+            };
             eprintln!(
                 "advm vm run: warning: {what} was written in place while the VM runs; the guest may read the new \
                  bytes under a filesystem that did not write them (stop the VM; change a chain only by new files: \
@@ -712,13 +802,17 @@ impl Vm {
     fn hint(&self) -> String {
         let console =
             std::fs::read(&self.console).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
-        memory_hint(&console, self.mem_mib).map(|h| format!("\nhint: {h}")).unwrap_or_default()
+        memory_hint(&console, self.mem_mib, self.pmem_bytes).map(|h| format!("\nhint: {h}")).unwrap_or_default()
     }
 
-    /// Stops QEMU (SIGKILL: its state is disposable) and reaps it.
-    pub fn stop(mut self) {
+    /// Stops QEMU (SIGKILL: its state is disposable) unless it has ended, and reaps it:
+    /// its exit status.
+    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            return Some(status);
+        }
         let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.wait().ok()
     }
 }
 
@@ -727,9 +821,42 @@ pub fn workdir_of(pid: u32) -> PathBuf {
     std::env::temp_dir().join(format!("advm-vm-{pid}"))
 }
 
+/// How a run went, for `--json`'s `exit` event.
+#[derive(Default)]
+struct End {
+    /// QEMU was started (a run refused before has no cgroup report).
+    started: bool,
+    /// The guest's service answered.
+    ready: bool,
+    /// QEMU's status, once advm saw it end.
+    qemu: Option<std::process::ExitStatus>,
+    /// `--cgroup --json`: the group's report, after QEMU exited.
+    cgroup: Option<advm::stats::cgroup::Summary>,
+}
+
+/// `--json`'s last line: how the run ended (`result`), and with `--cgroup` its report.
+fn exit_event(end: &End, result: &Result<bool, CliError>, kept: Option<&Path>) {
+    use std::os::unix::process::ExitStatusExt;
+    event(
+        "exit",
+        serde_json::json!({
+            "ok": result.is_ok(),
+            "error": result.as_ref().err().map(ToString::to_string),
+            "started": end.started,
+            "ready": end.ready,
+            "signal": advm::process::ForwardSignals::last_received(),
+            "qemu_exit_code": end.qemu.and_then(|s| s.code()),
+            "qemu_signal": end.qemu.and_then(|s| s.signal()),
+            "kept": kept,
+            "cgroup": end.cgroup,
+        }),
+    );
+}
+
 /// Runs `advm vm run`. The work directory (console, logs, dump scratch) goes when the
 /// VM ends cleanly or is stopped by a signal, and stays, named on stderr, when anything
-/// else failed.
+/// else failed. With `--json` the last line on stdout is an `exit` event, whatever
+/// happened after the arguments were read.
 pub fn run(args: RunArgs) -> Result<(), CliError> {
     if !(args.merge_after.is_finite() && (0.0..=3600.0).contains(&args.merge_after)) {
         return Err(usage(format!("--merge-after {}: expected seconds from 0 to 3600", args.merge_after)));
@@ -738,20 +865,9 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         return Err(usage(format!("--boot-lookup-every {}: expected seconds from 0 to 3600", args.boot_lookup_every)));
     }
     let work = workdir_of(std::process::id());
-    let group = if args.cgroup { Some(Group::create("vm")?) } else { None };
-    let sampler = group.as_ref().map(|g| g.sample_every(DEFAULT_INTERVAL));
-    let started = std::cell::Cell::new(false);
-    let result = run_in(&args, &work, group.as_ref(), &started);
-    if let (Some(g), Some(sampler)) = (group, sampler) {
-        if started.get() {
-            crate::run_cmd::report_cgroup("advm vm run", g, sampler, args.json)?;
-        } else {
-            // Refused before QEMU started: the group never held it, and a report of
-            // zeros printed before the refusal read as a measured VM.
-            let _ = sampler.stop();
-            g.release()?;
-        }
-    }
+    let mut end = End::default();
+    let result = run_measured(&args, &work, &mut end);
+    let mut kept = None;
     match &result {
         // also when stopped on request (Ctrl-C, a benchmark ending): nothing to look into
         Ok(true) => {
@@ -760,25 +876,62 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         _ if advm::process::ForwardSignals::last_received().is_some() => {
             let _ = std::fs::remove_dir_all(&work);
         }
-        _ if work.exists() => eprintln!("advm vm run: console and logs kept in {}", work.display()),
+        _ if work.exists() => {
+            eprintln!("advm vm run: console and logs kept in {}", work.display());
+            kept = Some(work.as_path());
+        }
         _ => {}
+    }
+    if args.json {
+        exit_event(&end, &result, kept);
     }
     result.map(|_| ())
 }
 
-/// Runs the VM in `work`; true when it ended cleanly. `started` is set once QEMU runs.
-fn run_in(
-    args: &RunArgs,
-    work: &Path,
-    group: Option<&Group>,
-    started: &std::cell::Cell<bool>,
-) -> Result<bool, CliError> {
+/// [`run_in`] inside `--cgroup`'s group, whose report follows: on stderr, or with
+/// `--json` in `end` for the `exit` event.
+fn run_measured(args: &RunArgs, work: &Path, end: &mut End) -> Result<bool, CliError> {
+    let group = if args.cgroup { Some(Group::create("vm")?) } else { None };
+    let sampler = group.as_ref().map(|g| g.sample_every(DEFAULT_INTERVAL));
+    let result = run_in(args, work, group.as_ref(), end);
+    if let (Some(g), Some(sampler)) = (group, sampler) {
+        if !end.started {
+            // Refused before QEMU started: the group never held it, and a report of
+            // zeros printed before the refusal read as a measured VM.
+            let _ = sampler.stop();
+            g.release()?;
+        } else if args.json {
+            end.cgroup = Some(sampler.stop()?);
+            g.release()?;
+        } else {
+            crate::run_cmd::report_cgroup("advm vm run", g, sampler, false)?;
+        }
+    }
+    result
+}
+
+/// Runs the VM in `work`; true when it ended cleanly. QEMU is stopped whatever failed.
+fn run_in(args: &RunArgs, work: &Path, group: Option<&Group>, end: &mut End) -> Result<bool, CliError> {
     // Held from before QEMU starts: a SIGTERM while it starts still lets the KSM
     // settings be restored.
     let signals = advm::process::ForwardSignals::hold()?;
     let _ksm = if args.ksm { Some(advm::ksm::Session::start(1000, 20)?) } else { None };
     let mut vm = start(args, work, group)?;
-    started.set(true);
+    end.started = true;
+    let result = drive(args, &mut vm, group, signals, end);
+    end.qemu = vm.stop();
+    result
+}
+
+/// Waits for the guest to answer, reports it, merges it (`--merge`) and waits for QEMU
+/// to exit (or stops it: `--exit-when-ready`).
+fn drive(
+    args: &RunArgs,
+    vm: &mut Vm,
+    group: Option<&Group>,
+    signals: advm::process::ForwardSignals,
+    end: &mut End,
+) -> Result<bool, CliError> {
     signals.child(vm.child.id())?;
     let lookups = (args.merge && args.boot_lookup_every > 0.0)
         .then(|| BootLookups::start(vm.child.id(), Duration::from_secs_f64(args.boot_lookup_every)));
@@ -789,46 +942,69 @@ fn run_in(
         Err(_) if advm::process::ForwardSignals::last_received().is_some() => {
             drop(signals);
             vm.stop();
-            eprintln!("advm vm run: stopped before the guest's service answered");
+            if !args.json {
+                eprintln!("advm vm run: stopped before the guest's service answered");
+            }
             return Ok(false);
         }
         Err(e) => return Err(e),
     };
-    // The VM runs on when the reader of stdout has gone (`| head -1`): until killed.
-    let _ = crate::write_out(format_args!(
-        "ready: http://127.0.0.1:{}/ answered after {} ms ({})\n",
-        vm.port,
-        t.as_millis(),
-        body
-    ));
-    eprintln!("console: {}; dump with `advm vm dump --vm {}`", vm.console.display(), std::process::id());
+    end.ready = true;
+    let url = format!("http://127.0.0.1:{}/", vm.port);
+    let me = std::process::id();
+    if args.json {
+        event(
+            "ready",
+            serde_json::json!({
+                "url": url,
+                "port": vm.port,
+                "after_ms": t.as_millis() as u64,
+                "answer": body,
+                "console": vm.console,
+                "vm": me,
+                "qemu_pid": vm.child.id(),
+            }),
+        );
+    } else {
+        // The VM runs on when the reader of stdout has gone (`| head -1`): until killed.
+        let _ = crate::write_out(format_args!("ready: {url} answered after {} ms ({body})\n", t.as_millis()));
+        eprintln!("console: {}; dump with `advm vm dump --vm {me}`", vm.console.display());
+    }
     if let Some(g) = group {
         let u = g.usage()?;
-        eprintln!(
-            "advm vm run: memory cgroup {} at ready: anon+shmem {}, page cache {}",
-            g.path().display(),
-            advm_bench::fmt_bytes(u.anon_shmem_bytes()),
-            advm_bench::fmt_bytes(u.page_cache_bytes)
-        );
+        if args.json {
+            event(
+                "cgroup_at_ready",
+                serde_json::json!({
+                    "group": g.path(),
+                    "anon_bytes": u.anon_bytes,
+                    "shmem_bytes": u.shmem_bytes,
+                    "anon_shmem_bytes": u.anon_shmem_bytes(),
+                    "page_cache_bytes": u.page_cache_bytes,
+                }),
+            );
+        } else {
+            eprintln!(
+                "advm vm run: memory cgroup {} at ready: anon+shmem {}, page cache {}",
+                g.path().display(),
+                advm_bench::fmt_bytes(u.anon_shmem_bytes()),
+                advm_bench::fmt_bytes(u.page_cache_bytes)
+            );
+        }
     }
     if args.merge {
         std::thread::sleep(Duration::from_secs_f64(args.merge_after));
         drop(lookups);
         // A VM stopped meanwhile (a signal forwarded to QEMU) ends as it would unmerged.
         if vm.child.try_wait().map_err(|e| CliError::Io("waiting for QEMU".into(), e))?.is_none() {
-            let merged = merge_guest(vm.child.id()).and_then(|m| match get(vm.port) {
+            let m = merge_guest(vm.child.id()).and_then(|m| match get(vm.port) {
                 Some(_) => Ok(m),
                 None => Err(usage("the guest's service stopped answering after its RAM was merged".into())),
-            });
-            match merged {
-                Ok(m) => {
-                    let _ = crate::write_out(format_args!("merged: {m}\n"));
-                }
-                Err(e) => {
-                    drop(signals);
-                    vm.stop();
-                    return Err(e);
-                }
+            })?;
+            if args.json {
+                event("merged", m);
+            } else {
+                let _ = crate::write_out(format_args!("merged: {m}\n"));
             }
         }
     }
@@ -839,7 +1015,9 @@ fn run_in(
     }
     let status = vm.wait()?;
     drop(signals);
-    eprintln!("advm vm run: QEMU exited ({status})");
+    if !args.json {
+        eprintln!("advm vm run: QEMU exited ({status})");
+    }
     // Stopped on request (Ctrl-C, SIGTERM, SIGHUP), QEMU exits 0, and so does advm. It
     // said nothing when QEMU failed or was killed later (its status was only printed):
     // a script or a supervisor saw success.
@@ -886,14 +1064,22 @@ mod tests {
     #[test]
     fn a_guest_out_of_memory_or_given_too_little_gets_a_hint_naming_mem() {
         let panic = "[    6.09] Out of memory: Killed process 103 (insmod)\n[    6.20] Kernel panic - not syncing: System is deadlocked on memory";
-        let h = memory_hint(panic, 96).unwrap();
-        assert!(h.contains("ran out of memory with --mem 96") && h.contains("112 MiB"), "{h}");
+        let h = memory_hint(panic, 96, 0).unwrap();
+        assert!(h.contains("ran out of memory with --mem 96") && h.contains("at least 112 MiB;"), "{h}");
         // Out of memory said by a guest with plenty: still the reason.
-        assert!(memory_hint(panic, 4096).unwrap().contains("ran out of memory"));
+        assert!(memory_hint(panic, 4096, 0).unwrap().contains("ran out of memory"));
         // Nothing printed and too little memory: the kernel may not have unpacked itself.
-        assert!(memory_hint("", 64).unwrap().contains("below the 112 MiB"));
+        assert!(memory_hint("", 64, 512 << 20).unwrap().contains("needs, 112 MiB (below"));
         // A guest given enough that failed for another reason: no hint.
-        assert_eq!(memory_hint("advm-init: root /dev/vda mounted with -o ro", 256), None);
+        assert_eq!(memory_hint("advm-init: root /dev/vda mounted with -o ro", 256, 512 << 20), None);
+        // A large pmem device's page structures take guest RAM: a 16 GiB disk under a
+        // 160 MiB guest ran out of memory while booting, and the hint said 112 MiB.
+        let h = memory_hint(panic, 360, 16 << 30).unwrap();
+        assert!(h.contains("at least 360 MiB with this disk: 112, and 248 MiB more for the page structures"), "{h}");
+        assert!(h.contains("16384 MiB pmem device") && h.contains("--disk blk"), "{h}");
+        assert!(memory_hint("", 300, 16 << 30).unwrap().contains("--mem 300 is below"));
+        assert_eq!(pmem_page_structs_mib(1 << 40), 16 << 10);
+        assert_eq!(pmem_page_structs_mib(512 << 20), BUILT_PAGE_STRUCTS_MIB);
     }
 
     #[test]

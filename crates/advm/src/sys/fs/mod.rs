@@ -13,18 +13,26 @@ use rustix::fs::SeekFrom;
 use super::{SysError, SysResult};
 
 /// The first offset at or after `from` that holds data, or `None` when only a hole
-/// follows up to the end of the file (`ENXIO`).
+/// follows up to the end of the file (`ENXIO`). A file that cannot tell holes from data
+/// (a block device: `EINVAL`) holds data throughout: `from`.
 pub fn next_data(fd: impl AsFd, from: u64) -> SysResult<Option<u64>> {
     match rustix::fs::seek(fd, SeekFrom::Data(from)) {
         Ok(at) => Ok(Some(at)),
         Err(rustix::io::Errno::NXIO) => Ok(None),
+        Err(rustix::io::Errno::INVAL) => Ok(Some(from)),
         Err(e) => Err(SysError::new("lseek(SEEK_DATA)", e)),
     }
 }
 
-/// The first offset at or after `from` in a hole (the end of the file counts as one).
+/// The first offset at or after `from` in a hole (the end of the file counts as one);
+/// `u64::MAX` for a file that cannot tell holes from data (a block device: `EINVAL`),
+/// which holds data up to its end.
 pub fn next_hole(fd: impl AsFd, from: u64) -> SysResult<u64> {
-    rustix::fs::seek(fd, SeekFrom::Hole(from)).map_err(|e| SysError::new("lseek(SEEK_HOLE)", e))
+    match rustix::fs::seek(fd, SeekFrom::Hole(from)) {
+        Ok(at) => Ok(at),
+        Err(rustix::io::Errno::INVAL) => Ok(u64::MAX),
+        Err(e) => Err(SysError::new("lseek(SEEK_HOLE)", e)),
+    }
 }
 
 /// Takes an exclusive `flock` on `fd`, waiting for other holders to let go.
