@@ -235,7 +235,7 @@ struct advm_pager_options {
  * or set fields of a newer header; as advm_pager_new otherwise). */
 advm_pager *advm_pager_new_with(const struct advm_pager_options *opts);
 /* Where p serves faults: ADVM_PAGER_FAULTS_THREAD or ADVM_PAGER_FAULTS_SIGBUS (what
- * AUTO chose); -EINVAL for NULL. */
+ * AUTO chose); -EINVAL for NULL, -ENOTRECOVERABLE in a forked child. */
 int advm_pager_fault_mode(advm_pager *p);
 /* A new region of len bytes (rounded up to pages), reading as zeros. NULL on error,
  * errno: EINVAL for a NULL pager or len 0; ENOMEM when len does not fit (2^32 pages or
