@@ -116,7 +116,9 @@ int advm_vcopy_stats(struct advm_vcopy_stats *out) ADVM_DEPRECATED("use advm_vco
  * destination's old bytes after a 2 MiB-aligned exchange).
  * Errors (-errno, memory unchanged): -EINVAL for unaligned or wrapping ranges,
  * overlapping swap ranges, or ranges not mapped read-write; -ENOMEM when the scratch
- * area a swap needs cannot be made.
+ * area a swap needs cannot be made. A kernel call that fails after the first change
+ * (madvise or mmap refusing under a memory or VMA limit) leaves the operation partly
+ * done, as in advm_batch_run; advm_move_stats says which (memory_changed).
  */
 
 /* Totals of a call: bytes per engine and system calls made. */
@@ -133,7 +135,9 @@ struct advm_remap_stats {
 
 /* Moves len bytes from src to dst (the ranges may overlap: a slide). */
 int advm_move(void *dst, const void *src, size_t len);
-/* As advm_move, and fills *out (when not NULL). */
+/* As advm_move, and fills *out (when not NULL), also on error: memory_changed 0 (the
+ * errors above: nothing changed) or 1 (partly done, as advm_batch_run's operation
+ * completed_ops). */
 int advm_move_stats(void *dst, const void *src, size_t len, struct advm_remap_stats *out);
 /* Swaps the contents of [a, a+len) and [b, b+len) (disjoint). */
 int advm_swap(void *a, void *b, size_t len);
