@@ -315,7 +315,8 @@ const char *advm_merge_via(void);
  * cover the store's pages), and frees those nobody else holds. Reads every process's
  * maps: call it after dropping merged data, not per merge. Returns 0, or -ENOSYS
  * (nothing let go) when the maps of this process or of a process of its uid started
- * since its first merge cannot be read, or advmd predates trims. out may be NULL. */
+ * since its first merge cannot be read, or advmd predates trims; -EMFILE out of fds
+ * (as advm_merge). out may be NULL. */
 struct advm_trim_stats {
     uint64_t released;    /* store pages let go */
     uint64_t kept;        /* store pages still held: some process maps them */
