@@ -229,7 +229,8 @@ struct advm_pager_options {
     size_t preflush_headroom_bytes; /* pager-initiated pre-flush: drop every discardable
                                        page when within this of the budget or of the
                                        cgroup's limit (0: none) */
-    const char *cgroup;             /* a memory cgroup directory to watch (NULL: none) */
+    const char *cgroup;             /* a memory cgroup directory to watch (NULL: none;
+                                       not one: the open's errno, ENOENT...) */
     int fault_mode;                 /* ADVM_PAGER_FAULTS_* */
     int needed_paging;              /* ADVM_PAGER_NEEDED_* */
     int swap_io;                    /* ADVM_PAGER_SWAP_* */
@@ -295,7 +296,9 @@ typedef struct advm_batch advm_batch ADVM_DEPRECATED("use struct advm_batch");
  * own (up to 16 MiB each) that the process keeps one fd and mapping of until it exits;
  * smaller adds cost no fd. So a process holds at most 1,024 such fds per GiB it adds
  * or merges (64 with large ranges); near the RLIMIT_NOFILE soft limit (often 1024)
- * advm_merge fails with -EMFILE. */
+ * advm_merge fails with -EMFILE. Without advmd, the process's own store maps a view of
+ * 64 GiB of address space (halved down to 1 GiB when refused): under an address-space
+ * limit (RLIMIT_AS, ulimit -v) that leaves less, advm_merge fails with -ENOMEM. */
 struct advm_merge_stats {
     uint64_t merged;      /* pages now mapping a page the store already held (or one an
                              earlier, equal page of the range added) */

@@ -1,4 +1,6 @@
-/* Out of fds (RLIMIT_NOFILE reached), the calls that need one say EMFILE, as the
+/* Under an address-space limit too tight for this process's own store (RLIMIT_AS),
+ * advm_merge fails with ENOMEM, and works once the limit is raised.
+ * Out of fds (RLIMIT_NOFILE reached), the calls that need one say EMFILE, as the
  * header promises, and work again once fds are freed:
  * - advm_merge of a range once the store exists (it said ENOSYS, "no write protection
  *   on this kernel": the failed userfaultfd open was taken for a missing feature);
@@ -31,9 +33,42 @@ static void release_fds(void) {
     while (nheld > 0) close(held[--nheld]);
 }
 
+static size_t vm_size(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    size_t kib = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmSize: %zu kB", &kib) == 1) break;
+    if (f) fclose(f);
+    return kib * 1024;
+}
+
 int main(void) {
     size_t ps = (size_t)sysconf(_SC_PAGESIZE);
     setenv("ADVM_SOCKET", "/nonexistent/advmd.sock", 1); /* this process's own store */
+    unsigned char *m = mmap(NULL, 16 * ps, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(m != MAP_FAILED);
+    memset(m, 5, 8 * ps);
+    memset(m + 8 * ps, 6, 8 * ps);
+
+    /* 256 MiB of address space left: less than the store's smallest view (1 GiB). */
+    struct rlimit as_was, as;
+    CHECK(getrlimit(RLIMIT_AS, &as_was) == 0);
+    as = as_was;
+    as.rlim_cur = vm_size() + (256u << 20);
+    CHECK(setrlimit(RLIMIT_AS, &as) == 0);
+    errno = 0;
+    int r = advm_merge(m, 8 * ps, NULL);
+    int e = errno;
+    CHECK(setrlimit(RLIMIT_AS, &as_was) == 0);
+    if (r == -ENOSYS) {
+        printf("skipped: no userfaultfd write protection here (%s)\n", advm_merge_via());
+        return 0;
+    }
+    printf("under RLIMIT_AS: advm_merge %d (%s)\n", r, strerror(-r));
+    CHECK(r == -ENOMEM && e == ENOMEM);
+    CHECK(all(m, 8 * ps, 5));
+
     struct rlimit was, low;
     CHECK(getrlimit(RLIMIT_NOFILE, &was) == 0);
     low = was;
@@ -48,21 +83,13 @@ int main(void) {
     CHECK(blk != NULL);
     advm_free(blk);
 
-    unsigned char *m = mmap(NULL, 16 * ps, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    CHECK(m != MAP_FAILED);
-    memset(m, 5, 8 * ps);
-    memset(m + 8 * ps, 6, 8 * ps);
-    int r = advm_merge(m, 8 * ps, NULL);
-    if (r == -ENOSYS) {
-        printf("skipped: no userfaultfd write protection here (%s)\n", advm_merge_via());
-        return 0;
-    }
+    r = advm_merge(m, 8 * ps, NULL);
     CHECK(r == 0);
 
     exhaust_fds();
     errno = 0;
     r = advm_merge(m + 8 * ps, 8 * ps, NULL);
-    int e = errno;
+    e = errno;
     errno = 0;
     int t = advm_merge_trim(NULL);
     int te = errno;
@@ -77,6 +104,6 @@ int main(void) {
     CHECK(advm_merge_trim(NULL) == 0);
     CHECK(all(m, 8 * ps, 5) && all(m + 8 * ps, 8 * ps, 6));
     CHECK(setrlimit(RLIMIT_NOFILE, &was) == 0);
-    printf("merge_fds: EMFILE out of fds (merge, trim, first alloc), then all work again\n");
+    printf("merge_limits: ENOMEM under RLIMIT_AS, EMFILE out of fds (merge, trim, first alloc), then all work again\n");
     return 0;
 }
