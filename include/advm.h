@@ -214,7 +214,10 @@ advm_pager *advm_pager_new(size_t budget_bytes, const char *swap_path);
  * never ignores them. */
 #define ADVM_PAGER_FAULTS_THREAD 0    /* the pager's handler thread (default) */
 #define ADVM_PAGER_FAULTS_SIGBUS 1    /* on the faulting thread (userfaultfd's SIGBUS mode;
-                                         ENOSYS where the kernel lacks it) */
+                                         ENOSYS where the kernel lacks it), by a
+                                         process-wide SIGBUS handler that passes other
+                                         SIGBUS on to the one it replaced: a handler the
+                                         program installs later must call it */
 #define ADVM_PAGER_FAULTS_AUTO 2      /* SIGBUS where offered, else the thread */
 #define ADVM_PAGER_NEEDED_SWAP_FILE 0 /* needed pages written to the pager's swap file (default) */
 #define ADVM_PAGER_NEEDED_KERNEL 1    /* left to the kernel's reclaim and swap; the pager only
