@@ -123,11 +123,13 @@ int advm_vcopy_stats(struct advm_vcopy_stats *out) ADVM_DEPRECATED("use advm_vco
 
 /* Totals of a call: bytes per engine and system calls made. */
 struct advm_remap_stats {
-    size_t uffd_move_bytes;
-    size_t mremap_bytes;
-    size_t memmove_bytes;
-    size_t fallback_bytes; /* page moves the kernel refused (shared/COW pages), copied */
-    unsigned int syscalls;
+    size_t uffd_move_bytes;   /* moved (or swapped) by UFFDIO_MOVE */
+    size_t mremap_bytes;      /* moved by mremap */
+    size_t memmove_bytes;     /* copied (memmove, byte swap), fallback_bytes included */
+    size_t fallback_bytes;    /* of those, page moves the kernel refused (shared/COW
+                                 pages), copied */
+    unsigned int syscalls;    /* system calls that moved, remapped, emptied or
+                                 registered memory */
     size_t arena_vcopy_bytes; /* arena blocks copied by advm_vcopy (pages shared) */
     size_t completed_ops;     /* operations that ran completely (all, on success) */
     int memory_changed;       /* on error: 0 nothing changed, 1 see advm_batch_run */
