@@ -178,6 +178,10 @@ void advm_remap_set_break_even_pages(size_t pages);
  * stays readable; the pages that could not be written stay resident, over the budget).
  * See docs/pager.md.
  *
+ * Signals: the pager's own thread blocks every signal a program or another process
+ * sends, so those are handled on the program's threads (a handler may read paged
+ * memory), and a fault served in SIGBUS mode defers them until it is served.
+ *
  * fork(): a pager and its regions stay with the process that made it. The regions are
  * not inherited (MADV_DONTFORK: touching them in a child is a segmentation fault), and
  * in a child every function on an inherited pager fails at once with -ENOTRECOVERABLE
@@ -219,7 +223,11 @@ advm_pager *advm_pager_new(size_t budget_bytes, const char *swap_path);
                                          ENOSYS where the kernel lacks it), by a
                                          process-wide SIGBUS handler that passes other
                                          SIGBUS on to the one it replaced: a handler the
-                                         program installs later must call it */
+                                         program installs later must call it. Code
+                                         running with SIGBUS blocked (a thread that
+                                         blocks every signal, a handler whose sa_mask
+                                         has it) must not touch paged memory: the
+                                         kernel kills the process */
 #define ADVM_PAGER_FAULTS_AUTO 2      /* SIGBUS where offered, else the thread */
 #define ADVM_PAGER_NEEDED_SWAP_FILE 0 /* needed pages written to the pager's swap file (default) */
 #define ADVM_PAGER_NEEDED_KERNEL 1    /* left to the kernel's reclaim and swap; the pager only

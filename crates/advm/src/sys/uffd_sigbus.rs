@@ -232,6 +232,10 @@ fn install() -> SysResult<()> {
     new.sa_sigaction = on_sigbus as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) as usize;
     // not SA_ONSTACK: the small alternate stacks Rust gives threads cannot hold a page buffer
     new.sa_flags = libc::SA_SIGINFO;
+    // Sent signals wait until the fault is served: a program's handler run in the
+    // middle that touched paged memory faulted with SIGBUS blocked, and the kernel
+    // killed the process.
+    new.sa_mask = super::signal::sent_signals();
     // SAFETY: as above.
     let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
     // SAFETY: live structs; the handler uses atomics, the index and the registered `serve`s only.
