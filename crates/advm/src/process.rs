@@ -302,6 +302,14 @@ pub fn disable_thp() -> Result<()> {
     Ok(crate::sys::thp::disable()?)
 }
 
+/// Runs `spawn`, which starts a library's own long-lived threads, with every signal
+/// but the fault signals blocked, so the threads start with them blocked: a signal
+/// sent to the process is then handled on one of the program's threads, never on
+/// the library's (the caller's mask is as before afterwards).
+pub fn spawn_with_sent_signals_blocked<T>(spawn: impl FnOnce() -> T) -> T {
+    signal::spawn_with_sent_signals_blocked(spawn)
+}
+
 /// Registers handlers run by `fork()`: `prepare` in the parent before the fork, `parent`
 /// in the parent and `child` in the child after it (in registration order, `prepare`
 /// in reverse). Idempotent: registering the same three again does nothing, so call it
