@@ -116,16 +116,20 @@ int advm_vcopy_stats(struct advm_vcopy_stats *out) ADVM_DEPRECATED("use advm_vco
  * destination's old bytes after a 2 MiB-aligned exchange).
  * Errors (-errno, memory unchanged): -EINVAL for unaligned or wrapping ranges,
  * overlapping swap ranges, or ranges not mapped read-write; -ENOMEM when the scratch
- * area a swap needs cannot be made.
+ * area a swap needs cannot be made. A kernel call that fails after the first change
+ * (madvise or mmap refusing under a memory or VMA limit) leaves the operation partly
+ * done, as in advm_batch_run; advm_move_stats says which (memory_changed).
  */
 
 /* Totals of a call: bytes per engine and system calls made. */
 struct advm_remap_stats {
-    size_t uffd_move_bytes;
-    size_t mremap_bytes;
-    size_t memmove_bytes;
-    size_t fallback_bytes; /* page moves the kernel refused (shared/COW pages), copied */
-    unsigned int syscalls;
+    size_t uffd_move_bytes;   /* moved (or swapped) by UFFDIO_MOVE */
+    size_t mremap_bytes;      /* moved by mremap */
+    size_t memmove_bytes;     /* copied (memmove, byte swap), fallback_bytes included */
+    size_t fallback_bytes;    /* of those, page moves the kernel refused (shared/COW
+                                 pages), copied */
+    unsigned int syscalls;    /* system calls that moved, remapped, emptied or
+                                 registered memory */
     size_t arena_vcopy_bytes; /* arena blocks copied by advm_vcopy (pages shared) */
     size_t completed_ops;     /* operations that ran completely (all, on success) */
     int memory_changed;       /* on error: 0 nothing changed, 1 see advm_batch_run */
@@ -133,7 +137,9 @@ struct advm_remap_stats {
 
 /* Moves len bytes from src to dst (the ranges may overlap: a slide). */
 int advm_move(void *dst, const void *src, size_t len);
-/* As advm_move, and fills *out (when not NULL). */
+/* As advm_move, and fills *out (when not NULL), also on error: memory_changed 0 (the
+ * errors above: nothing changed) or 1 (partly done, as advm_batch_run's operation
+ * completed_ops). */
 int advm_move_stats(void *dst, const void *src, size_t len, struct advm_remap_stats *out);
 /* Swaps the contents of [a, a+len) and [b, b+len) (disjoint). */
 int advm_swap(void *a, void *b, size_t len);
@@ -171,6 +177,10 @@ void advm_remap_set_break_even_pages(size_t pages);
  * when the swap file is full, -ENOSPC when the filesystem under it is (every page
  * stays readable; the pages that could not be written stay resident, over the budget).
  * See docs/pager.md.
+ *
+ * Signals: the pager's own thread blocks every signal a program or another process
+ * sends, so those are handled on the program's threads (a handler may read paged
+ * memory), and a fault served in SIGBUS mode defers them until it is served.
  *
  * fork(): a pager and its regions stay with the process that made it. The regions are
  * not inherited (MADV_DONTFORK: touching them in a child is a segmentation fault), and
@@ -210,7 +220,14 @@ advm_pager *advm_pager_new(size_t budget_bytes, const char *swap_path);
  * never ignores them. */
 #define ADVM_PAGER_FAULTS_THREAD 0    /* the pager's handler thread (default) */
 #define ADVM_PAGER_FAULTS_SIGBUS 1    /* on the faulting thread (userfaultfd's SIGBUS mode;
-                                         ENOSYS where the kernel lacks it) */
+                                         ENOSYS where the kernel lacks it), by a
+                                         process-wide SIGBUS handler that passes other
+                                         SIGBUS on to the one it replaced: a handler the
+                                         program installs later must call it. Code
+                                         running with SIGBUS blocked (a thread that
+                                         blocks every signal, a handler whose sa_mask
+                                         has it) must not touch paged memory: the
+                                         kernel kills the process */
 #define ADVM_PAGER_FAULTS_AUTO 2      /* SIGBUS where offered, else the thread */
 #define ADVM_PAGER_NEEDED_SWAP_FILE 0 /* needed pages written to the pager's swap file (default) */
 #define ADVM_PAGER_NEEDED_KERNEL 1    /* left to the kernel's reclaim and swap; the pager only
@@ -225,7 +242,8 @@ struct advm_pager_options {
     size_t preflush_headroom_bytes; /* pager-initiated pre-flush: drop every discardable
                                        page when within this of the budget or of the
                                        cgroup's limit (0: none) */
-    const char *cgroup;             /* a memory cgroup directory to watch (NULL: none) */
+    const char *cgroup;             /* a memory cgroup directory to watch (NULL: none;
+                                       not one: the open's errno, ENOENT...) */
     int fault_mode;                 /* ADVM_PAGER_FAULTS_* */
     int needed_paging;              /* ADVM_PAGER_NEEDED_* */
     int swap_io;                    /* ADVM_PAGER_SWAP_* */
@@ -235,7 +253,7 @@ struct advm_pager_options {
  * or set fields of a newer header; as advm_pager_new otherwise). */
 advm_pager *advm_pager_new_with(const struct advm_pager_options *opts);
 /* Where p serves faults: ADVM_PAGER_FAULTS_THREAD or ADVM_PAGER_FAULTS_SIGBUS (what
- * AUTO chose); -EINVAL for NULL. */
+ * AUTO chose); -EINVAL for NULL, -ENOTRECOVERABLE in a forked child. */
 int advm_pager_fault_mode(advm_pager *p);
 /* A new region of len bytes (rounded up to pages), reading as zeros. NULL on error,
  * errno: EINVAL for a NULL pager or len 0; ENOMEM when len does not fit (2^32 pages or
@@ -292,7 +310,9 @@ typedef struct advm_batch advm_batch ADVM_DEPRECATED("use struct advm_batch");
  * own (up to 16 MiB each) that the process keeps one fd and mapping of until it exits;
  * smaller adds cost no fd. So a process holds at most 1,024 such fds per GiB it adds
  * or merges (64 with large ranges); near the RLIMIT_NOFILE soft limit (often 1024)
- * advm_merge fails with -EMFILE. */
+ * advm_merge fails with -EMFILE. Without advmd, the process's own store maps a view of
+ * 64 GiB of address space (halved down to 1 GiB when refused): under an address-space
+ * limit (RLIMIT_AS, ulimit -v) that leaves less, advm_merge fails with -ENOMEM. */
 struct advm_merge_stats {
     uint64_t merged;      /* pages now mapping a page the store already held (or one an
                              earlier, equal page of the range added) */
@@ -312,7 +332,8 @@ const char *advm_merge_via(void);
  * cover the store's pages), and frees those nobody else holds. Reads every process's
  * maps: call it after dropping merged data, not per merge. Returns 0, or -ENOSYS
  * (nothing let go) when the maps of this process or of a process of its uid started
- * since its first merge cannot be read, or advmd predates trims. out may be NULL. */
+ * since its first merge cannot be read, or advmd predates trims; -EMFILE out of fds
+ * (as advm_merge). out may be NULL. */
 struct advm_trim_stats {
     uint64_t released;    /* store pages let go */
     uint64_t kept;        /* store pages still held: some process maps them */

@@ -24,7 +24,9 @@
  * thread may move every object of the heap, including an object another thread holds
  * in a local variable between its calls (one advm_gc_alloc returned and not yet stored
  * in a root): threads sharing a heap hold their own lock around each call and their
- * uses of objects, or give each thread a heap of its own. fork() waits
+ * uses of objects, or give each thread a heap of its own. The heap's own GC threads
+ * block every signal a program or another process sends: handlers run on the
+ * program's threads. fork() waits
  * for calls in progress on any heap to finish, so a child can use the heaps it
  * inherits (a heap placed in an advm_pager excepted: the pager's regions are not
  * inherited, see advm.h; in a child every call on such a heap fails with

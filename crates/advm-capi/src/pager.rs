@@ -174,17 +174,19 @@ pub unsafe extern "C" fn advm_pager_new_with(opts: *const advm_pager_options) ->
 }
 
 /// `int advm_pager_fault_mode(advm_pager *)`: where this pager serves faults,
-/// `ADVM_PAGER_FAULTS_THREAD` or `_SIGBUS` (what `_AUTO` chose); -EINVAL for NULL.
+/// `ADVM_PAGER_FAULTS_THREAD` or `_SIGBUS` (what `_AUTO` chose); -EINVAL for NULL,
+/// -ENOTRECOVERABLE in a forked child (no fault is served there).
 ///
 /// # Safety
 /// `p` is NULL or a live pager.
 #[no_mangle]
 pub unsafe extern "C" fn advm_pager_fault_mode(p: *mut advm_pager) -> c_int {
-    // SAFETY: the caller's contract.
-    match unsafe { p.as_ref() } {
-        Some(p) if p.pager.fault_mode() == FaultMode::Sigbus => 1,
-        Some(_) => 0,
-        None => crate::einval(),
+    // SAFETY: forwarded.
+    unsafe {
+        with(p, |p| {
+            p.pager.usable()?;
+            Ok(i32::from(p.pager.fault_mode() == FaultMode::Sigbus))
+        })
     }
 }
 

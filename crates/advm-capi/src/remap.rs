@@ -11,7 +11,7 @@
 //! the pages shared.
 
 use advm::mem::{page_size, Grant, HostAddr, MappingInfo, PageRange};
-use advm::remap::{self, Batch, Choice, Engine, Incomplete, Options};
+use advm::remap::{self, Batch, Incomplete};
 
 use crate::guard;
 
@@ -142,10 +142,6 @@ impl ArenaProbe {
     }
 }
 
-fn copy_only() -> Options {
-    Options { engine: Choice::Only(Engine::Memmove), ..Options::default() }
-}
-
 /// A move between two blocks of the C arena, as a virtual copy; `None` when the arena
 /// does not take it (not both in its live blocks, overlapping), to be copied instead.
 fn arena_vcopy(dst: usize, src: usize, len: usize) -> Option<advm_remap_stats> {
@@ -153,30 +149,19 @@ fn arena_vcopy(dst: usize, src: usize, len: usize) -> Option<advm_remap_stats> {
     (r == 0).then(|| advm_remap_stats { arena_vcopy_bytes: len, completed_ops: 1, ..Default::default() })
 }
 
+/// A lone move or swap, run as a batch of one: on error `*out` says, as
+/// `advm_batch_run`'s does, whether memory changed (a kernel call may fail after the
+/// first page moved).
 fn run_one(swap: bool, x: usize, y: usize, len: usize, out: *mut advm_remap_stats) -> i32 {
     guard(|| {
-        let (lo, hi) = span(&[(x, len), (y, len)]);
-        // A wrapping range is reported by the planner, with its message; the grant
-        // then only needs to cover what does not wrap.
-        let mut g = span_grant(lo, hi)?;
-        let mut probe = ArenaProbe::new();
-        let arena = (probe.touches(&mut g, x, len), probe.touches(&mut g, y, len));
-        let opts = if arena.0 || arena.1 { copy_only() } else { Options::default() };
-        if !swap && arena.0 && arena.1 && len > 0 {
-            PageRange::new("dst", x, len)?;
-            PageRange::new("src", y, len)?;
+        let aligned = PageRange::new("dst", x, len).is_ok() && PageRange::new("src", y, len).is_ok();
+        if !swap && aligned && crate::vcopy::arena_touches(x, len) && crate::vcopy::arena_touches(y, len) {
             if let Some(st) = arena_vcopy(x, y, len) {
                 write_stats(out, st);
                 return Ok(0);
             }
         }
-        let o = if swap {
-            remap::swap_pages_with(&mut g, HostAddr(x), HostAddr(y), len, &opts)?
-        } else {
-            remap::move_pages_with(&mut g, HostAddr(x), HostAddr(y), len, &opts)?
-        };
-        write_stats(out, o.into());
-        Ok(0)
+        run_queued(&[Queued { swap, x, y, len }], out)
     })
 }
 
@@ -252,52 +237,55 @@ pub unsafe extern "C" fn advm_batch_swap(b: *mut advm_batch, x: *mut u8, y: *mut
 /// As [`advm_batch_move`]; `out` is NULL or writable for one `advm_remap_stats`.
 #[no_mangle]
 pub unsafe extern "C" fn advm_batch_run(b: *mut advm_batch, out: *mut advm_remap_stats) -> i32 {
-    with_batch(b, |b| {
-        let ops = std::mem::take(&mut b.ops);
-        let ranges: Vec<_> = ops.iter().flat_map(|q| [(q.x, q.len), (q.y, q.len)]).collect();
-        let (lo, hi) = span(&ranges);
-        let r = if ops.is_empty() {
-            Ok(remap::Outcome::default())
-        } else {
-            match span_grant(lo, hi) {
-                Ok(mut g) => {
-                    // Operations touching an arena are queued as copies (see the module doc).
-                    let mut probe = ArenaProbe::new();
-                    let mut batch = Batch::new();
-                    for q in &ops {
-                        let by_copy = probe.touches(&mut g, q.x, q.len) || probe.touches(&mut g, q.y, q.len);
-                        let (x, y) = (HostAddr(q.x), HostAddr(q.y));
-                        match (q.swap, by_copy) {
-                            (false, false) => batch.push_move(x, y, q.len),
-                            (false, true) => batch.push_move_by_copy(x, y, q.len),
-                            (true, false) => batch.push_swap(x, y, q.len),
-                            (true, true) => batch.push_swap_by_copy(x, y, q.len),
-                        };
-                    }
-                    batch.execute_with_progress(&mut g)
+    with_batch(b, |b| run_queued(&std::mem::take(&mut b.ops), out))
+}
+
+/// Runs `ops` as one batch and fills `*out` (when not NULL) with its totals, also on
+/// error (how far it got, and whether memory changed).
+fn run_queued(ops: &[Queued], out: *mut advm_remap_stats) -> Result<i32, advm::Error> {
+    let ranges: Vec<_> = ops.iter().flat_map(|q| [(q.x, q.len), (q.y, q.len)]).collect();
+    let (lo, hi) = span(&ranges);
+    let r = if ops.is_empty() {
+        Ok(remap::Outcome::default())
+    } else {
+        match span_grant(lo, hi) {
+            Ok(mut g) => {
+                // Operations touching an arena are queued as copies (see the module doc).
+                let mut probe = ArenaProbe::new();
+                let mut batch = Batch::new();
+                for q in ops {
+                    let by_copy = probe.touches(&mut g, q.x, q.len) || probe.touches(&mut g, q.y, q.len);
+                    let (x, y) = (HostAddr(q.x), HostAddr(q.y));
+                    match (q.swap, by_copy) {
+                        (false, false) => batch.push_move(x, y, q.len),
+                        (false, true) => batch.push_move_by_copy(x, y, q.len),
+                        (true, false) => batch.push_swap(x, y, q.len),
+                        (true, true) => batch.push_swap_by_copy(x, y, q.len),
+                    };
                 }
-                Err(error) => Err(Box::new(Incomplete {
-                    error,
-                    completed_ops: 0,
-                    memory_changed: false,
-                    outcome: remap::Outcome { ops: ops.len(), ..Default::default() },
-                })),
+                batch.execute_with_progress(&mut g)
             }
-        };
-        match r {
-            Ok(o) => {
-                write_stats(out, o.into());
-                Ok(0)
-            }
-            Err(i) => {
-                let mut st = advm_remap_stats::from(i.outcome);
-                st.completed_ops = i.completed_ops;
-                st.memory_changed = i.memory_changed as i32;
-                write_stats(out, st);
-                Err(i.error)
-            }
+            Err(error) => Err(Box::new(Incomplete {
+                error,
+                completed_ops: 0,
+                memory_changed: false,
+                outcome: remap::Outcome { ops: ops.len(), ..Default::default() },
+            })),
         }
-    })
+    };
+    match r {
+        Ok(o) => {
+            write_stats(out, o.into());
+            Ok(0)
+        }
+        Err(i) => {
+            let mut st = advm_remap_stats::from(i.outcome);
+            st.completed_ops = i.completed_ops;
+            st.memory_changed = i.memory_changed as i32;
+            write_stats(out, st);
+            Err(i.error)
+        }
+    }
 }
 
 /// `void advm_batch_free(struct advm_batch *b)`.

@@ -59,16 +59,20 @@ impl Pool {
         self.pool
             .get_or_init(|| {
                 let (h, name) = (self.handles.clone(), self.prefix.clone());
-                rayon_core::ThreadPoolBuilder::new()
-                    .num_threads(self.want)
-                    .spawn_handler(move |t| {
-                        let handle =
-                            std::thread::Builder::new().name(format!("{name}{}", t.index())).spawn(move || t.run())?;
-                        lock(&h).push(handle);
-                        Ok(())
-                    })
-                    .build()
-                    .ok()
+                // a program's signal handler never runs on a GC thread
+                advm::process::spawn_with_sent_signals_blocked(|| {
+                    rayon_core::ThreadPoolBuilder::new()
+                        .num_threads(self.want)
+                        .spawn_handler(move |t| {
+                            let handle = std::thread::Builder::new()
+                                .name(format!("{name}{}", t.index()))
+                                .spawn(move || t.run())?;
+                            lock(&h).push(handle);
+                            Ok(())
+                        })
+                        .build()
+                        .ok()
+                })
             })
             .as_ref()
     }

@@ -214,7 +214,7 @@ impl ProcessWatch {
 /// Gives the text of /proc/PID/maps of every process this one may read to `each`
 /// (a process that exits meanwhile, or whose maps are not readable, is left out).
 pub fn each_process_maps(each: impl FnMut(&str)) {
-    each_maps(each, |_| {});
+    let _ = each_maps(each, |_| {});
 }
 
 /// Who may map a store's pages, for [`each_process_maps_of`]: the client's process,
@@ -247,7 +247,7 @@ pub fn each_process_maps_of(who: Mappers, each: impl FnMut(&str)) -> Result<Vec<
         return Err(refused("the client's process is not visible here (another pid namespace)"));
     }
     let mut unread = Vec::new();
-    let listed = each_maps(each, |pid| {
+    each_maps(each, |pid| {
         let process = procfs::process::Process::new(pid as i32).ok();
         let uids = process.as_ref().and_then(|p| p.status().ok()).map(|s| [s.ruid, s.euid, s.suid, s.fuid]);
         let started = process.as_ref().and_then(|p| p.stat().ok()).map(|s| s.starttime);
@@ -255,27 +255,37 @@ pub fn each_process_maps_of(who: Mappers, each: impl FnMut(&str)) -> Result<Vec<
         if pid == who.pid || may {
             unread.push(pid);
         }
-    });
-    if !listed {
-        return Err(refused("/proc cannot be listed"));
-    }
+    })
+    .map_err(|(path, e)| match e.raw_os_error() {
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM) => crate::Error::io(path, e),
+        _ => refused("/proc cannot be listed"),
+    })?;
     Ok(unread)
 }
 
 /// Runs `each` on every readable /proc/PID/maps and `unreadable` on the pid of every
-/// other; false when /proc cannot be listed.
-fn each_maps(mut each: impl FnMut(&str), mut unreadable: impl FnMut(u32)) -> bool {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return false };
+/// other. Err (the path and why) when /proc cannot be listed, or when a maps file
+/// cannot be opened for want of this process's own resources (out of fds or memory:
+/// that says nothing of the process whose maps it is).
+fn each_maps(
+    mut each: impl FnMut(&str),
+    mut unreadable: impl FnMut(u32),
+) -> std::result::Result<(), (std::path::PathBuf, std::io::Error)> {
+    let dir = std::fs::read_dir("/proc").map_err(|e| ("/proc".into(), e))?;
     for e in dir.flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
-        match std::fs::read_to_string(e.path().join("maps")) {
+        let path = e.path().join("maps");
+        match std::fs::read_to_string(&path) {
             Ok(maps) => each(&maps),
             // exited meanwhile
             Err(err) if err.kind() == std::io::ErrorKind::NotFound || err.raw_os_error() == Some(libc::ESRCH) => {}
+            Err(err) if matches!(err.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM)) => {
+                return Err((path, err))
+            }
             Err(_) => unreadable(pid),
         }
     }
-    true
+    Ok(())
 }
 
 /// Sends SIGTERM to process `pid` (a program asked to stop cleanly).
@@ -290,6 +300,14 @@ pub fn terminate(pid: u32) -> Result<()> {
 /// pages.
 pub fn disable_thp() -> Result<()> {
     Ok(crate::sys::thp::disable()?)
+}
+
+/// Runs `spawn`, which starts a library's own long-lived threads, with every signal
+/// but the fault signals blocked, so the threads start with them blocked: a signal
+/// sent to the process is then handled on one of the program's threads, never on
+/// the library's (the caller's mask is as before afterwards).
+pub fn spawn_with_sent_signals_blocked<T>(spawn: impl FnOnce() -> T) -> T {
+    signal::spawn_with_sent_signals_blocked(spawn)
 }
 
 /// Registers handlers run by `fork()`: `prepare` in the parent before the fork, `parent`

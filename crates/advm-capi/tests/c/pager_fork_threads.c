@@ -1,7 +1,8 @@
 /* fork() while other threads flush and mark an advm_pager: in the child every call on
  * the inherited pager fails at once with -ENOTRECOVERABLE (it waited for ever on the
  * eviction lock a parent thread held at the fork, or reported success on regions the
- * child does not have), advm_pager_destroy there returns quietly, and the parent's
+ * child does not have; advm_pager_fault_mode answered the parent's mode),
+ * advm_pager_destroy there returns quietly, and the parent's
  * pager keeps every page. */
 #include <advm.h>
 #include <errno.h>
@@ -53,6 +54,12 @@ int main(void) {
             if (advm_pager_stats(pg, &s) != -ENOTRECOVERABLE) _exit(5);
             errno = 0;
             if (advm_pager_map(pg, 4096) != NULL || errno != ENOTRECOVERABLE) _exit(6);
+            /* fault_mode answered the parent's mode here, as if the child had a pager */
+            errno = 0;
+            if (advm_pager_fault_mode(pg) != -ENOTRECOVERABLE || errno != ENOTRECOVERABLE) _exit(7);
+            if (advm_pager_needed(pg, r, 4096) != -ENOTRECOVERABLE) _exit(8);
+            if (advm_pager_unlock(pg, r, 4096) != -ENOTRECOVERABLE) _exit(9);
+            if (advm_pager_unmap(pg, r, LEN) != -ENOTRECOVERABLE) _exit(10);
             advm_pager_destroy(pg);
             _exit(0);
         }

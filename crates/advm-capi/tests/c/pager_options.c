@@ -48,7 +48,9 @@ int main(void) {
     CHECK(advm_pager_new_with(&o) == NULL && errno == EINVAL);
     o = opts(16 * ps);
     o.cgroup = "/nonexistent-cgroup";
-    CHECK(advm_pager_new_with(&o) == NULL && errno != 0);
+    CHECK(advm_pager_new_with(&o) == NULL && errno == ENOENT);
+    o.cgroup = "/tmp"; /* a directory, but no memory cgroup's */
+    CHECK(advm_pager_new_with(&o) == NULL && errno == ENOENT);
 
     /* a newer header's struct: zero extra fields are fine, a set one is refused */
     struct {

@@ -548,6 +548,11 @@ fn fence_error(range: PageRange, e: crate::sys::SysError) -> Error {
             why: format!("{range:?} is already registered with another userfaultfd (a pager?); it cannot be fenced"),
         };
     }
+    // Out of fds or memory: the probe below would fail the same way and read as a
+    // kernel without write protection (ENOSYS), which the caller would take for good.
+    if matches!(e.errno, crate::sys::Errno::MFILE | crate::sys::Errno::NFILE | crate::sys::Errno::NOMEM) {
+        return Error::Sys(e);
+    }
     if let Err(why) = WriteFence::available() {
         return Error::Unsupported { what: "write-protecting a range while it is merged", why };
     }

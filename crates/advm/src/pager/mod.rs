@@ -749,10 +749,10 @@ impl Pager {
         });
         report::enlist(&shared);
         let s = shared.clone();
-        let handler = std::thread::Builder::new()
-            .name("advm-pager".into())
-            .spawn(move || s.handle_faults())
-            .map_err(|e| Error::io("pager handler thread", e))?;
+        let handler = crate::sys::signal::spawn_with_sent_signals_blocked(|| {
+            std::thread::Builder::new().name("advm-pager".into()).spawn(move || s.handle_faults())
+        })
+        .map_err(|e| Error::io("pager handler thread", e))?;
         Ok(Self { shared, handler: Some(handler) })
     }
 

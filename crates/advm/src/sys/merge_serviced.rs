@@ -223,10 +223,10 @@ impl ServicedFence {
         let uffd = Arc::new(Userfaultfd::new(FEATURES, true)?);
         let scratch = Arc::new(Scratch::new(chunk_bytes)?);
         let (u, s) = (uffd.clone(), scratch.clone());
-        let servicer = std::thread::Builder::new()
-            .name("advm-merge-wp".into())
-            .spawn(move || serve(&u, &s))
-            .map_err(|e| SysError::from_io("spawning the merge fence's servicer", &e))?;
+        let servicer = super::signal::spawn_with_sent_signals_blocked(|| {
+            std::thread::Builder::new().name("advm-merge-wp".into()).spawn(move || serve(&u, &s))
+        })
+        .map_err(|e| SysError::from_io("spawning the merge fence's servicer", &e))?;
         while scratch.servicer_stack().load(Ordering::Acquire) == 0 {
             std::thread::yield_now();
         }

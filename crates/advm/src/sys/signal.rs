@@ -243,6 +243,40 @@ impl Awaited {
     }
 }
 
+/// Every signal but those a fault raises (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP):
+/// the ones a program or another process sends, which need not be taken at once.
+pub fn sent_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigfillset initialises it below.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a live sigset_t and the signal numbers are valid.
+    unsafe {
+        libc::sigfillset(&mut set);
+        for s in [libc::SIGSEGV, libc::SIGBUS, libc::SIGILL, libc::SIGFPE, libc::SIGTRAP] {
+            libc::sigdelset(&mut set, s);
+        }
+    }
+    set
+}
+
+/// Runs `spawn` (which starts one of advm's own threads) with [`sent_signals`]
+/// blocked, so the thread starts with them blocked and keeps them so; the caller's
+/// mask is as before afterwards. The kernel then gives a signal sent to the process
+/// to one of the program's threads, whose handler never runs on ours. (A program's
+/// handler that ran on the pager's thread and touched paged memory waited for that
+/// very thread to serve the fault: a deadlock.)
+pub fn spawn_with_sent_signals_blocked<T>(spawn: impl FnOnce() -> T) -> T {
+    let set = sent_signals();
+    // SAFETY: sigset_t is plain data, filled by pthread_sigmask below.
+    let mut was: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: both sets are live; the mask is this thread's own (glibc leaves its
+    // internal signals unblocked), and these arguments cannot fail.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut was) };
+    let r = spawn();
+    // SAFETY: as above: the caller's mask back.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &was, std::ptr::null_mut()) };
+    r
+}
+
 /// Ends this process by `sig` with its default action, as a child that died of it did,
 /// so that whoever waits on us (a shell running a loop, `subprocess`) sees the signal and
 /// not an exit code; no core file of our own. Returns if `sig`'s default action does

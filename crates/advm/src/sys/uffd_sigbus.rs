@@ -137,8 +137,17 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     // unregistered is retried, and faults normally now
     let f = route.serve.load(Ordering::SeqCst);
     if !f.is_null() {
+        // The interrupted code finds errno as it left it: serving makes system calls
+        // (an ioctl that says EAGAIN, a read), and the fault may come between a
+        // program's failed call and its look at errno.
+        // SAFETY: __errno_location has no precondition; it returns this thread's errno.
+        let errno = unsafe { libc::__errno_location() };
+        // SAFETY: this thread's errno slot, read and written by this thread only.
+        let saved = unsafe { *errno };
         // SAFETY: a non-null `serve` stays alive while `busy` counts us (see `retire`).
         unsafe { (**f)(addr, was_write(ctx)) };
+        // SAFETY: as above.
+        unsafe { *errno = saved };
     }
     route.busy.fetch_sub(1, Ordering::SeqCst);
 }
@@ -223,6 +232,10 @@ fn install() -> SysResult<()> {
     new.sa_sigaction = on_sigbus as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) as usize;
     // not SA_ONSTACK: the small alternate stacks Rust gives threads cannot hold a page buffer
     new.sa_flags = libc::SA_SIGINFO;
+    // Sent signals wait until the fault is served: a program's handler run in the
+    // middle that touched paged memory faulted with SIGBUS blocked, and the kernel
+    // killed the process.
+    new.sa_mask = super::signal::sent_signals();
     // SAFETY: as above.
     let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
     // SAFETY: live structs; the handler uses atomics, the index and the registered `serve`s only.

@@ -19,7 +19,10 @@ impl Inner {
             _ => {
                 let me = self.me.clone();
                 let res = Arc::clone(&self.res);
-                match std::thread::Builder::new().name("advm-reaper".into()).spawn(move || reaper(me, res)) {
+                let spawned = crate::sys::signal::spawn_with_sent_signals_blocked(|| {
+                    std::thread::Builder::new().name("advm-reaper".into()).spawn(move || reaper(me, res))
+                });
+                match spawned {
                     Ok(h) => self.reaper = Some((pid, h.thread().clone())),
                     // no thread: unmap now
                     Err(_) => self.reap_all(),
