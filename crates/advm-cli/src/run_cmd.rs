@@ -236,10 +236,14 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
             );
         }
     }
+    let preloaded = if args.mode == Mode::Merge { "merge agent" } else { "shim" };
     if args.mode != Mode::Off && launch::statically_linked(program) {
         eprintln!(
-            "advm run: {program} is statically linked: LD_PRELOAD cannot load the {} into it, so it runs untouched (as --mode off)",
-            if args.mode == Mode::Merge { "merge agent" } else { "shim" }
+            "advm run: {program} is statically linked: LD_PRELOAD cannot load the {preloaded} into it, so it runs untouched (as --mode off)"
+        );
+    } else if let Some(why) = launch::preload_ignored(program).filter(|_| args.mode != Mode::Off) {
+        eprintln!(
+            "advm run: {program} is {why}: the dynamic loader ignores LD_PRELOAD in it (secure-execution mode), so the {preloaded} is not loaded and it runs untouched (as --mode off)"
         );
     }
     if args.mode == Mode::Merge {
