@@ -392,6 +392,14 @@ fn madvise_dontneed_and_free_on_copies_act_as_on_glibc_memory() {
     passes_in_every_variant("madvise.c", &[], 30);
 }
 
+/// A signal handler's fork while its thread is inside a large copy holding the shim's
+/// lock completes, and the child reads the right bytes (the fork handlers used to wait
+/// for that lock forever).
+#[test]
+fn fork_in_a_signal_handler_during_a_large_copy_does_not_deadlock() {
+    passes_in_every_variant("signal_fork.c", &["100"], 30);
+}
+
 /// Threads copying, reading sources during copies, writing, reallocating and forking at
 /// once, every read checked against shadow copies, for a few seconds in each variant.
 #[test]
