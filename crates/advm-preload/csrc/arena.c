@@ -179,39 +179,27 @@ static int any_view(uint64_t v, uint64_t n) {
     return 0;
 }
 
-/* The live block holding page v, or -1 (a freed block's pages or the reservation). */
-static int64_t live_block_at(uint64_t v) {
-    for (uint64_t h = v;; h--) {
-        if (A.vmeta[h] & VM_HEAD) return h + head_pages(h) > v ? (int64_t)h : -1;
-        if (!(A.vmeta[h] & VM_MAPPED) || h == 0) return -1;
-    }
-}
-
+/* A mapped page not in the free table is a live block's (the lock is held: no block is
+ * half made). The fresh mapping asks for no huge pages: the view it replaces had none. */
 void drop_views(uint64_t v, uint64_t n) {
     if (!any_view(v, n)) return;
-    uint64_t i = 0;
+    uint64_t i = 0, to;
     while (i < n) {
-        int64_t h = live_block_at(v + i);
-        if (h < 0) {
-            i++;
+        if (fb_at(v + i, &to)) {
+            i = to - v;
             continue;
         }
-        uint64_t len = head_pages((uint64_t)h), end = (uint64_t)h + len - v;
-        if (end > n) end = n;
-        while (i < end) {
-            uint64_t w = v + i, m = A.vmeta[w], r = run_len(w, end - i);
-            if ((m & (VM_MAPPED | VM_ANON)) == VM_MAPPED && !prot_any(w, r) &&
-                mmap(page_addr(w), r << A.pshift, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1,
-                     0) != MAP_FAILED) {
-                if (thp_wanted(len)) madvise(page_addr(w), r << A.pshift, MADV_HUGEPAGE);
-                unref_pages(w, r);
-                for (uint64_t j = 0; j < r; j++)
-                    A.vmeta[w + j] = (A.vmeta[w + j] & (VM_HEAD | VM_NPAGES_MASK)) | VM_MAPPED | VM_ANON;
-                seg_mapped(w, r);
-                st_add(S_PAGES_DROPPED, r);
-            }
-            i += r;
+        uint64_t w = v + i, m = A.vmeta[w], r = run_len(w, (to < v + n ? to - v : n) - i);
+        if ((m & (VM_MAPPED | VM_ANON)) == VM_MAPPED && !prot_any(w, r) &&
+            mmap(page_addr(w), r << A.pshift, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) !=
+                MAP_FAILED) {
+            unref_pages(w, r);
+            for (uint64_t j = 0; j < r; j++)
+                A.vmeta[w + j] = (A.vmeta[w + j] & (VM_HEAD | VM_NPAGES_MASK)) | VM_MAPPED | VM_ANON;
+            seg_mapped(w, r);
+            st_add(S_PAGES_DROPPED, r);
         }
+        i += r;
     }
 }
 

@@ -275,6 +275,7 @@ int single_owner(uint64_t v, uint64_t n);
 struct freeblk fb_entry(uint64_t v, uint64_t n, int dirty);
 int fb_insert(struct freeblk e);
 int fb_take(uint64_t n, int *dirty, uint64_t *v);
+int fb_at(uint64_t v, uint64_t *to);
 void decay(void);
 void kept_after_huge(void);
 void block_free(void *p);
