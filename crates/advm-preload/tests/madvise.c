@@ -6,8 +6,8 @@
  * there MADV_DONTNEED read the copy's bytes back instead of zeros, and MADV_FREE
  * failed with EINVAL. Checked on a copy's destination and its source, a block that
  * adopted its pages (its source freed), a child's copy after fork (the parent's stays),
- * a copy of a partly dropped block, and MADV_REMOVE (EINVAL, as on glibc's memory);
- * every byte of every block is compared with what the program wrote. */
+ * a copy of a partly dropped block, MADV_DONTNEED_LOCKED, and MADV_REMOVE (EINVAL, as on
+ * glibc's memory); every byte of every block is compared with what the program wrote. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <malloc.h>
@@ -68,6 +68,17 @@ int main(void) {
         CHECK(b[i] == (zero ? 0 : (unsigned char)(i * 7 + 1 + i / PS + 1)), "copy byte %zu is %d", i, b[i]);
     }
     CHECK((at = differs(a, N, 1, 0, 0)) < 0, "source after its copy's MADV_FREE: byte %ld", at);
+
+    /* MADV_DONTNEED_LOCKED (Linux 5.18) drops as MADV_DONTNEED does */
+    unsigned char *l = malloc(N);
+    memcpy(l, b, N);
+    size_t llo = first_page(l) + 200 * PS;
+    if (madvise(l + llo, 8 * PS, 24 /* MADV_DONTNEED_LOCKED */) == 0) {
+        for (size_t i = llo; i < llo + 8 * PS; i++) CHECK(l[i] == 0, "MADV_DONTNEED_LOCKED: byte %zu is %d", i, l[i]);
+    } else {
+        CHECK(errno == EINVAL, "MADV_DONTNEED_LOCKED: %s", strerror(errno));
+    }
+    free(l);
 
     /* the source dropped: the copy keeps its bytes; a copy of the partly dropped source
      * copies its zeros */
