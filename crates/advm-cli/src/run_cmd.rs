@@ -102,10 +102,14 @@ pub fn render_stats(mode: Mode, stats: &BTreeMap<String, u64>, processes: usize)
         fb(g("bytes_copied_partial_pages"))
     );
     out += &format!(
-        "  dirty pages moved    {} (written once into the memfd to be shared); {} memfd pages released under written views, {} adopted by their last view\n",
+        "  dirty pages moved    {} (written once into the memfd to be shared); {} memfd pages released under written views, {} adopted by their last view{}\n",
         g("dirty_pages_moved_to_memfd"),
         g("memfd_pages_released_under_written_views"),
-        g("memfd_pages_adopted_by_last_view")
+        g("memfd_pages_adopted_by_last_view"),
+        match g("pages_dropped_by_madvise") {
+            0 => String::new(),
+            d => format!(", {d} dropped by the program (madvise)"),
+        }
     );
     out += &format!(
         "  trims                {} ({} memfd pages every view of which was written given back; {:.1} ms)\n",
@@ -232,10 +236,14 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
             );
         }
     }
+    let preloaded = if args.mode == Mode::Merge { "merge agent" } else { "shim" };
     if args.mode != Mode::Off && launch::statically_linked(program) {
         eprintln!(
-            "advm run: {program} is statically linked: LD_PRELOAD cannot load the {} into it, so it runs untouched (as --mode off)",
-            if args.mode == Mode::Merge { "merge agent" } else { "shim" }
+            "advm run: {program} is statically linked: LD_PRELOAD cannot load the {preloaded} into it, so it runs untouched (as --mode off)"
+        );
+    } else if let Some(why) = launch::preload_ignored(program).filter(|_| args.mode != Mode::Off) {
+        eprintln!(
+            "advm run: {program} is {why}: the dynamic loader ignores LD_PRELOAD in it (secure-execution mode), so the {preloaded} is not loaded and it runs untouched (as --mode off)"
         );
     }
     if args.mode == Mode::Merge {

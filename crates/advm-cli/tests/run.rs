@@ -274,3 +274,27 @@ fn ksm_mode_without_root_says_root_is_needed_and_leaves_nothing() {
     assert!(err.contains("changing KSM's settings (/sys/kernel/mm/ksm) needs root"), "{err}");
     assert!(left.is_empty(), "left behind: {left:?}");
 }
+
+/// A home where no cache can be made (a service account's `/nonexistent`, here a path
+/// under /proc that nobody may create) puts the shim in `$TMPDIR/advm-<euid>` instead:
+/// `advm run` used to fail with "installing the preload shim into ...: Permission
+/// denied" before running the program.
+#[test]
+fn a_home_without_a_cache_directory_keeps_the_shim_in_the_temporary_directory() {
+    let tmp = std::env::temp_dir().join(format!("advm-test-run-no-home-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let out = Command::new(ADVM)
+        .args(["run", "--stats", "--", "true"])
+        .env("HOME", "/proc/advm-no-home")
+        .env_remove("XDG_CACHE_HOME")
+        .env("TMPDIR", &tmp)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    let installed = std::fs::read_dir(tmp.join(format!("advm-{}", advm::process::euid())))
+        .map(|d| d.flatten().any(|e| e.file_name().to_string_lossy().starts_with("libadvm-preload-")));
+    let _ = std::fs::remove_dir_all(&tmp);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains(", 1 process(es) reported"), "{err}");
+    assert!(matches!(installed, Ok(true)), "no shim in the temporary directory: {installed:?}");
+}

@@ -153,6 +153,48 @@ fn static_programs_run_untouched_and_advm_run_says_so() {
     }
 }
 
+/// A set-user-ID program owned by another user runs in the loader's secure-execution
+/// mode, which ignores LD_PRELOAD: it runs untouched, and `advm run` says so (it used to
+/// say nothing, and `--stats` reported no process); root's own set-user-ID program loads
+/// the shim as any other.
+#[test]
+fn set_user_id_programs_of_another_user_run_untouched_and_advm_run_says_so() {
+    use std::os::unix::fs::PermissionsExt;
+    if !advm::process::is_root() {
+        eprintln!("skipped: making a set-user-ID program of another user needs root");
+        return;
+    }
+    let dir = common::dir("libc-setuid");
+    let id = dir.0.join("id");
+    std::fs::copy("/usr/bin/id", &id).unwrap();
+    std::os::unix::fs::chown(&id, Some(65534), None).unwrap();
+    std::fs::set_permissions(&id, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let plain = Command::new(&id).arg("-u").output().unwrap();
+    if plain.stdout != b"65534\n" {
+        eprintln!("skipped: the set-user-ID bit does nothing in {} (nosuid?)", dir.0.display());
+        return;
+    }
+    for (mode, what) in [("vcopy", "shim"), ("merge", "merge agent")] {
+        let out =
+            Command::new(ADVM).args(["run", "--stats", "--mode", mode, "--"]).arg(&id).arg("-u").output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!((out.stdout.as_slice(), out.status.code()), (&b"65534\n"[..], Some(0)), "{}", text(&out));
+        assert!(
+            err.starts_with(&format!(
+                "advm run: {} is set-user-ID (to uid 65534): the dynamic loader ignores LD_PRELOAD in it (secure-execution mode), so the {what} is not loaded and it runs untouched (as --mode off)\n",
+                id.display()
+            )),
+            "{err}"
+        );
+        assert!(err.contains("0 process(es) reported") || err.contains("no merge ran"), "{err}");
+    }
+    std::os::unix::fs::chown(&id, Some(0), None).unwrap();
+    std::fs::set_permissions(&id, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let out = Command::new(ADVM).args(["run", "--stats", "--"]).arg(&id).arg("-u").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("set-user-ID") && err.contains(", 1 process(es) reported"), "{err}");
+}
+
 /// Under a finite RLIMIT_AS or RLIMIT_DATA from the start (`ulimit -v`, `ulimit -d`) the
 /// shim stays off: the program runs as without advm, and `advm run` says why.
 #[test]

@@ -162,6 +162,47 @@ void make_private(uint64_t v, uint64_t n) {
     }
 }
 
+/* ---- the program's MADV_DONTNEED and MADV_FREE ------------------------------------
+ * On the anonymous memory glibc hands out, a page dropped with MADV_DONTNEED reads as
+ * zeros, and MADV_FREE succeeds. On a memfd view (a copy's side, or a block that adopted
+ * its pages) DONTNEED reads the memfd page again (the copy's bytes, not zeros) and
+ * MADV_FREE fails with EINVAL (the kernel takes it on private anonymous memory only).
+ * So before either advice the views among the live blocks' pages in its range become
+ * fresh anonymous memory (zeros, as the advice leaves them) and drop their references,
+ * as a freed block's would; the advice then acts on them as under glibc. Pages the
+ * program protected (protbits) are left as they are. */
+
+/* Whether [v, v+n) holds a memfd view (mapped, not anonymous). */
+static int any_view(uint64_t v, uint64_t n) {
+    for (uint64_t i = 0; i < n; i++)
+        if ((A.vmeta[v + i] & (VM_MAPPED | VM_ANON)) == VM_MAPPED) return 1;
+    return 0;
+}
+
+/* A mapped page not in the free table is a live block's (the lock is held: no block is
+ * half made). The fresh mapping asks for no huge pages: the view it replaces had none. */
+void drop_views(uint64_t v, uint64_t n) {
+    if (!any_view(v, n)) return;
+    uint64_t i = 0, to;
+    while (i < n) {
+        if (fb_at(v + i, &to)) {
+            i = to - v;
+            continue;
+        }
+        uint64_t w = v + i, m = A.vmeta[w], r = run_len(w, (to < v + n ? to - v : n) - i);
+        if ((m & (VM_MAPPED | VM_ANON)) == VM_MAPPED && !prot_any(w, r) &&
+            mmap(page_addr(w), r << A.pshift, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) !=
+                MAP_FAILED) {
+            unref_pages(w, r);
+            for (uint64_t j = 0; j < r; j++)
+                A.vmeta[w + j] = (A.vmeta[w + j] & (VM_HEAD | VM_NPAGES_MASK)) | VM_MAPPED | VM_ANON;
+            seg_mapped(w, r);
+            st_add(S_PAGES_DROPPED, r);
+        }
+        i += r;
+    }
+}
+
 /* ---- memfd generations ----------------------------------------------------------- */
 
 /* ---- the shim's descriptors --------------------------------------------------------

@@ -2,10 +2,24 @@
  * processes start a new memfd generation after it. */
 #include "shim.h"
 
+/* Set in a thread that forks from a signal handler which interrupted it inside the shim
+ * (lock_mine: in a large memcpy, say; fork is async-signal-safe, and under glibc such a
+ * fork works). The lock is then this thread's already and the arena may be half way
+ * through a change: taking the lock again waited for ever (the program hung), and
+ * nothing of the arena can be touched. So the handlers do nothing around this fork: the
+ * child gets the arena as it was, locked until the interrupted call finishes, and its
+ * shared runs and memfd generation are the parent's (docs/run.md, "Limits"). Thread-
+ * local, so the child (a copy of this thread) sees it too. */
+static __thread int fork_in_shim __attribute__((tls_model("initial-exec")));
+
 /* Before fork: no page may stay a writable shared mapping, or parent and child would
  * see each other's writes. Every shared run becomes a private mapping of the same
  * memfd pages (contents unchanged: they are the memfd's). */
 void fork_prepare(void) {
+    if (lock_mine) {
+        fork_in_shim = 1;
+        return;
+    }
     lock_take();
     if (state != 2) return;
     int saved = errno;
@@ -65,6 +79,10 @@ void new_generation(void) {
 }
 
 void fork_parent(void) {
+    if (fork_in_shim) {
+        fork_in_shim = 0;
+        return;
+    }
     if (state == 2) {
         new_generation();
         st_add(S_FORKS, 1);
@@ -73,6 +91,10 @@ void fork_parent(void) {
 }
 
 void fork_child(void) {
+    if (fork_in_shim) {
+        fork_in_shim = 0;
+        return;
+    }
     if (state == 2) {
         new_generation();
         /* it reads the parent's pagemap (closed only while it is still the shim's) */

@@ -141,6 +141,23 @@ int fb_insert(struct freeblk e) {
     return 0;
 }
 
+/* Whether page v is in a free-table entry: 1 and *to = the entry's end, or 0 and *to =
+ * the start of the next entry (UINT64_MAX when none follows). */
+int fb_at(uint64_t v, uint64_t *to) {
+    int lo = 0, hi = fb_n;
+    while (lo < hi) { /* the first entry starting after v */
+        int mid = (lo + hi) / 2;
+        if (fb[mid].start <= v) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo > 0 && (uint64_t)fb[lo - 1].start + fb[lo - 1].len > v) {
+        *to = (uint64_t)fb[lo - 1].start + fb[lo - 1].len;
+        return 1;
+    }
+    *to = lo < fb_n ? fb[lo].start : UINT64_MAX;
+    return 0;
+}
+
 /* Takes n pages from the table: the best fit among the entries holding pages (no fault,
  * no zeroing: what glibc's heap gets), else among those without, of the same THP
  * kind. A bigger entry is carved: its first n pages are taken, the rest stays. */

@@ -358,6 +358,38 @@ EXPORT int mprotect(void *addr, size_t len, int prot) {
     return rc;
 }
 
+#ifndef MADV_DONTNEED_LOCKED
+#define MADV_DONTNEED_LOCKED 24
+#endif
+
+/* madvise over arena pages (called by the exported madvise in pmem.c, before the advice):
+ * MADV_DONTNEED (and MADV_DONTNEED_LOCKED) and MADV_FREE turn the memfd views in the
+ * range into anonymous memory first (arena.c, drop_views), so that the advice acts as
+ * on glibc's memory: a copy's
+ * page read back its source's bytes after MADV_DONTNEED instead of zeros, and MADV_FREE
+ * failed with EINVAL. MADV_REMOVE is refused (EINVAL), as on glibc's private anonymous
+ * memory: on a block that adopted its memfd pages it would punch them. Returns 0 to go
+ * on with the advice, -1 (errno set) to refuse it. The shim's own calls (lock held) pass. */
+int advise_arena(void *addr, size_t len, int advice) {
+    uintptr_t a = (uintptr_t)addr, lo = arena_lo, hi = arena_lo + arena_len;
+    if ((advice != MADV_DONTNEED && advice != MADV_DONTNEED_LOCKED && advice != MADV_FREE && advice != MADV_REMOVE) ||
+        state != 2 || lock_mine ||
+        A.retired || !len || (a & (A.ps - 1)) || a >= hi || len > hi - a || a + len <= lo)
+        return 0;
+    if (advice == MADV_REMOVE) {
+        errno = EINVAL;
+        return -1;
+    }
+    if (A.mode != MODE_COW) return 0;
+    uintptr_t from = a > lo ? a : lo, to = a + len < hi ? a + len : hi;
+    int saved = errno;
+    lock_take();
+    drop_views(page_of((void *)from), (to - from + A.ps - 1) >> A.pshift);
+    lock_drop();
+    errno = saved;
+    return 0;
+}
+
 /* Whether system call nr (arguments a1, a2) makes a process that does not share this
  * one's memory: fork, or clone/clone3 without CLONE_VM. */
 static int new_process(long nr, long a1, long a2) {

@@ -699,11 +699,13 @@ EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off
     return r;
 }
 
-/* QEMU asks for transparent huge pages on all guest memory. On the plan's file
+/* The arena's blocks first (interpose.c, advise_arena). QEMU asks for transparent huge
+ * pages on all guest memory. On the plan's file
  * mappings that makes every page-cache miss read 2 MiB around the fault (the huge-page
  * readahead), so a guest touching a few blocks here and there pulls the whole image
  * into the host's page cache: the advice is dropped for the device. */
 EXPORT int madvise(void *addr, size_t len, int advice) {
+    if (advise_arena(addr, len, advice) != 0) return -1;
     char *a = addr, *b = a + len, *lo = dump_base, *hi = dump_base + dump_len;
     if (advice == MADV_HUGEPAGE && dump_len && a < hi && b > lo) {
         int r = 0;

@@ -197,7 +197,7 @@ enum counter {
     S_FB_NOT_ARENA, S_FB_OFFSET, S_FB_OVERLAP, S_FB_SHORT, S_FB_BUDGET,
     S_FB_ERROR, S_FB_BYTES, S_REALLOC_INPLACE, S_REALLOC_MREMAP, S_REALLOC_SHRINK,
     S_FB_REENTRANT, S_FORKS, S_GENS_EXHAUSTED, S_CACHE_HITS, S_DIRTY_HITS, S_PAGES_SALVAGED, S_PAGES_FRESH, S_PAGES_RETURNED,
-    S_PAGES_DETACHED, S_PAGES_ADOPTED, S_FDS_LOST, S_FB_PROTECTED, S_PAGES_TRIMMED, S_TRIMS, S_TRIM_US, S_NSTATS
+    S_PAGES_DETACHED, S_PAGES_ADOPTED, S_FDS_LOST, S_FB_PROTECTED, S_PAGES_TRIMMED, S_TRIMS, S_TRIM_US, S_PAGES_DROPPED, S_NSTATS
 };
 extern uint64_t stats[S_NSTATS];
 
@@ -275,17 +275,23 @@ int single_owner(uint64_t v, uint64_t n);
 struct freeblk fb_entry(uint64_t v, uint64_t n, int dirty);
 int fb_insert(struct freeblk e);
 int fb_take(uint64_t n, int *dirty, uint64_t *v);
+int fb_at(uint64_t v, uint64_t *to);
 void decay(void);
 void kept_after_huge(void);
 void block_free(void *p);
 
-/* arena.c: pages whose protection the program changed (protbits) */
+/* arena.c: pages whose protection the program changed (protbits); views the program
+ * drops (madvise) */
 int prot_any(uint64_t v, uint64_t n);
 void prot_set(uint64_t v, uint64_t n, int on);
 void make_private(uint64_t v, uint64_t n);
+void drop_views(uint64_t v, uint64_t n);
 
 /* copy.c: virtual copies between arena blocks */
 void *big_copy(void *d, const void *s, size_t n, copy_fn plain);
+
+/* interpose.c: the program's madvise over arena pages (pmem.c's madvise asks first) */
+int advise_arena(void *addr, size_t len, int advice);
 
 /* fork.c: the pthread_atfork handlers */
 void fork_prepare(void);

@@ -204,17 +204,45 @@ pub fn prepare(
     Ok(Prepared { command, stats_dir, merge_report_dir, _scratch: scratch, _ksm: ksm })
 }
 
+/// `program` as exec finds it: a path as given, or a name looked up in `PATH`.
+fn program_path(program: &str) -> Option<PathBuf> {
+    if program.contains('/') {
+        Some(PathBuf::from(program))
+    } else {
+        std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(program)).find(|p| p.is_file()))
+    }
+}
+
+/// Why the dynamic loader will ignore `LD_PRELOAD` in `program`, or None: a set-user-ID
+/// file owned by another user than this process's real one (or set-group-ID to another
+/// group) runs in secure-execution mode, where ld.so preloads no library named by a
+/// path, so the shim (the merge agent) is not loaded and the program runs untouched.
+/// Not seen: a filesystem mounted `nosuid` (the bits do nothing there, and the shim
+/// loads) and file capabilities (secure mode too).
+pub fn preload_ignored(program: &str) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(program_path(program)?).ok()?;
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    // the real id: the first of the "Uid:" / "Gid:" line's four
+    let real = |key: &str| {
+        status.lines().find_map(|l| l.strip_prefix(key)).and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+    };
+    if meta.mode() & 0o4000 != 0 && real("Uid:") != Some(meta.uid()) {
+        return Some(format!("set-user-ID (to uid {})", meta.uid()));
+    }
+    if meta.mode() & 0o2000 != 0 && meta.mode() & 0o010 != 0 && real("Gid:") != Some(meta.gid()) {
+        return Some(format!("set-group-ID (to gid {})", meta.gid()));
+    }
+    None
+}
+
 /// Whether `program` (a path, or a name looked up in `PATH` as exec does) is an ELF
 /// executable without a program interpreter (statically linked, static-pie included):
 /// the dynamic loader never runs in it, so `LD_PRELOAD` (the shim, the merge agent) is
 /// not loaded and the program runs untouched. False when it cannot be read or is not a
 /// 64-bit little-endian ELF file (a script's interpreter is what runs).
 pub fn statically_linked(program: &str) -> bool {
-    let path = if program.contains('/') {
-        Some(PathBuf::from(program))
-    } else {
-        std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(program)).find(|p| p.is_file()))
-    };
+    let path = program_path(program);
     // the headers are at the start: the first 64 KiB, not the whole binary
     let mut bytes = Vec::new();
     let read = path

@@ -89,15 +89,18 @@ fn check_private(dir: &Path) -> std::io::Result<()> {
 
 /// Where `advm run` keeps the shim: `$XDG_CACHE_HOME/advm`, `~/.cache/advm`, or
 /// `advm-<euid>` in the temporary directory (one per user: [`install`] accepts no
-/// directory another user could write).
+/// directory another user could write). The temporary one also when the first that
+/// applies cannot be created: service accounts' homes (`/nonexistent`, a read-only
+/// `/var/www`) made `advm run` fail with "Permission denied" before.
 pub fn default_cache_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d).join("advm");
+    let home = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|d| !d.is_empty())
+        .map(|d| PathBuf::from(d).join("advm"))
+        .or_else(|| std::env::var_os("HOME").filter(|h| !h.is_empty()).map(|h| PathBuf::from(h).join(".cache/advm")));
+    match home {
+        Some(d) if std::fs::create_dir_all(&d).is_ok() => d,
+        _ => std::env::temp_dir().join(format!("advm-{}", advm::process::euid())),
     }
-    if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
-        return PathBuf::from(h).join(".cache/advm");
-    }
-    std::env::temp_dir().join(format!("advm-{}", advm::process::euid()))
 }
 
 #[cfg(test)]

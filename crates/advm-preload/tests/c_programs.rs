@@ -383,6 +383,23 @@ fn memcpy_in_a_signal_handler_during_a_large_copy_does_not_deadlock() {
     passes_in_every_variant("signal_copy.c", &["400"], 30);
 }
 
+/// A program's MADV_DONTNEED on its blocks leaves zeros and its MADV_FREE succeeds, as on
+/// glibc's anonymous memory, also on a copy's pages (memfd views: DONTNEED read the
+/// copy's bytes back and MADV_FREE failed with EINVAL), its source's, a block that
+/// adopted its pages, after fork; MADV_REMOVE fails with EINVAL.
+#[test]
+fn madvise_dontneed_and_free_on_copies_act_as_on_glibc_memory() {
+    passes_in_every_variant("madvise.c", &[], 30);
+}
+
+/// A signal handler's fork while its thread is inside a large copy holding the shim's
+/// lock completes, and the child reads the right bytes (the fork handlers used to wait
+/// for that lock forever).
+#[test]
+fn fork_in_a_signal_handler_during_a_large_copy_does_not_deadlock() {
+    passes_in_every_variant("signal_fork.c", &["100"], 30);
+}
+
 /// Threads copying, reading sources during copies, writing, reallocating and forking at
 /// once, every read checked against shadow copies, for a few seconds in each variant.
 #[test]
