@@ -26,7 +26,7 @@ pub struct StatArgs {
     #[arg(long, value_name = "SECS", value_parser = watch_parser)]
     watch: Option<f64>,
     /// Sampling interval with --watch, milliseconds (the paper samples each second).
-    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
     interval: u64,
     /// Ignore PFNs and report the PSS fallback, as a process without CAP_SYS_ADMIN sees.
     #[arg(long)]
@@ -164,9 +164,6 @@ fn run_cgroup(args: &StatArgs, path: &std::path::Path) -> Result<(), CliError> {
         }
         return Ok(());
     };
-    if args.interval == 0 {
-        return Err(CliError::Usage("--interval must be at least 1 ms".into()));
-    }
     let sampler = g.sample_every(Duration::from_millis(args.interval));
     let start = std::time::Instant::now();
     loop {
@@ -213,9 +210,6 @@ pub fn run(args: StatArgs) -> Result<(), CliError> {
         }
         return Ok(());
     };
-    if args.interval == 0 {
-        return Err(CliError::Usage("--interval must be at least 1 ms".into()));
-    }
     let duration = (secs > 0.0).then(|| Duration::from_secs_f64(secs));
     let mut header = !args.json;
     // A watch without a duration runs until stopped: a reader closing the pipe stops

@@ -63,6 +63,7 @@ fn every_command_has_help_without_rustdoc_links() {
 /// 1e300) panicked converting to a Duration (status 101), `--watch nan` and
 /// `--watch=-1` sampled until the process exited, as `--watch 0` does;
 /// `bench --runs 0` ran one repetition and reported `"runs": 0`.
+/// `advm run --json` needs `--stats` or `--cgroup` (either or both).
 #[test]
 fn values_out_of_range_are_refused_before_anything_runs() {
     for (args, says) in [
@@ -72,11 +73,16 @@ fn values_out_of_range_are_refused_before_anything_runs() {
         (&["stat", "self", "--watch=-1"][..], "\"-1\" is not a number of seconds in 0..=31536000"),
         (&["stat", "--cgroup", "/", "--watch", "inf"][..], "\"inf\" is not a number of seconds in 0..=31536000"),
         (&["bench", "stat", "--quick", "--runs", "0"][..], "0 is not in 1..=1000000"),
+        // These two were refused after parsing, with status 1, as if something had failed.
+        (&["stat", "self", "--watch", "1", "--interval", "0"][..], "0 is not in 1..=86400000"),
+        (&["run", "--json", "--", "true"][..], "<--stats|--cgroup>"),
     ] {
         let (code, out, err) = advm(args);
         assert_eq!((code, out.as_str()), (2, ""), "advm {args:?}: {err}");
         assert!(err.contains(says), "advm {args:?}: {err}");
     }
+    let (code, _, err) = advm(&["run", "--mode", "off", "--json", "--stats", "--cgroup", "--", "true"]);
+    assert!(code == 0 || err.contains("needs root"), "{err}");
 }
 
 /// `advm bench NAME --out FILE` checks FILE can be written before it runs the
