@@ -43,7 +43,7 @@ pub fn run(args: DaemonArgs) -> Result<(), CliError> {
     cfg.hash_check_one_in = args.check_hashes_one_in as usize;
     // Before any thread starts, so that every thread leaves them to this one.
     let signals = advm::process::AwaitedSignals::block()?;
-    let d = advmd::Daemon::bind(cfg).map_err(|e| CliError::Usage(format!("advm daemon: {e}")))?;
+    let d = advmd::Daemon::bind(cfg).map_err(|e| CliError::Usage(format!("daemon: {e}")))?;
     let socket = d.socket().to_path_buf();
     advmd::say(format_args!(
         "serving on {} (stores of at most {} MiB per domain)",

@@ -82,9 +82,10 @@ enum Command {
         /// Small sizes and few runs: finishes in seconds.
         #[arg(long)]
         quick: bool,
-        /// Repetitions per point (default: 5, or 3 with --quick).
-        #[arg(long)]
-        runs: Option<usize>,
+        /// Repetitions per point (default: 3 with --quick, else the benchmark's own:
+        /// 5 for most, fewer for the long ones; `advm bench list` shows each).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+        runs: Option<u64>,
         /// Also write the JSON report to this file.
         #[arg(long)]
         out: Option<std::path::PathBuf>,
@@ -126,6 +127,24 @@ pub(crate) fn stdout_error(e: std::io::Error) -> CliError {
 
 fn to_json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string_pretty(v).expect("reports serialize")
+}
+
+/// Fails at once when `--out` cannot be written (a missing directory, a directory),
+/// rather than after a benchmark that may run for an hour: its report was lost. A file
+/// this check creates is removed again; one that was there keeps its contents until
+/// the report replaces them.
+fn check_writable(path: &std::path::Path) -> Result<(), CliError> {
+    let existed = path.symlink_metadata().is_ok();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| CliError::Io(format!("--out {}", path.display()), e))?;
+    if !existed {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
 }
 
 fn doctor(json: bool) -> Result<(), CliError> {
@@ -188,15 +207,33 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Image(cmd) => image_cmd::run(cmd)?,
         Command::Bench { name, json, quick, runs, out } => {
             if name == "list" {
+                if json {
+                    let list: Vec<_> = bench::all()
+                        .iter()
+                        .map(|b| {
+                            serde_json::json!({ "name": b.name(), "description": b.description(),
+                                "default_runs": b.default_runs() })
+                        })
+                        .collect();
+                    outln!("{}", to_json(&list));
+                    return Ok(());
+                }
                 let width = bench::all().iter().map(|b| b.name().len()).max().unwrap_or(0);
                 for b in bench::all() {
-                    outln!("{:<width$}  {}", b.name(), b.description());
+                    let runs = match b.default_runs() {
+                        1 => "1 run".to_string(),
+                        n => format!("{n} runs"),
+                    };
+                    outln!("{:<width$}  {runs:<7}  {}", b.name(), b.description());
                 }
                 return Ok(());
             }
+            if let Some(path) = &out {
+                check_writable(path)?;
+            }
             let opts = bench::BenchOpts {
                 quick,
-                runs: runs.unwrap_or_else(|| if quick { 3 } else { bench::default_runs(&name) }),
+                runs: runs.map_or_else(|| if quick { 3 } else { bench::default_runs(&name) }, |r| r as usize),
                 progress: std::io::stderr().is_terminal() && !json,
             };
             let report = bench::run(&name, &opts)?;

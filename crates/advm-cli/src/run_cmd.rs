@@ -31,13 +31,14 @@ fn mode_parser() -> impl clap::builder::TypedValueParser<Value = Mode> {
 
 /// Arguments of `advm run`.
 #[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("report").multiple(true)))]
 pub struct RunArgs {
     /// Configuration: vcopy (virtual copies; `cow` is its deprecated name), alloc, ksm,
     /// ksm-aggr, off, merge.
     #[arg(long, value_parser = mode_parser(), default_value = "vcopy")]
     pub mode: Mode,
     /// At exit, print on stderr the copies made virtual, bytes not copied and fallbacks.
-    #[arg(long)]
+    #[arg(long, group = "report")]
     pub stats: bool,
     /// Allocations and copies of at least this many pages use the arena.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
@@ -52,11 +53,11 @@ pub struct RunArgs {
     pub merge_after: f64,
     /// Run the program in its own memory cgroup and, after it exits, print on stderr
     /// the anon+shmem and page cache charged to it (mean and peak, sampled every 50 ms).
-    #[arg(long)]
+    #[arg(long, group = "report")]
     pub cgroup: bool,
     /// With --cgroup or --stats: print those reports as JSON (on stderr, after the
     /// program's output; the cgroup's first, then the statistics, one document each).
-    #[arg(long)]
+    #[arg(long, requires = "report")]
     pub json: bool,
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
@@ -221,9 +222,6 @@ pub fn report_cgroup(who: &str, group: Group, sampler: cgroup::Sampler, json: bo
 /// `advm run`: runs the program, then exits with its status.
 pub fn run(args: RunArgs) -> Result<(), CliError> {
     let (program, rest) = args.command.split_first().ok_or_else(|| CliError::Usage("no command given".into()))?;
-    if args.json && !args.cgroup && !args.stats {
-        return Err(CliError::Usage("--json prints the --cgroup or --stats report: give one of them".into()));
-    }
     // Ctrl-C and kill must end the program, not advm: advm still has to restore KSM
     // settings (changed in `prepare`) and report. Installed first: a kill until the
     // program exists is held for it.

@@ -96,3 +96,31 @@ fn stat_cgroup_reads_an_existing_group() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("memory.stat"));
 }
+
+/// `advm stat --cgroup PATH --watch SECS` ends after SECS, whatever `--interval`: the
+/// sampler slept a whole interval before it saw the stop (`--watch 0.3 --interval
+/// 60000` took 60 s), and its JSON has the documented fields (docs/stat.md).
+#[test]
+fn stat_cgroup_watch_ends_on_time_with_a_long_interval() {
+    if let Some(why) = unavailable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let g = advm::stats::cgroup::Group::create("cli-stat-watch").unwrap();
+    let t0 = std::time::Instant::now();
+    let out = Command::new(ADVM)
+        .arg("stat")
+        .arg("--cgroup")
+        .arg(g.path())
+        .args(["--json", "--watch", "0.3", "--interval", "60000"])
+        .output()
+        .unwrap();
+    let took = t0.elapsed();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(took < std::time::Duration::from_secs(20), "took {took:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for f in ["group", "version", "samples", "interval_ms", "anon_shmem_bytes", "page_cache_bytes", "last"] {
+        assert!(v.get(f).is_some(), "no field {f:?} in {v}");
+    }
+    assert!(v["anon_shmem_bytes"]["max"].is_number() && v["last"]["page_cache_bytes"].is_u64(), "{v}");
+}

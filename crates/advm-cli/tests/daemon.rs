@@ -127,3 +127,27 @@ fn a_daemon_whose_socket_file_was_removed_still_stops_on_sigterm() {
     lock.push(".lock");
     assert!(!Path::new(&lock).exists(), "the lock file stayed");
 }
+
+/// A socket path longer than a UNIX address holds is refused before anything is made,
+/// with one `advm:` before the message (it said `advm: advm daemon: ...`).
+#[test]
+fn a_socket_path_too_long_is_refused_naming_its_length() {
+    let dir = common::dir("daemon-long-path");
+    let sock = dir.0.join(format!("{}.sock", "s".repeat(120)));
+    let out = Command::new(env!("CARGO_BIN_EXE_advm")).args(["daemon", "--socket"]).arg(&sock).output().unwrap();
+    let len = sock.as_os_str().len();
+    assert_eq!(
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).as_ref(), String::from_utf8_lossy(&out.stderr)),
+        (
+            Some(1),
+            "",
+            format!(
+                "advm: daemon: {}: {len} bytes long; a UNIX socket path holds at most 107 bytes (name a shorter path \
+                 with --socket or ADVM_SOCKET)\n",
+                sock.display()
+            )
+            .into()
+        )
+    );
+    assert!(!sock.exists());
+}

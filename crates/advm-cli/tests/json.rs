@@ -75,6 +75,12 @@ fn each_json_command_prints_one_document_with_its_documented_fields() {
     for f in ["start", "length", "kind", "depth", "file", "offset"] {
         assert!(e.get(f).is_some(), "no field {f:?} in extent {e}");
     }
+    // `bench list --json` printed the text list.
+    let (code, out, err) = advm(&d.0, &["bench", "list", "--json"]);
+    assert_eq!((code, err.as_str()), (0, ""));
+    let list: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let stat = list.iter().find(|b| b["name"] == "stat").unwrap_or_else(|| panic!("no stat in {out}"));
+    assert!(stat["description"].is_string() && stat["default_runs"].as_u64() >= Some(1), "{stat}");
 }
 
 #[test]

@@ -240,6 +240,9 @@ fn run_refuses_a_missing_qemu_kernel_or_chain_with_what_is_missing() {
     // A missing image is named first (not the kernel that defaults to a file beside it).
     let (okay, e) = advm(&["vm", "run", "--image", img.to_str().unwrap(), "--qemu", "/nonexistent/qemu-system-x86_64"]);
     assert!(!okay && e.contains("app.qcow2: not found"), "{e}");
+    // So is a directory (the build's, for its app.qcow2): it said `kernel DIR/../vmlinuz: not found`.
+    let (okay, e) = advm(&["vm", "run", "--image", d.0.to_str().unwrap()]);
+    assert!(!okay && e.contains(&format!("image {}: is a directory", d.0.display())), "{e}");
     std::fs::write(&img, b"not a qcow2 image").unwrap();
     let (okay, e) = advm(&["vm", "run", "--image", img.to_str().unwrap(), "--qemu", "/nonexistent/qemu-system-x86_64"]);
     assert!(!okay && e.contains("/nonexistent/qemu-system-x86_64: not found"), "{e}");

@@ -370,8 +370,10 @@ struct DamonScheme {
     min_idle_s: f64,
 }
 
-/// The schemes of every DAMON context that is on, from DAMON's sysfs interface.
-fn damon_schemes() -> Vec<DamonScheme> {
+/// The schemes of every DAMON context that is on, from DAMON's sysfs interface; Err
+/// (the file and why) when a kdamond's state cannot be read: its files are root's,
+/// mode 0600, and a user who cannot read them cannot tell whether DAMON reclaims.
+fn damon_schemes() -> Result<Vec<DamonScheme>, String> {
     let root = std::path::Path::new("/sys/kernel/mm/damon/admin/kdamonds");
     let dirs = |p: &std::path::Path| -> Vec<std::path::PathBuf> {
         let mut v: Vec<_> = std::fs::read_dir(p)
@@ -382,8 +384,12 @@ fn damon_schemes() -> Vec<DamonScheme> {
     };
     let mut out = Vec::new();
     for k in dirs(root) {
-        if read_trim(k.join("state")).as_deref() != Some("on") {
-            continue;
+        let state = k.join("state");
+        match std::fs::read_to_string(&state) {
+            Ok(s) if s.trim() == "on" => {}
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(format!("{}: {e}", state.display())),
         }
         for c in dirs(&k.join("contexts")) {
             let ops = read_trim(c.join("operations")).unwrap_or_default();
@@ -396,12 +402,25 @@ fn damon_schemes() -> Vec<DamonScheme> {
             }
         }
     }
-    out
+    Ok(out)
 }
 
 /// DAMON schemes that reclaim memory on their own (`pageout`, `lru_deprio`) move pages
 /// a program has not touched for a while, whatever the program knows about them.
-fn damon_check(schemes: &[DamonScheme]) -> Check {
+fn damon_check(schemes: &Result<Vec<DamonScheme>, String>) -> Check {
+    let schemes = match schemes {
+        Ok(s) => s,
+        // Not "OK, off": root may see a scheme paging out idle memory here.
+        Err(why) => {
+            return check(
+                "DAMON",
+                Status::Degraded,
+                format!("unknown ({why})"),
+                "DAMON's settings are readable by root only: whether the kernel pages out idle memory on its own \
+                 (which would slow a benchmark touching long-idle pages) cannot be seen; run advm doctor as root",
+            )
+        }
+    };
     let acting: Vec<String> = schemes
         .iter()
         .filter(|s| s.action == "pageout" || s.action == "lru_deprio")
@@ -431,11 +450,17 @@ mod tests {
     #[test]
     fn damon_is_a_warning_only_when_a_scheme_reclaims() {
         let s = |action: &str| DamonScheme { ops: "paddr".into(), action: action.into(), min_idle_s: 60.0 };
-        assert_eq!(damon_check(&[]).status, Status::Ok);
-        assert_eq!(damon_check(&[s("stat")]).status, Status::Ok);
-        let c = damon_check(&[s("stat"), s("pageout")]);
+        assert_eq!(damon_check(&Ok(vec![])).status, Status::Ok);
+        assert_eq!(damon_check(&Ok(vec![s("stat")])).status, Status::Ok);
+        let c = damon_check(&Ok(vec![s("stat"), s("pageout")]));
         assert_eq!(c.status, Status::Degraded);
         assert!(c.value.contains("pageout on paddr after 60 s idle"), "{}", c.value);
+        // Unreadable (a user who is not root): unknown, never "OK, off".
+        let c = damon_check(&Err("state: Permission denied (os error 13)".into()));
+        assert_eq!(
+            (c.status, c.value.as_str()),
+            (Status::Degraded, "unknown (state: Permission denied (os error 13))")
+        );
     }
 
     #[test]

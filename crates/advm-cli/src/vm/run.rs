@@ -38,7 +38,7 @@ pub enum DiskKind {
 /// `--merge-scope`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum MergeScope {
-    /// Guest RAM and QEMU's own private anonymous blocks of at least [`QEMU_BLOCK_MIN`].
+    /// Guest RAM and QEMU's own private anonymous blocks of at least 2 MiB.
     Qemu,
     /// Guest RAM only.
     Ram,
@@ -48,6 +48,7 @@ pub enum MergeScope {
 /// the guest's kernel (`-kernel`, 7.9 MiB here, the same bytes in every VM) in one
 /// such block for as long as it runs, and a 2 MiB block of zeros; its heap and
 /// arenas are larger. Smaller mappings (about 1 MiB of QEMU's) are left alone.
+/// `--help` names the size in words (`MergeScope::Qemu`'s line): change both.
 pub const QEMU_BLOCK_MIN: u64 = 2 << 20;
 
 impl MergeScope {
@@ -315,6 +316,15 @@ pub fn preflight(image: &Path, qemu: &str, kernel: &Path, initrd: &Path) -> Resu
     // volume) is an image too; what is neither is refused by name when it is opened.
     if !image.exists() {
         return Err(usage(format!("image {}: not found (--image names the chain's top qcow2 layer)", image.display())));
+    }
+    // Before the kernel beside it is looked for: that was named instead (`kernel
+    // /tmp/vmlinuz: not found` for `--image /tmp/DIR`, the directory of a build).
+    if image.is_dir() {
+        return Err(usage(format!(
+            "image {}: is a directory (--image names the chain's top qcow2 layer, e.g. DIR/app.qcow2 of `advm vm \
+             image build --out DIR`)",
+            image.display()
+        )));
     }
     let found = if qemu.contains('/') {
         Path::new(qemu).is_file()

@@ -495,11 +495,16 @@ impl Sampler {
                     break;
                 }
                 next += interval;
-                let now = Instant::now();
-                if next > now {
-                    std::thread::sleep(next - now);
-                } else {
-                    next = now;
+                // Until the next sample, or until `stop` unparks this thread: a sleep
+                // held `stop` for up to an interval (`advm stat --cgroup --watch 1
+                // --interval 60000` took 60 s).
+                next = next.max(Instant::now());
+                loop {
+                    let now = Instant::now();
+                    if next <= now || flag.load(Ordering::Acquire) {
+                        break;
+                    }
+                    std::thread::park_timeout(next - now);
                 }
             }
             Ok(Summary {
@@ -518,6 +523,7 @@ impl Sampler {
     /// Stops sampling and returns mean and peak.
     pub fn stop(self) -> Result<Summary> {
         self.stop.store(true, Ordering::Release);
+        self.thread.thread().unpark();
         self.thread
             .join()
             .unwrap_or_else(|_| Err(Error::Unrecoverable { what: "cgroup sampler", why: "its thread panicked".into() }))
