@@ -151,3 +151,123 @@ fn a_socket_path_too_long_is_refused_naming_its_length() {
     );
     assert!(!sock.exists());
 }
+
+/// A daemon in a pid namespace of its own (a Kubernetes pod without `hostPID`) sees its
+/// clients' pid as 0 and cannot see their processes at all. A client that merged,
+/// forked a child holding the merged pages and exited used to have its pages
+/// released (no process it could see mapped them) and handed to the next add: the
+/// child's bytes changed under it. Now such a session's pages are kept.
+#[test]
+fn a_daemon_in_another_pid_namespace_keeps_the_pages_of_clients_it_cannot_see() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !common::have("unshare") {
+        eprintln!("skipped: needs root and unshare(1) for a pid namespace");
+        return;
+    }
+    if advm::probe::facts().uffd_features.is_none() {
+        eprintln!("skipped: userfaultfd not available here");
+        return;
+    }
+    let dir = common::dir("daemon-pidns");
+    let sock = sock_in(&dir);
+    /// unshare(1) ignores SIGTERM while it waits; killed, it takes the daemon with it
+    /// (`--kill-child`), however the test ends.
+    struct Unshared(Child);
+    impl Drop for Unshared {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let daemon = Unshared(
+        Command::new("unshare")
+            .args(["--pid", "--fork", "--mount-proc", "--kill-child"])
+            .arg(env!("CARGO_BIN_EXE_advm"))
+            .args(["daemon", "--domain-limit-mib", "64", "--socket"])
+            .arg(&sock)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let t0 = Instant::now();
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "advm daemon did not listen in its pid namespace");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // below advm::merge::COPY_BELOW_PAGES: copied into the store's own file, whose
+    // released slots the next adds take
+    let pages = 64;
+    assert!(pages < advm::merge::COPY_BELOW_PAGES);
+    let distinct = |seed: u64| {
+        let mut r = Region::new(pages * page_size()).unwrap();
+        for (i, x) in r.bytes_mut().iter_mut().enumerate() {
+            *x = (i as u64 ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15).to_le_bytes()[7];
+        }
+        r
+    };
+    let mut fds = [0; 2];
+    // SAFETY: a pipe for the grandchild's verdict.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    let [verdict_in, verdict_out] = fds;
+    // SAFETY: the child merges, forks and _exits; its child checks, then _exits.
+    let parent = unsafe { libc::fork() };
+    if parent == 0 {
+        let buf = distinct(1);
+        let want = buf.bytes().to_vec();
+        let merged = advm::merge::Client::connect(&sock, "").and_then(|mut c| c.merge(buf.bytes()));
+        let merged = merged.is_ok_and(|s| s.added as usize == pages);
+        // SAFETY: getpid has no preconditions.
+        let me = unsafe { libc::getpid() };
+        // SAFETY: the grandchild only reads its bytes and writes a pipe, then _exits.
+        if unsafe { libc::fork() } == 0 {
+            // SAFETY: getppid has no preconditions; it changes once the parent is gone.
+            while unsafe { libc::getppid() } == me {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            for fd in 3..1024 {
+                if fd != verdict_out {
+                    // SAFETY: closing descriptors (the connection among them), as a
+                    // daemonizing program does.
+                    unsafe { libc::close(fd) };
+                }
+            }
+            // The daemon looks at closed sessions of exited processes every second;
+            // then another client's adds would take released slots.
+            std::thread::sleep(Duration::from_millis(3000));
+            let code: u8 = if !merged {
+                2
+            } else if buf.bytes() != &want[..] {
+                1
+            } else {
+                0
+            };
+            // SAFETY: one byte from a live buffer into our pipe.
+            unsafe { libc::write(verdict_out, [code].as_ptr().cast(), 1) };
+            // SAFETY: leave without the parent's destructors.
+            unsafe { libc::_exit(0) };
+        }
+        // SAFETY: leave without the test's destructors.
+        unsafe { libc::_exit(0) };
+    }
+    let mut status = 0;
+    // SAFETY: our child.
+    assert_eq!(unsafe { libc::waitpid(parent, &mut status, 0) }, parent);
+    // SAFETY: our copy of the write end; the grandchild holds its own.
+    unsafe { libc::close(verdict_out) };
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut other = advm::merge::Client::connect(&sock, "").unwrap();
+    let mut added = 0;
+    for seed in 2..6 {
+        let o = distinct(seed);
+        added += other.merge(o.bytes()).unwrap().added;
+    }
+    assert_eq!(added as usize, 4 * pages);
+    let mut code = [9u8];
+    // SAFETY: one byte into a live buffer from our pipe.
+    assert_eq!(unsafe { libc::read(verdict_in, code.as_mut_ptr().cast(), 1) }, 1, "no verdict");
+    // SAFETY: our pipe's read end, closed once.
+    unsafe { libc::close(verdict_in) };
+    drop(daemon);
+    assert_eq!(code[0], 0, "1: the orphaned child's merged pages changed under it; 2: the merge failed");
+}

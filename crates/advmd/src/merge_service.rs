@@ -737,11 +737,16 @@ impl Session {
     /// Sessions whose processes have exited: releases the references no process maps
     /// any more, and keeps one on each page some process still maps privately (a child
     /// such a process forked lives on with its merged pages: punched and reused, they
-    /// would change under it). One look over /proc for all of them
-    /// ([`advm::merge::mapped_slots`]), outside the stores' locks. Returns the sessions that still hold pages, to be tried again
-    /// later; the others are ended.
+    /// would change under it). One look over /proc per uid
+    /// ([`advm::merge::mapped_slots`] with the sessions' [`advm::process::Mappers`]),
+    /// outside the stores' locks: a process that may map the pages but whose maps
+    /// cannot be read here (another user's while the daemon is not root, one that made
+    /// itself undumpable) keeps them all, and so does a session whose process was in
+    /// another pid namespace (its pid is 0 here: its children cannot be seen at all).
+    /// Returns the sessions that still hold pages, to be tried again later; the others
+    /// are ended.
     pub fn release_unmapped(sessions: Vec<Session>, stores: &Stores) -> Vec<Session> {
-        let mut checks = Vec::new();
+        let mut checks: HashMap<u32, Vec<(Session, advm::merge::StoreFiles, HashSet<u32>)>> = HashMap::new();
         let mut left = Vec::new();
         for s in sessions {
             let looked = match &s.open {
@@ -754,35 +759,43 @@ impl Session {
             };
             match looked {
                 None => s.end(stores),
-                Some(Ok((f, want))) => checks.push((s, f, want)),
+                // unseen processes may map them: keep everything, without a look
+                Some(Ok(_)) if s.who().pid == 0 => left.push(s),
+                Some(Ok((f, want))) => checks.entry(s.peer.uid).or_default().push((s, f, want)),
                 // the files cannot be told: keep everything, try again later
                 Some(Err(_)) => left.push(s),
             }
         }
-        if checks.is_empty() {
-            return left;
-        }
-        let found = match advm::merge::mapped_slots(&checks.iter().map(|(_, f, w)| (f, w)).collect::<Vec<_>>(), None) {
-            Ok(f) => f,
-            Err(_) => {
-                // /proc cannot be listed: keep everything, try again later
-                left.extend(checks.into_iter().map(|(s, _, _)| s));
-                return left;
-            }
-        };
-        for ((s, _, want), mapped) in checks.into_iter().zip(found) {
-            let Some((_, store)) = &s.open else { continue };
-            let empty = {
-                let mut g = lock(&store.state);
-                let drop: Vec<u32> = want.iter().copied().filter(|x| !mapped.contains(x)).collect();
-                g.release_held(s.id, &drop);
-                !g.holders.get(&s.id).is_some_and(|h| !h.held.is_empty())
-            };
-            store.landed.notify_all();
-            if empty {
-                s.end(stores);
-            } else {
-                left.push(s);
+        for group in checks.into_values() {
+            let who = group
+                .iter()
+                .map(|(s, _, _)| s.who())
+                .reduce(|a, b| advm::process::Mappers { since_ticks: a.since_ticks.min(b.since_ticks), ..a });
+            let Some(who) = who else { continue };
+            let found =
+                match advm::merge::mapped_slots(&group.iter().map(|(_, f, w)| (f, w)).collect::<Vec<_>>(), Some(who)) {
+                    Ok(f) => f,
+                    Err(_) => {
+                        // /proc cannot be listed, or a possible mapper's maps cannot be
+                        // read: keep everything, try again later
+                        left.extend(group.into_iter().map(|(s, _, _)| s));
+                        continue;
+                    }
+                };
+            for ((s, _, want), mapped) in group.into_iter().zip(found) {
+                let Some((_, store)) = &s.open else { continue };
+                let empty = {
+                    let mut g = lock(&store.state);
+                    let drop: Vec<u32> = want.iter().copied().filter(|x| !mapped.contains(x)).collect();
+                    g.release_held(s.id, &drop);
+                    !g.holders.get(&s.id).is_some_and(|h| !h.held.is_empty())
+                };
+                store.landed.notify_all();
+                if empty {
+                    s.end(stores);
+                } else {
+                    left.push(s);
+                }
             }
         }
         left

@@ -26,10 +26,23 @@ pub fn dup_inheritable(fd: BorrowedFd<'_>) -> Result<OwnedFd, SysError> {
 }
 
 /// The uid, gid and pid of the process at the other end of a UNIX socket, as the
-/// kernel recorded them at connect time (`SO_PEERCRED`).
+/// kernel recorded them at connect time (`SO_PEERCRED`). The pid is 0 when the peer's
+/// process is in a pid namespace this process cannot see (a daemon in a container
+/// without the host's pids). Not rustix's `socket_peercred`: its pid type cannot be 0,
+/// and such a peer's connection was refused.
 pub fn peer_credentials(sock: &UnixStream) -> SysResult<(u32, u32, i32)> {
-    let c = rustix::net::sockopt::socket_peercred(sock).map_err(|e| SysError::new("getsockopt(SO_PEERCRED)", e))?;
-    Ok((c.uid.as_raw(), c.gid.as_raw(), c.pid.as_raw_nonzero().get()))
+    use std::os::fd::AsRawFd;
+    let mut c = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes (one ucred) to `c` and the length to
+    // `len`, both alive for the call; the socket is borrowed for it.
+    let r = unsafe {
+        libc::getsockopt(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, (&raw mut c).cast(), &mut len)
+    };
+    if r != 0 {
+        return Err(SysError::last("getsockopt(SO_PEERCRED)"));
+    }
+    Ok((c.uid, c.gid, c.pid))
 }
 
 /// `SO_PEERPIDFD` (Linux 6.5; the libc crate does not export it): 77, but 0x56 on SPARC.
