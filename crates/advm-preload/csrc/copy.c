@@ -176,8 +176,8 @@ static int remap_private(uint64_t v, uint64_t k, int g, uint64_t f, int keep) {
  * (fence_run): its writers wait until it is remapped, then write into the new mapping
  * (run_done wakes them); writers of other pages go on. Only the run is registered: its
  * remap drops the registration, where unregistering the whole source cost a walk of
- * all its page tables (130 us for 64 MiB). Where userfaultfd is refused the rest of
- * the copy is a plain one. */
+ * all its page tables (some 130 us for 64 MiB, one run). Where userfaultfd is refused
+ * the rest of the copy is a plain one. */
 enum { G_UNSET, G_ALONE, G_FENCED };
 struct guard {
     int state, refused, uffd;
