@@ -95,7 +95,13 @@ pub fn render_stats(mode: Mode, stats: &BTreeMap<String, u64>, processes: usize)
         fb(g("peak_live_bytes")),
         g("alloc_fallbacks_to_glibc")
     );
-    out += &format!("  large copies         {} seen, {} made virtual\n", g("large_copies_seen"), g("copies_virtual"));
+    out += &format!("  large copies         {} seen, {} made virtual", g("large_copies_seen"), g("copies_virtual"));
+    // copies that re-homed written pages while another thread could write them
+    let fenced = g("copies_fenced_for_writers");
+    if fenced > 0 {
+        out += &format!("; {fenced} fenced other threads' writes");
+    }
+    out += "\n";
     out += &format!(
         "  bytes not copied     {} ({} pages shared); {} of partial pages copied\n",
         fb(g("pages_shared") * ps),
@@ -133,6 +139,7 @@ pub fn render_stats(mode: Mode, stats: &BTreeMap<String, u64>, processes: usize)
         ("fallback_syscall_error", "syscall error"),
         ("fallback_copy_inside_shim", "copy from inside the shim (signal handler)"),
         ("fallback_protected_pages", "pages the program protected (mprotect)"),
+        ("fallback_writers_unfenced", "other threads may write, userfaultfd refused"),
     ];
     let total: u64 = reasons.iter().map(|(k, _)| g(k)).sum();
     let why: Vec<String> =

