@@ -115,7 +115,6 @@ void seg_mapped(uint64_t v, uint64_t n) {
     for (uint64_t i = v + 1; i < v + n; i++) seg_clear(i);
     seg_set(v + n);
 }
-int budget_ok(void) { return A.segs + 8 < A.seg_budget; }
 
 /* ---- pages the program protected ------------------------------------------------- */
 
@@ -620,6 +619,7 @@ int map_fresh(uint64_t v, uint64_t n) {
         else if (mmap(a, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, (off_t)((uint64_t)f << A.pshift)) ==
                  MAP_FAILED) {
             ext_free(&A.fd, (uint32_t)f, (uint32_t)n);
+            maps_failed();
             return -1;
         } else {
             for (uint64_t i = 0; i < n; i++) {
@@ -632,8 +632,10 @@ int map_fresh(uint64_t v, uint64_t n) {
     }
     if (fd < 0) {
         if (A.mode == MODE_COW && cow_fresh_memfd) st_add(S_GENS_EXHAUSTED, 1);
-        if (mmap(a, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED)
+        if (mmap(a, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) {
+            maps_failed();
             return -1;
+        }
         if (A.mode == MODE_KSM) madvise(a, len, MADV_MERGEABLE);
         else if (thp_wanted(n)) madvise(a, len, MADV_HUGEPAGE);
         for (uint64_t i = 0; i < n; i++) A.vmeta[v + i] = VM_MAPPED | VM_ANON;

@@ -341,6 +341,7 @@ EXPORT void *__memmove_chk(void *d, const void *s, size_t n, size_t dlen) {
 EXPORT int mprotect(void *addr, size_t len, int prot) {
     if (!real_mprotect) real_mprotect = (int (*)(void *, size_t, int))dlsym(RTLD_NEXT, "mprotect");
     uintptr_t a = (uintptr_t)addr, lo = arena_lo, hi = arena_lo + arena_len;
+    if (!lock_mine) maps_added(2); /* may split a mapping in three (maps.c) */
     if (state != 2 || lock_mine || !len || (a & (A.ps - 1)) || a >= hi || len > hi - a || a + len <= lo)
         return real_mprotect(addr, len, prot);
     uintptr_t from = a > lo ? a : lo, to = a + len < hi ? a + len : hi;

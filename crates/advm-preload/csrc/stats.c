@@ -13,7 +13,8 @@ static const char *const stat_names[S_NSTATS] = {
     "blocks_reused_with_pages", "pages_kept_from_copied_over", "pages_mapped_fresh",
     "kept_pages_returned", "memfd_pages_released_under_written_views",
     "memfd_pages_adopted_by_last_view", "fds_closed_by_program", "fallback_protected_pages",
-    "memfd_pages_trimmed_under_written_views", "trims", "trim_us", "pages_dropped_by_madvise"};
+    "memfd_pages_trimmed_under_written_views", "trims", "trim_us", "pages_dropped_by_madvise",
+    "maps_readings", "maps_reading_us"};
 uint64_t stats[S_NSTATS];
 
 static char *put_u64(char *p, uint64_t v) {
