@@ -81,7 +81,10 @@ void init_locked(void) {
     A.fdet = map_table(sizeof(uint32_t) * ARENA_PAGES);
     A.segbits = map_table(ARENA_PAGES / 8);
     A.protbits = map_table(ARENA_PAGES / 8);
-    if (!A.vmeta || !A.fref || !A.fview || !A.fdet || !A.segbits || !A.protbits || ext_init(&A.va) || ext_init(&A.fd)) return;
+    A.forkbits = map_table(ARENA_PAGES / 8);
+    if (!A.vmeta || !A.fref || !A.fview || !A.fdet || !A.segbits || !A.protbits || !A.forkbits || ext_init(&A.va) ||
+        ext_init(&A.fd))
+        return;
     if (pthread_atfork(fork_prepare, fork_parent, fork_child) != 0) return;
     arena_lo = A.base;
     arena_len = len;

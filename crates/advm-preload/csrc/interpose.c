@@ -368,12 +368,17 @@ EXPORT int mprotect(void *addr, size_t len, int prot) {
  * range into anonymous memory first (arena.c, drop_views), so that the advice acts as
  * on glibc's memory: a copy's
  * page read back its source's bytes after MADV_DONTNEED instead of zeros, and MADV_FREE
- * failed with EINVAL. MADV_REMOVE is refused (EINVAL), as on glibc's private anonymous
+ * failed with EINVAL. MADV_WIPEONFORK and MADV_DONTFORK turn them into anonymous memory
+ * with the same bytes and mark the range, which the shim never maps over again (arena.c,
+ * fork_mark): WIPEONFORK failed with EINVAL on a view, and a mark the kernel took was
+ * lost when a copy remapped the pages. MADV_REMOVE is refused (EINVAL), as on glibc's private anonymous
  * memory: on a block that adopted its memfd pages it would punch them. Returns 0 to go
  * on with the advice, -1 (errno set) to refuse it. The shim's own calls (lock held) pass. */
 int advise_arena(void *addr, size_t len, int advice) {
     uintptr_t a = (uintptr_t)addr, lo = arena_lo, hi = arena_lo + arena_len;
-    if ((advice != MADV_DONTNEED && advice != MADV_DONTNEED_LOCKED && advice != MADV_FREE && advice != MADV_REMOVE) ||
+    int fork_advice = advice == MADV_WIPEONFORK || advice == MADV_DONTFORK;
+    if ((advice != MADV_DONTNEED && advice != MADV_DONTNEED_LOCKED && advice != MADV_FREE && advice != MADV_REMOVE &&
+         !fork_advice) ||
         state != 2 || lock_mine ||
         A.retired || !len || (a & (A.ps - 1)) || a >= hi || len > hi - a || a + len <= lo)
         return 0;
@@ -381,11 +386,13 @@ int advise_arena(void *addr, size_t len, int advice) {
         errno = EINVAL;
         return -1;
     }
-    if (A.mode != MODE_COW) return 0;
+    if (A.mode != MODE_COW && !fork_advice) return 0;
     uintptr_t from = a > lo ? a : lo, to = a + len < hi ? a + len : hi;
+    uint64_t v = page_of((void *)from), n = (to - from + A.ps - 1) >> A.pshift;
     int saved = errno;
     lock_take();
-    drop_views(page_of((void *)from), (to - from + A.ps - 1) >> A.pshift);
+    if (fork_advice) fork_mark(v, n, A.mode == MODE_COW);
+    else drop_views(v, n);
     lock_drop();
     errno = saved;
     return 0;

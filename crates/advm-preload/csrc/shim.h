@@ -118,6 +118,10 @@ struct arena {
      * (mprotect): never remapped, shared, copied virtually or kept at free, so that its
      * protection (and the faults it gives) stay the program's */
     uint64_t *protbits;
+    /* a bit per arena page the program marked MADV_WIPEONFORK or MADV_DONTFORK: anonymous
+     * memory from then on, and, like protbits, never remapped, shared, copied virtually or
+     * kept at free (a new mapping there would lose the mark); cleared when unmapped */
+    uint64_t *forkbits;
     uint64_t segs, seg_budget;
     struct extents va, fd;
     uint64_t va_high; /* pages below this may be in use (bounds fork scans) */
@@ -285,6 +289,7 @@ int prot_any(uint64_t v, uint64_t n);
 void prot_set(uint64_t v, uint64_t n, int on);
 void make_private(uint64_t v, uint64_t n);
 void drop_views(uint64_t v, uint64_t n);
+void fork_mark(uint64_t v, uint64_t n, int views);
 
 /* maps.c: the mapping budget (the arena's mappings and an estimate of the program's
  * against vm.max_map_count) */

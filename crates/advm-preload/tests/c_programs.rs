@@ -392,6 +392,15 @@ fn madvise_dontneed_and_free_on_copies_act_as_on_glibc_memory() {
     passes_in_every_variant("madvise.c", &[], 30);
 }
 
+/// A program's MADV_WIPEONFORK and MADV_DONTFORK on its blocks act as on glibc's memory
+/// in a forked child (zeros; no mapping), also on a copy's pages (WIPEONFORK failed with
+/// EINVAL there) and after copies into and out of the marked block (a copy's remapping
+/// lost the mark: the child had the range); MADV_KEEPONFORK and MADV_DOFORK undo them.
+#[test]
+fn madvise_wipeonfork_and_dontfork_on_copies_act_as_on_glibc_memory() {
+    passes_in_every_variant("fork_marks.c", &[], 30);
+}
+
 /// A program holding all but 100 of vm.max_map_count itself gets every malloc and copy
 /// right, as under glibc (virtual copies took the last mappings and glibc's mmap then
 /// failed: malloc returned NULL); once it has given its mappings back and waited (the
