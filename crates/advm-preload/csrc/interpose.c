@@ -408,12 +408,20 @@ static int new_process(long nr, long a1, long a2) {
     return 0;
 }
 
+/* Whether system call nr may make or split a mapping (maps.c: the program's estimate). */
+static int maps_call(long nr) {
+    return nr == SYS_mmap || nr == SYS_mprotect || nr == SYS_pkey_mprotect || nr == SYS_madvise ||
+           nr == SYS_mremap || nr == SYS_munmap || nr == SYS_mlock || nr == SYS_mlock2 || nr == SYS_munlock ||
+           nr == SYS_remap_file_pages;
+}
+
 /* syscall(2) itself: a child made by the raw fork or clone system call runs no
  * pthread_atfork handler, so it used to keep the shim's shared memfd mappings (its
  * writes showed in the parent's blocks and the parent's in its), its copies read the
  * parent's pagemap and lost its own writes, and both went on writing and punching one
  * memfd generation. The fork handlers run around such a call, as around glibc's fork().
- * Every other call is passed on unchanged (six arguments, as glibc's syscall reads). */
+ * A call that may make or split a mapping is counted for the mapping budget (maps.c).
+ * Every call is passed on unchanged (six arguments, as glibc's syscall reads). */
 EXPORT long syscall(long nr, ...) {
     va_list ap;
     va_start(ap, nr);
@@ -422,6 +430,7 @@ EXPORT long syscall(long nr, ...) {
     va_end(ap);
     if (!real_syscall) real_syscall = (long (*)(long, ...))dlsym(RTLD_NEXT, "syscall");
     int forks = state == 2 && !lock_mine && new_process(nr, a1, a2);
+    if (!lock_mine && maps_call(nr)) maps_added(2);
     if (forks) fork_prepare();
     long r = real_syscall(nr, a1, a2, a3, a4, a5, a6);
     if (forks) {
