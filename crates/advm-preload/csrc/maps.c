@@ -12,10 +12,10 @@
  * 65,000 mappings) on every call would cost too much, so the program's are an estimate:
  * the count at the last reading plus an upper bound on what the program's calls that the
  * shim sees (mmap, mprotect, madvise) may have added since. The maps are read again when
- * the estimate says no (at most once per interval, a hundred times the last reading's
- * time and at least 100 ms, so a refusing shim costs at most 1%), when the arena's own
- * count has grown by half the headroom the last reading left (mappings made where the
- * shim does not see: glibc's own mmaps, threads' stacks), and after a mapping of the
+ * the estimate says no and when the arena's own count has grown by half the headroom the
+ * last reading left (mappings made where the shim does not see: glibc's own mmaps,
+ * threads' stacks), both at most once per interval (a hundred times the last reading's
+ * time and at least 100 ms, so readings cost at most 1%), and after a mapping of the
  * shim's failed. Refusing is always safe: the allocation is glibc's, the copy a plain one. */
 #include "shim.h"
 
@@ -109,10 +109,12 @@ void maps_added(uint64_t n) { __atomic_fetch_add(&added, n, __ATOMIC_RELAXED); }
 void maps_failed(void) { next_reading = 0; }
 
 /* Whether the arena may make a few more mappings (each caller makes at most a handful
- * before it asks again). Lock held. */
+ * before it asks again). A reading, when the estimate says no or the arena has grown
+ * since, only after the interval (an arena going up and down across next_reading would
+ * read at every crossing), or at once after a failure. Lock held. */
 int budget_ok(void) {
     if (A.segs + 8 < allowance() && A.segs < next_reading) return 1;
     uint64_t wait = read_cost_ns * 100 > 100000000u ? read_cost_ns * 100 : 100000000u;
-    if (A.segs >= next_reading || now_ns() - read_ns >= wait) reading();
+    if (next_reading == 0 || now_ns() - read_ns >= wait) reading();
     return A.segs + 8 < allowance();
 }
