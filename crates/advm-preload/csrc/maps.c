@@ -11,12 +11,14 @@
  * under half of it. Counting the program's (/proc/self/maps, 0.35 us a line: 23 ms at
  * 65,000 mappings) on every call would cost too much, so the program's are an estimate:
  * the count at the last reading plus an upper bound on what the program's calls that the
- * shim sees (mmap, mprotect, madvise) may have added since. The maps are read again when
- * the estimate says no and when the arena's own count has grown by half the headroom the
- * last reading left (mappings made where the shim does not see: glibc's own mmaps,
- * threads' stacks), both at most once per interval (a hundred times the last reading's
- * time and at least 100 ms, so readings cost at most 1%), and after a mapping of the
- * shim's failed. Refusing is always safe: the allocation is glibc's, the copy a plain one. */
+ * shim sees (mmap, mprotect, madvise, and those made through syscall()) may have added
+ * since. The maps are read again when the estimate says no and when the arena's own
+ * count has grown by half the headroom the last reading left (mappings made where the
+ * shim does not see: glibc's own mmaps, threads' stacks), both at most once per interval
+ * (a hundred times the last reading's time and at least 100 ms, so readings cost at most
+ * 1%), and after a mapping of the shim's failed. Refusing is always safe: the allocation
+ * is glibc's, the copy a plain one. What the arena already holds it keeps: mappings the
+ * program makes unseen after that can still leave glibc without (docs/run.md). */
 #include "shim.h"
 
 static uint64_t map_max;      /* vm.max_map_count */
