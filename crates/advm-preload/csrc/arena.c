@@ -115,31 +115,33 @@ void seg_mapped(uint64_t v, uint64_t n) {
     for (uint64_t i = v + 1; i < v + n; i++) seg_clear(i);
     seg_set(v + n);
 }
-int budget_ok(void) { return A.segs + 8 < A.seg_budget; }
 
 /* ---- pages the program protected ------------------------------------------------- */
 
-/* A word at a time where it can: every large copy asks (48,828 pages for 200 MB). */
+/* Whether [v, v+n) holds a page the program protected or marked for fork (forkbits). A
+ * word at a time where it can: every large copy asks (48,828 pages for 200 MB). */
 int prot_any(uint64_t v, uint64_t n) {
     uint64_t i = v, end = v + n;
     while (i < end) {
         if (!(i & 63) && end - i >= 64) {
-            if (A.protbits[i >> 6]) return 1;
+            if (A.protbits[i >> 6] | A.forkbits[i >> 6]) return 1;
             i += 64;
             continue;
         }
-        if ((A.protbits[i >> 6] >> (i & 63)) & 1) return 1;
+        if (((A.protbits[i >> 6] | A.forkbits[i >> 6]) >> (i & 63)) & 1) return 1;
         i++;
     }
     return 0;
 }
 
-void prot_set(uint64_t v, uint64_t n, int on) {
+static void bits_set(uint64_t *bits, uint64_t v, uint64_t n, int on) {
     for (uint64_t i = v; i < v + n; i++) {
-        if (on) A.protbits[i >> 6] |= 1ull << (i & 63);
-        else A.protbits[i >> 6] &= ~(1ull << (i & 63));
+        if (on) bits[i >> 6] |= 1ull << (i & 63);
+        else bits[i >> 6] &= ~(1ull << (i & 63));
     }
 }
+
+void prot_set(uint64_t v, uint64_t n, int on) { bits_set(A.protbits, v, n, on); }
 
 /* Remaps the shared memfd runs in [v, v+n) private onto the same pages (contents
  * unchanged), as before fork: before the program changes their protection, so that
@@ -201,6 +203,53 @@ void drop_views(uint64_t v, uint64_t n) {
         }
         i += r;
     }
+}
+
+/* ---- the program's MADV_WIPEONFORK and MADV_DONTFORK -------------------------------
+ * The kernel refuses MADV_WIPEONFORK on a file mapping (EINVAL), so on a copy's pages (memfd
+ * views) the program's advice failed where glibc's anonymous memory takes it. And a mark
+ * the kernel took (MADV_DONTFORK on a view, either on a block never copied) was lost when
+ * the shim mapped over the pages: a copy into or out of the block, a last view adopting
+ * its pages; a forked child then read the parent's bytes, or had the range at all. So
+ * before either advice the views among the live blocks' pages in its range become
+ * anonymous memory with the same bytes (copied into a fresh mapping that replaces them
+ * with one mremap), and every page of the range is marked (forkbits): the shim never maps
+ * over it again, and a block holding one is unmapped at free, as a protected one is
+ * (the kernel's mark would stay on the mapping for the next block). MADV_KEEPONFORK and
+ * MADV_DOFORK are the kernel's alone; the pages stay marked (they only miss virtual
+ * copies) until unmapped. A thread of the program writing such a view while it is
+ * copied may lose that write: only in this corner. Pages the program protected
+ * (protbits) stay views: MADV_WIPEONFORK fails there with EINVAL. */
+
+/* [w, w+r), views of a live block, becomes anonymous memory with the same bytes. */
+static void view_to_anon(uint64_t w, uint64_t r) {
+    size_t len = r << A.pshift;
+    void *tmp = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (tmp == MAP_FAILED) return;
+    real_memcpy(tmp, page_addr(w), len);
+    if (mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, page_addr(w)) == MAP_FAILED) {
+        munmap(tmp, len);
+        return;
+    }
+    unref_pages(w, r);
+    for (uint64_t j = 0; j < r; j++) A.vmeta[w + j] = (A.vmeta[w + j] & (VM_HEAD | VM_NPAGES_MASK)) | VM_MAPPED | VM_ANON;
+    seg_mapped(w, r);
+}
+
+/* The program marks [v, v+n) MADV_WIPEONFORK or MADV_DONTFORK; views: the arena may hold
+ * memfd views (vcopy). Lock held. */
+void fork_mark(uint64_t v, uint64_t n, int views) {
+    uint64_t i = views && any_view(v, n) ? 0 : n, to;
+    while (i < n) {
+        if (fb_at(v + i, &to)) {
+            i = to - v;
+            continue;
+        }
+        uint64_t w = v + i, m = A.vmeta[w], r = run_len(w, (to < v + n ? to - v : n) - i);
+        if ((m & (VM_MAPPED | VM_ANON)) == VM_MAPPED && !prot_any(w, r)) view_to_anon(w, r);
+        i += r;
+    }
+    bits_set(A.forkbits, v, n, 1);
 }
 
 /* ---- memfd generations ----------------------------------------------------------- */
@@ -612,6 +661,7 @@ int map_fresh(uint64_t v, uint64_t n) {
         else if (mmap(a, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, (off_t)((uint64_t)f << A.pshift)) ==
                  MAP_FAILED) {
             ext_free(&A.fd, (uint32_t)f, (uint32_t)n);
+            maps_failed();
             return -1;
         } else {
             for (uint64_t i = 0; i < n; i++) {
@@ -624,8 +674,10 @@ int map_fresh(uint64_t v, uint64_t n) {
     }
     if (fd < 0) {
         if (A.mode == MODE_COW && cow_fresh_memfd) st_add(S_GENS_EXHAUSTED, 1);
-        if (mmap(a, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED)
+        if (mmap(a, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) {
+            maps_failed();
             return -1;
+        }
         if (A.mode == MODE_KSM) madvise(a, len, MADV_MERGEABLE);
         else if (thp_wanted(n)) madvise(a, len, MADV_HUGEPAGE);
         for (uint64_t i = 0; i < n; i++) A.vmeta[v + i] = VM_MAPPED | VM_ANON;
@@ -641,6 +693,7 @@ void unmap_pages(uint64_t v, uint64_t n) {
     unref_pages(v, n);
     for (uint64_t i = 0; i < n; i++) A.vmeta[v + i] = 0;
     prot_set(v, n, 0);
+    bits_set(A.forkbits, v, n, 0);
     seg_mapped(v, n);
 }
 
@@ -763,6 +816,7 @@ void retire_arena(void) {
     munmap(page_addr(A.va_high), (ARENA_PAGES - A.va_high) << A.pshift);
     trim(A.vmeta, top * sizeof(uint64_t), sizeof(uint64_t) * ARENA_PAGES);
     trim(A.protbits, (top + 63) / 64 * sizeof(uint64_t), ARENA_PAGES / 8);
+    trim(A.forkbits, (top + 63) / 64 * sizeof(uint64_t), ARENA_PAGES / 8);
     trim(A.segbits, (top + 64) / 64 * sizeof(uint64_t), ARENA_PAGES / 8);
     trim(A.fref, fd_top * sizeof(uint32_t), sizeof(uint32_t) * ARENA_PAGES);
     trim(A.fview, fd_top * sizeof(uint32_t), sizeof(uint32_t) * ARENA_PAGES);
@@ -802,8 +856,11 @@ static int move_pages(uint64_t v, uint64_t nv, uint64_t old) {
     for (uint64_t j = 0; j < old; j++) {
         A.vmeta[nv + j] = A.vmeta[v + j] & ~(VM_HEAD | VM_NPAGES_MASK);
         A.vmeta[v + j] = 0;
-        prot_set(nv + j, 1, prot_any(v + j, 1)); /* mremap moved the protection too */
+        /* mremap moved the protection and the fork marks too */
+        prot_set(nv + j, 1, (A.protbits[(v + j) >> 6] >> ((v + j) & 63)) & 1);
+        bits_set(A.forkbits, nv + j, 1, (A.forkbits[(v + j) >> 6] >> ((v + j) & 63)) & 1);
         prot_set(v + j, 1, 0);
+        bits_set(A.forkbits, v + j, 1, 0);
     }
     seg_mapped(v, old);
     if (nv + old > A.va_high) A.va_high = nv + old;

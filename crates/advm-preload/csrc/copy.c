@@ -150,6 +150,7 @@ static int remap_private(uint64_t v, uint64_t k, int g, uint64_t f, int keep) {
     if (mmap(page_addr(v), k << A.pshift, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd, (off_t)(f << A.pshift)) ==
         MAP_FAILED) {
         salvage_end(v, k, kept, 0);
+        maps_failed();
         return -1;
     }
     salvage_end(v, k, kept, 1);

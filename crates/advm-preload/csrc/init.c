@@ -64,8 +64,6 @@ void init_locked(void) {
     A.pid = getpid();
     for (int g = 0; g < MAX_GENS; g++) A.gen_fd[g] = -1;
     A.gen = 0;
-    /* Half of the process's VMA limit for the arena; the program keeps the rest. */
-    A.seg_budget = read_number("/proc/sys/vm/max_map_count", 65530) / 2;
     size_t len = ARENA_PAGES << A.pshift;
     /* A high fixed hint: the kernel's top-down search for mmap(NULL) never reaches it
      * in practice, so the short hole left by mremap is never taken by someone else. */
@@ -83,10 +81,14 @@ void init_locked(void) {
     A.fdet = map_table(sizeof(uint32_t) * ARENA_PAGES);
     A.segbits = map_table(ARENA_PAGES / 8);
     A.protbits = map_table(ARENA_PAGES / 8);
-    if (!A.vmeta || !A.fref || !A.fview || !A.fdet || !A.segbits || !A.protbits || ext_init(&A.va) || ext_init(&A.fd)) return;
+    A.forkbits = map_table(ARENA_PAGES / 8);
+    if (!A.vmeta || !A.fref || !A.fview || !A.fdet || !A.segbits || !A.protbits || !A.forkbits || ext_init(&A.va) ||
+        ext_init(&A.fd))
+        return;
     if (pthread_atfork(fork_prepare, fork_parent, fork_child) != 0) return;
     arena_lo = A.base;
     arena_len = len;
+    maps_init(read_number("/proc/sys/vm/max_map_count", 65530)); /* the mapping budget (maps.c) */
     /* copies may use a higher threshold than allocations (ADVM_COPY_MIN_PAGES) */
     uint64_t cp = parse_u64(env("ADVM_COPY_MIN_PAGES"), 16) << A.pshift;
     if (A.mode == MODE_COW) copy_min = cp > A.threshold ? cp : A.threshold;

@@ -341,6 +341,7 @@ EXPORT void *__memmove_chk(void *d, const void *s, size_t n, size_t dlen) {
 EXPORT int mprotect(void *addr, size_t len, int prot) {
     if (!real_mprotect) real_mprotect = (int (*)(void *, size_t, int))dlsym(RTLD_NEXT, "mprotect");
     uintptr_t a = (uintptr_t)addr, lo = arena_lo, hi = arena_lo + arena_len;
+    if (!lock_mine) maps_added(2); /* may split a mapping in three (maps.c) */
     if (state != 2 || lock_mine || !len || (a & (A.ps - 1)) || a >= hi || len > hi - a || a + len <= lo)
         return real_mprotect(addr, len, prot);
     uintptr_t from = a > lo ? a : lo, to = a + len < hi ? a + len : hi;
@@ -367,12 +368,17 @@ EXPORT int mprotect(void *addr, size_t len, int prot) {
  * range into anonymous memory first (arena.c, drop_views), so that the advice acts as
  * on glibc's memory: a copy's
  * page read back its source's bytes after MADV_DONTNEED instead of zeros, and MADV_FREE
- * failed with EINVAL. MADV_REMOVE is refused (EINVAL), as on glibc's private anonymous
+ * failed with EINVAL. MADV_WIPEONFORK and MADV_DONTFORK turn them into anonymous memory
+ * with the same bytes and mark the range, which the shim never maps over again (arena.c,
+ * fork_mark): WIPEONFORK failed with EINVAL on a view, and a mark the kernel took was
+ * lost when a copy remapped the pages. MADV_REMOVE is refused (EINVAL), as on glibc's private anonymous
  * memory: on a block that adopted its memfd pages it would punch them. Returns 0 to go
  * on with the advice, -1 (errno set) to refuse it. The shim's own calls (lock held) pass. */
 int advise_arena(void *addr, size_t len, int advice) {
     uintptr_t a = (uintptr_t)addr, lo = arena_lo, hi = arena_lo + arena_len;
-    if ((advice != MADV_DONTNEED && advice != MADV_DONTNEED_LOCKED && advice != MADV_FREE && advice != MADV_REMOVE) ||
+    int fork_advice = advice == MADV_WIPEONFORK || advice == MADV_DONTFORK;
+    if ((advice != MADV_DONTNEED && advice != MADV_DONTNEED_LOCKED && advice != MADV_FREE && advice != MADV_REMOVE &&
+         !fork_advice) ||
         state != 2 || lock_mine ||
         A.retired || !len || (a & (A.ps - 1)) || a >= hi || len > hi - a || a + len <= lo)
         return 0;
@@ -380,11 +386,13 @@ int advise_arena(void *addr, size_t len, int advice) {
         errno = EINVAL;
         return -1;
     }
-    if (A.mode != MODE_COW) return 0;
+    if (A.mode != MODE_COW && !fork_advice) return 0;
     uintptr_t from = a > lo ? a : lo, to = a + len < hi ? a + len : hi;
+    uint64_t v = page_of((void *)from), n = (to - from + A.ps - 1) >> A.pshift;
     int saved = errno;
     lock_take();
-    drop_views(page_of((void *)from), (to - from + A.ps - 1) >> A.pshift);
+    if (fork_advice) fork_mark(v, n, A.mode == MODE_COW);
+    else drop_views(v, n);
     lock_drop();
     errno = saved;
     return 0;
@@ -400,12 +408,20 @@ static int new_process(long nr, long a1, long a2) {
     return 0;
 }
 
+/* Whether system call nr may make or split a mapping (maps.c: the program's estimate). */
+static int maps_call(long nr) {
+    return nr == SYS_mmap || nr == SYS_mprotect || nr == SYS_pkey_mprotect || nr == SYS_madvise ||
+           nr == SYS_mremap || nr == SYS_munmap || nr == SYS_mlock || nr == SYS_mlock2 || nr == SYS_munlock ||
+           nr == SYS_remap_file_pages;
+}
+
 /* syscall(2) itself: a child made by the raw fork or clone system call runs no
  * pthread_atfork handler, so it used to keep the shim's shared memfd mappings (its
  * writes showed in the parent's blocks and the parent's in its), its copies read the
  * parent's pagemap and lost its own writes, and both went on writing and punching one
  * memfd generation. The fork handlers run around such a call, as around glibc's fork().
- * Every other call is passed on unchanged (six arguments, as glibc's syscall reads). */
+ * A call that may make or split a mapping is counted for the mapping budget (maps.c).
+ * Every call is passed on unchanged (six arguments, as glibc's syscall reads). */
 EXPORT long syscall(long nr, ...) {
     va_list ap;
     va_start(ap, nr);
@@ -414,6 +430,7 @@ EXPORT long syscall(long nr, ...) {
     va_end(ap);
     if (!real_syscall) real_syscall = (long (*)(long, ...))dlsym(RTLD_NEXT, "syscall");
     int forks = state == 2 && !lock_mine && new_process(nr, a1, a2);
+    if (!lock_mine && maps_call(nr)) maps_added(2);
     if (forks) fork_prepare();
     long r = real_syscall(nr, a1, a2, a3, a4, a5, a6);
     if (forks) {

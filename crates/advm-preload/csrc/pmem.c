@@ -695,8 +695,22 @@ fail:
 EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off) {
     void *r = fd >= 0 && !(flags & MAP_ANONYMOUS) && is_plan(fd) ? map_plan(addr, len, prot, flags, off)
                                                                   : sys_mmap(addr, len, prot, flags, fd, off);
+    /* a new mapping, or one split in three (maps.c: the program's estimate) */
+    if (r != MAP_FAILED && !lock_mine) maps_added(flags & MAP_FIXED ? 2 : 1);
     own_mapped(r, len);
     return r;
+}
+
+/* Whether advice changes the flags of the mappings in its range, which may split one in
+ * three (maps.c: the program's estimate). */
+static int splits(int advice) {
+    switch (advice) {
+    case MADV_DONTNEED: case MADV_FREE: case MADV_WILLNEED: case MADV_REMOVE: case MADV_COLD: case MADV_PAGEOUT:
+    case 22 /* MADV_POPULATE_READ */: case 23 /* MADV_POPULATE_WRITE */: case 24 /* MADV_DONTNEED_LOCKED */:
+        return 0;
+    default:
+        return 1;
+    }
 }
 
 /* The arena's blocks first (interpose.c, advise_arena). QEMU asks for transparent huge
@@ -706,6 +720,7 @@ EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off
  * into the host's page cache: the advice is dropped for the device. */
 EXPORT int madvise(void *addr, size_t len, int advice) {
     if (advise_arena(addr, len, advice) != 0) return -1;
+    if (!lock_mine && splits(advice)) maps_added(2);
     char *a = addr, *b = a + len, *lo = dump_base, *hi = dump_base + dump_len;
     if (advice == MADV_HUGEPAGE && dump_len && a < hi && b > lo) {
         int r = 0;

@@ -118,6 +118,10 @@ struct arena {
      * (mprotect): never remapped, shared, copied virtually or kept at free, so that its
      * protection (and the faults it gives) stay the program's */
     uint64_t *protbits;
+    /* a bit per arena page the program marked MADV_WIPEONFORK or MADV_DONTFORK: anonymous
+     * memory from then on, and, like protbits, never remapped, shared, copied virtually or
+     * kept at free (a new mapping there would lose the mark); cleared when unmapped */
+    uint64_t *forkbits;
     uint64_t segs, seg_budget;
     struct extents va, fd;
     uint64_t va_high; /* pages below this may be in use (bounds fork scans) */
@@ -198,7 +202,7 @@ enum counter {
     S_FB_ERROR, S_FB_BYTES, S_REALLOC_INPLACE, S_REALLOC_MREMAP, S_REALLOC_SHRINK,
     S_FB_REENTRANT, S_FORKS, S_GENS_EXHAUSTED, S_CACHE_HITS, S_DIRTY_HITS, S_PAGES_SALVAGED, S_PAGES_FRESH, S_PAGES_RETURNED,
     S_PAGES_DETACHED, S_PAGES_ADOPTED, S_FDS_LOST, S_FB_PROTECTED, S_PAGES_TRIMMED, S_TRIMS, S_TRIM_US, S_PAGES_DROPPED,
-    S_COPIES_FENCED, S_FB_UNFENCED, S_NSTATS
+    S_COPIES_FENCED, S_FB_UNFENCED, S_MAPS_READ, S_MAPS_READ_US, S_NSTATS
 };
 extern uint64_t stats[S_NSTATS];
 
@@ -238,7 +242,6 @@ int ext_init(struct extents *e);
 int64_t ext_alloc(struct extents *e, uint32_t len);
 void ext_free(struct extents *e, uint32_t start, uint32_t len);
 void seg_mapped(uint64_t v, uint64_t n);
-int budget_ok(void);
 int fd_is(int fd, dev_t dev, ino_t ino);
 int gen_fd(int g);
 void gen_unref(int g, uint64_t n);
@@ -288,6 +291,14 @@ void prot_set(uint64_t v, uint64_t n, int on);
 void make_private(uint64_t v, uint64_t n);
 void drop_views(uint64_t v, uint64_t n);
 int single_threaded(void);
+void fork_mark(uint64_t v, uint64_t n, int views);
+
+/* maps.c: the mapping budget (the arena's mappings and an estimate of the program's
+ * against vm.max_map_count) */
+void maps_init(uint64_t max_map_count);
+void maps_added(uint64_t n);
+void maps_failed(void);
+int budget_ok(void);
 
 /* copy.c: virtual copies between arena blocks */
 void *big_copy(void *d, const void *s, size_t n, copy_fn plain);

@@ -14,7 +14,7 @@ static const char *const stat_names[S_NSTATS] = {
     "kept_pages_returned", "memfd_pages_released_under_written_views",
     "memfd_pages_adopted_by_last_view", "fds_closed_by_program", "fallback_protected_pages",
     "memfd_pages_trimmed_under_written_views", "trims", "trim_us", "pages_dropped_by_madvise",
-    "copies_fenced_for_writers", "fallback_writers_unfenced"};
+    "copies_fenced_for_writers", "fallback_writers_unfenced", "maps_readings", "maps_reading_us"};
 uint64_t stats[S_NSTATS];
 
 static char *put_u64(char *p, uint64_t v) {

@@ -392,6 +392,30 @@ fn madvise_dontneed_and_free_on_copies_act_as_on_glibc_memory() {
     passes_in_every_variant("madvise.c", &[], 30);
 }
 
+/// A program's MADV_WIPEONFORK and MADV_DONTFORK on its blocks act as on glibc's memory
+/// in a forked child (zeros; no mapping), also on a copy's pages (WIPEONFORK failed with
+/// EINVAL there) and after copies into and out of the marked block (a copy's remapping
+/// lost the mark: the child had the range); MADV_KEEPONFORK and MADV_DOFORK undo them.
+#[test]
+fn madvise_wipeonfork_and_dontfork_on_copies_act_as_on_glibc_memory() {
+    passes_in_every_variant("fork_marks.c", &[], 30);
+}
+
+/// A program holding all but 100 of vm.max_map_count itself gets every malloc and copy
+/// right, as under glibc (virtual copies took the last mappings and glibc's mmap then
+/// failed: malloc returned NULL); once it has given its mappings back and waited (the
+/// shim reads /proc/self/maps again after 100 times the last reading's time, so that
+/// readings cost at most 1%: the program waits 200 times its own reading's), the shim
+/// makes virtual copies again, having read the maps only a few times.
+#[test]
+fn a_program_near_the_mapping_limit_gets_every_malloc() {
+    passes_in_every_variant("map_count.c", &[], 30);
+    let Some(exe) = compiled("map_count.c") else { return };
+    let s = vcopy_stats(&exe, &["wait"], &[("ADVM_COPY_MIN_PAGES", "2")], &work_dir().join("stats-map-count"));
+    assert!(s["copies_virtual"] >= 400, "no virtual copies once the mappings were gone: {s:?}");
+    assert!(s["maps_readings"] <= 10, "{s:?}");
+}
+
 /// A signal handler's fork while its thread is inside a large copy holding the shim's
 /// lock completes, and the child reads the right bytes (the fork handlers used to wait
 /// for that lock forever).
