@@ -376,7 +376,7 @@ impl Client {
         let merged = self.merge_fenced(&mut fence, &writable, &mut stats).map_err(|e| lost(&self.via, e));
         // The store mappings now over the pages have none of the program's marks: they
         // get them again (whatever part was mapped before a failure too).
-        let marked = marks.iter().try_for_each(|&(a, e, m)| m.restore(a, e - a));
+        let marked = marks.iter().try_for_each(|&(a, e, m)| m.apply(a, e - a));
         drop(fence);
         merged?;
         marked.map_err(Error::Sys)?;
@@ -426,8 +426,8 @@ impl Client {
                     v.start, v.end
                 )));
             }
-            if marks != Marks::default() {
-                marked.push((a, e, marks));
+            if marks.for_file() != Marks::default() {
+                marked.push((a, e, marks.for_file()));
             }
             out.push((a, e, v.writable));
             a = e;
