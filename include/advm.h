@@ -302,7 +302,9 @@ typedef struct advm_batch advm_batch ADVM_DEPRECATED("use struct advm_batch");
  * Returns 0, or -EINVAL for a range that is unmapped, shared, file-backed or marked
  * MADV_WIPEONFORK (MADV_DONTFORK, MADV_DONTDUMP and mlock are set again on the merged
  * pages), -ENOSYS where userfaultfd cannot write-protect the range while it is merged
- * (a kernel without it; valgrind, which has no userfaultfd), -EPIPE when the advmd of this
+ * (a kernel without it; valgrind, which has no userfaultfd), -EPERM where opening a
+ * userfaultfd was refused (EPERM or EACCES: a seccomp filter, or
+ * vm.unprivileged_userfaultfd=0 without the privilege), -EPIPE when the advmd of this
  * process's session has gone away (nothing merged; the next call connects again: to
  * advmd when one answers, else to a store of this process's own; advm_merge_trim
  * the same).
