@@ -61,6 +61,37 @@ def test_float_arrays_bytes_and_memoryviews_are_buffers_too() -> None:
     assert s["bytes"] == len(data)
 
 
+class _Interface:
+    """An array exporter without the buffer protocol (what a GPU-less tensor library
+    may be): only ``__array_interface__``, or only ``__array__``."""
+
+    def __init__(self, a: np.ndarray, interface: bool) -> None:
+        self.a = a
+        if interface:
+            self.__array_interface__ = a.__array_interface__
+        else:
+            self.__array__ = lambda dtype=None, copy=None: a.copy()
+
+
+def test_objects_exporting_an_array_interface_merge_and_others_name_the_fix() -> None:
+    # Both said "a bytes-like object is required, not '_Interface'", and None that.
+    a, b = page_aligned(8, 5), page_aligned(8, 5)
+    advm.merge(a)
+    assert advm.merge(_Interface(b, True))["merged"] == 8, "merged in place, no copy"
+    with pytest.raises(TypeError, match=r"not _Interface .*may be a copy.*t\.numpy\(\).*np\.asarray\(x\)"):
+        advm.merge(_Interface(b, False))
+    with pytest.raises(TypeError, match=r"^merge needs a buffer .*not NoneType None\.$"):
+        advm.merge(None)
+
+
+def test_vcopy_of_what_is_no_array_says_what_it_was_given() -> None:
+    # vcopy(None) said "cannot copy an array of Python objects (dtype object)".
+    with pytest.raises(TypeError, match=r"it was given NoneType None, of which numpy\.asarray makes"):
+        advm.vcopy(None)  # type: ignore[arg-type]
+    c: np.ndarray = advm.vcopy(_Interface(page_aligned(2, 6), True))  # type: ignore[arg-type]
+    assert np.array_equal(c, page_aligned(2, 6))
+
+
 STRIDED: dict[str, Callable[[np.ndarray], Any]] = {
     "every third byte": lambda a: a[::3],
     "reversed": lambda a: a[::-1],
