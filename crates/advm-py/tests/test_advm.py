@@ -259,6 +259,31 @@ def test_the_package_names_the_library_sources_it_was_built_from() -> None:
     int(sid, 16)
 
 
+def _elf_sections(path: str) -> set[str]:
+    """The section names of a 64-bit little-endian ELF file."""
+    import struct
+
+    with open(path, "rb") as f:
+        elf = f.read()
+    shoff, = struct.unpack_from("<Q", elf, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
+    headers = [elf[shoff + i * shentsize : shoff + (i + 1) * shentsize] for i in range(shnum)]
+    strtab_off, = struct.unpack_from("<Q", headers[shstrndx], 0x18)
+    names = set()
+    for h in headers:
+        name, = struct.unpack_from("<I", h, 0)
+        start = strtab_off + name
+        names.add(elf[start : elf.index(b"\0", start)].decode())
+    return names
+
+
+def test_the_extension_is_stripped() -> None:
+    # The wheel's _advm.abi3.so was 30 MB, its symbol table and debug info.
+    sections = _elf_sections(advm._advm.__file__)
+    assert ".dynsym" in sections, sections
+    assert not sections & {".symtab", ".debug_info", ".debug_line"}, sections
+
+
 def test_vcopy_refuses_arrays_of_python_objects_before_copying() -> None:
     # Their bytes are references: a copy of them would hold objects it does not own.
     for a in (np.array([object(), "x"], dtype=object), np.zeros(3, dtype=[("a", "O"), ("b", "i4")])):
