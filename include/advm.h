@@ -87,7 +87,8 @@ struct advm_vcopy_stats {
     unsigned long long fallback_vma_budget;  /* memcpy: VMA budget reached */
     unsigned long long vmas;                 /* VMAs of the arena (upper bound) */
 };
-/* Fills *out; 0 or -errno. */
+/* Fills *out; 0 or -errno. Before the first arena call (advm_alloc, advm_dup...) every
+ * field is 0, and the arena is not made for it. */
 int advm_vcopy_get_stats(struct advm_vcopy_stats *out);
 /* Deprecated alias of advm_vcopy_get_stats (the old name, which the struct shares). */
 int advm_vcopy_stats(struct advm_vcopy_stats *out) ADVM_DEPRECATED("use advm_vcopy_get_stats");
