@@ -239,7 +239,8 @@ struct advm_pager_options {
     size_t size;                    /* sizeof(struct advm_pager_options) */
     size_t budget_bytes;            /* most bytes resident, at least one page */
     const char *swap_path;          /* as advm_pager_new's (NULL: unlinked temporary file) */
-    uint64_t swap_capacity_bytes;   /* most bytes the swap file holds (0: 4 GiB) */
+    uint64_t swap_capacity_bytes;   /* most bytes the swap file holds (0: 4 GiB; 1 to a
+                                       page - 1: EINVAL) */
     size_t preflush_headroom_bytes; /* pager-initiated pre-flush: drop every discardable
                                        page when within this of the budget or of the
                                        cgroup's limit (0: none) */
@@ -250,8 +251,9 @@ struct advm_pager_options {
     int swap_io;                    /* ADVM_PAGER_SWAP_* */
 };
 /* A pager with these options; NULL on error, errno set (EINVAL: NULL, a size below
- * this header's or above 4096, an unknown mode; ENOSYS: SIGBUS mode not offered here,
- * or set fields of a newer header; as advm_pager_new otherwise). */
+ * this header's or above 4096, an unknown mode, a budget or a swap capacity (not 0)
+ * below one page; ENOSYS: SIGBUS mode not offered here, or set fields of a newer
+ * header; as advm_pager_new otherwise). */
 advm_pager *advm_pager_new_with(const struct advm_pager_options *opts);
 /* Where p serves faults: ADVM_PAGER_FAULTS_THREAD or ADVM_PAGER_FAULTS_SIGBUS (what
  * AUTO chose); -EINVAL for NULL, -ENOTRECOVERABLE in a forked child. */
