@@ -149,6 +149,8 @@ int advm_swap(void *a, void *b, size_t len);
  * continuing operations merge, destinations are emptied with one vectored call. */
 struct advm_batch; /* opaque */
 struct advm_batch *advm_batch_new(void);
+/* Queue one operation; 0, or -EINVAL (nothing queued) for a NULL batch or a range that
+ * is unaligned or wraps. Mappings are checked by advm_batch_run. */
 int advm_batch_move(struct advm_batch *b, void *dst, const void *src, size_t len);
 int advm_batch_swap(struct advm_batch *b, void *x, void *y, size_t len);
 /* Runs the queued operations and empties the batch; *out (when not NULL) gets the
