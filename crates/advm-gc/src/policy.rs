@@ -68,7 +68,9 @@ impl Policy {
             }),
             Policy::Modified { min_new_size, .. } if min_new_size > heap_bytes => Err(crate::Error::InvalidArgument {
                 what: "min_new_size",
-                why: format!("{min_new_size} is larger than the heap ({heap_bytes} bytes): no nursery can be that large"),
+                why: format!(
+                    "{min_new_size} is larger than the heap ({heap_bytes} bytes): no nursery can be that large"
+                ),
             }),
             _ => Ok(()),
         }
