@@ -87,7 +87,8 @@ struct advm_vcopy_stats {
     unsigned long long fallback_vma_budget;  /* memcpy: VMA budget reached */
     unsigned long long vmas;                 /* VMAs of the arena (upper bound) */
 };
-/* Fills *out; 0 or -errno. */
+/* Fills *out; 0 or -errno. Before the first arena call (advm_alloc, advm_dup...) every
+ * field is 0, and the arena is not made for it. */
 int advm_vcopy_get_stats(struct advm_vcopy_stats *out);
 /* Deprecated alias of advm_vcopy_get_stats (the old name, which the struct shares). */
 int advm_vcopy_stats(struct advm_vcopy_stats *out) ADVM_DEPRECATED("use advm_vcopy_get_stats");
@@ -148,6 +149,8 @@ int advm_swap(void *a, void *b, size_t len);
  * continuing operations merge, destinations are emptied with one vectored call. */
 struct advm_batch; /* opaque */
 struct advm_batch *advm_batch_new(void);
+/* Queue one operation; 0, or -EINVAL (nothing queued) for a NULL batch or a range that
+ * is unaligned or wraps. Mappings are checked by advm_batch_run. */
 int advm_batch_move(struct advm_batch *b, void *dst, const void *src, size_t len);
 int advm_batch_swap(struct advm_batch *b, void *x, void *y, size_t len);
 /* Runs the queued operations and empties the batch; *out (when not NULL) gets the
@@ -238,7 +241,8 @@ struct advm_pager_options {
     size_t size;                    /* sizeof(struct advm_pager_options) */
     size_t budget_bytes;            /* most bytes resident, at least one page */
     const char *swap_path;          /* as advm_pager_new's (NULL: unlinked temporary file) */
-    uint64_t swap_capacity_bytes;   /* most bytes the swap file holds (0: 4 GiB) */
+    uint64_t swap_capacity_bytes;   /* most bytes the swap file holds (0: 4 GiB; 1 to a
+                                       page - 1: EINVAL) */
     size_t preflush_headroom_bytes; /* pager-initiated pre-flush: drop every discardable
                                        page when within this of the budget or of the
                                        cgroup's limit (0: none) */
@@ -249,8 +253,9 @@ struct advm_pager_options {
     int swap_io;                    /* ADVM_PAGER_SWAP_* */
 };
 /* A pager with these options; NULL on error, errno set (EINVAL: NULL, a size below
- * this header's or above 4096, an unknown mode; ENOSYS: SIGBUS mode not offered here,
- * or set fields of a newer header; as advm_pager_new otherwise). */
+ * this header's or above 4096, an unknown mode, a budget or a swap capacity (not 0)
+ * below one page; ENOSYS: SIGBUS mode not offered here, or set fields of a newer
+ * header; as advm_pager_new otherwise). */
 advm_pager *advm_pager_new_with(const struct advm_pager_options *opts);
 /* Where p serves faults: ADVM_PAGER_FAULTS_THREAD or ADVM_PAGER_FAULTS_SIGBUS (what
  * AUTO chose); -EINVAL for NULL, -ENOTRECOVERABLE in a forked child. */
@@ -302,7 +307,9 @@ typedef struct advm_batch advm_batch ADVM_DEPRECATED("use struct advm_batch");
  * Returns 0, or -EINVAL for a range that is unmapped, shared, file-backed or marked
  * MADV_WIPEONFORK (MADV_DONTFORK, MADV_DONTDUMP and mlock are set again on the merged
  * pages), -ENOSYS where userfaultfd cannot write-protect the range while it is merged
- * (a kernel without it; valgrind, which has no userfaultfd), -EPIPE when the advmd of this
+ * (a kernel without it; valgrind, which has no userfaultfd), -EPERM where opening a
+ * userfaultfd was refused (EPERM or EACCES: a seccomp filter, or
+ * vm.unprivileged_userfaultfd=0 without the privilege), -EPIPE when the advmd of this
  * process's session has gone away (nothing merged; the next call connects again: to
  * advmd when one answers, else to a store of this process's own; advm_merge_trim
  * the same).

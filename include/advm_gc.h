@@ -83,7 +83,8 @@ struct advm_gc_policy {
     size_t mem_limit;    /* original: memory use target */
     size_t mem_lim;      /* modified: memory use target */
     size_t min_new_size; /* modified: smallest nursery, at least 32768 (one allocation
-                            buffer: a smaller nursery would collect at every allocation) */
+                            buffer: a smaller nursery would collect at every allocation)
+                            and at most the heap's size */
     size_t min_old_incr; /* modified: smallest old-generation increment */
     int copy_back;       /* nonzero: the old generation is copied back to the start of its
                             reservation after a major collection; 0: it drifts */
@@ -92,7 +93,7 @@ struct advm_gc_policy {
 /* A generational heap: a nursery copied into an old generation, sized by *policy
  * (NULL: a non-generational heap, as advm_gc_new). NULL with errno EINVAL for a bad
  * policy (an unknown kind, a ratio that is not a number >= 1, a min_new_size below
- * 32768), as advm_gc_new otherwise. */
+ * 32768 or above heap_bytes), as advm_gc_new otherwise. */
 advm_gc *advm_gc_new_with(size_t heap_bytes, const struct advm_gc_policy *policy);
 
 /* As advm_gc_new_with, with the heap's spaces in regions of an advm_pager (advm.h):

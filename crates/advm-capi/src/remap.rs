@@ -207,6 +207,12 @@ fn with_batch(b: *mut advm_batch, f: impl FnOnce(&mut advm_batch) -> Result<i32,
 
 fn push(b: *mut advm_batch, swap: bool, x: usize, y: usize, len: usize) -> i32 {
     with_batch(b, |b| {
+        // What the arguments alone tell (alignment, wrapping) is refused here, where
+        // the caller queued it, not at advm_batch_run with the whole batch dropped;
+        // mappings are checked when it runs.
+        let (xn, yn) = if swap { ("a", "b") } else { ("dst", "src") };
+        PageRange::new(xn, x, len)?;
+        PageRange::new(yn, y, len)?;
         b.ops.push(Queued { swap, x, y, len });
         Ok(0)
     })

@@ -106,6 +106,7 @@ pub extern "C" fn advm_vcopy(dst: *mut c_void, src: *const c_void, len: usize) -
 
 /// Counters of `struct advm_vcopy_stats` (see include/advm.h).
 #[repr(C)]
+#[derive(Default)]
 pub struct AdvmVcopyStats {
     /// Live blocks.
     pub blocks: u64,
@@ -139,7 +140,14 @@ pub unsafe extern "C" fn advm_vcopy_get_stats(out: *mut AdvmVcopyStats) -> i32 {
         return crate::einval();
     }
     guard(|| {
-        let s = arena()?.try_stats()?;
+        // No arena yet: nothing was copied, and making one (256 GiB of address space;
+        // -ENOMEM under RLIMIT_AS) only to say so helps nobody.
+        let Some(arena) = ARENA.get() else {
+            // SAFETY: the caller guarantees `out` is writable.
+            unsafe { out.write(AdvmVcopyStats::default()) };
+            return Ok(0);
+        };
+        let s = arena.try_stats()?;
         let v = AdvmVcopyStats {
             blocks: s.blocks,
             memfd_pages_live: s.memfd_pages_live,

@@ -418,7 +418,7 @@ impl Heap {
             });
         }
         if let Some(g) = &cfg.generational {
-            g.policy.check(cfg.tlab_bytes)?;
+            g.policy.check(cfg.tlab_bytes, cfg.heap_bytes)?;
         }
         if cfg.free_lazily && cfg.paging.is_some() {
             return Err(Error::InvalidArgument {

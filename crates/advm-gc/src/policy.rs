@@ -50,10 +50,11 @@ impl Policy {
     }
 
     /// Refuses settings the heap cannot run well with: a ratio that is not a number of
-    /// at least 1, and a smallest nursery below one allocation buffer (`tlab_bytes`),
-    /// with which every allocation ran a minor collection (98,304 collections for as
-    /// many cells under `min_new_size` 0).
-    pub(crate) fn check(&self, tlab_bytes: usize) -> crate::Result<()> {
+    /// at least 1, a smallest nursery below one allocation buffer (`tlab_bytes`), with
+    /// which every allocation ran a minor collection (98,304 collections for as many
+    /// cells under `min_new_size` 0), and one larger than the heap (`heap_bytes`),
+    /// which no nursery can be (it was accepted and silently capped at the heap).
+    pub(crate) fn check(&self, tlab_bytes: usize, heap_bytes: usize) -> crate::Result<()> {
         match *self {
             Policy::Original { ratio, .. } if !(ratio.is_finite() && ratio >= 1.0) => {
                 Err(crate::Error::InvalidArgument { what: "ratio", why: format!("{ratio} is not a number >= 1") })
@@ -63,6 +64,12 @@ impl Policy {
                 why: format!(
                     "{min_new_size} is below one allocation buffer ({tlab_bytes} bytes): every allocation would run \
                      a minor collection"
+                ),
+            }),
+            Policy::Modified { min_new_size, .. } if min_new_size > heap_bytes => Err(crate::Error::InvalidArgument {
+                what: "min_new_size",
+                why: format!(
+                    "{min_new_size} is larger than the heap ({heap_bytes} bytes): no nursery can be that large"
                 ),
             }),
             _ => Ok(()),

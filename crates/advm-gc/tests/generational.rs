@@ -443,11 +443,12 @@ fn several_mutator_threads_keep_their_lists_through_minor_and_major_collections(
 
 /// Policy sizes near `usize::MAX` (a C caller's `SIZE_MAX`, "no limit") neither panic
 /// on overflow nor wedge the heap: allocation runs until the heap is full and then
-/// reports exhaustion, and collections of both kinds run.
+/// reports exhaustion, and collections of both kinds run. (`min_new_size` at most the
+/// heap: a larger one is refused.)
 #[test]
 fn policy_sizes_at_usize_max_do_not_overflow() {
     for policy in [
-        Policy::Modified { mem_lim: usize::MAX, min_new_size: usize::MAX, min_old_incr: usize::MAX },
+        Policy::Modified { mem_lim: usize::MAX, min_new_size: 16 << 20, min_old_incr: usize::MAX },
         Policy::Original { ratio: 1e30, mem_limit: usize::MAX },
     ] {
         let h = heap(policy, false);
@@ -477,11 +478,14 @@ fn policy_sizes_at_usize_max_do_not_overflow() {
 /// A nursery smaller than one allocation buffer made every allocation run a minor
 /// collection (a C caller's zeroed policy struct: 98,304 collections for as many
 /// cells, 4 minutes): refused with the limit named, as a ratio that is not a number.
+/// So is a smallest nursery larger than the heap (accepted, and capped at the heap).
 #[test]
-fn a_nursery_below_one_allocation_buffer_and_a_ratio_below_one_are_refused() {
+fn a_nursery_below_one_allocation_buffer_or_above_the_heap_and_a_ratio_below_one_are_refused() {
     for (policy, what) in [
         (Policy::Modified { mem_lim: 1 << 20, min_new_size: 0, min_old_incr: 0 }, "min_new_size"),
         (Policy::Modified { mem_lim: 1 << 20, min_new_size: (32 << 10) - 16, min_old_incr: 0 }, "min_new_size"),
+        (Policy::Modified { mem_lim: 1 << 20, min_new_size: (1 << 20) + 16, min_old_incr: 0 }, "min_new_size"),
+        (Policy::Modified { mem_lim: usize::MAX, min_new_size: usize::MAX, min_old_incr: 0 }, "min_new_size"),
         (Policy::Original { ratio: f64::NAN, mem_limit: 1 << 20 }, "ratio"),
         (Policy::Original { ratio: 0.5, mem_limit: 1 << 20 }, "ratio"),
     ] {

@@ -61,6 +61,37 @@ def test_float_arrays_bytes_and_memoryviews_are_buffers_too() -> None:
     assert s["bytes"] == len(data)
 
 
+class _Interface:
+    """An array exporter without the buffer protocol (what a GPU-less tensor library
+    may be): only ``__array_interface__``, or only ``__array__``."""
+
+    def __init__(self, a: np.ndarray, interface: bool) -> None:
+        self.a = a
+        if interface:
+            self.__array_interface__ = a.__array_interface__
+        else:
+            self.__array__ = lambda dtype=None, copy=None: a.copy()
+
+
+def test_objects_exporting_an_array_interface_merge_and_others_name_the_fix() -> None:
+    # Both said "a bytes-like object is required, not '_Interface'", and None that.
+    a, b = page_aligned(8, 5), page_aligned(8, 5)
+    advm.merge(a)
+    assert advm.merge(_Interface(b, True))["merged"] == 8, "merged in place, no copy"
+    with pytest.raises(TypeError, match=r"not _Interface .*may be a copy.*t\.numpy\(\).*np\.asarray\(x\)"):
+        advm.merge(_Interface(b, False))
+    with pytest.raises(TypeError, match=r"^merge needs a buffer .*not NoneType None\.$"):
+        advm.merge(None)
+
+
+def test_vcopy_of_what_is_no_array_says_what_it_was_given() -> None:
+    # vcopy(None) said "cannot copy an array of Python objects (dtype object)".
+    with pytest.raises(TypeError, match=r"it was given NoneType None, of which numpy\.asarray makes"):
+        advm.vcopy(None)  # type: ignore[arg-type]
+    c: np.ndarray = advm.vcopy(_Interface(page_aligned(2, 6), True))  # type: ignore[arg-type]
+    assert np.array_equal(c, page_aligned(2, 6))
+
+
 STRIDED: dict[str, Callable[[np.ndarray], Any]] = {
     "every third byte": lambda a: a[::3],
     "reversed": lambda a: a[::-1],
@@ -226,6 +257,31 @@ def test_the_package_names_the_library_sources_it_was_built_from() -> None:
     sid = advm._advm.__source_id__
     assert isinstance(sid, str) and len(sid) == 16
     int(sid, 16)
+
+
+def _elf_sections(path: str) -> set[str]:
+    """The section names of a 64-bit little-endian ELF file."""
+    import struct
+
+    with open(path, "rb") as f:
+        elf = f.read()
+    shoff, = struct.unpack_from("<Q", elf, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
+    headers = [elf[shoff + i * shentsize : shoff + (i + 1) * shentsize] for i in range(shnum)]
+    strtab_off, = struct.unpack_from("<Q", headers[shstrndx], 0x18)
+    names = set()
+    for h in headers:
+        name, = struct.unpack_from("<I", h, 0)
+        start = strtab_off + name
+        names.add(elf[start : elf.index(b"\0", start)].decode())
+    return names
+
+
+def test_the_extension_is_stripped() -> None:
+    # The wheel's _advm.abi3.so was 30 MB, its symbol table and debug info.
+    sections = _elf_sections(advm._advm.__file__)
+    assert ".dynsym" in sections, sections
+    assert not sections & {".symtab", ".debug_info", ".debug_line"}, sections
 
 
 def test_vcopy_refuses_arrays_of_python_objects_before_copying() -> None:

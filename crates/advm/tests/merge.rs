@@ -354,10 +354,33 @@ fn vm_flags(addr: usize) -> Vec<String> {
     panic!("{addr:#x} is not mapped")
 }
 
+/// Per page from `addr`, from /proc/self/pagemap: "absent", "anon" or "file".
+fn page_kinds(addr: usize, n: usize) -> Vec<&'static str> {
+    use std::io::{Read, Seek, SeekFrom};
+    let ps = page_size();
+    let mut f = std::fs::File::open("/proc/self/pagemap").unwrap();
+    f.seek(SeekFrom::Start((addr / ps * 8) as u64)).unwrap();
+    let mut b = vec![0u8; n * 8];
+    f.read_exact(&mut b).unwrap();
+    b.chunks_exact(8)
+        .map(|e| {
+            let e = u64::from_le_bytes(e.try_into().unwrap());
+            match (e >> 63 & 1, e >> 61 & 1) {
+                (0, _) => "absent",
+                (_, 0) => "anon",
+                _ => "file",
+            }
+        })
+        .collect()
+}
+
 /// The merged pages become store mappings, which had none of the marks the program
 /// set on its memory: `MADV_DONTFORK`, `MADV_DONTDUMP` and `mlock` were lost, and a
 /// `MADV_WIPEONFORK` range was no longer wiped in a forked child (which read the
 /// parent's bytes). The first three are set again; a wipe-on-fork range is refused.
+/// The lock keeps the store's pages mapped: a plain `mlock` of the writable store
+/// mapping faulted every page in for writing, a private copy of each (`Locked:` right,
+/// nothing saved).
 #[test]
 fn a_merge_keeps_the_programs_marks_and_refuses_a_wipe_on_fork_range() {
     if !fence_ok() {
@@ -381,6 +404,7 @@ fn a_merge_keeps_the_programs_marks_and_refuses_a_wipe_on_fork_range() {
     for f in ["dc", "dd", "lo"] {
         assert!(flags.contains(&f.to_string()), "{f} lost: {flags:?}");
     }
+    assert_eq!(page_kinds(a.addr().0, 16), vec!["file"; 16], "the locked pages are the store's, mapped, not copies");
     assert_eq!(a.bytes(), &want[..]);
 
     let mut w = Region::new(4 * ps).unwrap();

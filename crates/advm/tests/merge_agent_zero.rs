@@ -2,7 +2,8 @@
 //! `advm run --mode merge` and `advm vm run --merge` run) gives back all-zero pages the
 //! process holds: they read as zeros after, hold no memory, and their mapping joins its
 //! neighbours again with the flags it had; a thread writing zero pages throughout the
-//! merge loses no write.
+//! merge loses no write. A locked mapping stays locked (and its zero pages resident), a
+//! wipe-on-fork one is left alone.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -25,6 +26,23 @@ fn mapping_of(addr: usize) -> (usize, usize, String) {
         }
     }
     panic!("{addr:#x} is not mapped");
+}
+
+/// Per page from `addr`, from /proc/self/pagemap: "absent", "anon" or "file".
+fn page_kinds(addr: usize, n: usize) -> Vec<&'static str> {
+    use std::io::{Read, Seek, SeekFrom};
+    let ps = page_size();
+    let mut f = std::fs::File::open("/proc/self/pagemap").unwrap();
+    f.seek(SeekFrom::Start((addr / ps * 8) as u64)).unwrap();
+    let mut b = vec![0u8; n * 8];
+    f.read_exact(&mut b).unwrap();
+    b.chunks_exact(8)
+        .map(|e| match (e[7] >> 7, e[7] >> 5 & 1) {
+            (0, _) => "absent",
+            (_, 0) => "anon",
+            _ => "file",
+        })
+        .collect()
 }
 
 #[test]
@@ -59,6 +77,23 @@ fn zero_pages_are_given_back_and_a_writer_during_the_merge_loses_nothing() {
     let resident = |r: PageRange| page_frames(r).unwrap().iter().filter(|f| f.is_some()).count();
     let zero_half = PageRange::new("zero half", a.addr().0 + n / 2 * ps, n / 2 * ps).unwrap();
     assert_eq!(resident(zero_half), n / 2, "the zero half is resident before the merge");
+
+    // C: 256 pages locked (`mlock`), the last 64 all-zero; D: 256 pages marked
+    // MADV_WIPEONFORK (glibc's arc4random state is). The agent unlocked C's merged pages
+    // and merged D, whose forked children then read the parent's bytes.
+    let cn = 256;
+    let (mut c, mut d) = (Region::new(cn * ps).unwrap(), Region::new(cn * ps).unwrap());
+    for (i, (pc, pd)) in c.bytes_mut().chunks_exact_mut(ps).zip(d.bytes_mut().chunks_exact_mut(ps)).enumerate() {
+        pc.fill(if i < cn - 64 { (i % 13) as u8 | 0x80 } else { 0 });
+        pd.fill((i % 17) as u8 | 0x40);
+        pd[..8].copy_from_slice(&(i as u64 + 7).to_le_bytes());
+    }
+    let (c_before, d_before) = (c.bytes().to_vec(), d.bytes().to_vec());
+    // SAFETY: flags and residency of this test's own mappings; no content changes.
+    unsafe {
+        assert_eq!(libc::mlock(c.addr().0 as *mut libc::c_void, cn * ps), 0, "mlock");
+        assert_eq!(libc::madvise(d.addr().0 as *mut libc::c_void, cn * ps, libc::MADV_WIPEONFORK), 0);
+    }
 
     // B: 1024 pages of zeros (written, so resident), one thread writing pages 0..64 of
     // it throughout the merge; its last value per page is what must be there after.
@@ -103,6 +138,19 @@ fn zero_pages_are_given_back_and_a_writer_during_the_merge_loses_nothing() {
     if flagged {
         assert!(flags.split_whitespace().any(|f| f == "mg"), "the replaced zero pages lost MADV_MERGEABLE: {flags}");
     }
+    // C: merged (the store's pages, mapped: 13 distinct ones), still locked, the zero
+    // pages resident; D: as it was.
+    let (_, _, flags) = mapping_of(c.addr().0);
+    assert!(flags.split_whitespace().any(|f| f == "lo"), "C lost its lock: {flags}");
+    let kinds = page_kinds(c.addr().0, cn);
+    assert_eq!(kinds[..cn - 64], vec!["file"; cn - 64][..], "C's pages: the store's, mapped, not copies");
+    assert_eq!(kinds[cn - 64..], vec!["anon"; 64][..], "C's zero pages stay resident");
+    assert_eq!(c.bytes(), &c_before[..]);
+    let (_, _, flags) = mapping_of(d.addr().0);
+    assert!(flags.split_whitespace().any(|f| f == "wf"), "D is no longer wiped on fork: {flags}");
+    assert_eq!(page_kinds(d.addr().0, cn), vec!["anon"; cn], "D was merged");
+    assert_eq!(d.bytes(), &d_before[..]);
+
     // B: every write of the writer is there, and nothing else.
     for (i, w) in b.iter().enumerate() {
         let p = i / words;

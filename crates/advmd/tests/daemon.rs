@@ -228,6 +228,29 @@ fn a_domain_over_its_limit_refuses_new_pages_with_a_clear_reply() {
     assert_eq!(a.bytes(), &orig[..]);
 }
 
+/// A merge larger than the domain's room: the add refused whole, the part that fits
+/// sent again and added. The refusal said "it holds 0 bytes", what the store held
+/// before that part; it now says what it holds after.
+#[test]
+fn a_refusal_after_the_part_that_fits_was_added_says_what_the_store_holds_now() {
+    if !fence_ok() {
+        return;
+    }
+    let (_d, sock) = start("limit-now", |c| c.domain_limit_bytes = 1 << 20);
+    let a = common::distinct(512, 41);
+    let s = Client::connect(&sock, "").unwrap().merge(a.bytes()).unwrap();
+    assert_eq!((s.added, s.refused), (256, 256), "{s:?}");
+    let why = s.refusal.unwrap();
+    assert!(
+        why.starts_with("the page store is full: it holds 0 bytes")
+            && why.ends_with(
+                "(then 1048576 bytes of this merge fit and were added: the store holds 1048576 bytes now, its \
+                 limit is 1048576 bytes)"
+            ),
+        "{why}"
+    );
+}
+
 /// A request whose reply must be an error naming `expect`.
 fn refused_with(ch: &Channel, expect: &str) {
     match Reply::recv(ch) {

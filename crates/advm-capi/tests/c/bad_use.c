@@ -326,6 +326,25 @@ static void other_misuse(void) {
     FAILS(advm_batch_swap(NULL, NULL, NULL, ps), EINVAL);
     FAILS(advm_batch_run(NULL, NULL), EINVAL);
     advm_batch_free(NULL);
+    {
+        /* An unaligned or wrapping operation is refused when queued (it was queued,
+         * and advm_batch_run refused the whole batch); the batch keeps the others. */
+        unsigned char *m = mmap(NULL, 8 * ps, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        CHECK(m != MAP_FAILED);
+        memset(m + 4 * ps, 7, ps);
+        struct advm_batch *q = advm_batch_new();
+        CHECK(q != NULL);
+        WORKS(advm_batch_move(q, m, m + 4 * ps, ps));
+        FAILS(advm_batch_move(q, m + 1, m + 4 * ps, ps), EINVAL);
+        FAILS(advm_batch_move(q, m, m + 4 * ps, ps + 1), EINVAL);
+        FAILS(advm_batch_swap(q, m, m + 4 * ps + 8, ps), EINVAL);
+        FAILS(advm_batch_swap(q, m, (void *)(SIZE_MAX & ~(ps - 1)), 2 * ps), EINVAL);
+        struct advm_remap_stats st;
+        WORKS(advm_batch_run(q, &st));
+        CHECK(st.completed_ops == 1 && m[0] == 7 && m[ps - 1] == 7);
+        advm_batch_free(q);
+        CHECK(munmap(m, 8 * ps) == 0);
+    }
 
     /* Calls that work leave errno alone (the first break-even or store lookup makes
      * system calls that fail on the way: a cache file, advmd's socket). */

@@ -165,6 +165,16 @@ static void bad_input(void) {
     CHECK(advm_gc_new_with(1 << 20, &tiny) == NULL && errno == EINVAL);
     tiny.min_new_size = 1000;
     CHECK(advm_gc_new_with(1 << 20, &tiny) == NULL && errno == EINVAL);
+    /* and one larger than the heap (accepted, and capped at the heap) */
+    tiny.min_new_size = (1 << 20) + 4096;
+    errno = 0;
+    CHECK(advm_gc_new_with(1 << 20, &tiny) == NULL && errno == EINVAL);
+    tiny.min_new_size = SIZE_MAX;
+    CHECK(advm_gc_new_with(1 << 20, &tiny) == NULL && errno == EINVAL);
+    tiny.min_new_size = 1 << 20; /* the whole heap: fine */
+    advm_gc *whole = advm_gc_new_with(1 << 20, &tiny);
+    CHECK(whole != NULL);
+    advm_gc_destroy(whole);
 
     /* stores naming something that is not an object */
     gc = drifting();

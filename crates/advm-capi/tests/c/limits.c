@@ -1,4 +1,7 @@
 /* Resource limits give clean errors that go away with the limit:
+ * - advm_vcopy_get_stats before any arena use reports zeros without making the arena
+ *   (it reserved 256 GiB of address space just to say nothing was copied, and under
+ *   an address-space limit returned -ENOMEM);
  * - under an address-space limit (RLIMIT_AS) far below the arena's 256 GiB reservation,
  *   advm_alloc still works (the arena reserves less) instead of failing with ENOSYS
  *   for the life of the process;
@@ -31,13 +34,37 @@ static void free_fds(void) {
     while (nheld > 0) close(held[--nheld]);
 }
 
+/* This process's address space, bytes (VmSize). */
+static unsigned long long vm_size(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    CHECK(f != NULL);
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmSize: %llu kB", &kb) == 1) break;
+    fclose(f);
+    CHECK(kb > 0);
+    return kb << 10;
+}
+
 int main(void) {
     size_t ps = (size_t)sysconf(_SC_PAGESIZE);
 
-    /* An address-space limit of 2 GiB: the arena's first call must still work. */
-    struct rlimit as_was, as = {(rlim_t)2 << 30, RLIM_INFINITY};
+    /* No arena yet, and no room for one (16 MiB of address space left, the arena
+     * settles for no less than 64 MiB): its figures are zeros all the same. */
+    struct rlimit as_was, as = {(rlim_t)(vm_size() + (16 << 20)), RLIM_INFINITY};
     CHECK(getrlimit(RLIMIT_AS, &as_was) == 0);
     as.rlim_max = as_was.rlim_max;
+    CHECK(setrlimit(RLIMIT_AS, &as) == 0);
+    struct advm_vcopy_stats vs;
+    memset(&vs, 0xff, sizeof vs);
+    int gs = advm_vcopy_get_stats(&vs);
+    if (gs) fprintf(stderr, "advm_vcopy_get_stats with no arena, 16 MiB of address space left: %s\n", strerror(-gs));
+    CHECK(gs == 0 && vs.blocks == 0 && vs.memfd_resident_bytes == 0 && vs.bytes_copied == 0 && vs.vmas == 0);
+    CHECK(setrlimit(RLIMIT_AS, &as_was) == 0);
+
+    /* An address-space limit of 2 GiB: the arena's first call must still work. */
+    as.rlim_cur = (rlim_t)2 << 30;
     CHECK(setrlimit(RLIMIT_AS, &as) == 0);
     errno = 0;
     unsigned char *a = advm_alloc(16 * ps);

@@ -31,7 +31,8 @@ int main(void) {
     size_t ps = (size_t)sysconf(_SC_PAGESIZE);
     struct advm_pager_options o = opts(16 * ps);
 
-    /* bad use: NULL, short or oversized structs, unknown modes, a budget below a page */
+    /* bad use: NULL, short or oversized structs, unknown modes, a budget or a swap
+     * capacity below a page */
     CHECK(advm_pager_new_with(NULL) == NULL && errno == EINVAL);
     o.size = sizeof o - 1;
     CHECK(advm_pager_new_with(&o) == NULL && errno == EINVAL);
@@ -45,6 +46,12 @@ int main(void) {
     o.swap_io = 2;
     CHECK(advm_pager_new_with(&o) == NULL && errno == EINVAL);
     o = opts(ps - 1);
+    CHECK(advm_pager_new_with(&o) == NULL && errno == EINVAL);
+    /* a swap capacity below a page (not 0, the default) was a swap file of no pages */
+    o = opts(16 * ps);
+    o.swap_capacity_bytes = ps - 1;
+    CHECK(advm_pager_new_with(&o) == NULL && errno == EINVAL);
+    o.swap_capacity_bytes = 1;
     CHECK(advm_pager_new_with(&o) == NULL && errno == EINVAL);
     o = opts(16 * ps);
     o.cgroup = "/nonexistent-cgroup";

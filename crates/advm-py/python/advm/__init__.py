@@ -84,8 +84,15 @@ def merge(obj: Any) -> MergeStats:
 
     Returns a :class:`MergeStats` dict (``merged``, ``added``, ``skipped``, ``via``...).
 
-    Raises ``TypeError`` for an object without the buffer protocol (``str``, ``int``)
-    and for an array of Python objects (``dtype=object``, a structured dtype with an
+    An object without the buffer protocol that exports an array interface
+    (``__array_interface__`` or ``__array_struct__``) is merged through the NumPy array
+    over its own memory (``numpy.asarray`` wraps it, no copy). One that only converts
+    (``__array__``: a torch tensor) raises ``TypeError`` naming the fix (``t.numpy()``,
+    or ``np.asarray(x)`` when it shares memory): the conversion may copy, and merging a
+    copy would share nothing of the original.
+
+    Raises ``TypeError`` for any other object without the buffer protocol (``None``,
+    ``str``, ``int``: the message names it) and for an array of Python objects (``dtype=object``, a structured dtype with an
     object field, a ctypes array of ``py_object``: its elements are references, which no
     other process could share);
     ``ValueError`` from a released memoryview, ``BufferError`` from an exporter that
@@ -105,6 +112,7 @@ def merge(obj: Any) -> MergeStats:
     ``mlock`` are set again on the merged pages; a range marked ``MADV_WIPEONFORK``
     raises ``ValueError`` (a merged page could not be wiped in a forked child).
     """
+    obj = _buffer_of(obj)
     objects = _object_type(obj)
     if objects is not None:
         raise TypeError(
@@ -112,6 +120,41 @@ def merge(obj: Any) -> MergeStats:
             "references into this process, not data (merge the arrays or bytes they refer to)"
         )
     return _advm.merge(obj)  # type: ignore[no-any-return]
+
+
+def _described(obj: Any) -> str:
+    """``obj``'s type and a short repr, for an error message."""
+    text = repr(obj)
+    return f"{type(obj).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def _buffer_of(obj: Any) -> Any:
+    """``obj`` when it has the buffer protocol; else the NumPy array over its own memory
+    when it exports an array interface (``__array_interface__``, ``__array_struct__``:
+    NumPy wraps the pointer, no copy); else a ``TypeError`` saying what was passed."""
+    try:
+        memoryview(obj).release()
+        return obj
+    except TypeError:
+        pass
+    except (ValueError, BufferError):
+        return obj  # _advm.merge says why
+    if hasattr(obj, "__array_interface__") or hasattr(obj, "__array_struct__"):
+        import numpy as np
+
+        return np.asarray(obj)
+    hint = (
+        " It converts to a NumPy array (``__array__``), which may be a copy: merging a copy "
+        "shares nothing of the original, so pass an array over the object's own memory "
+        "(a CPU torch tensor: t.numpy(); otherwise np.asarray(x), where "
+        "np.shares_memory tells it is no copy)."
+        if hasattr(obj, "__array__")
+        else ""
+    )
+    raise TypeError(
+        f"merge needs a buffer (a NumPy array, bytes, bytearray, memoryview, array.array), "
+        f"not {_described(obj)}.{hint}"
+    )
 
 
 class TrimStats(TypedDict):
@@ -231,6 +274,12 @@ def vcopy(array: numpy.ndarray[_Shape, _DType]) -> numpy.ndarray[_Shape, _DType]
     import numpy as np
 
     src = np.asarray(array)
+    if src.dtype.hasobject and not isinstance(array, np.ndarray):
+        raise TypeError(
+            f"vcopy copies a NumPy array, or what numpy.asarray makes one of; it was given "
+            f"{_described(array)}, of which numpy.asarray makes an array of Python objects "
+            f"(dtype {src.dtype}), references, not bytes"
+        )
     if src.dtype.hasobject:
         raise TypeError(
             f"vcopy cannot copy an array of Python objects (dtype {src.dtype}): "

@@ -4,10 +4,11 @@
 //!
 //! The agent thread merges the process's large private anonymous mappings (the heap
 //! and anonymous mmaps of at least `ADVM_MERGE_MIN_BYTES`, default 1 MiB; not stacks,
-//! guard pages, shared or file-backed memory, nor the agent's own memory) once the
-//! program has loaded: when its anonymous resident memory has grown by at least
-//! `ADVM_MERGE_MIN_GROWTH` (default 32 MiB) since it started or since the last merge,
-//! and then grown by less than 1 MiB for `ADVM_MERGE_AFTER` seconds (default 2).
+//! guard pages, shared or file-backed memory, mappings marked `MADV_WIPEONFORK`, nor
+//! the agent's own memory) once the program has loaded: when its anonymous resident
+//! memory has grown by at least `ADVM_MERGE_MIN_GROWTH` (default 32 MiB) since it
+//! started or since the last merge, and then grown by less than 1 MiB for
+//! `ADVM_MERGE_AFTER` seconds (default 2).
 //! `advm merge PID` asks it to merge now through an abstract UNIX socket,
 //! `@advm-merge/<pid>`, open to the same uid and root: a line `merge`, or `lookup`
 //! for a merge that maps only pages the store already holds and adds none (cheap, for
@@ -19,7 +20,10 @@
 //! process-wide store ([`super::with_default`]): advmd when it answers, else this
 //! process's own. All-zero pages the process holds are not stored but given back
 //! under the same fence (a fresh anonymous mapping in their place, as `MADV_DONTNEED`
-//! would leave them: they read as zeros and hold nothing until written).
+//! would leave them: they read as zeros and hold nothing until written), except in a
+//! locked mapping. What replaces a mapping's pages gets its marks again (the code
+//! [`Client::merge`] uses): `MADV_DONTFORK`,
+//! `MADV_DONTDUMP`, the lock, and on anonymous memory huge page and KSM advice.
 //!
 //! A merge leaves merged memory mapped privately from the store's files, and the
 //! program goes on writing some of those pages: each write makes a private anonymous
@@ -36,8 +40,8 @@ use std::time::{Duration, Instant};
 use super::client::Landing;
 use super::{Client, MergeStats};
 use crate::mem::page_size;
-use crate::sys::merge::{Locate, StoreMap, Target};
-use crate::sys::merge_serviced::{AnonAdvice, ServicedFence};
+use crate::sys::merge::{Locate, Marks, StoreMap, Target};
+use crate::sys::merge_serviced::ServicedFence;
 use crate::sys::pagemap::{self, Entry, Pagemap};
 use crate::sys::procmap;
 use crate::{Error, Result};
@@ -578,7 +582,7 @@ pub fn merge_process_with(min_bytes: u64, add_new: bool) -> Result<ProcessMerge>
     let maps = std::fs::read_to_string("/proc/self/maps")
         .map_err(|e| Error::Sys(crate::sys::SysError::from_io("read(/proc/self/maps)", &e)))?;
     let maps = parse_maps(&maps);
-    let advice = std::fs::read_to_string("/proc/self/smaps").map(|t| vm_flags(&t)).unwrap_or_default();
+    let flags = std::fs::read_to_string("/proc/self/smaps").map(|t| vm_flags(&t)).unwrap_or_default();
     let zeros = HeldPages { pagemap: Pagemap::open("self").ok(), zero_pfn: pagemap::zero_pfn() };
     let budget = std::fs::read_to_string("/proc/sys/vm/max_map_count")
         .ok()
@@ -606,7 +610,12 @@ pub fn merge_process_with(min_bytes: u64, add_new: bool) -> Result<ProcessMerge>
             stopped: None,
         };
         'maps: for &Candidate { start, end, store } in &todo {
-            let advice = advice.get(&start).map_or_else(AnonAdvice::default, |f| AnonAdvice::from_vm_flags(f));
+            let marks = flags.get(&start).map_or_else(Marks::default, |f| Marks::from_vm_flags(f));
+            if marks.wipe_on_fork {
+                // A store mapping cannot be wiped on fork: merged, a forked child would
+                // read the parent's bytes (glibc's arc4random state is so marked).
+                continue;
+            }
             let mut counted = false;
             let mut a = start;
             while a < end {
@@ -636,7 +645,7 @@ pub fn merge_process_with(min_bytes: u64, add_new: bool) -> Result<ProcessMerge>
                     break 'maps;
                 }
                 let chunk =
-                    Chunk { addr: a, len, advice, zeros: &zeros, add_new, only: only.as_ref().map(|o| &o.0[..]) };
+                    Chunk { addr: a, len, marks, zeros: &zeros, add_new, only: only.as_ref().map(|o| &o.0[..]) };
                 match merge_chunk(c, &mut fence, chunk, &mut r) {
                     // A store file the fence cannot protect (an adopted file that is not
                     // shmem): its copies stay as they are.
@@ -701,8 +710,8 @@ impl HeldPages {
 struct Chunk<'a> {
     addr: usize,
     len: usize,
-    /// The mapping's advice, for the anonymous memory that replaces zero pages.
-    advice: AnonAdvice,
+    /// The mapping's marks, set again on what replaces its pages.
+    marks: Marks,
     zeros: &'a HeldPages,
     /// Whether pages new to the store are added (false: a lookup-only merge).
     add_new: bool,
@@ -851,7 +860,7 @@ fn plan_and_map(c: &mut Client, fence: &mut ServicedFence, chunk: &Chunk<'_>, r:
         }
         let mapped = &mut mapped[..k];
         mapped.fill(false);
-        fence.map_unwritten(i, k, writable, fd, offset, chunk.advice, &check, mapped).map_err(Error::Sys)?;
+        fence.map_unwritten(i, k, writable, fd, offset, chunk.marks, &check, mapped).map_err(Error::Sys)?;
         for (e, &m) in equal[i..i + k].iter().zip(mapped.iter()) {
             match (m, e.is_some_and(|(_, new)| new)) {
                 (true, true) => r.stats.added += 1,
@@ -863,6 +872,10 @@ fn plan_and_map(c: &mut Client, fence: &mut ServicedFence, chunk: &Chunk<'_>, r:
             }
         }
         i += k;
+    }
+    if chunk.marks.locked {
+        // The program asked these pages to stay resident, zeros or not.
+        return Ok(());
     }
     drop_zero_pages(fence, chunk, &want, writable, &check, r)
 }
@@ -896,7 +909,7 @@ fn drop_zero_pages(
         }
         if held[i..i + k].iter().any(|&h| h) {
             let d = &mut dropped[i..i + k];
-            fence.drop_unwritten_zeros(i, k, writable, chunk.advice, check, d).map_err(Error::Sys)?;
+            fence.drop_unwritten_zeros(i, k, writable, chunk.marks, check, d).map_err(Error::Sys)?;
             r.zero_dropped += d.iter().zip(&held[i..i + k]).filter(|&(&d, &h)| d && h).count() as u64;
         }
         i += k;

@@ -425,6 +425,7 @@ impl Daemon {
         self.land_all(src, which, &landing, &mut adds, 0)?;
         let mut retry = std::mem::take(&mut adds.refused);
         retry.sort_unstable();
+        let mut added_after = 0;
         for (first, n) in retry {
             let fits = (adds.room as usize).min(n);
             let mut slots = vec![None; n];
@@ -434,9 +435,22 @@ impl Daemon {
                 let h = self.added(fits)?;
                 if let Some(s) = adds.settle((first, fits), h) {
                     slots[..fits].copy_from_slice(&s);
+                    added_after += fits;
                 }
             }
             self.land(src, which, (first, n), Some(slots))?;
+        }
+        if let Some(why) = adds.refusal.take_if(|_| added_after > 0) {
+            // The refusal told what the store held before the pages that fit were sent
+            // again: "it holds 0 bytes" right after this merge filled it.
+            let now = self.usage()?;
+            adds.refusal = Some(format!(
+                "{why} (then {} bytes of this merge fit and were added: the store holds {} bytes now, its limit is \
+                 {} bytes)",
+                added_after * page_size(),
+                now.bytes,
+                now.limit_bytes
+            ));
         }
         Ok(adds)
     }

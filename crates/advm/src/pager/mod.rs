@@ -203,7 +203,8 @@ pub struct Config {
     /// overwritten; a block device is used as it is); `None`, or a directory: an
     /// unlinked temporary file there (`None`: in `/var/tmp`).
     pub swap_path: Option<PathBuf>,
-    /// Most bytes the swap file may hold; eviction of needed pages beyond it fails.
+    /// Most bytes the swap file may hold (at least one page); eviction of needed pages
+    /// beyond it fails.
     pub swap_capacity_bytes: u64,
     /// `O_DIRECT` or page cache.
     pub swap_io: SwapIo,
@@ -682,6 +683,13 @@ impl Pager {
             return Err(Error::InvalidArgument {
                 what: "budget",
                 why: format!("{} bytes is below one {ps}-byte page", cfg.budget_bytes),
+            });
+        }
+        // Below a page it was a swap file of no pages: every needed page evicted failed.
+        if cfg.swap_capacity_bytes < ps as u64 {
+            return Err(Error::InvalidArgument {
+                what: "swap capacity",
+                why: format!("{} bytes is below one {ps}-byte page", cfg.swap_capacity_bytes),
             });
         }
         usable_here()?;

@@ -177,8 +177,10 @@ impl Drop for WriteFence {
 }
 
 /// What a program set on a private anonymous mapping with `madvise` or `mlock` (its
-/// `VmFlags` in /proc/PID/smaps: `wf`, `dc`, `dd`, `lo`), which the store mappings a
-/// merge puts over its pages do not inherit.
+/// `VmFlags` in /proc/PID/smaps: `wf`, `dc`, `dd`, `lo`, `hg`, `nh`, `mg`), which the
+/// mappings a merge puts over its pages (store mappings, or fresh anonymous memory for
+/// all-zero pages) do not inherit. [`crate::merge::Client::merge`] and the merge agent
+/// both read it, skip or refuse what cannot be kept, and set the rest again.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Marks {
     /// `MADV_WIPEONFORK`: a file mapping cannot have it, so such a range is not merged.
@@ -189,28 +191,66 @@ pub struct Marks {
     pub dont_dump: bool,
     /// `mlock`ed.
     pub locked: bool,
+    /// `MADV_HUGEPAGE`.
+    pub hugepage: bool,
+    /// `MADV_NOHUGEPAGE`.
+    pub no_hugepage: bool,
+    /// `MADV_MERGEABLE` (KSM).
+    pub mergeable: bool,
 }
 
 impl Marks {
     /// From the `VmFlags:` line's two-letter flags.
     pub fn from_vm_flags(flags: &str) -> Self {
         let has = |f: &str| flags.split_whitespace().any(|x| x == f);
-        Self { wipe_on_fork: has("wf"), dont_fork: has("dc"), dont_dump: has("dd"), locked: has("lo") }
+        Self {
+            wipe_on_fork: has("wf"),
+            dont_fork: has("dc"),
+            dont_dump: has("dd"),
+            locked: has("lo"),
+            hugepage: has("hg"),
+            no_hugepage: has("nh"),
+            mergeable: has("mg"),
+        }
     }
 
-    /// Sets the marks a mapping can have again on `[addr, addr+len)` (all but
-    /// `wipe_on_fork`): flags and residency only, no content changes.
-    pub fn restore(self, addr: usize, len: usize) -> SysResult<()> {
+    /// What of them a store mapping (private, of a memfd) that replaces part of the
+    /// mapping keeps: `MADV_DONTFORK`, `MADV_DONTDUMP` and the lock, the program's say
+    /// over its memory (QEMU marks guest RAM so: without the mark a fork of the merged
+    /// program copied the page tables of thousands of store mappings). Huge pages and
+    /// KSM are the anonymous memory's; wipe-on-fork no file mapping can have.
+    pub fn for_file(self) -> Self {
+        Self { dont_fork: self.dont_fork, dont_dump: self.dont_dump, locked: self.locked, ..Self::default() }
+    }
+
+    /// Sets them (all but `wipe_on_fork`) on `[addr, addr+len)`: flags and residency
+    /// only, no content change, no userfaultfd event, nothing allocated in the process.
+    ///
+    /// The lock is `MADV_POPULATE_READ` then `mlock2(MLOCK_ONFAULT)`: the pages are
+    /// mapped and locked as they are. A plain `mlock` faults a writable private mapping
+    /// in for writing, which copies every page of a store mapping: the merged range
+    /// kept its lock but held private copies again, besides the store's.
+    pub fn apply(self, addr: usize, len: usize) -> SysResult<()> {
         use super::mman::Advice;
-        for (on, advice) in [(self.dont_fork, Advice::LinuxDontFork), (self.dont_dump, Advice::LinuxDontDump)] {
+        let all = [
+            (self.hugepage, Advice::LinuxHugepage),
+            (self.no_hugepage, Advice::LinuxNoHugepage),
+            (self.dont_fork, Advice::LinuxDontFork),
+            (self.dont_dump, Advice::LinuxDontDump),
+            (self.mergeable, Advice::LinuxMergeable),
+        ];
+        for (on, advice) in all {
             if on {
                 // SAFETY: these advices change a mapping's flags, never its content.
                 unsafe { mman::madvise(addr as *mut u8, len, advice) }?;
             }
         }
         if self.locked {
-            // SAFETY: mlock faults pages in and keeps them resident; no content changes.
-            unsafe { rustix::mm::mlock(addr as *mut std::ffi::c_void, len) }.map_err(|e| SysError::new("mlock", e))?;
+            // SAFETY: read faults map the pages' current content; no content changes.
+            unsafe { mman::madvise(addr as *mut u8, len, Advice::LinuxPopulateRead) }?;
+            // SAFETY: locks the pages present and those faulted later; no content changes.
+            unsafe { rustix::mm::mlock_with(addr as *mut std::ffi::c_void, len, rustix::mm::MlockFlags::ONFAULT) }
+                .map_err(|e| SysError::new("mlock2(MLOCK_ONFAULT)", e))?;
         }
         Ok(())
     }

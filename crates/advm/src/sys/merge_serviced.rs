@@ -24,6 +24,7 @@ use std::sync::Arc;
 
 use rustix::io::Errno;
 
+use super::merge::Marks;
 use super::mman::{Backing, Mapping, Prot, Share};
 use super::uffd::{feature, mode, Event, Userfaultfd};
 use super::{SysError, SysResult};
@@ -38,66 +39,6 @@ const FEATURES: u64 =
 
 /// Header of the shared scratch mapping (before the marks and the snapshot).
 const HEADER: usize = 64;
-
-/// The `madvise` flags a private anonymous mapping had (its `VmFlags` in
-/// /proc/PID/smaps: `hg`, `nh`, `dc`, `dd`, `mg`), given again to the anonymous
-/// mapping that replaces part of it, so that the two join once the fence is lifted.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct AnonAdvice {
-    /// `MADV_HUGEPAGE`.
-    pub hugepage: bool,
-    /// `MADV_NOHUGEPAGE`.
-    pub no_hugepage: bool,
-    /// `MADV_DONTFORK`.
-    pub dont_fork: bool,
-    /// `MADV_DONTDUMP`.
-    pub dont_dump: bool,
-    /// `MADV_MERGEABLE` (KSM).
-    pub mergeable: bool,
-}
-
-impl AnonAdvice {
-    /// From the `VmFlags:` line's two-letter flags.
-    pub fn from_vm_flags(flags: &str) -> Self {
-        let has = |f: &str| flags.split_whitespace().any(|x| x == f);
-        Self {
-            hugepage: has("hg"),
-            no_hugepage: has("nh"),
-            dont_fork: has("dc"),
-            dont_dump: has("dd"),
-            mergeable: has("mg"),
-        }
-    }
-
-    /// What of it a store mapping (private, of a memfd) that replaces part of the
-    /// mapping keeps: `MADV_DONTFORK` and `MADV_DONTDUMP`, the program's say over its
-    /// memory (QEMU marks guest RAM so: without the mark a fork of the merged program
-    /// copied the page tables of thousands of store mappings). Huge pages and KSM are
-    /// the anonymous memory's.
-    pub fn for_file(self) -> Self {
-        Self { dont_fork: self.dont_fork, dont_dump: self.dont_dump, ..Self::default() }
-    }
-
-    /// Advises `[addr, addr+len)` so (flags only: no content changes, no userfaultfd
-    /// event, no allocation).
-    fn apply(self, addr: usize, len: usize) -> SysResult<()> {
-        use super::mman::Advice;
-        let all = [
-            (self.hugepage, Advice::LinuxHugepage),
-            (self.no_hugepage, Advice::LinuxNoHugepage),
-            (self.dont_fork, Advice::LinuxDontFork),
-            (self.dont_dump, Advice::LinuxDontDump),
-            (self.mergeable, Advice::LinuxMergeable),
-        ];
-        for (on, advice) in all {
-            if on {
-                // SAFETY: these advices change a mapping's flags, never its content.
-                unsafe { super::mman::madvise(addr as *mut u8, len, advice) }?;
-            }
-        }
-        Ok(())
-    }
-}
 
 /// The shared scratch: lock, stop flag, the fenced chunk, marks, snapshot.
 #[derive(Debug)]
@@ -298,8 +239,8 @@ impl ServicedFence {
     /// [`Self::protect`]; each stretch of the others is mapped when the mapping there
     /// is still `check`ed good (still mapped, as it was). The caller compared the
     /// snapshot with the file's bytes. Sets `mapped[j]` for each page `first + j` mapped.
-    /// The new mappings get `advice` (the replaced mapping's) as
-    /// [`AnonAdvice::for_file`] keeps it.
+    /// The new mappings get `marks` (the replaced mapping's) as [`Marks::for_file`]
+    /// keeps them (a locked range's pages are mapped and locked again).
     #[allow(clippy::too_many_arguments)]
     pub fn map_unwritten(
         &mut self,
@@ -308,7 +249,7 @@ impl ServicedFence {
         writable: bool,
         fd: BorrowedFd<'_>,
         offset: u64,
-        advice: AnonAdvice,
+        marks: Marks,
         check: &dyn Fn(usize, usize) -> bool,
         mapped: &mut [bool],
     ) -> SysResult<()> {
@@ -316,14 +257,15 @@ impl ServicedFence {
         // The file holds the pages' bytes there (the caller compared), so the program
         // reads the same content through the new mapping.
         let backing = |j: usize| Backing::File { fd, offset: offset + (j * ps) as u64 };
-        self.replace_unwritten(first, pages, writable, &backing, advice.for_file(), check, mapped)
+        self.replace_unwritten(first, pages, writable, &backing, marks.for_file(), check, mapped)
     }
 
     /// Gives back the chunk's pages from `first` on, which the snapshot holds as all
     /// zeros, except pages written, remapped or zapped since [`Self::protect`]: each
     /// stretch of the others that is still `check`ed good becomes a fresh private
-    /// anonymous mapping (advised as `advice` says, like the mapping it replaces), so
-    /// it reads as zeros as before and holds no memory until written. Sets `dropped[j]`
+    /// anonymous mapping (marked as `marks` says, like the mapping it replaces), so
+    /// it reads as zeros as before and holds no memory until written. Not for a locked
+    /// range (`marks.locked`), whose pages the program asked to stay resident. Sets `dropped[j]`
     /// for each page `first + j` given back.
     ///
     /// Not `MADV_DONTNEED`: on a registered range it raises a remove event that the
@@ -334,13 +276,13 @@ impl ServicedFence {
         first: usize,
         pages: usize,
         writable: bool,
-        advice: AnonAdvice,
+        marks: Marks,
         check: &dyn Fn(usize, usize) -> bool,
         dropped: &mut [bool],
     ) -> SysResult<()> {
         // The pages read as zeros, and so does fresh anonymous memory.
         let backing = |_: usize| Backing::Anonymous;
-        self.replace_unwritten(first, pages, writable, &backing, advice, check, dropped)
+        self.replace_unwritten(first, pages, writable, &backing, marks, check, dropped)
     }
 
     /// Replaces each stretch of unmarked pages from `first` (page `first + j` from
@@ -353,7 +295,7 @@ impl ServicedFence {
         pages: usize,
         writable: bool,
         backing: &dyn Fn(usize) -> Backing<'fd>,
-        advice: AnonAdvice,
+        marks: Marks,
         check: &dyn Fn(usize, usize) -> bool,
         replaced: &mut [bool],
     ) -> SysResult<()> {
@@ -385,8 +327,9 @@ impl ServicedFence {
                 r = unsafe { super::mman::map_fixed(addr as *mut u8, k * ps, prot, Share::Private, backing(j)) };
                 if r.is_ok() {
                     replaced[j..j + k].fill(true);
-                    // Flags only: no content change, no userfaultfd event.
-                    r = advice.apply(addr, k * ps);
+                    // Flags and residency only: no content change, no userfaultfd
+                    // event (the new mapping is not registered), nothing allocated.
+                    r = marks.apply(addr, k * ps);
                 }
             }
             j += k;
@@ -451,7 +394,7 @@ fn serve(uffd: &Userfaultfd, s: &Scratch) {
 
 #[cfg(test)]
 mod tests {
-    use super::{AnonAdvice, ServicedFence};
+    use super::{Marks, ServicedFence};
 
     /// The merge agent reads the process's maps, then fences chunk by chunk: a chunk
     /// the program unmapped in between (wholly or in part) is skipped, and the agent
@@ -513,9 +456,12 @@ mod tests {
     }
 
     #[test]
-    fn a_store_mapping_keeps_the_programs_dont_fork_and_dont_dump_only() {
-        let a = AnonAdvice::from_vm_flags("rd wr mr mw me ac dc dd hg mg");
-        assert_eq!(a.for_file(), AnonAdvice { dont_fork: true, dont_dump: true, ..AnonAdvice::default() });
-        assert_eq!(AnonAdvice::from_vm_flags("rd wr hg").for_file(), AnonAdvice::default());
+    fn a_store_mapping_keeps_the_programs_dont_fork_dont_dump_and_lock_only() {
+        let a = Marks::from_vm_flags("rd wr mr mw me ac dc dd hg mg");
+        assert_eq!(a.for_file(), Marks { dont_fork: true, dont_dump: true, ..Marks::default() });
+        let l = Marks::from_vm_flags("rd wr mr mw me lo ac wf nh");
+        assert_eq!((l.wipe_on_fork, l.no_hugepage), (true, true));
+        assert_eq!(l.for_file(), Marks { locked: true, ..Marks::default() });
+        assert_eq!(Marks::from_vm_flags("rd wr hg").for_file(), Marks::default());
     }
 }
