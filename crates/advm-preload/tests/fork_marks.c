@@ -19,36 +19,9 @@
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "pattern.h"
 
 #define N (1u << 20)
-#define PS 4096u
-
-#define CHECK(c, ...)                                                                                                  \
-    do {                                                                                                               \
-        if (!(c)) {                                                                                                    \
-            printf("FAIL line %d: ", __LINE__);                                                                      \
-            printf(__VA_ARGS__);                                                                                       \
-            printf("\n");                                                                                              \
-            exit(1);                                                                                                   \
-        }                                                                                                              \
-    } while (0)
-
-static void fill(unsigned char *p, size_t n, unsigned seed) {
-    for (size_t i = 0; i < n; i++) p[i] = (unsigned char)(i * 7 + seed + i / PS + 1);
-}
-
-/* The first byte of p[0, n) that is not what fill(seed) wrote, with [zlo, zhi) zeros
- * instead; -1 when all are. */
-static long differs(const unsigned char *p, size_t n, unsigned seed, size_t zlo, size_t zhi) {
-    for (size_t i = 0; i < n; i++) {
-        unsigned char want = i >= zlo && i < zhi ? 0 : (unsigned char)(i * 7 + seed + i / PS + 1);
-        if (p[i] != want) return (long)i;
-    }
-    return -1;
-}
-
-/* The first whole page of block p, and its offset in p. */
-static size_t first_page(const unsigned char *p) { return (PS - (uintptr_t)p % PS) % PS; }
 
 /* Whether [p, p + n) is mapped in this process (mincore fails with ENOMEM on a hole). */
 static int mapped(const void *p, size_t n) {

@@ -23,21 +23,12 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+#include "checks.h"
 
 #define PS 4096
 #define BLOCK (128 << 10)
 #define LEFT 100
 #define BLOCKS (4 * LEFT)
-
-#define CHECK(c, ...)                                                                                                  \
-    do {                                                                                                               \
-        if (!(c)) {                                                                                                    \
-            printf("FAIL line %d: ", __LINE__);                                                                      \
-            printf(__VA_ARGS__);                                                                                       \
-            printf("\n");                                                                                              \
-            exit(1);                                                                                                   \
-        }                                                                                                              \
-    } while (0)
 
 static char buf[1 << 16];
 

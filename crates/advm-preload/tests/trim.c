@@ -22,20 +22,11 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "checks.h"
 
 #define PAGES 256
 static size_t ps;
 static int expect;
-
-#define CHECK(c, ...)                                                                                                  \
-    do {                                                                                                               \
-        if (!(c)) {                                                                                                    \
-            printf("FAIL line %d: ", __LINE__);                                                                      \
-            printf(__VA_ARGS__);                                                                                       \
-            printf("\n");                                                                                              \
-            exit(1);                                                                                                   \
-        }                                                                                                              \
-    } while (0)
 
 /* Pages the shim's memfds hold (every generation's). Reads /proc/self/fd with
  * getdents64 into the stack: opendir's buffer would be an arena block of its own. */
