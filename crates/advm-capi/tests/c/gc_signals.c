@@ -5,12 +5,17 @@
  * collection its own thread was waiting for.) */
 #define _GNU_SOURCE
 #include <advm_gc.h>
-#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "check.h"
+
+/* The heap's GC threads: gc<pool>w<index>. */
+static int gc_thread(const char *comm) {
+    unsigned pool, index;
+    return sscanf(comm, "gc%uw%u", &pool, &index) == 2;
+}
 
 int main(void) {
     struct advm_gc_options o;
@@ -32,33 +37,9 @@ int main(void) {
     }
     CHECK(advm_gc_collect(gc, 1) == 0);
 
-    int threads = 0, open = 0;
-    char path[300], line[256];
-    DIR *tasks = opendir("/proc/self/task");
-    CHECK(tasks != NULL);
-    struct dirent *e;
-    while ((e = readdir(tasks)) != NULL) {
-        if (e->d_name[0] == '.') continue;
-        snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
-        FILE *f = fopen(path, "r");
-        if (!f) continue;
-        unsigned pool, index;
-        int ours = fgets(line, sizeof line, f) && sscanf(line, "gc%uw%u", &pool, &index) == 2;
-        fclose(f);
-        if (!ours) continue;
-        snprintf(path, sizeof path, "/proc/self/task/%s/status", e->d_name);
-        f = fopen(path, "r");
-        CHECK(f != NULL);
-        unsigned long long blocked = 0;
-        while (fgets(line, sizeof line, f))
-            if (sscanf(line, "SigBlk: %llx", &blocked) == 1) break;
-        fclose(f);
-        threads++;
-        const int sent[] = {SIGALRM, SIGINT, SIGTERM, SIGCHLD, SIGUSR1};
-        for (int s = 0; s < 5; s++)
-            if (!(blocked >> (sent[s] - 1) & 1)) open++;
-    }
-    closedir(tasks);
+    int threads = 0;
+    const int sent[] = {SIGALRM, SIGINT, SIGTERM, SIGCHLD, SIGUSR1};
+    int open = unblocked_in_threads(gc_thread, sent, 5, &threads);
     printf("gc_signals: %d GC threads, %d sent signals not blocked there\n", threads, open);
     CHECK(threads >= 1 && open == 0);
     advm_gc_destroy(gc);

@@ -34,19 +34,6 @@ static void free_fds(void) {
     while (nheld > 0) close(held[--nheld]);
 }
 
-/* This process's address space, bytes (VmSize). */
-static unsigned long long vm_size(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    unsigned long long kb = 0;
-    CHECK(f != NULL);
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "VmSize: %llu kB", &kb) == 1) break;
-    fclose(f);
-    CHECK(kb > 0);
-    return kb << 10;
-}
-
 int main(void) {
     size_t ps = (size_t)sysconf(_SC_PAGESIZE);
 

@@ -9,7 +9,6 @@
  * in both fault modes. */
 #define _GNU_SOURCE
 #include <advm.h>
-#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <string.h>
@@ -33,37 +32,13 @@ static void on_alarm(int sig) {
     reads++;
 }
 
-/* Whether every thread named advm-pager blocks SIGALRM, SIGINT, SIGTERM and SIGCHLD
- * (SigBlk in its status, bit n-1 for signal n); the number of such threads in *n. */
+static int pager_thread(const char *comm) { return strcmp(comm, "advm-pager\n") == 0; }
+
+/* Whether every thread named advm-pager blocks SIGALRM, SIGINT, SIGTERM and SIGCHLD;
+ * the number of such threads in *n. */
 static int pager_threads_block(int *n) {
-    *n = 0;
-    int ok = 1;
-    char path[300], line[256];
-    DIR *tasks = opendir("/proc/self/task");
-    CHECK(tasks != NULL);
-    struct dirent *e;
-    while ((e = readdir(tasks)) != NULL) {
-        if (e->d_name[0] == '.') continue;
-        snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
-        FILE *f = fopen(path, "r");
-        if (!f) continue;
-        int ours = fgets(line, sizeof line, f) && strcmp(line, "advm-pager\n") == 0;
-        fclose(f);
-        if (!ours) continue;
-        snprintf(path, sizeof path, "/proc/self/task/%s/status", e->d_name);
-        f = fopen(path, "r");
-        CHECK(f != NULL);
-        unsigned long long blocked = 0;
-        while (fgets(line, sizeof line, f))
-            if (sscanf(line, "SigBlk: %llx", &blocked) == 1) break;
-        fclose(f);
-        (*n)++;
-        const int sent[] = {SIGALRM, SIGINT, SIGTERM, SIGCHLD};
-        for (int s = 0; s < 4; s++)
-            if (!(blocked >> (sent[s] - 1) & 1)) ok = 0;
-    }
-    closedir(tasks);
-    return ok;
+    const int sent[] = {SIGALRM, SIGINT, SIGTERM, SIGCHLD};
+    return unblocked_in_threads(pager_thread, sent, 4, n) == 0;
 }
 
 /* In a child: reads paged memory from a SIGALRM handler every 2 ms for half a second;

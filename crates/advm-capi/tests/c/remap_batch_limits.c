@@ -13,16 +13,6 @@
 
 #include "check.h"
 
-static size_t vm_size(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    size_t kib = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "VmSize: %zu kB", &kib) == 1) break;
-    if (f) fclose(f);
-    return kib * 1024;
-}
-
 int main(void) {
     size_t ps = (size_t)sysconf(_SC_PAGESIZE);
     size_t n = 64;
