@@ -5,6 +5,9 @@ use advm::mem::{page_size, PageRange, Region};
 use advm::merge::{Client, MergeStats, Via};
 use advm::stats::page_frames;
 
+mod pagemap;
+use pagemap::page_kinds;
+
 fn fill(r: &mut Region, seed: u64) {
     let mut x = seed | 1;
     for c in r.bytes_mut().chunks_exact_mut(8) {
@@ -352,26 +355,6 @@ fn vm_flags(addr: usize) -> Vec<String> {
         }
     }
     panic!("{addr:#x} is not mapped")
-}
-
-/// Per page from `addr`, from /proc/self/pagemap: "absent", "anon" or "file".
-fn page_kinds(addr: usize, n: usize) -> Vec<&'static str> {
-    use std::io::{Read, Seek, SeekFrom};
-    let ps = page_size();
-    let mut f = std::fs::File::open("/proc/self/pagemap").unwrap();
-    f.seek(SeekFrom::Start((addr / ps * 8) as u64)).unwrap();
-    let mut b = vec![0u8; n * 8];
-    f.read_exact(&mut b).unwrap();
-    b.chunks_exact(8)
-        .map(|e| {
-            let e = u64::from_le_bytes(e.try_into().unwrap());
-            match (e >> 63 & 1, e >> 61 & 1) {
-                (0, _) => "absent",
-                (_, 0) => "anon",
-                _ => "file",
-            }
-        })
-        .collect()
 }
 
 /// The merged pages become store mappings, which had none of the marks the program

@@ -4,23 +4,13 @@
 //! unchanged copy maps the store's page again, a changed one is added), while the
 //! store's own pages there are left as they are.
 
-use std::io::{Read, Seek, SeekFrom};
-
 use advm::mem::{page_size, Region};
+
+mod pagemap;
 
 /// Per page from `addr`: whether it is present and anonymous (not a file page).
 fn anonymous_pages(addr: usize, n: usize) -> Vec<bool> {
-    let ps = page_size();
-    let mut f = std::fs::File::open("/proc/self/pagemap").unwrap();
-    f.seek(SeekFrom::Start((addr / ps * 8) as u64)).unwrap();
-    let mut b = vec![0u8; n * 8];
-    f.read_exact(&mut b).unwrap();
-    b.chunks_exact(8)
-        .map(|e| {
-            let e = u64::from_le_bytes(e.try_into().unwrap());
-            e >> 63 & 1 == 1 && e >> 61 & 1 == 0
-        })
-        .collect()
+    pagemap::page_kinds(addr, n).into_iter().map(|k| k == "anon").collect()
 }
 
 fn fill(page: &mut [u8], i: usize, salt: u8) {

@@ -10,6 +10,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use advm::mem::{page_size, PageRange, Region};
 use advm::stats::page_frames;
 
+mod pagemap;
+use pagemap::page_kinds;
+
 /// The mapping of /proc/self/maps holding `addr`: (start, end, the VmFlags line of smaps).
 fn mapping_of(addr: usize) -> (usize, usize, String) {
     let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
@@ -26,23 +29,6 @@ fn mapping_of(addr: usize) -> (usize, usize, String) {
         }
     }
     panic!("{addr:#x} is not mapped");
-}
-
-/// Per page from `addr`, from /proc/self/pagemap: "absent", "anon" or "file".
-fn page_kinds(addr: usize, n: usize) -> Vec<&'static str> {
-    use std::io::{Read, Seek, SeekFrom};
-    let ps = page_size();
-    let mut f = std::fs::File::open("/proc/self/pagemap").unwrap();
-    f.seek(SeekFrom::Start((addr / ps * 8) as u64)).unwrap();
-    let mut b = vec![0u8; n * 8];
-    f.read_exact(&mut b).unwrap();
-    b.chunks_exact(8)
-        .map(|e| match (e[7] >> 7, e[7] >> 5 & 1) {
-            (0, _) => "absent",
-            (_, 0) => "anon",
-            _ => "file",
-        })
-        .collect()
 }
 
 #[test]
