@@ -186,9 +186,10 @@ pub fn report() -> Vec<Check> {
                 if user_mode_only { Status::Degraded } else { Status::Ok },
                 format!("via {how} (vm.unprivileged_userfaultfd={unpriv})"),
                 if user_mode_only {
-                    "pager and UFFDIO_MOVE engine available, but a system call (read, write) touching a pager page \
-                     not resident fails with EFAULT; for full use: sysctl vm.unprivileged_userfaultfd=1, or \
-                     read-write access to /dev/userfaultfd for this user, or CAP_SYS_PTRACE"
+                    "UFFDIO_MOVE engine available; no pager, no merging, and virtual copies of a block another \
+                     thread writes are made by memcpy (a system call touching a range they fence or page would fail \
+                     with EFAULT); for full use: sysctl vm.unprivileged_userfaultfd=1, or read-write access to \
+                     /dev/userfaultfd for this user, or CAP_SYS_PTRACE"
                 } else {
                     "pager and UFFDIO_MOVE engine available"
                 },

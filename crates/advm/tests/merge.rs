@@ -400,3 +400,72 @@ fn a_merge_keeps_the_programs_marks_and_refuses_a_wipe_on_fork_range() {
     assert_eq!(w.bytes(), &before[..]);
     assert!(vm_flags(w.addr().0).contains(&"wf".to_string()), "the refused range is left as it was");
 }
+
+mod umode;
+
+/// Where the only userfaultfd is the user-mode-only kind, a merge is refused before
+/// any change (NeedsPrivilege, EPERM from C), naming the fix. Its fence was made of that kind, and
+/// another thread's `recv` into the range being merged failed with EFAULT instead of
+/// waiting for the merge.
+#[test]
+fn a_user_mode_only_userfaultfd_is_refused_naming_the_fix() {
+    if !umode::in_child() {
+        return umode::run_as_nobody("a_user_mode_only_userfaultfd_is_refused_naming_the_fix");
+    }
+    if !umode::user_mode_only() {
+        return;
+    }
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let pages = 256;
+    let mut r = Region::new(pages * page_size()).unwrap();
+    fill(&mut r, 3);
+    let addr = r.bytes().as_ptr() as usize;
+    let done = std::sync::Arc::new(AtomicBool::new(false));
+    let reader = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let (mut a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+            let mut efaults = 0;
+            let mut k = 0usize;
+            while !done.load(Ordering::Acquire) {
+                k += 1;
+                a.write_all(&[k as u8; 8]).unwrap();
+                let at = (k * 4099) % (pages * page_size() - 8);
+                // SAFETY: 8 bytes of the region, which lives until this thread is
+                // joined; only the kernel writes them, for this thread.
+                let dst = unsafe { std::slice::from_raw_parts_mut((addr + at) as *mut u8, 8) };
+                match b.read(dst) {
+                    Ok(_) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {
+                        efaults += 1;
+                        let mut lost = [0; 8];
+                        b.read_exact(&mut lost).unwrap();
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            efaults
+        })
+    };
+    let mut c = local(1 << 30);
+    let t0 = std::time::Instant::now();
+    let mut outcome = Ok(0);
+    while t0.elapsed() < std::time::Duration::from_millis(300) {
+        // SAFETY: the region stays mapped; this thread does not write it meanwhile.
+        match unsafe { c.merge_raw(addr, pages * page_size()) } {
+            Ok(s) => outcome = Ok(outcome.unwrap() + s.merged + s.added),
+            Err(e) => {
+                outcome = Err(e.to_string());
+                break;
+            }
+        }
+    }
+    done.store(true, Ordering::Release);
+    let efaults = reader.join().unwrap();
+    let msg = outcome.expect_err(&format!("merged, and the reader's recv got EFAULT {efaults} times"));
+    for says in ["merging", "EPERM", "vm.unprivileged_userfaultfd is 0", "/dev/userfaultfd", "uid 65534"] {
+        assert!(msg.contains(says), "{msg}");
+    }
+    assert_eq!(efaults, 0);
+}

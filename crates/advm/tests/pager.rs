@@ -1235,3 +1235,46 @@ fn in_sigbus_mode_regions_come_and_go_while_other_threads_fault() {
         assert!(s.read_pages() > 0, "{s:?}");
     });
 }
+
+mod umode;
+
+/// A user whose only userfaultfd is the user-mode-only kind (uid 65534 with
+/// vm.unprivileged_userfaultfd=0 and /dev/userfaultfd root's) is refused the pager,
+/// told why and how to get one. It was given a pager whose pages a system call could
+/// not fault in: another thread's `recv` into a page not resident failed with EFAULT
+/// (the bytes stayed in the socket; a caller treating EFAULT as fatal lost them).
+#[test]
+fn a_user_mode_only_userfaultfd_is_refused_naming_the_fix() {
+    if !umode::in_child() {
+        return umode::run_as_nobody("a_user_mode_only_userfaultfd_is_refused_naming_the_fix");
+    }
+    if !umode::user_mode_only() {
+        return;
+    }
+    let mut cfg = Config::new(64 * ps());
+    cfg.fault_mode = FaultMode::Thread;
+    let p = match Pager::new(cfg) {
+        Err(e) => {
+            let msg = e.to_string();
+            for says in
+                ["pager needs", "system calls", "vm.unprivileged_userfaultfd=1", "/dev/userfaultfd", "uid 65534"]
+            {
+                assert!(msg.contains(says), "{msg}");
+            }
+            assert!(pager::available().is_err());
+            return;
+        }
+        Ok(p) => p,
+    };
+    // What it did before: a page written, evicted, then filled by the kernel.
+    use std::io::{Read, Write};
+    let r = p.map(2 * ps()).unwrap();
+    r.write(0, &vec![5; ps()]).unwrap();
+    p.flush(r.as_ptr() as usize, ps()).unwrap();
+    let (mut a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+    a.write_all(&vec![7; ps()]).unwrap();
+    // SAFETY: page 0 of the live region, written by the kernel only meanwhile.
+    let page = unsafe { std::slice::from_raw_parts_mut(r.as_ptr(), ps()) };
+    let got = b.read(page);
+    panic!("the pager was made; recv into an evicted page: {got:?}");
+}

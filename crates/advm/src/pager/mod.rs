@@ -152,10 +152,10 @@ pub enum FaultMode {
     Sigbus,
     /// On the pager's handler thread, which reads the userfaultfd's events (the
     /// default: SIGBUS mode still livelocked once in the paging benchmark, and it
-    /// does not read ahead; docs/pager.md). Where the userfaultfd is user-mode only (a
-    /// user without CAP_SYS_PTRACE while vm.unprivileged_userfaultfd=0, and no access
-    /// to /dev/userfaultfd), a system call touching a page not resident gets `EFAULT`
-    /// here too: the kernel does not hand its own faults to such a userfaultfd.
+    /// does not read ahead; docs/pager.md). A system call touching a page not resident
+    /// waits for it as a load or store does. (Where the only userfaultfd is the
+    /// user-mode-only kind, which the kernel does not hand its own faults, [`Pager::new`]
+    /// refuses: such calls would get `EFAULT`.)
     Thread,
 }
 
@@ -653,6 +653,12 @@ fn usable_here() -> Result<()> {
     };
     if info.features & uffd::feature::MOVE == 0 {
         return Err(Error::Unsupported { what: "pager", why: "userfaultfd has no UFFDIO_MOVE (Linux 6.8+)".into() });
+    }
+    // A user-mode-only userfaultfd is not handed the faults the kernel takes for the
+    // program (read(2) into a page not resident, write(2) from one): they failed with
+    // EFAULT, in thread mode too, and data read from a socket was lost.
+    if info.user_mode_only() {
+        return Err(Error::NeedsPrivilege { what: "the pager", needs: uffd::FULL_NEEDS, uid: crate::sys::euid() });
     }
     Ok(())
 }

@@ -24,11 +24,23 @@ pub struct WriteFence {
 /// a store memfd) can be write-protected too.
 const FENCE_FEATURES: u64 = feature::WP_UNPOPULATED | feature::WP_HUGETLBFS_SHMEM;
 
+/// Why a fence is refused where the userfaultfd is user-mode only.
+pub(crate) fn user_mode_only_refused() -> String {
+    format!(
+        "userfaultfd is user-mode only here: another thread's system call (read(2) into the range, recv, \
+         getrandom) would fail with EFAULT at the fence instead of waiting; needs {}",
+        super::uffd::FULL_NEEDS
+    )
+}
+
 impl WriteFence {
     /// Whether this kernel can fence (uffd-wp on anonymous and shmem memory, including
     /// unpopulated pages), as the reason it cannot.
     pub fn available() -> Result<(), String> {
         let info = Userfaultfd::probe().map_err(|e| e.to_string())?;
+        if info.user_mode_only() {
+            return Err(user_mode_only_refused());
+        }
         let missing = FENCE_FEATURES & !info.features;
         if missing != 0 {
             return Err(format!("userfaultfd lacks features {missing:#x} (WP_UNPOPULATED, WP_HUGETLBFS_SHMEM)"));

@@ -150,6 +150,9 @@ impl ServicedFence {
     /// Whether this kernel can fence this way, as the reason it cannot.
     pub fn available() -> Result<(), String> {
         let info = Userfaultfd::probe().map_err(|e| e.to_string())?;
+        if info.user_mode_only() {
+            return Err(super::merge::user_mode_only_refused());
+        }
         let missing = FEATURES & !info.features;
         if missing != 0 {
             return Err(format!(

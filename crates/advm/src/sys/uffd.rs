@@ -254,6 +254,13 @@ pub struct ApiInfo {
     pub source: Source,
 }
 
+impl ApiInfo {
+    /// Whether the fd is the user-mode-only kind ([`Userfaultfd::new`] refuses it).
+    pub fn user_mode_only(&self) -> bool {
+        self.source == Source::SyscallUserModeOnly
+    }
+}
+
 /// An owned userfaultfd after a successful API handshake.
 ///
 /// Whoever holds it decides how faults in registered ranges are resolved, which is
@@ -264,9 +271,17 @@ pub struct Userfaultfd {
     info: ApiInfo,
 }
 
-/// Opens a raw userfaultfd, trying the syscall, then the syscall in user-mode-only
-/// mode, then /dev/userfaultfd (firecracker and userfaultfd-rs probe in this order).
-fn open_raw(nonblocking: bool) -> SysResult<(OwnedFd, Source)> {
+/// What a user who is refused a full userfaultfd needs for one (the kernel has
+/// userfaultfd; the user-mode-only kind does not count).
+pub const FULL_NEEDS: &str = "a userfaultfd that sees faults taken inside system calls: root (CAP_SYS_PTRACE), \
+                              or sysctl vm.unprivileged_userfaultfd=1, or read-write access to /dev/userfaultfd";
+
+/// Opens a raw userfaultfd, trying the syscall, then /dev/userfaultfd, then (only with
+/// `user_mode_only_ok`) the syscall in user-mode-only mode (firecracker and
+/// userfaultfd-rs probe in this order). A user-mode-only fd is not handed the faults
+/// the kernel takes inside a system call (`read(2)` into a registered range, `write(2)`
+/// from it, futexes on it): those fail with EFAULT instead of waiting for the fd.
+fn open_raw(nonblocking: bool, user_mode_only_ok: bool) -> SysResult<(OwnedFd, Source)> {
     let mut flags = UserfaultfdFlags::CLOEXEC;
     if nonblocking {
         flags |= UserfaultfdFlags::NONBLOCK;
@@ -288,6 +303,9 @@ fn open_raw(nonblocking: bool) -> SysResult<(OwnedFd, Source)> {
             // SAFETY: the ioctl returned a fresh fd that nobody else owns.
             return Ok((unsafe { OwnedFd::from_raw_fd(fd) }, Source::Device));
         }
+    }
+    if !user_mode_only_ok {
+        return Err(SysError::new("userfaultfd", first));
     }
     // SAFETY: as above; user-mode-only fds only see faults from user space.
     match unsafe {
@@ -329,8 +347,9 @@ fn outcome(r: SysResult<()>, count: i64, call: &'static str) -> Result<usize, Pa
 impl Userfaultfd {
     /// Probes what the kernel supports: opens a fd, performs the handshake asking for
     /// nothing, and returns every supported feature and ioctl.
+    /// The user-mode-only kind counts ([`ApiInfo::source`] says which kind it was).
     pub fn probe() -> SysResult<ApiInfo> {
-        let (fd, source) = open_raw(true)?;
+        let (fd, source) = open_raw(true, true)?;
         let mut api = UffdioApi { api: UFFD_API, ..Default::default() };
         ioctl(&fd, UFFDIO_API, &mut api, "ioctl(UFFDIO_API)")?;
         Ok(ApiInfo { features: api.features, ioctls: api.ioctls, source })
@@ -338,8 +357,21 @@ impl Userfaultfd {
 
     /// Opens a userfaultfd and enables `features` (an `EINVAL` handshake means one of
     /// them is not supported: check with [`Userfaultfd::probe`] first).
+    /// Never the user-mode-only kind: where only that one is granted, the refusal of
+    /// the full kind (EPERM, or EACCES) is returned.
     pub fn new(features: u64, nonblocking: bool) -> SysResult<Self> {
-        let (fd, source) = open_raw(nonblocking)?;
+        Self::open(features, nonblocking, false)
+    }
+
+    /// [`Userfaultfd::new`], taking the user-mode-only kind where the full one is
+    /// refused: only for ranges no system call of the program touches while a fault
+    /// there would wait for the fd (such a call would get EFAULT).
+    pub fn new_user_mode_only_ok(features: u64, nonblocking: bool) -> SysResult<Self> {
+        Self::open(features, nonblocking, true)
+    }
+
+    fn open(features: u64, nonblocking: bool, user_mode_only_ok: bool) -> SysResult<Self> {
+        let (fd, source) = open_raw(nonblocking, user_mode_only_ok)?;
         let mut api = UffdioApi { api: UFFD_API, features, ioctls: 0 };
         ioctl(&fd, UFFDIO_API, &mut api, "ioctl(UFFDIO_API)")?;
         Ok(Self { fd, info: ApiInfo { features: api.features, ioctls: api.ioctls, source } })
@@ -471,7 +503,7 @@ mod tests {
     #[test]
     fn out_of_fds_is_reported_as_such_to_an_unprivileged_user() {
         let code = super::super::process::run_unprivileged(|| {
-            if !matches!(open_raw(true), Ok((_, Source::SyscallUserModeOnly))) {
+            if !matches!(open_raw(true, true), Ok((_, Source::SyscallUserModeOnly))) {
                 eprintln!("skipped: this user gets a full userfaultfd here, or none");
                 return 0;
             }

@@ -338,7 +338,8 @@ pub fn zero_fill_cost(pages: usize) -> SysResult<Option<Duration>> {
     if info.features & uffd::feature::SIGBUS == 0 {
         return Ok(None);
     }
-    let fd = std::sync::Arc::new(Userfaultfd::new(uffd::feature::SIGBUS, true)?);
+    // The user-mode-only kind serves: only this function's own stores touch the range.
+    let fd = std::sync::Arc::new(Userfaultfd::new_user_mode_only_ok(uffd::feature::SIGBUS, true)?);
     let ps = page_size();
     let map = Mapping::anonymous(pages.max(1) * ps)?;
     // SAFETY: the mapping is ours; every fault in it is resolved by the handler below.
@@ -443,16 +444,7 @@ mod tests {
             eprintln!("skipped: no userfaultfd SIGBUS mode");
             return;
         }
-        // A user-mode-only userfaultfd (a user without CAP_SYS_PTRACE while
-        // vm.unprivileged_userfaultfd=0) never sees the kernel's faults: system calls get
-        // EFAULT in thread mode too (docs/pager.md, `advm doctor`).
-        let user_mode_only =
-            super::uffd::Userfaultfd::probe().is_ok_and(|i| i.source == super::uffd::Source::SyscallUserModeOnly);
-        if user_mode_only {
-            eprintln!("user-mode-only userfaultfd: thread mode is checked to fail with EFAULT too");
-        }
-        for (mode, ok) in [(crate::pager::FaultMode::Thread, !user_mode_only), (crate::pager::FaultMode::Sigbus, false)]
-        {
+        for (mode, ok) in [(crate::pager::FaultMode::Thread, true), (crate::pager::FaultMode::Sigbus, false)] {
             let mut cfg = crate::pager::Config::new(64 * 4096);
             cfg.fault_mode = mode;
             let p = crate::pager::Pager::new(cfg).unwrap();

@@ -56,7 +56,11 @@ fn make_kernel() -> std::result::Result<Kernel, Kernel> {
     // Without the fork handler a child could not tell it is one: no userfaultfd.
     let generation = crate::sys::process::fork_generation();
     let uffd = match Userfaultfd::probe() {
-        Ok(i) if i.features & want == want && generation.is_some() => Userfaultfd::new(want, true).map(Some),
+        // The user-mode-only kind serves: ranges are registered for UFFDIO_MOVE only and
+        // never write-protected (`Grant::register_for_move`), so no fault ever waits for it.
+        Ok(i) if i.features & want == want && generation.is_some() => {
+            Userfaultfd::new_user_mode_only_ok(want, true).map(Some)
+        }
         Ok(_) => Ok(None),
         Err(e) => Err(e),
     };
