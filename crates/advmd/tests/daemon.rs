@@ -84,7 +84,43 @@ fn can_switch_uid() -> bool {
 
 /// Runs `f` in a forked child as `uid` (`None`: this process's own uid); its return
 /// value is the exit code.
+/// vm.unprivileged_userfaultfd at 1 while any test of this binary runs a client as
+/// another uid: with it at 0 (the kernel's default) such a user gets only the
+/// user-mode-only kind, which merging refuses (docs/merge.md), and these tests are about
+/// domains, not that refusal. The value found is put back when the last one ends.
+struct FullUffdForUsers;
+
+static FULL_UFFD_USERS: std::sync::Mutex<(usize, Option<String>)> = std::sync::Mutex::new((0, None));
+const UNPRIVILEGED_UFFD: &str = "/proc/sys/vm/unprivileged_userfaultfd";
+
+impl FullUffdForUsers {
+    fn new() -> Self {
+        let mut g = FULL_UFFD_USERS.lock().unwrap_or_else(|p| p.into_inner());
+        if g.0 == 0 {
+            g.1 = std::fs::read_to_string(UNPRIVILEGED_UFFD).ok();
+            if g.1.as_deref().is_some_and(|v| v.trim() != "1") {
+                let _ = std::fs::write(UNPRIVILEGED_UFFD, "1");
+            }
+        }
+        g.0 += 1;
+        Self
+    }
+}
+
+impl Drop for FullUffdForUsers {
+    fn drop(&mut self) {
+        let mut g = FULL_UFFD_USERS.lock().unwrap_or_else(|p| p.into_inner());
+        g.0 -= 1;
+        if g.0 == 0 {
+            if let Some(v) = g.1.take() {
+                let _ = std::fs::write(UNPRIVILEGED_UFFD, v);
+            }
+        }
+    }
+}
+
 fn as_uid(uid: Option<u32>, f: impl FnOnce() -> i32) -> i32 {
+    let _uffd = uid.map(|_| FullUffdForUsers::new());
     // SAFETY: the child runs `f` and leaves with _exit.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
