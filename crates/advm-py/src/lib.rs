@@ -16,8 +16,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 /// advm's errors as Python's: a bad argument is a `ValueError`, a process that does
-/// not exist a `ProcessLookupError`, one we may not read a `PermissionError`, a daemon
-/// lost mid-call a `ConnectionError` (all `OSError`s, as every other failure is).
+/// not exist a `ProcessLookupError`, one we may not read (or a privilege this user
+/// lacks, such as a full userfaultfd to merge) a `PermissionError`, a daemon lost
+/// mid-call a `ConnectionError` (all `OSError`s, as every other failure is).
 fn to_py(e: advm::Error) -> PyErr {
     match e {
         advm::Error::InvalidArgument { .. } | advm::Error::KernelThread { .. } | advm::Error::DaemonRefused { .. } => {
@@ -26,7 +27,9 @@ fn to_py(e: advm::Error) -> PyErr {
         advm::Error::NoSuchProcess { .. } | advm::Error::ProcessExited { .. } | advm::Error::Zombie { .. } => {
             PyProcessLookupError::new_err(e.to_string())
         }
-        advm::Error::PermissionDenied { .. } => PyPermissionError::new_err(e.to_string()),
+        advm::Error::PermissionDenied { .. } | advm::Error::NeedsPrivilege { .. } => {
+            PyPermissionError::new_err(e.to_string())
+        }
         // advm's process-wide client connects again on the next call (`with_default`):
         // the message's "connect a new client" is for Rust callers who hold their own.
         advm::Error::Disconnected { .. } => PyConnectionError::new_err(format!(

@@ -331,6 +331,44 @@ def test_stat_of_another_users_process_raises_permission_error() -> None:
     assert out.stdout.startswith("PermissionError process 1: permission denied"), out.stdout + out.stderr
 
 
+
+def test_merge_without_a_full_userfaultfd_raises_permission_error_naming_the_fixes() -> None:
+    """A user who gets only a user-mode-only userfaultfd (not root,
+    vm.unprivileged_userfaultfd=0) is refused a merge before any change: the fence
+    could not hold the kernel's writes into the range. It raised a plain OSError."""
+    import shutil
+    import subprocess
+    import sys
+
+    sysctl = "/proc/sys/vm/unprivileged_userfaultfd"
+    if os.geteuid() != 0 or shutil.which("setpriv") is None or not os.path.exists(sysctl):
+        pytest.skip("needs root, setpriv and vm.unprivileged_userfaultfd to run as a user at 0")
+    if os.path.exists("/dev/userfaultfd") and os.stat("/dev/userfaultfd").st_mode & 0o006:
+        pytest.skip("/dev/userfaultfd is open to every user here: they get a full userfaultfd")
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable]
+    probe = subprocess.run([*nobody, "-c", "import advm"], capture_output=True, text=True, timeout=60, cwd="/")
+    if probe.returncode != 0:
+        pytest.skip(f"{sys.executable} with advm cannot run as uid 65534: {probe.stderr.strip()[-200:]}")
+    code = (
+        "import os, advm\n"
+        "b = bytearray(os.urandom(1 << 20))\n"
+        "try:\n    advm.merge(b)\n    print('merged')\n"
+        "except PermissionError as e:\n    print('PermissionError', e)\n"
+        "except Exception as e:\n    print(type(e).__name__, e)\n"
+    )
+    with open(sysctl) as f:
+        was = f.read()
+    try:
+        with open(sysctl, "w") as f:
+            f.write("0")
+        env = dict(os.environ, ADVM_SOCKET="/nonexistent/advmd.sock")
+        out = subprocess.run([*nobody, "-c", code], capture_output=True, text=True, timeout=60, cwd="/", env=env)
+    finally:
+        with open(sysctl, "w") as f:
+            f.write(was)
+    assert out.stdout.startswith("PermissionError"), out.stdout + out.stderr
+    assert "unprivileged_userfaultfd" in out.stdout, out.stdout
+
 CLOSES_EVERY_FD = r"""
 import os, sys, numpy as np, advm
 a = np.arange(1 << 20, dtype=np.float64)

@@ -99,7 +99,9 @@ def merge(obj: Any) -> MergeStats:
     needs suboffsets (PIL-style arrays of pointers); memory that is not private anonymous (a file mapping,
     ``np.memmap``, shared memory such as ``mmap.mmap(-1, n)``, an array ``vcopy``
     made) raises ``ValueError`` naming the mapping; the system's failures raise
-    ``OSError``, and ``ConnectionError`` (an ``OSError``) when advmd stops or restarts
+    ``OSError``: ``PermissionError`` when this user gets only a user-mode-only
+    userfaultfd (not root, ``vm.unprivileged_userfaultfd=0``: the message names the
+    fixes), and ``ConnectionError`` (an ``OSError``) when advmd stops or restarts
     during the call (what was merged keeps its content; the next call connects again:
     to advmd when one answers, else to a store of this process's own). An array from ``np.load(path, mmap_mode="r")`` is such a file
     mapping, and needs no merge: its pages are the file's page cache, one copy for
