@@ -409,10 +409,7 @@ mod umode;
 /// waiting for the merge.
 #[test]
 fn a_user_mode_only_userfaultfd_is_refused_naming_the_fix() {
-    if !umode::in_child() {
-        return umode::run_as_nobody("a_user_mode_only_userfaultfd_is_refused_naming_the_fix");
-    }
-    if !umode::user_mode_only() {
+    if !umode::body_runs_here("a_user_mode_only_userfaultfd_is_refused_naming_the_fix") {
         return;
     }
     use std::io::{Read, Write};

@@ -1245,10 +1245,7 @@ mod umode;
 /// (the bytes stayed in the socket; a caller treating EFAULT as fatal lost them).
 #[test]
 fn a_user_mode_only_userfaultfd_is_refused_naming_the_fix() {
-    if !umode::in_child() {
-        return umode::run_as_nobody("a_user_mode_only_userfaultfd_is_refused_naming_the_fix");
-    }
-    if !umode::user_mode_only() {
+    if !umode::body_runs_here("a_user_mode_only_userfaultfd_is_refused_naming_the_fix") {
         return;
     }
     let mut cfg = Config::new(64 * ps());

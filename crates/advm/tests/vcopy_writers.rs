@@ -10,6 +10,18 @@ use std::time::{Duration, Instant};
 
 use advm::vcopy::Arena;
 
+/// Copies `block` (freeing each copy) over and over for `d`; returns how many copies.
+fn copy_for(arena: &Arena, block: advm::addr::HostAddr, len: usize, d: Duration) -> usize {
+    let t0 = Instant::now();
+    let mut copies = 0;
+    while t0.elapsed() < d {
+        let c = arena.dup(block, len).unwrap();
+        arena.free(c).unwrap();
+        copies += 1;
+    }
+    copies
+}
+
 #[test]
 fn writes_during_copies_of_the_block_are_kept() {
     let ps = advm::addr::page_size();
@@ -38,13 +50,7 @@ fn writes_during_copies_of_the_block_are_kept() {
             (model, k)
         })
     };
-    let t0 = Instant::now();
-    let mut copies = 0;
-    while t0.elapsed() < Duration::from_millis(700) {
-        let c = arena.dup(block, len).unwrap();
-        arena.free(c).unwrap();
-        copies += 1;
-    }
+    let copies = copy_for(&arena, block, len, Duration::from_millis(700));
     done.store(true, Ordering::Release);
     let (model, writes) = writer.join().unwrap();
     let mut got = vec![0u8; len];
@@ -62,10 +68,7 @@ mod umode;
 /// failed with EFAULT instead of waiting for the copy.
 #[test]
 fn system_calls_writing_the_block_never_fail_with_a_user_mode_only_userfaultfd() {
-    if !umode::in_child() {
-        return umode::run_as_nobody("system_calls_writing_the_block_never_fail_with_a_user_mode_only_userfaultfd");
-    }
-    if !umode::user_mode_only() {
+    if !umode::body_runs_here("system_calls_writing_the_block_never_fail_with_a_user_mode_only_userfaultfd") {
         return;
     }
     use std::io::{Read, Write};
@@ -97,13 +100,7 @@ fn system_calls_writing_the_block_never_fail_with_a_user_mode_only_userfaultfd()
             (k, efaults)
         })
     };
-    let t0 = Instant::now();
-    let mut copies = 0;
-    while t0.elapsed() < Duration::from_millis(300) {
-        let c = arena.dup(block, len).unwrap();
-        arena.free(c).unwrap();
-        copies += 1;
-    }
+    let copies = copy_for(&arena, block, len, Duration::from_millis(300));
     done.store(true, Ordering::Release);
     let (writes, efaults) = writer.join().unwrap();
     assert_eq!(efaults, 0, "{efaults} of {writes} recv calls failed with EFAULT during {copies} copies");

@@ -9,9 +9,15 @@ use std::process::Command;
 const CHILD: &str = "ADVM_TEST_UMODE_CHILD";
 const SYSCTL: &str = "/proc/sys/vm/unprivileged_userfaultfd";
 
-/// Whether this process is the child: run the test's body.
-pub fn in_child() -> bool {
-    std::env::var_os(CHILD).is_some()
+/// Whether test `name`'s body runs in this process: in the parent it runs the test as
+/// uid 65534 ([`run_as_nobody`]) and says no; in that child, yes when the user got the
+/// user-mode-only kind ([`user_mode_only`]).
+pub fn body_runs_here(name: &str) -> bool {
+    if std::env::var_os(CHILD).is_none() {
+        run_as_nobody(name);
+        return false;
+    }
+    user_mode_only()
 }
 
 /// Puts the sysctl back when dropped.
@@ -25,7 +31,7 @@ impl Drop for Sysctl {
 
 /// In the parent: runs test `name` of this binary as uid 65534 with the sysctl at 0
 /// and fails if the child fails; skips (prints why) where that cannot be arranged.
-pub fn run_as_nobody(name: &str) {
+fn run_as_nobody(name: &str) {
     if !advm::process::is_root() {
         eprintln!("skipped: needs root to switch to uid 65534 and set vm.unprivileged_userfaultfd");
         return;
@@ -61,7 +67,7 @@ pub fn run_as_nobody(name: &str) {
 }
 
 /// Whether this user's userfaultfd is the user-mode-only kind (printed when not).
-pub fn user_mode_only() -> bool {
+fn user_mode_only() -> bool {
     let kind = advm::probe::facts().uffd_source;
     let yes = kind.is_some_and(|k| format!("{k:?}") == "SyscallUserModeOnly");
     if !yes {
