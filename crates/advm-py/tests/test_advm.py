@@ -302,10 +302,25 @@ def test_stat_of_a_process_that_does_not_exist_raises_process_lookup_error() -> 
         advm.stat(pid)
 
 
-def test_stat_of_another_users_process_raises_permission_error() -> None:
+def _python_as_nobody() -> list[str]:
+    """The command that runs this Python as uid 65534 (setpriv), or a skip where it
+    cannot: an interpreter under a directory only root may enter (pyenv's in /root)
+    says nothing of advm."""
     import shutil
     import subprocess
     import sys
+
+    if shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv to run a process as another user")
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable]
+    probe = subprocess.run([*nobody, "-c", "import advm"], capture_output=True, text=True, timeout=60, cwd="/")
+    if probe.returncode != 0:
+        pytest.skip(f"{sys.executable} with advm cannot run as uid 65534: {probe.stderr.strip()[-200:]}")
+    return nobody
+
+
+def test_stat_of_another_users_process_raises_permission_error() -> None:
+    import subprocess
 
     if os.geteuid() != 0:
         # Not root: pid 1 is another user's already (unless this is its container).
@@ -314,14 +329,7 @@ def test_stat_of_another_users_process_raises_permission_error() -> None:
         with pytest.raises(PermissionError, match="process 1: permission denied"):
             advm.stat(1)
         return
-    if shutil.which("setpriv") is None:
-        pytest.skip("needs setpriv to run a process as another user")
-    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable]
-    # An interpreter under a directory only root may enter (pyenv's in /root) cannot
-    # run as another user: that says nothing of advm.
-    probe = subprocess.run([*nobody, "-c", "import advm"], capture_output=True, text=True, timeout=60, cwd="/")
-    if probe.returncode != 0:
-        pytest.skip(f"{sys.executable} with advm cannot run as uid 65534: {probe.stderr.strip()[-200:]}")
+    nobody = _python_as_nobody()
     code = (
         "import advm\n"
         "try:\n    advm.stat(1)\nexcept PermissionError as e:\n    print('PermissionError', e)\n"
@@ -331,24 +339,18 @@ def test_stat_of_another_users_process_raises_permission_error() -> None:
     assert out.stdout.startswith("PermissionError process 1: permission denied"), out.stdout + out.stderr
 
 
-
 def test_merge_without_a_full_userfaultfd_raises_permission_error_naming_the_fixes() -> None:
     """A user who gets only a user-mode-only userfaultfd (not root,
     vm.unprivileged_userfaultfd=0) is refused a merge before any change: the fence
     could not hold the kernel's writes into the range. It raised a plain OSError."""
-    import shutil
     import subprocess
-    import sys
 
     sysctl = "/proc/sys/vm/unprivileged_userfaultfd"
-    if os.geteuid() != 0 or shutil.which("setpriv") is None or not os.path.exists(sysctl):
-        pytest.skip("needs root, setpriv and vm.unprivileged_userfaultfd to run as a user at 0")
+    if os.geteuid() != 0 or not os.path.exists(sysctl):
+        pytest.skip("needs root and vm.unprivileged_userfaultfd to run as a user at 0")
     if os.path.exists("/dev/userfaultfd") and os.stat("/dev/userfaultfd").st_mode & 0o006:
         pytest.skip("/dev/userfaultfd is open to every user here: they get a full userfaultfd")
-    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable]
-    probe = subprocess.run([*nobody, "-c", "import advm"], capture_output=True, text=True, timeout=60, cwd="/")
-    if probe.returncode != 0:
-        pytest.skip(f"{sys.executable} with advm cannot run as uid 65534: {probe.stderr.strip()[-200:]}")
+    nobody = _python_as_nobody()
     code = (
         "import os, advm\n"
         "b = bytearray(os.urandom(1 << 20))\n"
@@ -368,6 +370,7 @@ def test_merge_without_a_full_userfaultfd_raises_permission_error_naming_the_fix
             f.write(was)
     assert out.stdout.startswith("PermissionError"), out.stdout + out.stderr
     assert "unprivileged_userfaultfd" in out.stdout, out.stdout
+
 
 CLOSES_EVERY_FD = r"""
 import os, sys, numpy as np, advm
